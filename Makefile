@@ -1,0 +1,33 @@
+# PEPSI. `make demo` runs the demo pipeline; `make test` runs every test.
+SHELL := /bin/bash
+GO ?= go
+export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+BIN := $(CURDIR)/bin
+
+.PHONY: all build test vet purity bench demo sim-long mutants clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+# The core must stay pure: no I/O, no clock, no goroutines (see core/purity_test.go).
+purity:
+	$(GO) test -run 'TestCoreIsPure' ./core/
+
+test: vet purity
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./core/
+
+demo: build
+	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo
+
+clean:
+	rm -rf $(BIN)

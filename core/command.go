@@ -1,0 +1,228 @@
+package core
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Command is one thing the core asks the shell to do. The set is closed: only the
+// types in this file implement it. The shell executes the commands of one Step in
+// the order given. Queue commands (ResetOrphans, Resolve, Wake, Claim, Flush) of
+// one Step form one transaction: the shell runs them in order in a single
+// transaction and answers each with its result event (same Op), all failed if the
+// transaction failed. The core never has more than one such transaction
+// outstanding, so queue writes are strictly serial.
+type Command interface {
+	isCommand()
+	String() string
+}
+
+// Item is one message the dispatcher is done with, for Resolve. If the row is still
+// running at Stage (the stage it was claimed for), it becomes Status ("pending",
+// "failed" or "timeout") with Reason in state.dispatch_error (Reason is empty for
+// "pending"). If it is running at another stage, the stage advanced it and it
+// becomes pending. Otherwise (done, failed, paused, …) it is left alone.
+//
+// Epoch is set only for a message its worker answered 0 (Status "failed" with a
+// reason saying the stage left it running): the failure applies only if the crash
+// sentinel still holds Epoch, that is, no database crash has happened since the row
+// was claimed and so the stage's own commit cannot have been lost. Otherwise the
+// stage's work may have been lost with the crash and the row becomes pending.
+type Item struct {
+	ID     int64
+	Stage  string
+	Status string
+	Reason string
+	Epoch  string
+}
+
+func (it Item) String() string {
+	s := fmt.Sprintf("%d@%s->%s", it.ID, it.Stage, it.Status)
+	if it.Reason != "" {
+		s += fmt.Sprintf("(%q)", it.Reason)
+	}
+	if it.Epoch != "" {
+		s += "[epoch=" + it.Epoch + "]"
+	}
+	return s
+}
+
+// ResetOrphans makes every running row pending except the ids in Keep (rows this
+// core holds). Sent first at start-up, with Keep empty, and again after a Claim
+// whose result was lost, so rows it may have claimed are not stuck running. Answered
+// by OrphansReset. Precondition: the single-dispatcher lock is held.
+type ResetOrphans struct {
+	Op   int64
+	Keep []int64
+}
+
+// Resolve applies Items (see Item) in one statement. Answered by Resolved.
+// Precondition: every worker that was handed these ids has answered them or has
+// exited, so no stage program can still write these rows.
+type Resolve struct {
+	Op    int64
+	Items []Item
+}
+
+// Wake makes paused rows whose timeout is at or before Now pending. Answered by
+// Woken, which also reports the earliest timeout still paused.
+type Wake struct {
+	Op  int64
+	Now time.Time
+}
+
+// Cap is how many pending rows of Stage one Claim may take.
+type Cap struct {
+	Stage string
+	N     int
+}
+
+// Claim moves pending rows to running, for each stage up to its cap, in
+// ingress_id order, in one statement. It also makes sure the crash sentinel holds a
+// token and reports it. Answered by Claimed. Ids reach workers only after the
+// transaction that claimed them has committed.
+type Claim struct {
+	Op   int64
+	Caps []Cap
+}
+
+// StageDelta is what one stage did since the last flush.
+type StageDelta struct {
+	Stage        string
+	Processed    int64
+	Failed       int64
+	Timeouts     int64
+	Crashes      int64
+	ProcessingUS int64
+}
+
+func (d StageDelta) zero() bool {
+	return d.Processed == 0 && d.Failed == 0 && d.Timeouts == 0 && d.Crashes == 0 && d.ProcessingUS == 0
+}
+
+// Flush adds statistics deltas to stage_stats and dispatch_stats in one
+// transaction. Seq makes it idempotent: the shell applies it only if the stored
+// flush_seq is below Seq, and a Flush whose result was lost is sent again unchanged.
+// Answered by Flushed.
+type Flush struct {
+	Op           int64
+	Seq          int64
+	Stages       []StageDelta
+	StagePasses  int64
+	MessagesLeft int64
+}
+
+// Spawn starts "PROGRAM worker [-c CONFIG_FILE]" for Stage with PEPSI_STAGE set and
+// a parent-death signal. Answered by WorkerStarted or SpawnFailed, later by
+// WorkerExited.
+type Spawn struct {
+	Worker WorkerID
+	Stage  string
+}
+
+// Write hands ids to a started worker: one decimal id per line, in one buffer.
+// Precondition: the claims of these ids have committed.
+type Write struct {
+	Worker WorkerID
+	IDs    []int64
+}
+
+// Stop closes a worker's standard input: it finishes what it was handed, answers,
+// and exits. The core kills it if it has not exited within its grace period.
+type Stop struct {
+	Worker WorkerID
+}
+
+// Kill sends SIGKILL to a worker. Its exit is reported by WorkerExited.
+type Kill struct {
+	Worker WorkerID
+}
+
+// SetTimer asks for a Tick at At (replacing any earlier request). The zero time
+// means no timer is needed.
+type SetTimer struct {
+	At time.Time
+}
+
+// Log is a line for the operator about a decision the core took (a crash, a
+// timeout, a cooldown). Level is "info", "warn" or "error".
+type Log struct {
+	Level string
+	Msg   string
+}
+
+// Exit tells the shell the core has finished shutting down; the process exits with
+// Code (0: every row was reset or resolved; 1: some writes could not be made and
+// the next start-up reset will take care of them).
+type Exit struct {
+	Code int
+}
+
+func (ResetOrphans) isCommand() {}
+func (Resolve) isCommand()      {}
+func (Wake) isCommand()         {}
+func (Claim) isCommand()        {}
+func (Flush) isCommand()        {}
+func (Spawn) isCommand()        {}
+func (Write) isCommand()        {}
+func (Stop) isCommand()         {}
+func (Kill) isCommand()         {}
+func (SetTimer) isCommand()     {}
+func (Log) isCommand()          {}
+func (Exit) isCommand()         {}
+
+// IsQueue reports whether c is a queue command, executed in the step's transaction.
+func IsQueue(c Command) bool {
+	switch c.(type) {
+	case ResetOrphans, Resolve, Wake, Claim, Flush:
+		return true
+	}
+	return false
+}
+
+func (c ResetOrphans) String() string {
+	return fmt.Sprintf("reset-orphans op=%d keep=%s", c.Op, formatIDs(c.Keep))
+}
+func (c Resolve) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "resolve op=%d", c.Op)
+	for _, it := range c.Items {
+		b.WriteByte(' ')
+		b.WriteString(it.String())
+	}
+	return b.String()
+}
+func (c Wake) String() string { return fmt.Sprintf("wake op=%d now=%s", c.Op, formatTime(c.Now)) }
+func (c Claim) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "claim op=%d", c.Op)
+	for _, cp := range c.Caps {
+		fmt.Fprintf(&b, " %s:%d", cp.Stage, cp.N)
+	}
+	return b.String()
+}
+func (c Flush) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "flush op=%d seq=%d passes=%d left=%d", c.Op, c.Seq, c.StagePasses, c.MessagesLeft)
+	for _, d := range c.Stages {
+		fmt.Fprintf(&b, " %s{processed=%d failed=%d timeouts=%d crashes=%d us=%d}",
+			d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS)
+	}
+	return b.String()
+}
+func (c Spawn) String() string    { return fmt.Sprintf("spawn %s stage=%s", c.Worker, c.Stage) }
+func (c Write) String() string    { return fmt.Sprintf("write %s %s", c.Worker, formatIDs(c.IDs)) }
+func (c Stop) String() string     { return fmt.Sprintf("stop %s", c.Worker) }
+func (c Kill) String() string     { return fmt.Sprintf("kill %s", c.Worker) }
+func (c SetTimer) String() string { return "timer " + formatTime(c.At) }
+func (c Log) String() string      { return fmt.Sprintf("log %s %q", c.Level, c.Msg) }
+func (c Exit) String() string     { return fmt.Sprintf("exit %d", c.Code) }
+
+func formatIDs(ids []int64) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = fmt.Sprint(id)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}

@@ -1,0 +1,252 @@
+// Package conf parses pepsi.conf(5): INI text with [section] headers, KEY = value
+// lines and # or ; comments. It is pure: it takes the file's text and name and
+// returns a checked configuration or an error naming the file, line and key. It
+// never opens files, reads the environment or applies defaults it does not document.
+package conf
+
+import (
+	"bufio"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults, as pepsi-dispatch(1) and pepsi.conf(5) document them.
+const (
+	DefaultMaxRuntime    = 300 * time.Second
+	DefaultIdleTimeout   = 5 * time.Second
+	DefaultPollInterval  = 30 * time.Second
+	DefaultStatsInterval = 60 * time.Second
+	DefaultStopGrace     = 10 * time.Second
+	DefaultParallelism   = 4
+	DefaultQueueLimit    = 4
+	DefaultMaxMessages   = 1000
+)
+
+// Config is a parsed pepsi.conf.
+type Config struct {
+	// Database is a libpq URL or key=value string; empty means the PG* environment.
+	Database string
+	// Dispatch holds [pepsi-dispatch].
+	Dispatch Dispatch
+	// Stages holds every [stage-NAME] section, sorted by name.
+	Stages []Stage
+}
+
+// Dispatch is the [pepsi-dispatch] section.
+type Dispatch struct {
+	MaxRuntime    time.Duration
+	IdleTimeout   time.Duration
+	PollInterval  time.Duration
+	StatsInterval time.Duration
+	// StopGrace is how long a stopped worker may take to exit before it is killed
+	// (key STOP_GRACE, a PEPSI extension; default 10 s).
+	StopGrace time.Duration
+	// ConfigFile is passed to workers as "-c FILE"; default: the file parsed.
+	ConfigFile string
+}
+
+// Stage is one [stage-NAME] section.
+type Stage struct {
+	Name        string
+	Program     string
+	Parallelism int
+	QueueLimit  int
+	MaxMessages int
+}
+
+// Stage returns the stage called name, or false.
+func (c *Config) Stage(name string) (Stage, bool) {
+	i := sort.Search(len(c.Stages), func(i int) bool { return c.Stages[i].Name >= name })
+	if i < len(c.Stages) && c.Stages[i].Name == name {
+		return c.Stages[i], true
+	}
+	return Stage{}, false
+}
+
+// Error is a configuration error at a place in a file.
+type Error struct {
+	File string
+	Line int
+	Key  string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	place := e.File
+	if e.Line > 0 {
+		place = fmt.Sprintf("%s:%d", e.File, e.Line)
+	}
+	if e.Key != "" {
+		return fmt.Sprintf("%s: %s: %s", place, e.Key, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", place, e.Msg)
+}
+
+// Parse parses the text of a pepsi.conf called file.
+func Parse(file, text string) (*Config, error) {
+	c := &Config{Dispatch: Dispatch{
+		MaxRuntime:    DefaultMaxRuntime,
+		IdleTimeout:   DefaultIdleTimeout,
+		PollInterval:  DefaultPollInterval,
+		StatsInterval: DefaultStatsInterval,
+		StopGrace:     DefaultStopGrace,
+		ConfigFile:    file,
+	}}
+	stages := map[string]*Stage{}
+	stageLine := map[string]int{}
+	seen := map[string]int{}
+	section := ""
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || line[0] == ';' {
+			continue
+		}
+		bad := func(key, format string, args ...any) error {
+			return &Error{File: file, Line: n, Key: key, Msg: fmt.Sprintf(format, args...)}
+		}
+		if line[0] == '[' {
+			if !strings.HasSuffix(line, "]") {
+				return nil, bad("", "section header %q has no closing ]", line)
+			}
+			section = strings.TrimSpace(line[1 : len(line)-1])
+			switch {
+			case section == "pepsi", section == "pepsi-dispatch":
+			case strings.HasPrefix(section, "stage-"):
+				name := strings.TrimPrefix(section, "stage-")
+				if !validStageName(name) {
+					return nil, bad("", "stage name %q: use letters, digits, '_' and '-'", name)
+				}
+				if _, dup := stages[name]; dup {
+					return nil, bad("", "section [%s] appears twice (first at line %d)", section, stageLine[name])
+				}
+				stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
+					QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages}
+				stageLine[name] = n
+			default:
+				return nil, bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch] or [stage-NAME])", section)
+			}
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, bad("", "want KEY = value, got %q", line)
+		}
+		key, value = strings.TrimSpace(key), strings.TrimSpace(value)
+		if section == "" {
+			return nil, bad(key, "key outside any section")
+		}
+		where := section + "." + key
+		if first, dup := seen[where]; dup {
+			return nil, bad(key, "set twice in [%s] (first at line %d)", section, first)
+		}
+		seen[where] = n
+		var err error
+		switch section {
+		case "pepsi":
+			switch key {
+			case "DATABASE":
+				c.Database = value
+			default:
+				return nil, bad(key, "unknown key in [pepsi] (want DATABASE)")
+			}
+		case "pepsi-dispatch":
+			d := &c.Dispatch
+			switch key {
+			case "MAX_RUNTIME":
+				d.MaxRuntime, err = ParseDuration(value)
+			case "WORKER_IDLE_TIMEOUT":
+				d.IdleTimeout, err = ParseDuration(value)
+			case "POLL_INTERVAL":
+				d.PollInterval, err = ParseDuration(value)
+			case "STATS_INTERVAL":
+				d.StatsInterval, err = ParseDuration(value)
+			case "STOP_GRACE":
+				d.StopGrace, err = ParseDuration(value)
+			case "CONFIG_FILE":
+				if value == "" {
+					err = fmt.Errorf("must not be empty")
+				}
+				d.ConfigFile = value
+			default:
+				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE or CONFIG_FILE)")
+			}
+		default:
+			s := stages[strings.TrimPrefix(section, "stage-")]
+			switch key {
+			case "PROGRAM":
+				if value == "" {
+					err = fmt.Errorf("must not be empty")
+				}
+				s.Program = value
+			case "PARALLELISM":
+				s.Parallelism, err = parsePositive(value)
+			case "QUEUE_LIMIT":
+				s.QueueLimit, err = parsePositive(value)
+			case "MAX_MESSAGES":
+				s.MaxMessages, err = parsePositive(value)
+			default:
+				return nil, bad(key, "unknown key in [%s] (want PROGRAM, PARALLELISM, QUEUE_LIMIT or MAX_MESSAGES)", section)
+			}
+		}
+		if err != nil {
+			return nil, bad(key, "%v", err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, &Error{File: file, Msg: err.Error()}
+	}
+	for name, s := range stages {
+		if s.Program == "" {
+			return nil, &Error{File: file, Line: stageLine[name], Key: "PROGRAM", Msg: fmt.Sprintf("[stage-%s] has no PROGRAM", name)}
+		}
+		c.Stages = append(c.Stages, *s)
+	}
+	sort.Slice(c.Stages, func(i, j int) bool { return c.Stages[i].Name < c.Stages[j].Name })
+	return c, nil
+}
+
+// ParseDuration reads whole seconds ("30") or Go duration text ("250ms", "1m30s").
+// The result must be positive.
+func ParseDuration(s string) (time.Duration, error) {
+	var d time.Duration
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > int64(365*24*time.Hour/time.Second) {
+			return 0, fmt.Errorf("%q is too long", s)
+		}
+		d = time.Duration(n) * time.Second
+	} else if d, err = time.ParseDuration(s); err != nil {
+		return 0, fmt.Errorf("%q is not whole seconds nor a duration like 250ms or 1m30s", s)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("%q must be positive", s)
+	}
+	return d, nil
+}
+
+func parsePositive(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive whole number", s)
+	}
+	if n > 1_000_000 {
+		return 0, fmt.Errorf("%q is larger than 1000000", s)
+	}
+	return n, nil
+}
+
+func validStageName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,226 @@
+package core
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Event is something that happened outside the core: a notification, a timer, a
+// worker's answer or exit, the result of a queue command. The set is closed: only
+// the types in this file implement it. String is the canonical text used in logs,
+// golden files and simulation traces.
+type Event interface {
+	isEvent()
+	String() string
+}
+
+// WorkerID names a worker process for the life of one core. IDs are handed out in
+// increasing order and never reused, so traces are deterministic.
+type WorkerID int
+
+func (w WorkerID) String() string { return fmt.Sprintf("w%d", w) }
+
+// Start is the first event: the shell holds the single-dispatcher lock and the
+// database may be written. The core answers with the start-up orphan reset.
+type Start struct{}
+
+// Ingress reports a NOTIFY on the ingress channel: new or retried rows are pending.
+type Ingress struct{}
+
+// Tick reports that time has passed (the timer the core asked for fired). The
+// instant itself is the one passed to Step.
+type Tick struct{}
+
+// Shutdown reports SIGINT or SIGTERM. A second Shutdown means "now": workers are
+// killed and the core exits without waiting for the database.
+type Shutdown struct{}
+
+// DatabaseUp reports that the shell reached the database again after a queue
+// command failed (and re-established LISTEN). Owed writes are retried only after it.
+type DatabaseUp struct{}
+
+// WorkerStarted reports that a Spawn succeeded: the process runs with this PID.
+type WorkerStarted struct {
+	Worker WorkerID
+	PID    int
+}
+
+// SpawnFailed reports that a Spawn could not start the program at all (not found,
+// not executable). The worker never existed.
+type SpawnFailed struct {
+	Worker WorkerID
+	Err    string
+}
+
+// Answer is one line a worker wrote to standard output, without the newline.
+// The core parses it: anything but a valid status line is a protocol error.
+type Answer struct {
+	Worker WorkerID
+	Line   string
+}
+
+// WorkerExited reports that a worker process ended, after every Answer it wrote.
+// Code is the exit status, or -1 when Signal names the signal that killed it.
+type WorkerExited struct {
+	Worker WorkerID
+	Code   int
+	Signal string
+}
+
+// Row is one claimed queue row: its id and the stage it was claimed for.
+type Row struct {
+	ID    int64
+	Stage string
+}
+
+// Claimed is the result of a Claim. Rows are running in the database and belong to
+// this core. Epoch is the crash-sentinel token the claim's transaction saw (see
+// Item.Epoch). A non-empty Err means the claim may or may not have committed.
+type Claimed struct {
+	Op    int64
+	Epoch string
+	Rows  []Row
+	Err   string
+}
+
+// Outcome is what a Resolve found or did for one Item: the row's stage and status
+// after the statement, its paused timeout, and its state.dispatch_error. An empty
+// Status means the row no longer exists.
+type Outcome struct {
+	ID      int64
+	Stage   string
+	Status  string
+	Timeout time.Time
+	Error   string
+}
+
+// Resolved is the result of a Resolve: one Outcome per Item, in Item order.
+type Resolved struct {
+	Op       int64
+	Outcomes []Outcome
+	Err      string
+}
+
+// Woken is the result of a Wake: how many due paused rows became pending and the
+// earliest timeout of the rows still paused (zero when none is).
+type Woken struct {
+	Op    int64
+	Count int
+	Next  time.Time
+	Err   string
+}
+
+// OrphansReset is the result of a ResetOrphans: how many running rows became
+// pending, and the sequence number of the last statistics flush ever applied.
+type OrphansReset struct {
+	Op       int64
+	Count    int
+	FlushSeq int64
+	Err      string
+}
+
+// Flushed is the result of a Flush.
+type Flushed struct {
+	Op  int64
+	Err string
+}
+
+func (Start) isEvent()         {}
+func (Ingress) isEvent()       {}
+func (Tick) isEvent()          {}
+func (Shutdown) isEvent()      {}
+func (DatabaseUp) isEvent()    {}
+func (WorkerStarted) isEvent() {}
+func (SpawnFailed) isEvent()   {}
+func (Answer) isEvent()        {}
+func (WorkerExited) isEvent()  {}
+func (Claimed) isEvent()       {}
+func (Resolved) isEvent()      {}
+func (Woken) isEvent()         {}
+func (OrphansReset) isEvent()  {}
+func (Flushed) isEvent()       {}
+
+func (Start) String() string      { return "start" }
+func (Ingress) String() string    { return "ingress" }
+func (Tick) String() string       { return "tick" }
+func (Shutdown) String() string   { return "shutdown" }
+func (DatabaseUp) String() string { return "database-up" }
+func (e WorkerStarted) String() string {
+	return fmt.Sprintf("started %s pid=%d", e.Worker, e.PID)
+}
+func (e SpawnFailed) String() string {
+	return fmt.Sprintf("spawn-failed %s err=%q", e.Worker, e.Err)
+}
+func (e Answer) String() string { return fmt.Sprintf("answer %s %q", e.Worker, e.Line) }
+func (e WorkerExited) String() string {
+	if e.Signal != "" {
+		return fmt.Sprintf("exited %s signal=%s", e.Worker, e.Signal)
+	}
+	return fmt.Sprintf("exited %s code=%d", e.Worker, e.Code)
+}
+func (e Claimed) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("claimed op=%d err=%q", e.Op, e.Err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "claimed op=%d epoch=%s", e.Op, e.Epoch)
+	for _, r := range e.Rows {
+		fmt.Fprintf(&b, " %d@%s", r.ID, r.Stage)
+	}
+	return b.String()
+}
+func (e Resolved) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("resolved op=%d err=%q", e.Op, e.Err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "resolved op=%d", e.Op)
+	for _, o := range e.Outcomes {
+		b.WriteByte(' ')
+		b.WriteString(o.String())
+	}
+	return b.String()
+}
+
+func (o Outcome) String() string {
+	s := fmt.Sprintf("%d@%s:%s", o.ID, o.Stage, o.Status)
+	if o.Status == "" {
+		s = fmt.Sprintf("%d:gone", o.ID)
+	}
+	if !o.Timeout.IsZero() {
+		s += "(until " + formatTime(o.Timeout) + ")"
+	}
+	if o.Error != "" {
+		s += fmt.Sprintf("(%q)", o.Error)
+	}
+	return s
+}
+
+func (e Woken) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("woken op=%d err=%q", e.Op, e.Err)
+	}
+	return fmt.Sprintf("woken op=%d count=%d next=%s", e.Op, e.Count, formatTime(e.Next))
+}
+func (e OrphansReset) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("orphans-reset op=%d err=%q", e.Op, e.Err)
+	}
+	return fmt.Sprintf("orphans-reset op=%d count=%d flush-seq=%d", e.Op, e.Count, e.FlushSeq)
+}
+func (e Flushed) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("flushed op=%d err=%q", e.Op, e.Err)
+	}
+	return fmt.Sprintf("flushed op=%d", e.Op)
+}
+
+// formatTime is the one text form of an instant in traces: UTC, nanoseconds,
+// "-" for the zero time.
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}

@@ -1,0 +1,152 @@
+// Package pgtest gives each integration test a database of its own on a real
+// PostgreSQL, with the PEPSI schema applied, and drops it when the test ends. The
+// server comes from PEPSI_TEST_DATABASE_URL (an admin URL, e.g.
+// postgres://postgres@127.0.0.1:5432/postgres) or, where a Docker engine is
+// reachable, from a container started with dockertest. With neither the test
+// fails: a missing server is never a skip. Only test code imports this package.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/ory/dockertest/v3"
+
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
+)
+
+// EnvURL names the environment variable holding the admin URL of the test server.
+const EnvURL = "PEPSI_TEST_DATABASE_URL"
+
+var (
+	serverOnce sync.Once
+	serverURL  string
+	serverErr  error
+)
+
+// AdminURL returns the URL of a database on the test server that may create and
+// drop databases, starting a container the first time if it must.
+func AdminURL(t testing.TB) string {
+	t.Helper()
+	serverOnce.Do(func() { serverURL, serverErr = findServer() })
+	if serverErr != nil {
+		t.Fatalf("no PostgreSQL for integration tests: %v", serverErr)
+	}
+	return serverURL
+}
+
+func findServer() (string, error) {
+	if u := os.Getenv(EnvURL); u != "" {
+		return u, nil
+	}
+	pool, err := dockertest.NewPool("")
+	if err == nil {
+		err = pool.Client.Ping()
+	}
+	if err != nil {
+		return "", fmt.Errorf("%s is not set and no Docker engine is reachable (%v); set it to an admin URL such as postgres://postgres@127.0.0.1:5432/postgres", EnvURL, err)
+	}
+	res, err := pool.Run("postgres", "15", []string{"POSTGRES_HOST_AUTH_METHOD=trust"})
+	if err != nil {
+		return "", fmt.Errorf("start postgres container: %w", err)
+	}
+	_ = res.Expire(1800) // the container removes itself if the test binary dies
+	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=disable", res.GetPort("5432/tcp"))
+	pool.MaxWait = 60 * time.Second
+	err = pool.Retry(func() error {
+		c, err := pgx.Connect(context.Background(), u)
+		if err != nil {
+			return err
+		}
+		return c.Close(context.Background())
+	})
+	if err != nil {
+		return "", fmt.Errorf("postgres container did not come up: %w", err)
+	}
+	return u, nil
+}
+
+// NewDatabase creates an empty database for this test and returns its URL; the
+// database is dropped when the test ends.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	admin := AdminURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "pepsi_test_" + hex.EncodeToString(b[:])
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatalf("connect to test server %s: %v", redact(admin), err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Errorf("drop test database %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop test database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatalf("parse %s: %v", EnvURL, err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// NewMigrated is NewDatabase with the PEPSI schema applied.
+func NewMigrated(t testing.TB) string {
+	t.Helper()
+	u := NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := schema.Migrate(ctx, conn); err != nil {
+		t.Fatalf("migrate test database: %v", err)
+	}
+	return u
+}
+
+// Connect opens a connection to url that is closed when the test ends.
+func Connect(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
