@@ -1,0 +1,325 @@
+package core_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/scenarios/*.golden from the current core")
+
+// epoch is the scenario clock's zero; transcripts show offsets from it.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// world drives the real core the way the shell does: queue commands are executed
+// against the fake queue and their results fed back, spawns are answered with
+// WorkerStarted, and what each worker was handed is tracked so tests can answer.
+// Everything that crosses the core's boundary is written to a transcript, which is
+// compared with testdata/scenarios/<test>.golden.
+type world struct {
+	t       *testing.T
+	c       *core.Core
+	q       *fakequeue.Queue
+	now     time.Time
+	pending []core.Event
+	held    map[core.WorkerID][]int64
+	stageOf map[core.WorkerID]string
+	alive   map[core.WorkerID]bool
+	all     []core.Command // every command, for assertions
+	trace   strings.Builder
+	// noAutoStart: leave Spawn unanswered (tests that answer SpawnFailed).
+	noAutoStart bool
+	// failQueue: fail every queue transaction with this text (before it applies).
+	failQueue string
+	// loseReplies: apply the queue transaction but report failure.
+	loseReplies bool
+}
+
+func newWorld(t *testing.T, config string) *world {
+	t.Helper()
+	cfg, err := conf.Parse("test.conf", config)
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	w := &world{t: t, c: core.New(cfg), q: fakequeue.New(), now: epoch,
+		held: map[core.WorkerID][]int64{}, stageOf: map[core.WorkerID]string{}, alive: map[core.WorkerID]bool{}}
+	fmt.Fprintf(&w.trace, "# config\n%s\n", strings.TrimSpace(config))
+	t.Cleanup(w.checkGolden)
+	return w
+}
+
+// at moves the clock to epoch+d (never backwards).
+func (w *world) at(d time.Duration) *world {
+	if t := epoch.Add(d); t.After(w.now) {
+		w.now = t
+	}
+	return w
+}
+
+// step feeds events to the core, executes what it asks, and keeps feeding the
+// results back until it asks for nothing more at this instant. It returns every
+// command issued.
+func (w *world) step(evs ...core.Event) []core.Command {
+	w.t.Helper()
+	var issued []core.Command
+	w.pending = append(w.pending, evs...)
+	for round := 0; len(w.pending) > 0; round++ {
+		if round > 50 {
+			w.t.Fatalf("core did not settle at %s", w.now.Sub(epoch))
+		}
+		batch := w.pending
+		w.pending = nil
+		var names []string
+		for _, ev := range batch {
+			names = append(names, ev.String())
+		}
+		fmt.Fprintf(&w.trace, "@%s %s\n", w.now.Sub(epoch), strings.Join(names, " | "))
+		cmds := w.c.Step(w.now, batch...)
+		var txn []core.Command
+		for _, cmd := range cmds {
+			fmt.Fprintf(&w.trace, "  %s\n", cmd)
+			switch c := cmd.(type) {
+			case core.Spawn:
+				w.stageOf[c.Worker] = c.Stage
+				w.alive[c.Worker] = true
+				if !w.noAutoStart {
+					w.pending = append(w.pending, core.WorkerStarted{Worker: c.Worker, PID: 1000 + int(c.Worker)})
+				}
+			case core.Write:
+				w.held[c.Worker] = append(w.held[c.Worker], c.IDs...)
+			}
+			if core.IsQueue(cmd) {
+				txn = append(txn, cmd)
+			}
+		}
+		if len(txn) > 0 {
+			switch {
+			case w.failQueue != "":
+				w.pending = append(w.pending, fakequeue.Failed(txn, w.failQueue)...)
+			case w.loseReplies:
+				w.q.Exec(context.Background(), txn)
+				w.pending = append(w.pending, fakequeue.Failed(txn, "connection reset after commit")...)
+			default:
+				w.pending = append(w.pending, w.q.Exec(context.Background(), txn)...)
+			}
+		}
+		issued = append(issued, cmds...)
+	}
+	w.all = append(w.all, issued...)
+	return issued
+}
+
+// start runs the Start event with n messages pending at stage (if n > 0).
+func (w *world) start(stage string, n int) []core.Command {
+	if n > 0 {
+		w.q.Insert(stage, n)
+	}
+	return w.step(core.Start{})
+}
+
+// head is the oldest unanswered id handed to worker wid.
+func (w *world) head(wid core.WorkerID) int64 {
+	w.t.Helper()
+	if len(w.held[wid]) == 0 {
+		w.t.Fatalf("worker %s holds nothing", wid)
+	}
+	return w.held[wid][0]
+}
+
+// answer makes worker wid answer line for its head message, after the stage wrote
+// the row as given (to == "" leaves the row alone).
+func (w *world) answer(wid core.WorkerID, to, status, line string) []core.Command {
+	w.t.Helper()
+	id := w.head(wid)
+	if to != "" {
+		if !w.q.StageWrite(id, w.stageOf[wid], to, status, w.now.Add(time.Minute)) {
+			w.t.Fatalf("stage write of %d failed: row is not running at %s", id, w.stageOf[wid])
+		}
+	}
+	w.held[wid] = w.held[wid][1:]
+	return w.step(core.Answer{Worker: wid, Line: line})
+}
+
+// advance: the head of wid moved to stage `to` and the worker answered 0.
+func (w *world) advance(wid core.WorkerID, to string) []core.Command {
+	return w.answer(wid, to, "running", "0")
+}
+
+// finish: the head of wid is done and the worker answered 0.
+func (w *world) finish(wid core.WorkerID) []core.Command {
+	return w.answer(wid, w.stageOf[wid], "done", "0")
+}
+
+func (w *world) exit(wid core.WorkerID, code int, signal string) []core.Command {
+	w.held[wid] = nil
+	w.alive[wid] = false
+	return w.step(core.WorkerExited{Worker: wid, Code: code, Signal: signal})
+}
+
+// tick advances the clock to epoch+d and delivers a Tick.
+func (w *world) tick(d time.Duration) []core.Command {
+	w.at(d)
+	return w.step(core.Tick{})
+}
+
+func (w *world) row(id int64) fakequeue.Row {
+	w.t.Helper()
+	r, ok := w.q.Get(id)
+	if !ok {
+		w.t.Fatalf("row %d does not exist", id)
+	}
+	return r
+}
+
+func (w *world) wantRow(id int64, stage, status string) {
+	w.t.Helper()
+	r := w.row(id)
+	if r.Stage != stage || r.Status != status {
+		w.t.Errorf("row %d is %s at %s, want %s at %s (error %q)", id, r.Status, r.Stage, status, stage, r.DispatchError)
+	}
+}
+
+func (w *world) checkGolden() {
+	if w.t.Failed() {
+		return
+	}
+	name := strings.ReplaceAll(w.t.Name(), "/", "_")
+	path := filepath.Join("..", "testdata", "scenarios", name+".golden")
+	got := w.trace.String()
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			w.t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			w.t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		w.t.Fatalf("golden transcript missing (run go test ./core -update and review the diff): %v", err)
+	}
+	if string(want) != got {
+		w.t.Errorf("transcript differs from %s (rerun with -update and review the diff):\n%s", path, firstDiff(string(want), got))
+	}
+}
+
+func firstDiff(want, got string) string {
+	wl, gl := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := 0; i < len(wl) || i < len(gl); i++ {
+		var a, b string
+		if i < len(wl) {
+			a = wl[i]
+		}
+		if i < len(gl) {
+			b = gl[i]
+		}
+		if a != b {
+			return fmt.Sprintf("line %d:\n want: %s\n  got: %s", i+1, a, b)
+		}
+	}
+	return "(no difference)"
+}
+
+// Filters over commands.
+
+func of[T core.Command](cmds []core.Command) []T {
+	var out []T
+	for _, c := range cmds {
+		if x, ok := c.(T); ok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func one[T core.Command](t *testing.T, cmds []core.Command) T {
+	t.Helper()
+	xs := of[T](cmds)
+	if len(xs) != 1 {
+		var zero T
+		t.Fatalf("want exactly one %T, got %d in:\n%s", zero, len(xs), list(cmds))
+	}
+	return xs[0]
+}
+
+func none[T core.Command](t *testing.T, cmds []core.Command, why string) {
+	t.Helper()
+	if xs := of[T](cmds); len(xs) > 0 {
+		t.Fatalf("%s, but got %v in:\n%s", why, xs, list(cmds))
+	}
+}
+
+func list(cmds []core.Command) string {
+	var b strings.Builder
+	for _, c := range cmds {
+		b.WriteString("  " + c.String() + "\n")
+	}
+	return b.String()
+}
+
+func items(cmds []core.Command) []core.Item {
+	var out []core.Item
+	for _, r := range of[core.Resolve](cmds) {
+		out = append(out, r.Items...)
+	}
+	return out
+}
+
+func itemFor(t *testing.T, cmds []core.Command, id int64) core.Item {
+	t.Helper()
+	for _, it := range items(cmds) {
+		if it.ID == id {
+			return it
+		}
+	}
+	t.Fatalf("no resolve item for message %d in:\n%s", id, list(cmds))
+	return core.Item{}
+}
+
+func capsOf(c core.Claim) map[string]int {
+	m := map[string]int{}
+	for _, cp := range c.Caps {
+		m[cp.Stage] = cp.N
+	}
+	return m
+}
+
+func workersOf(cmds []core.Command) []core.WorkerID {
+	var ids []core.WorkerID
+	for _, s := range of[core.Spawn](cmds) {
+		ids = append(ids, s.Worker)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+const threeStages = `
+[pepsi-dispatch]
+MAX_RUNTIME = 300
+WORKER_IDLE_TIMEOUT = 5
+POLL_INTERVAL = 30
+STATS_INTERVAL = 60
+[stage-a]
+PROGRAM = a
+PARALLELISM = 2
+QUEUE_LIMIT = 3
+[stage-b]
+PROGRAM = b
+PARALLELISM = 1
+QUEUE_LIMIT = 4
+[stage-c]
+PROGRAM = c
+PARALLELISM = 3
+QUEUE_LIMIT = 1
+`

@@ -1,0 +1,598 @@
+package core_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Feature: event-driven, batched claiming.
+
+func TestStartResetsOrphansThenClaimsEveryStageInOneStatement(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.q.Insert("b", 2)
+	cmds := w.start("a", 10)
+	reset := one[core.ResetOrphans](t, cmds)
+	if len(reset.Keep) != 0 {
+		t.Errorf("start-up reset keeps %v, want nothing kept", reset.Keep)
+	}
+	claim := one[core.Claim](t, cmds)
+	got := capsOf(claim)
+	want := map[string]int{"a": 6, "b": 4, "c": 3} // QUEUE_LIMIT × PARALLELISM each
+	for s, n := range want {
+		if got[s] != n {
+			t.Errorf("claim cap for %s = %d, want %d (all caps %v)", s, got[s], n, got)
+		}
+	}
+	if !strings.Contains(list(cmds), "reset-orphans") || indexOf(cmds, reset) > indexOf(cmds, claim) {
+		t.Errorf("the orphan reset must come before the first claim:\n%s", list(cmds))
+	}
+}
+
+func TestIngressClaimsOnlyWhenNotifiedOrPolled(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0) // nothing pending: the claim returns less than the caps
+	w.q.Insert("a", 2)
+	none[core.Claim](t, w.tick(time.Second), "no claim without a notification before the heartbeat")
+	claim := one[core.Claim](t, w.step(core.Ingress{}))
+	if capsOf(claim)["a"] != 6 {
+		t.Errorf("claim after ingress: caps %v, want a:6", claim.Caps)
+	}
+}
+
+func TestHeartbeatFindsWorkWhoseNotificationWasLost(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	w.q.Insert("a", 1) // NOTIFY lost: no Ingress event
+	none[core.Claim](t, w.tick(29*time.Second), "no claim before POLL_INTERVAL")
+	cmds := w.tick(30 * time.Second)
+	one[core.Wake](t, cmds)
+	if c := one[core.Claim](t, cmds); capsOf(c)["a"] != 6 {
+		t.Errorf("heartbeat claim caps %v", c.Caps)
+	}
+	one[core.Write](t, cmds)
+}
+
+func TestAnswersInTheSameBatchAreAppliedBeforeTheClaim(t *testing.T) {
+	w := newWorld(t, `
+[stage-a]
+PROGRAM = a
+PARALLELISM = 1
+QUEUE_LIMIT = 2
+`)
+	w.start("a", 4)
+	if got := w.held[1]; len(got) != 2 {
+		t.Fatalf("worker 1 holds %v, want 2 ids", got)
+	}
+	// Full: a notification alone claims nothing.
+	none[core.Claim](t, w.step(core.Ingress{}), "a full stage must not be claimed for")
+	// The answer and the notification arrive together: the answer frees a slot first.
+	id := w.head(1)
+	w.q.StageWrite(id, "a", "a", "done", time.Time{})
+	w.held[1] = w.held[1][1:]
+	cmds := w.step(core.Ingress{}, core.Answer{Worker: 1, Line: "0"})
+	claim := one[core.Claim](t, cmds)
+	if capsOf(claim)["a"] != 1 {
+		t.Errorf("claim cap after one answer = %v, want a:1", claim.Caps)
+	}
+	if r := one[core.Resolve](t, cmds); len(r.Items) != 1 {
+		t.Errorf("resolve: %v", r)
+	}
+}
+
+func TestOnlyOneQueueTransactionIsOutstanding(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.q.Insert("a", 1)
+	cmds := w.c.Step(epoch, core.Start{})
+	one[core.Claim](t, cmds)
+	// Results not delivered yet: another notification must not start a second claim.
+	more := w.c.Step(epoch.Add(time.Millisecond), core.Ingress{})
+	none[core.Claim](t, more, "a second claim while the first is outstanding")
+	none[core.Resolve](t, more, "a queue write while a transaction is outstanding")
+}
+
+// Feature: persistent, pipelined workers.
+
+func TestWorkerIsHandedUpToQueueLimitIdsInOneWrite(t *testing.T) {
+	w := newWorld(t, threeStages)
+	cmds := w.start("b", 6)
+	writes := of[core.Write](cmds)
+	if len(writes) != 1 || len(writes[0].IDs) != 4 {
+		t.Fatalf("want one write of 4 ids (QUEUE_LIMIT of b), got %v", writes)
+	}
+	if n := len(of[core.Spawn](cmds)); n != 1 {
+		t.Errorf("stage b (PARALLELISM 1) spawned %d workers", n)
+	}
+	// Stage b's in-flight capacity is QUEUE_LIMIT × PARALLELISM = 4: two stay pending.
+	w.wantRow(5, "b", "pending")
+	w.wantRow(6, "b", "pending")
+}
+
+// Feature: elastic per-stage pools.
+
+func TestWorkIsPackedOntoTheFewestWorkers(t *testing.T) {
+	w := newWorld(t, `
+[stage-a]
+PROGRAM = a
+PARALLELISM = 4
+QUEUE_LIMIT = 4
+`)
+	cmds := w.start("a", 5)
+	if ids := workersOf(cmds); len(ids) != 2 {
+		t.Fatalf("5 messages with QUEUE_LIMIT 4 need 2 workers, spawned %v", ids)
+	}
+	if len(w.held[1]) != 4 || len(w.held[2]) != 1 {
+		t.Errorf("held: w1 %v, w2 %v; want 4 and 1", w.held[1], w.held[2])
+	}
+	// A new message goes to the busier worker that has room, not to an idle one.
+	w.finish(2)
+	w.finish(1)
+	w.q.Insert("a", 1)
+	cmds = w.step(core.Ingress{})
+	if wr := one[core.Write](t, cmds); wr.Worker != 1 {
+		t.Errorf("new message went to %s, want w1 (it still holds work)", wr.Worker)
+	}
+}
+
+func TestPoolGrowsToParallelismAndNoFurther(t *testing.T) {
+	w := newWorld(t, threeStages)
+	cmds := w.start("c", 10)
+	if ids := workersOf(cmds); len(ids) != 3 {
+		t.Fatalf("stage c has PARALLELISM 3, spawned %v", ids)
+	}
+	for _, wr := range of[core.Write](cmds) {
+		if len(wr.IDs) != 1 {
+			t.Errorf("stage c has QUEUE_LIMIT 1, wrote %v", wr)
+		}
+	}
+	// Answers free slots but never create a fourth worker.
+	cmds = w.finish(1)
+	none[core.Spawn](t, cmds, "no fourth worker")
+}
+
+func TestIdleWorkersAreStoppedAfterIdleTimeout(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.at(time.Second)
+	w.finish(1)
+	none[core.Stop](t, w.tick(5*time.Second+999*time.Millisecond), "reaped before WORKER_IDLE_TIMEOUT")
+	stop := one[core.Stop](t, w.tick(6*time.Second))
+	if stop.Worker != 1 {
+		t.Errorf("stopped %s, want w1", stop.Worker)
+	}
+	cmds := w.exit(1, 0, "")
+	if strings.Contains(list(cmds), "crash") || len(items(cmds)) != 0 {
+		t.Errorf("a clean exit after stop must be quiet:\n%s", list(cmds))
+	}
+}
+
+func TestWorkerRecyclesAfterMaxMessagesOnceDrained(t *testing.T) {
+	w := newWorld(t, `
+[stage-a]
+PROGRAM = a
+PARALLELISM = 1
+QUEUE_LIMIT = 2
+MAX_MESSAGES = 3
+`)
+	w.start("a", 5)
+	w.finish(1)
+	cmds := w.finish(1) // w1 has been handed 3: it gets nothing more
+	if len(w.held[1]) != 1 {
+		t.Fatalf("w1 holds %v, want 1 (handed 3 = MAX_MESSAGES)", w.held[1])
+	}
+	none[core.Stop](t, cmds, "recycled before its pipeline drained")
+	cmds = w.finish(1)
+	one[core.Stop](t, cmds)
+	cmds = w.exit(1, 0, "")
+	if ids := workersOf(cmds); len(ids) != 1 || ids[0] != 2 {
+		t.Fatalf("after recycling, want a fresh w2, got spawns %v:\n%s", ids, list(cmds))
+	}
+	if len(w.held[2]) != 2 {
+		t.Errorf("w2 holds %v, want the remaining 2", w.held[2])
+	}
+}
+
+func TestProgramThatCannotStartIsHeldOffWithCooldown(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.noAutoStart = true
+	cmds := w.start("b", 1)
+	sp := one[core.Spawn](t, cmds)
+	cmds = w.step(core.SpawnFailed{Worker: sp.Worker, Err: "exec: \"b\": executable file not found in $PATH"})
+	none[core.Spawn](t, cmds, "respawned during the cooldown")
+	none[core.Spawn](t, w.tick(999*time.Millisecond), "respawned during the cooldown")
+	one[core.Spawn](t, w.tick(core.CooldownMin))
+}
+
+// Feature: requeue on advance, and the stage-bug guard.
+
+func TestAdvancedMessageIsRequeuedForTheNextStage(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	cmds := w.advance(1, "b")
+	it := itemFor(t, cmds, 1)
+	if it.Stage != "a" {
+		t.Errorf("resolve item guarded by stage %q, want the claimed stage a", it.Stage)
+	}
+	// Requeued to pending at b, then claimed for b in the same transaction.
+	claim := one[core.Claim](t, cmds)
+	if capsOf(claim)["b"] == 0 {
+		t.Errorf("stage b not claimed for after the advance: %v", claim.Caps)
+	}
+	w.wantRow(1, "b", "running")
+	if ws := of[core.Write](cmds); len(ws) != 1 || ws[0].IDs[0] != 1 {
+		t.Errorf("message 1 not handed to a b worker: %v", ws)
+	}
+}
+
+func TestZeroThatLeavesTheRowRunningFailsItAsAStageBug(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.answer(1, "", "", "0")
+	w.wantRow(1, "a", "failed")
+	if r := w.row(1); !strings.Contains(r.DispatchError, "left the message running") {
+		t.Errorf("dispatch_error %q does not say the stage left it running", r.DispatchError)
+	}
+	// And it is not claimed again: no loop.
+	none[core.Write](t, w.tick(31*time.Second), "a stuck message handed out again")
+}
+
+func TestStuckMessageIsRequeuedNotFailedAfterADatabaseCrash(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	id := w.head(1)
+	w.q.StageWrite(id, "a", "b", "running", time.Time{})
+	w.q.Crash() // PostgreSQL lost the stage's asynchronous commit
+	w.held[1] = w.held[1][1:]
+	w.step(core.Answer{Worker: 1, Line: "0"})
+	if r := w.row(id); r.Status == "failed" {
+		t.Fatalf("message %d failed as a stage bug although the crash lost the stage's commit", id)
+	}
+	// The same stage runs it again.
+	if w.head(1) != id {
+		t.Errorf("message %d not handed to stage a again", id)
+	}
+}
+
+// Feature: retry scheduling.
+
+func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.at(10 * time.Second)
+	w.answer(1, "a", "paused", "0") // paused until 10s + 1m = 70s
+	w.tick(30 * time.Second)       // heartbeat: a wake that finds nothing due
+	w.tick(60 * time.Second)
+	w.wantRow(1, "a", "paused")
+	cmds := w.tick(70 * time.Second)
+	wake := one[core.Wake](t, cmds)
+	if !wake.Now.Equal(epoch.Add(70 * time.Second)) {
+		t.Errorf("wake at %v, want 70s", wake.Now.Sub(epoch))
+	}
+	w.wantRow(1, "a", "running")
+	if wr := one[core.Write](t, cmds); wr.IDs[0] != 1 {
+		t.Errorf("woken message not handed out: %v", wr)
+	}
+}
+
+func TestTimerAsksForTheEarliestPausedTimeout(t *testing.T) {
+	w := newWorld(t, `
+[pepsi-dispatch]
+POLL_INTERVAL = 1h
+[stage-a]
+PROGRAM = a
+`)
+	w.start("a", 1)
+	w.at(time.Second)
+	cmds := w.answer(1, "a", "paused", "0")
+	ts := of[core.SetTimer](cmds)
+	if len(ts) == 0 {
+		t.Fatalf("no timer after a pause:\n%s", list(cmds))
+	}
+	// Reap at 6s comes before the pause ends at 61s.
+	w.tick(6 * time.Second)
+	w.exit(1, 0, "")
+	ts = of[core.SetTimer](w.all)
+	last := ts[len(ts)-1]
+	if !last.At.Equal(epoch.Add(61 * time.Second)) {
+		t.Errorf("last timer %v, want the paused timeout at 61s", last.At.Sub(epoch))
+	}
+}
+
+// Feature: crash and watchdog recovery.
+
+func TestNonZeroAnswerFailsOneMessageAndTheWorkerLivesOn(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3)
+	cmds := w.answer(1, "", "", "3 invalid address: nobody@")
+	none[core.Kill](t, cmds, "a worker answering non-zero must survive")
+	none[core.Stop](t, cmds, "a worker answering non-zero must survive")
+	w.wantRow(1, "a", "failed")
+	if r := w.row(1); r.DispatchError != "invalid address: nobody@" {
+		t.Errorf("dispatch_error = %q, want the worker's reason", r.DispatchError)
+	}
+	w.advance(1, "b")
+	w.wantRow(2, "b", "running")
+}
+
+func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3) // w1 holds 1,2,3
+	w.at(time.Minute)
+	w.advance(1, "b")                 // 1 answered
+	cmds := w.exit(1, -1, "segmentation fault") // 2 at the head, 3 behind
+	if it := itemFor(t, cmds, 2); it.Status != "failed" || !strings.Contains(it.Reason, "crashed") {
+		t.Errorf("head item %v, want failed with a crash reason", it)
+	}
+	if it := itemFor(t, cmds, 3); it.Status != "pending" {
+		t.Errorf("item behind the head %v, want pending (requeued)", it)
+	}
+	w.wantRow(2, "a", "failed")
+	if r := w.row(3); r.Status == "failed" {
+		t.Errorf("message 3 never ran but was failed")
+	}
+	flushAll(w)
+	st, _, _, _ := w.q.Stats()
+	if st["a"].Crashes != 1 || st["a"].Failed != 1 {
+		t.Errorf("stats for a: %+v, want 1 crash and 1 failed", st["a"])
+	}
+}
+
+func TestCrashAfterTheHeadWasAdvancedRequeuesItInsteadOfFailing(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	w.at(time.Minute)
+	id := w.head(1)
+	w.q.StageWrite(id, "a", "b", "running", time.Time{}) // committed, then died
+	w.exit(1, 1, "")
+	if r := w.row(id); r.Status == "failed" || r.Stage != "b" {
+		t.Errorf("advanced head is %s at %s, want requeued at b", r.Status, r.Stage)
+	}
+}
+
+func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
+	w := newWorld(t, threeStages) // MAX_RUNTIME 300s
+	w.start("a", 2)               // w1 holds 1, 2
+	w.at(100 * time.Second)
+	w.finish(1) // 2 reaches the head at 100s
+	none[core.Kill](t, w.tick(300*time.Second), "timed from dispatch instead of from the head")
+	none[core.Kill](t, w.tick(399*time.Second), "killed before MAX_RUNTIME at the head")
+	cmds := w.tick(400 * time.Second)
+	if k := one[core.Kill](t, cmds); k.Worker != 1 {
+		t.Errorf("killed %s", k.Worker)
+	}
+	cmds = w.exit(1, -1, "killed")
+	if it := itemFor(t, cmds, 2); it.Status != "timeout" {
+		t.Errorf("head item %v, want timeout", it)
+	}
+	w.wantRow(2, "a", "timeout")
+}
+
+func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	cmds := w.step(core.Answer{Worker: 1, Line: "OK"})
+	one[core.Kill](t, cmds)
+	cmds = w.exit(1, -1, "killed")
+	if it := itemFor(t, cmds, 1); it.Status != "failed" || !strings.Contains(it.Reason, "protocol") {
+		t.Errorf("head item %v, want failed with a protocol reason", it)
+	}
+	if it := itemFor(t, cmds, 2); it.Status != "pending" {
+		t.Errorf("second item %v, want pending", it)
+	}
+}
+
+func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("b", 1)
+	w.at(100 * time.Millisecond)
+	cmds := w.exit(1, 1, "")
+	if it := itemFor(t, cmds, 1); it.Status != "pending" {
+		t.Fatalf("message of a worker that could not start: %v, want pending", it)
+	}
+	none[core.Spawn](t, cmds, "respawned during the cooldown")
+	// Each retry kills the worker again; after StartFailLimit the message fails.
+	for i := 2; i <= core.StartFailLimit; i++ {
+		cmds = w.tick(time.Duration(i) * time.Minute)
+		sp := one[core.Spawn](t, cmds)
+		if w.head(sp.Worker) != 1 {
+			t.Fatalf("message 1 is not the head of the new worker")
+		}
+		w.at(time.Duration(i)*time.Minute + time.Second)
+		cmds = w.exit(sp.Worker, 1, "")
+	}
+	if it := itemFor(t, cmds, 1); it.Status != "failed" || !strings.Contains(it.Reason, "failed worker starts") {
+		t.Errorf("after %d failed starts: %v, want failed saying so", core.StartFailLimit, it)
+	}
+}
+
+// Feature: start-up / shutdown safety.
+
+func TestShutdownStopsWorkersAndResetsTheirRowsAndTheUnassigned(t *testing.T) {
+	w := newWorld(t, `
+[stage-a]
+PROGRAM = a
+PARALLELISM = 1
+QUEUE_LIMIT = 2
+`)
+	w.noAutoStart = true
+	cmds := w.start("a", 2) // claimed, worker still starting: both unassigned
+	sp := one[core.Spawn](t, cmds)
+	cmds = w.step(core.Shutdown{})
+	one[core.Stop](t, cmds)
+	for _, id := range []int64{1, 2} {
+		if it := itemFor(t, cmds, id); it.Status != "pending" {
+			t.Errorf("claimed-but-unassigned %d: %v, want pending", id, it)
+		}
+	}
+	w.wantRow(1, "a", "pending")
+	none[core.Exit](t, cmds, "exited before its worker")
+	cmds = w.exit(sp.Worker, 0, "")
+	if e := one[core.Exit](t, cmds); e.Code != 0 {
+		t.Errorf("exit code %d", e.Code)
+	}
+}
+
+func TestShutdownRequeuesWhatAWorkerDidNotAnswer(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3)
+	w.step(core.Shutdown{})
+	w.finish(1) // it answers the head after stdin closed, then is killed
+	cmds := w.tick(10 * time.Second)
+	one[core.Kill](t, cmds)
+	cmds = w.exit(1, -1, "killed")
+	for _, id := range []int64{2, 3} {
+		if it := itemFor(t, cmds, id); it.Status != "pending" {
+			t.Errorf("unanswered %d at shutdown: %v, want pending", id, it)
+		}
+	}
+	w.wantRow(1, "a", "done")
+	w.wantRow(2, "a", "pending")
+	one[core.Exit](t, w.all)
+}
+
+// Writes while the database is away.
+
+func TestWritesOwedDuringAnOutageAreSentWhenTheDatabaseIsBack(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3)
+	w.failQueue = "connection refused"
+	cmds := w.advance(1, "b")
+	one[core.Resolve](t, cmds)
+	cmds = w.finish(1)
+	none[core.Resolve](t, cmds, "wrote while the database is down")
+	w.failQueue = ""
+	cmds = w.step(core.DatabaseUp{})
+	r := one[core.Resolve](t, cmds)
+	if len(r.Items) != 2 {
+		t.Fatalf("resolve after the outage has %v, want both owed answers", r.Items)
+	}
+	w.wantRow(1, "b", "running")
+	w.wantRow(2, "a", "done")
+}
+
+func TestLostClaimReplyResetsTheRowsItMayHaveClaimed(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.q.Insert("a", 2)
+	w.loseReplies = true
+	w.step(core.Ingress{}) // claims 2, 3 but the reply is lost
+	w.loseReplies = false
+	w.wantRow(2, "a", "running")
+	cmds := w.step(core.DatabaseUp{})
+	reset := one[core.ResetOrphans](t, cmds)
+	if len(reset.Keep) != 1 || reset.Keep[0] != 1 {
+		t.Errorf("reset keeps %v, want [1] (held by w1)", reset.Keep)
+	}
+	if w.row(1).Status != "running" {
+		t.Errorf("row 1 (held) was reset")
+	}
+	if w.head(1) != 1 || len(w.held[1]) != 3 {
+		t.Errorf("rows 2, 3 not claimed again after the reset: w1 holds %v", w.held[1])
+	}
+}
+
+func TestLostResolveReplyIsResentSafely(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.loseReplies = true
+	w.advance(1, "b") // requeued to pending at b, reply lost
+	w.loseReplies = false
+	w.step(core.DatabaseUp{})
+	w.wantRow(1, "b", "running") // resent: left alone, then claimed for b
+	if len(of[core.Write](w.all)) != 2 {
+		t.Errorf("message 1 not handed to b exactly once:\n%s", list(w.all))
+	}
+}
+
+// Feature: statistics.
+
+func TestStatisticsAreFlushedAsDeltasOnIdleAndNeverEmpty(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.at(2 * time.Second)
+	w.answer(1, "b", "running", "0 x:100 y:200")
+	w.at(3 * time.Second)
+	cmds := w.finish(2)
+	f := one[core.Flush](t, cmds)
+	if f.StagePasses != 4 || f.MessagesLeft != 1 {
+		t.Errorf("flush passes=%d left=%d, want 4 (a, x, y, b) and 1", f.StagePasses, f.MessagesLeft)
+	}
+	st, passes, left, _ := w.q.Stats()
+	if passes != 4 || left != 1 || st["x"].Processed != 1 || st["x"].ProcessingUS != 100 || st["a"].Processed != 1 {
+		t.Errorf("stats after flush: passes %d left %d %+v", passes, left, st)
+	}
+	// a's own time excludes the fused stages' 300µs of its 2s pass.
+	if st["a"].ProcessingUS != 2_000_000-300 {
+		t.Errorf("a processing_us = %d, want %d", st["a"].ProcessingUS, 2_000_000-300)
+	}
+	cmds = w.tick(time.Hour)
+	none[core.Flush](t, cmds, "an empty flush")
+}
+
+func TestIdleFlushHappensAtMostOnceASecond(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.at(1500 * time.Millisecond)
+	w.finish(1)
+	w.at(1600 * time.Millisecond)
+	if f := of[core.Flush](w.step()); len(f) != 0 {
+		t.Fatalf("flush issued twice")
+	}
+	if f := of[core.Flush](w.all); len(f) != 1 {
+		t.Fatalf("going idle at 1.5s flushed %d times, want once", len(f))
+	}
+	w.q.Insert("a", 1)
+	w.step(core.Ingress{})
+	w.at(1800 * time.Millisecond)
+	cmds := w.finish(1) // idle again 0.3s after the last flush
+	none[core.Flush](t, cmds, "a second idle flush within a second")
+	cmds = w.tick(2500 * time.Millisecond)
+	if f := one[core.Flush](t, cmds); f.MessagesLeft != 1 {
+		t.Errorf("deferred idle flush %v", f)
+	}
+}
+
+func TestStatisticsFlushEveryStatsIntervalWhileBusy(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	w.at(10 * time.Second)
+	cmds := w.finish(1) // 2 still held: not idle
+	none[core.Flush](t, cmds, "flushed while busy before STATS_INTERVAL")
+	cmds = w.tick(60 * time.Second)
+	f := one[core.Flush](t, cmds)
+	if f.Seq != 1 || f.MessagesLeft != 1 {
+		t.Errorf("periodic flush %v", f)
+	}
+}
+
+func TestLostFlushIsResentUnchangedAndAppliedOnce(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.at(2 * time.Second)
+	w.loseReplies = true
+	w.finish(1) // resolve + (next step) flush: the replies are lost
+	w.loseReplies = false
+	w.step(core.DatabaseUp{})
+	w.tick(3 * time.Second)
+	flushAll(w)
+	_, passes, left, _ := w.q.Stats()
+	if passes != 1 || left != 1 {
+		t.Errorf("after a lost and resent flush: passes %d left %d, want 1 and 1", passes, left)
+	}
+}
+
+func flushAll(w *world) {
+	w.t.Helper()
+	w.tick(w.now.Sub(epoch) + 2*time.Minute)
+}
+
+func indexOf(cmds []core.Command, c core.Command) int {
+	for i, x := range cmds {
+		if x.String() == c.String() {
+			return i
+		}
+	}
+	return -1
+}

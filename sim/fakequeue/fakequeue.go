@@ -1,0 +1,259 @@
+// Package fakequeue is an in-memory pepsi.queue that behaves, in every way the
+// dispatcher core can observe, like the PostgreSQL queue of shell/pgqueue: it
+// passes the same conformance suite (shell/queue/queuetest). It also models what
+// a PostgreSQL crash does to stage programs' asynchronous commits: writes made by
+// stages since the last dispatcher commit are lost and the crash sentinel is
+// emptied. It is deterministic and single-threaded; it never reads the clock.
+package fakequeue
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Row is one message.
+type Row struct {
+	ID            int64
+	Stage         string
+	Status        string
+	Timeout       time.Time
+	DispatchError string
+}
+
+// Queue is the fake queue. The zero value is not usable; call New.
+type Queue struct {
+	rows     []*Row // rows[id-1]; nil once purged
+	epoch    string
+	epochN   int
+	flushSeq int64
+	stats    map[string]core.StageDelta
+	passes   int64
+	left     int64
+	// undo holds the before-images of stage writes not yet made durable by a
+	// dispatcher commit, newest last.
+	undo []Row
+	// Notified counts NOTIFY ingress sent (inserts and wakes).
+	Notified int
+}
+
+// New returns an empty queue.
+func New() *Queue { return &Queue{stats: map[string]core.StageDelta{}} }
+
+// Insert adds n pending rows at stage and returns their ids.
+func (q *Queue) Insert(stage string, n int) []int64 {
+	ids := make([]int64, n)
+	for i := range ids {
+		id := int64(len(q.rows) + 1)
+		q.rows = append(q.rows, &Row{ID: id, Stage: stage, Status: "pending"})
+		ids[i] = id
+	}
+	if n > 0 {
+		q.Notified++
+	}
+	return ids
+}
+
+// Get returns a copy of row id, or false.
+func (q *Queue) Get(id int64) (Row, bool) {
+	r := q.row(id)
+	if r == nil {
+		return Row{}, false
+	}
+	return *r, true
+}
+
+// Rows returns copies of every row in id order.
+func (q *Queue) Rows() []Row {
+	out := make([]Row, 0, len(q.rows))
+	for _, r := range q.rows {
+		if r != nil {
+			out = append(out, *r)
+		}
+	}
+	return out
+}
+
+func (q *Queue) row(id int64) *Row {
+	if id < 1 || id > int64(len(q.rows)) {
+		return nil
+	}
+	return q.rows[id-1]
+}
+
+// StageWrite changes a row the way a stage program does, guarded by status
+// 'running' and stage from: advance (to != from, status "running"), or finish /
+// pause (status "done", "failed" or "paused" with timeout). It reports whether the
+// guard matched. The write is asynchronous: a Crash before the next Exec loses it.
+func (q *Queue) StageWrite(id int64, from, to, status string, timeout time.Time) bool {
+	r := q.row(id)
+	if r == nil || r.Status != "running" || r.Stage != from {
+		return false
+	}
+	q.undo = append(q.undo, *r)
+	r.Stage, r.Status = to, status
+	r.Timeout = time.Time{}
+	if status == "paused" {
+		r.Timeout = timeout
+	}
+	return true
+}
+
+// Crash models a PostgreSQL crash: stage writes since the last dispatcher commit
+// are lost and the crash sentinel is emptied.
+func (q *Queue) Crash() {
+	for i := len(q.undo) - 1; i >= 0; i-- {
+		before := q.undo[i]
+		*q.rows[before.ID-1] = before
+	}
+	q.undo = nil
+	q.epoch = ""
+}
+
+// ClearEpoch empties the crash sentinel only.
+func (q *Queue) ClearEpoch() { q.epoch = "" }
+
+// Stats returns the statistics tables.
+func (q *Queue) Stats() (stages map[string]core.StageDelta, passes, left, flushSeq int64) {
+	out := make(map[string]core.StageDelta, len(q.stats))
+	for k, v := range q.stats {
+		out[k] = v
+	}
+	return out, q.passes, q.left, q.flushSeq
+}
+
+// Exec runs the commands of one step atomically and returns their results; as a
+// dispatcher commit, it makes every earlier stage write durable.
+func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
+	q.undo = nil
+	out := make([]core.Event, 0, len(cmds))
+	for _, cmd := range cmds {
+		out = append(out, q.apply(cmd))
+	}
+	return out
+}
+
+// Failed returns the results cmds get when their transaction fails with err.
+func Failed(cmds []core.Command, err string) []core.Event {
+	out := make([]core.Event, 0, len(cmds))
+	for _, cmd := range cmds {
+		switch c := cmd.(type) {
+		case core.ResetOrphans:
+			out = append(out, core.OrphansReset{Op: c.Op, Err: err})
+		case core.Resolve:
+			out = append(out, core.Resolved{Op: c.Op, Err: err})
+		case core.Wake:
+			out = append(out, core.Woken{Op: c.Op, Err: err})
+		case core.Claim:
+			out = append(out, core.Claimed{Op: c.Op, Err: err})
+		case core.Flush:
+			out = append(out, core.Flushed{Op: c.Op, Err: err})
+		default:
+			panic(fmt.Sprintf("fakequeue: %T is not a queue command", cmd))
+		}
+	}
+	return out
+}
+
+func (q *Queue) apply(cmd core.Command) core.Event {
+	switch c := cmd.(type) {
+	case core.ResetOrphans:
+		n := 0
+		for _, r := range q.rows {
+			if r != nil && r.Status == "running" && !slices.Contains(c.Keep, r.ID) {
+				r.Status = "pending"
+				n++
+			}
+		}
+		return core.OrphansReset{Op: c.Op, Count: n, FlushSeq: q.flushSeq}
+	case core.Claim:
+		if q.epoch == "" {
+			q.epochN++
+			q.epoch = fmt.Sprintf("e%d", q.epochN)
+		}
+		var rows []core.Row
+		for _, cp := range c.Caps {
+			n := 0
+			for _, r := range q.rows {
+				if n >= cp.N {
+					break
+				}
+				if r != nil && r.Status == "pending" && r.Stage == cp.Stage {
+					r.Status = "running"
+					rows = append(rows, core.Row{ID: r.ID, Stage: r.Stage})
+					n++
+				}
+			}
+		}
+		slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
+		return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows}
+	case core.Resolve:
+		out := make([]core.Outcome, 0, len(c.Items))
+		for _, it := range c.Items {
+			r := q.row(it.ID)
+			if r == nil {
+				out = append(out, core.Outcome{ID: it.ID})
+				continue
+			}
+			if r.Status == "running" {
+				switch {
+				case r.Stage != it.Stage:
+					r.Status = "pending"
+				case it.Epoch != "" && it.Epoch != q.epoch:
+					r.Status = "pending"
+				default:
+					r.Status = it.Status
+					if it.Status == "failed" || it.Status == "timeout" {
+						r.DispatchError = it.Reason
+					}
+				}
+			}
+			o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError}
+			if r.Status == "paused" {
+				o.Timeout = r.Timeout
+			}
+			out = append(out, o)
+		}
+		return core.Resolved{Op: c.Op, Outcomes: out}
+	case core.Wake:
+		n := 0
+		var next time.Time
+		for _, r := range q.rows {
+			if r == nil || r.Status != "paused" {
+				continue
+			}
+			if !r.Timeout.After(c.Now) {
+				r.Status = "pending"
+				r.Timeout = time.Time{}
+				n++
+			} else if next.IsZero() || r.Timeout.Before(next) {
+				next = r.Timeout
+			}
+		}
+		if n > 0 {
+			q.Notified++
+		}
+		return core.Woken{Op: c.Op, Count: n, Next: next}
+	case core.Flush:
+		if c.Seq > q.flushSeq {
+			q.flushSeq = c.Seq
+			q.passes += c.StagePasses
+			q.left += c.MessagesLeft
+			for _, d := range c.Stages {
+				s := q.stats[d.Stage]
+				s.Stage = d.Stage
+				s.Processed += d.Processed
+				s.Failed += d.Failed
+				s.Timeouts += d.Timeouts
+				s.Crashes += d.Crashes
+				s.ProcessingUS += d.ProcessingUS
+				q.stats[d.Stage] = s
+			}
+		}
+		return core.Flushed{Op: c.Op}
+	}
+	panic(fmt.Sprintf("fakequeue: %T is not a queue command", cmd))
+}
