@@ -262,7 +262,7 @@ func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
 	w.start("a", 1)
 	w.at(10 * time.Second)
 	w.answer(1, "a", "paused", "0") // paused until 10s + 1m = 70s
-	w.tick(30 * time.Second)       // heartbeat: a wake that finds nothing due
+	w.tick(30 * time.Second)        // heartbeat: a wake that finds nothing due
 	w.tick(60 * time.Second)
 	w.wantRow(1, "a", "paused")
 	cmds := w.tick(70 * time.Second)
@@ -320,7 +320,7 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3) // w1 holds 1,2,3
 	w.at(time.Minute)
-	w.advance(1, "b")                 // 1 answered
+	w.advance(1, "b")                           // 1 answered
 	cmds := w.exit(1, -1, "segmentation fault") // 2 at the head, 3 behind
 	if it := itemFor(t, cmds, 2); it.Status != "failed" || !strings.Contains(it.Reason, "crashed") {
 		t.Errorf("head item %v, want failed with a crash reason", it)
