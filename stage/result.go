@@ -1,0 +1,73 @@
+package stage
+
+import (
+	"fmt"
+	"time"
+)
+
+// kind is what a Result asks for. The zero kind is deliberately invalid, so a
+// handler that returns Result{} is reported instead of silently doing something.
+type kind int
+
+const (
+	kindInvalid kind = iota
+	kindAdvance
+	kindDone
+	kindFailed
+	kindPause
+	kindError
+)
+
+// Result is what a Handler decided for its message. Build one with Advance, Done,
+// Failed, Pause, PauseFor or Error; the zero Result is an error ("handler returned
+// no Result").
+type Result struct {
+	kind   kind
+	next   string
+	until  time.Time
+	reason string
+}
+
+// Advance moves the message on to stage next (the row stays running; the
+// dispatcher requeues it for next's workers, or, if next is fused into this
+// program, it runs in the same pass).
+func Advance(next string) Result { return Result{kind: kindAdvance, next: next} }
+
+// Done finishes the message successfully: it leaves the pipeline.
+func Done() Result { return Result{kind: kindDone} }
+
+// Failed finishes the message as failed, because of its content: the stage
+// writes reason to state.error (never to state.dispatch_error, which belongs to
+// the dispatcher) and answers 0, since the stage itself did its job.
+func Failed(reason string) Result { return Result{kind: kindFailed, reason: reason} }
+
+// Pause parks the message until the given instant; the dispatcher then makes it
+// pending again at this same stage, so the handler runs once more.
+func Pause(until time.Time) Result { return Result{kind: kindPause, until: until} }
+
+// PauseFor is Pause(time.Now().Add(d)).
+func PauseFor(d time.Duration) Result { return Pause(time.Now().Add(d)) }
+
+// Error reports that the stage could not handle the message: nothing is written,
+// the status line is "1 reason", and the dispatcher fails the message with reason
+// in state.dispatch_error. Use it for failures of the stage rather than of the
+// message (a broken dependency, a bug); use Failed for bad content.
+func Error(reason string) Result { return Result{kind: kindError, reason: reason} }
+
+// String is the Result in words, for logs and tests: "advance enrich", "done",
+// "failed: bad amount", "pause until 2026-01-02T03:04:05Z", "error: no route".
+func (r Result) String() string {
+	switch r.kind {
+	case kindAdvance:
+		return "advance " + r.next
+	case kindDone:
+		return "done"
+	case kindFailed:
+		return "failed: " + r.reason
+	case kindPause:
+		return "pause until " + r.until.UTC().Format(time.RFC3339Nano)
+	case kindError:
+		return "error: " + r.reason
+	}
+	return fmt.Sprintf("invalid result (kind %d)", int(r.kind))
+}

@@ -1,0 +1,301 @@
+// Package stage turns a map of handlers into a PEPSI stage program: a process
+// that pepsi-dispatch starts as "PROGRAM worker [-c FILE]", that reads message ids
+// on standard input and answers one status line per id (SPEC.md, "Stage programs").
+// A stage in Go is a main of a few lines:
+//
+//	func main() {
+//		stage.Main(map[string]stage.Handler{
+//			"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+//				return stage.Advance("enrich")
+//			},
+//		})
+//	}
+//
+// For each id the library opens one transaction, locks the row, checks that it is
+// still running at this stage, calls the handler, performs the transition the
+// handler chose (advance, finish, pause), commits, and only then answers. A handler
+// may also run its own statements in that transaction (Message.Tx), so its writes
+// commit or vanish together with the transition.
+//
+// Durability. The library sets synchronous_commit = off on its one connection, so
+// a stage commit does not wait for the WAL flush. That is safe because the
+// dispatcher's own synchronous commit, which always follows an answer (it requeues,
+// resolves or fails the row), flushes the WAL up to and including the stage's
+// commit. If PostgreSQL crashes in between, the stage's commit may be lost; the
+// dispatcher detects that with its crash sentinel (the unlogged table
+// pepsi.dispatch_epoch, see shell/schema/migrations/0001_init.sql) and requeues
+// the message instead of failing it, so the handler runs again. Handlers must
+// therefore tolerate running more than once for the same message (at-least-once),
+// which they must anyway: a connection lost during COMMIT leaves its outcome
+// unknown, and the library then runs the id again (the guard makes that safe for
+// the row; external side effects are the handler's business).
+//
+// This package must never write the statistics tables or state.dispatch_error
+// (both belong to the dispatcher), never write a row that is not running at its
+// own stage, and never answer an id before its transaction has ended.
+package stage
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+)
+
+// Handler handles one message at one stage. It runs inside the message's
+// transaction with the row locked; it may modify m.State (written with the
+// transition) and run statements on m.Tx. It must not commit or roll back m.Tx.
+// A panic is caught and answered as a failure of this message.
+type Handler func(ctx context.Context, m *Message) Result
+
+// Message is the claimed row a Handler works on.
+type Message struct {
+	// ID is the row's ingress_id.
+	ID int64
+	// Stage is the stage whose handler is running (a fused stage's own name while
+	// its handler runs).
+	Stage string
+	// State is the row's state object, decoded with json.Decoder.UseNumber so that
+	// numbers survive the round trip exactly (they arrive as json.Number). Whatever
+	// it holds when the handler returns is written back with the transition.
+	State map[string]any
+	// Payload is the message content.
+	Payload []byte
+	// Tx is the transaction that holds the row; statements run on it commit
+	// atomically with the transition.
+	Tx pgx.Tx
+}
+
+// Options configure Run. Main fills them from the command line, the environment
+// and pepsi.conf; tests fill them directly.
+type Options struct {
+	// Stage is the stage this process serves (PEPSI_STAGE); it must have a handler.
+	Stage string
+	// Handlers maps stage names to their handlers.
+	Handlers map[string]Handler
+	// Fused names stages that run inline: when a handler advances a message to a
+	// fused stage, that stage's handler runs at once, in the same transaction, and
+	// its time is reported on the status line ("0 tag:153"). Each must have a
+	// handler. See Fuse.
+	Fused []string
+	// In delivers message ids, one decimal per line.
+	In io.Reader
+	// Out receives one status line per id.
+	Out io.Writer
+	// DB is a libpq URL or key=value string; empty means the PG* environment.
+	DB string
+	// Log receives one record per problem; nil means a text logger on stderr.
+	Log *slog.Logger
+}
+
+// Option changes how Main runs.
+type Option func(*Options)
+
+// Fuse makes the named stages run inline in this program's passes (see
+// Options.Fused): stage.Main(handlers, stage.Fuse("tag")).
+func Fuse(stages ...string) Option {
+	return func(o *Options) { o.Fused = append(o.Fused, stages...) }
+}
+
+// configError marks an error in how the program was started or configured: Main
+// exits 2 for it, since retrying cannot help.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+func badConfig(format string, args ...any) error {
+	return &configError{fmt.Errorf(format, args...)}
+}
+
+// idLineMax bounds one input line; an id is at most 20 digits, so anything near
+// this is a broken dispatcher, not a message.
+const idLineMax = 4096
+
+// Run serves o.Stage until o.In ends, answering every id it read, and returns
+// nil. It returns an error if the options are unusable, if it cannot connect to
+// the database at start, if its output breaks, or when ctx ends.
+func Run(ctx context.Context, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = NewLogger(os.Stderr)
+	}
+	w, err := newWorker(o, log)
+	if err != nil {
+		return err
+	}
+	// Connect before reading anything: a worker that cannot reach the database
+	// should exit at once, which the dispatcher counts as a program that cannot
+	// start (its ids are requeued and the stage cools down), instead of holding
+	// ids it cannot handle.
+	if err := w.connect(ctx); err != nil {
+		return err
+	}
+	defer w.close()
+
+	in := bufio.NewScanner(o.In)
+	in.Buffer(make([]byte, 0, 512), idLineMax)
+	out := bufio.NewWriter(o.Out)
+	for in.Scan() {
+		line := strings.TrimSpace(in.Text())
+		if line == "" {
+			continue
+		}
+		var answer string
+		id, perr := strconv.ParseInt(line, 10, 64)
+		if perr != nil || id <= 0 {
+			answer = fmt.Sprintf("1 not a message id: %q", line)
+			log.Error("input line is not a message id", "stage", w.stage, "line", line)
+		} else if answer, err = w.handle(ctx, id); err != nil {
+			return err
+		}
+		// One flush per answer: the dispatcher times each message from when it
+		// reaches the head of the pipeline, and requeues advanced messages as soon
+		// as their answer arrives.
+		if _, err := out.WriteString(answer + "\n"); err != nil {
+			return fmt.Errorf("write answer for %q: %w", line, err)
+		}
+		if err := out.Flush(); err != nil {
+			return fmt.Errorf("write answer for %q: %w", line, err)
+		}
+	}
+	if err := in.Err(); err != nil {
+		return fmt.Errorf("read message ids: %w", err)
+	}
+	return nil
+}
+
+// usage is printed for a command line Main does not understand.
+const usage = `usage: %s worker [-c FILE]
+
+A PEPSI stage program. pepsi-dispatch starts it with PEPSI_STAGE set to the
+stage to serve; it reads message ids on standard input and answers one status
+line per id. -c names the pepsi.conf whose [pepsi] DATABASE it connects to;
+PEPSI_DATABASE overrides that; with neither, the libpq PG* environment is used.
+Stages in this program: %s
+`
+
+// Main runs the stage program: it parses "worker [-c FILE]", loads the database
+// URL from pepsi.conf and PEPSI_DATABASE, and calls Run for the stage named by
+// PEPSI_STAGE with standard input and output. It exits 0 at the end of input, 2 for
+// a bad command line or configuration (with a line on stderr saying why), and 1
+// for any other failure. It never returns.
+func Main(handlers map[string]Handler, opts ...Option) {
+	os.Exit(runMain(os.Args, os.Stdin, os.Stdout, os.Stderr, handlers, opts))
+}
+
+// runMain is Main without the process around it, so its decisions are testable.
+func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer, handlers map[string]Handler, opts []Option) int {
+	prog := "stage"
+	if len(args) > 0 {
+		prog = args[0]
+	}
+	log := NewLogger(stderr)
+	file, ok := parseArgs(args)
+	if !ok {
+		fmt.Fprintf(stderr, usage, prog, strings.Join(sortedNames(handlers), ", "))
+		return 2
+	}
+	o := Options{Stage: os.Getenv("PEPSI_STAGE"), Handlers: handlers, In: stdin, Out: stdout, Log: log}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if file != "" {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			log.Error("cannot read configuration", "err", err)
+			return 2
+		}
+		c, err := conf.Parse(file, string(text))
+		if err != nil {
+			log.Error("bad configuration", "err", err)
+			return 2
+		}
+		o.DB = c.Database
+	}
+	if db, set := os.LookupEnv("PEPSI_DATABASE"); set {
+		o.DB = db
+	}
+	err := Run(context.Background(), o)
+	if err == nil {
+		return 0
+	}
+	log.Error("stage program stops", "stage", o.Stage, "err", err)
+	var ce *configError
+	if errors.As(err, &ce) {
+		return 2
+	}
+	return 1
+}
+
+// parseArgs accepts exactly "worker", "worker -c FILE" and "worker -c=FILE".
+func parseArgs(args []string) (file string, ok bool) {
+	if len(args) < 2 || args[1] != "worker" {
+		return "", false
+	}
+	rest := args[2:]
+	switch {
+	case len(rest) == 0:
+		return "", true
+	case len(rest) == 2 && (rest[0] == "-c" || rest[0] == "--c") && rest[1] != "":
+		return rest[1], true
+	case len(rest) == 1 && strings.HasPrefix(rest[0], "-c=") && len(rest[0]) > 3:
+		return rest[0][3:], true
+	}
+	return "", false
+}
+
+// NewLogger returns the logger Main uses: slog text, one line per record, no
+// timestamp (the dispatcher that reads our stderr stamps and tags each line).
+func NewLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}
+
+func sortedNames(handlers map[string]Handler) []string {
+	names := make([]string, 0, len(handlers))
+	for name := range handlers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// isConnectionLoss reports whether err means the connection is gone (so the id
+// must be run again on a new one) rather than that a statement failed. It
+// classifies by behaviour: server errors by SQLSTATE class, everything else by
+// whether pgx closed the connection.
+func isConnectionLoss(err error, conn *pgx.Conn) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08") // connection_exception
+	}
+	return conn == nil || conn.IsClosed() || pgconn.Timeout(err)
+}
+
+// isTransient reports a serialization failure or deadlock: safe to run again.
+func isTransient(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}

@@ -1,0 +1,333 @@
+package stage
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Bounds of the retry loops (STYLE.md: every retry loop has a stated limit).
+const (
+	// reconnectDelayMin and reconnectDelayMax bound the pause between attempts to
+	// reconnect after the connection was lost; the delay doubles in between. The
+	// loop itself has no count limit: an id must not be answered before it ran, and
+	// the dispatcher's MAX_RUNTIME watchdog is the bound on how long it may take.
+	reconnectDelayMin = 100 * time.Millisecond
+	reconnectDelayMax = 5 * time.Second
+	// transientAttemptsMax is how many times one id is run again after a
+	// serialization failure or deadlock before it is answered as failed.
+	transientAttemptsMax = 5
+	// connectTimeoutDefault applies when the database URL sets no connect_timeout,
+	// so an unreachable server is reported instead of hanging on the OS timeout.
+	connectTimeoutDefault = 10 * time.Second
+	// reasonMax bounds a reason on a status line (the dispatcher reads lines of at
+	// most 64 KiB and stores the reason in the row).
+	reasonMax = 1000
+)
+
+// worker is the state of one stage program: its one connection and its handlers.
+type worker struct {
+	stage    string
+	handlers map[string]Handler
+	fused    map[string]bool
+	cfg      *pgx.ConnConfig
+	conn     *pgx.Conn // nil while disconnected
+	log      *slog.Logger
+}
+
+func newWorker(o Options, log *slog.Logger) (*worker, error) {
+	names := strings.Join(sortedNames(o.Handlers), ", ")
+	if o.Stage == "" {
+		return nil, badConfig("PEPSI_STAGE is not set: pepsi-dispatch sets it to the stage a worker serves (this program serves: %s)", names)
+	}
+	if o.Handlers[o.Stage] == nil {
+		return nil, badConfig("PEPSI_STAGE=%q has no handler in this program (it serves: %s)", o.Stage, names)
+	}
+	fused := map[string]bool{}
+	for _, f := range o.Fused {
+		if o.Handlers[f] == nil {
+			return nil, badConfig("fused stage %q has no handler in this program (it serves: %s)", f, names)
+		}
+		fused[f] = true
+	}
+	if o.In == nil || o.Out == nil {
+		return nil, badConfig("stage options need both In and Out")
+	}
+	cfg, err := pgx.ParseConfig(o.DB)
+	if err != nil {
+		return nil, badConfig("database: %w", err)
+	}
+	// See the package comment: the dispatcher's synchronous commit that follows
+	// every answer is the durability point.
+	cfg.RuntimeParams["synchronous_commit"] = "off"
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "pepsi-stage " + o.Stage
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeoutDefault
+	}
+	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, cfg: cfg, log: log}, nil
+}
+
+// where names the server for error messages (never the password).
+func (w *worker) where() string {
+	return fmt.Sprintf("%s:%d (database %q, user %q)", w.cfg.Host, w.cfg.Port, w.cfg.Database, w.cfg.User)
+}
+
+func (w *worker) connect(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, w.cfg)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL at %s: %w", w.where(), err)
+	}
+	w.conn = conn
+	return nil
+}
+
+func (w *worker) close() {
+	if w.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = w.conn.Close(ctx) // closing a broken connection has nothing left to report
+		w.conn = nil
+	}
+}
+
+// handle runs id to completion and returns its status line. It returns an error
+// only when ctx ends: a lost connection is re-established and the id run again
+// (the transition is guarded, so a run after an unknown commit outcome finds the
+// row moved and answers 0); a statement that fails is answered "1 …".
+func (w *worker) handle(ctx context.Context, id int64) (string, error) {
+	delay := reconnectDelayMin
+	transient := 0
+	for {
+		if w.conn == nil {
+			if err := w.connect(ctx); err != nil {
+				if ctx.Err() != nil {
+					return "", ctx.Err()
+				}
+				w.log.Error("reconnect failed; trying again", "stage", w.stage, "id", id, "retry_in", delay, "err", err)
+				if err := sleep(ctx, delay); err != nil {
+					return "", err
+				}
+				delay = min(2*delay, reconnectDelayMax)
+				continue
+			}
+			w.log.Info("reconnected; running the message again", "stage", w.stage, "id", id)
+		}
+		answer, err := w.pass(ctx, id)
+		if err == nil {
+			return answer, nil
+		}
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		switch {
+		case isConnectionLoss(err, w.conn):
+			w.log.Error("database connection lost; the message will run again on a new connection", "stage", w.stage, "id", id, "err", err)
+			w.close()
+		case isTransient(err) && transient < transientAttemptsMax:
+			transient++
+		default:
+			w.log.Error("message failed in the database", "stage", w.stage, "id", id, "err", err)
+			return failure("database: " + err.Error()), nil
+		}
+	}
+}
+
+// errConnectionLost reports that the connection died while a handler ran.
+var errConnectionLost = errors.New("database connection lost while the handler ran")
+
+// transitionSQL performs every transition; the guard makes sure the row is still
+// running at the stage that handled it.
+const transitionSQL = `UPDATE pepsi.queue
+SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
+WHERE ingress_id = $1 AND status = 'running' AND stage = $6`
+
+// pass runs one id in one transaction. Its error is a database error; every
+// other outcome is a status line.
+func (w *worker) pass(ctx context.Context, id int64) (string, error) {
+	tx, err := w.conn.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit; a failed rollback ends with the connection
+
+	var (
+		stage, status  string
+		state, payload []byte
+	)
+	err = tx.QueryRow(ctx, `SELECT stage, status, state, payload FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, id).
+		Scan(&stage, &status, &state, &payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		w.log.Warn("message does not exist; answering 0 without running it", "stage", w.stage, "id", id)
+		return "0", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("lock message %d: %w", id, err)
+	}
+	if status != "running" || stage != w.stage {
+		// Someone else moved it, or an earlier run of ours committed before the
+		// connection broke: the dispatcher will see the row as it is.
+		w.log.Warn("message is not running at this stage; answering 0 without running it",
+			"stage", w.stage, "id", id, "row_stage", stage, "row_status", status)
+		return "0", nil
+	}
+	m := &Message{ID: id, Stage: w.stage, Payload: payload, Tx: tx}
+	if m.State, err = decodeState(state); err != nil {
+		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
+	}
+
+	res := w.call(ctx, w.stage, m)
+	by := w.stage // the stage whose handler produced res
+	chain := []string{w.stage}
+	var report []string
+	for res.kind == kindAdvance && w.fused[res.next] {
+		if slices.Contains(chain, res.next) {
+			return failure(fmt.Sprintf("fused stages loop: %s -> %s", strings.Join(chain, " -> "), res.next)), nil
+		}
+		by = res.next
+		chain = append(chain, by)
+		m.Stage = by
+		start := time.Now()
+		res = w.call(ctx, by, m)
+		report = append(report, fmt.Sprintf("%s:%d", by, time.Since(start).Microseconds()))
+	}
+	if w.conn.IsClosed() {
+		return "", errConnectionLost
+	}
+	prefix := ""
+	if by != w.stage {
+		prefix = by + ": "
+	}
+
+	// A fused stage that finishes or pauses the message leaves it at the stage the
+	// pass started at: that is a stage the dispatcher knows, so a woken or retried
+	// message is claimed again (and runs the whole pass again).
+	newStage, newStatus := w.stage, ""
+	var timeout *time.Time
+	switch res.kind {
+	case kindAdvance:
+		if res.next == "" {
+			return failure(prefix + "advanced to an empty stage name"), nil
+		}
+		if res.next == w.stage {
+			return failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage)), nil
+		}
+		newStage, newStatus = res.next, "running"
+	case kindDone:
+		newStatus = "done"
+	case kindFailed:
+		newStatus = "failed"
+		if m.State == nil {
+			m.State = map[string]any{}
+		}
+		m.State["error"] = prefix + res.reason
+	case kindPause:
+		newStatus = "paused"
+		timeout = &res.until
+	case kindError:
+		return failure(prefix + res.reason), nil
+	default:
+		return failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause or Error)"), nil
+	}
+	newState := []byte("{}")
+	if m.State != nil {
+		if newState, err = json.Marshal(m.State); err != nil {
+			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
+		}
+	}
+	tag, err := tx.Exec(ctx, transitionSQL, id, newStage, newStatus, timeout, newState, w.stage)
+	if err != nil {
+		return "", fmt.Errorf("write transition of message %d: %w", id, err)
+	}
+	if tag.RowsAffected() != 1 {
+		// The row is locked by this transaction, so only the handler's own
+		// statements on m.Tx can have moved it: a stage bug, undone by rollback.
+		return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, id)), nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("commit message %d: %w", id, err)
+	}
+	if len(report) == 0 {
+		return "0", nil
+	}
+	return "0 " + strings.Join(report, " "), nil
+}
+
+// call runs one handler, turning a panic into an Error result.
+func (w *worker) call(ctx context.Context, stage string, m *Message) (res Result) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("handler panicked", "stage", stage, "id", m.ID, "panic", fmt.Sprint(r), "at", panicSite())
+			res = Error(fmt.Sprintf("panic: %v", r))
+		}
+	}()
+	return w.handlers[stage](ctx, m)
+}
+
+// panicSite names the function and line that panicked: the first frame after
+// runtime.gopanic that is not in the runtime itself.
+func panicSite() string {
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	panicking := false
+	for {
+		f, more := frames.Next()
+		if panicking && !strings.HasPrefix(f.Function, "runtime.") {
+			return fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line)
+		}
+		if f.Function == "runtime.gopanic" {
+			panicking = true
+		}
+		if !more {
+			return "unknown"
+		}
+	}
+}
+
+// decodeState reads the row's state, keeping numbers exact (json.Number).
+func decodeState(raw []byte) (map[string]any, error) {
+	state := map[string]any{}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if err := d.Decode(&state); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %w", err)
+	}
+	if state == nil { // the JSON value null
+		state = map[string]any{}
+	}
+	return state, nil
+}
+
+// failure is the status line of a message this pass could not handle.
+func failure(reason string) string {
+	reason = strings.Join(strings.Fields(reason), " ")
+	if reason == "" {
+		reason = "no reason given"
+	}
+	if len(reason) > reasonMax {
+		reason = strings.ToValidUTF8(reason[:reasonMax], "") + "…"
+	}
+	return "1 " + reason
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
