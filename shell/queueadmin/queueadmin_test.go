@@ -1,0 +1,307 @@
+package queueadmin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+)
+
+var ctx = context.Background()
+
+// setRow forces a row into a status (and stage, state and age) the way the
+// dispatcher or a stage would have left it.
+func setRow(t *testing.T, conn *pgx.Conn, id int64, stage, status, state string, age time.Duration) {
+	t.Helper()
+	_, err := conn.Exec(ctx, `UPDATE pepsi.queue SET stage = $2, status = $3, state = $4,
+		updated_at = now() - make_interval(secs => $5) WHERE ingress_id = $1`, id, stage, status, state, age.Seconds())
+	if err != nil {
+		t.Fatalf("set row %d: %v", id, err)
+	}
+}
+
+func enqueue(t *testing.T, conn *pgx.Conn, stage string, n int) queueadmin.Range {
+	t.Helper()
+	msgs := make([]queueadmin.NewMessage, n)
+	for i := range msgs {
+		msgs[i].Payload = []byte(fmt.Sprintf("m%d", i+1))
+	}
+	r, err := queueadmin.Enqueue(ctx, conn, stage, msgs)
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return r
+}
+
+func TestEnqueueInsertsPendingRowsInOrderAndNotifiesOnce(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	listener := pgtest.Connect(t, url)
+	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := []queueadmin.NewMessage{
+		{Payload: []byte("first")},
+		{Payload: []byte{0, 255, '\n'}, State: json.RawMessage(`{"from": "test", "n": 2}`)},
+		{Payload: []byte("third")},
+	}
+	r, err := queueadmin.Enqueue(ctx, conn, "parse", msgs)
+	if err != nil {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	if r.Count != 3 || r.Last-r.First != 2 {
+		t.Fatalf("Enqueue range = %+v, want 3 contiguous ids", r)
+	}
+	for i, m := range msgs {
+		got, err := queueadmin.Show(ctx, conn, r.First+int64(i))
+		if err != nil {
+			t.Fatalf("Show(%d): %v", r.First+int64(i), err)
+		}
+		wantState := "{}"
+		if m.State != nil {
+			wantState = `{"n": 2, "from": "test"}`
+		}
+		if got.Stage != "parse" || got.Status != "pending" || string(got.Payload) != string(m.Payload) || string(got.State) != wantState {
+			t.Errorf("row %d = stage %s status %s payload %q state %s; want pending at parse, payload %q, state %s",
+				i, got.Stage, got.Status, got.Payload, got.State, m.Payload, wantState)
+		}
+	}
+	n, err := listener.WaitForNotification(ctx)
+	if err != nil || n.Channel != "ingress" {
+		t.Fatalf("notification = %v, %v; want one on ingress", n, err)
+	}
+}
+
+func TestEnqueueRefusesABadStateAndTooLargeABatch(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	_, err := queueadmin.Enqueue(ctx, conn, "parse", []queueadmin.NewMessage{{State: json.RawMessage(`[1]`)}})
+	if err == nil || !strings.Contains(err.Error(), "not a JSON object") {
+		t.Errorf("Enqueue with state [1] = %v, want refused as not a JSON object", err)
+	}
+	_, err = queueadmin.Enqueue(ctx, conn, "parse", make([]queueadmin.NewMessage, queueadmin.EnqueueBatchMax+1))
+	if err == nil {
+		t.Errorf("Enqueue of %d messages succeeded, want refused", queueadmin.EnqueueBatchMax+1)
+	}
+	var rows int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue").Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("queue has %d rows (err %v) after refused enqueues, want 0", rows, err)
+	}
+}
+
+func TestReadStatsCountsPerStageAndStatusAndReadsStatistics(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	r := enqueue(t, conn, "parse", 6)
+	setRow(t, conn, r.First, "parse", "pending", "{}", time.Hour) // the oldest pending
+	setRow(t, conn, r.First+1, "enrich", "running", "{}", 0)
+	setRow(t, conn, r.First+2, "enrich", "done", "{}", 0)
+	setRow(t, conn, r.First+3, "enrich", "failed", "{}", 0)
+	_, err := conn.Exec(ctx, `INSERT INTO pepsi.stage_stats (stage, processed, failed, processing_us) VALUES ('parse', 7, 1, 900);
+		UPDATE pepsi.dispatch_stats SET stage_passes = 9, messages_left = 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := queueadmin.ReadStats(ctx, conn)
+	if err != nil {
+		t.Fatalf("ReadStats: %v", err)
+	}
+	var got []string
+	for _, d := range s.Depth {
+		got = append(got, fmt.Sprintf("%s/%s=%d", d.Stage, d.Status, d.Count))
+	}
+	want := "[enrich/running=1 enrich/done=1 enrich/failed=1 parse/pending=3]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("depth = %v, want %s", got, want)
+	}
+	if w := s.Depth[3].OldestWait; w < 59*time.Minute || w > 61*time.Minute {
+		t.Errorf("oldest pending wait at parse = %v, want about an hour", w)
+	}
+	if s.Count("pending") != 3 || s.Count("done") != 1 {
+		t.Errorf("Count(pending) = %d, Count(done) = %d; want 3 and 1", s.Count("pending"), s.Count("done"))
+	}
+	if len(s.Stages) != 1 || s.Stages[0].Stage != "parse" || s.Stages[0].Processed != 7 || s.Stages[0].ProcessingUS != 900 {
+		t.Errorf("stage stats = %+v, want parse processed 7, 900 µs", s.Stages)
+	}
+	if s.Dispatch.StagePasses != 9 || s.Dispatch.MessagesLeft != 2 {
+		t.Errorf("dispatch stats = %+v, want 9 passes, 2 left", s.Dispatch)
+	}
+}
+
+func TestShowReportsTheRowOrNotFound(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	r := enqueue(t, conn, "parse", 1)
+	if _, err := conn.Exec(ctx, `UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01Z' WHERE ingress_id = $1`, r.First); err != nil {
+		t.Fatal(err)
+	}
+	m, err := queueadmin.Show(ctx, conn, r.First)
+	if err != nil {
+		t.Fatalf("Show: %v", err)
+	}
+	if m.Status != "paused" || m.Timeout == nil || m.Timeout.Year() != 2030 || string(m.Payload) != "m1" || m.CreatedAt.IsZero() {
+		t.Errorf("Show = %+v, want paused until 2030 with payload m1", m)
+	}
+	if _, err := queueadmin.Show(ctx, conn, r.First+99); !errors.Is(err, queueadmin.ErrNotFound) {
+		t.Errorf("Show of a missing id = %v, want ErrNotFound", err)
+	}
+}
+
+func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	listener := pgtest.Connect(t, url)
+	r := enqueue(t, conn, "parse", 5)
+	failedAtParse, timedOutAtDeliver, failedAtDeliver, done, running := r.First, r.First+1, r.First+2, r.First+3, r.First+4
+	setRow(t, conn, failedAtParse, "parse", "failed", `{"dispatch_error": "exit 1", "k": 1}`, 0)
+	setRow(t, conn, timedOutAtDeliver, "deliver", "timeout", `{"dispatch_error": "MAX_RUNTIME"}`, 0)
+	setRow(t, conn, failedAtDeliver, "deliver", "failed", `{"error": "bad amount"}`, 0)
+	setRow(t, conn, done, "deliver", "done", `{}`, 0)
+	setRow(t, conn, running, "deliver", "running", `{}`, 0)
+	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Only timeouts at deliver: one row.
+	n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{Stage: "deliver", Statuses: []string{"timeout"}})
+	if err != nil || n != 1 {
+		t.Fatalf("Retry(deliver, timeout) = %d, %v; want 1", n, err)
+	}
+	if note, err := listener.WaitForNotification(ctx); err != nil || note.Channel != "ingress" {
+		t.Fatalf("after Retry: notification %v, %v; want one on ingress", note, err)
+	}
+	// One id, sent to another stage.
+	if n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{ID: failedAtParse, To: "enrich"}); err != nil || n != 1 {
+		t.Fatalf("Retry(id, to enrich) = %d, %v; want 1", n, err)
+	}
+	// Everything else that failed: the deliver failure only (done and running are never touched).
+	if n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{}); err != nil || n != 1 {
+		t.Fatalf("Retry(all) = %d, %v; want 1", n, err)
+	}
+
+	check := func(id int64, stage, status string, wantState func(map[string]any) bool, what string) {
+		t.Helper()
+		m, err := queueadmin.Show(ctx, conn, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var state map[string]any
+		if err := json.Unmarshal(m.State, &state); err != nil {
+			t.Fatal(err)
+		}
+		if m.Stage != stage || m.Status != status || !wantState(state) {
+			t.Errorf("row %d = %s at %s, state %s; want %s at %s with %s", id, m.Status, m.Stage, m.State, status, stage, what)
+		}
+	}
+	history := func(state map[string]any) map[string]any {
+		h, _ := state["dispatch_error_history"].([]any)
+		if len(h) != 1 {
+			return nil
+		}
+		e, _ := h[0].(map[string]any)
+		return e
+	}
+	check(timedOutAtDeliver, "deliver", "pending", func(s map[string]any) bool {
+		h := history(s)
+		return s["dispatch_error"] == nil && h != nil && h["error"] == "MAX_RUNTIME" && h["status"] == "timeout" && h["stage"] == "deliver" && h["retried_at"] != nil
+	}, "dispatch_error moved into dispatch_error_history")
+	check(failedAtParse, "enrich", "pending", func(s map[string]any) bool {
+		h := history(s)
+		return s["dispatch_error"] == nil && s["k"] == 1.0 && h != nil && h["error"] == "exit 1" && h["stage"] == "parse"
+	}, "the rest of the state kept and the old stage in the history")
+	check(failedAtDeliver, "deliver", "pending", func(s map[string]any) bool {
+		h := history(s)
+		return s["error"] == "bad amount" && h != nil && h["error"] == nil && h["status"] == "failed"
+	}, "a history entry without error (the stage's own state.error is the stage's)")
+	check(done, "deliver", "done", func(s map[string]any) bool { return len(s) == 0 }, "done untouched")
+	check(running, "deliver", "running", func(s map[string]any) bool { return len(s) == 0 }, "running untouched")
+
+	if _, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{Statuses: []string{"running"}}); err == nil {
+		t.Errorf("Retry of running rows succeeded; want refused")
+	}
+}
+
+func TestRetryOfNothingDoesNotNotify(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	listener := pgtest.Connect(t, url)
+	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{ID: 12345}); err != nil || n != 0 {
+		t.Fatalf("Retry of a missing id = %d, %v; want 0, nil", n, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if note, err := listener.WaitForNotification(short); err == nil {
+		t.Errorf("notification %v after a retry that moved nothing; want none", note)
+	}
+}
+
+func TestPurgeDeletesOldFinishedRowsInBatches(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	r := enqueue(t, conn, "parse", 40)
+	// Rows 1..30 are old: 10 done, 10 failed, 10 timeout; among them one is old but
+	// paused, one old but running. Rows 31..40 are recent and done.
+	keep := map[int64]string{}
+	for i := int64(0); i < 40; i++ {
+		id := r.First + i
+		status := []string{"done", "failed", "timeout"}[i%3]
+		age := 48 * time.Hour
+		if i >= 30 {
+			status, age = "done", time.Minute
+			keep[id] = "recent"
+		}
+		setRow(t, conn, id, "deliver", status, "{}", age)
+	}
+	setRow(t, conn, r.First+5, "deliver", "paused", "{}", 48*time.Hour)
+	setRow(t, conn, r.First+6, "deliver", "running", "{}", 48*time.Hour)
+	keep[r.First+5], keep[r.First+6] = "paused", "running"
+
+	var progress []int64
+	n, err := queueadmin.Purge(ctx, conn, 24*time.Hour, 7, nil, func(total int64) { progress = append(progress, total) })
+	if err != nil || n != 28 {
+		t.Fatalf("Purge = %d, %v; want 28 rows deleted", n, err)
+	}
+	if fmt.Sprint(progress) != "[7 14 21 28]" {
+		t.Errorf("progress = %v, want batches of 7: [7 14 21 28]", progress)
+	}
+	var left []int64
+	rows, _ := conn.Query(ctx, "SELECT ingress_id FROM pepsi.queue ORDER BY ingress_id")
+	left, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != len(keep) {
+		t.Errorf("rows left %v, want exactly the recent, paused and running ones (%d)", left, len(keep))
+	}
+	for _, id := range left {
+		if keep[id] == "" {
+			t.Errorf("row %d survived the purge; it was old and finished", id)
+		}
+	}
+	if _, err := queueadmin.Purge(ctx, conn, time.Hour, 10, []string{"pending"}, nil); err == nil {
+		t.Errorf("Purge of pending rows succeeded; want refused")
+	}
+}
+
+func TestConnectNamesTheUnreachableHost(t *testing.T) {
+	t.Parallel()
+	_, err := queueadmin.Connect(ctx, "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=2")
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") || !strings.Contains(err.Error(), `"nowhere"`) {
+		t.Errorf("Connect to a closed port = %v, want an error naming 127.0.0.1:1 and the database", err)
+	}
+}
