@@ -1,0 +1,182 @@
+package pgqueue_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/shell/queue/queuetest"
+)
+
+func TestQueueConformance(t *testing.T) {
+	t.Parallel()
+	queuetest.Run(t, func(t *testing.T) queuetest.Harness { return newHarness(t) })
+}
+
+// harness is a pgqueue.Queue on a fresh migrated database, plus direct SQL for
+// what the dispatcher never does (insert rows, play a stage, read rows back).
+type harness struct {
+	*pgqueue.Queue
+	url   string
+	pool  *pgxpool.Pool
+	trips *tripCounter
+}
+
+func newHarness(t testing.TB) *harness {
+	t.Helper()
+	url := pgtest.NewMigrated(t)
+	trips := &tripCounter{}
+	pool := newPool(t, url, trips)
+	return &harness{Queue: pgqueue.New(pool, testLogger(t)), url: url, pool: pool, trips: trips}
+}
+
+// newPool opens a pool whose connections count their round trips into trips.
+func newPool(t testing.TB, url string, trips *tripCounter) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("parse %s: %v", url, err)
+	}
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingConn{Conn: c, trips: trips}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("open pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func (h *harness) exec(t testing.TB, sql string, args ...any) pgconn.CommandTag {
+	t.Helper()
+	tag, err := h.pool.Exec(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return tag
+}
+
+func (h *harness) Insert(t *testing.T, stage string, n int) []int64 {
+	t.Helper()
+	rows, _ := h.pool.Query(t.Context(),
+		"INSERT INTO pepsi.queue (stage) SELECT $1 FROM generate_series(1, $2) RETURNING ingress_id", stage, n)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatalf("insert %d rows at %s: %v", n, stage, err)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+func (h *harness) Stage(t *testing.T, id int64, from, to, status string, timeout time.Time) {
+	t.Helper()
+	var at *time.Time
+	if !timeout.IsZero() {
+		at = &timeout
+	}
+	tag := h.exec(t, `UPDATE pepsi.queue SET stage = $3, status = $4, timeout = $5, updated_at = now()
+		WHERE ingress_id = $1 AND status = 'running' AND stage = $2`, id, from, to, status, at)
+	if tag.RowsAffected() != 1 {
+		t.Fatalf("stage: row %d is not running at %s", id, from)
+	}
+}
+
+func (h *harness) Row(t *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool) {
+	t.Helper()
+	var at *time.Time
+	err := h.pool.QueryRow(t.Context(), `SELECT stage, status, timeout, coalesce(state->>'dispatch_error', '')
+		FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&stage, &status, &at, &dispatchError)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", time.Time{}, "", false
+	}
+	if err != nil {
+		t.Fatalf("read row %d: %v", id, err)
+	}
+	if at != nil {
+		timeout = *at
+	}
+	return stage, status, timeout, dispatchError, true
+}
+
+func (h *harness) ClearEpoch(t *testing.T) {
+	t.Helper()
+	h.exec(t, "DELETE FROM pepsi.dispatch_epoch")
+}
+
+func (h *harness) Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64) {
+	t.Helper()
+	rows, _ := h.pool.Query(t.Context(),
+		"SELECT stage, processed, failed, timeouts, crashes, processing_us FROM pepsi.stage_stats")
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.StageDelta, error) {
+		var d core.StageDelta
+		err := r.Scan(&d.Stage, &d.Processed, &d.Failed, &d.Timeouts, &d.Crashes, &d.ProcessingUS)
+		return d, err
+	})
+	if err != nil {
+		t.Fatalf("read stage_stats: %v", err)
+	}
+	stages = make(map[string]core.StageDelta, len(list))
+	for _, d := range list {
+		stages[d.Stage] = d
+	}
+	err = h.pool.QueryRow(t.Context(), "SELECT stage_passes, messages_left, flush_seq FROM pepsi.dispatch_stats").
+		Scan(&passes, &left, &flushSeq)
+	if err != nil {
+		t.Fatalf("read dispatch_stats: %v", err)
+	}
+	return stages, passes, left, flushSeq
+}
+
+// tripCounter counts network round trips over all connections of a pool: on each
+// connection, a write that follows a read (or is the first) starts a new one.
+// Consecutive writes are one flight, and so are consecutive reads.
+type tripCounter struct{ n atomic.Int64 }
+
+func (c *tripCounter) Load() int64 { return c.n.Load() }
+
+type countingConn struct {
+	net.Conn
+	trips   *tripCounter
+	lastOut atomic.Bool // the last operation on this connection was a write
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	if !c.lastOut.Swap(true) {
+		c.trips.n.Add(1)
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.lastOut.Store(false)
+	}
+	return n, err
+}

@@ -1,0 +1,197 @@
+// Package pgqueue is the PostgreSQL side of pepsi-dispatch: the queue executor
+// that turns the core's queue commands into SQL (all of the dispatcher's SQL lives
+// here, in statements.go), the LISTEN connection that reports new work, and the
+// advisory lock that keeps one dispatcher per system.
+//
+// It must never decide anything: which rows to claim, fail or requeue is the
+// core's choice, made before a command reaches this package. It must never retry
+// an error that is not known to be safe to retry (serialization failure and
+// deadlock, which roll the whole transaction back), and never read or write
+// message payloads.
+package pgqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// attemptsMax bounds how often one step's transaction is run when PostgreSQL
+// reports a serialization failure or a deadlock.
+const attemptsMax = 5
+
+// retryBackoffMin is the pause before the second attempt; it doubles for each
+// later one (10, 20, 40, 80 ms: at most 150 ms in all).
+const retryBackoffMin = 10 * time.Millisecond
+
+// rollbackTimeout bounds the ROLLBACK sent after a failed step, which runs even
+// when the step's context was cancelled so the connection can go back to the pool.
+const rollbackTimeout = 5 * time.Second
+
+// Queue executes the dispatcher's queue commands against PostgreSQL. It
+// implements queue.Executor. It is safe for concurrent use, but the core sends one
+// step at a time, which is what keeps queue writes strictly serial.
+type Queue struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+}
+
+// New returns a Queue that runs its transactions on connections from pool and logs
+// retries to log.
+func New(pool *pgxpool.Pool, log *slog.Logger) *Queue {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Queue{pool: pool, log: log}
+}
+
+// Ping reports whether the database answers, so the daemon can tell an outage is
+// over before it lets the core retry the writes it owes.
+func (q *Queue) Ping(ctx context.Context) error {
+	if err := q.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("ping queue database: %w", err)
+	}
+	return nil
+}
+
+// Exec runs cmds in order in one READ COMMITTED transaction with
+// synchronous_commit on, sent as one pipelined batch (BEGIN, the statements,
+// COMMIT), and returns one result event per command in the same order, each with
+// its command's Op. The COMMIT is the durability point of the pipeline: a claimed
+// id reaches a worker only after it. If the transaction fails, every result
+// carries the error text. A serialization failure or deadlock reruns the whole
+// transaction, up to attemptsMax times.
+//
+// Exec panics if cmds holds a command that is not a queue command (see
+// core.IsQueue): that is a bug in the caller, not a database failure.
+func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
+	if len(cmds) == 0 {
+		return nil
+	}
+	stmts := make([]statement, len(cmds))
+	for i, c := range cmds {
+		stmts[i] = statementFor(c)
+	}
+	var err error
+	for attempt := 1; ; attempt++ {
+		var events []core.Event
+		events, err = q.run(ctx, stmts)
+		if err == nil {
+			return events
+		}
+		if !Retryable(err) || attempt == attemptsMax {
+			break
+		}
+		backoff := retryBackoffMin << (attempt - 1)
+		q.log.Warn("queue transaction failed, retrying", "attempt", attempt, "backoff", backoff, "err", err)
+		if werr := sleep(ctx, backoff); werr != nil {
+			err = fmt.Errorf("%w (retry abandoned: %w)", err, werr)
+			break
+		}
+	}
+	events := make([]core.Event, len(stmts))
+	for i, s := range stmts {
+		events[i] = s.failed(err.Error())
+	}
+	return events
+}
+
+// run sends one attempt of the step's transaction and reads its results.
+func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, err error) {
+	conn, err := q.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("queue transaction: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	defer func() {
+		if err != nil {
+			rollback(conn.Conn())
+		}
+	}()
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	// The COMMIT below is what makes a claim safe to hand to a worker, whatever
+	// the server's or the role's default.
+	b.Queue("SET LOCAL synchronous_commit = on")
+	for _, s := range stmts {
+		s.queue(b)
+	}
+	b.Queue("COMMIT")
+
+	br := conn.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("queue transaction: %w", cerr)
+		}
+	}()
+	for _, what := range []string{"begin", "set synchronous_commit"} {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("queue transaction: %s: %w", what, err)
+		}
+	}
+	events = make([]core.Event, len(stmts))
+	for i, s := range stmts {
+		ev, err := s.read(br)
+		if err != nil {
+			return nil, fmt.Errorf("queue transaction: %s: %w", s.name, err)
+		}
+		events[i] = ev
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return nil, fmt.Errorf("queue transaction: commit: %w", err)
+	}
+	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
+	if tag.String() != "COMMIT" {
+		return nil, fmt.Errorf("queue transaction: commit answered %q", tag.String())
+	}
+	return events, nil
+}
+
+// rollback ends a transaction a failed batch left open (PostgreSQL keeps an
+// explicit transaction open, aborted, past the batch's Sync) so the connection can
+// be reused. If it cannot, the pool discards the connection on release.
+func rollback(conn *pgx.Conn) {
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+	defer cancel()
+	_, _ = conn.Exec(ctx, "ROLLBACK") // on failure the pool closes the connection: nothing to report
+}
+
+// Retryable reports whether err means PostgreSQL rolled the transaction back
+// because of a serialization failure (SQLSTATE 40001) or a deadlock (40P01), so
+// running the same transaction again is safe. Every other error is not retried.
+func Retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// sleep waits d or until ctx is done, whichever is first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,338 @@
+package pgqueue
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// statement is one queue command as SQL: what it adds to the step's batch, how
+// its results become the command's result event, and that event when the
+// transaction failed. Each command is one statement (a Claim two), so a step of
+// any size is still one round trip.
+type statement struct {
+	name   string
+	queue  func(b *pgx.Batch)
+	read   func(br pgx.BatchResults) (core.Event, error)
+	failed func(err string) core.Event
+}
+
+// statementFor translates one queue command. It panics on any other command:
+// handing the queue a spawn or a timer is a bug in the caller.
+func statementFor(c core.Command) statement {
+	switch c := c.(type) {
+	case core.ResetOrphans:
+		return resetOrphans(c)
+	case core.Claim:
+		return claim(c)
+	case core.Resolve:
+		return resolve(c)
+	case core.Wake:
+		return wake(c)
+	case core.Flush:
+		return flush(c)
+	}
+	panic(fmt.Sprintf("pgqueue: %T (%v) is not a queue command", c, c))
+}
+
+// resetOrphansSQL makes every running row pending except the kept ones (the
+// queue_running partial index finds them) and reads the last applied flush
+// sequence, so a restarted core numbers its flushes after it.
+const resetOrphansSQL = `
+WITH reset AS (
+	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
+	WHERE status = 'running' AND ingress_id <> ALL ($1::bigint[])
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM reset),
+       coalesce((SELECT flush_seq FROM pepsi.dispatch_stats), 0)`
+
+func resetOrphans(c core.ResetOrphans) statement {
+	// A nil slice is sent as NULL, and "<> ALL (NULL)" matches nothing.
+	keep := c.Keep
+	if keep == nil {
+		keep = []int64{}
+	}
+	return statement{
+		name:  "reset orphans",
+		queue: func(b *pgx.Batch) { b.Queue(resetOrphansSQL, keep) },
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			ev := core.OrphansReset{Op: c.Op}
+			var n int64
+			if err := br.QueryRow().Scan(&n, &ev.FlushSeq); err != nil {
+				return nil, err
+			}
+			ev.Count = int(n)
+			return ev, nil
+		},
+		failed: func(err string) core.Event { return core.OrphansReset{Op: c.Op, Err: err} },
+	}
+}
+
+// claimSQL moves pending rows to running: per stage, the first $2[i] pending rows
+// of stage $1[i] in ingress_id order. Each LATERAL subquery walks the partial
+// queue_pending index (stage, ingress_id) and stops at its LIMIT, so a claim costs
+// the rows it takes, not the backlog. The dispatcher is the only pending→running
+// writer, so no row lock is needed to keep two claims apart. A cap below zero
+// counts as zero.
+//
+// Two spellings keep the planner on that path whatever its statistics (checked
+// by TestClaimPlanWalksPendingIndex, with and without statistics, custom and
+// generic plans):
+//   - the stage is matched as "stage >= c.stage AND stage <= c.stage" and ordered
+//     by (stage, ingress_id). With "stage = c.stage" the planner treats the stage
+//     as constant, sees that the primary key also yields ingress_id order, and with
+//     an evenly spread backlog prefers walking the primary key and filtering on
+//     stage; for a stage whose rows sit behind a large backlog of another stage
+//     that walks the whole backlog. Only queue_pending yields (stage, ingress_id)
+//     order, so it is the one cheap plan. For the deterministic collations text
+//     columns use, the range is exactly equality.
+//   - the UPDATE's guard is "(status = 'pending') IS TRUE". It re-checks, under
+//     READ COMMITTED, a picked row another tool changed meanwhile; written as a
+//     plain "status = 'pending'" it lets a planner without statistics AND a bitmap
+//     of the whole queue_pending index (the backlog) with the primary key lookup.
+const claimSQL = `
+WITH picked AS (
+	SELECT p.ingress_id
+	FROM unnest($1::text[], $2::int[]) AS c(stage, n)
+	CROSS JOIN LATERAL (
+		SELECT q.ingress_id FROM pepsi.queue q
+		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage
+		ORDER BY q.stage, q.ingress_id
+		LIMIT greatest(c.n, 0)
+	) p
+), claimed AS (
+	UPDATE pepsi.queue u SET status = 'running', updated_at = now()
+	WHERE u.ingress_id = ANY (ARRAY(SELECT ingress_id FROM picked)) AND (u.status = 'pending') IS TRUE
+	RETURNING u.ingress_id, u.stage
+)
+SELECT ingress_id, stage FROM claimed ORDER BY ingress_id`
+
+// epochSQL makes sure the crash sentinel holds a token and returns it. A plain
+// SELECT in the same statement cannot see the row the INSERT adds, hence the
+// UNION. Only the dispatcher (one per system) writes the table.
+const epochSQL = `
+WITH added AS (
+	INSERT INTO pepsi.dispatch_epoch (token)
+	SELECT gen_random_uuid()::text
+	WHERE NOT EXISTS (SELECT 1 FROM pepsi.dispatch_epoch)
+	RETURNING token
+)
+SELECT token FROM added
+UNION ALL
+(SELECT token FROM pepsi.dispatch_epoch ORDER BY token LIMIT 1)
+LIMIT 1`
+
+func claim(c core.Claim) statement {
+	stages := make([]string, len(c.Caps))
+	caps := make([]int32, len(c.Caps))
+	for i, cp := range c.Caps {
+		stages[i] = cp.Stage
+		caps[i] = int32(min(max(cp.N, 0), 1<<30))
+	}
+	return statement{
+		name: "claim",
+		queue: func(b *pgx.Batch) {
+			b.Queue(epochSQL)
+			b.Queue(claimSQL, stages, caps)
+		},
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			ev := core.Claimed{Op: c.Op}
+			if err := br.QueryRow().Scan(&ev.Epoch); err != nil {
+				return nil, fmt.Errorf("crash sentinel: %w", err)
+			}
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			ev.Rows, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Row, error) {
+				var row core.Row
+				err := r.Scan(&row.ID, &row.Stage)
+				return row, err
+			})
+			if err != nil {
+				return nil, err
+			}
+			return ev, nil
+		},
+		failed: func(err string) core.Event { return core.Claimed{Op: c.Op, Err: err} },
+	}
+}
+
+// resolveSQL applies the Items of a Resolve in one statement (see core.Item):
+// a row still running at the item's stage gets the item's status (and, for failed
+// or timeout, the reason in state.dispatch_error) unless the item carries an epoch
+// the crash sentinel no longer holds, in which case it is requeued; a row running
+// at another stage was advanced by that stage and is requeued; any other row is
+// left alone. It returns one row per item, in item order, with the row as it is
+// after the statement. The UPDATE's effects are invisible to a plain read of
+// pepsi.queue in the same statement, so updated rows are reported from RETURNING
+// and the others from the table.
+//
+// A stage owns state; if it stored something other than a JSON object there, the
+// reason cannot be set inside it, and failing the whole step over it would stop the
+// dispatcher, so such a state is wrapped as {"dispatch_error": …, "state": <old>}.
+const resolveSQL = `
+WITH item AS (
+	SELECT t.id, t.stage, t.status, t.reason, t.ord,
+	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
+	     WITH ORDINALITY AS t(id, stage, status, reason, epoch, ord)
+), updated AS (
+	UPDATE pepsi.queue q SET
+		status = CASE WHEN q.stage = item.stage AND item.epoch_ok THEN item.status ELSE 'pending' END,
+		state = CASE
+			WHEN q.stage <> item.stage OR NOT item.epoch_ok OR item.status NOT IN ('failed', 'timeout') THEN q.state
+			WHEN jsonb_typeof(q.state) = 'object' THEN jsonb_set(q.state, '{dispatch_error}', to_jsonb(item.reason))
+			ELSE jsonb_build_object('dispatch_error', item.reason, 'state', q.state)
+		END,
+		updated_at = now()
+	FROM item
+	WHERE q.ingress_id = item.id AND q.status = 'running'
+	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
+)
+SELECT item.id,
+       coalesce(u.stage, q.stage, ''),
+       coalesce(u.status, q.status, ''),
+       CASE WHEN u.ingress_id IS NOT NULL THEN u.timeout ELSE q.timeout END,
+       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.state ->> 'dispatch_error' END, '')
+FROM item
+LEFT JOIN updated u ON u.ingress_id = item.id
+LEFT JOIN pepsi.queue q ON q.ingress_id = item.id AND u.ingress_id IS NULL
+ORDER BY item.ord`
+
+func resolve(c core.Resolve) statement {
+	n := len(c.Items)
+	ids, stages, statuses, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	for i, it := range c.Items {
+		ids[i], stages[i], statuses[i], reasons[i], epochs[i] = it.ID, it.Stage, it.Status, it.Reason, it.Epoch
+	}
+	return statement{
+		name:  "resolve",
+		queue: func(b *pgx.Batch) { b.Queue(resolveSQL, ids, stages, statuses, reasons, epochs) },
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Outcome, error) {
+				var o core.Outcome
+				var timeout *time.Time
+				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error); err != nil {
+					return o, err
+				}
+				// The timeout column keeps its last value after a wake; it means
+				// something only while the row is paused.
+				if o.Status == "paused" && timeout != nil {
+					o.Timeout = *timeout
+				}
+				return o, nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			if len(outcomes) != n {
+				return nil, fmt.Errorf("%d outcomes for %d items", len(outcomes), n)
+			}
+			return core.Resolved{Op: c.Op, Outcomes: outcomes}, nil
+		},
+		failed: func(err string) core.Event { return core.Resolved{Op: c.Op, Err: err} },
+	}
+}
+
+// wakeSQL makes due paused rows pending (the queue_paused partial index finds
+// them), reports how many and the earliest timeout still paused, and notifies
+// ingress when it woke any, as every tool that makes rows pending does. The
+// NOTIFY is delivered at COMMIT. Rows the UPDATE wakes are invisible to the min()
+// below as updated rows, but were paused with timeout <= $1 in the statement's
+// snapshot, which the "timeout > $1" excludes.
+const wakeSQL = `
+WITH woken AS (
+	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
+	WHERE status = 'paused' AND timeout <= $1
+	RETURNING 1
+), n AS (
+	SELECT count(*) AS n FROM woken
+)
+SELECT n.n,
+       (SELECT min(timeout) FROM pepsi.queue WHERE status = 'paused' AND timeout > $1),
+       CASE WHEN n.n > 0 THEN (SELECT true FROM pg_notify('ingress', '')) ELSE false END
+FROM n`
+
+func wake(c core.Wake) statement {
+	return statement{
+		name:  "wake",
+		queue: func(b *pgx.Batch) { b.Queue(wakeSQL, c.Now) },
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			var n int64
+			var next *time.Time
+			var notified bool
+			if err := br.QueryRow().Scan(&n, &next, &notified); err != nil {
+				return nil, err
+			}
+			ev := core.Woken{Op: c.Op, Count: int(n)}
+			if next != nil {
+				ev.Next = *next
+			}
+			return ev, nil
+		},
+		failed: func(err string) core.Event { return core.Woken{Op: c.Op, Err: err} },
+	}
+}
+
+// flushSQL adds one flush's deltas, once: dispatch_stats takes them only if its
+// flush_seq is below $3, and stage_stats only if dispatch_stats did, so a flush
+// sent again after its reply was lost changes nothing. The upsert of the single
+// dispatch_stats row recreates it if an operator deleted it. Deltas of the same
+// stage are summed first, since ON CONFLICT cannot touch a row twice.
+const flushSQL = `
+WITH applied AS (
+	INSERT INTO pepsi.dispatch_stats AS d (one, stage_passes, messages_left, flush_seq, updated_at)
+	VALUES (true, $1, $2, $3, now())
+	ON CONFLICT (one) DO UPDATE SET
+		stage_passes = d.stage_passes + EXCLUDED.stage_passes,
+		messages_left = d.messages_left + EXCLUDED.messages_left,
+		flush_seq = EXCLUDED.flush_seq,
+		updated_at = EXCLUDED.updated_at
+	WHERE d.flush_seq < EXCLUDED.flush_seq
+	RETURNING 1
+)
+INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, updated_at)
+SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), now()
+FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[])
+     AS x(stage, processed, failed, timeouts, crashes, processing_us)
+WHERE EXISTS (SELECT 1 FROM applied)
+GROUP BY x.stage
+ON CONFLICT (stage) DO UPDATE SET
+	processed = s.processed + EXCLUDED.processed,
+	failed = s.failed + EXCLUDED.failed,
+	timeouts = s.timeouts + EXCLUDED.timeouts,
+	crashes = s.crashes + EXCLUDED.crashes,
+	processing_us = s.processing_us + EXCLUDED.processing_us,
+	updated_at = EXCLUDED.updated_at`
+
+func flush(c core.Flush) statement {
+	n := len(c.Stages)
+	stages := make([]string, n)
+	processed, failed, timeouts, crashes, us := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, d := range c.Stages {
+		stages[i] = d.Stage
+		processed[i], failed[i], timeouts[i], crashes[i], us[i] = d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS
+	}
+	return statement{
+		name: "flush",
+		queue: func(b *pgx.Batch) {
+			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us)
+		},
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			if _, err := br.Exec(); err != nil {
+				return nil, err
+			}
+			return core.Flushed{Op: c.Op}, nil
+		},
+		failed: func(err string) core.Event { return core.Flushed{Op: c.Op, Err: err} },
+	}
+}

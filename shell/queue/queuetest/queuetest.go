@@ -1,0 +1,636 @@
+// Package queuetest is the one conformance suite every queue.Executor must pass:
+// the PostgreSQL queue (shell/pgqueue) and the simulator's fake (sim) alike, so
+// the simulator cannot drift from the real queue. It states behaviour only (what
+// a command does to rows and what it answers), never how; it must never assume
+// SQL, timing or anything an implementation does not promise in core.Command's
+// doc comments.
+package queuetest
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/shell/queue"
+)
+
+// Harness is a queue under test plus the few things the suite must do to it that
+// the dispatcher never does: add rows, play a stage program, read rows back and
+// simulate a database crash. Every method fails the test on error.
+type Harness interface {
+	queue.Executor
+	// Insert adds pending rows at stage and returns their ids in order.
+	Insert(t *testing.T, stage string, n int) []int64
+	// Stage changes a row the way a stage program does (only if running at from):
+	// advance to another stage, or set status done/failed/paused (with timeout).
+	Stage(t *testing.T, id int64, from string, to string, status string, timeout time.Time)
+	// Row reads a row back.
+	Row(t *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool)
+	// ClearEpoch empties the crash sentinel, as a PostgreSQL crash would.
+	ClearEpoch(t *testing.T)
+	// Stats reads stage_stats rows and the dispatch_stats row.
+	Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64)
+}
+
+// base is the instant the suite's paused rows are timed from. It has whole
+// microseconds, the precision PostgreSQL keeps.
+var base = time.Date(2030, time.March, 4, 5, 6, 7, 0, time.UTC)
+
+// Run runs every conformance test, each on a fresh harness from open. open is
+// called from within the subtest, so it may use t.Cleanup and t.Fatal. Subtests
+// run in parallel: harnesses must not share state.
+func Run(t *testing.T, open func(t *testing.T) Harness) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, h Harness)
+	}{
+		{"ExecOfNoCommandsAnswersNothing", testExecEmpty},
+		{"ExecAnswersEachCommandInOrderWithItsOp", testExecOrder},
+		{"CommandsOfOneExecSeeEachOthersEffects", testExecSeesOwnEffects},
+
+		{"ClaimTakesPendingRowsInIngressOrderUpToTheCap", testClaimOrder},
+		{"ClaimCapsEachStageSeparately", testClaimPerStageCaps},
+		{"ClaimOfSeveralStagesAnswersRowsInIngressOrder", testClaimSeveralStages},
+		{"ClaimTakesOnlyPendingRows", testClaimOnlyPending},
+		{"ClaimWithZeroCapOrUnknownStageTakesNothing", testClaimNothing},
+		{"EpochIsStableAcrossClaimsAndReplacedAfterACrash", testEpoch},
+
+		{"ResolveRequeuesARowItsStageAdvanced", testResolveAdvanced},
+		{"ResolveFailsARowStillRunningAtItsStage", testResolveFailed},
+		{"ResolveTimesOutARowStillRunningAtItsStage", testResolveTimeout},
+		{"ResolveRequeuesARowStillRunningAtItsStage", testResolveRequeue},
+		{"ResolveLeavesRowsThatAreNotRunningAloneAndReportsThem", testResolveLeavesOthers},
+		{"ResolveWithAHeldEpochFailsTheRow", testResolveEpochHeld},
+		{"ResolveWithALostEpochRequeuesTheRow", testResolveEpochLost},
+		{"ResolveReportsAMissingRowAsGone", testResolveMissing},
+		{"ResolveAnswersInItemOrder", testResolveOrder},
+
+		{"WakeMakesDuePausedRowsPendingAndReportsTheNextTimeout", testWake},
+		{"WokenRowsAreClaimedAgainAtTheirStage", testWakeThenClaim},
+
+		{"ResetOrphansMakesRunningRowsPendingExceptKeptOnes", testResetOrphansKeep},
+		{"ResetOrphansWithNothingKeptResetsEveryRunningRow", testResetOrphansAll},
+		{"ResetOrphansReportsTheLastAppliedFlushSeq", testResetOrphansFlushSeq},
+
+		{"FlushAddsDeltasOncePerSeq", testFlush},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, open(t))
+		})
+	}
+}
+
+// ---- Exec as a whole ----
+
+func testExecEmpty(t *testing.T, h Harness) {
+	if got := h.Exec(t.Context(), nil); len(got) != 0 {
+		t.Fatalf("Exec(no commands) = %v, want no events", got)
+	}
+}
+
+func testExecOrder(t *testing.T, h Harness) {
+	cmds := []core.Command{
+		core.ResetOrphans{Op: 11},
+		core.Wake{Op: 12, Now: base},
+		core.Claim{Op: 13, Caps: []core.Cap{{Stage: "a", N: 1}}},
+		core.Resolve{Op: 14},
+		core.Flush{Op: 15, Seq: 1},
+	}
+	evs := h.Exec(t.Context(), cmds)
+	if len(evs) != len(cmds) {
+		t.Fatalf("Exec of %d commands answered %d events: %v", len(cmds), len(evs), evs)
+	}
+	checks := []func(core.Event) (int64, string, bool){
+		func(e core.Event) (int64, string, bool) { r, ok := e.(core.OrphansReset); return r.Op, r.Err, ok },
+		func(e core.Event) (int64, string, bool) { r, ok := e.(core.Woken); return r.Op, r.Err, ok },
+		func(e core.Event) (int64, string, bool) { r, ok := e.(core.Claimed); return r.Op, r.Err, ok },
+		func(e core.Event) (int64, string, bool) { r, ok := e.(core.Resolved); return r.Op, r.Err, ok },
+		func(e core.Event) (int64, string, bool) { r, ok := e.(core.Flushed); return r.Op, r.Err, ok },
+	}
+	for i, check := range checks {
+		op, err, ok := check(evs[i])
+		want := int64(11 + i)
+		if !ok || op != want || err != "" {
+			t.Errorf("event %d = %v (%T); want the result of %v with op=%d and no error", i, evs[i], evs[i], cmds[i], want)
+		}
+	}
+}
+
+func testExecSeesOwnEffects(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	// The resolve requeues ids[0]; the claim after it, in the same transaction,
+	// must see it pending again and take it (it comes before ids[1]).
+	evs := h.Exec(t.Context(), []core.Command{
+		core.Resolve{Op: 1, Items: []core.Item{{ID: ids[0], Stage: "a", Status: "pending"}}},
+		core.Claim{Op: 2, Caps: []core.Cap{{Stage: "a", N: 1}}},
+	})
+	if len(evs) != 2 {
+		t.Fatalf("Exec answered %d events, want 2: %v", len(evs), evs)
+	}
+	res, ok := evs[0].(core.Resolved)
+	if !ok || res.Err != "" || len(res.Outcomes) != 1 || res.Outcomes[0].Status != "pending" {
+		t.Fatalf("resolve answered %v, want %d@a:pending", evs[0], ids[0])
+	}
+	cl, ok := evs[1].(core.Claimed)
+	if !ok || cl.Err != "" {
+		t.Fatalf("claim answered %v, want rows", evs[1])
+	}
+	if want := []core.Row{{ID: ids[0], Stage: "a"}}; !slices.Equal(cl.Rows, want) {
+		t.Fatalf("claim after a requeue in the same Exec took %v, want %v (the requeued row)", cl.Rows, want)
+	}
+	wantRow(t, h, ids[0], "a", "running")
+	wantRow(t, h, ids[1], "a", "pending")
+}
+
+// ---- Claim ----
+
+func testClaimOrder(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 5)
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	if want := rowsAt("a", ids[:3]...); !slices.Equal(got, want) {
+		t.Fatalf("claim a:3 took %v, want %v (the first three in ingress order)", got, want)
+	}
+	for _, id := range ids[:3] {
+		wantRow(t, h, id, "a", "running")
+	}
+	for _, id := range ids[3:] {
+		wantRow(t, h, id, "a", "pending")
+	}
+	got = claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	if want := rowsAt("a", ids[3:]...); !slices.Equal(got, want) {
+		t.Fatalf("second claim a:3 took %v, want %v (the two left)", got, want)
+	}
+}
+
+func testClaimPerStageCaps(t *testing.T, h Harness) {
+	a := h.Insert(t, "a", 4)
+	b := h.Insert(t, "b", 4)
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 1}, core.Cap{Stage: "b", N: 3})
+	want := append(rowsAt("a", a[0]), rowsAt("b", b[:3]...)...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("claim a:1 b:3 took %v, want %v", got, want)
+	}
+}
+
+func testClaimSeveralStages(t *testing.T, h Harness) {
+	var want []core.Row
+	for range 3 {
+		want = append(want, rowsAt("a", h.Insert(t, "a", 1)...)...)
+		want = append(want, rowsAt("b", h.Insert(t, "b", 1)...)...)
+	}
+	// Caps name b first; the answer is still in ingress order.
+	got := claimRows(t, h, core.Cap{Stage: "b", N: 10}, core.Cap{Stage: "a", N: 10})
+	if !slices.Equal(got, want) {
+		t.Fatalf("claim b:10 a:10 took %v, want %v (every row, in ingress order)", got, want)
+	}
+}
+
+func testClaimOnlyPending(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 4)
+	claimRows(t, h, core.Cap{Stage: "a", N: 4})
+	h.Stage(t, ids[0], "a", "a", "done", time.Time{})
+	h.Stage(t, ids[1], "a", "a", "paused", base.Add(time.Hour))
+	h.Stage(t, ids[2], "a", "a", "failed", time.Time{})
+	// ids[3] stays running.
+	more := h.Insert(t, "a", 2)
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	if want := rowsAt("a", more...); !slices.Equal(got, want) {
+		t.Fatalf("claim a:10 took %v, want only the pending rows %v", got, want)
+	}
+	for i, status := range []string{"done", "paused", "failed", "running"} {
+		wantRow(t, h, ids[i], "a", status)
+	}
+}
+
+func testClaimNothing(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	for _, caps := range [][]core.Cap{
+		{{Stage: "a", N: 0}},
+		{{Stage: "nosuch", N: 5}},
+		{{Stage: "a", N: 0}, {Stage: "nosuch", N: 5}},
+		nil,
+	} {
+		cl := claim(t, h, caps...)
+		if len(cl.Rows) != 0 {
+			t.Errorf("claim %v took %v, want nothing", caps, cl.Rows)
+		}
+		if cl.Epoch == "" {
+			t.Errorf("claim %v answered no epoch; want the crash sentinel's token even when it takes nothing", caps)
+		}
+	}
+	for _, id := range ids {
+		wantRow(t, h, id, "a", "pending")
+	}
+}
+
+func testEpoch(t *testing.T, h Harness) {
+	h.Insert(t, "a", 2)
+	first := claim(t, h, core.Cap{Stage: "a", N: 1})
+	second := claim(t, h, core.Cap{Stage: "a", N: 1})
+	if first.Epoch == "" || second.Epoch != first.Epoch {
+		t.Fatalf("epochs of two claims = %q, %q; want the same non-empty token", first.Epoch, second.Epoch)
+	}
+	h.ClearEpoch(t)
+	third := claim(t, h)
+	if third.Epoch == "" || third.Epoch == first.Epoch {
+		t.Fatalf("epoch after a crash = %q; want a new non-empty token (old %q)", third.Epoch, first.Epoch)
+	}
+	if fourth := claim(t, h); fourth.Epoch != third.Epoch {
+		t.Fatalf("epoch of the claim after = %q; want the new token %q kept", fourth.Epoch, third.Epoch)
+	}
+}
+
+// ---- Resolve ----
+
+func testResolveAdvanced(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	for _, id := range ids {
+		h.Stage(t, id, "a", "b", "running", time.Time{})
+	}
+	// Whatever the item asks for, a row its stage advanced is requeued, without
+	// a reason.
+	got := resolve(t, h,
+		core.Item{ID: ids[0], Stage: "a", Status: "pending"},
+		core.Item{ID: ids[1], Stage: "a", Status: "failed", Reason: "crashed"},
+		core.Item{ID: ids[2], Stage: "a", Status: "timeout", Reason: "too slow"},
+	)
+	want := []core.Outcome{
+		{ID: ids[0], Stage: "b", Status: "pending"},
+		{ID: ids[1], Stage: "b", Status: "pending"},
+		{ID: ids[2], Stage: "b", Status: "pending"},
+	}
+	wantOutcomes(t, got, want)
+	for _, id := range ids {
+		wantRowError(t, h, id, "b", "pending", "")
+	}
+}
+
+func testResolveFailed(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "failed", Reason: "exit 3: bad input"})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "exit 3: bad input"}})
+	wantRowError(t, h, ids[0], "a", "failed", "exit 3: bad input")
+}
+
+func testResolveTimeout(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "timeout", Reason: "MAX_RUNTIME 300s exceeded"})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "timeout", Error: "MAX_RUNTIME 300s exceeded"}})
+	wantRowError(t, h, ids[0], "a", "timeout", "MAX_RUNTIME 300s exceeded")
+}
+
+func testResolveRequeue(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "pending"})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "pending"}})
+	wantRowError(t, h, ids[0], "a", "pending", "")
+}
+
+func testResolveLeavesOthers(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 5)
+	claimRows(t, h, core.Cap{Stage: "a", N: 4})
+	until := base.Add(90 * time.Minute)
+	h.Stage(t, ids[0], "a", "a", "done", time.Time{})
+	h.Stage(t, ids[1], "a", "a", "paused", until)
+	h.Stage(t, ids[2], "a", "a", "failed", time.Time{})
+	resolve(t, h, core.Item{ID: ids[3], Stage: "a", Status: "failed", Reason: "first reason"})
+	// ids[4] was never claimed: pending.
+	var items []core.Item
+	for _, id := range ids {
+		items = append(items, core.Item{ID: id, Stage: "a", Status: "timeout", Reason: "second reason"})
+	}
+	got := resolve(t, h, items...)
+	want := []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: "done"},
+		{ID: ids[1], Stage: "a", Status: "paused", Timeout: until},
+		{ID: ids[2], Stage: "a", Status: "failed"},
+		{ID: ids[3], Stage: "a", Status: "failed", Error: "first reason"},
+		{ID: ids[4], Stage: "a", Status: "pending"},
+	}
+	wantOutcomes(t, got, want)
+	wantRowError(t, h, ids[0], "a", "done", "")
+	wantRowError(t, h, ids[1], "a", "paused", "")
+	wantRowError(t, h, ids[2], "a", "failed", "")
+	wantRowError(t, h, ids[3], "a", "failed", "first reason")
+	wantRowError(t, h, ids[4], "a", "pending", "")
+	if _, _, timeout, _, _ := h.Row(t, ids[1]); !timeout.Equal(until) {
+		t.Errorf("paused row %d has timeout %v after resolve, want %v kept", ids[1], timeout, until)
+	}
+}
+
+func testResolveEpochHeld(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	cl := claim(t, h, core.Cap{Stage: "a", N: 1})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "failed", Reason: "stage answered 0 but left the row running", Epoch: cl.Epoch})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "stage answered 0 but left the row running"}})
+}
+
+func testResolveEpochLost(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	cl := claim(t, h, core.Cap{Stage: "a", N: 2})
+	h.ClearEpoch(t)
+	const reason = "stage answered 0 but left the row running"
+	got := resolve(t, h,
+		core.Item{ID: ids[0], Stage: "a", Status: "failed", Reason: reason, Epoch: cl.Epoch},
+		// A token the sentinel never held counts as lost too.
+		core.Item{ID: ids[1], Stage: "a", Status: "failed", Reason: reason, Epoch: cl.Epoch + "-other"},
+	)
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: "pending"},
+		{ID: ids[1], Stage: "a", Status: "pending"},
+	})
+	wantRowError(t, h, ids[0], "a", "pending", "")
+	wantRowError(t, h, ids[1], "a", "pending", "")
+}
+
+func testResolveMissing(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	missing := ids[0] + 1000
+	got := resolve(t, h, core.Item{ID: missing, Stage: "a", Status: "failed", Reason: "x"})
+	wantOutcomes(t, got, []core.Outcome{{ID: missing}})
+	if _, _, _, _, ok := h.Row(t, missing); ok {
+		t.Fatalf("resolve of missing row %d created it", missing)
+	}
+}
+
+func testResolveOrder(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 4)
+	claimRows(t, h, core.Cap{Stage: "a", N: 4})
+	h.Stage(t, ids[1], "a", "b", "running", time.Time{})
+	h.Stage(t, ids[2], "a", "a", "done", time.Time{})
+	missing := ids[3] + 1000
+	got := resolve(t, h,
+		core.Item{ID: ids[3], Stage: "a", Status: "failed", Reason: "r3"},
+		core.Item{ID: missing, Stage: "a", Status: "failed", Reason: "rm"},
+		core.Item{ID: ids[2], Stage: "a", Status: "failed", Reason: "r2"},
+		core.Item{ID: ids[0], Stage: "a", Status: "pending"},
+		core.Item{ID: ids[1], Stage: "a", Status: "timeout", Reason: "r1"},
+	)
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[3], Stage: "a", Status: "failed", Error: "r3"},
+		{ID: missing},
+		{ID: ids[2], Stage: "a", Status: "done"},
+		{ID: ids[0], Stage: "a", Status: "pending"},
+		{ID: ids[1], Stage: "b", Status: "pending"},
+	})
+}
+
+// ---- Wake ----
+
+func testWake(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	h.Stage(t, ids[0], "a", "a", "paused", base)
+	h.Stage(t, ids[1], "a", "a", "paused", base.Add(time.Hour))
+	h.Stage(t, ids[2], "a", "a", "paused", base.Add(2*time.Hour))
+
+	steps := []struct {
+		now     time.Time
+		count   int
+		next    time.Time
+		pending []int64
+	}{
+		{base.Add(-time.Second), 0, base, nil},                            // nothing due yet
+		{base, 1, base.Add(time.Hour), ids[:1]},                           // a timeout equal to now is due
+		{base.Add(90 * time.Minute), 1, base.Add(2 * time.Hour), ids[:2]}, // only what is due
+		{base.Add(3 * time.Hour), 1, time.Time{}, ids},                    // the last one; nothing left paused
+		{base.Add(4 * time.Hour), 0, time.Time{}, ids},                    // nothing at all
+	}
+	for i, st := range steps {
+		w := wakeAt(t, h, st.now)
+		if w.Count != st.count || !w.Next.Equal(st.next) {
+			t.Fatalf("step %d: wake at %v = count %d next %v; want count %d next %v",
+				i, st.now, w.Count, w.Next, st.count, st.next)
+		}
+		for _, id := range ids {
+			want := "paused"
+			if slices.Contains(st.pending, id) {
+				want = "pending"
+			}
+			wantRow(t, h, id, "a", want)
+		}
+	}
+}
+
+func testWakeThenClaim(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	h.Stage(t, ids[0], "a", "b", "paused", base)
+	wakeAt(t, h, base)
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 5}, core.Cap{Stage: "b", N: 5})
+	if want := rowsAt("b", ids[0]); !slices.Equal(got, want) {
+		t.Fatalf("claim after wake took %v, want %v (pending again at the stage that paused it)", got, want)
+	}
+}
+
+// ---- ResetOrphans ----
+
+func testResetOrphansKeep(t *testing.T, h Harness) {
+	a := h.Insert(t, "a", 5)
+	b := h.Insert(t, "b", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 5}, core.Cap{Stage: "b", N: 2})
+	h.Stage(t, a[3], "a", "a", "done", time.Time{})
+	h.Stage(t, a[4], "a", "a", "paused", base)
+	h.Stage(t, b[1], "b", "c", "running", time.Time{}) // advanced, still running
+	got := resetOrphans(t, h, a[0], b[1])
+	if got.Count != 3 {
+		t.Errorf("reset orphans keeping %d and %d reset %d rows, want 3 (%d, %d, %d)", a[0], b[1], got.Count, a[1], a[2], b[0])
+	}
+	wantRow(t, h, a[0], "a", "running")
+	wantRow(t, h, a[1], "a", "pending")
+	wantRow(t, h, a[2], "a", "pending")
+	wantRow(t, h, a[3], "a", "done")
+	wantRow(t, h, a[4], "a", "paused")
+	wantRow(t, h, b[0], "b", "pending")
+	wantRow(t, h, b[1], "c", "running")
+}
+
+func testResetOrphansAll(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	h.Stage(t, ids[1], "a", "b", "running", time.Time{})
+	got := resetOrphans(t, h)
+	if got.Count != 2 || got.FlushSeq != 0 {
+		t.Errorf("reset orphans = count %d flush-seq %d; want count 2, flush-seq 0 (never flushed)", got.Count, got.FlushSeq)
+	}
+	wantRow(t, h, ids[0], "a", "pending")
+	wantRow(t, h, ids[1], "b", "pending")
+	wantRow(t, h, ids[2], "a", "pending")
+}
+
+func testResetOrphansFlushSeq(t *testing.T, h Harness) {
+	flush(t, h, core.Flush{Seq: 7, StagePasses: 1})
+	if got := resetOrphans(t, h); got.FlushSeq != 7 {
+		t.Fatalf("reset orphans after flush seq 7 reports flush-seq %d, want 7", got.FlushSeq)
+	}
+}
+
+// ---- Flush ----
+
+func testFlush(t *testing.T, h Harness) {
+	first := core.Flush{Seq: 1, StagePasses: 10, MessagesLeft: 3, Stages: []core.StageDelta{
+		{Stage: "a", Processed: 5, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1000},
+		{Stage: "b", Processed: 4, ProcessingUS: 400},
+	}}
+	flush(t, h, first)
+	wantStats(t, h, "after seq 1", map[string]core.StageDelta{
+		"a": {Stage: "a", Processed: 5, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1000},
+		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
+	}, 10, 3, 1)
+
+	flush(t, h, first) // its reply was lost; the core sends it again
+	wantStats(t, h, "after seq 1 replayed", map[string]core.StageDelta{
+		"a": {Stage: "a", Processed: 5, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1000},
+		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
+	}, 10, 3, 1)
+
+	flush(t, h, core.Flush{Seq: 2, StagePasses: 1, MessagesLeft: 1, Stages: []core.StageDelta{
+		{Stage: "a", Processed: 1, ProcessingUS: 50},
+		{Stage: "c", Crashes: 1},
+	}})
+	want := map[string]core.StageDelta{
+		"a": {Stage: "a", Processed: 6, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1050},
+		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
+		"c": {Stage: "c", Crashes: 1},
+	}
+	wantStats(t, h, "after seq 2", want, 11, 4, 2)
+
+	flush(t, h, first) // an older seq is never applied again
+	wantStats(t, h, "after seq 1 sent after seq 2", want, 11, 4, 2)
+}
+
+// ---- helpers: they run commands and fail on errors; assertions stay in tests ----
+
+// exec runs one command and returns its result event, failing the test if the
+// queue answered with an error or a different Op.
+func exec[E core.Event](t *testing.T, h Harness, cmd core.Command, op func(E) (int64, string)) E {
+	t.Helper()
+	evs := h.Exec(t.Context(), []core.Command{cmd})
+	if len(evs) != 1 {
+		t.Fatalf("Exec(%v) answered %d events, want 1: %v", cmd, len(evs), evs)
+	}
+	ev, ok := evs[0].(E)
+	if !ok {
+		t.Fatalf("Exec(%v) answered %v (%T), want a %T", cmd, evs[0], evs[0], ev)
+	}
+	gotOp, err := op(ev)
+	if err != "" {
+		t.Fatalf("Exec(%v) failed: %s", cmd, err)
+	}
+	if gotOp != 42 {
+		t.Fatalf("Exec(%v) answered op=%d, want op=42", cmd, gotOp)
+	}
+	return ev
+}
+
+func claim(t *testing.T, h Harness, caps ...core.Cap) core.Claimed {
+	t.Helper()
+	return exec(t, h, core.Claim{Op: 42, Caps: caps}, func(e core.Claimed) (int64, string) { return e.Op, e.Err })
+}
+
+func claimRows(t *testing.T, h Harness, caps ...core.Cap) []core.Row {
+	t.Helper()
+	return claim(t, h, caps...).Rows
+}
+
+func resolve(t *testing.T, h Harness, items ...core.Item) []core.Outcome {
+	t.Helper()
+	return exec(t, h, core.Resolve{Op: 42, Items: items}, func(e core.Resolved) (int64, string) { return e.Op, e.Err }).Outcomes
+}
+
+func wakeAt(t *testing.T, h Harness, now time.Time) core.Woken {
+	t.Helper()
+	return exec(t, h, core.Wake{Op: 42, Now: now}, func(e core.Woken) (int64, string) { return e.Op, e.Err })
+}
+
+func resetOrphans(t *testing.T, h Harness, keep ...int64) core.OrphansReset {
+	t.Helper()
+	return exec(t, h, core.ResetOrphans{Op: 42, Keep: keep}, func(e core.OrphansReset) (int64, string) { return e.Op, e.Err })
+}
+
+func flush(t *testing.T, h Harness, f core.Flush) {
+	t.Helper()
+	f.Op = 42
+	exec(t, h, f, func(e core.Flushed) (int64, string) { return e.Op, e.Err })
+}
+
+func rowsAt(stage string, ids ...int64) []core.Row {
+	rows := make([]core.Row, len(ids))
+	for i, id := range ids {
+		rows[i] = core.Row{ID: id, Stage: stage}
+	}
+	return rows
+}
+
+func wantRow(t *testing.T, h Harness, id int64, stage, status string) {
+	t.Helper()
+	gotStage, gotStatus, _, _, ok := h.Row(t, id)
+	if !ok || gotStage != stage || gotStatus != status {
+		t.Errorf("row %d = %s (exists: %v); want %s", id, at(gotStage, gotStatus), ok, at(stage, status))
+	}
+}
+
+func wantRowError(t *testing.T, h Harness, id int64, stage, status, dispatchError string) {
+	t.Helper()
+	gotStage, gotStatus, _, gotErr, ok := h.Row(t, id)
+	if !ok || gotStage != stage || gotStatus != status || gotErr != dispatchError {
+		t.Errorf("row %d = %s dispatch_error %q (exists: %v); want %s dispatch_error %q",
+			id, at(gotStage, gotStatus), gotErr, ok, at(stage, status), dispatchError)
+	}
+}
+
+func at(stage, status string) string { return stage + ":" + status }
+
+func wantOutcomes(t *testing.T, got, want []core.Outcome) {
+	t.Helper()
+	same := len(got) == len(want)
+	for i := 0; same && i < len(got); i++ {
+		g, w := got[i], want[i]
+		same = g.ID == w.ID && g.Stage == w.Stage && g.Status == w.Status && g.Timeout.Equal(w.Timeout) && g.Error == w.Error
+	}
+	if !same {
+		t.Fatalf("outcomes:\n got  %s\n want %s", outcomesText(got), outcomesText(want))
+	}
+}
+
+func outcomesText(os []core.Outcome) string {
+	s := "["
+	for i, o := range os {
+		if i > 0 {
+			s += " "
+		}
+		s += o.String()
+	}
+	return s + "]"
+}
+
+func wantStats(t *testing.T, h Harness, when string, stages map[string]core.StageDelta, passes, left, seq int64) {
+	t.Helper()
+	gotStages, gotPasses, gotLeft, gotSeq := h.Stats(t)
+	if gotPasses != passes || gotLeft != left || gotSeq != seq {
+		t.Errorf("%s: dispatch_stats = passes %d left %d flush_seq %d; want passes %d left %d flush_seq %d",
+			when, gotPasses, gotLeft, gotSeq, passes, left, seq)
+	}
+	if len(gotStages) != len(stages) {
+		t.Errorf("%s: stage_stats has %d rows %v, want %d %v", when, len(gotStages), gotStages, len(stages), stages)
+	}
+	for name, w := range stages {
+		if g := gotStages[name]; g != w {
+			t.Errorf("%s: stage_stats[%s] = %s, want %s", when, name, deltaText(g), deltaText(w))
+		}
+	}
+}
+
+func deltaText(d core.StageDelta) string {
+	return fmt.Sprintf("{stage=%q processed=%d failed=%d timeouts=%d crashes=%d us=%d}",
+		d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS)
+}
