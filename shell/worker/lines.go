@@ -1,0 +1,54 @@
+package worker
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+)
+
+// lineMax is the longest line this package passes on, in bytes. A longer stdout
+// line is reported cut to lineMax (the core calls it a protocol error); a longer
+// stderr line is logged cut. Neither is fatal here, and neither can make the
+// dispatcher buffer without bound.
+const lineMax = 64 << 10
+
+// readLines calls emit for every line of r, in order, without its "\n" or "\r\n".
+// A final line without a newline still counts. A line longer than lineMax is
+// passed on as its first lineMax bytes with cut set, and the rest of it is
+// discarded. It returns nil at end of input, else the read error.
+func readLines(r io.Reader, emit func(line string, cut bool)) error {
+	br := bufio.NewReaderSize(r, lineMax)
+	for {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case err == nil:
+			emit(string(trimEOL(line)), false)
+		case errors.Is(err, bufio.ErrBufferFull):
+			emit(string(line), true)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		default:
+			if len(line) > 0 {
+				emit(string(line), false)
+			}
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// trimEOL removes a trailing "\n" or "\r\n".
+func trimEOL(line []byte) []byte {
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	return bytes.TrimSuffix(line, []byte("\r"))
+}

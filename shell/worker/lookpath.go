@@ -1,0 +1,67 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// lookPath resolves program the way execvp(3) and exec.LookPath do: a name with a
+// slash is used as it is, any other name is searched in the directories of path
+// (the PATH of the workers' environment, so the program found is the one the
+// environment names). Unlike execvp, relative directories in path (including the
+// empty entry, meaning ".") are skipped, as exec.LookPath refuses them with
+// exec.ErrDot: a stage program must not depend on the dispatcher's working
+// directory. The error says what was looked for, where, and why it failed.
+func lookPath(program, path string) (string, error) {
+	if program == "" {
+		return "", fmt.Errorf("program name is empty")
+	}
+	if strings.Contains(program, "/") {
+		if err := checkExecutable(program); err != nil {
+			return "", fmt.Errorf("program %q: %w", program, err)
+		}
+		return program, nil
+	}
+	var firstErr error
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		candidate := filepath.Join(dir, program)
+		err := checkExecutable(candidate)
+		if err == nil {
+			return candidate, nil
+		}
+		if firstErr == nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			// Found but unusable: keep looking (a later directory may hold a
+			// good one), and report this if none does.
+			firstErr = fmt.Errorf("program %q found as %s but %w", program, candidate, err)
+		}
+	}
+	if firstErr != nil {
+		return "", firstErr
+	}
+	return "", fmt.Errorf("program %q not found in PATH %q", program, path)
+}
+
+// checkExecutable reports why file cannot be executed, if it visibly cannot: it
+// does not exist, is a directory, or has no execute bit. Anything subtler (a
+// missing interpreter, a wrong architecture) is reported by the exec itself.
+func checkExecutable(file string) error {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("is a directory")
+	}
+	if fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("is not executable (mode %v)", fi.Mode().Perm())
+	}
+	return nil
+}

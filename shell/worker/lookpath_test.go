@@ -1,0 +1,44 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLookPathSkipsRelativePATHEntries(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "stage"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(cwd, dir)
+	if err != nil || filepath.IsAbs(rel) {
+		t.Fatalf("expected a relative path from %s to %s, got %q (%v)", cwd, dir, rel, err)
+	}
+	if got, err := lookPath("stage", rel); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("expected the relative PATH entry %q skipped and stage not found, got %q, %v", rel, got, err)
+	}
+	if got, err := lookPath("stage", rel+":"+dir); err != nil || got != filepath.Join(dir, "stage") {
+		t.Fatalf("expected %s from the absolute entry, got %q, %v", filepath.Join(dir, "stage"), got, err)
+	}
+}
+
+func TestLookPathPrefersALaterExecutableOverAnEarlierUnusableOne(t *testing.T) {
+	t.Parallel()
+	bad, good := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, "stage"), []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(good, "stage"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := lookPath("stage", bad+":"+good); err != nil || got != filepath.Join(good, "stage") {
+		t.Fatalf("expected %s, got %q, %v", filepath.Join(good, "stage"), got, err)
+	}
+}
