@@ -1,0 +1,516 @@
+package pgqueue_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// step is the dispatcher's usual transaction: resolve what came back, claim more.
+func step(op int64, resolve []int64, stages []string, capEach int) []core.Command {
+	items := make([]core.Item, len(resolve))
+	for i, id := range resolve {
+		items[i] = core.Item{ID: id, Stage: "s0", Status: "pending"}
+	}
+	caps := make([]core.Cap, len(stages))
+	for i, s := range stages {
+		caps[i] = core.Cap{Stage: s, N: capEach}
+	}
+	return []core.Command{core.Resolve{Op: op, Items: items}, core.Claim{Op: op + 1, Caps: caps}}
+}
+
+// mustExec runs cmds and fails the test if any result carries an error.
+func mustExec(t testing.TB, h *harness, cmds []core.Command) []core.Event {
+	t.Helper()
+	evs := h.Exec(context.Background(), cmds)
+	for _, ev := range evs {
+		if msg := errText(ev); msg != "" {
+			t.Fatalf("Exec(%v): %v", cmds, ev)
+		}
+	}
+	return evs
+}
+
+func errText(ev core.Event) string {
+	switch e := ev.(type) {
+	case core.OrphansReset:
+		return e.Err
+	case core.Resolved:
+		return e.Err
+	case core.Woken:
+		return e.Err
+	case core.Claimed:
+		return e.Err
+	case core.Flushed:
+		return e.Err
+	}
+	panic(fmt.Sprintf("not a queue result: %T", ev))
+}
+
+func opOf(ev core.Event) int64 {
+	switch e := ev.(type) {
+	case core.OrphansReset:
+		return e.Op
+	case core.Resolved:
+		return e.Op
+	case core.Woken:
+		return e.Op
+	case core.Claimed:
+		return e.Op
+	case core.Flushed:
+		return e.Op
+	}
+	panic(fmt.Sprintf("not a queue result: %T", ev))
+}
+
+func claimedIDs(ev core.Event) []int64 {
+	var ids []int64
+	for _, r := range ev.(core.Claimed).Rows {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+func TestStepIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for _, s := range []string{"s0", "s1", "s2"} {
+		h.Insert(t, s, 100)
+	}
+	stages := []string{"s0", "s1", "s2"}
+	// The first step on a connection also prepares its statements (one more
+	// round trip); pgx caches them per connection.
+	prev := claimedIDs(mustExec(t, h, step(1, nil, stages, 16))[1])
+	prev = claimedIDs(mustExec(t, h, step(3, prev, stages, 16))[1])
+	before := h.trips.Load()
+	evs := mustExec(t, h, step(5, prev, stages, 16))
+	if got := h.trips.Load() - before; got != 1 {
+		t.Fatalf("one step (resolve %d items, claim 3 stages) took %d round trips, want 1", len(prev), got)
+	}
+	if n := len(evs[1].(core.Claimed).Rows); n != 48 {
+		t.Fatalf("the measured step claimed %d rows, want 48", n)
+	}
+}
+
+// planNode is the part of EXPLAIN (FORMAT JSON) output the plan tests read.
+type planNode struct {
+	NodeType        string     `json:"Node Type"`
+	RelationName    string     `json:"Relation Name"`
+	IndexName       string     `json:"Index Name"`
+	ActualRows      float64    `json:"Actual Rows"`
+	ActualLoops     float64    `json:"Actual Loops"`
+	RemovedByFilter float64    `json:"Rows Removed by Filter"`
+	Plans           []planNode `json:"Plans"`
+}
+
+// walk calls fn for every node with its parent (nil for the root).
+func (n *planNode) walk(parent *planNode, fn func(n, parent *planNode)) {
+	fn(n, parent)
+	for i := range n.Plans {
+		n.Plans[i].walk(n, fn)
+	}
+}
+
+func (n *planNode) String() string {
+	var b strings.Builder
+	var rec func(n *planNode, depth int)
+	rec = func(n *planNode, depth int) {
+		fmt.Fprintf(&b, "%s%s", strings.Repeat("  ", depth), n.NodeType)
+		if n.IndexName != "" {
+			fmt.Fprintf(&b, " using %s", n.IndexName)
+		}
+		if n.RelationName != "" {
+			fmt.Fprintf(&b, " on %s", n.RelationName)
+		}
+		fmt.Fprintf(&b, " (rows=%g loops=%g removed=%g)\n", n.ActualRows, n.ActualLoops, n.RemovedByFilter)
+		for i := range n.Plans {
+			rec(&n.Plans[i], depth+1)
+		}
+	}
+	rec(n, 0)
+	return b.String()
+}
+
+// explain runs EXPLAIN ANALYZE of prepared statement name with args (SQL
+// literals) under planCacheMode, in a transaction it rolls back, and returns the
+// plan.
+func explain(t *testing.T, conn *pgx.Conn, planCacheMode, name, args string) *planNode {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the rollback is the point: EXPLAIN ANALYZE really claims
+	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+planCacheMode); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	q := fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%s)", name, args)
+	if err := tx.QueryRow(ctx, q, pgx.QueryExecModeSimpleProtocol).Scan(&out); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	var plans []struct{ Plan planNode }
+	if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("parse EXPLAIN output (%v): %s", err, out)
+	}
+	return &plans[0].Plan
+}
+
+// TestClaimPlanWalksPendingIndex checks that a claim on a large backlog costs the
+// rows it takes: each stage's subquery is an index scan of queue_pending under a
+// Limit that stops at the cap, with no sequential scan of the queue and no sort of
+// the backlog, both before the table has statistics (a fresh bulk load) and after,
+// with the custom and the generic plans PostgreSQL may use for a prepared
+// statement.
+func TestClaimPlanWalksPendingIndex(t *testing.T) {
+	t.Parallel()
+	const backlog, capEach = 200_000, 16
+	stages := []string{"s0", "s1", "s2"}
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	// Autovacuum must not gather statistics behind the test's back.
+	for _, sql := range []string{
+		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 's' || (i %% 3) FROM generate_series(1, %d) i", backlog),
+		"PREPARE claim(text[], int[]) AS " + pgqueue.ClaimSQL,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	// Earlier claims leave dead entries at the head of queue_pending, as in a
+	// running system.
+	for i := range 10 {
+		mustExec(t, h, step(int64(2*i), nil, stages, capEach))
+	}
+	args := fmt.Sprintf("'{%s}', '{%d,%d,%d}'", strings.Join(stages, ","), capEach, capEach, capEach)
+	for _, stats := range []string{"without statistics", "analyzed"} {
+		if stats == "analyzed" {
+			if _, err := conn.Exec(ctx, "ANALYZE pepsi.queue"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			plan := explain(t, conn, mode, "claim", args)
+			where := fmt.Sprintf("%s, %s:\n%s", stats, mode, plan)
+			checkClaimPlan(t, plan, len(stages), capEach, where)
+		}
+	}
+}
+
+func checkClaimPlan(t *testing.T, plan *planNode, nStages, capEach int, where string) {
+	t.Helper()
+	if plan.ActualRows != float64(nStages*capEach) {
+		t.Errorf("claim returned %g rows, want %d; %s", plan.ActualRows, nStages*capEach, where)
+	}
+	pendingScans := 0
+	plan.walk(nil, func(n, parent *planNode) {
+		if n.RelationName == "queue" && strings.Contains(n.NodeType, "Seq Scan") {
+			t.Errorf("plan has a %s on queue; %s", n.NodeType, where)
+		}
+		if n.NodeType == "Sort" && n.ActualRows > float64(nStages*capEach) {
+			t.Errorf("plan sorts %g rows, more than the %d claimed; %s", n.ActualRows, nStages*capEach, where)
+		}
+		if n.IndexName != "queue_pending" {
+			return
+		}
+		pendingScans++
+		parentType := "nothing"
+		if parent != nil {
+			parentType = parent.NodeType
+		}
+		if !strings.HasPrefix(n.NodeType, "Index") || parent == nil || parent.NodeType != "Limit" {
+			t.Errorf("queue_pending is read by %s under %s, want an index scan under a Limit; %s", n.NodeType, parentType, where)
+		}
+		if n.ActualLoops != float64(nStages) || n.ActualRows > float64(capEach) || n.RemovedByFilter > float64(capEach) {
+			t.Errorf("queue_pending scan: %g loops of %g rows, %g removed by filter; want %d loops of at most %d rows, no more than %d removed; %s",
+				n.ActualLoops, n.ActualRows, n.RemovedByFilter, nStages, capEach, capEach, where)
+		}
+	})
+	if pendingScans != 1 {
+		t.Errorf("plan reads queue_pending %d times, want once (per stage, under a Limit); %s", pendingScans, where)
+	}
+}
+
+// TestResetAndWakePlansUsePartialIndexes checks that the start-up reset and the
+// wake find their rows through the queue_running and queue_paused partial indexes,
+// not by scanning a large backlog of pending rows.
+func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	for _, sql := range []string{
+		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
+		"INSERT INTO pepsi.queue (stage) SELECT 's' || (i % 3) FROM generate_series(1, 200000) i",
+		"UPDATE pepsi.queue SET status = 'running' WHERE ingress_id % 4000 = 0",
+		"UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01'::timestamptz + (ingress_id % 7) * interval '1 hour' WHERE ingress_id % 2000 = 1",
+		"PREPARE reset(bigint[]) AS " + pgqueue.ResetOrphansSQL,
+		"PREPARE wake(timestamptz) AS " + pgqueue.WakeSQL,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	for _, stats := range []string{"without statistics", "analyzed"} {
+		if stats == "analyzed" {
+			if _, err := conn.Exec(ctx, "ANALYZE pepsi.queue"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			for _, c := range []struct{ name, args, index string }{
+				{"reset", "'{4000,8000}'", "queue_running"},
+				{"wake", "'2030-01-01 03:30Z'", "queue_paused"},
+			} {
+				plan := explain(t, conn, mode, c.name, c.args)
+				used := false
+				plan.walk(nil, func(n, _ *planNode) {
+					if n.RelationName == "queue" && strings.Contains(n.NodeType, "Seq Scan") {
+						t.Errorf("%s plan has a %s on queue; %s, %s:\n%s", c.name, n.NodeType, stats, mode, plan)
+					}
+					used = used || n.IndexName == c.index
+				})
+				if !used {
+					t.Errorf("%s plan does not use %s; %s, %s:\n%s", c.name, c.index, stats, mode, plan)
+				}
+			}
+		}
+	}
+}
+
+func TestFailedTransactionFailsEveryResult(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 3)
+	cmds := func() []core.Command {
+		return []core.Command{
+			core.ResetOrphans{Op: 1},
+			core.Claim{Op: 2, Caps: []core.Cap{{Stage: "a", N: 2}}},
+			// Not a status the queue accepts: the CHECK constraint fails the
+			// statement after the claim has taken its rows.
+			core.Resolve{Op: 3, Items: []core.Item{{ID: ids[0], Stage: "a", Status: "bogus"}}},
+			core.Wake{Op: 4, Now: time.Now()},
+			core.Flush{Op: 5, Seq: 1, StagePasses: 1},
+		}
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		want string
+	}{
+		{"a statement fails", context.Background(), "23514"}, // check_violation
+		{"the context is cancelled", cancelled, "context canceled"},
+	} {
+		evs := h.Exec(c.ctx, cmds())
+		if len(evs) != 5 {
+			t.Fatalf("%s: Exec answered %d events, want 5", c.name, len(evs))
+		}
+		for i, ev := range evs {
+			if opOf(ev) != int64(i+1) || !strings.Contains(errText(ev), c.want) {
+				t.Errorf("%s: result %d = %v; want op=%d with an error mentioning %q", c.name, i, ev, i+1, c.want)
+			}
+		}
+		// Nothing of the transaction is left: the claim was rolled back.
+		for _, id := range ids {
+			if _, status, _, _, _ := h.Row(t, id); status != "pending" {
+				t.Errorf("%s: row %d is %s, want pending (the failed claim rolled back)", c.name, id, status)
+			}
+		}
+	}
+	// The connection the failed batch used is usable again.
+	evs := mustExec(t, h, []core.Command{core.Claim{Op: 6, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	if got := claimedIDs(evs[0]); len(got) != 1 || got[0] != ids[0] {
+		t.Fatalf("claim after the failures took %v, want [%d]", got, ids[0])
+	}
+
+	h.pool.Close()
+	evs = h.Exec(context.Background(), cmds())
+	for i, ev := range evs {
+		if opOf(ev) != int64(i+1) || errText(ev) == "" {
+			t.Errorf("closed pool: result %d = %v; want op=%d with an error", i, ev, i+1)
+		}
+	}
+}
+
+// TestRetriesSerializationFailuresAndDeadlocks injects failures with a trigger
+// that raises a chosen SQLSTATE on the first N wakes (a sequence counts attempts,
+// since it is not rolled back with them). The step also flushes statistics, to
+// show an attempt that failed left nothing behind.
+func TestRetriesSerializationFailuresAndDeadlocks(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		code         string
+		failures     int
+		wantAttempts int64
+		wantOK       bool
+	}{
+		{"40001", 1, 2, true},   // serialization_failure: retried
+		{"40P01", 2, 3, true},   // deadlock_detected: retried
+		{"40001", 99, 5, false}, // gives up after 5 attempts
+		{"P0001", 1, 1, false},  // raise_exception: not retried
+		{"40003", 1, 1, false},  // statement_completion_unknown: not retried
+	} {
+		t.Run(fmt.Sprintf("%s×%d", c.code, c.failures), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.exec(t, "CREATE SEQUENCE test_attempts")
+			h.exec(t, fmt.Sprintf(`CREATE FUNCTION test_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					IF nextval('test_attempts') <= %d THEN
+						RAISE EXCEPTION 'injected failure' USING ERRCODE = '%s';
+					END IF;
+					RETURN NULL;
+				END $$`, c.failures, c.code))
+			h.exec(t, "CREATE TRIGGER test_fail BEFORE UPDATE ON pepsi.queue FOR EACH STATEMENT EXECUTE FUNCTION test_fail()")
+
+			evs := h.Exec(t.Context(), []core.Command{
+				core.Flush{Op: 1, Seq: 1, StagePasses: 1},
+				core.Wake{Op: 2, Now: time.Now()},
+			})
+			var attempts int64
+			if err := h.pool.QueryRow(t.Context(), "SELECT last_value FROM test_attempts").Scan(&attempts); err != nil {
+				t.Fatal(err)
+			}
+			if attempts != c.wantAttempts {
+				t.Errorf("ran the transaction %d times, want %d", attempts, c.wantAttempts)
+			}
+			for _, ev := range evs {
+				if msg := errText(ev); (msg == "") != c.wantOK || (!c.wantOK && !strings.Contains(msg, c.code)) {
+					t.Errorf("result %v; want success %v (else an error naming %s)", ev, c.wantOK, c.code)
+				}
+			}
+			_, passes, _, _ := h.Stats(t)
+			if want := map[bool]int64{true: 1, false: 0}[c.wantOK]; passes != want {
+				t.Errorf("stage_passes = %d after the step, want %d (applied once, or not at all)", passes, want)
+			}
+		})
+	}
+}
+
+func TestRetryableOnlyForSerializationFailureAndDeadlock(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "40001"}, true},
+		{&pgconn.PgError{Code: "40P01"}, true},
+		{fmt.Errorf("claim: %w", &pgconn.PgError{Code: "40001"}), true},
+		{&pgconn.PgError{Code: "40003"}, false},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{errors.New("ERROR: could not serialize access (SQLSTATE 40001)"), false},
+		{context.Canceled, false},
+		{nil, false},
+	} {
+		if got := pgqueue.Retryable(c.err); got != c.want {
+			t.Errorf("Retryable(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// TestWakeNotifiesIngressOnlyWhenItWokeRows: any tool that makes rows pending
+// notifies ingress; a wake that found nothing due does not.
+func TestWakeNotifiesIngressOnlyWhenItWokeRows(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	listener := pgtest.Connect(t, h.url)
+	other := pgtest.Connect(t, h.url)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
+		t.Fatal(err)
+	}
+	ids := h.Insert(t, "a", 1)
+	if n, err := listener.WaitForNotification(ctx); err != nil || n.Payload != "" {
+		t.Fatalf("insert notification = %v, %v; want one with an empty payload", n, err)
+	}
+	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	h.Stage(t, ids[0], "a", "a", "paused", time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+
+	mustExec(t, h, []core.Command{core.Wake{Op: 2, Now: time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC)}})
+	if _, err := other.Exec(ctx, "SELECT pg_notify('ingress', 'marker')"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := listener.WaitForNotification(ctx); err != nil || n.Payload != "marker" {
+		t.Fatalf("after a wake that woke nothing, first notification = %v, %v; want the marker (no notify from the wake)", n, err)
+	}
+
+	evs := mustExec(t, h, []core.Command{core.Wake{Op: 3, Now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}})
+	if w := evs[0].(core.Woken); w.Count != 1 {
+		t.Fatalf("wake = %v, want count 1", w)
+	}
+	if n, err := listener.WaitForNotification(ctx); err != nil || n.Payload != "" || n.Channel != "ingress" {
+		t.Fatalf("after a wake that woke a row, notification = %v, %v; want one on ingress", n, err)
+	}
+}
+
+// TestStateThatIsNotAnObjectIsWrapped: a stage may store any JSON in state; a
+// failure reason must still be recorded, and must not fail the whole step.
+func TestStateThatIsNotAnObjectIsWrapped(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 1)
+	h.exec(t, `UPDATE pepsi.queue SET state = '[1, 2]' WHERE ingress_id = $1`, ids[0])
+	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	evs := mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: []core.Item{{ID: ids[0], Stage: "a", Status: "failed", Reason: "boom"}}}})
+	if o := evs[0].(core.Resolved).Outcomes[0]; o.Status != "failed" || o.Error != "boom" {
+		t.Fatalf("outcome = %v, want failed with error boom", o)
+	}
+	var state string
+	if err := h.pool.QueryRow(t.Context(), "SELECT state::text FROM pepsi.queue WHERE ingress_id = $1", ids[0]).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"state": [1, 2], "dispatch_error": "boom"}`; state != want {
+		t.Fatalf("state = %s, want %s", state, want)
+	}
+}
+
+// BenchmarkStep measures the dispatcher's usual step, resolving 48 items and
+// claiming 3 stages × 16, on a queue with a backlog. The resolve requeues the rows
+// the previous step claimed, so the backlog stays the same size.
+func BenchmarkStep(b *testing.B) {
+	h := newHarness(b)
+	stages := []string{"s0", "s1", "s2"}
+	if _, err := h.pool.Exec(b.Context(),
+		"INSERT INTO pepsi.queue (stage) SELECT 's' || (i % 3) FROM generate_series(1, 30000) i"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := h.pool.Exec(b.Context(), "VACUUM ANALYZE pepsi.queue"); err != nil {
+		b.Fatal(err)
+	}
+	var prev []int64
+	op := int64(0)
+	run := func() {
+		// Every item names stage s0; for rows of s1 and s2 that reads as "the stage
+		// advanced it", which requeues them just the same.
+		evs := mustExec(b, h, step(op, prev, stages, 16))
+		op += 2
+		prev = claimedIDs(evs[1])
+		if len(prev) != 48 {
+			b.Fatalf("step claimed %d rows, want 48", len(prev))
+		}
+	}
+	run() // prepares the statements on the connection
+	before, n := h.trips.Load(), 0
+	for b.Loop() {
+		run()
+		n++
+	}
+	b.ReportMetric(float64(h.trips.Load()-before)/float64(n), "round-trips/op")
+}
