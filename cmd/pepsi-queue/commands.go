@@ -1,0 +1,501 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/peterbourgon/ff/v3/ffcli"
+
+	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
+)
+
+func newFlags(name string) *flag.FlagSet {
+	return flag.NewFlagSet("pepsi-queue "+name, flag.ContinueOnError)
+}
+
+func noArgs(cmd string, args []string) error {
+	if len(args) > 0 {
+		return usagef(cmd, "unexpected arguments %q", args)
+	}
+	return nil
+}
+
+func migrateCmd(a *app) *ffcli.Command {
+	return &ffcli.Command{
+		Name:       "migrate",
+		ShortUsage: "pepsi-queue [global flags] migrate",
+		ShortHelp:  "apply or upgrade the pepsi schema (safe to run again)",
+		LongHelp: `Applies the embedded schema migrations that the database does not have yet,
+each in its own transaction, under an advisory lock, and prints the versions it
+applied. Running it again changes nothing. pepsi-dispatch never applies the
+schema itself: run this once per database, and after each upgrade.
+
+EXAMPLE
+  pepsi-queue -database postgres://pepsi@db/pepsi migrate`,
+		FlagSet: newFlags("migrate"),
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("migrate", args); err != nil {
+				return err
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				applied, err := schema.Migrate(ctx, conn)
+				if err != nil {
+					return err
+				}
+				if len(applied) == 0 {
+					fmt.Fprintf(a.stdout, "schema already at version %d; nothing to do\n", schema.Latest())
+					return nil
+				}
+				for _, v := range applied {
+					fmt.Fprintf(a.stdout, "applied schema version %d\n", v)
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func enqueueCmd(a *app) *ffcli.Command {
+	fs := newFlags("enqueue")
+	stage := fs.String("stage", "", "the `STAGE` the messages start at (required)")
+	n := fs.Int("n", 0, "enqueue `N` synthetic messages (\"synthetic message 1\", ...)")
+	ndjson := fs.Bool("ndjson", false, "read NDJSON objects from standard input instead of plain lines")
+	payload := fs.String("payload", "", "enqueue one message with this `TEXT` as its payload")
+	batch := fs.Int("batch", 1000, "messages per INSERT (and per commit), at most 10000")
+	return &ffcli.Command{
+		Name:       "enqueue",
+		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [< input]",
+		ShortHelp:  "add messages, pending at a stage",
+		LongHelp: `Adds messages to the queue as pending rows at -stage, in input order, and prints
+the range of ids they got. By default every non-empty line of standard input is
+one message (the line without its newline is the payload). With -ndjson every
+line is a JSON object:
+  {"payload": "text"}                    the string's bytes
+  {"payload": {"any": "json"}}           a non-string payload is its JSON text
+  {"payload_base64": "AAEC"}             binary payloads
+  {"payload": "x", "state": {"k": 1}}    with an initial state object
+Messages are inserted in batches (one statement and one commit each; the
+dispatcher is woken once per batch), so a long input starts flowing at once. If
+it fails midway, what was already committed stays, and the error says how much.
+
+EXAMPLES
+  seq 1 1000 | pepsi-queue -c /etc/pepsi.conf enqueue -stage parse
+  pepsi-queue enqueue -stage parse -n 10000
+  jq -c '{payload: .body, state: {source: "import"}}' dump.json | pepsi-queue enqueue -stage parse -ndjson
+  pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("enqueue", args); err != nil {
+				return err
+			}
+			if *stage == "" {
+				return usagef("enqueue", "-stage is required")
+			}
+			modes := 0
+			var src source = newLines(a.stdin, *ndjson)
+			if *n != 0 {
+				modes++
+				src = &synthetic{n: *n}
+			}
+			if *ndjson {
+				modes++
+			}
+			payloadSet := false
+			fs.Visit(func(f *flag.Flag) { payloadSet = payloadSet || f.Name == "payload" })
+			if payloadSet {
+				modes++
+				src = &single{payload: []byte(*payload)}
+			}
+			switch {
+			case modes > 1:
+				return usagef("enqueue", "-n, -ndjson and -payload exclude each other")
+			case *n < 0:
+				return usagef("enqueue", "-n %d: want a positive number", *n)
+			case *batch <= 0 || *batch > queueadmin.EnqueueBatchMax:
+				return usagef("enqueue", "-batch %d: want 1 to %d", *batch, queueadmin.EnqueueBatchMax)
+			}
+			if err := a.checkStage("enqueue", "-stage", *stage); err != nil {
+				return err
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				total, err := enqueueAll(ctx, conn, *stage, src, *batch)
+				if total.Count == 0 && err == nil {
+					fmt.Fprintf(a.stdout, "enqueued nothing: the input had no messages\n")
+					return nil
+				}
+				if err != nil {
+					if total.Count > 0 {
+						return fmt.Errorf("enqueue stopped after %s (%s committed): %w", messages(total.Count), describeIDs(total), err)
+					}
+					return err
+				}
+				fmt.Fprintf(a.stdout, "enqueued %s at stage %s: %s\n", messages(total.Count), *stage, describeIDs(total))
+				return nil
+			})
+		},
+	}
+}
+
+// enqueueAll reads src to the end and inserts it in batches, returning what was
+// committed even when it fails.
+func enqueueAll(ctx context.Context, conn *pgx.Conn, stage string, src source, batch int) (queueadmin.Range, error) {
+	var total queueadmin.Range
+	msgs := make([]queueadmin.NewMessage, 0, batch)
+	flush := func() error {
+		if len(msgs) == 0 {
+			return nil
+		}
+		r, err := queueadmin.Enqueue(ctx, conn, stage, msgs)
+		if err != nil {
+			return err
+		}
+		if total.Count == 0 {
+			total.First = r.First
+		}
+		total.First, total.Last = min(total.First, r.First), max(total.Last, r.Last)
+		total.Count += r.Count
+		msgs = msgs[:0]
+		return nil
+	}
+	for {
+		m, err := src.next()
+		if errors.Is(err, io.EOF) {
+			return total, flush()
+		}
+		if err != nil {
+			return total, err
+		}
+		msgs = append(msgs, m)
+		if len(msgs) == batch {
+			if err := flush(); err != nil {
+				return total, err
+			}
+		}
+	}
+}
+
+// messages is "1 message" or "N messages".
+func messages(n int64) string {
+	if n == 1 {
+		return "1 message"
+	}
+	return fmt.Sprintf("%d messages", n)
+}
+
+func describeIDs(r queueadmin.Range) string {
+	if r.Count == 1 {
+		return fmt.Sprintf("id %d", r.First)
+	}
+	s := fmt.Sprintf("ids %d-%d", r.First, r.Last)
+	if r.Last-r.First+1 != r.Count {
+		s += " (not contiguous: something else inserted at the same time)"
+	}
+	return s
+}
+
+func statsCmd(a *app) *ffcli.Command {
+	return &ffcli.Command{
+		Name:       "stats",
+		ShortUsage: "pepsi-queue [global flags] stats",
+		ShortHelp:  "counts per stage and status, and the dispatcher's statistics",
+		LongHelp: `Prints how many messages each stage has in each status, how long the oldest
+pending message of each stage has waited, and the statistics pepsi-dispatch
+flushes (every STATS_INTERVAL, when the pipeline goes idle, and on shutdown):
+per stage, messages processed, failed, timed out, worker crashes and the mean
+processing time; overall, stage passes and messages that left the pipeline.
+The counts scan the whole queue.
+
+EXAMPLE
+  watch -n 2 pepsi-queue -c /etc/pepsi.conf stats`,
+		FlagSet: newFlags("stats"),
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("stats", args); err != nil {
+				return err
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				s, err := queueadmin.ReadStats(ctx, conn)
+				if err != nil {
+					return err
+				}
+				printStats(a.stdout, s, time.Now())
+				return nil
+			})
+		},
+	}
+}
+
+var statusColumns = []string{"pending", "running", "paused", "done", "failed", "timeout"}
+
+// printStats writes the stats tables; the demo prints the same ones.
+func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "QUEUE (messages per stage and status)")
+	fmt.Fprintf(tw, "stage\t%s\toldest pending\n", strings.Join(statusColumns, "\t"))
+	var stages []string
+	counts := map[string]map[string]int64{}
+	wait := map[string]time.Duration{}
+	for _, d := range s.Depth {
+		if counts[d.Stage] == nil {
+			counts[d.Stage] = map[string]int64{}
+			stages = append(stages, d.Stage)
+		}
+		counts[d.Stage][d.Status] += d.Count
+		if d.Status == "pending" {
+			wait[d.Stage] = d.OldestWait
+		}
+	}
+	totals := map[string]int64{}
+	for _, st := range stages {
+		fmt.Fprintf(tw, "%s\t", st)
+		for _, status := range statusColumns {
+			fmt.Fprintf(tw, "%d\t", counts[st][status])
+			totals[status] += counts[st][status]
+		}
+		w := "-"
+		if counts[st]["pending"] > 0 {
+			w = wait[st].Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\n", w)
+	}
+	fmt.Fprintf(tw, "total")
+	for _, status := range statusColumns {
+		fmt.Fprintf(tw, "\t%d", totals[status])
+	}
+	fmt.Fprintf(tw, "\n")
+	tw.Flush()
+
+	fmt.Fprintln(w, "\nSTAGES (pepsi.stage_stats, written by pepsi-dispatch)")
+	if len(s.Stages) == 0 {
+		fmt.Fprintln(w, "  none yet (the dispatcher has not flushed any)")
+	} else {
+		fmt.Fprintf(tw, "stage\tprocessed\tfailed\ttimeouts\tcrashes\tmean time\tupdated\n")
+		for _, st := range s.Stages {
+			mean := "-"
+			if st.Processed > 0 {
+				mean = (time.Duration(st.ProcessingUS/st.Processed) * time.Microsecond).String()
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s ago\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
+				mean, now.Sub(st.UpdatedAt).Round(time.Second))
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "\nDISPATCH: %d stage passes, %d messages left the pipeline (updated %s ago)\n",
+		s.Dispatch.StagePasses, s.Dispatch.MessagesLeft, now.Sub(s.Dispatch.UpdatedAt).Round(time.Second))
+}
+
+func showCmd(a *app) *ffcli.Command {
+	fs := newFlags("show")
+	payloadOnly := fs.Bool("payload", false, "print only the payload, as raw bytes")
+	return &ffcli.Command{
+		Name:       "show",
+		ShortUsage: "pepsi-queue [global flags] show [-payload] ID",
+		ShortHelp:  "one message: stage, status, timeout, state, payload size, times",
+		LongHelp: `Prints one message: where it is (stage, status, paused timeout), its state
+object (where stages keep their results and the dispatcher its dispatch_error),
+the size of its payload and when it was created and last changed. With -payload,
+prints only the payload bytes, for piping.
+
+EXAMPLES
+  pepsi-queue show 42
+  pepsi-queue show -payload 42 | hexdump -C`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if len(args) != 1 {
+				return usagef("show", "want exactly one message id, got %d arguments", len(args))
+			}
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id <= 0 {
+				return usagef("show", "%q is not a message id (a positive whole number)", args[0])
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				m, err := queueadmin.Show(ctx, conn, id)
+				if errors.Is(err, queueadmin.ErrNotFound) {
+					return fmt.Errorf("message %d does not exist", id)
+				}
+				if err != nil {
+					return err
+				}
+				if *payloadOnly {
+					_, err := a.stdout.Write(m.Payload)
+					return err
+				}
+				printMessage(a.stdout, m, time.Now())
+				return nil
+			})
+		},
+	}
+}
+
+func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "message\t%d\n", m.ID)
+	fmt.Fprintf(tw, "stage\t%s\n", m.Stage)
+	fmt.Fprintf(tw, "status\t%s\n", m.Status)
+	if m.Timeout != nil {
+		rel := "due"
+		if d := m.Timeout.Sub(now).Round(time.Millisecond); d > 0 {
+			rel = "in " + d.String()
+		}
+		fmt.Fprintf(tw, "timeout\t%s (%s)\n", m.Timeout.Format(time.RFC3339Nano), rel)
+	}
+	fmt.Fprintf(tw, "payload\t%d bytes\n", len(m.Payload))
+	fmt.Fprintf(tw, "created\t%s\n", m.CreatedAt.Format(time.RFC3339Nano))
+	fmt.Fprintf(tw, "updated\t%s (%s ago)\n", m.UpdatedAt.Format(time.RFC3339Nano), now.Sub(m.UpdatedAt).Round(time.Millisecond))
+	tw.Flush()
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, m.State, "", "  "); err != nil {
+		pretty.Reset()
+		pretty.Write(m.State)
+	}
+	fmt.Fprintf(w, "state\n%s\n", pretty.String())
+}
+
+func retryCmd(a *app) *ffcli.Command {
+	fs := newFlags("retry")
+	id := fs.Int64("id", 0, "retry only the message with this `ID`")
+	stage := fs.String("stage", "", "retry only messages at this `STAGE`")
+	status := fs.String("status", "", "retry only `failed` or only `timeout` messages (default: both)")
+	to := fs.String("to", "", "send the messages to this `STAGE` instead of the one they are at")
+	all := fs.Bool("all", false, "retry every failed and timed-out message (needed when no other filter is given)")
+	return &ffcli.Command{
+		Name:       "retry",
+		ShortUsage: "pepsi-queue [global flags] retry [-id ID] [-stage STAGE] [-status failed|timeout] [-to STAGE] [-all]",
+		ShortHelp:  "send failed or timed-out messages round again",
+		LongHelp: `Makes failed and timed-out messages pending again, at the stage they are at (or
+at -to), and wakes the dispatcher. Each retried message's state.dispatch_error
+(the dispatcher's reason) moves into the array state.dispatch_error_history,
+one entry per retry with the error, the status, the stage and the time; the
+stage's own state (including a state.error a stage wrote) is left as it is.
+Pending, running, paused and done messages are never touched. With no filter,
+-all is required, so that a bare "retry" cannot resend everything by accident.
+
+EXAMPLES
+  pepsi-queue retry -id 42
+  pepsi-queue retry -stage deliver -status timeout
+  pepsi-queue retry -stage parse -to parse-v2
+  pepsi-queue retry -all`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("retry", args); err != nil {
+				return err
+			}
+			f := queueadmin.RetryFilter{ID: *id, Stage: *stage, To: *to}
+			switch *status {
+			case "":
+			case "failed", "timeout":
+				f.Statuses = []string{*status}
+			default:
+				return usagef("retry", "-status %q: want failed or timeout", *status)
+			}
+			if *id < 0 {
+				return usagef("retry", "-id %d is not a message id", *id)
+			}
+			if *id == 0 && *stage == "" && *status == "" && !*all {
+				return usagef("retry", "no filter given: use -id, -stage or -status, or -all to retry every failed and timed-out message")
+			}
+			if *to != "" {
+				if err := a.checkStage("retry", "-to", *to); err != nil {
+					return err
+				}
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				n, err := queueadmin.Retry(ctx, conn, f)
+				if err != nil {
+					return err
+				}
+				if n == 0 && *id != 0 {
+					return fmt.Errorf("message %d was not retried: it does not exist, or is not failed or timed out (see pepsi-queue show %d)", *id, *id)
+				}
+				fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
+				return nil
+			})
+		},
+	}
+}
+
+func purgeCmd(a *app) *ffcli.Command {
+	fs := newFlags("purge")
+	olderThan := fs.String("older-than", "", "delete finished messages unchanged for this `AGE` (required): 24h, 90m, 7d")
+	batch := fs.Int("batch", 1000, "rows deleted per transaction")
+	status := fs.String("status", "", "delete only `done`, `failed` or `timeout` messages (comma-separated; default all three)")
+	return &ffcli.Command{
+		Name:       "purge",
+		ShortUsage: "pepsi-queue [global flags] purge -older-than AGE [-batch N] [-status done,failed,timeout]",
+		ShortHelp:  "delete finished messages older than an age",
+		LongHelp: `Deletes messages that left the pipeline (done, failed or timeout) and have not
+changed for at least -older-than, in batches of -batch rows, each its own
+transaction, so a large purge neither holds many locks nor one long
+transaction. Pending, running and paused messages are never deleted. AGE is a
+Go duration (90m, 36h) or a number of days (7d).
+
+EXAMPLES
+  pepsi-queue purge -older-than 7d
+  pepsi-queue purge -older-than 24h -status done -batch 5000`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("purge", args); err != nil {
+				return err
+			}
+			if *olderThan == "" {
+				return usagef("purge", "-older-than is required (for example -older-than 7d)")
+			}
+			age, err := parseAge(*olderThan)
+			if err != nil {
+				return usagef("purge", "-older-than: %v", err)
+			}
+			if *batch <= 0 || *batch > 1_000_000 {
+				return usagef("purge", "-batch %d: want 1 to 1000000", *batch)
+			}
+			var statuses []string
+			if *status != "" {
+				for _, s := range strings.Split(*status, ",") {
+					s = strings.TrimSpace(s)
+					if s != "done" && s != "failed" && s != "timeout" {
+						return usagef("purge", "-status: %q is not done, failed or timeout", s)
+					}
+					statuses = append(statuses, s)
+				}
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				n, err := queueadmin.Purge(ctx, conn, age, *batch, statuses, nil)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "purged %s unchanged for %s\n", messages(n), *olderThan)
+				return nil
+			})
+		},
+	}
+}
+
+// parseAge reads a Go duration or a whole number of days ("7d").
+func parseAge(s string) (time.Duration, error) {
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n > 100*365 {
+			return 0, fmt.Errorf("%q is not a number of days like 7d", s)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return 0, fmt.Errorf("%q is not an age like 24h, 90m or 7d", s)
+		}
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("%q must be positive", s)
+	}
+	return d, nil
+}

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// The binary under test, built once per test run.
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// TestMain removes the built binary after the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "pepsi-queue-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "pepsi-queue")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build pepsi-queue: %v", buildErr)
+	}
+	return binPath
+}
+
+// result is what one run of the binary did.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// pq runs pepsi-queue with args, stdin and extra environment. PEPSI_DATABASE and
+// the PG* variables of the test's own environment are not passed on.
+func pq(t *testing.T, stdin string, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("run pepsi-queue %q: %v", args, err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// expect fails the test unless r exited with code and its stdout and stderr
+// contain the given texts.
+func (r result) expect(t *testing.T, what string, code int, stdout, stderr string) {
+	t.Helper()
+	if r.code != code || !strings.Contains(r.stdout, stdout) || !strings.Contains(r.stderr, stderr) {
+		t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d, stdout containing %q, stderr containing %q",
+			what, r.code, r.stdout, r.stderr, code, stdout, stderr)
+	}
+}
+
+func writeFile(t *testing.T, name, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func scalar(t *testing.T, url, query string) string {
+	t.Helper()
+	var s string
+	if err := pgtest.Connect(t, url).QueryRow(context.Background(), query).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return s
+}
+
+func TestMigrateAppliesTheSchemaOnceThenHasNothingToDo(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	pq(t, "", nil, "-database", url, "migrate").expect(t, "first migrate", 0, "applied schema version 1", "")
+	pq(t, "", nil, "-database", url, "migrate").expect(t, "second migrate", 0, "schema already at version 1; nothing to do", "")
+	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.schema_migrations"); n != "1" {
+		t.Errorf("schema_migrations has %s rows, want 1", n)
+	}
+}
+
+func TestEnqueueFromLinesSyntheticNDJSONAndPayload(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	env := []string{"PEPSI_DATABASE=" + url}
+	pq(t, "a\nb\n\nc\n", env, "enqueue", "-stage", "parse", "-batch", "2").
+		expect(t, "lines", 0, "enqueued 3 messages at stage parse: ids 1-3", "")
+	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "2500").
+		expect(t, "synthetic", 0, "enqueued 2500 messages at stage parse: ids 4-2503", "")
+	pq(t, `{"payload": "j", "state": {"src": "ndjson"}}`+"\n", env, "enqueue", "-stage", "enrich", "-ndjson").
+		expect(t, "ndjson", 0, "enqueued 1 message at stage enrich: id 2504", "")
+	pq(t, "", env, "enqueue", "-stage", "enrich", "-payload", "").
+		expect(t, "empty -payload", 0, "enqueued 1 message at stage enrich: id 2505", "")
+
+	got := scalar(t, url, `SELECT string_agg(ingress_id || ':' || stage || ':' || status || ':' || convert_from(payload, 'UTF8') || ':' || state::text, ' ' ORDER BY ingress_id)
+		FROM pepsi.queue WHERE ingress_id IN (1, 2, 3, 4, 2503, 2504, 2505)`)
+	want := `1:parse:pending:a:{} 2:parse:pending:b:{} 3:parse:pending:c:{} 4:parse:pending:synthetic message 1:{} ` +
+		`2503:parse:pending:synthetic message 2500:{} 2504:enrich:pending:j:{"src": "ndjson"} 2505:enrich:pending::{}`
+	if got != want {
+		t.Errorf("rows =\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestEnqueueRefusesStagesTheConfigurationDoesNotHave(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	file := writeFile(t, "pepsi.conf", "[pepsi]\nDATABASE = "+url+"\n[stage-parse]\nPROGRAM = p\n[stage-deliver]\nPROGRAM = d\n")
+	pq(t, "", nil, "-c", file, "enqueue", "-stage", "prase", "-n", "1").
+		expect(t, "unknown stage", 2, "", `-stage: stage "prase" is not in `+file+" (its stages: deliver, parse)")
+	pq(t, "", nil, "-c", file, "enqueue", "-stage", "parse", "-n", "1").
+		expect(t, "known stage, database from the configuration", 0, "enqueued 1 message", "")
+	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.queue"); n != "1" {
+		t.Errorf("queue has %s rows, want 1 (the refused enqueue must insert nothing)", n)
+	}
+}
+
+func TestEnqueueUsageErrorsExitTwo(t *testing.T) {
+	t.Parallel()
+	env := []string{"PEPSI_DATABASE=postgres://127.0.0.1:1/none"}
+	pq(t, "", env, "enqueue", "-n", "3").expect(t, "no -stage", 2, "", "-stage is required")
+	pq(t, "", env, "enqueue", "-stage", "a", "-n", "3", "-ndjson").expect(t, "two modes", 2, "", "exclude each other")
+	pq(t, "", env, "enqueue", "-stage", "a", "-n", "x").expect(t, "bad -n", 2, "", `invalid value "x" for flag -n`)
+	pq(t, "", env, "enqueue", "-stage", "a", "extra").expect(t, "stray argument", 2, "", `unexpected arguments ["extra"]`)
+	pq(t, "", env, "frobnicate").expect(t, "unknown subcommand", 2, "", `unknown subcommand "frobnicate"`)
+	bad := writeFile(t, "bad.conf", "[pepsi]\nDATABASE = x\n[stage-a]\n")
+	pq(t, "", nil, "-c", bad, "stats").expect(t, "bad configuration", 2, "", bad+":3: PROGRAM: [stage-a] has no PROGRAM")
+}
+
+func TestEnqueueStoppedByBadInputReportsWhatWasCommitted(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	input := `{"payload": "1"}` + "\n" + `{"payload": "2"}` + "\n" + `{"payload": 3, "oops": 1}` + "\n"
+	pq(t, input, []string{"PEPSI_DATABASE=" + url}, "enqueue", "-stage", "parse", "-ndjson", "-batch", "1").
+		expect(t, "bad third line", 1, "", `enqueue stopped after 2 messages (ids 1-2 committed): input line 3: unknown field "oops"`)
+}
+
+func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	env := []string{"PEPSI_DATABASE=" + url}
+	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "5").expect(t, "enqueue", 0, "enqueued 5", "")
+	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
+		UPDATE pepsi.queue SET status = 'done', stage = 'deliver' WHERE ingress_id <= 2;
+		INSERT INTO pepsi.stage_stats (stage, processed, failed, crashes, processing_us) VALUES ('parse', 4, 1, 2, 8000);
+		UPDATE pepsi.dispatch_stats SET stage_passes = 11, messages_left = 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := pq(t, "", env, "stats")
+	r.expect(t, "stats", 0, "DISPATCH: 11 stage passes, 2 messages left the pipeline", "")
+	for _, re := range []string{
+		`(?m)^deliver +0 +0 +0 +2 +0 +0 +-$`,
+		`(?m)^parse +3 +0 +0 +0 +0 +0 +\d+s$`,
+		`(?m)^total +3 +0 +0 +2 +0 +0$`,
+		`(?m)^parse +4 +1 +0 +2 +2ms +\d+s ago$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("stats output has no line matching %s:\n%s", re, r.stdout)
+		}
+	}
+}
+
+func TestShowPrintsOneMessage(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	env := []string{"PEPSI_DATABASE=" + url}
+	pq(t, `{"payload": "hello", "state": {"k": "v"}}`+"\n", env, "enqueue", "-stage", "parse", "-ndjson").expect(t, "enqueue", 0, "id 1", "")
+	r := pq(t, "", env, "show", "1")
+	r.expect(t, "show", 0, "stage    parse\nstatus   pending\npayload  5 bytes\n", "")
+	r.expect(t, "show state", 0, "state\n{\n  \"k\": \"v\"\n}\n", "")
+	pq(t, "", env, "show", "-payload", "1").expect(t, "show -payload", 0, "hello", "")
+	pq(t, "", env, "show", "7").expect(t, "missing", 1, "", "message 7 does not exist")
+	pq(t, "", env, "show", "x7").expect(t, "bad id", 2, "", `"x7" is not a message id`)
+	pq(t, "", env, "show").expect(t, "no id", 2, "", "want exactly one message id")
+}
+
+func TestRetryThenPurgeEndToEnd(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	env := []string{"PEPSI_DATABASE=" + url}
+	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "6").expect(t, "enqueue", 0, "ids 1-6", "")
+	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
+		UPDATE pepsi.queue SET status = 'failed', state = '{"dispatch_error": "exit 3"}' WHERE ingress_id IN (1, 2);
+		UPDATE pepsi.queue SET status = 'timeout', stage = 'deliver' WHERE ingress_id = 3;
+		UPDATE pepsi.queue SET status = 'done', updated_at = now() - interval '3 days' WHERE ingress_id IN (4, 5)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq(t, "", env, "retry").expect(t, "retry without a filter", 2, "", "no filter given")
+	pq(t, "", env, "retry", "-status", "done").expect(t, "retry done", 2, "", `-status "done": want failed or timeout`)
+	pq(t, "", env, "retry", "-id", "4").expect(t, "retry a done message", 1, "", "message 4 was not retried")
+	pq(t, "", env, "retry", "-id", "1").expect(t, "retry one", 0, "retried 1 message: pending again", "")
+	pq(t, "", env, "retry", "-status", "timeout", "-to", "parse").expect(t, "retry timeouts", 0, "retried 1 message", "")
+	pq(t, "", env, "retry", "-all").expect(t, "retry the rest", 0, "retried 1 message", "")
+	got := scalar(t, url, `SELECT string_agg(ingress_id || ':' || stage || ':' || status || ':' || (state->'dispatch_error_history'->0->>'status'), ' ' ORDER BY ingress_id)
+		FROM pepsi.queue WHERE ingress_id <= 3`)
+	if want := "1:parse:pending:failed 2:parse:pending:failed 3:parse:pending:timeout"; got != want {
+		t.Errorf("retried rows = %s, want %s", got, want)
+	}
+
+	pq(t, "", env, "purge").expect(t, "purge without age", 2, "", "-older-than is required")
+	pq(t, "", env, "purge", "-older-than", "2w").expect(t, "purge bad age", 2, "", `"2w" is not an age`)
+	pq(t, "", env, "purge", "-older-than", "4d").expect(t, "purge nothing that old", 0, "purged 0 messages", "")
+	pq(t, "", env, "purge", "-older-than", "2d", "-batch", "1").expect(t, "purge", 0, "purged 2 messages unchanged for 2d", "")
+	if got := scalar(t, url, "SELECT string_agg(ingress_id::text, ',' ORDER BY ingress_id) FROM pepsi.queue"); got != "1,2,3,6" {
+		t.Errorf("rows after purge = %s, want 1,2,3,6", got)
+	}
+}
+
+func TestUnreachableDatabaseIsNamedAndExitsOne(t *testing.T) {
+	t.Parallel()
+	r := pq(t, "", []string{"PEPSI_DATABASE=postgres://pepsi@127.0.0.1:1/queue?connect_timeout=2"}, "stats")
+	r.expect(t, "unreachable", 1, "", `connect to PostgreSQL at 127.0.0.1:1 (database "queue", user "pepsi")`)
+	// -database beats PEPSI_DATABASE.
+	r = pq(t, "", []string{"PEPSI_DATABASE=postgres://a@127.0.0.1:1/x"}, "-database", "postgres://b@127.0.0.1:2/y?connect_timeout=2", "stats")
+	r.expect(t, "flag over environment", 1, "", "127.0.0.1:2")
+}
+
+func TestHelpTeachesWithExamples(t *testing.T) {
+	t.Parallel()
+	pq(t, "", nil, "--help").expect(t, "--help", 0, "EXAMPLES\n  pepsi-queue -c /etc/pepsi.conf migrate", "")
+	for _, sub := range []string{"migrate", "enqueue", "stats", "show", "retry", "purge"} {
+		r := pq(t, "", nil, sub, "-h")
+		r.expect(t, sub+" -h", 0, "EXAMPLE", "")
+		r.expect(t, sub+" -h", 0, "pepsi-queue [global flags] "+sub, "")
+	}
+	pq(t, "", nil).expect(t, "no subcommand", 2, "", "no subcommand given")
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNDJSONLinesBecomePayloadsAndStates(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		line, payload, state, err string
+	}{
+		{line: `{"payload": "héllo\n"}`, payload: "héllo\n"},
+		{line: `{"payload": {"b": [1, 2], "a": "x"}}`, payload: `{"b":[1,2],"a":"x"}`},
+		{line: `{"payload_base64": "AAH/"}`, payload: "\x00\x01\xff"},
+		{line: `{"payload": "x", "state": {"source": "import"}}`, payload: "x", state: `{"source": "import"}`},
+		{line: `{"payload": "x", "state": null}`, payload: "x"},
+		{line: `{"payload": "x", "stage": "parse"}`, err: `unknown field "stage" (want payload or payload_base64, and optionally state)`},
+		{line: `{"state": {}}`, err: "no payload"},
+		{line: `{"payload": "x", "payload_base64": "AA=="}`, err: "both payload and payload_base64"},
+		{line: `{"payload": "x", "state": [1]}`, err: "not a JSON object"},
+		{line: `{"payload_base64": "%%"}`, err: "payload_base64"},
+		{line: `"just a string"`, err: "not a JSON object"},
+		{line: `{"payload": "a"} {"payload": "b"}`, err: "more than one JSON value"},
+	}
+	for _, c := range cases {
+		m, err := ndjsonMessage([]byte(c.line))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: err = %v, want one containing %q", c.line, err, c.err)
+			}
+			continue
+		}
+		if err != nil || string(m.Payload) != c.payload || string(m.State) != c.state {
+			t.Errorf("%s: got payload %q state %q err %v; want payload %q state %q", c.line, m.Payload, m.State, err, c.payload, c.state)
+		}
+	}
+}
+
+func TestLinesSkipBlankLinesAndStripLineEnds(t *testing.T) {
+	t.Parallel()
+	src := newLines(strings.NewReader("a\r\n\n  \nb b\nlast"), false)
+	var got []string
+	for {
+		m, err := src.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(m.Payload))
+	}
+	if strings.Join(got, "|") != "a|b b|last" {
+		t.Errorf("payloads = %q, want [a \"b b\" last]", got)
+	}
+}
+
+func TestNDJSONErrorNamesTheInputLine(t *testing.T) {
+	t.Parallel()
+	src := newLines(strings.NewReader("{\"payload\":\"a\"}\n\n{oops}\n"), true)
+	if _, err := src.next(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.next(); err == nil || !strings.HasPrefix(err.Error(), "input line 3:") {
+		t.Errorf("error = %v, want it to name input line 3", err)
+	}
+}
+
+func TestParseAgeAcceptsDurationsAndDays(t *testing.T) {
+	t.Parallel()
+	good := map[string]time.Duration{"24h": 24 * time.Hour, "90m": 90 * time.Minute, "7d": 7 * 24 * time.Hour, "1h30m": 90 * time.Minute}
+	for s, want := range good {
+		if got, err := parseAge(s); err != nil || got != want {
+			t.Errorf("parseAge(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "7", "-1h", "0d", "xd", "1w"} {
+		if got, err := parseAge(s); err == nil {
+			t.Errorf("parseAge(%q) = %v, want an error", s, got)
+		}
+	}
+}

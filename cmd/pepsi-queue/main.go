@@ -1,0 +1,221 @@
+// Command pepsi-queue is the operator's tool for the PEPSI queue: it applies the
+// schema, enqueues messages, shows counts, statistics and single messages, sends
+// failed messages round again and purges finished ones. Its SQL lives in
+// shell/queueadmin; this file parses flags and prints. It never claims or runs
+// messages (pepsi-dispatch alone does) and never writes the statistics tables.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/peterbourgon/ff/v3"
+	"github.com/peterbourgon/ff/v3/ffcli"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError is a mistake on the command line: exit 2, with a pointer to -h.
+type usageError struct {
+	cmd string
+	msg string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(cmd, format string, args ...any) error {
+	return &usageError{cmd: cmd, msg: fmt.Sprintf(format, args...)}
+}
+
+// app is what every subcommand shares: the global flags and the standard streams.
+type app struct {
+	configFile string
+	database   string
+	stdin      io.Reader
+	stdout     io.Writer
+	stderr     io.Writer
+	config     *conf.Config // loaded by setup when -c is given
+}
+
+const rootHelp = `pepsi-queue inspects and manages the PEPSI queue, the table pepsi.queue in
+PostgreSQL: it applies the schema, puts messages in, shows counts, statistics and
+single messages, sends failed messages round again and purges finished ones. It
+never runs messages: pepsi-dispatch does.
+
+Global flags go before the subcommand. The database is -database, else
+$PEPSI_DATABASE, else [pepsi] DATABASE of the -c file, else the libpq PG*
+environment (PGHOST, PGDATABASE, ...). With -c, stage names are checked against
+the file's [stage-NAME] sections.
+
+EXAMPLES
+  pepsi-queue -c /etc/pepsi.conf migrate          apply or upgrade the schema
+  seq 1 100 | pepsi-queue enqueue -stage parse    one message per input line
+  pepsi-queue enqueue -stage parse -n 10000       10000 synthetic messages
+  pepsi-queue enqueue -stage parse -ndjson < m.ndjson
+  pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'
+  pepsi-queue stats                               what is where, and throughput
+  pepsi-queue show 42                             one message, with its state
+  pepsi-queue retry -stage deliver -status timeout
+  pepsi-queue purge -older-than 7d                delete old finished messages
+
+Each subcommand explains itself: pepsi-queue enqueue -h.
+
+EXIT STATUS
+  0 success; 1 failure (database unreachable, no such message, ...);
+  2 bad command line or configuration.`
+
+// newRoot builds the command tree around a.
+func newRoot(a *app, parseOut io.Writer) *ffcli.Command {
+	fs := flag.NewFlagSet("pepsi-queue", flag.ContinueOnError)
+	fs.SetOutput(parseOut)
+	fs.StringVar(&a.configFile, "c", "", "pepsi.conf `FILE` (for [pepsi] DATABASE and the stage names)")
+	fs.StringVar(&a.database, "database", "", "PostgreSQL `URL` or key=value string (env PEPSI_DATABASE)")
+	root := &ffcli.Command{
+		Name:       "pepsi-queue",
+		ShortUsage: "pepsi-queue [-c FILE] [-database URL] <subcommand> [flags] [args]",
+		LongHelp:   rootHelp,
+		FlagSet:    fs,
+		Options:    []ff.Option{ff.WithEnvVarPrefix("PEPSI")},
+		Exec: func(_ context.Context, args []string) error {
+			if len(args) > 0 {
+				return usagef("", "unknown subcommand %q (want migrate, enqueue, stats, show, retry or purge)", args[0])
+			}
+			return usagef("", "no subcommand given (want migrate, enqueue, stats, show, retry or purge)")
+		},
+	}
+	root.Subcommands = []*ffcli.Command{
+		migrateCmd(a), enqueueCmd(a), statsCmd(a), showCmd(a), retryCmd(a), purgeCmd(a),
+	}
+	for _, sub := range root.Subcommands {
+		sub.FlagSet.SetOutput(parseOut)
+	}
+	return root
+}
+
+// run is the whole program; it returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// The flag package writes help and its own errors (followed by the whole
+	// usage) while parsing: collect them, so that asked-for help goes to stdout and
+	// a mistake gets one line and a pointer to the help.
+	var parseOut bytes.Buffer
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := newRoot(a, &parseOut)
+	if err := root.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			stdout.Write(parseOut.Bytes()) //nolint:errcheck // nothing to do if stdout is gone
+			return exitOK
+		}
+		msg := err.Error()
+		if first, _, _ := strings.Cut(parseOut.String(), "\n"); first != "" {
+			msg = first
+		}
+		name := "pepsi-queue"
+		for _, arg := range args {
+			for _, sub := range root.Subcommands {
+				if arg == sub.Name && name == "pepsi-queue" {
+					name += " " + sub.Name
+				}
+			}
+		}
+		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, msg, name)
+		return exitUsage
+	}
+	err := root.Run(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		name := "pepsi-queue"
+		if ue.cmd != "" {
+			name += " " + ue.cmd
+		}
+		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, ue.msg, name)
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "pepsi-queue: %v\n", err)
+	return exitFailure
+}
+
+// loadConfig reads the -c file, if any. A bad file is a usage error: the
+// operator must fix it before anything can work.
+func (a *app) loadConfig() error {
+	if a.configFile == "" || a.config != nil {
+		return nil
+	}
+	text, err := os.ReadFile(a.configFile)
+	if err != nil {
+		return usagef("", "configuration: %v", err)
+	}
+	c, err := conf.Parse(a.configFile, string(text))
+	if err != nil {
+		return usagef("", "configuration: %v", err)
+	}
+	a.config = c
+	return nil
+}
+
+// connect loads the configuration and opens the database it names.
+func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
+	if err := a.loadConfig(); err != nil {
+		return nil, err
+	}
+	url := a.database
+	if url == "" && a.config != nil {
+		url = a.config.Database
+	}
+	return queueadmin.Connect(ctx, url)
+}
+
+// checkStage refuses a stage the configuration (when there is one) does not
+// have: a message sent there would wait forever.
+func (a *app) checkStage(cmd, flagName, stage string) error {
+	if err := a.loadConfig(); err != nil {
+		return err
+	}
+	if a.config == nil {
+		return nil
+	}
+	if _, ok := a.config.Stage(stage); ok {
+		return nil
+	}
+	names := make([]string, len(a.config.Stages))
+	for i, s := range a.config.Stages {
+		names[i] = s.Name
+	}
+	return usagef(cmd, "%s: stage %q is not in %s (its stages: %s)", flagName, stage, a.configFile, strings.Join(names, ", "))
+}
+
+// withConn connects, runs f, and closes the connection.
+func (a *app) withConn(ctx context.Context, f func(conn *pgx.Conn) error) error {
+	conn, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return f(conn)
+}
