@@ -1,0 +1,299 @@
+package pgqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LockKey is the PostgreSQL advisory lock a dispatcher holds, in session mode on
+// a connection of its own, for its whole life: one dispatcher per database. It
+// is the ASCII bytes of "pepsdisp"; pg_locks shows it as locktype advisory,
+// classid 1885696115, objid 1684632432, objsubid 1, in the queue's database
+// (advisory locks are per database, so dispatchers of different databases on one
+// server do not exclude each other). Operators may look for it:
+//
+//	SELECT pid FROM pg_locks WHERE locktype = 'advisory'
+//	  AND classid = 1885696115 AND objid = 1684632432 AND objsubid = 1
+//	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+const LockKey int64 = 0x7065707364697370
+
+// Standby and watch intervals of the lock.
+const (
+	// lockStandbyPoll is how often a standby asks for the lock.
+	lockStandbyPoll = time.Second
+	// lockCheckInterval is how often an idle lock connection is checked with a
+	// query (within lockCheckTimeout) that the lock is still held, so a silent
+	// network partition is noticed even though no error arrives.
+	lockCheckInterval = 10 * time.Second
+	lockCheckTimeout  = 5 * time.Second
+)
+
+// AppName is the application_name a dispatcher connects with, "pepsi-dispatch
+// HOST PID", so that pg_stat_activity, and the error a second dispatcher
+// reports, say which process holds the lock.
+func AppName() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return fmt.Sprintf("pepsi-dispatch %s %d", host, os.Getpid())
+}
+
+// HeldError is TryLock's answer when another session holds the dispatcher lock:
+// who it is, as pg_stat_activity shows it. Fields are empty where PostgreSQL
+// would not say (another role without pg_read_all_stats) or the holder left
+// between the two queries.
+type HeldError struct {
+	PID             int32
+	ApplicationName string
+	ClientAddr      string // "local" for a Unix-socket connection
+	BackendStart    time.Time
+}
+
+func (e *HeldError) Error() string {
+	if e.PID == 0 {
+		return "another pepsi-dispatch holds the dispatcher lock (it could not be identified; it may just have exited)"
+	}
+	start := "unknown"
+	if !e.BackendStart.IsZero() {
+		start = e.BackendStart.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("another pepsi-dispatch holds the dispatcher lock: pid %d, application_name %q, client %s, connected since %s",
+		e.PID, e.ApplicationName, orUnknown(e.ClientAddr), start)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// Lock is the held dispatcher lock. While it is held, no other dispatcher can
+// run against the database. If its connection dies the lock is gone (PostgreSQL
+// releases session locks with the session) and another dispatcher may start:
+// Lost is closed, and the daemon must stop writing.
+type Lock struct {
+	conn *pgx.Conn
+	log  *slog.Logger
+
+	lost    chan struct{}
+	lostErr error // set before lost is closed
+
+	stopWatch context.CancelFunc
+	watching  chan struct{} // closed when the watch goroutine has returned
+	release   sync.Once
+}
+
+// TryLock connects with config (setting application_name to AppName() unless
+// config sets one) and takes the dispatcher lock, or fails at once with a
+// *HeldError naming the holder.
+func TryLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*Lock, error) {
+	conn, err := lockConn(ctx, config)
+	if err != nil {
+		return nil, err
+	}
+	got, held, err := tryLock(ctx, conn)
+	if err != nil || !got {
+		closeQuietly(conn)
+		if err == nil {
+			err = held
+		}
+		return nil, err
+	}
+	return newLock(conn, log), nil
+}
+
+// WaitLock is TryLock for a standby: it asks for the lock every second until it
+// gets it or ctx is done, reconnecting if its connection fails meanwhile. It logs
+// who holds the lock when it starts waiting and whenever the holder changes.
+func WaitLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*Lock, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var conn *pgx.Conn
+	var holder int32 = -1
+	warned := false
+	for {
+		var err error
+		if conn == nil {
+			conn, err = lockConn(ctx, config)
+		}
+		if err == nil {
+			var got bool
+			var held *HeldError
+			got, held, err = tryLock(ctx, conn)
+			switch {
+			case err == nil && got:
+				log.Info("standby: took the dispatcher lock")
+				return newLock(conn, log), nil
+			case err == nil:
+				warned = false
+				if held.PID != holder {
+					holder = held.PID
+					log.Info("standby: waiting for the dispatcher lock", "holder", held.Error())
+				}
+			default:
+				closeQuietly(conn)
+				conn = nil
+			}
+		}
+		if err != nil && ctx.Err() == nil && !warned {
+			log.Warn("standby: cannot ask for the dispatcher lock; retrying", "err", err)
+			warned = true
+		}
+		if err := sleep(ctx, lockStandbyPoll); err != nil {
+			if conn != nil {
+				closeQuietly(conn)
+			}
+			return nil, err
+		}
+	}
+}
+
+func lockConn(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) {
+	config = config.Copy()
+	if config.RuntimeParams == nil {
+		config.RuntimeParams = map[string]string{}
+	}
+	if config.RuntimeParams["application_name"] == "" {
+		config.RuntimeParams["application_name"] = AppName()
+	}
+	conn, err := pgx.ConnectConfig(ctx, config)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher lock: connect: %w", err)
+	}
+	return conn, nil
+}
+
+// holderSQL names the session holding LockKey in this database.
+const holderSQL = `
+SELECT a.pid, coalesce(a.application_name, ''),
+       coalesce(host(a.client_addr), CASE WHEN a.client_port = -1 THEN 'local' ELSE '' END),
+       a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1
+LIMIT 1`
+
+// tryLock asks once. When the lock is held elsewhere it says by whom.
+func tryLock(ctx context.Context, conn *pgx.Conn) (got bool, held *HeldError, err error) {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", LockKey).Scan(&got); err != nil {
+		return false, nil, fmt.Errorf("dispatcher lock: %w", err)
+	}
+	if got {
+		return true, nil, nil
+	}
+	held = &HeldError{}
+	var start *time.Time
+	err = conn.QueryRow(ctx, holderSQL, LockKey).Scan(&held.PID, &held.ApplicationName, &held.ClientAddr, &start)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, held, nil
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("dispatcher lock: find holder: %w", err)
+	}
+	if start != nil {
+		held.BackendStart = *start
+	}
+	return false, held, nil
+}
+
+func newLock(conn *pgx.Conn, log *slog.Logger) *Lock {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Lock{conn: conn, log: log, lost: make(chan struct{}), stopWatch: cancel, watching: make(chan struct{})}
+	go l.watch(ctx)
+	return l
+}
+
+// Lost is closed when the lock's connection has died, and with it the lock.
+// Release does not close it.
+func (l *Lock) Lost() <-chan struct{} { return l.lost }
+
+// Err says why the lock was lost; nil while it is held.
+func (l *Lock) Err() error {
+	select {
+	case <-l.lost:
+		return l.lostErr
+	default:
+		return nil
+	}
+}
+
+// watch blocks on the lock's connection, which receives nothing unless it fails
+// (a terminated backend sends an error at once), and checks it with a query
+// when it has been quiet for lockCheckInterval.
+func (l *Lock) watch(ctx context.Context) {
+	defer close(l.watching)
+	for {
+		wctx, cancel := context.WithTimeout(ctx, lockCheckInterval)
+		_, err := l.conn.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return // released
+		}
+		if err == nil {
+			continue // nothing LISTENs on this connection; ignore strays
+		}
+		if wctx.Err() != nil && !l.conn.IsClosed() {
+			if err = l.check(ctx); err == nil {
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		l.lostErr = fmt.Errorf("dispatcher lock lost: %w", err)
+		l.log.Error("the dispatcher lock's connection died; another dispatcher may now start", "err", err)
+		close(l.lost)
+		return
+	}
+}
+
+// check asks PostgreSQL whether this session still holds the lock.
+func (l *Lock) check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, lockCheckTimeout)
+	defer cancel()
+	var held bool
+	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid()
+		AND locktype = 'advisory' AND granted
+		AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1)`, LockKey).Scan(&held)
+	if err != nil {
+		return err
+	}
+	if !held {
+		return errors.New("this session no longer holds it")
+	}
+	return nil
+}
+
+// Release gives the lock up and closes its connection. It is safe to call more
+// than once, and after the lock was lost.
+func (l *Lock) Release(ctx context.Context) error {
+	var err error
+	l.release.Do(func() {
+		l.stopWatch()
+		<-l.watching
+		if l.Err() == nil && !l.conn.IsClosed() {
+			if _, uerr := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", LockKey); uerr != nil {
+				// Closing the session below releases the lock anyway.
+				err = fmt.Errorf("dispatcher lock: unlock: %w", uerr)
+			}
+		}
+		if cerr := l.conn.Close(ctx); cerr != nil && err == nil {
+			err = fmt.Errorf("dispatcher lock: close: %w", cerr)
+		}
+	})
+	return err
+}
