@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // Bounds of the retry loops (STYLE.md: every retry loop has a stated limit).
@@ -28,7 +30,10 @@ const (
 	transientAttemptsMax = 5
 	// connectTimeoutDefault applies when the database URL sets no connect_timeout,
 	// so an unreachable server is reported instead of hanging on the OS timeout.
-	connectTimeoutDefault = 10 * time.Second
+	// It is shorter than the dispatcher's start window: a worker that gives up
+	// within the window counts as a program that cannot start (its ids are
+	// requeued), one that gives up later as a crash (its head message fails).
+	connectTimeoutDefault = core.StartWindow * 3 / 4
 	// reasonMax bounds a reason on a status line (the dispatcher reads lines of at
 	// most 64 KiB and stores the reason in the row).
 	reasonMax = 1000
