@@ -1,8 +1,27 @@
 package pgqueue
 
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // The statements, for the tests that EXPLAIN them.
 const (
 	ClaimSQL        = claimSQL
 	ResetOrphansSQL = resetOrphansSQL
 	WakeSQL         = wakeSQL
 )
+
+// ListenTimed is Listen with the given health-check timing, for the tests of a
+// silent network partition.
+func ListenTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handle func(Notice), idleCheck, checkTimeout time.Duration) error {
+	return listen(ctx, config, log, handle, healthTiming{idleCheck: idleCheck, checkTimeout: checkTimeout, connectTimeout: 2 * time.Second})
+}
+
+// TryLockTimed is TryLock with the given health-check timing.
+func TryLockTimed(ctx context.Context, config *pgx.ConnConfig, idleCheck, checkTimeout time.Duration) (*Lock, error) {
+	return tryLockTimed(ctx, config, nil, healthTiming{idleCheck: idleCheck, checkTimeout: checkTimeout, connectTimeout: 2 * time.Second})
+}

@@ -53,14 +53,19 @@ const (
 	listenBackoffMax = 5 * time.Second
 )
 
-// listenIdleCheck is how long the listener waits for a notification before it
-// checks the connection with a query (within listenCheckTimeout). A connection
-// whose peer vanished without a reset sends no error; without the check, a
-// silent network partition would stop notifications until TCP keepalive gave up.
-const (
-	listenIdleCheck    = 30 * time.Second
-	listenCheckTimeout = 5 * time.Second
-)
+// healthTiming says how a dedicated connection (the listener's, the lock's) is
+// watched. A connection whose peer vanished without a reset sends no error; so
+// after idleCheck without traffic it is checked with a query that must answer
+// within checkTimeout, or a silent network partition would go unnoticed until
+// TCP keepalive gave up. connectTimeout bounds connecting (and LISTEN), which
+// would otherwise hang as long as the operating system lets a connect hang.
+type healthTiming struct {
+	idleCheck, checkTimeout, connectTimeout time.Duration
+}
+
+// listenTiming is the listener's: a missed notification costs at most a poll
+// interval, so a check every half minute is plenty.
+var listenTiming = healthTiming{idleCheck: 30 * time.Second, checkTimeout: 5 * time.Second, connectTimeout: 10 * time.Second}
 
 // Listen keeps a dedicated connection (made from config, never from the pool,
 // since a pooled connection's LISTEN would end when it is returned) LISTENing on
@@ -73,6 +78,10 @@ const (
 // again. It logs one warning when an outage starts and one info line with its
 // duration when it ends. It returns ctx.Err() promptly once ctx is done.
 func Listen(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handle func(Notice)) error {
+	return listen(ctx, config, log, handle, listenTiming)
+}
+
+func listen(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handle func(Notice), timing healthTiming) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -80,7 +89,7 @@ func Listen(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handl
 	var downSince time.Time // zero while not in an outage
 	listened := false
 	for {
-		conn, err := listenConn(ctx, config)
+		conn, err := listenConn(ctx, config, timing.connectTimeout)
 		if err == nil {
 			if !downSince.IsZero() {
 				log.Info("ingress listener is back", "outage", time.Since(downSince).Round(time.Millisecond))
@@ -93,7 +102,7 @@ func Listen(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handl
 				listened = true
 			}
 			backoff = listenBackoffMin
-			err = waitNotifications(ctx, conn, handle)
+			err = waitNotifications(ctx, conn, handle, timing)
 			closeQuietly(conn)
 		}
 		if ctx.Err() != nil {
@@ -111,8 +120,10 @@ func Listen(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handl
 	}
 }
 
-// listenConn connects and LISTENs.
-func listenConn(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) {
+// listenConn connects and LISTENs, within timeout.
+func listenConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Duration) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, config)
 	if err != nil {
 		return nil, fmt.Errorf("listen: connect: %w", err)
@@ -125,10 +136,10 @@ func listenConn(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) 
 }
 
 // waitNotifications reports notifications until the connection fails or ctx is
-// done, checking an idle connection every listenIdleCheck.
-func waitNotifications(ctx context.Context, conn *pgx.Conn, handle func(Notice)) error {
+// done, checking an idle connection every timing.idleCheck.
+func waitNotifications(ctx context.Context, conn *pgx.Conn, handle func(Notice), timing healthTiming) error {
 	for {
-		wctx, cancel := context.WithTimeout(ctx, listenIdleCheck)
+		wctx, cancel := context.WithTimeout(ctx, timing.idleCheck)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
@@ -140,7 +151,7 @@ func waitNotifications(ctx context.Context, conn *pgx.Conn, handle func(Notice))
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case wctx.Err() != nil && !conn.IsClosed():
-			cctx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+			cctx, cancel := context.WithTimeout(ctx, timing.checkTimeout)
 			err = conn.Ping(cctx)
 			cancel()
 			if err == nil {

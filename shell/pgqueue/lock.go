@@ -24,16 +24,14 @@ import (
 //	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
 const LockKey int64 = 0x7065707364697370
 
-// Standby and watch intervals of the lock.
-const (
-	// lockStandbyPoll is how often a standby asks for the lock.
-	lockStandbyPoll = time.Second
-	// lockCheckInterval is how often an idle lock connection is checked with a
-	// query (within lockCheckTimeout) that the lock is still held, so a silent
-	// network partition is noticed even though no error arrives.
-	lockCheckInterval = 10 * time.Second
-	lockCheckTimeout  = 5 * time.Second
-)
+// lockStandbyPoll is how often a standby asks for the lock.
+const lockStandbyPoll = time.Second
+
+// lockTiming is how the lock's connection is watched (see healthTiming): every
+// 10 s the lock is checked with a query that must answer within 5 s, so that a
+// dispatcher cut off from its database by a silent partition learns within about
+// 15 s that it can no longer count on the lock.
+var lockTiming = healthTiming{idleCheck: 10 * time.Second, checkTimeout: 5 * time.Second, connectTimeout: 10 * time.Second}
 
 // AppName is the application_name a dispatcher connects with, "pepsi-dispatch
 // HOST PID", so that pg_stat_activity, and the error a second dispatcher
@@ -84,6 +82,7 @@ type Lock struct {
 	conn *pgx.Conn
 	log  *slog.Logger
 
+	timing  healthTiming
 	lost    chan struct{}
 	lostErr error // set before lost is closed
 
@@ -96,7 +95,11 @@ type Lock struct {
 // config sets one) and takes the dispatcher lock, or fails at once with a
 // *HeldError naming the holder.
 func TryLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*Lock, error) {
-	conn, err := lockConn(ctx, config)
+	return tryLockTimed(ctx, config, log, lockTiming)
+}
+
+func tryLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, timing healthTiming) (*Lock, error) {
+	conn, err := lockConn(ctx, config, timing.connectTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +111,7 @@ func TryLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*Lo
 		}
 		return nil, err
 	}
-	return newLock(conn, log), nil
+	return newLock(conn, log, timing), nil
 }
 
 // WaitLock is TryLock for a standby: it asks for the lock every second until it
@@ -124,7 +127,7 @@ func WaitLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*L
 	for {
 		var err error
 		if conn == nil {
-			conn, err = lockConn(ctx, config)
+			conn, err = lockConn(ctx, config, lockTiming.connectTimeout)
 		}
 		if err == nil {
 			var got bool
@@ -133,7 +136,7 @@ func WaitLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*L
 			switch {
 			case err == nil && got:
 				log.Info("standby: took the dispatcher lock")
-				return newLock(conn, log), nil
+				return newLock(conn, log, lockTiming), nil
 			case err == nil:
 				warned = false
 				if held.PID != holder {
@@ -158,7 +161,10 @@ func WaitLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*L
 	}
 }
 
-func lockConn(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) {
+// lockConn connects (within timeout) with application_name set.
+func lockConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Duration) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	config = config.Copy()
 	if config.RuntimeParams == nil {
 		config.RuntimeParams = map[string]string{}
@@ -207,12 +213,12 @@ func tryLock(ctx context.Context, conn *pgx.Conn) (got bool, held *HeldError, er
 	return false, held, nil
 }
 
-func newLock(conn *pgx.Conn, log *slog.Logger) *Lock {
+func newLock(conn *pgx.Conn, log *slog.Logger, timing healthTiming) *Lock {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Lock{conn: conn, log: log, lost: make(chan struct{}), stopWatch: cancel, watching: make(chan struct{})}
+	l := &Lock{conn: conn, log: log, timing: timing, lost: make(chan struct{}), stopWatch: cancel, watching: make(chan struct{})}
 	go l.watch(ctx)
 	return l
 }
@@ -233,11 +239,11 @@ func (l *Lock) Err() error {
 
 // watch blocks on the lock's connection, which receives nothing unless it fails
 // (a terminated backend sends an error at once), and checks it with a query
-// when it has been quiet for lockCheckInterval.
+// when it has been quiet for timing.idleCheck.
 func (l *Lock) watch(ctx context.Context) {
 	defer close(l.watching)
 	for {
-		wctx, cancel := context.WithTimeout(ctx, lockCheckInterval)
+		wctx, cancel := context.WithTimeout(ctx, l.timing.idleCheck)
 		_, err := l.conn.WaitForNotification(wctx)
 		cancel()
 		if ctx.Err() != nil {
@@ -263,7 +269,7 @@ func (l *Lock) watch(ctx context.Context) {
 
 // check asks PostgreSQL whether this session still holds the lock.
 func (l *Lock) check(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, lockCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, l.timing.checkTimeout)
 	defer cancel()
 	var held bool
 	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid()
