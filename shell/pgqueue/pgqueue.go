@@ -87,7 +87,11 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 		if err == nil {
 			return events
 		}
-		if !Retryable(err) || attempt == attemptsMax {
+		if !Retryable(err) {
+			break
+		}
+		if attempt == attemptsMax {
+			err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 			break
 		}
 		backoff := retryBackoffMin << (attempt - 1)

@@ -391,8 +391,12 @@ func TestRetriesSerializationFailuresAndDeadlocks(t *testing.T) {
 				t.Errorf("ran the transaction %d times, want %d", attempts, c.wantAttempts)
 			}
 			for _, ev := range evs {
-				if msg := errText(ev); (msg == "") != c.wantOK || (!c.wantOK && !strings.Contains(msg, c.code)) {
+				msg := errText(ev)
+				if (msg == "") != c.wantOK || (!c.wantOK && !strings.Contains(msg, c.code)) {
 					t.Errorf("result %v; want success %v (else an error naming %s)", ev, c.wantOK, c.code)
+				}
+				if gaveUp := strings.Contains(msg, "gave up after 5 attempts"); gaveUp != (c.wantAttempts == 5) {
+					t.Errorf("result %v; want it to say it gave up after 5 attempts only when it did", ev)
 				}
 			}
 			_, passes, _, _ := h.Stats(t)
