@@ -97,6 +97,7 @@ type stage struct {
 	maybeMore     bool      // pending rows may exist: worth claiming
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
+	stuckReason   string // the reason for a 0 that left the row running here
 }
 
 // Core is the dispatcher state machine. Create it with New; drive it with Step.
@@ -148,7 +149,7 @@ func New(cfg *conf.Config) *Core {
 		startFails: map[int64]int{},
 	}
 	for _, sc := range cfg.Stages {
-		st := &stage{cfg: sc}
+		st := &stage{cfg: sc, stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
 		c.stages = append(c.stages, st)
 		c.byName[sc.Name] = st
 	}
@@ -368,8 +369,7 @@ func (c *Core) answer(e Answer) {
 	if s.Code == 0 {
 		d.Processed++
 		c.passes += int64(1 + len(s.Fused))
-		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Status: "failed", Epoch: head.epoch,
-			Reason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", st.cfg.Name, st.cfg.Name)})
+		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Status: "failed", Epoch: head.epoch, Reason: st.stuckReason})
 		return
 	}
 	reason := s.Reason
