@@ -368,7 +368,7 @@ func TestLostConnectionIsReestablishedAndTheIDRunAgain(t *testing.T) {
 	url := pgtest.NewMigrated(t)
 	conn := pgtest.Connect(t, url)
 	admin := pgtest.Connect(t, url)
-	ids := insertRunning(t, conn, "parse", "cut", "after")
+	ids := insertRunning(t, conn, "parse", "cut", "after", "cut twice")
 	var mu sync.Mutex
 	calls := map[string]int{}
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
@@ -377,7 +377,8 @@ func TestLostConnectionIsReestablishedAndTheIDRunAgain(t *testing.T) {
 			calls[string(m.Payload)]++
 			first := calls[string(m.Payload)] == 1
 			mu.Unlock()
-			if first && string(m.Payload) == "cut" {
+			cut := first && string(m.Payload) == "cut" || calls[string(m.Payload)] <= 2 && string(m.Payload) == "cut twice"
+			if cut {
 				// The server drops this worker's connection in the middle of the pass.
 				var pid int
 				if err := m.Tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
@@ -399,14 +400,23 @@ func TestLostConnectionIsReestablishedAndTheIDRunAgain(t *testing.T) {
 		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pepsi-stage parse'"); err != nil {
 		t.Fatal(err)
 	}
-	w.send(idLines(ids[1:]))
+	w.send(idLines(ids[1:2]))
 	if got := w.answer(); got != "0" {
 		t.Fatalf("answer after an idle connection was cut = %q, want \"0\"", got)
 	}
+	// A message that loses the connection twice: the second reconnect waits.
+	start := time.Now()
+	w.send(idLines(ids[2:]))
+	if got := w.answer(); got != "0" {
+		t.Fatalf("answer after two cuts = %q, want \"0\"", got)
+	}
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Errorf("two losses in a row were retried within %v; want a backoff of at least 100ms before the second reconnect", waited)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if calls["cut"] != 2 || calls["after"] != 1 {
-		t.Errorf("handler calls = %v, want cut:2 (run again after the loss) after:1", calls)
+	if calls["cut"] != 2 || calls["after"] != 1 || calls["cut twice"] != 3 {
+		t.Errorf("handler calls = %v, want cut:2 (run again after the loss) after:1 \"cut twice\":3", calls)
 	}
 	for _, id := range ids {
 		if r := get(t, conn, id); r.Stage != "enrich" {

@@ -112,7 +112,7 @@ func (w *worker) close() {
 // row moved and answers 0); a statement that fails is answered "1 …".
 func (w *worker) handle(ctx context.Context, id int64) (string, error) {
 	delay := reconnectDelayMin
-	transient := 0
+	transient, losses := 0, 0
 	for {
 		if w.conn == nil {
 			if err := w.connect(ctx); err != nil {
@@ -139,6 +139,14 @@ func (w *worker) handle(ctx context.Context, id int64) (string, error) {
 		case isConnectionLoss(err, w.conn):
 			w.log.Error("database connection lost; the message will run again on a new connection", "stage", w.stage, "id", id, "err", err)
 			w.close()
+			// The first reconnect is immediate (usually only this connection was
+			// cut); if the same message loses connections again, back off.
+			if losses++; losses > 1 {
+				if err := sleep(ctx, delay); err != nil {
+					return "", err
+				}
+				delay = min(2*delay, reconnectDelayMax)
+			}
 		case isTransient(err) && transient < transientAttemptsMax:
 			transient++
 		default:

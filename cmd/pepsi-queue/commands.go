@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -128,6 +129,9 @@ EXAMPLES
 			if err := a.checkStage("enqueue", "-stage", *stage); err != nil {
 				return err
 			}
+			if _, fromStdin := src.(*lines); fromStdin && isTerminal(a.stdin) {
+				fmt.Fprintln(a.stderr, "pepsi-queue: reading messages from the terminal, one per line; end with Ctrl-D")
+			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
 				total, err := enqueueAll(ctx, conn, *stage, src, *batch)
 				if total.Count == 0 && err == nil {
@@ -145,6 +149,16 @@ EXAMPLES
 			})
 		},
 	}
+}
+
+// isTerminal reports whether r is a terminal (so a user may be waiting for us).
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // enqueueAll reads src to the end and inserts it in batches, returning what was
