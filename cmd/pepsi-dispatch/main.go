@@ -1,0 +1,154 @@
+// Command pepsi-dispatch is the single long-lived coordinator that drives messages
+// through the stages of a PEPSI pipeline. See docs/pepsi-dispatch.1.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/peterbourgon/ff/v3"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
+)
+
+const usage = `pepsi-dispatch: run the PEPSI dispatcher.
+
+Usage: pepsi-dispatch [flags]
+
+It claims pending rows of pepsi.queue, feeds them to the stage programs named in
+the configuration, and runs until SIGINT or SIGTERM (a second signal exits at once).
+Exactly one may run per database; a second one exits with status 3 naming the
+holder, or with -standby waits and takes over.
+
+Every flag can also be set as a PEPSI_* environment variable (-max-runtime as
+PEPSI_MAX_RUNTIME); flags and environment override the configuration file.
+
+Exit status: 0 clean shutdown; 1 shut down with results unwritten (the next start
+resets their rows); 2 bad flags or configuration; 3 another dispatcher holds the
+lock; 4 the database or environment is unusable.
+
+Flags:
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pepsi-dispatch", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	var (
+		configFile = fs.String("c", "/etc/pepsi/pepsi.conf", "configuration `file` (pepsi.conf(5))")
+		database   = fs.String("database", "", "database `URL` or key=value string; overrides [pepsi] DATABASE")
+		standby    = fs.Bool("standby", false, "wait for the running dispatcher to go away instead of refusing to start")
+		logFormat  = fs.String("log-format", "text", "log format: text or json")
+		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		maxRuntime = fs.String("max-runtime", "", "override MAX_RUNTIME (seconds or a duration like 5m)")
+		idle       = fs.String("worker-idle-timeout", "", "override WORKER_IDLE_TIMEOUT")
+		poll       = fs.String("poll-interval", "", "override POLL_INTERVAL")
+		stats      = fs.String("stats-interval", "", "override STATS_INTERVAL")
+		grace      = fs.String("stop-grace", "", "override STOP_GRACE")
+	)
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "pepsi-dispatch: %v\n", err)
+		return dispatch.ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "pepsi-dispatch: unexpected arguments %q (see -h)\n", fs.Args())
+		return dispatch.ExitUsage
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "pepsi-dispatch: %v\n", err)
+		return dispatch.ExitUsage
+	}
+	text, err := os.ReadFile(*configFile)
+	if err != nil {
+		log.Error("cannot read the configuration", "err", err)
+		return dispatch.ExitUsage
+	}
+	cfg, err := conf.Parse(*configFile, string(text))
+	if err != nil {
+		log.Error("bad configuration", "err", err)
+		return dispatch.ExitUsage
+	}
+	for _, o := range []struct {
+		flag, value string
+		set         func(string) error
+	}{
+		{"max-runtime", *maxRuntime, durationInto(&cfg.Dispatch.MaxRuntime)},
+		{"worker-idle-timeout", *idle, durationInto(&cfg.Dispatch.IdleTimeout)},
+		{"poll-interval", *poll, durationInto(&cfg.Dispatch.PollInterval)},
+		{"stats-interval", *stats, durationInto(&cfg.Dispatch.StatsInterval)},
+		{"stop-grace", *grace, durationInto(&cfg.Dispatch.StopGrace)},
+	} {
+		if o.value == "" {
+			continue
+		}
+		if err := o.set(o.value); err != nil {
+			log.Error("bad flag", "flag", "-"+o.flag, "err", err)
+			return dispatch.ExitUsage
+		}
+	}
+	if len(cfg.Stages) == 0 {
+		log.Error("the configuration defines no [stage-NAME] section: nothing to dispatch", "file", *configFile)
+		return dispatch.ExitUsage
+	}
+	db := cfg.Database
+	if *database != "" {
+		db = *database
+	}
+	names := make([]string, len(cfg.Stages))
+	for i, s := range cfg.Stages {
+		names[i] = s.Name
+	}
+	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","))
+	code, err := dispatch.Run(context.Background(), dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log})
+	if err != nil {
+		log.Error("pepsi-dispatch stopped", "err", err, "exit", code)
+	} else {
+		log.Info("pepsi-dispatch stopped", "exit", code)
+	}
+	return code
+}
+
+func durationInto(d *time.Duration) func(string) error {
+	return func(s string) error {
+		v, err := conf.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		*d = v
+		return nil
+	}
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want text or json", format)
+}

@@ -1,0 +1,374 @@
+// Package dispatch is the pepsi-dispatch daemon: the thin shell around the pure
+// core. It holds the single-dispatcher lock, listens for ingress notifications,
+// runs worker processes (shell/worker) and queue transactions (shell/pgqueue),
+// turns everything that happens into core events, feeds them to core.Step in
+// batches, and executes the commands that come back.
+//
+// It must never decide anything itself: when to claim, spawn, kill, requeue or
+// flush is the core's business. The shell only executes, reports and retries what
+// is known to be safe to retry (pgqueue's 40001/40P01 helper, and re-probing the
+// database after a failed transaction so the core can be told DatabaseUp).
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/worker"
+)
+
+// Exit codes of pepsi-dispatch, documented in pepsi-dispatch(1).
+const (
+	ExitOK         = 0 // shut down cleanly
+	ExitUnwritten  = 1 // shut down, but some results could not be written (the next start resets them)
+	ExitUsage      = 2 // bad flags or configuration
+	ExitLockHeld   = 3 // another dispatcher holds the lock
+	ExitFatal      = 4 // could not run: the database or the workers' environment is unusable
+	eventBufferMax = 4096
+	drainMax       = 8192 // events folded into one Step at most
+	probeMin       = 100 * time.Millisecond
+	probeMax       = 5 * time.Second
+)
+
+// Options configure one daemon.
+type Options struct {
+	// Config is the parsed pepsi.conf (its Dispatch.ConfigFile is passed to workers).
+	Config *conf.Config
+	// Database is the libpq URL or key=value string ("" = PG* environment).
+	Database string
+	// Standby waits for the lock instead of refusing to run.
+	Standby bool
+	// Log receives every operator-facing line.
+	Log *slog.Logger
+	// Signals delivers SIGINT/SIGTERM (default: os/signal). Tests inject their own.
+	Signals <-chan os.Signal
+}
+
+// Run runs the dispatcher until it has shut down after a signal (or ctx ends,
+// which counts as a signal), and returns the process exit code.
+func Run(ctx context.Context, o Options) (int, error) {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	pgcfg, err := pgx.ParseConfig(o.Database)
+	if err != nil {
+		return ExitUsage, fmt.Errorf("database connection string: %w", err)
+	}
+	if pgcfg.RuntimeParams["application_name"] == "" {
+		pgcfg.RuntimeParams["application_name"] = pgqueue.AppName()
+	}
+	signals := o.Signals
+	if signals == nil {
+		ch := make(chan os.Signal, 2)
+		signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+		defer signal.Stop(ch)
+		signals = ch
+	}
+	for {
+		lock, code, err := acquire(ctx, pgcfg, o.Standby, log, signals)
+		if lock == nil {
+			return code, err
+		}
+		code, again, err := session(ctx, o, pgcfg, lock, log, signals)
+		_ = lock.Release(context.WithoutCancel(ctx))
+		if !again {
+			return code, err
+		}
+		log.Error("restarting the dispatcher session after losing the lock: workers were killed, their rows will be reset", "err", err)
+	}
+}
+
+// acquire takes the dispatcher lock: at once, or waiting as a standby. Connection
+// failures are retried with backoff (the database may be starting); a lock held by
+// someone else is final unless standby.
+func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-signals:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	backoff := probeMin
+	logged := false
+	for {
+		var lock *pgqueue.Lock
+		var err error
+		if standby {
+			log.Info("standby: waiting for the dispatcher lock")
+			lock, err = pgqueue.WaitLock(ctx, cfg, log)
+		} else {
+			lock, err = pgqueue.TryLock(ctx, cfg, log)
+		}
+		if err == nil {
+			log.Info("holding the dispatcher lock", "key", fmt.Sprintf("%#x", pgqueue.LockKey))
+			return lock, 0, nil
+		}
+		var held *pgqueue.HeldError
+		if errors.As(err, &held) {
+			return nil, ExitLockHeld, fmt.Errorf("another pepsi-dispatch is running against this database: %w", err)
+		}
+		if ctx.Err() != nil {
+			return nil, ExitOK, nil
+		}
+		if !logged {
+			log.Warn("cannot reach the database to take the dispatcher lock; retrying", "err", err)
+			logged = true
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil, ExitOK, nil
+		}
+		backoff = min(2*backoff, probeMax)
+	}
+}
+
+// txnResult is the outcome of one queue transaction run off the main loop.
+type txnResult struct {
+	events []core.Event
+	failed bool
+}
+
+// session runs one core for as long as the lock is held. again reports that the
+// lock was lost and a new session should start.
+func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueue.Lock, log *slog.Logger, signals <-chan os.Signal) (code int, again bool, err error) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return ExitFatal, false, err
+	}
+	poolCfg.ConnConfig = pgcfg.Copy()
+	poolCfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(sctx, poolCfg)
+	if err != nil {
+		return ExitFatal, false, fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	queue := pgqueue.New(pool, log)
+
+	events := make(chan core.Event, eventBufferMax)
+	workers := worker.NewPool(worker.Options{
+		ConfigFile: o.Config.Dispatch.ConfigFile,
+		Log:        log,
+		Events:     func(ev core.Event) { events <- ev },
+	})
+	defer func() {
+		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer wcancel()
+		if cerr := workers.Close(wctx); cerr != nil {
+			log.Error("workers did not all exit", "err", cerr)
+		}
+	}()
+
+	// Ingress notifications coalesce: one pending "there is work" is enough.
+	notified := make(chan struct{}, 1)
+	dbUp := make(chan struct{}, 1)
+	listening := make(chan struct{})
+	go func() {
+		first := true
+		_ = pgqueue.Listen(sctx, pgcfg, log, func(n pgqueue.Notice) {
+			switch n {
+			case pgqueue.Listening:
+				if first {
+					first = false
+					close(listening)
+				}
+			case pgqueue.Notified:
+				signalOnce(notified)
+			case pgqueue.Up:
+				signalOnce(dbUp)
+			}
+		})
+	}()
+	select {
+	case <-listening:
+	case <-lock.Lost():
+		return ExitFatal, true, lock.Err()
+	case <-signals:
+		return ExitOK, false, nil
+	case <-ctx.Done():
+		return ExitOK, false, nil
+	}
+
+	results := make(chan txnResult, 1)
+	runTxn := func(cmds []core.Command) {
+		go func() {
+			evs := queue.Exec(sctx, cmds)
+			failed := false
+			for _, ev := range evs {
+				if failedResult(ev) {
+					failed = true
+				}
+			}
+			results <- txnResult{events: evs, failed: failed}
+			if failed {
+				probe(sctx, queue, log, dbUp)
+			}
+		}()
+	}
+
+	c := core.New(o.Config)
+	pending := []core.Event{core.Start{}}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	ctxDone := ctx.Done()
+	for {
+		cmds := c.Step(time.Now(), pending...)
+		pending = pending[:0]
+		var txn []core.Command
+		for _, cmd := range cmds {
+			switch x := cmd.(type) {
+			case core.Spawn:
+				st, ok := o.Config.Stage(x.Stage)
+				if !ok {
+					panic(fmt.Sprintf("dispatch: core spawned unknown stage %q", x.Stage))
+				}
+				pending = append(pending, workers.Spawn(x.Worker, x.Stage, st.Program))
+			case core.Write:
+				workers.Write(x.Worker, x.IDs)
+			case core.Stop:
+				workers.Stop(x.Worker)
+			case core.Kill:
+				workers.Kill(x.Worker)
+			case core.SetTimer:
+				timer.Stop()
+				if !x.At.IsZero() {
+					timer.Reset(max(0, time.Until(x.At)))
+				}
+			case core.Log:
+				log.Log(sctx, level(x.Level), x.Msg)
+			case core.Exit:
+				return x.Code, false, nil
+			default:
+				if !core.IsQueue(cmd) {
+					panic(fmt.Sprintf("dispatch: unknown command %T", cmd))
+				}
+				txn = append(txn, cmd)
+			}
+		}
+		if len(txn) > 0 {
+			runTxn(txn)
+		}
+		if len(pending) > 0 {
+			continue // spawn results go straight back in
+		}
+		// Wait for anything, then take everything else that is already there.
+		select {
+		case ev := <-events:
+			pending = append(pending, ev)
+		case r := <-results:
+			pending = append(pending, r.events...)
+		case <-notified:
+			pending = append(pending, core.Ingress{})
+		case <-dbUp:
+			pending = append(pending, core.DatabaseUp{})
+		case <-timer.C:
+			pending = append(pending, core.Tick{})
+		case sig := <-signals:
+			log.Info("signal received", "signal", sig.String())
+			pending = append(pending, core.Shutdown{})
+		case <-ctxDone:
+			ctxDone = nil
+			pending = append(pending, core.Shutdown{})
+		case <-lock.Lost():
+			workers.KillAll()
+			return ExitFatal, true, fmt.Errorf("lost the dispatcher lock: %w", lock.Err())
+		}
+		pending = drain(pending, events, results, notified, dbUp)
+	}
+}
+
+// drain appends, without blocking, whatever events are already waiting, so that
+// one Step sees every answer and exit that has arrived (capacities are current
+// before the claim).
+func drain(pending []core.Event, events <-chan core.Event, results <-chan txnResult, notified, dbUp <-chan struct{}) []core.Event {
+	for len(pending) < drainMax {
+		select {
+		case ev := <-events:
+			pending = append(pending, ev)
+		case r := <-results:
+			pending = append(pending, r.events...)
+		case <-notified:
+			pending = append(pending, core.Ingress{})
+		case <-dbUp:
+			pending = append(pending, core.DatabaseUp{})
+		default:
+			return pending
+		}
+	}
+	return pending
+}
+
+// probe pings the database with capped backoff until it answers, then reports up.
+func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- struct{}) {
+	backoff := probeMin
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := q.Ping(pctx)
+		cancel()
+		if err == nil {
+			signalOnce(up)
+			return
+		}
+		log.Debug("database probe failed", "err", err, "next", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, probeMax)
+	}
+}
+
+func failedResult(ev core.Event) bool {
+	switch e := ev.(type) {
+	case core.OrphansReset:
+		return e.Err != ""
+	case core.Resolved:
+		return e.Err != ""
+	case core.Woken:
+		return e.Err != ""
+	case core.Claimed:
+		return e.Err != ""
+	case core.Flushed:
+		return e.Err != ""
+	}
+	return false
+}
+
+func signalOnce(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func level(s string) slog.Level {
+	switch s {
+	case "error":
+		return slog.LevelError
+	case "warn":
+		return slog.LevelWarn
+	case "debug":
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
