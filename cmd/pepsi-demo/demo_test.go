@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// TestDemoRunsThePipelineToThePredictedEnd builds every program, as make demo
+// does, and runs pepsi-demo with 500 messages on the test server: the real
+// pepsi-dispatch, pepsi-queue, pepsi-example and audit.sh, end to end.
+func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
+	t.Parallel()
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/pepsi-pipeline/pepsi/cmd/...")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/...: %v\n%s", err, out)
+	}
+	admin := pgtest.AdminURL(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "pepsi_demo_test_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { dropDatabase(t, admin, name) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pepsi-demo"),
+		"-n", "500", "-db-name", name, "-testdata", "../../testdata", "-timeout", "2m")
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(filepath.ListSeparator)+os.Getenv("PATH"), "PEPSI_DATABASE="+admin)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		t.Fatalf("pepsi-demo -n 500: %v; output:\n%s", err, out.String())
+	}
+	var payloads [][]byte
+	for i := 1; i <= 500; i++ {
+		payloads = append(payloads, pipeline.Payload(i))
+	}
+	want := pipeline.Expect(payloads)
+	for _, line := range []string{
+		"PASS: every message ended where the pipeline's rules say.",
+		fmt.Sprintf("ok   done: %d (predicted %d)", want.Done, want.Done),
+		fmt.Sprintf("ok   paused once by deliver, then delivered: %d (predicted %d)", want.Paused, want.Paused),
+		"ok   failed: 5 (predicted 5",
+		"ok   pepsi-dispatch exited with status 0 after SIGTERM",
+		"500/500 finished",
+	} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("pepsi-demo output lacks %q; output:\n%s", line, out.String())
+		}
+	}
+}
+
+func dropDatabase(t *testing.T, admin, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Errorf("drop %s: %v", name, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		t.Errorf("drop %s: %v", name, err)
+	}
+}
