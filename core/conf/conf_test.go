@@ -1,0 +1,106 @@
+package conf_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+)
+
+func TestParseReadsEveryKeyAndAppliesDefaults(t *testing.T) {
+	c, err := conf.Parse("/etc/pepsi/pepsi.conf", `
+# comment
+; another comment
+[pepsi]
+DATABASE = postgres://db/pepsi
+
+[pepsi-dispatch]
+MAX_RUNTIME = 1m30s
+WORKER_IDLE_TIMEOUT = 250ms
+POLL_INTERVAL = 10
+
+[stage-parse]
+PROGRAM = /usr/lib/pepsi/parse
+PARALLELISM = 8
+QUEUE_LIMIT = 16
+MAX_MESSAGES = 50
+
+[stage-deliver]
+PROGRAM = deliver
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Database != "postgres://db/pepsi" {
+		t.Errorf("Database = %q", c.Database)
+	}
+	d := c.Dispatch
+	if d.MaxRuntime != 90*time.Second || d.IdleTimeout != 250*time.Millisecond || d.PollInterval != 10*time.Second {
+		t.Errorf("durations: %+v", d)
+	}
+	if d.StatsInterval != conf.DefaultStatsInterval || d.StopGrace != conf.DefaultStopGrace {
+		t.Errorf("defaults not applied: %+v", d)
+	}
+	if d.ConfigFile != "/etc/pepsi/pepsi.conf" {
+		t.Errorf("CONFIG_FILE defaults to the file parsed, got %q", d.ConfigFile)
+	}
+	if len(c.Stages) != 2 || c.Stages[0].Name != "deliver" || c.Stages[1].Name != "parse" {
+		t.Fatalf("stages not sorted by name: %+v", c.Stages)
+	}
+	del, _ := c.Stage("deliver")
+	if del.Parallelism != 4 || del.QueueLimit != 4 || del.MaxMessages != 1000 {
+		t.Errorf("stage defaults: %+v", del)
+	}
+	p, ok := c.Stage("parse")
+	if !ok || p.Program != "/usr/lib/pepsi/parse" || p.Parallelism != 8 || p.QueueLimit != 16 || p.MaxMessages != 50 {
+		t.Errorf("parse: %+v", p)
+	}
+	if _, ok := c.Stage("nope"); ok {
+		t.Errorf("Stage found a stage that is not configured")
+	}
+}
+
+func TestParseErrorsNameFileLineAndKey(t *testing.T) {
+	cases := []struct {
+		name, text, want string
+	}{
+		{"unknown section", "[stage-a]\nPROGRAM = a\n[bogus]\n", "f.conf:3: unknown section [bogus]"},
+		{"unknown key", "[pepsi-dispatch]\nMAX_RUNTIME = 5\nMAX_RUNTME = 5\n", "f.conf:3: MAX_RUNTME: unknown key"},
+		{"bad duration", "[pepsi-dispatch]\nPOLL_INTERVAL = soon\n", "f.conf:2: POLL_INTERVAL: \"soon\" is not whole seconds"},
+		{"zero duration", "[pepsi-dispatch]\nPOLL_INTERVAL = 0\n", "f.conf:2: POLL_INTERVAL: \"0\" must be positive"},
+		{"bad number", "[stage-a]\nPROGRAM = a\nPARALLELISM = -1\n", "f.conf:3: PARALLELISM: \"-1\" is not a positive whole number"},
+		{"missing program", "[stage-a]\nPARALLELISM = 2\n", "f.conf:1: PROGRAM: [stage-a] has no PROGRAM"},
+		{"empty program", "[stage-a]\nPROGRAM =\n", "f.conf:2: PROGRAM: must not be empty"},
+		{"duplicate key", "[stage-a]\nPROGRAM = a\nPROGRAM = b\n", "f.conf:3: PROGRAM: set twice in [stage-a] (first at line 2)"},
+		{"duplicate section", "[stage-a]\nPROGRAM = a\n[stage-a]\n", "f.conf:3: section [stage-a] appears twice"},
+		{"key outside section", "DATABASE = x\n", "f.conf:1: DATABASE: key outside any section"},
+		{"no equals", "[pepsi]\nDATABASE\n", "f.conf:2: want KEY = value"},
+		{"bad stage name", "[stage-a b]\nPROGRAM = a\n", "f.conf:1: stage name \"a b\""},
+		{"unclosed header", "[pepsi\n", "f.conf:1: section header"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := conf.Parse("f.conf", tc.text)
+			if err == nil {
+				t.Fatalf("Parse accepted %q", tc.text)
+			}
+			if !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("error %q\nwant it to start with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseDurationTakesSecondsOrGoDurations(t *testing.T) {
+	for in, want := range map[string]time.Duration{"30": 30 * time.Second, "250ms": 250 * time.Millisecond, "1m30s": 90 * time.Second} {
+		if got, err := conf.ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-5", "0s", "5 s", "1e3"} {
+		if _, err := conf.ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q) accepted", in)
+		}
+	}
+}
