@@ -297,7 +297,7 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 		for _, st := range s.Stages {
 			mean := "-"
 			if st.Processed > 0 {
-				mean = (time.Duration(st.ProcessingUS/st.Processed) * time.Microsecond).String()
+				mean = time.Duration(st.ProcessingUS * int64(time.Microsecond) / st.Processed).String()
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s ago\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
 				mean, now.Sub(st.UpdatedAt).Round(time.Second))
