@@ -296,7 +296,10 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 		fmt.Fprintf(tw, "stage\tprocessed\tfailed\ttimeouts\tcrashes\tmean time\tupdated\n")
 		for _, st := range s.Stages {
 			mean := "-"
-			if st.Processed > 0 {
+			switch {
+			case st.Processed > 0 && st.ProcessingUS == 0:
+				mean = "<1µs" // times are reported in whole microseconds
+			case st.Processed > 0:
 				mean = time.Duration(st.ProcessingUS * int64(time.Microsecond) / st.Processed).String()
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s ago\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
