@@ -3,17 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
@@ -30,10 +27,13 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 		t.Fatalf("go build ./cmd/...: %v\n%s", err, out)
 	}
 	admin := pgtest.AdminURL(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "pepsi_demo_test_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { dropDatabase(t, admin, name) })
+	// A database of this test's own (dropped when the test ends), which the demo
+	// drops and creates afresh by name.
+	u, err := url.Parse(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.TrimPrefix(u.Path, "/")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -42,8 +42,7 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 	cmd.Env = append(os.Environ(), "PATH="+bin+string(filepath.ListSeparator)+os.Getenv("PATH"), "PEPSI_DATABASE="+admin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if err != nil {
+	if err := cmd.Run(); err != nil {
 		t.Fatalf("pepsi-demo -n 500: %v; output:\n%s", err, out.String())
 	}
 	var payloads [][]byte
@@ -62,19 +61,5 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("pepsi-demo output lacks %q; output:\n%s", line, out.String())
 		}
-	}
-}
-
-func dropDatabase(t *testing.T, admin, name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Errorf("drop %s: %v", name, err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-		t.Errorf("drop %s: %v", name, err)
 	}
 }
