@@ -91,7 +91,7 @@ dispatcher is woken once per batch), so a long input starts flowing at once. If
 it fails midway, what was already committed stays, and the error says how much.
 
 EXAMPLES
-  seq 1 1000 | pepsi-queue -c /etc/pepsi.conf enqueue -stage parse
+  seq 1 1000 | pepsi-queue -c /etc/pepsi/pepsi.conf enqueue -stage parse
   pepsi-queue enqueue -stage parse -n 10000
   jq -c '{payload: .body, state: {source: "import"}}' dump.json | pepsi-queue enqueue -stage parse -ndjson
   pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'`,
@@ -231,7 +231,7 @@ processing time; overall, stage passes and messages that left the pipeline.
 The counts scan the whole queue.
 
 EXAMPLE
-  watch -n 2 pepsi-queue -c /etc/pepsi.conf stats`,
+  watch -n 2 pepsi-queue -c /etc/pepsi/pepsi.conf stats`,
 		FlagSet: newFlags("stats"),
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("stats", args); err != nil {

@@ -260,7 +260,7 @@ func TestUnreachableDatabaseIsNamedAndExitsOne(t *testing.T) {
 
 func TestHelpTeachesWithExamples(t *testing.T) {
 	t.Parallel()
-	pq(t, "", nil, "--help").expect(t, "--help", 0, "EXAMPLES\n  pepsi-queue -c /etc/pepsi.conf migrate", "")
+	pq(t, "", nil, "--help").expect(t, "--help", 0, "EXAMPLES\n  pepsi-queue -c /etc/pepsi/pepsi.conf migrate", "")
 	for _, sub := range []string{"migrate", "enqueue", "stats", "show", "retry", "purge"} {
 		r := pq(t, "", nil, sub, "-h")
 		r.expect(t, sub+" -h", 0, "EXAMPLE", "")

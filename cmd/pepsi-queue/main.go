@@ -72,7 +72,7 @@ environment (PGHOST, PGDATABASE, ...). With -c, stage names are checked against
 the file's [stage-NAME] sections.
 
 EXAMPLES
-  pepsi-queue -c /etc/pepsi.conf migrate          apply or upgrade the schema
+  pepsi-queue -c /etc/pepsi/pepsi.conf migrate    apply or upgrade the schema
   seq 1 100 | pepsi-queue enqueue -stage parse    one message per input line
   pepsi-queue enqueue -stage parse -n 10000       10000 synthetic messages
   pepsi-queue enqueue -stage parse -ndjson < m.ndjson
