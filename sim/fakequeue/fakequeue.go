@@ -38,6 +38,34 @@ type Queue struct {
 	undo []Row
 	// Notified counts NOTIFY ingress sent (inserts and wakes).
 	Notified int
+	// Notify, if set, is called for every NOTIFY ingress the queue sends (an
+	// insert, or a wake that made rows pending), so a simulator can deliver it to
+	// the dispatcher, late or not at all. It runs inside Insert or Exec.
+	Notify func()
+	// Observe, if set, is called for every change of a row, with the row before and
+	// after and who wrote it, so a simulator can check who moves what.
+	Observe func(Change)
+}
+
+// Writer names who changed a row: a dispatcher command, a stage program, or a
+// PostgreSQL crash that lost a stage's write.
+type Writer string
+
+// The writers of row changes.
+const (
+	ByClaim   Writer = "claim"
+	ByResolve Writer = "resolve"
+	ByWake    Writer = "wake"
+	ByReset   Writer = "reset-orphans"
+	ByStage   Writer = "stage"
+	ByCrash   Writer = "crash"
+)
+
+// Change is one change of one row.
+type Change struct {
+	By     Writer
+	Before Row
+	After  Row
 }
 
 // New returns an empty queue.
@@ -52,9 +80,23 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 		ids[i] = id
 	}
 	if n > 0 {
-		q.Notified++
+		q.notify()
 	}
 	return ids
+}
+
+func (q *Queue) notify() {
+	q.Notified++
+	if q.Notify != nil {
+		q.Notify()
+	}
+}
+
+// observe reports a change of r from before, if anything changed.
+func (q *Queue) observe(by Writer, before Row, r *Row) {
+	if q.Observe != nil && before != *r {
+		q.Observe(Change{By: by, Before: before, After: *r})
+	}
 }
 
 // Get returns a copy of row id, or false.
@@ -93,12 +135,14 @@ func (q *Queue) StageWrite(id int64, from, to, status string, timeout time.Time)
 	if r == nil || r.Status != "running" || r.Stage != from {
 		return false
 	}
-	q.undo = append(q.undo, *r)
+	before := *r
+	q.undo = append(q.undo, before)
 	r.Stage, r.Status = to, status
 	r.Timeout = time.Time{}
 	if status == "paused" {
 		r.Timeout = timeout
 	}
+	q.observe(ByStage, before, r)
 	return true
 }
 
@@ -106,8 +150,10 @@ func (q *Queue) StageWrite(id int64, from, to, status string, timeout time.Time)
 // are lost and the crash sentinel is emptied.
 func (q *Queue) Crash() {
 	for i := len(q.undo) - 1; i >= 0; i-- {
-		before := q.undo[i]
-		*q.rows[before.ID-1] = before
+		r := q.rows[q.undo[i].ID-1]
+		was := *r
+		*r = q.undo[i]
+		q.observe(ByCrash, was, r)
 	}
 	q.undo = nil
 	q.epoch = ""
@@ -164,7 +210,9 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 		n := 0
 		for _, r := range q.rows {
 			if r != nil && r.Status == "running" && !slices.Contains(c.Keep, r.ID) {
+				before := *r
 				r.Status = "pending"
+				q.observe(ByReset, before, r)
 				n++
 			}
 		}
@@ -182,7 +230,9 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 					break
 				}
 				if r != nil && r.Status == "pending" && r.Stage == cp.Stage {
+					before := *r
 					r.Status = "running"
+					q.observe(ByClaim, before, r)
 					rows = append(rows, core.Row{ID: r.ID, Stage: r.Stage})
 					n++
 				}
@@ -199,6 +249,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				continue
 			}
 			if r.Status == "running" {
+				before := *r
 				switch {
 				case r.Stage != it.Stage:
 					r.Status = "pending"
@@ -210,6 +261,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 						r.DispatchError = it.Reason
 					}
 				}
+				q.observe(ByResolve, before, r)
 			}
 			o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError}
 			if r.Status == "paused" {
@@ -226,15 +278,17 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				continue
 			}
 			if !r.Timeout.After(c.Now) {
+				before := *r
 				r.Status = "pending"
 				r.Timeout = time.Time{}
+				q.observe(ByWake, before, r)
 				n++
 			} else if next.IsZero() || r.Timeout.Before(next) {
 				next = r.Timeout
 			}
 		}
 		if n > 0 {
-			q.Notified++
+			q.notify()
 		}
 		return core.Woken{Op: c.Op, Count: n, Next: next}
 	case core.Flush:

@@ -1,0 +1,77 @@
+package fakequeue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/shell/queue/queuetest"
+	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
+)
+
+// TestQueueConformance runs the suite shell/pgqueue passes against PostgreSQL, so
+// the simulator's queue cannot drift from the real one.
+func TestQueueConformance(t *testing.T) {
+	queuetest.Run(t, func(t *testing.T) queuetest.Harness { return harness{fakequeue.New()} })
+}
+
+// harness adapts a fake queue to the suite: it plays the ingress side, a stage
+// program and a PostgreSQL crash the way the suite asks.
+type harness struct{ *fakequeue.Queue }
+
+func (h harness) Insert(_ *testing.T, stage string, n int) []int64 { return h.Queue.Insert(stage, n) }
+
+func (h harness) Stage(t *testing.T, id int64, from, to, status string, timeout time.Time) {
+	t.Helper()
+	if !h.StageWrite(id, from, to, status, timeout) {
+		t.Fatalf("stage write of row %d: it is not running at %s", id, from)
+	}
+}
+
+func (h harness) Row(_ *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool) {
+	r, ok := h.Get(id)
+	return r.Stage, r.Status, r.Timeout, r.DispatchError, ok
+}
+
+func (h harness) ClearEpoch(*testing.T) { h.Queue.ClearEpoch() }
+
+func (h harness) Stats(*testing.T) (map[string]core.StageDelta, int64, int64, int64) {
+	return h.Queue.Stats()
+}
+
+// TestHooksReportNotificationsAndWhoChangedEachRow: the simulator learns of every
+// NOTIFY and of every row change with its writer, including a crash's undo.
+func TestHooksReportNotificationsAndWhoChangedEachRow(t *testing.T) {
+	q := fakequeue.New()
+	notified := 0
+	var changes []string
+	q.Notify = func() { notified++ }
+	q.Observe = func(c fakequeue.Change) {
+		changes = append(changes, string(c.By)+" "+c.Before.Stage+":"+c.Before.Status+"->"+c.After.Stage+":"+c.After.Status)
+	}
+	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	ids := q.Insert("a", 2)
+	q.Exec(t.Context(), []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 2}}}})
+	q.StageWrite(ids[0], "a", "a", "paused", at)
+	q.StageWrite(ids[1], "a", "b", "running", time.Time{})
+	q.Crash() // loses both stage writes
+	q.StageWrite(ids[0], "a", "a", "paused", at)
+	q.Exec(t.Context(), []core.Command{core.Wake{Op: 2, Now: at}})
+	want := []string{
+		"claim a:pending->a:running", "claim a:pending->a:running",
+		"stage a:running->a:paused", "stage a:running->b:running",
+		"crash b:running->a:running", "crash a:paused->a:running",
+		"stage a:running->a:paused", "wake a:paused->a:pending",
+	}
+	if len(changes) != len(want) {
+		t.Fatalf("changes = %q, want %q", changes, want)
+	}
+	for i := range want {
+		if changes[i] != want[i] {
+			t.Errorf("change %d = %q, want %q", i, changes[i], want[i])
+		}
+	}
+	if notified != 2 || q.Notified != 2 {
+		t.Errorf("notifications = %d (counter %d), want 2: the insert and the wake", notified, q.Notified)
+	}
+}
