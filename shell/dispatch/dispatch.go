@@ -156,6 +156,9 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 		return ExitFatal, false, err
 	}
 	poolCfg.ConnConfig = pgcfg.Copy()
+	// This commit is the durability point of every hop (docs/durability.md): never
+	// let a server or role default make it asynchronous.
+	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	poolCfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(sctx, poolCfg)
 	if err != nil {
