@@ -234,6 +234,13 @@ func (c *Core) apply(ev Event) {
 		}
 		c.removeWorker(w)
 		c.cooldown(w.stage)
+		if st := w.stage; len(st.workers) == 0 && len(st.backlog) > 0 {
+			// No worker can take the claimed rows before the cooldown ends: give
+			// them back, so the queue shows them pending (nothing runs them) just
+			// as it does the ids of a worker that exited at start.
+			c.requeue(st, st.backlog)
+			st.backlog = nil
+		}
 		c.logf("error", "stage %s: cannot start %s: %s; next try in %s", w.stage.cfg.Name, w.stage.cfg.Program, e.Err, w.stage.cooldownStep)
 	case Answer:
 		c.answer(e)
@@ -914,7 +921,9 @@ func (c *Core) setTimer() {
 		}
 	}
 	for _, st := range c.stages {
-		if st.coolingDown(c.now) && len(st.backlog) > 0 {
+		// A cooling stage with work waiting (claimed, or requeued and pending)
+		// is retried when the cooldown ends, not at the next heartbeat.
+		if st.coolingDown(c.now) && (len(st.backlog) > 0 || st.maybeMore) {
 			at(st.cooldownUntil)
 		}
 	}

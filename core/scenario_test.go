@@ -407,6 +407,57 @@ func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testi
 	}
 }
 
+// lastTimer is the instant the last SetTimer of cmds asks for.
+func lastTimer(t *testing.T, cmds []core.Command) time.Time {
+	t.Helper()
+	timers := of[core.SetTimer](cmds)
+	if len(timers) == 0 {
+		t.Fatalf("no SetTimer in:\n%s", list(cmds))
+	}
+	return timers[len(timers)-1].At
+}
+
+func TestMessagesOfAWorkerThatCouldNotStartAreRetriedWhenTheCooldownEnds(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("b", 1)
+	w.at(1500 * time.Millisecond)
+	cmds := w.exit(1, 1, "")
+	w.wantRow(1, "b", "pending")
+	// Requeued rows are pending, and no notification will come for them: the core
+	// must ask for a tick when the cooldown ends, not wait for the heartbeat.
+	due := epoch.Add(1500*time.Millisecond + core.CooldownMin)
+	if at := lastTimer(t, cmds); !at.Equal(due) {
+		t.Fatalf("timer after the failed start at %s, want %s (end of the cooldown)", at.Sub(epoch), due.Sub(epoch))
+	}
+	sp := one[core.Spawn](t, w.tick(due.Sub(epoch)))
+	if w.head(sp.Worker) != 1 {
+		t.Errorf("message 1 is not the head of the worker started after the cooldown")
+	}
+}
+
+func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.noAutoStart = true
+	sp := one[core.Spawn](t, w.start("b", 2))
+	w.at(1500 * time.Millisecond)
+	cmds := w.step(core.SpawnFailed{Worker: sp.Worker, Err: "exec: \"b\": executable file not found in $PATH"})
+	for _, id := range []int64{1, 2} {
+		if it := itemFor(t, cmds, id); it.Status != "pending" {
+			t.Errorf("claimed row %d of a stage that cannot start: %v, want pending", id, it)
+		}
+		w.wantRow(id, "b", "pending")
+	}
+	due := epoch.Add(1500*time.Millisecond + core.CooldownMin)
+	if at := lastTimer(t, cmds); !at.Equal(due) {
+		t.Fatalf("timer after the failed spawn at %s, want %s (end of the cooldown)", at.Sub(epoch), due.Sub(epoch))
+	}
+	w.noAutoStart = false
+	cmds = w.tick(due.Sub(epoch))
+	one[core.Claim](t, cmds)
+	one[core.Spawn](t, cmds)
+	w.wantRow(1, "b", "running")
+}
+
 // Feature: start-up / shutdown safety.
 
 func TestShutdownStopsWorkersAndResetsTheirRowsAndTheUnassigned(t *testing.T) {
