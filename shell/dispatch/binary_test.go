@@ -1,0 +1,97 @@
+package dispatch_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The pepsi-dispatch command: its exit codes and its usage, run as a process.
+
+// command returns pepsi-dispatch with args, in the test's environment less any
+// PEPSI_* and PG* variable, with stderr collected.
+func command(ctx context.Context, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "pepsi-dispatch"), args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	return cmd, &stderr
+}
+
+func exitCode(t *testing.T, err error) int {
+	t.Helper()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &exit):
+		return exit.ExitCode()
+	}
+	t.Fatalf("run pepsi-dispatch: %v", err)
+	return -1
+}
+
+func TestBinaryRejectsABadConfigurationWithExitTwoNamingFileLineAndKey(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "pepsi.conf")
+	if err := os.WriteFile(path, []byte("[stage-a]\nPROGRAM = x\nPARALLELISM = many\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, out := command(ctx, "-c", path)
+	code := exitCode(t, cmd.Run())
+	if want := path + ":3: PARALLELISM"; code != 2 || !strings.Contains(out.String(), want) {
+		t.Errorf("exit %d, output %q; want exit 2 and a line containing %q", code, out, want)
+	}
+}
+
+func TestBinaryHelpPrintsUsage(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, out := command(ctx, "-h")
+	code := exitCode(t, cmd.Run())
+	for _, want := range []string{"Usage: pepsi-dispatch", "-standby", "Exit status"} {
+		if code != 0 || !strings.Contains(out.String(), want) {
+			t.Errorf("-h: exit %d, output %q; want exit 0 and %q", code, out, want)
+		}
+	}
+}
+
+func TestBinaryExitsZeroOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	e.insert("a", "a=done")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd, out := command(ctx, "-c", e.conf, "-log-format", "json")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	e.waitCounts(20*time.Second, map[string]int{"done": 1})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if code := exitCode(t, err); code != 0 {
+			t.Errorf("exit %d after SIGTERM; want 0; output:\n%s", code, out)
+		}
+	case <-time.After(exitWait):
+		t.Fatalf("pepsi-dispatch did not exit within %v of SIGTERM", exitWait)
+	}
+}

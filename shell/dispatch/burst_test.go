@@ -1,0 +1,117 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bursts through the stage library (libstage), with and without faults of the
+// database underneath. The library reruns a message whose connection broke, so
+// every message must end done however often the connections are cut.
+
+// libStages returns [stage-NAME] sections served by the stage library.
+func libStages(parallelism, queueLimit int, names ...string) string {
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = @BIN@/libstage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\n", n, parallelism, queueLimit)
+	}
+	return b.String()
+}
+
+const threeHops = "a=advance:b;b=advance:c;c=done"
+
+// done counts finished messages, for waits; an error counts as none.
+func (e *env) done() (int, string) {
+	c, err := e.counts()
+	if err != nil {
+		return 0, err.Error()
+	}
+	return c["done"], fmtCounts(c)
+}
+
+func TestBurstOfTenThousandMessagesThroughThreeStagesEndsDoneWithAgreeingStatistics(t *testing.T) {
+	t.Parallel()
+	const n = 10000
+	e := newEnv(t, "[pepsi-dispatch]\nSTATS_INTERVAL = 60\n"+libStages(3, 16, "a", "b", "c"))
+	e.insertN("a", threeHops, n)
+	start := time.Now()
+	d := e.start()
+	e.waitCounts(100*time.Second, map[string]int{"done": n})
+	took := time.Since(start)
+	t.Logf("%d messages through 3 stages in %v: %.0f stage passes/s", n, took.Round(time.Millisecond), 3*n/took.Seconds())
+	waitFor(t, 5*time.Second, "the statistics of the burst", func() (bool, string) {
+		passes, left, _ := e.dispatchStats()
+		return left == n, fmt.Sprintf("stage_passes %d, messages_left %d", passes, left)
+	})
+	d.stopClean()
+	if passes, left, _ := e.dispatchStats(); passes != 3*n || left != n {
+		t.Errorf("dispatch_stats: stage_passes %d, messages_left %d; want %d and %d", passes, left, 3*n, n)
+	}
+	st := e.stageStats()
+	for _, s := range []string{"a", "b", "c"} {
+		if got := st[s]; got.Processed != n || got.Failed != 0 || got.Crashes != 0 || got.Timeouts != 0 {
+			t.Errorf("stage_stats %s = %+v; want processed %d and nothing else", s, got, n)
+		}
+	}
+	if len(st) != 3 {
+		t.Errorf("stage_stats has %d rows (%v); want 3", len(st), st)
+	}
+}
+
+func TestMessagesSurviveCutDatabaseConnections(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	e := newEnv(t, libStages(2, 16, "a", "b", "c"))
+	e.insertN("a", threeHops, n)
+	d := e.start()
+	for _, at := range []int{300, 1500} {
+		waitFor(t, 60*time.Second, fmt.Sprintf("%d messages done", at), func() (bool, string) {
+			got, last := e.done()
+			return got >= at, last
+		})
+		// Every backend of the test database but this one: the dispatcher's pool,
+		// listener and lock, and every worker's.
+		var cut int64
+		err := e.db.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&cut)
+		if err != nil {
+			t.Fatalf("cut connections: %v", err)
+		}
+		t.Logf("cut %d connections after %d messages", cut, at)
+	}
+	e.waitCounts(120*time.Second, map[string]int{"done": n})
+	d.stopClean()
+	if n := len(d.logs.lines("restarting the dispatcher session after losing the lock")); n == 0 {
+		t.Errorf("the dispatcher never noticed it lost its lock connection; the test did not cut it")
+	}
+}
+
+func TestMessagesSurviveAPostgreSQLRestart(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	pg := startPrivatePostgres(t)
+	e := newEnvAt(t, pg.migrated(t), libStages(2, 16, "a", "b", "c"))
+	d := e.start()
+	for i, mode := range []string{"immediate", "fast"} {
+		e.insertN("a", threeHops, n)
+		total := (i + 1) * n
+		waitFor(t, 60*time.Second, "the burst to be under way", func() (bool, string) {
+			got, last := e.done()
+			return got >= total-n+n/4, last
+		})
+		before, last := e.done()
+		if before >= total {
+			t.Fatalf("the burst ended before the restart (%s); the test would prove nothing", last)
+		}
+		pg.restart(t, mode)
+		t.Logf("restarted PostgreSQL (-m %s) with the queue at %s", mode, last)
+		e.waitCounts(120*time.Second, map[string]int{"done": total})
+	}
+	d.stopClean()
+	if n := len(d.logs.lines("restarting the dispatcher session after losing the lock")); n < 2 {
+		t.Errorf("the dispatcher restarted its session %d times; want once per PostgreSQL restart (2)", n)
+	}
+}

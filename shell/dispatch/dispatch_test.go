@@ -1,0 +1,592 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
+)
+
+// Each test below proves one feature of pepsi-dispatch(1) end to end: the real
+// daemon (dispatch.Run), real worker processes (internal/teststage, scripted by
+// each message's payload), a real PostgreSQL database of the test's own.
+
+// stages returns [stage-NAME] sections of the raw test program with the given
+// PARALLELISM and QUEUE_LIMIT.
+func stages(parallelism, queueLimit int, names ...string) string {
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = @BIN@/teststage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\n", n, parallelism, queueLimit)
+	}
+	return b.String()
+}
+
+func repeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+// Feature: event-driven, batched claiming.
+
+func TestClaimTakesRowsOfEveryStageInOneStatementUpToEachStagesCap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nSTOP_GRACE = 200ms\n"+stages(1, 2, "a", "b", "c"))
+	for _, s := range []string{"a", "b", "c"} {
+		e.insert(s, repeat(s+"=sleep:2000+done", 3)...)
+	}
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"running": 6, "pending": 3})
+	// now() is the start of the transaction, so one updated_at across the running
+	// rows of three stages means one claim made them all running.
+	var claims, stagesClaimed int64
+	err := e.db.QueryRow(context.Background(),
+		`SELECT count(DISTINCT updated_at), count(DISTINCT stage) FROM pepsi.queue WHERE status = 'running'`).Scan(&claims, &stagesClaimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claims != 1 || stagesClaimed != 3 {
+		t.Errorf("running rows came from %d claims over %d stages; want 1 claim covering 3 stages", claims, stagesClaimed)
+	}
+	if n := e.scalar(`SELECT count(DISTINCT stage) FROM pepsi.queue WHERE status = 'pending'`); n != 3 {
+		t.Errorf("pending rows left at %d stages; want one row left at each of the 3 (cap QUEUE_LIMIT × PARALLELISM = 2)", n)
+	}
+	d.stopClean()
+}
+
+// Feature: persistent, pipelined workers.
+
+func TestWorkerIsHandedUpToQueueLimitIdsAtOnceAndRefilledBeforeItAnswers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	e.insert("a", repeat("a=sleep:100+done", 10)...)
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 10})
+	d.stopClean()
+
+	reads := e.records("read")
+	if len(reads) == 0 {
+		t.Fatal("the worker recorded no reads")
+	}
+	if len(reads[0].IDs) != 4 {
+		t.Errorf("first read of the worker got ids %v; want 4 (QUEUE_LIMIT) in one buffer", reads[0].IDs)
+	}
+	maxHeld, refilled := 0, false
+	pids := map[int]bool{}
+	for _, r := range reads {
+		maxHeld = max(maxHeld, r.Outstanding)
+		refilled = refilled || r.Outstanding > len(r.IDs)
+		pids[r.PID] = true
+	}
+	if maxHeld != 4 {
+		t.Errorf("the worker held at most %d unanswered ids; want exactly QUEUE_LIMIT = 4", maxHeld)
+	}
+	if !refilled {
+		t.Errorf("no id arrived while the worker still held unanswered ones (reads %+v); want the pipeline refilled", reads)
+	}
+	if len(pids) != 1 {
+		t.Errorf("%d worker processes ran; want 1 (PARALLELISM 1, persistent worker)", len(pids))
+	}
+}
+
+// Feature: elastic per-stage pools.
+
+func TestPoolGrowsToParallelismPacksWorkAndShrinksWhenIdle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nWORKER_IDLE_TIMEOUT = 300ms\n"+stages(3, 1, "a")+stages(4, 4, "b"))
+	e.insert("a", repeat("a=sleep:300+done", 9)...)
+	e.insert("b", repeat("b=sleep:100+done", 3)...)
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 12})
+
+	live, peak := 0, 0
+	startedB := 0
+	for _, r := range e.records("") {
+		switch {
+		case r.Stage == "b" && r.Ev == "start":
+			startedB++
+		case r.Stage == "a" && r.Ev == "start":
+			live++
+			peak = max(peak, live)
+		case r.Stage == "a" && r.Ev == "exit":
+			live--
+		}
+	}
+	if peak != 3 {
+		t.Errorf("stage a ran at most %d workers at once; want PARALLELISM = 3", peak)
+	}
+	if startedB != 1 {
+		t.Errorf("stage b started %d workers for 3 messages; want 1 (QUEUE_LIMIT 4: work packed onto the fewest)", startedB)
+	}
+	// Idle workers are stopped after WORKER_IDLE_TIMEOUT while the daemon runs.
+	waitFor(t, 10*time.Second, "every worker to exit after WORKER_IDLE_TIMEOUT", func() (bool, string) {
+		starts, exits := len(e.records("start")), len(e.records("exit"))
+		return starts == exits, fmt.Sprintf("%d started, %d exited", starts, exits)
+	})
+	d.stopClean()
+}
+
+func TestWorkerIsRecycledAfterMaxMessages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[stage-a]\nPROGRAM = @BIN@/teststage\nPARALLELISM = 1\nQUEUE_LIMIT = 2\nMAX_MESSAGES = 3\n")
+	e.insert("a", repeat("a=done", 9)...)
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 9})
+	waitFor(t, 10*time.Second, "statistics of 9 messages", func() (bool, string) {
+		_, left, _ := e.dispatchStats()
+		return left == 9, fmt.Sprintf("messages_left %d", left)
+	})
+	d.stopClean()
+
+	got := map[int]int{}
+	for _, r := range e.records("read") {
+		got[r.PID] += len(r.IDs)
+	}
+	for pid, n := range got {
+		if n > 3 {
+			t.Errorf("worker pid %d was handed %d ids; want at most MAX_MESSAGES = 3", pid, n)
+		}
+	}
+	if len(got) < 3 {
+		t.Errorf("%d worker processes handled 9 messages; want at least 3 (recycled every 3)", len(got))
+	}
+	if s := e.stageStats()["a"]; s.Crashes != 0 || s.Processed != 9 {
+		t.Errorf("stage_stats a = %+v; want processed 9, crashes 0 (a recycle is a clean stop)", s)
+	}
+}
+
+func TestStageWhoseProgramIsMissingIsRetriedAfterACooldownInsteadOfSpinning(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[stage-a]\nPROGRAM = @BIN@/no-such-program\n")
+	e.insert("a", repeat("a=done", 3)...)
+	d := e.start()
+	waitFor(t, 15*time.Second, "three attempts to start the program", func() (bool, string) {
+		n := len(d.logs.lines("cannot start"))
+		return n >= 3, fmt.Sprintf("%d attempts", n)
+	})
+	attempts := d.logs.lines("cannot start")
+	first, second, third := attempts[0].time(), attempts[1].time(), attempts[2].time()
+	if gap := second.Sub(first); gap < 900*time.Millisecond {
+		t.Errorf("second start attempt %v after the first; want a cooldown of at least 1s", gap)
+	}
+	if gap := third.Sub(second); gap < 1900*time.Millisecond {
+		t.Errorf("third start attempt %v after the second; want the cooldown doubled to 2s", gap)
+	}
+	if n := len(attempts); n > 4 {
+		t.Errorf("%d start attempts in %v; want no more than one per cooldown", n, third.Sub(first))
+	}
+	// Between attempts nothing runs the messages: they are pending, not failed.
+	e.waitCounts(5*time.Second, map[string]int{"pending": 3})
+	d.stopClean()
+	e.waitCounts(time.Second, map[string]int{"pending": 3})
+}
+
+func TestProgramThatExitsAtStartRequeuesItsMessagesAndFailsOnlyARepeatedHead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n[stage-a]\nPROGRAM = @BIN@/exitstage\nPARALLELISM = 1\n")
+	ids := e.insert("a", "a=done", "a=done")
+	d := e.start()
+	waitFor(t, 20*time.Second, "the head message to fail after repeated failed starts", func() (bool, string) {
+		r := e.row(ids[0])
+		return r.Status == "failed", r.String()
+	})
+	e.expectRow(ids[0], "failed", "a", "at the head of 3 failed worker starts")
+	if r := e.row(ids[1]); r.Status == "failed" {
+		t.Errorf("second message is %s; want it requeued, not failed (it was never at the head)", r)
+	}
+	if n := len(e.records("start")); n != 3 {
+		t.Errorf("the program was started %d times before the head failed; want 3", n)
+	}
+	d.stopClean()
+	e.expectRow(ids[1], "pending", "a", "")
+}
+
+// Feature: requeue on advance.
+
+func TestAdvancedMessageIsRequeuedForTheNextStagesPool(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a", "b", "c"))
+	ids := e.insert("a", repeat("a=advance:b;b=advance:c;c=done", 3)...)
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 3})
+	d.stopClean()
+
+	path := map[int64]string{}
+	pidStage := map[int]string{}
+	for _, r := range e.records("handle") {
+		path[r.ID] += r.Stage
+		if s, ok := pidStage[r.PID]; ok && s != r.Stage {
+			t.Errorf("worker pid %d handled messages at stages %s and %s; want one stage per worker", r.PID, s, r.Stage)
+		}
+		pidStage[r.PID] = r.Stage
+	}
+	for _, id := range ids {
+		if path[id] != "abc" {
+			t.Errorf("message %d went through stages %q; want \"abc\"", id, path[id])
+		}
+		e.expectRow(id, "done", "c", "")
+	}
+}
+
+// Feature: retry scheduling.
+
+func TestPausedMessageIsWokenAtItsTimeoutNotAtTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
+	ids := e.insert("a", "a=pause:800|done")
+	d := e.start()
+	e.waitCounts(5*time.Second, map[string]int{"done": 1}) // far below POLL_INTERVAL
+	d.stopClean()
+	h := e.records("handle")
+	if len(h) != 2 || h[0].Pass != 0 || h[1].Pass != 1 {
+		t.Fatalf("handle records %+v; want two passes of message %d", h, ids[0])
+	}
+	if gap := h[1].At.Sub(h[0].At); gap < 800*time.Millisecond || gap > 3*time.Second {
+		t.Errorf("second pass %v after the first; want it soon after the 800ms pause", gap)
+	}
+}
+
+// Feature: crash & watchdog recovery.
+
+func TestNonZeroAnswerFailsThatMessageAndTheWorkerLivesOn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", "a=done", "a=answer:7 bad input", "a=done", "a=done")
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 3, "failed": 1})
+	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
+		_, left, _ := e.dispatchStats()
+		return left == 4, fmt.Sprintf("messages_left %d", left)
+	})
+	d.stopClean()
+	e.expectRow(ids[1], "failed", "a", "bad input")
+	pids := map[int]bool{}
+	for _, r := range e.records("handle") {
+		pids[r.PID] = true
+	}
+	if len(pids) != 1 {
+		t.Errorf("%d worker processes handled the messages; want 1 (the worker survives a non-zero answer)", len(pids))
+	}
+	if s := e.stageStats()["a"]; s.Processed != 3 || s.Failed != 1 || s.Crashes != 0 {
+		t.Errorf("stage_stats a = %+v; want processed 3, failed 1, crashes 0", s)
+	}
+}
+
+func TestZeroAnswerThatLeavesTheRowRunningFailsItAsAStageBug(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", "a=noop", "a=done")
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 1, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[0], "failed", "a", "answered 0 but left the message running")
+	if n := len(e.handledBy()[ids[0]]); n != 1 {
+		t.Errorf("the stuck message ran %d times; want once (no loop)", n)
+	}
+}
+
+func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a", "b"))
+	a := e.insert("a", "a=done", "a=exit:3", "a=done", "a=done")
+	b := e.insert("b", "b=done", "b=segv", "b=done")
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"done": 5, "failed": 2})
+	waitFor(t, 10*time.Second, "statistics of 7 messages", func() (bool, string) {
+		_, left, _ := e.dispatchStats()
+		return left == 7, fmt.Sprintf("messages_left %d", left)
+	})
+	d.stopClean()
+
+	e.expectRow(a[1], "failed", "a", "crashed (exit status 3)")
+	e.expectRow(b[1], "failed", "b", "crashed (signal segmentation fault)")
+	by := e.handledBy()
+	for _, ids := range [][]int64{a, b} {
+		crashed := by[ids[1]][0]
+		for _, id := range ids[2:] {
+			e.expectRow(id, "done", string(e.row(id).Stage), "")
+			if slices.Contains(by[id], crashed) || len(by[id]) != 1 {
+				t.Errorf("message %d was handled by pids %v; want once, by a new worker (not the crashed pid %d)", id, by[id], crashed)
+			}
+		}
+		held := false
+		for _, r := range e.records("read") {
+			held = held || r.PID == crashed && slices.Contains(r.IDs, ids[2])
+		}
+		if !held {
+			t.Errorf("message %d was not in the pipeline of the crashed worker %d; the test proves nothing", ids[2], crashed)
+		}
+	}
+	st := e.stageStats()
+	for _, s := range []string{"a", "b"} {
+		if st[s].Crashes != 1 || st[s].Failed != 1 {
+			t.Errorf("stage_stats %s = %+v; want crashes 1, failed 1", s, st[s])
+		}
+	}
+}
+
+func TestProtocolErrorFailsTheHeadAndRequeuesTheRest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", "a=done", "a=print:this is not a status", "a=done")
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"done": 2, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[1], "failed", "a", `protocol error: worker pid`)
+	e.expectRow(ids[1], "failed", "a", `this is not a status`)
+	if by := e.handledBy(); slices.Contains(by[ids[2]], by[ids[1]][0]) {
+		t.Errorf("message %d ran on the worker that broke the protocol; want it requeued to a new one", ids[2])
+	}
+}
+
+func TestWatchdogTimesOutTheHeadAfterMaxRuntimeCountedFromWhenItReachedTheHead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 1s\n"+stages(1, 4, "a"))
+	// The first two take 1.2s together but each less than MAX_RUNTIME at the head.
+	ids := e.insert("a", "a=sleep:600+done", "a=sleep:600+done", "a=hang", "a=done")
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"done": 3, "timeout": 1})
+	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
+		_, left, _ := e.dispatchStats()
+		return left == 4, fmt.Sprintf("messages_left %d", left)
+	})
+	d.stopClean()
+	e.expectRow(ids[2], "timeout", "a", "no answer within MAX_RUNTIME 1s")
+	by := e.handledBy()
+	if slices.Contains(by[ids[3]], by[ids[2]][0]) {
+		t.Errorf("message %d ran on the killed worker; want it requeued to a new one", ids[3])
+	}
+	if s := e.stageStats()["a"]; s.Timeouts != 1 || s.Failed != 0 {
+		t.Errorf("stage_stats a = %+v; want timeouts 1, failed 0", s)
+	}
+}
+
+func TestRowAStageAlreadyAdvancedIsRequeuedNotFailedWhenItsWorkerDies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a", "p", "b"))
+	a := e.insert("a", "a=done", "a=advance:b+exit:3;b=done")
+	p := e.insert("p", "p=done", "p=advance:b+print:garbage;b=done")
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"done": 4})
+	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
+		_, left, _ := e.dispatchStats()
+		return left == 4, fmt.Sprintf("messages_left %d", left)
+	})
+	d.stopClean()
+	for _, id := range []int64{a[1], p[1]} {
+		e.expectRow(id, "done", "b", "")
+		if r := e.row(id); r.Passes["b"] != 1 {
+			t.Errorf("message %d passed stage b %d times; want once (requeued there after its worker died)", id, r.Passes["b"])
+		}
+	}
+	st := e.stageStats()
+	for _, s := range []string{"a", "p"} {
+		if st[s].Crashes != 1 || st[s].Failed != 0 {
+			t.Errorf("stage_stats %s = %+v; want crashes 1, failed 0", s, st[s])
+		}
+	}
+}
+
+// Feature: start-up / shutdown safety.
+
+func TestOrphanedRunningRowsAreResetAtStartAndProcessed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a", "b"))
+	if _, err := e.db.Exec(context.Background(), `INSERT INTO pepsi.queue (stage, status, payload) VALUES
+		('a', 'running', 'a=advance:b;b=done'), ('b', 'running', 'b=done'), ('a', 'pending', 'a=done')`); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 3})
+	d.stopClean()
+	if n := len(d.logs.lines("reset 2 orphaned running rows")); n != 1 {
+		t.Errorf("%d log lines about resetting 2 orphans; want 1", n)
+	}
+}
+
+func TestShutdownStopsWorkersAndLeavesNoRowRunning(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(2, 4, "a"))
+	e.insert("a", repeat("a=sleep:150+done", 40)...)
+	d := e.start()
+	waitFor(t, 10*time.Second, "a few messages done", func() (bool, string) {
+		c, err := e.counts()
+		return err == nil && c["done"] >= 4 && c["running"] > 0, fmtCounts(c)
+	})
+	d.stopClean()
+	c, err := e.counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c["running"] != 0 || c["done"]+c["pending"] != 40 {
+		t.Errorf("after shutdown the queue is %s; want only done and pending rows, 40 in all", fmtCounts(c))
+	}
+	if starts, exits := len(e.records("start")), len(e.records("exit")); starts != exits {
+		t.Errorf("%d workers started, %d finished their input and exited; want every worker stopped cleanly", starts, exits)
+	}
+	if s := e.stageStats()["a"]; s.Crashes != 0 || s.Processed != int64(c["done"]) {
+		t.Errorf("stage_stats a = %+v after shutdown; want processed %d (flushed on shutdown), crashes 0", s, c["done"])
+	}
+}
+
+func TestShutdownKillsWorkersThatDoNotStopWithinTheGraceAndRequeuesTheirRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nSTOP_GRACE = 300ms\n"+stages(2, 2, "a"))
+	e.insert("a", repeat("a=hang", 6)...)
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"running": 4, "pending": 2})
+	waitFor(t, 10*time.Second, "both workers to hold their messages", func() (bool, string) {
+		n := len(e.records("handle"))
+		return n == 2, fmt.Sprintf("%d messages being handled", n)
+	})
+	start := time.Now()
+	d.stopClean()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("shutdown took %v; want about STOP_GRACE 300ms", took)
+	}
+	e.waitCounts(time.Second, map[string]int{"pending": 6})
+}
+
+// Feature: statistics.
+
+func TestStatisticsAreFlushedWhenIdleAndAgreeWithTheQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, `
+[pepsi-dispatch]
+STATS_INTERVAL = 60
+[stage-a]
+PROGRAM = @BIN@/libstage
+[stage-b]
+PROGRAM = @BIN@/libstage
+[stage-c]
+PROGRAM = @BIN@/teststage
+`)
+	e.insert("a", repeat("a=advance:tag;tag=sleep:2+advance:b;b=done", 5)...)
+	e.insert("c", "c=answer:5 nope", "c=answer:5 nope", "c=done", "c=fused:x:1500+done")
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"done": 7, "failed": 2})
+	// STATS_INTERVAL is a minute: only the flush on going idle can be this quick.
+	waitFor(t, 5*time.Second, "the idle flush", func() (bool, string) {
+		passes, left, _ := e.dispatchStats()
+		return left == 9, fmt.Sprintf("stage_passes %d, messages_left %d", passes, left)
+	})
+	passes, left, seq := e.dispatchStats()
+	if want := int64(5 + 5 + 5 + 2 + 1); passes != want {
+		t.Errorf("stage_passes = %d; want %d (a, fused tag, b five times; c twice; fused x once)", passes, want)
+	}
+	if ended := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE status IN ('done', 'failed', 'timeout')`); left != ended {
+		t.Errorf("messages_left = %d; the queue holds %d finished messages", left, ended)
+	}
+	st := e.stageStats()
+	want := map[string]stageStats{
+		"a": {Processed: 5}, "tag": {Processed: 5}, "b": {Processed: 5},
+		"c": {Processed: 2, Failed: 2}, "x": {Processed: 1, ProcessingUS: 1500},
+	}
+	for s, w := range want {
+		got := st[s]
+		if got.Processed != w.Processed || got.Failed != w.Failed || got.Crashes != 0 || got.Timeouts != 0 {
+			t.Errorf("stage_stats %s = %+v; want processed %d, failed %d, no crashes or timeouts", s, got, w.Processed, w.Failed)
+		}
+		if w.ProcessingUS != 0 && got.ProcessingUS != w.ProcessingUS {
+			t.Errorf("stage_stats %s processing_us = %d; want %d as reported on the status line", s, got.ProcessingUS, w.ProcessingUS)
+		}
+		if s != "x" && got.ProcessingUS <= 0 {
+			t.Errorf("stage_stats %s processing_us = %d; want the time its passes took", s, got.ProcessingUS)
+		}
+	}
+	if len(st) != len(want) {
+		t.Errorf("stage_stats has rows for %d stages (%v); want %d", len(st), st, len(want))
+	}
+	d.stopClean()
+	if _, _, after := e.dispatchStats(); after != seq {
+		t.Errorf("flush_seq went from %d to %d at an idle shutdown; want nothing written without deltas", seq, after)
+	}
+}
+
+// Feature: one dispatcher per system.
+
+func TestSecondDispatcherRefusesToRunAndAStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	first := e.start()
+	waitFor(t, 10*time.Second, "the first dispatcher to hold the lock", func() (bool, string) {
+		return len(first.logs.lines("holding the dispatcher lock")) == 1, "not yet"
+	})
+	second := e.startWith("second dispatcher", false)
+	code, err := second.wait(10 * time.Second)
+	if code != dispatch.ExitLockHeld || err == nil || !strings.Contains(err.Error(), `application_name "pepsi-dispatch `) {
+		t.Errorf("second dispatcher: exit %d, err %v; want exit %d and an error naming the holder's application_name",
+			code, err, dispatch.ExitLockHeld)
+	}
+	standby := e.startWith("standby", true)
+	waitFor(t, 10*time.Second, "the standby to wait for the lock", func() (bool, string) {
+		return len(standby.logs.lines("standby: waiting for the dispatcher lock")) > 0, "not yet"
+	})
+	ids := e.insert("a", "a=done")
+	e.waitCounts(10*time.Second, map[string]int{"done": 1})
+	if len(standby.logs.lines("holding the dispatcher lock")) != 0 {
+		t.Fatalf("the standby took the lock while the first dispatcher held it")
+	}
+	first.stopClean()
+	waitFor(t, 15*time.Second, "the standby to take over", func() (bool, string) {
+		return len(standby.logs.lines("holding the dispatcher lock")) == 1, "not yet"
+	})
+	more := e.insert("a", "a=done")
+	e.waitCounts(10*time.Second, map[string]int{"done": 2})
+	standby.stopClean()
+	by := e.handledBy()
+	if len(by[ids[0]]) != 1 || len(by[more[0]]) != 1 || by[ids[0]][0] == by[more[0]][0] {
+		t.Errorf("messages handled by pids %v and %v; want one each, by the two dispatchers' own workers", by[ids[0]], by[more[0]])
+	}
+}
+
+// Feature: config propagation.
+
+func TestWorkersGetTheConfigFileAndTheirStage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a", "b"))
+	e.insert("a", "a=done")
+	e.insert("b", "b=done")
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 2})
+	d.stopClean()
+	starts := e.records("start")
+	if len(starts) != 2 {
+		t.Fatalf("%d workers started; want 2", len(starts))
+	}
+	seen := map[string]bool{}
+	for _, s := range starts {
+		if want := []string{"worker", "-c", e.conf}; !slices.Equal(s.Args, want) {
+			t.Errorf("worker pid %d got arguments %q; want %q", s.PID, s.Args, want)
+		}
+		seen[s.Env] = true
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Errorf("workers got PEPSI_STAGE values %v; want a and b", seen)
+	}
+}
+
+// The worker protocol: standard error is logged, tagged with stage and pid.
+
+func TestWorkerStandardErrorIsLoggedWithStageAndPID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	e.insert("a", "a=stderr:hello from stage a+done")
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 1})
+	waitFor(t, 5*time.Second, "the worker's stderr line in the log", func() (bool, string) {
+		return len(d.logs.lines("hello from stage a")) == 1, "not yet"
+	})
+	d.stopClean()
+	l := d.logs.lines("hello from stage a")[0]
+	pid := e.records("start")[0].PID
+	if l["stage"] != "a" || l["pid"] != float64(pid) || l["stream"] != "stderr" {
+		t.Errorf("stderr line logged as %v; want stage a, pid %d, stream stderr", l, pid)
+	}
+}
