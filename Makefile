@@ -23,8 +23,11 @@ purity:
 test: vet purity
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-bench:
+# The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate and the
+# pipeline's hops/s side by side (docs/performance.md).
+bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./core/
+	$(BIN)/pepsi-bench
 
 demo: build
 	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo

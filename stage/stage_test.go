@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
@@ -499,5 +501,53 @@ func TestLineThatIsNotAnIDIsAnsweredNonZero(t *testing.T) {
 	}
 	if got := w.answer(); got != "0" {
 		t.Errorf("answer for the id after it = %q, want \"0\" (blank lines are skipped)", got)
+	}
+}
+
+func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (id bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	ids := insertRunning(t, conn, "parse", "sneaky", "fine")
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+			if _, err := m.Tx.Exec(ctx, "INSERT INTO side VALUES ($1)", m.ID); err != nil {
+				return stage.Error(err.Error())
+			}
+			if string(m.Payload) == "sneaky" {
+				if _, err := m.Tx.Exec(ctx, "UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = $1", m.ID); err != nil {
+					return stage.Error(err.Error())
+				}
+			}
+			return stage.Advance("enrich")
+		}}})
+
+	w.send(idLines(ids))
+	want := fmt.Sprintf("1 the handler moved message %d itself; return a Result instead of writing pepsi.queue", ids[0])
+	if got := w.answer(); got != want {
+		t.Errorf("answer for the handler that moved its row = %q, want %q", got, want)
+	}
+	if got := w.answer(); got != "0" {
+		t.Errorf("answer for the next message = %q, want \"0\" (the connection is usable again)", got)
+	}
+	if r := get(t, conn, ids[0]); r.Stage != "parse" || r.Status != "running" {
+		t.Errorf("row moved by its handler is %s at %s, want running at parse (the pass rolled back)", r.Status, r.Stage)
+	}
+	if r := get(t, conn, ids[1]); r.Stage != "enrich" || r.Status != "running" {
+		t.Errorf("next row is %s at %s, want running at enrich", r.Status, r.Stage)
+	}
+	rows, err := conn.Query(context.Background(), "SELECT id FROM side ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	side, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(side) != fmt.Sprint(ids[1:]) {
+		t.Errorf("side table = %v, want %v (the bad pass's insert undone)", side, ids[1:])
 	}
 }

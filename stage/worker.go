@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -160,26 +161,57 @@ func (w *worker) handle(ctx context.Context, id int64) (string, error) {
 var errConnectionLost = errors.New("database connection lost while the handler ran")
 
 // transitionSQL performs every transition; the guard makes sure the row is still
-// running at the stage that handled it.
-const transitionSQL = `UPDATE pepsi.queue
-SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
-WHERE ingress_id = $1 AND status = 'running' AND stage = $6`
+// running at the stage that handled it. It is sent in one batch with the COMMIT,
+// so it must stop that COMMIT when it moved no row (see commit): it then fails
+// with division_by_zero, which nothing else in it can raise.
+const transitionSQL = `WITH moved AS (
+	UPDATE pepsi.queue
+	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
+	WHERE ingress_id = $1 AND status = 'running' AND stage = $6
+	RETURNING 1
+)
+SELECT 1 / count(*) FROM moved`
+
+// transitionNoRow is the SQLSTATE (division_by_zero) of a transition that moved
+// no row.
+const transitionNoRow = "22012"
+
+// lockSQL reads and locks the row a pass works on.
+const lockSQL = `SELECT stage, status, state, payload FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`
 
 // pass runs one id in one transaction. Its error is a database error; every
 // other outcome is a status line.
-func (w *worker) pass(ctx context.Context, id int64) (string, error) {
-	tx, err := w.conn.Begin(ctx)
-	if err != nil {
-		return "", fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit; a failed rollback ends with the connection
+//
+// It costs two round trips: BEGIN and the row lock go in one batch, the
+// transition and COMMIT in another (a trivial stage is bound by round trips,
+// and every one costs a context switch on both sides).
+func (w *worker) pass(ctx context.Context, id int64) (answer string, err error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(lockSQL, id)
+	br := w.conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer func() {
+		// The transition's batch ends the transaction on the server without
+		// closing tx, so ask the connection: roll back only what is still open
+		// (after an error, or when the pass answered without a transition).
+		if !w.conn.IsClosed() && w.conn.PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(context.WithoutCancel(ctx)) // a failed rollback ends with the connection
+		}
+	}()
 
 	var (
 		stage, status  string
 		state, payload []byte
 	)
-	err = tx.QueryRow(ctx, `SELECT stage, status, state, payload FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, id).
-		Scan(&stage, &status, &state, &payload)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close() // the begin error is the one to report
+		return "", fmt.Errorf("begin: %w", err)
+	}
+	err = br.QueryRow().Scan(&stage, &status, &state, &payload)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		w.log.Warn("message does not exist; answering 0 without running it", "stage", w.stage, "id", id)
 		return "0", nil
@@ -258,22 +290,50 @@ func (w *worker) pass(ctx context.Context, id int64) (string, error) {
 			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
 		}
 	}
-	tag, err := tx.Exec(ctx, transitionSQL, id, newStage, newStatus, timeout, newState, w.stage)
+	moved, err := w.commit(ctx, id, newStage, newStatus, timeout, newState)
 	if err != nil {
-		return "", fmt.Errorf("write transition of message %d: %w", id, err)
+		return "", err
 	}
-	if tag.RowsAffected() != 1 {
+	if !moved {
 		// The row is locked by this transaction, so only the handler's own
 		// statements on m.Tx can have moved it: a stage bug, undone by rollback.
 		return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, id)), nil
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return "", fmt.Errorf("commit message %d: %w", id, err)
 	}
 	if len(report) == 0 {
 		return "0", nil
 	}
 	return "0 " + strings.Join(report, " "), nil
+}
+
+// commit writes the transition and the COMMIT in one round trip. moved is false
+// when the transition found no row to move; the transaction is then left open
+// (aborted), for the caller's rollback.
+func (w *worker) commit(ctx context.Context, id int64, newStage, newStatus string, timeout *time.Time, newState []byte) (moved bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(transitionSQL, id, newStage, newStatus, timeout, newState, w.stage)
+	b.Queue("COMMIT")
+	br := w.conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err != nil {
+		_ = br.Close() // the transition's error is the one to report
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == transitionNoRow {
+			return false, nil
+		}
+		return false, fmt.Errorf("write transition of message %d: %w", id, err)
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("commit message %d: %w", id, err)
+	}
+	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
+	if tag.String() != "COMMIT" {
+		return false, fmt.Errorf("commit message %d: %w", id, pgx.ErrTxCommitRollback)
+	}
+	return true, nil
 }
 
 // call runs one handler, turning a panic into an Error result.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -60,6 +61,7 @@ func run(args []string, stderr io.Writer) int {
 		poll       = fs.String("poll-interval", "", "override POLL_INTERVAL")
 		stats      = fs.String("stats-interval", "", "override STATS_INTERVAL")
 		grace      = fs.String("stop-grace", "", "override STOP_GRACE")
+		cpuProfile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to `file` until exit")
 	)
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -117,6 +119,14 @@ func run(args []string, stderr io.Writer) int {
 	for i, s := range cfg.Stages {
 		names[i] = s.Name
 	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			log.Error("cannot start the CPU profile", "err", err)
+			return dispatch.ExitUsage
+		}
+		defer stop(log)
+	}
 	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","))
 	code, err := dispatch.Run(context.Background(), dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log})
 	if err != nil {
@@ -125,6 +135,25 @@ func run(args []string, stderr io.Writer) int {
 		log.Info("pepsi-dispatch stopped", "exit", code)
 	}
 	return code
+}
+
+// startCPUProfile profiles the process into file until the returned stop is
+// called (pepsi-bench -cpuprofile uses it to see where the dispatcher's time goes).
+func startCPUProfile(file string) (stop func(*slog.Logger), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func(log *slog.Logger) {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			log.Error("writing the CPU profile", "file", file, "err", err)
+		}
+	}, nil
 }
 
 func durationInto(d *time.Duration) func(string) error {
