@@ -772,7 +772,7 @@ func (c *Core) nextOpID() int64 {
 	return c.nextOp
 }
 
-// queueWork builds the step's transaction: reset, resolve, wake, claim, flush.
+// queueWork builds the step's transaction: reset, resolve, claim, wake, flush.
 func (c *Core) queueWork() {
 	if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {
 		return
@@ -793,16 +793,10 @@ func (c *Core) queueWork() {
 		c.owed = nil
 		resolving = true
 	}
-	waking := false
-	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
-		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now})
-		c.wakeDue = false
-		waking = true
-	}
 	if c.shutdown == 0 {
 		var caps []Cap
 		for _, st := range c.stages {
-			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving || waking) {
+			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving) {
 				caps = append(caps, Cap{Stage: st.cfg.Name, N: n})
 			}
 		}
@@ -810,6 +804,15 @@ func (c *Core) queueWork() {
 			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps})
 			c.claimGen = c.ingressGen
 		}
+	}
+	// The wake comes after the claim: rows it wakes are claimed by the next
+	// transaction, never by this one. Otherwise, if this transaction's reply were
+	// lost, a row that a stage paused before answering could be woken and claimed
+	// again at the same stage here, and the re-sent Resolve of its answer would
+	// then fail it (the row would look "running at the stage it was claimed for").
+	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
+		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now})
+		c.wakeDue = false
 	}
 	if f, ok := c.flushDue(idle); ok {
 		f.Op = c.nextOpID()
@@ -869,7 +872,9 @@ func (c *Core) finish() {
 	if c.shutdown == 0 || len(c.workers) > 0 {
 		return
 	}
-	if c.shutdown == 1 && (len(c.txn) > 0 || len(c.owed) > 0 || c.unflushed != nil || c.hasDeltas()) {
+	// needReset: a claim whose result was lost may have left rows running that no
+	// one holds; Exit 0 promises every row was reset or resolved.
+	if c.shutdown == 1 && (len(c.txn) > 0 || len(c.owed) > 0 || c.unflushed != nil || c.hasDeltas() || c.needReset) {
 		if c.dbDown && !c.waitLogged {
 			c.waitLogged = true
 			c.logf("warn", "waiting for the database to write %d results; signal again to exit now (the next start-up resets what is left)", len(c.owed))
@@ -877,7 +882,7 @@ func (c *Core) finish() {
 		return
 	}
 	code := 0
-	if len(c.owed) > 0 || len(c.txn) > 0 || c.unflushed != nil || c.hasDeltas() {
+	if len(c.owed) > 0 || len(c.txn) > 0 || c.unflushed != nil || c.hasDeltas() || c.needReset {
 		code = 1
 		c.logf("warn", "exiting with %d results unwritten; the next start-up resets their rows to pending", len(c.owed))
 	}

@@ -557,6 +557,53 @@ func TestLostResolveReplyIsResentSafely(t *testing.T) {
 	}
 }
 
+// Found by the simulator (testdata/sim/seeds.txt): a stage pauses its message briefly and
+// answers 0; the transaction that resolves the answer also wakes the row, and its
+// reply is lost. The re-sent resolve must not find the row claimed again at the
+// same stage and fail it as a stage bug: rows a transaction wakes are claimed by
+// the next one, after the re-sent resolve.
+func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLost(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	id := w.head(1)
+	w.at(30 * time.Second) // the heartbeat is due: this step's transaction wakes due rows
+	if !w.q.StageWrite(id, "a", "a", "paused", w.now) {
+		t.Fatalf("stage write of %d failed", id)
+	}
+	w.held[1] = w.held[1][1:]
+	w.loseReplies = true
+	w.step(core.Answer{Worker: 1, Line: "0"}) // resolve, wake (and claim) commit; the reply is lost
+	w.loseReplies = false
+	w.step(core.DatabaseUp{})
+	if r := w.row(id); r.Status == "failed" {
+		t.Fatalf("message %d was failed (%q) although its stage paused it before answering 0", id, r.DispatchError)
+	}
+	w.wantRow(id, "a", "running") // woken, then claimed again at a
+	if w.head(1) != id {
+		t.Errorf("message %d not handed to stage a again", id)
+	}
+}
+
+// Found by the simulator (testdata/sim/seeds.txt): a claim's reply is lost, so rows it took may
+// be running with no one holding them; a graceful shutdown must reset them before
+// it exits 0 ("every row was reset or resolved").
+func TestShutdownResetsRowsALostClaimMayHaveTakenBeforeExitingZero(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	w.q.Insert("a", 1)
+	w.loseReplies = true
+	w.step(core.Ingress{}) // claims row 1; the reply is lost
+	w.loseReplies = false
+	w.wantRow(1, "a", "running")
+	none[core.Exit](t, w.step(core.Shutdown{}), "exited while a lost claim's row may be running")
+	cmds := w.step(core.DatabaseUp{})
+	one[core.ResetOrphans](t, cmds)
+	if e := one[core.Exit](t, cmds); e.Code != 0 {
+		t.Errorf("exit code %d after resetting everything, want 0", e.Code)
+	}
+	w.wantRow(1, "a", "pending")
+}
+
 // Feature: statistics.
 
 func TestStatisticsAreFlushedAsDeltasOnIdleAndNeverEmpty(t *testing.T) {
