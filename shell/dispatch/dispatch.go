@@ -17,15 +17,18 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )
 
@@ -165,6 +168,13 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 		return ExitFatal, false, fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	if err := checkSchema(sctx, pool); err != nil {
+		// A server that answered is up: retrying cannot fix its schema. Anything
+		// else (the connection broke) is retried like a lost lock.
+		var pgErr *pgconn.PgError
+		var old *oldSchemaError
+		return ExitFatal, !errors.As(err, &pgErr) && !errors.As(err, &old), err
+	}
 	queue := pgqueue.New(pool, log)
 
 	events := make(chan core.Event, eventBufferMax)
@@ -212,6 +222,11 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	}
 
 	results := make(chan txnResult, 1)
+	// failures counts queue transactions that failed in a row. A failure the
+	// database answers at once (a missing table, a read-only server) would
+	// otherwise be retried as fast as the ping after it succeeds; each one in a
+	// row doubles the pause before the retry, up to probeMax.
+	var failures atomic.Int64
 	runTxn := func(cmds []core.Command) {
 		go func() {
 			evs := queue.Exec(sctx, cmds)
@@ -221,9 +236,13 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 					failed = true
 				}
 			}
+			if !failed {
+				failures.Store(0)
+			}
 			results <- txnResult{events: evs, failed: failed}
 			if failed {
-				probe(sctx, queue, log, dbUp)
+				n := failures.Add(1)
+				probe(sctx, queue, log, dbUp, min(probeMin<<min(n-1, 16), probeMax))
 			}
 		}()
 	}
@@ -320,8 +339,14 @@ func drain(pending []core.Event, events <-chan core.Event, results <-chan txnRes
 	return pending
 }
 
-// probe pings the database with capped backoff until it answers, then reports up.
-func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- struct{}) {
+// probe waits pause, then pings the database with capped backoff until it
+// answers, then reports up.
+func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- struct{}, pause time.Duration) {
+	select {
+	case <-time.After(pause):
+	case <-ctx.Done():
+		return
+	}
 	backoff := probeMin
 	for ctx.Err() == nil {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -339,6 +364,36 @@ func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- st
 		}
 		backoff = min(2*backoff, probeMax)
 	}
+}
+
+// oldSchemaError reports a database whose PEPSI schema is missing or older than
+// the one this binary was built for.
+type oldSchemaError struct{ have, want int }
+
+func (e *oldSchemaError) Error() string {
+	if e.have == 0 {
+		return fmt.Sprintf("the database has no PEPSI schema (want version %d): run pepsi-queue migrate", e.want)
+	}
+	return fmt.Sprintf("the database has PEPSI schema version %d, this pepsi-dispatch needs %d: run pepsi-queue migrate", e.have, e.want)
+}
+
+// checkSchema makes sure the schema is there before the core starts: without it
+// every queue transaction fails at once, and a dispatcher that waited for the
+// database to come back would wait forever.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("check the schema: %w", err)
+	}
+	defer c.Release()
+	v, err := schema.Version(ctx, c.Conn())
+	if err != nil {
+		return fmt.Errorf("check the schema: %w", err)
+	}
+	if want := schema.Latest(); v < want {
+		return &oldSchemaError{have: v, want: want}
+	}
+	return nil
 }
 
 func failedResult(ev core.Event) bool {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // Each test below proves one feature of pepsi-dispatch(1) end to end: the real
@@ -589,4 +590,49 @@ func TestWorkerStandardErrorIsLoggedWithStageAndPID(t *testing.T) {
 	if l["stage"] != "a" || l["pid"] != float64(pid) || l["stream"] != "stderr" {
 		t.Errorf("stderr line logged as %v; want stage a, pid %d, stream stderr", l, pid)
 	}
+}
+
+// The database: a missing schema is refused, a database that fails every write
+// is retried with backoff until it heals.
+
+func TestDatabaseWithoutTheSchemaIsRefusedWithExitFour(t *testing.T) {
+	t.Parallel()
+	e := newEnvAt(t, pgtest.NewDatabase(t), stages(1, 4, "a"))
+	d := e.start()
+	code, err := d.wait(10 * time.Second)
+	if code != dispatch.ExitFatal || err == nil || !strings.Contains(err.Error(), "pepsi-queue migrate") {
+		t.Errorf("exit %d, err %v; want exit %d and an error saying to run pepsi-queue migrate", code, err, dispatch.ExitFatal)
+	}
+}
+
+func TestQueueWritesThatFailAtOnceAreRetriedWithBackoffUntilTheDatabaseHeals(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	d := e.start()
+	first := e.insert("a", "a=done")
+	e.waitCounts(10*time.Second, map[string]int{"done": 1})
+	// Fault: every queue transaction fails at once although the server is up.
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue RENAME TO queue_away`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(context.Background(), `INSERT INTO pepsi.queue_away (stage, payload) VALUES ('a', 'a=done')`); err != nil {
+		t.Fatal(err) // its NOTIFY makes the dispatcher claim, and fail
+	}
+	waitFor(t, 10*time.Second, "the dispatcher to fail a queue write", func() (bool, string) {
+		return len(d.logs.lines("queue write failed")) > 0, "no failure logged"
+	})
+	time.Sleep(2 * time.Second) // the outage: how often it retries meanwhile is the point
+	failures := len(d.logs.lines("queue write failed"))
+	// Healing.
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue_away RENAME TO queue`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCounts(15*time.Second, map[string]int{"done": 2})
+	d.stopClean()
+	// Doubling from 100ms: 100+200+400+800 ms fit in the 2s outage, so at most
+	// about 6 attempts; a retry loop without backoff makes thousands.
+	if failures > 8 {
+		t.Errorf("%d failed queue transactions during a 2s outage; want a handful (retries back off)", failures)
+	}
+	e.expectRow(first[0], "done", "a", "")
 }
