@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -458,6 +459,30 @@ func TestShutdownKillsWorkersThatDoNotStopWithinTheGraceAndRequeuesTheirRows(t *
 	e.waitCounts(time.Second, map[string]int{"pending": 6})
 }
 
+func TestSecondSignalKillsWorkersAndExitsOneLeavingRowsForTheNextStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nSTOP_GRACE = 200ms\n"+stages(1, 4, "a"))
+	e.insert("a", repeat("a=sleep:5000+done", 2)...)
+	d := e.start()
+	waitFor(t, 10*time.Second, "the worker to be running a message", func() (bool, string) {
+		n := len(e.records("handle"))
+		return n == 1, fmt.Sprintf("%d messages being handled", n)
+	})
+	d.signals <- syscall.SIGTERM
+	d.signals <- syscall.SIGTERM
+	if code, err := d.wait(2 * time.Second); code != dispatch.ExitUnwritten || err != nil {
+		t.Errorf("after two signals: exit %d, err %v; want exit %d (results unwritten)", code, err, dispatch.ExitUnwritten)
+	}
+	e.waitCounts(time.Second, map[string]int{"running": 2})
+	// The next dispatcher resets them at start.
+	next := e.startWith("next dispatcher", false)
+	waitFor(t, 10*time.Second, "the next dispatcher to reset the orphans", func() (bool, string) {
+		return len(next.logs.lines("reset 2 orphaned running rows")) == 1, "not yet"
+	})
+	next.stopClean()
+	e.waitCounts(time.Second, map[string]int{"pending": 2})
+}
+
 // Feature: statistics.
 
 func TestStatisticsAreFlushedWhenIdleAndAgreeWithTheQueue(t *testing.T) {
@@ -544,6 +569,12 @@ func TestSecondDispatcherRefusesToRunAndAStandbyTakesOver(t *testing.T) {
 	})
 	more := e.insert("a", "a=done")
 	e.waitCounts(10*time.Second, map[string]int{"done": 2})
+	// A standby still waiting stops cleanly on a signal.
+	waiting := e.startWith("second standby", true)
+	waitFor(t, 10*time.Second, "the second standby to wait for the lock", func() (bool, string) {
+		return len(waiting.logs.lines("standby: waiting for the dispatcher lock")) > 0, "not yet"
+	})
+	waiting.stopClean()
 	standby.stopClean()
 	by := e.handledBy()
 	if len(by[ids[0]]) != 1 || len(by[more[0]]) != 1 || by[ids[0]][0] == by[more[0]][0] {
