@@ -3,6 +3,8 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -605,6 +607,26 @@ func TestWorkersGetTheConfigFileAndTheirStage(t *testing.T) {
 	}
 	if !seen["a"] || !seen["b"] {
 		t.Errorf("workers got PEPSI_STAGE values %v; want a and b", seen)
+	}
+}
+
+func TestWorkersGetConfigFileWhenItNamesAnotherFile(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nCONFIG_FILE = @DIR@/worker.conf\n"+stages(1, 4, "a"))
+	text, err := os.ReadFile(e.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	workerConf := filepath.Join(e.dir, "worker.conf")
+	if err := os.WriteFile(workerConf, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.insert("a", "a=done")
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 1})
+	d.stopClean()
+	if s := e.records("start"); len(s) != 1 || !slices.Equal(s[0].Args, []string{"worker", "-c", workerConf}) {
+		t.Errorf("workers started with %+v; want one, with arguments worker -c %s", s, workerConf)
 	}
 }
 

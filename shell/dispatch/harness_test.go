@@ -75,7 +75,7 @@ type env struct {
 
 // newEnv creates a migrated database and writes pepsi.conf: [pepsi] DATABASE
 // pointing at it, then text, in which @BIN@ stands for the directory of the test
-// programs.
+// programs and @DIR@ for the test's own directory (where pepsi.conf is).
 func newEnv(t *testing.T, text string) *env {
 	t.Helper()
 	return newEnvAt(t, pgtest.NewMigrated(t), text)
@@ -86,7 +86,7 @@ func newEnvAt(t *testing.T, url, text string) *env {
 	t.Helper()
 	e := &env{t: t, url: url, dir: t.TempDir()}
 	e.conf = filepath.Join(e.dir, "pepsi.conf")
-	full := "[pepsi]\nDATABASE = " + url + "\n" + strings.ReplaceAll(text, "@BIN@", binDir)
+	full := "[pepsi]\nDATABASE = " + url + "\n" + strings.NewReplacer("@BIN@", binDir, "@DIR@", e.dir).Replace(text)
 	if err := os.WriteFile(e.conf, []byte(full), 0o644); err != nil {
 		t.Fatal(err)
 	}
