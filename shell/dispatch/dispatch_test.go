@@ -355,9 +355,9 @@ func TestProtocolErrorFailsTheHeadAndRequeuesTheRest(t *testing.T) {
 
 func TestWatchdogTimesOutTheHeadAfterMaxRuntimeCountedFromWhenItReachedTheHead(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 1s\n"+stages(1, 4, "a"))
-	// The first two take 1.2s together but each less than MAX_RUNTIME at the head.
-	ids := e.insert("a", "a=sleep:600+done", "a=sleep:600+done", "a=hang", "a=done")
+	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 1500ms\n"+stages(1, 4, "a"))
+	// The first two take 1.8s together but each less than MAX_RUNTIME at the head.
+	ids := e.insert("a", "a=sleep:900+done", "a=sleep:900+done", "a=hang", "a=done")
 	d := e.start()
 	e.waitCounts(15*time.Second, map[string]int{"done": 3, "timeout": 1})
 	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
@@ -365,7 +365,7 @@ func TestWatchdogTimesOutTheHeadAfterMaxRuntimeCountedFromWhenItReachedTheHead(t
 		return left == 4, fmt.Sprintf("messages_left %d", left)
 	})
 	d.stopClean()
-	e.expectRow(ids[2], "timeout", "a", "no answer within MAX_RUNTIME 1s")
+	e.expectRow(ids[2], "timeout", "a", "no answer within MAX_RUNTIME 1.5s")
 	by := e.handledBy()
 	if slices.Contains(by[ids[3]], by[ids[2]][0]) {
 		t.Errorf("message %d ran on the killed worker; want it requeued to a new one", ids[3])
