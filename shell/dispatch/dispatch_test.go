@@ -472,7 +472,7 @@ func TestSecondSignalKillsWorkersAndExitsOneLeavingRowsForTheNextStart(t *testin
 	})
 	d.signals <- syscall.SIGTERM
 	d.signals <- syscall.SIGTERM
-	if code, err := d.wait(2 * time.Second); code != dispatch.ExitUnwritten || err != nil {
+	if code, err := d.wait(3 * time.Second); code != dispatch.ExitUnwritten || err != nil {
 		t.Errorf("after two signals: exit %d, err %v; want exit %d (results unwritten)", code, err, dispatch.ExitUnwritten)
 	}
 	e.waitCounts(time.Second, map[string]int{"running": 2})
