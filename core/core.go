@@ -117,6 +117,10 @@ type Core struct {
 	dbDown    bool
 	txn       []Command // queue commands awaiting results
 	owed      []Item    // resolve items not yet sent (or sent and failed)
+	// unsure: rows of resolve items sent in a transaction whose reply was lost.
+	// That transaction may have applied them and then woken and claimed the same
+	// rows again, so a reset after a lost claim must not keep them (see queueWork).
+	unsure map[int64]bool
 
 	epoch      string
 	nextPaused time.Time
@@ -147,6 +151,7 @@ func New(cfg *conf.Config) *Core {
 		workers:    map[WorkerID]*worker{},
 		stats:      map[string]*StageDelta{},
 		startFails: map[int64]int{},
+		unsure:     map[int64]bool{},
 	}
 	for _, sc := range cfg.Stages {
 		st := &stage{cfg: sc, stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
@@ -521,12 +526,16 @@ func (c *Core) resolved(e Resolved) {
 	cmd := c.result(e.Op, e.Err).(Resolve)
 	if e.Err != "" {
 		c.owed = append(slices.Clone(cmd.Items), c.owed...)
+		for _, it := range cmd.Items {
+			c.unsure[it.ID] = true
+		}
 		return
 	}
 	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
 	for i, o := range e.Outcomes {
 		it := cmd.Items[i]
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
+		delete(c.unsure, o.ID)
 		switch o.Status {
 		case "pending":
 			if st := c.byName[o.Stage]; st != nil {
@@ -772,7 +781,7 @@ func (c *Core) nextOpID() int64 {
 	return c.nextOp
 }
 
-// queueWork builds the step's transaction: reset, resolve, claim, wake, flush.
+// queueWork builds the step's transaction: reset, resolve, wake, claim, flush.
 func (c *Core) queueWork() {
 	if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {
 		return
@@ -780,7 +789,12 @@ func (c *Core) queueWork() {
 	idle := c.idle() // before the owed items move into the transaction
 	var txn []Command
 	if c.needReset {
-		keep := c.held()
+		// Rows whose resolve may already have been applied are not kept: the
+		// lost transaction may have woken and claimed them again, and the re-sent
+		// item would then fail a row that is running only because of that claim.
+		// Reset, such a row is left alone by the re-sent item and runs again; at
+		// worst a verdict becomes a retry.
+		keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })
 		if !c.resetDone {
 			keep = nil
 		}
@@ -793,10 +807,16 @@ func (c *Core) queueWork() {
 		c.owed = nil
 		resolving = true
 	}
+	waking := false
+	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
+		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now})
+		c.wakeDue = false
+		waking = true
+	}
 	if c.shutdown == 0 {
 		var caps []Cap
 		for _, st := range c.stages {
-			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving) {
+			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving || waking) {
 				caps = append(caps, Cap{Stage: st.cfg.Name, N: n})
 			}
 		}
@@ -804,15 +824,6 @@ func (c *Core) queueWork() {
 			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps})
 			c.claimGen = c.ingressGen
 		}
-	}
-	// The wake comes after the claim: rows it wakes are claimed by the next
-	// transaction, never by this one. Otherwise, if this transaction's reply were
-	// lost, a row that a stage paused before answering could be woken and claimed
-	// again at the same stage here, and the re-sent Resolve of its answer would
-	// then fail it (the row would look "running at the stage it was claimed for").
-	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
-		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now})
-		c.wakeDue = false
 	}
 	if f, ok := c.flushDue(idle); ok {
 		f.Op = c.nextOpID()
