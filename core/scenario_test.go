@@ -559,9 +559,10 @@ func TestLostResolveReplyIsResentSafely(t *testing.T) {
 
 // Found by the simulator (testdata/sim/seeds.txt): a stage pauses its message briefly and
 // answers 0; the transaction that resolves the answer also wakes the row, and its
-// reply is lost. The re-sent resolve must not find the row claimed again at the
-// same stage and fail it as a stage bug: rows a transaction wakes are claimed by
-// the next one, after the re-sent resolve.
+// reply is lost, after the same transaction woke the row and claimed it again.
+// The reset after the lost claim must not keep the row (its resolve may already
+// have been applied), so the re-sent item finds it pending instead of failing it
+// as a stage bug.
 func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLost(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -572,13 +573,13 @@ func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLos
 	}
 	w.held[1] = w.held[1][1:]
 	w.loseReplies = true
-	w.step(core.Answer{Worker: 1, Line: "0"}) // resolve, wake (and claim) commit; the reply is lost
+	w.step(core.Answer{Worker: 1, Line: "0"}) // resolve, wake and claim commit; the reply is lost
 	w.loseReplies = false
 	w.step(core.DatabaseUp{})
 	if r := w.row(id); r.Status == "failed" {
 		t.Fatalf("message %d was failed (%q) although its stage paused it before answering 0", id, r.DispatchError)
 	}
-	w.wantRow(id, "a", "running") // woken, then claimed again at a
+	w.wantRow(id, "a", "running") // reset, then claimed again at a
 	if w.head(1) != id {
 		t.Errorf("message %d not handed to stage a again", id)
 	}
