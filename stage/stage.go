@@ -11,11 +11,22 @@
 //		})
 //	}
 //
-// For each id the library opens one transaction, locks the row, checks that it is
-// still running at this stage, calls the handler, performs the transition the
-// handler chose (advance, finish, pause), commits, and only then answers. A handler
+// For each id the library reads the row, checks that it is still running at this
+// stage, calls the handler, performs the transition the handler chose (advance,
+// finish, pause) in one transaction, commits, and only then answers. A handler
 // may also run its own statements in that transaction (Message.Tx), so its writes
-// commit or vanish together with the transition.
+// commit or vanish together with the transition; its first statement locks the
+// row.
+//
+// Round trips. A trivial stage is bound by round trips to PostgreSQL, so a pass
+// whose handler does not use Message.Tx costs one: the row is read without a lock
+// (it is running at this stage, so only this worker moves it), and the transition
+// goes in one batch with BEGIN, COMMIT and the read of the next id's row, when
+// that id is already on standard input. The transition writes only over the row
+// version the handler was given (its xmin); if anything else changed the row
+// meanwhile, the transition writes nothing and the pass runs again on the row as
+// it is now, as it does when the first statement on Message.Tx finds the row
+// changed.
 //
 // Durability. The library sets synchronous_commit = off on its one connection, so
 // a stage commit does not wait for the WAL flush. That is safe because the
@@ -43,6 +54,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,10 +65,11 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
-// Handler handles one message at one stage. It runs inside the message's
-// transaction with the row locked; it may modify m.State (written with the
-// transition) and run statements on m.Tx. It must not commit or roll back m.Tx.
-// A panic is caught and answered as a failure of this message.
+// Handler handles one message at one stage. It may modify m.State (written with
+// the transition) and run statements on m.Tx, the message's transaction, which
+// begins and locks the row at the first of them. It must not commit or roll back
+// m.Tx. It may run more than once for the same message (see the package
+// comment). A panic is caught and answered as a failure of this message.
 type Handler func(ctx context.Context, m *Message) Result
 
 // Message is the claimed row a Handler works on.
@@ -72,8 +85,9 @@ type Message struct {
 	State map[string]any
 	// Payload is the message content.
 	Payload []byte
-	// Tx is the transaction that holds the row; statements run on it commit
-	// atomically with the transition.
+	// Tx is the message's transaction: its first statement begins it and locks
+	// the row; statements run on it commit atomically with the transition. Its
+	// Commit and Rollback refuse (the library ends it); Begin makes a savepoint.
 	Tx pgx.Tx
 }
 
@@ -144,11 +158,23 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer w.close()
 
-	in := bufio.NewScanner(o.In)
-	in.Buffer(make([]byte, 0, 512), idLineMax)
+	in := newLineReader(o.In)
 	out := bufio.NewWriter(o.Out)
-	for in.Scan() {
-		line := strings.TrimSpace(in.Text())
+	var ahead string // the next line, when it was already there to look at
+	haveAhead := false
+	for {
+		var line string
+		if haveAhead {
+			line, haveAhead = ahead, false
+		} else {
+			var err error
+			if line, err = in.next(); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return fmt.Errorf("read message ids: %w", err)
+			}
+		}
+		line = strings.TrimSpace(line)
 		if line == "" {
 			continue
 		}
@@ -157,8 +183,18 @@ func Run(ctx context.Context, o Options) error {
 		if perr != nil || id <= 0 {
 			answer = fmt.Sprintf("1 not a message id: %q", line)
 			log.Error("input line is not a message id", "stage", w.stage, "line", line)
-		} else if answer, err = w.handle(ctx, id); err != nil {
-			return err
+		} else {
+			// The dispatcher hands over several ids at once: when the next one is
+			// already here, its row comes back with this one's commit.
+			var next int64
+			if ahead, haveAhead = in.buffered(); haveAhead {
+				if n, err := strconv.ParseInt(strings.TrimSpace(ahead), 10, 64); err == nil && n > 0 {
+					next = n
+				}
+			}
+			if answer, err = w.handle(ctx, id, next); err != nil {
+				return err
+			}
 		}
 		// One flush per answer: the dispatcher times each message from when it
 		// reaches the head of the pipeline, and requeues advanced messages as soon
@@ -170,10 +206,6 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("write answer for %q: %w", line, err)
 		}
 	}
-	if err := in.Err(); err != nil {
-		return fmt.Errorf("read message ids: %w", err)
-	}
-	return nil
 }
 
 // usage is printed for a command line Main does not understand.
@@ -191,7 +223,16 @@ Stages in this program: %s
 // PEPSI_STAGE with standard input and output. It exits 0 at the end of input, 2 for
 // a bad command line or configuration (with a line on stderr saying why), and 1
 // for any other failure. It never returns.
+//
+// Unless GOMAXPROCS is set in the environment, Main runs the program on one
+// processor (runtime.GOMAXPROCS(1)): a stage program handles one message at a
+// time, and runs beside PARALLELISM others per stage, so more processors only
+// make the Go scheduler spin and hand the goroutine between threads at every
+// round trip, which costs a trivial stage about a sixth of its throughput.
 func Main(handlers map[string]Handler, opts ...Option) {
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		runtime.GOMAXPROCS(1)
+	}
 	os.Exit(runMain(os.Args, os.Stdin, os.Stdout, os.Stderr, handlers, opts))
 }
 

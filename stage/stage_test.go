@@ -551,3 +551,133 @@ func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {
 		t.Errorf("side table = %v, want %v (the bad pass's insert undone)", side, ids[1:])
 	}
 }
+
+func TestRowChangedWhileTheHandlerRanIsRunAgainOnTheNewRow(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	operator := pgtest.Connect(t, url)
+	ids := insertRunning(t, conn, "parse", "first", "second")
+	var mu sync.Mutex
+	calls := map[int64]int{}
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+			mu.Lock()
+			calls[m.ID]++
+			n := calls[m.ID]
+			mu.Unlock()
+			if m.ID == ids[1] && n == 1 {
+				// Its row was read with the first message's commit; change it now.
+				if _, err := operator.Exec(ctx, `UPDATE pepsi.queue SET state = '{"operator": "was here"}' WHERE ingress_id = $1`, m.ID); err != nil {
+					return stage.Error(err.Error())
+				}
+			}
+			m.State["seen"] = n
+			return stage.Advance("enrich")
+		}}})
+
+	w.send(idLines(ids)) // one write: the second id's row is read ahead
+	for i := range ids {
+		if got := w.answer(); got != "0" {
+			t.Errorf("answer %d = %q, want \"0\"", i, got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls[ids[0]] != 1 || calls[ids[1]] != 2 {
+		t.Errorf("handler calls = %v, want 1 for %d and 2 for %d (run again after its row changed)", calls, ids[0], ids[1])
+	}
+	r := get(t, conn, ids[1])
+	if r.Stage != "enrich" || r.State["operator"] != "was here" || r.State["seen"] != json.Number("2") {
+		t.Errorf("changed row = %s with state %v, want enrich with the operator's state and seen 2 (the second run's transition, not the first's)", r.Stage, r.State)
+	}
+}
+
+func TestRowChangedBeforeTheHandlersFirstStatementIsRunAgain(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	operator := pgtest.Connect(t, url)
+	ids := insertRunning(t, conn, "parse", "x")
+	var errs []string
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+			if len(errs) == 0 {
+				if _, err := operator.Exec(ctx, `UPDATE pepsi.queue SET state = '{"operator": "was here"}' WHERE ingress_id = $1`, m.ID); err != nil {
+					return stage.Error(err.Error())
+				}
+			}
+			_, err := m.Tx.Exec(ctx, "SELECT 1")
+			errs = append(errs, fmt.Sprint(err))
+			if err != nil {
+				return stage.Error(err.Error())
+			}
+			return stage.Done()
+		}}})
+
+	w.send(idLines(ids))
+	if got := w.answer(); got != "0" {
+		t.Errorf("answer = %q, want \"0\" (the second run's)", got)
+	}
+	if len(errs) != 2 || errs[0] == "<nil>" || errs[1] != "<nil>" {
+		t.Errorf("errors of the handler's statement per run = %q, want an error (row changed) and then none", errs)
+	}
+	if r := get(t, conn, ids[0]); r.Status != "done" || r.State["operator"] != "was here" {
+		t.Errorf("row = %s with state %v, want done with the operator's state", r.Status, r.State)
+	}
+}
+
+func TestMessageTransactionRefusesCommitAndRollbackButNestsSavepoints(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (what text)"); err != nil {
+		t.Fatal(err)
+	}
+	ids := insertRunning(t, conn, "parse", "x")
+	var commitErr, rollbackErr error
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+			for _, sp := range []string{"kept", "undone"} {
+				nested, err := m.Tx.Begin(ctx)
+				if err != nil {
+					return stage.Error(err.Error())
+				}
+				if _, err := nested.Exec(ctx, "INSERT INTO side VALUES ($1)", sp); err != nil {
+					return stage.Error(err.Error())
+				}
+				end := nested.Commit
+				if sp == "undone" {
+					end = nested.Rollback
+				}
+				if err := end(ctx); err != nil {
+					return stage.Error(err.Error())
+				}
+			}
+			commitErr, rollbackErr = m.Tx.Commit(ctx), m.Tx.Rollback(ctx)
+			return stage.Done()
+		}}})
+
+	w.send(idLines(ids))
+	if got := w.answer(); got != "0" {
+		t.Fatalf("answer = %q, want \"0\"", got)
+	}
+	if commitErr == nil || rollbackErr == nil {
+		t.Errorf("Commit and Rollback of Message.Tx returned %v and %v, want errors (the library ends the transaction)", commitErr, rollbackErr)
+	}
+	var got []string
+	rows, err := conn.Query(context.Background(), "SELECT what FROM side")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[kept]" {
+		t.Errorf("side table = %v, want [kept] (the released savepoint's insert committed, the rolled back one's not)", got)
+	}
+	if r := get(t, conn, ids[0]); r.Status != "done" {
+		t.Errorf("row is %s, want done", r.Status)
+	}
+}

@@ -47,6 +47,7 @@ type worker struct {
 	fused    map[string]bool
 	cfg      *pgx.ConnConfig
 	conn     *pgx.Conn // nil while disconnected
+	ahead    *row      // the next id's row, read in the previous pass's last round trip
 	log      *slog.Logger
 }
 
@@ -107,11 +108,13 @@ func (w *worker) close() {
 	}
 }
 
-// handle runs id to completion and returns its status line. It returns an error
-// only when ctx ends: a lost connection is re-established and the id run again
-// (the transition is guarded, so a run after an unknown commit outcome finds the
-// row moved and answers 0); a statement that fails is answered "1 …".
-func (w *worker) handle(ctx context.Context, id int64) (string, error) {
+// handle runs id to completion and returns its status line. next, if not 0, is
+// the id that follows it, already read: its row is fetched in the round trip that
+// commits id. handle returns an error only when ctx ends: a lost connection is
+// re-established and the id run again (the transition is guarded, so a run after
+// an unknown commit outcome finds the row moved and answers 0); a row changed
+// under the pass is run again; a statement that fails is answered "1 …".
+func (w *worker) handle(ctx context.Context, id, next int64) (string, error) {
 	delay := reconnectDelayMin
 	transient, losses := 0, 0
 	for {
@@ -129,10 +132,11 @@ func (w *worker) handle(ctx context.Context, id int64) (string, error) {
 			}
 			w.log.Info("reconnected; running the message again", "stage", w.stage, "id", id)
 		}
-		answer, err := w.pass(ctx, id)
+		answer, err := w.pass(ctx, id, next)
 		if err == nil {
 			return answer, nil
 		}
+		w.ahead = nil
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
@@ -148,7 +152,7 @@ func (w *worker) handle(ctx context.Context, id int64) (string, error) {
 				}
 				delay = min(2*delay, reconnectDelayMax)
 			}
-		case isTransient(err) && transient < transientAttemptsMax:
+		case (isTransient(err) || errors.Is(err, errRowChanged)) && transient < transientAttemptsMax:
 			transient++
 		default:
 			w.log.Error("message failed in the database", "stage", w.stage, "id", id, "err", err)
@@ -160,14 +164,35 @@ func (w *worker) handle(ctx context.Context, id int64) (string, error) {
 // errConnectionLost reports that the connection died while a handler ran.
 var errConnectionLost = errors.New("database connection lost while the handler ran")
 
-// transitionSQL performs every transition; the guard makes sure the row is still
-// running at the stage that handled it. It is sent in one batch with the COMMIT,
-// so it must stop that COMMIT when it moved no row (see commit): it then fails
-// with division_by_zero, which nothing else in it can raise.
+// row is a queue row as a pass reads it.
+type row struct {
+	id             int64
+	stage, status  string
+	state, payload []byte
+	// version is the row version's xmin: the transition of a pass that held no
+	// lock writes only over the version its handler was given.
+	version uint32
+}
+
+// readSQL reads the row a pass starts from, without a lock: the row is running
+// at this stage, so only this worker moves it, and the transition is guarded.
+const readSQL = `SELECT ingress_id, stage, status, state, payload, xmin FROM pepsi.queue WHERE ingress_id = $1`
+
+func scanRow(r pgx.Row) (row, error) {
+	var x row
+	err := r.Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.version)
+	return x, err
+}
+
+// transitionSQL performs every transition. The guard makes sure the row is still
+// running at the stage that handled it and, when $7 is not null, that it is still
+// the version the handler was given. It is sent in one batch with the COMMIT, so
+// it must stop that COMMIT when it moved no row (see commit): it then fails with
+// division_by_zero, which nothing else in it can raise.
 const transitionSQL = `WITH moved AS (
 	UPDATE pepsi.queue
 	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
-	WHERE ingress_id = $1 AND status = 'running' AND stage = $6
+	WHERE ingress_id = $1 AND status = 'running' AND stage = $6 AND ($7::xid IS NULL OR xmin = $7::xid)
 	RETURNING 1
 )
 SELECT 1 / count(*) FROM moved`
@@ -176,58 +201,37 @@ SELECT 1 / count(*) FROM moved`
 // no row.
 const transitionNoRow = "22012"
 
-// lockSQL reads and locks the row a pass works on.
-const lockSQL = `SELECT stage, status, state, payload FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`
-
 // pass runs one id in one transaction. Its error is a database error; every
 // other outcome is a status line.
 //
-// It costs two round trips: BEGIN and the row lock go in one batch, the
-// transition and COMMIT in another (a trivial stage is bound by round trips,
-// and every one costs a context switch on both sides).
-func (w *worker) pass(ctx context.Context, id int64) (answer string, err error) {
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(lockSQL, id)
-	br := w.conn.SendBatch(ctx, b)
-	tx := br.Tx()
-	defer func() {
-		// The transition's batch ends the transaction on the server without
-		// closing tx, so ask the connection: roll back only what is still open
-		// (after an error, or when the pass answered without a transition).
-		if !w.conn.IsClosed() && w.conn.PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(context.WithoutCancel(ctx)) // a failed rollback ends with the connection
-		}
-	}()
-
-	var (
-		stage, status  string
-		state, payload []byte
-	)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close() // the begin error is the one to report
-		return "", fmt.Errorf("begin: %w", err)
-	}
-	err = br.QueryRow().Scan(&stage, &status, &state, &payload)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+// A trivial stage is bound by round trips, each of which costs a context switch
+// on both sides, so a pass whose handler does not use Message.Tx costs one: its
+// row came with the previous pass's commit (or is read on its own), and its
+// transition goes in one batch with BEGIN, COMMIT and the read of the next id's
+// row. The handler works without a row lock; the transition writes only over the
+// row version it was given, and otherwise the pass runs again. A handler that
+// uses Message.Tx gets the transaction and the lock at its first statement (see
+// lazyTx), and its statements commit with the transition.
+func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
+	r, err := w.read(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		w.log.Warn("message does not exist; answering 0 without running it", "stage", w.stage, "id", id)
 		return "0", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("lock message %d: %w", id, err)
+		return "", fmt.Errorf("read message %d: %w", id, err)
 	}
-	if status != "running" || stage != w.stage {
+	if r.status != "running" || r.stage != w.stage {
 		// Someone else moved it, or an earlier run of ours committed before the
 		// connection broke: the dispatcher will see the row as it is.
 		w.log.Warn("message is not running at this stage; answering 0 without running it",
-			"stage", w.stage, "id", id, "row_stage", stage, "row_status", status)
+			"stage", w.stage, "id", id, "row_stage", r.stage, "row_status", r.status)
 		return "0", nil
 	}
-	m := &Message{ID: id, Stage: w.stage, Payload: payload, Tx: tx}
-	if m.State, err = decodeState(state); err != nil {
+	tx := &lazyTx{w: w, row: &r}
+	defer tx.end(ctx)
+	m := &Message{ID: id, Stage: w.stage, Payload: r.payload, Tx: tx}
+	if m.State, err = decodeState(r.state); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
 	}
 
@@ -248,6 +252,9 @@ func (w *worker) pass(ctx context.Context, id int64) (answer string, err error) 
 	}
 	if w.conn.IsClosed() {
 		return "", errConnectionLost
+	}
+	if tx.changed() {
+		return "", errRowChanged // whatever the handler decided, it decided on an old row
 	}
 	prefix := ""
 	if by != w.stage {
@@ -290,11 +297,16 @@ func (w *worker) pass(ctx context.Context, id int64) (answer string, err error) 
 			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
 		}
 	}
-	moved, err := w.commit(ctx, id, newStage, newStatus, timeout, newState)
+	moved, err := w.commit(ctx, tx, newStage, newStatus, timeout, newState, next)
 	if err != nil {
 		return "", err
 	}
 	if !moved {
+		if !tx.begun() {
+			// No lock was held: the row changed since it was read (an operator, or
+			// a previous dispatcher's reset). Run again on the row as it is now.
+			return "", errRowChanged
+		}
 		// The row is locked by this transaction, so only the handler's own
 		// statements on m.Tx can have moved it: a stage bug, undone by rollback.
 		return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, id)), nil
@@ -305,33 +317,65 @@ func (w *worker) pass(ctx context.Context, id int64) (answer string, err error) 
 	return "0 " + strings.Join(report, " "), nil
 }
 
-// commit writes the transition and the COMMIT in one round trip. moved is false
-// when the transition found no row to move; the transaction is then left open
-// (aborted), for the caller's rollback.
-func (w *worker) commit(ctx context.Context, id int64, newStage, newStatus string, timeout *time.Time, newState []byte) (moved bool, err error) {
+// read returns the row of id: the one fetched ahead by the previous pass if it is
+// that id's, else read now.
+func (w *worker) read(ctx context.Context, id int64) (row, error) {
+	if a := w.ahead; a != nil {
+		w.ahead = nil
+		if a.id == id {
+			return *a, nil
+		}
+	}
+	return scanRow(w.conn.QueryRow(ctx, readSQL, id))
+}
+
+// commit writes the transition and commits it, in one round trip with the read
+// of the next id's row (kept in w.ahead) when next is not 0. moved is false when
+// the transition found no row to move; the transaction is then left open
+// (aborted), for tx.end to roll back.
+func (w *worker) commit(ctx context.Context, tx *lazyTx, newStage, newStatus string, timeout *time.Time, newState []byte, next int64) (moved bool, err error) {
+	r := tx.row
+	var version *uint32
 	b := &pgx.Batch{}
-	b.Queue(transitionSQL, id, newStage, newStatus, timeout, newState, w.stage)
+	if !tx.begun() {
+		version = &r.version
+		b.Queue("BEGIN")
+	}
+	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, version)
 	b.Queue("COMMIT")
+	if next != 0 {
+		b.Queue(readSQL, next)
+	}
 	br := w.conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	if err != nil {
-		_ = br.Close() // the transition's error is the one to report
+	// Close repeats the first error, already returned below, or reports one in
+	// the read ahead, which only costs the next pass a read of its own.
+	defer br.Close() //nolint:errcheck // see above
+	if !tx.begun() {
+		if _, err := br.Exec(); err != nil {
+			return false, fmt.Errorf("begin: %w", err)
+		}
+	}
+	if _, err := br.Exec(); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == transitionNoRow {
 			return false, nil
 		}
-		return false, fmt.Errorf("write transition of message %d: %w", id, err)
+		return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
 	}
 	tag, err := br.Exec()
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
-		return false, fmt.Errorf("commit message %d: %w", id, err)
+		return false, fmt.Errorf("commit message %d: %w", r.id, err)
 	}
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
-		return false, fmt.Errorf("commit message %d: %w", id, pgx.ErrTxCommitRollback)
+		return false, fmt.Errorf("commit message %d: %w", r.id, pgx.ErrTxCommitRollback)
+	}
+	if next != 0 {
+		// Committed: a failure from here on costs only the read ahead, which the
+		// next pass then makes on its own.
+		if a, err := scanRow(br.QueryRow()); err == nil {
+			w.ahead = &a
+		}
 	}
 	return true, nil
 }

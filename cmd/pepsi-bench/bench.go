@@ -20,9 +20,7 @@ const (
 	// pipeline reaches it.
 	pipelineTimeoutBase       = 2 * time.Minute
 	pipelineTimeoutPerMessage = time.Millisecond
-	// pollEvery is how often the pipeline's progress is read. The end time is not
-	// the poll's: it is the last done row's updated_at, so the poll only has to
-	// notice the end.
+	// pollEvery is how often the pipeline's progress is read (see wait).
 	pollEvery = 50 * time.Millisecond
 	// stopWait is how long pepsi-dispatch may take to exit after SIGTERM.
 	stopWait = 30 * time.Second
@@ -45,6 +43,7 @@ type bench struct {
 	dispatch    string
 	cpuProfile  string
 	skipPgbench bool
+	keep        bool
 	timeout     time.Duration
 
 	url     string // the bench database
@@ -64,7 +63,7 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.prepare(); err != nil {
 		return err
 	}
-	keep := false
+	keep := b.keep
 	defer func() {
 		if keep {
 			fmt.Fprintf(b.out, "configuration and pepsi-dispatch logs kept in %s\n", b.dir)

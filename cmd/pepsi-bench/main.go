@@ -81,11 +81,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.rounds, "rounds", 3, "how many times to measure both, side by side")
 	fs.IntVar(&b.parallelism, "parallelism", 2, "PARALLELISM of each stage")
 	fs.IntVar(&b.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage")
-	fs.IntVar(&b.maxMessages, "max-messages", 1000, "MAX_MESSAGES of each stage (a worker recycles after that many)")
+	fs.IntVar(&b.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage (a worker recycles after that many; pepsi.conf default 1000)")
 	fs.StringVar(&b.server, "database", server, "admin `URL` of the PostgreSQL server (default: PEPSI_TEST_DATABASE_URL); the bench creates its own database there")
 	fs.StringVar(&b.dbName, "db-name", "pepsi_bench", "`NAME` of the bench's database, dropped and created afresh each round")
 	fs.StringVar(&b.dispatch, "dispatch", "", "the pepsi-dispatch `binary` (default: next to pepsi-bench, else on PATH)")
 	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write pepsi-dispatch's CPU profile of round R to `FILE`.R")
+	fs.BoolVar(&b.keep, "keep", false, "keep the working directory (configuration, pepsi-dispatch logs) after a successful run")
 	fs.BoolVar(&b.skipPgbench, "skip-pgbench", false, "measure the pipeline only (no ratio)")
 	fs.DurationVar(&b.timeout, "timeout", 0, "how long one pipeline run may take (default: 2 min + 1 ms per message)")
 	fs.Usage = func() {

@@ -1,0 +1,195 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// errHandlerEndsTx is what Commit and Rollback of Message.Tx return: the library
+// ends the transaction, with the transition.
+var errHandlerEndsTx = errors.New("stage: a handler must not commit or roll back Message.Tx; return a Result instead")
+
+// errRowChanged reports that the row changed between the read a pass started
+// from and its transition (or the lock a handler's first statement took), so the
+// pass must run again on the row as it is now.
+var errRowChanged = errors.New("the message's row changed while its handler ran")
+
+// lockSQL locks the row a handler is about to write beside, and reads what tells
+// whether it is still the version the handler was given.
+const lockSQL = `SELECT stage, status, xmin FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`
+
+// lazyTx is Message.Tx: a transaction that begins when the handler first uses
+// it. Most handlers never do, and their pass then needs no transaction of its
+// own until the transition (see worker.pass). Its first use begins the
+// transaction and locks the row in one round trip, checking that the row is
+// still the version the handler was given; if it is not, the statement fails
+// with errRowChanged and the pass runs again. From then on every call goes to
+// the real pgx transaction, savepoints (Begin) and large objects included.
+type lazyTx struct {
+	w   *worker
+	row *row
+	tx  pgx.Tx // the real transaction, once begun
+	err error  // why it could not begin; returned by every later call
+}
+
+// begun reports whether the handler opened the transaction.
+func (t *lazyTx) begun() bool { return t.tx != nil }
+
+// changed reports whether the row was found changed when the transaction began.
+func (t *lazyTx) changed() bool { return errors.Is(t.err, errRowChanged) }
+
+// ensure begins the transaction and locks the row, once.
+func (t *lazyTx) ensure(ctx context.Context) error {
+	if t.tx != nil || t.err != nil {
+		return t.err
+	}
+	conn := t.w.conn
+	if conn == nil || conn.IsClosed() {
+		t.err = errConnectionLost
+		return t.err
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(lockSQL, t.row.id)
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	var (
+		stage, status string
+		version       uint32
+	)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&stage, &status, &version)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err == nil && (stage != t.row.stage || status != t.row.status || version != t.row.version):
+		err = errRowChanged
+	case errors.Is(err, pgx.ErrNoRows):
+		err = errRowChanged
+	case err != nil:
+		err = fmt.Errorf("lock message %d: %w", t.row.id, err)
+	}
+	if err != nil {
+		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(context.WithoutCancel(ctx)) // a failed rollback ends with the connection
+		}
+		t.err = err
+		return err
+	}
+	t.tx = tx
+	return nil
+}
+
+// end rolls back whatever the pass left open: the handler's transaction when
+// the pass answered without committing it, or a transition that failed.
+func (t *lazyTx) end(ctx context.Context) {
+	conn := t.w.conn
+	if conn == nil || conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	// A failed rollback ends with the connection: the next pass reconnects.
+	if t.tx != nil {
+		_ = t.tx.Rollback(context.WithoutCancel(ctx))
+		return
+	}
+	_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+}
+
+// Begin starts a savepoint inside the message's transaction.
+func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.ensure(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Begin(ctx)
+}
+
+// Commit refuses: the library commits, with the transition.
+func (t *lazyTx) Commit(context.Context) error { return errHandlerEndsTx }
+
+// Rollback refuses: return Error to have the handler's statements undone.
+func (t *lazyTx) Rollback(context.Context) error { return errHandlerEndsTx }
+
+// CopyFrom runs COPY FROM in the message's transaction.
+func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.ensure(ctx); err != nil {
+		return 0, err
+	}
+	return t.tx.CopyFrom(ctx, table, columns, src)
+}
+
+// SendBatch sends b in the message's transaction.
+func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.ensure(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return t.tx.SendBatch(ctx, b)
+}
+
+// LargeObjects returns the large objects of the message's transaction. It has no
+// context and no error of its own: if the transaction cannot begin, the returned
+// value's methods report that the transaction is closed.
+func (t *lazyTx) LargeObjects() pgx.LargeObjects {
+	if err := t.ensure(context.Background()); err != nil {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		return pgx.FailedBatchResults(b, err).Tx().LargeObjects()
+	}
+	return t.tx.LargeObjects()
+}
+
+// Prepare prepares a statement on the message's connection.
+func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.ensure(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Prepare(ctx, name, sql)
+}
+
+// Exec runs sql in the message's transaction.
+func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.ensure(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.tx.Exec(ctx, sql, args...)
+}
+
+// Query runs sql in the message's transaction.
+func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.ensure(ctx); err != nil {
+		return errRows{err}, err
+	}
+	return t.tx.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql in the message's transaction.
+func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.ensure(ctx); err != nil {
+		return errRows{err}
+	}
+	return t.tx.QueryRow(ctx, sql, args...)
+}
+
+// Conn returns the stage's connection.
+func (t *lazyTx) Conn() *pgx.Conn { return t.w.conn }
+
+// errRows is the result of a query that could not be sent: no rows, and err.
+type errRows struct{ err error }
+
+func (r errRows) Close()                                       {}
+func (r errRows) Err() error                                   { return r.err }
+func (r errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r errRows) Next() bool                                   { return false }
+func (r errRows) Scan(...any) error                            { return r.err }
+func (r errRows) Values() ([]any, error)                       { return nil, r.err }
+func (r errRows) RawValues() [][]byte                          { return nil }
+func (r errRows) Conn() *pgx.Conn                              { return nil }
+func (r errRows) TypeMap() *pgtype.Map                         { return pgtype.NewMap() }
