@@ -55,8 +55,16 @@ type bench struct {
 // round is what one side-by-side measurement found.
 type round struct {
 	tps     float64       // pgbench transactions per second
+	commit  time.Duration // CPU time of one pgbench commit; 0 if unknown
 	hops    float64       // pipeline hops per second
 	elapsed time.Duration // dispatcher start to last done
+	cpu     pipelineCPU   // CPU time the pipeline took; zero if unknown
+}
+
+// pipelineCPU is the CPU time of a pipeline run: pepsi-dispatch with the workers
+// it reaped, and the database backends that served them.
+type pipelineCPU struct {
+	programs, backends time.Duration
 }
 
 func (b *bench) run(ctx context.Context) error {
@@ -91,10 +99,26 @@ func (b *bench) run(ctx context.Context) error {
 // line is one round's result in the form the brief asks for.
 func (r round) line(clients int) string {
 	if r.tps == 0 {
-		return fmt.Sprintf("pepsi: %.0f hops/s (%.2f s)", r.hops, r.elapsed.Seconds())
+		return fmt.Sprintf("pepsi: %.0f hops/s (%.2f s%s)", r.hops, r.elapsed.Seconds(), r.cpuNote())
 	}
-	return fmt.Sprintf("pgbench %d clients: %.0f tps; pepsi: %.0f hops/s = %.2f× pgbench (%.2f s)",
-		clients, r.tps, r.hops, r.hops/r.tps, r.elapsed.Seconds())
+	commit := ""
+	if r.commit > 0 {
+		commit = fmt.Sprintf(" (CPU per commit %.0f µs)", float64(r.commit.Nanoseconds())/1000)
+	}
+	return fmt.Sprintf("pgbench %d clients: %.0f tps%s; pepsi: %.0f hops/s = %.2f× pgbench (%.2f s%s)",
+		clients, r.tps, commit, r.hops, r.hops/r.tps, r.elapsed.Seconds(), r.cpuNote())
+}
+
+// cpuNote is the pipeline's CPU time per hop, which other load on the machine
+// disturbs far less than its hops/s.
+func (r round) cpuNote() string {
+	if r.cpu.backends == 0 || r.hops == 0 {
+		return ""
+	}
+	hops := r.hops * r.elapsed.Seconds()
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / hops }
+	return fmt.Sprintf("; CPU per hop %.0f µs: dispatcher and workers %.0f, their backends %.0f",
+		per(r.cpu.programs+r.cpu.backends), per(r.cpu.programs), per(r.cpu.backends))
 }
 
 // summary prints the medians and the spread, so a noisy machine shows as such.
@@ -157,20 +181,20 @@ func (b *bench) round(ctx context.Context, i int) (round, error) {
 		if err := b.freshDatabase(ctx); err != nil {
 			return r, err
 		}
-		tps, err := b.runPgbench(ctx)
+		tps, commit, err := b.runPgbench(ctx)
 		if err != nil {
 			return r, err
 		}
-		r.tps = tps
+		r.tps, r.commit = tps, commit
 	}
 	if err := b.freshDatabase(ctx); err != nil {
 		return r, err
 	}
-	elapsed, err := b.runPipeline(ctx, i)
+	elapsed, cpu, err := b.runPipeline(ctx, i)
 	if err != nil {
 		return r, err
 	}
-	r.elapsed = elapsed
+	r.elapsed, r.cpu = elapsed, cpu
 	r.hops = float64(hopsPerMessage*b.n) / elapsed.Seconds()
 	return r, nil
 }

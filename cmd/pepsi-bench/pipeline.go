@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -55,22 +56,26 @@ MAX_MESSAGES = %d
 // pepsi-dispatch and returns the time from its start to the last message done.
 // It then stops the dispatcher and checks that every message is done and that
 // the dispatcher counted every hop.
-func (b *bench) runPipeline(ctx context.Context, i int) (time.Duration, error) {
+//
+// cpu is the CPU time the pipeline took: pepsi-dispatch's and its workers' (which
+// it reaped), and that of the database backends serving them, read from /proc
+// when the server runs on this machine (else 0).
+func (b *bench) runPipeline(ctx context.Context, i int) (elapsed time.Duration, cpu pipelineCPU, err error) {
 	conn, err := pgx.Connect(ctx, b.url)
 	if err != nil {
-		return 0, fmt.Errorf("connect to the bench database: %w", err)
+		return 0, cpu, fmt.Errorf("connect to the bench database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := schema.Migrate(ctx, conn); err != nil {
-		return 0, fmt.Errorf("apply the schema: %w", err)
+		return 0, cpu, fmt.Errorf("apply the schema: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload)
 		SELECT $1, convert_to('message ' || g, 'UTF8') FROM generate_series(1, $2::int) g`, stageA, b.n); err != nil {
-		return 0, fmt.Errorf("enqueue %d messages: %w", b.n, err)
+		return 0, cpu, fmt.Errorf("enqueue %d messages: %w", b.n, err)
 	}
 	// A real queue has statistics; the claim's plan is tested either way.
 	if _, err := conn.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
-		return 0, fmt.Errorf("vacuum the queue: %w", err)
+		return 0, cpu, fmt.Errorf("vacuum the queue: %w", err)
 	}
 
 	text := fmt.Sprintf(confTemplate, b.url)
@@ -79,19 +84,19 @@ func (b *bench) runPipeline(ctx context.Context, i int) (time.Duration, error) {
 	}
 	confFile := filepath.Join(b.dir, "bench.conf")
 	if _, err := conf.Parse(confFile, text); err != nil {
-		return 0, fmt.Errorf("the bench configuration: %w", err)
+		return 0, cpu, fmt.Errorf("the bench configuration: %w", err)
 	}
 	if err := os.WriteFile(confFile, []byte(text), 0o600); err != nil {
-		return 0, err
+		return 0, cpu, err
 	}
 
 	var start time.Time
 	if err := conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&start); err != nil {
-		return 0, fmt.Errorf("read the server clock: %w", err)
+		return 0, cpu, fmt.Errorf("read the server clock: %w", err)
 	}
 	d, err := b.startDispatcher(confFile, i)
 	if err != nil {
-		return 0, err
+		return 0, cpu, err
 	}
 	stopped := false
 	defer func() {
@@ -100,20 +105,24 @@ func (b *bench) runPipeline(ctx context.Context, i int) (time.Duration, error) {
 		}
 	}()
 	if err := b.wait(ctx, conn, d); err != nil {
-		return 0, fmt.Errorf("%w\n%s", err, d.logTail())
+		return 0, cpu, fmt.Errorf("%w\n%s", err, d.logTail())
 	}
 	var end time.Time
 	if err := conn.QueryRow(ctx, "SELECT max(updated_at) FROM pepsi.queue WHERE status = 'done'").Scan(&end); err != nil {
-		return 0, fmt.Errorf("read the last done time: %w", err)
+		return 0, cpu, fmt.Errorf("read the last done time: %w", err)
 	}
+	backendCPU, backendsKnown := backendsCPU(ctx, conn)
 	stopped = true
 	if code, err := d.stop(); err != nil || code != 0 {
-		return 0, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
+		return 0, cpu, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
 	}
 	if err := b.verify(ctx, conn); err != nil {
-		return 0, fmt.Errorf("%w\n%s", err, d.logTail())
+		return 0, cpu, fmt.Errorf("%w\n%s", err, d.logTail())
 	}
-	return end.Sub(start), nil
+	if backendsKnown {
+		cpu = pipelineCPU{programs: d.cpu(), backends: backendCPU}
+	}
+	return end.Sub(start), cpu, nil
 }
 
 // wait polls until the dispatcher has counted every message out of the
@@ -222,6 +231,59 @@ func (d *dispatcher) kill() {
 	_ = d.cmd.Process.Kill() // it may have exited already
 	code := <-d.exited
 	d.exited <- code
+}
+
+// cpu is the user and system time of the exited dispatcher and of the workers it
+// reaped (wait4 reports both).
+func (d *dispatcher) cpu() time.Duration {
+	st := d.cmd.ProcessState
+	if st == nil {
+		return 0
+	}
+	return st.UserTime() + st.SystemTime()
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every Linux
+// architecture Go runs on.
+const clockTicks = 100
+
+// backendsCPU sums the CPU time of the other backends connected to the bench
+// database (the dispatcher's and its workers'), read from /proc/PID/stat. known
+// is false if any cannot be read (the server is not on this machine).
+func backendsCPU(ctx context.Context, conn *pgx.Conn) (cpu time.Duration, known bool) {
+	rows, err := conn.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+	if err != nil {
+		return 0, false
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil || len(pids) == 0 {
+		return 0, false
+	}
+	var ticks int64
+	for _, pid := range pids {
+		text, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, false
+		}
+		// Fields after the command, which is in parentheses and may hold spaces:
+		// state is the 3rd field, utime the 14th and stime the 15th.
+		rest := string(text)
+		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			return 0, false
+		}
+		for _, s := range f[11:13] {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				return 0, false
+			}
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, true
 }
 
 // logTail is the end of the dispatcher's log, for error messages.
