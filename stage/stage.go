@@ -21,8 +21,8 @@
 // Round trips. A trivial stage is bound by round trips to PostgreSQL, so a pass
 // whose handler does not use Message.Tx costs one: the row is read without a lock
 // (it is running at this stage, so only this worker moves it), and the transition
-// goes in one batch with BEGIN, COMMIT and the read of the next id's row, when
-// that id is already on standard input. The transition writes only over the row
+// goes in one batch with the read of the next id's row, when that id is already
+// on standard input; the batch is one implicit transaction. The transition writes only over the row
 // version the handler was given (its xmin); if anything else changed the row
 // meanwhile, the transition writes nothing and the pass runs again on the row as
 // it is now, as it does when the first statement on Message.Tx finds the row

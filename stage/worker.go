@@ -207,8 +207,7 @@ const transitionNoRow = "22012"
 // A trivial stage is bound by round trips, each of which costs a context switch
 // on both sides, so a pass whose handler does not use Message.Tx costs one: its
 // row came with the previous pass's commit (or is read on its own), and its
-// transition goes in one batch with BEGIN, COMMIT and the read of the next id's
-// row. The handler works without a row lock; the transition writes only over the
+// transition goes in one batch with the read of the next id's row (see commit). The handler works without a row lock; the transition writes only over the
 // row version it was given, and otherwise the pass runs again. A handler that
 // uses Message.Tx gets the transaction and the lock at its first statement (see
 // lazyTx), and its statements commit with the transition.
@@ -331,17 +330,65 @@ func (w *worker) read(ctx context.Context, id int64) (row, error) {
 
 // commit writes the transition and commits it, in one round trip with the read
 // of the next id's row (kept in w.ahead) when next is not 0. moved is false when
-// the transition found no row to move; the transaction is then left open
-// (aborted), for tx.end to roll back.
+// the transition found no row to move; a transaction the handler opened is then
+// left open (aborted), for tx.end to roll back.
+//
+// Without a transaction of the handler's, the batch is the read ahead and the
+// transition, which PostgreSQL runs as one implicit transaction committed at the
+// batch's end: no BEGIN or COMMIT to execute, and a failed read ahead means no
+// transition rather than a lost one.
 func (w *worker) commit(ctx context.Context, tx *lazyTx, newStage, newStatus string, timeout *time.Time, newState []byte, next int64) (moved bool, err error) {
-	r := tx.row
-	var version *uint32
-	b := &pgx.Batch{}
-	if !tx.begun() {
-		version = &r.version
-		b.Queue("BEGIN")
+	if tx.begun() {
+		return w.commitTx(ctx, tx.row, newStage, newStatus, timeout, newState, next)
 	}
-	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, version)
+	r := tx.row
+	b := &pgx.Batch{}
+	if next != 0 {
+		b.Queue(readSQL, next)
+	}
+	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
+	br := w.conn.SendBatch(ctx, b)
+	var ahead *row
+	if next != 0 {
+		a, err := scanRow(br.QueryRow())
+		switch {
+		case err == nil:
+			ahead = &a
+		case errors.Is(err, pgx.ErrNoRows):
+			// The next id has no row; its own pass will say so.
+		default:
+			_ = br.Close() // repeats err
+			if isConnectionLoss(err, w.conn) {
+				return false, fmt.Errorf("read message %d ahead: %w", next, err)
+			}
+			// The batch stopped at the read: the transition did not run. Send
+			// it on its own.
+			return w.commit(ctx, tx, newStage, newStatus, timeout, newState, 0)
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close() // repeats err; the implicit transaction is rolled back
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == transitionNoRow {
+			return false, nil
+		}
+		return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
+	}
+	// The batch's end commits the implicit transaction.
+	if err := br.Close(); err != nil {
+		return false, fmt.Errorf("commit message %d: %w", r.id, err)
+	}
+	w.ahead = ahead
+	return true, nil
+}
+
+// commitTx writes the transition in the transaction the handler opened, commits
+// it and then reads the next id's row, in one round trip.
+func (w *worker) commitTx(ctx context.Context, r *row, newStage, newStatus string, timeout *time.Time, newState []byte, next int64) (moved bool, err error) {
+	b := &pgx.Batch{}
+	// The row is locked: no version guard (the handler may have changed the row
+	// in place; only moving it is a bug).
+	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, nil)
 	b.Queue("COMMIT")
 	if next != 0 {
 		b.Queue(readSQL, next)
@@ -350,11 +397,6 @@ func (w *worker) commit(ctx context.Context, tx *lazyTx, newStage, newStatus str
 	// Close repeats the first error, already returned below, or reports one in
 	// the read ahead, which only costs the next pass a read of its own.
 	defer br.Close() //nolint:errcheck // see above
-	if !tx.begun() {
-		if _, err := br.Exec(); err != nil {
-			return false, fmt.Errorf("begin: %w", err)
-		}
-	}
 	if _, err := br.Exec(); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == transitionNoRow {
@@ -371,8 +413,6 @@ func (w *worker) commit(ctx context.Context, tx *lazyTx, newStage, newStatus str
 		return false, fmt.Errorf("commit message %d: %w", r.id, pgx.ErrTxCommitRollback)
 	}
 	if next != 0 {
-		// Committed: a failure from here on costs only the read ahead, which the
-		// next pass then makes on its own.
 		if a, err := scanRow(br.QueryRow()); err == nil {
 			w.ahead = &a
 		}
