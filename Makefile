@@ -32,5 +32,16 @@ bench: build
 demo: build
 	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo
 
+# The simulator's long campaign: the real core against the fake world under
+# faults, 100000 seeds (go test ./sim runs a fixed budget). A failure prints its
+# seed and the pepsi-sim command that replays it.
+sim-long:
+	$(GO) run ./cmd/pepsi-sim -runs 100000 -workers 2
+
+# Plant deliberate bugs in the core (sim/mutants) and check that the simulator
+# kills every one of them.
+mutants:
+	$(GO) run ./sim/mutants
+
 clean:
 	rm -rf $(BIN)

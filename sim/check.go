@@ -1,0 +1,969 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
+)
+
+// The checker. It follows what crosses the core's boundary — the events the world
+// feeds and the commands the core returns — and what the fake world does, and
+// holds the core to the specification after every step. It never looks inside the
+// core. Where a check needs a rule the reference text leaves to the core (the
+// start window, the cooldown, the watchdog pausing while the database is down),
+// it uses the documented constants and comments of package core.
+
+type killCause int
+
+const (
+	causeNone     killCause = iota
+	causeTimeout            // the watchdog: the head ran past MAX_RUNTIME
+	causeProtocol           // the worker wrote a line that is not a status line
+	causeGrace              // it did not exit within STOP_GRACE of being stopped
+	causeNow                // second shutdown request
+)
+
+// wmodel is what the checker knows of one worker of the current life.
+type wmodel struct {
+	id        core.WorkerID
+	stage     int
+	spawnAt   time.Time
+	started   bool // WorkerStarted delivered while it was starting: ready
+	gone      bool // SpawnFailed or WorkerExited delivered
+	stopped   bool
+	stoppedAt time.Time
+	killed    bool
+	cause     killCause
+	timedOut  int64
+	proto     bool         // it broke the protocol: the core ignores it from then on
+	queue     []int64      // handed and not answered, in order
+	handed    int          // ids ever handed
+	answered  int          // answers the core took
+	headSince time.Time    // when queue[0] became the head, as the core saw it
+	idleSince time.Time    // when it last had nothing to do
+	answers   []answerInfo // lines written, not yet delivered
+}
+
+// expect is how the core must resolve a message it no longer hands to a worker.
+type expect struct {
+	status string // "pending", "failed" or "timeout"
+	why    string
+	stage  string // the stage it was claimed for
+	epoch  string // answered 0: the epoch of its claim
+	reason string // a non-zero answer's reason ("" when the line had none)
+	answer bool   // answered 0: failing it is right only if the stage did not write
+	sent   bool   // its item is in the outstanding transaction
+	unsure bool   // its item was in a transaction whose reply was lost
+}
+
+// truth is what one core life did, counted from the world.
+type truth struct {
+	stages map[string]*core.StageDelta
+	passes int64
+	left   int64
+	exact  bool // its statistics must all have been flushed
+}
+
+func (t *truth) stage(name string) *core.StageDelta {
+	d := t.stages[name]
+	if d == nil {
+		d = &core.StageDelta{Stage: name}
+		t.stages[name] = d
+	}
+	return d
+}
+
+type cooldown struct {
+	step  time.Duration
+	until time.Time
+}
+
+type model struct {
+	// Of the current life.
+	shut       int  // shutdown signals delivered
+	coreDown   bool // the core saw a failed transaction and no DatabaseUp since
+	txnOut     bool // a queue transaction is outstanding
+	resetSent  bool // the start-up orphan reset was sent
+	workers    map[core.WorkerID]*wmodel
+	backlog    map[int64]string // claimed, not handed: id -> stage
+	holder     map[int64]core.WorkerID
+	expects    map[int64]*expect
+	claimEpoch map[int64]string
+	claimStage map[int64]string
+	claimGenOf map[int64]int // the claim (see claimGen) each held message came with
+	cool       []cooldown
+	startFails map[int64]int
+	verdicts   map[int64]string // rows this life's resolves failed or timed out, until the core hears of it
+	flushedAt  time.Time        // when the core made its last new flush (or started)
+	lastFlush  *core.Flush      // the last flush it sent
+	issued     *truth           // what its new flushes carried, summed
+
+	// Of every life.
+	claimGen []int // per row (id-1): how many times a claim took it
+	truths   []*truth
+	execLife int // the life whose transaction the fake queue is applying
+}
+
+func (w *world) newLifeModel() {
+	m := &w.model
+	m.shut, m.coreDown, m.txnOut, m.resetSent = 0, false, false, false
+	m.workers = map[core.WorkerID]*wmodel{}
+	m.backlog = map[int64]string{}
+	m.holder = map[int64]core.WorkerID{}
+	m.expects = map[int64]*expect{}
+	m.claimEpoch = map[int64]string{}
+	m.claimStage = map[int64]string{}
+	m.claimGenOf = map[int64]int{}
+	m.cool = make([]cooldown, len(w.sc.stages))
+	m.startFails = map[int64]int{}
+	m.verdicts = map[int64]string{}
+	m.lastFlush = nil
+	m.issued = &truth{stages: map[string]*core.StageDelta{}}
+	m.truths = append(m.truths, &truth{stages: map[string]*core.StageDelta{}})
+}
+
+func (w *world) truth() *truth { return w.truths[w.life-1] }
+
+func (w *world) violation(format string, args ...any) {
+	w.failf("invariant: "+format, args...)
+}
+
+// ---- events, applied in batch order, as the core applies them ----
+
+func (w *world) modelEvent(ev core.Event) {
+	switch e := ev.(type) {
+	case core.Start:
+		w.flushedAt = w.now
+	case core.Shutdown:
+		w.shut++
+		if w.shut == 1 {
+			for _, id := range sortedKeys(w.backlog) {
+				w.expects[id] = &expect{status: "pending", why: "claimed but not handed out at shutdown", stage: w.backlog[id]}
+			}
+			clear(w.backlog)
+		}
+	case core.DatabaseUp:
+		if w.coreDown {
+			// The watchdog does not run while the database is down; heads get a
+			// fresh MAX_RUNTIME (core.Core's documented rule).
+			w.coreDown = false
+			for _, x := range w.workers {
+				if !x.gone && len(x.queue) > 0 {
+					x.headSince = w.now
+				}
+			}
+		}
+	case core.WorkerStarted:
+		x := w.workers[e.Worker]
+		if x == nil {
+			w.failf("sim: WorkerStarted for unknown %s", e.Worker)
+			return
+		}
+		if !x.stopped && !x.killed && !x.started {
+			x.started = true
+			x.idleSince = w.now
+		}
+	case core.SpawnFailed:
+		x := w.workers[e.Worker]
+		x.gone = true
+		w.coolDown(x.stage)
+	case core.Answer:
+		w.modelAnswer(e)
+	case core.WorkerExited:
+		w.modelExit(e)
+	case core.Claimed:
+		w.txnResult(e.Err)
+		if e.Err != "" {
+			return
+		}
+		for _, r := range e.Rows {
+			w.claimEpoch[r.ID] = e.Epoch
+			w.claimGenOf[r.ID] = w.claimGen[r.ID-1]
+			w.claimStage[r.ID] = r.Stage
+			if _, held := w.heldBy(r.ID); held {
+				w.violation("claim returned message %d, which this core already holds (%s)", r.ID, w.heldText())
+				return
+			}
+			if w.shut > 0 {
+				w.expects[r.ID] = &expect{status: "pending", why: "claimed during shutdown", stage: r.Stage}
+			} else {
+				w.backlog[r.ID] = r.Stage
+			}
+		}
+	case core.Resolved:
+		w.txnResult(e.Err)
+		if e.Err != "" {
+			for _, ex := range w.expects {
+				if ex.sent {
+					ex.sent, ex.unsure = false, true
+				}
+			}
+			return
+		}
+		for _, o := range e.Outcomes {
+			if _, ok := w.expects[o.ID]; !ok {
+				w.failf("sim: outcome for message %d, which was not being resolved", o.ID)
+				return
+			}
+			delete(w.expects, o.ID)
+			if final(o.Status) {
+				w.truth().left++
+			}
+			if v, ok := w.verdicts[o.ID]; ok {
+				// The core learns now that its resolve failed or timed out the row.
+				delete(w.verdicts, o.ID)
+				if v == "failed" {
+					w.truth().stage(o.Stage).Failed++
+				} else {
+					w.truth().stage(o.Stage).Timeouts++
+				}
+			}
+		}
+	case core.Woken:
+		w.txnResult(e.Err)
+	case core.OrphansReset:
+		w.txnResult(e.Err)
+	case core.Flushed:
+		w.txnResult(e.Err)
+	}
+}
+
+func (w *world) txnResult(err string) {
+	w.txnOut = false
+	if err != "" {
+		w.coreDown = true
+	}
+}
+
+// queueAnswer records a line a worker wrote, to be matched with its delivery.
+func (w *world) queueAnswer(id core.WorkerID, a answerInfo) {
+	x := w.workers[id]
+	x.answers = append(x.answers, a)
+}
+
+func (w *world) coolDown(s int) {
+	c := &w.cool[s]
+	c.step = min(max(2*c.step, core.CooldownMin), core.CooldownMax)
+	c.until = w.now.Add(c.step)
+}
+
+func (w *world) modelAnswer(e core.Answer) {
+	x := w.workers[e.Worker]
+	if x == nil || x.gone || len(x.answers) == 0 {
+		w.failf("sim: answer from %s that the world did not write", e.Worker)
+		return
+	}
+	a := x.answers[0]
+	x.answers = x.answers[1:]
+	if x.proto {
+		return // the core ignores a worker after its protocol error
+	}
+	if len(x.queue) == 0 {
+		w.failf("sim: %s answered with nothing outstanding", e.Worker)
+		return
+	}
+	if a.malformed {
+		// The core kills it for the protocol error, even if it had already killed
+		// it for another reason: the line decides how its head ends.
+		x.proto = true
+		if x.killed {
+			x.cause = causeProtocol
+		}
+		return
+	}
+	stage := w.sc.stages[x.stage].name
+	head := x.queue[0]
+	x.queue = x.queue[1:]
+	delete(w.holder, head)
+	x.answered++
+	elapsed := w.now.Sub(x.headSince).Microseconds()
+	x.headSince = w.now
+	if len(x.queue) == 0 {
+		x.idleSince = w.now
+	}
+	w.cool[x.stage].step = 0
+	delete(w.startFails, head)
+
+	t := w.truth()
+	var fusedUS int64
+	for _, f := range a.fused {
+		d := t.stage(f.Stage)
+		d.Processed++
+		d.ProcessingUS += f.Micros
+		fusedUS += f.Micros
+	}
+	t.stage(stage).ProcessingUS += max(0, elapsed-fusedUS)
+	if a.code == 0 {
+		t.stage(stage).Processed++
+		t.passes += int64(1 + len(a.fused))
+		w.expects[head] = &expect{status: "failed", why: "answered 0", stage: stage, epoch: w.claimEpoch[head], answer: true}
+		return
+	}
+	w.expects[head] = &expect{status: "failed", why: "answered " + a.line, stage: stage, reason: a.reason}
+}
+
+func (w *world) modelExit(e core.WorkerExited) {
+	x := w.workers[e.Worker]
+	if x == nil || x.gone {
+		w.failf("sim: exit of %s, which is not alive", e.Worker)
+		return
+	}
+	x.gone = true
+	q := x.queue
+	x.queue = nil
+	for _, id := range q {
+		delete(w.holder, id)
+	}
+	stage := w.sc.stages[x.stage].name
+	owe := func(ids []int64, status, why string) {
+		for _, id := range ids {
+			w.expects[id] = &expect{status: status, why: why, stage: stage}
+		}
+	}
+	switch x.cause {
+	case causeTimeout:
+		if len(q) > 0 && q[0] == x.timedOut {
+			owe(q[:1], "timeout", "head of a worker the watchdog killed")
+			q = q[1:]
+		}
+		owe(q, "pending", "behind the head of a worker the watchdog killed")
+		return
+	case causeProtocol:
+		w.truth().stage(stage).Crashes++
+		if len(q) > 0 {
+			owe(q[:1], "failed", "head of a worker that broke the protocol")
+			q = q[1:]
+		}
+		owe(q, "pending", "behind the head of a worker that broke the protocol")
+		return
+	case causeGrace, causeNow:
+		owe(q, "pending", "held by a worker killed while stopping")
+		return
+	}
+	if x.stopped && len(q) == 0 && e.Code == 0 && e.Signal == "" {
+		return // a clean stop
+	}
+	w.truth().stage(stage).Crashes++
+	if x.answered == 0 && w.now.Sub(x.spawnAt) < core.StartWindow {
+		w.coolDown(x.stage)
+		if len(q) > 0 {
+			w.startFails[q[0]]++
+			if w.startFails[q[0]] >= core.StartFailLimit {
+				delete(w.startFails, q[0])
+				owe(q[:1], "failed", fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
+				q = q[1:]
+			}
+		}
+		owe(q, "pending", "held by a worker that could not start")
+		return
+	}
+	if len(q) > 0 {
+		owe(q[:1], "failed", "head of a crashed worker")
+		owe(q[1:], "pending", "behind the head of a crashed worker")
+	}
+}
+
+// ---- commands, checked before the world executes them ----
+
+func (w *world) modelCommands(cmds []core.Command) {
+	queued := false
+	for _, cmd := range cmds {
+		if core.IsQueue(cmd) {
+			if w.txnOut && !queued {
+				w.violation("a queue transaction is issued while another is outstanding: %s", cmd)
+				return
+			}
+			queued = true
+		}
+		switch x := cmd.(type) {
+		case core.ResetOrphans:
+			w.checkReset(x)
+		case core.Resolve:
+			for _, it := range x.Items {
+				w.checkItem(it)
+				if ex := w.expects[it.ID]; ex != nil {
+					ex.sent = true
+				}
+			}
+		case core.Claim:
+			w.checkClaim(x)
+		case core.Flush:
+			w.checkFlush(x)
+		case core.Spawn:
+			w.checkSpawn(x)
+		case core.Write:
+			w.checkWrite(x)
+		case core.Stop:
+			w.checkStop(x)
+		case core.Kill:
+			w.checkKill(x)
+		case core.Exit:
+			w.checkExit(x)
+		}
+		if w.fail != nil {
+			return
+		}
+	}
+	if queued {
+		w.txnOut = true
+	}
+}
+
+func (w *world) checkReset(x core.ResetOrphans) {
+	if !w.resetSent {
+		w.resetSent = true
+		if len(x.Keep) != 0 {
+			w.violation("the start-up orphan reset keeps %v; a new core holds nothing", x.Keep)
+		}
+		return
+	}
+	for _, id := range w.heldIDs() {
+		if ex := w.expects[id]; ex != nil && ex.unsure {
+			// A row whose resolve may already have been applied (and which the
+			// lost transaction may have claimed again) may be reset or kept.
+			continue
+		}
+		if !slices.Contains(x.Keep, id) {
+			w.violation("reset-orphans would reset message %d, which this core holds (%s), keep %v", id, w.heldText(), x.Keep)
+			return
+		}
+	}
+}
+
+func (w *world) checkItem(it core.Item) {
+	ex := w.expects[it.ID]
+	if s, ok := w.backlog[it.ID]; ok && ex == nil && it.Status == "pending" && it.Stage == s && it.Reason == "" && it.Epoch == "" {
+		// Giving back a claimed row no worker has seen is always safe (say, its
+		// stage cannot start a worker); whether it comes back is liveness's business.
+		delete(w.backlog, it.ID)
+		w.expects[it.ID] = &expect{status: "pending", why: "claimed, not handed out, given back", stage: s}
+		return
+	}
+	if ex == nil {
+		who := "no one"
+		if wid, ok := w.holder[it.ID]; ok {
+			who = wid.String() + ", which has not answered it"
+		} else if _, ok := w.backlog[it.ID]; ok {
+			who = "the core, which has not handed it out"
+		}
+		w.violation("resolve item %s for a message held by %s", it, who)
+		return
+	}
+	switch {
+	case it.Stage != ex.stage:
+		w.violation("resolve item %s names stage %s; the message was claimed for %s", it, it.Stage, ex.stage)
+	case it.Status != ex.status:
+		w.violation("resolve item %s: want status %s (%s)", it, ex.status, ex.why)
+	case ex.answer && it.Epoch != ex.epoch:
+		w.violation("resolve item %s for a message answered 0: want the epoch of its claim %q", it, ex.epoch)
+	case !ex.answer && it.Epoch != "":
+		w.violation("resolve item %s carries an epoch; only a message answered 0 may (%s)", it, ex.why)
+	case ex.status != "pending" && it.Reason == "":
+		w.violation("resolve item %s fails the message without a reason", it)
+	case ex.status == "pending" && it.Reason != "":
+		w.violation("resolve item %s requeues with a reason", it)
+	case ex.reason != "" && it.Reason != ex.reason:
+		w.violation("resolve item %s: want the worker's reason %q", it, ex.reason)
+	}
+}
+
+func (w *world) checkClaim(x core.Claim) {
+	if w.shut > 0 {
+		w.violation("claim during shutdown: %s", x)
+		return
+	}
+	for _, cp := range x.Caps {
+		s := w.stageIndex(cp.Stage)
+		st := w.sc.stages[s]
+		limit := st.parallelism * st.queueLimit
+		if held := w.heldAt(cp.Stage); cp.N <= 0 || held+cp.N > limit {
+			w.violation("claim asks %d rows of %s, which already holds %d: more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
+			return
+		}
+	}
+}
+
+func (w *world) checkFlush(x core.Flush) {
+	if x.StagePasses == 0 && x.MessagesLeft == 0 && len(x.Stages) == 0 {
+		w.violation("an empty statistics flush: %s", x)
+		return
+	}
+	for _, d := range x.Stages {
+		if d == (core.StageDelta{Stage: d.Stage}) {
+			w.violation("a statistics flush with an empty delta for %s: %s", d.Stage, x)
+			return
+		}
+	}
+	_, _, _, seq := w.q.Stats()
+	if x.Seq != seq && x.Seq != seq+1 {
+		w.violation("flush seq %d, but the last applied is %d: want it or the next", x.Seq, seq)
+		return
+	}
+	if last := w.lastFlush; last != nil && x.Seq == last.Seq {
+		a, b := *last, x
+		a.Op, b.Op = 0, 0
+		if a.String() != b.String() {
+			w.violation("a flush re-sent with seq %d differs from the first: %s, first %s", x.Seq, x, last)
+		}
+		return
+	}
+	since := w.now.Sub(w.flushedAt)
+	idle := w.nothingHeld()
+	switch {
+	case since >= w.sc.stats:
+	case idle && since >= core.IdleFlushMin:
+	case w.shut > 0 && idle && w.allGone():
+	default:
+		w.violation("%s is not due: %s since the last, STATS_INTERVAL %s, idle %v (at most once every %s)",
+			x, since, w.sc.stats, idle, core.IdleFlushMin)
+		return
+	}
+	w.flushedAt = w.now
+	f := x
+	w.lastFlush = &f
+	w.issued.passes += x.StagePasses
+	w.issued.left += x.MessagesLeft
+	for _, d := range x.Stages {
+		addDelta(w.issued.stage(d.Stage), d)
+	}
+}
+
+func (w *world) allGone() bool {
+	for _, y := range w.workers {
+		if !y.gone {
+			return false
+		}
+	}
+	return true
+}
+
+// unflushed reports whether the current life has statistics its flushes have
+// not carried yet.
+func (w *world) unflushed() bool {
+	t, f := w.truth(), w.issued
+	if t.passes != f.passes || t.left != f.left {
+		return true
+	}
+	for _, n := range sortedStrings(keysOf(t.stages)) {
+		if *t.stages[n] != *f.stage(n) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) checkSpawn(x core.Spawn) {
+	s := w.stageIndex(x.Stage)
+	st := w.sc.stages[s]
+	if w.shut > 0 {
+		w.violation("spawn during shutdown: %s", x)
+		return
+	}
+	if c := w.cool[s]; w.now.Before(c.until) {
+		w.violation("%s respawns stage %s during its cooldown (until %s)", x, x.Stage, c.until.Sub(epoch))
+		return
+	}
+	if w.workers[x.Worker] != nil {
+		w.violation("%s reuses a worker id", x)
+		return
+	}
+	live := 1
+	for _, y := range w.workers {
+		if y.stage == s && !y.gone {
+			live++
+		}
+	}
+	if live > st.parallelism {
+		w.violation("%s makes %d live workers of stage %s, PARALLELISM %d", x, live, x.Stage, st.parallelism)
+		return
+	}
+	w.workers[x.Worker] = &wmodel{id: x.Worker, stage: s, spawnAt: w.now, idleSince: w.now}
+}
+
+func (w *world) checkWrite(x core.Write) {
+	y := w.workers[x.Worker]
+	switch {
+	case y == nil || y.gone:
+		w.violation("%s to a worker that is not alive", x)
+		return
+	case !y.started || y.stopped || y.killed:
+		w.violation("%s to a worker that is not ready (started %v, stopped %v, killed %v)", x, y.started, y.stopped, y.killed)
+		return
+	}
+	stage := w.sc.stages[y.stage]
+	for _, id := range x.IDs {
+		if s, ok := w.backlog[id]; !ok || s != stage.name {
+			who := "not claimed by this core"
+			if wid, ok := w.holder[id]; ok {
+				who = "held by " + wid.String()
+			} else if ok {
+				who = "claimed for stage " + s
+			} else if _, ok := w.expects[id]; ok {
+				who = "being resolved"
+			}
+			w.violation("%s hands message %d to stage %s, but it is %s", x, id, stage.name, who)
+			return
+		}
+		if r, _ := w.q.Get(id); r.Status != "running" || r.Stage != stage.name {
+			w.violation("%s hands message %d, whose row is %s at %s (claim not committed?)", x, id, r.Status, r.Stage)
+			return
+		}
+		delete(w.backlog, id)
+		w.holder[id] = x.Worker
+	}
+	if len(y.queue) == 0 {
+		y.headSince = w.now
+	}
+	y.queue = append(y.queue, x.IDs...)
+	y.handed += len(x.IDs)
+	if len(y.queue) > stage.queueLimit {
+		w.violation("%s leaves %d unanswered ids with %s, QUEUE_LIMIT %d", x, len(y.queue), x.Worker, stage.queueLimit)
+	} else if y.handed > stage.maxMessages {
+		w.violation("%s hands %s its %dth id, MAX_MESSAGES %d", x, x.Worker, y.handed, stage.maxMessages)
+	}
+}
+
+func (w *world) checkStop(x core.Stop) {
+	y := w.workers[x.Worker]
+	if y == nil || y.gone {
+		w.violation("%s of a worker that is not alive", x)
+		return
+	}
+	if y.stopped || y.killed {
+		return
+	}
+	y.stopped, y.stoppedAt = true, w.now
+	if w.shut > 0 {
+		return
+	}
+	st := w.sc.stages[y.stage]
+	switch {
+	case len(y.queue) > 0:
+		w.violation("%s stops a worker holding %v outside a shutdown", x, y.queue)
+	case y.handed >= st.maxMessages:
+		// recycled
+	case !y.started:
+		w.violation("%s stops a worker that never became ready, outside a shutdown", x)
+	case w.now.Sub(y.idleSince) < w.sc.idle:
+		w.violation("%s reaps a worker idle for %s only, WORKER_IDLE_TIMEOUT %s", x, w.now.Sub(y.idleSince), w.sc.idle)
+	}
+}
+
+func (w *world) checkKill(x core.Kill) {
+	y := w.workers[x.Worker]
+	if y == nil || y.gone {
+		w.violation("%s of a worker that is not alive", x)
+		return
+	}
+	if y.killed {
+		return
+	}
+	y.killed = true
+	switch {
+	case y.proto:
+		y.cause = causeProtocol
+	case w.shut >= 2:
+		y.cause = causeNow
+	case y.stopped:
+		y.cause = causeGrace
+		if w.now.Sub(y.stoppedAt) < w.sc.grace {
+			w.violation("%s kills a stopped worker after %s, before STOP_GRACE %s", x, w.now.Sub(y.stoppedAt), w.sc.grace)
+		}
+	default:
+		y.cause = causeTimeout
+		if len(y.queue) == 0 {
+			w.violation("%s kills a worker that holds nothing and broke no rule", x)
+			return
+		}
+		if ran := w.now.Sub(y.headSince); ran < w.sc.maxRuntime {
+			w.violation("%s: the watchdog kills after %s at the head, before MAX_RUNTIME %s", x, ran, w.sc.maxRuntime)
+			return
+		}
+		y.timedOut = y.queue[0]
+	}
+}
+
+func (w *world) checkExit(x core.Exit) {
+	for _, id := range sortedKeys(w.workers) {
+		if !w.workers[id].gone {
+			w.violation("%s while %s is alive", x, id)
+			return
+		}
+	}
+	switch {
+	case x.Code != 0 && w.shut < 2:
+		w.violation("%s after a single shutdown request: a graceful shutdown must wait for every write", x)
+	case x.Code == 0 && !w.nothingHeld():
+		w.violation("%s although the core still holds or owes %s", x, w.heldText())
+	case x.Code == 0:
+		for _, r := range w.q.Rows() {
+			if r.Status == "running" {
+				w.violation("%s (every row reset or resolved) but row %d is running at %s", x, r.ID, r.Stage)
+				return
+			}
+		}
+	}
+}
+
+// ---- the state after each step ----
+
+func (w *world) checkState() {
+	if w.fail != nil || !w.running {
+		return
+	}
+	if !w.txnOut && !w.coreDown && w.shut == 0 && w.unflushed() {
+		since := w.now.Sub(w.flushedAt)
+		if since > w.sc.stats || (w.nothingHeld() && since > core.IdleFlushMin) {
+			w.violation("statistics unflushed %s after the last flush (STATS_INTERVAL %s, idle %v), and no transaction is outstanding",
+				since, w.sc.stats, w.nothingHeld())
+			return
+		}
+	}
+	if !w.txnOut && !w.coreDown && w.shut == 0 {
+		// Every paused row this core can know of is woken at its timeout: the
+		// core learns timeouts from Woken and Resolved, and sets its timer.
+		for id := int64(1); id <= int64(w.inserted); id++ {
+			r, _ := w.q.Get(id)
+			if _, held := w.heldBy(id); r.Status == "paused" && r.Timeout.Before(w.now) && !held {
+				w.violation("row %d is paused until %s, %s ago, and no wake is outstanding", id, r.Timeout.Sub(epoch), w.now.Sub(r.Timeout))
+				return
+			}
+		}
+	}
+	live := make([]int, len(w.sc.stages))
+	for _, id := range sortedKeys(w.workers) {
+		y := w.workers[id]
+		if y.gone {
+			continue
+		}
+		live[y.stage]++
+		st := w.sc.stages[y.stage]
+		if w.shut > 0 || !y.started {
+			if y.stopped && !y.killed && w.now.Sub(y.stoppedAt) > w.sc.grace {
+				w.violation("%s was stopped %s ago and is neither gone nor killed, STOP_GRACE %s", id, w.now.Sub(y.stoppedAt), w.sc.grace)
+				return
+			}
+			continue
+		}
+		if y.stopped || y.killed {
+			if y.stopped && !y.killed && w.now.Sub(y.stoppedAt) > w.sc.grace {
+				w.violation("%s was stopped %s ago and is neither gone nor killed, STOP_GRACE %s", id, w.now.Sub(y.stoppedAt), w.sc.grace)
+				return
+			}
+			continue
+		}
+		switch {
+		case len(y.queue) > 0:
+			if !w.coreDown && w.now.Sub(y.headSince) > w.sc.maxRuntime {
+				w.violation("%s's head %d has run %s unanswered and the watchdog has not killed it, MAX_RUNTIME %s",
+					id, y.queue[0], w.now.Sub(y.headSince), w.sc.maxRuntime)
+				return
+			}
+		case y.handed >= st.maxMessages:
+			w.violation("%s has handled MAX_MESSAGES %d, holds nothing and is not recycled", id, st.maxMessages)
+			return
+		case w.now.Sub(y.idleSince) > w.sc.idle:
+			w.violation("%s has been idle for %s and is not reaped, WORKER_IDLE_TIMEOUT %s", id, w.now.Sub(y.idleSince), w.sc.idle)
+			return
+		}
+	}
+	for s, st := range w.sc.stages {
+		if live[s] > st.parallelism {
+			w.violation("stage %s has %d live workers, PARALLELISM %d", st.name, live[s], st.parallelism)
+			return
+		}
+		if held, limit := w.heldAt(st.name), st.parallelism*st.queueLimit; held > limit {
+			w.violation("stage %s holds %d messages, more than QUEUE_LIMIT × PARALLELISM = %d", st.name, held, limit)
+			return
+		}
+	}
+}
+
+// ---- what the core holds ----
+
+// heldBy reports who in this life holds id: the backlog, a worker, or a resolve.
+func (w *world) heldBy(id int64) (string, bool) {
+	if s, ok := w.backlog[id]; ok {
+		return "claimed for " + s, true
+	}
+	if wid, ok := w.holder[id]; ok {
+		return "held by " + wid.String(), true
+	}
+	if ex, ok := w.expects[id]; ok {
+		return "owed " + ex.status, true
+	}
+	return "", false
+}
+
+func (w *world) heldIDs() []int64 {
+	var ids []int64
+	ids = append(ids, sortedKeys(w.backlog)...)
+	ids = append(ids, sortedKeys(w.holder)...)
+	ids = append(ids, sortedKeys(w.expects)...)
+	slices.Sort(ids)
+	return ids
+}
+
+func (w *world) nothingHeld() bool {
+	return len(w.backlog) == 0 && len(w.holder) == 0 && len(w.expects) == 0
+}
+
+func (w *world) heldText() string {
+	var parts []string
+	for _, id := range w.heldIDs() {
+		why, _ := w.heldBy(id)
+		parts = append(parts, fmt.Sprintf("%d %s", id, why))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// heldAt counts the messages of stage the core has claimed and not yet taken back
+// from a worker: its in-flight capacity.
+func (w *world) heldAt(stage string) int {
+	n := 0
+	for _, s := range w.backlog {
+		if s == stage {
+			n++
+		}
+	}
+	for _, y := range w.workers {
+		if !y.gone && w.sc.stages[y.stage].name == stage {
+			n += len(y.queue)
+		}
+	}
+	return n
+}
+
+// ---- the fake queue's changes ----
+
+// observe checks every row change the fake queue makes, and counts the rows the
+// dispatcher itself fails or times out.
+func (w *world) observe(c fakequeue.Change) {
+	if c.Before.Status == "pending" && c.After.Status == "running" && c.By != fakequeue.ByClaim {
+		w.violation("row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
+		return
+	}
+	if c.By == fakequeue.ByClaim {
+		w.claimGen[c.After.ID-1]++
+	}
+	if c.By != fakequeue.ByResolve || !(c.After.Status == "failed" || c.After.Status == "timeout") {
+		return
+	}
+	if w.execLife != w.life {
+		return // a dead core's last transaction, applied as it died: it never hears of it
+	}
+	id := c.After.ID
+	w.verdicts[id] = c.After.Status
+	if gen := w.claimGenOf[id]; gen != w.claimGen[id-1] {
+		w.violation("row %d was made %s by a resolve meant for its claim #%d, but it has been claimed again since (claim #%d): a verdict must only apply to the claim it was made for",
+			id, c.After.Status, gen, w.claimGen[id-1])
+		return
+	}
+	if ex := w.expects[id]; ex != nil && ex.answer && w.wrote[id-1] {
+		w.violation("message %d was failed as a stage bug (answered 0, left running), but its stage had committed a transition on that visit (which a PostgreSQL crash then lost): it must be requeued", id)
+	}
+}
+
+// ---- the end ----
+
+func (w *world) endLifeModel(exact bool) {
+	w.truth().exact = exact
+}
+
+// finalCheck runs after healing, once everything is quiescent: nothing lost,
+// every message final, and the statistics flushed as they happened.
+func (w *world) finalCheck() {
+	w.truth().exact = true // the life running at the end must have flushed everything
+	rows := w.q.Rows()
+	if len(rows) != w.inserted {
+		w.violation("%d rows in the queue, %d inserted", len(rows), w.inserted)
+		return
+	}
+	for _, r := range rows {
+		if !final(r.Status) {
+			w.violation("row %d is %s at %s at the end", r.ID, r.Status, r.Stage)
+			return
+		}
+	}
+	stages, passes, left, _ := w.q.Stats()
+	lo, hi := &truth{stages: map[string]*core.StageDelta{}}, &truth{stages: map[string]*core.StageDelta{}}
+	for _, t := range w.truths {
+		add(hi, t)
+		if t.exact {
+			add(lo, t)
+		}
+	}
+	check := func(what string, got, lo, hi int64) bool {
+		if got < lo || got > hi {
+			if lo == hi {
+				w.violation("flushed %s = %d, want %d (what happened)", what, got, lo)
+			} else {
+				w.violation("flushed %s = %d, want between %d (lives that must have flushed) and %d (all lives)", what, got, lo, hi)
+			}
+			return false
+		}
+		return true
+	}
+	if !check("dispatch_stats.stage_passes", passes, lo.passes, hi.passes) ||
+		!check("dispatch_stats.messages_left", left, lo.left, hi.left) {
+		return
+	}
+	names := map[string]bool{}
+	for n := range stages {
+		names[n] = true
+	}
+	for n := range hi.stages {
+		names[n] = true
+	}
+	for _, n := range sortedStrings(names) {
+		g, l, h := stages[n], lo.stage(n), hi.stage(n)
+		if !check("stage_stats["+n+"].processed", g.Processed, l.Processed, h.Processed) ||
+			!check("stage_stats["+n+"].failed", g.Failed, l.Failed, h.Failed) ||
+			!check("stage_stats["+n+"].timeouts", g.Timeouts, l.Timeouts, h.Timeouts) ||
+			!check("stage_stats["+n+"].crashes", g.Crashes, l.Crashes, h.Crashes) ||
+			!check("stage_stats["+n+"].processing_us", g.ProcessingUS, l.ProcessingUS, h.ProcessingUS) {
+			return
+		}
+	}
+	w.note("final check passed: %d messages, %d lives, passes %d, left %d", w.inserted, w.life, passes, left)
+}
+
+func add(sum, t *truth) {
+	sum.passes += t.passes
+	sum.left += t.left
+	for _, n := range sortedStrings(keysOf(t.stages)) {
+		addDelta(sum.stage(n), *t.stages[n])
+	}
+}
+
+func addDelta(s *core.StageDelta, d core.StageDelta) {
+	s.Processed += d.Processed
+	s.Failed += d.Failed
+	s.Timeouts += d.Timeouts
+	s.Crashes += d.Crashes
+	s.ProcessingUS += d.ProcessingUS
+}
+
+func keysOf[V any](m map[string]V) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
+}
+
+func sortedStrings(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,342 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// proc is a fake worker process. Like a real one it reads ids in order, handles
+// one message at a time (commit, then answer), answers strictly in order, and
+// after its standard input closes finishes what it was handed and exits 0. What it
+// does with each message comes from the scenario (the message's visit at this
+// stage); how the process itself misbehaves (cannot start, dies at once, starts
+// slowly) from the world's fault schedule.
+type proc struct {
+	id      core.WorkerID
+	life    int
+	stage   int
+	pid     int
+	never   bool      // the program could not be started: no process exists
+	readyAt time.Time // it reads its first id no earlier (a slow start)
+	inbox   []int64   // handed, not yet started
+	busy    bool      // handling cur
+	cur     int64
+	try     attempt
+	written bool // the current try has committed its transition
+	feeding bool // a read is scheduled
+	eof     bool // standard input closed
+	hung    bool // it wrote a malformed line and does nothing more
+	exiting bool // an exit (or death) is scheduled
+	dead    bool
+	outAt   time.Time // its last output's delivery: output stays in order
+}
+
+func (w *world) proc(id core.WorkerID) *proc {
+	p := w.procs[id]
+	if p == nil {
+		w.failf("command for %s, which was never spawned in this life", id)
+	}
+	return p
+}
+
+// brokenNow returns the broken-program window of stage s in force now, if any.
+func (w *world) brokenNow(s int) (broken, bool) {
+	if w.healing {
+		return broken{}, false
+	}
+	off := w.offset()
+	for _, b := range w.sc.faults.broken {
+		if b.stage == s && b.w.from <= off && off < b.w.to {
+			return b, true
+		}
+	}
+	return broken{}, false
+}
+
+func (w *world) stageIndex(name string) int {
+	for i, st := range w.sc.stages {
+		if st.name == name {
+			return i
+		}
+	}
+	panic(fmt.Sprintf("sim: unknown stage %q", name))
+}
+
+// spawn answers a Spawn at once, as the shell does: the program starts or it
+// cannot be started.
+func (w *world) spawn(x core.Spawn) {
+	s := w.stageIndex(x.Stage)
+	p := &proc{id: x.Worker, life: w.life, stage: s, readyAt: w.now}
+	w.procs[x.Worker] = p
+	b, isBroken := w.brokenNow(s)
+	if isBroken && !b.diesAtOnce {
+		p.never, p.dead = true, true
+		w.pending = append(w.pending, core.SpawnFailed{Worker: x.Worker,
+			Err: fmt.Sprintf("exec: %q: executable file not found in $PATH", x.Stage+"-stage")})
+		return
+	}
+	w.pids++
+	p.pid = 1000 + w.pids
+	w.pending = append(w.pending, core.WorkerStarted{Worker: x.Worker, PID: p.pid})
+	switch {
+	case isBroken:
+		w.note("%s pid %d cannot connect and will exit at once", x.Worker, p.pid)
+		p.exiting = true
+		w.after(w.randDur(w.rProc, time.Millisecond, 500*time.Millisecond), func() { w.die(p, 1, "") })
+	case w.chance(w.rProc, w.sc.faults.slowStart):
+		p.readyAt = w.now.Add(w.randDur(w.rProc, time.Second, 8*time.Second))
+		w.note("%s pid %d starts slowly: reads its first id at %s", x.Worker, p.pid, p.readyAt.Sub(epoch))
+	}
+}
+
+func (w *world) write(x core.Write) {
+	p := w.proc(x.Worker)
+	if p == nil || p.never {
+		return
+	}
+	p.inbox = append(p.inbox, x.IDs...)
+	w.feed(p)
+}
+
+func (w *world) stop(x core.Stop) {
+	p := w.proc(x.Worker)
+	if p == nil || p.never || p.dead {
+		return
+	}
+	p.eof = true
+	w.feed(p)
+}
+
+func (w *world) kill(x core.Kill) {
+	p := w.proc(x.Worker)
+	if p == nil || p.never || p.dead {
+		return
+	}
+	// SIGKILL takes a moment to land; until then the process may still commit
+	// and answer.
+	w.after(w.randDur(w.rProc, 0, 50*time.Millisecond), func() { w.die(p, -1, "killed") })
+}
+
+// feed makes an idle process read its next id, or exit after end of input.
+func (w *world) feed(p *proc) {
+	if p.dead || p.busy || p.hung || p.exiting || p.feeding {
+		return
+	}
+	if w.now.Before(p.readyAt) {
+		p.feeding = true
+		w.at(p.readyAt, p.life, func() { p.feeding = false; w.feed(p) })
+		return
+	}
+	if len(p.inbox) == 0 {
+		if p.eof {
+			p.exiting = true
+			w.after(w.randDur(w.rProc, 0, 50*time.Millisecond), func() { w.die(p, 0, "") })
+		}
+		return
+	}
+	id := p.inbox[0]
+	p.inbox = p.inbox[1:]
+	p.busy, p.cur = true, id
+	w.begin(p, id)
+}
+
+// begin starts handling id: the stage reads its row, and the try is chosen.
+func (w *world) begin(p *proc, id int64) {
+	name := w.sc.stages[p.stage].name
+	if !w.dbDown() {
+		r, _ := w.q.Get(id)
+		if r.Status != "running" || r.Stage != name {
+			w.failf("%s (stage %s) was handed message %d, but its row is %s at %s: not claimed for this stage",
+				p.id, name, id, r.Status, r.Stage)
+			return
+		}
+	}
+	m := w.sc.messages[w.msgOf[id-1]]
+	if p.stage < m.first || p.stage > m.last {
+		w.failf("message %d reached stage %s, which its route (%s..%s) never visits",
+			id, name, w.sc.stages[m.first].name, w.sc.stages[m.last].name)
+		return
+	}
+	v := m.visits[p.stage-m.first]
+	n := w.tries[id-1][p.stage]
+	w.tries[id-1][p.stage]++
+	a := attempt{kind: kGood, latency: v.latency}
+	if !w.healing && n < len(v.trouble) {
+		a = v.trouble[n]
+	}
+	p.try, p.written = a, false
+	w.wrote[id-1] = false
+	w.note("%s starts message %d at %s: %s, %s", p.id, id, name, a.kind, a.latency)
+	w.after(a.latency, func() { w.conclude(p, id) })
+}
+
+// conclude ends the try of id: commit (waiting for the database if it is down),
+// then answer, die or babble.
+func (w *world) conclude(p *proc, id int64) {
+	if p.dead {
+		return
+	}
+	a := p.try
+	if a.kind == kCrash {
+		c := crashCodes[w.rProc.IntN(len(crashCodes))]
+		w.die(p, c.code, c.signal)
+		return
+	}
+	if a.kind.writes() {
+		if w.dbDown() {
+			// The stage library reconnects and runs the message again.
+			w.at(w.upAt().Add(w.randDur(w.rProc, 100*time.Millisecond, time.Second)), p.life, func() { w.conclude(p, id) })
+			return
+		}
+		w.commit(p, id)
+	}
+	switch a.kind {
+	case kCrashAfter:
+		w.die(p, 1, "")
+		return
+	case kMalformed, kMalformedAfter:
+		w.answer(p, answerInfo{line: a.line, malformed: true})
+		p.hung = true
+		return
+	case kFail, kFailAfter:
+		w.answer(p, parseFailLine(a.line))
+	case kStageBug, kPause:
+		w.answer(p, answerInfo{line: "0"})
+	default:
+		w.answer(p, w.goodAnswer(p, id))
+	}
+	p.busy, p.cur = false, 0
+	w.feed(p)
+}
+
+// goodAnswer is the status line of the good pass: "0" plus the fused stage.
+func (w *world) goodAnswer(p *proc, id int64) answerInfo {
+	m := w.sc.messages[w.msgOf[id-1]]
+	v := m.visits[p.stage-m.first]
+	if v.fuse && p.stage+1 <= m.last {
+		f := w.sc.stages[p.stage+1].name
+		return answerInfo{line: fmt.Sprintf("0 %s:%d", f, v.fusedUS), fused: []core.Fused{{Stage: f, Micros: v.fusedUS}}}
+	}
+	return answerInfo{line: "0"}
+}
+
+// commit makes the try's transition, guarded like a real stage's.
+func (w *world) commit(p *proc, id int64) {
+	m := w.sc.messages[w.msgOf[id-1]]
+	v := m.visits[p.stage-m.first]
+	from := w.sc.stages[p.stage].name
+	to, status := from, "running"
+	var timeout time.Time
+	switch {
+	case p.try.kind == kPause:
+		status, timeout = "paused", w.now.Add(p.try.pause)
+	default:
+		next := p.stage + 1
+		if v.fuse && p.stage+1 <= m.last {
+			next++
+		}
+		if next > m.last {
+			status = m.end
+		} else {
+			to = w.sc.stages[next].name
+		}
+	}
+	if !w.q.StageWrite(id, from, to, status, timeout) {
+		r, _ := w.q.Get(id)
+		w.failf("%s (stage %s) cannot commit message %d: its row is %s at %s, not running here", p.id, from, id, r.Status, r.Stage)
+		return
+	}
+	w.wrote[id-1], p.written = true, true
+	w.note("%s commits message %d: %s -> %s %s", p.id, id, from, to, status)
+}
+
+var crashCodes = []struct {
+	code   int
+	signal string
+}{{1, ""}, {2, ""}, {139, ""}, {-1, "segmentation fault"}, {-1, "aborted"}}
+
+// answerInfo is what the world knows about a line it made a worker write.
+type answerInfo struct {
+	line      string
+	malformed bool
+	code      int
+	reason    string
+	fused     []core.Fused
+}
+
+// parseFailLine splits one of failLines (the world's own, so it knows the shape).
+func parseFailLine(line string) answerInfo {
+	head, rest, _ := strings.Cut(line, " ")
+	code, err := strconv.Atoi(head)
+	if err != nil {
+		panic(fmt.Sprintf("sim: fail line %q has no code", line))
+	}
+	return answerInfo{line: line, code: code, reason: strings.TrimSpace(rest)}
+}
+
+// answer writes a status line; it reaches the core after the pipe's latency,
+// after everything the process wrote before.
+func (w *world) answer(p *proc, a answerInfo) {
+	t := w.outTime(p)
+	w.queueAnswer(p.id, a)
+	w.at(t, p.life, w.deliver(core.Answer{Worker: p.id, Line: a.line}))
+}
+
+func (w *world) outTime(p *proc) time.Time {
+	t := w.now.Add(w.randDur(w.rProc, 0, 5*time.Millisecond))
+	if t.Before(p.outAt) {
+		t = p.outAt
+	}
+	p.outAt = t
+	return t
+}
+
+// die ends the process; its exit is reported after its last output.
+func (w *world) die(p *proc, code int, signal string) {
+	if p.dead {
+		return
+	}
+	p.dead, p.exiting = true, true
+	switch {
+	case signal != "":
+		w.note("%s pid %d dies (signal %s) holding %v", p.id, p.pid, signal, p.held())
+	case code != 0:
+		w.note("%s pid %d dies (exit status %d) holding %v", p.id, p.pid, code, p.held())
+	}
+	w.at(w.outTime(p), p.life, w.deliver(core.WorkerExited{Worker: p.id, Code: code, Signal: signal}))
+}
+
+func (p *proc) held() []int64 {
+	var ids []int64
+	if p.busy {
+		ids = append(ids, p.cur)
+	}
+	return append(ids, p.inbox...)
+}
+
+// vanish kills the process with its dispatcher: nothing is reported to anyone, and
+// a commit it was making happened or not.
+func (w *world) vanish(p *proc) {
+	if p.dead {
+		return
+	}
+	if p.busy && p.try.kind.writes() && !p.written && !w.dbDown() && w.rCrash.IntN(2) == 0 {
+		w.note("%s commits message %d as it dies with the dispatcher", p.id, p.cur)
+		w.commit(p, p.cur)
+	}
+	p.dead = true
+}
+
+func sortedKeys[K ~int | ~int64, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

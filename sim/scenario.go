@@ -1,0 +1,369 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// Scenario is everything one simulation run plays: the configuration, the
+// messages and what each stage does with them, and the fault schedule. It is
+// chosen whole before the run starts, from one seed (NewScenario) or by rapid
+// (DrawScenario), and printed first in every trace (String).
+type Scenario struct {
+	// Seed is the seed NewScenario made it from; 0 when rapid drew it.
+	Seed uint64
+	// WorldSeed seeds the fakes' own sources (latencies, which transaction a fault
+	// hits, which notification is lost); each fake derives its stream from it.
+	WorldSeed uint64
+
+	stages     []stageConf
+	maxRuntime time.Duration
+	idle       time.Duration
+	poll       time.Duration
+	stats      time.Duration
+	grace      time.Duration
+	// faultPhase is how long faults last; healing starts then.
+	faultPhase time.Duration
+	// restart is how long a crashed or shut-down dispatcher stays away.
+	restart  time.Duration
+	messages []message
+	faults   faults
+}
+
+type stageConf struct {
+	name        string
+	parallelism int
+	queueLimit  int
+	maxMessages int
+}
+
+// message is one queue row: when it is inserted, the stages it visits and what
+// each of them does.
+type message struct {
+	at     time.Duration // insertion time; 0 = before the dispatcher starts
+	first  int           // the stage it is inserted at
+	last   int           // the stage that finishes it
+	end    string        // what the last stage makes of it: "done" or "failed"
+	visits []visit       // visits[s-first] for each stage s in first..last
+}
+
+// visit is what one stage does with one message: a few troubled tries in the fault
+// phase, then the good pass (advance, or finish at the last stage).
+type visit struct {
+	fuse    bool  // the good pass also does the next stage's work and reports it fused
+	fusedUS int64 // the fused stage's reported time
+	latency time.Duration
+	trouble []attempt
+}
+
+type kind int
+
+// The things a stage can do with a message on one try.
+const (
+	kGood           kind = iota // the route's transition, then "0" (with fused stages)
+	kPause                      // pause the row at this stage, then "0"
+	kFail                       // answer a non-zero line without writing
+	kFailAfter                  // make the good transition, then answer non-zero
+	kStageBug                   // answer "0" without writing (the row stays running)
+	kCrash                      // die before committing anything
+	kCrashAfter                 // commit the good transition, die before answering
+	kHang                       // take longer than MAX_RUNTIME, then commit and answer
+	kMalformed                  // write a line that is not a status line
+	kMalformedAfter             // commit the good transition, then a malformed line
+	kSlow                       // the good pass, taking most of MAX_RUNTIME
+	kindCount
+)
+
+var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
+	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow"}
+
+func (k kind) String() string { return kindNames[k] }
+
+// writes reports whether a try of this kind commits a transition.
+func (k kind) writes() bool {
+	switch k {
+	case kGood, kPause, kFailAfter, kCrashAfter, kHang, kMalformedAfter, kSlow:
+		return true
+	}
+	return false
+}
+
+type attempt struct {
+	kind    kind
+	latency time.Duration
+	pause   time.Duration // kPause: how long the row stays paused
+	line    string        // kFail, kFailAfter, kMalformed, kMalformedAfter: the line
+}
+
+// failLines are valid non-zero status lines; malformedLines are not status lines
+// at all (a protocol error). The world knows which is which by construction, not
+// by asking the core's parser.
+var (
+	failLines = []string{"1 invalid address", "2", "-1 negative codes fail too", "75 temporary failure: try later", "3   spaced   reason  "}
+	// malformedLines must each be rejected by the protocol (SPEC.md: "anything
+	// else is a protocol error").
+	malformedLines = []string{"OK", "", "0 fused", "0 b:", "+0", "0 a:-1", "zero", "0x1 hex", " 0", "0 :5", "1.5 half"}
+)
+
+type faults struct {
+	// Per mille of the queue transactions of the fault phase that fail before
+	// taking effect, take effect and lose their reply, or hit a transient 40001
+	// the shell retries.
+	failBefore, failAfter, transient int
+	// lostNotify: per mille of NOTIFY ingress never delivered.
+	lostNotify int
+	// slowStart: per mille of spawns whose program takes seconds to read its input.
+	slowStart int
+	// outages: the database is unreachable (every transaction fails before).
+	outages []window
+	// pgCrashes: PostgreSQL crashes at from (stage writes since the last dispatcher
+	// commit and the crash sentinel are lost) and is down until to.
+	pgCrashes []window
+	// crashes: the dispatcher process dies (with its workers) at these instants.
+	crashes []time.Duration
+	// shutdowns: SIGTERM at these instants (and a second one after again, if set).
+	shutdowns []shutdown
+	// broken: a stage's program cannot start during a window.
+	broken []broken
+}
+
+type window struct{ from, to time.Duration }
+
+type shutdown struct {
+	at    time.Duration
+	again time.Duration // a second signal this long after the first; 0: none
+}
+
+type broken struct {
+	stage      int
+	w          window
+	diesAtOnce bool // the program starts and dies before answering (else: not found)
+}
+
+// chooser makes the scenario's choices. Both implementations give a value in
+// [lo, hi]; rapid's shrinks toward lo, so lo is always the benign choice.
+type chooser interface {
+	intn(label string, lo, hi int) int
+}
+
+type pcgChooser struct{ r *rand.Rand }
+
+func (c pcgChooser) intn(_ string, lo, hi int) int { return lo + c.r.IntN(hi-lo+1) }
+
+type rapidChooser struct{ t *rapid.T }
+
+func (c rapidChooser) intn(label string, lo, hi int) int {
+	return rapid.IntRange(lo, hi).Draw(c.t, label)
+}
+
+// NewScenario chooses a whole scenario from seed.
+func NewScenario(seed uint64) *Scenario {
+	c := pcgChooser{rand.New(rand.NewPCG(seed, 0x5ce7a210))}
+	sc := choose(c)
+	sc.Seed = seed
+	sc.WorldSeed = seed
+	return sc
+}
+
+// DrawScenario lets rapid choose a whole scenario, so that a failing one shrinks
+// toward fewer messages, fewer faults and better-behaved stages.
+func DrawScenario(t *rapid.T) *Scenario {
+	sc := choose(rapidChooser{t})
+	sc.WorldSeed = rapid.Uint64().Draw(t, "world_seed")
+	return sc
+}
+
+func secs(n int) time.Duration   { return time.Duration(n) * time.Second }
+func millis(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// choose makes every choice of a scenario, benign ones at the low end of each range.
+func choose(c chooser) *Scenario {
+	sc := &Scenario{}
+	n := c.intn("stages", 1, 4)
+	for i := range n {
+		name := string(rune('a' + i))
+		st := stageConf{
+			name:        name,
+			parallelism: c.intn(name+".parallelism", 1, 3),
+			queueLimit:  c.intn(name+".queue_limit", 1, 4),
+			maxMessages: c.intn(name+".max_messages", 0, 6),
+		}
+		if st.maxMessages == 0 {
+			st.maxMessages = 1000
+		}
+		sc.stages = append(sc.stages, st)
+	}
+	sc.maxRuntime = secs(c.intn("max_runtime_s", 2, 30))
+	sc.idle = secs(c.intn("worker_idle_timeout_s", 1, 5))
+	sc.poll = secs(c.intn("poll_interval_s", 1, 30))
+	sc.stats = secs(c.intn("stats_interval_s", 1, 60))
+	sc.grace = secs(c.intn("stop_grace_s", 1, 10))
+	sc.faultPhase = secs(c.intn("fault_phase_s", 10, 300))
+	sc.restart = millis(100 + c.intn("restart_ms", 0, 3000))
+
+	for range c.intn("messages", 1, 30) {
+		sc.messages = append(sc.messages, chooseMessage(c, sc))
+	}
+	sc.faults = chooseFaults(c, sc)
+	return sc
+}
+
+func chooseMessage(c chooser, sc *Scenario) message {
+	n := len(sc.stages)
+	m := message{first: c.intn("msg.first", 0, n-1)}
+	m.last = m.first + c.intn("msg.stages", 0, n-1-m.first)
+	if c.intn("msg.late", 0, 3) > 0 {
+		m.at = millis(c.intn("msg.at_ms", 0, int(sc.faultPhase/time.Millisecond)))
+	}
+	m.end = "done"
+	if c.intn("msg.end", 0, 3) == 3 {
+		m.end = "failed"
+	}
+	for s := m.first; s <= m.last; s++ {
+		v := visit{latency: millis(c.intn("visit.latency_ms", 1, 2000))}
+		if s < m.last && c.intn("visit.fuse", 0, 4) == 4 {
+			v.fuse = true
+			v.fusedUS = int64(c.intn("visit.fused_us", 0, 5000))
+		}
+		for range max(0, c.intn("visit.trouble", 0, 5)-2) {
+			v.trouble = append(v.trouble, chooseAttempt(c, sc))
+		}
+		m.visits = append(m.visits, v)
+	}
+	return m
+}
+
+func chooseAttempt(c chooser, sc *Scenario) attempt {
+	a := attempt{kind: kind(c.intn("try.kind", 1, int(kindCount)-1))}
+	switch a.kind {
+	case kHang:
+		a.latency = sc.maxRuntime + millis(c.intn("try.overrun_ms", 1, int(sc.maxRuntime/time.Millisecond)))
+	case kSlow:
+		a.latency = sc.maxRuntime * time.Duration(c.intn("try.slow_pct", 50, 98)) / 100
+	default:
+		a.latency = millis(c.intn("try.latency_ms", 1, 3000))
+	}
+	switch a.kind {
+	case kPause:
+		a.pause = secs(c.intn("try.pause_s", 1, 60))
+	case kFail, kFailAfter:
+		a.line = failLines[c.intn("try.fail_line", 0, len(failLines)-1)]
+	case kMalformed, kMalformedAfter:
+		a.line = malformedLines[c.intn("try.malformed_line", 0, len(malformedLines)-1)]
+	}
+	return a
+}
+
+// within picks a window inside the fault phase lasting up to maxLen.
+func within(c chooser, sc *Scenario, label string, maxLen time.Duration) window {
+	from := millis(c.intn(label+".from_ms", 0, int(sc.faultPhase/time.Millisecond)))
+	to := min(from+millis(c.intn(label+".len_ms", 1, int(maxLen/time.Millisecond))), sc.faultPhase)
+	return window{from, to}
+}
+
+func chooseFaults(c chooser, sc *Scenario) faults {
+	f := faults{
+		failBefore: 50 * c.intn("fail_before", 0, 4),
+		failAfter:  50 * c.intn("fail_after", 0, 4),
+		transient:  50 * c.intn("transient", 0, 4),
+		lostNotify: 100 * c.intn("lost_notify", 0, 5),
+		slowStart:  100 * c.intn("slow_start", 0, 3),
+	}
+	for range c.intn("outages", 0, 2) {
+		f.outages = append(f.outages, within(c, sc, "outage", time.Minute))
+	}
+	for range c.intn("pg_crashes", 0, 2) {
+		f.pgCrashes = append(f.pgCrashes, within(c, sc, "pg_crash", 30*time.Second))
+	}
+	for range c.intn("dispatcher_crashes", 0, 2) {
+		f.crashes = append(f.crashes, millis(c.intn("crash.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
+	}
+	for range c.intn("shutdowns", 0, 2) {
+		s := shutdown{at: millis(c.intn("shutdown.at_ms", 0, int(sc.faultPhase/time.Millisecond)))}
+		if c.intn("shutdown.twice", 0, 3) == 3 {
+			s.again = millis(c.intn("shutdown.again_ms", 1, 15000))
+		}
+		f.shutdowns = append(f.shutdowns, s)
+	}
+	for range c.intn("broken", 0, 2) {
+		b := broken{stage: c.intn("broken.stage", 0, len(sc.stages)-1), w: within(c, sc, "broken", time.Minute)}
+		b.diesAtOnce = c.intn("broken.dies_at_once", 0, 1) == 1
+		f.broken = append(f.broken, b)
+	}
+	return f
+}
+
+// Conf is the scenario's pepsi.conf.
+func (sc *Scenario) Conf() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[pepsi-dispatch]\nMAX_RUNTIME = %s\nWORKER_IDLE_TIMEOUT = %s\nPOLL_INTERVAL = %s\nSTATS_INTERVAL = %s\nSTOP_GRACE = %s\n",
+		sc.maxRuntime, sc.idle, sc.poll, sc.stats, sc.grace)
+	for _, st := range sc.stages {
+		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = %s-stage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
+			st.name, st.name, st.parallelism, st.queueLimit, st.maxMessages)
+	}
+	return b.String()
+}
+
+// String prints every choice of the scenario, as the head of its trace.
+func (sc *Scenario) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# scenario seed=%d world-seed=%d\n", sc.Seed, sc.WorldSeed)
+	for _, line := range strings.Split(strings.TrimSpace(sc.Conf()), "\n") {
+		fmt.Fprintf(&b, "# conf: %s\n", line)
+	}
+	fmt.Fprintf(&b, "# fault phase %s, dispatcher restart after %s\n", sc.faultPhase, sc.restart)
+	f := sc.faults
+	fmt.Fprintf(&b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
+		f.failBefore, f.failAfter, f.transient, f.lostNotify, f.slowStart)
+	for _, w := range f.outages {
+		fmt.Fprintf(&b, "# faults: database outage %s..%s\n", w.from, w.to)
+	}
+	for _, w := range f.pgCrashes {
+		fmt.Fprintf(&b, "# faults: PostgreSQL crash at %s, down until %s\n", w.from, w.to)
+	}
+	for _, at := range f.crashes {
+		fmt.Fprintf(&b, "# faults: dispatcher crash at %s\n", at)
+	}
+	for _, s := range f.shutdowns {
+		fmt.Fprintf(&b, "# faults: shutdown at %s", s.at)
+		if s.again > 0 {
+			fmt.Fprintf(&b, ", again %s later", s.again)
+		}
+		b.WriteString("\n")
+	}
+	for _, br := range f.broken {
+		how := "not found"
+		if br.diesAtOnce {
+			how = "dies at once"
+		}
+		fmt.Fprintf(&b, "# faults: stage %s program %s during %s..%s\n", sc.stages[br.stage].name, how, br.w.from, br.w.to)
+	}
+	for i, m := range sc.messages {
+		fmt.Fprintf(&b, "# message %d: at %s, %s..%s then %s:", i, m.at, sc.stages[m.first].name, sc.stages[m.last].name, m.end)
+		for j, v := range m.visits {
+			fmt.Fprintf(&b, " %s{", sc.stages[m.first+j].name)
+			for _, a := range v.trouble {
+				fmt.Fprintf(&b, "%s %s", a.kind, a.latency)
+				if a.pause > 0 {
+					fmt.Fprintf(&b, " for %s", a.pause)
+				}
+				if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter {
+					fmt.Fprintf(&b, " %q", a.line)
+				}
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "good %s", v.latency)
+			if v.fuse {
+				fmt.Fprintf(&b, " fused %dus", v.fusedUS)
+			}
+			b.WriteString("}")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}

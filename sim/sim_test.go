@@ -1,0 +1,143 @@
+package sim_test
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/pepsi-pipeline/pepsi/sim"
+)
+
+// The fixed budget of every go test run: rapidChecks scenarios drawn by rapid
+// (unless -rapid.checks or RAPID_CHECKS says otherwise), seeds 1..seedBudget (a
+// failure there replays with pepsi-sim -seed), and the regression seeds. With
+// -race on two cores it takes well under a minute; make sim-long runs more.
+const (
+	rapidChecks = 300
+	seedBudget  = 1000
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := os.Getenv("RAPID_CHECKS") != ""
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
+	if !set {
+		if err := flag.Set("rapid.checks", strconv.Itoa(rapidChecks)); err != nil {
+			panic(err)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// TestSimulation lets rapid draw scenarios and shrinks a failing one toward fewer
+// messages, fewer faults and better-behaved stages; replay it with the
+// -rapid.seed it prints.
+func TestSimulation(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		res := sim.Run(sim.DrawScenario(rt), sim.Options{})
+		if res.Failure != nil {
+			rt.Fatal(res.Failure.Error())
+		}
+	})
+}
+
+// TestSeeds runs a fixed budget of seeded scenarios.
+func TestSeeds(t *testing.T) {
+	for seed := uint64(1); seed <= seedBudget; seed++ {
+		res := sim.Run(sim.NewScenario(seed), sim.Options{})
+		if res.Failure != nil {
+			t.Fatal(res.Failure.Error())
+		}
+	}
+}
+
+// TestRegressionSeeds replays every seed that once found a bug
+// (testdata/sim/seeds.txt: one seed per line, # comments).
+func TestRegressionSeeds(t *testing.T) {
+	seeds := regressionSeeds(t)
+	if len(seeds) == 0 {
+		t.Fatal("testdata/sim/seeds.txt lists no seeds")
+	}
+	for _, seed := range seeds {
+		res := sim.Run(sim.NewScenario(seed), sim.Options{})
+		if res.Failure != nil {
+			t.Error(res.Failure.Error())
+		}
+	}
+}
+
+// TestSameSeedSameTrace: the simulator is deterministic, byte for byte.
+func TestSameSeedSameTrace(t *testing.T) {
+	for _, seed := range []uint64{1, 760, 4242} {
+		var a, b bytes.Buffer
+		ra := sim.Run(sim.NewScenario(seed), sim.Options{Trace: &a})
+		rb := sim.Run(sim.NewScenario(seed), sim.Options{Trace: &b})
+		if a.Len() == 0 {
+			t.Fatalf("seed %d: empty trace", seed)
+		}
+		if !bytes.Equal(a.Bytes(), b.Bytes()) {
+			t.Fatalf("seed %d: two runs gave different traces (%d and %d bytes); first difference:\n%s",
+				seed, a.Len(), b.Len(), firstDiff(a.String(), b.String()))
+		}
+		if ra.TraceHash != rb.TraceHash || ra.Steps != rb.Steps {
+			t.Errorf("seed %d: runs differ: hash %x / %x, steps %d / %d", seed, ra.TraceHash, rb.TraceHash, ra.Steps, rb.Steps)
+		}
+	}
+}
+
+func regressionSeeds(t *testing.T) []uint64 {
+	t.Helper()
+	f, err := os.Open("../testdata/sim/seeds.txt")
+	if err != nil {
+		t.Fatalf("regression seeds: %v", err)
+	}
+	defer f.Close()
+	var seeds []uint64
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		seed, err := strconv.ParseUint(line, 10, 64)
+		if err != nil {
+			t.Fatalf("testdata/sim/seeds.txt:%d: %q is not a seed", n, line)
+		}
+		seeds = append(seeds, seed)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("regression seeds: %v", err)
+	}
+	return seeds
+}
+
+func firstDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < len(al) || i < len(bl); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			return "line " + strconv.Itoa(i+1) + ":\n first:  " + x + "\n second: " + y
+		}
+	}
+	return "(none)"
+}
+
+// BenchmarkScenario measures one seeded scenario end to end.
+func BenchmarkScenario(b *testing.B) {
+	for i := range b.N {
+		sim.Run(sim.NewScenario(uint64(i%1000+1)), sim.Options{})
+	}
+}

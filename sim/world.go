@@ -1,0 +1,738 @@
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math/rand/v2"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
+)
+
+// epoch is the simulated clock's zero; traces show offsets from it.
+var epoch = time.Date(2030, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// Bounds of the driver (STYLE.md: every loop has a stated limit).
+const (
+	// stepsPerInstantMax: the core must settle at an instant (stop asking for a
+	// Tick now) within this many steps.
+	stepsPerInstantMax = 1000
+	// stepsMax bounds a whole run; a scenario needs a few thousand.
+	stepsMax = 2_000_000
+	// tailDefault is how many trace lines a failure shows.
+	tailDefault = 150
+)
+
+// Options control what a run records; they never change what happens.
+type Options struct {
+	// Trace, if set, receives every trace line as it is made.
+	Trace io.Writer
+	// Tail is how many trace lines a Failure keeps (default 150).
+	Tail int
+}
+
+// Result is what one run did.
+type Result struct {
+	Seed     uint64
+	Steps    int           // core.Step calls
+	SimTime  time.Duration // simulated time from start to the final check
+	Messages int           // messages inserted
+	Passes   int64         // stage passes answered 0 (fused included)
+	Lives    int           // dispatcher lives (restarts + 1)
+	// TraceHash is a hash of the whole trace: equal seeds give equal hashes.
+	TraceHash uint64
+	// Failure is nil when every invariant held and the run converged.
+	Failure *Failure
+}
+
+// Failure is a broken invariant, with what is needed to replay it.
+type Failure struct {
+	Seed uint64
+	Step int
+	At   time.Duration // simulated time
+	Msg  string
+	Tail []string // the last trace lines before the failure
+}
+
+func (f *Failure) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "simulation failed at step %d, %s: %s\n", f.Step, f.At, f.Msg)
+	if f.Seed != 0 {
+		fmt.Fprintf(&b, "seed %d; replay: go run ./cmd/pepsi-sim -seed %d -v\n", f.Seed, f.Seed)
+	} else {
+		b.WriteString("scenario drawn by rapid: replay with the -rapid.seed (or -rapid.failfile) rapid prints\n")
+	}
+	b.WriteString("trace tail:\n")
+	for _, l := range f.Tail {
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// action is something the world does at an instant. life ties it to one core
+// life: when that core is gone (crashed or exited) the action is dropped; life 0
+// belongs to the world itself (arrivals, faults, restarts).
+type action struct {
+	at   time.Time
+	seq  uint64
+	life int
+	fn   func()
+}
+
+type actionHeap []*action
+
+func (h actionHeap) Len() int { return len(h) }
+func (h actionHeap) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h actionHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *actionHeap) Push(x any)   { *h = append(*h, x.(*action)) }
+func (h *actionHeap) Pop() any {
+	old := *h
+	a := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return a
+}
+
+// txn is a queue transaction the world is executing for the core.
+type txn struct {
+	cmds    []core.Command
+	life    int
+	applied bool
+}
+
+type world struct {
+	sc  *Scenario
+	cfg *conf.Config
+	opt Options
+	q   *fakequeue.Queue
+
+	now  time.Time
+	seq  uint64
+	acts actionHeap
+
+	// Each fake draws from its own stream, so a change in one (say, one more
+	// transaction) does not reshuffle the others.
+	rTxn, rNotify, rProc, rCrash *rand.Rand
+
+	down     []window // database unreachable (outages and crashes), absolute offsets
+	healing  bool
+	healAt   time.Time
+	deadline time.Time // every message must be final by then
+	settle   time.Time // quiescent: the final check happens then
+
+	// The dispatcher of the current life.
+	life     int
+	c        *core.Core
+	running  bool
+	pending  []core.Event
+	timerGen int
+	txn      *txn
+	procs    map[core.WorkerID]*proc
+	pids     int
+
+	// The messages: plan index and tries per row id (ids are 1..inserted).
+	msgOf    []int
+	tries    [][]int
+	wrote    []bool // the current or last try of the row committed a transition
+	inserted int
+
+	model
+
+	tr          tracer
+	steps       int
+	instant     time.Time
+	instantRuns int
+	fail        *Failure
+}
+
+// Run plays one scenario to the end and checks it.
+func Run(sc *Scenario, opt Options) (res Result) {
+	w := newWorld(sc, opt)
+	defer func() {
+		if p := recover(); p != nil {
+			w.failf("panic: %v\n%s", p, debug.Stack())
+		}
+		res = w.result()
+	}()
+	w.run()
+	return res
+}
+
+func newWorld(sc *Scenario, opt Options) *world {
+	cfg, err := conf.Parse("sim.conf", sc.Conf())
+	if err != nil {
+		panic(fmt.Sprintf("sim: scenario configuration does not parse: %v", err))
+	}
+	if opt.Tail <= 0 {
+		opt.Tail = tailDefault
+	}
+	w := &world{
+		sc: sc, cfg: cfg, opt: opt, q: fakequeue.New(), now: epoch,
+		rTxn:    rand.New(rand.NewPCG(sc.WorldSeed, 1)),
+		rNotify: rand.New(rand.NewPCG(sc.WorldSeed, 2)),
+		rProc:   rand.New(rand.NewPCG(sc.WorldSeed, 3)),
+		rCrash:  rand.New(rand.NewPCG(sc.WorldSeed, 4)),
+	}
+	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
+	w.down = append(append([]window{}, sc.faults.outages...), sc.faults.pgCrashes...)
+	w.q.Notify = w.notified
+	w.q.Observe = w.observe
+	return w
+}
+
+func (w *world) result() Result {
+	r := Result{Seed: w.sc.Seed, Steps: w.steps, SimTime: w.now.Sub(epoch), Messages: w.inserted,
+		Lives: w.life, TraceHash: w.tr.h.Sum64(), Failure: w.fail}
+	for _, t := range w.truths {
+		r.Passes += t.passes
+	}
+	return r
+}
+
+// at schedules fn at instant t (never in the past) for the given life.
+func (w *world) at(t time.Time, life int, fn func()) {
+	if t.Before(w.now) {
+		t = w.now
+	}
+	w.seq++
+	heap.Push(&w.acts, &action{at: t, seq: w.seq, life: life, fn: fn})
+}
+
+// after schedules fn d from now for the current life.
+func (w *world) after(d time.Duration, fn func()) { w.at(w.now.Add(d), w.life, fn) }
+
+func (w *world) failf(format string, args ...any) {
+	if w.fail != nil {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	w.tr.line("!! " + msg)
+	w.fail = &Failure{Seed: w.sc.Seed, Step: w.steps, At: w.now.Sub(epoch), Msg: msg, Tail: w.tr.tail()}
+}
+
+func (w *world) note(format string, args ...any) {
+	w.tr.line("  ~ " + fmt.Sprintf(format, args...))
+}
+
+func (w *world) offset() time.Duration { return w.now.Sub(epoch) }
+
+// run schedules the scenario and drives it until the final check or a failure.
+func (w *world) run() {
+	for _, l := range strings.Split(strings.TrimSuffix(w.sc.String(), "\n"), "\n") {
+		w.tr.line(l)
+	}
+	sc := w.sc
+	for i, m := range sc.messages {
+		if m.at == 0 {
+			w.insert(i)
+		} else {
+			w.at(epoch.Add(m.at), 0, func() { w.insert(i) })
+		}
+	}
+	for _, win := range w.down {
+		w.at(epoch.Add(win.to), 0, w.databaseBack)
+	}
+	for _, win := range sc.faults.pgCrashes {
+		w.at(epoch.Add(win.from), 0, func() {
+			w.note("PostgreSQL crashes: stage writes since the last dispatcher commit are lost; down until %s", win.to)
+			w.q.Crash()
+		})
+	}
+	for _, at := range sc.faults.crashes {
+		w.at(epoch.Add(at), 0, w.crashDispatcher)
+	}
+	for _, s := range sc.faults.shutdowns {
+		w.at(epoch.Add(s.at), 0, func() { w.signal(s.again) })
+	}
+	w.healAt = epoch.Add(sc.faultPhase)
+	w.deadline = w.healAt.Add(w.healBound())
+	w.at(w.healAt, 0, w.heal)
+	w.at(w.deadline, 0, func() {})
+	w.startLife()
+
+	for w.fail == nil {
+		if len(w.pending) > 0 {
+			w.step()
+			continue
+		}
+		if w.finished() {
+			return
+		}
+		if w.acts.Len() == 0 {
+			w.failf("the world stopped: nothing is scheduled and the core asked for no timer")
+			return
+		}
+		a := heap.Pop(&w.acts).(*action)
+		if a.at.After(w.now) {
+			w.now = a.at
+		}
+		w.do(a)
+		for w.acts.Len() > 0 && !w.acts[0].at.After(w.now) {
+			w.do(heap.Pop(&w.acts).(*action))
+		}
+	}
+}
+
+func (w *world) do(a *action) {
+	if a.life != 0 && (!w.running || a.life != w.life) {
+		return // belongs to a core that is gone
+	}
+	a.fn()
+}
+
+// healBound is how long the healing phase may take to bring every message to a
+// final status: hung workers, stop grace, the longest cooldown and pause, polls
+// and restarts, plus every remaining good pass run one at a time.
+func (w *world) healBound() time.Duration {
+	sc := w.sc
+	work := time.Duration(0)
+	for _, m := range sc.messages {
+		for _, v := range m.visits {
+			work += v.latency + 100*time.Millisecond
+		}
+	}
+	return 3*sc.maxRuntime + 2*sc.grace + 2*core.CooldownMax + 3*sc.poll + time.Minute + sc.stats + 2*sc.restart + 30*time.Second + work
+}
+
+// heal ends the fault phase: from now on every fault is off.
+func (w *world) heal() {
+	w.healing = true
+	w.note("healing: every fault is off from now on")
+}
+
+// finished runs the end-of-run checks once the world is quiescent after healing,
+// or fails the run when the deadline has passed.
+func (w *world) finished() bool {
+	if !w.healing {
+		return false
+	}
+	if w.settle.IsZero() {
+		if w.quiescent() {
+			w.settle = w.now.Add(w.sc.stats + w.sc.idle + w.sc.grace + 2*core.IdleFlushMin)
+			w.note("quiescent: every message is final; final check at %s", w.settle.Sub(epoch))
+			w.at(w.settle, 0, func() {})
+			return false
+		}
+		if !w.now.Before(w.deadline) {
+			w.failf("liveness: %s after healing began, messages are not all final: %s", w.deadline.Sub(w.healAt), w.unfinished())
+			return true
+		}
+		return false
+	}
+	if w.now.Before(w.settle) {
+		return false
+	}
+	w.finalCheck()
+	return true
+}
+
+// quiescent: every message is inserted and final, the core holds nothing and no
+// queue transaction is outstanding.
+func (w *world) quiescent() bool {
+	if !w.running || w.inserted < len(w.sc.messages) || w.txn != nil || w.txnOut || !w.nothingHeld() {
+		return false
+	}
+	for _, r := range w.q.Rows() {
+		if !final(r.Status) {
+			return false
+		}
+	}
+	return true
+}
+
+func final(status string) bool { return status == "done" || status == "failed" || status == "timeout" }
+
+func (w *world) unfinished() string {
+	var parts []string
+	for _, r := range w.q.Rows() {
+		if !final(r.Status) {
+			s := fmt.Sprintf("%d@%s:%s", r.ID, r.Stage, r.Status)
+			if r.Status == "paused" {
+				s += "(until " + r.Timeout.Sub(epoch).String() + ")"
+			}
+			parts = append(parts, s)
+		}
+	}
+	if w.inserted < len(w.sc.messages) {
+		parts = append(parts, fmt.Sprintf("%d not inserted", len(w.sc.messages)-w.inserted))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "(every row is final, but the core still holds or owes messages: "+w.heldText()+")")
+	}
+	if len(parts) > 20 {
+		parts = append(parts[:20], fmt.Sprintf("… %d more", len(parts)-20))
+	}
+	return strings.Join(parts, " ")
+}
+
+// ---- the database ----
+
+// dbDown reports whether the database is unreachable now.
+func (w *world) dbDown() bool {
+	if w.healing {
+		return false
+	}
+	off := w.offset()
+	for _, win := range w.down {
+		if win.from <= off && off < win.to {
+			return true
+		}
+	}
+	return false
+}
+
+// upAt is when the database is reachable again (now if it is).
+func (w *world) upAt() time.Time {
+	if w.healing {
+		return w.now
+	}
+	off := w.offset()
+	for changed := true; changed; {
+		changed = false
+		for _, win := range w.down {
+			if win.from <= off && off < win.to {
+				off, changed = win.to, true
+			}
+		}
+	}
+	return epoch.Add(off)
+}
+
+// databaseBack runs when an outage window ends: the listener reconnects and the
+// shell reports DatabaseUp.
+func (w *world) databaseBack() {
+	if !w.running || w.dbDown() {
+		return
+	}
+	w.note("database reachable again")
+	w.after(w.randDur(w.rTxn, 0, time.Second), w.deliver(core.DatabaseUp{}))
+}
+
+func (w *world) randDur(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+func (w *world) chance(r *rand.Rand, perMille int) bool {
+	return !w.healing && perMille > 0 && r.IntN(1000) < perMille
+}
+
+// deliver returns an action that hands ev to the core at the next step.
+func (w *world) deliver(ev core.Event) func() {
+	return func() { w.pending = append(w.pending, ev) }
+}
+
+// notified is the fake queue's NOTIFY hook: the listener delivers Ingress a moment
+// later, unless the notification is lost or the connection is down.
+func (w *world) notified() {
+	if !w.running {
+		return
+	}
+	if w.chance(w.rNotify, w.sc.faults.lostNotify) {
+		w.note("NOTIFY ingress lost")
+		return
+	}
+	w.after(w.randDur(w.rNotify, 100*time.Microsecond, 10*time.Millisecond), func() {
+		if w.dbDown() {
+			w.note("NOTIFY ingress lost: the listener is disconnected")
+			return
+		}
+		w.pending = append(w.pending, core.Ingress{})
+	})
+}
+
+// insert adds message i to the queue, as the ingress side does (it waits for the
+// database when it is down).
+func (w *world) insert(i int) {
+	if w.dbDown() {
+		w.at(w.upAt(), 0, func() { w.insert(i) })
+		return
+	}
+	m := w.sc.messages[i]
+	ids := w.q.Insert(w.sc.stages[m.first].name, 1)
+	w.inserted++
+	w.msgOf = append(w.msgOf, i)
+	w.tries = append(w.tries, make([]int, len(w.sc.stages)))
+	w.wrote = append(w.wrote, false)
+	w.claimGen = append(w.claimGen, 0)
+	w.note("ingress inserts message %d as row %d at %s", i, ids[0], w.sc.stages[m.first].name)
+}
+
+// ---- the dispatcher's lives ----
+
+func (w *world) startLife() {
+	if w.running {
+		return
+	}
+	w.life++
+	w.c = core.New(w.cfg)
+	w.running = true
+	w.timerGen++
+	w.txn = nil
+	w.procs = map[core.WorkerID]*proc{}
+	w.newLifeModel()
+	w.note("dispatcher starts (life %d)", w.life)
+	w.pending = append(w.pending, core.Start{})
+}
+
+// endLife forgets the current core: its workers die with it, and a transaction
+// it had in flight either committed or did not.
+func (w *world) endLife(why string, exact bool) {
+	if t := w.txn; t != nil && !t.applied && w.rCrash.IntN(2) == 0 {
+		w.note("its transaction in flight commits anyway")
+		w.exec(t)
+	}
+	w.txn = nil
+	for _, id := range sortedKeys(w.procs) {
+		w.vanish(w.procs[id])
+	}
+	w.endLifeModel(exact)
+	w.running = false
+	w.pending = nil
+	w.note("dispatcher gone (%s); restart in %s", why, w.sc.restart)
+	w.at(w.now.Add(w.sc.restart), 0, w.startLife)
+}
+
+func (w *world) crashDispatcher() {
+	if !w.running {
+		return
+	}
+	w.note("the dispatcher process crashes")
+	w.endLife("crashed", false)
+}
+
+// signal delivers SIGTERM, and a second one again later if again > 0.
+func (w *world) signal(again time.Duration) {
+	if !w.running || w.shut > 0 {
+		return
+	}
+	w.pending = append(w.pending, core.Shutdown{})
+	if again > 0 {
+		w.after(again, func() {
+			if !w.healing { // a fault: it must not strike after healing began
+				w.pending = append(w.pending, core.Shutdown{})
+			}
+		})
+	}
+}
+
+// ---- stepping the core ----
+
+func (w *world) step() {
+	evs := w.pending
+	w.pending = nil
+	w.steps++
+	if w.steps > stepsMax {
+		w.failf("the run exceeded %d steps", stepsMax)
+		return
+	}
+	if w.now.Equal(w.instant) {
+		w.instantRuns++
+		if w.instantRuns > stepsPerInstantMax {
+			w.failf("the core does not settle: %d steps at one instant", w.instantRuns)
+			return
+		}
+	} else {
+		w.instant, w.instantRuns = w.now, 0
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "@%s L%d", w.offset(), w.life)
+	for i, ev := range evs {
+		if i > 0 {
+			b.WriteString(" |")
+		}
+		b.WriteByte(' ')
+		b.WriteString(ev.String())
+	}
+	w.tr.line(b.String())
+	for _, ev := range evs {
+		w.modelEvent(ev)
+	}
+	cmds := w.c.Step(w.now, evs...)
+	for _, cmd := range cmds {
+		w.tr.line("  " + cmd.String())
+	}
+	w.modelCommands(cmds)
+	if w.fail != nil {
+		return
+	}
+	var tx []core.Command
+	for _, cmd := range cmds {
+		switch x := cmd.(type) {
+		case core.Spawn:
+			w.spawn(x)
+		case core.Write:
+			w.write(x)
+		case core.Stop:
+			w.stop(x)
+		case core.Kill:
+			w.kill(x)
+		case core.SetTimer:
+			w.setTimer(x)
+		case core.Exit:
+			w.endLife(fmt.Sprintf("exit %d", x.Code), x.Code == 0)
+			return
+		case core.Log:
+		default:
+			if !core.IsQueue(cmd) {
+				w.failf("unknown command %T", cmd)
+				return
+			}
+			tx = append(tx, cmd)
+		}
+	}
+	if len(tx) > 0 {
+		w.send(tx)
+	}
+	w.checkState()
+}
+
+func (w *world) setTimer(x core.SetTimer) {
+	w.timerGen++
+	if x.At.IsZero() {
+		return
+	}
+	gen := w.timerGen
+	w.at(x.At, w.life, func() {
+		if gen == w.timerGen {
+			w.pending = append(w.pending, core.Tick{})
+		}
+	})
+}
+
+// send executes a queue transaction: it takes effect a moment later (or not, or
+// loses its reply), and its results come back a moment after that.
+func (w *world) send(cmds []core.Command) {
+	t := &txn{cmds: cmds, life: w.life}
+	w.txn = t
+	f := w.sc.faults
+	fault := ""
+	switch r := w.rTxn.IntN(1000); {
+	case w.healing:
+	case r < f.failBefore:
+		fault = "fails before it takes effect"
+	case r < f.failBefore+f.failAfter:
+		fault = "takes effect, but its reply is lost"
+	case r < f.failBefore+f.failAfter+f.transient:
+		fault = "hits 40001 and is retried by the shell"
+	}
+	lat := w.randDur(w.rTxn, 200*time.Microsecond, 20*time.Millisecond)
+	if strings.HasPrefix(fault, "hits") {
+		lat += w.randDur(w.rTxn, 5*time.Millisecond, 200*time.Millisecond)
+	}
+	w.after(lat, func() {
+		var res []core.Event
+		switch {
+		case w.dbDown():
+			w.note("transaction op=%d fails: the database is unreachable", opOf(cmds[0]))
+			res = fakequeue.Failed(cmds, "dial tcp 127.0.0.1:5432: connect: connection refused")
+		case strings.HasPrefix(fault, "fails"):
+			w.note("transaction op=%d %s", opOf(cmds[0]), fault)
+			res = fakequeue.Failed(cmds, "server closed the connection unexpectedly")
+		default:
+			res = w.exec(t)
+			if fault != "" {
+				w.note("transaction op=%d %s", opOf(cmds[0]), fault)
+			}
+			if strings.HasPrefix(fault, "takes") {
+				res = fakequeue.Failed(cmds, "connection reset by peer during COMMIT")
+			}
+		}
+		w.after(w.randDur(w.rTxn, 0, 5*time.Millisecond), func() {
+			w.txn = nil
+			w.pending = append(w.pending, res...)
+			if failed(res) {
+				// The shell probes the database and reports it back.
+				up := w.upAt().Add(w.randDur(w.rTxn, 100*time.Millisecond, 2*time.Second))
+				w.at(up, w.life, w.deliver(core.DatabaseUp{}))
+			}
+		})
+	})
+}
+
+// exec applies a transaction to the fake queue (a dispatcher commit).
+func (w *world) exec(t *txn) []core.Event {
+	t.applied = true
+	w.execLife = t.life
+	return w.q.Exec(context.Background(), t.cmds)
+}
+
+func failed(evs []core.Event) bool {
+	for _, ev := range evs {
+		switch e := ev.(type) {
+		case core.OrphansReset:
+			return e.Err != ""
+		case core.Resolved:
+			return e.Err != ""
+		case core.Woken:
+			return e.Err != ""
+		case core.Claimed:
+			return e.Err != ""
+		case core.Flushed:
+			return e.Err != ""
+		}
+	}
+	return false
+}
+
+func opOf(cmd core.Command) int64 {
+	switch q := cmd.(type) {
+	case core.ResetOrphans:
+		return q.Op
+	case core.Resolve:
+		return q.Op
+	case core.Wake:
+		return q.Op
+	case core.Claim:
+		return q.Op
+	case core.Flush:
+		return q.Op
+	}
+	return 0
+}
+
+// ---- the trace ----
+
+// tracer keeps the tail of the trace for failures, hashes all of it, and writes it
+// out when asked.
+type tracer struct {
+	w    io.Writer
+	ring []string
+	next int
+	full bool
+	h    interface {
+		io.Writer
+		Sum64() uint64
+	}
+}
+
+func (t *tracer) line(s string) {
+	t.ring[t.next] = s
+	t.next++
+	if t.next == len(t.ring) {
+		t.next, t.full = 0, true
+	}
+	_, _ = io.WriteString(t.h, s)
+	_, _ = t.h.Write([]byte{'\n'})
+	if t.w != nil {
+		_, _ = io.WriteString(t.w, s+"\n") // a trace writer's error must not change the run
+	}
+}
+
+func (t *tracer) tail() []string {
+	if !t.full {
+		return append([]string(nil), t.ring[:t.next]...)
+	}
+	return append(append([]string(nil), t.ring[t.next:]...), t.ring[:t.next]...)
+}
