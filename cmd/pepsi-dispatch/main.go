@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -40,6 +41,13 @@ Flags:
 `
 
 func main() {
+	// The dispatcher is one serial loop fed by pipe and socket reads. On one
+	// processor the Go scheduler hands a ready goroutine over on the same thread
+	// instead of waking another, which cuts its CPU per message by a sixth
+	// (docs/performance.md). GOMAXPROCS in the environment still wins.
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		runtime.GOMAXPROCS(1)
+	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
