@@ -34,6 +34,7 @@ type wmodel struct {
 	spawnAt   time.Time
 	started   bool // WorkerStarted delivered while it was starting: ready
 	gone      bool // SpawnFailed or WorkerExited delivered
+	goneStep  int  // the step that delivered it
 	stopped   bool
 	stoppedAt time.Time
 	killed    bool
@@ -312,7 +313,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 		w.failf("sim: exit of %s, which is not alive", e.Worker)
 		return
 	}
-	x.gone = true
+	x.gone, x.goneStep = true, w.steps
 	q := x.queue
 	x.queue = nil
 	for _, id := range q {
@@ -655,6 +656,9 @@ func (w *world) checkStop(x core.Stop) {
 
 func (w *world) checkKill(x core.Kill) {
 	y := w.workers[x.Worker]
+	if y != nil && y.gone && y.goneStep == w.steps {
+		return // decided on a line that came in the same batch as its exit
+	}
 	if y == nil || y.gone {
 		w.violation("%s of a worker that is not alive", x)
 		return
