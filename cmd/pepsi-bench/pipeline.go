@@ -59,7 +59,7 @@ MAX_MESSAGES = %d
 //
 // cpu is the CPU time the pipeline took: pepsi-dispatch's and its workers' (which
 // it reaped), and that of the database backends serving them, read from /proc
-// when the server runs on this machine (else 0).
+// when the server runs on this machine and no worker recycled (else zero).
 func (b *bench) runPipeline(ctx context.Context, i int) (elapsed time.Duration, cpu pipelineCPU, err error) {
 	conn, err := pgx.Connect(ctx, b.url)
 	if err != nil {
@@ -119,7 +119,9 @@ func (b *bench) runPipeline(ctx context.Context, i int) (elapsed time.Duration, 
 	if err := b.verify(ctx, conn); err != nil {
 		return 0, cpu, fmt.Errorf("%w\n%s", err, d.logTail())
 	}
-	if backendsKnown {
+	// A worker that recycled took its backend's CPU time with it: the sum is
+	// only complete when no worker can have reached MAX_MESSAGES.
+	if backendsKnown && b.maxMessages >= b.n {
 		cpu = pipelineCPU{programs: d.cpu(), backends: backendCPU}
 	}
 	return end.Sub(start), cpu, nil
