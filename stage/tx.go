@@ -177,8 +177,12 @@ func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	return t.tx.QueryRow(ctx, sql, args...)
 }
 
-// Conn returns the stage's connection.
-func (t *lazyTx) Conn() *pgx.Conn { return t.w.conn }
+// Conn returns the stage's connection, inside the message's transaction (begun
+// now if it was not), as pgx's own transactions do.
+func (t *lazyTx) Conn() *pgx.Conn {
+	_ = t.ensure(context.Background()) // a failure is the next statement's to report
+	return t.w.conn
+}
 
 // errRows is the result of a query that could not be sent: no rows, and err.
 type errRows struct{ err error }
