@@ -13,9 +13,12 @@ import (
 // The checker. It follows what crosses the core's boundary — the events the world
 // feeds and the commands the core returns — and what the fake world does, and
 // holds the core to the specification after every step. It never looks inside the
-// core. Where a check needs a rule the reference text leaves to the core (the
-// start window, the cooldown, the watchdog pausing while the database is down),
-// it uses the documented constants and comments of package core.
+// core. Where a check needs a rule the reference text leaves to the core, it uses
+// the core's documented constants and comments: the start window, the failed-start
+// limit and the doubling cooldown; the watchdog pausing while the core knows the
+// database is down, heads getting a fresh MAX_RUNTIME at DatabaseUp; a malformed
+// line deciding the fate of a worker's head even after another kill; claimed rows
+// not yet handed out may always be given back (requeued).
 
 type killCause int
 
@@ -94,7 +97,6 @@ type model struct {
 	holder     map[int64]core.WorkerID
 	expects    map[int64]*expect
 	claimEpoch map[int64]string
-	claimStage map[int64]string
 	claimGenOf map[int64]int // the claim (see claimGen) each held message came with
 	cool       []cooldown
 	startFails map[int64]int
@@ -117,7 +119,6 @@ func (w *world) newLifeModel() {
 	m.holder = map[int64]core.WorkerID{}
 	m.expects = map[int64]*expect{}
 	m.claimEpoch = map[int64]string{}
-	m.claimStage = map[int64]string{}
 	m.claimGenOf = map[int64]int{}
 	m.cool = make([]cooldown, len(w.sc.stages))
 	m.startFails = map[int64]int{}
@@ -184,7 +185,6 @@ func (w *world) modelEvent(ev core.Event) {
 		for _, r := range e.Rows {
 			w.claimEpoch[r.ID] = e.Epoch
 			w.claimGenOf[r.ID] = w.claimGen[r.ID-1]
-			w.claimStage[r.ID] = r.Stage
 			if _, held := w.heldBy(r.ID); held {
 				w.violation("claim returned message %d, which this core already holds (%s)", r.ID, w.heldText())
 				return
