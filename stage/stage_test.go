@@ -681,3 +681,30 @@ func TestMessageTransactionRefusesCommitAndRollbackButNestsSavepoints(t *testing
 		t.Errorf("row is %s, want done", r.Status)
 	}
 }
+
+func TestMissingIDReadAheadIsAnsweredZero(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	ids := insertRunning(t, conn, "parse", "x", "y")
+	missing := ids[1] + 1000
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": advanceTo("enrich")}})
+
+	// One write: the missing id's row is read ahead with the first commit (and
+	// found absent), the last id's with nothing before it.
+	w.send(idLines([]int64{ids[0], missing, ids[1]}))
+	for i, want := range []string{"0", "0", "0"} {
+		if got := w.answer(); got != want {
+			t.Errorf("answer %d = %q, want %q", i, got, want)
+		}
+	}
+	for _, id := range ids {
+		if r := get(t, conn, id); r.Stage != "enrich" || r.Status != "running" {
+			t.Errorf("row %d is %s at %s, want running at enrich", id, r.Status, r.Stage)
+		}
+	}
+	if !strings.Contains(w.logs.String(), "message does not exist") {
+		t.Errorf("log lacks \"message does not exist\" for id %d; log:\n%s", missing, w.logs.String())
+	}
+}
