@@ -241,6 +241,9 @@ func (w *world) run() {
 			w.at(epoch.Add(m.at), 0, func() { w.insert(i) })
 		}
 	}
+	for _, win := range sc.faults.outages {
+		w.at(epoch.Add(win.from), 0, func() { w.note("the database becomes unreachable until %s", win.to) })
+	}
 	for _, win := range w.down {
 		w.at(epoch.Add(win.to), 0, w.databaseBack)
 	}

@@ -11,7 +11,8 @@
 //
 // Run it from the module root (make mutants does). It exits 1 if a mutant
 // survives, a patch no longer applies (core.go changed under it: update the
-// patch) or a mutant does not compile.
+// patch), a mutant does not compile, or a regression seed kept for a bug no
+// longer finds that bug when the bug is planted again.
 package main
 
 import (
@@ -30,96 +31,113 @@ import (
 	"time"
 )
 
-// mutant is one planted bug: old must occur exactly once in core/core.go.
+// mutant is one planted bug: old must occur exactly once in core/core.go, and
+// so must each of more's. regress lists regression seeds (testdata/sim/seeds.txt)
+// that found this bug for real: each must still fail against the mutant, or the
+// seed no longer reaches the situation it is kept for.
 type mutant struct {
-	name string
-	bug  string
-	old  string
-	new  string
+	name    string
+	bug     string
+	old     string
+	new     string
+	more    []patch
+	regress []uint64
 }
 
+type patch struct{ old, new string }
+
+func (m mutant) patches() []patch { return append([]patch{{m.old, m.new}}, m.more...) }
+
+// mut is a mutant of one patch with no regression seed.
+func mut(name, bug, old, new string) mutant { return mutant{name: name, bug: bug, old: old, new: new} }
+
 var mutants = []mutant{
-	{"requeue-dropped-on-crash", "the messages behind a crashed worker's head are never requeued",
+	mut("requeue-dropped-on-crash", "the messages behind a crashed worker's head are never requeued",
 		"\tc.requeue(st, q[1:])\n\tc.logf(\"error\", \"stage %s worker pid %d crashed",
-		"\tc.logf(\"error\", \"stage %s worker pid %d crashed"},
-	{"watchdog-timed-from-dispatch", "the next head keeps the clock of when the batch was handed over",
+		"\tc.logf(\"error\", \"stage %s worker pid %d crashed"),
+	mut("watchdog-timed-from-dispatch", "the next head keeps the clock of when the batch was handed over",
 		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n\tw.headSince = c.now\n",
-		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n"},
-	{"watchdog-never-fires", "a hung head is never killed",
+		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n"),
+	mut("watchdog-never-fires", "a hung head is never killed",
 		"if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {",
-		"if false {"},
-	{"capacity-off-by-one", "a stage claims one more row than it can hold",
+		"if false {"),
+	mut("capacity-off-by-one", "a stage claims one more row than it can hold",
 		"return max(0, free-len(st.backlog))",
-		"return max(0, free-len(st.backlog)+1)"},
-	{"parallelism-off-by-one", "a stage spawns PARALLELISM+1 workers",
+		"return max(0, free-len(st.backlog)+1)"),
+	mut("parallelism-off-by-one", "a stage spawns PARALLELISM+1 workers",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
-		"for need > 0 && len(st.workers) <= st.cfg.Parallelism && !st.coolingDown(c.now) {"},
-	{"queue-limit-off-by-one", "a worker is handed QUEUE_LIMIT+1 ids",
+		"for need > 0 && len(st.workers) <= st.cfg.Parallelism && !st.coolingDown(c.now) {"),
+	mut("queue-limit-off-by-one", "a worker is handed QUEUE_LIMIT+1 ids",
 		"w.stage.cfg.QueueLimit-len(w.queue)",
-		"w.stage.cfg.QueueLimit+1-len(w.queue)"},
-	{"wrong-item-stage", "requeue items name no stage, so the guard cannot tell an advance",
+		"w.stage.cfg.QueueLimit+1-len(w.queue)"),
+	mut("wrong-item-stage", "requeue items name no stage, so the guard cannot tell an advance",
 		"c.owe(Item{ID: m.id, Stage: st.cfg.Name, Status: \"pending\"})",
-		"c.owe(Item{ID: m.id, Stage: \"\", Status: \"pending\"})"},
-	{"epoch-guard-dropped", "a 0 that left the row running is failed even if a crash lost the stage's commit",
+		"c.owe(Item{ID: m.id, Stage: \"\", Status: \"pending\"})"),
+	mut("epoch-guard-dropped", "a 0 that left the row running is failed even if a crash lost the stage's commit",
 		"Status: \"failed\", Epoch: head.epoch, Reason: st.stuckReason}",
-		"Status: \"failed\", Reason: st.stuckReason}"},
-	{"timeout-head-failed", "the head the watchdog killed is failed instead of timed out",
+		"Status: \"failed\", Reason: st.stuckReason}"),
+	mut("timeout-head-failed", "the head the watchdog killed is failed instead of timed out",
 		"c.owe(Item{ID: q[0].id, Stage: name, Status: \"timeout\",",
-		"c.owe(Item{ID: q[0].id, Stage: name, Status: \"failed\","},
-	{"start-failure-is-a-crash", "a worker that dies at start fails its head instead of cooling down",
+		"c.owe(Item{ID: q[0].id, Stage: name, Status: \"failed\","),
+	mut("start-failure-is-a-crash", "a worker that dies at start fails its head instead of cooling down",
 		"if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {",
-		"if false {"},
-	{"protocol-error-ignored", "a line that is not a status line counts as success",
+		"if false {"),
+	mut("protocol-error-ignored", "a line that is not a status line counts as success",
 		"\ts, err := ParseStatus(e.Line)\n\tif err != nil {",
-		"\ts, err := ParseStatus(e.Line)\n\tif err != nil && false {"},
-	{"stats-double-counted", "flushed deltas are never cleared, so they are added again",
+		"\ts, err := ParseStatus(e.Line)\n\tif err != nil && false {"),
+	mut("stats-double-counted", "flushed deltas are never cleared, so they are added again",
 		"\tclear(c.stats)\n",
-		""},
-	{"fused-credited-to-own-stage", "fused passes are credited to the stage that ran them",
+		""),
+	mut("fused-credited-to-own-stage", "fused passes are credited to the stage that ran them",
 		"d := c.stat(f.Stage)",
-		"d := c.stat(st.cfg.Name)"},
-	{"left-double-counted", "a done message counts twice in messages_left",
+		"d := c.stat(st.cfg.Name)"),
+	mut("left-double-counted", "a done message counts twice in messages_left",
 		"\t\tcase \"done\":\n\t\t\tc.left++",
-		"\t\tcase \"done\":\n\t\t\tc.left += 2"},
-	{"lost-flush-dropped", "a flush whose reply was lost is never sent again",
+		"\t\tcase \"done\":\n\t\t\tc.left += 2"),
+	mut("lost-flush-dropped", "a flush whose reply was lost is never sent again",
 		"c.unflushed = &cmd",
-		"_ = cmd"},
-	{"idle-flush-not-rate-limited", "going idle flushes every time, not at most once a second",
+		"_ = cmd"),
+	mut("idle-flush-not-rate-limited", "going idle flushes every time, not at most once a second",
 		"if idle && !c.now.Before(c.lastFlush.Add(IdleFlushMin)) {",
-		"if idle {"},
-	{"claim-while-txn-outstanding", "a new transaction is issued before the last one's results are in",
+		"if idle {"),
+	mut("claim-while-txn-outstanding", "a new transaction is issued before the last one's results are in",
 		"if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {",
-		"if c.dbDown || c.shutdown == 2 {"},
-	{"reset-without-keep", "the reset after a lost claim resets rows this core holds",
+		"if c.dbDown || c.shutdown == 2 {"),
+	mut("reset-without-keep", "the reset after a lost claim resets rows this core holds",
 		"\t\tif !c.resetDone {\n\t\t\tkeep = nil\n\t\t}",
-		"\t\tkeep = nil"},
+		"\t\tkeep = nil"),
 	{"reset-keeps-unsure-rows", "the reset after a lost claim keeps rows whose resolve may have applied",
 		"keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
-		"keep := c.held()"},
-	{"lost-claim-not-reset", "rows a lost claim may have taken are never reset",
+		"keep := c.held()", nil, []uint64{760, 18959}},
+	mut("lost-claim-not-reset", "rows a lost claim may have taken are never reset",
 		"\t\tc.needReset = true\n\t\treturn\n\t}\n\tc.epoch = e.Epoch",
-		"\t\treturn\n\t}\n\tc.epoch = e.Epoch"},
-	{"exit-zero-before-reset", "a shutdown exits 0 while a lost claim's rows may be running",
+		"\t\treturn\n\t}\n\tc.epoch = e.Epoch"),
+	mut("exit-zero-before-reset", "a shutdown exits 0 while a lost claim's rows may be running",
 		"c.unflushed != nil || c.hasDeltas() || c.needReset) {",
-		"c.unflushed != nil || c.hasDeltas()) {"},
-	{"exit-code-ignores-reset", "a shutdown that cannot reset a lost claim's rows still exits 0",
+		"c.unflushed != nil || c.hasDeltas()) {"),
+	{"exit-zero-with-orphans", "a shutdown exits 0 at once while a lost claim's rows may be running (the bug seed 4 found)",
+		"c.unflushed != nil || c.hasDeltas() || c.needReset) {",
+		"c.unflushed != nil || c.hasDeltas()) {",
+		[]patch{{"c.unflushed != nil || c.hasDeltas() || c.needReset {\n\t\tcode = 1", "c.unflushed != nil || c.hasDeltas() {\n\t\tcode = 1"}},
+		[]uint64{4}},
+	mut("exit-code-ignores-reset", "a shutdown that cannot reset a lost claim's rows still exits 0",
 		"c.unflushed != nil || c.hasDeltas() || c.needReset {\n\t\tcode = 1",
-		"c.unflushed != nil || c.hasDeltas() {\n\t\tcode = 1"},
-	{"wake-only-on-heartbeat", "paused rows are woken at the next heartbeat, not at their timeout",
+		"c.unflushed != nil || c.hasDeltas() {\n\t\tcode = 1"),
+	mut("wake-only-on-heartbeat", "paused rows are woken at the next heartbeat, not at their timeout",
 		"if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {",
-		"if c.shutdown == 0 && c.wakeDue {"},
-	{"shutdown-forgets-backlog", "claimed rows not yet handed out are not reset at shutdown",
+		"if c.shutdown == 0 && c.wakeDue {"),
+	mut("shutdown-forgets-backlog", "claimed rows not yet handed out are not reset at shutdown",
 		"\t\tfor _, st := range c.stages {\n\t\t\tc.requeue(st, st.backlog)\n\t\t\tst.backlog = nil\n\t\t}\n\tcase 1:",
-		"\tcase 1:"},
-	{"reap-too-early", "idle workers are stopped at once, not after WORKER_IDLE_TIMEOUT",
+		"\tcase 1:"),
+	mut("reap-too-early", "idle workers are stopped at once, not after WORKER_IDLE_TIMEOUT",
 		"} else if len(w.stage.backlog) == 0 && !c.now.Before(w.idleSince.Add(c.cfg.IdleTimeout)) {",
-		"} else if len(w.stage.backlog) == 0 {"},
-	{"never-recycled", "a worker that has handled MAX_MESSAGES is not recycled",
+		"} else if len(w.stage.backlog) == 0 {"),
+	mut("never-recycled", "a worker that has handled MAX_MESSAGES is not recycled",
 		"if w.handed >= w.stage.cfg.MaxMessages {",
-		"if false {"},
-	{"cooldown-ignored", "a stage whose program cannot start is respawned at once",
+		"if false {"),
+	mut("cooldown-ignored", "a stage whose program cannot start is respawned at once",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
-		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"},
+		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
 }
 
 type options struct {
@@ -178,8 +196,16 @@ func run(o options) error {
 		if !only.MatchString(m.name) {
 			continue
 		}
-		if n := bytes.Count(src, []byte(m.old)); n != 1 {
-			fmt.Printf("STALE     %-30s the patch matches %d times in core/core.go (want 1): update it\n", m.name, n)
+		mutatedSrc, ok := src, true
+		for _, pt := range m.patches() {
+			if n := bytes.Count(src, []byte(pt.old)); n != 1 {
+				fmt.Printf("STALE     %-30s a patch matches %d times in core/core.go (want 1): update it\n", m.name, n)
+				ok = false
+				break
+			}
+			mutatedSrc = bytes.Replace(mutatedSrc, []byte(pt.old), []byte(pt.new), 1)
+		}
+		if !ok {
 			broken = append(broken, m.name)
 			continue
 		}
@@ -188,7 +214,7 @@ func run(o options) error {
 			return fmt.Errorf("mutant dir: %w", err)
 		}
 		mutated := filepath.Join(dir, "core.go")
-		if err := os.WriteFile(mutated, bytes.Replace(src, []byte(m.old), []byte(m.new), 1), 0o644); err != nil {
+		if err := os.WriteFile(mutated, mutatedSrc, 0o644); err != nil {
 			return fmt.Errorf("write mutant: %w", err)
 		}
 		overlay := filepath.Join(dir, "overlay.json")
@@ -215,6 +241,12 @@ func run(o options) error {
 		default:
 			fmt.Printf("SURVIVED  %-30s %s — %s\n", m.name, r.summary, m.bug)
 			survived = append(survived, m.name)
+		}
+		for _, seed := range m.regress {
+			if err := exec.Command(bin, "-seed", strconv.FormatUint(seed, 10)).Run(); err == nil {
+				fmt.Printf("STALESEED %-30s regression seed %d no longer finds this bug: pick a new one\n", m.name, seed)
+				broken = append(broken, m.name)
+			}
 		}
 	}
 	fmt.Println()
