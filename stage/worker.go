@@ -186,9 +186,10 @@ func scanRow(r pgx.Row) (row, error) {
 
 // transitionSQL performs every transition. The guard makes sure the row is still
 // running at the stage that handled it and, when $7 is not null, that it is still
-// the version the handler was given. It is sent in one batch with the COMMIT, so
-// it must stop that COMMIT when it moved no row (see commit): it then fails with
-// division_by_zero, which nothing else in it can raise.
+// the version the handler was given. When it moved no row it fails, with
+// division_by_zero, which nothing else in it can raise: in a handler's
+// transaction that stops the COMMIT queued behind it in the same batch (see
+// commitTx), and in a batch's implicit transaction it rolls the batch back.
 const transitionSQL = `WITH moved AS (
 	UPDATE pepsi.queue
 	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
@@ -207,9 +208,10 @@ const transitionNoRow = "22012"
 // A trivial stage is bound by round trips, each of which costs a context switch
 // on both sides, so a pass whose handler does not use Message.Tx costs one: its
 // row came with the previous pass's commit (or is read on its own), and its
-// transition goes in one batch with the read of the next id's row (see commit). The handler works without a row lock; the transition writes only over the
-// row version it was given, and otherwise the pass runs again. A handler that
-// uses Message.Tx gets the transaction and the lock at its first statement (see
+// transition goes in one batch with the read of the next id's row (see commit).
+// The handler works without a row lock; the transition writes only over the row
+// version it was given, and otherwise the pass runs again. A handler that uses
+// Message.Tx gets the transaction and the lock at its first statement (see
 // lazyTx), and its statements commit with the transition.
 func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
 	r, err := w.read(ctx, id)
