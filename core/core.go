@@ -133,7 +133,8 @@ type Core struct {
 	passes     int64
 	left       int64
 	flushSeq   int64
-	unflushed  *Flush // a flush whose result was lost: re-sent unchanged
+	unflushed  *Flush  // a flush whose result was lost: re-sent unchanged
+	carry      []Flush // from Start: an earlier core's unflushed statistics
 	lastFlush  time.Time
 	startFails map[int64]int
 
@@ -202,6 +203,7 @@ func (c *Core) apply(ev Event) {
 		c.wakeDue = true
 		c.lastPoll = c.now
 		c.lastFlush = c.now
+		c.carry = e.Carry
 		c.setMaybeMore()
 	case Ingress:
 		c.ingressGen++
@@ -274,6 +276,12 @@ func (c *Core) apply(ev Event) {
 		if !c.resetDone {
 			c.resetDone = true
 			c.flushSeq = e.FlushSeq
+			for _, f := range c.carry {
+				if f.Seq == 0 || f.Seq > e.FlushSeq {
+					c.addFlush(f)
+				}
+			}
+			c.carry = nil
 			if e.Count > 0 {
 				c.logf("info", "start-up: reset %d orphaned running rows to pending", e.Count)
 			}
@@ -326,6 +334,41 @@ func opOf(cmd Command) int64 {
 }
 
 func (c *Core) worker(id WorkerID) *worker { return c.workers[id] }
+
+// Unflushed returns the statistics this core counted but cannot know were
+// written: a flush outstanding or whose result was lost (with its Seq), and the
+// deltas not yet sent (Seq 0). The shell hands them to the next core's Start when
+// it must start over after losing the lock, so a lost lock does not lose counts.
+func (c *Core) Unflushed() []Flush {
+	var out []Flush
+	for _, cmd := range c.txn {
+		if f, ok := cmd.(Flush); ok {
+			out = append(out, f)
+		}
+	}
+	if c.unflushed != nil {
+		out = append(out, *c.unflushed)
+	}
+	out = append(out, c.carry...)
+	if c.hasDeltas() {
+		out = append(out, c.deltas())
+	}
+	return out
+}
+
+// addFlush adds a flush's figures to the deltas not yet sent.
+func (c *Core) addFlush(f Flush) {
+	c.passes += f.StagePasses
+	c.left += f.MessagesLeft
+	for _, d := range f.Stages {
+		s := c.stat(d.Stage)
+		s.Processed += d.Processed
+		s.Failed += d.Failed
+		s.Timeouts += d.Timeouts
+		s.Crashes += d.Crashes
+		s.ProcessingUS += d.ProcessingUS
+	}
+}
 
 func (c *Core) setMaybeMore() {
 	for _, st := range c.stages {
@@ -860,7 +903,18 @@ func (c *Core) flushDue(idle bool) (Flush, bool) {
 	if !due {
 		return Flush{}, false
 	}
-	f := Flush{Seq: c.flushSeq + 1, StagePasses: c.passes, MessagesLeft: c.left}
+	f := c.deltas()
+	f.Seq = c.flushSeq + 1
+	clear(c.stats)
+	c.passes, c.left = 0, 0
+	c.lastFlush = c.now
+	return f, true
+}
+
+// deltas returns the counts not yet sent as a Flush without Op and Seq, stages in
+// name order.
+func (c *Core) deltas() Flush {
+	f := Flush{StagePasses: c.passes, MessagesLeft: c.left}
 	names := make([]string, 0, len(c.stats))
 	for name, d := range c.stats {
 		if !d.zero() {
@@ -871,10 +925,7 @@ func (c *Core) flushDue(idle bool) (Flush, bool) {
 	for _, name := range names {
 		f.Stages = append(f.Stages, *c.stats[name])
 	}
-	clear(c.stats)
-	c.passes, c.left = 0, 0
-	c.lastFlush = c.now
-	return f, true
+	return f
 }
 
 // finish ends a shutdown once every worker is gone and every write is made (or, on

@@ -23,7 +23,14 @@ func (w WorkerID) String() string { return fmt.Sprintf("w%d", w) }
 
 // Start is the first event: the shell holds the single-dispatcher lock and the
 // database may be written. The core answers with the start-up orphan reset.
-type Start struct{}
+//
+// Carry holds statistics an earlier core of the same process counted but could
+// not be sure were written (its Unflushed), when the shell had to start over after
+// losing the lock. A carried flush that the database shows applied (its Seq at or
+// below the stored flush_seq) is dropped; the rest is added to this core's counts.
+type Start struct {
+	Carry []Flush
+}
 
 // Ingress reports a NOTIFY on the ingress channel: new or retried rows are pending.
 type Ingress struct{}
@@ -141,7 +148,13 @@ func (Woken) isEvent()         {}
 func (OrphansReset) isEvent()  {}
 func (Flushed) isEvent()       {}
 
-func (Start) String() string      { return "start" }
+func (e Start) String() string {
+	s := "start"
+	for _, f := range e.Carry {
+		s += " carry{" + f.String() + "}"
+	}
+	return s
+}
 func (Ingress) String() string    { return "ingress" }
 func (Tick) String() string       { return "tick" }
 func (Shutdown) String() string   { return "shutdown" }

@@ -28,6 +28,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // compared with testdata/scenarios/<test>.golden.
 type world struct {
 	t       *testing.T
+	cfg     *conf.Config
 	c       *core.Core
 	q       *fakequeue.Queue
 	now     time.Time
@@ -51,7 +52,7 @@ func newWorld(t *testing.T, config string) *world {
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	w := &world{t: t, c: core.New(cfg), q: fakequeue.New(), now: epoch,
+	w := &world{t: t, cfg: cfg, c: core.New(cfg), q: fakequeue.New(), now: epoch,
 		held: map[core.WorkerID][]int64{}, stageOf: map[core.WorkerID]string{}, alive: map[core.WorkerID]bool{}}
 	fmt.Fprintf(&w.trace, "# config\n%s\n", strings.TrimSpace(config))
 	t.Cleanup(w.checkGolden)
@@ -117,6 +118,18 @@ func (w *world) step(evs ...core.Event) []core.Command {
 	}
 	w.all = append(w.all, issued...)
 	return issued
+}
+
+// restart replaces the core by a new one over the same queue, as the shell does
+// after losing the lock: the old workers are gone, carry is the old core's
+// Unflushed.
+func (w *world) restart(carry []core.Flush) []core.Command {
+	fmt.Fprintf(&w.trace, "# new core\n")
+	w.c = core.New(w.cfg)
+	w.pending = nil
+	clear(w.held)
+	clear(w.alive)
+	return w.step(core.Start{Carry: carry})
 }
 
 // start runs the Start event with n messages pending at stage (if n > 0).

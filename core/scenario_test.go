@@ -695,3 +695,28 @@ func indexOf(cmds []core.Command, c core.Command) int {
 	}
 	return -1
 }
+
+func TestStatisticsOfACoreThatLostItsLockAreCarriedToTheNextCore(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3) // w1 holds 1, 2, 3
+	w.at(2 * time.Second)
+	w.finish(1) // counted, not yet flushed: 2 and 3 are still held
+	w.loseReplies = true
+	w.tick(61 * time.Second) // the periodic flush is applied, but its reply is lost
+	w.loseReplies = false
+	w.finish(1) // counted while the database looks down: not sent
+	carry := w.c.Unflushed()
+	if len(carry) != 2 || carry[0].Seq == 0 || carry[1].Seq != 0 {
+		t.Fatalf("Unflushed = %v, want the lost flush (with its Seq) and the unsent deltas", carry)
+	}
+	w.restart(carry)
+	w.wantRow(3, "a", "running") // reset, claimed again by the new core
+	flushAll(w)
+	st, passes, left, _ := w.q.Stats()
+	// Passes: 1 and 2 answered by the first core; the lost flush was applied and
+	// must not be added twice, the unsent one must not be lost. Only message 1 was
+	// seen leaving: the resolve that would have shown 2 done was never sent.
+	if passes != 2 || left != 1 || st["a"].Processed != 2 {
+		t.Errorf("after the restart: passes %d left %d processed %d, want 2, 1, 2", passes, left, st["a"].Processed)
+	}
+}

@@ -80,12 +80,15 @@ func Run(ctx context.Context, o Options) (int, error) {
 		defer signal.Stop(ch)
 		signals = ch
 	}
+	// carry: statistics a session that lost the lock counted but could not be sure
+	// it wrote; the next session's core adds what the database does not show.
+	var carry []core.Flush
 	for {
 		lock, code, err := acquire(ctx, pgcfg, o.Standby, log, signals)
 		if lock == nil {
 			return code, err
 		}
-		code, again, err := session(ctx, o, pgcfg, lock, log, signals)
+		code, again, err := session(ctx, o, pgcfg, lock, log, signals, &carry)
 		_ = lock.Release(context.WithoutCancel(ctx))
 		if !again {
 			return code, err
@@ -149,8 +152,9 @@ type txnResult struct {
 }
 
 // session runs one core for as long as the lock is held. again reports that the
-// lock was lost and a new session should start.
-func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueue.Lock, log *slog.Logger, signals <-chan os.Signal) (code int, again bool, err error) {
+// lock was lost and a new session should start; then *carry holds the statistics
+// the core could not be sure it wrote, for the next session's Start.
+func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueue.Lock, log *slog.Logger, signals <-chan os.Signal, carry *[]core.Flush) (code int, again bool, err error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 
@@ -248,7 +252,7 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	}
 
 	c := core.New(o.Config)
-	pending := []core.Event{core.Start{}}
+	pending := []core.Event{core.Start{Carry: *carry}}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	ctxDone := ctx.Done()
@@ -312,6 +316,7 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			pending = append(pending, core.Shutdown{})
 		case <-lock.Lost():
 			workers.KillAll()
+			*carry = c.Unflushed()
 			return ExitFatal, true, fmt.Errorf("lost the dispatcher lock: %w", lock.Err())
 		}
 		pending = drain(pending, events, results, notified, dbUp)
