@@ -171,7 +171,12 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	if err != nil {
 		return ExitFatal, false, fmt.Errorf("database pool: %w", err)
 	}
-	defer pool.Close()
+	// Cancel first: pool.Close waits for a transaction in flight, which must not
+	// outlive the session (its outcome is in Unflushed / the next start-up reset).
+	defer func() {
+		cancel()
+		pool.Close()
+	}()
 	if err := checkSchema(sctx, pool); err != nil {
 		// A server that answered is up: retrying cannot fix its schema. Anything
 		// else (the connection broke) is retried like a lost lock.
