@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build test vet purity bench demo sim-long mutants clean
+.PHONY: all build test vet purity bench demo sim-long mutants clean postgres
 
 all: build
 
@@ -20,16 +20,20 @@ vet:
 purity:
 	$(GO) test -run 'TestCoreIsPure' ./core/
 
-test: vet purity
+# Start (or install) the local PostgreSQL when nothing answers: .ci/postgres-up.
+postgres:
+	@.ci/postgres-up
+
+test: postgres vet purity
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate and the
 # pipeline's hops/s side by side (docs/performance.md).
-bench: build
+bench: postgres build
 	$(GO) test -run '^$$' -bench . -benchmem ./core/
 	$(BIN)/pepsi-bench
 
-demo: build
+demo: postgres build
 	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo
 
 # The simulator's long campaign: the real core against the fake world under
