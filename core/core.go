@@ -305,7 +305,7 @@ func (c *Core) apply(ev Event) {
 // says otherwise.
 func (c *Core) result(op int64, err string) Command {
 	for i, cmd := range c.txn {
-		if opOf(cmd) == op {
+		if QueueOp(cmd) == op {
 			c.txn = slices.Delete(c.txn, i, i+1)
 			if err != "" && !c.dbDown {
 				c.dbDown = true
@@ -317,7 +317,8 @@ func (c *Core) result(op int64, err string) Command {
 	panic(fmt.Sprintf("core: result for op %d, which is not outstanding", op))
 }
 
-func opOf(cmd Command) int64 {
+// QueueOp returns the Op of a queue command (0 for any other command).
+func QueueOp(cmd Command) int64 {
 	switch q := cmd.(type) {
 	case ResetOrphans:
 		return q.Op
@@ -330,7 +331,25 @@ func opOf(cmd Command) int64 {
 	case Flush:
 		return q.Op
 	}
-	panic(fmt.Sprintf("core: %T is not a queue command", cmd))
+	return 0
+}
+
+// QueueErr returns the error text of a queue result event: "" for a success or
+// for any other event.
+func QueueErr(ev Event) string {
+	switch e := ev.(type) {
+	case OrphansReset:
+		return e.Err
+	case Resolved:
+		return e.Err
+	case Woken:
+		return e.Err
+	case Claimed:
+		return e.Err
+	case Flushed:
+		return e.Err
+	}
+	return ""
 }
 
 func (c *Core) worker(id WorkerID) *worker { return c.workers[id] }

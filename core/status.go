@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"strconv"
 	"strings"
 )
@@ -41,24 +42,12 @@ func ParseStatus(line string) (Status, error) {
 	for _, f := range strings.Fields(rest) {
 		name, micros, ok := strings.Cut(f, ":")
 		us, err := strconv.ParseInt(micros, 10, 64)
-		if !ok || err != nil || us < 0 || !validStageName(name) {
+		if !ok || err != nil || us < 0 || !conf.ValidStageName(name) {
 			return Status{}, fmt.Errorf("status line %q: %q is not STAGE:MICROS", clip(line, 200), clip(f, 100))
 		}
 		s.Fused = append(s.Fused, Fused{Stage: name, Micros: us})
 	}
 	return s, nil
-}
-
-func validStageName(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // clip cuts s to at most n bytes without splitting a UTF-8 sequence.

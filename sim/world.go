@@ -638,15 +638,15 @@ func (w *world) send(cmds []core.Command) {
 		var res []core.Event
 		switch {
 		case w.dbDown():
-			w.note("transaction op=%d fails: the database is unreachable", opOf(cmds[0]))
+			w.note("transaction op=%d fails: the database is unreachable", core.QueueOp(cmds[0]))
 			res = fakequeue.Failed(cmds, "dial tcp 127.0.0.1:5432: connect: connection refused")
 		case strings.HasPrefix(fault, "fails"):
-			w.note("transaction op=%d %s", opOf(cmds[0]), fault)
+			w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
 			res = fakequeue.Failed(cmds, "server closed the connection unexpectedly")
 		default:
 			res = w.exec(t)
 			if fault != "" {
-				w.note("transaction op=%d %s", opOf(cmds[0]), fault)
+				w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
 			}
 			if strings.HasPrefix(fault, "takes") {
 				res = fakequeue.Failed(cmds, "connection reset by peer during COMMIT")
@@ -673,36 +673,11 @@ func (w *world) exec(t *txn) []core.Event {
 
 func failed(evs []core.Event) bool {
 	for _, ev := range evs {
-		switch e := ev.(type) {
-		case core.OrphansReset:
-			return e.Err != ""
-		case core.Resolved:
-			return e.Err != ""
-		case core.Woken:
-			return e.Err != ""
-		case core.Claimed:
-			return e.Err != ""
-		case core.Flushed:
-			return e.Err != ""
+		if core.QueueErr(ev) != "" {
+			return true
 		}
 	}
 	return false
-}
-
-func opOf(cmd core.Command) int64 {
-	switch q := cmd.(type) {
-	case core.ResetOrphans:
-		return q.Op
-	case core.Resolve:
-		return q.Op
-	case core.Wake:
-		return q.Op
-	case core.Claim:
-		return q.Op
-	case core.Flush:
-		return q.Op
-	}
-	return 0
 }
 
 // ---- the trace ----

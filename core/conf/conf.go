@@ -118,7 +118,7 @@ func Parse(file, text string) (*Config, error) {
 			case section == "pepsi", section == "pepsi-dispatch":
 			case strings.HasPrefix(section, "stage-"):
 				name := strings.TrimPrefix(section, "stage-")
-				if !validStageName(name) {
+				if !ValidStageName(name) {
 					return nil, bad("", "stage name %q: use letters, digits, '_' and '-'", name)
 				}
 				if _, dup := stages[name]; dup {
@@ -239,7 +239,9 @@ func parsePositive(s string) (int, error) {
 	return n, nil
 }
 
-func validStageName(s string) bool {
+// ValidStageName reports whether s may name a stage: 1 to 63 letters, digits,
+// '_' and '-', so it is safe in logs, status lines and section headers.
+func ValidStageName(s string) bool {
 	if s == "" || len(s) > 63 {
 		return false
 	}

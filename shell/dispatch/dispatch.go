@@ -241,7 +241,7 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			evs := queue.Exec(sctx, cmds)
 			failed := false
 			for _, ev := range evs {
-				if failedResult(ev) {
+				if core.QueueErr(ev) != "" {
 					failed = true
 				}
 			}
@@ -404,22 +404,6 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return &oldSchemaError{have: v, want: want}
 	}
 	return nil
-}
-
-func failedResult(ev core.Event) bool {
-	switch e := ev.(type) {
-	case core.OrphansReset:
-		return e.Err != ""
-	case core.Resolved:
-		return e.Err != ""
-	case core.Woken:
-		return e.Err != ""
-	case core.Claimed:
-		return e.Err != ""
-	case core.Flushed:
-		return e.Err != ""
-	}
-	return false
 }
 
 func signalOnce(ch chan<- struct{}) {
