@@ -78,8 +78,14 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 		err = fmt.Errorf("lock message %d: %w", t.row.id, err)
 	}
 	if err != nil {
+		// Release the row, but stay inside a transaction (a new one, until
+		// tx.end rolls it back): a handler that goes on with statements on
+		// Conn() then runs them there, not in transactions of their own that
+		// would commit in a pass that does not.
 		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(context.WithoutCancel(ctx)) // a failed rollback ends with the connection
+			if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK AND CHAIN"); rerr != nil {
+				t.w.closeBroken(ctx) // as a failed rollback of pgx's does
+			}
 		}
 		t.err = err
 		return err
@@ -89,7 +95,8 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 }
 
 // end rolls back whatever the pass left open: the handler's transaction when
-// the pass answered without committing it, or a transition that failed.
+// the pass answered without committing it, a transition that failed, or the
+// transaction ensure left open when it could not lock the row.
 func (t *lazyTx) end(ctx context.Context) {
 	conn := t.w.conn
 	if conn == nil || conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
@@ -100,7 +107,9 @@ func (t *lazyTx) end(ctx context.Context) {
 		_ = t.tx.Rollback(context.WithoutCancel(ctx))
 		return
 	}
-	_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+	if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+		t.w.closeBroken(ctx) // as a failed rollback of pgx's does
+	}
 }
 
 // Begin starts a savepoint inside the message's transaction.

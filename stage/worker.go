@@ -64,6 +64,11 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		if o.Handlers[f] == nil {
 			return nil, badConfig("fused stage %q has no handler in this program (it serves: %s)", f, names)
 		}
+		// The dispatcher reads the name on the status line ("0 NAME:MICROS"),
+		// and takes a line with a name it cannot read for a protocol error.
+		if !validStageName(f) {
+			return nil, badConfig("fused stage %q: a stage name has only letters, digits, '_' and '-', at most 63 of them", f)
+		}
 		fused[f] = true
 	}
 	if o.In == nil || o.Out == nil {
@@ -83,6 +88,20 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		cfg.ConnectTimeout = connectTimeoutDefault
 	}
 	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, cfg: cfg, log: log}, nil
+}
+
+// validStageName is the rule of pepsi.conf and core.ParseStatus for a stage
+// name.
+func validStageName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // where names the server for error messages (never the password).
@@ -106,6 +125,16 @@ func (w *worker) close() {
 		_ = w.conn.Close(ctx) // closing a broken connection has nothing left to report
 		w.conn = nil
 	}
+}
+
+// closeBroken closes a connection left in no known state (a failed rollback; a
+// handler may have left rows open on it). It stays w.conn, closed: the next
+// statement on it reports a lost connection, and the message runs again on a
+// new one.
+func (w *worker) closeBroken(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = w.conn.Close(cctx)
 }
 
 // handle runs id to completion and returns its status line. next, if not 0, is
@@ -297,6 +326,12 @@ func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
 		if newState, err = json.Marshal(m.State); err != nil {
 			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
 		}
+	}
+	if tx.err != nil {
+		// The handler's transaction could not begin (its statements failed) and
+		// the connection is still inside it: report that rather than commit a
+		// transition without them.
+		return "", tx.err
 	}
 	moved, err := w.commit(ctx, tx, newStage, newStatus, timeout, newState, next)
 	if err != nil {
