@@ -65,11 +65,19 @@ type Resolve struct {
 	Items []Item
 }
 
-// Wake makes paused rows whose timeout is at or before Now pending. Answered by
-// Woken, which also reports the earliest timeout still paused.
+// Wake makes paused rows whose timeout is at or before Now pending, except the
+// rows in Keep. Answered by Woken, which also reports the earliest timeout of the
+// paused rows not in Keep.
+//
+// Keep lists the ids handed to workers and not yet answered: a stage may pause a
+// row with a timeout already due and commit before its answer is read, and waking
+// (and claiming) that row then would hand one message to two workers. Once the
+// answer is resolved the row is no longer kept, and its outcome reports the due
+// timeout, so the next Wake takes it.
 type Wake struct {
-	Op  int64
-	Now time.Time
+	Op   int64
+	Now  time.Time
+	Keep []int64
 }
 
 // Cap is how many pending rows of Stage one Claim may take.
@@ -193,7 +201,13 @@ func (c Resolve) String() string {
 	}
 	return b.String()
 }
-func (c Wake) String() string { return fmt.Sprintf("wake op=%d now=%s", c.Op, formatTime(c.Now)) }
+func (c Wake) String() string {
+	s := fmt.Sprintf("wake op=%d now=%s", c.Op, formatTime(c.Now))
+	if len(c.Keep) > 0 {
+		s += " keep=" + formatIDs(c.Keep)
+	}
+	return s
+}
 func (c Claim) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "claim op=%d", c.Op)

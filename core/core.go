@@ -809,6 +809,20 @@ func (c *Core) held() []int64 {
 	return ids
 }
 
+// handed lists the ids handed to workers and not yet answered, in order.
+func (c *Core) handed() []int64 {
+	var ids []int64
+	for _, st := range c.stages {
+		for _, w := range st.workers {
+			for _, m := range w.queue {
+				ids = append(ids, m.id)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
 func (c *Core) idle() bool {
 	if len(c.owed) > 0 {
 		return false
@@ -871,7 +885,7 @@ func (c *Core) queueWork() {
 	}
 	waking := false
 	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
-		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now})
+		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()})
 		c.wakeDue = false
 		waking = true
 	}

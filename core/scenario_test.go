@@ -720,3 +720,30 @@ func TestStatisticsOfACoreThatLostItsLockAreCarriedToTheNextCore(t *testing.T) {
 		t.Errorf("after the restart: passes %d left %d processed %d, want 2, 1, 2", passes, left, st["a"].Processed)
 	}
 }
+
+func TestRowPausedWithADueTimeoutIsNotWokenBeforeItsAnswerIsRead(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	id := w.head(1)
+	w.at(30 * time.Second) // the heartbeat is due
+	// The stage paused the row until a moment already past and committed; its
+	// answer has not been read yet.
+	if !w.q.StageWrite(id, "a", "a", "paused", epoch) {
+		t.Fatal("stage write failed")
+	}
+	cmds := w.step(core.Tick{})
+	if wake := one[core.Wake](t, cmds); len(wake.Keep) != 1 || wake.Keep[0] != id {
+		t.Errorf("wake keeps %v, want [%d] (handed, unanswered)", wake.Keep, id)
+	}
+	w.wantRow(id, "a", "paused")
+	none[core.Write](t, cmds, "a message handed out again while its worker holds it")
+	// Once the answer is read, the due pause is woken and the message runs again.
+	w.held[1] = w.held[1][1:]
+	cmds = w.step(core.Answer{Worker: 1, Line: "0"})
+	if ws := of[core.Write](cmds); len(ws) != 1 || ws[0].IDs[0] != id {
+		t.Errorf("message %d not handed out again after its pause was resolved: %v", id, ws)
+	}
+	if r := w.row(id); r.Status != "running" {
+		t.Errorf("row %d is %s, want running again", id, r.Status)
+	}
+}

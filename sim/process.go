@@ -205,8 +205,22 @@ func (w *world) conclude(p *proc, id int64) {
 		return
 	case kFail, kFailAfter:
 		w.answer(p, parseFailLine(a.line))
-	case kStageBug, kPause:
+	case kStageBug:
 		w.answer(p, answerInfo{line: "0"})
+	case kPause:
+		// The answer may reach the dispatcher well after the commit (a worker
+		// descheduled between its COMMIT and its write): a pause already due
+		// must not be woken and handed out again in between.
+		lag := w.randDur(w.rProc, 0, 2*time.Second)
+		w.at(w.now.Add(lag), p.life, func() {
+			if p.dead {
+				return
+			}
+			w.answer(p, answerInfo{line: "0"})
+			p.busy, p.cur = false, 0
+			w.feed(p)
+		})
+		return
 	default:
 		w.answer(p, w.goodAnswer(p, id))
 	}

@@ -249,7 +249,8 @@ func chooseAttempt(c chooser, sc *Scenario) attempt {
 	}
 	switch a.kind {
 	case kPause:
-		a.pause = secs(c.intn("try.pause_s", 1, 60))
+		// 0: the stage pauses the row until a moment already past (a retry "now").
+		a.pause = secs(c.intn("try.pause_s", 0, 60))
 	case kFail, kFailAfter:
 		a.line = failLines[c.intn("try.fail_line", 0, len(failLines)-1)]
 	case kMalformed, kMalformedAfter:

@@ -259,7 +259,7 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		"UPDATE pepsi.queue SET status = 'running' WHERE ingress_id % 4000 = 0",
 		"UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01'::timestamptz + (ingress_id % 7) * interval '1 hour' WHERE ingress_id % 2000 = 1",
 		"PREPARE reset(bigint[]) AS " + pgqueue.ResetOrphansSQL,
-		"PREPARE wake(timestamptz) AS " + pgqueue.WakeSQL,
+		"PREPARE wake(timestamptz, bigint[]) AS " + pgqueue.WakeSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -274,7 +274,7 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, c := range []struct{ name, args, index string }{
 				{"reset", "'{4000,8000}'", "queue_running"},
-				{"wake", "'2030-01-01 03:30Z'", "queue_paused"},
+				{"wake", "'2030-01-01 03:30Z', '{2001,4001}'", "queue_paused"},
 			} {
 				plan := explain(t, conn, mode, c.name, c.args)
 				used := false

@@ -244,28 +244,36 @@ func resolve(c core.Resolve) statement {
 }
 
 // wakeSQL makes due paused rows pending (the queue_paused partial index finds
-// them), reports how many and the earliest timeout still paused, and notifies
-// ingress when it woke any, as every tool that makes rows pending does. The
-// NOTIFY is delivered at COMMIT. Rows the UPDATE wakes are invisible to the min()
-// below as updated rows, but were paused with timeout <= $1 in the statement's
-// snapshot, which the "timeout > $1" excludes.
+// them), except the kept ones ($2: ids handed to workers and not yet answered),
+// reports how many and the earliest timeout of the rows still paused and not
+// kept, and notifies ingress when it woke any, as every tool that makes rows
+// pending does. The NOTIFY is delivered at COMMIT. Rows the UPDATE wakes are
+// invisible to the min() below as updated rows, but were paused with timeout <= $1
+// in the statement's snapshot, which the "timeout > $1" excludes.
 const wakeSQL = `
 WITH woken AS (
 	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
-	WHERE status = 'paused' AND timeout <= $1
+	WHERE status = 'paused' AND timeout <= $1 AND ingress_id <> ALL ($2::bigint[])
 	RETURNING 1
 ), n AS (
 	SELECT count(*) AS n FROM woken
 )
 SELECT n.n,
-       (SELECT min(timeout) FROM pepsi.queue WHERE status = 'paused' AND timeout > $1),
+       (SELECT min(timeout) FROM pepsi.queue
+        WHERE status = 'paused' AND timeout > $1 AND ingress_id <> ALL ($2::bigint[])),
        CASE WHEN n.n > 0 THEN (SELECT true FROM pg_notify('ingress', '')) ELSE false END
 FROM n`
 
 func wake(c core.Wake) statement {
 	return statement{
-		name:  "wake",
-		queue: func(b *pgx.Batch) { b.Queue(wakeSQL, c.Now) },
+		name: "wake",
+		queue: func(b *pgx.Batch) {
+			keep := c.Keep
+			if keep == nil {
+				keep = []int64{} // NULL would make "<> ALL" match nothing
+			}
+			b.Queue(wakeSQL, c.Now, keep)
+		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			var n int64
 			var next *time.Time

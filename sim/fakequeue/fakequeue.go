@@ -274,7 +274,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 		n := 0
 		var next time.Time
 		for _, r := range q.rows {
-			if r == nil || r.Status != "paused" {
+			if r == nil || r.Status != "paused" || slices.Contains(c.Keep, r.ID) {
 				continue
 			}
 			if !r.Timeout.After(c.Now) {

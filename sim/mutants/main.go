@@ -108,7 +108,7 @@ var mutants = []mutant{
 		"\t\tkeep = nil"),
 	{"reset-keeps-unsure-rows", "the reset after a lost claim keeps rows whose resolve may have applied",
 		"keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
-		"keep := c.held()", nil, []uint64{760, 18959}},
+		"keep := c.held()", nil, []uint64{333, 18959}},
 	mut("lost-claim-not-reset", "rows a lost claim may have taken are never reset",
 		"\t\tc.needReset = true\n\t\treturn\n\t}\n\tc.epoch = e.Epoch",
 		"\t\treturn\n\t}\n\tc.epoch = e.Epoch"),
@@ -138,6 +138,8 @@ var mutants = []mutant{
 	mut("cooldown-ignored", "a stage whose program cannot start is respawned at once",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
+	{name: "wake-takes-held-rows", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
+		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{121}},
 }
 
 type options struct {

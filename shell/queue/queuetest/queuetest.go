@@ -69,6 +69,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 
 		{"WakeMakesDuePausedRowsPendingAndReportsTheNextTimeout", testWake},
 		{"WokenRowsAreClaimedAgainAtTheirStage", testWakeThenClaim},
+		{"WakeLeavesKeptRowsPausedAndOutOfNext", testWakeKeep},
 
 		{"ResetOrphansMakesRunningRowsPendingExceptKeptOnes", testResetOrphansKeep},
 		{"ResetOrphansWithNothingKeptResetsEveryRunningRow", testResetOrphansAll},
@@ -430,6 +431,22 @@ func testWakeThenClaim(t *testing.T, h Harness) {
 	if want := rowsAt("b", ids[0]); !slices.Equal(got, want) {
 		t.Fatalf("claim after wake took %v, want %v (pending again at the stage that paused it)", got, want)
 	}
+}
+
+func testWakeKeep(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	h.Stage(t, ids[0], "a", "a", "paused", base)                   // due, but still held by a worker
+	h.Stage(t, ids[1], "a", "a", "paused", base)                   // due
+	h.Stage(t, ids[2], "a", "a", "paused", base.Add(-time.Minute)) // due, held
+	w := exec(t, h, core.Wake{Op: 42, Now: base, Keep: []int64{ids[0], ids[2]}},
+		func(e core.Woken) (int64, string) { return e.Op, e.Err })
+	if w.Count != 1 || !w.Next.IsZero() {
+		t.Fatalf("wake keeping %d and %d = count %d next %v; want 1 woken and no next (kept rows do not count)", ids[0], ids[2], w.Count, w.Next)
+	}
+	wantRow(t, h, ids[0], "a", "paused")
+	wantRow(t, h, ids[1], "a", "pending")
+	wantRow(t, h, ids[2], "a", "paused")
 }
 
 // ---- ResetOrphans ----
