@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,17 +82,31 @@ func Run(ctx context.Context, o Options) (int, error) {
 	// carry: statistics a session that lost the lock counted but could not be sure
 	// it wrote; the next session's core adds what the database does not show.
 	var carry []core.Flush
+	// stopping: a signal (or ctx) asked for a shutdown. A session that loses the
+	// lock after that is not followed by another.
+	stopping := false
+	restarted := false
 	for {
 		lock, code, err := acquire(ctx, pgcfg, o.Standby, log, signals)
 		if lock == nil {
+			if restarted && code == ExitOK {
+				// Stopped between sessions: the lost session's rows are still
+				// running (and its statistics unwritten) until the next start.
+				code = ExitUnwritten
+			}
 			return code, err
 		}
-		code, again, err := session(ctx, o, pgcfg, lock, log, signals, &carry)
+		code, again, err := session(ctx, o, pgcfg, lock, log, signals, &carry, &stopping, restarted)
 		_ = lock.Release(context.WithoutCancel(ctx))
 		if !again {
 			return code, err
 		}
+		if stopping {
+			log.Error("lost the dispatcher lock while shutting down: workers were killed, the next start resets their rows", "err", err)
+			return ExitUnwritten, err
+		}
 		log.Error("restarting the dispatcher session after losing the lock: workers were killed, their rows will be reset", "err", err)
+		restarted = true
 	}
 }
 
@@ -154,7 +167,11 @@ type txnResult struct {
 // session runs one core for as long as the lock is held. again reports that the
 // lock was lost and a new session should start; then *carry holds the statistics
 // the core could not be sure it wrote, for the next session's Start.
-func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueue.Lock, log *slog.Logger, signals <-chan os.Signal, carry *[]core.Flush) (code int, again bool, err error) {
+//
+// *stopping is set once a signal or ctx asks for a shutdown. restarted says an
+// earlier session lost the lock: its rows are running until this one's start-up
+// reset, so stopping before that is not a clean exit.
+func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueue.Lock, log *slog.Logger, signals <-chan os.Signal, carry *[]core.Flush, stopping *bool, restarted bool) (code int, again bool, err error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 
@@ -187,12 +204,21 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	queue := pgqueue.New(pool, log)
 
 	events := make(chan core.Event, eventBufferMax)
+	// ended is closed when the loop has returned: no one reads events any more, and
+	// a worker goroutine must not block on them (Close waits for those goroutines).
+	ended := make(chan struct{})
 	workers := worker.NewPool(worker.Options{
 		ConfigFile: o.Config.Dispatch.ConfigFile,
 		Log:        log,
-		Events:     func(ev core.Event) { events <- ev },
+		Events: func(ev core.Event) {
+			select {
+			case events <- ev:
+			case <-ended:
+			}
+		},
 	})
 	defer func() {
+		close(ended)
 		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer wcancel()
 		if cerr := workers.Close(wctx); cerr != nil {
@@ -202,7 +228,11 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 
 	// Ingress notifications coalesce: one pending "there is work" is enough.
 	notified := make(chan struct{}, 1)
+	// dbUp: a probe reached the database after a failed transaction. relisten: the
+	// listener is back after an outage of its own; the notifications sent meanwhile
+	// were lost, so it means Ingress as well as DatabaseUp.
 	dbUp := make(chan struct{}, 1)
+	relisten := make(chan struct{}, 1)
 	listening := make(chan struct{})
 	go func() {
 		first := true
@@ -216,7 +246,7 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			case pgqueue.Notified:
 				signalOnce(notified)
 			case pgqueue.Up:
-				signalOnce(dbUp)
+				signalOnce(relisten)
 			}
 		})
 	}()
@@ -225,17 +255,14 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	case <-lock.Lost():
 		return ExitFatal, true, lock.Err()
 	case <-signals:
-		return ExitOK, false, nil
+		*stopping = true
+		return exitBeforeStart(restarted), false, nil
 	case <-ctx.Done():
-		return ExitOK, false, nil
+		*stopping = true
+		return exitBeforeStart(restarted), false, nil
 	}
 
 	results := make(chan txnResult, 1)
-	// failures counts queue transactions that failed in a row. A failure the
-	// database answers at once (a missing table, a read-only server) would
-	// otherwise be retried as fast as the ping after it succeeds; each one in a
-	// row doubles the pause before the retry, up to probeMax.
-	var failures atomic.Int64
 	runTxn := func(cmds []core.Command) {
 		go func() {
 			evs := queue.Exec(sctx, cmds)
@@ -245,15 +272,27 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 					failed = true
 				}
 			}
-			if !failed {
-				failures.Store(0)
-			}
 			results <- txnResult{events: evs, failed: failed}
-			if failed {
-				n := failures.Add(1)
-				probe(sctx, queue, log, dbUp, min(probeMin<<min(n-1, 16), probeMax))
-			}
 		}()
+	}
+	// failures counts queue transactions that failed in a row. A failure the
+	// database answers at once (a missing table, a read-only server) would
+	// otherwise be retried as fast as the ping after it succeeds; each one in a
+	// row doubles the pause before the retry, up to probeMax.
+	//
+	// The probe starts only once the loop has taken the failure into pending, so
+	// its DatabaseUp reaches the core after the failure. Started with the failure
+	// (off the loop), it could answer while the failure still waited in results;
+	// the loop could then take DatabaseUp first, the core would ignore it (not yet
+	// down) and then wait for the database forever.
+	failures := 0
+	tookResult := func(r txnResult) {
+		if !r.failed {
+			failures = 0
+			return
+		}
+		failures++
+		go probe(sctx, queue, log, dbUp, min(probeMin<<min(failures-1, 16), probeMax))
 	}
 
 	c := core.New(o.Config)
@@ -307,41 +346,58 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			pending = append(pending, ev)
 		case r := <-results:
 			pending = append(pending, r.events...)
+			tookResult(r)
 		case <-notified:
 			pending = append(pending, core.Ingress{})
 		case <-dbUp:
 			pending = append(pending, core.DatabaseUp{})
+		case <-relisten:
+			pending = append(pending, core.Ingress{}, core.DatabaseUp{})
 		case <-timer.C:
 			pending = append(pending, core.Tick{})
 		case sig := <-signals:
 			log.Info("signal received", "signal", sig.String())
+			*stopping = true
 			pending = append(pending, core.Shutdown{})
 		case <-ctxDone:
 			ctxDone = nil
+			*stopping = true
 			pending = append(pending, core.Shutdown{})
 		case <-lock.Lost():
 			workers.KillAll()
 			*carry = c.Unflushed()
 			return ExitFatal, true, fmt.Errorf("lost the dispatcher lock: %w", lock.Err())
 		}
-		pending = drain(pending, events, results, notified, dbUp)
+		pending = drain(pending, events, results, notified, dbUp, relisten, tookResult)
 	}
+}
+
+// exitBeforeStart is the exit code of a session asked to stop before its core ran:
+// clean, unless an earlier session lost the lock and left rows running.
+func exitBeforeStart(restarted bool) int {
+	if restarted {
+		return ExitUnwritten
+	}
+	return ExitOK
 }
 
 // drain appends, without blocking, whatever events are already waiting, so that
 // one Step sees every answer and exit that has arrived (capacities are current
 // before the claim).
-func drain(pending []core.Event, events <-chan core.Event, results <-chan txnResult, notified, dbUp <-chan struct{}) []core.Event {
+func drain(pending []core.Event, events <-chan core.Event, results <-chan txnResult, notified, dbUp, relisten <-chan struct{}, tookResult func(txnResult)) []core.Event {
 	for len(pending) < drainMax {
 		select {
 		case ev := <-events:
 			pending = append(pending, ev)
 		case r := <-results:
 			pending = append(pending, r.events...)
+			tookResult(r)
 		case <-notified:
 			pending = append(pending, core.Ingress{})
 		case <-dbUp:
 			pending = append(pending, core.DatabaseUp{})
+		case <-relisten:
+			pending = append(pending, core.Ingress{}, core.DatabaseUp{})
 		default:
 			return pending
 		}
