@@ -42,6 +42,8 @@ const (
 	drainMax       = 8192 // events folded into one Step at most
 	probeMin       = 100 * time.Millisecond
 	probeMax       = 5 * time.Second
+	// schemaCheckTimeout bounds one start-up schema check (connecting included).
+	schemaCheckTimeout = 10 * time.Second
 )
 
 // Options configure one daemon.
@@ -194,12 +196,35 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 		cancel()
 		pool.Close()
 	}()
-	if err := checkSchema(sctx, pool); err != nil {
-		// A server that answered is up: retrying cannot fix its schema. Anything
-		// else (the connection broke) is retried like a lost lock.
-		var pgErr *pgconn.PgError
-		var old *oldSchemaError
-		return ExitFatal, !errors.As(err, &pgErr) && !errors.As(err, &old), err
+	// A schema that is missing or old, or a server that answers the check with an
+	// error, is fatal: retrying cannot fix it. A connection that could not be made
+	// or broke (too many connections, a server starting or stopping) is an outage:
+	// it is retried with backoff while the lock is held.
+	for backoff, logged := probeMin, false; ; backoff = min(2*backoff, probeMax) {
+		cctx, ccancel := context.WithTimeout(sctx, schemaCheckTimeout)
+		err := checkSchema(cctx, pool)
+		ccancel()
+		if err == nil {
+			break
+		}
+		if !transient(err) {
+			return ExitFatal, false, err
+		}
+		if !logged {
+			log.Warn("cannot check the database schema; retrying", "err", err)
+			logged = true
+		}
+		select {
+		case <-time.After(backoff):
+		case <-lock.Lost():
+			return ExitFatal, true, lock.Err()
+		case <-signals:
+			*stopping = true
+			return exitBeforeStart(restarted), false, nil
+		case <-ctx.Done():
+			*stopping = true
+			return exitBeforeStart(restarted), false, nil
+		}
 	}
 	queue := pgqueue.New(pool, log)
 
@@ -460,6 +485,31 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return &oldSchemaError{have: v, want: want}
 	}
 	return nil
+}
+
+// transient reports whether err, from checkSchema, is a connection that could
+// not be made or broke, rather than an answer of the server about its schema.
+func transient(err error) bool {
+	var old *oldSchemaError
+	if errors.As(err, &old) {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true // refused: too many connections, starting up, shutting down
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // the connection broke or timed out
+	}
+	if len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "08", "53", "57": // connection exception, insufficient resources, operator intervention
+		return true
+	}
+	return false
 }
 
 func signalOnce(ch chan<- struct{}) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -348,4 +349,72 @@ func TestOutputArrivingAfterTheLockIsLostDoesNotHoldUpTheNextSession(t *testing.
 	if n := len(d.logs.lines("workers did not all exit")); n != 0 {
 		t.Errorf("closing the lost session's workers timed out %d times; want none", n)
 	}
+}
+
+// limitedRole creates a login role that may use the queue and open at most limit
+// connections at once, and returns e's URL for it and a function that changes the
+// limit (-1: none). The role is dropped when the test ends.
+func (e *env) limitedRole(limit int) (string, func(int)) {
+	e.t.Helper()
+	ctx := context.Background()
+	role := fmt.Sprintf("pepsi_limited_%d", time.Now().UnixNano())
+	for _, q := range []string{
+		fmt.Sprintf(`CREATE ROLE %s LOGIN CONNECTION LIMIT %d`, role, limit),
+		`GRANT USAGE ON SCHEMA pepsi TO ` + role,
+		`GRANT ALL ON ALL TABLES IN SCHEMA pepsi TO ` + role,
+		`GRANT ALL ON ALL SEQUENCES IN SCHEMA pepsi TO ` + role,
+	} {
+		if _, err := e.db.Exec(ctx, q); err != nil {
+			e.t.Fatalf("%s: %v", q, err)
+		}
+	}
+	e.t.Cleanup(func() {
+		for _, q := range []string{
+			`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '` + role + `'`,
+			`DROP OWNED BY ` + role,
+			`DROP ROLE ` + role,
+		} {
+			if _, err := e.db.Exec(ctx, q); err != nil {
+				e.t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+	u, err := url.Parse(e.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return u.String(), func(n int) {
+		if _, err := e.db.Exec(ctx, fmt.Sprintf(`ALTER ROLE %s CONNECTION LIMIT %d`, role, n)); err != nil {
+			e.t.Error(err)
+		}
+	}
+}
+
+// The server refuses a connection for a while (too many connections: killed
+// workers' backends still ending, another client's burst) just after the lock was
+// taken. That is an outage to wait out, not a database the dispatcher cannot use.
+func TestAConnectionRefusedWhileCheckingTheSchemaIsWaitedOutNotFatal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	// One connection: the lock's. The pool's first one is refused.
+	u, limit := e.limitedRole(1)
+	e.url = u // the dispatcher's; workers use pepsi.conf's
+	d := e.start()
+	waitFor(t, 10*time.Second, "the dispatcher to take the lock", func() (bool, string) {
+		return len(d.logs.lines("holding the dispatcher lock")) > 0, "not yet"
+	})
+	time.Sleep(time.Second)
+	select {
+	case <-d.done:
+		t.Fatalf("the dispatcher exited %d (%v) when a connection was refused; want it to wait for the database", d.code, d.err)
+	default:
+	}
+	if n := len(d.logs.lines("holding the dispatcher lock")); n > 2 {
+		t.Errorf("took the lock %d times in a second; want a retry that backs off", n)
+	}
+	limit(-1)
+	e.insert("a", "a=done")
+	e.waitCounts(15*time.Second, map[string]int{"done": 1})
+	d.stopClean()
 }
