@@ -999,7 +999,8 @@ func (c *Core) setTimer() {
 	}
 	// While a transaction is outstanding or the database is down, its result or
 	// DatabaseUp wakes the core: a queue deadline then would only spin.
-	queueBlocked := c.dbDown || len(c.txn) > 0
+	// After a second shutdown request nothing more is written either.
+	queueBlocked := c.dbDown || len(c.txn) > 0 || c.shutdown == 2
 	if c.shutdown == 0 {
 		at(c.lastPoll.Add(c.cfg.PollInterval))
 		if !queueBlocked {

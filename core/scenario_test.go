@@ -747,3 +747,21 @@ func TestRowPausedWithADueTimeoutIsNotWokenBeforeItsAnswerIsRead(t *testing.T) {
 		t.Errorf("row %d is %s, want running again", id, r.Status)
 	}
 }
+
+func TestAfterASecondShutdownTheCoreAsksForNoTimerItCannotServe(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	w.at(500 * time.Millisecond)
+	w.finish(1) // counted; not flushed yet (within a second of the start)
+	w.step(core.Shutdown{})
+	w.step(core.Shutdown{}) // now: workers killed, nothing more is written
+	cmds := w.tick(2 * time.Minute)
+	for _, tm := range of[core.SetTimer](cmds) {
+		if !tm.At.IsZero() && !tm.At.After(w.now) {
+			t.Fatalf("timer at %v, not after now (%v): the shell would spin until the workers exit", tm.At.Sub(epoch), w.now.Sub(epoch))
+		}
+	}
+	if e := one[core.Exit](t, w.exit(1, -1, "killed")); e.Code != 1 {
+		t.Errorf("exit code %d after an immediate shutdown with unwritten results, want 1", e.Code)
+	}
+}

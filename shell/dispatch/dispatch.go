@@ -42,6 +42,7 @@ const (
 	drainMax       = 8192 // events folded into one Step at most
 	probeMin       = 100 * time.Millisecond
 	probeMax       = 5 * time.Second
+	txnTimeout     = 60 * time.Second // a queue transaction taking longer has failed
 	// schemaCheckTimeout bounds one start-up schema check (connecting included).
 	schemaCheckTimeout = 10 * time.Second
 )
@@ -290,7 +291,12 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	results := make(chan txnResult, 1)
 	runTxn := func(cmds []core.Command) {
 		go func() {
-			evs := queue.Exec(sctx, cmds)
+			// A connection that died silently must not stall every queue write
+			// until TCP gives up: a transaction past txnTimeout fails, and the
+			// core re-sends what it owed once a probe reaches the database.
+			tctx, tcancel := context.WithTimeout(sctx, txnTimeout)
+			evs := queue.Exec(tctx, cmds)
+			tcancel()
 			failed := false
 			for _, ev := range evs {
 				if core.QueueErr(ev) != "" {
