@@ -114,6 +114,11 @@ type Core struct {
 	started   bool
 	resetDone bool // the start-up orphan reset has committed
 	needReset bool // a ResetOrphans must precede the next Claim
+	// sweep: the heartbeat's ResetOrphans. With one dispatcher, a running row this
+	// core does not hold is an orphan whatever made it (a transaction of a session
+	// that lost the lock committing late, a mistaken tool); every POLL_INTERVAL
+	// such rows are made pending, so nothing stays running for long.
+	sweep bool
 	dbDown    bool
 	txn       []Command // queue commands awaiting results
 	owed      []Item    // resolve items not yet sent (or sent and failed)
@@ -286,7 +291,7 @@ func (c *Core) apply(ev Event) {
 				c.logf("info", "start-up: reset %d orphaned running rows to pending", e.Count)
 			}
 		} else if e.Count > 0 {
-			c.logf("warn", "reset %d running rows claimed by a claim whose result was lost", e.Count)
+			c.logf("warn", "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
 		}
 	case Flushed:
 		cmd := c.result(e.Op, e.Err).(Flush)
@@ -678,6 +683,7 @@ func (c *Core) timers() {
 	if c.shutdown == 0 && !c.now.Before(c.lastPoll.Add(c.cfg.PollInterval)) {
 		c.lastPoll = c.now
 		c.wakeDue = true
+		c.sweep = c.resetDone
 		c.setMaybeMore()
 	}
 	for _, id := range c.workerIDs() {
@@ -876,6 +882,10 @@ func (c *Core) queueWork() {
 		}
 		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep})
 		c.needReset = false
+		c.sweep = false
+	} else if c.sweep && c.shutdown == 0 {
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: c.held()})
+		c.sweep = false
 	}
 	resolving := false
 	if len(c.owed) > 0 {

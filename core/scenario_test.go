@@ -765,3 +765,22 @@ func TestAfterASecondShutdownTheCoreAsksForNoTimerItCannotServe(t *testing.T) {
 		t.Errorf("exit code %d after an immediate shutdown with unwritten results, want 1", e.Code)
 	}
 }
+
+func TestHeartbeatResetsRunningRowsNoOneHolds(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1) // w1 holds 1
+	// A transaction of a session that lost the lock commits late: it claims row 2,
+	// which this core knows nothing of.
+	w.q.Insert("a", 1)
+	w.q.Exec(t.Context(), []core.Command{core.Claim{Op: 999, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	w.wantRow(2, "a", "running")
+	cmds := w.tick(30 * time.Second)
+	reset := one[core.ResetOrphans](t, cmds)
+	if len(reset.Keep) != 1 || reset.Keep[0] != 1 {
+		t.Errorf("heartbeat reset keeps %v, want [1] (held by w1)", reset.Keep)
+	}
+	w.wantRow(1, "a", "running")
+	if got := w.held[1]; len(got) != 2 || got[1] != 2 {
+		t.Errorf("the orphan was not reset and handed out: w1 holds %v", got)
+	}
+}
