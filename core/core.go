@@ -118,10 +118,10 @@ type Core struct {
 	// core does not hold is an orphan whatever made it (a transaction of a session
 	// that lost the lock committing late, a mistaken tool); every POLL_INTERVAL
 	// such rows are made pending, so nothing stays running for long.
-	sweep bool
-	dbDown    bool
-	txn       []Command // queue commands awaiting results
-	owed      []Item    // resolve items not yet sent (or sent and failed)
+	sweep  bool
+	dbDown bool
+	txn    []Command // queue commands awaiting results
+	owed   []Item    // resolve items not yet sent (or sent and failed)
 	// unsure: rows of resolve items sent in a transaction whose reply was lost.
 	// That transaction may have applied them and then woken and claimed the same
 	// rows again, so a reset after a lost claim must not keep them (see queueWork).
