@@ -290,7 +290,7 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 				THEN state->'dispatch_error_history' ELSE '[]'::jsonb END
 			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
 				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
-	WHERE status = ANY($3) AND ($1 = 0 OR ingress_id = $1) AND ($2 = '' OR stage = $2)
+	WHERE status = ANY($3) AND ($1::bigint = 0 OR ingress_id = $1) AND ($2 = '' OR stage = $2)
 	RETURNING 1)
 SELECT count(*) FROM moved`, f.ID, f.Stage, statuses, f.To).Scan(&n)
 		if err != nil {

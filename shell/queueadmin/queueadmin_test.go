@@ -305,3 +305,26 @@ func TestConnectNamesTheUnreachableHost(t *testing.T) {
 		t.Errorf("Connect to a closed port = %v, want an error naming 127.0.0.1:1 and the database", err)
 	}
 }
+
+// ingress_id is a bigint: a long-lived queue passes 2^31, and retry -id must
+// still find its rows (the id filter once compared against an int4 parameter).
+func TestRetryByIDBeyondInt32(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(ctx, `ALTER TABLE pepsi.queue ALTER COLUMN ingress_id RESTART WITH 3000000000`); err != nil {
+		t.Fatal(err)
+	}
+	r := enqueue(t, conn, "parse", 1)
+	if r.First <= 1<<31 {
+		t.Fatalf("first id %d, want one beyond 2^31", r.First)
+	}
+	setRow(t, conn, r.First, "parse", "failed", `{"dispatch_error": "exit 1"}`, 0)
+	n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{ID: r.First})
+	if err != nil || n != 1 {
+		t.Fatalf("Retry(id %d) = %d, %v; want 1", r.First, n, err)
+	}
+	if m, err := queueadmin.Show(ctx, conn, r.First); err != nil || m.Status != "pending" {
+		t.Fatalf("after Retry: %+v, %v; want pending", m, err)
+	}
+}
