@@ -64,7 +64,7 @@ func newLines(r io.Reader, ndjson bool) *lines {
 func (l *lines) next() (queueadmin.NewMessage, error) {
 	for l.sc.Scan() {
 		l.line++
-		text := bytes.TrimSuffix(l.sc.Bytes(), []byte("\r"))
+		text := l.sc.Bytes() // bufio.ScanLines has dropped the "\n" or "\r\n"
 		if len(bytes.TrimSpace(text)) == 0 {
 			continue
 		}

@@ -84,3 +84,24 @@ func TestParseAgeAcceptsDurationsAndDays(t *testing.T) {
 		}
 	}
 }
+
+// The line end is one "\n" or "\r\n": a carriage return before it belongs to
+// the payload (bufio.ScanLines already drops the one of "\r\n").
+func TestLinesStripOnlyTheLineEnd(t *testing.T) {
+	t.Parallel()
+	src := newLines(strings.NewReader("a\r\r\nb\r\n"), false)
+	var got []string
+	for {
+		m, err := src.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(m.Payload))
+	}
+	if strings.Join(got, "|") != "a\r|b" {
+		t.Errorf("payloads = %q, want [\"a\\r\" \"b\"]", got)
+	}
+}
