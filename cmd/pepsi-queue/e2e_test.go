@@ -164,6 +164,7 @@ func TestEnqueueUsageErrorsExitTwo(t *testing.T) {
 	pq(t, "", env, "enqueue", "-stage", "a", "-n", "x").expect(t, "bad -n", 2, "", `invalid value "x" for flag -n`)
 	pq(t, "", env, "enqueue", "-stage", "a", "extra").expect(t, "stray argument", 2, "", `unexpected arguments ["extra"]`)
 	pq(t, "", env, "frobnicate").expect(t, "unknown subcommand", 2, "", `unknown subcommand "frobnicate"`)
+	pq(t, "", nil, "-database", "postgres://%zz", "stats").expect(t, "malformed -database", 2, "", "database connection string")
 	bad := writeFile(t, "bad.conf", "[pepsi]\nDATABASE = x\n[stage-a]\n")
 	pq(t, "", nil, "-c", bad, "stats").expect(t, "bad configuration", 2, "", bad+":3: PROGRAM: [stage-a] has no PROGRAM")
 }

@@ -188,6 +188,11 @@ func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
 	if url == "" && a.config != nil {
 		url = a.config.Database
 	}
+	// A connection string that does not parse is a mistake in the command line
+	// or the configuration (exit 2), not a failure of the database (exit 1).
+	if _, err := pgx.ParseConfig(url); err != nil {
+		return nil, usagef("", "database connection string: %v", err)
+	}
 	return queueadmin.Connect(ctx, url)
 }
 
