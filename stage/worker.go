@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // Bounds of the retry loops (STYLE.md: every retry loop has a stated limit).
@@ -66,7 +67,7 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		}
 		// The dispatcher reads the name on the status line ("0 NAME:MICROS"),
 		// and takes a line with a name it cannot read for a protocol error.
-		if !validStageName(f) {
+		if !conf.ValidStageName(f) {
 			return nil, badConfig("fused stage %q: a stage name has only letters, digits, '_' and '-', at most 63 of them", f)
 		}
 		fused[f] = true
@@ -88,20 +89,6 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		cfg.ConnectTimeout = connectTimeoutDefault
 	}
 	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, cfg: cfg, log: log}, nil
-}
-
-// validStageName is the rule of pepsi.conf and core.ParseStatus for a stage
-// name.
-func validStageName(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // where names the server for error messages (never the password).

@@ -43,17 +43,7 @@ func TestNDJSONLinesBecomePayloadsAndStates(t *testing.T) {
 func TestLinesSkipBlankLinesAndStripLineEnds(t *testing.T) {
 	t.Parallel()
 	src := newLines(strings.NewReader("a\r\n\n  \nb b\nlast"), false)
-	var got []string
-	for {
-		m, err := src.next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, string(m.Payload))
-	}
+	got := payloads(t, src)
 	if strings.Join(got, "|") != "a|b b|last" {
 		t.Errorf("payloads = %q, want [a \"b b\" last]", got)
 	}
@@ -90,18 +80,24 @@ func TestParseAgeAcceptsDurationsAndDays(t *testing.T) {
 func TestLinesStripOnlyTheLineEnd(t *testing.T) {
 	t.Parallel()
 	src := newLines(strings.NewReader("a\r\r\nb\r\n"), false)
+	got := payloads(t, src)
+	if strings.Join(got, "|") != "a\r|b" {
+		t.Errorf("payloads = %q, want [\"a\\r\" \"b\"]", got)
+	}
+}
+
+// payloads reads every message of src and returns their payloads as text.
+func payloads(t *testing.T, src *lines) []string {
+	t.Helper()
 	var got []string
 	for {
 		m, err := src.next()
 		if errors.Is(err, io.EOF) {
-			break
+			return got
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, string(m.Payload))
-	}
-	if strings.Join(got, "|") != "a\r|b" {
-		t.Errorf("payloads = %q, want [\"a\\r\" \"b\"]", got)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pepsi-pipeline/pepsi/core"
 	"slices"
 	"strings"
 	"time"
@@ -116,15 +117,11 @@ type Depth struct {
 	OldestWait time.Duration
 }
 
-// StageStats is one row of pepsi.stage_stats (see SPEC.md "Statistics").
+// StageStats is one row of pepsi.stage_stats (see SPEC.md "Statistics"): the
+// totals the dispatcher's flushes added up, and when the last one touched it.
 type StageStats struct {
-	Stage        string
-	Processed    int64
-	Failed       int64
-	Timeouts     int64
-	Crashes      int64
-	ProcessingUS int64
-	UpdatedAt    time.Time
+	core.StageDelta
+	UpdatedAt time.Time
 }
 
 // DispatchStats is the row of pepsi.dispatch_stats.
