@@ -115,3 +115,33 @@ func TestMessagesSurviveAPostgreSQLRestart(t *testing.T) {
 		t.Errorf("the dispatcher restarted its session %d times; want once per PostgreSQL restart (2)", n)
 	}
 }
+
+func TestAQueueTransactionStuckPastItsTimeoutFailsAndIsRetried(t *testing.T) {
+	t.Parallel()
+	const n = 50
+	e := newEnv(t, libStages(1, 16, "a", "b", "c"))
+	e.txnTimeout = time.Second
+	e.insertN("a", threeHops, n)
+	// Someone holds the queue for 4 s: the dispatcher's first transaction waits
+	// behind the lock. It must give up after its timeout, not wait it out.
+	ctx := context.Background()
+	locker, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locker.Exec(ctx, "LOCK TABLE pepsi.queue IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start()
+	// Runs before the daemon's own cleanup, which could not stop it otherwise.
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	waitFor(t, 20*time.Second, "a queue transaction to time out", func() (bool, string) {
+		return len(d.logs.lines("queue write failed")) > 0, "no \"queue write failed\" line in the log"
+	})
+	time.Sleep(3 * time.Second)
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCounts(60*time.Second, map[string]int{"done": n})
+	d.stopClean()
+}

@@ -33,16 +33,16 @@ import (
 
 // Exit codes of pepsi-dispatch, documented in pepsi-dispatch(1).
 const (
-	ExitOK         = 0 // shut down cleanly
-	ExitUnwritten  = 1 // shut down, but some results could not be written (the next start resets them)
-	ExitUsage      = 2 // bad flags or configuration
-	ExitLockHeld   = 3 // another dispatcher holds the lock
-	ExitFatal      = 4 // could not run: the database or the workers' environment is unusable
-	eventBufferMax = 4096
-	drainMax       = 8192 // events folded into one Step at most
-	probeMin       = 100 * time.Millisecond
-	probeMax       = 5 * time.Second
-	txnTimeout     = 60 * time.Second // a queue transaction taking longer has failed
+	ExitOK            = 0 // shut down cleanly
+	ExitUnwritten     = 1 // shut down, but some results could not be written (the next start resets them)
+	ExitUsage         = 2 // bad flags or configuration
+	ExitLockHeld      = 3 // another dispatcher holds the lock
+	ExitFatal         = 4 // could not run: the database or the workers' environment is unusable
+	eventBufferMax    = 4096
+	drainMax          = 8192 // events folded into one Step at most
+	probeMin          = 100 * time.Millisecond
+	probeMax          = 5 * time.Second
+	txnTimeoutDefault = 60 * time.Second // Options.TxnTimeout
 	// schemaCheckTimeout bounds one start-up schema check (connecting included).
 	schemaCheckTimeout = 10 * time.Second
 )
@@ -59,6 +59,10 @@ type Options struct {
 	Log *slog.Logger
 	// Signals delivers SIGINT/SIGTERM (default: os/signal). Tests inject their own.
 	Signals <-chan os.Signal
+	// TxnTimeout is how long one queue transaction may take before it counts as
+	// failed (default 60 s), so a connection that died silently, or a lock someone
+	// holds on the queue, cannot stall every write until TCP gives up.
+	TxnTimeout time.Duration
 }
 
 // Run runs the dispatcher until it has shut down after a signal (or ctx ends,
@@ -288,12 +292,15 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 		return exitBeforeStart(restarted), false, nil
 	}
 
+	txnTimeout := o.TxnTimeout
+	if txnTimeout <= 0 {
+		txnTimeout = txnTimeoutDefault
+	}
 	results := make(chan txnResult, 1)
 	runTxn := func(cmds []core.Command) {
 		go func() {
-			// A connection that died silently must not stall every queue write
-			// until TCP gives up: a transaction past txnTimeout fails, and the
-			// core re-sends what it owed once a probe reaches the database.
+			// A transaction past the timeout fails, and the core re-sends what
+			// it owed once a probe reaches the database.
 			tctx, tcancel := context.WithTimeout(sctx, txnTimeout)
 			evs := queue.Exec(tctx, cmds)
 			tcancel()

@@ -71,6 +71,8 @@ type env struct {
 	conf string
 	cfg  *conf.Config
 	db   *pgxpool.Pool
+	// txnTimeout, if set, is the daemon's Options.TxnTimeout.
+	txnTimeout time.Duration
 }
 
 // newEnv creates a migrated database and writes pepsi.conf: [pepsi] DATABASE
@@ -131,6 +133,7 @@ func (e *env) startWith(name string, standby bool) *daemon {
 		defer close(d.done)
 		d.code, d.err = dispatch.Run(context.Background(), dispatch.Options{
 			Config: e.cfg, Database: e.url, Standby: standby, Log: log, Signals: d.signals,
+			TxnTimeout: e.txnTimeout,
 		})
 	}()
 	e.t.Cleanup(func() {
