@@ -293,6 +293,9 @@ func (c *Core) apply(ev Event) {
 		} else if e.Count > 0 {
 			c.logf("warn", "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
 		}
+		if e.Count > 0 {
+			c.setMaybeMore() // the rows it reset are pending, at stages a claim may have passed by
+		}
 	case Flushed:
 		cmd := c.result(e.Op, e.Err).(Flush)
 		if e.Err != "" {
@@ -433,7 +436,8 @@ func (c *Core) answer(e Answer) {
 	if len(w.queue) == 0 {
 		w.idleSince = c.now
 	}
-	st.cooldownStep = 0 // the program works
+	// The program works: no cooldown holds the stage back any more.
+	st.cooldownStep, st.cooldownUntil = 0, time.Time{}
 	delete(c.startFails, head.id)
 
 	var fusedUS int64
