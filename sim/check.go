@@ -70,6 +70,11 @@ type truth struct {
 	passes int64
 	left   int64
 	exact  bool // its statistics must all have been flushed
+	// carriedFrom is the life whose unflushed statistics this life was handed
+	// at Start (it lost its lock), 0 if none; carried is what of them the core
+	// took on (the flushes its start-up reset showed unapplied).
+	carriedFrom int
+	carried     *truth
 }
 
 func (t *truth) stage(name string) *core.StageDelta {
@@ -104,6 +109,15 @@ type model struct {
 	flushedAt  time.Time        // when the core made its last new flush (or started)
 	lastFlush  *core.Flush      // the last flush it sent
 	issued     *truth           // what its new flushes carried, summed
+	resetSeen  bool             // the start-up reset's result came back
+	startCarry []core.Flush     // what Start carried
+	// told: per stage, whether the core has been told that rows may be pending
+	// there and has not since claimed it dry (the promptness obligation).
+	told       []bool
+	claimCaps  []core.Cap // the caps of the claim outstanding
+	toldInTxn  bool       // a notification came while the claim was outstanding
+	lastPoll   time.Time  // the heartbeat's last instant (POLL_INTERVAL)
+	txnAtStart bool       // a queue transaction was outstanding when the step began
 
 	// Of every life.
 	claimGen []int // per row (id-1): how many times a claim took it
@@ -125,7 +139,21 @@ func (w *world) newLifeModel() {
 	m.verdicts = map[int64]string{}
 	m.lastFlush = nil
 	m.issued = &truth{stages: map[string]*core.StageDelta{}}
-	m.truths = append(m.truths, &truth{stages: map[string]*core.StageDelta{}})
+	m.resetSeen = false
+	m.told = make([]bool, len(w.sc.stages))
+	m.claimCaps, m.toldInTxn = nil, false
+	t := &truth{stages: map[string]*core.StageDelta{}, carried: &truth{stages: map[string]*core.StageDelta{}}}
+	if len(m.startCarry) > 0 {
+		t.carriedFrom = len(m.truths)
+	}
+	m.truths = append(m.truths, t)
+}
+
+// tellAll records that the core learnt rows may be pending at every stage.
+func (w *world) tellAll() {
+	for s := range w.told {
+		w.told[s] = true
+	}
 }
 
 func (w *world) truth() *truth { return w.truths[w.life-1] }
@@ -140,6 +168,14 @@ func (w *world) modelEvent(ev core.Event) {
 	switch e := ev.(type) {
 	case core.Start:
 		w.flushedAt = w.now
+		w.lastPoll = w.now
+		w.tellAll()
+	case core.Ingress:
+		w.tellAll()
+		if w.claimCaps != nil {
+			// Rows may have come after the outstanding claim looked.
+			w.toldInTxn = true
+		}
 	case core.Shutdown:
 		w.shut++
 		if w.shut == 1 {
@@ -153,6 +189,7 @@ func (w *world) modelEvent(ev core.Event) {
 			// The watchdog does not run while the database is down; heads get a
 			// fresh MAX_RUNTIME (core.Core's documented rule).
 			w.coreDown = false
+			w.tellAll()
 			for _, x := range w.workers {
 				if !x.gone && len(x.queue) > 0 {
 					x.headSince = w.now
@@ -173,14 +210,38 @@ func (w *world) modelEvent(ev core.Event) {
 		x := w.workers[e.Worker]
 		x.gone = true
 		w.coolDown(x.stage)
+		if w.live(x.stage) == 0 {
+			// No worker can take the stage's claimed rows before the cooldown
+			// ends: the core gives them back (core.Core's documented rule).
+			name := w.sc.stages[x.stage].name
+			for _, id := range sortedKeys(w.backlog) {
+				if w.backlog[id] == name {
+					delete(w.backlog, id)
+					w.expects[id] = &expect{status: "pending", why: "claimed for a stage that cannot start a worker", stage: name}
+				}
+			}
+		}
 	case core.Answer:
 		w.modelAnswer(e)
 	case core.WorkerExited:
 		w.modelExit(e)
 	case core.Claimed:
 		w.txnResult(e.Err)
+		caps, told := w.claimCaps, w.toldInTxn
+		w.claimCaps, w.toldInTxn = nil, false
 		if e.Err != "" {
 			return
+		}
+		for _, cp := range caps {
+			got := 0
+			for _, r := range e.Rows {
+				if r.Stage == cp.Stage {
+					got++
+				}
+			}
+			// A claim that took less than its cap found the stage dry, unless a
+			// notification came while it was outstanding.
+			w.told[w.stageIndex(cp.Stage)] = got == cp.N || told
 		}
 		for _, r := range e.Rows {
 			w.claimEpoch[r.ID] = e.Epoch
@@ -214,6 +275,11 @@ func (w *world) modelEvent(ev core.Event) {
 			if final(o.Status) {
 				w.truth().left++
 			}
+			if o.Status == "pending" {
+				if s, ok := w.stageOf(o.Stage); ok {
+					w.told[s] = true
+				}
+			}
 			if v, ok := w.verdicts[o.ID]; ok {
 				// The core learns now that its resolve failed or timed out the row.
 				delete(w.verdicts, o.ID)
@@ -226,8 +292,31 @@ func (w *world) modelEvent(ev core.Event) {
 		}
 	case core.Woken:
 		w.txnResult(e.Err)
+		if e.Count > 0 {
+			w.tellAll()
+		}
 	case core.OrphansReset:
 		w.txnResult(e.Err)
+		if e.Err != "" {
+			return
+		}
+		if e.Count > 0 {
+			w.tellAll()
+		}
+		if !w.resetSeen {
+			w.resetSeen = true
+			// The core takes on the carried flushes the database shows unapplied.
+			for _, f := range w.startCarry {
+				if f.Seq == 0 || f.Seq > e.FlushSeq {
+					c := w.truth().carried
+					c.passes += f.StagePasses
+					c.left += f.MessagesLeft
+					for _, d := range f.Stages {
+						addDelta(c.stage(d.Stage), d)
+					}
+				}
+			}
+		}
 	case core.Flushed:
 		w.txnResult(e.Err)
 	}
@@ -264,7 +353,12 @@ func (w *world) modelAnswer(e core.Answer) {
 		return // the core ignores a worker after its protocol error
 	}
 	if len(x.queue) == 0 {
-		w.failf("sim: %s answered with nothing outstanding", e.Worker)
+		// A line with nothing outstanding is a protocol error: the core must
+		// kill the worker in this step.
+		x.proto = true
+		if x.killed {
+			x.cause = causeProtocol
+		}
 		return
 	}
 	if a.malformed {
@@ -286,7 +380,7 @@ func (w *world) modelAnswer(e core.Answer) {
 	if len(x.queue) == 0 {
 		x.idleSince = w.now
 	}
-	w.cool[x.stage].step = 0
+	w.cool[x.stage] = cooldown{} // the program works: its cooldown ends
 	delete(w.startFails, head)
 
 	t := w.truth()
@@ -392,6 +486,11 @@ func (w *world) modelCommands(cmds []core.Command) {
 			}
 		case core.Claim:
 			w.checkClaim(x)
+			w.claimCaps, w.toldInTxn = x.Caps, false
+		case core.Wake:
+			if x.Now.After(w.now) {
+				w.violation("%s wakes rows due by %s, later than now (%s)", x, x.Now.Sub(epoch), w.offset())
+			}
 		case core.Flush:
 			w.checkFlush(x)
 		case core.Spawn:
@@ -545,7 +644,9 @@ func (w *world) allGone() bool {
 // unflushed reports whether the current life has statistics its flushes have
 // not carried yet.
 func (w *world) unflushed() bool {
-	t, f := w.truth(), w.issued
+	t, f := &truth{stages: map[string]*core.StageDelta{}}, w.issued
+	add(t, w.truth())
+	add(t, w.truth().carried)
 	if t.passes != f.passes || t.left != f.left {
 		return true
 	}
@@ -572,12 +673,11 @@ func (w *world) checkSpawn(x core.Spawn) {
 		w.violation("%s reuses a worker id", x)
 		return
 	}
-	live := 1
-	for _, y := range w.workers {
-		if y.stage == s && !y.gone {
-			live++
-		}
+	if need := w.spawnNeed(s); need <= 0 {
+		w.violation("%s: its claimed messages (%d) fit in the workers it has, ready or starting", x, w.backlogAt(s))
+		return
 	}
+	live := 1 + w.live(s)
 	if live > st.parallelism {
 		w.violation("%s makes %d live workers of stage %s, PARALLELISM %d", x, live, x.Stage, st.parallelism)
 		return
@@ -596,6 +696,14 @@ func (w *world) checkWrite(x core.Write) {
 		return
 	}
 	stage := w.sc.stages[y.stage]
+	for _, id := range sortedKeys(w.workers) {
+		z := w.workers[id]
+		if z != y && z.stage == y.stage && z.started && w.slots(z) > 0 && len(z.queue) > len(y.queue) {
+			w.violation("%s hands ids to a worker holding %d while %s holds %d and has room: work is not packed onto the fewest workers",
+				x, len(y.queue), id, len(z.queue))
+			return
+		}
+	}
 	for _, id := range x.IDs {
 		if s, ok := w.backlog[id]; !ok || s != stage.name {
 			who := "not claimed by this core"
@@ -683,6 +791,10 @@ func (w *world) checkKill(x core.Kill) {
 			w.violation("%s kills a worker that holds nothing and broke no rule", x)
 			return
 		}
+		if w.coreDown {
+			w.violation("%s: the watchdog kills while the core knows the database is down (no stage can commit then)", x)
+			return
+		}
 		if ran := w.now.Sub(y.headSince); ran < w.sc.maxRuntime {
 			w.violation("%s: the watchdog kills after %s at the head, before MAX_RUNTIME %s", x, ran, w.sc.maxRuntime)
 			return
@@ -705,7 +817,9 @@ func (w *world) checkExit(x core.Exit) {
 		w.violation("%s although the core still holds or owes %s", x, w.heldText())
 	case x.Code == 0:
 		for _, r := range w.q.Rows() {
-			if r.Status == "running" {
+			if r.Status == "running" && w.lateClaimed[r.ID] != w.claimGen[r.ID-1] {
+				// (A row a late claim took after the core's reset is an orphan the
+				// core cannot know of; the next start-up reset takes care of it.)
 				w.violation("%s (every row reset or resolved) but row %d is running at %s", x, r.ID, r.Stage)
 				return
 			}
@@ -713,9 +827,14 @@ func (w *world) checkExit(x core.Exit) {
 	}
 }
 
-// ---- the state after each step ----
+// ---- the state between and after steps ----
 
-func (w *world) checkState() {
+// checkTimely holds the core to its deadlines. It runs after every step and
+// again whenever the simulated clock moves on, before anything else happens at
+// the new instant: a deadline that passed while the core slept (it asked for no
+// timer, or a late one) is caught then, not at the next unrelated event, when
+// the core would act late and look punctual.
+func (w *world) checkTimely() {
 	if w.fail != nil || !w.running {
 		return
 	}
@@ -738,26 +857,17 @@ func (w *world) checkState() {
 			}
 		}
 	}
-	live := make([]int, len(w.sc.stages))
 	for _, id := range sortedKeys(w.workers) {
 		y := w.workers[id]
 		if y.gone {
 			continue
 		}
-		live[y.stage]++
 		st := w.sc.stages[y.stage]
-		if w.shut > 0 || !y.started {
-			if y.stopped && !y.killed && w.now.Sub(y.stoppedAt) > w.sc.grace {
-				w.violation("%s was stopped %s ago and is neither gone nor killed, STOP_GRACE %s", id, w.now.Sub(y.stoppedAt), w.sc.grace)
-				return
-			}
-			continue
+		if y.stopped && !y.killed && w.now.Sub(y.stoppedAt) > w.sc.grace {
+			w.violation("%s was stopped %s ago and is neither gone nor killed, STOP_GRACE %s", id, w.now.Sub(y.stoppedAt), w.sc.grace)
+			return
 		}
-		if y.stopped || y.killed {
-			if y.stopped && !y.killed && w.now.Sub(y.stoppedAt) > w.sc.grace {
-				w.violation("%s was stopped %s ago and is neither gone nor killed, STOP_GRACE %s", id, w.now.Sub(y.stoppedAt), w.sc.grace)
-				return
-			}
+		if w.shut > 0 || !y.started || y.stopped || y.killed {
 			continue
 		}
 		switch {
@@ -775,16 +885,152 @@ func (w *world) checkState() {
 			return
 		}
 	}
+	// A cooldown that ended since the last step: what it held back was due then.
 	for s, st := range w.sc.stages {
-		if live[s] > st.parallelism {
-			w.violation("stage %s has %d live workers, PARALLELISM %d", st.name, live[s], st.parallelism)
+		until := w.cool[s].until
+		if !until.After(w.steppedAt) || !until.Before(w.now) {
+			continue
+		}
+		if need := w.spawnNeed(s); need > 0 && w.live(s) < st.parallelism && w.shut == 0 {
+			w.violation("stage %s's cooldown ended at %s with %d claimed messages no worker can take, and no worker was spawned by %s",
+				st.name, until.Sub(epoch), need, w.offset())
+			return
+		}
+		if w.claimOwed(s, until) {
+			w.violation("stage %s's cooldown ended at %s with pending rows the core knew of and room for them, and nothing was claimed by %s",
+				st.name, until.Sub(epoch), w.offset())
+			return
+		}
+	}
+}
+
+// checkStep holds the core to what it must do in the step itself. free says
+// whether the core could start a queue transaction in it (none outstanding once
+// the step's results were in).
+func (w *world) checkStep(free bool) {
+	w.checkTimely()
+	if w.fail != nil || !w.running {
+		return
+	}
+	for _, id := range sortedKeys(w.workers) {
+		y := w.workers[id]
+		switch {
+		case y.gone:
+		case y.proto && !y.killed:
+			w.violation("%s broke the protocol and the core did not kill it in that step", id)
+		case w.shut >= 2 && !y.killed:
+			w.violation("%s is not killed after a second shutdown request", id)
+		case w.shut == 1 && !y.stopped && !y.killed:
+			w.violation("%s is neither stopped nor killed after a shutdown request", id)
+		}
+		if w.fail != nil {
+			return
+		}
+	}
+	for s, st := range w.sc.stages {
+		if live := w.live(s); live > st.parallelism {
+			w.violation("stage %s has %d live workers, PARALLELISM %d", st.name, live, st.parallelism)
 			return
 		}
 		if held, limit := w.heldAt(st.name), st.parallelism*st.queueLimit; held > limit {
 			w.violation("stage %s holds %d messages, more than QUEUE_LIMIT × PARALLELISM = %d", st.name, held, limit)
 			return
 		}
+		if w.shut > 0 || w.coolingAt(s, w.now) {
+			continue
+		}
+		if need := w.spawnNeed(s); need > 0 && w.live(s) < st.parallelism {
+			w.violation("stage %s has %d claimed messages that its ready and starting workers cannot take, room for %d more workers, and spawned none",
+				st.name, need, st.parallelism-w.live(s))
+			return
+		}
+		if free && w.claimOwed(s, w.now) && !slices.ContainsFunc(w.claimCaps, func(c core.Cap) bool { return c.Stage == st.name }) {
+			w.violation("stage %s has pending rows the core was told of, room for %d, no transaction outstanding and no cooldown, and the step claimed none of them",
+				st.name, w.room(s, w.now))
+			return
+		}
 	}
+}
+
+// claimOwed is the promptness rule: at instant at, the core was told that rows
+// may be pending at stage s (and has not since claimed the stage dry), rows
+// there were pending then, the stage has room, the database is up as far as the
+// core knows, no transaction is outstanding, no shutdown is under way and no
+// cooldown holds the stage back. Then the core must claim for s.
+func (w *world) claimOwed(s int, at time.Time) bool {
+	if !w.told[s] || w.txnOut || w.coreDown || w.shut > 0 || w.coolingAt(s, at) || w.room(s, at) <= 0 {
+		return false
+	}
+	name := w.sc.stages[s].name
+	for _, r := range w.q.Rows() {
+		if r.Status == "pending" && r.Stage == name && !w.insertedAt[r.ID-1].After(at) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) coolingAt(s int, at time.Time) bool { return at.Before(w.cool[s].until) }
+
+// live counts the workers of stage s that have not exited.
+func (w *world) live(s int) int {
+	n := 0
+	for _, y := range w.workers {
+		if y.stage == s && !y.gone {
+			n++
+		}
+	}
+	return n
+}
+
+// slots is how many more ids worker y may be handed: none once it is stopping
+// or killed, else what QUEUE_LIMIT and MAX_MESSAGES leave (a starting worker
+// counts as empty).
+func (w *world) slots(y *wmodel) int {
+	if y.gone || y.stopped || y.killed || y.proto {
+		return 0
+	}
+	st := w.sc.stages[y.stage]
+	return max(0, min(st.queueLimit-len(y.queue), st.maxMessages-y.handed))
+}
+
+// room is stage s's spare in-flight capacity at instant at: QUEUE_LIMIT ×
+// PARALLELISM less what it holds, counting only the slots of workers that will
+// take more, and new workers only when no cooldown holds the stage back.
+func (w *world) room(s int, at time.Time) int {
+	st := w.sc.stages[s]
+	free := 0
+	for _, y := range w.workers {
+		if y.stage == s {
+			free += w.slots(y)
+		}
+	}
+	if !w.coolingAt(s, at) {
+		free += (st.parallelism - w.live(s)) * min(st.queueLimit, st.maxMessages)
+	}
+	return free - w.backlogAt(s)
+}
+
+// spawnNeed is how many claimed messages of stage s its ready and starting
+// workers cannot take.
+func (w *world) spawnNeed(s int) int {
+	need := w.backlogAt(s)
+	for _, y := range w.workers {
+		if y.stage == s {
+			need -= w.slots(y)
+		}
+	}
+	return need
+}
+
+func (w *world) backlogAt(s int) int {
+	n := 0
+	for _, name := range w.backlog {
+		if name == w.sc.stages[s].name {
+			n++
+		}
+	}
+	return n
 }
 
 // ---- what the core holds ----
@@ -856,6 +1102,9 @@ func (w *world) observe(c fakequeue.Change) {
 	}
 	if c.By == fakequeue.ByClaim {
 		w.claimGen[c.After.ID-1]++
+		if w.lateExec {
+			w.lateClaimed[c.After.ID] = w.claimGen[c.After.ID-1]
+		}
 	}
 	if c.By != fakequeue.ByResolve || !(c.After.Status == "failed" || c.After.Status == "timeout") {
 		return
@@ -878,7 +1127,15 @@ func (w *world) observe(c fakequeue.Change) {
 // ---- the end ----
 
 func (w *world) endLifeModel(exact bool) {
-	w.truth().exact = exact
+	t := w.truth()
+	t.exact = exact
+	if !exact {
+		// Statistics carried into this life from lives that lost their lock
+		// may be lost with it.
+		for k := t.carriedFrom; k > 0; k = w.truths[k-1].carriedFrom {
+			w.truths[k-1].exact = false
+		}
+	}
 }
 
 // finalCheck runs after healing, once everything is quiescent: nothing lost,

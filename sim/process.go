@@ -58,6 +58,16 @@ func (w *world) brokenNow(s int) (broken, bool) {
 	return broken{}, false
 }
 
+// stageOf returns the index of the configured stage name.
+func (w *world) stageOf(name string) (int, bool) {
+	for i, st := range w.sc.stages {
+		if st.name == name {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
 func (w *world) stageIndex(name string) int {
 	for i, st := range w.sc.stages {
 		if st.name == name {
@@ -82,14 +92,26 @@ func (w *world) spawn(x core.Spawn) {
 	}
 	w.pids++
 	p.pid = 1000 + w.pids
-	w.pending = append(w.pending, core.WorkerStarted{Worker: x.Worker, PID: p.pid})
+	if w.chance(w.rFault, w.sc.faults.lateStart) {
+		// The shell reports the start late: until then the core sees a worker
+		// starting, which it may stop or kill but must not hand ids.
+		p.readyAt = w.now.Add(w.randDur(w.rFault, time.Millisecond, 2*time.Second))
+		p.outAt = p.readyAt
+		w.note("%s pid %d: its start is reported at %s", x.Worker, p.pid, p.readyAt.Sub(epoch))
+		w.at(p.readyAt, p.life, w.deliver(core.WorkerStarted{Worker: x.Worker, PID: p.pid}))
+	} else {
+		w.pending = append(w.pending, core.WorkerStarted{Worker: x.Worker, PID: p.pid})
+	}
+	if w.chance(w.rFault, w.sc.faults.babble) {
+		w.after(w.randDur(w.rFault, 0, 10*time.Second), func() { w.babble(p) })
+	}
 	switch {
 	case isBroken:
 		w.note("%s pid %d cannot connect and will exit at once", x.Worker, p.pid)
 		p.exiting = true
 		w.after(w.randDur(w.rProc, time.Millisecond, 500*time.Millisecond), func() { w.die(p, 1, "") })
 	case w.chance(w.rProc, w.sc.faults.slowStart):
-		p.readyAt = w.now.Add(w.randDur(w.rProc, time.Second, 8*time.Second))
+		p.readyAt = p.readyAt.Add(w.randDur(w.rProc, time.Second, 8*time.Second))
 		w.note("%s pid %d starts slowly: reads its first id at %s", x.Worker, p.pid, p.readyAt.Sub(epoch))
 	}
 }
@@ -308,6 +330,24 @@ func (w *world) outTime(p *proc) time.Time {
 	}
 	p.outAt = t
 	return t
+}
+
+// babble makes an idle worker write a status line nobody asked for. It writes
+// only while the core holds nothing for it, as the world can tell (nothing
+// handed and unanswered, no line of its own on the way): otherwise the core
+// would rightly take the line as the answer to its head, which a real worker's
+// stray line could also be, but which would leave the fake stage's own
+// bookkeeping behind.
+func (w *world) babble(p *proc) {
+	x := w.workers[p.id]
+	if p.dead || p.exiting || p.hung || p.busy || len(p.inbox) > 0 || p.eof || w.now.Before(p.readyAt) ||
+		x == nil || len(x.queue) > 0 || len(x.answers) > 0 || w.now.Before(p.outAt) {
+		return
+	}
+	w.note("%s pid %d writes a line with nothing outstanding", p.id, p.pid)
+	w.queueAnswer(p.id, answerInfo{line: "0"})
+	p.outAt = w.now
+	w.pending = append(w.pending, core.Answer{Worker: p.id, Line: "0"})
 }
 
 // die ends the process; its exit is reported after its last output.

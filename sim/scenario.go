@@ -129,6 +129,21 @@ type faults struct {
 	shutdowns []shutdown
 	// broken: a stage's program cannot start during a window.
 	broken []broken
+	// lateStart: per mille of spawns whose WorkerStarted reaches the core up to
+	// 2 s after the Spawn, so the worker is seen starting for a while (and may be
+	// stopped or killed before it is ever ready).
+	lateStart int
+	// babble: per mille of spawned workers that, once, write a status line when
+	// nothing is outstanding (a protocol error the core must act on at once).
+	babble int
+	// lateClaim: per mille of the fault phase's claim transactions (claims and
+	// flushes only) whose reply is lost but which commit up to 3 s later, after
+	// the core has moved on: the rows they take are orphans until a reset.
+	lateClaim int
+	// lockLosses: the dispatcher loses its lock at these instants: the shell kills
+	// its workers and starts a new core at once, carrying the old core's
+	// unflushed statistics (core.Start.Carry).
+	lockLosses []time.Duration
 }
 
 type window struct{ from, to time.Duration }
@@ -295,6 +310,13 @@ func chooseFaults(c chooser, sc *Scenario) faults {
 		b.diesAtOnce = c.intn("broken.dies_at_once", 0, 1) == 1
 		f.broken = append(f.broken, b)
 	}
+	// Drawn last, so that the scenarios of older seeds keep every earlier choice.
+	f.lateStart = 100 * c.intn("late_start", 0, 3)
+	f.babble = 50 * c.intn("babble", 0, 3)
+	f.lateClaim = 100 * c.intn("late_claim", 0, 3)
+	for range max(0, c.intn("lock_losses", 0, 3)-1) {
+		f.lockLosses = append(f.lockLosses, millis(c.intn("lock_loss.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
+	}
 	return f
 }
 
@@ -321,6 +343,10 @@ func (sc *Scenario) String() string {
 	f := sc.faults
 	fmt.Fprintf(&b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
 		f.failBefore, f.failAfter, f.transient, f.lostNotify, f.slowStart)
+	fmt.Fprintf(&b, "# faults: late-start %d‰ babble %d‰ late-claim %d‰\n", f.lateStart, f.babble, f.lateClaim)
+	for _, at := range f.lockLosses {
+		fmt.Fprintf(&b, "# faults: the dispatcher loses its lock at %s\n", at)
+	}
 	for _, w := range f.outages {
 		fmt.Fprintf(&b, "# faults: database outage %s..%s\n", w.from, w.to)
 	}

@@ -125,6 +125,9 @@ type world struct {
 	// Each fake draws from its own stream, so a change in one (say, one more
 	// transaction) does not reshuffle the others.
 	rTxn, rNotify, rProc, rCrash *rand.Rand
+	// rFault draws for the fault kinds added after the others (late starts,
+	// babbling workers, late claims), so older seeds' other draws are unchanged.
+	rFault *rand.Rand
 
 	down     []window // database unreachable (outages and crashes), absolute offsets
 	healing  bool
@@ -139,14 +142,21 @@ type world struct {
 	pending  []core.Event
 	timerGen int
 	txn      *txn
-	procs    map[core.WorkerID]*proc
-	pids     int
+	late     *txn // a claim whose reply was lost and which has not committed yet
+	lateExec bool // the late transaction is being applied
+	// lateClaimed: rows a late transaction claimed, with the claim number
+	// (claimGen) that took them: orphans no core knows of.
+	lateClaimed map[int64]int
+	carry       []core.Flush
+	procs       map[core.WorkerID]*proc
+	pids        int
 
 	// The messages: plan index and tries per row id (ids are 1..inserted).
-	msgOf    []int
-	tries    [][]int
-	wrote    []bool // the current or last try of the row committed a transition
-	inserted int
+	msgOf      []int
+	insertedAt []time.Time
+	tries      [][]int
+	wrote      []bool // the current or last try of the row committed a transition
+	inserted   int
 
 	model
 
@@ -154,6 +164,7 @@ type world struct {
 	steps       int
 	instant     time.Time
 	instantRuns int
+	steppedAt   time.Time // the instant of the last step
 	fail        *Failure
 }
 
@@ -180,10 +191,12 @@ func newWorld(sc *Scenario, opt Options) *world {
 	}
 	w := &world{
 		sc: sc, cfg: cfg, opt: opt, q: fakequeue.New(), now: epoch,
-		rTxn:    rand.New(rand.NewPCG(sc.WorldSeed, 1)),
-		rNotify: rand.New(rand.NewPCG(sc.WorldSeed, 2)),
-		rProc:   rand.New(rand.NewPCG(sc.WorldSeed, 3)),
-		rCrash:  rand.New(rand.NewPCG(sc.WorldSeed, 4)),
+		rTxn:        rand.New(rand.NewPCG(sc.WorldSeed, 1)),
+		rNotify:     rand.New(rand.NewPCG(sc.WorldSeed, 2)),
+		rProc:       rand.New(rand.NewPCG(sc.WorldSeed, 3)),
+		rCrash:      rand.New(rand.NewPCG(sc.WorldSeed, 4)),
+		rFault:      rand.New(rand.NewPCG(sc.WorldSeed, 5)),
+		lateClaimed: map[int64]int{},
 	}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
 	w.down = append(append([]window{}, sc.faults.outages...), sc.faults.pgCrashes...)
@@ -250,6 +263,10 @@ func (w *world) run() {
 	for _, win := range sc.faults.pgCrashes {
 		w.at(epoch.Add(win.from), 0, func() {
 			w.note("PostgreSQL crashes: stage writes since the last dispatcher commit are lost; down until %s", win.to)
+			if w.late != nil {
+				w.note("the transaction whose reply was lost dies with the server")
+				w.late = nil
+			}
 			w.q.Crash()
 		})
 	}
@@ -258,6 +275,9 @@ func (w *world) run() {
 	}
 	for _, s := range sc.faults.shutdowns {
 		w.at(epoch.Add(s.at), 0, func() { w.signal(s.again) })
+	}
+	for _, at := range sc.faults.lockLosses {
+		w.at(epoch.Add(at), 0, w.loseLock)
 	}
 	w.healAt = epoch.Add(sc.faultPhase)
 	w.deadline = w.healAt.Add(w.healBound())
@@ -280,6 +300,10 @@ func (w *world) run() {
 		a := heap.Pop(&w.acts).(*action)
 		if a.at.After(w.now) {
 			w.now = a.at
+			w.checkTimely()
+			if w.fail != nil {
+				return
+			}
 		}
 		w.do(a)
 		for w.acts.Len() > 0 && !w.acts[0].at.After(w.now) {
@@ -466,6 +490,7 @@ func (w *world) insert(i int) {
 	ids := w.q.Insert(w.sc.stages[m.first].name, 1)
 	w.inserted++
 	w.msgOf = append(w.msgOf, i)
+	w.insertedAt = append(w.insertedAt, w.now)
 	w.tries = append(w.tries, make([]int, len(w.sc.stages)))
 	w.wrote = append(w.wrote, false)
 	w.claimGen = append(w.claimGen, 0)
@@ -484,14 +509,16 @@ func (w *world) startLife() {
 	w.timerGen++
 	w.txn = nil
 	w.procs = map[core.WorkerID]*proc{}
+	w.startCarry = w.carry
+	w.carry = nil
 	w.newLifeModel()
 	w.note("dispatcher starts (life %d)", w.life)
-	w.pending = append(w.pending, core.Start{})
+	w.pending = append(w.pending, core.Start{Carry: w.startCarry})
 }
 
 // endLife forgets the current core: its workers die with it, and a transaction
 // it had in flight either committed or did not.
-func (w *world) endLife(why string, exact bool) {
+func (w *world) endLife(why string, exact bool, restart time.Duration) {
 	if t := w.txn; t != nil && !t.applied && w.rCrash.IntN(2) == 0 {
 		w.note("its transaction in flight commits anyway")
 		w.exec(t)
@@ -503,8 +530,22 @@ func (w *world) endLife(why string, exact bool) {
 	w.endLifeModel(exact)
 	w.running = false
 	w.pending = nil
-	w.note("dispatcher gone (%s); restart in %s", why, w.sc.restart)
-	w.at(w.now.Add(w.sc.restart), 0, w.startLife)
+	w.note("dispatcher gone (%s); restart in %s", why, restart)
+	w.at(w.now.Add(restart), 0, w.startLife)
+}
+
+// loseLock models the shell losing the single-dispatcher lock (its lock
+// connection broke): it kills its workers, lets its transaction in flight end
+// either way, and starts a new core at once (after the time it takes to take
+// the lock again), handing it the old core's unflushed statistics.
+func (w *world) loseLock() {
+	if !w.running {
+		return
+	}
+	w.note("the dispatcher loses its lock")
+	carry := w.c.Unflushed()
+	w.endLife("lost its lock", true, w.randDur(w.rFault, time.Millisecond, 500*time.Millisecond))
+	w.carry = carry
 }
 
 func (w *world) crashDispatcher() {
@@ -512,7 +553,7 @@ func (w *world) crashDispatcher() {
 		return
 	}
 	w.note("the dispatcher process crashes")
-	w.endLife("crashed", false)
+	w.endLife("crashed", false, w.sc.restart)
 }
 
 // signal delivers SIGTERM, and a second one again later if again > 0.
@@ -559,9 +600,15 @@ func (w *world) step() {
 		b.WriteString(ev.String())
 	}
 	w.tr.line(b.String())
+	if w.shut == 0 && !w.now.Before(w.lastPoll.Add(w.sc.poll)) {
+		// The heartbeat: the core looks for work at every stage.
+		w.lastPoll = w.now
+		w.tellAll()
+	}
 	for _, ev := range evs {
 		w.modelEvent(ev)
 	}
+	free := !w.txnOut
 	cmds := w.c.Step(w.now, evs...)
 	for _, cmd := range cmds {
 		w.tr.line("  " + cmd.String())
@@ -584,7 +631,7 @@ func (w *world) step() {
 		case core.SetTimer:
 			w.setTimer(x)
 		case core.Exit:
-			w.endLife(fmt.Sprintf("exit %d", x.Code), x.Code == 0)
+			w.endLife(fmt.Sprintf("exit %d", x.Code), x.Code == 0, w.sc.restart)
 			return
 		case core.Log:
 		default:
@@ -598,7 +645,8 @@ func (w *world) step() {
 	if len(tx) > 0 {
 		w.send(tx)
 	}
-	w.checkState()
+	w.checkStep(free)
+	w.steppedAt = w.now
 }
 
 func (w *world) setTimer(x core.SetTimer) {
@@ -634,9 +682,19 @@ func (w *world) send(cmds []core.Command) {
 	if strings.HasPrefix(fault, "hits") {
 		lat += w.randDur(w.rTxn, 5*time.Millisecond, 200*time.Millisecond)
 	}
+	if fault == "" && claimOnly(cmds) && w.chance(w.rFault, f.lateClaim) {
+		fault = "loses its reply and commits later"
+	}
 	w.after(lat, func() {
 		var res []core.Event
 		switch {
+		case strings.HasPrefix(fault, "loses"):
+			// The shell gave up on it (a timeout, a broken connection) while the
+			// server still runs it: it commits after the core has moved on.
+			w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
+			res = fakequeue.Failed(cmds, "queue transaction timed out")
+			w.late = t
+			w.at(w.now.Add(w.randDur(w.rFault, time.Millisecond, 3*time.Second)), 0, w.commitLate)
 		case w.dbDown():
 			w.note("transaction op=%d fails: the database is unreachable", core.QueueOp(cmds[0]))
 			res = fakequeue.Failed(cmds, "dial tcp 127.0.0.1:5432: connect: connection refused")
@@ -662,6 +720,37 @@ func (w *world) send(cmds []core.Command) {
 			}
 		})
 	})
+}
+
+// claimOnly reports whether a transaction only claims (and flushes): one the
+// world may let commit late, since no later transaction's writes depend on
+// being ordered after it (a later claim takes only rows still pending, and a
+// flush is applied once by its sequence number).
+func claimOnly(cmds []core.Command) bool {
+	claims := false
+	for _, c := range cmds {
+		switch c.(type) {
+		case core.Claim:
+			claims = true
+		case core.Flush:
+		default:
+			return false
+		}
+	}
+	return claims
+}
+
+// commitLate commits the late transaction, if it has not committed yet.
+func (w *world) commitLate() {
+	t := w.late
+	if t == nil {
+		return
+	}
+	w.late = nil
+	w.note("the transaction whose reply was lost commits now")
+	w.lateExec = true
+	w.exec(t)
+	w.lateExec = false
 }
 
 // exec applies a transaction to the fake queue (a dispatcher commit).

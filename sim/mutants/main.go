@@ -1,5 +1,6 @@
 // Command mutants checks that the simulator catches bugs: it plants small
-// deliberate bugs in the real core (text patches of core/core.go), builds
+// deliberate bugs in the real core (text patches of package core's files, each
+// found wherever in the package it stands), builds
 // pepsi-sim against each mutated core with "go build -overlay" (the module is not
 // copied and the core has no test-only hooks), runs a seed campaign, and reports
 // which mutants the simulator kills, with the seed and how long it took. Every
@@ -10,8 +11,8 @@
 //	go run ./sim/mutants -only 'flush'   those whose name matches
 //
 // Run it from the module root (make mutants does). It exits 1 if a mutant
-// survives, a patch no longer applies (core.go changed under it: update the
-// patch), a mutant does not compile, or a regression seed kept for a bug no
+// survives, a patch no longer applies (the core changed under it: update the
+// patch; checked for every mutant before any campaign runs), a mutant does not compile, or a regression seed kept for a bug no
 // longer finds that bug when the bug is planted again.
 package main
 
@@ -31,8 +32,8 @@ import (
 	"time"
 )
 
-// mutant is one planted bug: old must occur exactly once in core/core.go, and
-// so must each of more's. regress lists regression seeds (testdata/sim/seeds.txt)
+// mutant is one planted bug: old must occur exactly once in package core (all
+// its non-test files together), and so must each of more's. regress lists regression seeds (testdata/sim/seeds.txt)
 // that found this bug for real: each must still fail against the mutant, or the
 // seed no longer reaches the situation it is kept for.
 type mutant struct {
@@ -50,97 +51,6 @@ func (m mutant) patches() []patch { return append([]patch{{m.old, m.new}}, m.mor
 
 // mut is a mutant of one patch with no regression seed.
 func mut(name, bug, old, new string) mutant { return mutant{name: name, bug: bug, old: old, new: new} }
-
-var mutants = []mutant{
-	mut("requeue-dropped-on-crash", "the messages behind a crashed worker's head are never requeued",
-		"\tc.requeue(st, q[1:])\n\tc.logf(\"error\", \"stage %s worker pid %d crashed",
-		"\tc.logf(\"error\", \"stage %s worker pid %d crashed"),
-	mut("watchdog-timed-from-dispatch", "the next head keeps the clock of when the batch was handed over",
-		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n\tw.headSince = c.now\n",
-		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n"),
-	mut("watchdog-never-fires", "a hung head is never killed",
-		"if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {",
-		"if false {"),
-	mut("capacity-off-by-one", "a stage claims one more row than it can hold",
-		"return max(0, free-len(st.backlog))",
-		"return max(0, free-len(st.backlog)+1)"),
-	mut("parallelism-off-by-one", "a stage spawns PARALLELISM+1 workers",
-		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
-		"for need > 0 && len(st.workers) <= st.cfg.Parallelism && !st.coolingDown(c.now) {"),
-	mut("queue-limit-off-by-one", "a worker is handed QUEUE_LIMIT+1 ids",
-		"w.stage.cfg.QueueLimit-len(w.queue)",
-		"w.stage.cfg.QueueLimit+1-len(w.queue)"),
-	mut("wrong-item-stage", "requeue items name no stage, so the guard cannot tell an advance",
-		"c.owe(Item{ID: m.id, Stage: st.cfg.Name, Status: \"pending\"})",
-		"c.owe(Item{ID: m.id, Stage: \"\", Status: \"pending\"})"),
-	mut("epoch-guard-dropped", "a 0 that left the row running is failed even if a crash lost the stage's commit",
-		"Status: \"failed\", Epoch: head.epoch, Reason: st.stuckReason}",
-		"Status: \"failed\", Reason: st.stuckReason}"),
-	mut("timeout-head-failed", "the head the watchdog killed is failed instead of timed out",
-		"c.owe(Item{ID: q[0].id, Stage: name, Status: \"timeout\",",
-		"c.owe(Item{ID: q[0].id, Stage: name, Status: \"failed\","),
-	mut("start-failure-is-a-crash", "a worker that dies at start fails its head instead of cooling down",
-		"if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {",
-		"if false {"),
-	mut("protocol-error-ignored", "a line that is not a status line counts as success",
-		"\ts, err := ParseStatus(e.Line)\n\tif err != nil {",
-		"\ts, err := ParseStatus(e.Line)\n\tif err != nil && false {"),
-	mut("stats-double-counted", "flushed deltas are never cleared, so they are added again",
-		"\tclear(c.stats)\n",
-		""),
-	mut("fused-credited-to-own-stage", "fused passes are credited to the stage that ran them",
-		"d := c.stat(f.Stage)",
-		"d := c.stat(st.cfg.Name)"),
-	mut("left-double-counted", "a done message counts twice in messages_left",
-		"\t\tcase \"done\":\n\t\t\tc.left++",
-		"\t\tcase \"done\":\n\t\t\tc.left += 2"),
-	mut("lost-flush-dropped", "a flush whose reply was lost is never sent again",
-		"c.unflushed = &cmd",
-		"_ = cmd"),
-	mut("idle-flush-not-rate-limited", "going idle flushes every time, not at most once a second",
-		"if idle && !c.now.Before(c.lastFlush.Add(IdleFlushMin)) {",
-		"if idle {"),
-	mut("claim-while-txn-outstanding", "a new transaction is issued before the last one's results are in",
-		"if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {",
-		"if c.dbDown || c.shutdown == 2 {"),
-	mut("reset-without-keep", "the reset after a lost claim resets rows this core holds",
-		"\t\tif !c.resetDone {\n\t\t\tkeep = nil\n\t\t}",
-		"\t\tkeep = nil"),
-	{"reset-keeps-unsure-rows", "the reset after a lost claim keeps rows whose resolve may have applied",
-		"keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
-		"keep := c.held()", nil, []uint64{333, 18959}},
-	mut("lost-claim-not-reset", "rows a lost claim may have taken are never reset",
-		"\t\tc.needReset = true\n\t\treturn\n\t}\n\tc.epoch = e.Epoch",
-		"\t\treturn\n\t}\n\tc.epoch = e.Epoch"),
-	mut("exit-zero-before-reset", "a shutdown exits 0 while a lost claim's rows may be running",
-		"c.unflushed != nil || c.hasDeltas() || c.needReset) {",
-		"c.unflushed != nil || c.hasDeltas()) {"),
-	{"exit-zero-with-orphans", "a shutdown exits 0 at once while a lost claim's rows may be running (the bug seed 4 found)",
-		"c.unflushed != nil || c.hasDeltas() || c.needReset) {",
-		"c.unflushed != nil || c.hasDeltas()) {",
-		[]patch{{"c.unflushed != nil || c.hasDeltas() || c.needReset {\n\t\tcode = 1", "c.unflushed != nil || c.hasDeltas() {\n\t\tcode = 1"}},
-		[]uint64{4}},
-	mut("exit-code-ignores-reset", "a shutdown that cannot reset a lost claim's rows still exits 0",
-		"c.unflushed != nil || c.hasDeltas() || c.needReset {\n\t\tcode = 1",
-		"c.unflushed != nil || c.hasDeltas() {\n\t\tcode = 1"),
-	mut("wake-only-on-heartbeat", "paused rows are woken at the next heartbeat, not at their timeout",
-		"if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {",
-		"if c.shutdown == 0 && c.wakeDue {"),
-	mut("shutdown-forgets-backlog", "claimed rows not yet handed out are not reset at shutdown",
-		"\t\tfor _, st := range c.stages {\n\t\t\tc.requeue(st, st.backlog)\n\t\t\tst.backlog = nil\n\t\t}\n\tcase 1:",
-		"\tcase 1:"),
-	mut("reap-too-early", "idle workers are stopped at once, not after WORKER_IDLE_TIMEOUT",
-		"} else if len(w.stage.backlog) == 0 && !c.now.Before(w.idleSince.Add(c.cfg.IdleTimeout)) {",
-		"} else if len(w.stage.backlog) == 0 {"),
-	mut("never-recycled", "a worker that has handled MAX_MESSAGES is not recycled",
-		"if w.handed >= w.stage.cfg.MaxMessages {",
-		"if false {"),
-	mut("cooldown-ignored", "a stage whose program cannot start is respawned at once",
-		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
-		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
-	{name: "wake-takes-held-rows", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
-		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{121}},
-}
 
 type options struct {
 	runs    int
@@ -162,15 +72,69 @@ func main() {
 	}
 }
 
+// coreSources reads every non-test Go file of package core, by path. A patch is
+// looked for in all of them, so a function that moves to another file of the
+// package takes its mutants along.
+func coreSources(root string) (map[string][]byte, []string, error) {
+	paths, err := filepath.Glob(filepath.Join(root, "core", "*.go"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list core: %w", err)
+	}
+	src := map[string][]byte{}
+	var order []string
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, nil, fmt.Errorf("run from the module root: %w", err)
+		}
+		src[p] = b
+		order = append(order, p)
+	}
+	if len(order) == 0 {
+		return nil, nil, errors.New("no Go files in core/: run from the module root")
+	}
+	return src, order, nil
+}
+
+// mutate applies m's patches to the core's sources. Each patch's old text must
+// occur exactly once in the whole package; the result maps each changed file to
+// its mutated text.
+func mutate(m mutant, src map[string][]byte, order []string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for _, pt := range m.patches() {
+		var found []string
+		for _, p := range order {
+			cur := src[p]
+			if b, ok := out[p]; ok {
+				cur = b
+			}
+			for range bytes.Count(cur, []byte(pt.old)) {
+				found = append(found, p)
+			}
+		}
+		if len(found) != 1 {
+			return nil, fmt.Errorf("a patch matches %d times in package core (want 1): update it: %q", len(found), clip(pt.old, 80))
+		}
+		cur := src[found[0]]
+		if b, ok := out[found[0]]; ok {
+			cur = b
+		}
+		out[found[0]] = bytes.Replace(cur, []byte(pt.old), []byte(pt.new), 1)
+	}
+	return out, nil
+}
+
 func run(o options) error {
 	root, err := os.Getwd()
 	if err != nil {
 		return fmt.Errorf("working directory: %w", err)
 	}
-	corePath := filepath.Join(root, "core", "core.go")
-	src, err := os.ReadFile(corePath)
+	src, order, err := coreSources(root)
 	if err != nil {
-		return fmt.Errorf("run from the module root: %w", err)
+		return err
 	}
 	only, err := regexp.Compile(o.only)
 	if err != nil {
@@ -181,6 +145,19 @@ func run(o options) error {
 		return fmt.Errorf("temp dir: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+
+	// Every mutant must apply before any campaign runs: a patch that no longer
+	// matches is a failure, never a skip.
+	var broken []string
+	for _, m := range mutants {
+		if _, err := mutate(m, src, order); err != nil {
+			fmt.Printf("STALE     %-30s %v\n", m.name, err)
+			broken = append(broken, m.name)
+		}
+	}
+	if len(broken) > 0 {
+		return fmt.Errorf("stale mutants: %v", broken)
+	}
 
 	fmt.Printf("baseline: the unmutated core must pass the same campaign (%d seeds or %s)\n", o.runs, o.maxTime)
 	base := filepath.Join(tmp, "pepsi-sim")
@@ -193,34 +170,29 @@ func run(o options) error {
 	}
 	fmt.Printf("baseline passed: %s\n\n", r.summary)
 
-	var survived, broken []string
+	var survived []string
 	for i, m := range mutants {
 		if !only.MatchString(m.name) {
 			continue
 		}
-		mutatedSrc, ok := src, true
-		for _, pt := range m.patches() {
-			if n := bytes.Count(src, []byte(pt.old)); n != 1 {
-				fmt.Printf("STALE     %-30s a patch matches %d times in core/core.go (want 1): update it\n", m.name, n)
-				ok = false
-				break
-			}
-			mutatedSrc = bytes.Replace(mutatedSrc, []byte(pt.old), []byte(pt.new), 1)
-		}
-		if !ok {
-			broken = append(broken, m.name)
-			continue
+		changed, err := mutate(m, src, order)
+		if err != nil {
+			return err
 		}
 		dir := filepath.Join(tmp, strconv.Itoa(i))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("mutant dir: %w", err)
 		}
-		mutated := filepath.Join(dir, "core.go")
-		if err := os.WriteFile(mutated, mutatedSrc, 0o644); err != nil {
-			return fmt.Errorf("write mutant: %w", err)
+		replace := map[string]string{}
+		for p, b := range changed {
+			mutated := filepath.Join(dir, filepath.Base(p))
+			if err := os.WriteFile(mutated, b, 0o644); err != nil {
+				return fmt.Errorf("write mutant: %w", err)
+			}
+			replace[p] = mutated
 		}
 		overlay := filepath.Join(dir, "overlay.json")
-		ov, err := json.Marshal(map[string]map[string]string{"Replace": {corePath: mutated}})
+		ov, err := json.Marshal(map[string]map[string]string{"Replace": replace})
 		if err != nil {
 			return fmt.Errorf("overlay: %w", err)
 		}
