@@ -293,9 +293,6 @@ func (c *Core) apply(ev Event) {
 		} else if e.Count > 0 {
 			c.logf("warn", "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
 		}
-		if e.Count > 0 {
-			c.setMaybeMore() // the rows it reset are pending, at stages a claim may have passed by
-		}
 	case Flushed:
 		cmd := c.result(e.Op, e.Err).(Flush)
 		if e.Err != "" {

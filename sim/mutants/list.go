@@ -115,8 +115,6 @@ var mutants = []mutant{
 		"st.maybeMore = got[cp.Stage] == cp.N"),
 	mut("cooldown-kept-after-answer", "a stage stays cooled down after its program answered",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
-	mut("reset-rows-not-claimed", "rows a reset made pending wait for the heartbeat",
-		"c.setMaybeMore() // the rows it reset are pending", "// the rows it reset are pending"),
 	// Rules the checker holds at each command.
 	mut("watchdog-during-outage", "the watchdog kills while the core knows the database is down",
 		"if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {",
@@ -134,7 +132,7 @@ var mutants = []mutant{
 		"(best == nil || len(w.queue) > len(best.queue))",
 		"(best == nil || len(w.queue) < len(best.queue))"),
 	mut("spawn-ignores-starting", "workers are spawned for ids that starting workers will take",
-		"\t\t\tif w.state == starting {\n\t\t\t\tneed -= w.room()\n\t\t\t}\n", ""),
+		"\t\t\tif w.state == starting {\n\t\t\t\tneed -= w.room()\n\t\t\t}\n", "\t\t\t_ = w\n"),
 	mut("unsolicited-answer-ignored", "a line with nothing outstanding is ignored, not a protocol error",
 		"c.protocolError(w, e.Line, \"an answer with no message outstanding\")", "_ = w"),
 	mut("protocol-error-not-killed", "a worker that broke the protocol is marked but not killed",
