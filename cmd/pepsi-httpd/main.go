@@ -1,0 +1,199 @@
+// Command pepsi-httpd serves a PEPSI pipeline's state over HTTP: Prometheus
+// metrics at /metrics, a live page for operators at /, its data at /api/status
+// and a health check at /healthz. Its queries and handlers live in shell/httpd;
+// this file parses flags, connects and serves. It never writes to the database
+// and never shows a message's payload. See docs/pepsi-httpd.8.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/peterbourgon/ff/v3"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/httpd"
+)
+
+const usage = `pepsi-httpd: serve a PEPSI pipeline's state over HTTP.
+
+Usage: pepsi-httpd [flags]
+
+  /metrics      Prometheus metrics: queue depths, the dispatcher's statistics
+  /             a live status page for operators
+  /api/status   the page's data, as JSON
+  /healthz      200 if the database answers, 503 if not
+
+It only reads the database (a read-only role is enough: see pepsi-httpd(8)) and
+never shows payloads. It listens on 127.0.0.1 unless -listen says otherwise.
+
+Every flag can also be set as a PEPSI_* environment variable (-listen as
+PEPSI_LISTEN, -database as PEPSI_DATABASE). The database is -database, else
+[pepsi] DATABASE of the -c file, else the libpq PG* environment.
+
+Exit status: 0 stopped by SIGINT or SIGTERM; 1 the database or the listening
+address is unusable at start; 2 bad flags or configuration.
+
+Flags:
+`
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// shutdownGrace is how long requests in flight may finish after a signal.
+const shutdownGrace = 5 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr, nil)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole program; it returns the exit code. ready, if not nil, is
+// called with the address once the server listens.
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr string)) int {
+	fs := flag.NewFlagSet("pepsi-httpd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var (
+		configFile  = fs.String("c", "", "pepsi.conf `FILE` (for [pepsi] DATABASE and the stage names)")
+		database    = fs.String("database", "", "PostgreSQL `URL` or key=value string; overrides [pepsi] DATABASE")
+		listen      = fs.String("listen", "127.0.0.1:9650", "`ADDRESS` to serve on (host:port)")
+		stmtTimeout = fs.Duration("statement-timeout", httpd.StatementTimeoutDefault, "the longest a statement of one read may run on the server")
+		cacheAge    = fs.Duration("cache", httpd.CacheMaxAgeDefault, "scrapes and page polls within this `DURATION` share one database read")
+		sample      = fs.Duration("sample-interval", httpd.SampleIntervalDefault, "how often the page's charts take a sample")
+		history     = fs.Int("history", httpd.HistoryMaxDefault, "how many samples the charts keep")
+		logFormat   = fs.String("log-format", "text", "log format: text or json")
+		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn or error")
+	)
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprint(stderr, usage)
+			fs.PrintDefaults()
+			return exitOK
+		}
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner // ff's "error parsing commandline arguments: " says nothing more
+		}
+		fmt.Fprintf(stderr, "pepsi-httpd: %v (see -h)\n", err)
+		return exitUsage
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "pepsi-httpd: "+format+"\n", a...)
+		return exitUsage
+	}
+	switch {
+	case fs.NArg() > 0:
+		return bad("unexpected arguments %q (see -h)", fs.Args())
+	case *stmtTimeout <= 0 || *cacheAge <= 0 || *sample <= 0:
+		return bad("-statement-timeout, -cache and -sample-interval must be positive")
+	case *history <= 0 || *history > 100_000:
+		return bad("-history %d: want 1 to 100000", *history)
+	}
+	if _, _, err := net.SplitHostPort(*listen); err != nil {
+		return bad("-listen %q: %v", *listen, err)
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return bad("%v", err)
+	}
+	db := *database
+	var stages []string
+	if *configFile != "" {
+		text, err := os.ReadFile(*configFile)
+		if err != nil {
+			return bad("configuration: %v", err)
+		}
+		cfg, err := conf.Parse(*configFile, string(text))
+		if err != nil {
+			return bad("configuration: %v", err)
+		}
+		if db == "" {
+			db = cfg.Database
+		}
+		for _, s := range cfg.Stages {
+			stages = append(stages, s.Name)
+		}
+	}
+	if _, err := pgx.ParseConfig(db); err != nil {
+		return bad("database connection string: %v", err)
+	}
+
+	src, err := httpd.Open(ctx, httpd.Options{
+		Database: db, Stages: stages, StatementTimeout: *stmtTimeout, CacheMaxAge: *cacheAge,
+		SampleInterval: *sample, HistoryMax: *history, Log: log,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "pepsi-httpd: %s\n", oneLine(err))
+		return exitFailure
+	}
+	defer src.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "pepsi-httpd: %v\n", err)
+		return exitFailure
+	}
+	srv := httpd.NewServer(*listen, src)
+	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	go src.Sample(sampleCtx)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("pepsi-httpd serving", "addr", "http://"+ln.Addr().String()+"/")
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	select {
+	case err := <-served:
+		log.Error("pepsi-httpd stopped", "err", err)
+		return exitFailure
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("requests cut off at shutdown", "err", err)
+	}
+	log.Info("pepsi-httpd stopped")
+	return exitOK
+}
+
+// oneLine puts err on one line: pgx lists each address it tried on a line of
+// its own.
+func oneLine(err error) string {
+	return strings.NewReplacer(":\n\t", ": ", "\n\t", "; ", "\n", " ").Replace(err.Error())
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want text or json", format)
+}

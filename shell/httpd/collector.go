@@ -1,0 +1,134 @@
+package httpd
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric descriptions. Each HELP says what the number counts and where it comes
+// from; docs/pepsi-httpd.8.md lists them with more words.
+var (
+	descUp = prometheus.NewDesc("pepsi_database_up",
+		"1 if pepsi-httpd could read the queue and statistics from PostgreSQL at this scrape, 0 if not (then no other pepsi_ metric is exported).",
+		nil, nil)
+	descReadSeconds = prometheus.NewDesc("pepsi_database_read_duration_seconds",
+		"How long the database read behind this scrape took (reads are shared by scrapes within the cache age).",
+		nil, nil)
+	descMessages = prometheus.NewDesc("pepsi_queue_messages",
+		"Messages in pepsi.queue now, per stage and status (pending, running, paused, failed, timeout; done is not counted). failed counts every failed message, whether the stage or the dispatcher failed it.",
+		[]string{"stage", "status"}, nil)
+	descOldest = prometheus.NewDesc("pepsi_queue_oldest_pending_age_seconds",
+		"How long the message at the head of the stage's pending queue (the next one claimed) has been pending; 0 with none pending.",
+		[]string{"stage"}, nil)
+	descPausedDue = prometheus.NewDesc("pepsi_queue_paused_due_messages",
+		"Paused messages whose retry time has passed and that the dispatcher has not made pending yet.",
+		[]string{"stage"}, nil)
+	descLock = prometheus.NewDesc("pepsi_dispatcher_lock_held",
+		"1 if a pepsi-dispatch holds the dispatcher's advisory lock on this database, 0 if none runs.",
+		nil, nil)
+	descPassesOK = prometheus.NewDesc("pepsi_stage_passes_ok_total",
+		"Stage passes whose worker answered 0 (pepsi.stage_stats.processed), fused passes included. A message the stage itself finished as failed (state.error) was answered 0 and counts here.",
+		[]string{"stage"}, nil)
+	descFailedByDispatcher = prometheus.NewDesc("pepsi_stage_failed_by_dispatcher_total",
+		"Messages pepsi-dispatch failed at this stage: a non-zero answer, a worker crash or a protocol error (pepsi.stage_stats.failed, state.dispatch_error). Failures a stage writes itself are not counted here.",
+		[]string{"stage"}, nil)
+	descWatchdog = prometheus.NewDesc("pepsi_stage_watchdog_timeouts_total",
+		"Messages timed out at this stage by the MAX_RUNTIME watchdog, their worker killed (pepsi.stage_stats.timeouts).",
+		[]string{"stage"}, nil)
+	descCrashes = prometheus.NewDesc("pepsi_stage_worker_crashes_total",
+		"Worker processes of this stage that died unexpectedly (pepsi.stage_stats.crashes).",
+		[]string{"stage"}, nil)
+	descProcessing = prometheus.NewDesc("pepsi_stage_processing_seconds_total",
+		"Processing time of the passes counted in pepsi_stage_passes_ok_total (pepsi.stage_stats.processing_us).",
+		[]string{"stage"}, nil)
+	descStageFlushed = prometheus.NewDesc("pepsi_stage_stats_flushed_timestamp_seconds",
+		"When a flush of pepsi-dispatch last changed this stage's statistics (Unix time).",
+		[]string{"stage"}, nil)
+	descStagePasses = prometheus.NewDesc("pepsi_dispatch_stage_passes_total",
+		"All stage passes the dispatcher counted, fused passes included (pepsi.dispatch_stats.stage_passes).",
+		nil, nil)
+	descMessagesLeft = prometheus.NewDesc("pepsi_dispatch_messages_left_total",
+		"Messages the dispatcher saw leave the pipeline: done, failed or timed out (pepsi.dispatch_stats.messages_left).",
+		nil, nil)
+	descFlushed = prometheus.NewDesc("pepsi_dispatch_stats_flushed_timestamp_seconds",
+		"When pepsi-dispatch last flushed its statistics (Unix time).",
+		nil, nil)
+)
+
+// collectTimeout bounds how long a scrape waits for its read.
+const collectTimeout = 15 * time.Second
+
+// Collector exports a Source's Snapshot as Prometheus metrics, reading the
+// database at scrape time (through the Source's cache).
+type Collector struct {
+	src *Source
+}
+
+// NewCollector returns a Collector for src.
+func NewCollector(src *Source) *Collector { return &Collector{src: src} }
+
+// Describe sends every metric's description.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descLock,
+		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descStageFlushed,
+		descStagePasses, descMessagesLeft, descFlushed} {
+		ch <- d
+	}
+}
+
+// Collect reads a Snapshot and sends its metrics. When the read fails it sends
+// only pepsi_database_up 0: stale numbers are worse than none.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
+	defer cancel()
+	s, err := c.src.Snapshot(ctx)
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 0)
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge(descUp, 1)
+	gauge(descReadSeconds, s.ReadSeconds)
+	gauge(descLock, b2f(s.DispatcherLocked))
+	stats := map[string]StageStats{}
+	for _, st := range s.Stages {
+		stats[st.Stage] = st
+	}
+	// Every stage gets every series, at 0 before the dispatcher counted anything,
+	// so that rate() and alerts see a series from the start.
+	for _, l := range s.Live {
+		for _, st := range Statuses {
+			gauge(descMessages, float64(l.Messages[st]), l.Stage, st)
+		}
+		gauge(descOldest, l.OldestPendingSeconds, l.Stage)
+		gauge(descPausedDue, float64(l.PausedDue), l.Stage)
+		st, flushed := stats[l.Stage]
+		counter(descPassesOK, float64(st.PassesOK), l.Stage)
+		counter(descFailedByDispatcher, float64(st.FailedByDispatcher), l.Stage)
+		counter(descWatchdog, float64(st.WatchdogTimeouts), l.Stage)
+		counter(descCrashes, float64(st.WorkerCrashes), l.Stage)
+		counter(descProcessing, st.ProcessingSeconds, l.Stage)
+		if flushed {
+			gauge(descStageFlushed, unix(st.FlushedAt), l.Stage)
+		}
+	}
+	counter(descStagePasses, float64(s.StagePasses))
+	counter(descMessagesLeft, float64(s.MessagesLeft))
+	gauge(descFlushed, unix(s.FlushedAt))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func unix(t time.Time) float64 { return float64(t.UnixMicro()) / 1e6 }

@@ -1,0 +1,241 @@
+// Package httpd is pepsi-httpd's web side: it reads what an operator wants to
+// know about a PEPSI pipeline from PostgreSQL (live queue depths, the statistics
+// pepsi-dispatch flushes, whether a dispatcher holds the lock, the latest
+// failures) and serves it as Prometheus metrics at /metrics, as JSON at
+// /api/status, as a live page at / and as a health check at /healthz.
+//
+// It must never write to the database (it works with a read-only role and every
+// transaction it opens is READ ONLY), never read or show a message's payload,
+// and never run a query whose cost grows with the finished messages kept in the
+// queue: every query walks one of the queue's partial indexes (see Queries and
+// the EXPLAIN test). Scrapes that arrive together share one read.
+package httpd
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+)
+
+// Statuses lists the statuses the live gauges count, in pipeline order. Done
+// messages are not counted: they are most of the table and counting them would
+// scan it; pepsi_dispatch_messages_left_total says how many left.
+var Statuses = []string{"pending", "running", "paused", "failed", "timeout"}
+
+// StageStats is one row of pepsi.stage_stats, under names that say what each
+// number counts (see docs/pepsi-httpd.8.md "Metrics").
+type StageStats struct {
+	Stage string `json:"stage"`
+	// PassesOK is the column processed: stage passes whose worker answered 0,
+	// fused passes included. A message the stage itself finished as failed
+	// (stage.Failed, state.error) was answered 0 and counts here.
+	PassesOK int64 `json:"passes_ok"`
+	// FailedByDispatcher is the column failed: messages the dispatcher failed
+	// (a non-zero answer, a worker crash, a protocol error; state.dispatch_error).
+	FailedByDispatcher int64 `json:"failed_by_dispatcher"`
+	// WatchdogTimeouts is the column timeouts: messages the MAX_RUNTIME watchdog
+	// timed out (their worker killed).
+	WatchdogTimeouts int64 `json:"watchdog_timeouts"`
+	// WorkerCrashes is the column crashes: worker processes that died unexpectedly.
+	WorkerCrashes int64 `json:"worker_crashes"`
+	// ProcessingSeconds is processing_us in seconds: the time of the passes counted.
+	ProcessingSeconds float64 `json:"processing_seconds"`
+	// FlushedAt is when a flush of the dispatcher last touched the row.
+	FlushedAt time.Time `json:"flushed_at"`
+}
+
+// StageLive is what the queue holds for one stage right now.
+type StageLive struct {
+	Stage string `json:"stage"`
+	// Messages counts the stage's rows per status in Statuses.
+	Messages map[string]int64 `json:"messages"`
+	// OldestPendingSeconds is how long the message at the head of the stage's
+	// pending queue (the next one it claims) has been pending; 0 with none.
+	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+	// PausedDue counts paused rows whose timeout has passed (the dispatcher has
+	// not woken them yet; many for long means it is not running).
+	PausedDue int64 `json:"paused_due"`
+}
+
+// Failure is one message that left the pipeline failed or timed out. It never
+// carries the payload.
+type Failure struct {
+	ID        int64     `json:"id"`
+	Stage     string    `json:"stage"`
+	Status    string    `json:"status"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// By is "dispatcher" (state.dispatch_error), "stage" (state.error) or "".
+	By string `json:"by"`
+	// Reason is the reason given, cut to ReasonMax bytes.
+	Reason string `json:"reason"`
+}
+
+// ReasonMax bounds the bytes of a failure reason read from the database.
+const ReasonMax = 300
+
+// FailuresMax is how many recent failures a Snapshot holds.
+const FailuresMax = 20
+
+// Snapshot is one consistent read of the pipeline's state.
+type Snapshot struct {
+	// At is the database server's clock at the read.
+	At time.Time `json:"at"`
+	// ReadSeconds is how long the read took.
+	ReadSeconds float64 `json:"read_seconds"`
+	// Live has one entry per stage, sorted by name: every stage with rows in a
+	// counted status, with statistics, or named by the configuration.
+	Live []StageLive `json:"live"`
+	// Stages are the rows of pepsi.stage_stats, sorted by stage.
+	Stages []StageStats `json:"stages"`
+	// StagePasses and MessagesLeft are pepsi.dispatch_stats: all stage passes,
+	// fused included, and messages the dispatcher saw leave the pipeline.
+	StagePasses  int64     `json:"stage_passes"`
+	MessagesLeft int64     `json:"messages_left"`
+	FlushedAt    time.Time `json:"flushed_at"`
+	// DispatcherLocked says a session holds pepsi-dispatch's advisory lock.
+	DispatcherLocked bool `json:"dispatcher_locked"`
+	// Failures are the latest failed or timed-out messages, newest first.
+	Failures []Failure `json:"failures"`
+}
+
+// Queries are the statements a read runs, by name, each bounded by a partial
+// index of pepsi.queue or by a small table. The EXPLAIN test checks that none
+// of them scans the queue sequentially.
+var Queries = map[string]string{
+	// The pending index (stage, ingress_id) answers the count; the head of each
+	// stage's queue is one more index probe.
+	"pending": `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - h.updated_at), 0)::float8
+FROM (SELECT stage, count(*) AS n FROM pepsi.queue WHERE status = 'pending' GROUP BY stage) p
+CROSS JOIN LATERAL (SELECT q.updated_at FROM pepsi.queue q
+	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`,
+	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
+	"running": `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`,
+	"paused": `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now())
+FROM pepsi.queue WHERE status = 'paused' GROUP BY stage`,
+	// The queue_failed index (schema version 2) holds only these rows.
+	"failed": `SELECT stage, status, count(*) FROM pepsi.queue
+WHERE status IN ('failed', 'timeout') GROUP BY stage, status`,
+	"failures": `SELECT ingress_id, stage, status, updated_at,
+	CASE WHEN state ? 'dispatch_error' THEN 'dispatcher' WHEN state ? 'error' THEN 'stage' ELSE '' END,
+	left(coalesce(state->>'dispatch_error', state->>'error', ''), ` + fmt.Sprint(ReasonMax) + `)
+FROM pepsi.queue WHERE status IN ('failed', 'timeout') ORDER BY updated_at DESC LIMIT ` + fmt.Sprint(FailuresMax),
+	"stage_stats": `SELECT stage, processed, failed, timeouts, crashes, processing_us, updated_at
+FROM pepsi.stage_stats ORDER BY stage`,
+	"dispatch_stats": `SELECT stage_passes, messages_left, updated_at FROM pepsi.dispatch_stats`,
+	// pg_locks shows the lock to every role. classid and objid are the two
+	// halves of pgqueue.LockKey.
+	"lock": fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+	AND classid = %d AND objid = %d AND objsubid = 1 AND granted
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`,
+		pgqueue.LockKey>>32, pgqueue.LockKey&0xffffffff),
+}
+
+// GrantsSQL is all pepsi-httpd needs, given to a role named pepsi_monitor:
+// every column of the queue but payload, and the two statistics tables. The
+// database then guarantees that pepsi-httpd shows no payload and writes nothing.
+const GrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
+GRANT SELECT (ingress_id, stage, status, timeout, state, created_at, updated_at) ON pepsi.queue TO pepsi_monitor;
+GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
+
+// Read takes a Snapshot in one READ ONLY, REPEATABLE READ transaction, so every
+// number in it is of the same instant. stages, if not empty, are stages to list
+// even when the database knows nothing of them yet (the configuration's).
+func Read(ctx context.Context, pool *pgxpool.Pool, stages []string) (*Snapshot, error) {
+	start := time.Now()
+	s := &Snapshot{}
+	live := map[string]*StageLive{}
+	stage := func(name string) *StageLive {
+		l := live[name]
+		if l == nil {
+			l = &StageLive{Stage: name, Messages: map[string]int64{}}
+			for _, st := range Statuses {
+				l.Messages[st] = 0
+			}
+			live[name] = l
+		}
+		return l
+	}
+	for _, name := range stages {
+		stage(name)
+	}
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, Queries["lock"]).Scan(&s.At, &s.DispatcherLocked); err != nil {
+			return fmt.Errorf("dispatcher lock: %w", err)
+		}
+		var (
+			name, status string
+			n, due       int64
+			age          float64
+		)
+		if err := each(ctx, tx, "pending", []any{&name, &n, &age}, func() {
+			l := stage(name)
+			l.Messages["pending"], l.OldestPendingSeconds = n, max(age, 0)
+		}); err != nil {
+			return err
+		}
+		if err := each(ctx, tx, "running", []any{&name, &n}, func() { stage(name).Messages["running"] = n }); err != nil {
+			return err
+		}
+		if err := each(ctx, tx, "paused", []any{&name, &n, &due}, func() {
+			l := stage(name)
+			l.Messages["paused"], l.PausedDue = n, due
+		}); err != nil {
+			return err
+		}
+		if err := each(ctx, tx, "failed", []any{&name, &status, &n}, func() { stage(name).Messages[status] = n }); err != nil {
+			return err
+		}
+		var f Failure
+		if err := each(ctx, tx, "failures", []any{&f.ID, &f.Stage, &f.Status, &f.UpdatedAt, &f.By, &f.Reason}, func() {
+			s.Failures = append(s.Failures, f)
+		}); err != nil {
+			return err
+		}
+		var st StageStats
+		var us int64
+		if err := each(ctx, tx, "stage_stats", []any{&st.Stage, &st.PassesOK, &st.FailedByDispatcher, &st.WatchdogTimeouts,
+			&st.WorkerCrashes, &us, &st.FlushedAt}, func() {
+			st.ProcessingSeconds = float64(us) / 1e6
+			s.Stages = append(s.Stages, st)
+			stage(st.Stage)
+		}); err != nil {
+			return err
+		}
+		return each(ctx, tx, "dispatch_stats", []any{&s.StagePasses, &s.MessagesLeft, &s.FlushedAt}, func() {})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the pipeline's state: %w", err)
+	}
+	for _, l := range live {
+		s.Live = append(s.Live, *l)
+	}
+	slices.SortFunc(s.Live, func(a, b StageLive) int { return strings.Compare(a.Stage, b.Stage) })
+	s.ReadSeconds = time.Since(start).Seconds()
+	return s, nil
+}
+
+// each runs the query named name and calls f after scanning each row into dest.
+func each(ctx context.Context, tx pgx.Tx, name string, dest []any, f func()) error {
+	rows, err := tx.Query(ctx, Queries[name])
+	if err != nil {
+		return fmt.Errorf("query %s: %w", name, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return fmt.Errorf("query %s: %w", name, err)
+		}
+		f()
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("query %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,245 @@
+package httpd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/singleflight"
+)
+
+// Options configure a Source.
+type Options struct {
+	// Database is a libpq URL or key=value string; empty means the PG* environment.
+	Database string
+	// Stages are listed even before the database knows them (the configuration's).
+	Stages []string
+	// StatementTimeout bounds every statement of a read on the server
+	// (statement_timeout); a read that would take longer fails instead.
+	StatementTimeout time.Duration
+	// CacheMaxAge is how long a read answers later requests: scrapes and page
+	// polls within it share one read.
+	CacheMaxAge time.Duration
+	// SampleInterval is how often the history behind the page's charts takes a
+	// sample; HistoryMax bounds how many it keeps.
+	SampleInterval time.Duration
+	HistoryMax     int
+	// Log receives read failures and recoveries.
+	Log *slog.Logger
+}
+
+// Defaults for Options' zero fields.
+const (
+	StatementTimeoutDefault = 5 * time.Second
+	CacheMaxAgeDefault      = time.Second
+	SampleIntervalDefault   = 5 * time.Second
+	HistoryMaxDefault       = 180 // 15 minutes at 5 s
+	// poolConnsMax bounds the database connections of one pepsi-httpd: one read
+	// at a time, plus /healthz.
+	poolConnsMax = 2
+)
+
+// Source reads Snapshots for all the handlers: one read at a time, shared by
+// every request that arrives while it runs or within CacheMaxAge after it.
+type Source struct {
+	pool *pgxpool.Pool
+	opts Options
+	log  *slog.Logger
+	sf   singleflight.Group
+
+	mu      sync.Mutex
+	last    *Snapshot // the latest successful read
+	lastAt  time.Time // when the latest read (good or bad) finished, local clock
+	lastErr error     // the latest read's error, nil if it succeeded
+	reads   int64     // reads done, for tests
+	history []Sample  // oldest first, at most opts.HistoryMax
+}
+
+// Sample is one point of the page's charts.
+type Sample struct {
+	At time.Time `json:"at"`
+	// Stages maps a stage to its numbers at At: pending, running, paused,
+	// failed, timeout (live counts) and passes_ok, failed_by_dispatcher (the
+	// dispatcher's counters, which move when it flushes).
+	Stages map[string]map[string]int64 `json:"stages"`
+}
+
+// Open connects to the database and makes one read, so that a wrong URL, an
+// unreachable server or a missing schema is reported at start. The pool it
+// opens is closed by Close.
+func Open(ctx context.Context, opts Options) (*Source, error) {
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = StatementTimeoutDefault
+	}
+	if opts.CacheMaxAge <= 0 {
+		opts.CacheMaxAge = CacheMaxAgeDefault
+	}
+	if opts.SampleInterval <= 0 {
+		opts.SampleInterval = SampleIntervalDefault
+	}
+	if opts.HistoryMax <= 0 {
+		opts.HistoryMax = HistoryMaxDefault
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := pgxpool.ParseConfig(opts.Database)
+	if err != nil {
+		return nil, fmt.Errorf("database connection string: %w", err)
+	}
+	cfg.MaxConns = poolConnsMax
+	cc := cfg.ConnConfig
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = 10 * time.Second
+	}
+	if cc.RuntimeParams["application_name"] == "" {
+		cc.RuntimeParams["application_name"] = "pepsi-httpd"
+	}
+	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(opts.StatementTimeout.Milliseconds())
+	cc.RuntimeParams["default_transaction_read_only"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	s := &Source{pool: pool, opts: opts, log: opts.Log}
+	snap, err := Read(ctx, pool, opts.Stages)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("PostgreSQL at %s:%d (database %q, user %q): %w", cc.Host, cc.Port, cc.Database, cc.User, err)
+	}
+	s.last, s.lastAt, s.reads = snap, time.Now(), 1
+	return s, nil
+}
+
+// Close closes the database connections.
+func (s *Source) Close() { s.pool.Close() }
+
+// Snapshot returns a read no older than CacheMaxAge, making one if needed.
+// Callers that arrive while a read runs wait for it and share its result; the
+// read itself is not cancelled when one of them gives up. On failure it returns
+// the error (the last good Snapshot is in Last).
+func (s *Source) Snapshot(ctx context.Context) (*Snapshot, error) {
+	s.mu.Lock()
+	if !s.lastAt.IsZero() && time.Since(s.lastAt) < s.opts.CacheMaxAge {
+		snap, err := s.last, s.lastErr
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		return snap, nil
+	}
+	s.mu.Unlock()
+	ch := s.sf.DoChan("read", func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StatementTimeout+5*time.Second)
+		defer cancel()
+		return s.read(rctx)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*Snapshot), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("read the pipeline's state: %w", ctx.Err())
+	}
+}
+
+// read makes one Snapshot and records it (or its failure).
+func (s *Source) read(ctx context.Context) (*Snapshot, error) {
+	snap, err := Read(ctx, s.pool, s.opts.Stages)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	s.lastAt = time.Now()
+	if err != nil {
+		if s.lastErr == nil {
+			s.log.Error("cannot read the database", "err", err)
+		}
+		s.lastErr = err
+		return nil, err
+	}
+	if s.lastErr != nil {
+		s.log.Info("reading the database again")
+	}
+	s.last, s.lastErr = snap, nil
+	return snap, nil
+}
+
+// Last returns the latest good Snapshot (nil before the first) and the error of
+// the latest read (nil if it succeeded).
+func (s *Source) Last() (*Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last, s.lastErr
+}
+
+// Reads returns how many database reads the Source has made.
+func (s *Source) Reads() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+// Ping asks the database to answer within timeout.
+func (s *Source) Ping(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	return nil
+}
+
+// History returns the samples kept for the charts, oldest first.
+func (s *Source) History() []Sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Sample(nil), s.history...)
+}
+
+// Sample runs until ctx ends, taking a sample for the charts every
+// SampleInterval (through Snapshot, so it shares reads with the scrapes). A
+// failed read adds no sample.
+func (s *Source) Sample(ctx context.Context) {
+	t := time.NewTicker(s.opts.SampleInterval)
+	defer t.Stop()
+	for {
+		if snap, err := s.Snapshot(ctx); err == nil {
+			s.add(snap)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Source) add(snap *Snapshot) {
+	p := Sample{At: snap.At, Stages: map[string]map[string]int64{}}
+	for _, l := range snap.Live {
+		m := map[string]int64{}
+		for k, v := range l.Messages {
+			m[k] = v
+		}
+		p.Stages[l.Stage] = m
+	}
+	for _, st := range snap.Stages {
+		p.Stages[st.Stage]["passes_ok"] = st.PassesOK
+		p.Stages[st.Stage]["failed_by_dispatcher"] = st.FailedByDispatcher
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.history); n > 0 && !s.history[n-1].At.Before(p.At) {
+		return // the same read again
+	}
+	s.history = append(s.history, p)
+	if len(s.history) > s.opts.HistoryMax {
+		s.history = slices.Delete(s.history, 0, len(s.history)-s.opts.HistoryMax)
+	}
+}
