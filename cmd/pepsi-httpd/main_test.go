@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// runFor runs pepsi-httpd with args and returns its exit code and stderr.
+func runFor(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code := run(ctx, args, &stderr, func(string) { t.Errorf("pepsi-httpd %q started serving; want it to refuse", args) })
+	return code, stderr.String()
+}
+
+func TestBadFlagsAndConfigurationAreOneLineAndExit2(t *testing.T) {
+	t.Parallel()
+	badConf := filepath.Join(t.TempDir(), "pepsi.conf")
+	if err := os.WriteFile(badConf, []byte("[pepsi]\nDATABSE = x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bogus"}, "pepsi-httpd: flag provided but not defined: -bogus (see -h)"},
+		{[]string{"-listen", "localhost"}, `pepsi-httpd: -listen "localhost": address localhost: missing port in address`},
+		{[]string{"-cache", "0s"}, "pepsi-httpd: -statement-timeout, -cache and -sample-interval must be positive"},
+		{[]string{"-c", badConf}, "pepsi-httpd: configuration: " + badConf + ":2: "},
+		{[]string{"-database", "postgres://%zz"}, "pepsi-httpd: database connection string: "},
+		{[]string{"extra"}, `pepsi-httpd: unexpected arguments ["extra"] (see -h)`},
+	} {
+		code, stderr := runFor(t, tc.args...)
+		if code != exitUsage || !strings.HasPrefix(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("pepsi-httpd %q: exit %d, stderr %q; want exit 2 and one line starting %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
+
+func TestAnUnreachableDatabaseAtStartIsOneLineAndExit1(t *testing.T) {
+	t.Parallel()
+	code, stderr := runFor(t, "-database", "postgres://pepsi@127.0.0.1:1/queue?connect_timeout=2")
+	want := `pepsi-httpd: PostgreSQL at 127.0.0.1:1 (database "queue", user "pepsi"): `
+	if code != exitFailure || !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("exit %d, stderr %q; want exit 1 and one line starting %q", code, stderr, want)
+	}
+}
+
+func TestServesFromTheEnvironmentAndStopsCleanlyOnSignal(t *testing.T) {
+	url := pgtest.NewMigrated(t)
+	t.Setenv("PEPSI_DATABASE", url)
+	t.Setenv("PEPSI_LISTEN", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, nil, io.Discard, func(a string) { addr <- a }) }()
+	var base string
+	select {
+	case a := <-addr:
+		base = "http://" + a
+	case code := <-done:
+		t.Fatalf("pepsi-httpd exited %d before serving", code)
+	}
+	if !strings.HasPrefix(base, "http://127.0.0.1:") {
+		t.Errorf("serving on %s, want 127.0.0.1", base)
+	}
+	for path, want := range map[string]string{"/healthz": "ok", "/metrics": "pepsi_database_up 1"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s: %d, want 200 with %q", path, resp.StatusCode, want)
+		}
+	}
+	cancel() // as SIGTERM does
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after the signal, want 0", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("pepsi-httpd did not stop within 10 s of the signal")
+	}
+}
