@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build test vet purity bench demo sim-long mutants clean postgres
+.PHONY: all build test vet purity bench demo sim-long mutants clean postgres chromium
 
 all: build
 
@@ -24,8 +24,15 @@ purity:
 postgres:
 	@.ci/postgres-up
 
-test: postgres vet purity
-	$(GO) test -race -count=1 -timeout 20m ./...
+# Install Debian's chromium when it is missing, for pepsi-httpd's browser test.
+chromium:
+	@.ci/chromium-up
+
+# Files tests keep (t.ArtifactDir: the status page's screenshot) go to
+# test-artifacts/_artifacts/, ignored by git.
+test: postgres chromium vet purity
+	@mkdir -p $(CURDIR)/test-artifacts
+	$(GO) test -race -count=1 -timeout 20m -artifacts -outputdir $(CURDIR)/test-artifacts ./...
 
 # The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate and the
 # pipeline's hops/s side by side (docs/performance.md).
@@ -48,4 +55,4 @@ mutants:
 	$(GO) run ./sim/mutants
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(CURDIR)/test-artifacts
