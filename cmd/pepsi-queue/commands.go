@@ -223,12 +223,16 @@ func statsCmd(a *app) *ffcli.Command {
 		Name:       "stats",
 		ShortUsage: "pepsi-queue [global flags] stats",
 		ShortHelp:  "counts per stage and status, and the dispatcher's statistics",
-		LongHelp: `Prints how many messages each stage has in each status, how long the oldest
-pending message of each stage has waited, and the statistics pepsi-dispatch
-flushes (every STATS_INTERVAL, when the pipeline goes idle, and on shutdown):
-per stage, messages processed, failed, timed out, worker crashes and the mean
-processing time; overall, stage passes and messages that left the pipeline.
-The counts scan the whole queue.
+		LongHelp: `Prints how many messages each stage has in each status now, how long the
+oldest pending message of each stage has waited, and the statistics
+pepsi-dispatch flushes (every STATS_INTERVAL, when the pipeline goes idle, and
+on shutdown): per stage, passes ok (passes answered 0, including those in which
+the stage itself failed the message), messages failed by the dispatcher (a
+non-zero answer, a crash, a protocol error), watchdog timeouts, worker crashes
+and the mean pass time; overall, stage passes and messages that left the
+pipeline. The queue's failed column counts every failed message, whoever failed
+it, so it can be larger than "failed by dispatcher". The counts scan the whole
+queue.
 
 EXAMPLE
   watch -n 2 pepsi-queue -c /etc/pepsi/pepsi.conf stats`,
@@ -254,7 +258,7 @@ var statusColumns = []string{"pending", "running", "paused", "done", "failed", "
 // printStats writes the stats tables; the demo prints the same ones.
 func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "QUEUE (messages per stage and status)")
+	fmt.Fprintln(w, "QUEUE (messages per stage and status now; failed counts every failed message, whoever failed it)")
 	fmt.Fprintf(tw, "stage\t%s\toldest pending\n", strings.Join(statusColumns, "\t"))
 	var stages []string
 	counts := map[string]map[string]int64{}
@@ -289,11 +293,11 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 	fmt.Fprintf(tw, "\n")
 	tw.Flush()
 
-	fmt.Fprintln(w, "\nSTAGES (pepsi.stage_stats, written by pepsi-dispatch)")
+	fmt.Fprintln(w, "\nSTAGES (counted by pepsi-dispatch: pepsi.stage_stats)")
 	if len(s.Stages) == 0 {
 		fmt.Fprintln(w, "  none yet (the dispatcher has not flushed any)")
 	} else {
-		fmt.Fprintf(tw, "stage\tprocessed\tfailed\ttimeouts\tcrashes\tmean time\tupdated\n")
+		fmt.Fprintf(tw, "stage\tpasses ok\tfailed by dispatcher\twatchdog timeouts\tworker crashes\tmean pass\tupdated\n")
 		for _, st := range s.Stages {
 			mean := "-"
 			switch {
@@ -306,6 +310,8 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 				mean, now.Sub(st.UpdatedAt).Round(time.Second))
 		}
 		tw.Flush()
+		fmt.Fprintln(w, "  passes ok: passes answered 0, including those in which the stage failed the message itself (state.error)")
+		fmt.Fprintln(w, "  failed by dispatcher: a non-zero answer, a worker crash or a protocol error (state.dispatch_error)")
 	}
 	fmt.Fprintf(w, "\nDISPATCH: %d stage passes, %d messages left the pipeline (updated %s ago)\n",
 		s.Dispatch.StagePasses, s.Dispatch.MessagesLeft, now.Sub(s.Dispatch.UpdatedAt).Round(time.Second))

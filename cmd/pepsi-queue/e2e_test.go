@@ -196,6 +196,9 @@ func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
 		`(?m)^parse +3 +0 +0 +0 +0 +0 +\d+s$`,
 		`(?m)^total +3 +0 +0 +2 +0 +0$`,
 		`(?m)^parse +4 +1 +0 +2 +2ms +\d+s ago$`,
+		// The names say what they count: a stage's own failures are not the dispatcher's.
+		`(?m)^stage +passes ok +failed by dispatcher +watchdog timeouts +worker crashes +mean pass +updated$`,
+		`(?m)^  passes ok: passes answered 0, including those in which the stage failed the message itself \(state.error\)$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(r.stdout) {
 			t.Errorf("stats output has no line matching %s:\n%s", re, r.stdout)
