@@ -106,10 +106,22 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	s := &Source{pool: pool, opts: opts, log: opts.Log}
+	where := fmt.Sprintf("PostgreSQL at %s:%d (database %q, user %q)", cc.Host, cc.Port, cc.Database, cc.User)
+	// Without the index of schema version 2, counting failed messages would scan
+	// the queue at every scrape. to_regclass needs no privilege.
+	var indexed bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`).Scan(&indexed); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	if !indexed {
+		pool.Close()
+		return nil, fmt.Errorf("%s: no PEPSI schema of version 2 or later (index pepsi.queue_failed is missing): run pepsi-queue migrate", where)
+	}
 	snap, err := Read(ctx, pool, opts.Stages)
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL at %s:%d (database %q, user %q): %w", cc.Host, cc.Port, cc.Database, cc.User, err)
+		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	s.last, s.lastAt, s.reads = snap, time.Now(), 1
 	return s, nil
