@@ -3,6 +3,7 @@
 -- stage and list the latest failures without scanning the whole queue. Only rows
 -- that fail or time out enter it: the pipeline's normal writes never touch it.
 -- Building it reads the table once and blocks writes to pepsi.queue meanwhile
--- (seconds per million rows; docs/operations.md "Upgrading the schema").
-CREATE INDEX queue_failed ON pepsi.queue (updated_at, stage, status)
+-- (under a second per million rows). IF NOT EXISTS: an operator may have built it
+-- beforehand with CREATE INDEX CONCURRENTLY (docs/operations.md "Upgrading").
+CREATE INDEX IF NOT EXISTS queue_failed ON pepsi.queue (updated_at, stage, status)
     WHERE status IN ('failed', 'timeout');
