@@ -140,6 +140,21 @@ func TestThePageShowsAKnownRunAndDrawsItsCharts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", path)
+
+	// The database goes away: the page says so and keeps the last numbers.
+	dropDatabase(t, url)
+	gone := `document.getElementById("db").textContent === "database unreachable" && ` +
+		`document.getElementById("lock").textContent === "dispatcher: unknown" && ` +
+		`document.getElementById("error").textContent.includes("showing the last good read") && ` + cell("parse", "pending") + ` === "7"`
+	if _, err := chromedp.Run(b, chromedp.Poll[bool](gone, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Errorf("the page did not show the database gone (with the last numbers kept): %v", err)
+	}
+	if shot, err = chromedp.Run(b, chromedp.FullScreenshot(100)); err == nil {
+		err = os.WriteFile(filepath.Join(t.ArtifactDir(), "status-page-database-gone.png"), shot, 0o644)
+	}
+	if err != nil {
+		t.Errorf("second screenshot: %v", err)
+	}
 }
 
 func mustText(t *testing.T, b context.Context, sel string) string {

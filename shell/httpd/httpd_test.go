@@ -301,16 +301,7 @@ func TestADatabaseThatGoesAwayShowsOnHealthzAndMetricsAndTheServerKeepsServing(t
 	if code, body := get(t, srv.URL+"/healthz"); code != http.StatusOK {
 		t.Fatalf("healthz before: %d %s, want 200", code, body)
 	}
-	// The database goes away under the server's feet.
-	admin := pgtest.Connect(t, pgtest.AdminURL(t))
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := cfg.Database
-	if _, err := admin.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		t.Fatalf("drop the database: %v", err)
-	}
+	dropDatabase(t, url)             // under the server's feet
 	time.Sleep(5 * time.Millisecond) // past the cache age
 	if code, body := get(t, srv.URL+"/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "database unreachable") {
 		t.Errorf("healthz after: %d %q, want 503 database unreachable", code, body)
@@ -326,6 +317,19 @@ func TestADatabaseThatGoesAwayShowsOnHealthzAndMetricsAndTheServerKeepsServing(t
 	}
 	if st.OK || st.Error == "" || st.Snapshot == nil {
 		t.Errorf("api/status after: ok %v, error %q, snapshot kept %v; want not ok, the error, the last good read", st.OK, st.Error, st.Snapshot != nil)
+	}
+}
+
+// dropDatabase drops the test database at url, closing its connections.
+func dropDatabase(t *testing.T, url string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := pgtest.Connect(t, pgtest.AdminURL(t))
+	if _, err := admin.Exec(ctx, "DROP DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+		t.Fatalf("drop the database: %v", err)
 	}
 }
 

@@ -195,9 +195,14 @@ function render(st) {
   const snap = st.snapshot;
   if (!snap) return;
   const lock = document.getElementById("lock");
-  lock.textContent = snap.dispatcher_locked ? "dispatcher running" : "no dispatcher holds the lock";
-  lock.className = "badge " + (snap.dispatcher_locked ? "ok" : "bad");
-  document.getElementById("updated").textContent = "read at " + new Date(snap.at).toLocaleTimeString();
+  if (st.ok) {
+    lock.textContent = snap.dispatcher_locked ? "dispatcher running" : "no dispatcher holds the lock";
+    lock.className = "badge " + (snap.dispatcher_locked ? "ok" : "bad");
+  } else {
+    lock.textContent = "dispatcher: unknown";
+    lock.className = "badge";
+  }
+  document.getElementById("updated").textContent = (st.ok ? "read at " : "last good read at ") + new Date(snap.at).toLocaleTimeString();
   for (const l of snap.live) color(l.stage);
   renderStages(snap, st.history || []);
   renderFailures(snap);
