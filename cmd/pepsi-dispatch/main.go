@@ -17,8 +17,10 @@ import (
 
 	"github.com/peterbourgon/ff/v3"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
+	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
 )
 
 const usage = `pepsi-dispatch: run the PEPSI dispatcher.
@@ -70,6 +72,7 @@ func run(args []string, stderr io.Writer) int {
 		stats      = fs.String("stats-interval", "", "override STATS_INTERVAL")
 		grace      = fs.String("stop-grace", "", "override STOP_GRACE")
 		cpuProfile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to `file` until exit")
+		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
 	)
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -135,8 +138,22 @@ func run(args []string, stderr io.Writer) int {
 		}
 		defer stop(log)
 	}
+	opts := dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log}
+	if *metrics != "" {
+		ln, err := dispatchmetrics.Listen(*metrics)
+		if err != nil {
+			log.Error("cannot serve metrics", "err", err)
+			return dispatch.ExitFatal
+		}
+		asks := make(chan chan<- core.Snapshot)
+		opts.Snapshots = asks
+		mctx, stopMetrics := context.WithCancel(context.Background())
+		defer stopMetrics()
+		go dispatchmetrics.Serve(mctx, ln, dispatchmetrics.NewCollector(asks), log)
+		log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+	}
 	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","))
-	code, err := dispatch.Run(context.Background(), dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log})
+	code, err := dispatch.Run(context.Background(), opts)
 	if err != nil {
 		log.Error("pepsi-dispatch stopped", "err", err, "exit", code)
 	} else {

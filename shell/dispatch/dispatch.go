@@ -63,6 +63,9 @@ type Options struct {
 	// failed (default 60 s), so a connection that died silently, or a lock someone
 	// holds on the queue, cannot stall every write until TCP gives up.
 	TxnTimeout time.Duration
+	// Snapshots, if not nil, carries requests for the core's live state
+	// (-metrics-addr): the loop answers each between steps.
+	Snapshots <-chan chan<- core.Snapshot
 }
 
 // Run runs the dispatcher until it has shut down after a signal (or ctx ends,
@@ -379,6 +382,7 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			continue // spawn results go straight back in
 		}
 		// Wait for anything, then take everything else that is already there.
+	wait:
 		select {
 		case ev := <-events:
 			pending = append(pending, ev)
@@ -393,6 +397,9 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			pending = append(pending, core.Ingress{}, core.DatabaseUp{})
 		case <-timer.C:
 			pending = append(pending, core.Tick{})
+		case reply := <-o.Snapshots:
+			reply <- c.Snapshot() // buffered by the asker
+			goto wait             // an answer is no event: the core does not step
 		case sig := <-signals:
 			log.Info("signal received", "signal", sig.String())
 			*stopping = true
