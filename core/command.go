@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -18,27 +19,63 @@ type Command interface {
 	String() string
 }
 
-// Item is one message the dispatcher is done with, for Resolve. If the row is still
-// running at Stage (the stage it was claimed for), it becomes Status ("pending",
-// "failed" or "timeout") with Reason in state.dispatch_error (Reason is empty for
-// "pending"). If it is running at another stage, the stage advanced it and it
-// becomes pending. Otherwise (done, failed, paused, …) it is left alone.
-//
-// Epoch is set only for a message its worker answered 0 (Status "failed" with a
-// reason saying the stage left it running): the failure applies only if the crash
-// sentinel still holds Epoch, that is, no database crash has happened since the row
-// was claimed and so the stage's own commit cannot have been lost. Otherwise the
-// stage's work may have been lost with the crash and the row becomes pending.
+// Verdict is what the dispatcher writes for a message it is done with (see
+// Item). Each is written under the same guard: only a row still running at the
+// stage it was claimed for takes the verdict; a row running at another stage was
+// advanced by its stage and becomes pending there; any other row is left alone.
+type Verdict string
+
+// The verdicts.
+const (
+	// Requeue makes the row pending again at its stage: the messages behind a
+	// crashed or killed worker's head, claimed rows not handed out, shutdown.
+	Requeue Verdict = "requeue"
+	// Fail makes the row failed, with Reason in state.dispatch_error.
+	Fail Verdict = "fail"
+	// TimeOut makes the row timeout, with Reason in state.dispatch_error.
+	TimeOut Verdict = "timeout"
+	// Answered is a bare "0": the stage wrote its own transition, so the row is
+	// normally no longer running at the stage. If it still is, the stage answered
+	// 0 without moving it (a stage bug) and it fails with Reason, provided the
+	// crash sentinel still holds Epoch (the epoch of its claim): otherwise a
+	// database crash may have lost the stage's commit, and it becomes pending.
+	Answered Verdict = "answered"
+	// Move is a transition the stage answered ("0 >TARGET"): the dispatcher
+	// writes it, straight to what the row becomes next: pending at stage To,
+	// done, or paused until Until; Patch, if set, is merged into state.
+	Move Verdict = "move"
+)
+
+// Item is one message the dispatcher is done with, for Resolve: its id, the stage
+// it was claimed for, and the verdict to write (see Verdict).
 type Item struct {
-	ID     int64
-	Stage  string
-	Status string
+	ID      int64
+	Stage   string
+	Verdict Verdict
+	// Reason goes into state.dispatch_error: Fail, TimeOut, and Answered when the
+	// row is still running (the stage bug).
 	Reason string
-	Epoch  string
+	// Epoch is set only for Answered (see Verdict).
+	Epoch string
+	// To, Until and Patch are set only for Move: To is a stage name, TargetDone
+	// or TargetPaused; Until is the paused row's timeout; Patch is a JSON object
+	// (already checked to be one jsonb accepts) or "".
+	To    string
+	Until time.Time
+	Patch string
 }
 
 func (it Item) String() string {
-	s := fmt.Sprintf("%d@%s->%s", it.ID, it.Stage, it.Status)
+	s := fmt.Sprintf("%d@%s->%s", it.ID, it.Stage, it.Verdict)
+	if it.Verdict == Move {
+		s += ":" + it.To
+		if it.To == TargetPaused {
+			s += "(until " + formatTime(it.Until) + ")"
+		}
+		if it.Patch != "" {
+			s += " " + strconv.Quote(it.Patch)
+		}
+	}
 	if it.Reason != "" {
 		s += fmt.Sprintf("(%q)", it.Reason)
 	}
@@ -103,10 +140,21 @@ type StageDelta struct {
 	Timeouts     int64
 	Crashes      int64
 	ProcessingUS int64
+	// GuardMisses counts transitions the stage answered that the dispatcher
+	// could not write: the row was no longer running at the stage.
+	GuardMisses int64
 }
 
-func (d StageDelta) zero() bool {
-	return d.Processed == 0 && d.Failed == 0 && d.Timeouts == 0 && d.Crashes == 0 && d.ProcessingUS == 0
+func (d StageDelta) zero() bool { return d == StageDelta{Stage: d.Stage} }
+
+// Add adds o's counts to d's.
+func (d *StageDelta) Add(o StageDelta) {
+	d.Processed += o.Processed
+	d.Failed += o.Failed
+	d.Timeouts += o.Timeouts
+	d.Crashes += o.Crashes
+	d.ProcessingUS += o.ProcessingUS
+	d.GuardMisses += o.GuardMisses
 }
 
 // Flush adds statistics deltas to stage_stats and dispatch_stats in one
@@ -220,8 +268,12 @@ func (c Flush) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "flush op=%d seq=%d passes=%d left=%d", c.Op, c.Seq, c.StagePasses, c.MessagesLeft)
 	for _, d := range c.Stages {
-		fmt.Fprintf(&b, " %s{processed=%d failed=%d timeouts=%d crashes=%d us=%d}",
+		fmt.Fprintf(&b, " %s{processed=%d failed=%d timeouts=%d crashes=%d us=%d",
 			d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS)
+		if d.GuardMisses != 0 {
+			fmt.Fprintf(&b, " guard-misses=%d", d.GuardMisses)
+		}
+		b.WriteString("}")
 	}
 	return b.String()
 }

@@ -385,13 +385,21 @@ func (c *Core) addFlush(f Flush) {
 	c.passes += f.StagePasses
 	c.left += f.MessagesLeft
 	for _, d := range f.Stages {
-		s := c.stat(d.Stage)
-		s.Processed += d.Processed
-		s.Failed += d.Failed
-		s.Timeouts += d.Timeouts
-		s.Crashes += d.Crashes
-		s.ProcessingUS += d.ProcessingUS
+		c.stat(d.Stage).Add(d)
 	}
+}
+
+// verdictStatus is the status an item's verdict of failure gives its row
+// ("failed" or "timeout"), or "" for the verdicts that fail nothing by
+// themselves.
+func verdictStatus(it Item) string {
+	switch it.Verdict {
+	case Fail, Answered:
+		return "failed"
+	case TimeOut:
+		return "timeout"
+	}
+	return ""
 }
 
 func (c *Core) setMaybeMore() {
@@ -444,19 +452,47 @@ func (c *Core) answer(e Answer) {
 		d.ProcessingUS += f.Micros
 		fusedUS += f.Micros
 	}
+	c.passes += int64(len(s.Fused))
 	d := c.stat(st.cfg.Name)
 	d.ProcessingUS += max(0, elapsed-fusedUS)
+	if t := s.Transition; s.Code == 0 && t != nil {
+		c.answered(st, head, t)
+		return
+	}
 	if s.Code == 0 {
 		d.Processed++
-		c.passes += int64(1 + len(s.Fused))
-		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Status: "failed", Epoch: head.epoch, Reason: st.stuckReason})
+		c.passes++
+		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Answered, Epoch: head.epoch, Reason: st.stuckReason})
 		return
 	}
 	reason := s.Reason
 	if reason == "" {
 		reason = fmt.Sprintf("stage %s answered %d", st.cfg.Name, s.Code)
 	}
-	c.owe(Item{ID: head.id, Stage: st.cfg.Name, Status: "failed", Reason: reason})
+	c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Fail, Reason: reason})
+}
+
+// answered owes the write of a transition the stage answered, or, when the
+// dispatcher cannot write it (malformed, or a stage this dispatcher does not
+// run), the message's failure. A pass whose transition is written counts as
+// processed; one that fails counts as the failure it is.
+func (c *Core) answered(st *stage, head msg, t *Transition) {
+	name := st.cfg.Name
+	why := t.Invalid
+	if why == "" && t.To != TargetDone && t.To != TargetPaused && c.byName[t.To] == nil {
+		why = fmt.Sprintf("target %q is not a stage this dispatcher runs", t.To)
+	}
+	if why != "" {
+		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: fmt.Sprintf("stage %s answered a transition it cannot have: %s", name, why)})
+		return
+	}
+	c.stat(name).Processed++
+	c.passes++
+	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch}
+	if t.To == TargetPaused {
+		it.Until = c.now.Add(t.PauseFor)
+	}
+	c.owe(it)
 }
 
 func (c *Core) protocolError(w *worker, line, why string) {
@@ -472,7 +508,7 @@ func (c *Core) owe(it Item) { c.owed = append(c.owed, it) }
 
 func (c *Core) requeue(st *stage, ms []msg) {
 	for _, m := range ms {
-		c.owe(Item{ID: m.id, Stage: st.cfg.Name, Status: "pending"})
+		c.owe(Item{ID: m.id, Stage: st.cfg.Name, Verdict: Requeue})
 	}
 }
 
@@ -504,7 +540,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	switch w.cause {
 	case killTimeout:
 		if len(q) > 0 && q[0].id == w.timedOut {
-			c.owe(Item{ID: q[0].id, Stage: name, Status: "timeout",
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut,
 				Reason: fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, c.cfg.MaxRuntime, w.pid)})
 			q = q[1:]
 		}
@@ -513,7 +549,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	case killProtocol:
 		c.stat(name).Crashes++
 		if len(q) > 0 {
-			c.owe(Item{ID: q[0].id, Stage: name, Status: "failed",
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
 				Reason: fmt.Sprintf("stage %s: protocol error: worker pid %d answered %q", name, w.pid, w.protoLine)})
 			q = q[1:]
 		}
@@ -542,7 +578,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 			c.startFails[head.id]++
 			if n := c.startFails[head.id]; n >= StartFailLimit {
 				delete(c.startFails, head.id)
-				c.owe(Item{ID: head.id, Stage: name, Status: "failed",
+				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail,
 					Reason: fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)})
 				q = q[1:]
 			}
@@ -556,7 +592,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.logf("error", "stage %s worker pid %d died unexpectedly (%s) holding no message", name, w.pid, how)
 		return
 	}
-	c.owe(Item{ID: q[0].id, Stage: name, Status: "failed",
+	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
 		Reason: fmt.Sprintf("stage %s: worker pid %d crashed (%s) while handling the message", name, w.pid, how)})
 	c.requeue(st, q[1:])
 	c.logf("error", "stage %s worker pid %d crashed (%s); failed message %d, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
@@ -603,7 +639,14 @@ func (c *Core) resolved(e Resolved) {
 	for i, o := range e.Outcomes {
 		it := cmd.Items[i]
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
+		unsure := c.unsure[o.ID]
 		delete(c.unsure, o.ID)
+		if it.Verdict == Move && !o.Matched && !unsure {
+			// (After a lost reply the first send may have written it: no miss then.)
+			c.stat(it.Stage).GuardMisses++
+			c.logf("warn", "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
+				o.ID, it.Stage, o.Status, o.Stage)
+		}
 		switch o.Status {
 		case "pending":
 			if st := c.byName[o.Stage]; st != nil {
@@ -615,7 +658,7 @@ func (c *Core) resolved(e Resolved) {
 			c.left++
 		case "failed", "timeout":
 			c.left++
-			if o.Status == it.Status && o.Error == it.Reason {
+			if o.Status == verdictStatus(it) && o.Error == it.Reason {
 				if o.Status == "failed" {
 					c.stat(it.Stage).Failed++
 				} else {

@@ -93,13 +93,16 @@ type Claimed struct {
 
 // Outcome is what a Resolve found or did for one Item: the row's stage and status
 // after the statement, its paused timeout, and its state.dispatch_error. An empty
-// Status means the row no longer exists.
+// Status means the row no longer exists. Matched reports that the row was still
+// running at the item's stage, so the item's verdict was the one written (for a
+// Move: false is a guard miss).
 type Outcome struct {
 	ID      int64
 	Stage   string
 	Status  string
 	Timeout time.Time
 	Error   string
+	Matched bool
 }
 
 // Resolved is the result of a Resolve: one Outcome per Item, in Item order.
@@ -206,6 +209,9 @@ func (o Outcome) String() string {
 	}
 	if o.Error != "" {
 		s += fmt.Sprintf("(%q)", o.Error)
+	}
+	if o.Matched {
+		s += "*"
 	}
 	return s
 }

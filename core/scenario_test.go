@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -322,10 +323,10 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	w.at(time.Minute)
 	w.advance(1, "b")                           // 1 answered
 	cmds := w.exit(1, -1, "segmentation fault") // 2 at the head, 3 behind
-	if it := itemFor(t, cmds, 2); it.Status != "failed" || !strings.Contains(it.Reason, "crashed") {
+	if it := itemFor(t, cmds, 2); it.Verdict != core.Fail || !strings.Contains(it.Reason, "crashed") {
 		t.Errorf("head item %v, want failed with a crash reason", it)
 	}
-	if it := itemFor(t, cmds, 3); it.Status != "pending" {
+	if it := itemFor(t, cmds, 3); it.Verdict != core.Requeue {
 		t.Errorf("item behind the head %v, want pending (requeued)", it)
 	}
 	w.wantRow(2, "a", "failed")
@@ -363,7 +364,7 @@ func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
 		t.Errorf("killed %s", k.Worker)
 	}
 	cmds = w.exit(1, -1, "killed")
-	if it := itemFor(t, cmds, 2); it.Status != "timeout" {
+	if it := itemFor(t, cmds, 2); it.Verdict != core.TimeOut {
 		t.Errorf("head item %v, want timeout", it)
 	}
 	w.wantRow(2, "a", "timeout")
@@ -375,10 +376,10 @@ func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {
 	cmds := w.step(core.Answer{Worker: 1, Line: "OK"})
 	one[core.Kill](t, cmds)
 	cmds = w.exit(1, -1, "killed")
-	if it := itemFor(t, cmds, 1); it.Status != "failed" || !strings.Contains(it.Reason, "protocol") {
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "protocol") {
 		t.Errorf("head item %v, want failed with a protocol reason", it)
 	}
-	if it := itemFor(t, cmds, 2); it.Status != "pending" {
+	if it := itemFor(t, cmds, 2); it.Verdict != core.Requeue {
 		t.Errorf("second item %v, want pending", it)
 	}
 }
@@ -388,7 +389,7 @@ func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testi
 	w.start("b", 1)
 	w.at(100 * time.Millisecond)
 	cmds := w.exit(1, 1, "")
-	if it := itemFor(t, cmds, 1); it.Status != "pending" {
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Requeue {
 		t.Fatalf("message of a worker that could not start: %v, want pending", it)
 	}
 	none[core.Spawn](t, cmds, "respawned during the cooldown")
@@ -402,7 +403,7 @@ func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testi
 		w.at(time.Duration(i)*time.Minute + time.Second)
 		cmds = w.exit(sp.Worker, 1, "")
 	}
-	if it := itemFor(t, cmds, 1); it.Status != "failed" || !strings.Contains(it.Reason, "failed worker starts") {
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "failed worker starts") {
 		t.Errorf("after %d failed starts: %v, want failed saying so", core.StartFailLimit, it)
 	}
 }
@@ -442,7 +443,7 @@ func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testin
 	w.at(1500 * time.Millisecond)
 	cmds := w.step(core.SpawnFailed{Worker: sp.Worker, Err: "exec: \"b\": executable file not found in $PATH"})
 	for _, id := range []int64{1, 2} {
-		if it := itemFor(t, cmds, id); it.Status != "pending" {
+		if it := itemFor(t, cmds, id); it.Verdict != core.Requeue {
 			t.Errorf("claimed row %d of a stage that cannot start: %v, want pending", id, it)
 		}
 		w.wantRow(id, "b", "pending")
@@ -473,7 +474,7 @@ QUEUE_LIMIT = 2
 	cmds = w.step(core.Shutdown{})
 	one[core.Stop](t, cmds)
 	for _, id := range []int64{1, 2} {
-		if it := itemFor(t, cmds, id); it.Status != "pending" {
+		if it := itemFor(t, cmds, id); it.Verdict != core.Requeue {
 			t.Errorf("claimed-but-unassigned %d: %v, want pending", id, it)
 		}
 	}
@@ -494,7 +495,7 @@ func TestShutdownRequeuesWhatAWorkerDidNotAnswer(t *testing.T) {
 	one[core.Kill](t, cmds)
 	cmds = w.exit(1, -1, "killed")
 	for _, id := range []int64{2, 3} {
-		if it := itemFor(t, cmds, id); it.Status != "pending" {
+		if it := itemFor(t, cmds, id); it.Verdict != core.Requeue {
 			t.Errorf("unanswered %d at shutdown: %v, want pending", id, it)
 		}
 	}
@@ -782,5 +783,126 @@ func TestHeartbeatResetsRunningRowsNoOneHolds(t *testing.T) {
 	w.wantRow(1, "a", "running")
 	if got := w.held[1]; len(got) != 2 || got[1] != 2 {
 		t.Errorf("the orphan was not reset and handed out: w1 holds %v", got)
+	}
+}
+
+// Feature: answers that carry the transition ("0 >TARGET").
+
+// answerMove makes worker wid answer line for its head without writing the row.
+func answerMove(w *world, wid core.WorkerID, line string) []core.Command {
+	return w.answer(wid, "", "", line)
+}
+
+func TestAnsweredAdvanceIsWrittenByTheDispatcherAndClaimedAtTheNextStage(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	cmds := answerMove(w, 1, `0 >b {"seen":true}`)
+	it := itemFor(t, cmds, 1)
+	if it.Verdict != core.Move || it.To != "b" || it.Patch != `{"seen":true}` || it.Epoch != "" || it.Reason != "" {
+		t.Fatalf("item %v, want a move to b carrying the patch", it)
+	}
+	if w.q.Rows()[0].State != `{"seen":true}` {
+		t.Errorf("state %q, want the patch merged", w.q.Rows()[0].State)
+	}
+	// The next stage's claim comes in the same step as the result: one write per hop.
+	if cl := of[core.Claim](cmds); len(cl) == 0 || !slices.ContainsFunc(cl[len(cl)-1].Caps, func(c core.Cap) bool { return c.Stage == "b" }) {
+		t.Fatalf("no claim for stage b after the move:\n%s", list(cmds))
+	}
+	w.wantRow(1, "b", "running")
+	flushAll(w)
+	stages, passes, _, _ := w.q.Stats()
+	if stages["a"].Processed != 1 || passes != 1 {
+		t.Errorf("stats %v passes %d, want the answered pass counted as processed at a", stages["a"], passes)
+	}
+}
+
+func TestAnsweredDoneAndPauseAreWrittenStraightToWhatTheRowBecomes(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	cmds := answerMove(w, 1, "0 >done")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Move || it.To != core.TargetDone {
+		t.Fatalf("item %v, want a move to done", it)
+	}
+	w.wantRow(1, "a", "done")
+	w.at(10 * time.Second)
+	cmds = answerMove(w, 1, "0 >paused:2.5")
+	it := itemFor(t, cmds, 2)
+	if want := epoch.Add(12500 * time.Millisecond); it.Verdict != core.Move || it.To != core.TargetPaused || !it.Until.Equal(want) {
+		t.Fatalf("item %v, want a pause until %s", it, want)
+	}
+	w.wantRow(2, "a", "paused")
+	// The core learnt the timeout from the outcome and wakes it then.
+	if timer := of[core.SetTimer](cmds); len(timer) == 0 || !timer[len(timer)-1].At.Equal(it.Until) {
+		t.Fatalf("want a timer at the answered timeout %s:\n%s", it.Until, list(cmds))
+	}
+	w.tick(12500 * time.Millisecond)
+	w.wantRow(2, "a", "running")
+}
+
+func TestAnsweredTransitionsMixWithBareAnswersInOneWorker(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3)
+	answerMove(w, 1, "0 >b")
+	w.advance(1, "b")
+	cmds := w.finish(1)
+	if it := itemFor(t, cmds, 3); it.Verdict != core.Answered {
+		t.Errorf("item %v after a bare 0, want answered", it)
+	}
+	w.wantRow(1, "b", "running")
+	w.wantRow(2, "b", "running")
+	w.wantRow(3, "a", "done")
+}
+
+func TestAnUnwritableTransitionFailsItsMessageAndTheWorkerLivesOn(t *testing.T) {
+	for _, line := range []string{"0 >zz", "0 >paused:-1", `0 >b {"x":`} {
+		t.Run(line, func(t *testing.T) {
+			w := newWorld(t, threeStages)
+			w.start("a", 2)
+			cmds := answerMove(w, 1, line)
+			none[core.Kill](t, cmds, "an unwritable transition is not a protocol error")
+			if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "cannot have") {
+				t.Fatalf("item %v, want the message failed with a reason", it)
+			}
+			w.wantRow(1, "a", "failed")
+			w.wantRow(2, "a", "running")
+		})
+	}
+}
+
+func TestAGuardMissWritesNothingAndIsCountedAndLogged(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	// The stage both wrote its advance and answered one: the dispatcher's write
+	// misses its guard, the row is requeued where the stage put it.
+	cmds := w.answer(1, "c", "running", "0 >b")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Move || it.To != "b" {
+		t.Fatalf("item %v, want a move to b", it)
+	}
+	found := false
+	for _, l := range of[core.Log](cmds) {
+		found = found || strings.Contains(l.Msg, "no longer running")
+	}
+	if !found {
+		t.Errorf("no log line for the guard miss:\n%s", list(cmds))
+	}
+	w.wantRow(1, "c", "running")
+	flushAll(w)
+	if stages, _, _, _ := w.q.Stats(); stages["a"].GuardMisses != 1 {
+		t.Errorf("guard misses of a = %d, want 1", stages["a"].GuardMisses)
+	}
+}
+
+func TestAMoveWhoseReplyWasLostIsNotCountedAsAGuardMiss(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.loseReplies = true
+	answerMove(w, 1, "0 >done")
+	w.loseReplies = false
+	w.at(2 * time.Second)
+	w.step(core.DatabaseUp{})
+	w.wantRow(1, "a", "done")
+	flushAll(w)
+	if stages, _, left, _ := w.q.Stats(); stages["a"].GuardMisses != 0 || left != 1 {
+		t.Errorf("guard misses %d, messages left %d: want 0 and 1 (the re-sent move found its own write)", stages["a"].GuardMisses, left)
 	}
 }

@@ -1,14 +1,38 @@
 package core
 
 import (
+	"encoding/json"
 	"fmt"
-	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"math"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // reasonMax bounds a failure reason written to state.dispatch_error.
 const reasonMax = 2000
+
+// Bounds of an answered transition (docs/protocol.md).
+const (
+	// PauseMax is the longest pause a stage may answer (paused:SECONDS).
+	PauseMax = 10 * 365 * 24 * time.Hour
+	// patchMax bounds a state patch, in bytes.
+	patchMax = 1 << 20
+	// numberMax bounds the length of one number in a state patch, so that every
+	// number PostgreSQL's jsonb must store as numeric fits it.
+	numberMax = 100
+)
+
+// The targets of an answered transition other than a stage name.
+const (
+	// TargetDone finishes the message: status done.
+	TargetDone = conf.ReservedDone
+	// TargetPaused pauses the message at the stage that answered, until a
+	// timeout (written paused:SECONDS).
+	TargetPaused = "paused"
+)
 
 // Status is a parsed worker status line.
 type Status struct {
@@ -18,6 +42,25 @@ type Status struct {
 	Reason string
 	// Fused lists stages fused into a successful pass, in the order given.
 	Fused []Fused
+	// Transition is what a stage answered instead of writing it ("0
+	// >TARGET…"); nil for a bare "0", whose stage wrote its own transition.
+	Transition *Transition
+}
+
+// Transition is a transition a stage answered for the dispatcher to write.
+type Transition struct {
+	// To is a stage name (the message becomes pending there), TargetDone or
+	// TargetPaused.
+	To string
+	// PauseFor is how long a TargetPaused message waits.
+	PauseFor time.Duration
+	// Patch is a compact JSON object merged into state (state || patch) in the
+	// same write, or "".
+	Patch string
+	// Invalid, when not empty, says why the dispatcher cannot write this
+	// transition (a target or patch that is malformed): the message fails with it
+	// as the reason, and the worker lives on.
+	Invalid string
 }
 
 // Fused is one stage fused into another stage's pass and the time it took.
@@ -26,9 +69,12 @@ type Fused struct {
 	Micros int64
 }
 
-// ParseStatus parses one status line of the worker protocol: "0", "0 STAGE:MICROS…"
-// or "N REASON…" with N a non-zero integer. Anything else is an error quoting the
-// line; the dispatcher treats it as a protocol error.
+// ParseStatus parses one status line of the worker protocol: "0",
+// "0 STAGE:MICROS…", "0 >TARGET[ STAGE:MICROS…][ {JSON}]" or "N REASON…" with N
+// a non-zero integer. Anything else is an error quoting the line; the dispatcher
+// treats it as a protocol error. An answered transition whose target or patch is
+// malformed is not a protocol error: it parses, with Move.Invalid saying why, and
+// fails only its message.
 func ParseStatus(line string) (Status, error) {
 	head, rest, _ := strings.Cut(line, " ")
 	code, err := strconv.Atoi(head)
@@ -39,6 +85,15 @@ func ParseStatus(line string) (Status, error) {
 		return Status{Code: code, Reason: clip(strings.TrimSpace(rest), reasonMax)}, nil
 	}
 	var s Status
+	var patch string
+	if strings.HasPrefix(rest, ">") {
+		target, after, _ := strings.Cut(rest[1:], " ")
+		if i := strings.Index(after, "{"); i >= 0 {
+			after, patch = after[:i], after[i:]
+		}
+		s.Transition = parseTarget(target)
+		rest = after
+	}
 	for _, f := range strings.Fields(rest) {
 		name, micros, ok := strings.Cut(f, ":")
 		us, err := strconv.ParseInt(micros, 10, 64)
@@ -47,7 +102,91 @@ func ParseStatus(line string) (Status, error) {
 		}
 		s.Fused = append(s.Fused, Fused{Stage: name, Micros: us})
 	}
+	if patch != "" && s.Transition.Invalid == "" {
+		patch = strings.TrimRight(patch, " ")
+		if why := checkPatch(patch); why != "" {
+			s.Transition.Invalid = "malformed state patch: " + why
+		} else {
+			s.Transition.Patch = patch
+		}
+	}
 	return s, nil
+}
+
+// parseTarget reads TARGET of "0 >TARGET".
+func parseTarget(t string) *Transition {
+	switch {
+	case t == TargetDone:
+		return &Transition{To: TargetDone}
+	case strings.HasPrefix(t, TargetPaused+":"):
+		text := strings.TrimPrefix(t, TargetPaused+":")
+		sec, err := strconv.ParseFloat(text, 64)
+		if err != nil || math.IsNaN(sec) || sec < 0 || sec > PauseMax.Seconds() || strings.ContainsAny(text, "xXpP_") {
+			return &Transition{Invalid: fmt.Sprintf("target %q: SECONDS must be a decimal number from 0 to %d", clip(t, 100), int64(PauseMax.Seconds()))}
+		}
+		return &Transition{To: TargetPaused, PauseFor: time.Duration(math.Round(sec*1e6)) * time.Microsecond}
+	case conf.ValidStageName(t):
+		return &Transition{To: t}
+	}
+	return &Transition{Invalid: fmt.Sprintf("target %q is not a stage name, done or paused:SECONDS", clip(t, 100))}
+}
+
+// checkPatch says why p cannot be merged into state by PostgreSQL's jsonb, or ""
+// when it can: it must be one JSON object, and jsonb refuses what JSON allows but
+// it cannot store (\u0000, a lone UTF-16 surrogate) and numbers beyond numeric.
+// A patch the core let through and PostgreSQL refused would fail the whole
+// transaction of the step, again and again.
+func checkPatch(p string) string {
+	switch {
+	case len(p) > patchMax:
+		return fmt.Sprintf("longer than %d bytes", patchMax)
+	case !strings.HasPrefix(p, "{"):
+		return "not a JSON object"
+	case !json.Valid([]byte(p)):
+		return "not valid JSON"
+	}
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c == '"':
+			// Strings: only escapes matter.
+			for i++; i < len(p) && p[i] != '"'; i++ {
+				if p[i] != '\\' {
+					continue
+				}
+				i++
+				if p[i] != 'u' {
+					continue
+				}
+				r, _ := strconv.ParseUint(p[i+1:i+5], 16, 32)
+				i += 4
+				switch {
+				case r == 0:
+					return `\u0000 in a string`
+				case r >= 0xDC00 && r <= 0xDFFF:
+					return "a lone UTF-16 surrogate in a string"
+				case r >= 0xD800 && r <= 0xDBFF:
+					if i+6 >= len(p) || p[i+1] != '\\' || p[i+2] != 'u' {
+						return "a lone UTF-16 surrogate in a string"
+					}
+					lo, _ := strconv.ParseUint(p[i+3:i+7], 16, 32)
+					if lo < 0xDC00 || lo > 0xDFFF {
+						return "a lone UTF-16 surrogate in a string"
+					}
+					i += 6
+				}
+			}
+		case c == '-' || c >= '0' && c <= '9':
+			j := i
+			for j < len(p) && strings.IndexByte("+-.eE0123456789", p[j]) >= 0 {
+				j++
+			}
+			if j-i > numberMax {
+				return fmt.Sprintf("a number longer than %d characters", numberMax)
+			}
+			i = j - 1
+		}
+	}
+	return ""
 }
 
 // clip cuts s to at most n bytes without splitting a UTF-8 sequence.

@@ -1,9 +1,11 @@
 package core_test
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -46,4 +48,96 @@ func TestParseStatusBoundsTheReason(t *testing.T) {
 	if len(s.Reason) > 2100 {
 		t.Errorf("reason of %d bytes kept, want it cut near 2000", len(s.Reason))
 	}
+}
+
+func TestParseStatusReadsAnsweredTransitions(t *testing.T) {
+	cases := map[string]core.Status{
+		"0 >b":                      {Transition: &core.Transition{To: "b"}},
+		"0 >done":                   {Transition: &core.Transition{To: core.TargetDone}},
+		"0 >paused:30":              {Transition: &core.Transition{To: core.TargetPaused, PauseFor: 30 * time.Second}},
+		"0 >paused:0.25":            {Transition: &core.Transition{To: core.TargetPaused, PauseFor: 250 * time.Millisecond}},
+		"0 >paused:0":               {Transition: &core.Transition{To: core.TargetPaused}},
+		"0 >b tag:153":              {Fused: []core.Fused{{Stage: "tag", Micros: 153}}, Transition: &core.Transition{To: "b"}},
+		`0 >b {"k":"v w","n":[1]}`:  {Transition: &core.Transition{To: "b", Patch: `{"k":"v w","n":[1]}`}},
+		`0 >done t:1 u:2 {"a":{}} `: {Fused: []core.Fused{{Stage: "t", Micros: 1}, {Stage: "u", Micros: 2}}, Transition: &core.Transition{To: core.TargetDone, Patch: `{"a":{}}`}},
+		`0 >b {"s":"\ud83d\ude00"}`: {Transition: &core.Transition{To: "b", Patch: `{"s":"\ud83d\ude00"}`}},
+	}
+	for line, want := range cases {
+		got, err := core.ParseStatus(line)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("ParseStatus(%q) = %+v (%+v), %v; want %+v (%+v)", line, got, got.Transition, err, want, want.Transition)
+		}
+	}
+}
+
+// A transition the dispatcher cannot write fails its message (Invalid says why);
+// it is not a protocol error, so the worker lives on.
+func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
+	for line, why := range map[string]string{
+		"0 >":                          "not a stage name",
+		"0 >b@d":                       "not a stage name",
+		"0 >paused:-1":                 "SECONDS",
+		"0 >paused:soon":               "SECONDS",
+		"0 >paused:NaN":                "SECONDS",
+		"0 >paused:1e99":               "SECONDS",
+		"0 >paused:0x10":               "SECONDS",
+		`0 >b {"k":`:                   "not valid JSON",
+		`0 >b {"k":1}x`:                "not valid JSON",
+		`0 >b {"k":"\u0000"}`:          `\u0000`,
+		`0 >b {"k":"\udc00"}`:          "surrogate",
+		`0 >b {"k":"\ud83d"}`:          "surrogate",
+		`0 >b {"k":"\ud83d\u0041"}`:    "surrogate",
+		`0 >b {"k":` + bigNumber + `}`: "number",
+	} {
+		got, err := core.ParseStatus(line)
+		if err != nil || got.Transition == nil || !strings.Contains(got.Transition.Invalid, why) {
+			t.Errorf("ParseStatus(%q) = %+v (%+v), %v; want a transition invalid because of %q", line, got, got.Transition, err, why)
+		}
+	}
+}
+
+var bigNumber = "1" + strings.Repeat("0", 200)
+
+func TestParseStatusRejectsMalformedFusedStagesInTheAnswerForm(t *testing.T) {
+	for _, line := range []string{"0 >b tag", "0 >b tag:x", "0 >done :5", "0 >b [1]"} {
+		if _, err := core.ParseStatus(line); err == nil {
+			t.Errorf("ParseStatus(%q) accepted a line whose fused stages are malformed: a protocol error", line)
+		}
+	}
+}
+
+// FuzzParseStatus: no line makes the parser panic; a line it accepts has a code
+// and either a reason (non-zero) or well-formed fused stages; an answered
+// transition is either writable (a target and, if any, a patch PostgreSQL's
+// jsonb accepts) or says why not.
+func FuzzParseStatus(f *testing.F) {
+	for _, seed := range []string{"0", "0 tag:1", "1 reason", "0 >b", "0 >done t:1 {\"a\":1}", "0 >paused:1.5",
+		"0 >b {\"s\":\"\\ud83d\\ude00\"}", "0 >b {\"s\":\"\\u0000\"}", "0 >", "OK", "0 >b {", "-3"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		s, err := core.ParseStatus(line)
+		if err != nil {
+			if s.Code != 0 || s.Transition != nil || s.Fused != nil {
+				t.Fatalf("ParseStatus(%q) failed but returned %+v", line, s)
+			}
+			return
+		}
+		if s.Code != 0 && (s.Fused != nil || s.Transition != nil) {
+			t.Fatalf("ParseStatus(%q) = %+v: a failure carries no fused stages or transition", line, s)
+		}
+		for _, f := range s.Fused {
+			if f.Micros < 0 || f.Stage == "" {
+				t.Fatalf("ParseStatus(%q): fused %+v", line, f)
+			}
+		}
+		if tr := s.Transition; tr != nil && tr.Invalid == "" {
+			if tr.To == "" || tr.PauseFor < 0 || tr.PauseFor > core.PauseMax {
+				t.Fatalf("ParseStatus(%q): writable transition %+v", line, tr)
+			}
+			if tr.Patch != "" && (!json.Valid([]byte(tr.Patch)) || tr.Patch[0] != '{') {
+				t.Fatalf("ParseStatus(%q): writable transition with patch %q", line, tr.Patch)
+			}
+		}
+	})
 }

@@ -54,14 +54,15 @@ type wmodel struct {
 
 // expect is how the core must resolve a message it no longer hands to a worker.
 type expect struct {
-	status string // "pending", "failed" or "timeout"
-	why    string
-	stage  string // the stage it was claimed for
-	epoch  string // answered 0: the epoch of its claim
-	reason string // a non-zero answer's reason ("" when the line had none)
-	answer bool   // answered 0: failing it is right only if the stage did not write
-	sent   bool   // its item is in the outstanding transaction
-	unsure bool   // its item was in a transaction whose reply was lost
+	verdict core.Verdict
+	why     string
+	stage   string     // the stage it was claimed for
+	epoch   string     // answered 0: the epoch of its claim
+	reason  string     // a non-zero answer's reason ("" when the line had none)
+	answer  bool       // answered 0: failing it is right only if the stage did not write
+	move    *core.Item // answered a transition: the To, Until and Patch the item must carry
+	sent    bool       // its item is in the outstanding transaction
+	unsure  bool       // its item was in a transaction whose reply was lost
 }
 
 // truth is what one core life did, counted from the world.
@@ -180,7 +181,7 @@ func (w *world) modelEvent(ev core.Event) {
 		w.shut++
 		if w.shut == 1 {
 			for _, id := range sortedKeys(w.backlog) {
-				w.expects[id] = &expect{status: "pending", why: "claimed but not handed out at shutdown", stage: w.backlog[id]}
+				w.expects[id] = &expect{verdict: core.Requeue, why: "claimed but not handed out at shutdown", stage: w.backlog[id]}
 			}
 			clear(w.backlog)
 		}
@@ -217,7 +218,7 @@ func (w *world) modelEvent(ev core.Event) {
 			for _, id := range sortedKeys(w.backlog) {
 				if w.backlog[id] == name {
 					delete(w.backlog, id)
-					w.expects[id] = &expect{status: "pending", why: "claimed for a stage that cannot start a worker", stage: name}
+					w.expects[id] = &expect{verdict: core.Requeue, why: "claimed for a stage that cannot start a worker", stage: name}
 				}
 			}
 		}
@@ -251,7 +252,7 @@ func (w *world) modelEvent(ev core.Event) {
 				return
 			}
 			if w.shut > 0 {
-				w.expects[r.ID] = &expect{status: "pending", why: "claimed during shutdown", stage: r.Stage}
+				w.expects[r.ID] = &expect{verdict: core.Requeue, why: "claimed during shutdown", stage: r.Stage}
 			} else {
 				w.backlog[r.ID] = r.Stage
 			}
@@ -271,9 +272,15 @@ func (w *world) modelEvent(ev core.Event) {
 				w.failf("sim: outcome for message %d, which was not being resolved", o.ID)
 				return
 			}
+			ex := w.expects[o.ID]
 			delete(w.expects, o.ID)
 			if final(o.Status) {
 				w.truth().left++
+			}
+			if ex.verdict == core.Move && !o.Matched && !ex.unsure {
+				// The row was no longer running at the stage: a guard miss (unless
+				// an earlier send, whose reply was lost, wrote it).
+				w.truth().stage(ex.stage).GuardMisses++
 			}
 			if o.Status == "pending" {
 				if s, ok := w.stageOf(o.Stage); ok {
@@ -392,13 +399,26 @@ func (w *world) modelAnswer(e core.Answer) {
 		fusedUS += f.Micros
 	}
 	t.stage(stage).ProcessingUS += max(0, elapsed-fusedUS)
-	if a.code == 0 {
+	t.passes += int64(len(a.fused))
+	switch {
+	case a.bad:
+		// A transition the dispatcher cannot write fails the message.
+		w.expects[head] = &expect{verdict: core.Fail, why: "answered " + a.line, stage: stage}
+	case a.move != nil:
 		t.stage(stage).Processed++
-		t.passes += int64(1 + len(a.fused))
-		w.expects[head] = &expect{status: "failed", why: "answered 0", stage: stage, epoch: w.claimEpoch[head], answer: true}
-		return
+		t.passes++
+		m := *a.move
+		if m.To == core.TargetPaused {
+			m.Until = w.now.Add(a.pauseFor)
+		}
+		w.expects[head] = &expect{verdict: core.Move, why: "answered " + a.line, stage: stage, move: &m}
+	case a.code == 0:
+		t.stage(stage).Processed++
+		t.passes++
+		w.expects[head] = &expect{verdict: core.Answered, why: "answered 0", stage: stage, epoch: w.claimEpoch[head], answer: true}
+	default:
+		w.expects[head] = &expect{verdict: core.Fail, why: "answered " + a.line, stage: stage, reason: a.reason}
 	}
-	w.expects[head] = &expect{status: "failed", why: "answered " + a.line, stage: stage, reason: a.reason}
 }
 
 func (w *world) modelExit(e core.WorkerExited) {
@@ -414,29 +434,29 @@ func (w *world) modelExit(e core.WorkerExited) {
 		delete(w.holder, id)
 	}
 	stage := w.sc.stages[x.stage].name
-	owe := func(ids []int64, status, why string) {
+	owe := func(ids []int64, verdict core.Verdict, why string) {
 		for _, id := range ids {
-			w.expects[id] = &expect{status: status, why: why, stage: stage}
+			w.expects[id] = &expect{verdict: verdict, why: why, stage: stage}
 		}
 	}
 	switch x.cause {
 	case causeTimeout:
 		if len(q) > 0 && q[0] == x.timedOut {
-			owe(q[:1], "timeout", "head of a worker the watchdog killed")
+			owe(q[:1], core.TimeOut, "head of a worker the watchdog killed")
 			q = q[1:]
 		}
-		owe(q, "pending", "behind the head of a worker the watchdog killed")
+		owe(q, core.Requeue, "behind the head of a worker the watchdog killed")
 		return
 	case causeProtocol:
 		w.truth().stage(stage).Crashes++
 		if len(q) > 0 {
-			owe(q[:1], "failed", "head of a worker that broke the protocol")
+			owe(q[:1], core.Fail, "head of a worker that broke the protocol")
 			q = q[1:]
 		}
-		owe(q, "pending", "behind the head of a worker that broke the protocol")
+		owe(q, core.Requeue, "behind the head of a worker that broke the protocol")
 		return
 	case causeGrace, causeNow:
-		owe(q, "pending", "held by a worker killed while stopping")
+		owe(q, core.Requeue, "held by a worker killed while stopping")
 		return
 	}
 	if x.stopped && len(q) == 0 && e.Code == 0 && e.Signal == "" {
@@ -449,16 +469,16 @@ func (w *world) modelExit(e core.WorkerExited) {
 			w.startFails[q[0]]++
 			if w.startFails[q[0]] >= core.StartFailLimit {
 				delete(w.startFails, q[0])
-				owe(q[:1], "failed", fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
+				owe(q[:1], core.Fail, fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
 				q = q[1:]
 			}
 		}
-		owe(q, "pending", "held by a worker that could not start")
+		owe(q, core.Requeue, "held by a worker that could not start")
 		return
 	}
 	if len(q) > 0 {
-		owe(q[:1], "failed", "head of a crashed worker")
-		owe(q[1:], "pending", "behind the head of a crashed worker")
+		owe(q[:1], core.Fail, "head of a crashed worker")
+		owe(q[1:], core.Requeue, "behind the head of a crashed worker")
 	}
 }
 
@@ -536,11 +556,11 @@ func (w *world) checkReset(x core.ResetOrphans) {
 
 func (w *world) checkItem(it core.Item) {
 	ex := w.expects[it.ID]
-	if s, ok := w.backlog[it.ID]; ok && ex == nil && it.Status == "pending" && it.Stage == s && it.Reason == "" && it.Epoch == "" {
+	if s, ok := w.backlog[it.ID]; ok && ex == nil && it.Verdict == core.Requeue && it.Stage == s && it.Reason == "" && it.Epoch == "" {
 		// Giving back a claimed row no worker has seen is always safe (say, its
 		// stage cannot start a worker); whether it comes back is liveness's business.
 		delete(w.backlog, it.ID)
-		w.expects[it.ID] = &expect{status: "pending", why: "claimed, not handed out, given back", stage: s}
+		w.expects[it.ID] = &expect{verdict: core.Requeue, why: "claimed, not handed out, given back", stage: s}
 		return
 	}
 	if ex == nil {
@@ -556,16 +576,20 @@ func (w *world) checkItem(it core.Item) {
 	switch {
 	case it.Stage != ex.stage:
 		w.violation("resolve item %s names stage %s; the message was claimed for %s", it, it.Stage, ex.stage)
-	case it.Status != ex.status:
-		w.violation("resolve item %s: want status %s (%s)", it, ex.status, ex.why)
+	case it.Verdict != ex.verdict:
+		w.violation("resolve item %s: want verdict %s (%s)", it, ex.verdict, ex.why)
+	case ex.move != nil && (it.To != ex.move.To || !it.Until.Equal(ex.move.Until) || it.Patch != ex.move.Patch):
+		w.violation("resolve item %s: want the answered transition to %s (until %s, patch %q)", it, ex.move.To, formatSim(ex.move.Until), ex.move.Patch)
+	case ex.move == nil && (it.To != "" || !it.Until.IsZero() || it.Patch != ""):
+		w.violation("resolve item %s carries a transition; only an answered one may (%s)", it, ex.why)
 	case ex.answer && it.Epoch != ex.epoch:
 		w.violation("resolve item %s for a message answered 0: want the epoch of its claim %q", it, ex.epoch)
 	case !ex.answer && it.Epoch != "":
 		w.violation("resolve item %s carries an epoch; only a message answered 0 may (%s)", it, ex.why)
-	case ex.status != "pending" && it.Reason == "":
+	case (ex.verdict == core.Fail || ex.verdict == core.TimeOut || ex.verdict == core.Answered) && it.Reason == "":
 		w.violation("resolve item %s fails the message without a reason", it)
-	case ex.status == "pending" && it.Reason != "":
-		w.violation("resolve item %s requeues with a reason", it)
+	case (ex.verdict == core.Requeue || ex.verdict == core.Move) && it.Reason != "":
+		w.violation("resolve item %s requeues or moves with a reason", it)
 	case ex.reason != "" && it.Reason != ex.reason:
 		w.violation("resolve item %s: want the worker's reason %q", it, ex.reason)
 	}
@@ -1044,7 +1068,7 @@ func (w *world) heldBy(id int64) (string, bool) {
 		return "held by " + wid.String(), true
 	}
 	if ex, ok := w.expects[id]; ok {
-		return "owed " + ex.status, true
+		return "owed " + string(ex.verdict), true
 	}
 	return "", false
 }
@@ -1189,7 +1213,8 @@ func (w *world) finalCheck() {
 			!check("stage_stats["+n+"].failed", g.Failed, l.Failed, h.Failed) ||
 			!check("stage_stats["+n+"].timeouts", g.Timeouts, l.Timeouts, h.Timeouts) ||
 			!check("stage_stats["+n+"].crashes", g.Crashes, l.Crashes, h.Crashes) ||
-			!check("stage_stats["+n+"].processing_us", g.ProcessingUS, l.ProcessingUS, h.ProcessingUS) {
+			!check("stage_stats["+n+"].processing_us", g.ProcessingUS, l.ProcessingUS, h.ProcessingUS) ||
+			!check("stage_stats["+n+"].guard_misses", g.GuardMisses, l.GuardMisses, h.GuardMisses) {
 			return
 		}
 	}
@@ -1204,13 +1229,7 @@ func add(sum, t *truth) {
 	}
 }
 
-func addDelta(s *core.StageDelta, d core.StageDelta) {
-	s.Processed += d.Processed
-	s.Failed += d.Failed
-	s.Timeouts += d.Timeouts
-	s.Crashes += d.Crashes
-	s.ProcessingUS += d.ProcessingUS
-}
+func addDelta(s *core.StageDelta, d core.StageDelta) { s.Add(d) }
 
 func keysOf[V any](m map[string]V) map[string]bool {
 	out := make(map[string]bool, len(m))
@@ -1227,4 +1246,12 @@ func sortedStrings(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// formatSim shows an instant as its offset in the run ("-" for none).
+func formatSim(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Sub(epoch).String()
 }

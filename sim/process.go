@@ -209,7 +209,8 @@ func (w *world) conclude(p *proc, id int64) {
 		w.die(p, c.code, c.signal)
 		return
 	}
-	if a.kind.writes() {
+	answers := w.answers(p, id, a)
+	if a.kind.writes() && !answers {
 		if w.dbDown() {
 			// The stage library reconnects and runs the message again.
 			w.at(w.upAt().Add(w.randDur(w.rProc, 100*time.Millisecond, time.Second)), p.life, func() { w.conclude(p, id) })
@@ -229,6 +230,10 @@ func (w *world) conclude(p *proc, id int64) {
 		w.answer(p, parseFailLine(a.line))
 	case kStageBug:
 		w.answer(p, answerInfo{line: "0"})
+	case kBadAnswer:
+		w.answer(p, answerInfo{line: a.line, bad: true})
+	case kDoubleWrite:
+		w.answer(p, w.moveAnswer(p, id, a))
 	case kPause:
 		// The answer may reach the dispatcher well after the commit (a worker
 		// descheduled between its COMMIT and its write): a pause already due
@@ -238,13 +243,21 @@ func (w *world) conclude(p *proc, id int64) {
 			if p.dead {
 				return
 			}
-			w.answer(p, answerInfo{line: "0"})
+			if answers {
+				w.answer(p, w.moveAnswer(p, id, a))
+			} else {
+				w.answer(p, answerInfo{line: "0"})
+			}
 			p.busy, p.cur = false, 0
 			w.feed(p)
 		})
 		return
 	default:
-		w.answer(p, w.goodAnswer(p, id))
+		if answers {
+			w.answer(p, w.moveAnswer(p, id, a))
+		} else {
+			w.answer(p, w.goodAnswer(p, id))
+		}
 	}
 	p.busy, p.cur = false, 0
 	w.feed(p)
@@ -259,6 +272,60 @@ func (w *world) goodAnswer(p *proc, id int64) answerInfo {
 		return answerInfo{line: fmt.Sprintf("0 %s:%d", f, v.fusedUS), fused: []core.Fused{{Stage: f, Micros: v.fusedUS}}}
 	}
 	return answerInfo{line: "0"}
+}
+
+// answers reports whether this try answers its transition instead of writing
+// it: its visit answers, the kind has an answer form, and it is not a finish as
+// failed (which has none).
+func (w *world) answers(p *proc, id int64, a attempt) bool {
+	m := w.sc.messages[w.msgOf[id-1]]
+	v := m.visits[p.stage-m.first]
+	if !v.answers || !a.kind.answerable() {
+		return false
+	}
+	return a.kind == kPause || w.next(p, id) <= m.last || m.end == "done"
+}
+
+// next is the stage the good pass moves the message to (past the last stage:
+// it finishes).
+func (w *world) next(p *proc, id int64) int {
+	m := w.sc.messages[w.msgOf[id-1]]
+	v := m.visits[p.stage-m.first]
+	next := p.stage + 1
+	if v.fuse && p.stage+1 <= m.last {
+		next++
+	}
+	return next
+}
+
+// moveAnswer is the status line of a try that answers its transition:
+// "0 >TARGET", the fused stage's time, and a state patch.
+func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
+	m := w.sc.messages[w.msgOf[id-1]]
+	v := m.visits[p.stage-m.first]
+	info := answerInfo{move: &core.Item{}}
+	switch next := w.next(p, id); {
+	case a.kind == kPause:
+		info.move.To, info.pauseFor = core.TargetPaused, a.pause
+	case next > m.last:
+		info.move.To = core.TargetDone
+	default:
+		info.move.To = w.sc.stages[next].name
+	}
+	info.line = "0 >" + info.move.To
+	if info.move.To == core.TargetPaused {
+		info.line += fmt.Sprintf(":%g", a.pause.Seconds())
+	}
+	if a.kind != kPause && v.fuse && p.stage+1 <= m.last {
+		f := core.Fused{Stage: w.sc.stages[p.stage+1].name, Micros: v.fusedUS}
+		info.fused = []core.Fused{f}
+		info.line += fmt.Sprintf(" %s:%d", f.Stage, f.Micros)
+	}
+	if v.patch {
+		info.move.Patch = fmt.Sprintf(`{"by":%q,"id":%d,"try":%d}`, w.sc.stages[p.stage].name, id, w.tries[id-1][p.stage])
+		info.line += " " + info.move.Patch
+	}
+	return info
 }
 
 // commit makes the try's transition, guarded like a real stage's.
@@ -303,6 +370,9 @@ type answerInfo struct {
 	code      int
 	reason    string
 	fused     []core.Fused
+	bad       bool          // a transition the dispatcher cannot write
+	move      *core.Item    // an answered transition: its To and Patch
+	pauseFor  time.Duration // with To paused
 }
 
 // parseFailLine splits one of failLines (the world's own, so it knows the shape).
@@ -379,7 +449,7 @@ func (w *world) vanish(p *proc) {
 	if p.dead {
 		return
 	}
-	if p.busy && p.try.kind.writes() && !p.written && !w.dbDown() && w.rCrash.IntN(2) == 0 {
+	if p.busy && p.try.kind.writes() && !w.answers(p, p.cur, p.try) && !p.written && !w.dbDown() && w.rCrash.IntN(2) == 0 {
 		w.note("%s commits message %d as it dies with the dispatcher", p.id, p.cur)
 		w.commit(p, p.cur)
 	}

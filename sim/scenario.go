@@ -54,6 +54,10 @@ type message struct {
 // visit is what one stage does with one message: a few troubled tries in the fault
 // phase, then the good pass (advance, or finish at the last stage).
 type visit struct {
+	// answers: the stage answers its transitions ("0 >TARGET") instead of
+	// writing them, except a finish as failed, which has no answer form.
+	answers bool
+	patch   bool  // an answered transition carries a state patch
 	fuse    bool  // the good pass also does the next stage's work and reports it fused
 	fusedUS int64 // the fused stage's reported time
 	latency time.Duration
@@ -75,18 +79,32 @@ const (
 	kMalformed                  // write a line that is not a status line
 	kMalformedAfter             // commit the good transition, then a malformed line
 	kSlow                       // the good pass, taking most of MAX_RUNTIME
-	kindCount
+	kindCount                   // (the kinds above are drawn by chooseAttempt)
+	kBadAnswer                  // answer a transition the dispatcher cannot write
+	kDoubleWrite                // commit the good transition and answer it too
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
-	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow"}
+	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow", "-",
+	"bad-answer", "double-write"}
 
 func (k kind) String() string { return kindNames[k] }
 
-// writes reports whether a try of this kind commits a transition.
+// writes reports whether a try of this kind commits a transition when its
+// visit writes its own.
 func (k kind) writes() bool {
 	switch k {
-	case kGood, kPause, kFailAfter, kCrashAfter, kHang, kMalformedAfter, kSlow:
+	case kGood, kPause, kFailAfter, kCrashAfter, kHang, kMalformedAfter, kSlow, kDoubleWrite:
+		return true
+	}
+	return false
+}
+
+// answerable reports whether a try of this kind answers its transition instead
+// of writing it when its visit answers (visit.answers).
+func (k kind) answerable() bool {
+	switch k {
+	case kGood, kPause, kHang, kSlow:
 		return true
 	}
 	return false
@@ -96,7 +114,7 @@ type attempt struct {
 	kind    kind
 	latency time.Duration
 	pause   time.Duration // kPause: how long the row stays paused
-	line    string        // kFail, kFailAfter, kMalformed, kMalformedAfter: the line
+	line    string        // kFail, kFailAfter, kMalformed, kMalformedAfter, kBadAnswer: the line
 }
 
 // failLines are valid non-zero status lines; malformedLines are not status lines
@@ -104,8 +122,12 @@ type attempt struct {
 // by asking the core's parser.
 var (
 	failLines = []string{"1 invalid address", "2", "-1 negative codes fail too", "75 temporary failure: try later", "3   spaced   reason  "}
-	// malformedLines must each be rejected by the protocol (SPEC.md: "anything
-	// else is a protocol error").
+	// badAnswers are answered transitions the dispatcher cannot write: each
+	// fails its message, and the worker lives on. "zz" is never a stage.
+	badAnswers = []string{"0 >zz", "0 >paused:-1", "0 >paused:soon", "0 >", `0 >done {"x":`, `0 >done {"a":"\u0000"}`,
+		"0 >a%b", `0 >done {"n":1}x`, `0 >done {"x":"\udc00"}`}
+	// malformedLines must each be rejected by the protocol (docs/protocol.md:
+	// "anything else is a protocol error").
 	malformedLines = []string{"OK", "", "0 fused", "0 b:", "+0", "0 a:-1", "zero", "0x1 hex", " 0", "0 :5", "1.5 half"}
 )
 
@@ -224,6 +246,22 @@ func choose(c chooser) *Scenario {
 		sc.messages = append(sc.messages, chooseMessage(c, sc))
 	}
 	sc.faults = chooseFaults(c, sc)
+	// Drawn last, so that older seeds keep every earlier choice: which stages
+	// answer their transitions, and the troubles only they can have.
+	for i := range sc.messages {
+		for j := range sc.messages[i].visits {
+			v := &sc.messages[i].visits[j]
+			v.answers = c.intn("visit.answers", 0, 2) > 0
+			v.patch = v.answers && c.intn("visit.patch", 0, 1) == 1
+			switch c.intn("visit.answer_trouble", 0, 11) {
+			case 10:
+				v.trouble = append([]attempt{{kind: kBadAnswer, latency: millis(c.intn("try.latency_ms", 1, 3000)),
+					line: badAnswers[c.intn("try.bad_answer", 0, len(badAnswers)-1)]}}, v.trouble...)
+			case 11:
+				v.trouble = append([]attempt{{kind: kDoubleWrite, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
+			}
+		}
+	}
 	return sc
 }
 
@@ -374,12 +412,19 @@ func (sc *Scenario) String() string {
 		fmt.Fprintf(&b, "# message %d: at %s, %s..%s then %s:", i, m.at, sc.stages[m.first].name, sc.stages[m.last].name, m.end)
 		for j, v := range m.visits {
 			fmt.Fprintf(&b, " %s{", sc.stages[m.first+j].name)
+			if v.answers {
+				b.WriteString("answers")
+				if v.patch {
+					b.WriteString("+patch")
+				}
+				b.WriteString(": ")
+			}
 			for _, a := range v.trouble {
 				fmt.Fprintf(&b, "%s %s", a.kind, a.latency)
 				if a.pause > 0 {
 					fmt.Fprintf(&b, " for %s", a.pause)
 				}
-				if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter {
+				if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter || a.kind == kBadAnswer {
 					fmt.Fprintf(&b, " %q", a.line)
 				}
 				b.WriteString(", ")

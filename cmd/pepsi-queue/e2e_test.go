@@ -114,10 +114,10 @@ func scalar(t *testing.T, url, query string) string {
 func TestMigrateAppliesTheSchemaOnceThenHasNothingToDo(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDatabase(t)
-	pq(t, "", nil, "-database", url, "migrate").expect(t, "first migrate", 0, "applied schema version 1\napplied schema version 2", "")
-	pq(t, "", nil, "-database", url, "migrate").expect(t, "second migrate", 0, "schema already at version 2; nothing to do", "")
-	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.schema_migrations"); n != "2" {
-		t.Errorf("schema_migrations has %s rows, want 2", n)
+	pq(t, "", nil, "-database", url, "migrate").expect(t, "first migrate", 0, "applied schema version 1\napplied schema version 2\napplied schema version 3", "")
+	pq(t, "", nil, "-database", url, "migrate").expect(t, "second migrate", 0, "schema already at version 3; nothing to do", "")
+	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.schema_migrations"); n != "3" {
+		t.Errorf("schema_migrations has %s rows, want 3", n)
 	}
 }
 

@@ -118,6 +118,9 @@ func Parse(file, text string) (*Config, error) {
 			case section == "pepsi", section == "pepsi-dispatch":
 			case strings.HasPrefix(section, "stage-"):
 				name := strings.TrimPrefix(section, "stage-")
+				if name == ReservedDone {
+					return nil, bad("", "stage name %q is reserved: a stage that answers \"0 >done\" finishes its message", name)
+				}
 				if !ValidStageName(name) {
 					return nil, bad("", "stage name %q: use letters, digits, '_' and '-'", name)
 				}
@@ -239,10 +242,15 @@ func parsePositive(s string) (int, error) {
 	return n, nil
 }
 
+// ReservedDone is the one word that is not a stage name: in a status line
+// "0 >done" finishes a message.
+const ReservedDone = "done"
+
 // ValidStageName reports whether s may name a stage: 1 to 63 letters, digits,
-// '_' and '-', so it is safe in logs, status lines and section headers.
+// '_' and '-', so it is safe in logs, status lines and section headers, and not
+// ReservedDone.
 func ValidStageName(s string) bool {
-	if s == "" || len(s) > 63 {
+	if s == "" || len(s) > 63 || s == ReservedDone {
 		return false
 	}
 	for _, r := range s {

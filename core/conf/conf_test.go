@@ -77,6 +77,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"key outside section", "DATABASE = x\n", "f.conf:1: DATABASE: key outside any section"},
 		{"no equals", "[pepsi]\nDATABASE\n", "f.conf:2: want KEY = value"},
 		{"bad stage name", "[stage-a b]\nPROGRAM = a\n", "f.conf:1: stage name \"a b\""},
+		{"reserved stage name", "[pepsi-dispatch]\n[stage-done]\nPROGRAM = a\n", "f.conf:2: stage name \"done\" is reserved"},
 		{"unclosed header", "[pepsi\n", "f.conf:1: section header"},
 	}
 	for _, tc := range cases {

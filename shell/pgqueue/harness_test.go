@@ -124,6 +124,15 @@ func (h *harness) Row(t *testing.T, id int64) (stage, status string, timeout tim
 	return stage, status, timeout, dispatchError, true
 }
 
+func (h *harness) State(t *testing.T, id int64) map[string]any {
+	t.Helper()
+	var state map[string]any
+	if err := h.pool.QueryRow(t.Context(), `SELECT state FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&state); err != nil {
+		t.Fatalf("read state of row %d: %v", id, err)
+	}
+	return state
+}
+
 func (h *harness) ClearEpoch(t *testing.T) {
 	t.Helper()
 	h.exec(t, "DELETE FROM pepsi.dispatch_epoch")
@@ -132,10 +141,10 @@ func (h *harness) ClearEpoch(t *testing.T) {
 func (h *harness) Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64) {
 	t.Helper()
 	rows, _ := h.pool.Query(t.Context(),
-		"SELECT stage, processed, failed, timeouts, crashes, processing_us FROM pepsi.stage_stats")
+		"SELECT stage, processed, failed, timeouts, crashes, processing_us, guard_misses FROM pepsi.stage_stats")
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.StageDelta, error) {
 		var d core.StageDelta
-		err := r.Scan(&d.Stage, &d.Processed, &d.Failed, &d.Timeouts, &d.Crashes, &d.ProcessingUS)
+		err := r.Scan(&d.Stage, &d.Processed, &d.Failed, &d.Timeouts, &d.Crashes, &d.ProcessingUS, &d.GuardMisses)
 		return d, err
 	})
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 func step(op int64, resolve []int64, stages []string, capEach int) []core.Command {
 	items := make([]core.Item, len(resolve))
 	for i, id := range resolve {
-		items[i] = core.Item{ID: id, Stage: "s0", Status: "pending"}
+		items[i] = core.Item{ID: id, Stage: "s0", Verdict: core.Requeue}
 	}
 	caps := make([]core.Cap, len(stages))
 	for i, s := range stages {
@@ -300,9 +300,9 @@ func TestFailedTransactionFailsEveryResult(t *testing.T) {
 		return []core.Command{
 			core.ResetOrphans{Op: 1},
 			core.Claim{Op: 2, Caps: []core.Cap{{Stage: "a", N: 2}}},
-			// Not a status the queue accepts: the CHECK constraint fails the
-			// statement after the claim has taken its rows.
-			core.Resolve{Op: 3, Items: []core.Item{{ID: ids[0], Stage: "a", Status: "bogus"}}},
+			// Not a verdict the queue knows: the status CHECK constraint fails
+			// the statement after the claim has taken its rows.
+			core.Resolve{Op: 3, Items: []core.Item{{ID: ids[0], Stage: "a", Verdict: "bogus"}}},
 			core.Wake{Op: 4, Now: time.Now()},
 			core.Flush{Op: 5, Seq: 1, StagePasses: 1},
 		}
@@ -472,7 +472,7 @@ func TestStateThatIsNotAnObjectIsWrapped(t *testing.T) {
 	ids := h.Insert(t, "a", 1)
 	h.exec(t, `UPDATE pepsi.queue SET state = '[1, 2]' WHERE ingress_id = $1`, ids[0])
 	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
-	evs := mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: []core.Item{{ID: ids[0], Stage: "a", Status: "failed", Reason: "boom"}}}})
+	evs := mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: []core.Item{{ID: ids[0], Stage: "a", Verdict: core.Fail, Reason: "boom"}}}})
 	if o := evs[0].(core.Resolved).Outcomes[0]; o.Status != "failed" || o.Error != "boom" {
 		t.Fatalf("outcome = %v, want failed with error boom", o)
 	}

@@ -162,43 +162,74 @@ func claim(c core.Claim) statement {
 	}
 }
 
-// resolveSQL applies the Items of a Resolve in one statement (see core.Item):
-// a row still running at the item's stage gets the item's status (and, for failed
-// or timeout, the reason in state.dispatch_error) unless the item carries an epoch
-// the crash sentinel no longer holds, in which case it is requeued; a row running
-// at another stage was advanced by that stage and is requeued; any other row is
-// left alone. It returns one row per item, in item order, with the row as it is
-// after the statement. The UPDATE's effects are invisible to a plain read of
-// pepsi.queue in the same statement, so updated rows are reported from RETURNING
-// and the others from the table.
+// resolveSQL applies the Items of a Resolve in one statement (see core.Item and
+// core.Verdict). Every item is guarded: only a row still running at the item's
+// stage takes the item's verdict; a row running at another stage was advanced by
+// that stage and is requeued there; any other row is left alone. The verdicts:
+//   - requeue: pending;
+//   - fail, timeout: failed or timeout, the reason in state.dispatch_error;
+//   - answered (a bare 0 that left the row running): failed with the reason,
+//     unless the item's epoch is one the crash sentinel no longer holds (a
+//     crash may have lost the stage's commit), then pending;
+//   - move (a transition the stage answered): straight to what the row becomes
+//     next, one row version: pending at the target stage, done, or paused with
+//     the item's timeout; the patch, if any, merged into state (state || patch).
+//
+// It returns one row per item, in item order, with the row as it is after the
+// statement, and whether the guard matched. The UPDATE's effects are invisible to
+// a plain read of pepsi.queue in the same statement, so updated rows are reported
+// from RETURNING and the others from the table; the guard is read from "o", the
+// same row joined as the statement's snapshot saw it (RETURNING shows only the
+// new version). No other writer can touch these rows meanwhile: every worker that
+// held them has answered or exited (core.Resolve's precondition).
 //
 // A stage owns state; if it stored something other than a JSON object there, the
-// reason cannot be set inside it, and failing the whole step over it would stop the
-// dispatcher, so such a state is wrapped as {"dispatch_error": …, "state": <old>}.
+// reason or patch cannot be set inside it, and failing the whole step over it
+// would stop the dispatcher, so such a state is wrapped as {"state": <old>, …}.
 const resolveSQL = `
 WITH item AS (
-	SELECT t.id, t.stage, t.status, t.reason, t.ord,
+	SELECT t.id, t.stage, t.verdict, t.reason, t.target, t.until, t.patch, t.ord,
 	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok
-	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
-	     WITH ORDINALITY AS t(id, stage, status, reason, epoch, ord)
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::text[])
+	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, ord)
+), decided AS (
+	SELECT item.*, o.stage = item.stage AS matched,
+	       CASE
+	           WHEN o.stage <> item.stage THEN 'pending'
+	           WHEN item.verdict = 'move' THEN
+	               CASE item.target WHEN 'done' THEN 'done' WHEN 'paused' THEN 'paused' ELSE 'pending' END
+	           WHEN item.verdict = 'fail' THEN 'failed'
+	           WHEN item.verdict = 'timeout' THEN 'timeout'
+	           WHEN item.verdict = 'answered' THEN CASE WHEN item.epoch_ok THEN 'failed' ELSE 'pending' END
+	           WHEN item.verdict = 'requeue' THEN 'pending'
+	           ELSE item.verdict -- no such verdict: the status CHECK fails the step
+	       END AS to_status
+	FROM item JOIN pepsi.queue o ON o.ingress_id = item.id AND o.status = 'running'
 ), updated AS (
 	UPDATE pepsi.queue q SET
-		status = CASE WHEN q.stage = item.stage AND item.epoch_ok THEN item.status ELSE 'pending' END,
+		stage = CASE WHEN d.matched AND d.verdict = 'move' AND d.target NOT IN ('done', 'paused') THEN d.target ELSE q.stage END,
+		status = d.to_status,
+		timeout = CASE WHEN d.matched AND d.to_status = 'paused' THEN d.until ELSE q.timeout END,
 		state = CASE
-			WHEN q.stage <> item.stage OR NOT item.epoch_ok OR item.status NOT IN ('failed', 'timeout') THEN q.state
-			WHEN jsonb_typeof(q.state) = 'object' THEN jsonb_set(q.state, '{dispatch_error}', to_jsonb(item.reason))
-			ELSE jsonb_build_object('dispatch_error', item.reason, 'state', q.state)
+			WHEN NOT d.matched THEN q.state
+			WHEN d.verdict = 'move' AND d.patch <> '' THEN
+				CASE WHEN jsonb_typeof(q.state) = 'object' THEN q.state ELSE jsonb_build_object('state', q.state) END || d.patch::jsonb
+			WHEN d.to_status IN ('failed', 'timeout') THEN
+				CASE WHEN jsonb_typeof(q.state) = 'object' THEN jsonb_set(q.state, '{dispatch_error}', to_jsonb(d.reason))
+				     ELSE jsonb_build_object('dispatch_error', d.reason, 'state', q.state) END
+			ELSE q.state
 		END,
 		updated_at = now()
-	FROM item
-	WHERE q.ingress_id = item.id AND q.status = 'running'
-	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
+	FROM decided d
+	WHERE q.ingress_id = d.id AND q.status = 'running'
+	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched
 )
 SELECT item.id,
        coalesce(u.stage, q.stage, ''),
        coalesce(u.status, q.status, ''),
        CASE WHEN u.ingress_id IS NOT NULL THEN u.timeout ELSE q.timeout END,
-       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.state ->> 'dispatch_error' END, '')
+       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.state ->> 'dispatch_error' END, ''),
+       coalesce(u.matched, false)
 FROM item
 LEFT JOIN updated u ON u.ingress_id = item.id
 LEFT JOIN pepsi.queue q ON q.ingress_id = item.id AND u.ingress_id IS NULL
@@ -206,13 +237,20 @@ ORDER BY item.ord`
 
 func resolve(c core.Resolve) statement {
 	n := len(c.Items)
-	ids, stages, statuses, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ids, stages, verdicts, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	targets, untils, patches := make([]string, n), make([]*time.Time, n), make([]string, n)
 	for i, it := range c.Items {
-		ids[i], stages[i], statuses[i], reasons[i], epochs[i] = it.ID, it.Stage, it.Status, it.Reason, it.Epoch
+		ids[i], stages[i], verdicts[i], reasons[i], epochs[i] = it.ID, it.Stage, string(it.Verdict), it.Reason, it.Epoch
+		targets[i], patches[i] = it.To, it.Patch
+		if !it.Until.IsZero() {
+			untils[i] = &c.Items[i].Until
+		}
 	}
 	return statement{
-		name:  "resolve",
-		queue: func(b *pgx.Batch) { b.Queue(resolveSQL, ids, stages, statuses, reasons, epochs) },
+		name: "resolve",
+		queue: func(b *pgx.Batch) {
+			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches)
+		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
 			if err != nil {
@@ -221,7 +259,7 @@ func resolve(c core.Resolve) statement {
 			outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Outcome, error) {
 				var o core.Outcome
 				var timeout *time.Time
-				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error); err != nil {
+				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched); err != nil {
 					return o, err
 				}
 				// The timeout column keeps its last value after a wake; it means
@@ -308,10 +346,10 @@ WITH applied AS (
 	WHERE d.flush_seq < EXCLUDED.flush_seq
 	RETURNING 1
 )
-INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, updated_at)
-SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), now()
-FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[])
-     AS x(stage, processed, failed, timeouts, crashes, processing_us)
+INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, updated_at)
+SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), sum(x.guard_misses), now()
+FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
+     AS x(stage, processed, failed, timeouts, crashes, processing_us, guard_misses)
 WHERE EXISTS (SELECT 1 FROM applied)
 GROUP BY x.stage
 ON CONFLICT (stage) DO UPDATE SET
@@ -320,20 +358,21 @@ ON CONFLICT (stage) DO UPDATE SET
 	timeouts = s.timeouts + EXCLUDED.timeouts,
 	crashes = s.crashes + EXCLUDED.crashes,
 	processing_us = s.processing_us + EXCLUDED.processing_us,
+	guard_misses = s.guard_misses + EXCLUDED.guard_misses,
 	updated_at = EXCLUDED.updated_at`
 
 func flush(c core.Flush) statement {
 	n := len(c.Stages)
 	stages := make([]string, n)
-	processed, failed, timeouts, crashes, us := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	processed, failed, timeouts, crashes, us, misses := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	for i, d := range c.Stages {
 		stages[i] = d.Stage
-		processed[i], failed[i], timeouts[i], crashes[i], us[i] = d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS
+		processed[i], failed[i], timeouts[i], crashes[i], us[i], misses[i] = d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS, d.GuardMisses
 	}
 	return statement{
 		name: "flush",
 		queue: func(b *pgx.Batch) {
-			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us)
+			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			if _, err := br.Exec(); err != nil {

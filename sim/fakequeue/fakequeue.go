@@ -8,7 +8,9 @@ package fakequeue
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -22,6 +24,9 @@ type Row struct {
 	Status        string
 	Timeout       time.Time
 	DispatchError string
+	// State is the stages' part of state as compact JSON with sorted keys
+	// ("" for {}); state.dispatch_error is DispatchError.
+	State string
 }
 
 // Queue is the fake queue. The zero value is not usable; call New.
@@ -204,6 +209,59 @@ func Failed(cmds []core.Command, err string) []core.Event {
 	return out
 }
 
+// write applies an item's verdict to a row still running at the item's stage.
+func (q *Queue) write(r *Row, it core.Item) {
+	switch it.Verdict {
+	case core.Requeue:
+		r.Status = "pending"
+	case core.Fail:
+		r.Status, r.DispatchError = "failed", it.Reason
+	case core.TimeOut:
+		r.Status, r.DispatchError = "timeout", it.Reason
+	case core.Answered:
+		if it.Epoch != "" && it.Epoch != q.epoch {
+			r.Status = "pending" // a crash may have lost the stage's own commit
+			return
+		}
+		r.Status, r.DispatchError = "failed", it.Reason
+	case core.Move:
+		switch it.To {
+		case core.TargetDone:
+			r.Status = "done"
+		case core.TargetPaused:
+			r.Status, r.Timeout = "paused", it.Until
+		default:
+			r.Stage, r.Status = it.To, "pending"
+		}
+		if it.Patch != "" {
+			r.State = merge(r.State, it.Patch)
+		}
+	default:
+		panic(fmt.Sprintf("fakequeue: item %v has no verdict it knows", it))
+	}
+}
+
+// merge is jsonb's "state || patch" for two objects: the patch's top-level keys
+// replace the state's. Both are valid JSON objects (the core checks patches).
+func merge(state, patch string) string {
+	m := map[string]json.RawMessage{}
+	if state != "" {
+		if err := json.Unmarshal([]byte(state), &m); err != nil {
+			panic(fmt.Sprintf("fakequeue: state %q: %v", state, err))
+		}
+	}
+	var p map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(patch), &p); err != nil {
+		panic(fmt.Sprintf("fakequeue: patch %q: %v", patch, err))
+	}
+	maps.Copy(m, p)
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("fakequeue: state: %v", err))
+	}
+	return string(b)
+}
+
 func (q *Queue) apply(cmd core.Command) core.Event {
 	switch c := cmd.(type) {
 	case core.ResetOrphans:
@@ -248,22 +306,17 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				out = append(out, core.Outcome{ID: it.ID})
 				continue
 			}
+			matched := r.Status == "running" && r.Stage == it.Stage
 			if r.Status == "running" {
 				before := *r
-				switch {
-				case r.Stage != it.Stage:
-					r.Status = "pending"
-				case it.Epoch != "" && it.Epoch != q.epoch:
-					r.Status = "pending"
-				default:
-					r.Status = it.Status
-					if it.Status == "failed" || it.Status == "timeout" {
-						r.DispatchError = it.Reason
-					}
+				if matched {
+					q.write(r, it)
+				} else {
+					r.Status = "pending" // advanced by its stage: requeued there
 				}
 				q.observe(ByResolve, before, r)
 			}
-			o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError}
+			o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
 			if r.Status == "paused" {
 				o.Timeout = r.Timeout
 			}
@@ -299,11 +352,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 			for _, d := range c.Stages {
 				s := q.stats[d.Stage]
 				s.Stage = d.Stage
-				s.Processed += d.Processed
-				s.Failed += d.Failed
-				s.Timeouts += d.Timeouts
-				s.Crashes += d.Crashes
-				s.ProcessingUS += d.ProcessingUS
+				s.Add(d)
 				q.stats[d.Stage] = s
 			}
 		}

@@ -1,6 +1,7 @@
 package fakequeue_test
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -31,6 +32,21 @@ func (h harness) Stage(t *testing.T, id int64, from, to, status string, timeout 
 func (h harness) Row(_ *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool) {
 	r, ok := h.Get(id)
 	return r.Stage, r.Status, r.Timeout, r.DispatchError, ok
+}
+
+func (h harness) State(t *testing.T, id int64) map[string]any {
+	t.Helper()
+	r, _ := h.Get(id)
+	state := map[string]any{}
+	if r.State != "" {
+		if err := json.Unmarshal([]byte(r.State), &state); err != nil {
+			t.Fatalf("state of row %d: %v", id, err)
+		}
+	}
+	if r.DispatchError != "" {
+		state["dispatch_error"] = r.DispatchError
+	}
+	return state
 }
 
 func (h harness) ClearEpoch(*testing.T) { h.Queue.ClearEpoch() }

@@ -28,6 +28,8 @@ type Harness interface {
 	Stage(t *testing.T, id int64, from string, to string, status string, timeout time.Time)
 	// Row reads a row back.
 	Row(t *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool)
+	// State reads a row's state (state.dispatch_error included).
+	State(t *testing.T, id int64) map[string]any
 	// ClearEpoch empties the crash sentinel, as a PostgreSQL crash would.
 	ClearEpoch(t *testing.T)
 	// Stats reads stage_stats rows and the dispatch_stats row.
@@ -66,6 +68,12 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ResolveWithALostEpochRequeuesTheRow", testResolveEpochLost},
 		{"ResolveReportsAMissingRowAsGone", testResolveMissing},
 		{"ResolveAnswersInItemOrder", testResolveOrder},
+		{"ResolveWritesAnAnsweredAdvanceStraightToPendingAtTheNextStage", testMoveAdvance},
+		{"ResolveWritesAnAnsweredDone", testMoveDone},
+		{"ResolveWritesAnAnsweredPauseUntilItsTimeout", testMovePause},
+		{"ResolveMergesAnAnsweredStatePatchAtTheTopLevel", testMovePatch},
+		{"ResolveOfAnAnsweredTransitionWritesNothingOnAGuardMiss", testMoveGuardMiss},
+		{"ResolveMixesAnsweredTransitionsWithBareAnswers", testMoveMixed},
 
 		{"WakeMakesDuePausedRowsPendingAndReportsTheNextTimeout", testWake},
 		{"WokenRowsAreClaimedAgainAtTheirStage", testWakeThenClaim},
@@ -127,7 +135,7 @@ func testExecSeesOwnEffects(t *testing.T, h Harness) {
 	// The resolve requeues ids[0]; the claim after it, in the same transaction,
 	// must see it pending again and take it (it comes before ids[1]).
 	evs := h.Exec(t.Context(), []core.Command{
-		core.Resolve{Op: 1, Items: []core.Item{{ID: ids[0], Stage: "a", Status: "pending"}}},
+		core.Resolve{Op: 1, Items: []core.Item{{ID: ids[0], Stage: "a", Verdict: core.Requeue}}},
 		core.Claim{Op: 2, Caps: []core.Cap{{Stage: "a", N: 1}}},
 	})
 	if len(evs) != 2 {
@@ -257,9 +265,9 @@ func testResolveAdvanced(t *testing.T, h Harness) {
 	// Whatever the item asks for, a row its stage advanced is requeued, without
 	// a reason.
 	got := resolve(t, h,
-		core.Item{ID: ids[0], Stage: "a", Status: "pending"},
-		core.Item{ID: ids[1], Stage: "a", Status: "failed", Reason: "crashed"},
-		core.Item{ID: ids[2], Stage: "a", Status: "timeout", Reason: "too slow"},
+		core.Item{ID: ids[0], Stage: "a", Verdict: core.Requeue},
+		core.Item{ID: ids[1], Stage: "a", Verdict: core.Fail, Reason: "crashed"},
+		core.Item{ID: ids[2], Stage: "a", Verdict: core.TimeOut, Reason: "too slow"},
 	)
 	want := []core.Outcome{
 		{ID: ids[0], Stage: "b", Status: "pending"},
@@ -275,24 +283,24 @@ func testResolveAdvanced(t *testing.T, h Harness) {
 func testResolveFailed(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
-	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "failed", Reason: "exit 3: bad input"})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "exit 3: bad input"}})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Fail, Reason: "exit 3: bad input"})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "exit 3: bad input", Matched: true}})
 	wantRowError(t, h, ids[0], "a", "failed", "exit 3: bad input")
 }
 
 func testResolveTimeout(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
-	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "timeout", Reason: "MAX_RUNTIME 300s exceeded"})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "timeout", Error: "MAX_RUNTIME 300s exceeded"}})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.TimeOut, Reason: "MAX_RUNTIME 300s exceeded"})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "timeout", Error: "MAX_RUNTIME 300s exceeded", Matched: true}})
 	wantRowError(t, h, ids[0], "a", "timeout", "MAX_RUNTIME 300s exceeded")
 }
 
 func testResolveRequeue(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
-	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "pending"})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "pending"}})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Requeue})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "pending", Matched: true}})
 	wantRowError(t, h, ids[0], "a", "pending", "")
 }
 
@@ -303,11 +311,11 @@ func testResolveLeavesOthers(t *testing.T, h Harness) {
 	h.Stage(t, ids[0], "a", "a", "done", time.Time{})
 	h.Stage(t, ids[1], "a", "a", "paused", until)
 	h.Stage(t, ids[2], "a", "a", "failed", time.Time{})
-	resolve(t, h, core.Item{ID: ids[3], Stage: "a", Status: "failed", Reason: "first reason"})
+	resolve(t, h, core.Item{ID: ids[3], Stage: "a", Verdict: core.Fail, Reason: "first reason"})
 	// ids[4] was never claimed: pending.
 	var items []core.Item
 	for _, id := range ids {
-		items = append(items, core.Item{ID: id, Stage: "a", Status: "timeout", Reason: "second reason"})
+		items = append(items, core.Item{ID: id, Stage: "a", Verdict: core.TimeOut, Reason: "second reason"})
 	}
 	got := resolve(t, h, items...)
 	want := []core.Outcome{
@@ -331,8 +339,8 @@ func testResolveLeavesOthers(t *testing.T, h Harness) {
 func testResolveEpochHeld(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	cl := claim(t, h, core.Cap{Stage: "a", N: 1})
-	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Status: "failed", Reason: "stage answered 0 but left the row running", Epoch: cl.Epoch})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "stage answered 0 but left the row running"}})
+	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: "stage answered 0 but left the row running", Epoch: cl.Epoch})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "stage answered 0 but left the row running", Matched: true}})
 }
 
 func testResolveEpochLost(t *testing.T, h Harness) {
@@ -341,13 +349,13 @@ func testResolveEpochLost(t *testing.T, h Harness) {
 	h.ClearEpoch(t)
 	const reason = "stage answered 0 but left the row running"
 	got := resolve(t, h,
-		core.Item{ID: ids[0], Stage: "a", Status: "failed", Reason: reason, Epoch: cl.Epoch},
+		core.Item{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: reason, Epoch: cl.Epoch},
 		// A token the sentinel never held counts as lost too.
-		core.Item{ID: ids[1], Stage: "a", Status: "failed", Reason: reason, Epoch: cl.Epoch + "-other"},
+		core.Item{ID: ids[1], Stage: "a", Verdict: core.Answered, Reason: reason, Epoch: cl.Epoch + "-other"},
 	)
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[0], Stage: "a", Status: "pending"},
-		{ID: ids[1], Stage: "a", Status: "pending"},
+		{ID: ids[0], Stage: "a", Status: "pending", Matched: true},
+		{ID: ids[1], Stage: "a", Status: "pending", Matched: true},
 	})
 	wantRowError(t, h, ids[0], "a", "pending", "")
 	wantRowError(t, h, ids[1], "a", "pending", "")
@@ -356,7 +364,7 @@ func testResolveEpochLost(t *testing.T, h Harness) {
 func testResolveMissing(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	missing := ids[0] + 1000
-	got := resolve(t, h, core.Item{ID: missing, Stage: "a", Status: "failed", Reason: "x"})
+	got := resolve(t, h, core.Item{ID: missing, Stage: "a", Verdict: core.Fail, Reason: "x"})
 	wantOutcomes(t, got, []core.Outcome{{ID: missing}})
 	if _, _, _, _, ok := h.Row(t, missing); ok {
 		t.Fatalf("resolve of missing row %d created it", missing)
@@ -370,18 +378,120 @@ func testResolveOrder(t *testing.T, h Harness) {
 	h.Stage(t, ids[2], "a", "a", "done", time.Time{})
 	missing := ids[3] + 1000
 	got := resolve(t, h,
-		core.Item{ID: ids[3], Stage: "a", Status: "failed", Reason: "r3"},
-		core.Item{ID: missing, Stage: "a", Status: "failed", Reason: "rm"},
-		core.Item{ID: ids[2], Stage: "a", Status: "failed", Reason: "r2"},
-		core.Item{ID: ids[0], Stage: "a", Status: "pending"},
-		core.Item{ID: ids[1], Stage: "a", Status: "timeout", Reason: "r1"},
+		core.Item{ID: ids[3], Stage: "a", Verdict: core.Fail, Reason: "r3"},
+		core.Item{ID: missing, Stage: "a", Verdict: core.Fail, Reason: "rm"},
+		core.Item{ID: ids[2], Stage: "a", Verdict: core.Fail, Reason: "r2"},
+		core.Item{ID: ids[0], Stage: "a", Verdict: core.Requeue},
+		core.Item{ID: ids[1], Stage: "a", Verdict: core.TimeOut, Reason: "r1"},
 	)
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[3], Stage: "a", Status: "failed", Error: "r3"},
+		{ID: ids[3], Stage: "a", Status: "failed", Error: "r3", Matched: true},
 		{ID: missing},
 		{ID: ids[2], Stage: "a", Status: "done"},
-		{ID: ids[0], Stage: "a", Status: "pending"},
+		{ID: ids[0], Stage: "a", Status: "pending", Matched: true},
 		{ID: ids[1], Stage: "b", Status: "pending"},
+	})
+}
+
+// ---- Answered transitions (Move) ----
+
+func move(id int64, stage, to string) core.Item {
+	return core.Item{ID: id, Stage: stage, Verdict: core.Move, To: to}
+}
+
+func testMoveAdvance(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	got := resolve(t, h, move(ids[0], "a", "b"), move(ids[1], "a", "a"))
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "b", Status: "pending", Matched: true},
+		{ID: ids[1], Stage: "a", Status: "pending", Matched: true},
+	})
+	wantRowError(t, h, ids[0], "b", "pending", "")
+	// Pending at the next stage: its claim takes it, in one step from running.
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 5}); len(rows) != 1 || rows[0] != (core.Row{ID: ids[0], Stage: "b"}) {
+		t.Fatalf("claim at b after the move = %v, want row %d", rows, ids[0])
+	}
+}
+
+func testMoveDone(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	got := resolve(t, h, move(ids[0], "a", core.TargetDone))
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "done", Matched: true}})
+	wantRowError(t, h, ids[0], "a", "done", "")
+}
+
+func testMovePause(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	until := base.Add(90 * time.Second)
+	it := move(ids[0], "a", core.TargetPaused)
+	it.Until = until
+	got := resolve(t, h, it)
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "paused", Timeout: until, Matched: true}})
+	if w := wakeAt(t, h, until.Add(-time.Microsecond)); w.Count != 0 || !w.Next.Equal(until) {
+		t.Fatalf("wake before the answered timeout = %v, want nothing woken and next %v", w, until)
+	}
+	if w := wakeAt(t, h, until); w.Count != 1 {
+		t.Fatalf("wake at the answered timeout = %v, want the row woken", w)
+	}
+	wantRowError(t, h, ids[0], "a", "pending", "")
+}
+
+func testMovePatch(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	first := move(ids[0], "a", "b")
+	first.Patch = `{"keep":1,"over":"x","nested":{"deep":[1,2]}}`
+	resolve(t, h, first)
+	claimRows(t, h, core.Cap{Stage: "b", N: 1})
+	second := move(ids[0], "b", core.TargetDone)
+	second.Patch = `{"over":{"now":"an object"},"text":"é ☃ \u00e9 \ud83d\ude00 \"q\"","n":-1.5e3}`
+	resolve(t, h, second)
+	got := h.State(t, ids[0])
+	want := map[string]any{
+		"keep": float64(1), "over": map[string]any{"now": "an object"}, "nested": map[string]any{"deep": []any{float64(1), float64(2)}},
+		"text": "é ☃ é 😀 \"q\"", "n": float64(-1500),
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("state after two patches = %v, want %v (top-level keys replaced, others kept)", got, want)
+	}
+}
+
+func testMoveGuardMiss(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	// The stage wrote its own transition and answered one too: nothing is
+	// written over it, and a row it advanced is requeued where it is.
+	h.Stage(t, ids[0], "a", "c", "running", time.Time{})
+	h.Stage(t, ids[1], "a", "a", "done", time.Time{})
+	patched := move(ids[0], "a", "b")
+	patched.Patch = `{"lost":true}`
+	got := resolve(t, h, patched, move(ids[1], "a", "b"), move(ids[2], "z", "b"))
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "c", Status: "pending"},
+		{ID: ids[1], Stage: "a", Status: "done"},
+		{ID: ids[2], Stage: "a", Status: "pending"},
+	})
+	if st := h.State(t, ids[0]); st["lost"] != nil {
+		t.Errorf("a guard miss merged its patch: state %v", st)
+	}
+}
+
+func testMoveMixed(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	cl := claim(t, h, core.Cap{Stage: "a", N: 3})
+	h.Stage(t, ids[1], "a", "b", "running", time.Time{}) // a stage that writes its own
+	got := resolve(t, h,
+		move(ids[0], "a", "b"),
+		core.Item{ID: ids[1], Stage: "a", Verdict: core.Answered, Reason: "stuck", Epoch: cl.Epoch},
+		core.Item{ID: ids[2], Stage: "a", Verdict: core.Answered, Reason: "stuck", Epoch: cl.Epoch},
+	)
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "b", Status: "pending", Matched: true},
+		{ID: ids[1], Stage: "b", Status: "pending"},
+		{ID: ids[2], Stage: "a", Status: "failed", Error: "stuck", Matched: true},
 	})
 }
 
@@ -612,7 +722,8 @@ func wantOutcomes(t *testing.T, got, want []core.Outcome) {
 	same := len(got) == len(want)
 	for i := 0; same && i < len(got); i++ {
 		g, w := got[i], want[i]
-		same = g.ID == w.ID && g.Stage == w.Stage && g.Status == w.Status && g.Timeout.Equal(w.Timeout) && g.Error == w.Error
+		same = g.ID == w.ID && g.Stage == w.Stage && g.Status == w.Status && g.Timeout.Equal(w.Timeout) && g.Error == w.Error &&
+			g.Matched == w.Matched
 	}
 	if !same {
 		t.Fatalf("outcomes:\n got  %s\n want %s", outcomesText(got), outcomesText(want))

@@ -267,11 +267,34 @@ func readIDs(chunks chan<- []int64) {
 	}
 }
 
+// countPass makes an answered transition ("0 >TARGET …") carry the pass count
+// in its state patch, as a write would: a stage that writes nothing keeps its
+// n_STAGE through the dispatcher. A patch that is not a JSON object (a test of
+// malformed patches) is left as it is.
+func countPass(answer string, pass int) string {
+	if !strings.HasPrefix(answer, "0 >") {
+		return answer
+	}
+	head, patch, hasPatch := strings.Cut(answer, " {")
+	m := map[string]any{}
+	if hasPatch {
+		if err := json.Unmarshal([]byte("{"+patch), &m); err != nil {
+			return answer
+		}
+	}
+	m["n_"+stageName] = pass + 1
+	b, err := json.Marshal(m)
+	if err != nil {
+		return answer
+	}
+	return head + " " + string(b)
+}
+
 // handle runs one message and returns its answer line ("" for none).
-func handle(ctx context.Context, conn *pgx.Conn, id int64) (string, error) {
+func handle(ctx context.Context, conn *pgx.Conn, id int64) (answer string, err error) {
 	var rowStage, status, payload string
 	var state map[string]any
-	err := conn.QueryRow(ctx, `SELECT stage, status, coalesce(convert_from(payload, 'UTF8'), ''), state FROM pepsi.queue WHERE ingress_id = $1`, id).
+	err = conn.QueryRow(ctx, `SELECT stage, status, coalesce(convert_from(payload, 'UTF8'), ''), state FROM pepsi.queue WHERE ingress_id = $1`, id).
 		Scan(&rowStage, &status, &payload, &state)
 	if err != nil {
 		return "", fmt.Errorf("read message %d: %w", id, err)
@@ -281,7 +304,7 @@ func handle(ctx context.Context, conn *pgx.Conn, id int64) (string, error) {
 	}
 	pass := passOf(state)
 	record(Record{Ev: "handle", ID: id, Pass: pass})
-	answer := "0"
+	answer = "0"
 	transition := func(set string, args ...any) error {
 		args = append([]any{id, stageName, pass + 1}, args...)
 		_, err := conn.Exec(ctx, `UPDATE pepsi.queue SET `+set+`,
@@ -292,6 +315,7 @@ func handle(ctx context.Context, conn *pgx.Conn, id int64) (string, error) {
 		}
 		return nil
 	}
+	defer func() { answer = countPass(answer, pass) }()
 	for _, op := range action(payload, stageName, pass) {
 		name, arg, _ := strings.Cut(op, ":")
 		switch name {
