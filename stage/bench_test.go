@@ -11,10 +11,19 @@ import (
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 
-// BenchmarkPass measures one message through a worker: lock the row, run a
-// trivial handler, write the advance, commit, answer. Ids arrive in writes of 16,
-// as from a dispatcher with QUEUE_LIMIT 16.
+// BenchmarkPass measures one message through a worker with a trivial handler.
+// Ids arrive in writes of 16, as from a dispatcher with QUEUE_LIMIT 16.
+// "answered": the rows of each write are read in one statement and each
+// transition is answered ("0 >enrich"); "written": with WriteTransitions, each
+// transition is also written and committed by the worker.
 func BenchmarkPass(b *testing.B) {
+	for _, write := range []bool{false, true} {
+		name := map[bool]string{false: "answered", true: "written"}[write]
+		b.Run(name, func(b *testing.B) { benchmarkPass(b, write) })
+	}
+}
+
+func benchmarkPass(b *testing.B, write bool) {
 	url := pgtest.NewMigrated(b)
 	conn := pgtest.Connect(b, url)
 	_, err := conn.Exec(context.Background(), fmt.Sprintf(
@@ -26,7 +35,7 @@ func BenchmarkPass(b *testing.B) {
 	out := &lineCounter{lines: make(chan struct{}, b.N)}
 	done := make(chan error, 1)
 	go func() {
-		done <- stage.Run(context.Background(), stage.Options{Stage: "parse", DB: url, In: in, Out: out,
+		done <- stage.Run(context.Background(), stage.Options{Stage: "parse", DB: url, In: in, Out: out, WriteTransitions: write,
 			Handlers: map[string]stage.Handler{"parse": advanceTo("enrich")}})
 	}()
 	b.ResetTimer()

@@ -28,21 +28,27 @@ type Result struct {
 	reason string
 }
 
-// Advance moves the message on to stage next (the row stays running; the
-// dispatcher requeues it for next's workers, or, if next is fused into this
-// program, it runs in the same pass).
+// Advance moves the message on to stage next: the answer is "0 >next", and the
+// dispatcher makes the row pending there. If next is fused into this program
+// (Fuse), its handler runs at once, in the same pass. next must be a stage
+// name, and not this stage's own.
 func Advance(next string) Result { return Result{kind: kindAdvance, next: next} }
 
-// Done finishes the message successfully: it leaves the pipeline.
+// Done finishes the message successfully, "0 >done": it leaves the pipeline.
 func Done() Result { return Result{kind: kindDone} }
 
-// Failed finishes the message as failed, because of its content: the stage
-// writes reason to state.error (never to state.dispatch_error, which belongs to
-// the dispatcher) and answers 0, since the stage itself did its job.
+// Failed finishes the message as failed, because of its content. No answer
+// says that, so the library writes it itself (status failed, reason in
+// state.error, never in state.dispatch_error, which belongs to the dispatcher)
+// and answers a bare "0", since the stage itself did its job.
 func Failed(reason string) Result { return Result{kind: kindFailed, reason: reason} }
 
-// Pause parks the message until the given instant; the dispatcher then makes it
-// pending again at this same stage, so the handler runs once more.
+// Pause parks the message at this stage until the given instant; the dispatcher
+// then makes it pending here again, so the handler runs once more. The answer
+// carries the time left, "0 >paused:SECONDS" (to the microsecond; 0 for an
+// instant already past), which the dispatcher adds to the time it writes the
+// row: the message wakes no earlier than until, later by the time the answer
+// took to reach that write.
 func Pause(until time.Time) Result { return Result{kind: kindPause, until: until} }
 
 // PauseFor is Pause(time.Now().Add(d)).

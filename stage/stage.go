@@ -1,45 +1,75 @@
 // Package stage turns a map of handlers into a PEPSI stage program: a process
 // that pepsi-dispatch starts as "PROGRAM worker [-c FILE]", that reads message ids
-// on standard input and answers one status line per id (SPEC.md, "Stage programs").
-// A stage in Go is a main of a few lines:
+// on standard input and answers one status line per id (the worker protocol:
+// README.md, "Writing a stage in any other language"). A stage in Go is a main of a few lines:
 //
 //	func main() {
 //		stage.Main(map[string]stage.Handler{
 //			"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+//				m.State["parsed"] = true
 //				return stage.Advance("enrich")
 //			},
 //		})
 //	}
 //
-// For each id the library reads the row, checks that it is still running at this
-// stage, calls the handler, performs the transition the handler chose (advance,
-// finish, pause) in one transaction, commits, and only then answers. A handler
-// may also run its own statements in that transaction (Message.Tx), so its writes
-// commit or vanish together with the transition; its first statement locks the
-// row.
+// # Answers that carry the transition
 //
-// Round trips. A trivial stage is bound by round trips to PostgreSQL, so a pass
-// whose handler does not use Message.Tx costs one: the row is read without a lock
-// (it is running at this stage, so only this worker moves it), and the transition
-// goes in one batch with the read of the next id's row, when that id is already
-// on standard input; the batch is one implicit transaction. The transition writes only over the row
+// The library reads the rows of all the ids it holds (every id already on
+// standard input) in one statement, without a lock, then runs the handlers one
+// by one. A row that is not running at this stage (moved meanwhile, or missing)
+// is answered "0" without calling the handler. For the others the transition the
+// handler chose goes on the status line and the stage writes nothing: the
+// dispatcher writes it, guarded, in its own batched transaction:
+//
+//	stage.Advance("deliver")  0 >deliver
+//	stage.Done()              0 >done
+//	stage.Pause(t)            0 >paused:SECONDS   (seconds from now until t, 0 if t is past)
+//
+// followed by the fused stages' times ("0 >deliver tag:153", see Fuse) and, if
+// the handler changed m.State, one compact JSON object with the top-level keys
+// it added or changed, which the dispatcher merges into the row's state
+// (state || patch): "0 >deliver tag:153 {"region":"eu"}". Such a pass costs no
+// round trip of its own; a batch of ids costs one.
+//
+// # Transitions the library writes itself
+//
+// Some transitions cannot go on the line, and the library writes them itself, in
+// one statement guarded by status = 'running' AND stage = this stage, and
+// answers a bare "0" (with the fused stages' times):
+//
+//   - Failed: there is no answer target for it; the row becomes failed with
+//     state.error.
+//   - A handler that used Message.Tx: its statements must commit atomically with
+//     the transition, so the library writes the transition in that transaction
+//     and commits it. Its first statement on Message.Tx locks the row.
+//   - A handler that deleted a key of m.State: state || patch cannot delete a
+//     key, so the whole state is written. (Use Message.Tx, or write the key as
+//     null, to make that explicit.)
+//   - A patch that would make the line longer than 32 KiB.
+//   - Every transition, with Options.WriteTransitions (WriteTransitions), for
+//     a dispatcher that predates answers with a target.
+//
+// Without Message.Tx such a write holds no lock: it goes only over the row
 // version the handler was given (its xmin); if anything else changed the row
-// meanwhile, the transition writes nothing and the pass runs again on the row as
-// it is now, as it does when the first statement on Message.Tx finds the row
-// changed.
+// meanwhile, it writes nothing and the pass runs again on the row as it is now,
+// as it does when the first statement on Message.Tx finds the row changed.
 //
-// Durability. The library sets synchronous_commit = off on its one connection, so
-// a stage commit does not wait for the WAL flush. That is safe because the
-// dispatcher's own synchronous commit, which always follows an answer (it requeues,
-// resolves or fails the row), flushes the WAL up to and including the stage's
-// commit. If PostgreSQL crashes in between, the stage's commit may be lost; the
-// dispatcher detects that with its crash sentinel (the unlogged table
-// pepsi.dispatch_epoch, see shell/schema/migrations/0001_init.sql) and requeues
-// the message instead of failing it, so the handler runs again. Handlers must
-// therefore tolerate running more than once for the same message (at-least-once),
-// which they must anyway: a connection lost during COMMIT leaves its outcome
-// unknown, and the library then runs the id again (the guard makes that safe for
-// the row; external side effects are the handler's business).
+// # Durability
+//
+// An answered transition is durable when the dispatcher's transaction that
+// writes it commits; if the dispatcher dies first, the message runs this stage
+// again. For the transitions it writes itself, the library sets
+// synchronous_commit = off on its one connection, so a stage commit does not
+// wait for the WAL flush. That is safe because the dispatcher's own synchronous
+// commit, which always follows an answer (it requeues, resolves or fails the
+// row), flushes the WAL up to and including the stage's commit. If PostgreSQL
+// crashes in between, the stage's commit may be lost; the dispatcher detects
+// that with its crash sentinel (docs/durability.md) and requeues the message
+// instead of failing it, so the handler runs again. Handlers must therefore
+// tolerate running more than once for the same message (at-least-once), which
+// they must anyway: a connection lost during COMMIT leaves its outcome unknown,
+// and the library then runs the id again (the guard makes that safe for the row;
+// external side effects are the handler's business).
 //
 // This package must never write the statistics tables or state.dispatch_error
 // (both belong to the dispatcher), never write a row that is not running at its
@@ -58,6 +88,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -65,11 +97,12 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
-// Handler handles one message at one stage. It may modify m.State (written with
-// the transition) and run statements on m.Tx, the message's transaction, which
-// begins and locks the row at the first of them. It must not commit or roll back
-// m.Tx. It may run more than once for the same message (see the package
-// comment). A panic is caught and answered as a failure of this message.
+// Handler handles one message at one stage. It may modify m.State (its changes
+// go with the transition) and run statements on m.Tx, the message's
+// transaction, which begins and locks the row at the first of them. It must not
+// commit or roll back m.Tx. It may run more than once for the same message (see
+// the package comment). A panic is caught and answered as a failure of this
+// message.
 type Handler func(ctx context.Context, m *Message) Result
 
 // Message is the claimed row a Handler works on.
@@ -80,14 +113,17 @@ type Message struct {
 	// its handler runs).
 	Stage string
 	// State is the row's state object, decoded with json.Decoder.UseNumber so that
-	// numbers survive the round trip exactly (they arrive as json.Number). Whatever
-	// it holds when the handler returns is written back with the transition.
+	// numbers survive the round trip exactly (they arrive as json.Number). The
+	// top-level keys the handler adds or changes go with the transition, as a
+	// patch merged into the row's state; deleting a key makes the library write
+	// the whole state itself (see the package comment).
 	State map[string]any
 	// Payload is the message content.
 	Payload []byte
 	// Tx is the message's transaction: its first statement begins it and locks
-	// the row; statements run on it commit atomically with the transition. Its
-	// Commit and Rollback refuse (the library ends it); Begin makes a savepoint.
+	// the row; statements run on it commit atomically with the transition, which
+	// the library then writes itself. Its Commit and Rollback refuse (the library
+	// ends it); Begin makes a savepoint.
 	Tx pgx.Tx
 }
 
@@ -99,10 +135,15 @@ type Options struct {
 	// Handlers maps stage names to their handlers.
 	Handlers map[string]Handler
 	// Fused names stages that run inline: when a handler advances a message to a
-	// fused stage, that stage's handler runs at once, in the same transaction, and
-	// its time is reported on the status line ("0 tag:153"). Each must have a
-	// handler. See Fuse.
+	// fused stage, that stage's handler runs at once, in the same pass, and its
+	// time is reported on the status line ("0 >deliver tag:153"). Each must have
+	// a handler. See Fuse.
 	Fused []string
+	// WriteTransitions makes the library write every transition itself and
+	// answer a bare "0", as stage programs did before answers carried the
+	// transition: for a dispatcher that does not read "0 >TARGET" yet, and to
+	// measure one way against the other. See WriteTransitions.
+	WriteTransitions bool
 	// In delivers message ids, one decimal per line.
 	In io.Reader
 	// Out receives one status line per id.
@@ -122,6 +163,12 @@ func Fuse(stages ...string) Option {
 	return func(o *Options) { o.Fused = append(o.Fused, stages...) }
 }
 
+// WriteTransitions makes Main's stages write their transitions themselves (see
+// Options.WriteTransitions).
+func WriteTransitions() Option {
+	return func(o *Options) { o.WriteTransitions = true }
+}
+
 // configError marks an error in how the program was started or configured: Main
 // exits 2 for it, since retrying cannot help.
 type configError struct{ err error }
@@ -134,8 +181,16 @@ func badConfig(format string, args ...any) error {
 }
 
 // idLineMax bounds one input line; an id is at most 20 digits, so anything near
-// this is a broken dispatcher, not a message.
+// this is a broken dispatcher, not a message. It is also the size of the input
+// buffer, which bounds a batch (the ids already read when the first of them is
+// taken) to idLineMax/2 ids.
 const idLineMax = 4096
+
+// answerDelayMax bounds how long an answer waits in the output buffer. Answers
+// are written out when the batch is answered, so the answers of a batch of quick
+// passes go in one write; a slow handler does not hold the answers before it
+// longer than this.
+const answerDelayMax = time.Millisecond
 
 // Run serves o.Stage until o.In ends, answering every id it read, and returns
 // nil. It returns an error if the options are unusable, if it cannot connect to
@@ -159,53 +214,106 @@ func Run(ctx context.Context, o Options) error {
 	defer w.close()
 
 	in := newLineReader(o.In)
-	out := bufio.NewWriter(o.Out)
-	var ahead string // the next line, when it was already there to look at
-	haveAhead := false
+	out := newAnswerWriter(o.Out, answerDelayMax)
+	defer out.stop()
 	for {
-		var line string
-		if haveAhead {
-			line, haveAhead = ahead, false
-		} else {
-			var err error
-			if line, err = in.next(); err == io.EOF {
-				return nil
-			} else if err != nil {
-				return fmt.Errorf("read message ids: %w", err)
+		// Every answer is out before waiting for more input: the dispatcher hands
+		// over more ids as answers arrive.
+		if err := out.flush(); err != nil {
+			return fmt.Errorf("write answers: %w", err)
+		}
+		line, err := in.next()
+		if err == io.EOF {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("read message ids: %w", err)
+		}
+		// The dispatcher hands over several ids at once: take every one that is
+		// already here, so their rows are read in one statement.
+		batch := []string{line}
+		for {
+			more, ok := in.buffered()
+			if !ok {
+				break
 			}
+			batch = append(batch, more)
 		}
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		var answer string
-		id, perr := strconv.ParseInt(line, 10, 64)
-		if perr != nil || id <= 0 {
-			answer = fmt.Sprintf("1 not a message id: %q", line)
-			log.Error("input line is not a message id", "stage", w.stage, "line", line)
-		} else {
-			// The dispatcher hands over several ids at once: when the next one is
-			// already here, its row comes back with this one's commit.
-			var next int64
-			if ahead, haveAhead = in.buffered(); haveAhead {
-				if n, err := strconv.ParseInt(strings.TrimSpace(ahead), 10, 64); err == nil && n > 0 {
-					next = n
-				}
-			}
-			if answer, err = w.handle(ctx, id, next); err != nil {
-				return err
-			}
-		}
-		// One flush per answer: the dispatcher times each message from when it
-		// reaches the head of the pipeline, and requeues advanced messages as soon
-		// as their answer arrives.
-		if _, err := out.WriteString(answer + "\n"); err != nil {
-			return fmt.Errorf("write answer for %q: %w", line, err)
-		}
-		if err := out.Flush(); err != nil {
-			return fmt.Errorf("write answer for %q: %w", line, err)
+		if err := w.serve(ctx, batch, out); err != nil {
+			return err
 		}
 	}
+}
+
+// parseID reads a message id from an input line.
+func parseID(line string) (int64, bool) {
+	id, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	return id, err == nil && id > 0
+}
+
+// answerWriter buffers status lines and writes them out on flush, or
+// answerDelayMax after the first line that is not out yet, whichever comes
+// first. The timer runs on its own goroutine, hence the lock.
+type answerWriter struct {
+	mu    sync.Mutex
+	w     *bufio.Writer
+	delay time.Duration
+	timer *time.Timer
+	armed bool  // the timer will flush
+	err   error // the first write error; every later call returns it
+}
+
+func newAnswerWriter(w io.Writer, delay time.Duration) *answerWriter {
+	return &answerWriter{w: bufio.NewWriter(w), delay: delay}
+}
+
+// write buffers one status line.
+func (a *answerWriter) write(line string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.err != nil {
+		return a.err
+	}
+	if _, a.err = a.w.WriteString(line + "\n"); a.err != nil {
+		return a.err
+	}
+	if !a.armed {
+		a.armed = true
+		if a.timer == nil {
+			a.timer = time.AfterFunc(a.delay, a.tick)
+		} else {
+			a.timer.Reset(a.delay)
+		}
+	}
+	return nil
+}
+
+// tick is the timer's flush.
+func (a *answerWriter) tick() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.armed = false
+	if a.err == nil {
+		a.err = a.w.Flush()
+	}
+}
+
+// flush writes out every buffered line.
+func (a *answerWriter) flush() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.armed {
+		a.timer.Stop()
+		a.armed = false
+	}
+	if a.err == nil {
+		a.err = a.w.Flush()
+	}
+	return a.err
+}
+
+// stop writes out what is buffered (those answers are final) and stops the timer.
+func (a *answerWriter) stop() {
+	_ = a.flush() // Run is returning: it already has an error to report, or none
 }
 
 // usage is printed for a command line Main does not understand.

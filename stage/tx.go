@@ -24,8 +24,9 @@ var errRowChanged = errors.New("the message's row changed while its handler ran"
 const lockSQL = `SELECT stage, status, xmin FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`
 
 // lazyTx is Message.Tx: a transaction that begins when the handler first uses
-// it. Most handlers never do, and their pass then needs no transaction of its
-// own until the transition (see worker.pass). Its first use begins the
+// it. Most handlers never do, and their pass then needs no transaction at all:
+// the dispatcher writes the transition they answer (see worker.pass). Its
+// first use begins the
 // transaction and locks the row in one round trip, checking that the row is
 // still the version the handler was given; if it is not, the statement fails
 // with errRowChanged and the pass runs again. From then on every call goes to

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -19,7 +21,8 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
-// Bounds of the retry loops (STYLE.md: every retry loop has a stated limit).
+// Bounds of the retry loops and of what goes on a status line (STYLE.md: every
+// retry loop and buffer has a stated limit).
 const (
 	// reconnectDelayMin and reconnectDelayMax bound the pause between attempts to
 	// reconnect after the connection was lost; the delay doubles in between. The
@@ -28,7 +31,8 @@ const (
 	reconnectDelayMin = 100 * time.Millisecond
 	reconnectDelayMax = 5 * time.Second
 	// transientAttemptsMax is how many times one id is run again after a
-	// serialization failure or deadlock before it is answered as failed.
+	// serialization failure, a deadlock or a row changed under its pass before it
+	// is answered as failed.
 	transientAttemptsMax = 5
 	// connectTimeoutDefault applies when the database URL sets no connect_timeout,
 	// so an unreachable server is reported instead of hanging on the OS timeout.
@@ -36,9 +40,13 @@ const (
 	// within the window counts as a program that cannot start (its ids are
 	// requeued), one that gives up later as a crash (its head message fails).
 	connectTimeoutDefault = core.StartWindow * 3 / 4
-	// reasonMax bounds a reason on a status line (the dispatcher reads lines of at
-	// most 64 KiB and stores the reason in the row).
+	// reasonMax bounds a reason on a status line (the dispatcher stores it in the
+	// row).
 	reasonMax = 1000
+	// answerMax bounds an answer line that carries a state patch: half the 64 KiB
+	// the dispatcher reads of one line. A longer one is not sent; the library
+	// writes that transition itself and answers a bare 0 instead.
+	answerMax = 32 << 10
 )
 
 // worker is the state of one stage program: its one connection and its handlers.
@@ -46,9 +54,9 @@ type worker struct {
 	stage    string
 	handlers map[string]Handler
 	fused    map[string]bool
+	writeAll bool // Options.WriteTransitions
 	cfg      *pgx.ConnConfig
 	conn     *pgx.Conn // nil while disconnected
-	ahead    *row      // the next id's row, read in the previous pass's last round trip
 	log      *slog.Logger
 }
 
@@ -67,8 +75,8 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		}
 		// The dispatcher reads the name on the status line ("0 NAME:MICROS"),
 		// and takes a line with a name it cannot read for a protocol error.
-		if !conf.ValidStageName(f) {
-			return nil, badConfig("fused stage %q: a stage name has only letters, digits, '_' and '-', at most 63 of them", f)
+		if !conf.ValidStageName(f) || f == targetDone {
+			return nil, badConfig("fused stage %q: a stage name has only letters, digits, '_' and '-', at most 63 of them, and is not %q", f, targetDone)
 		}
 		fused[f] = true
 	}
@@ -80,7 +88,8 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		return nil, badConfig("database: %w", err)
 	}
 	// See the package comment: the dispatcher's synchronous commit that follows
-	// every answer is the durability point.
+	// every answer is the durability point. Only the passes that commit (Failed,
+	// Message.Tx, WriteTransitions) are affected; the batch read commits nothing.
 	cfg.RuntimeParams["synchronous_commit"] = "off"
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "pepsi-stage " + o.Stage
@@ -88,7 +97,7 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = connectTimeoutDefault
 	}
-	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, cfg: cfg, log: log}, nil
+	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, writeAll: o.WriteTransitions, cfg: cfg, log: log}, nil
 }
 
 // where names the server for error messages (never the password).
@@ -124,13 +133,96 @@ func (w *worker) closeBroken(ctx context.Context) {
 	_ = w.conn.Close(cctx)
 }
 
-// handle runs id to completion and returns its status line. next, if not 0, is
-// the id that follows it, already read: its row is fetched in the round trip that
-// commits id. handle returns an error only when ctx ends: a lost connection is
-// re-established and the id run again (the transition is guarded, so a run after
-// an unknown commit outcome finds the row moved and answers 0); a row changed
-// under the pass is run again; a statement that fails is answered "1 …".
-func (w *worker) handle(ctx context.Context, id, next int64) (string, error) {
+// row is a queue row as a pass reads it.
+type row struct {
+	id             int64
+	stage, status  string
+	state, payload []byte
+	// version is the row version's xmin: a transition the library writes without
+	// a lock writes only over the version its handler was given.
+	version uint32
+}
+
+// readSQL reads the rows of a batch of ids in one statement, without a lock: a
+// row running at this stage is moved only by this worker (or by the dispatcher
+// when it answers), and every write is guarded.
+const readSQL = `SELECT ingress_id, stage, status, state, payload, xmin FROM pepsi.queue WHERE ingress_id = ANY($1)`
+
+// readBatch reads the rows of ids in one round trip. A missing id has no entry.
+func (w *worker) readBatch(ctx context.Context, ids []int64) (map[int64]row, error) {
+	if w.conn == nil {
+		return nil, errConnectionLost
+	}
+	rs, err := w.conn.Query(ctx, readSQL, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	found := make(map[int64]row, len(ids))
+	for rs.Next() {
+		var x row
+		if err := rs.Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.version); err != nil {
+			return nil, err
+		}
+		found[x.id] = x
+	}
+	return found, rs.Err()
+}
+
+// serve answers every line of one batch of input, in order. The rows of all its
+// ids are read in one statement first; a pass that has to run again, or a batch
+// whose read failed, reads its row on its own. It returns an error only when ctx
+// ends or the output breaks.
+func (w *worker) serve(ctx context.Context, lines []string, out *answerWriter) error {
+	ids := make([]int64, 0, len(lines))
+	for _, line := range lines {
+		if id, ok := parseID(line); ok {
+			ids = append(ids, id)
+		}
+	}
+	var rows map[int64]row
+	if len(ids) > 0 {
+		var err error
+		if rows, err = w.readBatch(ctx, ids); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// Each pass reads its own row then, and reconnects or answers as
+			// its error calls for.
+			w.log.Warn("reading the rows of a batch failed; reading them one by one", "stage", w.stage, "ids", len(ids), "err", err)
+			rows = nil
+		}
+	}
+	for _, line := range lines {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		var answer string
+		if id, ok := parseID(line); ok {
+			var err error
+			if answer, err = w.handle(ctx, id, rows); err != nil {
+				return err
+			}
+		} else {
+			answer = fmt.Sprintf("1 not a message id: %q", line)
+			w.log.Error("input line is not a message id", "stage", w.stage, "line", line)
+		}
+		if err := out.write(answer); err != nil {
+			return fmt.Errorf("write answer for %q: %w", line, err)
+		}
+	}
+	return nil
+}
+
+// handle runs id to completion and returns its status line. rows, if not nil,
+// holds the rows of the batch (a missing id has none); a run after the first
+// reads the row again. handle returns an error only when ctx ends: a lost
+// connection is re-established and the id run again (every write is guarded, so
+// a run after an unknown commit outcome finds the row moved and answers 0); a
+// row changed under a pass that writes is run again; a statement that fails is
+// answered "1 …".
+func (w *worker) handle(ctx context.Context, id int64, rows map[int64]row) (string, error) {
 	delay := reconnectDelayMin
 	transient, losses := 0, 0
 	for {
@@ -148,11 +240,11 @@ func (w *worker) handle(ctx context.Context, id, next int64) (string, error) {
 			}
 			w.log.Info("reconnected; running the message again", "stage", w.stage, "id", id)
 		}
-		answer, err := w.pass(ctx, id, next)
+		answer, err := w.pass(ctx, id, rows)
 		if err == nil {
 			return answer, nil
 		}
-		w.ahead = nil
+		rows = nil // whatever went wrong, the next run reads the row as it is now
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
@@ -180,32 +272,29 @@ func (w *worker) handle(ctx context.Context, id, next int64) (string, error) {
 // errConnectionLost reports that the connection died while a handler ran.
 var errConnectionLost = errors.New("database connection lost while the handler ran")
 
-// row is a queue row as a pass reads it.
-type row struct {
-	id             int64
-	stage, status  string
-	state, payload []byte
-	// version is the row version's xmin: the transition of a pass that held no
-	// lock writes only over the version its handler was given.
-	version uint32
-}
+// readOneSQL reads the row of one id, for a pass that runs again.
+const readOneSQL = `SELECT ingress_id, stage, status, state, payload, xmin FROM pepsi.queue WHERE ingress_id = $1`
 
-// readSQL reads the row a pass starts from, without a lock: the row is running
-// at this stage, so only this worker moves it, and the transition is guarded.
-const readSQL = `SELECT ingress_id, stage, status, state, payload, xmin FROM pepsi.queue WHERE ingress_id = $1`
-
-func scanRow(r pgx.Row) (row, error) {
+// read returns the row of id: from rows when the batch read it (pgx.ErrNoRows
+// when the batch found none), else read now.
+func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, error) {
+	if rows != nil {
+		if r, ok := rows[id]; ok {
+			return r, nil
+		}
+		return row{}, pgx.ErrNoRows
+	}
 	var x row
-	err := r.Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.version)
+	err := w.conn.QueryRow(ctx, readOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.version)
 	return x, err
 }
 
-// transitionSQL performs every transition. The guard makes sure the row is still
-// running at the stage that handled it and, when $7 is not null, that it is still
-// the version the handler was given. When it moved no row it fails, with
-// division_by_zero, which nothing else in it can raise: in a handler's
-// transaction that stops the COMMIT queued behind it in the same batch (see
-// commitTx), and in a batch's implicit transaction it rolls the batch back.
+// transitionSQL is every transition the library writes itself. The guard makes
+// sure the row is still running at the stage that handled it and, when $7 is not
+// null, that it is still the version the handler was given. When it moved no
+// row it fails, with division_by_zero, which nothing else in it can raise: in a
+// handler's transaction that stops the COMMIT queued behind it in the same batch
+// (see commitTx).
 const transitionSQL = `WITH moved AS (
 	UPDATE pepsi.queue
 	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
@@ -218,19 +307,21 @@ SELECT 1 / count(*) FROM moved`
 // no row.
 const transitionNoRow = "22012"
 
-// pass runs one id in one transaction. Its error is a database error; every
-// other outcome is a status line.
+// targetDone is the answer target that finishes a message; no stage has this name.
+const targetDone = "done"
+
+// pass runs one id. Its error is a database error; every other outcome is a
+// status line.
 //
-// A trivial stage is bound by round trips, each of which costs a context switch
-// on both sides, so a pass whose handler does not use Message.Tx costs one: its
-// row came with the previous pass's commit (or is read on its own), and its
-// transition goes in one batch with the read of the next id's row (see commit).
-// The handler works without a row lock; the transition writes only over the row
-// version it was given, and otherwise the pass runs again. A handler that uses
-// Message.Tx gets the transaction and the lock at its first statement (see
-// lazyTx), and its statements commit with the transition.
-func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
-	r, err := w.read(ctx, id)
+// Most passes touch no database at all: their row came with the batch read,
+// and the transition the handler chose goes on the status line ("0 >enrich
+// {...}") for the dispatcher to write. The library writes the transition itself
+// only when it cannot go on the line: Failed (there is no target for it), a
+// deleted state key, a patch too long for a line, Options.WriteTransitions; and
+// when the handler used Message.Tx, whose statements must commit with it (see
+// lazyTx). It then answers a bare 0.
+func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string, error) {
+	r, err := w.read(ctx, id, rows)
 	if errors.Is(err, pgx.ErrNoRows) {
 		w.log.Warn("message does not exist; answering 0 without running it", "stage", w.stage, "id", id)
 		return "0", nil
@@ -248,7 +339,8 @@ func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
 	tx := &lazyTx{w: w, row: &r}
 	defer tx.end(ctx)
 	m := &Message{ID: id, Stage: w.stage, Payload: r.payload, Tx: tx}
-	if m.State, err = decodeState(r.state); err != nil {
+	var before map[string]json.RawMessage
+	if m.State, before, err = decodeState(r.state); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
 	}
 
@@ -267,9 +359,6 @@ func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
 		res = w.call(ctx, by, m)
 		report = append(report, fmt.Sprintf("%s:%d", by, time.Since(start).Microseconds()))
 	}
-	if w.conn.IsClosed() {
-		return "", errConnectionLost
-	}
 	if tx.changed() {
 		return "", errRowChanged // whatever the handler decided, it decided on an old row
 	}
@@ -277,36 +366,70 @@ func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
 	if by != w.stage {
 		prefix = by + ": "
 	}
+	zero := "0"
+	if len(report) > 0 {
+		zero = "0 " + strings.Join(report, " ")
+	}
 
 	// A fused stage that finishes or pauses the message leaves it at the stage the
 	// pass started at: that is a stage the dispatcher knows, so a woken or retried
 	// message is claimed again (and runs the whole pass again).
+	var target string
+	switch res.kind {
+	case kindAdvance:
+		switch {
+		case res.next == w.stage:
+			return failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage)), nil
+		case res.next == targetDone || !conf.ValidStageName(res.next):
+			return failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next)), nil
+		}
+		target = res.next
+	case kindDone:
+		target = targetDone
+	case kindPause:
+		target = "paused:" + seconds(time.Until(res.until))
+	case kindFailed:
+		if m.State == nil {
+			m.State = map[string]any{}
+		}
+		m.State["error"] = prefix + res.reason
+	case kindError:
+		return failure(prefix + res.reason), nil
+	default:
+		return failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause or Error)"), nil
+	}
+
+	if target != "" && !w.writeAll && !tx.begun() && tx.err == nil {
+		patch, deleted, err := statePatch(before, m.State)
+		if err != nil {
+			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
+		}
+		line := "0 >" + target
+		for _, f := range report {
+			line += " " + f
+		}
+		if len(patch) > 0 {
+			line += " " + string(patch)
+		}
+		if !deleted && len(line) <= answerMax {
+			return line, nil
+		}
+		// state || patch cannot delete a key, and the dispatcher reads lines of
+		// a bounded length: write this transition here.
+	}
+
 	newStage, newStatus := w.stage, ""
 	var timeout *time.Time
 	switch res.kind {
 	case kindAdvance:
-		if res.next == "" {
-			return failure(prefix + "advanced to an empty stage name"), nil
-		}
-		if res.next == w.stage {
-			return failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage)), nil
-		}
 		newStage, newStatus = res.next, "running"
 	case kindDone:
 		newStatus = "done"
 	case kindFailed:
 		newStatus = "failed"
-		if m.State == nil {
-			m.State = map[string]any{}
-		}
-		m.State["error"] = prefix + res.reason
 	case kindPause:
 		newStatus = "paused"
 		timeout = &res.until
-	case kindError:
-		return failure(prefix + res.reason), nil
-	default:
-		return failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause or Error)"), nil
 	}
 	newState := []byte("{}")
 	if m.State != nil {
@@ -320,106 +443,59 @@ func (w *worker) pass(ctx context.Context, id, next int64) (string, error) {
 		// transition without them.
 		return "", tx.err
 	}
-	moved, err := w.commit(ctx, tx, newStage, newStatus, timeout, newState, next)
+	if w.conn == nil || w.conn.IsClosed() {
+		return "", errConnectionLost
+	}
+	if tx.begun() {
+		moved, err := w.commitTx(ctx, tx.row, newStage, newStatus, timeout, newState)
+		if err != nil {
+			return "", err
+		}
+		if !moved {
+			// The row is locked by this transaction, so only the handler's own
+			// statements on m.Tx can have moved it: a stage bug, undone by rollback.
+			return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, id)), nil
+		}
+		return zero, nil
+	}
+	moved, err := w.writeTransition(ctx, &r, newStage, newStatus, timeout, newState)
 	if err != nil {
 		return "", err
 	}
 	if !moved {
-		if !tx.begun() {
-			// No lock was held: the row changed since it was read (an operator, or
-			// a previous dispatcher's reset). Run again on the row as it is now.
-			return "", errRowChanged
-		}
-		// The row is locked by this transaction, so only the handler's own
-		// statements on m.Tx can have moved it: a stage bug, undone by rollback.
-		return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, id)), nil
+		// No lock was held: the row changed since it was read (an operator, or
+		// a previous dispatcher's reset). Run again on the row as it is now.
+		return "", errRowChanged
 	}
-	if len(report) == 0 {
-		return "0", nil
-	}
-	return "0 " + strings.Join(report, " "), nil
+	return zero, nil
 }
 
-// read returns the row of id: the one fetched ahead by the previous pass if it is
-// that id's, else read now.
-func (w *worker) read(ctx context.Context, id int64) (row, error) {
-	if a := w.ahead; a != nil {
-		w.ahead = nil
-		if a.id == id {
-			return *a, nil
-		}
+// writeTransition writes a transition without a lock, in one statement that is
+// its own transaction, over the row version the handler was given only. moved
+// is false when that version is gone.
+func (w *worker) writeTransition(ctx context.Context, r *row, newStage, newStatus string, timeout *time.Time, newState []byte) (moved bool, err error) {
+	_, err = w.conn.Exec(ctx, transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &pgErr) && pgErr.Code == transitionNoRow:
+		return false, nil
 	}
-	return scanRow(w.conn.QueryRow(ctx, readSQL, id))
+	return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
 }
 
-// commit writes the transition and commits it, in one round trip with the read
-// of the next id's row (kept in w.ahead) when next is not 0. moved is false when
-// the transition found no row to move; a transaction the handler opened is then
-// left open (aborted), for tx.end to roll back.
-//
-// Without a transaction of the handler's, the batch is the read ahead and the
-// transition, which PostgreSQL runs as one implicit transaction committed at the
-// batch's end: no BEGIN or COMMIT to execute, and a failed read ahead means no
-// transition rather than a lost one.
-func (w *worker) commit(ctx context.Context, tx *lazyTx, newStage, newStatus string, timeout *time.Time, newState []byte, next int64) (moved bool, err error) {
-	if tx.begun() {
-		return w.commitTx(ctx, tx.row, newStage, newStatus, timeout, newState, next)
-	}
-	r := tx.row
-	b := &pgx.Batch{}
-	if next != 0 {
-		b.Queue(readSQL, next)
-	}
-	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
-	br := w.conn.SendBatch(ctx, b)
-	var ahead *row
-	if next != 0 {
-		a, err := scanRow(br.QueryRow())
-		switch {
-		case err == nil:
-			ahead = &a
-		case errors.Is(err, pgx.ErrNoRows):
-			// The next id has no row; its own pass will say so.
-		default:
-			_ = br.Close() // repeats err
-			if isConnectionLoss(err, w.conn) {
-				return false, fmt.Errorf("read message %d ahead: %w", next, err)
-			}
-			// The batch stopped at the read: the transition did not run. Send
-			// it on its own.
-			return w.commit(ctx, tx, newStage, newStatus, timeout, newState, 0)
-		}
-	}
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close() // repeats err; the implicit transaction is rolled back
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == transitionNoRow {
-			return false, nil
-		}
-		return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
-	}
-	// The batch's end commits the implicit transaction.
-	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("commit message %d: %w", r.id, err)
-	}
-	w.ahead = ahead
-	return true, nil
-}
-
-// commitTx writes the transition in the transaction the handler opened, commits
-// it and then reads the next id's row, in one round trip.
-func (w *worker) commitTx(ctx context.Context, r *row, newStage, newStatus string, timeout *time.Time, newState []byte, next int64) (moved bool, err error) {
+// commitTx writes the transition in the transaction the handler opened and
+// commits it, in one round trip. moved is false when the transition found no row
+// to move; the transaction is then left open (aborted), for tx.end to roll back.
+func (w *worker) commitTx(ctx context.Context, r *row, newStage, newStatus string, timeout *time.Time, newState []byte) (moved bool, err error) {
 	b := &pgx.Batch{}
 	// The row is locked: no version guard (the handler may have changed the row
 	// in place; only moving it is a bug).
 	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, nil)
 	b.Queue("COMMIT")
-	if next != 0 {
-		b.Queue(readSQL, next)
-	}
 	br := w.conn.SendBatch(ctx, b)
-	// Close repeats the first error, already returned below, or reports one in
-	// the read ahead, which only costs the next pass a read of its own.
+	// Close repeats the first error, already returned below.
 	defer br.Close() //nolint:errcheck // see above
 	if _, err := br.Exec(); err != nil {
 		var pgErr *pgconn.PgError
@@ -435,11 +511,6 @@ func (w *worker) commitTx(ctx context.Context, r *row, newStage, newStatus strin
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
 		return false, fmt.Errorf("commit message %d: %w", r.id, pgx.ErrTxCommitRollback)
-	}
-	if next != 0 {
-		if a, err := scanRow(br.QueryRow()); err == nil {
-			w.ahead = &a
-		}
 	}
 	return true, nil
 }
@@ -475,18 +546,112 @@ func panicSite() string {
 	}
 }
 
-// decodeState reads the row's state, keeping numbers exact (json.Number).
-func decodeState(raw []byte) (map[string]any, error) {
-	state := map[string]any{}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	if err := d.Decode(&state); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %w", err)
+// decodeState reads the row's state, keeping numbers exact (json.Number). It
+// also returns each top-level value as it was read, so that statePatch can tell
+// what the handler changed.
+func decodeState(raw []byte) (map[string]any, map[string]json.RawMessage, error) {
+	var before map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &before); err != nil {
+		return nil, nil, fmt.Errorf("not a JSON object: %w", err)
 	}
-	if state == nil { // the JSON value null
-		state = map[string]any{}
+	state := make(map[string]any, len(before))
+	for k, v := range before {
+		d := json.NewDecoder(bytes.NewReader(v))
+		d.UseNumber()
+		var x any
+		if err := d.Decode(&x); err != nil {
+			return nil, nil, fmt.Errorf("state.%s: %w", k, err)
+		}
+		state[k] = x
 	}
-	return state, nil
+	return state, before, nil
+}
+
+// statePatch returns the top-level keys of state whose value differs from the
+// one read (before) or that are new, as one compact JSON object with sorted
+// keys, or nil when there are none. deleted reports a key of before that state
+// no longer has, which a patch merged with || cannot express.
+func statePatch(before map[string]json.RawMessage, state map[string]any) (patch []byte, deleted bool, err error) {
+	for k := range before {
+		if _, ok := state[k]; !ok {
+			deleted = true
+			break
+		}
+	}
+	keys := make([]string, 0, len(state))
+	for k := range state {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b bytes.Buffer
+	for _, k := range keys {
+		value, err := compactJSON(state[k])
+		if err != nil {
+			return nil, false, fmt.Errorf("state.%s: %w", k, err)
+		}
+		if old, ok := before[k]; ok && sameJSON(old, value) {
+			continue
+		}
+		key, err := compactJSON(k)
+		if err != nil {
+			return nil, false, err
+		}
+		if b.Len() == 0 {
+			b.WriteByte('{')
+		} else {
+			b.WriteByte(',')
+		}
+		b.Write(key)
+		b.WriteByte(':')
+		b.Write(value)
+	}
+	if b.Len() == 0 {
+		return nil, deleted, nil
+	}
+	b.WriteByte('}')
+	return b.Bytes(), deleted, nil
+}
+
+// compactJSON encodes v on one line, without escaping HTML characters. Strings
+// have their control characters escaped, so the result never holds a newline.
+func compactJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// sameJSON reports whether two JSON values are equal: the same bytes once
+// compacted, or the same values decoded (numbers compared as written).
+func sameJSON(a, b []byte) bool {
+	var ca bytes.Buffer
+	if json.Compact(&ca, a) == nil && bytes.Equal(ca.Bytes(), b) {
+		return true
+	}
+	decode := func(raw []byte) (any, bool) {
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.UseNumber()
+		var x any
+		return x, d.Decode(&x) == nil
+	}
+	x, okA := decode(a)
+	y, okB := decode(b)
+	return okA && okB && reflect.DeepEqual(x, y)
+}
+
+// seconds writes d as decimal seconds for a "paused:" target, to the
+// microsecond (PostgreSQL's resolution), without trailing zeros; a negative d
+// is 0.
+func seconds(d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	us := d.Round(time.Microsecond).Microseconds()
+	s := fmt.Sprintf("%d.%06d", us/1e6, us%1e6)
+	return strings.TrimSuffix(strings.TrimRight(s, "0"), ".")
 }
 
 // failure is the status line of a message this pass could not handle.
