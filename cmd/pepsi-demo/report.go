@@ -102,7 +102,7 @@ func (d *demo) checks(ctx context.Context, conn *pgx.Conn, want pipeline.Expecta
 	count(*) FILTER (WHERE status = 'failed'),
 	count(*) FILTER (WHERE status NOT IN ('done', 'failed')),
 	count(*) FILTER (WHERE status = 'done' AND state->>'deliver_attempts' = '2'),
-	count(*) FILTER (WHERE status = 'done' AND state ? 'audited_at' AND state ? 'delivered' AND state ? 'tags'),
+	count(*) FILTER (WHERE status = 'done' AND state->>'audited_by' = 'audit.sh' AND state ? 'delivered' AND state ? 'tags'),
 	count(*) FILTER (WHERE status = 'failed' AND stage = 'parse' AND state ? 'error'),
 	count(*) FILTER (WHERE state ? 'dispatch_error')
 FROM pepsi.queue`).Scan(&done, &failed, &other, &pausedOnce, &audited, &failedByParse, &dispatchErrors)
