@@ -18,14 +18,14 @@ func Example() {
 			if !bytes.HasPrefix(m.Payload, []byte("order=")) {
 				return stage.Failed("not an order") // finishes the message as failed
 			}
-			m.State["parsed"] = true // written with the transition
-			return stage.Advance("enrich")
+			m.State["parsed"] = true       // goes with the transition, as a patch
+			return stage.Advance("enrich") // answered "0 >enrich {"parsed":true}"
 		},
 		"enrich": func(ctx context.Context, m *stage.Message) stage.Result {
 			return stage.Advance("tag") // tag is fused: it runs now, in this pass
 		},
 		"tag": func(ctx context.Context, m *stage.Message) stage.Result {
-			return stage.Advance("deliver") // the dispatcher requeues it for deliver
+			return stage.Advance("deliver") // answered "0 >deliver tag:MICROS"
 		},
 	}, stage.Fuse("tag"))
 }
