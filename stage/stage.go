@@ -43,8 +43,8 @@
 //     the transition, so the library writes the transition in that transaction
 //     and commits it. Its first statement on Message.Tx locks the row.
 //   - A handler that deleted a key of m.State: state || patch cannot delete a
-//     key, so the whole state is written. (Use Message.Tx, or write the key as
-//     null, to make that explicit.)
+//     key, so the library writes the whole state, as it does after Message.Tx.
+//     A handler that sets the key to null instead keeps the fast path.
 //   - A patch that would make the line longer than 32 KiB.
 //   - Every transition, with Options.WriteTransitions (WriteTransitions), for
 //     a dispatcher that predates answers with a target.
