@@ -117,7 +117,7 @@ type Depth struct {
 	OldestWait time.Duration
 }
 
-// StageStats is one row of pepsi.stage_stats (see SPEC.md "Statistics"): the
+// StageStats is one row of pepsi.stage_stats (see docs/pepsi-dispatch.1.md, "Statistics"): the
 // totals the dispatcher's flushes added up, and when the last one touched it.
 type StageStats struct {
 	core.StageDelta

@@ -8,7 +8,7 @@
 // anything out or retry a spawn. Those belong to the pure core, which sees every
 // fact this package observes as an event and nothing through a side channel.
 //
-// The worker protocol (SPEC.md, "Stage programs"): a worker is started as
+// The worker protocol (docs/protocol.md): a worker is started as
 // "PROGRAM worker [-c CONFIG_FILE]" with PEPSI_STAGE=<stage> added to the
 // environment, reads one decimal id per line on standard input, answers one line
 // per id on standard output, and has its standard error logged line by line.

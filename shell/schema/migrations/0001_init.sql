@@ -1,7 +1,7 @@
 -- PEPSI schema, version 1. Needs PostgreSQL 13 or later (gen_random_uuid).
 CREATE SCHEMA IF NOT EXISTS pepsi;
 
--- One row per message. See SPEC.md "The queue".
+-- One row per message. See docs/protocol.md, "The queue and who writes what".
 CREATE TABLE pepsi.queue (
     ingress_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     stage      text        NOT NULL,
