@@ -25,6 +25,98 @@
 // derives from those and from the documented thresholds (core.StartWindow,
 // core.StartFailLimit, core.CooldownMin/Max, core.IdleFlushMin).
 //
+// # The rules
+//
+// The checker (check.go) holds the core to these rules. Each names when it is
+// checked and which fault of the fake world makes it matter; make mutants plants
+// at least one bug per rule (sim/mutants, named in brackets) and each must die.
+//
+// Invariants, checked at every command and after every step:
+//   - Serial writes: no queue transaction while another is outstanding
+//     [claim-while-txn-outstanding].
+//   - Claims: none during a shutdown; never more than QUEUE_LIMIT × PARALLELISM
+//     held per stage [capacity-off-by-one]; a claim's ids reach a worker only
+//     after it committed, and only to a worker of the row's stage.
+//   - Workers: at most PARALLELISM live per stage [parallelism-off-by-one]; at
+//     most QUEUE_LIMIT unanswered ids each [queue-limit-off-by-one], MAX_MESSAGES
+//     in a life; ids only to a ready worker; work packed onto the fewest workers
+//     (the fullest worker with room gets the ids) [work-spread-not-packed]; a
+//     spawn only when the claimed ids exceed what live and starting workers can
+//     take [spawn-ignores-starting] and never during a cooldown [cooldown-ignored];
+//     a stop outside a shutdown only of an idle worker past WORKER_IDLE_TIMEOUT
+//     [reap-too-early] or of one that reached MAX_MESSAGES.
+//   - Kills: the watchdog only after MAX_RUNTIME at the head, and never while the
+//     core knows the database is down [watchdog-during-outage]; a stopped worker
+//     only after STOP_GRACE.
+//   - Resolve items: one per message the core stopped holding, with the verdict
+//     the reference text gives (requeue, fail, timeout, answered with its claim's
+//     epoch, or the move a stage answered, with its target, timeout and patch),
+//     naming the stage it was claimed for, with a reason exactly when it fails
+//     the message [wrong-item-stage, epoch-guard-dropped, timeout-head-failed,
+//     move-*, unknown-target-written, unwritable-transition-written]. A verdict
+//     applies only to the claim it was made for; a 0 whose stage committed (then
+//     lost to a database crash) is never failed as a stage bug.
+//   - Resets keep every row the core holds (but may drop rows whose resolve may
+//     have applied) [reset-without-keep, reset-keeps-unsure-rows]; a wake never
+//     takes a row before its timeout [wake-early] nor a row still handed out
+//     [wake-takes-held-rows].
+//   - Flushes are never empty, never early, re-sent unchanged, sequenced
+//     [idle-flush-not-rate-limited, lost-flush-dropped].
+//   - Exit 0 only when every worker is gone and nothing is held or owed, and no
+//     row this core could know of is left running [exit-zero-before-reset].
+//
+// Obligations in the step (after the core's commands):
+//   - Promptness: when a stage has pending rows the core was told of (a NOTIFY,
+//     a wake or reset that moved rows, a requeue it resolved, the heartbeat, the
+//     start, the database coming back) and has not since claimed the stage dry,
+//     the stage has room, no transaction is outstanding, the database is up as
+//     far as the core knows, no shutdown is under way and no cooldown applies,
+//     the core claims for that stage in that step [ingress-during-claim-forgotten,
+//     cooldown-kept-after-answer].
+//   - Spawning: claimed ids that the ready and starting workers cannot take, with
+//     room under PARALLELISM and no cooldown, get a worker in that step.
+//   - Shutdown: after the first signal every worker, a starting one included, is
+//     stopped or killed; after the second every one is killed
+//     [shutdown-skips-starting, second-shutdown-spares-stopping].
+//   - A protocol error (a line that is no status line, or a line while the worker
+//     holds nothing) is acted on in that step: the worker is killed
+//     [protocol-error-ignored, unsolicited-answer-ignored, protocol-error-not-killed].
+//
+// Deadlines, checked after every step and again whenever the clock moves on,
+// before anything else happens at the new instant (so a core that forgot a timer
+// is caught at the deadline it missed, not when it acts late at some unrelated
+// event); the fake world hands the core a Tick only for the timer it asked for:
+//   - a head unanswered past MAX_RUNTIME is killed [watchdog-timer-forgotten,
+//     watchdog-never-fires]; a stopped worker gone or killed by STOP_GRACE
+//     [grace-timer-forgotten]; an idle worker reaped by WORKER_IDLE_TIMEOUT
+//     [reap-timer-forgotten]; a worker at MAX_MESSAGES recycled [never-recycled];
+//   - a paused row the core knows of woken at its timeout [wake-timer-forgotten,
+//     wake-only-on-heartbeat];
+//   - statistics flushed by STATS_INTERVAL, or core.IdleFlushMin after going idle
+//     [stats-timer-forgotten, idle-flush-timer-forgotten];
+//   - what a spawn cooldown held back (a claim, a spawn) done when it ends
+//     [cooldown-timer-forgotten].
+//
+// Liveness, after the heal phase: every message final within a bounded time
+// (a late claim's orphans included [heartbeat-sweep-disabled]); and the
+// statistics exact, below.
+//
+// # The fake world's faults
+//
+// Queue transactions that fail before taking effect, take effect and lose their
+// reply, hit 40001, or (claims only) lose their reply and commit up to 3 s later,
+// after the core moved on, leaving orphans only the heartbeat's reset finds;
+// outages and PostgreSQL crashes (losing asynchronous stage commits and the
+// crash sentinel); lost notifications; workers that crash before or after
+// committing, hang, babble (a malformed line, or a valid line while they hold
+// nothing), stall at start, are reported started late (so the core sees them
+// starting, and may stop or kill them then), or cannot start; stages that answer
+// their transitions (with patches, pauses and fused stages), answer one the
+// dispatcher cannot write, or both write and answer (a guard miss); dispatcher
+// crashes, graceful and double shutdowns, and lost locks, after which the next
+// core is handed the old one's unflushed statistics (core.Start.Carry)
+// [carry-dropped, carry-seq-ignored].
+//
 // What is exact and what is not (statistics). Each core life (from Start to Exit
 // or to a dispatcher crash) has its own ground truth, counted from the fake
 // world: passes answered 0 (fused stages credited to their own stage), the time
@@ -38,7 +130,9 @@
 // life that crashed or exited 1 may have lost any part of its unflushed deltas.
 // So the flushed totals must lie between the sum over the exact lives and the sum
 // over all lives; with no dispatcher crash and no Exit 1 the two bounds meet and
-// the check is equality. While a life runs, its flushes are also checked against
+// the check is equality. A life that lost its lock counts as exact: what it had
+// not flushed is carried to the next life, which must flush it (or, if that
+// life crashes too, both become inexact). While a life runs, its flushes are also checked against
 // its truth: none is empty, none is early (STATS_INTERVAL, or idle and at most
 // once per core.IdleFlushMin), none is late (deltas left unflushed past those
 // bounds with no transaction outstanding), and a re-sent flush is unchanged.
