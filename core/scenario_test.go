@@ -11,6 +11,8 @@ import (
 
 // Feature: event-driven, batched claiming.
 
+// Proves: start-up resets every running row (it holds none yet), then one Claim
+// takes up to QUEUE_LIMIT × PARALLELISM pending rows of every stage.
 func TestStartResetsOrphansThenClaimsEveryStageInOneStatement(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.q.Insert("b", 2)
@@ -30,32 +32,52 @@ func TestStartResetsOrphansThenClaimsEveryStageInOneStatement(t *testing.T) {
 	if !strings.Contains(list(cmds), "reset-orphans") || indexOf(cmds, reset) > indexOf(cmds, claim) {
 		t.Errorf("the orphan reset must come before the first claim:\n%s", list(cmds))
 	}
+	// That one claim took the rows of both stages with pending work, a's up to its cap:
+	// b's are 1 and 2, a's are 3 to 12, of which 3 to 8 fit.
+	w.wantRow(1, "b", "running")
+	w.wantRow(2, "b", "running")
+	w.wantRow(8, "a", "running")
+	w.wantRow(9, "a", "pending")
 }
 
+// Proves: rows inserted without a notification wait (for the heartbeat); an Ingress
+// claims them at once.
 func TestIngressClaimsOnlyWhenNotifiedOrPolled(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0) // nothing pending: the claim returns less than the caps
 	w.q.Insert("a", 2)
 	none[core.Claim](t, w.tick(time.Second), "no claim without a notification before the heartbeat")
+	w.wantRow(1, "a", "pending")
 	claim := one[core.Claim](t, w.step(core.Ingress{}))
 	if capsOf(claim)["a"] != 6 {
 		t.Errorf("claim after ingress: caps %v, want a:6", claim.Caps)
 	}
+	w.wantRow(1, "a", "running")
+	w.wantRow(2, "a", "running")
 }
 
+// Proves: a pending row whose NOTIFY was lost is claimed by the heartbeat, at
+// POLL_INTERVAL, which the core asks a timer for.
 func TestHeartbeatFindsWorkWhoseNotificationWasLost(t *testing.T) {
 	w := newWorld(t, threeStages)
-	w.start("a", 0)
+	cmds := w.start("a", 0)
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(30 * time.Second)) {
+		t.Errorf("timer after start-up at %s, want the heartbeat at 30s (POLL_INTERVAL)", at.Sub(epoch))
+	}
 	w.q.Insert("a", 1) // NOTIFY lost: no Ingress event
 	none[core.Claim](t, w.tick(29*time.Second), "no claim before POLL_INTERVAL")
-	cmds := w.tick(30 * time.Second)
+	cmds = w.tick(30 * time.Second)
 	one[core.Wake](t, cmds)
 	if c := one[core.Claim](t, cmds); capsOf(c)["a"] != 6 {
 		t.Errorf("heartbeat claim caps %v", c.Caps)
 	}
-	one[core.Write](t, cmds)
+	if wr := one[core.Write](t, cmds); !slices.Equal(wr.IDs, []int64{1}) {
+		t.Errorf("heartbeat handed out %v, want [1] (the row whose notification was lost)", wr.IDs)
+	}
 }
 
+// Proves: when an answer and a notification arrive in one Step, the answer frees its
+// slot before the claim is sized, so that claim fills the slot.
 func TestAnswersInTheSameBatchAreAppliedBeforeTheClaim(t *testing.T) {
 	w := newWorld(t, `
 [stage-a]
@@ -81,8 +103,13 @@ QUEUE_LIMIT = 2
 	if r := one[core.Resolve](t, cmds); len(r.Items) != 1 {
 		t.Errorf("resolve: %v", r)
 	}
+	if wr := one[core.Write](t, cmds); wr.Worker != 1 || !slices.Equal(wr.IDs, []int64{3}) {
+		t.Errorf("%s, want message 3 written to w1 in the slot the answer freed", wr)
+	}
 }
 
+// Proves: no queue command is issued while a transaction's results are outstanding,
+// and a notification that came meanwhile is claimed for once they are back.
 func TestOnlyOneQueueTransactionIsOutstanding(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.q.Insert("a", 1)
@@ -92,16 +119,37 @@ func TestOnlyOneQueueTransactionIsOutstanding(t *testing.T) {
 	more := w.c.Step(epoch.Add(time.Millisecond), core.Ingress{})
 	none[core.Claim](t, more, "a second claim while the first is outstanding")
 	none[core.Resolve](t, more, "a queue write while a transaction is outstanding")
+	for _, c := range more {
+		if core.IsQueue(c) {
+			t.Errorf("queue command %q issued while the first transaction is outstanding", c)
+		}
+	}
+	// The first transaction's results come back: the notification is not lost.
+	var txn []core.Command
+	for _, c := range cmds {
+		if core.IsQueue(c) {
+			txn = append(txn, c)
+		}
+	}
+	after := w.c.Step(epoch.Add(2*time.Millisecond), w.q.Exec(t.Context(), txn)...)
+	if claims := of[core.Claim](after); len(claims) != 1 || capsOf(claims[0])["a"] == 0 {
+		t.Errorf("want a claim for a once the outstanding transaction is back (an Ingress came while it was out), got:\n%s", list(after))
+	}
 }
 
 // Feature: persistent, pipelined workers.
 
+// Proves: a worker is handed its first QUEUE_LIMIT ids, oldest first, in one write,
+// and no more than QUEUE_LIMIT × PARALLELISM rows are claimed.
 func TestWorkerIsHandedUpToQueueLimitIdsInOneWrite(t *testing.T) {
 	w := newWorld(t, threeStages)
 	cmds := w.start("b", 6)
 	writes := of[core.Write](cmds)
 	if len(writes) != 1 || len(writes[0].IDs) != 4 {
 		t.Fatalf("want one write of 4 ids (QUEUE_LIMIT of b), got %v", writes)
+	}
+	if !slices.Equal(writes[0].IDs, []int64{1, 2, 3, 4}) {
+		t.Errorf("wrote %v, want the oldest four, [1 2 3 4] in that order", writes[0].IDs)
 	}
 	if n := len(of[core.Spawn](cmds)); n != 1 {
 		t.Errorf("stage b (PARALLELISM 1) spawned %d workers", n)
@@ -113,6 +161,8 @@ func TestWorkerIsHandedUpToQueueLimitIdsInOneWrite(t *testing.T) {
 
 // Feature: elastic per-stage pools.
 
+// Proves: claimed ids fill one worker up to QUEUE_LIMIT before the next gets any,
+// and new work goes to the busiest worker that has room, not to an idle one.
 func TestWorkIsPackedOntoTheFewestWorkers(t *testing.T) {
 	w := newWorld(t, `
 [stage-a]
@@ -127,6 +177,9 @@ QUEUE_LIMIT = 4
 	if len(w.held[1]) != 4 || len(w.held[2]) != 1 {
 		t.Errorf("held: w1 %v, w2 %v; want 4 and 1", w.held[1], w.held[2])
 	}
+	if !slices.Equal(w.held[1], []int64{1, 2, 3, 4}) || !slices.Equal(w.held[2], []int64{5}) {
+		t.Errorf("w1 holds %v and w2 %v, want w1 [1 2 3 4] (filled first) and w2 [5]", w.held[1], w.held[2])
+	}
 	// A new message goes to the busier worker that has room, not to an idle one.
 	w.finish(2)
 	w.finish(1)
@@ -134,9 +187,13 @@ QUEUE_LIMIT = 4
 	cmds = w.step(core.Ingress{})
 	if wr := one[core.Write](t, cmds); wr.Worker != 1 {
 		t.Errorf("new message went to %s, want w1 (it still holds work)", wr.Worker)
+	} else if !slices.Equal(wr.IDs, []int64{6}) {
+		t.Errorf("w1 was written %v, want [6] (the new message)", wr.IDs)
 	}
 }
 
+// Proves: a stage runs at most PARALLELISM workers of at most QUEUE_LIMIT ids each;
+// a slot an answer frees is refilled, not given to a new worker.
 func TestPoolGrowsToParallelismAndNoFurther(t *testing.T) {
 	w := newWorld(t, threeStages)
 	cmds := w.start("c", 10)
@@ -148,27 +205,44 @@ func TestPoolGrowsToParallelismAndNoFurther(t *testing.T) {
 			t.Errorf("stage c has QUEUE_LIMIT 1, wrote %v", wr)
 		}
 	}
+	for _, wid := range []core.WorkerID{1, 2, 3} {
+		if len(w.held[wid]) != 1 {
+			t.Errorf("%s holds %v, want one id (each of the 3 workers is full)", wid, w.held[wid])
+		}
+	}
+	w.wantRow(4, "c", "pending") // 3 × 1 in flight: the rest waits
 	// Answers free slots but never create a fourth worker.
 	cmds = w.finish(1)
 	none[core.Spawn](t, cmds, "no fourth worker")
+	if wr := one[core.Write](t, cmds); wr.Worker != 1 || !slices.Equal(wr.IDs, []int64{4}) {
+		t.Errorf("%s, want message 4 written to w1, whose slot the answer freed", wr)
+	}
+	w.wantRow(5, "c", "pending")
 }
 
+// Proves: a worker idle for WORKER_IDLE_TIMEOUT is stopped then, at a timer the core
+// asks for, not before, and its clean exit afterwards is quiet.
 func TestIdleWorkersAreStoppedAfterIdleTimeout(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.at(time.Second)
-	w.finish(1)
+	cmds := w.finish(1)
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(6 * time.Second)) {
+		t.Errorf("timer after w1 went idle at 1s: %s, want 6s (WORKER_IDLE_TIMEOUT later)", at.Sub(epoch))
+	}
 	none[core.Stop](t, w.tick(5*time.Second+999*time.Millisecond), "reaped before WORKER_IDLE_TIMEOUT")
 	stop := one[core.Stop](t, w.tick(6*time.Second))
 	if stop.Worker != 1 {
 		t.Errorf("stopped %s, want w1", stop.Worker)
 	}
-	cmds := w.exit(1, 0, "")
+	cmds = w.exit(1, 0, "")
 	if strings.Contains(list(cmds), "crash") || len(items(cmds)) != 0 {
 		t.Errorf("a clean exit after stop must be quiet:\n%s", list(cmds))
 	}
 }
 
+// Proves: a worker handed MAX_MESSAGES ids gets no more, is stopped only once it has
+// answered them all, and a fresh worker takes the rest.
 func TestWorkerRecyclesAfterMaxMessagesOnceDrained(t *testing.T) {
 	w := newWorld(t, `
 [stage-a]
@@ -185,7 +259,9 @@ MAX_MESSAGES = 3
 	}
 	none[core.Stop](t, cmds, "recycled before its pipeline drained")
 	cmds = w.finish(1)
-	one[core.Stop](t, cmds)
+	if s := one[core.Stop](t, cmds); s.Worker != 1 {
+		t.Errorf("stopped %s, want w1 (drained after MAX_MESSAGES)", s.Worker)
+	}
 	cmds = w.exit(1, 0, "")
 	if ids := workersOf(cmds); len(ids) != 1 || ids[0] != 2 {
 		t.Fatalf("after recycling, want a fresh w2, got spawns %v:\n%s", ids, list(cmds))
@@ -193,8 +269,13 @@ MAX_MESSAGES = 3
 	if len(w.held[2]) != 2 {
 		t.Errorf("w2 holds %v, want the remaining 2", w.held[2])
 	}
+	if !slices.Equal(w.held[2], []int64{4, 5}) {
+		t.Errorf("w2 holds %v, want [4 5]", w.held[2])
+	}
 }
 
+// Proves: after a failed spawn the stage spawns nothing for CooldownMin, asks a timer
+// for the cooldown's end, and spawns for the stage then.
 func TestProgramThatCannotStartIsHeldOffWithCooldown(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.noAutoStart = true
@@ -202,12 +283,19 @@ func TestProgramThatCannotStartIsHeldOffWithCooldown(t *testing.T) {
 	sp := one[core.Spawn](t, cmds)
 	cmds = w.step(core.SpawnFailed{Worker: sp.Worker, Err: "exec: \"b\": executable file not found in $PATH"})
 	none[core.Spawn](t, cmds, "respawned during the cooldown")
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(core.CooldownMin)) {
+		t.Errorf("timer after the failed spawn at %s, want %s (end of the cooldown)", at.Sub(epoch), core.CooldownMin)
+	}
 	none[core.Spawn](t, w.tick(999*time.Millisecond), "respawned during the cooldown")
-	one[core.Spawn](t, w.tick(core.CooldownMin))
+	if sp := one[core.Spawn](t, w.tick(core.CooldownMin)); sp.Stage != "b" {
+		t.Errorf("spawned for stage %s at the end of the cooldown, want b", sp.Stage)
+	}
 }
 
 // Feature: requeue on advance, and the stage-bug guard.
 
+// Proves: a row its stage advanced (a bare 0) is requeued at the next stage by the
+// resolve, then claimed and handed to that stage's worker in the same step.
 func TestAdvancedMessageIsRequeuedForTheNextStage(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -215,6 +303,9 @@ func TestAdvancedMessageIsRequeuedForTheNextStage(t *testing.T) {
 	it := itemFor(t, cmds, 1)
 	if it.Stage != "a" {
 		t.Errorf("resolve item guarded by stage %q, want the claimed stage a", it.Stage)
+	}
+	if it.Verdict != core.Answered {
+		t.Errorf("resolve item %v, want answered (the stage wrote the advance itself)", it)
 	}
 	// Requeued to pending at b, then claimed for b in the same transaction.
 	claim := one[core.Claim](t, cmds)
@@ -224,9 +315,13 @@ func TestAdvancedMessageIsRequeuedForTheNextStage(t *testing.T) {
 	w.wantRow(1, "b", "running")
 	if ws := of[core.Write](cmds); len(ws) != 1 || ws[0].IDs[0] != 1 {
 		t.Errorf("message 1 not handed to a b worker: %v", ws)
+	} else if st := w.stageOf[ws[0].Worker]; st != "b" {
+		t.Errorf("message 1 handed to %s of stage %s, want a worker of b", ws[0].Worker, st)
 	}
 }
 
+// Proves: a bare 0 that left the row running at its stage fails it with a reason
+// saying so, and it is not handed out again.
 func TestZeroThatLeavesTheRowRunningFailsItAsAStageBug(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -239,6 +334,8 @@ func TestZeroThatLeavesTheRowRunningFailsItAsAStageBug(t *testing.T) {
 	none[core.Write](t, w.tick(31*time.Second), "a stuck message handed out again")
 }
 
+// Proves: when a database crash since the claim may have lost the stage's own
+// commit, a 0 that left the row running runs the stage again instead of failing it.
 func TestStuckMessageIsRequeuedNotFailedAfterADatabaseCrash(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -250,6 +347,7 @@ func TestStuckMessageIsRequeuedNotFailedAfterADatabaseCrash(t *testing.T) {
 	if r := w.row(id); r.Status == "failed" {
 		t.Fatalf("message %d failed as a stage bug although the crash lost the stage's commit", id)
 	}
+	w.wantRow(id, "a", "running") // requeued, then claimed again for a
 	// The same stage runs it again.
 	if w.head(1) != id {
 		t.Errorf("message %d not handed to stage a again", id)
@@ -258,15 +356,20 @@ func TestStuckMessageIsRequeuedNotFailedAfterADatabaseCrash(t *testing.T) {
 
 // Feature: retry scheduling.
 
+// Proves: a row its stage paused is woken at its timeout, not before, at a timer the
+// core asks for, and handed out again.
 func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.at(10 * time.Second)
 	w.answer(1, "a", "paused", "0") // paused until 10s + 1m = 70s
 	w.tick(30 * time.Second)        // heartbeat: a wake that finds nothing due
-	w.tick(60 * time.Second)
+	cmds := w.tick(60 * time.Second)
 	w.wantRow(1, "a", "paused")
-	cmds := w.tick(70 * time.Second)
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(70 * time.Second)) {
+		t.Errorf("timer after the 60s heartbeat at %s, want the paused timeout at 70s", at.Sub(epoch))
+	}
+	cmds = w.tick(70 * time.Second)
 	wake := one[core.Wake](t, cmds)
 	if !wake.Now.Equal(epoch.Add(70 * time.Second)) {
 		t.Errorf("wake at %v, want 70s", wake.Now.Sub(epoch))
@@ -277,6 +380,8 @@ func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
 	}
 }
 
+// Proves: once nothing earlier is due (the idle worker reaped), the core's timer is
+// the earliest paused timeout.
 func TestTimerAsksForTheEarliestPausedTimeout(t *testing.T) {
 	w := newWorld(t, `
 [pepsi-dispatch]
@@ -303,12 +408,17 @@ PROGRAM = a
 
 // Feature: crash and watchdog recovery.
 
+// Proves: a non-zero answer fails only its message, with the worker's reason, and the
+// same worker goes on to the next message.
 func TestNonZeroAnswerFailsOneMessageAndTheWorkerLivesOn(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3)
 	cmds := w.answer(1, "", "", "3 invalid address: nobody@")
 	none[core.Kill](t, cmds, "a worker answering non-zero must survive")
 	none[core.Stop](t, cmds, "a worker answering non-zero must survive")
+	if its := items(cmds); len(its) != 1 || its[0].ID != 1 || its[0].Verdict != core.Fail {
+		t.Errorf("resolve items %v, want only message 1 failed", its)
+	}
 	w.wantRow(1, "a", "failed")
 	if r := w.row(1); r.DispatchError != "invalid address: nobody@" {
 		t.Errorf("dispatch_error = %q, want the worker's reason", r.DispatchError)
@@ -317,6 +427,8 @@ func TestNonZeroAnswerFailsOneMessageAndTheWorkerLivesOn(t *testing.T) {
 	w.wantRow(2, "b", "running")
 }
 
+// Proves: a crash fails the worker's head-of-line message, requeues the rest (which a
+// new worker runs) and counts one crash.
 func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3) // w1 holds 1,2,3
@@ -333,6 +445,10 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	if r := w.row(3); r.Status == "failed" {
 		t.Errorf("message 3 never ran but was failed")
 	}
+	w.wantRow(3, "a", "running") // requeued, claimed again
+	if ws := of[core.Write](cmds); len(ws) != 1 || !slices.Equal(ws[0].IDs, []int64{3}) || ws[0].Worker == 1 {
+		t.Errorf("writes after the crash %v, want message 3 handed to a new worker", ws)
+	}
 	flushAll(w)
 	st, _, _, _ := w.q.Stats()
 	if st["a"].Crashes != 1 || st["a"].Failed != 1 {
@@ -340,6 +456,8 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	}
 }
 
+// Proves: a crashed worker's head that its stage had already advanced and committed
+// is requeued at the next stage, not failed.
 func TestCrashAfterTheHeadWasAdvancedRequeuesItInsteadOfFailing(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 2)
@@ -352,14 +470,21 @@ func TestCrashAfterTheHeadWasAdvancedRequeuesItInsteadOfFailing(t *testing.T) {
 	}
 }
 
+// Proves: MAX_RUNTIME is timed from when a message reached the head of its worker's
+// pipeline; at that instant (a timer the core asks for) the worker is killed and the
+// message becomes timeout.
 func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
 	w := newWorld(t, threeStages) // MAX_RUNTIME 300s
 	w.start("a", 2)               // w1 holds 1, 2
 	w.at(100 * time.Second)
 	w.finish(1) // 2 reaches the head at 100s
 	none[core.Kill](t, w.tick(300*time.Second), "timed from dispatch instead of from the head")
-	none[core.Kill](t, w.tick(399*time.Second), "killed before MAX_RUNTIME at the head")
-	cmds := w.tick(400 * time.Second)
+	cmds := w.tick(399 * time.Second)
+	none[core.Kill](t, cmds, "killed before MAX_RUNTIME at the head")
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(400 * time.Second)) {
+		t.Errorf("timer at %s, want 400s (message 2 reached the head at 100s, MAX_RUNTIME 300s)", at.Sub(epoch))
+	}
+	cmds = w.tick(400 * time.Second)
 	if k := one[core.Kill](t, cmds); k.Worker != 1 {
 		t.Errorf("killed %s", k.Worker)
 	}
@@ -370,11 +495,15 @@ func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
 	w.wantRow(2, "a", "timeout")
 }
 
+// Proves: a line that is not a status line gets the worker killed, and then, as for a
+// crash, its head fails, the rest is requeued and a crash is counted.
 func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 2)
 	cmds := w.step(core.Answer{Worker: 1, Line: "OK"})
-	one[core.Kill](t, cmds)
+	if k := one[core.Kill](t, cmds); k.Worker != 1 {
+		t.Errorf("killed %s, want w1 (it broke the protocol)", k.Worker)
+	}
 	cmds = w.exit(1, -1, "killed")
 	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "protocol") {
 		t.Errorf("head item %v, want failed with a protocol reason", it)
@@ -382,8 +511,26 @@ func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {
 	if it := itemFor(t, cmds, 2); it.Verdict != core.Requeue {
 		t.Errorf("second item %v, want pending", it)
 	}
+	if d := unflushed(w, "a"); d.Crashes != 1 {
+		t.Errorf("counts of a not yet flushed %+v, want 1 crash", d)
+	}
 }
 
+// unflushed sums what the core counted for stage and has not flushed yet.
+func unflushed(w *world, stage string) core.StageDelta {
+	sum := core.StageDelta{Stage: stage}
+	for _, f := range w.c.Unflushed() {
+		for _, d := range f.Stages {
+			if d.Stage == stage {
+				sum.Add(d)
+			}
+		}
+	}
+	return sum
+}
+
+// Proves: a worker that exits before answering anything requeues its messages and
+// cools the stage down; only a message at the head of StartFailLimit such starts fails.
 func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("b", 1)
@@ -418,6 +565,8 @@ func lastTimer(t *testing.T, cmds []core.Command) time.Time {
 	return timers[len(timers)-1].At
 }
 
+// Proves: ids requeued by a failed start are handed to a new worker when the cooldown
+// ends, at a timer the core asks for, with no notification.
 func TestMessagesOfAWorkerThatCouldNotStartAreRetriedWhenTheCooldownEnds(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("b", 1)
@@ -436,6 +585,8 @@ func TestMessagesOfAWorkerThatCouldNotStartAreRetriedWhenTheCooldownEnds(t *test
 	}
 }
 
+// Proves: rows claimed for a stage whose spawn failed are pending during the cooldown
+// and claimed again, by a timer, when it ends.
 func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.noAutoStart = true
@@ -461,6 +612,8 @@ func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testin
 
 // Feature: start-up / shutdown safety.
 
+// Proves: a shutdown stops every worker, even one still starting, requeues claimed
+// rows no worker holds, claims nothing, and exits 0 once the workers have exited.
 func TestShutdownStopsWorkersAndResetsTheirRowsAndTheUnassigned(t *testing.T) {
 	w := newWorld(t, `
 [stage-a]
@@ -472,13 +625,17 @@ QUEUE_LIMIT = 2
 	cmds := w.start("a", 2) // claimed, worker still starting: both unassigned
 	sp := one[core.Spawn](t, cmds)
 	cmds = w.step(core.Shutdown{})
-	one[core.Stop](t, cmds)
+	if s := one[core.Stop](t, cmds); s.Worker != sp.Worker {
+		t.Errorf("stopped %s, want the starting %s", s.Worker, sp.Worker)
+	}
+	none[core.Claim](t, cmds, "claimed during a shutdown")
 	for _, id := range []int64{1, 2} {
 		if it := itemFor(t, cmds, id); it.Verdict != core.Requeue {
 			t.Errorf("claimed-but-unassigned %d: %v, want pending", id, it)
 		}
 	}
 	w.wantRow(1, "a", "pending")
+	w.wantRow(2, "a", "pending")
 	none[core.Exit](t, cmds, "exited before its worker")
 	cmds = w.exit(sp.Worker, 0, "")
 	if e := one[core.Exit](t, cmds); e.Code != 0 {
@@ -486,6 +643,8 @@ QUEUE_LIMIT = 2
 	}
 }
 
+// Proves: during a shutdown an answer is still written; what the stopped worker had
+// not answered when it was killed is requeued, then the core exits 0.
 func TestShutdownRequeuesWhatAWorkerDidNotAnswer(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3)
@@ -501,11 +660,16 @@ func TestShutdownRequeuesWhatAWorkerDidNotAnswer(t *testing.T) {
 	}
 	w.wantRow(1, "a", "done")
 	w.wantRow(2, "a", "pending")
-	one[core.Exit](t, w.all)
+	w.wantRow(3, "a", "pending")
+	if e := one[core.Exit](t, w.all); e.Code != 0 {
+		t.Errorf("exit code %d, want 0 (every row was resolved or requeued)", e.Code)
+	}
 }
 
 // Writes while the database is away.
 
+// Proves: answers read while the database is down are held, not written, and all sent
+// in one resolve after DatabaseUp.
 func TestWritesOwedDuringAnOutageAreSentWhenTheDatabaseIsBack(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3)
@@ -524,6 +688,8 @@ func TestWritesOwedDuringAnOutageAreSentWhenTheDatabaseIsBack(t *testing.T) {
 	w.wantRow(2, "a", "done")
 }
 
+// Proves: after a claim whose reply was lost, the core resets the running rows it
+// does not hold, keeping its own, before it claims again.
 func TestLostClaimReplyResetsTheRowsItMayHaveClaimed(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -545,13 +711,17 @@ func TestLostClaimReplyResetsTheRowsItMayHaveClaimed(t *testing.T) {
 	}
 }
 
+// Proves: a resolve whose reply was lost is re-sent unchanged after DatabaseUp, and
+// applying it again does no harm: the message runs once at its next stage.
 func TestLostResolveReplyIsResentSafely(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.loseReplies = true
-	w.advance(1, "b") // requeued to pending at b, reply lost
+	lost := itemFor(t, w.advance(1, "b"), 1) // requeued to pending at b, reply lost
 	w.loseReplies = false
-	w.step(core.DatabaseUp{})
+	if again := itemFor(t, w.step(core.DatabaseUp{}), 1); again != lost {
+		t.Errorf("re-sent item %v, want the lost one unchanged: %v", again, lost)
+	}
 	w.wantRow(1, "b", "running") // resent: left alone, then claimed for b
 	if len(of[core.Write](w.all)) != 2 {
 		t.Errorf("message 1 not handed to b exactly once:\n%s", list(w.all))
@@ -608,6 +778,8 @@ func TestShutdownResetsRowsALostClaimMayHaveTakenBeforeExitingZero(t *testing.T)
 
 // Feature: statistics.
 
+// Proves: going idle flushes what was counted (fused stages credited, a's own time
+// net of theirs), and nothing is flushed when there is nothing to add.
 func TestStatisticsAreFlushedAsDeltasOnIdleAndNeverEmpty(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -631,11 +803,15 @@ func TestStatisticsAreFlushedAsDeltasOnIdleAndNeverEmpty(t *testing.T) {
 	none[core.Flush](t, cmds, "an empty flush")
 }
 
+// Proves: going idle flushes at once when the last flush is a second old, and
+// otherwise a second after it, at a timer the core asks for.
 func TestIdleFlushHappensAtMostOnceASecond(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.at(1500 * time.Millisecond)
-	w.finish(1)
+	if f := of[core.Flush](w.finish(1)); len(f) != 1 {
+		t.Fatalf("going idle at 1.5s (1.5s after the start) flushed %d times in that step, want once", len(f))
+	}
 	w.at(1600 * time.Millisecond)
 	if f := of[core.Flush](w.step()); len(f) != 0 {
 		t.Fatalf("flush issued twice")
@@ -648,12 +824,17 @@ func TestIdleFlushHappensAtMostOnceASecond(t *testing.T) {
 	w.at(1800 * time.Millisecond)
 	cmds := w.finish(1) // idle again 0.3s after the last flush
 	none[core.Flush](t, cmds, "a second idle flush within a second")
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(2500 * time.Millisecond)) {
+		t.Errorf("timer after going idle at 1.8s: %s, want 2.5s (a second after the 1.5s flush)", at.Sub(epoch))
+	}
 	cmds = w.tick(2500 * time.Millisecond)
 	if f := one[core.Flush](t, cmds); f.MessagesLeft != 1 {
 		t.Errorf("deferred idle flush %v", f)
 	}
 }
 
+// Proves: while workers are busy the counts are flushed once STATS_INTERVAL has
+// passed, not on each answer.
 func TestStatisticsFlushEveryStatsIntervalWhileBusy(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 2)
@@ -665,8 +846,12 @@ func TestStatisticsFlushEveryStatsIntervalWhileBusy(t *testing.T) {
 	if f.Seq != 1 || f.MessagesLeft != 1 {
 		t.Errorf("periodic flush %v", f)
 	}
+	if st, _, _, _ := w.q.Stats(); st["a"].Processed != 1 {
+		t.Errorf("stage_stats of a after the periodic flush %+v, want 1 processed", st["a"])
+	}
 }
 
+// Proves: statistics counted around a resolve whose reply was lost are flushed once.
 func TestLostFlushIsResentUnchangedAndAppliedOnce(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -697,6 +882,8 @@ func indexOf(cmds []core.Command, c core.Command) int {
 	return -1
 }
 
+// Proves: a core that lost its lock hands its unsure and unsent counts to the next
+// core, which adds exactly what the database has not applied yet.
 func TestStatisticsOfACoreThatLostItsLockAreCarriedToTheNextCore(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3) // w1 holds 1, 2, 3
@@ -722,6 +909,8 @@ func TestStatisticsOfACoreThatLostItsLockAreCarriedToTheNextCore(t *testing.T) {
 	}
 }
 
+// Proves: a wake keeps the rows handed to workers, so a row paused with a due timeout
+// is not handed to a second worker before its answer is read, and runs again after.
 func TestRowPausedWithADueTimeoutIsNotWokenBeforeItsAnswerIsRead(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -749,6 +938,8 @@ func TestRowPausedWithADueTimeoutIsNotWokenBeforeItsAnswerIsRead(t *testing.T) {
 	}
 }
 
+// Proves: after a second shutdown request the core asks for no timer already due
+// (nothing more is written), and exits 1 with results unwritten once its workers are gone.
 func TestAfterASecondShutdownTheCoreAsksForNoTimerItCannotServe(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 2)
@@ -767,6 +958,8 @@ func TestAfterASecondShutdownTheCoreAsksForNoTimerItCannotServe(t *testing.T) {
 	}
 }
 
+// Proves: every POLL_INTERVAL, running rows this core does not hold are reset to
+// pending (and claimed again); the rows it holds are kept.
 func TestHeartbeatResetsRunningRowsNoOneHolds(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1) // w1 holds 1
@@ -793,6 +986,8 @@ func answerMove(w *world, wid core.WorkerID, line string) []core.Command {
 	return w.answer(wid, "", "", line)
 }
 
+// Proves: "0 >b {patch}" has the dispatcher write the row pending at b with the patch
+// merged, in the transaction that also claims it for b, and counts the pass.
 func TestAnsweredAdvanceIsWrittenByTheDispatcherAndClaimedAtTheNextStage(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -816,6 +1011,8 @@ func TestAnsweredAdvanceIsWrittenByTheDispatcherAndClaimedAtTheNextStage(t *test
 	}
 }
 
+// Proves: "0 >done" and "0 >paused:S" are written straight to done, and to paused
+// until the answer's instant + S, and the pause is woken at that instant.
 func TestAnsweredDoneAndPauseAreWrittenStraightToWhatTheRowBecomes(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 2)
@@ -839,11 +1036,17 @@ func TestAnsweredDoneAndPauseAreWrittenStraightToWhatTheRowBecomes(t *testing.T)
 	w.wantRow(2, "a", "running")
 }
 
+// Proves: one worker may answer a transition for one message and bare 0s for the
+// next; each is resolved by its own verdict.
 func TestAnsweredTransitionsMixWithBareAnswersInOneWorker(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 3)
-	answerMove(w, 1, "0 >b")
-	w.advance(1, "b")
+	if it := itemFor(t, answerMove(w, 1, "0 >b"), 1); it.Verdict != core.Move || it.To != "b" {
+		t.Errorf("item %v after 0 >b, want a move to b", it)
+	}
+	if it := itemFor(t, w.advance(1, "b"), 2); it.Verdict != core.Answered {
+		t.Errorf("item %v after a bare 0, want answered", it)
+	}
 	cmds := w.finish(1)
 	if it := itemFor(t, cmds, 3); it.Verdict != core.Answered {
 		t.Errorf("item %v after a bare 0, want answered", it)
@@ -853,6 +1056,8 @@ func TestAnsweredTransitionsMixWithBareAnswersInOneWorker(t *testing.T) {
 	w.wantRow(3, "a", "done")
 }
 
+// Proves: an answered transition the dispatcher cannot write fails only that message,
+// with a reason, and the worker is neither killed nor stopped.
 func TestAnUnwritableTransitionFailsItsMessageAndTheWorkerLivesOn(t *testing.T) {
 	for _, line := range []string{"0 >zz", "0 >paused:-1", `0 >b {"x":`} {
 		t.Run(line, func(t *testing.T) {
@@ -860,6 +1065,7 @@ func TestAnUnwritableTransitionFailsItsMessageAndTheWorkerLivesOn(t *testing.T) 
 			w.start("a", 2)
 			cmds := answerMove(w, 1, line)
 			none[core.Kill](t, cmds, "an unwritable transition is not a protocol error")
+			none[core.Stop](t, cmds, "a worker whose answer could not be written lives on")
 			if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "cannot have") {
 				t.Fatalf("item %v, want the message failed with a reason", it)
 			}
@@ -869,6 +1075,8 @@ func TestAnUnwritableTransitionFailsItsMessageAndTheWorkerLivesOn(t *testing.T) 
 	}
 }
 
+// Proves: a move whose row is no longer running at the answering stage writes
+// nothing, is logged and counted as a guard miss, and the row stays where the stage put it.
 func TestAGuardMissWritesNothingAndIsCountedAndLogged(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -892,6 +1100,8 @@ func TestAGuardMissWritesNothingAndIsCountedAndLogged(t *testing.T) {
 	}
 }
 
+// Proves: a re-sent move that finds its own earlier write (the reply was lost) is
+// not a guard miss, and the message leaves once.
 func TestAMoveWhoseReplyWasLostIsNotCountedAsAGuardMiss(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
