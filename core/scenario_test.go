@@ -851,20 +851,26 @@ func TestStatisticsFlushEveryStatsIntervalWhileBusy(t *testing.T) {
 	}
 }
 
-// Proves: statistics counted around a resolve whose reply was lost are flushed once.
+// Proves: a flush whose reply was lost (it was applied) is re-sent unchanged, with
+// its Seq, after DatabaseUp, and its counts are added to the tables once.
 func TestLostFlushIsResentUnchangedAndAppliedOnce(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
-	w.at(2 * time.Second)
+	w.at(500 * time.Millisecond)
+	w.finish(1) // idle within a second of the start: the flush waits until 1s
 	w.loseReplies = true
-	w.finish(1) // resolve + (next step) flush: the replies are lost
+	lost := one[core.Flush](t, w.tick(time.Second)) // the flush alone: applied, its reply lost
 	w.loseReplies = false
-	w.step(core.DatabaseUp{})
+	resent := one[core.Flush](t, w.step(core.DatabaseUp{}))
+	lost.Op, resent.Op = 0, 0
+	if resent.String() != lost.String() {
+		t.Errorf("re-sent flush %v, want the lost one unchanged: %v", resent, lost)
+	}
 	w.tick(3 * time.Second)
 	flushAll(w)
-	_, passes, left, _ := w.q.Stats()
-	if passes != 1 || left != 1 {
-		t.Errorf("after a lost and resent flush: passes %d left %d, want 1 and 1", passes, left)
+	_, passes, left, seq := w.q.Stats()
+	if passes != 1 || left != 1 || seq != lost.Seq {
+		t.Errorf("after a lost and resent flush: passes %d left %d flush_seq %d, want 1, 1 and %d", passes, left, seq, lost.Seq)
 	}
 }
 
