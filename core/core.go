@@ -143,6 +143,8 @@ type Core struct {
 	lastFlush  time.Time
 	startFails map[int64]int
 
+	health health // the queue table's health (vacuum.go)
+
 	shutdown   int // 0 running, 1 graceful, 2 immediate
 	waitLogged bool
 	exited     bool
@@ -183,6 +185,7 @@ func (c *Core) Step(now time.Time, evs ...Event) []Command {
 	}
 	if c.started {
 		c.timers()
+		c.inspectDue()
 		c.assign()
 		c.queueWork()
 		c.finish()
@@ -293,6 +296,10 @@ func (c *Core) apply(ev Event) {
 		} else if e.Count > 0 {
 			c.logf("warn", "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
 		}
+	case Inspected:
+		c.inspected(e)
+	case Vacuumed:
+		c.vacuumed(e)
 	case Flushed:
 		cmd := c.result(e.Op, e.Err).(Flush)
 		if e.Err != "" {
@@ -1055,6 +1062,7 @@ func (c *Core) setTimer() {
 	// DatabaseUp wakes the core: a queue deadline then would only spin.
 	// After a second shutdown request nothing more is written either.
 	queueBlocked := c.dbDown || len(c.txn) > 0 || c.shutdown == 2
+	at(c.inspectAt())
 	if c.shutdown == 0 {
 		at(c.lastPoll.Add(c.cfg.PollInterval))
 		if !queueBlocked {

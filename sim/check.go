@@ -119,6 +119,16 @@ type model struct {
 	toldInTxn  bool       // a notification came while the claim was outstanding
 	lastPoll   time.Time  // the heartbeat's last instant (POLL_INTERVAL)
 	txnAtStart bool       // a queue transaction was outstanding when the step began
+	// The queue's health: an Inspect outstanding and when the last was sent, a
+	// Vacuum outstanding and when the last was sent, the last inspection's
+	// result, and one delivered in this step (the vacuum obligation).
+	inspectOut    bool
+	inspectSent   time.Time
+	vacuumOut     bool
+	vacuumSent    time.Time
+	lastInspected *core.Inspected
+	inspectedNow  *core.Inspected
+	vacuumedNow   bool // the step's commands include a Vacuum
 
 	// Of every life.
 	claimGen []int // per row (id-1): how many times a claim took it
@@ -141,6 +151,8 @@ func (w *world) newLifeModel() {
 	m.lastFlush = nil
 	m.issued = &truth{stages: map[string]*core.StageDelta{}}
 	m.resetSeen = false
+	m.inspectOut, m.vacuumOut, m.lastInspected = false, false, nil
+	m.inspectSent, m.vacuumSent = time.Time{}, time.Time{}
 	m.told = make([]bool, len(w.sc.stages))
 	m.claimCaps, m.toldInTxn = nil, false
 	t := &truth{stages: map[string]*core.StageDelta{}, carried: &truth{stages: map[string]*core.StageDelta{}}}
@@ -170,7 +182,16 @@ func (w *world) modelEvent(ev core.Event) {
 	case core.Start:
 		w.flushedAt = w.now
 		w.lastPoll = w.now
+		w.inspectSent = w.now
 		w.tellAll()
+	case core.Inspected:
+		w.inspectOut = false
+		if e.Err == "" {
+			in := e
+			w.lastInspected, w.inspectedNow = &in, &in
+		}
+	case core.Vacuumed:
+		w.vacuumOut = false
 	case core.Ingress:
 		w.tellAll()
 		if w.claimCaps != nil {
@@ -513,6 +534,13 @@ func (w *world) modelCommands(cmds []core.Command) {
 			}
 		case core.Flush:
 			w.checkFlush(x)
+		case core.Inspect:
+			if w.inspectOut || w.shut > 0 {
+				w.violation("%s while another is outstanding (%v) or during a shutdown (%v)", x, w.inspectOut, w.shut > 0)
+			}
+			w.inspectOut, w.inspectSent = true, w.now
+		case core.Vacuum:
+			w.checkVacuum(x)
 		case core.Spawn:
 			w.checkSpawn(x)
 		case core.Write:
@@ -609,6 +637,26 @@ func (w *world) checkClaim(x core.Claim) {
 			return
 		}
 	}
+}
+
+// checkVacuum: a vacuum only when the last inspection called for one (dead rows
+// past core.VacuumDeadMin, no vacuum running), VACUUM is on, none of the core's
+// is running, no shutdown is under way, and core.VacuumIntervalMin has passed.
+func (w *world) checkVacuum(x core.Vacuum) {
+	in := w.lastInspected
+	switch {
+	case !w.sc.vacuum:
+		w.violation("%s although VACUUM = off", x)
+	case w.vacuumOut:
+		w.violation("%s while the core's last vacuum runs", x)
+	case w.shut > 0:
+		w.violation("%s during a shutdown", x)
+	case in == nil || in.Dead < core.VacuumDeadMin || in.Vacuuming:
+		w.violation("%s not called for by the last inspection %v", x, in)
+	case !w.vacuumSent.IsZero() && w.now.Sub(w.vacuumSent) < core.VacuumIntervalMin:
+		w.violation("%s %s after the last, before VacuumIntervalMin %s", x, w.now.Sub(w.vacuumSent), core.VacuumIntervalMin)
+	}
+	w.vacuumOut, w.vacuumSent, w.vacuumedNow = true, w.now, true
 }
 
 func (w *world) checkFlush(x core.Flush) {
@@ -862,6 +910,10 @@ func (w *world) checkTimely() {
 	if w.fail != nil || !w.running {
 		return
 	}
+	if w.shut == 0 && !w.inspectOut && w.now.Sub(w.inspectSent) > core.InspectInterval {
+		w.violation("the queue's health was last asked for %s ago, InspectInterval %s", w.now.Sub(w.inspectSent), core.InspectInterval)
+		return
+	}
 	if !w.txnOut && !w.coreDown && w.shut == 0 && w.unflushed() {
 		since := w.now.Sub(w.flushedAt)
 		if since > w.sc.stats || (w.nothingHeld() && since > core.IdleFlushMin) {
@@ -934,6 +986,13 @@ func (w *world) checkTimely() {
 func (w *world) checkStep(free bool) {
 	w.checkTimely()
 	if w.fail != nil || !w.running {
+		return
+	}
+	in, vacuumed := w.inspectedNow, w.vacuumedNow
+	w.inspectedNow, w.vacuumedNow = nil, false
+	if in != nil && !vacuumed && w.sc.vacuum && w.shut == 0 && in.Dead >= core.VacuumDeadMin && !in.Vacuuming && !w.vacuumOut &&
+		(w.vacuumSent.IsZero() || w.now.Sub(w.vacuumSent) >= core.VacuumIntervalMin) {
+		w.violation("the queue has %d dead row versions, no vacuum runs and VACUUM is on, and the step vacuumed nothing", in.Dead)
 		return
 	}
 	for _, id := range sortedKeys(w.workers) {

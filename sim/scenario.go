@@ -32,6 +32,12 @@ type Scenario struct {
 	restart  time.Duration
 	messages []message
 	faults   faults
+	// vacuum is the VACUUM key; autovacuum is what inspections report; deadScale
+	// is how many dead row versions one row change stands for (a few dozen
+	// messages would never reach core.VacuumDeadMin otherwise).
+	vacuum     bool
+	autovacuum bool
+	deadScale  int64
 }
 
 type stageConf struct {
@@ -262,6 +268,9 @@ func choose(c chooser) *Scenario {
 			}
 		}
 	}
+	sc.vacuum = c.intn("vacuum", 0, 3) > 0
+	sc.autovacuum = c.intn("autovacuum", 0, 1) == 1
+	sc.deadScale = int64(100 * c.intn("dead_scale", 1, 30))
 	return sc
 }
 
@@ -361,8 +370,12 @@ func chooseFaults(c chooser, sc *Scenario) faults {
 // Conf is the scenario's pepsi.conf.
 func (sc *Scenario) Conf() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "[pepsi-dispatch]\nMAX_RUNTIME = %s\nWORKER_IDLE_TIMEOUT = %s\nPOLL_INTERVAL = %s\nSTATS_INTERVAL = %s\nSTOP_GRACE = %s\n",
-		sc.maxRuntime, sc.idle, sc.poll, sc.stats, sc.grace)
+	vacuum := "off"
+	if sc.vacuum {
+		vacuum = "on"
+	}
+	fmt.Fprintf(&b, "[pepsi-dispatch]\nMAX_RUNTIME = %s\nWORKER_IDLE_TIMEOUT = %s\nPOLL_INTERVAL = %s\nSTATS_INTERVAL = %s\nSTOP_GRACE = %s\nVACUUM = %s\n",
+		sc.maxRuntime, sc.idle, sc.poll, sc.stats, sc.grace, vacuum)
 	for _, st := range sc.stages {
 		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = %s-stage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
 			st.name, st.name, st.parallelism, st.queueLimit, st.maxMessages)
@@ -378,6 +391,7 @@ func (sc *Scenario) String() string {
 		fmt.Fprintf(&b, "# conf: %s\n", line)
 	}
 	fmt.Fprintf(&b, "# fault phase %s, dispatcher restart after %s\n", sc.faultPhase, sc.restart)
+	fmt.Fprintf(&b, "# queue: autovacuum %v, %d dead row versions per row change\n", sc.autovacuum, sc.deadScale)
 	f := sc.faults
 	fmt.Fprintf(&b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
 		f.failBefore, f.failAfter, f.transient, f.lostNotify, f.slowStart)

@@ -128,6 +128,8 @@ type world struct {
 	// rFault draws for the fault kinds added after the others (late starts,
 	// babbling workers, late claims), so older seeds' other draws are unchanged.
 	rFault *rand.Rand
+	// rVacuum draws for inspections and vacuums.
+	rVacuum *rand.Rand
 
 	down     []window // database unreachable (outages and crashes), absolute offsets
 	healing  bool
@@ -196,6 +198,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rProc:       rand.New(rand.NewPCG(sc.WorldSeed, 3)),
 		rCrash:      rand.New(rand.NewPCG(sc.WorldSeed, 4)),
 		rFault:      rand.New(rand.NewPCG(sc.WorldSeed, 5)),
+		rVacuum:     rand.New(rand.NewPCG(sc.WorldSeed, 6)),
 		lateClaimed: map[int64]int{},
 	}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
@@ -630,6 +633,10 @@ func (w *world) step() {
 			w.kill(x)
 		case core.SetTimer:
 			w.setTimer(x)
+		case core.Inspect:
+			w.inspect(x)
+		case core.Vacuum:
+			w.vacuum(x)
 		case core.Exit:
 			w.endLife(fmt.Sprintf("exit %d", x.Code), x.Code == 0, w.sc.restart)
 			return
@@ -751,6 +758,37 @@ func (w *world) commitLate() {
 	w.lateExec = true
 	w.exec(t)
 	w.lateExec = false
+}
+
+// inspect answers an Inspect a moment later with the fake queue's dead row
+// versions (scaled), and sometimes finds autovacuum at work, which then removes
+// them.
+func (w *world) inspect(x core.Inspect) {
+	w.after(w.randDur(w.rVacuum, time.Millisecond, 50*time.Millisecond), func() {
+		if w.dbDown() {
+			w.pending = append(w.pending, core.Inspected{Op: x.Op, Err: "dial tcp 127.0.0.1:5432: connect: connection refused"})
+			return
+		}
+		ev := core.Inspected{Op: x.Op, Dead: w.q.Dead * w.sc.deadScale, Live: int64(w.inserted), Autovacuum: w.sc.autovacuum}
+		if w.sc.autovacuum && w.rVacuum.IntN(5) == 0 {
+			ev.Vacuuming = true
+			w.note("autovacuum is vacuuming the queue")
+			w.q.Vacuum()
+		}
+		w.pending = append(w.pending, ev)
+	})
+}
+
+// vacuum runs the core's VACUUM: it takes a while, then the dead versions are gone.
+func (w *world) vacuum(x core.Vacuum) {
+	w.after(w.randDur(w.rVacuum, 10*time.Millisecond, 3*time.Second), func() {
+		if w.dbDown() {
+			w.pending = append(w.pending, core.Vacuumed{Op: x.Op, Err: "server closed the connection unexpectedly"})
+			return
+		}
+		w.q.Vacuum()
+		w.pending = append(w.pending, core.Vacuumed{Op: x.Op})
+	})
 }
 
 // exec applies a transaction to the fake queue (a dispatcher commit).

@@ -71,6 +71,7 @@ func run(args []string, stderr io.Writer) int {
 		poll       = fs.String("poll-interval", "", "override POLL_INTERVAL")
 		stats      = fs.String("stats-interval", "", "override STATS_INTERVAL")
 		grace      = fs.String("stop-grace", "", "override STOP_GRACE")
+		vacuum     = fs.String("vacuum", "", "override VACUUM (on or off): vacuum pepsi.queue when dead rows pile up")
 		cpuProfile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to `file` until exit")
 		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
 	)
@@ -109,6 +110,7 @@ func run(args []string, stderr io.Writer) int {
 		{"poll-interval", *poll, durationInto(&cfg.Dispatch.PollInterval)},
 		{"stats-interval", *stats, durationInto(&cfg.Dispatch.StatsInterval)},
 		{"stop-grace", *grace, durationInto(&cfg.Dispatch.StopGrace)},
+		{"vacuum", *vacuum, func(s string) (err error) { cfg.Dispatch.Vacuum, err = conf.ParseOnOff(s); return err }},
 	} {
 		if o.value == "" {
 			continue

@@ -46,6 +46,10 @@ type Dispatch struct {
 	StopGrace time.Duration
 	// ConfigFile is passed to workers as "-c FILE"; default: the file parsed.
 	ConfigFile string
+	// Vacuum lets the dispatcher vacuum pepsi.queue itself when dead rows pile
+	// up (key VACUUM, on or off, a PEPSI extension; default on). Off leaves
+	// vacuuming to autovacuum or a DBA.
+	Vacuum bool
 }
 
 // Stage is one [stage-NAME] section.
@@ -93,6 +97,7 @@ func Parse(file, text string) (*Config, error) {
 		PollInterval:  DefaultPollInterval,
 		StatsInterval: DefaultStatsInterval,
 		StopGrace:     DefaultStopGrace,
+		Vacuum:        true,
 		ConfigFile:    file,
 	}}
 	stages := map[string]*Stage{}
@@ -175,8 +180,10 @@ func Parse(file, text string) (*Config, error) {
 					err = fmt.Errorf("must not be empty")
 				}
 				d.ConfigFile = value
+			case "VACUUM":
+				d.Vacuum, err = ParseOnOff(value)
 			default:
-				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE or CONFIG_FILE)")
+				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE or VACUUM)")
 			}
 		default:
 			s := stages[strings.TrimPrefix(section, "stage-")]
@@ -240,6 +247,17 @@ func parsePositive(s string) (int, error) {
 		return 0, fmt.Errorf("%q is larger than 1000000", s)
 	}
 	return n, nil
+}
+
+// ParseOnOff reads a switch: on/off, true/false, yes/no or 1/0.
+func ParseOnOff(s string) (bool, error) {
+	switch strings.ToLower(s) {
+	case "on", "true", "yes", "1":
+		return true, nil
+	case "off", "false", "no", "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("%q is not on or off", s)
 }
 
 // ReservedDone is the one word that is not a stage name: in a status line

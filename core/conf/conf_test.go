@@ -39,8 +39,14 @@ PROGRAM = deliver
 	if d.MaxRuntime != 90*time.Second || d.IdleTimeout != 250*time.Millisecond || d.PollInterval != 10*time.Second {
 		t.Errorf("durations: %+v", d)
 	}
-	if d.StatsInterval != conf.DefaultStatsInterval || d.StopGrace != conf.DefaultStopGrace {
+	if d.StatsInterval != conf.DefaultStatsInterval || d.StopGrace != conf.DefaultStopGrace || !d.Vacuum {
 		t.Errorf("defaults not applied: %+v", d)
+	}
+	for text, want := range map[string]bool{"off": false, "OFF": false, "no": false, "0": false, "on": true, "yes": true} {
+		c, err := conf.Parse("v.conf", "[pepsi-dispatch]\nVACUUM = "+text+"\n")
+		if err != nil || c.Dispatch.Vacuum != want {
+			t.Errorf("VACUUM = %s: %v, %v; want %v", text, c.Dispatch.Vacuum, err, want)
+		}
 	}
 	if d.ConfigFile != "/etc/pepsi/pepsi.conf" {
 		t.Errorf("CONFIG_FILE defaults to the file parsed, got %q", d.ConfigFile)
@@ -77,6 +83,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"key outside section", "DATABASE = x\n", "f.conf:1: DATABASE: key outside any section"},
 		{"no equals", "[pepsi]\nDATABASE\n", "f.conf:2: want KEY = value"},
 		{"bad stage name", "[stage-a b]\nPROGRAM = a\n", "f.conf:1: stage name \"a b\""},
+		{"bad switch", "[pepsi-dispatch]\nVACUUM = sometimes\n", "f.conf:2: VACUUM: \"sometimes\" is not on or off"},
 		{"reserved stage name", "[pepsi-dispatch]\n[stage-done]\nPROGRAM = a\n", "f.conf:2: stage name \"done\" is reserved"},
 		{"unclosed header", "[pepsi\n", "f.conf:1: section header"},
 	}

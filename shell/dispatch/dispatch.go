@@ -240,15 +240,18 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 	// ended is closed when the loop has returned: no one reads events any more, and
 	// a worker goroutine must not block on them (Close waits for those goroutines).
 	ended := make(chan struct{})
+	// offLoop hands the loop an event from work done off it (a worker's output,
+	// an inspection of the queue, a vacuum).
+	offLoop := func(ev core.Event) {
+		select {
+		case events <- ev:
+		case <-ended:
+		}
+	}
 	workers := worker.NewPool(worker.Options{
 		ConfigFile: o.Config.Dispatch.ConfigFile,
 		Log:        log,
-		Events: func(ev core.Event) {
-			select {
-			case events <- ev:
-			case <-ended:
-			}
-		},
+		Events:     offLoop,
 	})
 	defer func() {
 		close(ended)
@@ -364,6 +367,10 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 				if !x.At.IsZero() {
 					timer.Reset(max(0, time.Until(x.At)))
 				}
+			case core.Inspect:
+				go func() { offLoop(queue.Inspect(sctx, x)) }()
+			case core.Vacuum:
+				go func() { offLoop(queue.Vacuum(sctx, x)) }()
 			case core.Log:
 				log.Log(sctx, level(x.Level), x.Msg)
 			case core.Exit:

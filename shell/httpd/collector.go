@@ -52,6 +52,12 @@ var (
 	descMessagesLeft = prometheus.NewDesc("pepsi_dispatch_messages_left_total",
 		"Messages the dispatcher saw leave the pipeline: done, failed or timed out (pepsi.dispatch_stats.messages_left).",
 		nil, nil)
+	descDead = prometheus.NewDesc("pepsi_queue_table_dead_tuples",
+		"Dead row versions in pepsi.queue, as the statistics collector estimates them: what vacuum has to remove.", nil, nil)
+	descLastVacuum = prometheus.NewDesc("pepsi_queue_table_last_vacuum_timestamp_seconds",
+		"When the last vacuum of pepsi.queue (pepsi-dispatch's, autovacuum's or a DBA's) ended; absent when none since the statistics were reset.", nil, nil)
+	descHorizon = prometheus.NewDesc("pepsi_xmin_horizon_age_seconds",
+		"How long the oldest transaction holding back the xmin horizon has been open: no vacuum removes dead rows younger than it.", nil, nil)
 	descFlushed = prometheus.NewDesc("pepsi_dispatch_stats_flushed_timestamp_seconds",
 		"When pepsi-dispatch last flushed its statistics (Unix time).",
 		nil, nil)
@@ -71,7 +77,7 @@ func NewCollector(src *Source) *Collector { return &Collector{src: src} }
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descLock,
+	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descLock, descDead, descLastVacuum, descHorizon,
 		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descStageFlushed,
 		descStagePasses, descMessagesLeft, descFlushed} {
 		ch <- d
@@ -122,6 +128,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descStagePasses, float64(s.StagePasses))
 	counter(descMessagesLeft, float64(s.MessagesLeft))
 	gauge(descFlushed, unix(s.FlushedAt))
+	gauge(descDead, float64(s.Table.DeadTuples))
+	if !s.Table.LastVacuum.IsZero() {
+		gauge(descLastVacuum, unix(s.Table.LastVacuum))
+	}
+	gauge(descHorizon, s.Table.HorizonSeconds)
 }
 
 func b2f(b bool) float64 {

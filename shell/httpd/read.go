@@ -103,6 +103,22 @@ type Snapshot struct {
 	DispatcherLocked bool `json:"dispatcher_locked"`
 	// Failures are the latest failed or timed-out messages, newest first.
 	Failures []Failure `json:"failures"`
+	// Table is the queue table's health (what vacuum has to do).
+	Table TableHealth `json:"table"`
+}
+
+// TableHealth is pepsi.queue's health as the statistics collector sees it.
+type TableHealth struct {
+	// DeadTuples and LiveTuples are the collector's estimates of the table's
+	// dead and live row versions.
+	DeadTuples int64 `json:"dead_tuples"`
+	LiveTuples int64 `json:"live_tuples"`
+	// LastVacuum is the end of the last vacuum of the table, by pepsi-dispatch,
+	// a DBA or autovacuum (zero if none since the statistics were reset).
+	LastVacuum time.Time `json:"last_vacuum"`
+	// HorizonSeconds is how long the oldest transaction holding back the xmin
+	// horizon has been open (0 if none is visible to this role).
+	HorizonSeconds float64 `json:"horizon_seconds"`
 }
 
 // Queries are the statements a read runs, by name, each bounded by a partial
@@ -129,6 +145,11 @@ FROM pepsi.queue WHERE status IN ('failed', 'timeout') ORDER BY updated_at DESC 
 	"stage_stats": `SELECT stage, processed, failed, timeouts, crashes, processing_us, updated_at
 FROM pepsi.stage_stats ORDER BY stage`,
 	"dispatch_stats": `SELECT stage_passes, messages_left, updated_at FROM pepsi.dispatch_stats`,
+	"table": `SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+	coalesce(greatest(s.last_vacuum, s.last_autovacuum), 'epoch'::timestamptz),
+	coalesce((SELECT extract(epoch FROM clock_timestamp() - min(a.xact_start)) FROM pg_stat_activity a
+	          WHERE a.backend_xmin IS NOT NULL AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()), 0)::float8
+	FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = 'pepsi.queue'::regclass`,
 	// pg_locks shows the lock to every role. classid and objid are the two
 	// halves of pgqueue.LockKey.
 	"lock": fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
@@ -207,6 +228,13 @@ func Read(ctx context.Context, pool *pgxpool.Pool, stages []string) (*Snapshot, 
 			stage(st.Stage)
 		}); err != nil {
 			return err
+		}
+		t := &s.Table
+		if err := each(ctx, tx, "table", []any{&t.DeadTuples, &t.LiveTuples, &t.LastVacuum, &t.HorizonSeconds}, func() {}); err != nil {
+			return err
+		}
+		if t.LastVacuum.Unix() == 0 {
+			t.LastVacuum = time.Time{}
 		}
 		return each(ctx, tx, "dispatch_stats", []any{&s.StagePasses, &s.MessagesLeft, &s.FlushedAt}, func() {})
 	})

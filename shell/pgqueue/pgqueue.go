@@ -199,3 +199,27 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Inspect answers a core.Inspect: the queue table's health (inspectSQL).
+func (q *Queue) Inspect(ctx context.Context, c core.Inspect) core.Inspected {
+	ev := core.Inspected{Op: c.Op}
+	var age float64
+	err := q.pool.QueryRow(ctx, inspectSQL).Scan(&ev.Dead, &ev.Live, &ev.Vacuuming, &ev.Autovacuum, &age, &ev.Horizon)
+	if err != nil {
+		ev.Err = fmt.Sprintf("inspect pepsi.queue: %v", err)
+		return ev
+	}
+	ev.HorizonAge = time.Duration(age * float64(time.Second))
+	return ev
+}
+
+// Vacuum answers a core.Vacuum: VACUUM pepsi.queue on a connection of the pool,
+// outside any transaction. It may take a while; ctx ends it.
+func (q *Queue) Vacuum(ctx context.Context, c core.Vacuum) core.Vacuumed {
+	began := time.Now()
+	if _, err := q.pool.Exec(ctx, vacuumSQL); err != nil {
+		return core.Vacuumed{Op: c.Op, Err: fmt.Sprintf("vacuum pepsi.queue: %v", err)}
+	}
+	q.log.Debug("vacuumed pepsi.queue", "took", time.Since(began).Round(time.Millisecond))
+	return core.Vacuumed{Op: c.Op}
+}

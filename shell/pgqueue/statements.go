@@ -383,3 +383,37 @@ func flush(c core.Flush) statement {
 		failed: func(err string) core.Event { return core.Flushed{Op: c.Op, Err: err} },
 	}
 }
+
+// inspectSQL reads pepsi.queue's health for core.Inspect (statistics only, no
+// lock on the queue): its dead and live row versions (the statistics collector's
+// estimate), whether a vacuum of it runs now, whether autovacuum covers it (on
+// for the server and not turned off for the table), and the oldest transaction
+// or prepared transaction holding back the xmin horizon, with its age in
+// seconds. Another role's sessions may hide their details without
+// pg_read_all_stats; what is hidden counts as absent.
+const inspectSQL = `
+SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+       EXISTS (SELECT 1 FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid),
+       current_setting('autovacuum') = 'on'
+           AND coalesce((SELECT lower(o.option_value) FROM pg_options_to_table(c.reloptions) o
+                         WHERE o.option_name = 'autovacuum_enabled'), 'on') NOT IN ('off', 'false', 'no', '0'),
+       greatest(coalesce(extract(epoch FROM clock_timestamp() - h.since), 0), 0)::float8,
+       coalesce(h.who, '')
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+LEFT JOIN LATERAL (
+	SELECT x.since, x.who FROM (
+		SELECT a.xact_start AS since,
+		       format('pid %s (%s, %s)', a.pid, coalesce(nullif(a.application_name, ''), 'no application name'), a.state) AS who
+		FROM pg_stat_activity a
+		WHERE a.backend_xmin IS NOT NULL AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()
+		UNION ALL
+		SELECT p.prepared, format('prepared transaction %L', p.gid) FROM pg_prepared_xacts p
+	) x ORDER BY x.since LIMIT 1
+) h ON true
+WHERE c.oid = 'pepsi.queue'::regclass`
+
+// vacuumSQL vacuums the queue for core.Vacuum. SKIP_LOCKED: if another vacuum
+// (autovacuum's, a DBA's) holds the table, this one does nothing rather than
+// wait behind it.
+const vacuumSQL = `VACUUM (SKIP_LOCKED) pepsi.queue`

@@ -43,6 +43,9 @@ type Queue struct {
 	undo []Row
 	// Notified counts NOTIFY ingress sent (inserts and wakes).
 	Notified int
+	// Dead counts the dead row versions left behind: one per change of a row,
+	// until Vacuum.
+	Dead int64
 	// Notify, if set, is called for every NOTIFY ingress the queue sends (an
 	// insert, or a wake that made rows pending), so a simulator can deliver it to
 	// the dispatcher, late or not at all. It runs inside Insert or Exec.
@@ -99,10 +102,16 @@ func (q *Queue) notify() {
 
 // observe reports a change of r from before, if anything changed.
 func (q *Queue) observe(by Writer, before Row, r *Row) {
+	if before != *r {
+		q.Dead++
+	}
 	if q.Observe != nil && before != *r {
 		q.Observe(Change{By: by, Before: before, After: *r})
 	}
 }
+
+// Vacuum removes the dead row versions.
+func (q *Queue) Vacuum() { q.Dead = 0 }
 
 // Get returns a copy of row id, or false.
 func (q *Queue) Get(id int64) (Row, bool) {

@@ -164,4 +164,17 @@ var mutants = []mutant{
 		"\tc.stat(name).Processed++\n\tc.passes++\n\tit := Item{", "\tc.passes++\n\tit := Item{"),
 	mut("fused-passes-dropped", "stages fused into a pass are not counted in stage_passes",
 		"\tc.passes += int64(len(s.Fused))\n", ""),
+	// Keeping the queue vacuumed.
+	mut("inspect-timer-forgotten", "no timer for the next inspection: the queue's health is read late",
+		"\tat(c.inspectAt())\n", ""),
+	mut("vacuum-threshold-ignored", "dead rows past the threshold are not vacuumed",
+		"e.Dead >= VacuumDeadMin &&", "e.Dead >= 1000*VacuumDeadMin &&"),
+	mut("vacuum-ignores-off", "the dispatcher vacuums although VACUUM = off",
+		"if c.cfg.Vacuum && h.vacuuming == 0", "if h.vacuuming == 0"),
+	mut("vacuum-over-running-vacuum", "the dispatcher vacuums while another vacuum runs",
+		"&& !e.Vacuuming && e.Dead", "&& e.Dead"),
+	mut("vacuums-at-once", "a second vacuum starts while the first runs",
+		"if c.cfg.Vacuum && h.vacuuming == 0 && ", "if c.cfg.Vacuum && "),
+	mut("vacuum-during-shutdown", "the dispatcher vacuums during a shutdown",
+		"!c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) && c.shutdown == 0 {", "!c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) {"),
 }

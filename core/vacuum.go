@@ -1,0 +1,172 @@
+package core
+
+import (
+	"fmt"
+	"time"
+)
+
+// Keeping pepsi.queue healthy. Every hop leaves dead row versions behind (the
+// claim, the transition, a requeue); a queue table that is not vacuumed decays:
+// its partial indexes fill with dead entries the claim must step over, and
+// throughput falls. Autovacuum may be off (globally or for the table), tuned
+// down, or too lazy for a table that rewrites every row several times a second.
+// So the core looks at the queue's health every InspectInterval and, unless
+// VACUUM = off, vacuums it itself when dead rows pass VacuumDeadMin and no
+// vacuum is running. It also says, once, when autovacuum is off, and when an old
+// transaction holds back the xmin horizon (which no vacuum can get past).
+const (
+	// InspectInterval is how often the core reads the queue's health.
+	InspectInterval = 10 * time.Second
+	// VacuumDeadMin: the dead row versions in pepsi.queue above which the core
+	// vacuums it.
+	VacuumDeadMin = 20000
+	// VacuumIntervalMin: two vacuums of the core's start at least this far apart.
+	VacuumIntervalMin = 5 * time.Second
+	// HorizonAgeWarn: an xmin horizon held back this long is worth a warning.
+	HorizonAgeWarn = 5 * time.Minute
+)
+
+// Inspect asks for the queue's health: its dead and live row versions, whether a
+// vacuum of it runs now, whether autovacuum covers it, and the oldest
+// transaction that holds back the xmin horizon. It reads statistics only and is
+// not part of the step's transaction; answered by Inspected.
+type Inspect struct {
+	Op int64
+}
+
+// Vacuum runs VACUUM on pepsi.queue, on a connection of its own, off the loop
+// (it cannot run in a transaction and may take a while). Answered by Vacuumed.
+// Nothing needs to be durable first: it only removes dead row versions.
+type Vacuum struct {
+	Op int64
+}
+
+// Inspected is the result of an Inspect.
+type Inspected struct {
+	Op         int64
+	Dead, Live int64
+	// Vacuuming: a vacuum of pepsi.queue is running (autovacuum's, or a DBA's).
+	Vacuuming bool
+	// Autovacuum: autovacuum is on for the server and not off for the table.
+	Autovacuum bool
+	// HorizonAge is how long the oldest transaction (or prepared transaction, or
+	// replication slot) holding back the xmin horizon has been open, and Horizon
+	// says who it is; zero and "" when nothing does.
+	HorizonAge time.Duration
+	Horizon    string
+	Err        string
+}
+
+// Vacuumed is the result of a Vacuum.
+type Vacuumed struct {
+	Op  int64
+	Err string
+}
+
+func (Inspect) isCommand() {}
+func (Vacuum) isCommand()  {}
+func (Inspected) isEvent() {}
+func (Vacuumed) isEvent()  {}
+
+func (c Inspect) String() string { return fmt.Sprintf("inspect op=%d", c.Op) }
+func (c Vacuum) String() string  { return fmt.Sprintf("vacuum op=%d", c.Op) }
+func (e Inspected) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("inspected op=%d err=%q", e.Op, e.Err)
+	}
+	s := fmt.Sprintf("inspected op=%d dead=%d live=%d vacuuming=%v autovacuum=%v", e.Op, e.Dead, e.Live, e.Vacuuming, e.Autovacuum)
+	if e.Horizon != "" {
+		s += fmt.Sprintf(" horizon=%s(%q)", e.HorizonAge, e.Horizon)
+	}
+	return s
+}
+func (e Vacuumed) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("vacuumed op=%d err=%q", e.Op, e.Err)
+	}
+	return fmt.Sprintf("vacuumed op=%d", e.Op)
+}
+
+// health is what the core knows of the queue table's health.
+type health struct {
+	// nextOp numbers Inspect and Vacuum apart from the queue commands: they are
+	// not part of the step's transaction.
+	nextOp      int64
+	inspecting  int64 // the Op of the Inspect outstanding, 0 if none
+	vacuuming   int64 // the Op of the Vacuum outstanding, 0 if none
+	lastInspect time.Time
+	lastVacuum  time.Time
+	warnedOff   bool // said that autovacuum is off
+	warnedAge   bool // said that the horizon is held back (until it is not)
+	failed      bool // said that an inspect or vacuum failed (until one works)
+}
+
+// inspected decides what the queue's health calls for.
+func (c *Core) inspected(e Inspected) {
+	if e.Op != c.health.inspecting {
+		return
+	}
+	h := &c.health
+	h.inspecting = 0
+	if e.Err != "" {
+		if !h.failed {
+			h.failed = true
+			c.logf("warn", "cannot read pepsi.queue's vacuum statistics: %s", e.Err)
+		}
+		return
+	}
+	h.failed = false
+	if !e.Autovacuum && !h.warnedOff {
+		h.warnedOff = true
+		if c.cfg.Vacuum {
+			c.logf("warn", "autovacuum is off for pepsi.queue: pepsi-dispatch vacuums it itself when it has %d dead rows (VACUUM = off leaves it to you)", VacuumDeadMin)
+		} else {
+			c.logf("warn", "autovacuum is off for pepsi.queue and VACUUM = off: nothing removes its dead rows, and the queue slows down as they pile up (%d now)", e.Dead)
+		}
+	}
+	switch old := e.HorizonAge >= HorizonAgeWarn; {
+	case old && !h.warnedAge:
+		h.warnedAge = true
+		c.logf("warn", "%s has held back the xmin horizon for %s: no vacuum can remove pepsi.queue's dead rows (%d now) until it ends",
+			e.Horizon, e.HorizonAge.Truncate(time.Second), e.Dead)
+	case !old:
+		h.warnedAge = false
+	}
+	if c.cfg.Vacuum && h.vacuuming == 0 && !e.Vacuuming && e.Dead >= VacuumDeadMin &&
+		(h.lastVacuum.IsZero() || !c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) && c.shutdown == 0 {
+		h.nextOp++
+		h.vacuuming = h.nextOp
+		h.lastVacuum = c.now
+		c.emit(Vacuum{Op: h.vacuuming})
+	}
+}
+
+func (c *Core) vacuumed(e Vacuumed) {
+	if e.Op != c.health.vacuuming {
+		return
+	}
+	c.health.vacuuming = 0
+	if e.Err != "" {
+		c.logf("warn", "vacuum of pepsi.queue failed: %s", e.Err)
+	}
+}
+
+// inspectDue asks for the queue's health every InspectInterval while running.
+func (c *Core) inspectDue() {
+	h := &c.health
+	if c.shutdown > 0 || h.inspecting != 0 || c.now.Before(h.lastInspect.Add(InspectInterval)) {
+		return
+	}
+	h.nextOp++
+	h.inspecting = h.nextOp
+	h.lastInspect = c.now
+	c.emit(Inspect{Op: h.inspecting})
+}
+
+// inspectAt is when the next Inspect is due (zero when none will be).
+func (c *Core) inspectAt() time.Time {
+	if c.shutdown > 0 || c.health.inspecting != 0 {
+		return time.Time{}
+	}
+	return c.health.lastInspect.Add(InspectInterval)
+}

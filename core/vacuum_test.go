@@ -1,0 +1,96 @@
+package core_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Feature (PEPSI's own): the dispatcher keeps pepsi.queue vacuumed.
+
+func healthy(op int64, dead int64) core.Inspected {
+	return core.Inspected{Op: op, Dead: dead, Live: 1000, Autovacuum: true}
+}
+
+func TestTheQueueIsInspectedEveryInspectInterval(t *testing.T) {
+	w := newWorld(t, threeStages)
+	first := one[core.Inspect](t, w.start("a", 0))
+	w.step(healthy(first.Op, 0))
+	cmds := w.tick(core.InspectInterval - time.Millisecond)
+	none[core.Inspect](t, cmds, "no inspect before InspectInterval")
+	cmds = w.tick(core.InspectInterval)
+	if got := one[core.Inspect](t, cmds); got.Op == first.Op {
+		t.Fatalf("the second inspect reuses op %d", got.Op)
+	}
+}
+
+func TestDeadRowsPastTheThresholdAreVacuumedOnceAtATime(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	none[core.Vacuum](t, w.step(healthy(in.Op, core.VacuumDeadMin-1)), "below the threshold nothing is vacuumed")
+	in = one[core.Inspect](t, w.tick(core.InspectInterval))
+	v := one[core.Vacuum](t, w.step(healthy(in.Op, core.VacuumDeadMin)))
+	// While it runs, another inspect finds even more dead rows: no second vacuum.
+	in = one[core.Inspect](t, w.tick(2*core.InspectInterval))
+	none[core.Vacuum](t, w.step(healthy(in.Op, 3*core.VacuumDeadMin)), "one vacuum at a time")
+	w.step(core.Vacuumed{Op: v.Op})
+	in = one[core.Inspect](t, w.tick(3*core.InspectInterval))
+	one[core.Vacuum](t, w.step(healthy(in.Op, 3*core.VacuumDeadMin)))
+}
+
+func TestNoVacuumWhileAnotherRuns(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	busy := healthy(in.Op, 5*core.VacuumDeadMin)
+	busy.Vacuuming = true
+	none[core.Vacuum](t, w.step(busy), "autovacuum (or a DBA) is vacuuming the queue already")
+}
+
+func TestNoVacuumWhenTurnedOff(t *testing.T) {
+	off := newWorld(t, "[pepsi-dispatch]\nVACUUM = off\n[stage-a]\nPROGRAM = a\n")
+	in := one[core.Inspect](t, off.start("a", 0))
+	cmds := off.step(core.Inspected{Op: in.Op, Dead: 9 * core.VacuumDeadMin})
+	none[core.Vacuum](t, cmds, "VACUUM = off leaves vacuuming to the operator")
+	if !logged(cmds, "VACUUM = off") {
+		t.Errorf("no warning that nothing removes dead rows:\n%s", list(cmds))
+	}
+}
+
+func TestAutovacuumOffAndAHeldBackHorizonAreSaidOnce(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	ev := core.Inspected{Op: in.Op, Dead: 10, HorizonAge: core.HorizonAgeWarn, Horizon: "pid 42 (idle in transaction)"}
+	cmds := w.step(ev)
+	if !logged(cmds, "autovacuum is off") || !logged(cmds, "pid 42") {
+		t.Fatalf("want warnings about autovacuum and the horizon:\n%s", list(cmds))
+	}
+	in = one[core.Inspect](t, w.tick(core.InspectInterval))
+	ev.Op = in.Op
+	none[core.Log](t, w.step(ev), "each warning is said once")
+	// The horizon moves on, then is held back again: said again.
+	in = one[core.Inspect](t, w.tick(2*core.InspectInterval))
+	w.step(core.Inspected{Op: in.Op})
+	in = one[core.Inspect](t, w.tick(3*core.InspectInterval))
+	ev.Op = in.Op
+	if cmds := w.step(ev); !logged(cmds, "pid 42") || logged(cmds, "autovacuum is off") {
+		t.Errorf("want the horizon said again, autovacuum not:\n%s", list(cmds))
+	}
+}
+
+func TestNoInspectOrVacuumDuringShutdown(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	w.step(core.Shutdown{})
+	none[core.Vacuum](t, w.step(healthy(in.Op, 9*core.VacuumDeadMin)), "no vacuum once shutting down")
+}
+
+func logged(cmds []core.Command, part string) bool {
+	for _, l := range of[core.Log](cmds) {
+		if strings.Contains(l.Msg, part) {
+			return true
+		}
+	}
+	return false
+}

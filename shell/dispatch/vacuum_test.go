@@ -1,0 +1,74 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Keeping pepsi.queue vacuumed, on the server as it is (autovacuum off here):
+// the dispatcher vacuums the queue itself when dead rows pile up, says once that
+// autovacuum is off, and leaves the table alone with VACUUM = off.
+func TestTheDispatcherVacuumsAQueueFullOfDeadRowsUnlessToldNotTo(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("VACUUM=%v", on), func(t *testing.T) {
+			t.Parallel()
+			setting := "off"
+			if on {
+				setting = "on"
+			}
+			e := newEnv(t, "[pepsi-dispatch]\nVACUUM = "+setting+"\n"+stages(1, 4, "a"))
+			ctx := context.Background()
+			// Dead row versions past the threshold: finished rows, rewritten as
+			// a busy queue rewrites its rows.
+			e.insertN("a", "a=done", core.VacuumDeadMin/2)
+			for range 3 {
+				if _, err := e.db.Exec(ctx, `UPDATE pepsi.queue SET status = 'done', updated_at = now()`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := e.db.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+				t.Fatal(err)
+			}
+			vacuums := func() int64 {
+				return e.scalar(`SELECT coalesce(vacuum_count + autovacuum_count, 0) FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`)
+			}
+			waitFor(t, 20*time.Second, "dead rows in the statistics", func() (bool, string) {
+				n := e.scalar(`SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`)
+				return n >= core.VacuumDeadMin, fmt.Sprintf("%d dead", n)
+			})
+			before := vacuums()
+			d := e.start()
+			// The first inspection comes at start; its verdict is logged.
+			waitFor(t, 20*time.Second, "the first inspection", func() (bool, string) {
+				n := len(d.logs.lines("autovacuum is off")) + len(d.logs.lines("vacuumed pepsi.queue"))
+				return n > 0, "no log line yet"
+			})
+			if on {
+				waitFor(t, 30*time.Second, "the dispatcher's vacuum", func() (bool, string) {
+					n := vacuums()
+					return n > before, fmt.Sprintf("%d vacuums", n)
+				})
+			}
+			d.stopClean()
+			var autovacuum string
+			if err := e.db.QueryRow(ctx, `SELECT current_setting('autovacuum')`).Scan(&autovacuum); err != nil {
+				t.Fatal(err)
+			}
+			if autovacuum == "off" {
+				if n := len(d.logs.lines("autovacuum is off for pepsi.queue")); n != 1 {
+					t.Errorf("%d warnings that autovacuum is off; want 1", n)
+				}
+			}
+			if !on {
+				if n := vacuums(); n != before {
+					t.Errorf("%d vacuums with VACUUM = off; want none", n-before)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,80 @@
+package pgqueue_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Inspect reads the queue's health, and Vacuum removes its dead rows, on the
+// real server as it is (autovacuum off here).
+func TestInspectSeesDeadRowsAndTheHorizonAndVacuumRemovesThem(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := t.Context()
+	ids := h.Insert(t, "a", 50)
+	for range 3 {
+		h.exec(t, `UPDATE pepsi.queue SET updated_at = now() WHERE ingress_id = ANY($1)`, ids)
+	}
+	h.exec(t, `SELECT pg_stat_force_next_flush()`)
+	var in core.Inspected
+	waitUntil(t, 20*time.Second, "dead rows in the statistics", func() bool {
+		in = h.Inspect(ctx, core.Inspect{Op: 7})
+		return in.Err == "" && in.Dead >= 100
+	})
+	if in.Op != 7 || in.Vacuuming {
+		t.Errorf("inspected %v; want op 7, no vacuum running", in)
+	}
+	var server string
+	if err := h.pool.QueryRow(ctx, `SELECT current_setting('autovacuum')`).Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	if want := server == "on"; in.Autovacuum != want {
+		t.Errorf("inspected autovacuum %v with the server's autovacuum %s", in.Autovacuum, server)
+	}
+	h.exec(t, `ALTER TABLE pepsi.queue SET (autovacuum_enabled = off)`)
+	if in := h.Inspect(ctx, core.Inspect{Op: 8}); in.Autovacuum {
+		t.Errorf("autovacuum_enabled = off for the table, but inspected %v", in)
+	}
+
+	// An old transaction holds back the horizon: it is named.
+	old, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	var pid int
+	if err := old.QueryRow(ctx, `SELECT pg_backend_pid() FROM (SELECT txid_current()) x`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	in = h.Inspect(ctx, core.Inspect{Op: 9})
+	if in.HorizonAge < 50*time.Millisecond || !strings.Contains(in.Horizon, "pid ") {
+		t.Errorf("inspected horizon %s %q with a transaction open; want its age and pid", in.HorizonAge, in.Horizon)
+	}
+	if err := old.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if v := h.Vacuum(ctx, core.Vacuum{Op: 3}); v.Op != 3 || v.Err != "" {
+		t.Fatalf("vacuumed %v", v)
+	}
+	waitUntil(t, 20*time.Second, "no dead rows after the vacuum", func() bool {
+		in = h.Inspect(ctx, core.Inspect{Op: 10})
+		return in.Err == "" && in.Dead == 0
+	})
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
