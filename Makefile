@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build test vet purity bench demo sim-long mutants clean postgres chromium
+.PHONY: all build test vet purity bench demo sim-long mutants clean postgres chromium soak soak-private
 
 all: build
 
@@ -53,6 +53,15 @@ sim-long:
 # kills every one of them.
 mutants:
 	$(GO) run ./sim/mutants
+
+# A pipeline at 70% of this machine's capacity for 30 minutes, workers recycling
+# every 50 messages, on the server as it is; soak-private: the same on a
+# PostgreSQL of its own with autovacuum on at its defaults (docs/operations.md).
+soak: postgres build
+	$(BIN)/pepsi-soak
+
+soak-private: build
+	$(BIN)/pepsi-soak -private
 
 clean:
 	rm -rf $(BIN) $(CURDIR)/test-artifacts

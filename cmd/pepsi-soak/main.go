@@ -1,0 +1,485 @@
+// Command pepsi-soak runs a pipeline at a steady offered load for a long time and
+// reports, minute by minute, whether it stays fast as the queue churns: messages
+// done per minute, the backlog, pepsi.queue's dead tuples and table and index
+// sizes, and pepsi-dispatch's RSS, open files, threads and goroutines. "make
+// soak" runs it (30 minutes, on demand; docs/operations.md, "Vacuum and
+// retention", reports its figures).
+//
+// The pipeline is three trivial stages (a -> b -> c -> done) served by
+// pepsi-soak itself (started as "pepsi-soak worker") with the stage library, so
+// every stage answers its transition; workers recycle every -max-messages
+// messages. A producer inserts single messages at -rate per second (in small
+// batches every 100 ms). With -rate 0 the rate is 70% of what a 20 s drain of a
+// backlog measures first.
+//
+// It uses its own database (-db-name, created afresh) on the server of
+// PEPSI_TEST_DATABASE_URL, or, with -private, on a PostgreSQL server of its own
+// (initdb in a temporary directory, autovacuum on at its defaults): the shared
+// server is never reconfigured.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/stage"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		stage.Main(map[string]stage.Handler{
+			"a": func(context.Context, *stage.Message) stage.Result { return stage.Advance("b") },
+			"b": func(context.Context, *stage.Message) stage.Result { return stage.Advance("c") },
+			"c": func(context.Context, *stage.Message) stage.Result { return stage.Done() },
+		})
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pepsi-soak:", err)
+		os.Exit(1)
+	}
+}
+
+type soak struct {
+	out         io.Writer
+	server      string
+	dbName      string
+	duration    time.Duration
+	rate        int
+	maxMessages int
+	parallelism int
+	queueLimit  int
+	private     bool
+	dispatch    string
+	self        string
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("pepsi-soak", flag.ContinueOnError)
+	s := &soak{out: out}
+	s.server = os.Getenv("PEPSI_TEST_DATABASE_URL")
+	if s.server == "" {
+		s.server = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	}
+	fs.DurationVar(&s.duration, "duration", 30*time.Minute, "how long the offered load runs")
+	fs.IntVar(&s.rate, "rate", 0, "messages offered per second (0: 70% of a measured drain)")
+	fs.IntVar(&s.maxMessages, "max-messages", 50, "MAX_MESSAGES of each stage (workers recycle)")
+	fs.IntVar(&s.parallelism, "parallelism", 2, "PARALLELISM of each stage")
+	fs.IntVar(&s.queueLimit, "queue-limit", 16, "QUEUE_LIMIT of each stage")
+	fs.StringVar(&s.dbName, "db-name", "pepsi_soak", "the database it creates afresh (and drops at the end)")
+	fs.BoolVar(&s.private, "private", false, "run on a PostgreSQL server of its own, autovacuum on at its defaults")
+	fs.StringVar(&s.dispatch, "dispatch", "", "pepsi-dispatch binary (default: next to pepsi-soak)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find myself: %w", err)
+	}
+	s.self = self
+	if s.dispatch == "" {
+		s.dispatch = filepath.Join(filepath.Dir(self), "pepsi-dispatch")
+	}
+	if s.private {
+		server, stopServer, err := privateServer()
+		if err != nil {
+			return err
+		}
+		defer stopServer()
+		s.server = server
+	}
+	dbURL, drop, err := s.database(ctx)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	return s.soak(ctx, dbURL)
+}
+
+// database creates s.dbName afresh, migrated, and returns its URL.
+func (s *soak) database(ctx context.Context) (string, func(), error) {
+	admin, err := pgx.Connect(ctx, s.server)
+	if err != nil {
+		return "", nil, fmt.Errorf("connect to %s: %w", s.server, err)
+	}
+	defer admin.Close(context.Background())
+	ident := pgx.Identifier{s.dbName}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return "", nil, fmt.Errorf("drop %s: %w", s.dbName, err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("create %s: %w", s.dbName, err)
+	}
+	u, err := url.Parse(s.server)
+	if err != nil {
+		return "", nil, fmt.Errorf("server URL: %w", err)
+	}
+	u.Path = "/" + s.dbName
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return "", nil, err
+	}
+	defer conn.Close(context.Background())
+	if _, err := schema.Migrate(ctx, conn); err != nil {
+		return "", nil, err
+	}
+	drop := func() {
+		c, err := pgx.Connect(context.Background(), s.server)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)") // best effort at exit
+			c.Close(context.Background())
+		}
+	}
+	return u.String(), drop, nil
+}
+
+// sample is one minute of the run.
+type sample struct {
+	minute                 int
+	done, pending          int64
+	dead                   int64
+	table, indexes         int64
+	rss, fds, threads, gor int64
+}
+
+func (s *soak) soak(ctx context.Context, dbURL string) error {
+	dir, err := os.MkdirTemp("", "pepsi-soak-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	confFile := filepath.Join(dir, "pepsi.conf")
+	text := fmt.Sprintf("[pepsi]\nDATABASE = %s\n[pepsi-dispatch]\nSTATS_INTERVAL = 5\n", dbURL)
+	for _, st := range []string{"a", "b", "c"} {
+		text += fmt.Sprintf("[stage-%s]\nPROGRAM = %s\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
+			st, s.self, s.parallelism, s.queueLimit, s.maxMessages)
+	}
+	if err := os.WriteFile(confFile, []byte(text), 0o644); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+
+	metricsAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "dispatch.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(s.dispatch, "-c", confFile, "-metrics-addr", metricsAddr, "-log-format", "json")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start pepsi-dispatch: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	}()
+
+	if s.rate == 0 {
+		n := 100000
+		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, $1::int)`, n); err != nil {
+			return err
+		}
+		began := time.Now()
+		for time.Since(began) < 20*time.Second {
+			time.Sleep(time.Second)
+		}
+		var done int64
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'done'`).Scan(&done); err != nil {
+			return err
+		}
+		s.rate = max(1, int(float64(done)/time.Since(began).Seconds()*0.7))
+		fmt.Fprintf(s.out, "calibration: %d messages done in 20 s; offering 70%%: %d messages/s\n", done, s.rate)
+		if _, err := conn.Exec(ctx, `DELETE FROM pepsi.queue WHERE status = 'pending'`); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(s.out, "soak: %d messages/s for %s through 3 stages, MAX_MESSAGES=%d, PARALLELISM=%d, QUEUE_LIMIT=%d, autovacuum %s\n",
+		s.rate, s.duration, s.maxMessages, s.parallelism, s.queueLimit, setting(ctx, conn, "autovacuum"))
+	fmt.Fprintf(s.out, "%6s %10s %9s %11s %9s %9s %8s %5s %7s %10s\n",
+		"minute", "done/min", "backlog", "dead tuples", "table MB", "index MB", "RSS MB", "FDs", "threads", "goroutines")
+
+	prodCtx, stopProducer := context.WithCancel(ctx)
+	produced := make(chan error, 1)
+	go func() { produced <- s.produce(prodCtx, dbURL) }()
+	defer stopProducer()
+
+	var samples []sample
+	left0 := messagesLeft(ctx, conn)
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	end := time.After(s.duration)
+	for minute := 1; ; minute++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-produced:
+			return fmt.Errorf("producer: %w", err)
+		case <-end:
+			stopProducer()
+			return s.report(samples)
+		case <-tick.C:
+		}
+		left := messagesLeft(ctx, conn)
+		sm := sample{minute: minute, done: left - left0}
+		left0 = left
+		_ = conn.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'pending'`).Scan(&sm.pending)
+		_ = conn.QueryRow(ctx, `SELECT coalesce(n_dead_tup, 0), pg_relation_size('pepsi.queue'), pg_indexes_size('pepsi.queue')
+			FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`).Scan(&sm.dead, &sm.table, &sm.indexes)
+		sm.rss, sm.threads = procStatus(cmd.Process.Pid)
+		sm.fds = countFDs(cmd.Process.Pid)
+		sm.gor = goroutines(metricsAddr)
+		samples = append(samples, sm)
+		fmt.Fprintf(s.out, "%6d %10d %9d %11d %9.1f %9.1f %8.1f %5d %7d %10d\n", sm.minute, sm.done, sm.pending, sm.dead,
+			float64(sm.table)/(1<<20), float64(sm.indexes)/(1<<20), float64(sm.rss)/1024, sm.fds, sm.threads, sm.gor)
+	}
+}
+
+// produce inserts s.rate messages a second, in batches every 100 ms, one
+// transaction each (the trigger notifies the dispatcher).
+func (s *soak) produce(ctx context.Context, dbURL string) error {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	owed := 0.0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		owed += float64(s.rate) / 10
+		n := int(owed)
+		owed -= float64(n)
+		if n == 0 {
+			continue
+		}
+		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, $1::int)`, n); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// report prints the first and last five minutes and the slopes that say whether
+// the run stayed flat.
+func (s *soak) report(samples []sample) error {
+	if len(samples) < 10 {
+		fmt.Fprintf(s.out, "soak: %d minutes measured; 10 or more are needed for the first/last 5-minute comparison\n", len(samples))
+		return nil
+	}
+	avg := func(xs []sample, f func(sample) float64) float64 {
+		t := 0.0
+		for _, x := range xs {
+			t += f(x)
+		}
+		return t / float64(len(xs))
+	}
+	first, last := samples[:5], samples[len(samples)-5:]
+	done := func(x sample) float64 { return float64(x.done) }
+	a, b := avg(first, done), avg(last, done)
+	fmt.Fprintf(s.out, "throughput: first 5 minutes %.0f/min, last 5 minutes %.0f/min: last/first = %.3f (target within 10%%)\n", a, b, b/a)
+	for _, m := range []struct {
+		name string
+		f    func(sample) float64
+	}{
+		{"RSS MB", func(x sample) float64 { return float64(x.rss) / 1024 }},
+		{"FDs", func(x sample) float64 { return float64(x.fds) }},
+		{"goroutines", func(x sample) float64 { return float64(x.gor) }},
+		{"table MB", func(x sample) float64 { return float64(x.table) / (1 << 20) }},
+		{"index MB", func(x sample) float64 { return float64(x.indexes) / (1 << 20) }},
+	} {
+		fmt.Fprintf(s.out, "%-10s first 5 min %.1f, last 5 min %.1f, slope over the run %+.3f per minute\n",
+			m.name, avg(first, m.f), avg(last, m.f), slope(samples, m.f))
+	}
+	return nil
+}
+
+// slope is the least-squares slope of f over the samples, per minute.
+func slope(xs []sample, f func(sample) float64) float64 {
+	n := float64(len(xs))
+	var sx, sy, sxx, sxy float64
+	for _, x := range xs {
+		t, y := float64(x.minute), f(x)
+		sx, sy, sxx, sxy = sx+t, sy+y, sxx+t*t, sxy+t*y
+	}
+	if d := n*sxx - sx*sx; d != 0 {
+		return (n*sxy - sx*sy) / d
+	}
+	return 0
+}
+
+func messagesLeft(ctx context.Context, conn *pgx.Conn) int64 {
+	var n int64
+	_ = conn.QueryRow(ctx, `SELECT messages_left FROM pepsi.dispatch_stats`).Scan(&n)
+	return n
+}
+
+func setting(ctx context.Context, conn *pgx.Conn, name string) string {
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+		return "unknown"
+	}
+	return v
+}
+
+// procStatus reads VmRSS (kB) and Threads of a process.
+func procStatus(pid int) (rssKB, threads int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "VmRSS:":
+			rssKB, _ = strconv.ParseInt(f[1], 10, 64)
+		case "Threads:":
+			threads, _ = strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return rssKB, threads
+}
+
+func countFDs(pid int) int64 {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0
+	}
+	return int64(len(ents))
+}
+
+// goroutines reads go_goroutines from the dispatcher's -metrics-addr.
+func goroutines(addr string) int64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return int64(n)
+		}
+	}
+	return 0
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// privateServer initdbs and starts a PostgreSQL server of the soak's own on a
+// free port of 127.0.0.1 with the server's defaults (autovacuum on), as user
+// postgres when run as root.
+func privateServer() (string, func(), error) {
+	bin, err := pgBinDir()
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "pepsi-soak-pg-")
+	if err != nil {
+		return "", nil, err
+	}
+	asPG := os.Geteuid() == 0
+	if asPG {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return "", nil, fmt.Errorf("as root, the private server needs user postgres: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			return "", nil, err
+		}
+	}
+	command := func(prog string, args ...string) *exec.Cmd {
+		path := filepath.Join(bin, prog)
+		if asPG {
+			return exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
+		}
+		return exec.Command(path, args...)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	data := filepath.Join(dir, "data")
+	if out, err := command("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8").CombinedOutput(); err != nil {
+		return "", nil, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	if out, err := command("pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-w", "-t", "60",
+		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1", port, dir), "start").CombinedOutput(); err != nil {
+		return "", nil, fmt.Errorf("pg_ctl start: %w\n%s", err, out)
+	}
+	stop := func() {
+		_ = command("pg_ctl", "-D", data, "-m", "fast", "-w", "stop").Run() // best effort at exit
+		os.RemoveAll(dir)
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=disable", port), stop, nil
+}
+
+// pgBinDir finds initdb and pg_ctl: pg_config --bindir, else the newest
+// /usr/lib/postgresql/*/bin.
+func pgBinDir() (string, error) {
+	var tried []string
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		tried = append(tried, strings.TrimSpace(string(out)))
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
+	tried = append(tried, dirs...)
+	for _, d := range tried {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("no initdb found: install the PostgreSQL server (Debian package postgresql)")
+}
