@@ -28,10 +28,19 @@ const (
 
 // Inspect asks for the queue's health: its dead and live row versions, whether a
 // vacuum of it runs now, whether autovacuum covers it, and the oldest
-// transaction that holds back the xmin horizon. It reads statistics only and is
-// not part of the step's transaction; answered by Inspected.
+// transaction that holds back the xmin horizon; and the pending messages of
+// stages other than Run (the stages this dispatcher runs), which nothing would
+// ever claim. It reads statistics and the pending index only and is not part of
+// the step's transaction; answered by Inspected.
 type Inspect struct {
-	Op int64
+	Op  int64
+	Run []string
+}
+
+// StageCount is a number of messages of one stage.
+type StageCount struct {
+	Stage string
+	N     int64
 }
 
 // Vacuum runs VACUUM on pepsi.queue, on a connection of its own, off the loop
@@ -54,7 +63,10 @@ type Inspected struct {
 	// says who it is; zero and "" when nothing does.
 	HorizonAge time.Duration
 	Horizon    string
-	Err        string
+	// Unrun lists, by stage name, the pending messages of stages the dispatcher
+	// does not run (counted up to a bound).
+	Unrun []StageCount
+	Err   string
 }
 
 // Vacuumed is the result of a Vacuum.
@@ -78,6 +90,9 @@ func (e Inspected) String() string {
 	if e.Horizon != "" {
 		s += fmt.Sprintf(" horizon=%s(%q)", e.HorizonAge, e.Horizon)
 	}
+	for _, u := range e.Unrun {
+		s += fmt.Sprintf(" unrun=%s:%d", u.Stage, u.N)
+	}
 	return s
 }
 func (e Vacuumed) String() string {
@@ -99,6 +114,9 @@ type health struct {
 	warnedOff   bool // said that autovacuum is off
 	warnedAge   bool // said that the horizon is held back (until it is not)
 	failed      bool // said that an inspect or vacuum failed (until one works)
+	// unrunSaid: when each stage nobody runs was last said to have pending
+	// messages (said again every POLL_INTERVAL while they wait).
+	unrunSaid map[string]time.Time
 }
 
 // inspected decides what the queue's health calls for.
@@ -116,6 +134,16 @@ func (c *Core) inspected(e Inspected) {
 		return
 	}
 	h.failed = false
+	for _, u := range e.Unrun {
+		if last, ok := h.unrunSaid[u.Stage]; !ok || !c.now.Before(last.Add(c.cfg.PollInterval)) {
+			if h.unrunSaid == nil {
+				h.unrunSaid = map[string]time.Time{}
+			}
+			h.unrunSaid[u.Stage] = c.now
+			c.logf("warn", "%d messages are pending at stage %q, which no [stage-%s] of this dispatcher's configuration runs: nothing will claim them",
+				u.N, u.Stage, u.Stage)
+		}
+	}
 	if !e.Autovacuum && !h.warnedOff {
 		h.warnedOff = true
 		if c.cfg.Vacuum {
@@ -160,7 +188,11 @@ func (c *Core) inspectDue() {
 	h.nextOp++
 	h.inspecting = h.nextOp
 	h.lastInspect = c.now
-	c.emit(Inspect{Op: h.inspecting})
+	run := make([]string, len(c.stages))
+	for i, st := range c.stages {
+		run[i] = st.cfg.Name
+	}
+	c.emit(Inspect{Op: h.inspecting, Run: run})
 }
 
 // inspectAt is when the next Inspect is due (zero when none will be).

@@ -94,3 +94,25 @@ func logged(cmds []core.Command, part string) bool {
 	}
 	return false
 }
+
+func TestPendingMessagesOfAStageNobodyRunsAreSaidOncePerHeartbeat(t *testing.T) {
+	w := newWorld(t, threeStages) // POLL_INTERVAL 30 s
+	in := one[core.Inspect](t, w.start("a", 0))
+	if got := strings.Join(in.Run, ","); got != "a,b,c" {
+		t.Fatalf("inspect asks about stages %q; want the configured a,b,c", got)
+	}
+	ghost := func(op int64) core.Inspected {
+		return core.Inspected{Op: op, Autovacuum: true, Unrun: []core.StageCount{{Stage: "ghost", N: 7}}}
+	}
+	if cmds := w.step(ghost(in.Op)); !logged(cmds, `7 messages are pending at stage "ghost"`) {
+		t.Fatalf("want a warning naming the stage and the count:\n%s", list(cmds))
+	}
+	in = one[core.Inspect](t, w.tick(core.InspectInterval))
+	if cmds := w.step(ghost(in.Op)); logged(cmds, "ghost") {
+		t.Errorf("said again before POLL_INTERVAL:\n%s", list(cmds))
+	}
+	in = one[core.Inspect](t, w.tick(30*time.Second))
+	if cmds := w.step(ghost(in.Op)); !logged(cmds, "ghost") {
+		t.Errorf("not said again after POLL_INTERVAL:\n%s", list(cmds))
+	}
+}

@@ -102,11 +102,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	err := d.run(ctx)
 	if d.dir != "" {
-		if err == nil && !d.failed {
-			os.RemoveAll(d.dir)
-		} else {
-			fmt.Fprintf(stdout, "\nThe configuration and pepsi-dispatch's log are kept in %s\n", d.dir)
-		}
+		// Kept, pass or fail: reading the dispatcher's log is part of the demo.
+		fmt.Fprintf(stdout, "\nThe configuration and pepsi-dispatch's log are in %s (delete it when done)\n", d.dir)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "pepsi-demo: %v\n", err)

@@ -282,3 +282,12 @@ func TestHelpTeachesWithExamples(t *testing.T) {
 	}
 	pq(t, "", nil).expect(t, "no subcommand", 2, "", "no subcommand given")
 }
+
+func TestADatabaseWithoutTheSchemaSaysToMigrate(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	for _, sub := range []string{"stats", "show 1", "retry -all"} {
+		pq(t, "", nil, append([]string{"-database", url}, strings.Fields(sub)...)...).
+			expect(t, sub+" on a database without the schema", 1, "", "run pepsi-queue migrate")
+	}
+}

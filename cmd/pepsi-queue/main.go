@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/peterbourgon/ff/v3"
 	"github.com/peterbourgon/ff/v3/ffcli"
 
@@ -157,8 +158,25 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, ue.msg, name)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "pepsi-queue: %v\n", err)
+	fmt.Fprintf(stderr, "pepsi-queue: %v%s\n", err, schemaHint(err))
 	return exitFailure
+}
+
+// schemaHint tells an operator what to do about a database without the PEPSI
+// schema (a missing table or schema), which PostgreSQL reports as a bare
+// "relation does not exist".
+func schemaHint(err error) string {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return ""
+	}
+	switch {
+	case (pg.Code == "42P01" || pg.Code == "3F000") && strings.Contains(pg.Message, "pepsi"): // undefined_table, invalid_schema_name
+		return " (the database has no PEPSI schema: run pepsi-queue migrate)"
+	case pg.Code == "42703": // undefined_column: every query is of pepsi's tables
+		return " (the database has an older PEPSI schema: run pepsi-queue migrate)"
+	}
+	return ""
 }
 
 // loadConfig reads the -c file, if any. A bad file is a usage error: the

@@ -72,3 +72,17 @@ func TestTheDispatcherVacuumsAQueueFullOfDeadRowsUnlessToldNotTo(t *testing.T) {
 		})
 	}
 }
+
+// A message enqueued at a stage no [stage-NAME] configures waits forever; the
+// dispatcher says so, with the count, at start and on the heartbeat.
+func TestMessagesAtAStageNobodyRunsAreReported(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	e.insert("ghost", "a=done", "a=done")
+	d := e.start()
+	waitFor(t, 20*time.Second, "the warning", func() (bool, string) {
+		n := len(d.logs.lines(`2 messages are pending at stage "ghost"`))
+		return n == 1, fmt.Sprintf("%d warnings", n)
+	})
+	d.stopClean()
+}

@@ -210,6 +210,19 @@ func (q *Queue) Inspect(ctx context.Context, c core.Inspect) core.Inspected {
 		return ev
 	}
 	ev.HorizonAge = time.Duration(age * float64(time.Second))
+	run := c.Run
+	if run == nil {
+		run = []string{} // NULL would make "<> ALL" match nothing
+	}
+	rows, _ := q.pool.Query(ctx, unrunSQL, run, unrunCountMax)
+	ev.Unrun, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.StageCount, error) {
+		var sc core.StageCount
+		err := r.Scan(&sc.Stage, &sc.N)
+		return sc, err
+	})
+	if err != nil {
+		return core.Inspected{Op: c.Op, Err: fmt.Sprintf("inspect pepsi.queue: stages nobody runs: %v", err)}
+	}
 	return ev
 }
 

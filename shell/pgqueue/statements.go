@@ -417,3 +417,24 @@ WHERE c.oid = 'pepsi.queue'::regclass`
 // (autovacuum's, a DBA's) holds the table, this one does nothing rather than
 // wait behind it.
 const vacuumSQL = `VACUUM (SKIP_LOCKED) pepsi.queue`
+
+// unrunSQL counts, for core.Inspect, the pending messages of stages the
+// dispatcher does not run ($1: the stages it runs). It walks the queue_pending
+// index from one distinct stage to the next (a loose index scan: a few index
+// probes per stage, whatever the backlog) and counts at most unrunCountMax rows
+// of each.
+const unrunSQL = `
+WITH RECURSIVE s(stage) AS (
+	(SELECT q.stage FROM pepsi.queue q WHERE q.status = 'pending' ORDER BY q.stage LIMIT 1)
+	UNION ALL
+	SELECT (SELECT q.stage FROM pepsi.queue q WHERE q.status = 'pending' AND q.stage > s.stage ORDER BY q.stage LIMIT 1)
+	FROM s WHERE s.stage IS NOT NULL
+)
+SELECT s.stage, (SELECT count(*) FROM (SELECT 1 FROM pepsi.queue q
+                 WHERE q.status = 'pending' AND q.stage = s.stage LIMIT $2) x)
+FROM s WHERE s.stage IS NOT NULL AND s.stage <> ALL ($1::text[])
+ORDER BY s.stage`
+
+// unrunCountMax bounds how many pending messages of one stage nobody runs are
+// counted.
+const unrunCountMax = 100000

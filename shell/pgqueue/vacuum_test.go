@@ -2,6 +2,7 @@ package pgqueue_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,18 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 			t.Fatalf("waited %s for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestInspectCountsPendingMessagesOfStagesNobodyRuns(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.Insert(t, "a", 3)
+	h.Insert(t, "ghost", 2)
+	h.Insert(t, "orphan", 1)
+	in := h.Inspect(t.Context(), core.Inspect{Op: 1, Run: []string{"a", "b"}})
+	want := []core.StageCount{{Stage: "ghost", N: 2}, {Stage: "orphan", N: 1}}
+	if in.Err != "" || fmt.Sprint(in.Unrun) != fmt.Sprint(want) {
+		t.Fatalf("inspected %v; want stages nobody runs %v", in, want)
 	}
 }
