@@ -779,9 +779,11 @@ func (w *world) inspect(x core.Inspect) {
 	})
 }
 
-// vacuum runs the core's VACUUM: it takes a while, then the dead versions are gone.
+// vacuum runs the core's VACUUM: it takes a while (up to 15 s, longer than
+// core.VacuumIntervalMin and core.InspectInterval, so an inspection can find it
+// still running), then the dead versions are gone.
 func (w *world) vacuum(x core.Vacuum) {
-	w.after(w.randDur(w.rVacuum, 10*time.Millisecond, 3*time.Second), func() {
+	w.after(w.randDur(w.rVacuum, 10*time.Millisecond, 15*time.Second), func() {
 		if w.dbDown() {
 			w.pending = append(w.pending, core.Vacuumed{Op: x.Op, Err: "server closed the connection unexpectedly"})
 			return
