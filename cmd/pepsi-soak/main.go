@@ -10,7 +10,9 @@
 // every stage answers its transition; workers recycle every -max-messages
 // messages. A producer inserts single messages at -rate per second (in small
 // batches every 100 ms). With -rate 0 the rate is 70% of what a 20 s drain of a
-// backlog measures first.
+// backlog measures first. Every minute it purges the finished messages older
+// than -retain, as a nightly pepsi-queue purge would (scaled to the run), so the
+// table's size can level off.
 //
 // It uses its own database (-db-name, created afresh) on the server of
 // PEPSI_TEST_DATABASE_URL, or, with -private, on a PostgreSQL server of its own
@@ -40,6 +42,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
@@ -73,6 +76,7 @@ type soak struct {
 	private     bool
 	dispatch    string
 	self        string
+	retain      time.Duration
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -90,6 +94,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&s.dbName, "db-name", "pepsi_soak", "the database it creates afresh (and drops at the end)")
 	fs.BoolVar(&s.private, "private", false, "run on a PostgreSQL server of its own, autovacuum on at its defaults")
 	fs.StringVar(&s.dispatch, "dispatch", "", "pepsi-dispatch binary (default: next to pepsi-soak)")
+	fs.DurationVar(&s.retain, "retain", 5*time.Minute, "purge finished messages older than this every minute, as pepsi-queue purge from cron would (0: keep them)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -222,8 +227,8 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 			return err
 		}
 	}
-	fmt.Fprintf(s.out, "soak: %d messages/s for %s through 3 stages, MAX_MESSAGES=%d, PARALLELISM=%d, QUEUE_LIMIT=%d, autovacuum %s\n",
-		s.rate, s.duration, s.maxMessages, s.parallelism, s.queueLimit, setting(ctx, conn, "autovacuum"))
+	fmt.Fprintf(s.out, "soak: %d messages/s for %s through 3 stages, MAX_MESSAGES=%d, PARALLELISM=%d, QUEUE_LIMIT=%d, autovacuum %s, finished messages kept %s\n",
+		s.rate, s.duration, s.maxMessages, s.parallelism, s.queueLimit, setting(ctx, conn, "autovacuum"), s.retain)
 	fmt.Fprintf(s.out, "%6s %10s %9s %11s %9s %9s %8s %5s %7s %10s\n",
 		"minute", "done/min", "backlog", "dead tuples", "table MB", "index MB", "RSS MB", "FDs", "threads", "goroutines")
 
@@ -247,6 +252,11 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 			stopProducer()
 			return s.report(samples)
 		case <-tick.C:
+		}
+		if s.retain > 0 {
+			if _, err := queueadmin.Purge(ctx, conn, s.retain, 10000, nil, nil); err != nil {
+				return fmt.Errorf("purge: %w", err)
+			}
 		}
 		left := messagesLeft(ctx, conn)
 		sm := sample{minute: minute, done: left - left0}
