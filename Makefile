@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build test vet purity bench demo sim-long mutants clean postgres chromium soak soak-private
+.PHONY: all build test vet purity bench bench-peers bench-backlog river-bench demo sim-long mutants clean postgres chromium soak soak-private
 
 all: build
 
@@ -34,11 +34,37 @@ test: postgres chromium vet purity
 	@mkdir -p $(CURDIR)/test-artifacts
 	$(GO) test -race -count=1 -timeout 20m -artifacts -outputdir $(CURDIR)/test-artifacts ./...
 
-# The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate and the
-# pipeline's hops/s side by side (docs/performance.md).
-bench: postgres build
+# The stage modes pepsi-bench measures: write (the stage library writes each
+# transition) and answer (the stage answers "0 >NEXT", the dispatcher writes it;
+# needs the "0 >TARGET" protocol: against a dispatcher without it pepsi-bench
+# says so, measures the rest and exits 1). BENCH_MODES=write measures write mode
+# alone; BENCH_FLAGS passes more flags (bin/pepsi-bench -h).
+BENCH_MODES ?= write,answer
+BENCH_FLAGS ?=
+
+# The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate, the
+# pipeline's hops/s in each mode at the bench configuration and at pepsi.conf's
+# defaults, River's jobs/s, median of 3 rounds, one table; then the latency at
+# 100 messages/s (docs/performance.md).
+bench: postgres build river-bench
 	$(GO) test -run '^$$' -bench . -benchmem ./core/
-	$(BIN)/pepsi-bench
+	$(BIN)/pepsi-bench -river $(BIN)/river-bench -modes $(BENCH_MODES) $(BENCH_FLAGS)
+
+# PEPSI beside its peer only: pgbench, the pipeline at the bench configuration,
+# River draining as many no-op jobs as the pipeline makes hops, 3 rounds.
+bench-peers: postgres build river-bench
+	$(BIN)/pepsi-bench -river $(BIN)/river-bench -modes $(BENCH_MODES) -configs bench -latency-seconds 0 $(BENCH_FLAGS)
+
+# On demand, not in CI (tens of minutes): drain 1,000,000 messages per mode;
+# hops/s over the first and the last tenth, the queue's sizes before and after.
+bench-backlog: postgres build
+	$(BIN)/pepsi-bench -backlog -modes $(BENCH_MODES) $(BENCH_FLAGS)
+
+# River's side of the comparison, from its own module (bench/river/go.mod), so
+# that PEPSI's module does not depend on River.
+river-bench:
+	@mkdir -p $(BIN)
+	cd bench/river && $(GO) build -o $(BIN)/river-bench .
 
 demo: postgres build
 	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo

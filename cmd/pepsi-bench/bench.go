@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,37 +29,96 @@ const (
 
 func timeDuration(n int) time.Duration { return time.Duration(n) }
 
+// mode is how the stage programs of a pipeline run hand over their transitions.
+type mode string
+
+const (
+	// modeWrite: the Go stage library commits each transition itself and
+	// answers "0"; the dispatcher then requeues the row (two row versions per hop
+	// besides the claim).
+	modeWrite mode = "write"
+	// modeAnswer: the stage (pepsi-bench-answer, no database connection) writes
+	// nothing and answers "0 >b", "0 >c", "0 >done"; the dispatcher writes the
+	// transition in its batched transaction. Needs a pepsi-dispatch that speaks
+	// the "0 >TARGET" protocol.
+	modeAnswer mode = "answer"
+)
+
+// stageConfig is the three per-stage keys of pepsi.conf every stage gets.
+type stageConfig struct {
+	name                                 string
+	parallelism, queueLimit, maxMessages int
+}
+
+// defaultsConfig is pepsi.conf's defaults (docs/pepsi.conf.5.md).
+var defaultsConfig = stageConfig{name: "defaults", parallelism: 4, queueLimit: 4, maxMessages: 1000}
+
+func (c stageConfig) String() string {
+	return fmt.Sprintf("%s (P=%d Q=%d MAX_MESSAGES=%d)", c.name, c.parallelism, c.queueLimit, c.maxMessages)
+}
+
+// variant is one pipeline row of the table: a mode at a configuration.
+type variant struct {
+	mode mode
+	cfg  stageConfig
+}
+
+func (v variant) String() string { return fmt.Sprintf("pipeline %s, %s", v.mode, v.cfg) }
+
 // bench holds one invocation's settings.
 type bench struct {
-	out         io.Writer
-	n           int
-	seconds     int
-	clients     int
-	rounds      int
-	parallelism int
-	queueLimit  int
-	maxMessages int
-	server      string
-	dbName      string
-	dispatch    string
-	cpuProfile  string
-	skipPgbench bool
-	keep        bool
-	timeout     time.Duration
+	out            io.Writer
+	n              int
+	seconds        int
+	clients        int
+	rounds         int
+	benchConfig    stageConfig
+	modes          []mode
+	configs        []stageConfig
+	variants       []variant
+	river          string // the river-bench binary; "" for no River row
+	latencyRate    int
+	latencySeconds int
+	backlog        bool
+	backlogN       int
+	server         string
+	dbName         string
+	dispatch       string
+	cpuProfile     string
+	skipPgbench    bool
+	keep           bool
+	timeout        time.Duration
 
-	url     string // the bench database
-	dir     string // configuration, scripts, logs
-	pgbench string // the pgbench binary
-	self    string // this binary: the stage program
+	url        string // the bench database
+	dir        string // configuration, scripts, logs
+	pgbench    string // the pgbench binary
+	self       string // this binary: the write-mode stage program
+	answerLink string // the answer-mode stage program: a link to self
+
+	// refused holds, per mode, why the dispatcher refused that mode's stages
+	// (answer mode against a dispatcher without the "0 >TARGET" protocol); a
+	// refused mode is not run again.
+	refused map[mode]string
 }
 
 // round is what one side-by-side measurement found.
 type round struct {
-	tps     float64       // pgbench transactions per second
-	commit  time.Duration // CPU time of one pgbench commit; 0 if unknown
-	hops    float64       // pipeline hops per second
+	tps    float64       // pgbench transactions per second
+	commit time.Duration // CPU time of one pgbench commit; 0 if unknown
+	pipes  map[variant]pipeResult
+	river  riverResult
+}
+
+// pipeResult is what one pipeline run found.
+type pipeResult struct {
+	hops    float64       // hops per second
 	elapsed time.Duration // dispatcher start to last done
 	cpu     pipelineCPU   // CPU time the pipeline took; zero if unknown
+	// versionsPerHop is pepsi.queue's row updates (pg_stat_user_tables.n_tup_upd)
+	// per hop: 8/3 when stages write their transitions (per message: three
+	// claims, three stage writes, two requeues), 2 when they answer them (three
+	// claims, three dispatcher writes). 0 if unknown.
+	versionsPerHop float64
 }
 
 // pipelineCPU is the CPU time of a pipeline run: pepsi-dispatch with the workers
@@ -66,6 +126,9 @@ type round struct {
 type pipelineCPU struct {
 	programs, backends time.Duration
 }
+
+// errRefused marks a run whose stages the dispatcher took for protocol errors.
+var errRefused = errors.New("the dispatcher refused the stages' answers")
 
 func (b *bench) run(ctx context.Context) error {
 	if err := b.prepare(); err != nil {
@@ -79,9 +142,16 @@ func (b *bench) run(ctx context.Context) error {
 		}
 		os.RemoveAll(b.dir)
 	}()
+	if b.backlog {
+		err := b.runBacklogs(ctx)
+		if err != nil && !errors.Is(err, errRefused) {
+			keep = true
+		}
+		return err
+	}
 	fmt.Fprintf(b.out, "pepsi-bench: %d rounds; pgbench -c %d -j 2 -T %d (one single-row INSERT per transaction); "+
-		"pipeline a -> b -> c -> done, %d messages, PARALLELISM=%d QUEUE_LIMIT=%d MAX_MESSAGES=%d\n",
-		b.rounds, b.clients, b.seconds, b.n, b.parallelism, b.queueLimit, b.maxMessages)
+		"pipeline a -> b -> c -> done, %d messages (%d hops), modes %s, configurations %s%s\n",
+		b.rounds, b.clients, b.seconds, b.n, hopsPerMessage*b.n, joinModes(b.modes), joinConfigs(b.configs), b.riverNote())
 	var rounds []round
 	for i := 1; i <= b.rounds; i++ {
 		r, err := b.round(ctx, i)
@@ -90,59 +160,80 @@ func (b *bench) run(ctx context.Context) error {
 			return fmt.Errorf("round %d: %w", i, err)
 		}
 		rounds = append(rounds, r)
-		fmt.Fprintf(b.out, "round %d: %s\n", i, r.line(b.clients))
 	}
-	b.summary(rounds)
-	return nil
-}
-
-// line is one round's result in the form the brief asks for.
-func (r round) line(clients int) string {
-	if r.tps == 0 {
-		return fmt.Sprintf("pepsi: %.0f hops/s (%.2f s%s)", r.hops, r.elapsed.Seconds(), r.cpuNote())
-	}
-	commit := ""
-	if r.commit > 0 {
-		commit = fmt.Sprintf(" (CPU per commit %.0f µs)", float64(r.commit.Nanoseconds())/1000)
-	}
-	return fmt.Sprintf("pgbench %d clients: %.0f tps%s; pepsi: %.0f hops/s = %.2f× pgbench (%.2f s%s)",
-		clients, r.tps, commit, r.hops, r.hops/r.tps, r.elapsed.Seconds(), r.cpuNote())
-}
-
-// cpuNote is the pipeline's CPU time per hop, which other load on the machine
-// disturbs far less than its hops/s.
-func (r round) cpuNote() string {
-	if r.cpu.backends == 0 || r.hops == 0 {
-		return ""
-	}
-	hops := r.hops * r.elapsed.Seconds()
-	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / hops }
-	return fmt.Sprintf("; CPU per hop %.0f µs: dispatcher and workers %.0f, their backends %.0f",
-		per(r.cpu.programs+r.cpu.backends), per(r.cpu.programs), per(r.cpu.backends))
-}
-
-// summary prints the medians and the spread, so a noisy machine shows as such.
-func (b *bench) summary(rounds []round) {
-	var tps, hops, ratio []float64
-	for _, r := range rounds {
-		tps = append(tps, r.tps)
-		hops = append(hops, r.hops)
-		if r.tps > 0 {
-			ratio = append(ratio, r.hops/r.tps)
+	fmt.Fprintln(b.out)
+	fmt.Fprint(b.out, b.table(rounds))
+	if b.latencySeconds > 0 {
+		fmt.Fprintln(b.out)
+		for _, m := range b.modes {
+			if why, ok := b.refused[m]; ok {
+				fmt.Fprintf(b.out, "latency, %s mode: not measured: %s\n", m, why)
+				continue
+			}
+			l, err := b.runLatency(ctx, variant{mode: m, cfg: b.benchConfig})
+			if errors.Is(err, errRefused) {
+				b.refuse(m, err)
+				fmt.Fprintf(b.out, "latency, %s mode: not measured: %s\n", m, b.refused[m])
+				continue
+			}
+			if err != nil {
+				keep = true
+				return fmt.Errorf("latency, %s mode: %w", m, err)
+			}
+			fmt.Fprintf(b.out, "latency, %s mode: %s\n", m, l)
 		}
 	}
-	spread := func(xs []float64) string {
-		lo, hi := slices.Min(xs), slices.Max(xs)
-		return fmt.Sprintf("min %.0f, max %.0f, spread %.0f%%", lo, hi, 100*(hi-lo)/median(xs))
+	return b.refusedError()
+}
+
+// refusedError is the run's verdict when a requested mode could not be measured.
+func (b *bench) refusedError() error {
+	if len(b.refused) == 0 {
+		return nil
 	}
-	if len(ratio) == 0 {
-		fmt.Fprintf(b.out, "median: pepsi: %.0f hops/s (%s)\n", median(hops), spread(hops))
+	var ms []string
+	for _, m := range b.modes {
+		if _, ok := b.refused[m]; ok {
+			ms = append(ms, string(m))
+		}
+	}
+	return fmt.Errorf("%w: mode %s not measured (see above); -modes write measures the rest alone", errRefused, strings.Join(ms, ", "))
+}
+
+// refusedShort is what the table and the latency lines say of a refused mode;
+// the whole error, with the dispatcher's log line, is printed once.
+const refusedShort = "this pepsi-dispatch refuses the \"0 >TARGET\" answers (protocol error: see above)"
+
+// refuse records that the dispatcher refused mode m and says so at once.
+func (b *bench) refuse(m mode, err error) {
+	if _, done := b.refused[m]; done {
 		return
 	}
-	lo, hi := slices.Min(ratio), slices.Max(ratio)
-	fmt.Fprintf(b.out, "median: pgbench %d clients: %.0f tps; pepsi: %.0f hops/s = %.2f× pgbench (ratio min %.2f×, max %.2f×)\n",
-		b.clients, median(tps), median(hops), median(ratio), lo, hi)
-	fmt.Fprintf(b.out, "  pgbench tps: %s; pepsi hops/s: %s\n", spread(tps), spread(hops))
+	b.refused[m] = refusedShort
+	fmt.Fprintf(b.out, "%s mode NOT MEASURED: %v\n", m, err)
+}
+
+func (b *bench) riverNote() string {
+	if b.river == "" {
+		return "; no River (-river)"
+	}
+	return fmt.Sprintf("; River drains %d no-op jobs", hopsPerMessage*b.n)
+}
+
+func joinModes(ms []mode) string {
+	s := make([]string, len(ms))
+	for i, m := range ms {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ",")
+}
+
+func joinConfigs(cs []stageConfig) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = c.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 // prepare finds the programs and makes the working directory.
@@ -160,10 +251,13 @@ func (b *bench) prepare() error {
 			return err
 		}
 	}
-	if !b.skipPgbench {
+	if !b.skipPgbench && !b.backlog {
 		if b.pgbench, err = findPgbench(); err != nil {
 			return err
 		}
+	}
+	if b.river != "" && !isExecutable(b.river) {
+		return fmt.Errorf("-river %s: not an executable file (make bench-peers builds bin/river-bench)", b.river)
 	}
 	u, _ := url.Parse(b.server) // checked by run
 	u.Path = "/" + b.dbName
@@ -171,12 +265,18 @@ func (b *bench) prepare() error {
 	if b.dir, err = os.MkdirTemp("", "pepsi-bench-"); err != nil {
 		return fmt.Errorf("working directory: %w", err)
 	}
+	b.answerLink = filepath.Join(b.dir, answerProgram)
+	if err := os.Symlink(b.self, b.answerLink); err != nil {
+		return fmt.Errorf("the answer-mode stage program: %w", err)
+	}
+	b.refused = map[mode]string{}
 	return nil
 }
 
-// round measures pgbench, then the pipeline, each on a fresh database.
+// round measures pgbench, then each pipeline variant, then River, each on a
+// fresh database, and prints what it found.
 func (b *bench) round(ctx context.Context, i int) (round, error) {
-	var r round
+	r := round{pipes: map[variant]pipeResult{}}
 	if !b.skipPgbench {
 		if err := b.freshDatabase(ctx); err != nil {
 			return r, err
@@ -186,17 +286,66 @@ func (b *bench) round(ctx context.Context, i int) (round, error) {
 			return r, err
 		}
 		r.tps, r.commit = tps, commit
+		fmt.Fprintf(b.out, "round %d: pgbench %d clients: %.0f tps%s\n", i, b.clients, tps, commitNote(commit))
 	}
-	if err := b.freshDatabase(ctx); err != nil {
-		return r, err
+	for _, v := range b.variants {
+		if _, ok := b.refused[v.mode]; ok {
+			continue
+		}
+		p, err := b.runPipeline(ctx, v, fmt.Sprintf("%d.%s-%s", i, v.mode, v.cfg.name))
+		if errors.Is(err, errRefused) {
+			b.refuse(v.mode, err)
+			continue
+		}
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", v, err)
+		}
+		r.pipes[v] = p
+		fmt.Fprintf(b.out, "round %d: %s: %s\n", i, v, p.line(r.tps))
 	}
-	elapsed, cpu, err := b.runPipeline(ctx, i)
-	if err != nil {
-		return r, err
+	if b.river != "" {
+		rr, err := b.runRiver(ctx)
+		if err != nil {
+			return r, err
+		}
+		r.river = rr
+		fmt.Fprintf(b.out, "round %d: %s\n", i, rr.text)
 	}
-	r.elapsed, r.cpu = elapsed, cpu
-	r.hops = float64(hopsPerMessage*b.n) / elapsed.Seconds()
 	return r, nil
+}
+
+func commitNote(commit time.Duration) string {
+	if commit <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (CPU per commit %.0f µs)", float64(commit.Nanoseconds())/1000)
+}
+
+// line is one pipeline run's result.
+func (p pipeResult) line(tps float64) string {
+	s := fmt.Sprintf("%.0f hops/s (%.2f s", p.hops, p.elapsed.Seconds())
+	if tps > 0 {
+		s = fmt.Sprintf("%.0f hops/s = %.2f× pgbench (%.2f s", p.hops, p.hops/tps, p.elapsed.Seconds())
+	}
+	if us, ok := p.cpuPerHop(); ok {
+		s += fmt.Sprintf("; CPU per hop %.0f µs: dispatcher and workers %.0f, their backends %.0f",
+			us, us*float64(p.cpu.programs)/float64(p.cpu.programs+p.cpu.backends),
+			us*float64(p.cpu.backends)/float64(p.cpu.programs+p.cpu.backends))
+	}
+	if p.versionsPerHop > 0 {
+		s += fmt.Sprintf("; %.2f row versions per hop", p.versionsPerHop)
+	}
+	return s + ")"
+}
+
+// cpuPerHop is the pipeline's CPU time per hop in microseconds, which other load
+// on the machine disturbs far less than its hops/s.
+func (p pipeResult) cpuPerHop() (float64, bool) {
+	if p.cpu.backends == 0 || p.hops == 0 {
+		return 0, false
+	}
+	hops := p.hops * p.elapsed.Seconds()
+	return float64((p.cpu.programs + p.cpu.backends).Microseconds()) / hops, true
 }
 
 // freshDatabase drops and creates the bench database, then checkpoints, so that

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/url"
 	"os"
 	"os/exec"
@@ -15,42 +16,93 @@ import (
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
-// TestBenchMeasuresBothSidesAndChecksThePipeline builds pepsi-bench and
-// pepsi-dispatch, as make bench does, and runs one small round on the test
-// server: pgbench, then 300 messages through the real dispatcher and three
-// workers, checked afterwards (every row done, every hop counted).
-func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
-	t.Parallel()
+// buildBench builds pepsi-bench and pepsi-dispatch into one folder, as make
+// bench does, and returns the folder.
+func buildBench(t *testing.T) string {
+	t.Helper()
 	bin := t.TempDir()
 	args := []string{"build", "-o", bin + string(filepath.Separator),
 		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-bench", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch"}
 	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
+	return bin
+}
+
+// runBench runs the built pepsi-bench on a database of the test's own (dropped
+// when the test ends; the bench drops and creates it afresh by name) and
+// returns its output and exit status.
+func runBench(t *testing.T, bin string, args ...string) (string, int) {
+	t.Helper()
 	admin := pgtest.AdminURL(t)
-	// A database of this test's own (dropped when the test ends), which the bench
-	// drops and creates afresh by name.
 	u, err := url.Parse(pgtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := strings.TrimPrefix(u.Path, "/")
-
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pepsi-bench"), "-n", "300", "-rounds", "1",
-		"-seconds", "1", "-clients", "2", "-database", admin, "-db-name", name, "-timeout", "2m")
+	args = append(args, "-database", admin, "-db-name", name, "-timeout", "2m")
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pepsi-bench"), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("pepsi-bench: %v; output:\n%s", err, out.String())
+	err = cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &exit):
+		return out.String(), exit.ExitCode()
 	}
-	want := regexp.MustCompile(`(?m)^round 1: pgbench 2 clients: [0-9]+ tps.*; pepsi: [0-9]+ hops/s = [0-9.]+× pgbench \(`)
-	if !want.MatchString(out.String()) {
-		t.Errorf("pepsi-bench output has no line matching %q; output:\n%s", want, out.String())
+	t.Fatalf("pepsi-bench: %v; output:\n%s", err, out.String())
+	return "", 0
+}
+
+// TestBenchMeasuresBothSidesAndChecksThePipeline runs one small round in write
+// mode on the test server: pgbench, then 300 messages through the real
+// dispatcher and three workers at each configuration, checked afterwards
+// (every row done, every hop counted), then a short latency run.
+func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
+	t.Parallel()
+	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-seconds", "1", "-clients", "2",
+		"-modes", "write", "-latency-rate", "50", "-latency-seconds", "1")
+	if code != 0 {
+		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
 	}
-	if !strings.Contains(out.String(), "median: pgbench 2 clients: ") {
-		t.Errorf("pepsi-bench output has no median line; output:\n%s", out.String())
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^round 1: pgbench 2 clients: [0-9]+ tps`),
+		regexp.MustCompile(`(?m)^round 1: pipeline write, bench \(P=2 Q=64 MAX_MESSAGES=100000\): [0-9]+ hops/s = [0-9.]+× pgbench \(`),
+		regexp.MustCompile(`(?m)^round 1: pipeline write, defaults \(P=4 Q=4 MAX_MESSAGES=1000\): [0-9]+ hops/s = [0-9.]+× pgbench \(`),
+		regexp.MustCompile(`(?m)^\| pipeline write, bench .* \| [0-9]+ hops/s \| \*\*[0-9.]+×\*\* \|`),
+		regexp.MustCompile(`(?m)^latency, write mode: 50 messages at [0-9]+/s .* p50 [0-9.]+ ms, p99 [0-9.]+ ms`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("pepsi-bench output has no line matching %q; output:\n%s", want, out)
+		}
+	}
+}
+
+// TestAnswerModeIsMeasuredOrRefusedClearly runs answer mode against the
+// dispatcher of this tree: one that speaks the "0 >TARGET" protocol drains the
+// pipeline; one that does not makes pepsi-bench say so and exit 1, never hang
+// or fail messages one by one.
+func TestAnswerModeIsMeasuredOrRefusedClearly(t *testing.T) {
+	t.Parallel()
+	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-skip-pgbench",
+		"-modes", "answer", "-configs", "bench", "-latency-seconds", "0")
+	switch code {
+	case 0:
+		if !regexp.MustCompile(`(?m)^round 1: pipeline answer, bench .*: [0-9]+ hops/s`).MatchString(out) {
+			t.Errorf("pepsi-bench exited 0 without an answer-mode figure; output:\n%s", out)
+		}
+	case 1:
+		for _, want := range []string{"answer mode NOT MEASURED", `"0 >TARGET"`, "-modes write"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("pepsi-bench refused answer mode without saying %q; output:\n%s", want, out)
+			}
+		}
+	default:
+		t.Errorf("pepsi-bench -modes answer exited %d, want 0 (measured) or 1 (refused); output:\n%s", code, out)
 	}
 }
 
@@ -61,6 +113,10 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"-queue-limit", "-1"},
 		{"-db-name", "Bad-Name"},
 		{"-database", "mysql://x"},
+		{"-modes", "write,fast"},
+		{"-modes", "write,write"},
+		{"-configs", "bench,huge"},
+		{"-latency-seconds", "-1"},
 		{"extra"},
 	} {
 		var stderr bytes.Buffer

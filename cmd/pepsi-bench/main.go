@@ -1,21 +1,31 @@
 // Command pepsi-bench measures PEPSI's pipeline throughput against this
-// machine's PostgreSQL commit rate, side by side in one run, so the ratio holds
-// on any machine: pgbench with 16 clients committing one single-row INSERT per
-// transaction (synchronous_commit as the server has it), then a 3-stage pipeline
-// of trivial stages (a -> b -> c -> done) driven by the real pepsi-dispatch
-// binary. It prints, per round,
+// machine's PostgreSQL commit rate and against a peer, River, side by side in
+// one run, so that the ratios hold on any machine: pgbench with 16 clients
+// committing one single-row INSERT per transaction (synchronous_commit as the
+// server has it), then a 3-stage pipeline of trivial stages (a -> b -> c ->
+// done) driven by the real pepsi-dispatch binary, in each mode (-modes) at each
+// configuration (-configs), then River draining as many no-op jobs as the
+// pipeline makes hops (-river, bin/river-bench from the nested module
+// bench/river). Each round prints its figures; the end prints one table of
+// medians and ratios, then the latency of each mode at a low offered rate.
+// -backlog instead drains a backlog of a million messages and reports whether
+// the rate holds up and how the queue grows. "make bench" runs it;
+// docs/performance.md explains every figure.
 //
-//	pgbench 16 clients: 12345 tps; pepsi: 23456 hops/s = 1.90× pgbench
+// A hop is one stage pass, the unit of work a River job is; hops/s = 3 × N /
+// (time from the dispatcher's start to the last message done).
 //
-// where hops/s = 3 × N / (time from the dispatcher's start to the last message
-// done), and the median of the rounds at the end. "make bench" builds bin/ and
-// runs it; docs/performance.md explains the figures.
-//
-// The stage program is pepsi-bench itself: started as "pepsi-bench worker" with
-// PEPSI_STAGE set, it serves the three stages with the stage library.
+// The stage programs are pepsi-bench itself. Write mode: started as
+// "pepsi-bench worker" with PEPSI_STAGE set, it serves the three stages with the
+// stage library, which commits each transition and answers "0". Answer mode:
+// started through a link named pepsi-bench-answer, it opens no database
+// connection, writes nothing and answers "0 >b", "0 >c", "0 >done" (SPEC.md's
+// "0 >TARGET" line), which only a dispatcher that speaks that protocol accepts;
+// one that does not kills the worker for a protocol error, and pepsi-bench says
+// so, measures the rest and exits 1.
 //
 // It never touches a database other than its own (-db-name, dropped and created
-// afresh each round), and never runs with a database it did not create.
+// afresh for each measurement), and never runs with a database it did not create.
 package main
 
 import (
@@ -27,8 +37,10 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/peterbourgon/ff/v3"
@@ -37,6 +49,9 @@ import (
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == answerProgram {
+		runAnswerWorker()
+	}
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		stage.Main(handlers())
 	}
@@ -55,7 +70,8 @@ const (
 	hopsPerMessage = 3
 )
 
-// handlers are the trivial stages: no work, no sleeps, only the transitions.
+// handlers are the trivial write-mode stages: no work, no sleeps, only the
+// transitions, which the stage library writes.
 func handlers() map[string]stage.Handler {
 	return map[string]stage.Handler{
 		stageA: func(context.Context, *stage.Message) stage.Result { return stage.Advance(stageB) },
@@ -75,13 +91,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		server = defaultServer
 	}
 	b := &bench{out: stdout}
-	fs.IntVar(&b.n, "n", 20000, "messages enqueued per round (each makes 3 hops)")
+	var modes, configs string
+	fs.IntVar(&b.n, "n", 20000, "messages enqueued per pipeline run (each makes 3 hops; River drains 3 × n jobs)")
 	fs.IntVar(&b.seconds, "seconds", 10, "how long pgbench runs per round")
 	fs.IntVar(&b.clients, "clients", 16, "pgbench clients (-c)")
 	fs.IntVar(&b.rounds, "rounds", 3, "how many times to measure both, side by side")
-	fs.IntVar(&b.parallelism, "parallelism", 2, "PARALLELISM of each stage")
-	fs.IntVar(&b.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage")
-	fs.IntVar(&b.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage (a worker recycles after that many; pepsi.conf default 1000)")
+	b.benchConfig.name = "bench"
+	fs.IntVar(&b.benchConfig.parallelism, "parallelism", 2, "PARALLELISM of each stage in the bench configuration")
+	fs.IntVar(&b.benchConfig.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage in the bench configuration")
+	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
+	fs.StringVar(&modes, "modes", "write,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), answer (the stage writes nothing, answers 0 >NEXT; needs the 0 >TARGET protocol)")
+	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000)")
+	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
+	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
+	fs.IntVar(&b.latencySeconds, "latency-seconds", 10, "how long the latency run offers messages, per mode; 0: no latency run")
+	fs.BoolVar(&b.backlog, "backlog", false, "instead of the rounds: drain -backlog-n messages per mode at the bench configuration; report hops/s over the first and last tenth and the queue's sizes")
+	fs.IntVar(&b.backlogN, "backlog-n", 1000000, "messages in the -backlog drain")
 	fs.StringVar(&b.server, "database", server, "admin `URL` of the PostgreSQL server (default: PEPSI_TEST_DATABASE_URL); the bench creates its own database there")
 	fs.StringVar(&b.dbName, "db-name", "pepsi_bench", "`NAME` of the bench's database, dropped and created afresh each round")
 	fs.StringVar(&b.dispatch, "dispatch", "", "the pepsi-dispatch `binary` (default: next to pepsi-bench, else on PATH)")
@@ -103,8 +128,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "pepsi-bench: unexpected arguments %q (see -h)\n", fs.Args())
 		return 2
-	case b.n <= 0 || b.seconds <= 0 || b.clients <= 0 || b.rounds <= 0 || b.parallelism <= 0 || b.queueLimit <= 0 || b.maxMessages <= 0:
-		fmt.Fprintf(stderr, "pepsi-bench: -n, -seconds, -clients, -rounds, -parallelism, -queue-limit and -max-messages must be positive\n")
+	case b.n <= 0 || b.seconds <= 0 || b.clients <= 0 || b.rounds <= 0 || b.benchConfig.parallelism <= 0 ||
+		b.benchConfig.queueLimit <= 0 || b.benchConfig.maxMessages <= 0 || b.latencyRate <= 0 || b.backlogN <= 0:
+		fmt.Fprintf(stderr, "pepsi-bench: -n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate and -backlog-n must be positive\n")
+		return 2
+	case b.latencySeconds < 0:
+		fmt.Fprintf(stderr, "pepsi-bench: -latency-seconds must not be negative\n")
 		return 2
 	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
 		fmt.Fprintf(stderr, "pepsi-bench: -db-name %q: want lower-case letters, digits and '_'\n", b.dbName)
@@ -114,14 +143,71 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pepsi-bench: -database %q: want a postgres:// URL of the server\n", b.server)
 		return 2
 	}
-	if b.timeout == 0 {
-		b.timeout = pipelineTimeoutBase + pipelineTimeoutPerMessage*timeDuration(b.n)
+	var err error
+	if b.modes, err = parseModes(modes); err != nil {
+		fmt.Fprintf(stderr, "pepsi-bench: -modes: %v\n", err)
+		return 2
 	}
-	if err := b.run(ctx); err != nil {
+	if b.configs, err = parseConfigs(configs, b.benchConfig); err != nil {
+		fmt.Fprintf(stderr, "pepsi-bench: -configs: %v\n", err)
+		return 2
+	}
+	for _, m := range b.modes {
+		for _, c := range b.configs {
+			b.variants = append(b.variants, variant{mode: m, cfg: c})
+		}
+	}
+	if b.timeout == 0 {
+		n := b.n
+		if b.backlog {
+			n = b.backlogN
+		}
+		b.timeout = pipelineTimeoutBase + pipelineTimeoutPerMessage*timeDuration(n)
+	}
+	if err = b.run(ctx); err != nil {
 		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// parseModes reads -modes: a comma-separated list of write and answer, each at
+// most once, in the order given.
+func parseModes(s string) ([]mode, error) {
+	var ms []mode
+	for _, f := range strings.Split(s, ",") {
+		m := mode(strings.TrimSpace(f))
+		if m != modeWrite && m != modeAnswer {
+			return nil, fmt.Errorf("%q is not a mode: want write, answer or both (write,answer)", f)
+		}
+		if slices.Contains(ms, m) {
+			return nil, fmt.Errorf("mode %s twice", m)
+		}
+		ms = append(ms, m)
+	}
+	return ms, nil
+}
+
+// parseConfigs reads -configs: a comma-separated list of bench (the flags'
+// configuration) and defaults (pepsi.conf's), each at most once.
+func parseConfigs(s string, bench stageConfig) ([]stageConfig, error) {
+	var cs []stageConfig
+	for _, f := range strings.Split(s, ",") {
+		var c stageConfig
+		switch strings.TrimSpace(f) {
+		case "bench":
+			c = bench
+		case "defaults":
+			c = defaultsConfig
+		default:
+			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults or both (bench,defaults)", f)
+		}
+		if slices.ContainsFunc(cs, func(x stageConfig) bool { return x.name == c.name }) {
+			return nil, fmt.Errorf("configuration %s twice", c.name)
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
 }
 
 // median returns the middle value of xs (the mean of the two middle ones for an

@@ -41,7 +41,7 @@ DATABASE = %s
 MAX_RUNTIME = 60
 WORKER_IDLE_TIMEOUT = 5
 POLL_INTERVAL = 30
-STATS_INTERVAL = 60
+STATS_INTERVAL = %s
 `
 
 const stageTemplate = `
@@ -52,51 +52,92 @@ QUEUE_LIMIT = %d
 MAX_MESSAGES = %d
 `
 
-// runPipeline applies the schema, enqueues the messages at stage a, starts
-// pepsi-dispatch and returns the time from its start to the last message done.
-// It then stops the dispatcher and checks that every message is done and that
-// the dispatcher counted every hop.
-//
-// cpu is the CPU time the pipeline took: pepsi-dispatch's and its workers' (which
-// it reaped), and that of the database backends serving them, read from /proc
-// when the server runs on this machine and no worker recycled (else zero).
-func (b *bench) runPipeline(ctx context.Context, i int) (elapsed time.Duration, cpu pipelineCPU, err error) {
+// confText is the pipeline's pepsi.conf for variant v: the three stages, each
+// served by the program of v's mode. statsInterval is the dispatcher's
+// STATS_INTERVAL ("60" but for the backlog drain, which samples the statistics).
+func (b *bench) confText(v variant, statsInterval string) string {
+	program := b.self
+	if v.mode == modeAnswer {
+		program = b.answerLink
+	}
+	text := fmt.Sprintf(confTemplate, b.url, statsInterval)
+	for _, st := range []string{stageA, stageB, stageC} {
+		text += fmt.Sprintf(stageTemplate, st, program, v.cfg.parallelism, v.cfg.queueLimit, v.cfg.maxMessages)
+	}
+	return text
+}
+
+// writeConf checks and writes the configuration of one run.
+func (b *bench) writeConf(v variant, statsInterval, tag string) (string, error) {
+	text := b.confText(v, statsInterval)
+	confFile := filepath.Join(b.dir, "bench."+tag+".conf")
+	if _, err := conf.Parse(confFile, text); err != nil {
+		return "", fmt.Errorf("the bench configuration: %w", err)
+	}
+	return confFile, os.WriteFile(confFile, []byte(text), 0o600)
+}
+
+// freshQueue makes a fresh bench database with the schema and n messages
+// enqueued at stage a, vacuumed and analysed, and returns a connection to it.
+func (b *bench) freshQueue(ctx context.Context, n int) (*pgx.Conn, error) {
+	if err := b.freshDatabase(ctx); err != nil {
+		return nil, err
+	}
 	conn, err := pgx.Connect(ctx, b.url)
 	if err != nil {
-		return 0, cpu, fmt.Errorf("connect to the bench database: %w", err)
+		return nil, fmt.Errorf("connect to the bench database: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := schema.Migrate(ctx, conn); err != nil {
-		return 0, cpu, fmt.Errorf("apply the schema: %w", err)
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("apply the schema: %w", err)
 	}
-	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload)
-		SELECT $1, convert_to('message ' || g, 'UTF8') FROM generate_series(1, $2::int) g`, stageA, b.n); err != nil {
-		return 0, cpu, fmt.Errorf("enqueue %d messages: %w", b.n, err)
+	// In slices, so that a backlog of a million rows is not one huge statement.
+	for done := 0; done < n; done += enqueueSlice {
+		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload)
+			SELECT $1, convert_to('message ' || g, 'UTF8') FROM generate_series($2::int, $3::int) g`,
+			stageA, done+1, min(n, done+enqueueSlice)); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("enqueue %d messages: %w", n, err)
+		}
 	}
 	// A real queue has statistics; the claim's plan is tested either way.
 	if _, err := conn.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
-		return 0, cpu, fmt.Errorf("vacuum the queue: %w", err)
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("vacuum the queue: %w", err)
 	}
+	return conn, nil
+}
 
-	text := fmt.Sprintf(confTemplate, b.url)
-	for _, st := range []string{stageA, stageB, stageC} {
-		text += fmt.Sprintf(stageTemplate, st, b.self, b.parallelism, b.queueLimit, b.maxMessages)
-	}
-	confFile := filepath.Join(b.dir, "bench.conf")
-	if _, err := conf.Parse(confFile, text); err != nil {
-		return 0, cpu, fmt.Errorf("the bench configuration: %w", err)
-	}
-	if err := os.WriteFile(confFile, []byte(text), 0o600); err != nil {
-		return 0, cpu, err
-	}
+// enqueueSlice is how many messages one INSERT of freshQueue enqueues.
+const enqueueSlice = 100000
 
+// runPipeline enqueues b.n messages at stage a, starts pepsi-dispatch on variant
+// v and measures the time from its start to the last message done. It then
+// stops the dispatcher and checks that every message is done and that the
+// dispatcher counted every hop.
+//
+// The CPU time is pepsi-dispatch's and its workers' (which it reaped), and that
+// of the database backends serving them, read from /proc when the server runs
+// on this machine and no worker's backend can have gone away with its CPU time
+// (answer-mode workers have none; write-mode workers recycle after
+// MAX_MESSAGES); else zero.
+func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeResult, err error) {
+	conn, err := b.freshQueue(ctx, b.n)
+	if err != nil {
+		return p, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	confFile, err := b.writeConf(v, "60", tag)
+	if err != nil {
+		return p, err
+	}
 	var start time.Time
 	if err := conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&start); err != nil {
-		return 0, cpu, fmt.Errorf("read the server clock: %w", err)
+		return p, fmt.Errorf("read the server clock: %w", err)
 	}
-	d, err := b.startDispatcher(confFile, i)
+	d, err := b.startDispatcher(confFile, tag)
 	if err != nil {
-		return 0, cpu, err
+		return p, err
 	}
 	stopped := false
 	defer func() {
@@ -104,74 +145,130 @@ func (b *bench) runPipeline(ctx context.Context, i int) (elapsed time.Duration, 
 			d.kill()
 		}
 	}()
-	if err := b.wait(ctx, conn, d); err != nil {
-		return 0, cpu, fmt.Errorf("%w\n%s", err, d.logTail())
+	if err := b.wait(ctx, conn, d, v, b.n, nil); err != nil {
+		return p, err
 	}
 	var end time.Time
 	if err := conn.QueryRow(ctx, "SELECT max(updated_at) FROM pepsi.queue WHERE status = 'done'").Scan(&end); err != nil {
-		return 0, cpu, fmt.Errorf("read the last done time: %w", err)
+		return p, fmt.Errorf("read the last done time: %w", err)
 	}
 	backendCPU, backendsKnown := backendsCPU(ctx, conn)
 	stopped = true
-	if code, err := d.stop(); err != nil || code != 0 {
-		return 0, cpu, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
+	if err := b.stopAndVerify(ctx, conn, d, b.n); err != nil {
+		return p, err
 	}
-	if err := b.verify(ctx, conn); err != nil {
-		return 0, cpu, fmt.Errorf("%w\n%s", err, d.logTail())
+	if backendsKnown && (v.mode == modeAnswer || v.cfg.maxMessages >= b.n) {
+		p.cpu = pipelineCPU{programs: d.cpu(), backends: backendCPU}
 	}
-	// A worker that recycled took its backend's CPU time with it: the sum is
-	// only complete when no worker can have reached MAX_MESSAGES.
-	if backendsKnown && b.maxMessages >= b.n {
-		cpu = pipelineCPU{programs: d.cpu(), backends: backendCPU}
+	p.elapsed = end.Sub(start)
+	p.hops = float64(hopsPerMessage*b.n) / p.elapsed.Seconds()
+	if upd, ok := queueUpdates(ctx, conn); ok {
+		p.versionsPerHop = float64(upd) / float64(hopsPerMessage*b.n)
 	}
-	return end.Sub(start), cpu, nil
+	return p, nil
 }
 
-// wait polls until the dispatcher has counted every message out of the
-// pipeline. It reads the one row of dispatch_stats, which the dispatcher flushes
-// when the pipeline goes idle: a poll that costs the machine nothing, where
-// counting the queue's rows would compete with the pipeline it measures. (The
-// end time is the last done row's, so how soon the poll notices does not
-// matter; verify then counts the rows.)
-func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher) error {
+// stopAndVerify stops the dispatcher with SIGTERM, which must make it exit 0,
+// and checks the outcome of n messages (see verify).
+func (b *bench) stopAndVerify(ctx context.Context, conn *pgx.Conn, d *dispatcher, n int) error {
+	if code, err := d.stop(); err != nil || code != 0 {
+		return fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
+	}
+	if err := verify(ctx, conn, n); err != nil {
+		return fmt.Errorf("%w\n%s", err, d.logTail())
+	}
+	return nil
+}
+
+// queueUpdates is how many row updates pepsi.queue has had, once every other
+// backend of the bench database has gone (a backend reports its counts when it
+// exits at the latest); ok is false if they do not go within a few seconds.
+func queueUpdates(ctx context.Context, conn *pgx.Conn) (n int64, ok bool) {
+	for range 100 {
+		var others int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+			return 0, false
+		}
+		if others == 0 {
+			// A new transaction reads the statistics afresh.
+			err := conn.QueryRow(ctx, "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass").Scan(&n)
+			return n, err == nil
+		}
+		time.Sleep(pollEvery)
+	}
+	return 0, false
+}
+
+// wait polls until the dispatcher has counted n messages out of the pipeline. It
+// reads the one row of dispatch_stats, which the dispatcher flushes when the
+// pipeline goes idle: a poll that costs the machine nothing, where counting the
+// queue's rows would compete with the pipeline it measures. (The end time is the
+// last done row's, so how soon the poll notices does not matter; verify then
+// counts the rows.) sample, when not nil, gets every poll's stage_passes and the
+// time of the flush that wrote them (the server's clock).
+//
+// A worker killed for a protocol error ends the wait at once: in answer mode
+// that is the dispatcher refusing "0 >TARGET" (errRefused).
+func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher, v variant, n int, sample func(at time.Time, passes int64)) error {
 	deadline := time.After(b.timeout)
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
-		var left int64
-		if err := conn.QueryRow(ctx, "SELECT messages_left FROM pepsi.dispatch_stats").Scan(&left); err != nil {
+		var (
+			left, passes int64
+			at           time.Time
+		)
+		if err := conn.QueryRow(ctx, "SELECT messages_left, stage_passes, updated_at FROM pepsi.dispatch_stats").Scan(&left, &passes, &at); err != nil {
 			return fmt.Errorf("read progress: %w", err)
 		}
-		if left >= int64(b.n) {
+		if sample != nil {
+			sample(at, passes)
+		}
+		if left >= int64(n) {
 			return nil
+		}
+		if line := d.protocolError(); line != "" {
+			return refusal(v.mode, line, d)
 		}
 		select {
 		case <-tick.C:
 		case code := <-d.exited:
 			d.exited <- code
-			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d messages out of the pipeline", code, left, b.n)
+			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d messages out of the pipeline\n%s", code, left, n, d.logTail())
 		case <-deadline:
-			return fmt.Errorf("the pipeline did not finish within %v (-timeout): %d of %d messages out", b.timeout, left, b.n)
+			return fmt.Errorf("the pipeline did not finish within %v (-timeout): %d of %d messages out\n%s", b.timeout, left, n, d.logTail())
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted: %w", ctx.Err())
 		}
 	}
 }
 
+// refusal is the error for a run whose worker the dispatcher killed for a
+// protocol error, logged in line.
+func refusal(m mode, line string, d *dispatcher) error {
+	if m == modeAnswer {
+		return fmt.Errorf("%w: this pepsi-dispatch does not accept status lines that carry the transition "+
+			"(\"0 >b\", \"0 >done\"): it killed the answer-mode worker for a protocol error. The \"0 >TARGET\" "+
+			"protocol (SPEC.md, issue 9) is not in this build; -modes write measures the rest. Its log: %s", errRefused, line)
+	}
+	return fmt.Errorf("a %s-mode worker broke the protocol: %s\n%s", m, line, d.logTail())
+}
+
 // verify checks that every message is done and that the dispatcher's statistics
 // (flushed at shutdown) count every hop, so a fast but wrong run cannot pass.
-func (b *bench) verify(ctx context.Context, conn *pgx.Conn) error {
+func verify(ctx context.Context, conn *pgx.Conn, n int) error {
 	var done, passes, left int64
 	err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pepsi.queue WHERE status = 'done'),
 		stage_passes, messages_left FROM pepsi.dispatch_stats`).Scan(&done, &passes, &left)
 	if err != nil {
 		return fmt.Errorf("read the outcome: %w", err)
 	}
-	if done != int64(b.n) {
-		return fmt.Errorf("%d messages done, want %d", done, b.n)
+	if done != int64(n) {
+		return fmt.Errorf("%d messages done, want %d", done, n)
 	}
-	if want := int64(hopsPerMessage * b.n); passes != want || left != int64(b.n) {
-		return fmt.Errorf("dispatch_stats: stage_passes = %d, messages_left = %d; want %d and %d", passes, left, want, b.n)
+	if want := int64(hopsPerMessage * n); passes != want || left != int64(n) {
+		return fmt.Errorf("dispatch_stats: stage_passes = %d, messages_left = %d; want %d and %d", passes, left, want, n)
 	}
 	return nil
 }
@@ -183,15 +280,15 @@ type dispatcher struct {
 	exited chan int // its exit status, once
 }
 
-func (b *bench) startDispatcher(confFile string, i int) (*dispatcher, error) {
-	logFile := filepath.Join(b.dir, fmt.Sprintf("pepsi-dispatch.%d.log", i))
+func (b *bench) startDispatcher(confFile, tag string) (*dispatcher, error) {
+	logFile := filepath.Join(b.dir, "pepsi-dispatch."+tag+".log")
 	f, err := os.Create(logFile)
 	if err != nil {
 		return nil, err
 	}
 	args := []string{"-c", confFile, "-log-level", "warn"}
 	if b.cpuProfile != "" {
-		args = append(args, "-cpuprofile", fmt.Sprintf("%s.%d", b.cpuProfile, i))
+		args = append(args, "-cpuprofile", b.cpuProfile+"."+tag)
 	}
 	cmd := exec.Command(b.dispatch, args...)
 	// The programs read their database from the configuration: a PEPSI_*
@@ -286,6 +383,28 @@ func backendsCPU(ctx context.Context, conn *pgx.Conn) (cpu time.Duration, known 
 		}
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, true
+}
+
+// protocolMarks are what the dispatcher logs when it kills a worker for a
+// protocol error (core.protocolError, and the reason it writes for the message).
+var protocolMarks = []string{"broke the protocol", "protocol error"}
+
+// protocolError is the first line of the dispatcher's log that reports a protocol
+// error, or "". The log holds warnings and errors only, so reading it whole each
+// poll costs nothing while all goes well.
+func (d *dispatcher) protocolError() string {
+	text, err := os.ReadFile(d.log)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(text), "\n") {
+		for _, m := range protocolMarks {
+			if strings.Contains(line, m) {
+				return line
+			}
+		}
+	}
+	return ""
 }
 
 // logTail is the end of the dispatcher's log, for error messages.

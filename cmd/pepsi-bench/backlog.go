@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// backlogStatsInterval is the dispatcher's STATS_INTERVAL in a backlog drain:
+// its statistics, flushed this often, are the drain's progress over time.
+const backlogStatsInterval = "1"
+
+// progressSample is the dispatcher's count of stage passes as of one flush of
+// its statistics.
+type progressSample struct {
+	at     time.Time
+	passes int64
+}
+
+// queueSizes are pepsi.queue's on-disk sizes.
+type queueSizes struct {
+	table, indexes int64 // pg_relation_size, pg_indexes_size: bytes
+}
+
+func (s queueSizes) String() string {
+	return fmt.Sprintf("table %.1f MB, indexes %.1f MB", mb(s.table), mb(s.indexes))
+}
+
+func mb(n int64) float64 { return float64(n) / (1 << 20) }
+
+// backlogResult is what one drain of the backlog found.
+type backlogResult struct {
+	messages      int
+	elapsed       time.Duration
+	first, last   float64 // hops/s over the first and the last tenth of the drain
+	before, after queueSizes
+}
+
+func (r backlogResult) String() string {
+	hops := float64(hopsPerMessage*r.messages) / r.elapsed.Seconds()
+	return fmt.Sprintf("%d messages (%d hops) in %.1f s = %.0f hops/s; first tenth %.0f hops/s, last tenth %.0f hops/s (last/first %.2f); "+
+		"pepsi.queue before: %s; after: %s",
+		r.messages, hopsPerMessage*r.messages, r.elapsed.Seconds(), hops, r.first, r.last, r.last/r.first, r.before, r.after)
+}
+
+// runBacklogs drains a backlog of -backlog-n messages in each mode at the bench
+// configuration, one after the other.
+func (b *bench) runBacklogs(ctx context.Context) error {
+	fmt.Fprintf(b.out, "pepsi-bench -backlog: %d messages enqueued at once, drained through a -> b -> c -> done at %s, modes %s\n",
+		b.backlogN, b.benchConfig, joinModes(b.modes))
+	for _, m := range b.modes {
+		v := variant{mode: m, cfg: b.benchConfig}
+		r, err := b.runBacklog(ctx, v)
+		if errors.Is(err, errRefused) {
+			b.refuse(m, err)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("backlog, %s: %w", v, err)
+		}
+		fmt.Fprintf(b.out, "backlog, %s: %s\n", v, r)
+	}
+	return b.refusedError()
+}
+
+// runBacklog enqueues the backlog, starts pepsi-dispatch, samples its progress
+// from its statistics (flushed every second), and reports the rate over the
+// first and the last tenth of the drain's time and the queue's sizes before
+// the drain and after it.
+func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error) {
+	r := backlogResult{messages: b.backlogN}
+	conn, err := b.freshQueue(ctx, b.backlogN)
+	if err != nil {
+		return r, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if r.before, err = sizes(ctx, conn); err != nil {
+		return r, err
+	}
+	tag := "backlog-" + string(v.mode)
+	confFile, err := b.writeConf(v, backlogStatsInterval, tag)
+	if err != nil {
+		return r, err
+	}
+	var start time.Time
+	if err := conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&start); err != nil {
+		return r, fmt.Errorf("read the server clock: %w", err)
+	}
+	d, err := b.startDispatcher(confFile, tag)
+	if err != nil {
+		return r, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			d.kill()
+		}
+	}()
+	var samples []progressSample
+	record := func(at time.Time, passes int64) {
+		if n := len(samples); n == 0 || samples[n-1].at != at {
+			samples = append(samples, progressSample{at: at, passes: passes})
+		}
+	}
+	if err := b.wait(ctx, conn, d, v, b.backlogN, record); err != nil {
+		return r, err
+	}
+	var end time.Time
+	if err := conn.QueryRow(ctx, "SELECT max(updated_at) FROM pepsi.queue WHERE status = 'done'").Scan(&end); err != nil {
+		return r, fmt.Errorf("read the last done time: %w", err)
+	}
+	stopped = true
+	if err := b.stopAndVerify(ctx, conn, d, b.backlogN); err != nil {
+		return r, err
+	}
+	if r.after, err = sizes(ctx, conn); err != nil {
+		return r, err
+	}
+	r.elapsed = end.Sub(start)
+	r.first, r.last, err = tenthRates(samples, start, end, int64(hopsPerMessage*b.backlogN))
+	return r, err
+}
+
+func sizes(ctx context.Context, conn *pgx.Conn) (queueSizes, error) {
+	var s queueSizes
+	err := conn.QueryRow(ctx, "SELECT pg_relation_size('pepsi.queue'), pg_indexes_size('pepsi.queue')").Scan(&s.table, &s.indexes)
+	if err != nil {
+		return s, fmt.Errorf("read pepsi.queue's sizes: %w", err)
+	}
+	return s, nil
+}
+
+// tenthRates is the hops/s over the first and the last tenth of the drain's
+// time, from start (no pass yet) to end (all total passes made), with the
+// passes at the tenths' boundaries interpolated between the samples.
+func tenthRates(samples []progressSample, start, end time.Time, total int64) (first, last float64, err error) {
+	if !end.After(start) {
+		return 0, 0, fmt.Errorf("the drain ended (%v) no later than it started (%v)", end, start)
+	}
+	pts := []progressSample{{at: start}}
+	for _, s := range samples {
+		if s.at.After(start) && s.at.Before(end) {
+			pts = append(pts, s)
+		}
+	}
+	pts = append(pts, progressSample{at: end, passes: total})
+	sort.SliceStable(pts, func(i, j int) bool { return pts[i].at.Before(pts[j].at) })
+	tenth := end.Sub(start) / 10
+	first = float64(passesAt(pts, start.Add(tenth))) / tenth.Seconds()
+	last = float64(total-passesAt(pts, end.Add(-tenth))) / tenth.Seconds()
+	return first, last, nil
+}
+
+// passesAt interpolates the passes made by time t between the samples around
+// it; pts is sorted by time and spans t.
+func passesAt(pts []progressSample, t time.Time) int64 {
+	i := sort.Search(len(pts), func(i int) bool { return !pts[i].at.Before(t) })
+	switch {
+	case i == 0:
+		return pts[0].passes
+	case i == len(pts):
+		return pts[len(pts)-1].passes
+	}
+	a, z := pts[i-1], pts[i]
+	f := float64(t.Sub(a.at)) / float64(z.at.Sub(a.at))
+	return a.passes + int64(f*float64(z.passes-a.passes))
+}
