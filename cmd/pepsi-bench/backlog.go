@@ -38,13 +38,25 @@ type backlogResult struct {
 	elapsed       time.Duration
 	first, last   float64 // hops/s over the first and the last tenth of the drain
 	before, after queueSizes
+	autovacuum    string // the server's autovacuum setting: on or off
 }
 
 func (r backlogResult) String() string {
 	hops := float64(hopsPerMessage*r.messages) / r.elapsed.Seconds()
 	return fmt.Sprintf("%d messages (%d hops) in %.1f s = %.0f hops/s; first tenth %.0f hops/s, last tenth %.0f hops/s (last/first %.2f); "+
 		"pepsi.queue before: %s; after: %s",
-		r.messages, hopsPerMessage*r.messages, r.elapsed.Seconds(), hops, r.first, r.last, r.last/r.first, r.before, r.after)
+		r.messages, hopsPerMessage*r.messages, r.elapsed.Seconds(), hops, r.first, r.last, r.last/r.first, r.before, r.after) +
+		autovacuumNote(r.autovacuum)
+}
+
+// autovacuumNote warns that a drain ran without autovacuum: every hop leaves
+// dead row versions that nothing reclaims during the drain, so the figures are
+// not those of a server as it is usually run.
+func autovacuumNote(setting string) string {
+	if setting == "on" {
+		return ""
+	}
+	return fmt.Sprintf("\n  NOTE: the server runs with autovacuum = %s: no dead row version of the drain was reclaimed while it ran", setting)
 }
 
 // runBacklogs drains a backlog of -backlog-n messages in each mode at the bench
@@ -80,6 +92,9 @@ func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error
 	defer conn.Close(context.WithoutCancel(ctx))
 	if r.before, err = sizes(ctx, conn); err != nil {
 		return r, err
+	}
+	if err := conn.QueryRow(ctx, "SHOW autovacuum").Scan(&r.autovacuum); err != nil {
+		return r, fmt.Errorf("read the autovacuum setting: %w", err)
 	}
 	tag := "backlog-" + string(v.mode)
 	confFile, err := b.writeConf(v, backlogStatsInterval, tag)

@@ -9,7 +9,7 @@ import (
 
 // table is the run's summary, one Markdown table: pgbench, each pipeline
 // variant, River; each figure the median of the rounds, each ratio the median of
-// the rounds' ratios (both sides of a ratio measured in the same round, a minute
+// the rounds' ratios (both sides of a ratio measured in the same round, a few minutes
 // apart at most) with its minimum and maximum. Then how answer mode compares with
 // write mode at each configuration, when both ran.
 func (b *bench) table(rounds []round) string {

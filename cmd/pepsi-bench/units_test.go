@@ -195,3 +195,13 @@ func TestTableHasEveryRowAndTheRatiosOfTheSameRounds(t *testing.T) {
 		t.Errorf("a refused mode's row does not say it was not measured:\n%s", got)
 	}
 }
+
+func TestABacklogWithoutAutovacuumSaysSo(t *testing.T) {
+	t.Parallel()
+	if note := autovacuumNote("on"); note != "" {
+		t.Errorf("autovacuumNote(on) = %q, want nothing", note)
+	}
+	if note := autovacuumNote("off"); !strings.Contains(note, "autovacuum = off") {
+		t.Errorf("autovacuumNote(off) = %q, want it to name the setting", note)
+	}
+}
