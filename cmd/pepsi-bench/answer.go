@@ -13,6 +13,11 @@ import (
 // "pepsi-bench-answer worker …" (argv[0] is how it knows).
 const answerProgram = "pepsi-bench-answer"
 
+// libraryProgram is the name under which pepsi-bench runs as the library-mode
+// stage program (the stage library answering its transitions), through a link
+// like answerProgram's.
+const libraryProgram = "pepsi-bench-library"
+
 // answerTargets is where each stage sends a message in answer mode: the TARGET
 // of its "0 >TARGET" status line.
 var answerTargets = map[string]string{stageA: stageB, stageB: stageC, stageC: "done"}

@@ -33,16 +33,24 @@ func timeDuration(n int) time.Duration { return time.Duration(n) }
 type mode string
 
 const (
-	// modeWrite: the Go stage library commits each transition itself and
-	// answers "0"; the dispatcher then requeues the row (two row versions per hop
-	// besides the claim).
+	// modeWrite: the Go stage library, with stage.WriteTransitions, commits
+	// each transition itself and answers "0"; the dispatcher then requeues the
+	// row (two row versions per hop besides the claim).
 	modeWrite mode = "write"
+	// modeLibrary: the Go stage library as it runs by default: it reads the rows
+	// of the ids it holds in one statement and answers "0 >b", "0 >c", "0 >done";
+	// the dispatcher writes the transition. Needs the "0 >TARGET" protocol.
+	modeLibrary mode = "library"
 	// modeAnswer: the stage (pepsi-bench-answer, no database connection) writes
 	// nothing and answers "0 >b", "0 >c", "0 >done"; the dispatcher writes the
 	// transition in its batched transaction. Needs a pepsi-dispatch that speaks
 	// the "0 >TARGET" protocol.
 	modeAnswer mode = "answer"
 )
+
+// answers reports whether the mode's stages answer their transitions (and so
+// need a dispatcher that speaks the "0 >TARGET" protocol).
+func (m mode) answers() bool { return m != modeWrite }
 
 // stageConfig is the three per-stage keys of pepsi.conf every stage gets.
 type stageConfig struct {
@@ -89,11 +97,12 @@ type bench struct {
 	keep           bool
 	timeout        time.Duration
 
-	url        string // the bench database
-	dir        string // configuration, scripts, logs
-	pgbench    string // the pgbench binary
-	self       string // this binary: the write-mode stage program
-	answerLink string // the answer-mode stage program: a link to self
+	url         string // the bench database
+	dir         string // configuration, scripts, logs
+	pgbench     string // the pgbench binary
+	self        string // this binary: the write-mode stage program
+	answerLink  string // the answer-mode stage program: a link to self
+	libraryLink string // the library-mode stage program: a link to self
 
 	// refused holds, per mode, why the dispatcher refused that mode's stages
 	// (answer mode against a dispatcher without the "0 >TARGET" protocol); a
@@ -268,6 +277,10 @@ func (b *bench) prepare() error {
 	b.answerLink = filepath.Join(b.dir, answerProgram)
 	if err := os.Symlink(b.self, b.answerLink); err != nil {
 		return fmt.Errorf("the answer-mode stage program: %w", err)
+	}
+	b.libraryLink = filepath.Join(b.dir, libraryProgram)
+	if err := os.Symlink(b.self, b.libraryLink); err != nil {
+		return fmt.Errorf("the library-mode stage program: %w", err)
 	}
 	b.refused = map[mode]string{}
 	return nil

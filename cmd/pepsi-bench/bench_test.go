@@ -71,7 +71,8 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^round 1: pgbench 2 clients: [0-9]+ tps`),
-		regexp.MustCompile(`(?m)^round 1: pipeline write, bench \(P=2 Q=64 MAX_MESSAGES=100000\): [0-9]+ hops/s = [0-9.]+× pgbench \(`),
+		// 8 row updates per message: the stages wrote their transitions.
+		regexp.MustCompile(`(?m)^round 1: pipeline write, bench \(P=2 Q=64 MAX_MESSAGES=100000\): [0-9]+ hops/s = [0-9.]+× pgbench \(.*; 2\.67 row versions per hop\)`),
 		regexp.MustCompile(`(?m)^round 1: pipeline write, defaults \(P=4 Q=4 MAX_MESSAGES=1000\): [0-9]+ hops/s = [0-9.]+× pgbench \(`),
 		regexp.MustCompile(`(?m)^\| pipeline write, bench .* \| [0-9]+ hops/s \| \*\*[0-9.]+×\*\* \|`),
 		regexp.MustCompile(`(?m)^latency, write mode: 50 messages at [0-9]+/s .* p50 [0-9.]+ ms, p99 [0-9.]+ ms`),
@@ -82,18 +83,22 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 	}
 }
 
-// TestAnswerModeIsMeasuredOrRefusedClearly runs answer mode against the
-// dispatcher of this tree: one that speaks the "0 >TARGET" protocol drains the
-// pipeline; one that does not makes pepsi-bench say so and exit 1, never hang
-// or fail messages one by one.
+// TestAnswerModeIsMeasuredOrRefusedClearly runs library and answer mode
+// against the dispatcher of this tree: one that speaks the "0 >TARGET" protocol
+// drains the pipeline, with two row versions per hop (the dispatcher wrote each
+// transition straight to what the row becomes next); one that does not makes
+// pepsi-bench say so and exit 1, never hang or fail messages one by one.
 func TestAnswerModeIsMeasuredOrRefusedClearly(t *testing.T) {
 	t.Parallel()
 	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-skip-pgbench",
-		"-modes", "answer", "-configs", "bench", "-latency-seconds", "0")
+		"-modes", "library,answer", "-configs", "bench", "-latency-seconds", "0")
 	switch code {
 	case 0:
-		if !regexp.MustCompile(`(?m)^round 1: pipeline answer, bench .*: [0-9]+ hops/s`).MatchString(out) {
-			t.Errorf("pepsi-bench exited 0 without an answer-mode figure; output:\n%s", out)
+		for _, m := range []string{"library", "answer"} {
+			want := regexp.MustCompile(`(?m)^round 1: pipeline ` + m + `, bench .*: [0-9]+ hops/s .*; 2\.00 row versions per hop\)`)
+			if !want.MatchString(out) {
+				t.Errorf("pepsi-bench exited 0 without a %s-mode figure matching %q; output:\n%s", m, want, out)
+			}
 		}
 	case 1:
 		for _, want := range []string{"answer mode NOT MEASURED", `"0 >TARGET"`, "-modes write"} {

@@ -17,12 +17,14 @@
 //
 // The stage programs are pepsi-bench itself. Write mode: started as
 // "pepsi-bench worker" with PEPSI_STAGE set, it serves the three stages with the
-// stage library, which commits each transition and answers "0". Answer mode:
-// started through a link named pepsi-bench-answer, it opens no database
-// connection, writes nothing and answers "0 >b", "0 >c", "0 >done" (SPEC.md's
-// "0 >TARGET" line), which only a dispatcher that speaks that protocol accepts;
-// one that does not kills the worker for a protocol error, and pepsi-bench says
-// so, measures the rest and exits 1.
+// stage library and stage.WriteTransitions, which commits each transition and
+// answers "0". Library mode: started through a link named pepsi-bench-library,
+// the stage library as it runs by default, which answers "0 >b", "0 >c",
+// "0 >done". Answer mode: started through a link named pepsi-bench-answer, it
+// opens no database connection, writes nothing and answers the same lines
+// (docs/protocol.md). Only a dispatcher that speaks the "0 >TARGET" protocol
+// accepts those; one that does not kills the worker for a protocol error, and
+// pepsi-bench says so, measures the rest and exits 1.
 //
 // It never touches a database other than its own (-db-name, dropped and created
 // afresh for each measurement), and never runs with a database it did not create.
@@ -49,11 +51,13 @@ import (
 )
 
 func main() {
-	if filepath.Base(os.Args[0]) == answerProgram {
+	switch {
+	case filepath.Base(os.Args[0]) == answerProgram:
 		runAnswerWorker()
-	}
-	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		stage.Main(handlers())
+	case filepath.Base(os.Args[0]) == libraryProgram:
+		stage.Main(handlers()) // answers its transitions
+	case len(os.Args) > 1 && os.Args[1] == "worker":
+		stage.Main(handlers(), stage.WriteTransitions())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -100,7 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.benchConfig.parallelism, "parallelism", 2, "PARALLELISM of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
-	fs.StringVar(&modes, "modes", "write,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), answer (the stage writes nothing, answers 0 >NEXT; needs the 0 >TARGET protocol)")
+	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT); library and answer need the 0 >TARGET protocol")
 	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000)")
 	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
 	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
@@ -171,14 +175,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// parseModes reads -modes: a comma-separated list of write and answer, each at
-// most once, in the order given.
+// parseModes reads -modes: a comma-separated list of write, library and
+// answer, each at most once, in the order given.
 func parseModes(s string) ([]mode, error) {
 	var ms []mode
 	for _, f := range strings.Split(s, ",") {
 		m := mode(strings.TrimSpace(f))
-		if m != modeWrite && m != modeAnswer {
-			return nil, fmt.Errorf("%q is not a mode: want write, answer or both (write,answer)", f)
+		if m != modeWrite && m != modeLibrary && m != modeAnswer {
+			return nil, fmt.Errorf("%q is not a mode: want write, library or answer, or several (write,library,answer)", f)
 		}
 		if slices.Contains(ms, m) {
 			return nil, fmt.Errorf("mode %s twice", m)

@@ -57,8 +57,11 @@ MAX_MESSAGES = %d
 // STATS_INTERVAL ("60" but for the backlog drain, which samples the statistics).
 func (b *bench) confText(v variant, statsInterval string) string {
 	program := b.self
-	if v.mode == modeAnswer {
+	switch v.mode {
+	case modeAnswer:
 		program = b.answerLink
+	case modeLibrary:
+		program = b.libraryLink
 	}
 	text := fmt.Sprintf(confTemplate, b.url, statsInterval)
 	for _, st := range []string{stageA, stageB, stageC} {
@@ -247,10 +250,10 @@ func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher, v varia
 // refusal is the error for a run whose worker the dispatcher killed for a
 // protocol error, logged in line.
 func refusal(m mode, line string, d *dispatcher) error {
-	if m == modeAnswer {
+	if m.answers() {
 		return fmt.Errorf("%w: this pepsi-dispatch does not accept status lines that carry the transition "+
-			"(\"0 >b\", \"0 >done\"): it killed the answer-mode worker for a protocol error. The \"0 >TARGET\" "+
-			"protocol (SPEC.md, issue 9) is not in this build; -modes write measures the rest. Its log: %s", errRefused, line)
+			"(\"0 >b\", \"0 >done\"): it killed the %s-mode worker for a protocol error. The \"0 >TARGET\" "+
+			"protocol (docs/protocol.md, issue 9) is not in this build; -modes write measures the rest. Its log: %s", errRefused, m, line)
 	}
 	return fmt.Errorf("a %s-mode worker broke the protocol: %s\n%s", m, line, d.logTail())
 }

@@ -51,11 +51,16 @@ func (b *bench) table(rounds []round) string {
 		fmt.Fprintf(&s, "| River %s, its benchmark's settings, no-op jobs | %.0f jobs/s | %s | 1 | %s | |\n", rounds[0].river.version, median(river),
 			ratioCell(rounds, func(r round) (float64, float64) { return r.river.jobsPerS, r.tps }), microsCell(cpu))
 	}
+	sep := "\n"
 	for _, c := range b.configs {
-		a, w := variant{modeAnswer, c}, variant{modeWrite, c}
-		cell := ratioCell(rounds, func(r round) (float64, float64) { return r.pipes[a].hops, r.pipes[w].hops })
-		if cell != "" {
-			fmt.Fprintf(&s, "\nanswer ÷ write mode at %s: %s\n", c, cell)
+		w := variant{modeWrite, c}
+		for _, m := range []mode{modeLibrary, modeAnswer} {
+			a := variant{m, c}
+			cell := ratioCell(rounds, func(r round) (float64, float64) { return r.pipes[a].hops, r.pipes[w].hops })
+			if cell != "" {
+				fmt.Fprintf(&s, "%s%s ÷ write mode at %s: %s\n", sep, m, c, cell)
+				sep = ""
+			}
 		}
 	}
 	return s.String()

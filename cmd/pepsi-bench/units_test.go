@@ -96,9 +96,9 @@ func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken p
 
 func TestModesAndConfigsAreParsedInOrder(t *testing.T) {
 	t.Parallel()
-	ms, err := parseModes("answer, write")
-	if err != nil || len(ms) != 2 || ms[0] != modeAnswer || ms[1] != modeWrite {
-		t.Errorf("parseModes(\"answer, write\") = %v, %v; want [answer write]", ms, err)
+	ms, err := parseModes("answer, write,library")
+	if err != nil || len(ms) != 3 || ms[0] != modeAnswer || ms[1] != modeWrite || ms[2] != modeLibrary {
+		t.Errorf("parseModes(\"answer, write,library\") = %v, %v; want [answer write library]", ms, err)
 	}
 	cfg := stageConfig{name: "bench", parallelism: 2, queueLimit: 64, maxMessages: 100000}
 	cs, err := parseConfigs("defaults,bench", cfg)
