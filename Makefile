@@ -35,11 +35,13 @@ test: postgres chromium vet purity
 	$(GO) test -race -count=1 -timeout 20m -artifacts -outputdir $(CURDIR)/test-artifacts ./...
 
 # The stage modes pepsi-bench measures: write (the stage library writes each
-# transition) and answer (the stage answers "0 >NEXT", the dispatcher writes it;
-# needs the "0 >TARGET" protocol: against a dispatcher without it pepsi-bench
-# says so, measures the rest and exits 1). BENCH_MODES=write measures write mode
-# alone; BENCH_FLAGS passes more flags (bin/pepsi-bench -h).
-BENCH_MODES ?= write,answer
+# transition, stage.WriteTransitions), library (the stage library answers
+# "0 >NEXT", the dispatcher writes it) and answer (a stage with no database
+# connection answers "0 >NEXT"). The last two need the "0 >TARGET" protocol:
+# against a dispatcher without it pepsi-bench says so, measures the rest and
+# exits 1. BENCH_MODES=write measures write mode alone; BENCH_FLAGS passes more
+# flags (bin/pepsi-bench -h).
+BENCH_MODES ?= write,library,answer
 BENCH_FLAGS ?=
 
 # The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate, the
