@@ -39,6 +39,10 @@ type backlogResult struct {
 	first, last   float64 // hops/s over the first and the last tenth of the drain
 	before, after queueSizes
 	autovacuum    string // the server's autovacuum setting: on or off
+	// vacuums and autovacuums are how many times the queue was vacuumed during
+	// the drain (by the dispatcher or anyone else, and by autovacuum); dead is
+	// its dead row versions at the end. -1 if unknown.
+	vacuums, autovacuums, dead int64
 }
 
 func (r backlogResult) String() string {
@@ -46,6 +50,7 @@ func (r backlogResult) String() string {
 	return fmt.Sprintf("%d messages (%d hops) in %.1f s = %.0f hops/s; first tenth %.0f hops/s, last tenth %.0f hops/s (last/first %.2f); "+
 		"pepsi.queue before: %s; after: %s",
 		r.messages, hopsPerMessage*r.messages, r.elapsed.Seconds(), hops, r.first, r.last, r.last/r.first, r.before, r.after) +
+		fmt.Sprintf("; vacuums during the drain %d, autovacuums %d, dead row versions at the end %d", r.vacuums, r.autovacuums, r.dead) +
 		autovacuumNote(r.autovacuum)
 }
 
@@ -56,7 +61,7 @@ func autovacuumNote(setting string) string {
 	if setting == "on" {
 		return ""
 	}
-	return fmt.Sprintf("\n  NOTE: the server runs with autovacuum = %s: no dead row version of the drain was reclaimed while it ran", setting)
+	return fmt.Sprintf("\n  NOTE: the server runs with autovacuum = %s: only a VACUUM of someone else's (the dispatcher's) reclaimed dead row versions during the drain", setting)
 }
 
 // runBacklogs drains a backlog of -backlog-n messages in each mode at the bench
@@ -96,6 +101,9 @@ func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error
 	if err := conn.QueryRow(ctx, "SHOW autovacuum").Scan(&r.autovacuum); err != nil {
 		return r, fmt.Errorf("read the autovacuum setting: %w", err)
 	}
+	var vacuums0, autovacuums0 int64 // freshQueue's VACUUM ANALYZE counts one
+	vacuumsKnown := conn.QueryRow(ctx, `SELECT vacuum_count, autovacuum_count FROM pg_stat_user_tables
+		WHERE relid = 'pepsi.queue'::regclass`).Scan(&vacuums0, &autovacuums0) == nil
 	tag := "backlog-" + string(v.mode)
 	confFile, err := b.writeConf(v, backlogStatsInterval, tag)
 	if err != nil {
@@ -134,6 +142,14 @@ func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error
 	}
 	if r.after, err = sizes(ctx, conn); err != nil {
 		return r, err
+	}
+	r.vacuums, r.autovacuums, r.dead = -1, -1, -1
+	if _, ok := queueUpdates(ctx, conn); ok && vacuumsKnown { // once the backends have reported
+		var vacuums, autovacuums, dead int64
+		if conn.QueryRow(ctx, `SELECT vacuum_count, autovacuum_count, n_dead_tup FROM pg_stat_user_tables
+			WHERE relid = 'pepsi.queue'::regclass`).Scan(&vacuums, &autovacuums, &dead) == nil {
+			r.vacuums, r.autovacuums, r.dead = vacuums-vacuums0, autovacuums-autovacuums0, dead
+		}
 	}
 	r.elapsed = end.Sub(start)
 	r.first, r.last, err = tenthRates(samples, start, end, int64(hopsPerMessage*b.backlogN))

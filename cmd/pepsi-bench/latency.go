@@ -36,9 +36,8 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // of the single-row INSERT that enqueued it, a transaction of its own, so its
 // commit and NOTIFY follow at once) to its updated_at when done (the now() of
 // the transaction that wrote done: the stage's in write mode, the dispatcher's
-// in answer mode). That transaction's own duration, from its start to its
-// commit, is not in the figure; under this light load it is well under a
-// millisecond.
+// in library and answer mode). That transaction's own duration, its statements
+// and its commit's WAL flush, is not in the figure.
 func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error) {
 	var l latencyResult
 	conn, err := b.freshQueue(ctx, latencyWarmup)
