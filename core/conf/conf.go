@@ -6,6 +6,7 @@ package conf
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -102,11 +103,13 @@ func Parse(file, text string) (*Config, error) {
 	}}
 	stages := map[string]*Stage{}
 	stageLine := map[string]int{}
+	var stageOrder []string // names in the order of their sections, for errors
 	seen := map[string]int{}
 	section := ""
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for n := 1; sc.Scan(); n++ {
+	n := 1 // the line being read
+	for ; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || line[0] == '#' || line[0] == ';' {
 			continue
@@ -135,6 +138,7 @@ func Parse(file, text string) (*Config, error) {
 				stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
 					QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages}
 				stageLine[name] = n
+				stageOrder = append(stageOrder, name)
 			default:
 				return nil, bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch] or [stage-NAME])", section)
 			}
@@ -208,9 +212,14 @@ func Parse(file, text string) (*Config, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, &Error{File: file, Msg: err.Error()}
+		msg := err.Error()
+		if errors.Is(err, bufio.ErrTooLong) {
+			msg = "line is longer than 1048576 bytes"
+		}
+		return nil, &Error{File: file, Line: n, Msg: msg}
 	}
-	for name, s := range stages {
+	for _, name := range stageOrder {
+		s := stages[name]
 		if s.Program == "" {
 			return nil, &Error{File: file, Line: stageLine[name], Key: "PROGRAM", Msg: fmt.Sprintf("[stage-%s] has no PROGRAM", name)}
 		}
