@@ -58,13 +58,27 @@ type lines struct {
 func newLines(r io.Reader, ndjson bool) *lines {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), lineMax)
+	sc.Split(scanLines)
 	return &lines{sc: sc, json: ndjson}
+}
+
+// scanLines is bufio.ScanLines except at the end of the input: a last line
+// without "\n" keeps a trailing "\r", which is the payload's, since only "\n"
+// or "\r\n" end a line (bufio.ScanLines drops it).
+func scanLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, bytes.TrimSuffix(data[:i], []byte("\r")), nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
 }
 
 func (l *lines) next() (queueadmin.NewMessage, error) {
 	for l.sc.Scan() {
 		l.line++
-		text := l.sc.Bytes() // bufio.ScanLines has dropped the "\n" or "\r\n"
+		text := l.sc.Bytes() // scanLines has dropped the "\n" or "\r\n"
 		if len(bytes.TrimSpace(text)) == 0 {
 			continue
 		}
@@ -139,7 +153,37 @@ func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
 		if obj.State[0] != '{' {
 			return m, fmt.Errorf("state %.40s is not a JSON object", obj.State)
 		}
+		var state any
+		if err := json.Unmarshal(obj.State, &state); err != nil {
+			return m, fmt.Errorf("state: %w", err)
+		}
+		if hasNUL(state) {
+			return m, errors.New(`state holds \u0000, which PostgreSQL's jsonb refuses`)
+		}
 		m.State = obj.State
 	}
 	return m, nil
+}
+
+// hasNUL reports whether a decoded JSON value holds a NUL character in a key or
+// a string: PostgreSQL's jsonb refuses "\u0000", and the error is better here,
+// naming the input line, than from the INSERT.
+func hasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.IndexByte(v, 0) >= 0
+	case []any:
+		for _, e := range v {
+			if hasNUL(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if strings.IndexByte(k, 0) >= 0 || hasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
