@@ -25,3 +25,8 @@ func ListenTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, 
 func TryLockTimed(ctx context.Context, config *pgx.ConnConfig, idleCheck, checkTimeout time.Duration) (*Lock, error) {
 	return tryLockTimed(ctx, config, nil, healthTiming{idleCheck: idleCheck, checkTimeout: checkTimeout, connectTimeout: 2 * time.Second})
 }
+
+// WaitLockTimed is WaitLock with the given recheck period.
+func WaitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, recheck time.Duration) (*Lock, error) {
+	return waitLockTimed(ctx, config, log, recheck)
+}

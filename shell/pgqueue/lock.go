@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
 // LockKey is the PostgreSQL advisory lock a dispatcher holds, in session mode on
@@ -24,8 +26,19 @@ import (
 //	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
 const LockKey int64 = 0x7065707364697370
 
-// lockStandbyPoll is how often a standby asks for the lock.
-const lockStandbyPoll = time.Second
+// A standby waits for the lock in a blocking pg_advisory_lock on its own
+// connection, which PostgreSQL grants the moment the holder's session ends
+// (takeover costs one round trip, not a poll period). Every lockStandbyRecheck
+// the wait is cancelled (a cancel request; the connection stays) and the holder
+// looked up again, so the log names a new holder, and a standby whose own
+// connection went silent finds out: if the server does not answer the cancel,
+// the connection is dropped lockStandbyCancelGrace later and made again after
+// lockStandbyRetry.
+const (
+	lockStandbyRecheck     = 30 * time.Second
+	lockStandbyCancelGrace = 5 * time.Second
+	lockStandbyRetry       = time.Second
+)
 
 // lockTiming is how the lock's connection is watched (see healthTiming): every
 // 10 s the lock is checked with a query that must answer within 5 s, so that a
@@ -114,12 +127,26 @@ func tryLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger,
 	return newLock(conn, log, timing), nil
 }
 
-// WaitLock is TryLock for a standby: it asks for the lock every second until it
-// gets it or ctx is done, reconnecting if its connection fails meanwhile. It logs
-// who holds the lock when it starts waiting and whenever the holder changes.
+// WaitLock is TryLock for a standby: it waits for the lock, blocked in
+// pg_advisory_lock on a connection of its own, until it gets it or ctx is done,
+// reconnecting (every lockStandbyRetry) if that connection fails meanwhile. It
+// logs who holds the lock when it starts waiting and when a recheck (every
+// lockStandbyRecheck) finds the holder changed. Cancelling ctx cancels the
+// blocked statement and closes the connection, so no lock is left behind.
 func WaitLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*Lock, error) {
+	return waitLockTimed(ctx, config, log, lockStandbyRecheck)
+}
+
+func waitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, recheck time.Duration) (*Lock, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	config = config.Copy()
+	// A cancelled wait sends a cancel request and keeps the connection (the
+	// default would close it), falling back to closing it if the server does
+	// not answer within lockStandbyCancelGrace.
+	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: lockStandbyCancelGrace}
 	}
 	var conn *pgx.Conn
 	var holder int32 = -1
@@ -131,34 +158,56 @@ func WaitLock(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger) (*L
 		}
 		if err == nil {
 			var got bool
-			var held *HeldError
-			got, held, err = tryLock(ctx, conn)
-			switch {
-			case err == nil && got:
+			got, err = waitLockOnce(ctx, conn, log, recheck, &holder)
+			if err == nil && got {
 				log.Info("standby: took the dispatcher lock")
 				return newLock(conn, log, lockTiming), nil
-			case err == nil:
-				warned = false
-				if held.PID != holder {
-					holder = held.PID
-					log.Info("standby: waiting for the dispatcher lock", "holder", held.Error())
-				}
-			default:
-				closeQuietly(conn)
-				conn = nil
 			}
+			if err == nil {
+				warned = false
+				continue // a recheck: wait again at once
+			}
+			closeQuietly(conn) // a lock granted in doubt goes with the session
+			conn = nil
 		}
-		if err != nil && ctx.Err() == nil && !warned {
-			log.Warn("standby: cannot ask for the dispatcher lock; retrying", "err", err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !warned {
+			log.Warn("standby: cannot wait for the dispatcher lock; retrying", "err", err, "retry", lockStandbyRetry)
 			warned = true
 		}
-		if err := sleep(ctx, lockStandbyPoll); err != nil {
-			if conn != nil {
-				closeQuietly(conn)
-			}
+		if err := sleep(ctx, lockStandbyRetry); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// waitLockOnce asks for the lock without waiting (naming the holder, logged if
+// it changed), then waits for it for at most recheck. It answers false, nil
+// when the wait ran out (or PostgreSQL's own lock_timeout ended it) and conn is
+// fit to wait again; any error means conn must be closed.
+func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck time.Duration, holder *int32) (bool, error) {
+	got, held, err := tryLock(ctx, conn)
+	if err != nil || got {
+		return got, err
+	}
+	if held.PID != *holder {
+		*holder = held.PID
+		log.Info("standby: waiting for the dispatcher lock", "holder", held.Error())
+	}
+	wctx, cancel := context.WithTimeout(ctx, recheck)
+	defer cancel()
+	_, err = conn.Exec(wctx, "SELECT pg_advisory_lock($1)", LockKey)
+	if err == nil {
+		return true, nil
+	}
+	var pgErr *pgconn.PgError
+	if ctx.Err() == nil && !conn.IsClosed() && errors.As(err, &pgErr) &&
+		(pgErr.Code == "57014" || pgErr.Code == "55P03") { // query_canceled, lock_not_available
+		return false, nil
+	}
+	return false, fmt.Errorf("dispatcher lock: wait: %w", err)
 }
 
 // lockConn connects (within timeout) with application_name set.

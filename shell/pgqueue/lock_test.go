@@ -1,8 +1,11 @@
 package pgqueue_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
 	"strconv"
 	"strings"
 	"testing"
@@ -183,7 +186,143 @@ func TestStandbyStopsWhenCancelled(t *testing.T) {
 	if l != nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitLock on a held lock = %v, %v; want context.DeadlineExceeded", l, err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("WaitLock took %v to notice its context ended, want well under its 1s poll plus margin", d)
+	if d := time.Since(start); d > waitFor {
+		t.Fatalf("WaitLock took %v to notice its context ended, want it to stop within %v", d, waitFor)
 	}
+	// The cancelled wait left nothing behind: no session still waits in
+	// pg_advisory_lock (the standby closed its connection).
+	if n := lockWaiters(t, pgtest.Connect(t, url)); n != 0 {
+		t.Errorf("%d sessions still wait for the lock after WaitLock returned; want 0", n)
+	}
+}
+
+// lockWaiters counts the sessions waiting (not granted) for the dispatcher lock.
+func lockWaiters(t *testing.T, conn *pgx.Conn) int {
+	t.Helper()
+	var n int
+	err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		AND classid = 1885696115 AND objid = 1684632432 AND objsubid = 1
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+	if err != nil {
+		t.Fatalf("count lock waiters: %v", err)
+	}
+	return n
+}
+
+// awaitLockWaiter waits until one session waits in the server for the lock.
+func awaitLockWaiter(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for lockWaiters(t, conn) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no session waited for the dispatcher lock in pg_locks within %v", waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A standby waits inside PostgreSQL (pg_locks shows its request, not granted),
+// so the server hands it the lock the moment the holder's session ends: here
+// the holder is an ordinary session that simply disconnects, and the standby
+// must hold the lock afterwards, with no poll in between.
+func TestStandbyWaitsInTheServerAndGetsTheLockWhenTheHolderDisconnects(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	cfg := connConfig(t, url)
+	holderConn, err := pgx.ConnectConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holderConn.Exec(t.Context(), "SELECT pg_advisory_lock($1)", pgqueue.LockKey); err != nil {
+		t.Fatal(err)
+	}
+	observer := pgtest.Connect(t, url)
+	standby := startStandby(t, cfg)
+	awaitLockWaiter(t, observer)
+	if err := holderConn.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	l := awaitStandby(t, standby)
+	select {
+	case <-l.Lost():
+		t.Fatalf("the standby's new lock is already lost: %v", l.Err())
+	default:
+	}
+	if n := lockWaiters(t, observer); n != 0 {
+		t.Errorf("%d sessions still wait for the lock; want 0 once the standby holds it", n)
+	}
+	lockHolderPID(t, observer) // granted to someone: the standby, the only other session
+}
+
+// The wait is rechecked (cancelled and asked again) on a period, and a recheck
+// neither loses the place nor the connection: after several rechecks the
+// standby still waits, names the holder in its log, and gets the lock once it
+// is released.
+func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	cfg := connConfig(t, url)
+	first := tryLock(t, cfg)
+	observer := pgtest.Connect(t, url)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type result struct {
+		l   *pgqueue.Lock
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := pgqueue.WaitLockTimed(ctx, cfg, log, 50*time.Millisecond)
+		done <- result{l, err}
+	}()
+	awaitLockWaiter(t, observer)
+	var backends int
+	for range 5 { // several recheck periods
+		time.Sleep(60 * time.Millisecond)
+		if err := observer.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
+			pgqueue.AppName()).Scan(&backends); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(logs.String(), "cannot wait") {
+		t.Errorf("a recheck was logged as a failure:\n%s", logs.String())
+	}
+	if err := first.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatalf("WaitLock: %v", r.err)
+		}
+		_ = r.l.Release(context.Background())
+	case <-time.After(waitFor):
+		t.Fatalf("standby did not get the lock within %v of its release", waitFor)
+	}
+	if n := strings.Count(logs.String(), "waiting for the dispatcher lock"); n != 1 {
+		t.Errorf("holder logged %d times, want once (the holder did not change):\n%s", n, logs.String())
+	}
+	if backends > 2 { // the holder and the standby, each one session
+		t.Errorf("%d sessions named %q during the wait; want the standby to keep its one connection", backends, pgqueue.AppName())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
