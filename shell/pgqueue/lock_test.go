@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
