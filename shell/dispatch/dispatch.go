@@ -82,6 +82,10 @@ func Run(ctx context.Context, o Options) (int, error) {
 	if pgcfg.RuntimeParams["application_name"] == "" {
 		pgcfg.RuntimeParams["application_name"] = pgqueue.AppName()
 	}
+	// Every connection (the lock's, the listener's, the pool's) gives up on a
+	// silent network in bounded time, and the server keeps a silent session
+	// (and the lock) until well after this dispatcher has noticed.
+	pgqueue.BoundSilence(pgcfg)
 	signals := o.Signals
 	if signals == nil {
 		ch := make(chan os.Signal, 2)
@@ -97,7 +101,7 @@ func Run(ctx context.Context, o Options) (int, error) {
 	stopping := false
 	restarted := false
 	for {
-		lock, code, err := acquire(ctx, pgcfg, o.Standby, log, signals)
+		lock, code, err := acquire(ctx, pgcfg, o.Standby, restarted, log, signals)
 		if lock == nil {
 			if restarted && code == ExitOK {
 				// Stopped between sessions: the lost session's rows are still
@@ -120,10 +124,20 @@ func Run(ctx context.Context, o Options) (int, error) {
 	}
 }
 
+// staleEndsMax bounds how often one acquire ends a stale session of this process
+// that holds the lock, before it counts the lock as held.
+const staleEndsMax = 3
+
 // acquire takes the dispatcher lock: at once, or waiting as a standby. Connection
 // failures are retried with backoff (the database may be starting); a lock held by
 // someone else is final unless standby.
-func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {
+//
+// After a lost lock (restarted), the holder may be this very process: its old
+// lock session, cut off by a silent network, which the server has not ended yet
+// (it waits minutes, or pgqueue.BoundSilence's bound). acquire ends that session
+// (pg_terminate_backend) and asks again, instead of refusing to run or waiting
+// for the server to notice.
+func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -135,10 +149,13 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby bool, log *slog.L
 	}()
 	backoff := probeMin
 	logged := false
+	staleEnds := 0
+	// ask: a standby that restarts asks once first, to see who holds the lock.
+	ask := restarted
 	for {
 		var lock *pgqueue.Lock
 		var err error
-		if standby {
+		if standby && !ask {
 			log.Info("standby: waiting for the dispatcher lock")
 			lock, err = pgqueue.WaitLock(ctx, cfg, log)
 		} else {
@@ -149,6 +166,19 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby bool, log *slog.L
 			return lock, 0, nil
 		}
 		var held *pgqueue.HeldError
+		if errors.As(err, &held) && restarted && staleEnds < staleEndsMax &&
+			held.ApplicationName == pgqueue.AppName() && cfg.RuntimeParams["application_name"] == pgqueue.AppName() {
+			staleEnds++
+			log.Warn("the dispatcher lock is held by this process's own earlier session, cut off; ending it", "pid", held.PID)
+			if eerr := pgqueue.EndSession(ctx, cfg, held.PID, held.ApplicationName); eerr != nil {
+				log.Warn("could not end the stale session", "pid", held.PID, "err", eerr)
+			}
+			continue
+		}
+		if errors.As(err, &held) && standby {
+			ask = false // someone else holds it: wait for it as a standby
+			continue
+		}
 		if errors.As(err, &held) {
 			return nil, ExitLockHeld, fmt.Errorf("another pepsi-dispatch is running against this database: %w", err)
 		}

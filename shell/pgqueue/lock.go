@@ -210,6 +210,39 @@ func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck
 	return false, fmt.Errorf("dispatcher lock: wait: %w", err)
 }
 
+// EndSession ends the server session pid (pg_terminate_backend) if its
+// application_name is still appName, and waits (at most lockTiming's check
+// timeout) until it is gone, so that a lock it held is free. The dispatcher uses it on its own earlier lock session,
+// cut off by a network fault, which the server has not ended yet.
+func EndSession(ctx context.Context, config *pgx.ConnConfig, pid int32, appName string) error {
+	conn, err := lockConn(ctx, config, lockTiming.connectTimeout)
+	if err != nil {
+		return err
+	}
+	defer closeQuietly(conn)
+	ctx, cancel := context.WithTimeout(ctx, lockTiming.checkTimeout)
+	defer cancel()
+	_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE pid = $1 AND application_name = $2`, pid, appName)
+	if err != nil {
+		return fmt.Errorf("end session %d: %w", pid, err)
+	}
+	// The session ends asynchronously; wait (bounded by ctx) until it is gone.
+	for {
+		var alive bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive)
+		if err != nil {
+			return fmt.Errorf("end session %d: %w", pid, err)
+		}
+		if !alive {
+			return nil
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return fmt.Errorf("end session %d: %w", pid, err)
+		}
+	}
+}
+
 // lockConn connects (within timeout) with application_name set.
 func lockConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Duration) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
