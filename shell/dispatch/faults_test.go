@@ -1,0 +1,405 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+)
+
+// Network faults between the real pepsi-dispatch (the binary) and PostgreSQL,
+// made by a netfault proxy: resets, a silent black hole, latency, refused
+// connections, and the standby race. Every queue write is logged by a trigger,
+// so the tests can check who wrote which message and when.
+
+// testSeed returns a seed for a randomized test, from PEPSI_TEST_SEED if set,
+// and logs it with the command that replays it.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("PEPSI_TEST_SEED"); s != "" {
+		if _, err := fmt.Sscan(s, &seed); err != nil {
+			t.Fatalf("PEPSI_TEST_SEED=%q: %v", s, err)
+		}
+	}
+	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run '^%s$' ./shell/dispatch/)", seed, seed, t.Name())
+	return seed
+}
+
+// startProxy starts a netfault proxy in front of the server of dbURL.
+func startProxy(t *testing.T, dbURL string) *netfault.Proxy {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := netfault.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// rewriteURL returns dbURL with its host:port replaced (if hostport is not
+// empty) and the given query parameters set.
+func rewriteURL(t *testing.T, dbURL, hostport string, params ...string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hostport != "" {
+		u.Host = hostport
+	}
+	q := u.Query()
+	for i := 0; i+1 < len(params); i += 2 {
+		q.Set(params[i], params[i+1])
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// installWriteLog makes every UPDATE of a queue row append a line to
+// public.queue_writes: the row, the writer's application_name, the statuses
+// and stages before and after. Writes of one row are serialized by its row
+// lock, so their seq order is the order of the row's versions.
+func (e *env) installWriteLog() {
+	e.t.Helper()
+	_, err := e.db.Exec(context.Background(), `
+		CREATE TABLE public.queue_writes (seq bigserial PRIMARY KEY, ingress_id bigint, app text,
+			at timestamptz DEFAULT clock_timestamp(), old_status text, new_status text, old_stage text, new_stage text);
+		CREATE FUNCTION public.log_queue_write() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO public.queue_writes (ingress_id, app, old_status, new_status, old_stage, new_stage)
+			VALUES (NEW.ingress_id, current_setting('application_name'), OLD.status, NEW.status, OLD.stage, NEW.stage);
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER log_queue_write AFTER UPDATE ON pepsi.queue FOR EACH ROW EXECUTE FUNCTION public.log_queue_write();`)
+	if err != nil {
+		e.t.Fatalf("install the write log: %v", err)
+	}
+}
+
+// queueWrite is one line of the write log.
+type queueWrite struct {
+	Seq, ID                                  int64
+	App                                      string
+	At                                       time.Time
+	OldStatus, NewStatus, OldStage, NewStage string
+}
+
+func (w queueWrite) String() string {
+	return fmt.Sprintf("#%d %s %s: %s@%s -> %s@%s", w.Seq, w.At.Format("15:04:05.000"), w.App, w.OldStatus, w.OldStage, w.NewStatus, w.NewStage)
+}
+
+func (e *env) queueWrites() []queueWrite {
+	e.t.Helper()
+	rows, err := e.db.Query(context.Background(), `SELECT seq, ingress_id, app, at, old_status, new_status, old_stage, new_stage
+		FROM public.queue_writes ORDER BY seq`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ws, err := pgx.CollectRows(rows, pgx.RowToStructByPos[queueWrite])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ws
+}
+
+// checkOwnership proves that no worker wrote a message its own dispatcher did
+// not hold: walking each message's writes in order, a claim (pending ->
+// running) by dispatcher D makes D the owner, a reset (running -> pending) by
+// anyone ends the ownership, and a write by a worker of dispatcher X (workerOf
+// maps the worker's application_name to X's) is allowed only while X owns the
+// row. It returns the violations, each with the message's history.
+func checkOwnership(writes []queueWrite, workerOf map[string]string) []string {
+	byID := map[int64][]queueWrite{}
+	var ids []int64
+	for _, w := range writes {
+		if _, ok := byID[w.ID]; !ok {
+			ids = append(ids, w.ID)
+		}
+		byID[w.ID] = append(byID[w.ID], w)
+	}
+	var bad []string
+	for _, id := range ids {
+		owner := ""
+		for _, w := range byID[id] {
+			dispatcher, isWorker := workerOf[w.App]
+			switch {
+			case !isWorker && w.OldStatus == "pending" && w.NewStatus == "running":
+				owner = w.App
+			case !isWorker && w.OldStatus == "running" && w.NewStatus == "pending":
+				owner = ""
+			case isWorker && dispatcher != owner:
+				var hist []string
+				for _, h := range byID[id] {
+					hist = append(hist, h.String())
+				}
+				bad = append(bad, fmt.Sprintf("message %d: %s wrote it while %q held it:\n  %s",
+					id, w.App, owner, strings.Join(hist, "\n  ")))
+			}
+		}
+	}
+	return bad
+}
+
+// binDaemon is pepsi-dispatch run as a process.
+type binDaemon struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	logs *logBuffer
+	done chan struct{}
+	err  error
+}
+
+// startBinary runs pepsi-dispatch -c conf -database database, logging JSON;
+// the end of the test kills it if it still runs.
+func startBinary(t *testing.T, name, conf, database string, extra ...string) *binDaemon {
+	t.Helper()
+	args := append([]string{"-c", conf, "-database", database, "-log-format", "json"}, extra...)
+	cmd, _ := command(context.Background(), args...)
+	d := &binDaemon{t: t, name: name, cmd: cmd, logs: &logBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(d.done)
+		d.err = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(exitWait):
+				_ = cmd.Process.Kill()
+				<-d.done
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, d.logs.String())
+		}
+	})
+	return d
+}
+
+// appName is the application_name the binary's own sessions carry.
+func (d *binDaemon) appName() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return fmt.Sprintf("pepsi-dispatch %s %d", host, d.cmd.Process.Pid)
+}
+
+// awaitLog waits until the daemon has logged a line containing msg, and returns
+// the first such line's time.
+func (d *binDaemon) awaitLog(timeout time.Duration, msg string) time.Time {
+	d.t.Helper()
+	var at time.Time
+	waitFor(d.t, timeout, fmt.Sprintf("%s to log %q", d.name, msg), func() (bool, string) {
+		ls := d.logs.lines(msg)
+		if len(ls) == 0 {
+			return false, "not yet"
+		}
+		at = ls[0].time()
+		return true, ""
+	})
+	return at
+}
+
+// exited waits for the process to end and returns its exit code.
+func (d *binDaemon) exited(timeout time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+		return exitCode(d.t, d.err)
+	case <-time.After(timeout):
+		d.t.Fatalf("%s did not exit within %v", d.name, timeout)
+		return -1
+	}
+}
+
+// setWorkerDatabase points the configuration's [pepsi] DATABASE, which the
+// stage programs use, at dbURL; the test's own pool stays on the direct URL.
+func (e *env) setWorkerDatabase(dbURL string) {
+	e.t.Helper()
+	b, err := os.ReadFile(e.conf)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	text := strings.Replace(string(b), "DATABASE = "+e.url+"\n", "DATABASE = "+dbURL+"\n", 1)
+	if err := os.WriteFile(e.conf, []byte(text), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// awaitDone waits until at least n messages are done.
+func (e *env) awaitDone(timeout time.Duration, n int) {
+	e.t.Helper()
+	waitFor(e.t, timeout, fmt.Sprintf("%d messages done", n), func() (bool, string) {
+		got, last := e.done()
+		return got >= n, last
+	})
+}
+
+const slowTwoHops = "a=sleep:20+advance:b;b=sleep:20+done"
+
+// The dispatcher, its listener and pool, and every worker reach PostgreSQL
+// through a proxy that breaks in a seeded order: all connections reset,
+// latency, refused connections, a black hole long enough for the lock check to
+// notice. Each phase feeds new messages and breaks the network while they run.
+// Afterwards every message is done, none is left running, and no worker wrote
+// a message its dispatcher did not hold.
+func TestNetworkFaultsLoseNothingAndAreNoticedInBoundedTime(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(testSeed(t), 0))
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 2\n"+libStages(2, 8, "a", "b"))
+	e.installWriteLog()
+	p := startProxy(t, e.url)
+	e.setWorkerDatabase(rewriteURL(t, e.url, p.Addr(), "application_name", "worker-A"))
+	d := startBinary(t, "dispatcher", e.conf, rewriteURL(t, e.url, p.Addr()))
+	d.awaitLog(20*time.Second, "holding the dispatcher lock")
+
+	faults := []string{"reset", "latency", "refuse", "blackhole"}
+	rng.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
+	const perPhase = 150
+	for i, fault := range faults {
+		e.insertN("a", slowTwoHops, perPhase)
+		e.awaitDone(60*time.Second, i*perPhase+perPhase/5)
+		restarts := len(d.logs.lines("restarting the dispatcher session"))
+		start := time.Now()
+		switch fault {
+		case "reset":
+			p.ResetAll()
+			waitFor(t, 10*time.Second, "the dispatcher to notice the reset", func() (bool, string) {
+				return len(d.logs.lines("restarting the dispatcher session")) > restarts, "not yet"
+			})
+		case "latency":
+			p.SetLatency(time.Duration(20+rng.IntN(80)) * time.Millisecond)
+			time.Sleep(2 * time.Second)
+		case "refuse":
+			p.Refuse()
+			p.ResetAll()
+			waitFor(t, 10*time.Second, "the dispatcher to notice the reset", func() (bool, string) {
+				return len(d.logs.lines("restarting the dispatcher session")) > restarts, "not yet"
+			})
+			time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+		case "blackhole":
+			lost := len(d.logs.lines("the dispatcher lock's connection died"))
+			p.BlackHole()
+			// The lock is checked after 10 s of quiet, and the check must answer
+			// within 5 s: the dispatcher knows within about 15 s.
+			waitFor(t, 30*time.Second, "the dispatcher to notice the black hole", func() (bool, string) {
+				return len(d.logs.lines("the dispatcher lock's connection died")) > lost, "not yet"
+			})
+		}
+		noticed := time.Since(start)
+		p.Heal()
+		healed := time.Now()
+		e.awaitDone(60*time.Second, i*perPhase+perPhase/2)
+		t.Logf("%s: noticed or endured for %v; work resumed %v after healing", fault,
+			noticed.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
+	}
+	e.waitCounts(120*time.Second, map[string]int{"done": len(faults) * perPhase})
+	if bad := checkOwnership(e.queueWrites(), map[string]string{"worker-A": d.appName()}); len(bad) > 0 {
+		t.Errorf("%d messages written by a worker whose dispatcher did not hold them:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.exited(exitWait); code != 0 {
+		t.Errorf("dispatcher exited %d after SIGTERM; want 0", code)
+	}
+}
+
+// The standby race. Dispatcher A and its workers reach PostgreSQL through a
+// proxy; standby B waits for the lock on a direct connection. The proxy goes
+// silent. A's lock check notices within about 15 s and A kills its workers;
+// then the server ends A's sessions (what its keepalive does, at the earliest
+// 40 s after A went silent: pgqueue.BoundSilence), which releases the lock,
+// and B takes over, resetting and rerunning what A held. The network heals a
+// seeded moment later and A, finding B holding the lock, exits 3. At no time
+// did a worker write a message its dispatcher did not hold, and every message
+// ends done.
+func TestStandbyTakesOverFromABlackHoledDispatcherAndNoMessageIsWrittenByBoth(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(testSeed(t), 0))
+	text := "[pepsi-dispatch]\nPOLL_INTERVAL = 2\n" + libStages(2, 8, "a", "b")
+	e := newEnv(t, text)
+	e.installWriteLog()
+	p := startProxy(t, e.url)
+	e.setWorkerDatabase(rewriteURL(t, e.url, p.Addr(), "application_name", "worker-A"))
+	eb := newEnvAt(t, e.url, text)
+	eb.setWorkerDatabase(rewriteURL(t, e.url, "", "application_name", "worker-B"))
+
+	const n = 600
+	e.insertN("a", slowTwoHops, n)
+	a := startBinary(t, "dispatcher A", e.conf, rewriteURL(t, e.url, p.Addr()))
+	a.awaitLog(20*time.Second, "holding the dispatcher lock")
+	b := startBinary(t, "standby B", eb.conf, e.url, "-standby")
+	b.awaitLog(20*time.Second, "standby: waiting for the dispatcher lock")
+	e.awaitDone(60*time.Second, n/10)
+
+	p.BlackHole()
+	cut := time.Now()
+	noticed := a.awaitLog(30*time.Second, "the dispatcher lock's connection died")
+	p.DropServerSides() // the server gives up on A: its lock is free
+	dropped := time.Now()
+	took := b.awaitLog(20*time.Second, "holding the dispatcher lock")
+	time.Sleep(time.Duration(rng.IntN(3000)) * time.Millisecond)
+	p.Heal()
+	t.Logf("A noticed the black hole after %v; B took the lock %v after the server dropped A",
+		noticed.Sub(cut).Round(time.Millisecond), took.Sub(dropped).Round(time.Millisecond))
+
+	if code := a.exited(60 * time.Second); code != 3 {
+		t.Errorf("A exited %d once the network healed; want 3 (another dispatcher holds the lock)", code)
+	}
+	e.waitCounts(120*time.Second, map[string]int{"done": n})
+	workers := map[string]string{"worker-A": a.appName(), "worker-B": b.appName()}
+	writes := e.queueWrites()
+	if bad := checkOwnership(writes, workers); len(bad) > 0 {
+		t.Errorf("%d messages written by a worker whose dispatcher did not hold them:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+	byB := 0
+	for _, w := range writes {
+		if w.App == "worker-B" {
+			byB++
+		}
+	}
+	if byB == 0 {
+		t.Errorf("B's workers wrote nothing: the takeover was not exercised")
+	}
+}
+
+// The ownership check itself: it must catch a worker writing a row its
+// dispatcher no longer holds, and accept the ordinary history of a takeover.
+func TestCheckOwnershipCatchesAWriteByAWorkerWhoseDispatcherLostTheRow(t *testing.T) {
+	t.Parallel()
+	workers := map[string]string{"wA": "A", "wB": "B"}
+	w := func(app, from, to string) queueWrite {
+		return queueWrite{ID: 1, App: app, OldStatus: from, NewStatus: to, OldStage: "a", NewStage: "a"}
+	}
+	takeover := []queueWrite{w("A", "pending", "running"), w("B", "running", "pending"), w("B", "pending", "running"), w("wB", "running", "done")}
+	if bad := checkOwnership(takeover, workers); len(bad) != 0 {
+		t.Errorf("a clean takeover was flagged: %v", bad)
+	}
+	late := []queueWrite{w("A", "pending", "running"), w("B", "running", "pending"), w("B", "pending", "running"), w("wA", "running", "done")}
+	if bad := checkOwnership(late, workers); len(bad) != 1 {
+		t.Errorf("A's worker wrote a row B held, and %d violations were found; want 1", len(bad))
+	}
+}
