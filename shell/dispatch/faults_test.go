@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/shell/writelog"
 )
 
 // Network faults between the real pepsi-dispatch (the binary) and PostgreSQL,
@@ -70,89 +69,21 @@ func rewriteURL(t *testing.T, dbURL, hostport string, params ...string) string {
 	return u.String()
 }
 
-// installWriteLog makes every UPDATE of a queue row append a line to
-// public.queue_writes: the row, the writer's application_name, the statuses
-// and stages before and after. Writes of one row are serialized by its row
-// lock, so their seq order is the order of the row's versions.
+// installWriteLog installs the write log (shell/writelog) in e's database.
 func (e *env) installWriteLog() {
 	e.t.Helper()
-	_, err := e.db.Exec(context.Background(), `
-		CREATE TABLE public.queue_writes (seq bigserial PRIMARY KEY, ingress_id bigint, app text,
-			at timestamptz DEFAULT clock_timestamp(), old_status text, new_status text, old_stage text, new_stage text);
-		CREATE FUNCTION public.log_queue_write() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			INSERT INTO public.queue_writes (ingress_id, app, old_status, new_status, old_stage, new_stage)
-			VALUES (NEW.ingress_id, current_setting('application_name'), OLD.status, NEW.status, OLD.stage, NEW.stage);
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER log_queue_write AFTER UPDATE ON pepsi.queue FOR EACH ROW EXECUTE FUNCTION public.log_queue_write();`)
-	if err != nil {
-		e.t.Fatalf("install the write log: %v", err)
-	}
-}
-
-// queueWrite is one line of the write log.
-type queueWrite struct {
-	Seq, ID                                  int64
-	App                                      string
-	At                                       time.Time
-	OldStatus, NewStatus, OldStage, NewStage string
-}
-
-func (w queueWrite) String() string {
-	return fmt.Sprintf("#%d %s %s: %s@%s -> %s@%s", w.Seq, w.At.Format("15:04:05.000"), w.App, w.OldStatus, w.OldStage, w.NewStatus, w.NewStage)
-}
-
-func (e *env) queueWrites() []queueWrite {
-	e.t.Helper()
-	rows, err := e.db.Query(context.Background(), `SELECT seq, ingress_id, app, at, old_status, new_status, old_stage, new_stage
-		FROM public.queue_writes ORDER BY seq`)
-	if err != nil {
+	if err := writelog.Install(context.Background(), e.db); err != nil {
 		e.t.Fatal(err)
 	}
-	ws, err := pgx.CollectRows(rows, pgx.RowToStructByPos[queueWrite])
+}
+
+func (e *env) queueWrites() []writelog.Write {
+	e.t.Helper()
+	ws, err := writelog.Read(context.Background(), e.db, 0)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return ws
-}
-
-// checkOwnership proves that no worker wrote a message its own dispatcher did
-// not hold: walking each message's writes in order, a claim (pending ->
-// running) by dispatcher D makes D the owner, a reset (running -> pending) by
-// anyone ends the ownership, and a write by a worker of dispatcher X (workerOf
-// maps the worker's application_name to X's) is allowed only while X owns the
-// row. It returns the violations, each with the message's history.
-func checkOwnership(writes []queueWrite, workerOf map[string]string) []string {
-	byID := map[int64][]queueWrite{}
-	var ids []int64
-	for _, w := range writes {
-		if _, ok := byID[w.ID]; !ok {
-			ids = append(ids, w.ID)
-		}
-		byID[w.ID] = append(byID[w.ID], w)
-	}
-	var bad []string
-	for _, id := range ids {
-		owner := ""
-		for _, w := range byID[id] {
-			dispatcher, isWorker := workerOf[w.App]
-			switch {
-			case !isWorker && w.OldStatus == "pending" && w.NewStatus == "running":
-				owner = w.App
-			case !isWorker && w.OldStatus == "running" && w.NewStatus == "pending":
-				owner = ""
-			case isWorker && dispatcher != owner:
-				var hist []string
-				for _, h := range byID[id] {
-					hist = append(hist, h.String())
-				}
-				bad = append(bad, fmt.Sprintf("message %d: %s wrote it while %q held it:\n  %s",
-					id, w.App, owner, strings.Join(hist, "\n  ")))
-			}
-		}
-	}
-	return bad
 }
 
 // binDaemon is pepsi-dispatch run as a process.
@@ -318,7 +249,7 @@ func TestNetworkFaultsLoseNothingAndAreNoticedInBoundedTime(t *testing.T) {
 			noticed.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
 	}
 	e.waitCounts(120*time.Second, map[string]int{"done": len(faults) * perPhase})
-	if bad := checkOwnership(e.queueWrites(), map[string]string{"worker-A": d.appName()}); len(bad) > 0 {
+	if bad := writelog.CheckOwnership(e.queueWrites(), map[string]string{"worker-A": d.appName()}); len(bad) > 0 {
 		t.Errorf("%d messages written by a worker whose dispatcher did not hold them:\n%s", len(bad), strings.Join(bad, "\n"))
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
@@ -372,7 +303,7 @@ func TestStandbyTakesOverFromABlackHoledDispatcherAndNoMessageIsWrittenByBoth(t 
 	e.waitCounts(120*time.Second, map[string]int{"done": n})
 	workers := map[string]string{"worker-A": a.appName(), "worker-B": b.appName()}
 	writes := e.queueWrites()
-	if bad := checkOwnership(writes, workers); len(bad) > 0 {
+	if bad := writelog.CheckOwnership(writes, workers); len(bad) > 0 {
 		t.Errorf("%d messages written by a worker whose dispatcher did not hold them:\n%s", len(bad), strings.Join(bad, "\n"))
 	}
 	byB := 0
@@ -383,23 +314,5 @@ func TestStandbyTakesOverFromABlackHoledDispatcherAndNoMessageIsWrittenByBoth(t 
 	}
 	if byB == 0 {
 		t.Errorf("B's workers wrote nothing: the takeover was not exercised")
-	}
-}
-
-// The ownership check itself: it must catch a worker writing a row its
-// dispatcher no longer holds, and accept the ordinary history of a takeover.
-func TestCheckOwnershipCatchesAWriteByAWorkerWhoseDispatcherLostTheRow(t *testing.T) {
-	t.Parallel()
-	workers := map[string]string{"wA": "A", "wB": "B"}
-	w := func(app, from, to string) queueWrite {
-		return queueWrite{ID: 1, App: app, OldStatus: from, NewStatus: to, OldStage: "a", NewStage: "a"}
-	}
-	takeover := []queueWrite{w("A", "pending", "running"), w("B", "running", "pending"), w("B", "pending", "running"), w("wB", "running", "done")}
-	if bad := checkOwnership(takeover, workers); len(bad) != 0 {
-		t.Errorf("a clean takeover was flagged: %v", bad)
-	}
-	late := []queueWrite{w("A", "pending", "running"), w("B", "running", "pending"), w("B", "pending", "running"), w("wA", "running", "done")}
-	if bad := checkOwnership(late, workers); len(bad) != 1 {
-		t.Errorf("A's worker wrote a row B held, and %d violations were found; want 1", len(bad))
 	}
 }
