@@ -1,0 +1,821 @@
+// Command pepsi-chaos runs a real pipeline (pepsi-dispatch, an active and a
+// standby, with two stages served by this program itself) on a private
+// PostgreSQL behind a netfault proxy, injects a seeded sequence of faults while
+// messages flow, and prints how long recovery took:
+//
+//	worker SIGKILL        -> its head-of-line message failed
+//	dispatcher SIGKILL    -> the standby's first claim
+//	PostgreSQL restart    -> throughput back to half its earlier rate
+//	                         (from when the server accepts connections again)
+//	healed black hole     -> the first message a worker finishes afterwards
+//
+// Times come from a write log (shell/writelog: a trigger stamping every queue
+// write with clock_timestamp()), so they are the server's own. At the end
+// every message must be done or failed (failed only by a worker kill), and no
+// worker may have written a message its dispatcher did not hold; otherwise it
+// exits 1. The recovery targets are reported, never asserted: timings on a
+// shared machine are data, not verdicts.
+//
+//	pepsi-chaos [-seed N] [-samples 5] [-blackhole 30s] [-dispatch PATH]
+//
+// Started as "pepsi-chaos worker -c FILE" it is the stage program: stage a
+// sleeps, then advances to b; b sleeps, then is done.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/shell/privatepg"
+	"github.com/pepsi-pipeline/pepsi/shell/writelog"
+	"github.com/pepsi-pipeline/pepsi/stage"
+)
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitBroken = 1 // a message was lost, stuck or written by two dispatchers' workers
+	exitUsage  = 2
+	exitSetup  = 4 // the run could not be set up (no PostgreSQL programs, no pepsi-dispatch)
+)
+
+// The load: feedBatch messages every feedEvery, each sleeping passSleep per stage.
+const (
+	feedBatch = 5
+	feedEvery = 100 * time.Millisecond
+	passSleep = 5 * time.Millisecond
+	burstSize = 400 // inserted before a worker kill, so every worker has a head
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		stageMain()
+		return
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// stageMain serves stages a and b.
+func stageMain() {
+	work := func(next string) stage.Handler {
+		return func(ctx context.Context, m *stage.Message) stage.Result {
+			time.Sleep(passSleep)
+			if next == "" {
+				return stage.Done()
+			}
+			return stage.Advance(next)
+		}
+	}
+	stage.Main(map[string]stage.Handler{"a": work("b"), "b": work("")})
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pepsi-chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		seed      = fs.Uint64("seed", uint64(time.Now().UnixNano()), "the seed that chooses the fault sequence")
+		samples   = fs.Int("samples", 5, "samples of each fault (black holes: samples/2, at least 1)")
+		blackhole = fs.Duration("blackhole", 30*time.Second, "how long each black hole lasts")
+		dispatchB = fs.String("dispatch", "", "the pepsi-dispatch binary (default: beside this one, else on PATH)")
+		verbose   = fs.Bool("v", false, "log each step")
+		keep      = fs.Bool("keep", false, "keep the run's directory (configurations, dispatcher logs) and print its name")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if *samples < 1 {
+		fmt.Fprintln(stderr, "pepsi-chaos: -samples must be at least 1")
+		return exitUsage
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "pepsi-chaos: %v\n", err)
+		return exitSetup
+	}
+	bin := *dispatchB
+	if bin == "" {
+		bin = filepath.Join(filepath.Dir(self), "pepsi-dispatch")
+		if _, err := os.Stat(bin); err != nil {
+			if bin, err = exec.LookPath("pepsi-dispatch"); err != nil {
+				fmt.Fprintln(stderr, "pepsi-chaos: no pepsi-dispatch beside this program nor on PATH (make build, or -dispatch)")
+				return exitSetup
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "pepsi-chaos seed %d (replay: pepsi-chaos -seed %d -samples %d -blackhole %v)\n", *seed, *seed, *samples, *blackhole)
+	c := &chaos{log: log, out: stdout, self: self, dispatchBin: bin, rng: rand.New(rand.NewPCG(*seed, 0)), blackhole: *blackhole, keep: *keep}
+	code, err := c.run(*samples)
+	if err != nil {
+		fmt.Fprintf(stderr, "pepsi-chaos: %v\n", err)
+	}
+	return code
+}
+
+// chaos is one run.
+type chaos struct {
+	log         *slog.Logger
+	out         io.Writer
+	self        string
+	dispatchBin string
+	rng         *rand.Rand
+	blackhole   time.Duration
+	keep        bool
+
+	pg    *privatepg.Server
+	proxy *netfault.Proxy
+	db    *pgxpool.Pool // direct, for the feeder and the measurements
+	dir   string
+
+	mu          sync.Mutex
+	dispatchers []*dispatcher
+	generation  int
+	inserted    int
+	firstSeen   map[int]time.Time // worker pid -> when first seen
+}
+
+// dispatcher is one pepsi-dispatch process, always started with -standby: the
+// first takes the lock at once, the others wait for it, and one that lost it
+// waits again instead of exiting.
+type dispatcher struct {
+	name    string // its workers' application_name
+	cmd     *exec.Cmd
+	app     string // its own sessions' application_name
+	done    chan struct{}
+	started time.Time
+}
+
+// fault kinds, in table order.
+const (
+	faultWorkerKill = iota
+	faultStandbyTakeover
+	faultPGRestart
+	faultBlackHole
+)
+
+var faultNames = []string{
+	"head-of-line fail after worker SIGKILL",
+	"standby takeover: dispatcher SIGKILL -> first claim",
+	"throughput back to half after PostgreSQL accepts",
+	"resumption after a healed black hole",
+}
+
+var faultTargets = []time.Duration{20 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, 5 * time.Second}
+
+func (c *chaos) run(samples int) (int, error) {
+	ctx := context.Background()
+	var err error
+	if c.pg, err = privatepg.Start(); err != nil {
+		return exitSetup, err
+	}
+	defer c.pg.Stop()
+	if err := c.pg.Migrate(ctx); err != nil {
+		return exitSetup, err
+	}
+	if c.db, err = pgxpool.New(ctx, c.pg.URL()); err != nil {
+		return exitSetup, err
+	}
+	defer c.db.Close()
+	if err := writelog.Install(ctx, c.db); err != nil {
+		return exitSetup, err
+	}
+	if c.proxy, err = netfault.Start(fmt.Sprintf("127.0.0.1:%d", c.pg.Port())); err != nil {
+		return exitSetup, err
+	}
+	defer c.proxy.Close()
+	if c.dir, err = os.MkdirTemp("", "pepsi-chaos-"); err != nil {
+		return exitSetup, err
+	}
+	if c.keep {
+		fmt.Fprintf(c.out, "run directory: %s\n", c.dir)
+	} else {
+		defer os.RemoveAll(c.dir)
+	}
+	c.firstSeen = map[int]time.Time{}
+	defer c.stopAll()
+
+	for range 2 {
+		if _, err := c.startDispatcher(); err != nil {
+			return exitSetup, err
+		}
+	}
+	if err := c.awaitStandby(30 * time.Second); err != nil {
+		return exitSetup, err
+	}
+	feedCtx, stopFeed := context.WithCancel(ctx)
+	fed := make(chan struct{})
+	go func() { defer close(fed); c.feed(feedCtx) }()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go c.watchWorkers(watchCtx)
+
+	var plan []int
+	for f := faultWorkerKill; f <= faultPGRestart; f++ {
+		for range samples {
+			plan = append(plan, f)
+		}
+	}
+	for range max(1, samples/2) {
+		plan = append(plan, faultBlackHole)
+	}
+	c.rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
+	fmt.Fprintf(c.out, "faults in order: %s\n", planString(plan))
+
+	results := make([][]time.Duration, len(faultNames))
+	skipped := make([]int, len(faultNames))
+	if err := c.awaitProgress(30*time.Second, 100); err != nil {
+		stopFeed()
+		return exitBroken, err
+	}
+	for i, f := range plan {
+		time.Sleep(time.Duration(500+c.rng.IntN(1500)) * time.Millisecond) // settle
+		var d time.Duration
+		var err error
+		switch f {
+		case faultWorkerKill:
+			d, err = c.workerKill(ctx)
+		case faultStandbyTakeover:
+			d, err = c.standbyTakeover(ctx)
+		case faultPGRestart:
+			d, err = c.pgRestart(ctx)
+		case faultBlackHole:
+			d, err = c.blackHole(ctx)
+		}
+		if err != nil {
+			skipped[f]++
+			fmt.Fprintf(c.out, "fault %d/%d %s: no measurement: %v\n", i+1, len(plan), faultNames[f], err)
+		} else {
+			results[f] = append(results[f], d)
+			c.log.Info("fault measured", "fault", faultNames[f], "took", d)
+		}
+		if err := c.awaitStandby(60 * time.Second); err != nil {
+			stopFeed()
+			return exitBroken, fmt.Errorf("after fault %d (%s): %w", i+1, faultNames[f], err)
+		}
+	}
+	stopFeed()
+	<-fed
+	printTable(c.out, results, skipped, c.blackhole)
+	return c.finish(ctx)
+}
+
+func planString(plan []int) string {
+	short := []string{"worker-kill", "standby-takeover", "pg-restart", "black-hole"}
+	parts := make([]string, len(plan))
+	for i, f := range plan {
+		parts[i] = short[f]
+	}
+	return strings.Join(parts, " ")
+}
+
+// startDispatcher starts a pepsi-dispatch -standby with a configuration of
+// its own, whose workers carry the application_name worker-N.
+func (c *chaos) startDispatcher() (*dispatcher, error) {
+	c.mu.Lock()
+	c.generation++
+	n := c.generation
+	c.mu.Unlock()
+	name := fmt.Sprintf("worker-%d", n)
+	viaProxy := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", c.proxy.Addr())
+	conf := filepath.Join(c.dir, fmt.Sprintf("pepsi-%d.conf", n))
+	text := fmt.Sprintf(`[pepsi]
+DATABASE = %s&application_name=%s
+[pepsi-dispatch]
+POLL_INTERVAL = 2
+STATS_INTERVAL = 5
+WORKER_IDLE_TIMEOUT = 300
+[stage-a]
+PROGRAM = %s
+PARALLELISM = 2
+QUEUE_LIMIT = 4
+[stage-b]
+PROGRAM = %s
+PARALLELISM = 2
+QUEUE_LIMIT = 4
+`, viaProxy, name, c.self, c.self)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(filepath.Join(c.dir, fmt.Sprintf("dispatch-%d.log", n)))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(c.dispatchBin, "-c", conf, "-database", viaProxy, "-standby", "-log-format", "json")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start pepsi-dispatch: %w", err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	d := &dispatcher{name: name, cmd: cmd, app: fmt.Sprintf("pepsi-dispatch %s %d", host, cmd.Process.Pid), done: make(chan struct{}), started: time.Now()}
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(d.done)
+	}()
+	c.mu.Lock()
+	c.dispatchers = append(c.dispatchers, d)
+	c.mu.Unlock()
+	c.log.Info("started pepsi-dispatch", "pid", cmd.Process.Pid, "workers", name)
+	return d, nil
+}
+
+// alive returns the dispatchers still running.
+func (c *chaos) alive() []*dispatcher {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*dispatcher
+	for _, d := range c.dispatchers {
+		select {
+		case <-d.done:
+		default:
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// lockState says which session holds the dispatcher lock (its
+// application_name) and how many wait for it.
+func (c *chaos) lockState(ctx context.Context) (holder string, waiters int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err = c.db.QueryRow(ctx, `SELECT coalesce(max(a.application_name) FILTER (WHERE l.granted), ''),
+			count(*) FILTER (WHERE NOT l.granted)
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.classid = 1885696115 AND l.objid = 1684632432 AND l.objsubid = 1`).Scan(&holder, &waiters)
+	return holder, waiters, err
+}
+
+// active returns the dispatcher holding the lock.
+func (c *chaos) active(ctx context.Context) (*dispatcher, error) {
+	holder, _, err := c.lockState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range c.alive() {
+		if d.app == holder {
+			return d, nil
+		}
+	}
+	return nil, fmt.Errorf("the lock is held by %q, none of the running dispatchers", holder)
+}
+
+// awaitStandby waits until one running dispatcher holds the lock and another
+// waits for it in the server, starting a new standby if only one runs.
+func (c *chaos) awaitStandby(timeout time.Duration) error {
+	ctx := context.Background()
+	if len(c.alive()) < 2 {
+		if _, err := c.startDispatcher(); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		holder, waiters, err := c.lockState(ctx)
+		if err == nil && waiters >= 1 {
+			if _, aerr := c.active(ctx); aerr == nil {
+				return nil
+			}
+		}
+		last = fmt.Sprintf("holder %q, %d waiting, err %v", holder, waiters, err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("no active dispatcher with a standby waiting within %v (%s)", timeout, last)
+}
+
+// feed inserts feedBatch messages every feedEvery until ctx ends, directly
+// (not through the proxy). Failed inserts (PostgreSQL restarting) are dropped:
+// they never became messages.
+func (c *chaos) feed(ctx context.Context) {
+	t := time.NewTicker(feedEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := c.insert(ctx, feedBatch); err != nil {
+			c.log.Info("feed: insert failed", "err", err)
+		}
+	}
+}
+
+func (c *chaos) insert(ctx context.Context, n int) error {
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	tag, err := c.db.Exec(ictx, `INSERT INTO pepsi.queue (stage, payload) SELECT 'a', 'chaos' FROM generate_series(1, $1)`, n)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.inserted += int(tag.RowsAffected())
+	c.mu.Unlock()
+	return nil
+}
+
+// watchWorkers notes when each child process of each dispatcher is first seen,
+// so a worker kill can pick one that has answered (a worker that dies before
+// its first answer is a failed start: its ids are requeued, not failed).
+func (c *chaos) watchWorkers(ctx context.Context) {
+	for ctx.Err() == nil {
+		now := time.Now()
+		for _, d := range c.alive() {
+			for _, pid := range children(d.cmd.Process.Pid) {
+				c.mu.Lock()
+				if _, ok := c.firstSeen[pid]; !ok {
+					c.firstSeen[pid] = now
+				}
+				c.mu.Unlock()
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// children lists the processes whose parent is pid, from /proc.
+func children(pid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')') // the command may hold spaces
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// lastSeq is the write log's newest entry.
+func (c *chaos) lastSeq(ctx context.Context) (int64, error) {
+	var seq int64
+	err := c.db.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM public.queue_writes`).Scan(&seq)
+	return seq, err
+}
+
+// settleWrites is how long a measurement waits, once it has found a match,
+// for writes of transactions that committed later but ran earlier (the log's
+// seq is taken when a write runs, not when it commits).
+const settleWrites = 200 * time.Millisecond
+
+// awaitWrite polls the write log after seq until a write matches, then returns
+// the earliest matching write (by its time) once late commits have settled.
+func (c *chaos) awaitWrite(ctx context.Context, seq int64, timeout time.Duration, what string, match func(writelog.Write) bool) (writelog.Write, error) {
+	deadline := time.Now().Add(timeout)
+	var found bool
+	for time.Now().Before(deadline) {
+		ws, err := writelog.Read(ctx, c.db, seq)
+		if err == nil {
+			var best writelog.Write
+			ok := false
+			for _, w := range ws {
+				if match(w) && (!ok || w.At.Before(best.At)) {
+					best, ok = w, true
+				}
+			}
+			if ok && found {
+				return best, nil
+			}
+			if ok {
+				found = true
+				time.Sleep(settleWrites)
+				continue
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return writelog.Write{}, fmt.Errorf("no %s within %v", what, timeout)
+}
+
+// awaitProgress waits until n more messages have finished.
+func (c *chaos) awaitProgress(timeout time.Duration, n int) error {
+	ctx := context.Background()
+	seq, err := c.lastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		var done int
+		err := c.db.QueryRow(ctx, `SELECT count(*) FROM public.queue_writes WHERE seq > $1 AND new_status = 'done'`, seq).Scan(&done)
+		if err == nil && done >= n {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("fewer than %d messages finished within %v", n, timeout)
+}
+
+// workerKill SIGKILLs a worker of the active dispatcher that has been running a
+// while, during a burst (so it likely holds a head), and measures until its
+// dispatcher fails a message. A worker that held nothing fails nothing: then
+// another is tried, up to killAttempts.
+func (c *chaos) workerKill(ctx context.Context) (time.Duration, error) {
+	const killAttempts = 3
+	d, err := c.active(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for attempt := 1; ; attempt++ {
+		// A worker younger than the dispatcher's 5 s start-up window that dies
+		// counts as a failed start (ids requeued, nothing failed): pick an older one.
+		var victims []int
+		for wait := time.Now().Add(10 * time.Second); len(victims) == 0; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(wait) {
+				return 0, errors.New("no worker has run long enough to count as started")
+			}
+			c.mu.Lock()
+			for _, pid := range children(d.cmd.Process.Pid) {
+				if seen, ok := c.firstSeen[pid]; ok && time.Since(seen) > 6*time.Second {
+					victims = append(victims, pid)
+				}
+			}
+			c.mu.Unlock()
+		}
+		if err := c.insert(ctx, burstSize); err != nil {
+			return 0, err
+		}
+		time.Sleep(500 * time.Millisecond)
+		victim := victims[c.rng.IntN(len(victims))]
+		seq, err := c.lastSeq(ctx)
+		if err != nil {
+			return 0, err
+		}
+		killed := time.Now()
+		c.log.Info("killing worker", "pid", victim, "dispatcher", d.cmd.Process.Pid)
+		if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+			return 0, fmt.Errorf("kill worker %d: %w", victim, err)
+		}
+		w, err := c.awaitWrite(ctx, seq, 2*time.Second, "message failed by the dispatcher", func(w writelog.Write) bool {
+			return w.App == d.app && w.NewStatus == "failed" && w.At.After(killed)
+		})
+		if err == nil {
+			return w.At.Sub(killed), nil
+		}
+		if attempt == killAttempts {
+			return 0, fmt.Errorf("%d workers killed, none held a message: %w", attempt, err)
+		}
+	}
+}
+
+// standbyTakeover SIGKILLs the active dispatcher while a standby waits, and
+// measures until the standby's first claim.
+func (c *chaos) standbyTakeover(ctx context.Context) (time.Duration, error) {
+	old, err := c.active(ctx)
+	if err != nil {
+		return 0, err
+	}
+	seq, err := c.lastSeq(ctx)
+	if err != nil {
+		return 0, err
+	}
+	killed := time.Now()
+	if err := old.cmd.Process.Kill(); err != nil {
+		return 0, err
+	}
+	w, err := c.awaitWrite(ctx, seq, 10*time.Second, "claim by the standby", func(w writelog.Write) bool {
+		return w.App != old.app && strings.HasPrefix(w.App, "pepsi-dispatch ") &&
+			w.OldStatus == "pending" && w.NewStatus == "running" && w.At.After(killed)
+	})
+	<-old.done
+	if err != nil {
+		return 0, err
+	}
+	return w.At.Sub(killed), nil
+}
+
+// pgRestart crash-restarts PostgreSQL and measures from when it accepts
+// connections until a quarter-second window holds half the finishes of an
+// average quarter second before the restart.
+func (c *chaos) pgRestart(ctx context.Context) (time.Duration, error) {
+	const window = 250 * time.Millisecond
+	var before int
+	err := c.db.QueryRow(ctx, `SELECT count(*) FROM public.queue_writes
+		WHERE new_status = 'done' AND at > clock_timestamp() - interval '2 seconds'`).Scan(&before)
+	if err != nil {
+		return 0, err
+	}
+	seq, err := c.lastSeq(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := c.pg.Restart("immediate"); err != nil {
+		return 0, err
+	}
+	up := time.Now()
+	want := max(1, before*int(window/time.Millisecond)/2000/2)
+	// The earliest moment a window of that length after up holds want finishes.
+	earliest := func() (time.Time, bool) {
+		ws, err := writelog.Read(ctx, c.db, seq)
+		if err != nil {
+			return time.Time{}, false
+		}
+		var at []time.Time
+		for _, w := range ws {
+			if w.NewStatus == "done" && w.At.After(up) {
+				at = append(at, w.At)
+			}
+		}
+		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+		for i := want - 1; i < len(at); i++ {
+			if at[i].Sub(at[i-want+1]) <= window {
+				return at[i], true
+			}
+		}
+		return time.Time{}, false
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, ok := earliest(); ok {
+			time.Sleep(settleWrites)
+			t, _ := earliest()
+			return t.Sub(up), nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("no %d finishes within %v of each other in 30s", want, window)
+}
+
+// blackHole silences the network between the pipeline and PostgreSQL for
+// c.blackhole, heals it, and measures until a worker finishes a message.
+func (c *chaos) blackHole(ctx context.Context) (time.Duration, error) {
+	c.proxy.BlackHole()
+	time.Sleep(c.blackhole)
+	seq, err := c.lastSeq(ctx)
+	if err != nil {
+		c.proxy.Heal()
+		return 0, err
+	}
+	c.proxy.Heal()
+	healed := time.Now()
+	w, err := c.awaitWrite(ctx, seq, 60*time.Second, "message finished after healing", func(w writelog.Write) bool {
+		return strings.HasPrefix(w.App, "worker-") && w.At.After(healed) &&
+			(w.NewStatus == "done" || w.NewStage != w.OldStage)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return w.At.Sub(healed), nil
+}
+
+// stopAll SIGTERMs every running dispatcher and waits for them (SIGKILL after
+// 30 s).
+func (c *chaos) stopAll() {
+	for _, d := range c.alive() {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, d := range c.alive() {
+		select {
+		case <-d.done:
+		case <-time.After(30 * time.Second):
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+	}
+}
+
+// finish waits for the queue to drain, stops the dispatchers, and checks
+// that every message ended done or failed and that no worker wrote a message
+// its dispatcher did not hold.
+func (c *chaos) finish(ctx context.Context) (int, error) {
+	deadline := time.Now().Add(120 * time.Second)
+	var counts map[string]int
+	for {
+		counts = map[string]int{}
+		rows, err := c.db.Query(ctx, `SELECT status, count(*) FROM pepsi.queue GROUP BY status`)
+		if err == nil {
+			for rows.Next() {
+				var s string
+				var n int
+				if rows.Scan(&s, &n) == nil {
+					counts[s] = n
+				}
+			}
+			rows.Close()
+		}
+		if err == nil && counts["pending"] == 0 && counts["running"] == 0 && counts["paused"] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.stopAll()
+	writes, err := writelog.Read(ctx, c.db, 0)
+	if err != nil {
+		return exitBroken, err
+	}
+	workerOf := map[string]string{}
+	c.mu.Lock()
+	for _, d := range c.dispatchers {
+		workerOf[d.name] = d.app
+	}
+	inserted, generations := c.inserted, c.generation
+	c.mu.Unlock()
+	bad := writelog.CheckOwnership(writes, workerOf)
+	total := 0
+	keys := make([]string, 0, len(counts))
+	for k, n := range counts {
+		total += n
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, counts[k])
+	}
+	fmt.Fprintf(c.out, "final: %d messages inserted, queue {%s}; %d dispatchers started; %d writes logged; %d ownership violations\n",
+		inserted, strings.Join(parts, " "), generations, len(writes), len(bad))
+	code := exitOK
+	// An insert whose reply a PostgreSQL restart lost may have committed: the
+	// queue may hold more than was counted, never fewer.
+	if total < inserted || counts["pending"]+counts["running"]+counts["paused"] != 0 || counts["timeout"] != 0 {
+		fmt.Fprintln(c.out, "BROKEN: messages lost, stuck or timed out")
+		code = exitBroken
+	}
+	for _, b := range bad {
+		fmt.Fprintln(c.out, "BROKEN:", b)
+		code = exitBroken
+	}
+	return code, nil
+}
+
+// printTable prints each fault's samples: count, min, median, max and the target.
+func printTable(w io.Writer, results [][]time.Duration, skipped []int, blackhole time.Duration) {
+	fmt.Fprintf(w, "\n%-52s %8s %3s %9s %9s %9s %9s  %s\n", "recovery", "target", "n", "min", "median", "max", "spread", "samples")
+	for f, name := range faultNames {
+		if f == faultBlackHole {
+			name = fmt.Sprintf("resumption after a healed %v black hole", blackhole)
+		}
+		rs := append([]time.Duration(nil), results[f]...)
+		sort.Slice(rs, func(i, j int) bool { return rs[i] < rs[j] })
+		if len(rs) == 0 {
+			fmt.Fprintf(w, "%-52s %8v %3d %9s %9s %9s %9s  (%d skipped)\n", name, faultTargets[f], 0, "-", "-", "-", "-", skipped[f])
+			continue
+		}
+		all := make([]string, len(rs))
+		for i, r := range rs {
+			all[i] = ms(r)
+		}
+		note := strings.Join(all, " ")
+		if skipped[f] > 0 {
+			note += fmt.Sprintf(" (%d skipped)", skipped[f])
+		}
+		fmt.Fprintf(w, "%-52s %8v %3d %9s %9s %9s %9s  %s\n", name, faultTargets[f], len(rs),
+			ms(rs[0]), ms(rs[len(rs)/2]), ms(rs[len(rs)-1]), ms(rs[len(rs)-1]-rs[0]), note)
+	}
+	fmt.Fprintln(w)
+}
+
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) + "ms"
+}
