@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build test vet purity bench bench-peers bench-backlog river-bench demo sim-long mutants clean postgres chromium soak soak-private
+.PHONY: all build test vet purity bench bench-peers bench-backlog river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
 
 all: build
 
@@ -90,6 +90,14 @@ soak: postgres build
 
 soak-private: build
 	$(BIN)/pepsi-soak -private
+
+# The long chaos run: five samples of each fault (worker SIGKILL, dispatcher
+# SIGKILL with a standby, PostgreSQL crash restart) and two 30 s black holes,
+# against a real pipeline on a private PostgreSQL; prints the recovery-time
+# table and its seed (-seed N replays the sequence). go test ./cmd/pepsi-chaos
+# runs a short one in make test.
+chaos: build
+	$(BIN)/pepsi-chaos -samples 5
 
 clean:
 	rm -rf $(BIN) $(CURDIR)/test-artifacts
