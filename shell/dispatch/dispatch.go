@@ -124,6 +124,13 @@ func Run(ctx context.Context, o Options) (int, error) {
 	}
 }
 
+// lockRetryMax caps the pause between attempts to take the lock while the
+// database cannot be reached. It is short: an attempt against a server that is
+// down is refused at once and costs nothing, and every pause is time the
+// pipeline stands still after the server is back (a silent network makes each
+// attempt wait for its connect timeout instead).
+const lockRetryMax = 250 * time.Millisecond
+
 // staleEndsMax bounds how often one acquire ends a stale session of this process
 // that holds the lock, before it counts the lock as held.
 const staleEndsMax = 3
@@ -194,7 +201,7 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 		case <-ctx.Done():
 			return nil, ExitOK, nil
 		}
-		backoff = min(2*backoff, probeMax)
+		backoff = min(2*backoff, lockRetryMax)
 	}
 }
 

@@ -37,7 +37,7 @@ const LockKey int64 = 0x7065707364697370
 const (
 	lockStandbyRecheck     = 30 * time.Second
 	lockStandbyCancelGrace = 5 * time.Second
-	lockStandbyRetry       = time.Second
+	lockStandbyRetry       = 250 * time.Millisecond
 )
 
 // lockTiming is how the lock's connection is watched (see healthTiming): every
