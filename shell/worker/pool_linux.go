@@ -426,7 +426,24 @@ func (p *Pool) readStdout(w *proc, done chan<- struct{}) {
 		w.log.Warn("worker: reading stdout", "err", err)
 	}
 	_ = w.stdout.Close() // a read end: nothing to flush; a second close is harmless
+	// A worker that closed its standard output can never answer again, but may
+	// live on and hold its messages until MAX_RUNTIME. One that is exiting
+	// closes it too, so it gets stdoutClosedGrace to exit; then it is killed,
+	// and its exit reports it like any crash. A worker that was asked to stop
+	// is left to the core's stop grace.
+	time.AfterFunc(stdoutClosedGrace, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !w.exited && !w.in.stopRequested() {
+			w.log.Error("worker closed its standard output but did not exit; killing it", "waited", stdoutClosedGrace)
+			p.killLocked(w)
+		}
+	})
 }
+
+// stdoutClosedGrace is how long a worker may live on after its standard output
+// reached end of file before it is killed.
+const stdoutClosedGrace = time.Second
 
 func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 	defer close(done)

@@ -60,6 +60,14 @@ func (s *stdinWriter) stop() {
 	s.cond.Signal()
 }
 
+// stopRequested reports whether stop or abort was called: standard input is
+// being, or has been, closed on purpose.
+func (s *stdinWriter) stopRequested() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopping || s.aborted
+}
+
 // abort drops the queue and closes standard input now, which also ends a write
 // blocked on a pipe nobody reads (a grandchild that holds the worker's stdin).
 func (s *stdinWriter) abort() {

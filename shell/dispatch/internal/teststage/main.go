@@ -19,7 +19,8 @@
 //   - libstage: serves the stage through the stage library (stage.Main), with
 //     "tag" fused into every other stage's pass; the library reconnects and
 //     reruns a message whose connection was cut, which the burst tests need;
-//   - exitstage: exits 1 at start without reading anything (a broken deployment).
+//   - exitstage: exits 1 at start without reading anything (a broken deployment);
+//   - eagerstage: teststage that first answers "0" before it has read any id.
 //
 // # Scripts
 //
@@ -40,6 +41,8 @@
 //	exit:N        exit with status N at once (before or after a commit above)
 //	segv          die by SIGSEGV at once
 //	noop          do nothing (with no transition: answer 0, leave the row running)
+//	flood:BYTES   write BYTES bytes of "x" to standard output, no newline
+//	closeout      close standard output (the process lives on)
 //
 // The libstage personality understands advance, done, failed, pause, sleep,
 // exit and answer (as stage.Error with the LINE's text after its code).
@@ -124,6 +127,10 @@ func main() {
 	case "exitstage":
 		fmt.Fprintln(os.Stderr, "teststage: scripted failure at start")
 		os.Exit(1)
+	case "eagerstage":
+		if _, err := os.Stdout.WriteString("0\n"); err != nil {
+			os.Exit(70)
+		}
 	case "libstage":
 		handlers := map[string]stage.Handler{stageName: libHandler, "tag": libHandler}
 		var opts []stage.Option
@@ -346,6 +353,21 @@ func handle(ctx context.Context, conn *pgx.Conn, id int64) (answer string, err e
 		case "segv":
 			segv()
 		case "noop":
+		case "flood":
+			n, _ := strconv.Atoi(arg)
+			chunk := []byte(strings.Repeat("x", 64<<10))
+			for n > 0 {
+				k := min(n, len(chunk))
+				if _, err := os.Stdout.Write(chunk[:k]); err != nil {
+					return "", err
+				}
+				n -= k
+			}
+		case "closeout":
+			if err := os.Stdout.Close(); err != nil {
+				return "", err
+			}
+			answer = ""
 		default:
 			return "", fmt.Errorf("message %d: unknown op %q", id, op)
 		}

@@ -1,0 +1,127 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// Stage programs that abuse the protocol, and a queue that does not look like
+// the one the dispatcher expects. Each must cost at most the message at hand:
+// the worker is stopped, its head failed with a reason, the rest requeued, and
+// the pipeline goes on.
+
+// A worker that writes megabytes without a newline cannot make the dispatcher
+// buffer them: the line is cut at 64 KiB and is a protocol error.
+func TestMegabytesWithoutANewlineAreAProtocolErrorNotABuffer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", "a=flood:8000000+hang", "a=done")
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 1, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[0], "failed", "a", "protocol error")
+	e.expectRow(ids[1], "done", "a", "")
+}
+
+// An answer before any id was handed over answers nothing: a protocol error,
+// and the worker's ids are requeued (or its head failed), never lost.
+func TestAnAnswerBeforeAnyIDIsAProtocolError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[stage-a]\nPROGRAM = @BIN@/eagerstage\nPARALLELISM = 1\nQUEUE_LIMIT = 1\n")
+	e.insert("a", "a=done")
+	d := e.start()
+	waitFor(t, 30*time.Second, "the dispatcher to say the worker broke the protocol", func() (bool, string) {
+		return strings.Contains(d.logs.String(), "broke the protocol"), "not yet"
+	})
+	waitFor(t, 30*time.Second, "no message left pending or running", func() (bool, string) {
+		c, err := e.counts()
+		if err != nil {
+			return false, err.Error()
+		}
+		return c["pending"] == 0 && c["running"] == 0, fmtCounts(c)
+	})
+	d.stopClean()
+}
+
+// A second answer for one id answers an id the worker was never sent.
+func TestAnAnswerForAnIDNeverSentIsAProtocolError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 1, "a"))
+	ids := e.insert("a", "a=done+print:0+print:0+hang")
+	more := e.insert("a", "a=done")
+	d := e.start()
+	waitFor(t, 30*time.Second, "the dispatcher to say the worker broke the protocol", func() (bool, string) {
+		return strings.Contains(d.logs.String(), "broke the protocol"), "not yet"
+	})
+	e.waitCounts(30*time.Second, map[string]int{"done": 2})
+	d.stopClean()
+	e.expectRow(ids[0], "done", "a", "")
+	e.expectRow(more[0], "done", "a", "")
+}
+
+// A worker that closes its standard output can answer nothing more: it is
+// stopped like a crashed one, not waited for until MAX_RUNTIME.
+func TestAWorkerThatClosesItsStandardOutputIsStoppedNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 600\n"+stages(1, 4, "a"))
+	// The first message makes it a worker that has answered (one that dies
+	// before its first answer is a failed start, requeued).
+	ids := e.insert("a", "a=done", "a=closeout+hang", "a=done")
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 2, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[1], "failed", "a", "crashed")
+	e.expectRow(ids[2], "done", "a", "")
+	if !strings.Contains(d.logs.String(), "closed its standard output") {
+		t.Errorf("the log does not say the worker closed its standard output")
+	}
+}
+
+// A message deleted while its worker runs it leaves nothing to write: the
+// dispatcher's guarded writes find no row, and the pipeline goes on.
+func TestAMessageDeletedWhileRunningIsForgottenAndThePipelineGoesOn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", "a=sleep:1500+answer:0 >done", "a=sleep:1500+done")
+	d := e.start()
+	waitFor(t, 15*time.Second, "both messages running", func() (bool, string) {
+		c, _ := e.counts()
+		return c["running"] == 2, fmtCounts(c)
+	})
+	if _, err := e.db.Exec(context.Background(), "DELETE FROM pepsi.queue WHERE ingress_id = ANY($1)", ids); err != nil {
+		t.Fatal(err)
+	}
+	after := e.insert("a", "a=done")
+	e.waitCounts(30*time.Second, map[string]int{"done": 1})
+	d.stopClean()
+	e.expectRow(after[0], "done", "a", "")
+}
+
+// A database whose PEPSI schema is older than the binary is refused at start,
+// naming the version it needs and saying to migrate. (There is one migration
+// so far, so "older" is version 0: the version table is there, its rows not.)
+func TestAnOlderSchemaIsRefusedWithExitFourSayingToMigrate(t *testing.T) {
+	t.Parallel()
+	e := newEnvAt(t, pgtest.NewMigrated(t), stages(1, 4, "a"))
+	if _, err := e.db.Exec(context.Background(),
+		"DELETE FROM pepsi.schema_migrations WHERE version = (SELECT max(version) FROM pepsi.schema_migrations)"); err != nil {
+		t.Fatal(err)
+	}
+	var want int
+	if err := e.db.QueryRow(context.Background(), "SELECT count(*) + 1 FROM pepsi.schema_migrations").Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start()
+	code, err := d.wait(20 * time.Second)
+	if code != dispatch.ExitFatal || err == nil || !strings.Contains(err.Error(), "run pepsi-queue migrate") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("version %d", want)) {
+		t.Errorf("exit %d, err %v; want exit %d and an error naming the versions and saying to run pepsi-queue migrate",
+			code, err, dispatch.ExitFatal)
+	}
+}
