@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/writelog"
 )
 
@@ -315,4 +318,56 @@ func TestStandbyTakesOverFromABlackHoledDispatcherAndNoMessageIsWrittenByBoth(t 
 	if byB == 0 {
 		t.Errorf("B's workers wrote nothing: the takeover was not exercised")
 	}
+}
+
+// After losing its lock, a dispatcher may find the lock held by its own
+// earlier session, cut off by the network and not yet ended by the server (it
+// waits 40 s: pgqueue.BoundSilence). Here a stand-in session with the
+// dispatcher's application_name queues for the lock before the dispatcher's
+// lock backend is ended, so it holds the lock when the dispatcher asks again.
+// The dispatcher ends it and carries on, instead of exiting 3 ("another
+// dispatcher is running") because of itself.
+func TestARestartedDispatcherEndsItsOwnStaleLockSession(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	c := e.conn()
+	d := e.start()
+	e.insert("a", "a=done")
+	e.waitCounts(15*time.Second, map[string]int{"done": 1})
+
+	cfg, err := pgx.ParseConfig(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = pgqueue.AppName()
+	stale, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close(context.Background())
+	var stalePID int32
+	if err := stale.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&stalePID); err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan error, 1)
+	go func() {
+		_, err := stale.Exec(context.Background(), "SELECT pg_advisory_lock($1)", pgqueue.LockKey)
+		granted <- err
+	}()
+	waitFor(t, 10*time.Second, "the stand-in session to wait for the lock", func() (bool, string) {
+		n := e.scalar(`SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, stalePID)
+		return n == 1, fmt.Sprintf("%d waiting", n)
+	})
+	if n := e.terminate(c, lockBackend); n != 1 {
+		t.Fatalf("ended %d lock backends; want 1", n)
+	}
+	if err := <-granted; err != nil {
+		t.Fatalf("the stand-in session did not get the lock: %v", err)
+	}
+	waitFor(t, 20*time.Second, "the dispatcher to end the stale session and hold the lock again", func() (bool, string) {
+		return len(d.logs.lines("own earlier session")) >= 1 && len(d.logs.lines("holding the dispatcher lock")) == 2, "not yet"
+	})
+	e.insert("a", "a=done")
+	e.waitCounts(15*time.Second, map[string]int{"done": 2})
+	d.stopClean()
 }
