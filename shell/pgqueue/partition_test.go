@@ -4,122 +4,30 @@ import (
 	"context"
 	"net"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/shell/netfault"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
-// proxy forwards TCP connections to PostgreSQL and can freeze: it then holds
-// every byte in both directions without closing anything, as a network
-// partition does (no reset, no error, just silence).
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	thaw  chan struct{} // nil while not frozen; closed by unfreeze
-	conns []net.Conn
-}
-
-func startProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target}
-	go p.accept()
-	t.Cleanup(func() {
-		p.unfreeze()
-		_ = ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-	})
-	return p
-}
-
-func (p *proxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		go p.pipe(client, server)
-		go p.pipe(server, client)
-	}
-}
-
-func (p *proxy) pipe(src, dst net.Conn) {
-	defer src.Close()
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.gate()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return // EOF or a closed connection: close the other side too
-		}
-	}
-}
-
-// gate blocks while the proxy is frozen.
-func (p *proxy) gate() {
-	p.mu.Lock()
-	thaw := p.thaw
-	p.mu.Unlock()
-	if thaw != nil {
-		<-thaw
-	}
-}
-
-func (p *proxy) freeze() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.thaw == nil {
-		p.thaw = make(chan struct{})
-	}
-}
-
-func (p *proxy) unfreeze() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.thaw != nil {
-		close(p.thaw)
-		p.thaw = nil
-	}
-}
-
-// viaProxy returns a config for url that connects through a new proxy.
-func viaProxy(t *testing.T, url string) (*pgx.ConnConfig, *proxy) {
+// viaProxy returns a config for url that connects through a new netfault
+// proxy, which the test can black-hole: a silent partition.
+func viaProxy(t *testing.T, url string) (*pgx.ConnConfig, *netfault.Proxy) {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
-	addr := p.ln.Addr().(*net.TCPAddr)
-	cfg.Host, cfg.Port, cfg.Fallbacks = "127.0.0.1", uint16(addr.Port), nil
+	p, err := netfault.Start(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg.Host, cfg.Port, cfg.Fallbacks = "127.0.0.1", uint16(p.Port()), nil
 	return cfg, p
 }
 
@@ -148,9 +56,9 @@ func TestListenNoticesASilentPartition(t *testing.T) {
 	}
 	r.expect(t, pgqueue.Notified, "after idle checks on a healthy connection, then an insert")
 
-	p.freeze()
+	p.BlackHole()
 	r.expect(t, pgqueue.Down, "after the network went silent")
-	p.unfreeze()
+	p.Heal()
 	r.expect(t, pgqueue.Up, "after the network healed")
 	if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 		t.Fatal(err)
@@ -175,7 +83,7 @@ func TestLockIsLostOnASilentPartition(t *testing.T) {
 		t.Fatalf("Lost closed on a healthy connection: %v", l.Err())
 	default:
 	}
-	p.freeze()
+	p.BlackHole()
 	select {
 	case <-l.Lost():
 	case <-time.After(waitFor):
