@@ -69,12 +69,19 @@ func Read(ctx context.Context, db DB, after int64) ([]Write, error) {
 	return ws, nil
 }
 
-// CheckOwnership proves that no worker wrote a message its own dispatcher did
-// not hold: walking each message's writes in order, a claim (pending ->
-// running) by dispatcher D makes D the owner, a reset (running -> pending) by
-// a dispatcher ends the ownership, and a write by a worker of dispatcher X
-// (workerOf maps the worker's application_name to X's) is allowed only while
-// X owns the row. It returns the violations, each with the message's history.
+// CheckOwnership proves that no message was written on behalf of a dispatcher
+// that did not hold it. Walking each message's writes in order:
+//
+//   - a claim (pending -> running) by dispatcher D makes D the owner;
+//   - a reset (running -> pending at the same stage) by a dispatcher ends the
+//     ownership (start-up and orphan resets, requeues of a stage's own advance);
+//   - a wake (paused -> pending) needs no owner;
+//   - any other write of a running row, by a worker of dispatcher X (workerOf
+//     maps the worker's application_name to X's) or by dispatcher X itself
+//     (a transition a stage answered, a failure, a timeout), is allowed only
+//     while X owns the row.
+//
+// It returns the violations, each with the message's history.
 func CheckOwnership(writes []Write, workerOf map[string]string) []string {
 	byID := map[int64][]Write{}
 	var ids []int64
@@ -89,12 +96,17 @@ func CheckOwnership(writes []Write, workerOf map[string]string) []string {
 		owner := ""
 		for _, w := range byID[id] {
 			dispatcher, isWorker := workerOf[w.App]
+			if !isWorker {
+				dispatcher = w.App
+			}
 			switch {
 			case !isWorker && w.OldStatus == "pending" && w.NewStatus == "running":
 				owner = w.App
-			case !isWorker && w.OldStatus == "running" && w.NewStatus == "pending":
+			case !isWorker && w.OldStatus == "running" && w.NewStatus == "pending" && w.OldStage == w.NewStage:
 				owner = ""
-			case isWorker && dispatcher != owner:
+			case w.OldStatus != "running":
+				// wakes, and writes of rows no dispatcher holds (tools, tests)
+			case dispatcher != owner:
 				var hist []string
 				for _, h := range byID[id] {
 					hist = append(hist, h.String())

@@ -18,4 +18,14 @@ func TestCheckOwnershipCatchesAWriteByAWorkerWhoseDispatcherLostTheRow(t *testin
 	if bad := CheckOwnership(late, workers); len(bad) != 1 {
 		t.Errorf("A's worker wrote a row B held, and %d violations were found; want 1", len(bad))
 	}
+	// A dispatcher writing a transition its stage answered, for a row another
+	// dispatcher holds, is caught as well.
+	w2 := func(app, from, to, fromStage, toStage string) Write {
+		return Write{ID: 1, App: app, OldStatus: from, NewStatus: to, OldStage: fromStage, NewStage: toStage}
+	}
+	answered := []Write{w2("A", "pending", "running", "a", "a"), w2("A", "running", "pending", "a", "b"),
+		w2("B", "pending", "running", "b", "b"), w2("A", "running", "done", "b", "b")}
+	if bad := CheckOwnership(answered, workers); len(bad) != 1 {
+		t.Errorf("A wrote a transition of a row B held, and %d violations were found; want 1", len(bad))
+	}
 }
