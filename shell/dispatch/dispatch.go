@@ -131,19 +131,22 @@ func Run(ctx context.Context, o Options) (int, error) {
 // attempt wait for its connect timeout instead).
 const lockRetryMax = 250 * time.Millisecond
 
-// staleEndsMax bounds how often one acquire ends a stale session of this process
-// that holds the lock, before it counts the lock as held.
+// staleEndsMax bounds how often one acquire asks again after finding the lock
+// held by a session that has just gone or by a stale session of this process
+// (which it ends), before it counts the lock as held.
 const staleEndsMax = 3
 
 // acquire takes the dispatcher lock: at once, or waiting as a standby. Connection
 // failures are retried with backoff (the database may be starting); a lock held by
 // someone else is final unless standby.
 //
-// After a lost lock (restarted), the holder may be this very process: its old
-// lock session, cut off by a silent network, which the server has not ended yet
-// (it waits minutes, or pgqueue.BoundSilence's bound). acquire ends that session
-// (pg_terminate_backend) and asks again, instead of refusing to run or waiting
-// for the server to notice.
+// A holder that has gone by the time it is looked up (HeldError with no pid)
+// was a session that was ending: acquire asks again, a few times, rather than
+// refuse to run. After a lost lock (restarted), the holder may be this very
+// process: its old lock session, cut off by a silent network, which the server
+// has not ended yet (it waits minutes, or pgqueue.BoundSilence's bound).
+// acquire ends that session (pg_terminate_backend) and asks again, instead of
+// refusing to run or waiting for the server to notice.
 func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -173,6 +176,18 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 			return lock, 0, nil
 		}
 		var held *pgqueue.HeldError
+		if errors.As(err, &held) && held.PID == 0 && staleEnds < staleEndsMax {
+			// The holder was gone by the time it was looked up: a session that
+			// was ending (often this process's own, after a reset). Ask again.
+			staleEnds++
+			log.Info("the dispatcher lock's holder has just gone; asking again")
+			select {
+			case <-time.After(probeMin):
+			case <-ctx.Done():
+				return nil, ExitOK, nil
+			}
+			continue
+		}
 		if errors.As(err, &held) && restarted && staleEnds < staleEndsMax &&
 			held.ApplicationName == pgqueue.AppName() && cfg.RuntimeParams["application_name"] == pgqueue.AppName() {
 			staleEnds++
