@@ -7,7 +7,7 @@
 //	dispatcher SIGKILL    -> the standby's first claim
 //	PostgreSQL restart    -> throughput back to half its earlier rate
 //	                         (from when the server accepts connections again)
-//	healed black hole     -> the first message a worker finishes afterwards
+//	healed black hole     -> the first stage pass finished afterwards
 //
 // Times come from a write log (shell/writelog: a trigger stamping every queue
 // write with clock_timestamp()), so they are the server's own. At the end
@@ -637,6 +637,8 @@ func (c *chaos) standbyTakeover(ctx context.Context) (time.Duration, error) {
 // average quarter second before the restart.
 func (c *chaos) pgRestart(ctx context.Context) (time.Duration, error) {
 	const window = 250 * time.Millisecond
+	// Let a burst of an earlier fault drain, so the earlier rate is the feed's.
+	time.Sleep(3 * time.Second)
 	var before int
 	err := c.db.QueryRow(ctx, `SELECT count(*) FROM public.queue_writes
 		WHERE new_status = 'done' AND at > clock_timestamp() - interval '2 seconds'`).Scan(&before)
@@ -685,7 +687,7 @@ func (c *chaos) pgRestart(ctx context.Context) (time.Duration, error) {
 }
 
 // blackHole silences the network between the pipeline and PostgreSQL for
-// c.blackhole, heals it, and measures until a worker finishes a message.
+// c.blackhole, heals it, and measures until a stage pass is finished.
 func (c *chaos) blackHole(ctx context.Context) (time.Duration, error) {
 	c.proxy.BlackHole()
 	time.Sleep(c.blackhole)
@@ -696,9 +698,10 @@ func (c *chaos) blackHole(ctx context.Context) (time.Duration, error) {
 	}
 	c.proxy.Heal()
 	healed := time.Now()
-	w, err := c.awaitWrite(ctx, seq, 60*time.Second, "message finished after healing", func(w writelog.Write) bool {
-		return strings.HasPrefix(w.App, "worker-") && w.At.After(healed) &&
-			(w.NewStatus == "done" || w.NewStage != w.OldStage)
+	// A stage pass finished: written by the worker, or by its dispatcher for an
+	// answered transition; claims and resets change neither stage nor end a row.
+	w, err := c.awaitWrite(ctx, seq, 60*time.Second, "stage pass finished after healing", func(w writelog.Write) bool {
+		return w.At.After(healed) && w.OldStatus == "running" && (w.NewStatus == "done" || w.NewStage != w.OldStage)
 	})
 	if err != nil {
 		return 0, err
