@@ -201,6 +201,24 @@ type SetTimer struct {
 	At time.Time
 }
 
+// Rest declares the dispatcher waiting: the core has nothing to claim and is about
+// to rely on NOTIFY ingress for new rows. The shell takes the gate (an advisory
+// lock, pgqueue.GateKey) exclusively on its own connection and keeps it until
+// Busy. Taking it waits for every producer transaction that saw the gate free
+// (and so did not notify) to end; while the gate is held or asked for, every
+// producer notifies. Answered by Resting once the lock is granted (or with Err
+// when it could not be taken). Ordering: nothing need be durable before it; but
+// the core relies on notifications only after Resting, and its first claim sent
+// after Resting (the last look) sees every row of every producer that did not
+// notify (docs/durability.md, "Notifications only when the dispatcher waits").
+type Rest struct{}
+
+// Busy declares the dispatcher busy: the shell releases the gate, and producers
+// stop notifying. Not answered. Ordering: none; the core sends it only after a
+// claim that found rows, and before it relies on notifications again it sends
+// Rest and looks once more.
+type Busy struct{}
+
 // Log is a line for the operator about a decision the core took (a crash, a
 // timeout, a cooldown). Level is "info", "warn" or "error".
 type Log struct {
@@ -226,6 +244,8 @@ func (Stop) isCommand()         {}
 func (Kill) isCommand()         {}
 func (SetTimer) isCommand()     {}
 func (Log) isCommand()          {}
+func (Rest) isCommand()         {}
+func (Busy) isCommand()         {}
 func (Exit) isCommand()         {}
 
 // IsQueue reports whether c is a queue command, executed in the step's transaction.
@@ -283,6 +303,8 @@ func (c Stop) String() string     { return fmt.Sprintf("stop %s", c.Worker) }
 func (c Kill) String() string     { return fmt.Sprintf("kill %s", c.Worker) }
 func (c SetTimer) String() string { return "timer " + formatTime(c.At) }
 func (c Log) String() string      { return fmt.Sprintf("log %s %q", c.Level, c.Msg) }
+func (Rest) String() string       { return "rest" }
+func (Busy) String() string       { return "busy" }
 func (c Exit) String() string     { return fmt.Sprintf("exit %d", c.Code) }
 
 func formatIDs(ids []int64) string {

@@ -46,6 +46,27 @@ const (
 	IdleFlushMin = 1 * time.Second
 	// startFailsMax bounds the memory of failed starts per message.
 	startFailsMax = 10000
+	// RestAfter: the core declares itself waiting (Rest) once it has had nothing
+	// to claim, nothing to write and no transaction outstanding for this long
+	// since its last claim. Until then producers do not notify, and a row they
+	// commit waits at most this long (plus the rest handshake) for the last
+	// look; a pipeline that claims more often than this never makes a producer
+	// notify.
+	RestAfter = 2 * time.Millisecond
+	// RestRetryMin and RestRetryMax bound the pause before the core asks for the
+	// gate again after it could not be taken (it doubles each time); the core
+	// looks for work each time it fails, so no row waits longer than that.
+	RestRetryMin = 10 * time.Millisecond
+	RestRetryMax = 1 * time.Second
+)
+
+// gateState is where the core stands with the gate (see Rest and Busy).
+type gateState int
+
+const (
+	gateAwake   gateState = iota // busy: producers do not notify; the core will look again
+	gateAsking                   // Rest sent, Resting not yet back
+	gateResting                  // the gate is held: every producer notifies
 )
 
 type workerState int
@@ -144,6 +165,13 @@ type Core struct {
 	startFails map[int64]int
 
 	health health // the queue table's health (vacuum.go)
+	// gate: whether the dispatcher counts as waiting (see Rest). lastClaim is
+	// when the core last sent a Claim; restRetryAt, after a failed Rest, when it
+	// may ask again, and restRetry the pause after the next failure.
+	gate        gateState
+	lastClaim   time.Time
+	restRetryAt time.Time
+	restRetry   time.Duration
 
 	shutdown   int // 0 running, 1 graceful, 2 immediate
 	waitLogged bool
@@ -188,6 +216,7 @@ func (c *Core) Step(now time.Time, evs ...Event) []Command {
 		c.inspectDue()
 		c.assign()
 		c.queueWork()
+		c.rest()
 		c.finish()
 		c.setTimer()
 	}
@@ -211,11 +240,35 @@ func (c *Core) apply(ev Event) {
 		c.wakeDue = true
 		c.lastPoll = c.now
 		c.lastFlush = c.now
+		c.lastClaim = c.now
 		c.carry = e.Carry
 		c.setMaybeMore()
 	case Ingress:
 		c.ingressGen++
 		c.setMaybeMore()
+	case Resting:
+		assert(c.gate == gateAsking, "Resting without a Rest outstanding")
+		if e.Err != "" {
+			c.gate = gateAwake
+			c.restRetry = min(max(2*c.restRetry, RestRetryMin), RestRetryMax)
+			c.restRetryAt = c.now.Add(c.restRetry)
+			c.logf("warn", "cannot take the gate to wait for notifications; looking for work and asking again in %s: %s", c.restRetry, e.Err)
+		} else {
+			c.gate = gateResting
+			c.restRetry = 0
+		}
+		// The last look: every producer that did not notify has committed (or
+		// the gate failed and no one notifies), so the next claim, sent after
+		// this, must cover every stage.
+		c.ingressGen++
+		c.setMaybeMore()
+	case RestLost:
+		if c.gate == gateResting {
+			c.gate = gateAwake
+			c.logf("warn", "the gate's connection died: producers stopped notifying; looking for work")
+			c.ingressGen++
+			c.setMaybeMore()
+		}
 	case Tick:
 	case Shutdown:
 		c.beginShutdown()
@@ -613,6 +666,12 @@ func (c *Core) claimed(e Claimed) {
 		return
 	}
 	c.epoch = e.Epoch
+	if len(e.Rows) > 0 && c.gate == gateResting {
+		// Work: the core will claim again as it resolves it, so producers need
+		// not notify until it rests again.
+		c.gate = gateAwake
+		c.emit(Busy{})
+	}
 	got := map[string]int{}
 	for _, r := range e.Rows {
 		st := c.byName[r.Stage]
@@ -960,6 +1019,7 @@ func (c *Core) queueWork() {
 		if len(caps) > 0 {
 			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps})
 			c.claimGen = c.ingressGen
+			c.lastClaim = c.now
 		}
 	}
 	if f, ok := c.flushDue(idle); ok {
@@ -970,6 +1030,33 @@ func (c *Core) queueWork() {
 		c.emit(cmd)
 	}
 	c.txn = txn
+}
+
+// restReady reports whether the core has nothing to do with the queue until
+// something happens: nothing to write, nothing outstanding, nothing it would
+// claim. Then it may declare itself waiting, RestAfter after its last claim.
+func (c *Core) restReady() bool {
+	return c.gate == gateAwake && c.resetDone && c.shutdown == 0 && !c.dbDown &&
+		len(c.txn) == 0 && len(c.owed) == 0 && c.unflushed == nil
+}
+
+// restAt is when the core may send Rest, once restReady.
+func (c *Core) restAt() time.Time {
+	at := c.lastClaim.Add(RestAfter)
+	if c.restRetryAt.After(at) {
+		at = c.restRetryAt
+	}
+	return at
+}
+
+// rest declares the dispatcher waiting when it has had nothing to do with the
+// queue for RestAfter (see Rest). queueWork ran first: a step that claims or
+// writes leaves a transaction outstanding, so the core does not rest then.
+func (c *Core) rest() {
+	if c.restReady() && !c.now.Before(c.restAt()) {
+		c.gate = gateAsking
+		c.emit(Rest{})
+	}
 }
 
 // flushDue returns the statistics flush to send now, if any: a lost one again, or
@@ -1089,6 +1176,9 @@ func (c *Core) setTimer() {
 		if st.coolingDown(c.now) && (len(st.backlog) > 0 || st.maybeMore) {
 			at(st.cooldownUntil)
 		}
+	}
+	if c.restReady() {
+		at(c.restAt())
 	}
 	if c.hasDeltas() && !queueBlocked {
 		at(c.lastFlush.Add(c.cfg.StatsInterval))

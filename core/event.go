@@ -47,6 +47,17 @@ type Shutdown struct{}
 // command failed (and re-established LISTEN). Owed writes are retried only after it.
 type DatabaseUp struct{}
 
+// Resting is the answer to Rest: the gate is held (Err empty), so from now on
+// every producer notifies, and every producer that did not has ended. With Err,
+// the gate could not be taken and the dispatcher still counts as busy.
+type Resting struct {
+	Err string
+}
+
+// RestLost reports that the gate's connection died while the gate was held:
+// PostgreSQL released the lock, so producers may have stopped notifying.
+type RestLost struct{}
+
 // WorkerStarted reports that a Spawn succeeded: the process runs with this PID.
 type WorkerStarted struct {
 	Worker WorkerID
@@ -150,6 +161,8 @@ func (Resolved) isEvent()      {}
 func (Woken) isEvent()         {}
 func (OrphansReset) isEvent()  {}
 func (Flushed) isEvent()       {}
+func (Resting) isEvent()       {}
+func (RestLost) isEvent()      {}
 
 func (e Start) String() string {
 	s := "start"
@@ -162,6 +175,13 @@ func (Ingress) String() string    { return "ingress" }
 func (Tick) String() string       { return "tick" }
 func (Shutdown) String() string   { return "shutdown" }
 func (DatabaseUp) String() string { return "database-up" }
+func (e Resting) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("resting err=%q", e.Err)
+	}
+	return "resting"
+}
+func (RestLost) String() string { return "rest-lost" }
 func (e WorkerStarted) String() string {
 	return fmt.Sprintf("started %s pid=%d", e.Worker, e.PID)
 }

@@ -98,6 +98,9 @@ func (w *world) step(evs ...core.Event) []core.Command {
 				}
 			case core.Write:
 				w.held[c.Worker] = append(w.held[c.Worker], c.IDs...)
+			case core.Rest:
+				// A gate no producer holds: granted at once.
+				w.pending = append(w.pending, core.Resting{})
 			}
 			if core.IsQueue(cmd) {
 				txn = append(txn, cmd)
@@ -177,6 +180,13 @@ func (w *world) exit(wid core.WorkerID, code int, signal string) []core.Command 
 	w.held[wid] = nil
 	w.alive[wid] = false
 	return w.step(core.WorkerExited{Worker: wid, Code: code, Signal: signal})
+}
+
+// settle lets core.RestAfter pass with a Tick, so an idle core rests (the gate
+// is granted at once) and makes its last look.
+func (w *world) settle() []core.Command {
+	w.now = w.now.Add(core.RestAfter)
+	return w.step(core.Tick{})
 }
 
 // tick advances the clock to epoch+d and delivers a Tick.

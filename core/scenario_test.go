@@ -45,6 +45,7 @@ func TestStartResetsOrphansThenClaimsEveryStageInOneStatement(t *testing.T) {
 func TestIngressClaimsOnlyWhenNotifiedOrPolled(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0) // nothing pending: the claim returns less than the caps
+	w.settle()      // it waits for notifications: every producer notifies
 	w.q.Insert("a", 2)
 	none[core.Claim](t, w.tick(time.Second), "no claim without a notification before the heartbeat")
 	w.wantRow(1, "a", "pending")
@@ -61,6 +62,7 @@ func TestIngressClaimsOnlyWhenNotifiedOrPolled(t *testing.T) {
 func TestHeartbeatFindsWorkWhoseNotificationWasLost(t *testing.T) {
 	w := newWorld(t, threeStages)
 	cmds := w.start("a", 0)
+	cmds = append(cmds, w.settle()...) // it waits for notifications: every producer notifies
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(30 * time.Second)) {
 		t.Errorf("timer after start-up at %s, want the heartbeat at 30s (POLL_INTERVAL)", at.Sub(epoch))
 	}
@@ -74,6 +76,68 @@ func TestHeartbeatFindsWorkWhoseNotificationWasLost(t *testing.T) {
 	if wr := one[core.Write](t, cmds); !slices.Equal(wr.IDs, []int64{1}) {
 		t.Errorf("heartbeat handed out %v, want [1] (the row whose notification was lost)", wr.IDs)
 	}
+}
+
+// The gate (core.Rest, core.Busy): producers notify only while the dispatcher
+// waits, so before it relies on notifications the core takes the gate and looks
+// once more, and a row a producer committed without notifying is claimed then.
+func TestAnIdleCoreRestsAndLooksOnceMoreBeforeItReliesOnNotifications(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	// Before RestAfter has passed the core counts as busy: producers do not
+	// notify, and it asks for a tick to rest.
+	w.q.Insert("a", 1) // no notification: the dispatcher looked busy
+	cmds := w.tick(core.RestAfter / 2)
+	none[core.Rest](t, cmds, "no rest before RestAfter")
+	cmds = w.tick(core.RestAfter)
+	one[core.Rest](t, cmds)
+	// The harness grants the gate at once; the answer brings the last look, which
+	// finds the row, and the core declares itself busy again.
+	claim := one[core.Claim](t, cmds)
+	if indexOf(cmds, one[core.Rest](t, cmds)) > indexOf(cmds, claim) {
+		t.Errorf("the last look must come after the rest:\n%s", list(cmds))
+	}
+	one[core.Busy](t, cmds)
+	w.wantRow(1, "a", "running")
+}
+
+func TestARestingCoreStaysRestingWhenItsLastLookFindsNothing(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	cmds := w.settle()
+	one[core.Rest](t, cmds)
+	one[core.Claim](t, cmds)
+	none[core.Busy](t, cmds, "nothing found: it keeps waiting")
+	none[core.Rest](t, w.tick(time.Second), "already resting")
+	// A notification that brings work makes it busy.
+	w.q.Insert("b", 1)
+	cmds = w.step(core.Ingress{})
+	one[core.Claim](t, cmds)
+	one[core.Busy](t, cmds)
+}
+
+func TestAGateThatCannotBeTakenIsAskedForAgainAfterALook(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	w.at(core.RestAfter)
+	cmds := w.c.Step(w.now, core.Tick{})
+	one[core.Rest](t, cmds)
+	w.q.Insert("a", 1)
+	cmds = w.step(core.Resting{Err: "connection refused"})
+	// No one notifies: the core looks now, and asks again later.
+	one[core.Claim](t, cmds)
+	none[core.Rest](t, cmds, "no second rest at once")
+	w.wantRow(1, "a", "running")
+}
+
+func TestALostGateMakesTheCoreLookAgain(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	w.settle()
+	w.q.Insert("c", 1) // the gate's connection died: producers stopped notifying
+	cmds := w.step(core.RestLost{})
+	one[core.Claim](t, cmds)
+	w.wantRow(1, "c", "running")
 }
 
 // Proves: when an answer and a notification arrive in one Step, the answer frees its
@@ -227,6 +291,7 @@ func TestIdleWorkersAreStoppedAfterIdleTimeout(t *testing.T) {
 	w.start("a", 1)
 	w.at(time.Second)
 	cmds := w.finish(1)
+	cmds = append(cmds, w.settle()...) // the core rests first (RestAfter)
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(6 * time.Second)) {
 		t.Errorf("timer after w1 went idle at 1s: %s, want 6s (WORKER_IDLE_TIMEOUT later)", at.Sub(epoch))
 	}
@@ -283,6 +348,7 @@ func TestProgramThatCannotStartIsHeldOffWithCooldown(t *testing.T) {
 	sp := one[core.Spawn](t, cmds)
 	cmds = w.step(core.SpawnFailed{Worker: sp.Worker, Err: "exec: \"b\": executable file not found in $PATH"})
 	none[core.Spawn](t, cmds, "respawned during the cooldown")
+	cmds = append(cmds, w.settle()...) // the core rests first (RestAfter)
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(core.CooldownMin)) {
 		t.Errorf("timer after the failed spawn at %s, want %s (end of the cooldown)", at.Sub(epoch), core.CooldownMin)
 	}
@@ -366,6 +432,7 @@ func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
 	w.tick(30 * time.Second)        // heartbeat: a wake that finds nothing due
 	cmds := w.tick(60 * time.Second)
 	w.wantRow(1, "a", "paused")
+	cmds = append(cmds, w.settle()...) // the core rests first (RestAfter)
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(70 * time.Second)) {
 		t.Errorf("timer after the 60s heartbeat at %s, want the paused timeout at 70s", at.Sub(epoch))
 	}
@@ -481,6 +548,7 @@ func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
 	none[core.Kill](t, w.tick(300*time.Second), "timed from dispatch instead of from the head")
 	cmds := w.tick(399 * time.Second)
 	none[core.Kill](t, cmds, "killed before MAX_RUNTIME at the head")
+	cmds = append(cmds, w.settle()...) // the core rests first (RestAfter)
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(400 * time.Second)) {
 		t.Errorf("timer at %s, want 400s (message 2 reached the head at 100s, MAX_RUNTIME 300s)", at.Sub(epoch))
 	}
@@ -572,6 +640,7 @@ func TestMessagesOfAWorkerThatCouldNotStartAreRetriedWhenTheCooldownEnds(t *test
 	w.start("b", 1)
 	w.at(1500 * time.Millisecond)
 	cmds := w.exit(1, 1, "")
+	cmds = append(cmds, w.settle()...)
 	w.wantRow(1, "b", "pending")
 	// Requeued rows are pending, and no notification will come for them: the core
 	// must ask for a tick when the cooldown ends, not wait for the heartbeat.
@@ -593,6 +662,7 @@ func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testin
 	sp := one[core.Spawn](t, w.start("b", 2))
 	w.at(1500 * time.Millisecond)
 	cmds := w.step(core.SpawnFailed{Worker: sp.Worker, Err: "exec: \"b\": executable file not found in $PATH"})
+	cmds = append(cmds, w.settle()...)
 	for _, id := range []int64{1, 2} {
 		if it := itemFor(t, cmds, id); it.Verdict != core.Requeue {
 			t.Errorf("claimed row %d of a stage that cannot start: %v, want pending", id, it)
@@ -824,6 +894,7 @@ func TestIdleFlushHappensAtMostOnceASecond(t *testing.T) {
 	w.at(1800 * time.Millisecond)
 	cmds := w.finish(1) // idle again 0.3s after the last flush
 	none[core.Flush](t, cmds, "a second idle flush within a second")
+	cmds = append(cmds, w.settle()...) // the core rests first (RestAfter)
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(2500 * time.Millisecond)) {
 		t.Errorf("timer after going idle at 1.8s: %s, want 2.5s (a second after the 1.5s flush)", at.Sub(epoch))
 	}
@@ -1034,6 +1105,7 @@ func TestAnsweredDoneAndPauseAreWrittenStraightToWhatTheRowBecomes(t *testing.T)
 		t.Fatalf("item %v, want a pause until %s", it, want)
 	}
 	w.wantRow(2, "a", "paused")
+	cmds = append(cmds, w.settle()...)
 	// The core learnt the timeout from the outcome and wakes it then.
 	if timer := of[core.SetTimer](cmds); len(timer) == 0 || !timer[len(timer)-1].At.Equal(it.Until) {
 		t.Fatalf("want a timer at the answered timeout %s:\n%s", it.Until, list(cmds))

@@ -129,6 +129,11 @@ type model struct {
 	lastInspected *core.Inspected
 	inspectedNow  *core.Inspected
 	vacuumedNow   bool // the step's commands include a Vacuum
+	// unnotified: rows whose producer did not notify (the gate was free: the
+	// dispatcher counted as busy), with when they committed (or were last
+	// excused), until the core claims their stage or looks after taking the gate.
+	unnotified map[int64]time.Time
+	resting    bool // the core holds the gate as far as it knows (Resting, no Busy since)
 
 	// Of every life.
 	claimGen []int // per row (id-1): how many times a claim took it
@@ -155,11 +160,54 @@ func (w *world) newLifeModel() {
 	m.inspectSent, m.vacuumSent = time.Time{}, time.Time{}
 	m.told = make([]bool, len(w.sc.stages))
 	m.claimCaps, m.toldInTxn = nil, false
+	m.unnotified, m.resting = map[int64]time.Time{}, false
 	t := &truth{stages: map[string]*core.StageDelta{}, carried: &truth{stages: map[string]*core.StageDelta{}}}
 	if len(m.startCarry) > 0 {
 		t.carriedFrom = len(m.truths)
 	}
 	m.truths = append(m.truths, t)
+}
+
+// lookAll records that the core must look at every stage now, and so answers
+// for every row committed without a notification so far (the promptness
+// obligation takes over).
+func (w *world) lookAll() {
+	w.tellAll()
+	if w.claimCaps != nil {
+		w.toldInTxn = true
+	}
+	clear(w.unnotified)
+}
+
+// gateBound is how long a row committed without a notification may stay
+// pending, at a stage with room, before the core either claims its stage or
+// takes the gate and looks: core.RestAfter, the wait for producers still
+// holding the gate (up to 100 ms here), transactions retried after 40001, and
+// the gate's round trips. Far below any POLL_INTERVAL the scenarios draw.
+const gateBound = 500 * time.Millisecond
+
+// checkGate holds the rule "no message waits for the heartbeat": a row whose
+// producer did not notify is claimed, or its stage claimed, or the core takes
+// the gate and looks, within gateBound. While the core cannot claim the stage
+// (no room, a cooldown, the database down, a shutdown) the clock restarts.
+func (w *world) checkGate() {
+	for _, id := range sortedKeys(w.unnotified) {
+		r, _ := w.q.Get(id)
+		s, ok := w.stageOf(r.Stage)
+		if r.Status != "pending" || !ok {
+			delete(w.unnotified, id)
+			continue
+		}
+		if w.coreDown || w.shut > 0 || w.coolingAt(s, w.now) || w.room(s, w.now) <= 0 {
+			w.unnotified[id] = w.now
+			continue
+		}
+		if since := w.now.Sub(w.unnotified[id]); since > gateBound {
+			w.violation("message row %d waits for the heartbeat: committed %s ago without NOTIFY (the dispatcher counted as busy), "+
+				"and since then the core neither claimed stage %s nor took the gate and looked", id, since, r.Stage)
+			return
+		}
+	}
 }
 
 // tellAll records that the core learnt rows may be pending at every stage.
@@ -197,6 +245,17 @@ func (w *world) modelEvent(ev core.Event) {
 		if w.claimCaps != nil {
 			// Rows may have come after the outstanding claim looked.
 			w.toldInTxn = true
+		}
+	case core.Resting:
+		// The last look: every producer that did not notify has committed, so
+		// the core must claim every stage with room in this step. (A gate it
+		// could not take means no one notifies: it must look all the same.)
+		w.resting = e.Err == ""
+		w.lookAll()
+	case core.RestLost:
+		if w.resting {
+			w.resting = false
+			w.lookAll()
 		}
 	case core.Shutdown:
 		w.shut++
@@ -528,6 +587,16 @@ func (w *world) modelCommands(cmds []core.Command) {
 		case core.Claim:
 			w.checkClaim(x)
 			w.claimCaps, w.toldInTxn = x.Caps, false
+			for _, id := range sortedKeys(w.unnotified) {
+				r, _ := w.q.Get(id)
+				for _, cp := range x.Caps {
+					if cp.Stage == r.Stage {
+						delete(w.unnotified, id)
+					}
+				}
+			}
+		case core.Busy:
+			w.resting = false
 		case core.Wake:
 			if x.Now.After(w.now) {
 				w.violation("%s wakes rows due by %s, later than now (%s)", x, x.Now.Sub(epoch), w.offset())
@@ -912,6 +981,9 @@ func (w *world) checkTimely() {
 	}
 	if w.shut == 0 && !w.inspectOut && w.now.Sub(w.inspectSent) > core.InspectInterval {
 		w.violation("the queue's health was last asked for %s ago, InspectInterval %s", w.now.Sub(w.inspectSent), core.InspectInterval)
+		return
+	}
+	if w.checkGate(); w.fail != nil {
 		return
 	}
 	if !w.txnOut && !w.coreDown && w.shut == 0 && w.unflushed() {

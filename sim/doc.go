@@ -97,6 +97,16 @@
 //   - what a spawn cooldown held back (a claim, a spawn) done when it ends
 //     [cooldown-timer-forgotten].
 //
+// The gate (core.Rest, core.Busy), checked whenever the clock moves: no message
+// waits for the heartbeat. Producers notify only while the dispatcher holds or
+// asks for the gate; a row committed without a notification must be claimed,
+// or its stage claimed, or the core must take the gate and look, within
+// gateBound (500 ms) while its stage has room [never-rests, lost-gate-ignored];
+// and the look after Resting is a promptness obligation like a NOTIFY
+// [rest-without-last-look]. Producers commit at random points of the
+// dispatcher's transition (transactions of 0 to 100 ms, holding the gate
+// shared); gates fail to be taken, and held gates lose their connection.
+//
 // Liveness, after the heal phase: every message final within a bounded time
 // (a late claim's orphans included [heartbeat-sweep-disabled]); and the
 // statistics exact, below.

@@ -164,6 +164,9 @@ type faults struct {
 	// babble: per mille of spawned workers that, once, write a status line when
 	// nothing is outstanding (a protocol error the core must act on at once).
 	babble int
+	// gateFail: per mille of the fault phase's Rests that cannot take the gate;
+	// gateLoss: per mille of granted gates whose connection dies later.
+	gateFail, gateLoss int
 	// lateClaim: per mille of the fault phase's claim transactions (claims and
 	// flushes only) whose reply is lost but which commit up to 3 s later, after
 	// the core has moved on: the rows they take are orphans until a reset.
@@ -361,6 +364,8 @@ func chooseFaults(c chooser, sc *Scenario) faults {
 	f.lateStart = 100 * c.intn("late_start", 0, 3)
 	f.babble = 50 * c.intn("babble", 0, 3)
 	f.lateClaim = 100 * c.intn("late_claim", 0, 3)
+	f.gateFail = 100 * c.intn("gate_fail", 0, 2)
+	f.gateLoss = 100 * c.intn("gate_loss", 0, 2)
 	for range max(0, c.intn("lock_losses", 0, 3)-1) {
 		f.lockLosses = append(f.lockLosses, millis(c.intn("lock_loss.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
 	}
@@ -395,7 +400,8 @@ func (sc *Scenario) String() string {
 	f := sc.faults
 	fmt.Fprintf(&b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
 		f.failBefore, f.failAfter, f.transient, f.lostNotify, f.slowStart)
-	fmt.Fprintf(&b, "# faults: late-start %d‰ babble %d‰ late-claim %d‰\n", f.lateStart, f.babble, f.lateClaim)
+	fmt.Fprintf(&b, "# faults: late-start %d‰ babble %d‰ late-claim %d‰ gate-fail %d‰ gate-loss %d‰\n",
+		f.lateStart, f.babble, f.lateClaim, f.gateFail, f.gateLoss)
 	for _, at := range f.lockLosses {
 		fmt.Fprintf(&b, "# faults: the dispatcher loses its lock at %s\n", at)
 	}

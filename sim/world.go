@@ -130,6 +130,19 @@ type world struct {
 	rFault *rand.Rand
 	// rVacuum draws for inspections and vacuums.
 	rVacuum *rand.Rand
+	// rGate draws the producers' transaction lengths and the gate's timing and
+	// faults (core.Rest, core.Busy).
+	rGate *rand.Rand
+
+	// The gate: the advisory lock the dispatcher takes exclusively to wait for
+	// notifications, and producers take shared when they do not notify (schema
+	// 4's trigger). gateWant: a Rest asked for it and waits for the sharers;
+	// gateGen numbers grants, so a connection loss drawn for one grant does not
+	// strike a later one. quiet: the insert in progress sends no NOTIFY.
+	gateHeld, gateWant bool
+	gateGen            int
+	sharers            int
+	quiet              bool
 
 	down     []window // database unreachable (outages and crashes), absolute offsets
 	healing  bool
@@ -199,6 +212,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rCrash:      rand.New(rand.NewPCG(sc.WorldSeed, 4)),
 		rFault:      rand.New(rand.NewPCG(sc.WorldSeed, 5)),
 		rVacuum:     rand.New(rand.NewPCG(sc.WorldSeed, 6)),
+		rGate:       rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 		lateClaimed: map[int64]int{},
 	}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
@@ -466,7 +480,7 @@ func (w *world) deliver(ev core.Event) func() {
 // notified is the fake queue's NOTIFY hook: the listener delivers Ingress a moment
 // later, unless the notification is lost or the connection is down.
 func (w *world) notified() {
-	if !w.running {
+	if !w.running || w.quiet {
 		return
 	}
 	if w.chance(w.rNotify, w.sc.faults.lostNotify) {
@@ -482,22 +496,105 @@ func (w *world) notified() {
 	})
 }
 
-// insert adds message i to the queue, as the ingress side does (it waits for the
-// database when it is down).
+// insert starts the producer transaction of message i, as the ingress side does
+// (it waits for the database when it is down). Its INSERT fires the trigger now:
+// while the gate is held or asked for, the producer will notify; otherwise it
+// holds the gate shared until it commits, a moment (or a long while) later.
 func (w *world) insert(i int) {
 	if w.dbDown() {
 		w.at(w.upAt(), 0, func() { w.insert(i) })
 		return
 	}
+	notify := w.gateHeld || w.gateWant
+	if !notify {
+		w.sharers++
+	}
+	var d time.Duration
+	switch r := w.rGate.IntN(10); {
+	case r < 3:
+	case r < 9:
+		d = w.randDur(w.rGate, 0, 5*time.Millisecond)
+	default:
+		d = w.randDur(w.rGate, 5*time.Millisecond, 100*time.Millisecond)
+	}
+	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, notify) })
+}
+
+// commitInsert commits message i's producer transaction: the row becomes
+// visible, the NOTIFY (if the trigger sent one) is delivered, and the shared
+// hold on the gate ends.
+func (w *world) commitInsert(i int, notify bool) {
+	if !notify {
+		w.unshare()
+	}
+	if w.dbDown() {
+		w.at(w.upAt(), 0, func() { w.insert(i) })
+		return
+	}
 	m := w.sc.messages[i]
+	w.quiet = !notify
 	ids := w.q.Insert(w.sc.stages[m.first].name, 1)
+	w.quiet = false
 	w.inserted++
 	w.msgOf = append(w.msgOf, i)
 	w.insertedAt = append(w.insertedAt, w.now)
 	w.tries = append(w.tries, make([]int, len(w.sc.stages)))
 	w.wrote = append(w.wrote, false)
 	w.claimGen = append(w.claimGen, 0)
-	w.note("ingress inserts message %d as row %d at %s", i, ids[0], w.sc.stages[m.first].name)
+	if notify {
+		w.note("ingress inserts message %d as row %d at %s", i, ids[0], w.sc.stages[m.first].name)
+		return
+	}
+	w.note("ingress inserts message %d as row %d at %s without NOTIFY (the dispatcher looked busy)", i, ids[0], w.sc.stages[m.first].name)
+	if w.running {
+		w.unnotified[ids[0]] = w.now
+	}
+}
+
+// unshare ends a producer's shared hold on the gate; the last one lets a Rest
+// waiting for it through.
+func (w *world) unshare() {
+	w.sharers--
+	if w.sharers == 0 && w.gateWant {
+		w.grant()
+	}
+}
+
+// rest executes core.Rest: the request reaches the server a moment later and
+// waits there for every producer holding the gate shared.
+func (w *world) rest() {
+	w.after(w.randDur(w.rGate, 100*time.Microsecond, 2*time.Millisecond), func() {
+		if w.dbDown() || w.chance(w.rGate, w.sc.faults.gateFail) {
+			w.note("the gate cannot be taken")
+			w.after(w.randDur(w.rGate, 0, 2*time.Millisecond), w.deliver(core.Resting{Err: "gate: connection refused"}))
+			return
+		}
+		w.gateWant = true
+		if w.sharers == 0 {
+			w.grant()
+			return
+		}
+		w.note("the rest waits for %d producers holding the gate", w.sharers)
+	})
+}
+
+// grant gives the gate to the current dispatcher and answers its Rest.
+func (w *world) grant() {
+	w.gateWant, w.gateHeld = false, true
+	w.gateGen++
+	gen := w.gateGen
+	w.note("the dispatcher holds the gate: producers notify")
+	w.after(w.randDur(w.rGate, 0, 2*time.Millisecond), w.deliver(core.Resting{}))
+	if w.chance(w.rGate, w.sc.faults.gateLoss) {
+		w.after(w.randDur(w.rGate, time.Millisecond, 5*time.Second), func() {
+			if !w.gateHeld || gen != w.gateGen || w.healing {
+				return
+			}
+			w.gateHeld = false
+			w.note("the gate's connection dies: producers stop notifying")
+			w.after(w.randDur(w.rGate, 0, 100*time.Millisecond), w.deliver(core.RestLost{}))
+		})
+	}
 }
 
 // ---- the dispatcher's lives ----
@@ -527,6 +624,8 @@ func (w *world) endLife(why string, exact bool, restart time.Duration) {
 		w.exec(t)
 	}
 	w.txn = nil
+	// The gate's connection dies with the process, and the lock with it.
+	w.gateHeld, w.gateWant = false, false
 	for _, id := range sortedKeys(w.procs) {
 		w.vanish(w.procs[id])
 	}
@@ -640,6 +739,10 @@ func (w *world) step() {
 		case core.Exit:
 			w.endLife(fmt.Sprintf("exit %d", x.Code), x.Code == 0, w.sc.restart)
 			return
+		case core.Rest:
+			w.rest()
+		case core.Busy:
+			w.gateHeld = false
 		case core.Log:
 		default:
 			if !core.IsQueue(cmd) {

@@ -350,6 +350,16 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 		return exitBeforeStart(restarted), false, nil
 	}
 
+	// The gate (core.Rest, core.Busy) on its own connection: its answers are
+	// events like a worker's.
+	gate := pgqueue.NewGate()
+	go gate.Run(sctx, pgcfg, log, func(ev core.Event) {
+		select {
+		case events <- ev:
+		case <-ended:
+		}
+	})
+
 	txnTimeout := o.TxnTimeout
 	if txnTimeout <= 0 {
 		txnTimeout = txnTimeoutDefault
@@ -423,6 +433,8 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 				go func() { offLoop(queue.Inspect(sctx, x)) }()
 			case core.Vacuum:
 				go func() { offLoop(queue.Vacuum(sctx, x)) }()
+			case core.Rest, core.Busy:
+				gate.Do(cmd)
 			case core.Log:
 				log.Log(sctx, level(x.Level), x.Msg)
 			case core.Exit:

@@ -162,6 +162,14 @@ var mutants = []mutant{
 		"if it.Verdict == Move && !o.Matched && !unsure {", "if it.Verdict == Move && !o.Matched && (!unsure || true) {"),
 	mut("answered-pass-not-processed", "a pass that answered its transition is not counted as processed",
 		"\tc.stat(name).Processed++\n\tc.passes++\n\tit := Item{", "\tc.passes++\n\tit := Item{"),
+	// The gate: producers notify only while the dispatcher waits.
+	mut("rest-without-last-look", "the core takes the gate and sleeps without looking once more",
+		"\t\tc.ingressGen++\n\t\tc.setMaybeMore()\n\tcase RestLost:",
+		"\t\tc.ingressGen++\n\tcase RestLost:"),
+	mut("never-rests", "the core never declares itself waiting, so producers never notify",
+		"return c.gate == gateAwake && c.resetDone &&", "return false && c.resetDone &&"),
+	mut("lost-gate-ignored", "a gate whose connection died still counts as held",
+		"\tcase RestLost:\n\t\tif c.gate == gateResting {", "\tcase RestLost:\n\t\tif false {"),
 	mut("fused-passes-dropped", "stages fused into a pass are not counted in stage_passes",
 		"\tc.passes += int64(len(s.Fused))\n", ""),
 	// Keeping the queue vacuumed.
