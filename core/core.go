@@ -666,6 +666,10 @@ func (c *Core) claimed(e Claimed) {
 		return
 	}
 	c.epoch = e.Epoch
+	if len(e.Rows) > 0 {
+		// RestAfter counts from the last claim that found work.
+		c.lastClaim = c.now
+	}
 	if len(e.Rows) > 0 && c.gate == gateResting {
 		// Work: the core will claim again as it resolves it, so producers need
 		// not notify until it rests again.

@@ -434,6 +434,7 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			case core.Vacuum:
 				go func() { offLoop(queue.Vacuum(sctx, x)) }()
 			case core.Rest, core.Busy:
+				log.Debug("gate", "command", cmd.String())
 				gate.Do(cmd)
 			case core.Log:
 				log.Log(sctx, level(x.Level), x.Msg)

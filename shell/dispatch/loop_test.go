@@ -79,7 +79,7 @@ func (e *env) allowConnections() func(bool) {
 
 // Backends of the dispatcher, as terminate selects them.
 const (
-	lockBackend     = `l.pid IS NOT NULL`
+	lockBackend     = `l.pid IS NOT NULL AND a.application_name NOT LIKE '% gate'`
 	listenerBackend = `a.query = 'LISTEN ingress'`
 )
 

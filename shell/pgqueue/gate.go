@@ -142,10 +142,21 @@ func (g *Gate) Run(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 	}
 }
 
-// gateConn connects for the gate within the connect timeout.
+// gateConn connects for the gate within the connect timeout. Its
+// application_name is the dispatcher's with " gate" appended, so an operator
+// (or a test) can tell it from the dispatcher lock's session.
 func gateConn(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, gateTiming.connectTimeout)
 	defer cancel()
+	config = config.Copy()
+	if config.RuntimeParams == nil {
+		config.RuntimeParams = map[string]string{}
+	}
+	name := config.RuntimeParams["application_name"]
+	if name == "" {
+		name = AppName()
+	}
+	config.RuntimeParams["application_name"] = name + " gate"
 	conn, err := pgx.ConnectConfig(ctx, config)
 	if err != nil {
 		return nil, fmt.Errorf("gate: connect: %w", err)

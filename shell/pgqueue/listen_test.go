@@ -107,6 +107,7 @@ func TestListenReportsIngressNotifications(t *testing.T) {
 	url := pgtest.NewMigrated(t)
 	r := startListener(t, url, "pgqueue-test-listener")
 	r.expect(t, pgqueue.Listening, "start")
+	holdGate(t, url) // a dispatcher waits: inserts notify
 	writer := pgtest.Connect(t, url)
 	if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a'), ('b')"); err != nil {
 		t.Fatal(err)
@@ -133,6 +134,7 @@ func TestListenReportsIngressNotifications(t *testing.T) {
 func TestListenReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
+	holdGate(t, url) // a dispatcher waits: inserts notify
 	const app = "pgqueue-test-reconnect"
 	r := startListener(t, url, app)
 	r.expect(t, pgqueue.Listening, "start")

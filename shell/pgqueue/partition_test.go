@@ -37,6 +37,7 @@ func viaProxy(t *testing.T, url string) (*pgx.ConnConfig, *netfault.Proxy) {
 func TestListenNoticesASilentPartition(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
+	holdGate(t, url) // a dispatcher waits: inserts notify
 	cfg, p := viaProxy(t, url)
 	notices := make(chan pgqueue.Notice, 100)
 	ctx, cancel := context.WithCancel(context.Background())

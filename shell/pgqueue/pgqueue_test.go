@@ -440,6 +440,7 @@ func TestWakeNotifiesIngressOnlyWhenItWokeRows(t *testing.T) {
 	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
 		t.Fatal(err)
 	}
+	holdGate(t, h.url) // a dispatcher waits: inserts notify
 	ids := h.Insert(t, "a", 1)
 	if n, err := listener.WaitForNotification(ctx); err != nil || n.Payload != "" {
 		t.Fatalf("insert notification = %v, %v; want one with an empty payload", n, err)

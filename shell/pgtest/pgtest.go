@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/ory/dockertest/v3"
 
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
 
@@ -149,4 +150,15 @@ func redact(s string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// HoldGate takes the gate (pgqueue.GateKey) exclusively on a connection of its
+// own for the rest of the test, as a dispatcher waiting for work does: from then
+// on every insert into pepsi.queue notifies ingress (schema 4).
+func HoldGate(t testing.TB, url string) {
+	t.Helper()
+	c := Connect(t, url)
+	if _, err := c.Exec(context.Background(), "SELECT pg_advisory_lock($1)", pgqueue.GateKey); err != nil {
+		t.Fatalf("take the gate: %v", err)
+	}
 }

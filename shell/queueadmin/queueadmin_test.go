@@ -49,6 +49,7 @@ func TestEnqueueInsertsPendingRowsInOrderAndNotifiesOnce(t *testing.T) {
 	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.HoldGate(t, url) // a dispatcher waits for work: the insert notifies
 	msgs := []queueadmin.NewMessage{
 		{Payload: []byte("first")},
 		{Payload: []byte{0, 255, '\n'}, State: json.RawMessage(`{"from": "test", "n": 2}`)},

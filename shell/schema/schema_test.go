@@ -47,6 +47,7 @@ func TestInsertNotifiesIngressOncePerStatement(t *testing.T) {
 	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.HoldGate(t, url) // a dispatcher waits for work: inserts notify
 	if _, err := writer.Exec(ctx, "INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 100)"); err != nil {
 		t.Fatal(err)
 	}

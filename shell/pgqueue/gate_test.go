@@ -1,0 +1,131 @@
+package pgqueue_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// holdGate takes the gate exclusively on a connection of its own, as a waiting
+// dispatcher does: from then on every insert notifies ingress.
+func holdGate(t *testing.T, url string) {
+	t.Helper()
+	c := pgtest.Connect(t, url)
+	if _, err := c.Exec(t.Context(), "SELECT pg_advisory_lock($1)", pgqueue.GateKey); err != nil {
+		t.Fatalf("take the gate: %v", err)
+	}
+}
+
+// notified reports whether conn (LISTENing on ingress) gets a notification
+// within wait.
+func notified(t *testing.T, conn *pgx.Conn, wait time.Duration) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	_, err := conn.WaitForNotification(ctx)
+	return err == nil
+}
+
+func TestAnInsertNotifiesOnlyWhileTheDispatcherHoldsTheGate(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	listener := pgtest.Connect(t, url)
+	writer := pgtest.Connect(t, url)
+	if _, err := listener.Exec(t.Context(), "LISTEN ingress"); err != nil {
+		t.Fatal(err)
+	}
+	insert := func() {
+		if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert()
+	if notified(t, listener, 300*time.Millisecond) {
+		t.Errorf("an insert while no dispatcher waits notified ingress; want no NOTIFY (the busy dispatcher looks again anyway)")
+	}
+	holdGate(t, url)
+	insert()
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("an insert while the dispatcher holds the gate did not notify ingress")
+	}
+	// A transaction at REPEATABLE READ sees the gate as it is, not as it was
+	// when its snapshot was taken: the lock is no MVCC state.
+	if _, err := writer.Exec(t.Context(), "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; INSERT INTO pepsi.queue (stage) VALUES ('a'); COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("a REPEATABLE READ insert while the dispatcher holds the gate did not notify ingress")
+	}
+}
+
+// The handshake: taking the gate waits for every producer that found it free
+// (and so will not notify) to commit; a producer that comes while the request
+// waits cannot take the gate shared, and notifies.
+func TestRestWaitsForProducersThatDidNotNotifyAndLaterOnesNotify(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := pgtest.Connect(t, url)
+	if _, err := listener.Exec(t.Context(), "LISTEN ingress"); err != nil {
+		t.Fatal(err)
+	}
+	slow := pgtest.Connect(t, url)
+	quick := pgtest.Connect(t, url)
+	if _, err := slow.Exec(t.Context(), "BEGIN; INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
+		t.Fatal(err)
+	}
+	gate := pgqueue.NewGate()
+	events := make(chan core.Event, 4)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); gate.Run(ctx, cfg, nil, func(ev core.Event) { events <- ev }) }()
+	defer func() { cancel(); <-done }()
+	gate.Do(core.Rest{})
+	select {
+	case ev := <-events:
+		t.Fatalf("the gate answered %v while a producer that found it free is still open; want it to wait", ev)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := quick.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
+		t.Fatal(err)
+	}
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("a producer that came while the dispatcher asked for the gate did not notify")
+	}
+	if _, err := slow.Exec(t.Context(), "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-events:
+		if ev != (core.Resting{}) {
+			t.Fatalf("gate answered %v, want resting", ev)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("the gate did not answer within %v of the last producer's commit", waitFor)
+	}
+	// Busy releases it: inserts stop notifying.
+	gate.Do(core.Busy{})
+	deadline := time.Now().Add(waitFor)
+	for {
+		var free bool
+		if err := quick.QueryRow(t.Context(), "SELECT pg_try_advisory_lock_shared($1)", pgqueue.GateKey).Scan(&free); err != nil {
+			t.Fatal(err)
+		}
+		if free {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gate is still held %v after Busy", waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
