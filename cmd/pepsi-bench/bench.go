@@ -108,6 +108,9 @@ type bench struct {
 	// (answer mode against a dispatcher without the "0 >TARGET" protocol); a
 	// refused mode is not run again.
 	refused map[mode]string
+
+	// ingestSeconds: how long each pgbench run of the ingest figure lasts (0: none).
+	ingestSeconds int
 }
 
 // round is what one side-by-side measurement found.
@@ -191,6 +194,10 @@ func (b *bench) run(ctx context.Context) error {
 			}
 			fmt.Fprintf(b.out, "latency, %s mode: %s\n", m, l)
 		}
+	}
+	if err := b.ingest(ctx); err != nil {
+		keep = true
+		return fmt.Errorf("ingest: %w", err)
 	}
 	return b.refusedError()
 }

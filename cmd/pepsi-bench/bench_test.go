@@ -65,9 +65,15 @@ func runBench(t *testing.T, bin string, args ...string) (string, int) {
 func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 	t.Parallel()
 	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-seconds", "1", "-clients", "2",
-		"-modes", "write", "-latency-rate", "50", "-latency-seconds", "1")
+		"-modes", "write", "-latency-rate", "50", "-latency-seconds", "1", "-ingest-seconds", "1")
 	if code != 0 {
 		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
+	}
+	for _, state := range []string{"idle", "busy"} {
+		ingest := regexp.MustCompile(`(?m)^  dispatcher ` + state + ` .*: no trigger [0-9]+ tps; schema-[0-9]+ trigger [0-9]+ tps = [0-9.]+× the no-trigger rate`)
+		if !ingest.MatchString(out) {
+			t.Errorf("pepsi-bench output has no ingest line with the dispatcher %s matching %q; output:\n%s", state, ingest, out)
+		}
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^round 1: pgbench 2 clients: [0-9]+ tps`),
@@ -91,7 +97,7 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 func TestAnswerModeIsMeasuredOrRefusedClearly(t *testing.T) {
 	t.Parallel()
 	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-skip-pgbench",
-		"-modes", "library,answer", "-configs", "bench", "-latency-seconds", "0")
+		"-modes", "library,answer", "-configs", "bench", "-latency-seconds", "0", "-ingest-seconds", "0")
 	switch code {
 	case 0:
 		for _, m := range []string{"library", "answer"} {

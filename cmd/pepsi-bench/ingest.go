@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
+)
+
+// The ingest figure (issue 10): single-row INSERTs into pepsi.queue from
+// -clients pgbench clients while pepsi-dispatch runs the pipeline, with the
+// queue's insert trigger (schema 4: NOTIFY only while the dispatcher waits) and
+// with the trigger disabled (ALTER TABLE … DISABLE TRIGGER, in the bench's own
+// database), side by side in one run: once with the dispatcher idle (the queue
+// empty when pgbench starts) and once busy (a backlog it cannot finish during
+// the run). Only the ratio means much on a shared machine.
+
+// ingestScript is pgbench's transaction: one message, committed on its own.
+const ingestScript = "INSERT INTO pepsi.queue (stage, payload) VALUES ('a', '\\x696e67657374');\n"
+
+// alwaysNotifySQL is the trigger function of schemas 1 to 3, which notified on
+// every insert statement: measured too, for reference.
+const alwaysNotifySQL = `CREATE OR REPLACE FUNCTION pepsi.notify_ingress() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('ingress', '');
+    RETURN NULL;
+END
+$$`
+
+// The trigger variants, in the order they are measured.
+const (
+	triggerNone   = iota // ALTER TABLE … DISABLE TRIGGER
+	triggerAlways        // schemas 1–3: NOTIFY on every insert
+	triggerGate          // this schema: NOTIFY only while the dispatcher waits
+)
+
+// ingestSettle is how long the dispatcher runs before pgbench starts (its
+// workers started, the backlog being claimed, or resting when idle).
+const ingestSettle = time.Second
+
+// ingest prints the ingest figure.
+func (b *bench) ingest(ctx context.Context) error {
+	if b.ingestSeconds <= 0 || b.skipPgbench {
+		return nil
+	}
+	if err := b.freshDatabase(ctx); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return fmt.Errorf("connect to the bench database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := schema.Migrate(ctx, conn); err != nil {
+		return fmt.Errorf("apply the schema: %w", err)
+	}
+	// The pipeline the dispatcher runs meanwhile: stages that answer their
+	// transitions, at the bench configuration.
+	confFile, err := b.writeConf(variant{mode: modeAnswer, cfg: b.benchConfig}, "60s", "ingest")
+	if err != nil {
+		return err
+	}
+	script := filepath.Join(b.dir, "ingest.sql")
+	if err := os.WriteFile(script, []byte(ingestScript), 0o600); err != nil {
+		return err
+	}
+	// The backlog of the busy case: more than the pipeline finishes during the
+	// run at any plausible speed.
+	backlog := max(b.n, 20000*b.ingestSeconds)
+	fmt.Fprintf(b.out, "ingest: pgbench -c %d -j 2 -T %d, one single-row INSERT into pepsi.queue per transaction, pepsi-dispatch running the pipeline:\n",
+		b.clients, b.ingestSeconds)
+	var gateDef string
+	if err := conn.QueryRow(ctx, "SELECT pg_get_functiondef('pepsi.notify_ingress'::regproc)").Scan(&gateDef); err != nil {
+		return fmt.Errorf("read the trigger function: %w", err)
+	}
+	for _, busy := range []bool{false, true} {
+		var tps [3]float64
+		left := int64(-1)
+		for _, variant := range []int{triggerNone, triggerAlways, triggerGate} {
+			n := 0
+			if busy {
+				n = backlog
+			}
+			def := gateDef
+			if variant == triggerAlways {
+				def = alwaysNotifySQL
+			}
+			if _, err := conn.Exec(ctx, def); err != nil {
+				return fmt.Errorf("set the trigger function: %w", err)
+			}
+			r, pending, err := b.ingestRun(ctx, conn, confFile, script, variant != triggerNone, n)
+			if err != nil {
+				return err
+			}
+			tps[variant] = r
+			if variant == triggerGate {
+				left = pending
+			}
+		}
+		what := "idle (empty queue)"
+		note := ""
+		if busy {
+			what = fmt.Sprintf("busy (backlog %d)", backlog)
+			note = fmt.Sprintf("; %d of the backlog still pending at the end", left)
+		}
+		fmt.Fprintf(b.out, "  dispatcher %s: no trigger %.0f tps; schema-%d trigger %.0f tps = %.2f× the no-trigger rate (notify-always trigger of schemas 1-3: %.0f tps = %.2f×)%s\n",
+			what, tps[triggerNone], schema.Latest(), tps[triggerGate], tps[triggerGate]/tps[triggerNone],
+			tps[triggerAlways], tps[triggerAlways]/tps[triggerNone], note)
+	}
+	return nil
+}
+
+// ingestRun empties the queue, enqueues backlog messages, enables or disables
+// the insert trigger, starts pepsi-dispatch, runs pgbench, and returns its tps and
+// how many messages were still pending at stage a when it ended.
+func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script string, trigger bool, backlog int) (tps float64, pending int64, err error) {
+	able := "DISABLE"
+	if trigger {
+		able = "ENABLE"
+	}
+	for _, sql := range []string{
+		"TRUNCATE pepsi.queue",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, payload) SELECT 'a', convert_to('message ' || g, 'UTF8') FROM generate_series(1, %d) g", backlog),
+		"VACUUM ANALYZE pepsi.queue",
+		"ALTER TABLE pepsi.queue " + able + " TRIGGER queue_notify_ingress",
+		"CHECKPOINT",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return 0, 0, fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	d, err := b.startDispatcher(confFile, "ingest")
+	if err != nil {
+		return 0, 0, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped { // an early return: do not leave the dispatcher running
+			d.kill()
+		}
+	}()
+	select {
+	case <-time.After(ingestSettle):
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(b.ingestSeconds), "-f", script, b.url}
+	cmd := exec.CommandContext(ctx, b.pgbench, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return 0, 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out.Bytes())
+	}
+	m := tpsRE.FindSubmatch(out.Bytes())
+	if m == nil {
+		return 0, 0, fmt.Errorf("pgbench printed no \"tps = … (without initial connection time)\" line:\n%s", out.Bytes())
+	}
+	if tps, err = strconv.ParseFloat(string(m[1]), 64); err != nil {
+		return 0, 0, fmt.Errorf("pgbench's tps %q: %w", m[1], err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'pending' AND stage = 'a' AND payload <> '\\x696e67657374'").Scan(&pending); err != nil {
+		return 0, 0, fmt.Errorf("count the backlog: %w", err)
+	}
+	stopped = true
+	if code, err := d.stop(); err != nil || code != 0 {
+		return 0, 0, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
+	}
+	return tps, pending, nil
+}
