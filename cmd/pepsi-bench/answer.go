@@ -23,7 +23,7 @@ const libraryProgram = "pepsi-bench-library"
 var answerTargets = map[string]string{stageA: stageB, stageB: stageC, stageC: "done"}
 
 // answerMain is the answer-mode stage program: the minimal stage any language
-// can write under the "0 >TARGET" protocol (SPEC.md, worker protocol). It opens
+// can write under the "0 >TARGET" protocol (docs/protocol.md). It opens
 // no database connection and writes nothing: it answers each id with the
 // transition and lets the dispatcher write it.
 func answerMain(stdin io.Reader, stdout, stderr io.Writer, stage string) int {
