@@ -21,6 +21,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
+	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 )
 
 const usage = `pepsi-dispatch: run the PEPSI dispatcher.
@@ -86,7 +87,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pepsi-dispatch: unexpected arguments %q (see -h)\n", fs.Args())
 		return dispatch.ExitUsage
 	}
-	log, err := newLogger(stderr, *logFormat, *logLevel)
+	log, err := logflags.New(stderr, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "pepsi-dispatch: %v\n", err)
 		return dispatch.ExitUsage
@@ -192,19 +193,4 @@ func durationInto(d *time.Duration) func(string) error {
 		*d = v
 		return nil
 	}
-}
-
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("-log-format %q: want text or json", format)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/httpd"
+	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 )
 
 const usage = `pepsi-httpd: serve a PEPSI pipeline's state over HTTP.
@@ -110,7 +111,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	if _, _, err := net.SplitHostPort(*listen); err != nil {
 		return bad("-listen %q: %v", *listen, err)
 	}
-	log, err := newLogger(stderr, *logFormat, *logLevel)
+	log, err := logflags.New(stderr, *logFormat, *logLevel)
 	if err != nil {
 		return bad("%v", err)
 	}
@@ -181,19 +182,4 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 // its own.
 func oneLine(err error) string {
 	return strings.NewReplacer(":\n\t", ": ", "\n\t", "; ", "\n", " ").Replace(err.Error())
-}
-
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("-log-format %q: want text or json", format)
 }
