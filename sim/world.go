@@ -645,6 +645,18 @@ func (w *world) loseLock() {
 		return
 	}
 	w.note("the dispatcher loses its lock")
+	if w.late != nil {
+		// The shell ends the old session's transactions before it starts the next
+		// one (a late commit of a session that lost its lock cannot land after
+		// the next session counted on the database's flush_seq): it lands now,
+		// or never.
+		if w.rFault.IntN(2) == 0 {
+			w.commitLate()
+		} else {
+			w.note("the transaction whose reply was lost is rolled back with its session")
+			w.late = nil
+		}
+	}
 	carry := w.c.Unflushed()
 	w.endLife("lost its lock", true, w.randDur(w.rFault, time.Millisecond, 500*time.Millisecond))
 	w.carry = carry
