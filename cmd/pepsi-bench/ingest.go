@@ -47,6 +47,31 @@ const (
 // workers started, the backlog being claimed, or resting when idle).
 const ingestSettle = time.Second
 
+// ingestPoke is how often the bench notifies the dispatcher in the no-trigger
+// runs (see ingestRun).
+const ingestPoke = 5 * time.Millisecond
+
+// poke sends NOTIFY ingress every ingestPoke until ctx ends.
+func (b *bench) poke(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(ingestPoke)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if _, err := conn.Exec(ctx, "SELECT pg_notify('ingress', '')"); err != nil && ctx.Err() == nil {
+				return err
+			}
+		}
+	}
+}
+
 // ingest prints the ingest figure.
 func (b *bench) ingest(ctx context.Context) error {
 	if b.ingestSeconds <= 0 || b.skipPgbench {
@@ -152,6 +177,20 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 	case <-time.After(ingestSettle):
 	case <-ctx.Done():
 		return 0, 0, ctx.Err()
+	}
+	if !trigger {
+		// Without a trigger the dispatcher would never hear of the inserted rows
+		// and would run no pipeline, so the no-trigger rate would not pay for the
+		// work the trigger's runs do. The bench itself notifies every
+		// ingestPoke instead, on a connection of its own: the dispatcher claims
+		// and runs what the producers insert, and the producers pay nothing.
+		nctx, stopNotify := context.WithCancel(ctx)
+		notified := make(chan error, 1)
+		go func() { notified <- b.poke(nctx) }()
+		defer func() {
+			stopNotify()
+			<-notified
+		}()
 	}
 	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(b.ingestSeconds), "-f", script, b.url}
 	cmd := exec.CommandContext(ctx, b.pgbench, args...)
