@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Answers that carry the transition ("0 >TARGET", docs/protocol.md): the stage
@@ -171,5 +173,42 @@ func killBetweenAnswerAndCommit(t *testing.T, terminate bool, passes int) {
 	d.stopClean()
 	if n := len(e.records("handle")); n != passes {
 		t.Errorf("the stage ran %d times; want %d\n%s", n, passes, out)
+	}
+}
+
+// A dispatcher killed with SIGKILL leaves its last pipelined transaction running
+// in the server (waiting for a row lock, say); if it ran on after the next
+// dispatcher's start-up reset and claim, it would write rows the new dispatcher
+// holds. The new dispatcher ends every session of an earlier one first.
+func TestAnEarlierDispatchersSessionIsEndedBeforeTheStartUpReset(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", "a=answer:0 >done")
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "pepsi-dispatch an-earlier-host 4242"
+	old, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close(ctx)
+	// The earlier dispatcher's transaction, still open, holding the row.
+	if _, err := old.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Exec(ctx, `UPDATE pepsi.queue SET updated_at = now() WHERE ingress_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 1})
+	d.stopClean()
+	if _, err := old.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("the earlier dispatcher's session still answers; want it ended before the start-up reset")
+	}
+	if n := len(d.logs.lines("ended sessions of an earlier dispatcher")); n != 1 {
+		t.Errorf("%d log lines about ending an earlier dispatcher's sessions; want 1", n)
 	}
 }

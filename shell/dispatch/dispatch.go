@@ -286,6 +286,16 @@ func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueu
 			return exitBeforeStart(restarted), false, nil
 		}
 	}
+	// No session of an earlier dispatcher may write after the start-up reset
+	// (pgqueue.EndEarlierDispatchers). Failing to end one is logged, not fatal:
+	// a role that may not signal another's sessions still runs, as before.
+	ectx, ecancel := context.WithTimeout(sctx, schemaCheckTimeout)
+	if n, err := pgqueue.EndEarlierDispatchers(ectx, pool, pgcfg.RuntimeParams["application_name"]); err != nil {
+		log.Warn("cannot end an earlier dispatcher's sessions before the start-up reset", "err", err)
+	} else if n > 0 {
+		log.Info("ended sessions of an earlier dispatcher before the start-up reset", "sessions", n)
+	}
+	ecancel()
 	queue := pgqueue.New(pool, log)
 
 	events := make(chan core.Event, eventBufferMax)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // LockKey is the PostgreSQL advisory lock a dispatcher holds, in session mode on
@@ -384,4 +385,53 @@ func (l *Lock) Release(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+// endEarlierWait bounds how long EndEarlierDispatchers waits for the sessions it
+// ended to go.
+const endEarlierWait = 10 * time.Second
+
+// EndEarlierDispatchers ends (pg_terminate_backend) every session of the
+// queue's database that belongs to another pepsi-dispatch process (its
+// application_name starts "pepsi-dispatch " and is not self, nor self's
+// sessions such as its gate), and waits until they are gone. Call it holding the
+// dispatcher lock, before the start-up reset: a dispatcher killed with SIGKILL
+// leaves its last pipelined transaction running in the server, and that
+// transaction may be waiting for a row lock; if it ran on after the new
+// dispatcher's reset and claim, its resolve would write rows the new dispatcher
+// holds. It returns how many sessions it ended; a session it may not end (a
+// role without the right to signal it) is an error.
+func EndEarlierDispatchers(ctx context.Context, pool *pgxpool.Pool, self string) (int, error) {
+	const others = `FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND application_name LIKE 'pepsi-dispatch %' AND application_name <> $1 AND application_name NOT LIKE $1 || ' %'`
+	rows, err := pool.Query(ctx, `SELECT pid, pg_terminate_backend(pid) `+others, self)
+	if err != nil {
+		return 0, fmt.Errorf("end earlier dispatchers' sessions: %w", err)
+	}
+	pids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (int32, error) {
+		var pid int32
+		var ended bool
+		err := r.Scan(&pid, &ended)
+		return pid, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("end earlier dispatchers' sessions: %w", err)
+	}
+	if len(pids) == 0 {
+		return 0, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, endEarlierWait)
+	defer cancel()
+	for {
+		var alive bool
+		if err := pool.QueryRow(wctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY ($1))`, pids).Scan(&alive); err != nil {
+			return len(pids), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pids, err)
+		}
+		if !alive {
+			return len(pids), nil
+		}
+		if err := sleep(wctx, 10*time.Millisecond); err != nil {
+			return len(pids), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pids, err)
+		}
+	}
 }
