@@ -190,6 +190,12 @@ func waitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 // fit to wait again; any error means conn must be closed.
 func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck time.Duration, holder *int32) (bool, error) {
 	got, held, err := tryLock(ctx, conn)
+	var pgErr *pgconn.PgError
+	if err != nil && ctx.Err() == nil && !conn.IsClosed() && errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		// The cancel request of the last recheck is asynchronous: on a busy
+		// server it can land on this statement instead. The connection is fine.
+		return false, nil
+	}
 	if err != nil || got {
 		return got, err
 	}
@@ -203,7 +209,6 @@ func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck
 	if err == nil {
 		return true, nil
 	}
-	var pgErr *pgconn.PgError
 	if ctx.Err() == nil && !conn.IsClosed() && errors.As(err, &pgErr) &&
 		(pgErr.Code == "57014" || pgErr.Code == "55P03") { // query_canceled, lock_not_available
 		return false, nil
