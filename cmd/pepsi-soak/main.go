@@ -22,7 +22,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -32,9 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,6 +39,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/shell/privatepg"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 	"github.com/pepsi-pipeline/pepsi/stage"
@@ -107,12 +105,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		s.dispatch = filepath.Join(filepath.Dir(self), "pepsi-dispatch")
 	}
 	if s.private {
-		server, stopServer, err := privateServer()
+		pg, err := privatepg.Start()
 		if err != nil {
-			return err
+			return fmt.Errorf("private PostgreSQL: %w", err)
 		}
-		defer stopServer()
-		s.server = server
+		defer pg.Stop() //nolint:errcheck // best effort at exit
+		s.server = pg.URL()
 	}
 	dbURL, drop, err := s.database(ctx)
 	if err != nil {
@@ -423,73 +421,4 @@ func freeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
-}
-
-// privateServer initdbs and starts a PostgreSQL server of the soak's own on a
-// free port of 127.0.0.1 with the server's defaults (autovacuum on), as user
-// postgres when run as root.
-func privateServer() (string, func(), error) {
-	bin, err := pgBinDir()
-	if err != nil {
-		return "", nil, err
-	}
-	dir, err := os.MkdirTemp("", "pepsi-soak-pg-")
-	if err != nil {
-		return "", nil, err
-	}
-	asPG := os.Geteuid() == 0
-	if asPG {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return "", nil, fmt.Errorf("as root, the private server needs user postgres: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return "", nil, err
-		}
-	}
-	command := func(prog string, args ...string) *exec.Cmd {
-		path := filepath.Join(bin, prog)
-		if asPG {
-			return exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
-		}
-		return exec.Command(path, args...)
-	}
-	addr, err := freeAddr()
-	if err != nil {
-		return "", nil, err
-	}
-	_, port, _ := net.SplitHostPort(addr)
-	data := filepath.Join(dir, "data")
-	if out, err := command("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8").CombinedOutput(); err != nil {
-		return "", nil, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	if out, err := command("pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-w", "-t", "60",
-		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1", port, dir), "start").CombinedOutput(); err != nil {
-		return "", nil, fmt.Errorf("pg_ctl start: %w\n%s", err, out)
-	}
-	stop := func() {
-		_ = command("pg_ctl", "-D", data, "-m", "fast", "-w", "stop").Run() // best effort at exit
-		os.RemoveAll(dir)
-	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=disable", port), stop, nil
-}
-
-// pgBinDir finds initdb and pg_ctl: pg_config --bindir, else the newest
-// /usr/lib/postgresql/*/bin.
-func pgBinDir() (string, error) {
-	var tried []string
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		tried = append(tried, strings.TrimSpace(string(out)))
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
-	tried = append(tried, dirs...)
-	for _, d := range tried {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
-		}
-	}
-	return "", errors.New("no initdb found: install the PostgreSQL server (Debian package postgresql)")
 }
