@@ -199,12 +199,8 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 	if err := cmd.Run(); err != nil {
 		return 0, 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out.Bytes())
 	}
-	m := tpsRE.FindSubmatch(out.Bytes())
-	if m == nil {
-		return 0, 0, fmt.Errorf("pgbench printed no \"tps = … (without initial connection time)\" line:\n%s", out.Bytes())
-	}
-	if tps, err = strconv.ParseFloat(string(m[1]), 64); err != nil {
-		return 0, 0, fmt.Errorf("pgbench's tps %q: %w", m[1], err)
+	if tps, err = parseTPS(out.Bytes()); err != nil {
+		return 0, 0, err
 	}
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'pending' AND stage = 'a' AND payload <> '\\x696e67657374'").Scan(&pending); err != nil {
 		return 0, 0, fmt.Errorf("count the backlog: %w", err)

@@ -86,12 +86,8 @@ func (b *bench) runPgbench(ctx context.Context) (tps float64, perCommit time.Dur
 	if err := cmd.Wait(); err != nil {
 		return 0, 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out.Bytes())
 	}
-	m := tpsRE.FindSubmatch(out.Bytes())
-	if m == nil {
-		return 0, 0, fmt.Errorf("pgbench printed no \"tps = … (without initial connection time)\" line:\n%s", out.Bytes())
-	}
-	if tps, err = strconv.ParseFloat(string(m[1]), 64); err != nil {
-		return 0, 0, fmt.Errorf("pgbench's tps %q: %w", m[1], err)
+	if tps, err = parseTPS(out.Bytes()); err != nil {
+		return 0, 0, err
 	}
 	var total int64
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM bench_commit").Scan(&total); err != nil {
@@ -125,4 +121,17 @@ func sampleCommits(ctx context.Context, conn *pgx.Conn, d time.Duration) (s comm
 	}
 	s.cpu, ok = backendsCPU(ctx, conn)
 	return s, ok
+}
+
+// parseTPS reads pgbench's "tps = … (without initial connection time)" line.
+func parseTPS(out []byte) (float64, error) {
+	m := tpsRE.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench printed no \"tps = … (without initial connection time)\" line:\n%s", out)
+	}
+	tps, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		return 0, fmt.Errorf("pgbench's tps %q: %w", m[1], err)
+	}
+	return tps, nil
 }
