@@ -107,29 +107,8 @@ func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error
 // the latency run's sizes, rather than waiting for the dispatcher's statistics,
 // which it flushes only when the pipeline goes idle.
 func (b *bench) waitDone(ctx context.Context, conn *pgx.Conn, d *dispatcher, v variant, n int) error {
-	deadline := time.After(b.timeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		var done int
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'done'").Scan(&done); err != nil {
-			return fmt.Errorf("read progress: %w", err)
-		}
-		if done >= n {
-			return nil
-		}
-		if line := d.protocolError(); line != "" {
-			return refusal(v.mode, line, d)
-		}
-		select {
-		case <-tick.C:
-		case code := <-d.exited:
-			d.exited <- code
-			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d messages done\n%s", code, done, n, d.logTail())
-		case <-deadline:
-			return fmt.Errorf("%d of %d messages done within %v (-timeout)\n%s", done, n, b.timeout, d.logTail())
-		case <-ctx.Done():
-			return fmt.Errorf("interrupted: %w", ctx.Err())
-		}
-	}
+	return b.poll(ctx, d, v, n, "messages done", func() (done int64, err error) {
+		err = conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'done'").Scan(&done)
+		return done, err
+	})
 }

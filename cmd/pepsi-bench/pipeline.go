@@ -210,25 +210,36 @@ func queueUpdates(ctx context.Context, conn *pgx.Conn) (n int64, ok bool) {
 // last done row's, so how soon the poll notices does not matter; verify then
 // counts the rows.) sample, when not nil, gets every poll's stage_passes and the
 // time of the flush that wrote them (the server's clock).
-//
-// A worker killed for a protocol error ends the wait at once: in answer mode
-// that is the dispatcher refusing "0 >TARGET" (errRefused).
 func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher, v variant, n int, sample func(at time.Time, passes int64)) error {
-	deadline := time.After(b.timeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
+	return b.poll(ctx, d, v, n, "messages out of the pipeline", func() (int64, error) {
 		var (
 			left, passes int64
 			at           time.Time
 		)
 		if err := conn.QueryRow(ctx, "SELECT messages_left, stage_passes, updated_at FROM pepsi.dispatch_stats").Scan(&left, &passes, &at); err != nil {
-			return fmt.Errorf("read progress: %w", err)
+			return 0, err
 		}
 		if sample != nil {
 			sample(at, passes)
 		}
-		if left >= int64(n) {
+		return left, nil
+	})
+}
+
+// poll reads progress every pollEvery until it reaches n, the dispatcher exits,
+// -timeout passes or ctx ends. A worker killed for a protocol error ends the
+// wait at once: in answer mode that is the dispatcher refusing "0 >TARGET"
+// (errRefused). what names the progress in errors.
+func (b *bench) poll(ctx context.Context, d *dispatcher, v variant, n int, what string, progress func() (int64, error)) error {
+	deadline := time.After(b.timeout)
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		got, err := progress()
+		if err != nil {
+			return fmt.Errorf("read progress: %w", err)
+		}
+		if got >= int64(n) {
 			return nil
 		}
 		if line := d.protocolError(); line != "" {
@@ -238,9 +249,9 @@ func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher, v varia
 		case <-tick.C:
 		case code := <-d.exited:
 			d.exited <- code
-			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d messages out of the pipeline\n%s", code, left, n, d.logTail())
+			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d %s\n%s", code, got, n, what, d.logTail())
 		case <-deadline:
-			return fmt.Errorf("the pipeline did not finish within %v (-timeout): %d of %d messages out\n%s", b.timeout, left, n, d.logTail())
+			return fmt.Errorf("%d of %d %s within %v (-timeout)\n%s", got, n, what, b.timeout, d.logTail())
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted: %w", ctx.Err())
 		}
