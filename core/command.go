@@ -117,16 +117,23 @@ type Wake struct {
 	Keep []int64
 }
 
-// Cap is how many pending rows of Stage one Claim may take.
+// Cap is how many pending rows of Stage one Claim may take, and where it starts
+// looking: only rows with an ingress_id above After. After is the stage's claim
+// floor (see Core): no pending row at or below it that the core could know of,
+// so the claim does not walk the dead index entries that every earlier claim of
+// the stage left behind (docs/durability.md, "Claims look above a floor"). Zero looks
+// from the start.
 type Cap struct {
 	Stage string
 	N     int
+	After int64
 }
 
 // Claim moves pending rows to running, for each stage up to its cap, in
 // ingress_id order, in one statement. It also makes sure the crash sentinel holds a
-// token and reports it. Answered by Claimed. Ids reach workers only after the
-// transaction that claimed them has committed.
+// token and reports it, and reports how far ingress has settled (Claimed.Settled).
+// Answered by Claimed. Ids reach workers only after the transaction that claimed
+// them has committed.
 type Claim struct {
 	Op   int64
 	Caps []Cap
@@ -281,6 +288,9 @@ func (c Claim) String() string {
 	fmt.Fprintf(&b, "claim op=%d", c.Op)
 	for _, cp := range c.Caps {
 		fmt.Fprintf(&b, " %s:%d", cp.Stage, cp.N)
+		if cp.After > 0 {
+			fmt.Fprintf(&b, ">%d", cp.After)
+		}
 	}
 	return b.String()
 }

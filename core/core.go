@@ -24,6 +24,7 @@ package core
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -112,10 +113,17 @@ type worker struct {
 }
 
 type stage struct {
-	cfg           conf.Stage
-	workers       []*worker // in id order
-	backlog       []msg     // claimed, not yet handed to a worker
-	maybeMore     bool      // pending rows may exist: worth claiming
+	cfg       conf.Stage
+	workers   []*worker // in id order
+	backlog   []msg     // claimed, not yet handed to a worker
+	maybeMore bool      // pending rows may exist: worth claiming
+	// floor: the stage's claims look above this ingress_id only. No row is
+	// pending at or below it that the core could know of: every pending row up
+	// to it was claimed, and every row up to it had settled (Claimed.Settled).
+	// Anything that may make older rows pending (a reset, a wake, a NOTIFY, the
+	// heartbeat, the database coming back) sets it to zero; a resolve lowers the
+	// claim in its own transaction below its items' ids (claimAfter).
+	floor         int64
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
 	stuckReason   string // the reason for a 0 that left the row running here
@@ -154,6 +162,12 @@ type Core struct {
 	lastPoll   time.Time
 	ingressGen int64
 	claimGen   int64
+	// settled: the highest Claimed.Settled seen; lookGen counts lookAll calls,
+	// claimLookGen is its value when the outstanding claim was sent (a look
+	// asked for meanwhile keeps the floors at zero).
+	settled      int64
+	lookGen      int64
+	claimLookGen int64
 
 	stats      map[string]*StageDelta
 	passes     int64
@@ -242,10 +256,10 @@ func (c *Core) apply(ev Event) {
 		c.lastFlush = c.now
 		c.lastClaim = c.now
 		c.carry = e.Carry
-		c.setMaybeMore()
+		c.lookAll()
 	case Ingress:
 		c.ingressGen++
-		c.setMaybeMore()
+		c.lookAll()
 	case Resting:
 		assert(c.gate == gateAsking, "Resting without a Rest outstanding")
 		if e.Err != "" {
@@ -261,13 +275,13 @@ func (c *Core) apply(ev Event) {
 		// the gate failed and no one notifies), so the next claim, sent after
 		// this, must cover every stage.
 		c.ingressGen++
-		c.setMaybeMore()
+		c.lookAll()
 	case RestLost:
 		if c.gate == gateResting {
 			c.gate = gateAwake
 			c.logf("warn", "the gate's connection died: producers stopped notifying; looking for work")
 			c.ingressGen++
-			c.setMaybeMore()
+			c.lookAll()
 		}
 	case Tick:
 	case Shutdown:
@@ -276,7 +290,7 @@ func (c *Core) apply(ev Event) {
 		if c.dbDown {
 			c.dbDown = false
 			c.wakeDue = true
-			c.setMaybeMore()
+			c.lookAll()
 			// The watchdog does not run while the database is down (a worker cannot
 			// commit then); heads get a fresh MAX_RUNTIME from now.
 			for _, w := range c.workers {
@@ -326,13 +340,16 @@ func (c *Core) apply(ev Event) {
 		}
 		c.nextPaused = e.Next
 		if e.Count > 0 {
-			c.setMaybeMore()
+			c.lookAll()
 		}
 	case OrphansReset:
 		c.result(e.Op, e.Err)
 		if e.Err != "" {
 			c.needReset = true
 			return
+		}
+		if e.Count > 0 {
+			c.lookAll() // the reset made rows pending at any stage, at any id
 		}
 		if !c.resetDone {
 			c.resetDone = true
@@ -462,10 +479,33 @@ func verdictStatus(it Item) string {
 	return ""
 }
 
-func (c *Core) setMaybeMore() {
+// lookAll makes the next claim look at every stage from the start: rows may be
+// pending anywhere, at any id.
+func (c *Core) lookAll() {
+	c.lookGen++
 	for _, st := range c.stages {
 		st.maybeMore = true
+		st.floor = 0
 	}
+}
+
+// claimAfter is the id above which stage st's claim looks: its floor, lowered
+// for what the same transaction makes pending before the claim runs. A reset or
+// a wake may make any row pending, so the claim looks from the start; a resolve
+// makes pending only rows of its items, at whatever stage they reached.
+func claimAfter(st *stage, txn []Command) int64 {
+	after := st.floor
+	for _, cmd := range txn {
+		switch q := cmd.(type) {
+		case ResetOrphans, Wake:
+			return 0
+		case Resolve:
+			for _, it := range q.Items {
+				after = min(after, it.ID-1)
+			}
+		}
+	}
+	return max(after, 0)
 }
 
 func (c *Core) stat(name string) *StageDelta {
@@ -666,6 +706,7 @@ func (c *Core) claimed(e Claimed) {
 		return
 	}
 	c.epoch = e.Epoch
+	c.settled = max(c.settled, e.Settled)
 	if len(e.Rows) > 0 {
 		// RestAfter counts from the last claim that found work.
 		c.lastClaim = c.now
@@ -677,10 +718,12 @@ func (c *Core) claimed(e Claimed) {
 		c.emit(Busy{})
 	}
 	got := map[string]int{}
+	reach := map[string]int64{} // the highest id claimed per stage
 	for _, r := range e.Rows {
 		st := c.byName[r.Stage]
 		assert(st != nil, "claimed row %d at unknown stage %q", r.ID, r.Stage)
 		got[r.Stage]++
+		reach[r.Stage] = max(reach[r.Stage], r.ID)
 		m := msg{id: r.ID, epoch: e.Epoch}
 		if c.shutdown > 0 {
 			c.requeue(st, []msg{m})
@@ -693,7 +736,22 @@ func (c *Core) claimed(e Claimed) {
 		st := c.byName[cp.Stage]
 		// A notification that came after the claim was sent may have added rows.
 		st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen
+		if c.lookGen == c.claimLookGen {
+			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage])
+		}
 	}
+}
+
+// floorAfter is a stage's floor after a claim that looked above cp.After and
+// took got rows, the highest reach. The claim took every pending row in
+// (cp.After, reach], or above cp.After at all if it took fewer than its cap; of
+// those rows, the ones up to c.settled cannot be joined by a late producer's
+// row. So nothing the core could know of is pending up to the lower of the two.
+func (c *Core) floorAfter(cp Cap, got int, reach int64) int64 {
+	if got < cp.N {
+		reach = math.MaxInt64
+	}
+	return max(cp.After, min(reach, c.settled))
 }
 
 func (c *Core) resolved(e Resolved) {
@@ -721,6 +779,9 @@ func (c *Core) resolved(e Resolved) {
 		case "pending":
 			if st := c.byName[o.Stage]; st != nil {
 				st.maybeMore = true
+				// The transaction's own claim looked below it (claimAfter), but
+				// a later claim of this stage must too, if that one did not.
+				st.floor = min(st.floor, o.ID-1)
 			} else {
 				c.logf("warn", "message %d is pending at stage %q, which this dispatcher does not run", o.ID, o.Stage)
 			}
@@ -798,7 +859,7 @@ func (c *Core) timers() {
 		c.lastPoll = c.now
 		c.wakeDue = true
 		c.sweep = c.resetDone
-		c.setMaybeMore()
+		c.lookAll()
 	}
 	for _, id := range c.workerIDs() {
 		w := c.workers[id]
@@ -1017,12 +1078,13 @@ func (c *Core) queueWork() {
 		var caps []Cap
 		for _, st := range c.stages {
 			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving || waking) {
-				caps = append(caps, Cap{Stage: st.cfg.Name, N: n})
+				caps = append(caps, Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)})
 			}
 		}
 		if len(caps) > 0 {
 			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps})
 			c.claimGen = c.ingressGen
+			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now
 		}
 	}

@@ -95,11 +95,18 @@ type Row struct {
 // Claimed is the result of a Claim. Rows are running in the database and belong to
 // this core. Epoch is the crash-sentinel token the claim's transaction saw (see
 // Item.Epoch). A non-empty Err means the claim may or may not have committed.
+//
+// Settled is how far ingress had settled when the claim looked: every row with an
+// ingress_id at or below it was committed (or rolled back) before the claim's
+// snapshot, so no producer can still add a row there. Zero when a producer was
+// mid-transaction: a row with a lower id than those the claim saw may still
+// commit (ids are taken at insert, rows appear at commit).
 type Claimed struct {
-	Op    int64
-	Epoch string
-	Rows  []Row
-	Err   string
+	Op      int64
+	Epoch   string
+	Rows    []Row
+	Settled int64
+	Err     string
 }
 
 // Outcome is what a Resolve found or did for one Item: the row's stage and status
@@ -201,6 +208,9 @@ func (e Claimed) String() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "claimed op=%d epoch=%s", e.Op, e.Epoch)
+	if e.Settled > 0 {
+		fmt.Fprintf(&b, " settled=%d", e.Settled)
+	}
 	for _, r := range e.Rows {
 		fmt.Fprintf(&b, " %d@%s", r.ID, r.Stage)
 	}

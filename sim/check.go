@@ -137,6 +137,11 @@ type model struct {
 
 	// Of every life.
 	claimGen []int // per row (id-1): how many times a claim took it
+	// retried: rows an operator made pending again, until a claim takes them,
+	// with when the core heard of it (a NOTIFY, or anything else after which it
+	// must look at every stage); zero while it has not. Until then a claim's
+	// floor may pass over them: the core cannot know.
+	retried  map[int64]time.Time
 	truths   []*truth
 	execLife int // the life whose transaction the fake queue is applying
 }
@@ -210,10 +215,16 @@ func (w *world) checkGate() {
 	}
 }
 
-// tellAll records that the core learnt rows may be pending at every stage.
+// tellAll records that the core learnt rows may be pending at every stage, at
+// any id.
 func (w *world) tellAll() {
 	for s := range w.told {
 		w.told[s] = true
+	}
+	for id, at := range w.retried {
+		if at.IsZero() {
+			w.retried[id] = w.now
+		}
 	}
 }
 
@@ -997,7 +1008,7 @@ func (w *world) checkTimely() {
 	if !w.txnOut && !w.coreDown && w.shut == 0 {
 		// Every paused row this core can know of is woken at its timeout: the
 		// core learns timeouts from Woken and Resolved, and sets its timer.
-		for id := int64(1); id <= int64(w.inserted); id++ {
+		for id := int64(1); id <= int64(len(w.msgOf)); id++ {
 			r, _ := w.q.Get(id)
 			if _, held := w.heldBy(id); r.Status == "paused" && r.Timeout.Before(w.now) && !held {
 				w.violation("row %d is paused until %s, %s ago, and no wake is outstanding", id, r.Timeout.Sub(epoch), w.now.Sub(r.Timeout))
@@ -1103,6 +1114,30 @@ func (w *world) checkStep(free bool) {
 			w.violation("stage %s has pending rows the core was told of, room for %d, no transaction outstanding and no cooldown, and the step claimed none of them",
 				st.name, w.room(s, w.now))
 			return
+		}
+	}
+}
+
+// checkFloors holds the claim floor rule: a claim looks above each stage's floor
+// (core.Cap.After) only, and no row is pending at or below it when the claim
+// runs. Every way a row becomes pending below a floor is one the core hears of:
+// its own resolve, wake or reset, a NOTIFY, the heartbeat; and a producer's row
+// lands below ids a claim saw only while that claim reported nothing settled.
+// The exception: a row an operator retried, while the core has not heard of it
+// (its NOTIFY lost) or heard only after it sent the claim (sent).
+func (w *world) checkFloors(c core.Claim, sent time.Time) {
+	for _, cp := range c.Caps {
+		for _, r := range w.q.Rows() {
+			if r.ID > cp.After {
+				break
+			}
+			if at, ok := w.retried[r.ID]; ok && (at.IsZero() || at.After(sent)) {
+				continue
+			}
+			if r.Status == "pending" && r.Stage == cp.Stage {
+				w.violation("claim op=%d looks above %d at stage %s and passes over pending row %d", c.Op, cp.After, cp.Stage, r.ID)
+				return
+			}
 		}
 	}
 }
@@ -1256,6 +1291,7 @@ func (w *world) observe(c fakequeue.Change) {
 		return
 	}
 	if c.By == fakequeue.ByClaim {
+		delete(w.retried, c.After.ID)
 		w.claimGen[c.After.ID-1]++
 		if w.lateExec {
 			w.lateClaimed[c.After.ID] = w.claimGen[c.After.ID-1]

@@ -56,6 +56,12 @@
 //     move-*, unknown-target-written, unwritable-transition-written]. A verdict
 //     applies only to the claim it was made for; a 0 whose stage committed (then
 //     lost to a database crash) is never failed as a stage bug.
+//   - Claim floors: a claim looks above each stage's floor (core.Cap.After)
+//     only, and when it runs no row is pending at or below the floor, except a
+//     row an operator retried that the core has not yet heard of (checked in the
+//     fake queue, between the commands of the transaction)
+//     [floor-ignores-settled, floor-kept-over-resolve, floor-kept-over-wake,
+//     floor-kept-after-requeue, floor-kept-over-look, look-keeps-floors].
 //   - Resets keep every row the core holds (but may drop rows whose resolve may
 //     have applied) [reset-without-keep, reset-keeps-unsure-rows]; a wake never
 //     takes a row before its timeout [wake-early] nor a row still handed out
@@ -122,7 +128,11 @@
 // nothing), stall at start, are reported started late (so the core sees them
 // starting, and may stop or kill them then), or cannot start; stages that answer
 // their transitions (with patches, pauses and fused stages), answer one the
-// dispatcher cannot write, or both write and answer (a guard miss); dispatcher
+// dispatcher cannot write, or both write and answer (a guard miss); producers
+// that take their row's id when they insert and commit up to 100 ms later (rows
+// appear out of id order, behind ids a claim already took); an operator who
+// retries every failed message the dispatcher has seen fail (pepsi-queue retry,
+// whose NOTIFY may be lost like any other); dispatcher
 // crashes, graceful and double shutdowns, and lost locks, after which the next
 // core is handed the old one's unflushed statistics (core.Start.Carry)
 // [carry-dropped, carry-seq-ignored].

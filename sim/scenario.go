@@ -171,6 +171,10 @@ type faults struct {
 	// flushes only) whose reply is lost but which commit up to 3 s later, after
 	// the core has moved on: the rows they take are orphans until a reset.
 	lateClaim int
+	// retries: an operator sends every failed and timed-out message round again
+	// (pepsi-queue retry, which always notifies) at these instants: rows pending
+	// again below the ids the claims have passed.
+	retries []time.Duration
 	// lockLosses: the dispatcher loses its lock at these instants: the shell kills
 	// its workers and starts a new core at once, carrying the old core's
 	// unflushed statistics (core.Start.Carry).
@@ -369,6 +373,9 @@ func chooseFaults(c chooser, sc *Scenario) faults {
 	for range max(0, c.intn("lock_losses", 0, 3)-1) {
 		f.lockLosses = append(f.lockLosses, millis(c.intn("lock_loss.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
 	}
+	for range max(0, c.intn("retries", 0, 4)-1) {
+		f.retries = append(f.retries, millis(c.intn("retry.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
+	}
 	return f
 }
 
@@ -404,6 +411,9 @@ func (sc *Scenario) String() string {
 		f.lateStart, f.babble, f.lateClaim, f.gateFail, f.gateLoss)
 	for _, at := range f.lockLosses {
 		fmt.Fprintf(&b, "# faults: the dispatcher loses its lock at %s\n", at)
+	}
+	for _, at := range f.retries {
+		fmt.Fprintf(&b, "# faults: an operator retries failed messages at %s\n", at)
 	}
 	for _, w := range f.outages {
 		fmt.Fprintf(&b, "# faults: database outage %s..%s\n", w.from, w.to)

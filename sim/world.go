@@ -109,6 +109,7 @@ func (h *actionHeap) Pop() any {
 type txn struct {
 	cmds    []core.Command
 	life    int
+	sent    time.Time
 	applied bool
 }
 
@@ -215,6 +216,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rGate:       rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 		lateClaimed: map[int64]int{},
 	}
+	w.retried = map[int64]time.Time{}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
 	w.down = append(append([]window{}, sc.faults.outages...), sc.faults.pgCrashes...)
 	w.q.Notify = w.notified
@@ -295,6 +297,9 @@ func (w *world) run() {
 	}
 	for _, at := range sc.faults.lockLosses {
 		w.at(epoch.Add(at), 0, w.loseLock)
+	}
+	for _, at := range sc.faults.retries {
+		w.at(epoch.Add(at), 0, w.operatorRetry)
 	}
 	w.healAt = epoch.Add(sc.faultPhase)
 	w.deadline = w.healAt.Add(w.healBound())
@@ -496,6 +501,28 @@ func (w *world) notified() {
 	})
 }
 
+// operatorRetry plays pepsi-queue retry: every failed and timed-out row is
+// pending again at its stage, and the tool's NOTIFY follows its commit. The
+// operator retries only messages the dispatcher has seen fail: a row a stage
+// failed whose answer the dispatcher has not read yet is still its worker's,
+// and retried then it would run twice (docs/operations.md, "Retrying").
+func (w *world) operatorRetry() {
+	if w.dbDown() {
+		w.note("an operator's retry fails: the database is unreachable")
+		return
+	}
+	ids := w.q.Retry(func(id int64) bool { _, held := w.heldBy(id); return held })
+	if len(ids) > 0 {
+		w.note("an operator retries %d failed messages: rows %v", len(ids), ids)
+	}
+	for _, id := range ids {
+		w.retried[id] = time.Time{}
+		// A failure whose reply was lost, retried before the re-sent resolve
+		// reports it: the core can never learn of it, so it is not counted.
+		delete(w.verdicts, id)
+	}
+}
+
 // insert starts the producer transaction of message i, as the ingress side does
 // (it waits for the database when it is down). Its INSERT fires the trigger now:
 // while the gate is held or asked for, the producer will notify; otherwise it
@@ -509,6 +536,15 @@ func (w *world) insert(i int) {
 	if !notify {
 		w.sharers++
 	}
+	// The row's id is taken now, at the INSERT; the row appears at commit. A
+	// producer that commits later than one that inserted after it leaves a row
+	// behind ids a claim has already seen (Claimed.Settled is the core's guard).
+	id := w.q.Reserve()
+	w.msgOf = append(w.msgOf, i)
+	w.insertedAt = append(w.insertedAt, time.Time{})
+	w.tries = append(w.tries, make([]int, len(w.sc.stages)))
+	w.wrote = append(w.wrote, false)
+	w.claimGen = append(w.claimGen, 0)
 	var d time.Duration
 	switch r := w.rGate.IntN(10); {
 	case r < 3:
@@ -517,37 +553,36 @@ func (w *world) insert(i int) {
 	default:
 		d = w.randDur(w.rGate, 5*time.Millisecond, 100*time.Millisecond)
 	}
-	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, notify) })
+	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, notify) })
 }
 
-// commitInsert commits message i's producer transaction: the row becomes
-// visible, the NOTIFY (if the trigger sent one) is delivered, and the shared
-// hold on the gate ends.
-func (w *world) commitInsert(i int, notify bool) {
+// commitInsert commits message i's producer transaction, which holds row id:
+// the row becomes visible, the NOTIFY (if the trigger sent one) is delivered,
+// and the shared hold on the gate ends. With the database down the transaction
+// is lost, its id unused, and the producer tries again.
+func (w *world) commitInsert(i int, id int64, notify bool) {
 	if !notify {
 		w.unshare()
 	}
+	m := w.sc.messages[i]
 	if w.dbDown() {
+		w.q.Abort(id)
+		w.msgOf[id-1] = -1
 		w.at(w.upAt(), 0, func() { w.insert(i) })
 		return
 	}
-	m := w.sc.messages[i]
 	w.quiet = !notify
-	ids := w.q.Insert(w.sc.stages[m.first].name, 1)
+	w.q.Commit(id, w.sc.stages[m.first].name)
 	w.quiet = false
 	w.inserted++
-	w.msgOf = append(w.msgOf, i)
-	w.insertedAt = append(w.insertedAt, w.now)
-	w.tries = append(w.tries, make([]int, len(w.sc.stages)))
-	w.wrote = append(w.wrote, false)
-	w.claimGen = append(w.claimGen, 0)
+	w.insertedAt[id-1] = w.now
 	if notify {
-		w.note("ingress inserts message %d as row %d at %s", i, ids[0], w.sc.stages[m.first].name)
+		w.note("ingress inserts message %d as row %d at %s", i, id, w.sc.stages[m.first].name)
 		return
 	}
-	w.note("ingress inserts message %d as row %d at %s without NOTIFY (the dispatcher looked busy)", i, ids[0], w.sc.stages[m.first].name)
+	w.note("ingress inserts message %d as row %d at %s without NOTIFY (the dispatcher looked busy)", i, id, w.sc.stages[m.first].name)
 	if w.running {
-		w.unnotified[ids[0]] = w.now
+		w.unnotified[id] = w.now
 	}
 }
 
@@ -787,7 +822,7 @@ func (w *world) setTimer(x core.SetTimer) {
 // send executes a queue transaction: it takes effect a moment later (or not, or
 // loses its reply), and its results come back a moment after that.
 func (w *world) send(cmds []core.Command) {
-	t := &txn{cmds: cmds, life: w.life}
+	t := &txn{cmds: cmds, life: w.life, sent: w.now}
 	w.txn = t
 	f := w.sc.faults
 	fault := ""
@@ -908,11 +943,23 @@ func (w *world) vacuum(x core.Vacuum) {
 	})
 }
 
-// exec applies a transaction to the fake queue (a dispatcher commit).
+// exec applies a transaction to the fake queue (a dispatcher commit). Before a
+// claim of the core's own transaction runs, it checks that the claim's floors
+// pass over no pending row (a late claim, of a core that has moved on, is not
+// held to it).
 func (w *world) exec(t *txn) []core.Event {
 	t.applied = true
 	w.execLife = t.life
-	return w.q.Exec(context.Background(), t.cmds)
+	var res []core.Event
+	from := 0
+	for i, cmd := range t.cmds {
+		if c, ok := cmd.(core.Claim); ok && !w.lateExec {
+			res = append(res, w.q.Exec(context.Background(), t.cmds[from:i])...)
+			from = i
+			w.checkFloors(c, t.sent)
+		}
+	}
+	return append(res, w.q.Exec(context.Background(), t.cmds[from:])...)
 }
 
 func failed(evs []core.Event) bool {

@@ -13,6 +13,7 @@ const (
 	ClaimSQL        = claimSQL
 	ResetOrphansSQL = resetOrphansSQL
 	WakeSQL         = wakeSQL
+	ResolveSQL      = resolveSQL
 )
 
 // ListenTimed is Listen with the given health-check timing, for the tests of a

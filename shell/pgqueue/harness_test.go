@@ -94,6 +94,25 @@ func (h *harness) Insert(t *testing.T, stage string, n int) []int64 {
 	return ids
 }
 
+func (h *harness) BeginInsert(t *testing.T, stage string) (int64, func()) {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatalf("begin producer transaction: %v", err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // a no-op once committed
+	var id int64
+	if err := tx.QueryRow(ctx, "INSERT INTO pepsi.queue (stage) VALUES ($1) RETURNING ingress_id", stage).Scan(&id); err != nil {
+		t.Fatalf("insert a row at %s: %v", stage, err)
+	}
+	return id, func() {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("commit producer transaction: %v", err)
+		}
+	}
+}
+
 func (h *harness) Stage(t *testing.T, id int64, from, to, status string, timeout time.Time) {
 	t.Helper()
 	var at *time.Time

@@ -111,6 +111,9 @@ type planNode struct {
 	ActualRows      float64    `json:"Actual Rows"`
 	ActualLoops     float64    `json:"Actual Loops"`
 	RemovedByFilter float64    `json:"Rows Removed by Filter"`
+	IndexCond       string     `json:"Index Cond"`
+	SharedHit       float64    `json:"Shared Hit Blocks"`
+	SharedRead      float64    `json:"Shared Read Blocks"`
 	Plans           []planNode `json:"Plans"`
 }
 
@@ -157,7 +160,7 @@ func explain(t *testing.T, conn *pgx.Conn, planCacheMode, name, args string) *pl
 		t.Fatal(err)
 	}
 	var out []byte
-	q := fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%s)", name, args)
+	q := fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE %s(%s)", name, args)
 	if err := tx.QueryRow(ctx, q, pgx.QueryExecModeSimpleProtocol).Scan(&out); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
@@ -185,7 +188,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 	for _, sql := range []string{
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 's' || (i %% 3) FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[]) AS " + pgqueue.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[]) AS " + pgqueue.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -196,7 +199,6 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 	for i := range 10 {
 		mustExec(t, h, step(int64(2*i), nil, stages, capEach))
 	}
-	args := fmt.Sprintf("'{%s}', '{%d,%d,%d}'", strings.Join(stages, ","), capEach, capEach, capEach)
 	for _, stats := range []string{"without statistics", "analyzed"} {
 		if stats == "analyzed" {
 			if _, err := conn.Exec(ctx, "ANALYZE pepsi.queue"); err != nil {
@@ -204,10 +206,53 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 			}
 		}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-			plan := explain(t, conn, mode, "claim", args)
-			where := fmt.Sprintf("%s, %s:\n%s", stats, mode, plan)
-			checkClaimPlan(t, plan, len(stages), capEach, where)
+			for _, after := range []string{"{0,0,0}", "{0,1000,100000}"} {
+				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s'", strings.Join(stages, ","), capEach, capEach, capEach, after)
+				plan := explain(t, conn, mode, "claim", args)
+				where := fmt.Sprintf("%s, %s, floors %s:\n%s", stats, mode, after, plan)
+				checkClaimPlan(t, plan, len(stages), capEach, where)
+			}
 		}
+	}
+}
+
+// TestClaimFloorSkipsDeadEntries checks that a stage's floor (core.Cap.After)
+// positions the walk of queue_pending rather than filtering it: after claims
+// have taken most of a stage's backlog, a claim from the start of the stage's
+// range reads every index page of their dead entries, and one from the floor
+// reads a few pages, whatever the backlog.
+func TestClaimFloorSkipsDeadEntries(t *testing.T) {
+	t.Parallel()
+	const backlog, taken = 100_000, 90_000
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	for _, sql := range []string{
+		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
+		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
+		"PREPARE claim(text[], int[], bigint[]) AS " + pgqueue.ClaimSQL,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	pages := func(after int64) float64 {
+		var blocks float64
+		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}'", after))
+		plan.walk(nil, func(n, _ *planNode) {
+			if n.IndexName == "queue_pending" {
+				blocks = n.SharedHit + n.SharedRead
+			}
+		})
+		return blocks
+	}
+	pages(0) // the first walk over the dead entries marks them dead in the index
+	from, above := pages(0), pages(taken)
+	// 90,000 entries of 24 bytes fill over 250 index pages.
+	t.Logf("index pages read: %g from the start, %g above the floor", from, above)
+	if from < 200 || above > 10 {
+		t.Errorf("a claim from the start of the range read %g index pages, one above the floor %g; want over 200 and at most 10", from, above)
 	}
 }
 
@@ -242,6 +287,62 @@ func checkClaimPlan(t *testing.T, plan *planNode, nStages, capEach int, where st
 	})
 	if pendingScans != 1 {
 		t.Errorf("plan reads queue_pending %d times, want once (per stage, under a Limit); %s", pendingScans, where)
+	}
+}
+
+// TestResolvePlanCostsItsItems checks that a resolve looks its items' rows up by
+// id, whatever the planner believes: statistics taken on a fresh backlog say no
+// row is running, and the queue_running index holds a dead entry for every
+// claim since the last vacuum. Every read of the queue must have an index
+// condition (no whole-index or sequential scan), and the statement's buffers
+// must stay near the items' own, far below the dead entries' pages.
+func TestResolvePlanCostsItsItems(t *testing.T) {
+	t.Parallel()
+	const backlog, churned, items = 100_000, 80_000, 128
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	sqls := []string{
+		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
+		"VACUUM ANALYZE pepsi.queue",
+	}
+	for range 3 { // three claims and requeues of most rows
+		sqls = append(sqls,
+			fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", churned),
+			fmt.Sprintf("UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id <= %d", churned))
+	}
+	sqls = append(sqls,
+		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
+		"PREPARE resolve(bigint[], text[], text[], text[], text[], text[], timestamptz[], text[]) AS "+pgqueue.ResolveSQL)
+	for _, sql := range sqls {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	ids := make([]string, items)
+	for i := range ids {
+		ids[i] = fmt.Sprint(churned + 1 + i)
+	}
+	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", items), ",") + "}'" }
+	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`)}, ", ")
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		plan := explain(t, conn, mode, "resolve", args)
+		blocks := 0.0
+		plan.walk(nil, func(n, _ *planNode) {
+			if n.RelationName == "queue" && strings.Contains(n.NodeType, "Seq Scan") {
+				t.Errorf("resolve plan has a %s on queue; %s:\n%s", n.NodeType, mode, plan)
+			}
+			if strings.HasPrefix(n.IndexName, "queue_") && n.IndexCond == "" {
+				t.Errorf("resolve plan reads all of %s (%s, no index condition); %s:\n%s", n.IndexName, n.NodeType, mode, plan)
+			}
+		})
+		blocks = plan.SharedHit + plan.SharedRead
+		// Three dead queue_running entries per churned row fill over 700 pages.
+		if blocks > 10000 {
+			t.Errorf("resolve of %d items read %g buffers; want at most 10000; %s:\n%s", items, blocks, mode, plan)
+		}
+		t.Logf("%s: resolve of %d items read %g buffers", mode, items, blocks)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 
 // statement is one queue command as SQL: what it adds to the step's batch, how
 // its results become the command's result event, and that event when the
-// transaction failed. Each command is one statement (a Claim two), so a step of
+// transaction failed. Each command is one statement (a Claim three), so a step of
 // any size is still one round trip.
 type statement struct {
 	name   string
@@ -77,7 +77,9 @@ func resetOrphans(c core.ResetOrphans) statement {
 // queue_pending index (stage, ingress_id) and stops at its LIMIT, so a claim costs
 // the rows it takes, not the backlog. The dispatcher is the only pending→running
 // writer, so no row lock is needed to keep two claims apart. A cap below zero
-// counts as zero.
+// counts as zero. Each stage's walk starts above $3[i], its floor (core.Cap.After):
+// the index range below it holds only the dead entries of rows claimed before,
+// which a walk from the start of the range would step over one by one.
 //
 // Two spellings keep the planner on that path whatever its statistics (checked
 // by TestClaimPlanWalksPendingIndex, with and without statistics, custom and
@@ -97,10 +99,10 @@ func resetOrphans(c core.ResetOrphans) statement {
 const claimSQL = `
 WITH picked AS (
 	SELECT p.ingress_id
-	FROM unnest($1::text[], $2::int[]) AS c(stage, n)
+	FROM unnest($1::text[], $2::int[], $3::bigint[]) AS c(stage, n, after)
 	CROSS JOIN LATERAL (
 		SELECT q.ingress_id FROM pepsi.queue q
-		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage
+		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
 		ORDER BY q.stage, q.ingress_id
 		LIMIT greatest(c.n, 0)
 	) p
@@ -110,6 +112,26 @@ WITH picked AS (
 	RETURNING u.ingress_id, u.stage
 )
 SELECT ingress_id, stage FROM claimed ORDER BY ingress_id`
+
+// ProducerKey is the advisory lock every producer transaction holds shared from
+// its first insert into pepsi.queue to its end ("pepsprod"; schema 6's trigger
+// takes it before the insert takes any id). The SQL of the trigger spells the
+// same number: keep them equal.
+const ProducerKey int64 = 0x7065707370726f64
+
+// settledSQL reports how far ingress has settled (core.Claimed.Settled): the
+// highest ingress_id the statement's snapshot sees, if no producer held
+// ProducerKey when pg_locks was read, which is after the snapshot was taken; else
+// 0. A producer that held a lower id then had taken the lock before that id and
+// still held it, so none did: every row up to that id is committed or gone, and
+// the claim that follows, with a later snapshot, sees all of them. $1 and $2 are
+// the key's high and low halves, as pg_locks shows an advisory lock on a bigint.
+const settledSQL = `
+SELECT CASE WHEN EXISTS (
+	SELECT 1 FROM pg_locks
+	WHERE locktype = 'advisory' AND classid = $1::oid AND objid = $2::oid AND objsubid = 1
+	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+) THEN 0 ELSE (SELECT coalesce(max(ingress_id), 0) FROM pepsi.queue) END`
 
 // epochSQL makes sure the crash sentinel holds a token and returns it. A plain
 // SELECT in the same statement cannot see the row the INSERT adds, hence the
@@ -129,20 +151,26 @@ LIMIT 1`
 func claim(c core.Claim) statement {
 	stages := make([]string, len(c.Caps))
 	caps := make([]int32, len(c.Caps))
+	after := make([]int64, len(c.Caps))
 	for i, cp := range c.Caps {
 		stages[i] = cp.Stage
 		caps[i] = int32(min(max(cp.N, 0), 1<<30))
+		after[i] = max(cp.After, 0)
 	}
 	return statement{
 		name: "claim",
 		queue: func(b *pgx.Batch) {
 			b.Queue(epochSQL)
-			b.Queue(claimSQL, stages, caps)
+			b.Queue(settledSQL, uint32(uint64(ProducerKey)>>32), uint32(uint64(ProducerKey)&0xffffffff))
+			b.Queue(claimSQL, stages, caps, after)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.Claimed{Op: c.Op}
 			if err := br.QueryRow().Scan(&ev.Epoch); err != nil {
 				return nil, fmt.Errorf("crash sentinel: %w", err)
+			}
+			if err := br.QueryRow().Scan(&ev.Settled); err != nil {
+				return nil, fmt.Errorf("settled ingress: %w", err)
 			}
 			rows, err := br.Query()
 			if err != nil {
@@ -183,6 +211,15 @@ func claim(c core.Claim) statement {
 // new version). No other writer can touch these rows meanwhile: every worker that
 // held them has answered or exited (core.Resolve's precondition).
 //
+// The rows are looked up by id through the primary key, whatever the planner's
+// estimates: the running guard is spelled "(status = 'running') IS TRUE", which
+// does not imply the queue_running index's predicate, so the planner cannot read
+// that index whole. Spelled plainly, a planner that believes few rows are
+// running (statistics taken on a fresh backlog) hashes the whole queue_running
+// index, whose dead entries grow by one per claim until a vacuum: a resolve
+// would cost the queue's history, not its items (checked by
+// TestResolvePlanCostsItsItems, which saw 40,000 buffers per resolve of 128).
+//
 // A stage owns state; if it stored something other than a JSON object there, the
 // reason or patch cannot be set inside it, and failing the whole step over it
 // would stop the dispatcher, so such a state is wrapped as {"state": <old>, …}.
@@ -204,7 +241,7 @@ WITH item AS (
 	           WHEN item.verdict = 'requeue' THEN 'pending'
 	           ELSE item.verdict -- no such verdict: the status CHECK fails the step
 	       END AS to_status
-	FROM item JOIN pepsi.queue o ON o.ingress_id = item.id AND o.status = 'running'
+	FROM item JOIN pepsi.queue o ON o.ingress_id = item.id AND (o.status = 'running') IS TRUE
 ), updated AS (
 	UPDATE pepsi.queue q SET
 		stage = CASE WHEN d.matched AND d.verdict = 'move' AND d.target NOT IN ('done', 'paused') THEN d.target ELSE q.stage END,
@@ -221,7 +258,7 @@ WITH item AS (
 		END,
 		updated_at = now()
 	FROM decided d
-	WHERE q.ingress_id = d.id AND q.status = 'running'
+	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE
 	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched
 )
 SELECT item.id,

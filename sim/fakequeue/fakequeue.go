@@ -41,6 +41,9 @@ type Queue struct {
 	// undo holds the before-images of stage writes not yet made durable by a
 	// dispatcher commit, newest last.
 	undo []Row
+	// inFlight counts producer transactions between Reserve and Commit or
+	// Abort: ids taken, rows not yet there.
+	inFlight int
 	// Notified counts NOTIFY ingress sent (inserts and wakes).
 	Notified int
 	// Dead counts the dead row versions left behind: one per change of a row,
@@ -67,6 +70,8 @@ const (
 	ByReset   Writer = "reset-orphans"
 	ByStage   Writer = "stage"
 	ByCrash   Writer = "crash"
+	// ByOperator is a tool such as pepsi-queue retry.
+	ByOperator Writer = "operator"
 )
 
 // Change is one change of one row.
@@ -79,7 +84,8 @@ type Change struct {
 // New returns an empty queue.
 func New() *Queue { return &Queue{stats: map[string]core.StageDelta{}} }
 
-// Insert adds n pending rows at stage and returns their ids.
+// Insert adds n pending rows at stage in one producer transaction and returns
+// their ids.
 func (q *Queue) Insert(stage string, n int) []int64 {
 	ids := make([]int64, n)
 	for i := range ids {
@@ -91,6 +97,59 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 		q.notify()
 	}
 	return ids
+}
+
+// Reserve starts a producer transaction that inserts one row: the row's id is
+// taken now, as PostgreSQL's identity does at insert, but the row appears only
+// at Commit (or never, after Abort). Meanwhile claims report nothing settled.
+func (q *Queue) Reserve() int64 {
+	q.rows = append(q.rows, nil)
+	q.inFlight++
+	return int64(len(q.rows))
+}
+
+// Commit ends the producer transaction of a reserved id: its row appears,
+// pending at stage, and the queue notifies.
+func (q *Queue) Commit(id int64, stage string) {
+	q.rows[id-1] = &Row{ID: id, Stage: stage, Status: "pending"}
+	q.inFlight--
+	q.notify()
+}
+
+// Abort ends the producer transaction of a reserved id without its row.
+func (q *Queue) Abort(int64) { q.inFlight-- }
+
+// Retry makes every failed or timed-out row that skip does not exclude pending
+// again at its stage, its dispatch_error cleared, and notifies (always, as
+// pepsi-queue retry does). It returns their ids.
+func (q *Queue) Retry(skip func(id int64) bool) []int64 {
+	var ids []int64
+	for _, r := range q.rows {
+		if r != nil && (r.Status == "failed" || r.Status == "timeout") && !skip(r.ID) {
+			before := *r
+			r.Status, r.DispatchError = "pending", ""
+			q.observe(ByOperator, before, r)
+			ids = append(ids, r.ID)
+		}
+	}
+	if len(ids) > 0 {
+		q.notify()
+	}
+	return ids
+}
+
+// settled is Claimed.Settled: the newest row's id, if no producer is
+// mid-transaction.
+func (q *Queue) settled() int64 {
+	if q.inFlight > 0 {
+		return 0
+	}
+	for i := len(q.rows) - 1; i >= 0; i-- {
+		if q.rows[i] != nil {
+			return q.rows[i].ID
+		}
+	}
+	return 0
 }
 
 func (q *Queue) notify() {
@@ -296,7 +355,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				if n >= cp.N {
 					break
 				}
-				if r != nil && r.Status == "pending" && r.Stage == cp.Stage {
+				if r != nil && r.Status == "pending" && r.Stage == cp.Stage && r.ID > cp.After {
 					before := *r
 					r.Status = "running"
 					q.observe(ByClaim, before, r)
@@ -306,7 +365,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 			}
 		}
 		slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
-		return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows}
+		return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled()}
 	case core.Resolve:
 		out := make([]core.Outcome, 0, len(c.Items))
 		for _, it := range c.Items {

@@ -22,6 +22,11 @@ type harness struct{ *fakequeue.Queue }
 
 func (h harness) Insert(_ *testing.T, stage string, n int) []int64 { return h.Queue.Insert(stage, n) }
 
+func (h harness) BeginInsert(_ *testing.T, stage string) (int64, func()) {
+	id := h.Reserve()
+	return id, func() { h.Commit(id, stage) }
+}
+
 func (h harness) Stage(t *testing.T, id int64, from, to, status string, timeout time.Time) {
 	t.Helper()
 	if !h.StageWrite(id, from, to, status, timeout) {

@@ -164,7 +164,7 @@ var mutants = []mutant{
 		"\tc.stat(name).Processed++\n\tc.passes++\n\tit := Item{", "\tc.passes++\n\tit := Item{"),
 	// The gate: producers notify only while the dispatcher waits.
 	mut("rest-without-last-look", "the core takes the gate and sleeps without looking once more",
-		"\t\tc.ingressGen++\n\t\tc.setMaybeMore()\n\tcase RestLost:",
+		"\t\tc.ingressGen++\n\t\tc.lookAll()\n\tcase RestLost:",
 		"\t\tc.ingressGen++\n\tcase RestLost:"),
 	mut("never-rests", "the core never declares itself waiting, so producers never notify",
 		"return c.gate == gateAwake && c.resetDone &&", "return false && c.resetDone &&"),
@@ -185,4 +185,18 @@ var mutants = []mutant{
 		"if c.cfg.Vacuum && h.vacuuming == 0 && ", "if c.cfg.Vacuum && "),
 	mut("vacuum-during-shutdown", "the dispatcher vacuums during a shutdown",
 		"!c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) && c.shutdown == 0 {", "!c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) {"),
+	// The claim floor: claims look above the rows earlier claims took.
+	mut("floor-ignores-settled", "the floor follows the last id claimed, whether or not a producer may still commit a lower one",
+		"\tif got < cp.N {\n\t\treach = math.MaxInt64\n\t}\n\treturn max(cp.After, min(reach, c.settled))",
+		"\t_ = math.MaxInt64\n\treturn max(cp.After, reach)"),
+	mut("floor-kept-over-resolve", "a claim looks above its floor although its own transaction's resolve requeues older rows",
+		"after = min(after, it.ID-1)", "_ = it"),
+	mut("floor-kept-over-wake", "a claim looks above its floor although its own transaction wakes paused rows",
+		"case ResetOrphans, Wake:\n\t\t\treturn 0", "case ResetOrphans:\n\t\t\treturn 0"),
+	mut("floor-kept-after-requeue", "a row a resolve made pending below a stage's floor waits for the next full look",
+		"st.floor = min(st.floor, o.ID-1)", "_ = st.floor"),
+	mut("floor-kept-over-look", "a look asked for while a claim was out is undone by that claim's result",
+		"if c.lookGen == c.claimLookGen {", "if true {"),
+	mut("look-keeps-floors", "a NOTIFY, the heartbeat or the database coming back does not make the claims look from the start",
+		"\t\tst.maybeMore = true\n\t\tst.floor = 0", "\t\tst.maybeMore = true"),
 }

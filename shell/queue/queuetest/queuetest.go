@@ -23,6 +23,10 @@ type Harness interface {
 	queue.Executor
 	// Insert adds pending rows at stage and returns their ids in order.
 	Insert(t *testing.T, stage string, n int) []int64
+	// BeginInsert starts a producer transaction that inserts one pending row at
+	// stage and stays open: the row has its id but appears only when commit is
+	// called. The test calls commit exactly once.
+	BeginInsert(t *testing.T, stage string) (id int64, commit func())
 	// Stage changes a row the way a stage program does (only if running at from):
 	// advance to another stage, or set status done/failed/paused (with timeout).
 	Stage(t *testing.T, id int64, from string, to string, status string, timeout time.Time)
@@ -58,6 +62,9 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ClaimTakesOnlyPendingRows", testClaimOnlyPending},
 		{"ClaimWithZeroCapOrUnknownStageTakesNothing", testClaimNothing},
 		{"EpochIsStableAcrossClaimsAndReplacedAfterACrash", testEpoch},
+		{"ClaimLooksOnlyAboveEachStagesFloor", testClaimFloor},
+		{"ClaimReportsIngressSettledUpToTheNewestRow", testClaimSettled},
+		{"ClaimReportsNothingSettledWhileAProducerIsMidTransaction", testClaimUnsettled},
 
 		{"ResolveRequeuesARowItsStageAdvanced", testResolveAdvanced},
 		{"ResolveFailsARowStillRunningAtItsStage", testResolveFailed},
@@ -173,6 +180,48 @@ func testClaimOrder(t *testing.T, h Harness) {
 	got = claimRows(t, h, core.Cap{Stage: "a", N: 3})
 	if want := rowsAt("a", ids[3:]...); !slices.Equal(got, want) {
 		t.Fatalf("second claim a:3 took %v, want %v (the two left)", got, want)
+	}
+}
+
+func testClaimFloor(t *testing.T, h Harness) {
+	a := h.Insert(t, "a", 6)
+	b := h.Insert(t, "b", 2)
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 2, After: a[2]}, core.Cap{Stage: "b", N: 5, After: b[1]})
+	if want := rowsAt("a", a[3:5]...); !slices.Equal(got, want) {
+		t.Fatalf("claim a:2 above %d, b:5 above %d took %v, want %v (the first two of a above its floor, none of b)", a[2], b[1], got, want)
+	}
+	for _, id := range a[:3] {
+		wantRow(t, h, id, "a", "pending")
+	}
+	got = claimRows(t, h, core.Cap{Stage: "a", N: 9})
+	if want := rowsAt("a", a[0], a[1], a[2], a[5]); !slices.Equal(got, want) {
+		t.Fatalf("claim a:9 from the start took %v, want %v", got, want)
+	}
+}
+
+func testClaimSettled(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	c := claim(t, h, core.Cap{Stage: "a", N: 1})
+	if c.Settled != ids[2] {
+		t.Fatalf("claim with no producer mid-transaction reported settled=%d, want %d (the newest row)", c.Settled, ids[2])
+	}
+}
+
+func testClaimUnsettled(t *testing.T, h Harness) {
+	early, commit := h.BeginInsert(t, "a")
+	late := h.Insert(t, "a", 1)[0]
+	if late <= early {
+		t.Fatalf("a row inserted after an open producer's got id %d, not above its %d", late, early)
+	}
+	c := claim(t, h, core.Cap{Stage: "a", N: 5})
+	if c.Settled != 0 || !slices.Equal(c.Rows, rowsAt("a", late)) {
+		t.Fatalf("claim while a producer holds id %d took %v, settled=%d; want only row %d, settled=0 (a lower id may still commit)",
+			early, c.Rows, c.Settled, late)
+	}
+	commit()
+	c = claim(t, h, core.Cap{Stage: "a", N: 5})
+	if c.Settled != late || !slices.Equal(c.Rows, rowsAt("a", early)) {
+		t.Fatalf("claim after the producer committed took %v, settled=%d; want row %d, settled=%d", c.Rows, c.Settled, early, late)
 	}
 }
 
