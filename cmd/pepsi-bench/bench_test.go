@@ -70,7 +70,7 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
 	}
 	for _, state := range []string{"idle", "busy"} {
-		ingest := regexp.MustCompile(`(?m)^  dispatcher ` + state + ` .*: no trigger [0-9]+ tps; schema-[0-9]+ trigger [0-9]+ tps = [0-9.]+× the no-trigger rate`)
+		ingest := regexp.MustCompile(`(?m)^  dispatcher ` + state + ` .*: no trigger [0-9]+ tps; this schema's triggers \(4 and 6\) [0-9]+ tps = [0-9.]+× the no-trigger rate`)
 		if !ingest.MatchString(out) {
 			t.Errorf("pepsi-bench output has no ingest line with the dispatcher %s matching %q; output:\n%s", state, ingest, out)
 		}
