@@ -60,7 +60,7 @@ var mutants = []mutant{
 		"\t\tkeep = nil"),
 	{"reset-keeps-unsure-rows", "the reset after a lost claim keeps rows whose resolve may have applied",
 		"keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
-		"keep := c.held()", nil, []uint64{2372}},
+		"keep := c.held()", nil, []uint64{1296}},
 	mut("lost-claim-not-reset", "rows a lost claim may have taken are never reset",
 		"\t\tc.needReset = true\n\t\treturn\n\t}\n\tc.epoch = e.Epoch",
 		"\t\treturn\n\t}\n\tc.epoch = e.Epoch"),
@@ -91,7 +91,7 @@ var mutants = []mutant{
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
 	{name: "wake-takes-held-rows", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
-		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{66}},
+		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{180}},
 
 	// Timers the core must ask for: without one it acts late, at the next
 	// unrelated event (the checker's deadlines run whenever the clock moves).
