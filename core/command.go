@@ -226,10 +226,25 @@ type Rest struct{}
 // Rest and looks once more.
 type Busy struct{}
 
+// Level is how much a Log line matters to the operator; the shell maps it onto
+// its logger's levels.
+type Level string
+
+// The levels of Log lines.
+const (
+	// LevelInfo: a decision worth knowing of (a start-up reset, a cooldown ended).
+	LevelInfo Level = "info"
+	// LevelWarn: something went wrong and the dispatcher copes (a failed write
+	// held until the database is back, a failed message).
+	LevelWarn Level = "warn"
+	// LevelError: a worker crashed, hung or cannot start.
+	LevelError Level = "error"
+)
+
 // Log is a line for the operator about a decision the core took (a crash, a
-// timeout, a cooldown). Level is "info", "warn" or "error".
+// timeout, a cooldown), at Level.
 type Log struct {
-	Level string
+	Level Level
 	Msg   string
 }
 
@@ -255,13 +270,24 @@ func (Rest) isCommand()         {}
 func (Busy) isCommand()         {}
 func (Exit) isCommand()         {}
 
+// QueueCommand is a command executed in the step's queue transaction (see
+// Command): ResetOrphans, Resolve, Wake, Claim and Flush. Each is answered by
+// one result event carrying its Op.
+type QueueCommand interface {
+	Command
+	queueOp() int64
+}
+
+func (c ResetOrphans) queueOp() int64 { return c.Op }
+func (c Resolve) queueOp() int64      { return c.Op }
+func (c Wake) queueOp() int64         { return c.Op }
+func (c Claim) queueOp() int64        { return c.Op }
+func (c Flush) queueOp() int64        { return c.Op }
+
 // IsQueue reports whether c is a queue command, executed in the step's transaction.
 func IsQueue(c Command) bool {
-	switch c.(type) {
-	case ResetOrphans, Resolve, Wake, Claim, Flush:
-		return true
-	}
-	return false
+	_, ok := c.(QueueCommand)
+	return ok
 }
 
 func (c ResetOrphans) String() string {

@@ -117,7 +117,7 @@ type Claimed struct {
 type Outcome struct {
 	ID      int64
 	Stage   string
-	Status  string
+	Status  RowStatus
 	Timeout time.Time
 	Error   string
 	Matched bool
@@ -273,3 +273,16 @@ func formatTime(t time.Time) string {
 	}
 	return t.UTC().Format(time.RFC3339Nano)
 }
+
+// queueResult is the result event of a queue command: OrphansReset, Resolved,
+// Woken, Claimed, Flushed. A non-empty error means the transaction failed.
+type queueResult interface {
+	Event
+	queueErr() string
+}
+
+func (e OrphansReset) queueErr() string { return e.Err }
+func (e Resolved) queueErr() string     { return e.Err }
+func (e Woken) queueErr() string        { return e.Err }
+func (e Claimed) queueErr() string      { return e.Err }
+func (e Flushed) queueErr() string      { return e.Err }

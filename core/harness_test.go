@@ -154,7 +154,7 @@ func (w *world) head(wid core.WorkerID) int64 {
 
 // answer makes worker wid answer line for its head message, after the stage wrote
 // the row as given (to == "" leaves the row alone).
-func (w *world) answer(wid core.WorkerID, to, status, line string) []core.Command {
+func (w *world) answer(wid core.WorkerID, to string, status core.RowStatus, line string) []core.Command {
 	w.t.Helper()
 	id := w.head(wid)
 	if to != "" {
@@ -168,12 +168,12 @@ func (w *world) answer(wid core.WorkerID, to, status, line string) []core.Comman
 
 // advance: the head of wid moved to stage `to` and the worker answered 0.
 func (w *world) advance(wid core.WorkerID, to string) []core.Command {
-	return w.answer(wid, to, "running", "0")
+	return w.answer(wid, to, core.StatusRunning, "0")
 }
 
 // finish: the head of wid is done and the worker answered 0.
 func (w *world) finish(wid core.WorkerID) []core.Command {
-	return w.answer(wid, w.stageOf[wid], "done", "0")
+	return w.answer(wid, w.stageOf[wid], core.StatusDone, "0")
 }
 
 func (w *world) exit(wid core.WorkerID, code int, signal string) []core.Command {
@@ -204,7 +204,7 @@ func (w *world) row(id int64) fakequeue.Row {
 	return r
 }
 
-func (w *world) wantRow(id int64, stage, status string) {
+func (w *world) wantRow(id int64, stage string, status core.RowStatus) {
 	w.t.Helper()
 	r := w.row(id)
 	if r.Stage != stage || r.Status != status {

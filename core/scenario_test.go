@@ -34,10 +34,10 @@ func TestStartResetsOrphansThenClaimsEveryStageInOneStatement(t *testing.T) {
 	}
 	// That one claim took the rows of both stages with pending work, a's up to its cap:
 	// b's are 1 and 2, a's are 3 to 12, of which 3 to 8 fit.
-	w.wantRow(1, "b", "running")
-	w.wantRow(2, "b", "running")
-	w.wantRow(8, "a", "running")
-	w.wantRow(9, "a", "pending")
+	w.wantRow(1, "b", core.StatusRunning)
+	w.wantRow(2, "b", core.StatusRunning)
+	w.wantRow(8, "a", core.StatusRunning)
+	w.wantRow(9, "a", core.StatusPending)
 }
 
 // Proves: rows inserted without a notification wait (for the heartbeat); an Ingress
@@ -48,13 +48,13 @@ func TestIngressClaimsOnlyWhenNotifiedOrPolled(t *testing.T) {
 	w.settle()      // it waits for notifications: every producer notifies
 	w.q.Insert("a", 2)
 	none[core.Claim](t, w.tick(time.Second), "no claim without a notification before the heartbeat")
-	w.wantRow(1, "a", "pending")
+	w.wantRow(1, "a", core.StatusPending)
 	claim := one[core.Claim](t, w.step(core.Ingress{}))
 	if capsOf(claim)["a"] != 6 {
 		t.Errorf("claim after ingress: caps %v, want a:6", claim.Caps)
 	}
-	w.wantRow(1, "a", "running")
-	w.wantRow(2, "a", "running")
+	w.wantRow(1, "a", core.StatusRunning)
+	w.wantRow(2, "a", core.StatusRunning)
 }
 
 // Proves: a pending row whose NOTIFY was lost is claimed by the heartbeat, at
@@ -98,7 +98,7 @@ func TestAnIdleCoreRestsAndLooksOnceMoreBeforeItReliesOnNotifications(t *testing
 		t.Errorf("the last look must come after the rest:\n%s", list(cmds))
 	}
 	one[core.Busy](t, cmds)
-	w.wantRow(1, "a", "running")
+	w.wantRow(1, "a", core.StatusRunning)
 }
 
 func TestARestingCoreStaysRestingWhenItsLastLookFindsNothing(t *testing.T) {
@@ -127,7 +127,7 @@ func TestAGateThatCannotBeTakenIsAskedForAgainAfterALook(t *testing.T) {
 	// No one notifies: the core looks now, and asks again later.
 	one[core.Claim](t, cmds)
 	none[core.Rest](t, cmds, "no second rest at once")
-	w.wantRow(1, "a", "running")
+	w.wantRow(1, "a", core.StatusRunning)
 }
 
 func TestALostGateMakesTheCoreLookAgain(t *testing.T) {
@@ -137,7 +137,7 @@ func TestALostGateMakesTheCoreLookAgain(t *testing.T) {
 	w.q.Insert("c", 1) // the gate's connection died: producers stopped notifying
 	cmds := w.step(core.RestLost{})
 	one[core.Claim](t, cmds)
-	w.wantRow(1, "c", "running")
+	w.wantRow(1, "c", core.StatusRunning)
 }
 
 // Proves: when an answer and a notification arrive in one Step, the answer frees its
@@ -157,7 +157,7 @@ QUEUE_LIMIT = 2
 	none[core.Claim](t, w.step(core.Ingress{}), "a full stage must not be claimed for")
 	// The answer and the notification arrive together: the answer frees a slot first.
 	id := w.head(1)
-	w.q.StageWrite(id, "a", "a", "done", time.Time{})
+	w.q.StageWrite(id, "a", "a", core.StatusDone, time.Time{})
 	w.held[1] = w.held[1][1:]
 	cmds := w.step(core.Ingress{}, core.Answer{Worker: 1, Line: "0"})
 	claim := one[core.Claim](t, cmds)
@@ -219,8 +219,8 @@ func TestWorkerIsHandedUpToQueueLimitIdsInOneWrite(t *testing.T) {
 		t.Errorf("stage b (PARALLELISM 1) spawned %d workers", n)
 	}
 	// Stage b's in-flight capacity is QUEUE_LIMIT × PARALLELISM = 4: two stay pending.
-	w.wantRow(5, "b", "pending")
-	w.wantRow(6, "b", "pending")
+	w.wantRow(5, "b", core.StatusPending)
+	w.wantRow(6, "b", core.StatusPending)
 }
 
 // Feature: elastic per-stage pools.
@@ -274,14 +274,14 @@ func TestPoolGrowsToParallelismAndNoFurther(t *testing.T) {
 			t.Errorf("%s holds %v, want one id (each of the 3 workers is full)", wid, w.held[wid])
 		}
 	}
-	w.wantRow(4, "c", "pending") // 3 × 1 in flight: the rest waits
+	w.wantRow(4, "c", core.StatusPending) // 3 × 1 in flight: the rest waits
 	// Answers free slots but never create a fourth worker.
 	cmds = w.finish(1)
 	none[core.Spawn](t, cmds, "no fourth worker")
 	if wr := one[core.Write](t, cmds); wr.Worker != 1 || !slices.Equal(wr.IDs, []int64{4}) {
 		t.Errorf("%s, want message 4 written to w1, whose slot the answer freed", wr)
 	}
-	w.wantRow(5, "c", "pending")
+	w.wantRow(5, "c", core.StatusPending)
 }
 
 // Proves: a worker idle for WORKER_IDLE_TIMEOUT is stopped then, at a timer the core
@@ -378,7 +378,7 @@ func TestAdvancedMessageIsRequeuedForTheNextStage(t *testing.T) {
 	if capsOf(claim)["b"] == 0 {
 		t.Errorf("stage b not claimed for after the advance: %v", claim.Caps)
 	}
-	w.wantRow(1, "b", "running")
+	w.wantRow(1, "b", core.StatusRunning)
 	if ws := of[core.Write](cmds); len(ws) != 1 || ws[0].IDs[0] != 1 {
 		t.Errorf("message 1 not handed to a b worker: %v", ws)
 	} else if st := w.stageOf[ws[0].Worker]; st != "b" {
@@ -392,7 +392,7 @@ func TestZeroThatLeavesTheRowRunningFailsItAsAStageBug(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.answer(1, "", "", "0")
-	w.wantRow(1, "a", "failed")
+	w.wantRow(1, "a", core.StatusFailed)
 	if r := w.row(1); !strings.Contains(r.DispatchError, "left the message running") {
 		t.Errorf("dispatch_error %q does not say the stage left it running", r.DispatchError)
 	}
@@ -406,14 +406,14 @@ func TestStuckMessageIsRequeuedNotFailedAfterADatabaseCrash(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	id := w.head(1)
-	w.q.StageWrite(id, "a", "b", "running", time.Time{})
+	w.q.StageWrite(id, "a", "b", core.StatusRunning, time.Time{})
 	w.q.Crash() // PostgreSQL lost the stage's asynchronous commit
 	w.held[1] = w.held[1][1:]
 	w.step(core.Answer{Worker: 1, Line: "0"})
-	if r := w.row(id); r.Status == "failed" {
+	if r := w.row(id); r.Status == core.StatusFailed {
 		t.Fatalf("message %d failed as a stage bug although the crash lost the stage's commit", id)
 	}
-	w.wantRow(id, "a", "running") // requeued, then claimed again for a
+	w.wantRow(id, "a", core.StatusRunning) // requeued, then claimed again for a
 	// The same stage runs it again.
 	if w.head(1) != id {
 		t.Errorf("message %d not handed to stage a again", id)
@@ -428,10 +428,10 @@ func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.at(10 * time.Second)
-	w.answer(1, "a", "paused", "0") // paused until 10s + 1m = 70s
-	w.tick(30 * time.Second)        // heartbeat: a wake that finds nothing due
+	w.answer(1, "a", core.StatusPaused, "0") // paused until 10s + 1m = 70s
+	w.tick(30 * time.Second)                 // heartbeat: a wake that finds nothing due
 	cmds := w.tick(60 * time.Second)
-	w.wantRow(1, "a", "paused")
+	w.wantRow(1, "a", core.StatusPaused)
 	cmds = append(cmds, w.settle()...) // the core rests first (RestAfter)
 	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(70 * time.Second)) {
 		t.Errorf("timer after the 60s heartbeat at %s, want the paused timeout at 70s", at.Sub(epoch))
@@ -441,7 +441,7 @@ func TestPausedRowIsWokenAtItsTimeout(t *testing.T) {
 	if !wake.Now.Equal(epoch.Add(70 * time.Second)) {
 		t.Errorf("wake at %v, want 70s", wake.Now.Sub(epoch))
 	}
-	w.wantRow(1, "a", "running")
+	w.wantRow(1, "a", core.StatusRunning)
 	if wr := one[core.Write](t, cmds); wr.IDs[0] != 1 {
 		t.Errorf("woken message not handed out: %v", wr)
 	}
@@ -458,7 +458,7 @@ PROGRAM = a
 `)
 	w.start("a", 1)
 	w.at(time.Second)
-	cmds := w.answer(1, "a", "paused", "0")
+	cmds := w.answer(1, "a", core.StatusPaused, "0")
 	ts := of[core.SetTimer](cmds)
 	if len(ts) == 0 {
 		t.Fatalf("no timer after a pause:\n%s", list(cmds))
@@ -486,12 +486,12 @@ func TestNonZeroAnswerFailsOneMessageAndTheWorkerLivesOn(t *testing.T) {
 	if its := items(cmds); len(its) != 1 || its[0].ID != 1 || its[0].Verdict != core.Fail {
 		t.Errorf("resolve items %v, want only message 1 failed", its)
 	}
-	w.wantRow(1, "a", "failed")
+	w.wantRow(1, "a", core.StatusFailed)
 	if r := w.row(1); r.DispatchError != "invalid address: nobody@" {
 		t.Errorf("dispatch_error = %q, want the worker's reason", r.DispatchError)
 	}
 	w.advance(1, "b")
-	w.wantRow(2, "b", "running")
+	w.wantRow(2, "b", core.StatusRunning)
 }
 
 // Proves: a crash fails the worker's head-of-line message, requeues the rest (which a
@@ -508,11 +508,11 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	if it := itemFor(t, cmds, 3); it.Verdict != core.Requeue {
 		t.Errorf("item behind the head %v, want pending (requeued)", it)
 	}
-	w.wantRow(2, "a", "failed")
-	if r := w.row(3); r.Status == "failed" {
+	w.wantRow(2, "a", core.StatusFailed)
+	if r := w.row(3); r.Status == core.StatusFailed {
 		t.Errorf("message 3 never ran but was failed")
 	}
-	w.wantRow(3, "a", "running") // requeued, claimed again
+	w.wantRow(3, "a", core.StatusRunning) // requeued, claimed again
 	if ws := of[core.Write](cmds); len(ws) != 1 || !slices.Equal(ws[0].IDs, []int64{3}) || ws[0].Worker == 1 {
 		t.Errorf("writes after the crash %v, want message 3 handed to a new worker", ws)
 	}
@@ -530,9 +530,9 @@ func TestCrashAfterTheHeadWasAdvancedRequeuesItInsteadOfFailing(t *testing.T) {
 	w.start("a", 2)
 	w.at(time.Minute)
 	id := w.head(1)
-	w.q.StageWrite(id, "a", "b", "running", time.Time{}) // committed, then died
+	w.q.StageWrite(id, "a", "b", core.StatusRunning, time.Time{}) // committed, then died
 	w.exit(1, 1, "")
-	if r := w.row(id); r.Status == "failed" || r.Stage != "b" {
+	if r := w.row(id); r.Status == core.StatusFailed || r.Stage != "b" {
 		t.Errorf("advanced head is %s at %s, want requeued at b", r.Status, r.Stage)
 	}
 }
@@ -560,7 +560,7 @@ func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
 	if it := itemFor(t, cmds, 2); it.Verdict != core.TimeOut {
 		t.Errorf("head item %v, want timeout", it)
 	}
-	w.wantRow(2, "a", "timeout")
+	w.wantRow(2, "a", core.StatusTimeout)
 }
 
 // Proves: a line that is not a status line gets the worker killed, and then, as for a
@@ -641,7 +641,7 @@ func TestMessagesOfAWorkerThatCouldNotStartAreRetriedWhenTheCooldownEnds(t *test
 	w.at(1500 * time.Millisecond)
 	cmds := w.exit(1, 1, "")
 	cmds = append(cmds, w.settle()...)
-	w.wantRow(1, "b", "pending")
+	w.wantRow(1, "b", core.StatusPending)
 	// Requeued rows are pending, and no notification will come for them: the core
 	// must ask for a tick when the cooldown ends, not wait for the heartbeat.
 	due := epoch.Add(1500*time.Millisecond + core.CooldownMin)
@@ -667,7 +667,7 @@ func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testin
 		if it := itemFor(t, cmds, id); it.Verdict != core.Requeue {
 			t.Errorf("claimed row %d of a stage that cannot start: %v, want pending", id, it)
 		}
-		w.wantRow(id, "b", "pending")
+		w.wantRow(id, "b", core.StatusPending)
 	}
 	due := epoch.Add(1500*time.Millisecond + core.CooldownMin)
 	if at := lastTimer(t, cmds); !at.Equal(due) {
@@ -677,7 +677,7 @@ func TestClaimedRowsOfAStageThatCannotStartArePendingDuringTheCooldown(t *testin
 	cmds = w.tick(due.Sub(epoch))
 	one[core.Claim](t, cmds)
 	one[core.Spawn](t, cmds)
-	w.wantRow(1, "b", "running")
+	w.wantRow(1, "b", core.StatusRunning)
 }
 
 // Feature: start-up / shutdown safety.
@@ -704,8 +704,8 @@ QUEUE_LIMIT = 2
 			t.Errorf("claimed-but-unassigned %d: %v, want pending", id, it)
 		}
 	}
-	w.wantRow(1, "a", "pending")
-	w.wantRow(2, "a", "pending")
+	w.wantRow(1, "a", core.StatusPending)
+	w.wantRow(2, "a", core.StatusPending)
 	none[core.Exit](t, cmds, "exited before its worker")
 	cmds = w.exit(sp.Worker, 0, "")
 	if e := one[core.Exit](t, cmds); e.Code != 0 {
@@ -728,9 +728,9 @@ func TestShutdownRequeuesWhatAWorkerDidNotAnswer(t *testing.T) {
 			t.Errorf("unanswered %d at shutdown: %v, want pending", id, it)
 		}
 	}
-	w.wantRow(1, "a", "done")
-	w.wantRow(2, "a", "pending")
-	w.wantRow(3, "a", "pending")
+	w.wantRow(1, "a", core.StatusDone)
+	w.wantRow(2, "a", core.StatusPending)
+	w.wantRow(3, "a", core.StatusPending)
 	if e := one[core.Exit](t, w.all); e.Code != 0 {
 		t.Errorf("exit code %d, want 0 (every row was resolved or requeued)", e.Code)
 	}
@@ -754,8 +754,8 @@ func TestWritesOwedDuringAnOutageAreSentWhenTheDatabaseIsBack(t *testing.T) {
 	if len(r.Items) != 2 {
 		t.Fatalf("resolve after the outage has %v, want both owed answers", r.Items)
 	}
-	w.wantRow(1, "b", "running")
-	w.wantRow(2, "a", "done")
+	w.wantRow(1, "b", core.StatusRunning)
+	w.wantRow(2, "a", core.StatusDone)
 }
 
 // Proves: after a claim whose reply was lost, the core resets the running rows it
@@ -767,13 +767,13 @@ func TestLostClaimReplyResetsTheRowsItMayHaveClaimed(t *testing.T) {
 	w.loseReplies = true
 	w.step(core.Ingress{}) // claims 2, 3 but the reply is lost
 	w.loseReplies = false
-	w.wantRow(2, "a", "running")
+	w.wantRow(2, "a", core.StatusRunning)
 	cmds := w.step(core.DatabaseUp{})
 	reset := one[core.ResetOrphans](t, cmds)
 	if len(reset.Keep) != 1 || reset.Keep[0] != 1 {
 		t.Errorf("reset keeps %v, want [1] (held by w1)", reset.Keep)
 	}
-	if w.row(1).Status != "running" {
+	if w.row(1).Status != core.StatusRunning {
 		t.Errorf("row 1 (held) was reset")
 	}
 	if w.head(1) != 1 || len(w.held[1]) != 3 {
@@ -792,7 +792,7 @@ func TestLostResolveReplyIsResentSafely(t *testing.T) {
 	if again := itemFor(t, w.step(core.DatabaseUp{}), 1); again != lost {
 		t.Errorf("re-sent item %v, want the lost one unchanged: %v", again, lost)
 	}
-	w.wantRow(1, "b", "running") // resent: left alone, then claimed for b
+	w.wantRow(1, "b", core.StatusRunning) // resent: left alone, then claimed for b
 	if len(of[core.Write](w.all)) != 2 {
 		t.Errorf("message 1 not handed to b exactly once:\n%s", list(w.all))
 	}
@@ -809,7 +809,7 @@ func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLos
 	w.start("a", 1)
 	id := w.head(1)
 	w.at(30 * time.Second) // the heartbeat is due: this step's transaction wakes due rows
-	if !w.q.StageWrite(id, "a", "a", "paused", w.now) {
+	if !w.q.StageWrite(id, "a", "a", core.StatusPaused, w.now) {
 		t.Fatalf("stage write of %d failed", id)
 	}
 	w.held[1] = w.held[1][1:]
@@ -817,10 +817,10 @@ func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLos
 	w.step(core.Answer{Worker: 1, Line: "0"}) // resolve, wake and claim commit; the reply is lost
 	w.loseReplies = false
 	w.step(core.DatabaseUp{})
-	if r := w.row(id); r.Status == "failed" {
+	if r := w.row(id); r.Status == core.StatusFailed {
 		t.Fatalf("message %d was failed (%q) although its stage paused it before answering 0", id, r.DispatchError)
 	}
-	w.wantRow(id, "a", "running") // reset, then claimed again at a
+	w.wantRow(id, "a", core.StatusRunning) // reset, then claimed again at a
 	if w.head(1) != id {
 		t.Errorf("message %d not handed to stage a again", id)
 	}
@@ -836,14 +836,14 @@ func TestShutdownResetsRowsALostClaimMayHaveTakenBeforeExitingZero(t *testing.T)
 	w.loseReplies = true
 	w.step(core.Ingress{}) // claims row 1; the reply is lost
 	w.loseReplies = false
-	w.wantRow(1, "a", "running")
+	w.wantRow(1, "a", core.StatusRunning)
 	none[core.Exit](t, w.step(core.Shutdown{}), "exited while a lost claim's row may be running")
 	cmds := w.step(core.DatabaseUp{})
 	one[core.ResetOrphans](t, cmds)
 	if e := one[core.Exit](t, cmds); e.Code != 0 {
 		t.Errorf("exit code %d after resetting everything, want 0", e.Code)
 	}
-	w.wantRow(1, "a", "pending")
+	w.wantRow(1, "a", core.StatusPending)
 }
 
 // Feature: statistics.
@@ -854,7 +854,7 @@ func TestStatisticsAreFlushedAsDeltasOnIdleAndNeverEmpty(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
 	w.at(2 * time.Second)
-	w.answer(1, "b", "running", "0 x:100 y:200")
+	w.answer(1, "b", core.StatusRunning, "0 x:100 y:200")
 	w.at(3 * time.Second)
 	cmds := w.finish(2)
 	f := one[core.Flush](t, cmds)
@@ -975,7 +975,7 @@ func TestStatisticsOfACoreThatLostItsLockAreCarriedToTheNextCore(t *testing.T) {
 		t.Fatalf("Unflushed = %v, want the lost flush (with its Seq) and the unsent deltas", carry)
 	}
 	w.restart(carry)
-	w.wantRow(3, "a", "running") // reset, claimed again by the new core
+	w.wantRow(3, "a", core.StatusRunning) // reset, claimed again by the new core
 	flushAll(w)
 	st, passes, left, _ := w.q.Stats()
 	// Passes: 1 and 2 answered by the first core; the lost flush was applied and
@@ -995,14 +995,14 @@ func TestRowPausedWithADueTimeoutIsNotWokenBeforeItsAnswerIsRead(t *testing.T) {
 	w.at(30 * time.Second) // the heartbeat is due
 	// The stage paused the row until a moment already past and committed; its
 	// answer has not been read yet.
-	if !w.q.StageWrite(id, "a", "a", "paused", epoch) {
+	if !w.q.StageWrite(id, "a", "a", core.StatusPaused, epoch) {
 		t.Fatal("stage write failed")
 	}
 	cmds := w.step(core.Tick{})
 	if wake := one[core.Wake](t, cmds); len(wake.Keep) != 1 || wake.Keep[0] != id {
 		t.Errorf("wake keeps %v, want [%d] (handed, unanswered)", wake.Keep, id)
 	}
-	w.wantRow(id, "a", "paused")
+	w.wantRow(id, "a", core.StatusPaused)
 	none[core.Write](t, cmds, "a message handed out again while its worker holds it")
 	// Once the answer is read, the due pause is woken and the message runs again.
 	w.held[1] = w.held[1][1:]
@@ -1010,7 +1010,7 @@ func TestRowPausedWithADueTimeoutIsNotWokenBeforeItsAnswerIsRead(t *testing.T) {
 	if ws := of[core.Write](cmds); len(ws) != 1 || ws[0].IDs[0] != id {
 		t.Errorf("message %d not handed out again after its pause was resolved: %v", id, ws)
 	}
-	if r := w.row(id); r.Status != "running" {
+	if r := w.row(id); r.Status != core.StatusRunning {
 		t.Errorf("row %d is %s, want running again", id, r.Status)
 	}
 }
@@ -1044,13 +1044,13 @@ func TestHeartbeatResetsRunningRowsNoOneHolds(t *testing.T) {
 	// which this core knows nothing of.
 	w.q.Insert("a", 1)
 	w.q.Exec(t.Context(), []core.Command{core.Claim{Op: 999, Caps: []core.Cap{{Stage: "a", N: 1}}}})
-	w.wantRow(2, "a", "running")
+	w.wantRow(2, "a", core.StatusRunning)
 	cmds := w.tick(30 * time.Second)
 	reset := one[core.ResetOrphans](t, cmds)
 	if len(reset.Keep) != 1 || reset.Keep[0] != 1 {
 		t.Errorf("heartbeat reset keeps %v, want [1] (held by w1)", reset.Keep)
 	}
-	w.wantRow(1, "a", "running")
+	w.wantRow(1, "a", core.StatusRunning)
 	if got := w.held[1]; len(got) != 2 || got[1] != 2 {
 		t.Errorf("the orphan was not reset and handed out: w1 holds %v", got)
 	}
@@ -1080,7 +1080,7 @@ func TestAnsweredAdvanceIsWrittenByTheDispatcherAndClaimedAtTheNextStage(t *test
 	if cl := of[core.Claim](cmds); len(cl) == 0 || !slices.ContainsFunc(cl[len(cl)-1].Caps, func(c core.Cap) bool { return c.Stage == "b" }) {
 		t.Fatalf("no claim for stage b after the move:\n%s", list(cmds))
 	}
-	w.wantRow(1, "b", "running")
+	w.wantRow(1, "b", core.StatusRunning)
 	flushAll(w)
 	stages, passes, _, _ := w.q.Stats()
 	if stages["a"].Processed != 1 || passes != 1 {
@@ -1097,21 +1097,21 @@ func TestAnsweredDoneAndPauseAreWrittenStraightToWhatTheRowBecomes(t *testing.T)
 	if it := itemFor(t, cmds, 1); it.Verdict != core.Move || it.To != core.TargetDone {
 		t.Fatalf("item %v, want a move to done", it)
 	}
-	w.wantRow(1, "a", "done")
+	w.wantRow(1, "a", core.StatusDone)
 	w.at(10 * time.Second)
 	cmds = answerMove(w, 1, "0 >paused:2.5")
 	it := itemFor(t, cmds, 2)
 	if want := epoch.Add(12500 * time.Millisecond); it.Verdict != core.Move || it.To != core.TargetPaused || !it.Until.Equal(want) {
 		t.Fatalf("item %v, want a pause until %s", it, want)
 	}
-	w.wantRow(2, "a", "paused")
+	w.wantRow(2, "a", core.StatusPaused)
 	cmds = append(cmds, w.settle()...)
 	// The core learnt the timeout from the outcome and wakes it then.
 	if timer := of[core.SetTimer](cmds); len(timer) == 0 || !timer[len(timer)-1].At.Equal(it.Until) {
 		t.Fatalf("want a timer at the answered timeout %s:\n%s", it.Until, list(cmds))
 	}
 	w.tick(12500 * time.Millisecond)
-	w.wantRow(2, "a", "running")
+	w.wantRow(2, "a", core.StatusRunning)
 }
 
 // Proves: one worker may answer a transition for one message and bare 0s for the
@@ -1129,9 +1129,9 @@ func TestAnsweredTransitionsMixWithBareAnswersInOneWorker(t *testing.T) {
 	if it := itemFor(t, cmds, 3); it.Verdict != core.Answered {
 		t.Errorf("item %v after a bare 0, want answered", it)
 	}
-	w.wantRow(1, "b", "running")
-	w.wantRow(2, "b", "running")
-	w.wantRow(3, "a", "done")
+	w.wantRow(1, "b", core.StatusRunning)
+	w.wantRow(2, "b", core.StatusRunning)
+	w.wantRow(3, "a", core.StatusDone)
 }
 
 // Proves: an answered transition the dispatcher cannot write fails only that message,
@@ -1147,8 +1147,8 @@ func TestAnUnwritableTransitionFailsItsMessageAndTheWorkerLivesOn(t *testing.T) 
 			if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "cannot have") {
 				t.Fatalf("item %v, want the message failed with a reason", it)
 			}
-			w.wantRow(1, "a", "failed")
-			w.wantRow(2, "a", "running")
+			w.wantRow(1, "a", core.StatusFailed)
+			w.wantRow(2, "a", core.StatusRunning)
 		})
 	}
 }
@@ -1160,7 +1160,7 @@ func TestAGuardMissWritesNothingAndIsCountedAndLogged(t *testing.T) {
 	w.start("a", 1)
 	// The stage both wrote its advance and answered one: the dispatcher's write
 	// misses its guard, the row is requeued where the stage put it.
-	cmds := w.answer(1, "c", "running", "0 >b")
+	cmds := w.answer(1, "c", core.StatusRunning, "0 >b")
 	if it := itemFor(t, cmds, 1); it.Verdict != core.Move || it.To != "b" {
 		t.Fatalf("item %v, want a move to b", it)
 	}
@@ -1171,7 +1171,7 @@ func TestAGuardMissWritesNothingAndIsCountedAndLogged(t *testing.T) {
 	if !found {
 		t.Errorf("no log line for the guard miss:\n%s", list(cmds))
 	}
-	w.wantRow(1, "c", "running")
+	w.wantRow(1, "c", core.StatusRunning)
 	flushAll(w)
 	if stages, _, _, _ := w.q.Stats(); stages["a"].GuardMisses != 1 {
 		t.Errorf("guard misses of a = %d, want 1", stages["a"].GuardMisses)
@@ -1188,7 +1188,7 @@ func TestAMoveWhoseReplyWasLostIsNotCountedAsAGuardMiss(t *testing.T) {
 	w.loseReplies = false
 	w.at(2 * time.Second)
 	w.step(core.DatabaseUp{})
-	w.wantRow(1, "a", "done")
+	w.wantRow(1, "a", core.StatusDone)
 	flushAll(w)
 	if stages, _, left, _ := w.q.Stats(); stages["a"].GuardMisses != 0 || left != 1 {
 		t.Errorf("guard misses %d, messages left %d: want 0 and 1 (the re-sent move found its own write)", stages["a"].GuardMisses, left)

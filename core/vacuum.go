@@ -129,7 +129,7 @@ func (c *Core) inspected(e Inspected) {
 	if e.Err != "" {
 		if !h.failed {
 			h.failed = true
-			c.logf("warn", "cannot read pepsi.queue's vacuum statistics: %s", e.Err)
+			c.logf(LevelWarn, "cannot read pepsi.queue's vacuum statistics: %s", e.Err)
 		}
 		return
 	}
@@ -140,22 +140,22 @@ func (c *Core) inspected(e Inspected) {
 				h.unrunSaid = map[string]time.Time{}
 			}
 			h.unrunSaid[u.Stage] = c.now
-			c.logf("warn", "%d messages are pending at stage %q, which no [stage-%s] of this dispatcher's configuration runs: nothing will claim them",
+			c.logf(LevelWarn, "%d messages are pending at stage %q, which no [stage-%s] of this dispatcher's configuration runs: nothing will claim them",
 				u.N, u.Stage, u.Stage)
 		}
 	}
 	if !e.Autovacuum && !h.warnedOff {
 		h.warnedOff = true
 		if c.cfg.Vacuum {
-			c.logf("warn", "autovacuum is off for pepsi.queue: pepsi-dispatch vacuums it itself when it has %d dead rows (VACUUM = off leaves it to you)", VacuumDeadMin)
+			c.logf(LevelWarn, "autovacuum is off for pepsi.queue: pepsi-dispatch vacuums it itself when it has %d dead rows (VACUUM = off leaves it to you)", VacuumDeadMin)
 		} else {
-			c.logf("warn", "autovacuum is off for pepsi.queue and VACUUM = off: nothing removes its dead rows, and the queue slows down as they pile up (%d now)", e.Dead)
+			c.logf(LevelWarn, "autovacuum is off for pepsi.queue and VACUUM = off: nothing removes its dead rows, and the queue slows down as they pile up (%d now)", e.Dead)
 		}
 	}
 	switch old := e.HorizonAge >= HorizonAgeWarn; {
 	case old && !h.warnedAge:
 		h.warnedAge = true
-		c.logf("warn", "%s has held back the xmin horizon for %s: no vacuum can remove pepsi.queue's dead rows (%d now) until it ends",
+		c.logf(LevelWarn, "%s has held back the xmin horizon for %s: no vacuum can remove pepsi.queue's dead rows (%d now) until it ends",
 			e.Horizon, e.HorizonAge.Truncate(time.Second), e.Dead)
 	case !old:
 		h.warnedAge = false
@@ -175,7 +175,7 @@ func (c *Core) vacuumed(e Vacuumed) {
 	}
 	c.health.vacuuming = 0
 	if e.Err != "" {
-		c.logf("warn", "vacuum of pepsi.queue failed: %s", e.Err)
+		c.logf(LevelWarn, "vacuum of pepsi.queue failed: %s", e.Err)
 	}
 }
 

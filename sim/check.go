@@ -106,12 +106,12 @@ type model struct {
 	claimGenOf map[int64]int // the claim (see claimGen) each held message came with
 	cool       []cooldown
 	startFails map[int64]int
-	verdicts   map[int64]string // rows this life's resolves failed or timed out, until the core hears of it
-	flushedAt  time.Time        // when the core made its last new flush (or started)
-	lastFlush  *core.Flush      // the last flush it sent
-	issued     *truth           // what its new flushes carried, summed
-	resetSeen  bool             // the start-up reset's result came back
-	startCarry []core.Flush     // what Start carried
+	verdicts   map[int64]core.RowStatus // rows this life's resolves failed or timed out, until the core hears of it
+	flushedAt  time.Time                // when the core made its last new flush (or started)
+	lastFlush  *core.Flush              // the last flush it sent
+	issued     *truth                   // what its new flushes carried, summed
+	resetSeen  bool                     // the start-up reset's result came back
+	startCarry []core.Flush             // what Start carried
 	// told: per stage, whether the core has been told that rows may be pending
 	// there and has not since claimed it dry (the promptness obligation).
 	told       []bool
@@ -157,7 +157,7 @@ func (w *world) newLifeModel() {
 	m.claimGenOf = map[int64]int{}
 	m.cool = make([]cooldown, len(w.sc.stages))
 	m.startFails = map[int64]int{}
-	m.verdicts = map[int64]string{}
+	m.verdicts = map[int64]core.RowStatus{}
 	m.lastFlush = nil
 	m.issued = &truth{stages: map[string]*core.StageDelta{}}
 	m.resetSeen = false
@@ -199,7 +199,7 @@ func (w *world) checkGate() {
 	for _, id := range sortedKeys(w.unnotified) {
 		r, _ := w.q.Get(id)
 		s, ok := w.stageOf(r.Stage)
-		if r.Status != "pending" || !ok {
+		if r.Status != core.StatusPending || !ok {
 			delete(w.unnotified, id)
 			continue
 		}
@@ -365,7 +365,7 @@ func (w *world) modelEvent(ev core.Event) {
 			}
 			ex := w.expects[o.ID]
 			delete(w.expects, o.ID)
-			if final(o.Status) {
+			if o.Status.Final() {
 				w.truth().left++
 			}
 			if ex.verdict == core.Move && !o.Matched && !ex.unsure {
@@ -373,7 +373,7 @@ func (w *world) modelEvent(ev core.Event) {
 				// an earlier send, whose reply was lost, wrote it).
 				w.truth().stage(ex.stage).GuardMisses++
 			}
-			if o.Status == "pending" {
+			if o.Status == core.StatusPending {
 				if s, ok := w.stageOf(o.Stage); ok {
 					w.told[s] = true
 				}
@@ -381,7 +381,7 @@ func (w *world) modelEvent(ev core.Event) {
 			if v, ok := w.verdicts[o.ID]; ok {
 				// The core learns now that its resolve failed or timed out the row.
 				delete(w.verdicts, o.ID)
-				if v == "failed" {
+				if v == core.StatusFailed {
 					w.truth().stage(o.Stage).Failed++
 				} else {
 					w.truth().stage(o.Stage).Timeouts++
@@ -869,7 +869,7 @@ func (w *world) checkWrite(x core.Write) {
 			w.violation("%s hands message %d to stage %s, but it is %s", x, id, stage.name, who)
 			return
 		}
-		if r, _ := w.q.Get(id); r.Status != "running" || r.Stage != stage.name {
+		if r, _ := w.q.Get(id); r.Status != core.StatusRunning || r.Stage != stage.name {
 			w.violation("%s hands message %d, whose row is %s at %s (claim not committed?)", x, id, r.Status, r.Stage)
 			return
 		}
@@ -969,7 +969,7 @@ func (w *world) checkExit(x core.Exit) {
 		w.violation("%s although the core still holds or owes %s", x, w.heldText())
 	case x.Code == 0:
 		for _, r := range w.q.Rows() {
-			if r.Status == "running" && w.lateClaimed[r.ID] != w.claimGen[r.ID-1] {
+			if r.Status == core.StatusRunning && w.lateClaimed[r.ID] != w.claimGen[r.ID-1] {
 				// (A row a late claim took after the core's reset is an orphan the
 				// core cannot know of; the next start-up reset takes care of it.)
 				w.violation("%s (every row reset or resolved) but row %d is running at %s", x, r.ID, r.Stage)
@@ -1010,7 +1010,7 @@ func (w *world) checkTimely() {
 		// core learns timeouts from Woken and Resolved, and sets its timer.
 		for id := int64(1); id <= int64(len(w.msgOf)); id++ {
 			r, _ := w.q.Get(id)
-			if _, held := w.heldBy(id); r.Status == "paused" && r.Timeout.Before(w.now) && !held {
+			if _, held := w.heldBy(id); r.Status == core.StatusPaused && r.Timeout.Before(w.now) && !held {
 				w.violation("row %d is paused until %s, %s ago, and no wake is outstanding", id, r.Timeout.Sub(epoch), w.now.Sub(r.Timeout))
 				return
 			}
@@ -1134,7 +1134,7 @@ func (w *world) checkFloors(c core.Claim, sent time.Time) {
 			if at, ok := w.retried[r.ID]; ok && (at.IsZero() || at.After(sent)) {
 				continue
 			}
-			if r.Status == "pending" && r.Stage == cp.Stage {
+			if r.Status == core.StatusPending && r.Stage == cp.Stage {
 				w.violation("claim op=%d looks above %d at stage %s and passes over pending row %d", c.Op, cp.After, cp.Stage, r.ID)
 				return
 			}
@@ -1153,7 +1153,7 @@ func (w *world) claimOwed(s int, at time.Time) bool {
 	}
 	name := w.sc.stages[s].name
 	for _, r := range w.q.Rows() {
-		if r.Status == "pending" && r.Stage == name && !w.insertedAt[r.ID-1].After(at) {
+		if r.Status == core.StatusPending && r.Stage == name && !w.insertedAt[r.ID-1].After(at) {
 			return true
 		}
 	}
@@ -1286,7 +1286,7 @@ func (w *world) heldAt(stage string) int {
 // observe checks every row change the fake queue makes, and counts the rows the
 // dispatcher itself fails or times out.
 func (w *world) observe(c fakequeue.Change) {
-	if c.Before.Status == "pending" && c.After.Status == "running" && c.By != fakequeue.ByClaim {
+	if c.Before.Status == core.StatusPending && c.After.Status == core.StatusRunning && c.By != fakequeue.ByClaim {
 		w.violation("row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
 		return
 	}
@@ -1297,7 +1297,7 @@ func (w *world) observe(c fakequeue.Change) {
 			w.lateClaimed[c.After.ID] = w.claimGen[c.After.ID-1]
 		}
 	}
-	if c.By != fakequeue.ByResolve || !(c.After.Status == "failed" || c.After.Status == "timeout") {
+	if c.By != fakequeue.ByResolve || !(c.After.Status == core.StatusFailed || c.After.Status == core.StatusTimeout) {
 		return
 	}
 	if w.execLife != w.life {
@@ -1339,7 +1339,7 @@ func (w *world) finalCheck() {
 		return
 	}
 	for _, r := range rows {
-		if !final(r.Status) {
+		if !r.Status.Final() {
 			w.violation("row %d is %s at %s at the end", r.ID, r.Status, r.Stage)
 			return
 		}

@@ -172,7 +172,7 @@ func (w *world) begin(p *proc, id int64) {
 	name := w.sc.stages[p.stage].name
 	if !w.dbDown() {
 		r, _ := w.q.Get(id)
-		if r.Status != "running" || r.Stage != name {
+		if r.Status != core.StatusRunning || r.Stage != name {
 			w.failf("%s (stage %s) was handed message %d, but its row is %s at %s: not claimed for this stage",
 				p.id, name, id, r.Status, r.Stage)
 			return
@@ -283,7 +283,7 @@ func (w *world) answers(p *proc, id int64, a attempt) bool {
 	if !v.answers || !a.kind.answerable() {
 		return false
 	}
-	return a.kind == kPause || w.next(p, id) <= m.last || m.end == "done"
+	return a.kind == kPause || w.next(p, id) <= m.last || m.end == core.StatusDone
 }
 
 // next is the stage the good pass moves the message to (past the last stage:
@@ -333,11 +333,11 @@ func (w *world) commit(p *proc, id int64) {
 	m := w.sc.messages[w.msgOf[id-1]]
 	v := m.visits[p.stage-m.first]
 	from := w.sc.stages[p.stage].name
-	to, status := from, "running"
+	to, status := from, core.StatusRunning
 	var timeout time.Time
 	switch {
 	case p.try.kind == kPause:
-		status, timeout = "paused", w.now.Add(p.try.pause)
+		status, timeout = core.StatusPaused, w.now.Add(p.try.pause)
 	default:
 		next := p.stage + 1
 		if v.fuse && p.stage+1 <= m.last {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // Scenario is everything one simulation run plays: the configuration, the
@@ -50,11 +52,11 @@ type stageConf struct {
 // message is one queue row: when it is inserted, the stages it visits and what
 // each of them does.
 type message struct {
-	at     time.Duration // insertion time; 0 = before the dispatcher starts
-	first  int           // the stage it is inserted at
-	last   int           // the stage that finishes it
-	end    string        // what the last stage makes of it: "done" or "failed"
-	visits []visit       // visits[s-first] for each stage s in first..last
+	at     time.Duration  // insertion time; 0 = before the dispatcher starts
+	first  int            // the stage it is inserted at
+	last   int            // the stage that finishes it
+	end    core.RowStatus // what the last stage makes of it: done or failed
+	visits []visit        // visits[s-first] for each stage s in first..last
 }
 
 // visit is what one stage does with one message: a few troubled tries in the fault
@@ -288,9 +290,9 @@ func chooseMessage(c chooser, sc *Scenario) message {
 	if c.intn("msg.late", 0, 3) > 0 {
 		m.at = millis(c.intn("msg.at_ms", 0, int(sc.faultPhase/time.Millisecond)))
 	}
-	m.end = "done"
+	m.end = core.StatusDone
 	if c.intn("msg.end", 0, 3) == 3 {
-		m.end = "failed"
+		m.end = core.StatusFailed
 	}
 	for s := m.first; s <= m.last; s++ {
 		v := visit{latency: millis(c.intn("visit.latency_ms", 1, 2000))}

@@ -394,21 +394,19 @@ func (w *world) quiescent() bool {
 		return false
 	}
 	for _, r := range w.q.Rows() {
-		if !final(r.Status) {
+		if !r.Status.Final() {
 			return false
 		}
 	}
 	return true
 }
 
-func final(status string) bool { return status == "done" || status == "failed" || status == "timeout" }
-
 func (w *world) unfinished() string {
 	var parts []string
 	for _, r := range w.q.Rows() {
-		if !final(r.Status) {
+		if !r.Status.Final() {
 			s := fmt.Sprintf("%d@%s:%s", r.ID, r.Stage, r.Status)
-			if r.Status == "paused" {
+			if r.Status == core.StatusPaused {
 				s += "(until " + r.Timeout.Sub(epoch).String() + ")"
 			}
 			parts = append(parts, s)
@@ -819,33 +817,50 @@ func (w *world) setTimer(x core.SetTimer) {
 	})
 }
 
+// txnFault is what the fake world does to one queue transaction.
+type txnFault int
+
+// The transaction faults; the text of each is what the trace says.
+const (
+	txnOK          txnFault = iota
+	txnFailsBefore          // fails before it takes effect
+	txnLosesReply           // takes effect, but its reply is lost
+	txnRetried              // hits 40001 and is retried by the shell (slower)
+	txnCommitsLate          // loses its reply and commits later (claims only)
+)
+
+func (f txnFault) String() string {
+	return [...]string{"", "fails before it takes effect", "takes effect, but its reply is lost",
+		"hits 40001 and is retried by the shell", "loses its reply and commits later"}[f]
+}
+
 // send executes a queue transaction: it takes effect a moment later (or not, or
 // loses its reply), and its results come back a moment after that.
 func (w *world) send(cmds []core.Command) {
 	t := &txn{cmds: cmds, life: w.life, sent: w.now}
 	w.txn = t
 	f := w.sc.faults
-	fault := ""
+	fault := txnOK
 	switch r := w.rTxn.IntN(1000); {
 	case w.healing:
 	case r < f.failBefore:
-		fault = "fails before it takes effect"
+		fault = txnFailsBefore
 	case r < f.failBefore+f.failAfter:
-		fault = "takes effect, but its reply is lost"
+		fault = txnLosesReply
 	case r < f.failBefore+f.failAfter+f.transient:
-		fault = "hits 40001 and is retried by the shell"
+		fault = txnRetried
 	}
 	lat := w.randDur(w.rTxn, 200*time.Microsecond, 20*time.Millisecond)
-	if strings.HasPrefix(fault, "hits") {
+	if fault == txnRetried {
 		lat += w.randDur(w.rTxn, 5*time.Millisecond, 200*time.Millisecond)
 	}
-	if fault == "" && claimOnly(cmds) && w.chance(w.rFault, f.lateClaim) {
-		fault = "loses its reply and commits later"
+	if fault == txnOK && claimOnly(cmds) && w.chance(w.rFault, f.lateClaim) {
+		fault = txnCommitsLate
 	}
 	w.after(lat, func() {
 		var res []core.Event
 		switch {
-		case strings.HasPrefix(fault, "loses"):
+		case fault == txnCommitsLate:
 			// The shell gave up on it (a timeout, a broken connection) while the
 			// server still runs it: it commits after the core has moved on.
 			w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
@@ -855,15 +870,15 @@ func (w *world) send(cmds []core.Command) {
 		case w.dbDown():
 			w.note("transaction op=%d fails: the database is unreachable", core.QueueOp(cmds[0]))
 			res = fakequeue.Failed(cmds, "dial tcp 127.0.0.1:5432: connect: connection refused")
-		case strings.HasPrefix(fault, "fails"):
+		case fault == txnFailsBefore:
 			w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
 			res = fakequeue.Failed(cmds, "server closed the connection unexpectedly")
 		default:
 			res = w.exec(t)
-			if fault != "" {
+			if fault != txnOK {
 				w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
 			}
-			if strings.HasPrefix(fault, "takes") {
+			if fault == txnLosesReply {
 				res = fakequeue.Failed(cmds, "connection reset by peer during COMMIT")
 			}
 		}

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // errHandlerEndsTx is what Commit and Rollback of Message.Tx return: the library
@@ -60,8 +62,9 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	var (
-		stage, status string
-		version       uint32
+		stage   string
+		status  core.RowStatus
+		version uint32
 	)
 	_, err := br.Exec()
 	if err == nil {

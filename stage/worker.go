@@ -136,7 +136,8 @@ func (w *worker) closeBroken(ctx context.Context) {
 // row is a queue row as a pass reads it.
 type row struct {
 	id             int64
-	stage, status  string
+	stage          string
+	status         core.RowStatus
 	state, payload []byte
 	// version is the row version's xmin: a transition the library writes without
 	// a lock writes only over the version its handler was given.
@@ -329,7 +330,7 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	if err != nil {
 		return "", fmt.Errorf("read message %d: %w", id, err)
 	}
-	if r.status != "running" || r.stage != w.stage {
+	if r.status != core.StatusRunning || r.stage != w.stage {
 		// Someone else moved it, or an earlier run of ours committed before the
 		// connection broke: the dispatcher will see the row as it is.
 		w.log.Warn("message is not running at this stage; answering 0 without running it",
@@ -418,17 +419,17 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 		// a bounded length: write this transition here.
 	}
 
-	newStage, newStatus := w.stage, ""
+	newStage, newStatus := w.stage, core.RowStatus("")
 	var timeout *time.Time
 	switch res.kind {
 	case kindAdvance:
-		newStage, newStatus = res.next, "running"
+		newStage, newStatus = res.next, core.StatusRunning
 	case kindDone:
-		newStatus = "done"
+		newStatus = core.StatusDone
 	case kindFailed:
-		newStatus = "failed"
+		newStatus = core.StatusFailed
 	case kindPause:
-		newStatus = "paused"
+		newStatus = core.StatusPaused
 		timeout = &res.until
 	}
 	newState := []byte("{}")
@@ -473,7 +474,7 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 // writeTransition writes a transition without a lock, in one statement that is
 // its own transaction, over the row version the handler was given only. moved
 // is false when that version is gone.
-func (w *worker) writeTransition(ctx context.Context, r *row, newStage, newStatus string, timeout *time.Time, newState []byte) (moved bool, err error) {
+func (w *worker) writeTransition(ctx context.Context, r *row, newStage string, newStatus core.RowStatus, timeout *time.Time, newState []byte) (moved bool, err error) {
 	_, err = w.conn.Exec(ctx, transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
 	var pgErr *pgconn.PgError
 	switch {
@@ -488,7 +489,7 @@ func (w *worker) writeTransition(ctx context.Context, r *row, newStage, newStatu
 // commitTx writes the transition in the transaction the handler opened and
 // commits it, in one round trip. moved is false when the transition found no row
 // to move; the transaction is then left open (aborted), for tx.end to roll back.
-func (w *worker) commitTx(ctx context.Context, r *row, newStage, newStatus string, timeout *time.Time, newState []byte) (moved bool, err error) {
+func (w *worker) commitTx(ctx context.Context, r *row, newStage string, newStatus core.RowStatus, timeout *time.Time, newState []byte) (moved bool, err error) {
 	b := &pgx.Batch{}
 	// The row is locked: no version guard (the handler may have changed the row
 	// in place; only moving it is a bug).

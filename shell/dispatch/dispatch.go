@@ -621,14 +621,13 @@ func signalOnce(ch chan<- struct{}) {
 	}
 }
 
-func level(s string) slog.Level {
-	switch s {
-	case "error":
+// level maps a core Log line's level onto the logger's.
+func level(l core.Level) slog.Level {
+	switch l {
+	case core.LevelError:
 		return slog.LevelError
-	case "warn":
+	case core.LevelWarn:
 		return slog.LevelWarn
-	case "debug":
-		return slog.LevelDebug
 	}
 	return slog.LevelInfo
 }

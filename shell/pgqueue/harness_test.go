@@ -113,7 +113,7 @@ func (h *harness) BeginInsert(t *testing.T, stage string) (int64, func()) {
 	}
 }
 
-func (h *harness) Stage(t *testing.T, id int64, from, to, status string, timeout time.Time) {
+func (h *harness) Stage(t *testing.T, id int64, from, to string, status core.RowStatus, timeout time.Time) {
 	t.Helper()
 	var at *time.Time
 	if !timeout.IsZero() {
@@ -126,7 +126,7 @@ func (h *harness) Stage(t *testing.T, id int64, from, to, status string, timeout
 	}
 }
 
-func (h *harness) Row(t *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool) {
+func (h *harness) Row(t *testing.T, id int64) (stage string, status core.RowStatus, timeout time.Time, dispatchError string, ok bool) {
 	t.Helper()
 	var at *time.Time
 	err := h.pool.QueryRow(t.Context(), `SELECT stage, status, timeout, coalesce(state->>'dispatch_error', '')

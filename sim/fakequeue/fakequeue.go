@@ -21,7 +21,7 @@ import (
 type Row struct {
 	ID            int64
 	Stage         string
-	Status        string
+	Status        core.RowStatus
 	Timeout       time.Time
 	DispatchError string
 	// State is the stages' part of state as compact JSON with sorted keys
@@ -90,7 +90,7 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 	ids := make([]int64, n)
 	for i := range ids {
 		id := int64(len(q.rows) + 1)
-		q.rows = append(q.rows, &Row{ID: id, Stage: stage, Status: "pending"})
+		q.rows = append(q.rows, &Row{ID: id, Stage: stage, Status: core.StatusPending})
 		ids[i] = id
 	}
 	if n > 0 {
@@ -111,7 +111,7 @@ func (q *Queue) Reserve() int64 {
 // Commit ends the producer transaction of a reserved id: its row appears,
 // pending at stage, and the queue notifies.
 func (q *Queue) Commit(id int64, stage string) {
-	q.rows[id-1] = &Row{ID: id, Stage: stage, Status: "pending"}
+	q.rows[id-1] = &Row{ID: id, Stage: stage, Status: core.StatusPending}
 	q.inFlight--
 	q.notify()
 }
@@ -125,9 +125,9 @@ func (q *Queue) Abort(int64) { q.inFlight-- }
 func (q *Queue) Retry(skip func(id int64) bool) []int64 {
 	var ids []int64
 	for _, r := range q.rows {
-		if r != nil && (r.Status == "failed" || r.Status == "timeout") && !skip(r.ID) {
+		if r != nil && (r.Status == core.StatusFailed || r.Status == core.StatusTimeout) && !skip(r.ID) {
 			before := *r
-			r.Status, r.DispatchError = "pending", ""
+			r.Status, r.DispatchError = core.StatusPending, ""
 			q.observe(ByOperator, before, r)
 			ids = append(ids, r.ID)
 		}
@@ -203,16 +203,16 @@ func (q *Queue) row(id int64) *Row {
 // 'running' and stage from: advance (to != from, status "running"), or finish /
 // pause (status "done", "failed" or "paused" with timeout). It reports whether the
 // guard matched. The write is asynchronous: a Crash before the next Exec loses it.
-func (q *Queue) StageWrite(id int64, from, to, status string, timeout time.Time) bool {
+func (q *Queue) StageWrite(id int64, from, to string, status core.RowStatus, timeout time.Time) bool {
 	r := q.row(id)
-	if r == nil || r.Status != "running" || r.Stage != from {
+	if r == nil || r.Status != core.StatusRunning || r.Stage != from {
 		return false
 	}
 	before := *r
 	q.undo = append(q.undo, before)
 	r.Stage, r.Status = to, status
 	r.Timeout = time.Time{}
-	if status == "paused" {
+	if status == core.StatusPaused {
 		r.Timeout = timeout
 	}
 	q.observe(ByStage, before, r)
@@ -281,25 +281,25 @@ func Failed(cmds []core.Command, err string) []core.Event {
 func (q *Queue) write(r *Row, it core.Item) {
 	switch it.Verdict {
 	case core.Requeue:
-		r.Status = "pending"
+		r.Status = core.StatusPending
 	case core.Fail:
-		r.Status, r.DispatchError = "failed", it.Reason
+		r.Status, r.DispatchError = core.StatusFailed, it.Reason
 	case core.TimeOut:
-		r.Status, r.DispatchError = "timeout", it.Reason
+		r.Status, r.DispatchError = core.StatusTimeout, it.Reason
 	case core.Answered:
 		if it.Epoch != "" && it.Epoch != q.epoch {
-			r.Status = "pending" // a crash may have lost the stage's own commit
+			r.Status = core.StatusPending // a crash may have lost the stage's own commit
 			return
 		}
-		r.Status, r.DispatchError = "failed", it.Reason
+		r.Status, r.DispatchError = core.StatusFailed, it.Reason
 	case core.Move:
 		switch it.To {
 		case core.TargetDone:
-			r.Status = "done"
+			r.Status = core.StatusDone
 		case core.TargetPaused:
-			r.Status, r.Timeout = "paused", it.Until
+			r.Status, r.Timeout = core.StatusPaused, it.Until
 		default:
-			r.Stage, r.Status = it.To, "pending"
+			r.Stage, r.Status = it.To, core.StatusPending
 		}
 		if it.Patch != "" {
 			r.State = merge(r.State, it.Patch)
@@ -335,9 +335,9 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 	case core.ResetOrphans:
 		n := 0
 		for _, r := range q.rows {
-			if r != nil && r.Status == "running" && !slices.Contains(c.Keep, r.ID) {
+			if r != nil && r.Status == core.StatusRunning && !slices.Contains(c.Keep, r.ID) {
 				before := *r
-				r.Status = "pending"
+				r.Status = core.StatusPending
 				q.observe(ByReset, before, r)
 				n++
 			}
@@ -355,9 +355,9 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				if n >= cp.N {
 					break
 				}
-				if r != nil && r.Status == "pending" && r.Stage == cp.Stage && r.ID > cp.After {
+				if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After {
 					before := *r
-					r.Status = "running"
+					r.Status = core.StatusRunning
 					q.observe(ByClaim, before, r)
 					rows = append(rows, core.Row{ID: r.ID, Stage: r.Stage})
 					n++
@@ -374,18 +374,18 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				out = append(out, core.Outcome{ID: it.ID})
 				continue
 			}
-			matched := r.Status == "running" && r.Stage == it.Stage
-			if r.Status == "running" {
+			matched := r.Status == core.StatusRunning && r.Stage == it.Stage
+			if r.Status == core.StatusRunning {
 				before := *r
 				if matched {
 					q.write(r, it)
 				} else {
-					r.Status = "pending" // advanced by its stage: requeued there
+					r.Status = core.StatusPending // advanced by its stage: requeued there
 				}
 				q.observe(ByResolve, before, r)
 			}
 			o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
-			if r.Status == "paused" {
+			if r.Status == core.StatusPaused {
 				o.Timeout = r.Timeout
 			}
 			out = append(out, o)
@@ -395,12 +395,12 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 		n := 0
 		var next time.Time
 		for _, r := range q.rows {
-			if r == nil || r.Status != "paused" || slices.Contains(c.Keep, r.ID) {
+			if r == nil || r.Status != core.StatusPaused || slices.Contains(c.Keep, r.ID) {
 				continue
 			}
 			if !r.Timeout.After(c.Now) {
 				before := *r
-				r.Status = "pending"
+				r.Status = core.StatusPending
 				r.Timeout = time.Time{}
 				q.observe(ByWake, before, r)
 				n++

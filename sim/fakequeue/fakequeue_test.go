@@ -27,14 +27,14 @@ func (h harness) BeginInsert(_ *testing.T, stage string) (int64, func()) {
 	return id, func() { h.Commit(id, stage) }
 }
 
-func (h harness) Stage(t *testing.T, id int64, from, to, status string, timeout time.Time) {
+func (h harness) Stage(t *testing.T, id int64, from, to string, status core.RowStatus, timeout time.Time) {
 	t.Helper()
 	if !h.StageWrite(id, from, to, status, timeout) {
 		t.Fatalf("stage write of row %d: it is not running at %s", id, from)
 	}
 }
 
-func (h harness) Row(_ *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool) {
+func (h harness) Row(_ *testing.T, id int64) (stage string, status core.RowStatus, timeout time.Time, dispatchError string, ok bool) {
 	r, ok := h.Get(id)
 	return r.Stage, r.Status, r.Timeout, r.DispatchError, ok
 }
@@ -68,7 +68,7 @@ func TestHooksReportNotificationsAndWhoChangedEachRow(t *testing.T) {
 	var changes []string
 	q.Notify = func() { notified++ }
 	q.Observe = func(c fakequeue.Change) {
-		changes = append(changes, string(c.By)+" "+c.Before.Stage+":"+c.Before.Status+"->"+c.After.Stage+":"+c.After.Status)
+		changes = append(changes, string(c.By)+" "+c.Before.Stage+":"+string(c.Before.Status)+"->"+c.After.Stage+":"+string(c.After.Status))
 	}
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	ids := q.Insert("a", 2)

@@ -29,9 +29,9 @@ type Harness interface {
 	BeginInsert(t *testing.T, stage string) (id int64, commit func())
 	// Stage changes a row the way a stage program does (only if running at from):
 	// advance to another stage, or set status done/failed/paused (with timeout).
-	Stage(t *testing.T, id int64, from string, to string, status string, timeout time.Time)
+	Stage(t *testing.T, id int64, from string, to string, status core.RowStatus, timeout time.Time)
 	// Row reads a row back.
-	Row(t *testing.T, id int64) (stage, status string, timeout time.Time, dispatchError string, ok bool)
+	Row(t *testing.T, id int64) (stage string, status core.RowStatus, timeout time.Time, dispatchError string, ok bool)
 	// State reads a row's state (state.dispatch_error included).
 	State(t *testing.T, id int64) map[string]any
 	// ClearEpoch empties the crash sentinel, as a PostgreSQL crash would.
@@ -149,7 +149,7 @@ func testExecSeesOwnEffects(t *testing.T, h Harness) {
 		t.Fatalf("Exec answered %d events, want 2: %v", len(evs), evs)
 	}
 	res, ok := evs[0].(core.Resolved)
-	if !ok || res.Err != "" || len(res.Outcomes) != 1 || res.Outcomes[0].Status != "pending" {
+	if !ok || res.Err != "" || len(res.Outcomes) != 1 || res.Outcomes[0].Status != core.StatusPending {
 		t.Fatalf("resolve answered %v, want %d@a:pending", evs[0], ids[0])
 	}
 	cl, ok := evs[1].(core.Claimed)
@@ -159,8 +159,8 @@ func testExecSeesOwnEffects(t *testing.T, h Harness) {
 	if want := []core.Row{{ID: ids[0], Stage: "a"}}; !slices.Equal(cl.Rows, want) {
 		t.Fatalf("claim after a requeue in the same Exec took %v, want %v (the requeued row)", cl.Rows, want)
 	}
-	wantRow(t, h, ids[0], "a", "running")
-	wantRow(t, h, ids[1], "a", "pending")
+	wantRow(t, h, ids[0], "a", core.StatusRunning)
+	wantRow(t, h, ids[1], "a", core.StatusPending)
 }
 
 // ---- Claim ----
@@ -172,10 +172,10 @@ func testClaimOrder(t *testing.T, h Harness) {
 		t.Fatalf("claim a:3 took %v, want %v (the first three in ingress order)", got, want)
 	}
 	for _, id := range ids[:3] {
-		wantRow(t, h, id, "a", "running")
+		wantRow(t, h, id, "a", core.StatusRunning)
 	}
 	for _, id := range ids[3:] {
-		wantRow(t, h, id, "a", "pending")
+		wantRow(t, h, id, "a", core.StatusPending)
 	}
 	got = claimRows(t, h, core.Cap{Stage: "a", N: 3})
 	if want := rowsAt("a", ids[3:]...); !slices.Equal(got, want) {
@@ -191,7 +191,7 @@ func testClaimFloor(t *testing.T, h Harness) {
 		t.Fatalf("claim a:2 above %d, b:5 above %d took %v, want %v (the first two of a above its floor, none of b)", a[2], b[1], got, want)
 	}
 	for _, id := range a[:3] {
-		wantRow(t, h, id, "a", "pending")
+		wantRow(t, h, id, "a", core.StatusPending)
 	}
 	got = claimRows(t, h, core.Cap{Stage: "a", N: 9})
 	if want := rowsAt("a", a[0], a[1], a[2], a[5]); !slices.Equal(got, want) {
@@ -251,16 +251,16 @@ func testClaimSeveralStages(t *testing.T, h Harness) {
 func testClaimOnlyPending(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 4)
 	claimRows(t, h, core.Cap{Stage: "a", N: 4})
-	h.Stage(t, ids[0], "a", "a", "done", time.Time{})
-	h.Stage(t, ids[1], "a", "a", "paused", base.Add(time.Hour))
-	h.Stage(t, ids[2], "a", "a", "failed", time.Time{})
+	h.Stage(t, ids[0], "a", "a", core.StatusDone, time.Time{})
+	h.Stage(t, ids[1], "a", "a", core.StatusPaused, base.Add(time.Hour))
+	h.Stage(t, ids[2], "a", "a", core.StatusFailed, time.Time{})
 	// ids[3] stays running.
 	more := h.Insert(t, "a", 2)
 	got := claimRows(t, h, core.Cap{Stage: "a", N: 10})
 	if want := rowsAt("a", more...); !slices.Equal(got, want) {
 		t.Fatalf("claim a:10 took %v, want only the pending rows %v", got, want)
 	}
-	for i, status := range []string{"done", "paused", "failed", "running"} {
+	for i, status := range []core.RowStatus{core.StatusDone, core.StatusPaused, core.StatusFailed, core.StatusRunning} {
 		wantRow(t, h, ids[i], "a", status)
 	}
 }
@@ -282,7 +282,7 @@ func testClaimNothing(t *testing.T, h Harness) {
 		}
 	}
 	for _, id := range ids {
-		wantRow(t, h, id, "a", "pending")
+		wantRow(t, h, id, "a", core.StatusPending)
 	}
 }
 
@@ -309,7 +309,7 @@ func testResolveAdvanced(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 3)
 	claimRows(t, h, core.Cap{Stage: "a", N: 3})
 	for _, id := range ids {
-		h.Stage(t, id, "a", "b", "running", time.Time{})
+		h.Stage(t, id, "a", "b", core.StatusRunning, time.Time{})
 	}
 	// Whatever the item asks for, a row its stage advanced is requeued, without
 	// a reason.
@@ -319,13 +319,13 @@ func testResolveAdvanced(t *testing.T, h Harness) {
 		core.Item{ID: ids[2], Stage: "a", Verdict: core.TimeOut, Reason: "too slow"},
 	)
 	want := []core.Outcome{
-		{ID: ids[0], Stage: "b", Status: "pending"},
-		{ID: ids[1], Stage: "b", Status: "pending"},
-		{ID: ids[2], Stage: "b", Status: "pending"},
+		{ID: ids[0], Stage: "b", Status: core.StatusPending},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending},
+		{ID: ids[2], Stage: "b", Status: core.StatusPending},
 	}
 	wantOutcomes(t, got, want)
 	for _, id := range ids {
-		wantRowError(t, h, id, "b", "pending", "")
+		wantRowError(t, h, id, "b", core.StatusPending, "")
 	}
 }
 
@@ -333,33 +333,33 @@ func testResolveFailed(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
 	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Fail, Reason: "exit 3: bad input"})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "exit 3: bad input", Matched: true}})
-	wantRowError(t, h, ids[0], "a", "failed", "exit 3: bad input")
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusFailed, Error: "exit 3: bad input", Matched: true}})
+	wantRowError(t, h, ids[0], "a", core.StatusFailed, "exit 3: bad input")
 }
 
 func testResolveTimeout(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
 	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.TimeOut, Reason: "MAX_RUNTIME 300s exceeded"})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "timeout", Error: "MAX_RUNTIME 300s exceeded", Matched: true}})
-	wantRowError(t, h, ids[0], "a", "timeout", "MAX_RUNTIME 300s exceeded")
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusTimeout, Error: "MAX_RUNTIME 300s exceeded", Matched: true}})
+	wantRowError(t, h, ids[0], "a", core.StatusTimeout, "MAX_RUNTIME 300s exceeded")
 }
 
 func testResolveRequeue(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
 	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Requeue})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "pending", Matched: true}})
-	wantRowError(t, h, ids[0], "a", "pending", "")
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusPending, Matched: true}})
+	wantRowError(t, h, ids[0], "a", core.StatusPending, "")
 }
 
 func testResolveLeavesOthers(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 5)
 	claimRows(t, h, core.Cap{Stage: "a", N: 4})
 	until := base.Add(90 * time.Minute)
-	h.Stage(t, ids[0], "a", "a", "done", time.Time{})
-	h.Stage(t, ids[1], "a", "a", "paused", until)
-	h.Stage(t, ids[2], "a", "a", "failed", time.Time{})
+	h.Stage(t, ids[0], "a", "a", core.StatusDone, time.Time{})
+	h.Stage(t, ids[1], "a", "a", core.StatusPaused, until)
+	h.Stage(t, ids[2], "a", "a", core.StatusFailed, time.Time{})
 	resolve(t, h, core.Item{ID: ids[3], Stage: "a", Verdict: core.Fail, Reason: "first reason"})
 	// ids[4] was never claimed: pending.
 	var items []core.Item
@@ -368,18 +368,18 @@ func testResolveLeavesOthers(t *testing.T, h Harness) {
 	}
 	got := resolve(t, h, items...)
 	want := []core.Outcome{
-		{ID: ids[0], Stage: "a", Status: "done"},
-		{ID: ids[1], Stage: "a", Status: "paused", Timeout: until},
-		{ID: ids[2], Stage: "a", Status: "failed"},
-		{ID: ids[3], Stage: "a", Status: "failed", Error: "first reason"},
-		{ID: ids[4], Stage: "a", Status: "pending"},
+		{ID: ids[0], Stage: "a", Status: core.StatusDone},
+		{ID: ids[1], Stage: "a", Status: core.StatusPaused, Timeout: until},
+		{ID: ids[2], Stage: "a", Status: core.StatusFailed},
+		{ID: ids[3], Stage: "a", Status: core.StatusFailed, Error: "first reason"},
+		{ID: ids[4], Stage: "a", Status: core.StatusPending},
 	}
 	wantOutcomes(t, got, want)
-	wantRowError(t, h, ids[0], "a", "done", "")
-	wantRowError(t, h, ids[1], "a", "paused", "")
-	wantRowError(t, h, ids[2], "a", "failed", "")
-	wantRowError(t, h, ids[3], "a", "failed", "first reason")
-	wantRowError(t, h, ids[4], "a", "pending", "")
+	wantRowError(t, h, ids[0], "a", core.StatusDone, "")
+	wantRowError(t, h, ids[1], "a", core.StatusPaused, "")
+	wantRowError(t, h, ids[2], "a", core.StatusFailed, "")
+	wantRowError(t, h, ids[3], "a", core.StatusFailed, "first reason")
+	wantRowError(t, h, ids[4], "a", core.StatusPending, "")
 	if _, _, timeout, _, _ := h.Row(t, ids[1]); !timeout.Equal(until) {
 		t.Errorf("paused row %d has timeout %v after resolve, want %v kept", ids[1], timeout, until)
 	}
@@ -389,7 +389,7 @@ func testResolveEpochHeld(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	cl := claim(t, h, core.Cap{Stage: "a", N: 1})
 	got := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: "stage answered 0 but left the row running", Epoch: cl.Epoch})
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "failed", Error: "stage answered 0 but left the row running", Matched: true}})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusFailed, Error: "stage answered 0 but left the row running", Matched: true}})
 }
 
 func testResolveEpochLost(t *testing.T, h Harness) {
@@ -403,11 +403,11 @@ func testResolveEpochLost(t *testing.T, h Harness) {
 		core.Item{ID: ids[1], Stage: "a", Verdict: core.Answered, Reason: reason, Epoch: cl.Epoch + "-other"},
 	)
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[0], Stage: "a", Status: "pending", Matched: true},
-		{ID: ids[1], Stage: "a", Status: "pending", Matched: true},
+		{ID: ids[0], Stage: "a", Status: core.StatusPending, Matched: true},
+		{ID: ids[1], Stage: "a", Status: core.StatusPending, Matched: true},
 	})
-	wantRowError(t, h, ids[0], "a", "pending", "")
-	wantRowError(t, h, ids[1], "a", "pending", "")
+	wantRowError(t, h, ids[0], "a", core.StatusPending, "")
+	wantRowError(t, h, ids[1], "a", core.StatusPending, "")
 }
 
 func testResolveMissing(t *testing.T, h Harness) {
@@ -423,8 +423,8 @@ func testResolveMissing(t *testing.T, h Harness) {
 func testResolveOrder(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 4)
 	claimRows(t, h, core.Cap{Stage: "a", N: 4})
-	h.Stage(t, ids[1], "a", "b", "running", time.Time{})
-	h.Stage(t, ids[2], "a", "a", "done", time.Time{})
+	h.Stage(t, ids[1], "a", "b", core.StatusRunning, time.Time{})
+	h.Stage(t, ids[2], "a", "a", core.StatusDone, time.Time{})
 	missing := ids[3] + 1000
 	got := resolve(t, h,
 		core.Item{ID: ids[3], Stage: "a", Verdict: core.Fail, Reason: "r3"},
@@ -434,11 +434,11 @@ func testResolveOrder(t *testing.T, h Harness) {
 		core.Item{ID: ids[1], Stage: "a", Verdict: core.TimeOut, Reason: "r1"},
 	)
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[3], Stage: "a", Status: "failed", Error: "r3", Matched: true},
+		{ID: ids[3], Stage: "a", Status: core.StatusFailed, Error: "r3", Matched: true},
 		{ID: missing},
-		{ID: ids[2], Stage: "a", Status: "done"},
-		{ID: ids[0], Stage: "a", Status: "pending", Matched: true},
-		{ID: ids[1], Stage: "b", Status: "pending"},
+		{ID: ids[2], Stage: "a", Status: core.StatusDone},
+		{ID: ids[0], Stage: "a", Status: core.StatusPending, Matched: true},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending},
 	})
 }
 
@@ -453,10 +453,10 @@ func testMoveAdvance(t *testing.T, h Harness) {
 	claimRows(t, h, core.Cap{Stage: "a", N: 2})
 	got := resolve(t, h, move(ids[0], "a", "b"), move(ids[1], "a", "a"))
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[0], Stage: "b", Status: "pending", Matched: true},
-		{ID: ids[1], Stage: "a", Status: "pending", Matched: true},
+		{ID: ids[0], Stage: "b", Status: core.StatusPending, Matched: true},
+		{ID: ids[1], Stage: "a", Status: core.StatusPending, Matched: true},
 	})
-	wantRowError(t, h, ids[0], "b", "pending", "")
+	wantRowError(t, h, ids[0], "b", core.StatusPending, "")
 	// Pending at the next stage: its claim takes it, in one step from running.
 	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 5}); len(rows) != 1 || rows[0] != (core.Row{ID: ids[0], Stage: "b"}) {
 		t.Fatalf("claim at b after the move = %v, want row %d", rows, ids[0])
@@ -467,8 +467,8 @@ func testMoveDone(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
 	got := resolve(t, h, move(ids[0], "a", core.TargetDone))
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "done", Matched: true}})
-	wantRowError(t, h, ids[0], "a", "done", "")
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusDone, Matched: true}})
+	wantRowError(t, h, ids[0], "a", core.StatusDone, "")
 }
 
 func testMovePause(t *testing.T, h Harness) {
@@ -478,14 +478,14 @@ func testMovePause(t *testing.T, h Harness) {
 	it := move(ids[0], "a", core.TargetPaused)
 	it.Until = until
 	got := resolve(t, h, it)
-	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: "paused", Timeout: until, Matched: true}})
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusPaused, Timeout: until, Matched: true}})
 	if w := wakeAt(t, h, until.Add(-time.Microsecond)); w.Count != 0 || !w.Next.Equal(until) {
 		t.Fatalf("wake before the answered timeout = %v, want nothing woken and next %v", w, until)
 	}
 	if w := wakeAt(t, h, until); w.Count != 1 {
 		t.Fatalf("wake at the answered timeout = %v, want the row woken", w)
 	}
-	wantRowError(t, h, ids[0], "a", "pending", "")
+	wantRowError(t, h, ids[0], "a", core.StatusPending, "")
 }
 
 func testMovePatch(t *testing.T, h Harness) {
@@ -513,15 +513,15 @@ func testMoveGuardMiss(t *testing.T, h Harness) {
 	claimRows(t, h, core.Cap{Stage: "a", N: 3})
 	// The stage wrote its own transition and answered one too: nothing is
 	// written over it, and a row it advanced is requeued where it is.
-	h.Stage(t, ids[0], "a", "c", "running", time.Time{})
-	h.Stage(t, ids[1], "a", "a", "done", time.Time{})
+	h.Stage(t, ids[0], "a", "c", core.StatusRunning, time.Time{})
+	h.Stage(t, ids[1], "a", "a", core.StatusDone, time.Time{})
 	patched := move(ids[0], "a", "b")
 	patched.Patch = `{"lost":true}`
 	got := resolve(t, h, patched, move(ids[1], "a", "b"), move(ids[2], "z", "b"))
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[0], Stage: "c", Status: "pending"},
-		{ID: ids[1], Stage: "a", Status: "done"},
-		{ID: ids[2], Stage: "a", Status: "pending"},
+		{ID: ids[0], Stage: "c", Status: core.StatusPending},
+		{ID: ids[1], Stage: "a", Status: core.StatusDone},
+		{ID: ids[2], Stage: "a", Status: core.StatusPending},
 	})
 	if st := h.State(t, ids[0]); st["lost"] != nil {
 		t.Errorf("a guard miss merged its patch: state %v", st)
@@ -531,16 +531,16 @@ func testMoveGuardMiss(t *testing.T, h Harness) {
 func testMoveMixed(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 3)
 	cl := claim(t, h, core.Cap{Stage: "a", N: 3})
-	h.Stage(t, ids[1], "a", "b", "running", time.Time{}) // a stage that writes its own
+	h.Stage(t, ids[1], "a", "b", core.StatusRunning, time.Time{}) // a stage that writes its own
 	got := resolve(t, h,
 		move(ids[0], "a", "b"),
 		core.Item{ID: ids[1], Stage: "a", Verdict: core.Answered, Reason: "stuck", Epoch: cl.Epoch},
 		core.Item{ID: ids[2], Stage: "a", Verdict: core.Answered, Reason: "stuck", Epoch: cl.Epoch},
 	)
 	wantOutcomes(t, got, []core.Outcome{
-		{ID: ids[0], Stage: "b", Status: "pending", Matched: true},
-		{ID: ids[1], Stage: "b", Status: "pending"},
-		{ID: ids[2], Stage: "a", Status: "failed", Error: "stuck", Matched: true},
+		{ID: ids[0], Stage: "b", Status: core.StatusPending, Matched: true},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending},
+		{ID: ids[2], Stage: "a", Status: core.StatusFailed, Error: "stuck", Matched: true},
 	})
 }
 
@@ -549,9 +549,9 @@ func testMoveMixed(t *testing.T, h Harness) {
 func testWake(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 3)
 	claimRows(t, h, core.Cap{Stage: "a", N: 3})
-	h.Stage(t, ids[0], "a", "a", "paused", base)
-	h.Stage(t, ids[1], "a", "a", "paused", base.Add(time.Hour))
-	h.Stage(t, ids[2], "a", "a", "paused", base.Add(2*time.Hour))
+	h.Stage(t, ids[0], "a", "a", core.StatusPaused, base)
+	h.Stage(t, ids[1], "a", "a", core.StatusPaused, base.Add(time.Hour))
+	h.Stage(t, ids[2], "a", "a", core.StatusPaused, base.Add(2*time.Hour))
 
 	steps := []struct {
 		now     time.Time
@@ -572,9 +572,9 @@ func testWake(t *testing.T, h Harness) {
 				i, st.now, w.Count, w.Next, st.count, st.next)
 		}
 		for _, id := range ids {
-			want := "paused"
+			want := core.StatusPaused
 			if slices.Contains(st.pending, id) {
-				want = "pending"
+				want = core.StatusPending
 			}
 			wantRow(t, h, id, "a", want)
 		}
@@ -584,7 +584,7 @@ func testWake(t *testing.T, h Harness) {
 func testWakeThenClaim(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
-	h.Stage(t, ids[0], "a", "b", "paused", base)
+	h.Stage(t, ids[0], "a", "b", core.StatusPaused, base)
 	wakeAt(t, h, base)
 	got := claimRows(t, h, core.Cap{Stage: "a", N: 5}, core.Cap{Stage: "b", N: 5})
 	if want := rowsAt("b", ids[0]); !slices.Equal(got, want) {
@@ -595,17 +595,17 @@ func testWakeThenClaim(t *testing.T, h Harness) {
 func testWakeKeep(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 3)
 	claimRows(t, h, core.Cap{Stage: "a", N: 3})
-	h.Stage(t, ids[0], "a", "a", "paused", base)                   // due, but still held by a worker
-	h.Stage(t, ids[1], "a", "a", "paused", base)                   // due
-	h.Stage(t, ids[2], "a", "a", "paused", base.Add(-time.Minute)) // due, held
+	h.Stage(t, ids[0], "a", "a", core.StatusPaused, base)                   // due, but still held by a worker
+	h.Stage(t, ids[1], "a", "a", core.StatusPaused, base)                   // due
+	h.Stage(t, ids[2], "a", "a", core.StatusPaused, base.Add(-time.Minute)) // due, held
 	w := exec(t, h, core.Wake{Op: 42, Now: base, Keep: []int64{ids[0], ids[2]}},
 		func(e core.Woken) (int64, string) { return e.Op, e.Err })
 	if w.Count != 1 || !w.Next.IsZero() {
 		t.Fatalf("wake keeping %d and %d = count %d next %v; want 1 woken and no next (kept rows do not count)", ids[0], ids[2], w.Count, w.Next)
 	}
-	wantRow(t, h, ids[0], "a", "paused")
-	wantRow(t, h, ids[1], "a", "pending")
-	wantRow(t, h, ids[2], "a", "paused")
+	wantRow(t, h, ids[0], "a", core.StatusPaused)
+	wantRow(t, h, ids[1], "a", core.StatusPending)
+	wantRow(t, h, ids[2], "a", core.StatusPaused)
 }
 
 // ---- ResetOrphans ----
@@ -614,33 +614,33 @@ func testResetOrphansKeep(t *testing.T, h Harness) {
 	a := h.Insert(t, "a", 5)
 	b := h.Insert(t, "b", 2)
 	claimRows(t, h, core.Cap{Stage: "a", N: 5}, core.Cap{Stage: "b", N: 2})
-	h.Stage(t, a[3], "a", "a", "done", time.Time{})
-	h.Stage(t, a[4], "a", "a", "paused", base)
-	h.Stage(t, b[1], "b", "c", "running", time.Time{}) // advanced, still running
+	h.Stage(t, a[3], "a", "a", core.StatusDone, time.Time{})
+	h.Stage(t, a[4], "a", "a", core.StatusPaused, base)
+	h.Stage(t, b[1], "b", "c", core.StatusRunning, time.Time{}) // advanced, still running
 	got := resetOrphans(t, h, a[0], b[1])
 	if got.Count != 3 {
 		t.Errorf("reset orphans keeping %d and %d reset %d rows, want 3 (%d, %d, %d)", a[0], b[1], got.Count, a[1], a[2], b[0])
 	}
-	wantRow(t, h, a[0], "a", "running")
-	wantRow(t, h, a[1], "a", "pending")
-	wantRow(t, h, a[2], "a", "pending")
-	wantRow(t, h, a[3], "a", "done")
-	wantRow(t, h, a[4], "a", "paused")
-	wantRow(t, h, b[0], "b", "pending")
-	wantRow(t, h, b[1], "c", "running")
+	wantRow(t, h, a[0], "a", core.StatusRunning)
+	wantRow(t, h, a[1], "a", core.StatusPending)
+	wantRow(t, h, a[2], "a", core.StatusPending)
+	wantRow(t, h, a[3], "a", core.StatusDone)
+	wantRow(t, h, a[4], "a", core.StatusPaused)
+	wantRow(t, h, b[0], "b", core.StatusPending)
+	wantRow(t, h, b[1], "c", core.StatusRunning)
 }
 
 func testResetOrphansAll(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 3)
 	claimRows(t, h, core.Cap{Stage: "a", N: 2})
-	h.Stage(t, ids[1], "a", "b", "running", time.Time{})
+	h.Stage(t, ids[1], "a", "b", core.StatusRunning, time.Time{})
 	got := resetOrphans(t, h)
 	if got.Count != 2 || got.FlushSeq != 0 {
 		t.Errorf("reset orphans = count %d flush-seq %d; want count 2, flush-seq 0 (never flushed)", got.Count, got.FlushSeq)
 	}
-	wantRow(t, h, ids[0], "a", "pending")
-	wantRow(t, h, ids[1], "b", "pending")
-	wantRow(t, h, ids[2], "a", "pending")
+	wantRow(t, h, ids[0], "a", core.StatusPending)
+	wantRow(t, h, ids[1], "b", core.StatusPending)
+	wantRow(t, h, ids[2], "a", core.StatusPending)
 }
 
 func testResetOrphansFlushSeq(t *testing.T, h Harness) {
@@ -747,7 +747,7 @@ func rowsAt(stage string, ids ...int64) []core.Row {
 	return rows
 }
 
-func wantRow(t *testing.T, h Harness, id int64, stage, status string) {
+func wantRow(t *testing.T, h Harness, id int64, stage string, status core.RowStatus) {
 	t.Helper()
 	gotStage, gotStatus, _, _, ok := h.Row(t, id)
 	if !ok || gotStage != stage || gotStatus != status {
@@ -755,7 +755,7 @@ func wantRow(t *testing.T, h Harness, id int64, stage, status string) {
 	}
 }
 
-func wantRowError(t *testing.T, h Harness, id int64, stage, status, dispatchError string) {
+func wantRowError(t *testing.T, h Harness, id int64, stage string, status core.RowStatus, dispatchError string) {
 	t.Helper()
 	gotStage, gotStatus, _, gotErr, ok := h.Row(t, id)
 	if !ok || gotStage != stage || gotStatus != status || gotErr != dispatchError {
@@ -764,7 +764,7 @@ func wantRowError(t *testing.T, h Harness, id int64, stage, status, dispatchErro
 	}
 }
 
-func at(stage, status string) string { return stage + ":" + status }
+func at(stage string, status core.RowStatus) string { return stage + ":" + string(status) }
 
 func wantOutcomes(t *testing.T, got, want []core.Outcome) {
 	t.Helper()

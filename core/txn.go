@@ -1,0 +1,368 @@
+// The step's queue transaction: what to reset, resolve, wake, claim and flush,
+// the results that come back, the claim floors, and the gate (Rest and Busy).
+
+package core
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// result takes the queue command that op answers off the outstanding transaction.
+// Any error means the transaction failed: the database is down until the shell
+// says otherwise.
+func (c *Core) result(op int64, err string) Command {
+	for i, cmd := range c.txn {
+		if QueueOp(cmd) == op {
+			c.txn = slices.Delete(c.txn, i, i+1)
+			if err != "" && !c.dbDown {
+				c.dbDown = true
+				c.logf(LevelWarn, "queue write failed, holding results until the database is back: %s", err)
+			}
+			return cmd
+		}
+	}
+	panic(fmt.Sprintf("core: result for op %d, which is not outstanding", op))
+}
+
+// QueueOp returns the Op of a queue command (0 for any other command).
+func QueueOp(cmd Command) int64 {
+	if q, ok := cmd.(QueueCommand); ok {
+		return q.queueOp()
+	}
+	return 0
+}
+
+// QueueErr returns the error text of a queue result event: "" for a success or
+// for any other event.
+func QueueErr(ev Event) string {
+	if r, ok := ev.(queueResult); ok {
+		return r.queueErr()
+	}
+	return ""
+}
+
+// verdictStatus is the status an item's verdict of failure gives its row
+// (failed or timeout), or "" for the verdicts that fail nothing by themselves.
+func verdictStatus(it Item) RowStatus {
+	switch it.Verdict {
+	case Fail, Answered:
+		return StatusFailed
+	case TimeOut:
+		return StatusTimeout
+	}
+	return ""
+}
+
+// lookAll makes the next claim look at every stage from the start: rows may be
+// pending anywhere, at any id.
+func (c *Core) lookAll() {
+	c.lookGen++
+	for _, st := range c.stages {
+		st.maybeMore = true
+		st.floor = 0
+	}
+}
+
+// claimAfter is the id above which stage st's claim looks: its floor, lowered
+// for what the same transaction makes pending before the claim runs. A reset or
+// a wake may make any row pending, so the claim looks from the start; a resolve
+// makes pending only rows of its items, at whatever stage they reached.
+func claimAfter(st *stage, txn []Command) int64 {
+	after := st.floor
+	for _, cmd := range txn {
+		switch q := cmd.(type) {
+		case ResetOrphans, Wake:
+			return 0
+		case Resolve:
+			for _, it := range q.Items {
+				after = min(after, it.ID-1)
+			}
+		}
+	}
+	return max(after, 0)
+}
+
+// owe queues an item for the next Resolve.
+func (c *Core) owe(it Item) { c.owed = append(c.owed, it) }
+
+func (c *Core) claimed(e Claimed) {
+	cmd := c.result(e.Op, e.Err).(Claim)
+	if e.Err != "" {
+		// The claim may have committed: rows may be running that no one holds.
+		c.needReset = true
+		return
+	}
+	c.epoch = e.Epoch
+	c.settled = max(c.settled, e.Settled)
+	if len(e.Rows) > 0 {
+		// RestAfter counts from the last claim that found work.
+		c.lastClaim = c.now
+	}
+	if len(e.Rows) > 0 && c.gate == gateResting {
+		// Work: the core will claim again as it resolves it, so producers need
+		// not notify until it rests again.
+		c.gate = gateAwake
+		c.emit(Busy{})
+	}
+	got := map[string]int{}
+	reach := map[string]int64{} // the highest id claimed per stage
+	for _, r := range e.Rows {
+		st := c.byName[r.Stage]
+		assert(st != nil, "claimed row %d at unknown stage %q", r.ID, r.Stage)
+		got[r.Stage]++
+		reach[r.Stage] = max(reach[r.Stage], r.ID)
+		m := msg{id: r.ID, epoch: e.Epoch}
+		if c.shutdown > 0 {
+			c.requeue(st, []msg{m})
+			continue
+		}
+		st.backlog = append(st.backlog, m)
+	}
+	for _, cp := range cmd.Caps {
+		assert(got[cp.Stage] <= cp.N, "claim returned %d rows of stage %s, cap %d", got[cp.Stage], cp.Stage, cp.N)
+		st := c.byName[cp.Stage]
+		// A notification that came after the claim was sent may have added rows.
+		st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen
+		if c.lookGen == c.claimLookGen {
+			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage])
+		}
+	}
+}
+
+// floorAfter is a stage's floor after a claim that looked above cp.After and
+// took got rows, the highest reach. The claim took every pending row in
+// (cp.After, reach], or above cp.After at all if it took fewer than its cap; of
+// those rows, the ones up to c.settled cannot be joined by a late producer's
+// row. So nothing the core could know of is pending up to the lower of the two.
+func (c *Core) floorAfter(cp Cap, got int, reach int64) int64 {
+	if got < cp.N {
+		reach = math.MaxInt64
+	}
+	return max(cp.After, min(reach, c.settled))
+}
+
+func (c *Core) resolved(e Resolved) {
+	cmd := c.result(e.Op, e.Err).(Resolve)
+	if e.Err != "" {
+		c.owed = append(slices.Clone(cmd.Items), c.owed...)
+		for _, it := range cmd.Items {
+			c.unsure[it.ID] = true
+		}
+		return
+	}
+	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
+	for i, o := range e.Outcomes {
+		it := cmd.Items[i]
+		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
+		unsure := c.unsure[o.ID]
+		delete(c.unsure, o.ID)
+		if it.Verdict == Move && !o.Matched && !unsure {
+			// (After a lost reply the first send may have written it: no miss then.)
+			c.stat(it.Stage).GuardMisses++
+			c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
+				o.ID, it.Stage, o.Status, o.Stage)
+		}
+		switch o.Status {
+		case StatusPending:
+			if st := c.byName[o.Stage]; st != nil {
+				st.maybeMore = true
+				// The transaction's own claim looked below it (claimAfter), but
+				// a later claim of this stage must too, if that one did not.
+				st.floor = min(st.floor, o.ID-1)
+			} else {
+				c.logf(LevelWarn, "message %d is pending at stage %q, which this dispatcher does not run", o.ID, o.Stage)
+			}
+		case StatusDone:
+			c.left++
+		case StatusFailed, StatusTimeout:
+			c.left++
+			if o.Status == verdictStatus(it) && o.Error == it.Reason {
+				if o.Status == StatusFailed {
+					c.stat(it.Stage).Failed++
+				} else {
+					c.stat(it.Stage).Timeouts++
+				}
+				c.logf(LevelWarn, "message %d %s: %s", o.ID, o.Status, o.Error)
+			}
+		case StatusPaused:
+			if c.nextPaused.IsZero() || o.Timeout.Before(c.nextPaused) {
+				c.nextPaused = o.Timeout
+			}
+		case "":
+			c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
+		default:
+			panic(fmt.Sprintf("core: row %d is %q after resolve", o.ID, o.Status))
+		}
+	}
+}
+
+func (c *Core) nextOpID() int64 {
+	c.nextOp++
+	return c.nextOp
+}
+
+// queueWork builds the step's transaction: reset, resolve, wake, claim, flush.
+func (c *Core) queueWork() {
+	if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {
+		return
+	}
+	idle := c.idle() // before the owed items move into the transaction
+	var txn []Command
+	if c.needReset {
+		// Rows whose resolve may already have been applied are not kept: the
+		// lost transaction may have woken and claimed them again, and the re-sent
+		// item would then fail a row that is running only because of that claim.
+		// Reset, such a row is left alone by the re-sent item and runs again; at
+		// worst a verdict becomes a retry.
+		keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })
+		if !c.resetDone {
+			keep = nil
+		}
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep})
+		c.needReset = false
+		c.sweep = false
+	} else if c.sweep && c.shutdown == 0 {
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: c.held()})
+		c.sweep = false
+	}
+	resolving := false
+	if len(c.owed) > 0 {
+		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed})
+		c.owed = nil
+		resolving = true
+	}
+	waking := false
+	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
+		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()})
+		c.wakeDue = false
+		waking = true
+	}
+	if c.shutdown == 0 {
+		var caps []Cap
+		for _, st := range c.stages {
+			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving || waking) {
+				caps = append(caps, Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)})
+			}
+		}
+		if len(caps) > 0 {
+			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps})
+			c.claimGen = c.ingressGen
+			c.claimLookGen = c.lookGen
+			c.lastClaim = c.now
+		}
+	}
+	if f, ok := c.flushDue(idle); ok {
+		f.Op = c.nextOpID()
+		txn = append(txn, f)
+	}
+	for _, cmd := range txn {
+		c.emit(cmd)
+	}
+	c.txn = txn
+}
+
+// restReady reports whether the core has nothing to do with the queue until
+// something happens: nothing to write, nothing outstanding, nothing it would
+// claim. Then it may declare itself waiting, RestAfter after its last claim.
+func (c *Core) restReady() bool {
+	return c.gate == gateAwake && c.resetDone && c.shutdown == 0 && !c.dbDown &&
+		len(c.txn) == 0 && len(c.owed) == 0 && c.unflushed == nil
+}
+
+// restAt is when the core may send Rest, once restReady.
+func (c *Core) restAt() time.Time {
+	at := c.lastClaim.Add(RestAfter)
+	if c.restRetryAt.After(at) {
+		at = c.restRetryAt
+	}
+	return at
+}
+
+// rest declares the dispatcher waiting when it has had nothing to do with the
+// queue for RestAfter (see Rest). queueWork ran first: a step that claims or
+// writes leaves a transaction outstanding, so the core does not rest then.
+func (c *Core) rest() {
+	if c.restReady() && !c.now.Before(c.restAt()) {
+		c.gate = gateAsking
+		c.emit(Rest{})
+	}
+}
+
+// resting is the answer to Rest: the gate is held (or could not be taken).
+func (c *Core) resting(e Resting) {
+	assert(c.gate == gateAsking, "Resting without a Rest outstanding")
+	if e.Err != "" {
+		c.gate = gateAwake
+		c.restRetry = min(max(2*c.restRetry, RestRetryMin), RestRetryMax)
+		c.restRetryAt = c.now.Add(c.restRetry)
+		c.logf(LevelWarn, "cannot take the gate to wait for notifications; looking for work and asking again in %s: %s", c.restRetry, e.Err)
+	} else {
+		c.gate = gateResting
+		c.restRetry = 0
+	}
+	// The last look: every producer that did not notify has committed (or
+	// the gate failed and no one notifies), so the next claim, sent after
+	// this, must cover every stage.
+	c.ingressGen++
+	c.lookAll()
+}
+
+// restLost: the gate's connection died, so producers stopped notifying.
+func (c *Core) restLost() {
+	if c.gate == gateResting {
+		c.gate = gateAwake
+		c.logf(LevelWarn, "the gate's connection died: producers stopped notifying; looking for work")
+		c.ingressGen++
+		c.lookAll()
+	}
+}
+
+func (c *Core) woken(e Woken) {
+	c.result(e.Op, e.Err)
+	if e.Err != "" {
+		c.wakeDue = true
+		return
+	}
+	c.nextPaused = e.Next
+	if e.Count > 0 {
+		c.lookAll()
+	}
+}
+
+func (c *Core) orphansReset(e OrphansReset) {
+	c.result(e.Op, e.Err)
+	if e.Err != "" {
+		c.needReset = true
+		return
+	}
+	if e.Count > 0 {
+		c.lookAll() // the reset made rows pending at any stage, at any id
+	}
+	if !c.resetDone {
+		c.resetDone = true
+		c.flushSeq = e.FlushSeq
+		for _, f := range c.carry {
+			if f.Seq == 0 || f.Seq > e.FlushSeq {
+				c.addFlush(f)
+			}
+		}
+		c.carry = nil
+		if e.Count > 0 {
+			c.logf(LevelInfo, "start-up: reset %d orphaned running rows to pending", e.Count)
+		}
+	} else if e.Count > 0 {
+		c.logf(LevelWarn, "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
+	}
+}
+
+func (c *Core) flushed(e Flushed) {
+	cmd := c.result(e.Op, e.Err).(Flush)
+	if e.Err != "" {
+		c.unflushed = &cmd
+		return
+	}
+	c.flushSeq = cmd.Seq
+}

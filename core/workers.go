@@ -1,0 +1,385 @@
+// The worker pools: answers and exits, assigning claimed ids to the fewest
+// workers, spawning, stopping idle and recycled workers, and the watchdog.
+
+package core
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+func (c *Core) worker(id WorkerID) *worker { return c.workers[id] }
+
+// answer applies one status line.
+func (c *Core) answer(e Answer) {
+	w := c.worker(e.Worker)
+	if w == nil || w.cause == killProtocol {
+		return // lines after a protocol error, or from a forgotten worker
+	}
+	st := w.stage
+	if len(w.queue) == 0 {
+		c.protocolError(w, e.Line, "an answer with no message outstanding")
+		return
+	}
+	s, err := ParseStatus(e.Line)
+	if err != nil {
+		c.protocolError(w, e.Line, err.Error())
+		return
+	}
+	head := w.queue[0]
+	w.queue = w.queue[1:]
+	w.answered++
+	elapsed := c.now.Sub(w.headSince).Microseconds()
+	w.headSince = c.now
+	if len(w.queue) == 0 {
+		w.idleSince = c.now
+	}
+	// The program works: no cooldown holds the stage back any more.
+	st.cooldownStep, st.cooldownUntil = 0, time.Time{}
+	delete(c.startFails, head.id)
+
+	var fusedUS int64
+	for _, f := range s.Fused {
+		d := c.stat(f.Stage)
+		d.Processed++
+		d.ProcessingUS += f.Micros
+		fusedUS += f.Micros
+	}
+	c.passes += int64(len(s.Fused))
+	d := c.stat(st.cfg.Name)
+	d.ProcessingUS += max(0, elapsed-fusedUS)
+	if t := s.Transition; s.Code == 0 && t != nil {
+		c.answered(st, head, t)
+		return
+	}
+	if s.Code == 0 {
+		d.Processed++
+		c.passes++
+		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Answered, Epoch: head.epoch, Reason: st.stuckReason})
+		return
+	}
+	reason := s.Reason
+	if reason == "" {
+		reason = fmt.Sprintf("stage %s answered %d", st.cfg.Name, s.Code)
+	}
+	c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Fail, Reason: reason})
+}
+
+// answered owes the write of a transition the stage answered, or, when the
+// dispatcher cannot write it (malformed, or a stage this dispatcher does not
+// run), the message's failure. A pass whose transition is written counts as
+// processed; one that fails counts as the failure it is.
+func (c *Core) answered(st *stage, head msg, t *Transition) {
+	name := st.cfg.Name
+	why := t.Invalid
+	if why == "" && t.To != TargetDone && t.To != TargetPaused && c.byName[t.To] == nil {
+		why = fmt.Sprintf("target %q is not a stage this dispatcher runs", t.To)
+	}
+	if why != "" {
+		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: fmt.Sprintf("stage %s answered a transition it cannot have: %s", name, why)})
+		return
+	}
+	c.stat(name).Processed++
+	c.passes++
+	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch}
+	if t.To == TargetPaused {
+		it.Until = c.now.Add(t.PauseFor)
+	}
+	c.owe(it)
+}
+
+func (c *Core) protocolError(w *worker, line, why string) {
+	w.cause = killProtocol
+	w.protoLine = clip(line, 200)
+	w.state = killed
+	c.emit(Kill{Worker: w.id})
+	c.logf(LevelError, "stage %s worker pid %d broke the protocol (%s); killing it", w.stage.cfg.Name, w.pid, why)
+}
+
+func (c *Core) requeue(st *stage, ms []msg) {
+	for _, m := range ms {
+		c.owe(Item{ID: m.id, Stage: st.cfg.Name, Verdict: Requeue})
+	}
+}
+
+func (c *Core) removeWorker(w *worker) {
+	delete(c.workers, w.id)
+	st := w.stage
+	st.workers = slices.DeleteFunc(st.workers, func(x *worker) bool { return x == w })
+}
+
+func (c *Core) cooldown(st *stage) {
+	st.cooldownStep = min(max(2*st.cooldownStep, CooldownMin), CooldownMax)
+	st.cooldownUntil = c.now.Add(st.cooldownStep)
+}
+
+// exitedWorker decides what a worker's exit means for the messages it held.
+func (c *Core) exitedWorker(e WorkerExited) {
+	w := c.worker(e.Worker)
+	if w == nil {
+		return
+	}
+	c.removeWorker(w)
+	st := w.stage
+	name := st.cfg.Name
+	how := fmt.Sprintf("exit status %d", e.Code)
+	if e.Signal != "" {
+		how = "signal " + e.Signal
+	}
+	q := w.queue
+	switch w.cause {
+	case killTimeout:
+		if len(q) > 0 && q[0].id == w.timedOut {
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut,
+				Reason: fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, c.cfg.MaxRuntime, w.pid)})
+			q = q[1:]
+		}
+		c.requeue(st, q)
+		return
+	case killProtocol:
+		c.stat(name).Crashes++
+		if len(q) > 0 {
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
+				Reason: fmt.Sprintf("stage %s: protocol error: worker pid %d answered %q", name, w.pid, w.protoLine)})
+			q = q[1:]
+		}
+		c.requeue(st, q)
+		return
+	case killGrace, killNow:
+		if len(q) > 0 {
+			c.logf(LevelWarn, "stage %s worker pid %d killed while stopping; requeued %d messages", name, w.pid, len(q))
+		}
+		c.requeue(st, q)
+		return
+	}
+	if w.state == stopping && len(q) == 0 && e.Code == 0 && e.Signal == "" {
+		return // a clean stop: reaped, recycled or shut down
+	}
+	c.stat(name).Crashes++
+	if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {
+		// A program that cannot start: not the message's fault, unless the same
+		// message keeps being at the head of such failures.
+		c.cooldown(st)
+		if len(q) > 0 {
+			head := q[0]
+			if len(c.startFails) >= startFailsMax {
+				clear(c.startFails)
+			}
+			c.startFails[head.id]++
+			if n := c.startFails[head.id]; n >= StartFailLimit {
+				delete(c.startFails, head.id)
+				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail,
+					Reason: fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)})
+				q = q[1:]
+			}
+		}
+		c.requeue(st, q)
+		c.logf(LevelError, "stage %s worker pid %d exited (%s) before answering anything; requeued its messages; next start in %s",
+			name, w.pid, how, st.cooldownStep)
+		return
+	}
+	if len(q) == 0 {
+		c.logf(LevelError, "stage %s worker pid %d died unexpectedly (%s) holding no message", name, w.pid, how)
+		return
+	}
+	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
+		Reason: fmt.Sprintf("stage %s: worker pid %d crashed (%s) while handling the message", name, w.pid, how)})
+	c.requeue(st, q[1:])
+	c.logf(LevelError, "stage %s worker pid %d crashed (%s); failed message %d, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
+}
+
+func (c *Core) workerIDs() []WorkerID {
+	ids := make([]WorkerID, 0, len(c.workers))
+	for id := range c.workers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (c *Core) stop(w *worker) {
+	w.state = stopping
+	w.stopBy = c.now.Add(c.cfg.StopGrace)
+	c.emit(Stop{Worker: w.id})
+}
+
+// timers fires everything that is due at c.now.
+func (c *Core) timers() {
+	if c.shutdown == 0 && !c.now.Before(c.lastPoll.Add(c.cfg.PollInterval)) {
+		c.lastPoll = c.now
+		c.wakeDue = true
+		c.sweep = c.resetDone
+		c.lookAll()
+	}
+	for _, id := range c.workerIDs() {
+		w := c.workers[id]
+		switch w.state {
+		case ready:
+			if len(w.queue) > 0 {
+				if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {
+					w.state = killed
+					w.cause = killTimeout
+					w.timedOut = w.queue[0].id
+					c.emit(Kill{Worker: w.id})
+					c.logf(LevelWarn, "stage %s worker pid %d: message %d unanswered after MAX_RUNTIME %s; killing the worker",
+						w.stage.cfg.Name, w.pid, w.timedOut, c.cfg.MaxRuntime)
+				}
+				continue
+			}
+			if w.handed >= w.stage.cfg.MaxMessages {
+				c.stop(w) // recycle: its pipeline has drained
+			} else if len(w.stage.backlog) == 0 && !c.now.Before(w.idleSince.Add(c.cfg.IdleTimeout)) {
+				c.stop(w) // reap
+			}
+		case stopping:
+			if !c.now.Before(w.stopBy) {
+				w.state = killed
+				w.cause = killGrace
+				c.emit(Kill{Worker: w.id})
+				c.logf(LevelWarn, "stage %s worker pid %d did not exit within %s of being stopped; killing it",
+					w.stage.cfg.Name, w.pid, c.cfg.StopGrace)
+			}
+		}
+	}
+}
+
+// room is how many more ids w may be handed now (counting a starting worker as
+// empty, so that capacity is the same before and after it starts).
+func (w *worker) room() int {
+	if w.state != starting && w.state != ready {
+		return 0
+	}
+	return max(0, min(w.stage.cfg.QueueLimit-len(w.queue), w.stage.cfg.MaxMessages-w.handed))
+}
+
+func (st *stage) coolingDown(now time.Time) bool { return now.Before(st.cooldownUntil) }
+
+// capacity is how many more rows the stage may claim: QUEUE_LIMIT × PARALLELISM
+// minus what its workers hold and what is claimed but not yet handed over. Slots of
+// workers that will not take more (recycling, stopping) are not counted, and while
+// the stage cools down only the workers it has count.
+func (c *Core) capacity(st *stage) int {
+	if c.shutdown > 0 {
+		return 0
+	}
+	free := 0
+	for _, w := range st.workers {
+		free += w.room()
+	}
+	if !st.coolingDown(c.now) {
+		free += (st.cfg.Parallelism - len(st.workers)) * min(st.cfg.QueueLimit, st.cfg.MaxMessages)
+	}
+	return max(0, free-len(st.backlog))
+}
+
+// assign hands claimed rows to workers, packing them onto the fewest, and spawns
+// workers when the ones there are cannot take the backlog.
+func (c *Core) assign() {
+	if c.shutdown > 0 {
+		return
+	}
+	for _, st := range c.stages {
+		for len(st.backlog) > 0 {
+			var best *worker
+			for _, w := range st.workers {
+				if w.state == ready && w.room() > 0 && (best == nil || len(w.queue) > len(best.queue)) {
+					best = w
+				}
+			}
+			if best == nil {
+				break
+			}
+			n := min(best.room(), len(st.backlog))
+			ids := make([]int64, n)
+			for i, m := range st.backlog[:n] {
+				ids[i] = m.id
+			}
+			if len(best.queue) == 0 {
+				best.headSince = c.now
+			}
+			best.queue = append(best.queue, st.backlog[:n]...)
+			best.handed += n
+			st.backlog = slices.Delete(st.backlog, 0, n)
+			c.emit(Write{Worker: best.id, IDs: ids})
+		}
+		need := len(st.backlog)
+		for _, w := range st.workers {
+			if w.state == starting {
+				need -= w.room()
+			}
+		}
+		for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {
+			c.nextWID++
+			w := &worker{id: c.nextWID, stage: st, state: starting, spawnedAt: c.now, idleSince: c.now}
+			c.workers[w.id] = w
+			st.workers = append(st.workers, w)
+			c.emit(Spawn{Worker: w.id, Stage: st.cfg.Name})
+			need -= w.room()
+		}
+	}
+}
+
+// held lists every row this core holds as running: handed to workers, claimed but
+// not handed, and owed to a Resolve. A ResetOrphans keeps them.
+func (c *Core) held() []int64 {
+	var ids []int64
+	for _, st := range c.stages {
+		for _, w := range st.workers {
+			for _, m := range w.queue {
+				ids = append(ids, m.id)
+			}
+		}
+		for _, m := range st.backlog {
+			ids = append(ids, m.id)
+		}
+	}
+	for _, it := range c.owed {
+		ids = append(ids, it.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// handed lists the ids handed to workers and not yet answered, in order.
+func (c *Core) handed() []int64 {
+	var ids []int64
+	for _, st := range c.stages {
+		for _, w := range st.workers {
+			for _, m := range w.queue {
+				ids = append(ids, m.id)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (c *Core) workerStarted(e WorkerStarted) {
+	w := c.worker(e.Worker)
+	if w == nil {
+		return
+	}
+	w.pid = e.PID
+	if w.state == starting {
+		w.state = ready
+		w.idleSince = c.now
+	}
+}
+
+func (c *Core) spawnFailed(e SpawnFailed) {
+	w := c.worker(e.Worker)
+	if w == nil {
+		return
+	}
+	c.removeWorker(w)
+	c.cooldown(w.stage)
+	if st := w.stage; len(st.workers) == 0 && len(st.backlog) > 0 {
+		// No worker can take the claimed rows before the cooldown ends: give
+		// them back, so the queue shows them pending (nothing runs them) just
+		// as it does the ids of a worker that exited at start.
+		c.requeue(st, st.backlog)
+		st.backlog = nil
+	}
+	c.logf(LevelError, "stage %s: cannot start %s: %s; next try in %s", w.stage.cfg.Name, w.stage.cfg.Program, e.Err, w.stage.cooldownStep)
+}
