@@ -32,7 +32,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -45,8 +44,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/peterbourgon/ff/v3"
-
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 
@@ -123,11 +121,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: pepsi-bench [flags]\n\nMeasures pgbench's commit rate and PEPSI's pipeline hops/s side by side.\nEvery flag can also be set as PEPSI_BENCH_<FLAG> (-queue-limit as PEPSI_BENCH_QUEUE_LIMIT).\n\n")
 		fs.PrintDefaults()
 	}
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI_BENCH")); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := cliflags.Parse(fs, args, "PEPSI_BENCH"); err != nil {
+		return cliflags.Fail(stderr, "pepsi-bench", err)
 	}
 	switch {
 	case fs.NArg() > 0:

@@ -42,6 +42,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/netfault"
 	"github.com/pepsi-pipeline/pepsi/shell/privatepg"
 	"github.com/pepsi-pipeline/pepsi/shell/writelog"
@@ -97,11 +98,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		verbose   = fs.Bool("v", false, "log each step")
 		keep      = fs.Bool("keep", false, "keep the run's directory (configurations, dispatcher logs) and print its name")
 	)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	if err := cliflags.Parse(fs, args, ""); err != nil {
+		return cliflags.Fail(stderr, "pepsi-chaos", err)
 	}
 	if *samples < 1 {
 		fmt.Fprintln(stderr, "pepsi-chaos: -samples must be at least 1")

@@ -15,3 +15,12 @@ func TestDemoRejectsABadCommandLine(t *testing.T) {
 		}
 	}
 }
+
+func TestDemoSaysAMistypedFlagInOneLine(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-bogus"}, &stdout, &stderr)
+	if want := "pepsi-demo: flag provided but not defined: -bogus\nRun 'pepsi-demo -h' for help.\n"; code != 2 || stderr.String() != want {
+		t.Errorf("pepsi-demo -bogus: exit %d, stderr %q; want 2 and %q (not the whole help)", code, stderr.String(), want)
+	}
+}

@@ -13,7 +13,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,10 +27,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/peterbourgon/ff/v3"
 
 	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 
@@ -85,11 +84,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: pepsi-demo [flags]\n\nRuns the example pipeline end to end on PostgreSQL and checks the result.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := cliflags.Parse(fs, args, "PEPSI"); err != nil {
+		return cliflags.Fail(stderr, "pepsi-demo", err)
 	}
 	if fs.NArg() > 0 || d.n <= 0 || !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(d.dbName) {
 		fmt.Fprintf(stderr, "pepsi-demo: want no arguments, -n > 0 and a -db-name of lower-case letters, digits and '_'\n")

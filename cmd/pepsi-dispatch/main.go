@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,10 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/peterbourgon/ff/v3"
-
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
 	"github.com/pepsi-pipeline/pepsi/shell/logflags"
@@ -76,21 +74,15 @@ func run(args []string, stderr io.Writer) int {
 		cpuProfile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to `file` until exit")
 		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
 	)
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "pepsi-dispatch: %v\n", err)
-		return dispatch.ExitUsage
+	if err := cliflags.Parse(fs, args, "PEPSI"); err != nil {
+		return cliflags.Fail(stderr, "pepsi-dispatch", err)
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "pepsi-dispatch: unexpected arguments %q (see -h)\n", fs.Args())
-		return dispatch.ExitUsage
+		return cliflags.Fail(stderr, "pepsi-dispatch", fmt.Errorf("unexpected arguments %q", fs.Args()))
 	}
 	log, err := logflags.New(stderr, *logFormat, *logLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "pepsi-dispatch: %v\n", err)
-		return dispatch.ExitUsage
+		return cliflags.Fail(stderr, "pepsi-dispatch", err)
 	}
 	text, err := os.ReadFile(*configFile)
 	if err != nil {

@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,8 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/peterbourgon/ff/v3"
-
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/sim"
 )
 
@@ -60,11 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "count every failing seed instead of stopping at the first")
 	fs.DurationVar(&o.maxTime, "max-time", 0, "end the campaign after this long (0: no limit)")
 	fs.BoolVar(&o.quiet, "q", false, "print only the summary line (and a failure)")
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI_SIM")); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := cliflags.Parse(fs, args, "PEPSI_SIM"); err != nil {
+		return cliflags.Fail(stderr, "pepsi-sim", err)
 	}
 	switch {
 	case o.seed != 0 && o.runs != 0:

@@ -22,6 +22,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -39,6 +40,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/privatepg"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
@@ -56,11 +58,20 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout)
 	stop()
+	var bad usageError
+	if errors.As(err, &bad) {
+		os.Exit(cliflags.Fail(os.Stderr, "pepsi-soak", bad.err))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pepsi-soak:", err)
 		os.Exit(1)
 	}
 }
+
+// usageError is a mistake on the command line (or -h): exit 2 (0), not 1.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
 
 type soak struct {
 	out         io.Writer
@@ -93,8 +104,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.BoolVar(&s.private, "private", false, "run on a PostgreSQL server of its own, autovacuum on at its defaults")
 	fs.StringVar(&s.dispatch, "dispatch", "", "pepsi-dispatch binary (default: next to pepsi-soak)")
 	fs.DurationVar(&s.retain, "retain", 5*time.Minute, "purge finished messages older than this every minute, as pepsi-queue purge from cron would (0: keep them)")
-	if err := fs.Parse(args); err != nil {
-		return err
+	if err := cliflags.Parse(fs, args, ""); err != nil {
+		return usageError{err}
 	}
 	self, err := os.Executable()
 	if err != nil {
