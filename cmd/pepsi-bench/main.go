@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: pepsi-bench [flags]\n\nMeasures pgbench's commit rate and PEPSI's pipeline hops/s side by side.\nEvery flag can also be set as PEPSI_BENCH_<FLAG> (-queue-limit as PEPSI_BENCH_QUEUE_LIMIT).\n\n")
 		fs.PrintDefaults()
 	}
-	if err := cliflags.Parse(fs, args, "PEPSI_BENCH"); err != nil {
+	if _, err := cliflags.Parse(fs, args, "PEPSI_BENCH"); err != nil {
 		return cliflags.Fail(stderr, "pepsi-bench", err)
 	}
 	switch {

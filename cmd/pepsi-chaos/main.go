@@ -98,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		verbose   = fs.Bool("v", false, "log each step")
 		keep      = fs.Bool("keep", false, "keep the run's directory (configurations, dispatcher logs) and print its name")
 	)
-	if err := cliflags.Parse(fs, args, ""); err != nil {
+	if _, err := cliflags.Parse(fs, args, ""); err != nil {
 		return cliflags.Fail(stderr, "pepsi-chaos", err)
 	}
 	if *samples < 1 {

@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: pepsi-demo [flags]\n\nRuns the example pipeline end to end on PostgreSQL and checks the result.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := cliflags.Parse(fs, args, "PEPSI"); err != nil {
+	if _, err := cliflags.Parse(fs, args, "PEPSI"); err != nil {
 		return cliflags.Fail(stderr, "pepsi-demo", err)
 	}
 	if fs.NArg() > 0 || d.n <= 0 || !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(d.dbName) {

@@ -74,13 +74,14 @@ func run(args []string, stderr io.Writer) int {
 		cpuProfile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to `file` until exit")
 		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
 	)
-	if err := cliflags.Parse(fs, args, "PEPSI"); err != nil {
+	parsed, err := cliflags.Parse(fs, args, "PEPSI")
+	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
 	}
 	if fs.NArg() > 0 {
 		return cliflags.Fail(stderr, "pepsi-dispatch", fmt.Errorf("unexpected arguments %q", fs.Args()))
 	}
-	log, err := logflags.New(stderr, *logFormat, *logLevel)
+	log, err := logflags.New(stderr, *logFormat, *logLevel, parsed.Name)
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
 	}
@@ -109,7 +110,8 @@ func run(args []string, stderr io.Writer) int {
 			continue
 		}
 		if err := o.set(o.value); err != nil {
-			log.Error("bad flag", "flag", "-"+o.flag, "err", err)
+			// The flag, or the PEPSI_ variable that set it: where the operator must look.
+			log.Error("bad value", "setting", parsed.Name(o.flag), "err", err)
 			return dispatch.ExitUsage
 		}
 	}

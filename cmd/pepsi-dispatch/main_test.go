@@ -2,11 +2,23 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 )
+
+// A configuration that parses; the tests below stop before the database.
+func writeConf(t *testing.T) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "pepsi.conf")
+	if err := os.WriteFile(file, []byte("[pepsi]\nDATABASE = postgres://127.0.0.1:1/none\n[stage-a]\nPROGRAM = /bin/cat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
 
 func TestAMistypedFlagIsOneLineAndAPointerToTheHelp(t *testing.T) {
 	var stderr bytes.Buffer
@@ -21,5 +33,26 @@ func TestAMistypedFlagIsOneLineAndAPointerToTheHelp(t *testing.T) {
 	if code := run([]string{"-h"}, &stderr); code != 0 || !strings.Contains(stderr.String(), "Usage: pepsi-dispatch [flags]") ||
 		!strings.Contains(stderr.String(), "-worker-idle-timeout") {
 		t.Errorf("-h: exit %d, stderr %q; want 0 and the whole help", code, stderr.String())
+	}
+}
+
+func TestABadValueIsBlamedOnWhereItWasSet(t *testing.T) {
+	file := writeConf(t)
+	t.Setenv("PEPSI_MAX_RUNTIME", "-5s")
+	var stderr bytes.Buffer
+	if code := run([]string{"-c", file}, &stderr); code != dispatch.ExitUsage ||
+		!strings.Contains(stderr.String(), `msg="bad value" setting=PEPSI_MAX_RUNTIME err="\"-5s\" must be positive"`) {
+		t.Errorf("PEPSI_MAX_RUNTIME=-5s: exit %d, stderr %q; want %d and the variable named", code, stderr.String(), dispatch.ExitUsage)
+	}
+	stderr.Reset()
+	if code := run([]string{"-c", file, "-max-runtime", "-7s"}, &stderr); code != dispatch.ExitUsage ||
+		!strings.Contains(stderr.String(), `msg="bad value" setting=-max-runtime err="\"-7s\" must be positive"`) {
+		t.Errorf("-max-runtime -7s over the environment: exit %d, stderr %q; want %d and the flag named", code, stderr.String(), dispatch.ExitUsage)
+	}
+	t.Setenv("PEPSI_LOG_LEVEL", "loud")
+	stderr.Reset()
+	want := "pepsi-dispatch: PEPSI_LOG_LEVEL \"loud\": want debug, info, warn or error\nRun 'pepsi-dispatch -h' for help.\n"
+	if code := run([]string{"-c", file}, &stderr); code != dispatch.ExitUsage || stderr.String() != want {
+		t.Errorf("PEPSI_LOG_LEVEL=loud: exit %d, stderr %q; want %d and %q", code, stderr.String(), dispatch.ExitUsage, want)
 	}
 }

@@ -21,9 +21,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/peterbourgon/ff/v3"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/httpd"
 	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 )
@@ -71,7 +71,11 @@ func main() {
 // called with the address once the server listens.
 func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr string)) int {
 	fs := flag.NewFlagSet("pepsi-httpd", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
 	var (
 		configFile  = fs.String("c", "", "pepsi.conf `FILE` (for [pepsi] DATABASE and the stage names)")
 		database    = fs.String("database", "", "PostgreSQL `URL` or key=value string; overrides [pepsi] DATABASE")
@@ -83,16 +87,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 		logFormat   = fs.String("log-format", "text", "log format: text or json")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	)
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("PEPSI")); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fmt.Fprint(stderr, usage)
-			fs.PrintDefaults()
-			return exitOK
-		}
-		if inner := errors.Unwrap(err); inner != nil {
-			err = inner // ff's "error parsing commandline arguments: " says nothing more
-		}
+	parsed, err := cliflags.Parse(fs, args, "PEPSI")
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "pepsi-httpd: %v (see -h)\n", err)
 		return exitUsage
 	}
@@ -104,14 +103,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	case fs.NArg() > 0:
 		return bad("unexpected arguments %q (see -h)", fs.Args())
 	case *stmtTimeout <= 0 || *cacheAge <= 0 || *sample <= 0:
-		return bad("-statement-timeout, -cache and -sample-interval must be positive")
+		return bad("%s, %s and %s must be positive", parsed.Name("statement-timeout"), parsed.Name("cache"), parsed.Name("sample-interval"))
 	case *history <= 0 || *history > 100_000:
-		return bad("-history %d: want 1 to 100000", *history)
+		return bad("%s %d: want 1 to 100000", parsed.Name("history"), *history)
 	}
 	if _, _, err := net.SplitHostPort(*listen); err != nil {
-		return bad("-listen %q: %v", *listen, err)
+		return bad("%s %q: %v", parsed.Name("listen"), *listen, err)
 	}
-	log, err := logflags.New(stderr, *logFormat, *logLevel)
+	log, err := logflags.New(stderr, *logFormat, *logLevel, parsed.Name)
 	if err != nil {
 		return bad("%v", err)
 	}

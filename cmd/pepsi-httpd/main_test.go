@@ -105,3 +105,21 @@ func TestServesFromTheEnvironmentAndStopsCleanlyOnSignal(t *testing.T) {
 		t.Fatal("pepsi-httpd did not stop within 10 s of the signal")
 	}
 }
+
+func TestABadValueFromTheEnvironmentNamesTheVariable(t *testing.T) {
+	t.Setenv("PEPSI_LISTEN", "localhost")
+	code, stderr := runFor(t)
+	if want := `pepsi-httpd: PEPSI_LISTEN "localhost": address localhost: missing port in address` + "\n"; code != exitUsage || stderr != want {
+		t.Errorf("PEPSI_LISTEN=localhost: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
+	}
+	t.Setenv("PEPSI_LISTEN", "")
+	t.Setenv("PEPSI_LOG_FORMAT", "xml")
+	code, stderr = runFor(t)
+	if want := `pepsi-httpd: PEPSI_LOG_FORMAT "xml": want text or json` + "\n"; code != exitUsage || stderr != want {
+		t.Errorf("PEPSI_LOG_FORMAT=xml: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
+	}
+	code, stderr = runFor(t, "-log-format", "yaml")
+	if want := `pepsi-httpd: -log-format "yaml": want text or json` + "\n"; code != exitUsage || stderr != want {
+		t.Errorf("-log-format yaml over PEPSI_LOG_FORMAT: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
+	}
+}

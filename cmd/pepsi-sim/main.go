@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "count every failing seed instead of stopping at the first")
 	fs.DurationVar(&o.maxTime, "max-time", 0, "end the campaign after this long (0: no limit)")
 	fs.BoolVar(&o.quiet, "q", false, "print only the summary line (and a failure)")
-	if err := cliflags.Parse(fs, args, "PEPSI_SIM"); err != nil {
+	if _, err := cliflags.Parse(fs, args, "PEPSI_SIM"); err != nil {
 		return cliflags.Fail(stderr, "pepsi-sim", err)
 	}
 	switch {

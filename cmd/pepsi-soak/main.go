@@ -104,7 +104,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.BoolVar(&s.private, "private", false, "run on a PostgreSQL server of its own, autovacuum on at its defaults")
 	fs.StringVar(&s.dispatch, "dispatch", "", "pepsi-dispatch binary (default: next to pepsi-soak)")
 	fs.DurationVar(&s.retain, "retain", 5*time.Minute, "purge finished messages older than this every minute, as pepsi-queue purge from cron would (0: keep them)")
-	if err := cliflags.Parse(fs, args, ""); err != nil {
+	if _, err := cliflags.Parse(fs, args, ""); err != nil {
 		return usageError{err}
 	}
 	self, err := os.Executable()

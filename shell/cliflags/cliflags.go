@@ -2,7 +2,9 @@
 // each: the flags, then (with an environment prefix) a PREFIX_NAME variable for
 // each flag the command line did not give, as ff/v3 reads them. A mistake is one
 // line and a pointer to -h, not the whole help: the help buries the one line
-// that says what is wrong.
+// that says what is wrong. And it remembers where each value came from, so that a
+// bad value is blamed on what the operator actually set: the flag, or the
+// environment variable.
 package cliflags
 
 import (
@@ -10,6 +12,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	"github.com/peterbourgon/ff/v3"
 )
@@ -17,12 +21,18 @@ import (
 // ExitUsage is the exit status of a bad command line, in every PEPSI program.
 const ExitUsage = 2
 
+// Parsed is a parsed command line.
+type Parsed struct {
+	envPrefix string
+	onLine    map[string]bool // flags the command line gave
+}
+
 // Parse parses args into fs, then, when envPrefix is not empty, the environment:
 // -max-runtime from PREFIX_MAX_RUNTIME unless the command line gave it. Asked for
 // help (-h, -help), it prints fs.Usage to fs.Output() and returns flag.ErrHelp;
 // for any other mistake it prints nothing and returns the error, one line for
 // Fail.
-func Parse(fs *flag.FlagSet, args []string, envPrefix string) error {
+func Parse(fs *flag.FlagSet, args []string, envPrefix string) (*Parsed, error) {
 	// The flag package prints its error and then the whole usage: keep both for
 	// -h alone.
 	usage, out := fs.Usage, fs.Output()
@@ -42,16 +52,16 @@ func Parse(fs *flag.FlagSet, args []string, envPrefix string) error {
 			fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
 			fs.PrintDefaults()
 		}
-		return flag.ErrHelp
+		return nil, flag.ErrHelp
 	}
 	if err != nil {
 		// ff prefixes "error parsing commandline arguments: ", which says nothing more.
 		if inner := errors.Unwrap(err); inner != nil {
 			err = inner
 		}
-		return err
+		return nil, err
 	}
-	return nil
+	return &Parsed{envPrefix: envPrefix, onLine: givenOnLine(fs, args)}, nil
 }
 
 // Fail reports err, a mistake on the command line of prog, as one line and a
@@ -64,3 +74,45 @@ func Fail(w io.Writer, prog string, err error) int {
 	fmt.Fprintf(w, "%s: %v\nRun '%s -h' for help.\n", prog, err, prog)
 	return ExitUsage
 }
+
+// Name is how the operator set the flag called name: "-max-runtime", or
+// "PEPSI_MAX_RUNTIME" when its value came from the environment. Name a bad value
+// by it, so that the operator looks where the value was set.
+func (p *Parsed) Name(name string) string {
+	if p != nil && p.envPrefix != "" && !p.onLine[name] {
+		if key := EnvVar(p.envPrefix, name); os.Getenv(key) != "" {
+			return key
+		}
+	}
+	return "-" + name
+}
+
+// EnvVar is the environment variable that sets the flag called name, as ff/v3
+// names it: PEPSI and max-runtime give PEPSI_MAX_RUNTIME.
+func EnvVar(prefix, name string) string {
+	return prefix + "_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_", "/", "_").Replace(name))
+}
+
+// givenOnLine returns the flags args sets. It parses args again into a copy of
+// fs whose values ignore what they are set to: fs itself, after ff, cannot tell a
+// value of the command line from one of the environment.
+func givenOnLine(fs *flag.FlagSet, args []string) map[string]bool {
+	scratch := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	scratch.SetOutput(io.Discard)
+	fs.VisitAll(func(f *flag.Flag) {
+		b, ok := f.Value.(interface{ IsBoolFlag() bool })
+		scratch.Var(ignored{isBool: ok && b.IsBoolFlag()}, f.Name, "")
+	})
+	// args parsed into fs already: they parse here too.
+	_ = scratch.Parse(args)
+	given := map[string]bool{}
+	scratch.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	return given
+}
+
+// ignored is a flag value that accepts anything and keeps nothing.
+type ignored struct{ isBool bool }
+
+func (ignored) String() string     { return "" }
+func (ignored) Set(string) error   { return nil }
+func (v ignored) IsBoolFlag() bool { return v.isBool }

@@ -22,7 +22,7 @@ func newFlags(out *bytes.Buffer) (*flag.FlagSet, *string) {
 func TestAMistakeIsOneLineAndAPointerToTheHelp(t *testing.T) {
 	var out bytes.Buffer
 	fs, _ := newFlags(&out)
-	err := cliflags.Parse(fs, []string{"-max-runtme", "5s"}, "PEPSI")
+	_, err := cliflags.Parse(fs, []string{"-max-runtme", "5s"}, "PEPSI")
 	if err == nil || err.Error() != "flag provided but not defined: -max-runtme" {
 		t.Fatalf("Parse = %v; want the flag package's error alone", err)
 	}
@@ -41,7 +41,7 @@ func TestAMistakeIsOneLineAndAPointerToTheHelp(t *testing.T) {
 func TestHelpPrintsTheWholeUsage(t *testing.T) {
 	var out bytes.Buffer
 	fs, _ := newFlags(&out)
-	err := cliflags.Parse(fs, []string{"-h"}, "PEPSI")
+	_, err := cliflags.Parse(fs, []string{"-h"}, "PEPSI")
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("Parse -h = %v, want flag.ErrHelp", err)
 	}
@@ -51,5 +51,45 @@ func TestHelpPrintsTheWholeUsage(t *testing.T) {
 	var w bytes.Buffer
 	if code := cliflags.Fail(&w, "prog", err); code != 0 || w.Len() != 0 {
 		t.Errorf("Fail(ErrHelp) = %d and %q; want 0 and nothing more", code, w.String())
+	}
+}
+
+func TestNameSaysWhereTheValueCameFrom(t *testing.T) {
+	t.Setenv("PEPSI_MAX_RUNTIME", "-5s")
+	for _, tc := range []struct {
+		args       []string
+		value, who string
+	}{
+		{nil, "-5s", "PEPSI_MAX_RUNTIME"},
+		{[]string{"-max-runtime", "7s"}, "7s", "-max-runtime"},
+		{[]string{"-max-runtime=-5s"}, "-5s", "-max-runtime"},
+		{[]string{"-standby", "-max-runtime", "7s", "extra"}, "7s", "-max-runtime"},
+		{[]string{"-standby", "extra", "-max-runtime", "7s"}, "-5s", "PEPSI_MAX_RUNTIME"}, // after the first argument, not a flag
+	} {
+		var out bytes.Buffer
+		fs, maxRuntime := newFlags(&out)
+		p, err := cliflags.Parse(fs, tc.args, "PEPSI")
+		if err != nil {
+			t.Fatalf("Parse %q: %v", tc.args, err)
+		}
+		if *maxRuntime != tc.value || p.Name("max-runtime") != tc.who {
+			t.Errorf("Parse %q: value %q named %q; want %q named %q", tc.args, *maxRuntime, p.Name("max-runtime"), tc.value, tc.who)
+		}
+		if got := p.Name("standby"); got != "-standby" {
+			t.Errorf("Parse %q: Name(standby) = %q, want -standby (no environment variable sets it)", tc.args, got)
+		}
+	}
+	// Without a prefix the environment is not read, so nothing is named after it.
+	var out bytes.Buffer
+	fs, maxRuntime := newFlags(&out)
+	p, err := cliflags.Parse(fs, nil, "")
+	if err != nil || *maxRuntime != "" || p.Name("max-runtime") != "-max-runtime" {
+		t.Errorf("Parse without a prefix: %v, value %q named %q; want no error, no value, -max-runtime", err, *maxRuntime, p.Name("max-runtime"))
+	}
+}
+
+func TestEnvVarIsFFsName(t *testing.T) {
+	if got := cliflags.EnvVar("PEPSI", "worker-idle-timeout"); got != "PEPSI_WORKER_IDLE_TIMEOUT" {
+		t.Errorf("EnvVar = %q, want PEPSI_WORKER_IDLE_TIMEOUT", got)
 	}
 }

@@ -10,11 +10,16 @@ import (
 )
 
 // New returns a logger writing to w in format ("text" or "json") at level
-// ("debug", "info", "warn" or "error"), or an error naming the bad flag.
-func New(w io.Writer, format, level string) (*slog.Logger, error) {
+// ("debug", "info", "warn" or "error"), or an error naming the bad setting as
+// name calls it (cliflags.Parsed.Name: the flag, or the environment variable that
+// set it); a nil name says -log-format and -log-level.
+func New(w io.Writer, format, level string, name func(flag string) string) (*slog.Logger, error) {
+	if name == nil {
+		name = func(flag string) string { return "-" + flag }
+	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+		return nil, fmt.Errorf("%s %q: want debug, info, warn or error", name("log-level"), level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
@@ -23,5 +28,5 @@ func New(w io.Writer, format, level string) (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, fmt.Errorf("-log-format %q: want text or json", format)
+	return nil, fmt.Errorf("%s %q: want text or json", name("log-format"), format)
 }
