@@ -134,13 +134,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if first, _, _ := strings.Cut(parseOut.String(), "\n"); first != "" {
 			msg = first
 		}
+		// The flag set that failed is the last one parsing began on: ffcli parses
+		// a subcommand's flags only after the global ones. An argument's spelling
+		// cannot say it: "pepsi-queue -bogus stats" fails before stats.
 		name := "pepsi-queue"
-		for _, arg := range args {
-			for _, sub := range root.Subcommands {
-				if arg == sub.Name && name == "pepsi-queue" {
-					name += " " + sub.Name
-				}
+		for _, sub := range root.Subcommands {
+			if sub.FlagSet.Parsed() {
+				name += " " + sub.Name
 			}
+		}
+		if name == "pepsi-queue" {
+			msg = globalFlagError(root, msg)
 		}
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, msg, name)
 		return exitUsage
@@ -160,6 +164,29 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	fmt.Fprintf(stderr, "pepsi-queue: %v%s\n", err, schemaHint(err))
 	return exitFailure
+}
+
+// globalFlagError rewrites msg, the flag package's complaint about a flag before
+// the subcommand, to say that it is about a global flag, which the global flags
+// are, and, for a subcommand's flag given too early, that it goes after.
+func globalFlagError(root *ffcli.Command, msg string) string {
+	var globals []string
+	root.FlagSet.VisitAll(func(f *flag.Flag) { globals = append(globals, "-"+f.Name) })
+	where := fmt.Sprintf("the global flags, before the subcommand, are %s", strings.Join(globals, " and "))
+	unknown, ok := strings.CutPrefix(msg, "flag provided but not defined: ")
+	if !ok {
+		return strings.Replace(msg, "flag ", "global flag ", 1) + " (" + where + ")"
+	}
+	var takers []string
+	for _, sub := range root.Subcommands {
+		if sub.FlagSet.Lookup(strings.TrimLeft(unknown, "-")) != nil {
+			takers = append(takers, sub.Name)
+		}
+	}
+	if len(takers) > 0 {
+		where += fmt.Sprintf("; %s is a flag of %s: put it after the subcommand", unknown, strings.Join(takers, " and "))
+	}
+	return fmt.Sprintf("unknown global flag %s (%s)", unknown, where)
 }
 
 // schemaHint tells an operator what to do about a database without the PEPSI
