@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/peterbourgon/ff/v3/ffcli"
+	"golang.org/x/term"
 
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
@@ -135,7 +136,7 @@ EXAMPLES
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
 				total, err := enqueueAll(ctx, conn, *stage, src, *batch)
 				if total.Count == 0 && err == nil {
-					fmt.Fprintf(a.stdout, "enqueued nothing: the input had no messages\n")
+					fmt.Fprintf(a.stdout, "read no messages from standard input (it was empty or blank): 0 enqueued\n")
 					return nil
 				}
 				if err != nil {
@@ -152,13 +153,10 @@ EXAMPLES
 }
 
 // isTerminal reports whether r is a terminal (so a user may be waiting for us).
+// A character device is not enough: /dev/null is one, and reads as empty at once.
 func isTerminal(r io.Reader) bool {
 	f, ok := r.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // enqueueAll reads src to the end and inserts it in batches, returning what was
