@@ -151,9 +151,12 @@ func run(args []string, stderr io.Writer) int {
 	}
 	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","))
 	code, err := dispatch.Run(context.Background(), opts)
-	if err != nil {
+	switch {
+	case code == dispatch.ExitLockHeld:
+		log.Error("pepsi-dispatch not started", "err", err, "exit", code)
+	case err != nil:
 		log.Error("pepsi-dispatch stopped", "err", err, "exit", code)
-	} else {
+	default:
 		log.Info("pepsi-dispatch stopped", "exit", code)
 	}
 	return code

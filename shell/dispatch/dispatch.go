@@ -202,7 +202,7 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 			continue
 		}
 		if errors.As(err, &held) {
-			return nil, ExitLockHeld, fmt.Errorf("another pepsi-dispatch is running against this database: %w", err)
+			return nil, ExitLockHeld, fmt.Errorf("%w; one dispatcher runs per database (-standby waits to take over)", err)
 		}
 		if ctx.Err() != nil {
 			return nil, ExitOK, nil

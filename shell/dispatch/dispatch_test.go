@@ -556,6 +556,9 @@ func TestSecondDispatcherRefusesToRunAndAStandbyTakesOver(t *testing.T) {
 		t.Errorf("second dispatcher: exit %d, err %v; want exit %d and an error naming the holder's application_name",
 			code, err, dispatch.ExitLockHeld)
 	}
+	if err != nil && (strings.Count(err.Error(), "another pepsi-dispatch") != 1 || !strings.Contains(err.Error(), "-standby")) {
+		t.Errorf("second dispatcher: err %q; want \"another pepsi-dispatch\" once, and -standby named", err)
+	}
 	standby := e.startWith("standby", true)
 	waitFor(t, 10*time.Second, "the standby to wait for the lock", func() (bool, string) {
 		return len(standby.logs.lines("standby: waiting for the dispatcher lock")) > 0, "not yet"
