@@ -20,25 +20,44 @@ var stageOrder = []string{pipeline.Parse, pipeline.Enrich, pipeline.Tag, pipelin
 // progress shows how far the pipeline is: a bar refreshed in place on a
 // terminal, a plain line per poll otherwise.
 type progress struct {
-	w   io.Writer
-	n   int
-	bar *progressbar.ProgressBar // nil when not a terminal
+	w    io.Writer
+	n    int
+	bar  *progressbar.ProgressBar // nil when not a terminal
+	gate *gate                    // between bar and w
 }
 
 func newProgress(w io.Writer, n int, tty bool) *progress {
 	p := &progress{w: w, n: n}
 	if tty {
+		p.gate = &gate{w: w}
 		p.bar = progressbar.NewOptions64(int64(n),
-			progressbar.OptionSetWriter(w),
+			progressbar.OptionSetWriter(p.gate),
 			progressbar.OptionSetWidth(30),
 			progressbar.OptionShowCount(),
 			progressbar.OptionSetPredictTime(false),
 			progressbar.OptionSetElapsedTime(true),
 			progressbar.OptionShowDescriptionAtLineEnd(),
-			progressbar.OptionThrottle(100*time.Millisecond),
+			// No throttle: a throttled render is dropped, and show's second
+			// one, the count, was, leaving the count of an earlier poll beside
+			// this poll's text. Polls are pollTTY apart.
 			progressbar.OptionSetRenderBlankState(true))
 	}
 	return p
+}
+
+// gate passes the bar's output on to w unless muted. The bar renders on each
+// of Describe and Set64: show mutes the first, so that the terminal never shows
+// this poll's text beside the last poll's count.
+type gate struct {
+	w     io.Writer
+	muted bool
+}
+
+func (g *gate) Write(b []byte) (int, error) {
+	if g.muted {
+		return len(b), nil
+	}
+	return g.w.Write(b)
 }
 
 // show reports one snapshot: finished messages, and where the rest are.
@@ -67,8 +86,15 @@ func (p *progress) show(s *queueadmin.Stats, finished int64, elapsed time.Durati
 		inFlight = "in flight: " + strings.Join(parts, ", ")
 	}
 	if p.bar != nil {
-		p.bar.Describe(fmt.Sprintf("done %d, failed %d | %s", s.Count("done"), s.Count("failed"), inFlight))
-		_ = p.bar.Set64(finished) // rendering to a terminal cannot usefully fail
+		// The count is done + failed + timeout: name all three, or they do not add up.
+		ended := fmt.Sprintf("done %d, failed %d", s.Count("done"), s.Count("failed"))
+		if n := s.Count("timeout"); n > 0 {
+			ended += fmt.Sprintf(", timeout %d", n)
+		}
+		p.gate.muted = true
+		p.bar.Describe(ended + " | " + inFlight)
+		p.gate.muted = false
+		_ = p.bar.Set64(finished) // renders both; to a terminal it cannot usefully fail
 		return
 	}
 	fmt.Fprintf(p.w, "[%6.1fs] %d/%d finished (done %d, failed %d, timeout %d) | %s\n",
