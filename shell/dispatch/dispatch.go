@@ -158,7 +158,7 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 		}
 	}()
 	backoff := probeMin
-	logged := false
+	waiting := newDBWait(log, cfg)
 	staleEnds := 0
 	// ask: a standby that restarts asks once first, to see who holds the lock.
 	ask := restarted
@@ -207,10 +207,7 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 		if ctx.Err() != nil {
 			return nil, ExitOK, nil
 		}
-		if !logged {
-			log.Warn("cannot reach the database to take the dispatcher lock; retrying", "err", err)
-			logged = true
-		}
+		waiting.failed(err)
 		select {
 		case <-time.After(backoff):
 		case <-ctx.Done():
