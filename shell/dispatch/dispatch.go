@@ -28,7 +28,6 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
-	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )
 
 // Exit codes of pepsi-dispatch, documented in pepsi-dispatch(1).
@@ -96,9 +95,6 @@ func Run(ctx context.Context, o Options) (int, error) {
 	// carry: statistics a session that lost the lock counted but could not be sure
 	// it wrote; the next session's core adds what the database does not show.
 	var carry []core.Flush
-	// stopping: a signal (or ctx) asked for a shutdown. A session that loses the
-	// lock after that is not followed by another.
-	stopping := false
 	restarted := false
 	for {
 		lock, code, err := acquire(ctx, pgcfg, o.Standby, restarted, log, signals)
@@ -110,16 +106,18 @@ func Run(ctx context.Context, o Options) (int, error) {
 			}
 			return code, err
 		}
-		code, again, err := session(ctx, o, pgcfg, lock, log, signals, &carry, &stopping, restarted)
+		s := &session{o: o, pgcfg: pgcfg, lock: lock, log: log, signals: signals, carry: carry, restarted: restarted}
+		r := s.run(ctx)
 		_ = lock.Release(context.WithoutCancel(ctx))
-		if !again {
-			return code, err
+		if !r.again {
+			return r.code, r.err
 		}
-		if stopping {
-			log.Error("lost the dispatcher lock while shutting down: workers were killed, the next start resets their rows", "err", err)
-			return ExitUnwritten, err
+		if r.stopping {
+			log.Error("lost the dispatcher lock while shutting down: workers were killed, the next start resets their rows", "err", r.err)
+			return ExitUnwritten, r.err
 		}
-		log.Error("restarting the dispatcher session after losing the lock: workers were killed, their rows will be reset", "err", err)
+		log.Error("restarting the dispatcher session after losing the lock: workers were killed, their rows will be reset", "err", r.err)
+		carry = r.carry
 		restarted = true
 	}
 }
@@ -215,318 +213,6 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 		}
 		backoff = min(2*backoff, lockRetryMax)
 	}
-}
-
-// txnResult is the outcome of one queue transaction run off the main loop.
-type txnResult struct {
-	events []core.Event
-	failed bool
-}
-
-// session runs one core for as long as the lock is held. again reports that the
-// lock was lost and a new session should start; then *carry holds the statistics
-// the core could not be sure it wrote, for the next session's Start.
-//
-// *stopping is set once a signal or ctx asks for a shutdown. restarted says an
-// earlier session lost the lock: its rows are running until this one's start-up
-// reset, so stopping before that is not a clean exit.
-func session(ctx context.Context, o Options, pgcfg *pgx.ConnConfig, lock *pgqueue.Lock, log *slog.Logger, signals <-chan os.Signal, carry *[]core.Flush, stopping *bool, restarted bool) (code int, again bool, err error) {
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-
-	poolCfg, err := pgxpool.ParseConfig("")
-	if err != nil {
-		return ExitFatal, false, err
-	}
-	poolCfg.ConnConfig = pgcfg.Copy()
-	// This commit is the durability point of every hop (docs/durability.md): never
-	// let a server or role default make it asynchronous.
-	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
-	poolCfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(sctx, poolCfg)
-	if err != nil {
-		return ExitFatal, false, fmt.Errorf("database pool: %w", err)
-	}
-	// Cancel first: pool.Close waits for a transaction in flight, which must not
-	// outlive the session (its outcome is in Unflushed / the next start-up reset).
-	defer func() {
-		cancel()
-		pool.Close()
-	}()
-	// A schema that is missing or old, or a server that answers the check with an
-	// error, is fatal: retrying cannot fix it. A connection that could not be made
-	// or broke (too many connections, a server starting or stopping) is an outage:
-	// it is retried with backoff while the lock is held.
-	for backoff, logged := probeMin, false; ; backoff = min(2*backoff, probeMax) {
-		cctx, ccancel := context.WithTimeout(sctx, schemaCheckTimeout)
-		err := checkSchema(cctx, pool)
-		ccancel()
-		if err == nil {
-			break
-		}
-		if !transient(err) {
-			return ExitFatal, false, err
-		}
-		if !logged {
-			log.Warn("cannot check the database schema; retrying", "err", err)
-			logged = true
-		}
-		select {
-		case <-time.After(backoff):
-		case <-lock.Lost():
-			return ExitFatal, true, lock.Err()
-		case <-signals:
-			*stopping = true
-			return exitBeforeStart(restarted), false, nil
-		case <-ctx.Done():
-			*stopping = true
-			return exitBeforeStart(restarted), false, nil
-		}
-	}
-	// No session of an earlier dispatcher may write after the start-up reset
-	// (pgqueue.EndEarlierDispatchers). Failing to end one is logged, not fatal:
-	// a role that may not signal another's sessions still runs, as before.
-	ectx, ecancel := context.WithTimeout(sctx, schemaCheckTimeout)
-	if n, err := pgqueue.EndEarlierDispatchers(ectx, pool, pgcfg.RuntimeParams["application_name"]); err != nil {
-		log.Warn("cannot end an earlier dispatcher's sessions before the start-up reset", "err", err)
-	} else if n > 0 {
-		log.Info("ended sessions of an earlier dispatcher before the start-up reset", "sessions", n)
-	}
-	ecancel()
-	queue := pgqueue.New(pool, log)
-
-	events := make(chan core.Event, eventBufferMax)
-	// ended is closed when the loop has returned: no one reads events any more, and
-	// a worker goroutine must not block on them (Close waits for those goroutines).
-	ended := make(chan struct{})
-	// offLoop hands the loop an event from work done off it (a worker's output,
-	// an inspection of the queue, a vacuum).
-	offLoop := func(ev core.Event) {
-		select {
-		case events <- ev:
-		case <-ended:
-		}
-	}
-	workers := worker.NewPool(worker.Options{
-		ConfigFile: o.Config.Dispatch.ConfigFile,
-		Log:        log,
-		Events:     offLoop,
-	})
-	defer func() {
-		close(ended)
-		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer wcancel()
-		if cerr := workers.Close(wctx); cerr != nil {
-			log.Error("workers did not all exit", "err", cerr)
-		}
-	}()
-
-	// Ingress notifications coalesce: one pending "there is work" is enough.
-	notified := make(chan struct{}, 1)
-	// dbUp: a probe reached the database after a failed transaction. relisten: the
-	// listener is back after an outage of its own; the notifications sent meanwhile
-	// were lost, so it means Ingress as well as DatabaseUp.
-	dbUp := make(chan struct{}, 1)
-	relisten := make(chan struct{}, 1)
-	listening := make(chan struct{})
-	go func() {
-		first := true
-		_ = pgqueue.Listen(sctx, pgcfg, log, func(n pgqueue.Notice) {
-			switch n {
-			case pgqueue.Listening:
-				if first {
-					first = false
-					close(listening)
-				}
-			case pgqueue.Notified:
-				signalOnce(notified)
-			case pgqueue.Up:
-				signalOnce(relisten)
-			}
-		})
-	}()
-	select {
-	case <-listening:
-	case <-lock.Lost():
-		return ExitFatal, true, lock.Err()
-	case <-signals:
-		*stopping = true
-		return exitBeforeStart(restarted), false, nil
-	case <-ctx.Done():
-		*stopping = true
-		return exitBeforeStart(restarted), false, nil
-	}
-
-	// The gate (core.Rest, core.Busy) on its own connection: its answers are
-	// events like a worker's.
-	gate := pgqueue.NewGate()
-	go gate.Run(sctx, pgcfg, log, func(ev core.Event) {
-		select {
-		case events <- ev:
-		case <-ended:
-		}
-	})
-
-	txnTimeout := o.TxnTimeout
-	if txnTimeout <= 0 {
-		txnTimeout = txnTimeoutDefault
-	}
-	results := make(chan txnResult, 1)
-	runTxn := func(cmds []core.Command) {
-		go func() {
-			// A transaction past the timeout fails, and the core re-sends what
-			// it owed once a probe reaches the database.
-			tctx, tcancel := context.WithTimeout(sctx, txnTimeout)
-			evs := queue.Exec(tctx, cmds)
-			tcancel()
-			failed := false
-			for _, ev := range evs {
-				if core.QueueErr(ev) != "" {
-					failed = true
-				}
-			}
-			results <- txnResult{events: evs, failed: failed}
-		}()
-	}
-	// failures counts queue transactions that failed in a row. A failure the
-	// database answers at once (a missing table, a read-only server) would
-	// otherwise be retried as fast as the ping after it succeeds; each one in a
-	// row doubles the pause before the retry, up to probeMax.
-	//
-	// The probe starts only once the loop has taken the failure into pending, so
-	// its DatabaseUp reaches the core after the failure. Started with the failure
-	// (off the loop), it could answer while the failure still waited in results;
-	// the loop could then take DatabaseUp first, the core would ignore it (not yet
-	// down) and then wait for the database forever.
-	failures := 0
-	tookResult := func(r txnResult) {
-		if !r.failed {
-			failures = 0
-			return
-		}
-		failures++
-		go probe(sctx, queue, log, dbUp, min(probeMin<<min(failures-1, 16), probeMax))
-	}
-
-	c := core.New(o.Config)
-	pending := []core.Event{core.Start{Carry: *carry}}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	ctxDone := ctx.Done()
-	for {
-		cmds := c.Step(time.Now(), pending...)
-		pending = pending[:0]
-		var txn []core.Command
-		for _, cmd := range cmds {
-			switch x := cmd.(type) {
-			case core.Spawn:
-				st, ok := o.Config.Stage(x.Stage)
-				if !ok {
-					panic(fmt.Sprintf("dispatch: core spawned unknown stage %q", x.Stage))
-				}
-				pending = append(pending, workers.Spawn(x.Worker, x.Stage, st.Program))
-			case core.Write:
-				workers.Write(x.Worker, x.IDs)
-			case core.Stop:
-				workers.Stop(x.Worker)
-			case core.Kill:
-				workers.Kill(x.Worker)
-			case core.SetTimer:
-				timer.Stop()
-				if !x.At.IsZero() {
-					timer.Reset(max(0, time.Until(x.At)))
-				}
-			case core.Inspect:
-				go func() { offLoop(queue.Inspect(sctx, x)) }()
-			case core.Vacuum:
-				go func() { offLoop(queue.Vacuum(sctx, x)) }()
-			case core.Rest, core.Busy:
-				log.Debug("gate", "command", cmd.String())
-				gate.Do(cmd)
-			case core.Log:
-				log.Log(sctx, level(x.Level), x.Msg)
-			case core.Exit:
-				return x.Code, false, nil
-			default:
-				if !core.IsQueue(cmd) {
-					panic(fmt.Sprintf("dispatch: unknown command %T", cmd))
-				}
-				txn = append(txn, cmd)
-			}
-		}
-		if len(txn) > 0 {
-			runTxn(txn)
-		}
-		if len(pending) > 0 {
-			continue // spawn results go straight back in
-		}
-		// Wait for anything, then take everything else that is already there.
-	wait:
-		select {
-		case ev := <-events:
-			pending = append(pending, ev)
-		case r := <-results:
-			pending = append(pending, r.events...)
-			tookResult(r)
-		case <-notified:
-			pending = append(pending, core.Ingress{})
-		case <-dbUp:
-			pending = append(pending, core.DatabaseUp{})
-		case <-relisten:
-			pending = append(pending, core.Ingress{}, core.DatabaseUp{})
-		case <-timer.C:
-			pending = append(pending, core.Tick{})
-		case reply := <-o.Snapshots:
-			reply <- c.Snapshot() // buffered by the asker
-			goto wait             // an answer is no event: the core does not step
-		case sig := <-signals:
-			log.Info("signal received", "signal", sig.String())
-			*stopping = true
-			pending = append(pending, core.Shutdown{})
-		case <-ctxDone:
-			ctxDone = nil
-			*stopping = true
-			pending = append(pending, core.Shutdown{})
-		case <-lock.Lost():
-			workers.KillAll()
-			*carry = c.Unflushed()
-			return ExitFatal, true, fmt.Errorf("lost the dispatcher lock: %w", lock.Err())
-		}
-		pending = drain(pending, events, results, notified, dbUp, relisten, tookResult)
-	}
-}
-
-// exitBeforeStart is the exit code of a session asked to stop before its core ran:
-// clean, unless an earlier session lost the lock and left rows running.
-func exitBeforeStart(restarted bool) int {
-	if restarted {
-		return ExitUnwritten
-	}
-	return ExitOK
-}
-
-// drain appends, without blocking, whatever events are already waiting, so that
-// one Step sees every answer and exit that has arrived (capacities are current
-// before the claim).
-func drain(pending []core.Event, events <-chan core.Event, results <-chan txnResult, notified, dbUp, relisten <-chan struct{}, tookResult func(txnResult)) []core.Event {
-	for len(pending) < drainMax {
-		select {
-		case ev := <-events:
-			pending = append(pending, ev)
-		case r := <-results:
-			pending = append(pending, r.events...)
-			tookResult(r)
-		case <-notified:
-			pending = append(pending, core.Ingress{})
-		case <-dbUp:
-			pending = append(pending, core.DatabaseUp{})
-		case <-relisten:
-			pending = append(pending, core.Ingress{}, core.DatabaseUp{})
-		default:
-			return pending
-		}
-	}
-	return pending
 }
 
 // probe waits pause, then pings the database with capped backoff until it

@@ -1,0 +1,437 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/worker"
+)
+
+// session is one core's life while the dispatcher lock is held: the schema
+// check, the ingress listener, the workers, the gate, and the loop that steps
+// the core and carries out its commands. Run fills in the fields above ctx and
+// calls run; every method but offLoop runs on run's goroutine (the loop's), so
+// the fields need no lock.
+type session struct {
+	o       Options
+	pgcfg   *pgx.ConnConfig
+	lock    *pgqueue.Lock
+	log     *slog.Logger
+	signals <-chan os.Signal
+	// carry is what the previous session could not be sure it wrote, for this
+	// core's Start; once the core has run, what this one could not.
+	carry []core.Flush
+	// restarted: an earlier session lost the lock, and its rows are running
+	// until this one's start-up reset, so stopping before that is not clean.
+	restarted bool
+
+	// ctx is the session's own: it does not end with the caller's (the shutdown
+	// that asks for still needs the database), and its end at run's return ends
+	// everything the session started.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// shutdown is the caller's ctx.Done(): its end asks for a shutdown, like a
+	// signal. The loop sets it to nil once taken, so that it asks only once.
+	shutdown <-chan struct{}
+	stopping bool // a signal or shutdown was taken
+
+	pool    *pgxpool.Pool
+	queue   *pgqueue.Queue
+	workers *worker.Pool
+	gate    *pgqueue.Gate
+	core    *core.Core
+	timer   *time.Timer
+
+	// events carries what work done off the loop reports (offLoop). ended is
+	// closed when the loop has returned: no one reads events any more, and a
+	// worker goroutine must not block on them (Close waits for those goroutines).
+	events chan core.Event
+	ended  chan struct{}
+	// results carries the outcome of the queue transaction in flight (the core
+	// has at most one outstanding).
+	results chan txnResult
+	// notified: ingress notifications coalesce, one pending "there is work" is
+	// enough. dbUp: a probe reached the database after a failed transaction.
+	// relisten: the listener is back after an outage of its own; the
+	// notifications sent meanwhile were lost, so it means Ingress as well as
+	// DatabaseUp.
+	notified, dbUp, relisten chan struct{}
+	// failures counts queue transactions that failed in a row (tookResult).
+	failures int
+}
+
+// sessionResult is how a session ended.
+type sessionResult struct {
+	code int
+	err  error
+	// again: the lock was lost, and a new session should start (unless stopping).
+	again bool
+	// carry is what the next session's Start must be given (session.carry).
+	carry []core.Flush
+	// stopping: a signal or ctx asked for a shutdown. A session that loses the
+	// lock after that is not followed by another.
+	stopping bool
+}
+
+// txnResult is the outcome of one queue transaction run off the main loop.
+type txnResult struct {
+	events []core.Event
+	failed bool
+}
+
+// run runs the session until its core exits, a shutdown is asked for before
+// the core has started, or the lock is lost (again).
+func (s *session) run(ctx context.Context) sessionResult {
+	s.shutdown = ctx.Done()
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer s.cancel()
+	s.events = make(chan core.Event, eventBufferMax)
+	s.ended = make(chan struct{})
+	s.results = make(chan txnResult, 1)
+	s.notified, s.dbUp, s.relisten = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+
+	if err := s.openPool(); err != nil {
+		return s.end(ExitFatal, false, err)
+	}
+	defer s.closePool()
+	if r, ok := s.awaitSchema(); !ok {
+		return r
+	}
+	s.endEarlierDispatchers()
+	s.queue = pgqueue.New(s.pool, s.log)
+	s.workers = worker.NewPool(worker.Options{
+		ConfigFile: s.o.Config.Dispatch.ConfigFile,
+		Log:        s.log,
+		Events:     s.offLoop,
+	})
+	defer s.stopWorkers()
+	if r, ok := s.startListener(); !ok {
+		return r
+	}
+	// The gate (core.Rest, core.Busy) on its own connection: its answers are
+	// events like a worker's.
+	s.gate = pgqueue.NewGate()
+	go s.gate.Run(s.ctx, s.pgcfg, s.log, s.offLoop)
+	return s.loop()
+}
+
+// end is the session's result, with what it carries on.
+func (s *session) end(code int, again bool, err error) sessionResult {
+	return sessionResult{code: code, err: err, again: again, carry: s.carry, stopping: s.stopping}
+}
+
+// openPool makes the pool the queue transactions run on.
+func (s *session) openPool() error {
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return err
+	}
+	poolCfg.ConnConfig = s.pgcfg.Copy()
+	// This commit is the durability point of every hop (docs/durability.md): never
+	// let a server or role default make it asynchronous.
+	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	poolCfg.MaxConns = 4
+	s.pool, err = pgxpool.NewWithConfig(s.ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	return nil
+}
+
+// closePool cancels the session's context first: pool.Close waits for a
+// transaction in flight, which must not outlive the session (its outcome is in
+// Unflushed / the next start-up reset).
+func (s *session) closePool() {
+	s.cancel()
+	s.pool.Close()
+}
+
+// awaitSchema checks the schema before the core starts. A schema that is
+// missing or old, or a server that answers the check with an error, is fatal:
+// retrying cannot fix it. A connection that could not be made or broke (too
+// many connections, a server starting or stopping) is an outage: it is retried
+// with backoff while the lock is held. ok says the schema is fit.
+func (s *session) awaitSchema() (r sessionResult, ok bool) {
+	for backoff, logged := probeMin, false; ; backoff = min(2*backoff, probeMax) {
+		ctx, cancel := context.WithTimeout(s.ctx, schemaCheckTimeout)
+		err := checkSchema(ctx, s.pool)
+		cancel()
+		if err == nil {
+			return sessionResult{}, true
+		}
+		if !transient(err) {
+			return s.end(ExitFatal, false, err), false
+		}
+		if !logged {
+			s.log.Warn("cannot check the database schema; retrying", "err", err)
+			logged = true
+		}
+		if r, ok := waitBeforeStart(s, time.After(backoff)); !ok {
+			return r, false
+		}
+	}
+}
+
+// endEarlierDispatchers makes sure no session of an earlier dispatcher writes
+// after the start-up reset (pgqueue.EndEarlierDispatchers). Failing to end one
+// is logged, not fatal: a role that may not signal another's sessions still
+// runs, as before.
+func (s *session) endEarlierDispatchers() {
+	ctx, cancel := context.WithTimeout(s.ctx, schemaCheckTimeout)
+	defer cancel()
+	if n, err := pgqueue.EndEarlierDispatchers(ctx, s.pool, s.pgcfg.RuntimeParams["application_name"]); err != nil {
+		s.log.Warn("cannot end an earlier dispatcher's sessions before the start-up reset", "err", err)
+	} else if n > 0 {
+		s.log.Info("ended sessions of an earlier dispatcher before the start-up reset", "sessions", n)
+	}
+}
+
+// startListener starts the ingress listener and waits until it listens: the
+// core starts only after that, so no insert made after its first claim can go
+// unnoticed. ok says it listens.
+func (s *session) startListener() (r sessionResult, ok bool) {
+	listening := make(chan struct{})
+	go func() {
+		first := true
+		_ = pgqueue.Listen(s.ctx, s.pgcfg, s.log, func(n pgqueue.Notice) {
+			switch n {
+			case pgqueue.Listening:
+				if first {
+					first = false
+					close(listening)
+				}
+			case pgqueue.Notified:
+				signalOnce(s.notified)
+			case pgqueue.Up:
+				signalOnce(s.relisten)
+			}
+		})
+	}()
+	return waitBeforeStart(s, listening)
+}
+
+// waitBeforeStart waits for ready while the core has not run yet. A lost lock
+// ends the session for another to start; a signal or the caller's ctx ends the
+// run, cleanly unless an earlier session lost the lock and left rows running.
+// ok says ready came first.
+func waitBeforeStart[T any](s *session, ready <-chan T) (r sessionResult, ok bool) {
+	select {
+	case <-ready:
+		return sessionResult{}, true
+	case <-s.lock.Lost():
+		return s.end(ExitFatal, true, s.lock.Err()), false
+	case <-s.signals:
+	case <-s.shutdown:
+	}
+	s.stopping = true
+	if s.restarted {
+		return s.end(ExitUnwritten, false, nil), false
+	}
+	return s.end(ExitOK, false, nil), false
+}
+
+// stopWorkers stops the workers once the loop has returned.
+func (s *session) stopWorkers() {
+	close(s.ended)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.workers.Close(ctx); err != nil {
+		s.log.Error("workers did not all exit", "err", err)
+	}
+}
+
+// offLoop hands the loop an event from work done off it (a worker's output, an
+// inspection of the queue, a vacuum, the gate's answers), or drops it once the
+// loop has returned.
+func (s *session) offLoop(ev core.Event) {
+	select {
+	case s.events <- ev:
+	case <-s.ended:
+	}
+}
+
+// loop steps the core with everything that happened since its last step and
+// carries out the commands it answers, until the core exits or the lock is lost.
+func (s *session) loop() sessionResult {
+	s.core = core.New(s.o.Config)
+	s.timer = time.NewTimer(time.Hour)
+	s.timer.Stop()
+	pending := []core.Event{core.Start{Carry: s.carry}}
+	for {
+		cmds := s.core.Step(time.Now(), pending...)
+		var exit *core.Exit
+		if pending, exit = s.execute(cmds, pending[:0]); exit != nil {
+			return s.end(exit.Code, false, nil)
+		}
+		if len(pending) > 0 {
+			continue // spawn results go straight back in
+		}
+		// Wait for anything, then take everything else that is already there.
+		var held bool
+		if pending, held = s.collect(pending, true); !held {
+			s.workers.KillAll()
+			s.carry = s.core.Unflushed()
+			return s.end(ExitFatal, true, fmt.Errorf("lost the dispatcher lock: %w", s.lock.Err()))
+		}
+		pending, _ = s.collect(pending, false)
+	}
+}
+
+// execute carries out one step's commands in order, appending to pending the
+// events that come back at once (a spawn's), and runs the step's queue commands
+// as one transaction off the loop. At an Exit it stops there, and returns it:
+// nothing after it is carried out, the transaction included.
+func (s *session) execute(cmds []core.Command, pending []core.Event) ([]core.Event, *core.Exit) {
+	var txn []core.Command
+	for _, cmd := range cmds {
+		switch x := cmd.(type) {
+		case core.Spawn:
+			st, ok := s.o.Config.Stage(x.Stage)
+			if !ok {
+				panic(fmt.Sprintf("dispatch: core spawned unknown stage %q", x.Stage))
+			}
+			pending = append(pending, s.workers.Spawn(x.Worker, x.Stage, st.Program))
+		case core.Write:
+			s.workers.Write(x.Worker, x.IDs)
+		case core.Stop:
+			s.workers.Stop(x.Worker)
+		case core.Kill:
+			s.workers.Kill(x.Worker)
+		case core.SetTimer:
+			s.timer.Stop()
+			if !x.At.IsZero() {
+				s.timer.Reset(max(0, time.Until(x.At)))
+			}
+		case core.Inspect:
+			go func() { s.offLoop(s.queue.Inspect(s.ctx, x)) }()
+		case core.Vacuum:
+			go func() { s.offLoop(s.queue.Vacuum(s.ctx, x)) }()
+		case core.Rest, core.Busy:
+			s.log.Debug("gate", "command", cmd.String())
+			s.gate.Do(cmd)
+		case core.Log:
+			s.log.Log(s.ctx, level(x.Level), x.Msg)
+		case core.Exit:
+			return pending, &x
+		default:
+			if !core.IsQueue(cmd) {
+				panic(fmt.Sprintf("dispatch: unknown command %T", cmd))
+			}
+			txn = append(txn, cmd)
+		}
+	}
+	if len(txn) > 0 {
+		s.runTxn(txn)
+	}
+	return pending, nil
+}
+
+// collect appends to pending what has happened, and reports false if the lock
+// was lost. With block it waits for one thing to happen (answering requests for
+// snapshots meanwhile: they are no events, the core does not step). Without,
+// it takes at once everything already there (up to drainMax), but only from
+// the sources whose news must reach the same Step: so that one Step sees every
+// answer and exit that has arrived (capacities are current before the claim).
+func (s *session) collect(pending []core.Event, block bool) ([]core.Event, bool) {
+	// A nil channel is never ready: the timer, signals, snapshot requests and
+	// the lock are heard only while waiting.
+	var tick <-chan time.Time
+	var snapshots <-chan chan<- core.Snapshot
+	var signals <-chan os.Signal
+	var shutdown, lost <-chan struct{}
+	if block {
+		tick, snapshots, signals, shutdown, lost = s.timer.C, s.o.Snapshots, s.signals, s.shutdown, s.lock.Lost()
+	}
+	for len(pending) < drainMax {
+		if !block && s.quiet() {
+			break
+		}
+		select {
+		case ev := <-s.events:
+			pending = append(pending, ev)
+		case r := <-s.results:
+			pending = append(pending, r.events...)
+			s.tookResult(r)
+		case <-s.notified:
+			pending = append(pending, core.Ingress{})
+		case <-s.dbUp:
+			pending = append(pending, core.DatabaseUp{})
+		case <-s.relisten:
+			pending = append(pending, core.Ingress{}, core.DatabaseUp{})
+		case <-tick:
+			pending = append(pending, core.Tick{})
+		case reply := <-snapshots:
+			reply <- s.core.Snapshot() // buffered by the asker
+			continue
+		case sig := <-signals:
+			s.log.Info("signal received", "signal", sig.String())
+			s.stopping = true
+			pending = append(pending, core.Shutdown{})
+		case <-shutdown:
+			s.shutdown = nil
+			s.stopping = true
+			pending = append(pending, core.Shutdown{})
+		case <-lost:
+			return pending, false
+		}
+		if block {
+			break
+		}
+	}
+	return pending, true
+}
+
+// quiet reports whether none of the sources collect drains holds anything.
+// They are all buffered and only the loop receives from them, so what len
+// counts is there to take: the drain's select cannot block. (A select with a
+// default case would say the same, but collect's select serves the wait too.)
+func (s *session) quiet() bool {
+	return len(s.events) == 0 && len(s.results) == 0 &&
+		len(s.notified) == 0 && len(s.dbUp) == 0 && len(s.relisten) == 0
+}
+
+// runTxn runs one step's queue commands as one transaction off the loop; the
+// result comes back on s.results. A transaction past the timeout fails, and the
+// core re-sends what it owed once a probe reaches the database.
+func (s *session) runTxn(cmds []core.Command) {
+	timeout := s.o.TxnTimeout
+	if timeout <= 0 {
+		timeout = txnTimeoutDefault
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(s.ctx, timeout)
+		evs := s.queue.Exec(ctx, cmds)
+		cancel()
+		failed := slices.ContainsFunc(evs, func(ev core.Event) bool { return core.QueueErr(ev) != "" })
+		s.results <- txnResult{events: evs, failed: failed}
+	}()
+}
+
+// tookResult counts a transaction's failure once the loop has taken it, and
+// probes the database after it. A failure the database answers at once (a
+// missing table, a read-only server) would otherwise be retried as fast as the
+// ping after it succeeds; each one in a row doubles the pause before the retry,
+// up to probeMax.
+//
+// The probe starts only once the loop has taken the failure into pending, so
+// its DatabaseUp reaches the core after the failure. Started with the failure
+// (off the loop), it could answer while the failure still waited in results;
+// the loop could then take DatabaseUp first, the core would ignore it (not yet
+// down) and then wait for the database forever.
+func (s *session) tookResult(r txnResult) {
+	if !r.failed {
+		s.failures = 0
+		return
+	}
+	s.failures++
+	go probe(s.ctx, s.queue, s.log, s.dbUp, min(probeMin<<min(s.failures-1, 16), probeMax))
+}
