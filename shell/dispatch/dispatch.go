@@ -146,15 +146,8 @@ const staleEndsMax = 3
 // acquire ends that session (pg_terminate_backend) and asks again, instead of
 // refusing to run or waiting for the server to notice.
 func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := cancelOnSignal(ctx, signals)
 	defer cancel()
-	go func() {
-		select {
-		case <-signals:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	backoff := probeMin
 	waiting := newDBWait(log, cfg)
 	staleEnds := 0
@@ -174,53 +167,69 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 			return lock, 0, nil
 		}
 		var held *pgqueue.HeldError
-		if errors.As(err, &held) && held.PID == 0 && staleEnds < staleEndsMax {
+		if !errors.As(err, &held) {
+			if ctx.Err() != nil {
+				return nil, ExitOK, nil
+			}
+			waiting.failed(err)
+			if !pause(ctx, backoff) {
+				return nil, ExitOK, nil
+			}
+			backoff = min(2*backoff, lockRetryMax)
+			continue
+		}
+		switch {
+		case held.PID == 0 && staleEnds < staleEndsMax:
 			// The holder was gone by the time it was looked up: a session that
 			// was ending (often this process's own, after a reset). Ask again.
 			staleEnds++
 			log.Info("the dispatcher lock's holder has just gone; asking again")
-			select {
-			case <-time.After(probeMin):
-			case <-ctx.Done():
+			if !pause(ctx, probeMin) {
 				return nil, ExitOK, nil
 			}
-			continue
-		}
-		if errors.As(err, &held) && restarted && staleEnds < staleEndsMax &&
-			held.ApplicationName == pgqueue.AppName() && cfg.RuntimeParams["application_name"] == pgqueue.AppName() {
+		case restarted && staleEnds < staleEndsMax &&
+			held.ApplicationName == pgqueue.AppName() && cfg.RuntimeParams["application_name"] == pgqueue.AppName():
 			staleEnds++
 			log.Warn("the dispatcher lock is held by this process's own earlier session, cut off; ending it", "pid", held.PID)
 			if eerr := pgqueue.EndSession(ctx, cfg, held.PID, held.ApplicationName); eerr != nil {
 				log.Warn("could not end the stale session", "pid", held.PID, "err", eerr)
 			}
-			continue
-		}
-		if errors.As(err, &held) && standby {
+		case standby:
 			ask = false // someone else holds it: wait for it as a standby
-			continue
-		}
-		if errors.As(err, &held) {
+		default:
 			return nil, ExitLockHeld, fmt.Errorf("%w; one dispatcher runs per database (-standby waits to take over)", err)
 		}
-		if ctx.Err() != nil {
-			return nil, ExitOK, nil
-		}
-		waiting.failed(err)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return nil, ExitOK, nil
-		}
-		backoff = min(2*backoff, lockRetryMax)
 	}
 }
 
-// probe waits pause, then pings the database with capped backoff until it
-// answers, then reports up.
-func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- struct{}, pause time.Duration) {
+// cancelOnSignal returns a context that ends with ctx or at the first signal
+// (which it takes), so that a signal stops waiting for the lock.
+func cancelOnSignal(ctx context.Context, signals <-chan os.Signal) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-signals:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// pause waits d, or until ctx is done; it reports whether ctx is still live.
+func pause(ctx context.Context, d time.Duration) bool {
 	select {
-	case <-time.After(pause):
+	case <-time.After(d):
+		return true
 	case <-ctx.Done():
+		return false
+	}
+}
+
+// probe waits wait, then pings the database with capped backoff until it
+// answers, then reports up.
+func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- struct{}, wait time.Duration) {
+	if !pause(ctx, wait) {
 		return
 	}
 	backoff := probeMin
@@ -233,9 +242,7 @@ func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- st
 			return
 		}
 		log.Debug("database probe failed", "err", err, "next", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
+		if !pause(ctx, backoff) {
 			return
 		}
 		backoff = min(2*backoff, probeMax)
