@@ -108,7 +108,7 @@ func (g *Gate) Run(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 			if err == nil {
 				// Waits for every producer holding the gate shared; producers
 				// that come meanwhile cannot take it and notify.
-				_, err = conn.Exec(ctx, "SELECT pg_advisory_lock($1)", GateKey)
+				_, err = conn.Exec(ctx, advisoryLockSQL, GateKey)
 			}
 			if err != nil {
 				if conn != nil {
@@ -129,7 +129,7 @@ func (g *Gate) Run(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 			}
 			held = false
 			cctx, cancel := context.WithTimeout(ctx, gateTiming.checkTimeout)
-			_, err := conn.Exec(cctx, "SELECT pg_advisory_unlock($1)", GateKey)
+			_, err := conn.Exec(cctx, advisoryUnlockSQL, GateKey)
 			cancel()
 			if err != nil {
 				// Closing the session releases the lock as well.

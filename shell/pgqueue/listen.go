@@ -128,7 +128,7 @@ func listenConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Durati
 	if err != nil {
 		return nil, fmt.Errorf("listen: connect: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+IngressChannel); err != nil {
+	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		closeQuietly(conn)
 		return nil, fmt.Errorf("listen: %w", err)
 	}

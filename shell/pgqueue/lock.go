@@ -205,7 +205,7 @@ func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck
 	}
 	wctx, cancel := context.WithTimeout(ctx, recheck)
 	defer cancel()
-	_, err = conn.Exec(wctx, "SELECT pg_advisory_lock($1)", LockKey)
+	_, err = conn.Exec(wctx, advisoryLockSQL, LockKey)
 	if err == nil {
 		return true, nil
 	}
@@ -228,25 +228,15 @@ func EndSession(ctx context.Context, config *pgx.ConnConfig, pid int32, appName 
 	defer closeQuietly(conn)
 	ctx, cancel := context.WithTimeout(ctx, lockTiming.checkTimeout)
 	defer cancel()
-	_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE pid = $1 AND application_name = $2`, pid, appName)
+	_, err = conn.Exec(ctx, endSessionSQL, pid, appName)
 	if err != nil {
 		return fmt.Errorf("end session %d: %w", pid, err)
 	}
 	// The session ends asynchronously; wait (bounded by ctx) until it is gone.
-	for {
-		var alive bool
-		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive)
-		if err != nil {
-			return fmt.Errorf("end session %d: %w", pid, err)
-		}
-		if !alive {
-			return nil
-		}
-		if err := sleep(ctx, 10*time.Millisecond); err != nil {
-			return fmt.Errorf("end session %d: %w", pid, err)
-		}
+	if err := waitGone(ctx, conn, []int32{pid}); err != nil {
+		return fmt.Errorf("end session %d: %w", pid, err)
 	}
+	return nil
 }
 
 // lockConn connects (within timeout) with application_name set.
@@ -267,20 +257,9 @@ func lockConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Duration
 	return conn, nil
 }
 
-// holderSQL names the session holding LockKey in this database.
-const holderSQL = `
-SELECT a.pid, coalesce(a.application_name, ''),
-       coalesce(host(a.client_addr), CASE WHEN a.client_port = -1 THEN 'local' ELSE '' END),
-       a.backend_start
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1
-LIMIT 1`
-
 // tryLock asks once. When the lock is held elsewhere it says by whom.
 func tryLock(ctx context.Context, conn *pgx.Conn) (got bool, held *HeldError, err error) {
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", LockKey).Scan(&got); err != nil {
+	if err := conn.QueryRow(ctx, tryAdvisoryLockSQL, LockKey).Scan(&got); err != nil {
 		return false, nil, fmt.Errorf("dispatcher lock: %w", err)
 	}
 	if got {
@@ -360,9 +339,7 @@ func (l *Lock) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.timing.checkTimeout)
 	defer cancel()
 	var held bool
-	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid()
-		AND locktype = 'advisory' AND granted
-		AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1)`, LockKey).Scan(&held)
+	err := l.conn.QueryRow(ctx, holdingSQL, LockKey).Scan(&held)
 	if err != nil {
 		return err
 	}
@@ -380,7 +357,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.stopWatch()
 		<-l.watching
 		if l.Err() == nil && !l.conn.IsClosed() {
-			if _, uerr := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", LockKey); uerr != nil {
+			if _, uerr := l.conn.Exec(ctx, advisoryUnlockSQL, LockKey); uerr != nil {
 				// Closing the session below releases the lock anyway.
 				err = fmt.Errorf("dispatcher lock: unlock: %w", uerr)
 			}
@@ -407,9 +384,7 @@ const endEarlierWait = 10 * time.Second
 // holds. It returns how many sessions it ended; a session it may not end (a
 // role without the right to signal it) is an error.
 func EndEarlierDispatchers(ctx context.Context, pool *pgxpool.Pool, self string) (int, error) {
-	const others = `FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
-		AND application_name LIKE 'pepsi-dispatch %' AND application_name <> $1 AND application_name NOT LIKE $1 || ' %'`
-	rows, err := pool.Query(ctx, `SELECT pid, pg_terminate_backend(pid) `+others, self)
+	rows, err := pool.Query(ctx, endEarlierDispatchersSQL, self)
 	if err != nil {
 		return 0, fmt.Errorf("end earlier dispatchers' sessions: %w", err)
 	}
@@ -427,16 +402,30 @@ func EndEarlierDispatchers(ctx context.Context, pool *pgxpool.Pool, self string)
 	}
 	wctx, cancel := context.WithTimeout(ctx, endEarlierWait)
 	defer cancel()
+	if err := waitGone(wctx, pool, pids); err != nil {
+		return len(pids), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pids, err)
+	}
+	return len(pids), nil
+}
+
+// rowQuerier is what waitGone needs of a connection or a pool.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// waitGone polls until none of the sessions pids is there any more (a session
+// ends asynchronously after pg_terminate_backend), or ctx ends.
+func waitGone(ctx context.Context, db rowQuerier, pids []int32) error {
 	for {
 		var alive bool
-		if err := pool.QueryRow(wctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY ($1))`, pids).Scan(&alive); err != nil {
-			return len(pids), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pids, err)
+		if err := db.QueryRow(ctx, anyAliveSQL, pids).Scan(&alive); err != nil {
+			return err
 		}
 		if !alive {
-			return len(pids), nil
+			return nil
 		}
-		if err := sleep(wctx, 10*time.Millisecond); err != nil {
-			return len(pids), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pids, err)
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }
