@@ -1,8 +1,13 @@
-// Package queue defines Executor, the one interface through which the
-// dispatcher's queue commands reach a queue: PostgreSQL (shell/pgqueue) or the
-// simulator's fake (sim). Both pass the same conformance suite (shell/queue/queuetest),
-// so the simulator cannot drift from reality. This package holds no SQL and does
-// no I/O itself.
+// Package queue defines Executor, the contract of a queue: what running one
+// core step's queue commands does and answers. Two queues implement it,
+// PostgreSQL (shell/pgqueue) and the simulator's fake (sim/fakequeue), and the
+// conformance suite (shell/queue/queuetest) runs both through it, so the
+// simulator cannot drift from reality.
+//
+// It is the suite's seam, not the dispatcher's: pepsi-dispatch
+// (shell/dispatch) holds a *pgqueue.Queue, whose Ping, Inspect and Vacuum it
+// needs too, and the simulator holds a *fakequeue.Queue; neither swaps one
+// queue for the other. This package holds no SQL and does no I/O itself.
 package queue
 
 import (
