@@ -23,7 +23,7 @@ var gateTiming = listenTiming
 
 // Gate executes core.Rest and core.Busy on a dedicated connection (a session
 // lock must not live on a pooled connection). Run it in its own goroutine with
-// RunGate; send it the commands in the order the core gave them.
+// Run; send it the commands in the order the core gave them.
 type Gate struct {
 	ops chan core.Command
 }
@@ -46,23 +46,52 @@ func (g *Gate) Run(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var conn *pgx.Conn
-	held := false
+	r := &gateRun{config: config, log: log, report: report}
 	defer func() {
-		if conn != nil {
-			closeQuietly(conn)
+		if r.conn != nil {
+			closeQuietly(r.conn)
 		}
 	}()
 	for {
-		// Watch the connection until the next command: while the gate is held
-		// its death is news for the core; otherwise it is only replaced.
+		op, ok := r.next(ctx, g.ops)
+		if !ok {
+			return
+		}
+		switch op.(type) {
+		case core.Rest:
+			if !r.rest(ctx) {
+				return
+			}
+		case core.Busy:
+			r.busy(ctx)
+		default:
+			panic(fmt.Sprintf("pgqueue: gate: %T is not a gate command", op))
+		}
+	}
+}
+
+// gateRun is the state of one Gate.Run: its connection, and whether the gate
+// is held on it.
+type gateRun struct {
+	config *pgx.ConnConfig
+	log    *slog.Logger
+	report func(core.Event)
+	conn   *pgx.Conn // nil until a Rest connects, and after it failed
+	held   bool
+}
+
+// next waits for the next command, watching the connection meanwhile: while
+// the gate is held its death is news for the core; otherwise it is only
+// replaced. It answers false once ctx is done.
+func (r *gateRun) next(ctx context.Context, ops <-chan core.Command) (core.Command, bool) {
+	for {
 		var dead <-chan error
 		stopWatch := func() {}
-		if conn != nil {
+		if r.conn != nil {
 			wctx, cancel := context.WithCancel(ctx)
 			ch := make(chan error, 1)
 			done := make(chan struct{})
-			c := conn
+			c := r.conn
 			go func() {
 				defer close(done)
 				ch <- watchConn(wctx, c, gateTiming)
@@ -70,75 +99,78 @@ func (g *Gate) Run(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 			dead = ch
 			stopWatch = func() { cancel(); <-done }
 		}
-		var op core.Command
 		select {
 		case <-ctx.Done():
 			stopWatch()
-			return
+			return nil, false
 		case err := <-dead:
 			stopWatch()
-			closeQuietly(conn)
-			conn = nil
-			if held {
-				held = false
-				log.Warn("the gate's connection died; producers stop notifying until the dispatcher waits again", "err", err)
-				report(core.RestLost{})
+			closeQuietly(r.conn)
+			r.conn = nil
+			if r.held {
+				r.held = false
+				r.log.Warn("the gate's connection died; producers stop notifying until the dispatcher waits again", "err", err)
+				r.report(core.RestLost{})
 			}
-			continue
-		case op = <-g.ops:
+		case op := <-ops:
 			stopWatch()
-		}
-		if conn != nil && conn.IsClosed() {
-			conn = nil
-			if held {
-				held = false
-				report(core.RestLost{})
-			}
-		}
-		switch op.(type) {
-		case core.Rest:
-			if held {
-				report(core.Resting{})
-				continue
-			}
-			var err error
-			if conn == nil {
-				conn, err = gateConn(ctx, config)
-			}
-			if err == nil {
-				// Waits for every producer holding the gate shared; producers
-				// that come meanwhile cannot take it and notify.
-				_, err = conn.Exec(ctx, advisoryLockSQL, GateKey)
-			}
-			if err != nil {
-				if conn != nil {
-					closeQuietly(conn)
-					conn = nil
+			if r.conn != nil && r.conn.IsClosed() {
+				r.conn = nil
+				if r.held {
+					r.held = false
+					r.report(core.RestLost{})
 				}
-				if ctx.Err() != nil {
-					return
-				}
-				report(core.Resting{Err: err.Error()})
-				continue
 			}
-			held = true
-			report(core.Resting{})
-		case core.Busy:
-			if !held || conn == nil {
-				continue
-			}
-			held = false
-			cctx, cancel := context.WithTimeout(ctx, gateTiming.checkTimeout)
-			_, err := conn.Exec(cctx, advisoryUnlockSQL, GateKey)
-			cancel()
-			if err != nil {
-				// Closing the session releases the lock as well.
-				closeQuietly(conn)
-				conn = nil
-			}
-		default:
-			panic(fmt.Sprintf("pgqueue: gate: %T is not a gate command", op))
+			return op, true
 		}
+	}
+}
+
+// rest takes the gate (connecting if need be) and answers core.Resting, with
+// the error if it could not. It answers false if ctx ended it.
+func (r *gateRun) rest(ctx context.Context) bool {
+	if r.held {
+		r.report(core.Resting{})
+		return true
+	}
+	var err error
+	if r.conn == nil {
+		r.conn, err = gateConn(ctx, r.config)
+	}
+	if err == nil {
+		// Waits for every producer holding the gate shared; producers that
+		// come meanwhile cannot take it and notify.
+		_, err = r.conn.Exec(ctx, advisoryLockSQL, GateKey)
+	}
+	if err != nil {
+		if r.conn != nil {
+			closeQuietly(r.conn)
+			r.conn = nil
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		r.report(core.Resting{Err: err.Error()})
+		return true
+	}
+	r.held = true
+	r.report(core.Resting{})
+	return true
+}
+
+// busy gives the gate up, if it is held.
+func (r *gateRun) busy(ctx context.Context) {
+	if !r.held || r.conn == nil {
+		return
+	}
+	r.held = false
+	cctx, cancel := context.WithTimeout(ctx, gateTiming.checkTimeout)
+	_, err := r.conn.Exec(cctx, advisoryUnlockSQL, GateKey)
+	cancel()
+	if err != nil {
+		// Closing the session releases the lock as well.
+		closeQuietly(r.conn)
+		r.conn = nil
 	}
 }
 
