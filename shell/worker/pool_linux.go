@@ -195,45 +195,13 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 		return fail(fmt.Errorf("worker %s already exists", id))
 	}
 
-	var files []*os.File // every pipe end, closed on failure
+	child, ours, err := stdio()
+	if err != nil {
+		return fail(err)
+	}
 	closeAll := func() {
-		for _, f := range files {
-			_ = f.Close() // nothing was written through them; nothing to lose
-		}
-	}
-	pipe := func() (r, w *os.File, err error) {
-		r, w, err = os.Pipe()
-		if err == nil {
-			files = append(files, r, w)
-		}
-		return r, w, err
-	}
-	stdinR, stdinW, err := pipe()
-	if err != nil {
-		return fail(fmt.Errorf("stdin pipe: %w", err))
-	}
-	stdoutR, stdoutW, err := pipe()
-	if err != nil {
-		closeAll()
-		return fail(fmt.Errorf("stdout pipe: %w", err))
-	}
-	stderrR, stderrW, err := pipe()
-	if err != nil {
-		closeAll()
-		return fail(fmt.Errorf("stderr pipe: %w", err))
-	}
-
-	env := make([]string, 0, len(p.env)+1)
-	env = append(append(env, p.env...), "PEPSI_STAGE="+stage)
-	req := spawnRequest{
-		path: path,
-		argv: append([]string{program}, p.argsTail...),
-		attr: &os.ProcAttr{
-			Env:   env,
-			Files: []*os.File{stdinR, stdoutW, stderrW},
-			Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
-		},
-		reply: make(chan spawnResult, 1),
+		closeFiles(child[:]...)
+		closeFiles(ours[:]...)
 	}
 	p.spawnMu.RLock()
 	if p.closing {
@@ -243,29 +211,28 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 	}
 	// Held until the worker is in p.workers, so a concurrent Close kills it too.
 	defer p.spawnMu.RUnlock()
-	p.spawnc <- req
-	res := <-req.reply
-	if res.err != nil {
+	process, err := p.start(path, program, stage, child)
+	if err != nil {
 		closeAll()
-		return fail(fmt.Errorf("start %s: %w", path, res.err))
+		return fail(fmt.Errorf("start %s: %w", path, err))
 	}
 	// The child has its own copies now; ours would keep its stdin open and its
 	// stdout from ever reaching end of file.
-	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
+	for _, f := range child {
 		if err := f.Close(); err != nil {
 			p.log.Warn("worker: closing the child's pipe ends", "err", err)
 		}
 	}
 
-	pid := res.process.Pid
+	pid := process.Pid
 	w := &proc{
 		id:      id,
 		pid:     pid,
-		process: res.process,
+		process: process,
 		log:     p.log.With("stage", stage, "pid", pid, "worker", id.String()),
-		in:      newStdinWriter(stdinW, p.writeQueueMax),
-		stdout:  stdoutR,
-		stderr:  stderrR,
+		in:      newStdinWriter(ours[0], p.writeQueueMax),
+		stdout:  ours[1],
+		stderr:  ours[2],
 	}
 	p.mu.Lock()
 	if len(p.workers) == 0 {
@@ -274,7 +241,60 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 	p.workers[id] = w
 	p.mu.Unlock()
 	w.log.Debug("worker started", "program", path)
+	p.serve(w)
+	return core.WorkerStarted{Worker: id, PID: pid}
+}
 
+// stdio makes the pipes of a worker's standard input, output and error. child
+// holds the ends the process gets, in that order; ours the pool's (standard
+// input's write end, the others' read ends). On failure none is left open.
+func stdio() (child, ours [3]*os.File, err error) {
+	for i, name := range []string{"stdin", "stdout", "stderr"} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeFiles(child[:i]...)
+			closeFiles(ours[:i]...)
+			return child, ours, fmt.Errorf("%s pipe: %w", name, err)
+		}
+		if i == 0 {
+			child[i], ours[i] = r, w // the worker reads its standard input
+		} else {
+			child[i], ours[i] = w, r
+		}
+	}
+	return child, ours, nil
+}
+
+// closeFiles closes pipe ends nothing was written through: nothing to lose.
+func closeFiles(files ...*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
+}
+
+// start has the spawner start "program worker [-c FILE]" from path, for stage,
+// with child as its standard input, output and error.
+func (p *Pool) start(path, program, stage string, child [3]*os.File) (*os.Process, error) {
+	env := make([]string, 0, len(p.env)+1)
+	env = append(append(env, p.env...), "PEPSI_STAGE="+stage)
+	req := spawnRequest{
+		path: path,
+		argv: append([]string{program}, p.argsTail...),
+		attr: &os.ProcAttr{
+			Env:   env,
+			Files: child[:],
+			Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+		},
+		reply: make(chan spawnResult, 1),
+	}
+	p.spawnc <- req
+	res := <-req.reply
+	return res.process, res.err
+}
+
+// serve starts the goroutines that feed a started worker's standard input,
+// read its output and its errors, and reap it.
+func (p *Pool) serve(w *proc) {
 	stdinDone := make(chan struct{})
 	stdoutDone := make(chan struct{})
 	stderrDone := make(chan struct{})
@@ -283,7 +303,6 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 	go p.readStdout(w, stdoutDone)
 	go p.readStderr(w, stderrDone)
 	go p.reap(w, stdinDone, stdoutDone, stderrDone)
-	return core.WorkerStarted{Worker: id, PID: pid}
 }
 
 // Write queues ids for the worker's standard input, one decimal id per line, as
