@@ -171,72 +171,12 @@ GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
 func Read(ctx context.Context, pool *pgxpool.Pool, stages []string) (*Snapshot, error) {
 	start := time.Now()
 	s := &Snapshot{}
-	live := map[string]*StageLive{}
-	stage := func(name string) *StageLive {
-		l := live[name]
-		if l == nil {
-			l = &StageLive{Stage: name, Messages: map[string]int64{}}
-			for _, st := range Statuses {
-				l.Messages[st] = 0
-			}
-			live[name] = l
-		}
-		return l
-	}
+	live := liveStages{}
 	for _, name := range stages {
-		stage(name)
+		live.stage(name)
 	}
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, Queries["lock"]).Scan(&s.At, &s.DispatcherLocked); err != nil {
-			return fmt.Errorf("dispatcher lock: %w", err)
-		}
-		var (
-			name, status string
-			n, due       int64
-			age          float64
-		)
-		if err := each(ctx, tx, "pending", []any{&name, &n, &age}, func() {
-			l := stage(name)
-			l.Messages["pending"], l.OldestPendingSeconds = n, max(age, 0)
-		}); err != nil {
-			return err
-		}
-		if err := each(ctx, tx, "running", []any{&name, &n}, func() { stage(name).Messages["running"] = n }); err != nil {
-			return err
-		}
-		if err := each(ctx, tx, "paused", []any{&name, &n, &due}, func() {
-			l := stage(name)
-			l.Messages["paused"], l.PausedDue = n, due
-		}); err != nil {
-			return err
-		}
-		if err := each(ctx, tx, "failed", []any{&name, &status, &n}, func() { stage(name).Messages[status] = n }); err != nil {
-			return err
-		}
-		var f Failure
-		if err := each(ctx, tx, "failures", []any{&f.ID, &f.Stage, &f.Status, &f.UpdatedAt, &f.By, &f.Reason}, func() {
-			s.Failures = append(s.Failures, f)
-		}); err != nil {
-			return err
-		}
-		var st StageStats
-		var us int64
-		if err := each(ctx, tx, "stage_stats", []any{&st.Stage, &st.PassesOK, &st.FailedByDispatcher, &st.WatchdogTimeouts,
-			&st.WorkerCrashes, &us, &st.FlushedAt}, func() {
-			st.ProcessingSeconds = float64(us) / 1e6
-			s.Stages = append(s.Stages, st)
-			stage(st.Stage)
-		}); err != nil {
-			return err
-		}
-		t := &s.Table
-		if err := each(ctx, tx, "table", []any{&t.DeadTuples, &t.LiveTuples, &t.LastVacuum, &t.HorizonSeconds}, func() {}); err != nil {
-			return err
-		}
-		if t.LastVacuum.Unix() == 0 {
-			t.LastVacuum = time.Time{}
-		}
-		return each(ctx, tx, "dispatch_stats", []any{&s.StagePasses, &s.MessagesLeft, &s.FlushedAt}, func() {})
+		return readTx(ctx, tx, s, live)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the pipeline's state: %w", err)
@@ -247,6 +187,76 @@ func Read(ctx context.Context, pool *pgxpool.Pool, stages []string) (*Snapshot, 
 	slices.SortFunc(s.Live, func(a, b StageLive) int { return strings.Compare(a.Stage, b.Stage) })
 	s.ReadSeconds = time.Since(start).Seconds()
 	return s, nil
+}
+
+// liveStages are the stages of a Snapshot's Live, by name.
+type liveStages map[string]*StageLive
+
+// stage is the stage called name, made with every status at zero if it is new.
+func (live liveStages) stage(name string) *StageLive {
+	l := live[name]
+	if l == nil {
+		l = &StageLive{Stage: name, Messages: map[string]int64{}}
+		for _, st := range Statuses {
+			l.Messages[st] = 0
+		}
+		live[name] = l
+	}
+	return l
+}
+
+// readTx runs Read's queries in tx, filling s and live.
+func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error {
+	if err := tx.QueryRow(ctx, Queries["lock"]).Scan(&s.At, &s.DispatcherLocked); err != nil {
+		return fmt.Errorf("dispatcher lock: %w", err)
+	}
+	var (
+		name, status string
+		n, due       int64
+		age          float64
+	)
+	if err := each(ctx, tx, "pending", []any{&name, &n, &age}, func() {
+		l := live.stage(name)
+		l.Messages["pending"], l.OldestPendingSeconds = n, max(age, 0)
+	}); err != nil {
+		return err
+	}
+	if err := each(ctx, tx, "running", []any{&name, &n}, func() { live.stage(name).Messages["running"] = n }); err != nil {
+		return err
+	}
+	if err := each(ctx, tx, "paused", []any{&name, &n, &due}, func() {
+		l := live.stage(name)
+		l.Messages["paused"], l.PausedDue = n, due
+	}); err != nil {
+		return err
+	}
+	if err := each(ctx, tx, "failed", []any{&name, &status, &n}, func() { live.stage(name).Messages[status] = n }); err != nil {
+		return err
+	}
+	var f Failure
+	if err := each(ctx, tx, "failures", []any{&f.ID, &f.Stage, &f.Status, &f.UpdatedAt, &f.By, &f.Reason}, func() {
+		s.Failures = append(s.Failures, f)
+	}); err != nil {
+		return err
+	}
+	var st StageStats
+	var us int64
+	if err := each(ctx, tx, "stage_stats", []any{&st.Stage, &st.PassesOK, &st.FailedByDispatcher, &st.WatchdogTimeouts,
+		&st.WorkerCrashes, &us, &st.FlushedAt}, func() {
+		st.ProcessingSeconds = float64(us) / 1e6
+		s.Stages = append(s.Stages, st)
+		live.stage(st.Stage)
+	}); err != nil {
+		return err
+	}
+	t := &s.Table
+	if err := each(ctx, tx, "table", []any{&t.DeadTuples, &t.LiveTuples, &t.LastVacuum, &t.HorizonSeconds}, func() {}); err != nil {
+		return err
+	}
+	if t.LastVacuum.Unix() == 0 {
+		t.LastVacuum = time.Time{}
+	}
+	return each(ctx, tx, "dispatch_stats", []any{&s.StagePasses, &s.MessagesLeft, &s.FlushedAt}, func() {})
 }
 
 // each runs the query named name and calls f after scanning each row into dest.
