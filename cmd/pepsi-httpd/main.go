@@ -117,40 +117,58 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	db := *database
 	var stages []string
 	if *configFile != "" {
-		text, err := os.ReadFile(*configFile)
-		if err != nil {
-			return bad("configuration: %v", err)
-		}
-		cfg, err := conf.Parse(*configFile, string(text))
+		cdb, cstages, err := readConfig(*configFile)
 		if err != nil {
 			return bad("configuration: %v", err)
 		}
 		if db == "" {
-			db = cfg.Database
+			db = cdb
 		}
-		for _, s := range cfg.Stages {
-			stages = append(stages, s.Name)
-		}
+		stages = cstages
 	}
 	if _, err := pgx.ParseConfig(db); err != nil {
 		return bad("database connection string: %v", err)
 	}
-
-	src, err := httpd.Open(ctx, httpd.Options{
+	return serve(ctx, httpd.Options{
 		Database: db, Stages: stages, StatementTimeout: *stmtTimeout, CacheMaxAge: *cacheAge,
 		SampleInterval: *sample, HistoryMax: *history, Log: log,
-	})
+	}, *listen, stderr, ready)
+}
+
+// readConfig reads the database and the stage names from the configuration
+// file.
+func readConfig(file string) (database string, stages []string, err error) {
+	text, err := os.ReadFile(file)
+	if err != nil {
+		return "", nil, err
+	}
+	cfg, err := conf.Parse(file, string(text))
+	if err != nil {
+		return "", nil, err
+	}
+	for _, s := range cfg.Stages {
+		stages = append(stages, s.Name)
+	}
+	return cfg.Database, stages, nil
+}
+
+// serve serves o's database on listen until ctx ends (then it lets requests
+// in flight finish for shutdownGrace), and returns the exit code. ready, if not
+// nil, is called with the address once the server listens.
+func serve(ctx context.Context, o httpd.Options, listen string, stderr io.Writer, ready func(addr string)) int {
+	log := o.Log
+	src, err := httpd.Open(ctx, o)
 	if err != nil {
 		fmt.Fprintf(stderr, "pepsi-httpd: %s\n", oneLine(err))
 		return exitFailure
 	}
 	defer src.Close()
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "pepsi-httpd: %v\n", err)
 		return exitFailure
 	}
-	srv := httpd.NewServer(*listen, src)
+	srv := httpd.NewServer(listen, src)
 	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
