@@ -65,15 +65,16 @@ func run(args []string, stderr io.Writer) int {
 		standby    = fs.Bool("standby", false, "wait for the running dispatcher to go away instead of refusing to start")
 		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		maxRuntime = fs.String("max-runtime", "", "override MAX_RUNTIME (seconds or a duration like 5m)")
-		idle       = fs.String("worker-idle-timeout", "", "override WORKER_IDLE_TIMEOUT")
-		poll       = fs.String("poll-interval", "", "override POLL_INTERVAL")
-		stats      = fs.String("stats-interval", "", "override STATS_INTERVAL")
-		grace      = fs.String("stop-grace", "", "override STOP_GRACE")
-		vacuum     = fs.String("vacuum", "", "override VACUUM (on or off): vacuum pepsi.queue when dead rows pile up")
 		cpuProfile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to `file` until exit")
 		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
+		ov         overrides
 	)
+	fs.StringVar(&ov.maxRuntime, "max-runtime", "", "override MAX_RUNTIME (seconds or a duration like 5m)")
+	fs.StringVar(&ov.idle, "worker-idle-timeout", "", "override WORKER_IDLE_TIMEOUT")
+	fs.StringVar(&ov.poll, "poll-interval", "", "override POLL_INTERVAL")
+	fs.StringVar(&ov.stats, "stats-interval", "", "override STATS_INTERVAL")
+	fs.StringVar(&ov.grace, "stop-grace", "", "override STOP_GRACE")
+	fs.StringVar(&ov.vacuum, "vacuum", "", "override VACUUM (on or off): vacuum pepsi.queue when dead rows pile up")
 	parsed, err := cliflags.Parse(fs, args, "PEPSI")
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
@@ -85,38 +86,8 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
 	}
-	text, err := os.ReadFile(*configFile)
-	if err != nil {
-		log.Error("cannot read the configuration", "err", err)
-		return dispatch.ExitUsage
-	}
-	cfg, err := conf.Parse(*configFile, string(text))
-	if err != nil {
-		log.Error("bad configuration", "err", err)
-		return dispatch.ExitUsage
-	}
-	for _, o := range []struct {
-		flag, value string
-		set         func(string) error
-	}{
-		{"max-runtime", *maxRuntime, durationInto(&cfg.Dispatch.MaxRuntime)},
-		{"worker-idle-timeout", *idle, durationInto(&cfg.Dispatch.IdleTimeout)},
-		{"poll-interval", *poll, durationInto(&cfg.Dispatch.PollInterval)},
-		{"stats-interval", *stats, durationInto(&cfg.Dispatch.StatsInterval)},
-		{"stop-grace", *grace, durationInto(&cfg.Dispatch.StopGrace)},
-		{"vacuum", *vacuum, func(s string) (err error) { cfg.Dispatch.Vacuum, err = conf.ParseOnOff(s); return err }},
-	} {
-		if o.value == "" {
-			continue
-		}
-		if err := o.set(o.value); err != nil {
-			// The flag, or the PEPSI_ variable that set it: where the operator must look.
-			log.Error("bad value", "setting", parsed.Name(o.flag), "err", err)
-			return dispatch.ExitUsage
-		}
-	}
-	if len(cfg.Stages) == 0 {
-		log.Error("the configuration defines no [stage-NAME] section: nothing to dispatch", "file", *configFile)
+	cfg, ok := configure(log, *configFile, ov, parsed.Name)
+	if !ok {
 		return dispatch.ExitUsage
 	}
 	db := cfg.Database
@@ -137,17 +108,13 @@ func run(args []string, stderr io.Writer) int {
 	}
 	opts := dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log}
 	if *metrics != "" {
-		ln, err := dispatchmetrics.Listen(*metrics)
+		asks, stopMetrics, err := serveMetrics(*metrics, log)
 		if err != nil {
 			log.Error("cannot serve metrics", "err", err)
 			return dispatch.ExitFatal
 		}
-		asks := make(chan chan<- core.Snapshot)
-		opts.Snapshots = asks
-		mctx, stopMetrics := context.WithCancel(context.Background())
 		defer stopMetrics()
-		go dispatchmetrics.Serve(mctx, ln, dispatchmetrics.NewCollector(asks), log)
-		log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+		opts.Snapshots = asks
 	}
 	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","))
 	code, err := dispatch.Run(context.Background(), opts)
@@ -160,6 +127,68 @@ func run(args []string, stderr io.Writer) int {
 		log.Info("pepsi-dispatch stopped", "exit", code)
 	}
 	return code
+}
+
+// overrides are the flags that override keys of the configuration's
+// [pepsi-dispatch] section; "" is a flag not given.
+type overrides struct {
+	maxRuntime, idle, poll, stats, grace, vacuum string
+}
+
+// configure reads and parses the configuration file and applies the flags that
+// override it; name says where the operator set a flag (the flag itself or its
+// PEPSI_ variable). It logs what is wrong, if anything, and then answers false.
+func configure(log *slog.Logger, file string, ov overrides, name func(flag string) string) (*conf.Config, bool) {
+	text, err := os.ReadFile(file)
+	if err != nil {
+		log.Error("cannot read the configuration", "err", err)
+		return nil, false
+	}
+	cfg, err := conf.Parse(file, string(text))
+	if err != nil {
+		log.Error("bad configuration", "err", err)
+		return nil, false
+	}
+	for _, o := range []struct {
+		flag, value string
+		set         func(string) error
+	}{
+		{"max-runtime", ov.maxRuntime, durationInto(&cfg.Dispatch.MaxRuntime)},
+		{"worker-idle-timeout", ov.idle, durationInto(&cfg.Dispatch.IdleTimeout)},
+		{"poll-interval", ov.poll, durationInto(&cfg.Dispatch.PollInterval)},
+		{"stats-interval", ov.stats, durationInto(&cfg.Dispatch.StatsInterval)},
+		{"stop-grace", ov.grace, durationInto(&cfg.Dispatch.StopGrace)},
+		{"vacuum", ov.vacuum, func(s string) (err error) { cfg.Dispatch.Vacuum, err = conf.ParseOnOff(s); return err }},
+	} {
+		if o.value == "" {
+			continue
+		}
+		if err := o.set(o.value); err != nil {
+			// The flag, or the PEPSI_ variable that set it: where the operator must look.
+			log.Error("bad value", "setting", name(o.flag), "err", err)
+			return nil, false
+		}
+	}
+	if len(cfg.Stages) == 0 {
+		log.Error("the configuration defines no [stage-NAME] section: nothing to dispatch", "file", file)
+		return nil, false
+	}
+	return cfg, true
+}
+
+// serveMetrics serves the dispatcher's live state as Prometheus metrics on
+// addr until stop is called. The collector asks the dispatcher through asks
+// (dispatch.Options.Snapshots).
+func serveMetrics(addr string, log *slog.Logger) (asks chan chan<- core.Snapshot, stop func(), err error) {
+	ln, err := dispatchmetrics.Listen(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	asks = make(chan chan<- core.Snapshot)
+	ctx, stop := context.WithCancel(context.Background())
+	go dispatchmetrics.Serve(ctx, ln, dispatchmetrics.NewCollector(asks), log)
+	log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+	return asks, stop, nil
 }
 
 // startCPUProfile profiles the process into file until the returned stop is
