@@ -183,13 +183,8 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	confFile := filepath.Join(dir, "pepsi.conf")
-	text := fmt.Sprintf("[pepsi]\nDATABASE = %s\n[pepsi-dispatch]\nSTATS_INTERVAL = 5\n", dbURL)
-	for _, st := range []string{"a", "b", "c"} {
-		text += fmt.Sprintf("[stage-%s]\nPROGRAM = %s\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
-			st, s.self, s.parallelism, s.queueLimit, s.maxMessages)
-	}
-	if err := os.WriteFile(confFile, []byte(text), 0o644); err != nil {
+	confFile, err := s.writeConfig(dir, dbURL)
+	if err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, dbURL)
@@ -197,42 +192,14 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-
-	metricsAddr, err := freeAddr()
+	cmd, metricsAddr, stopDispatch, err := s.startDispatch(dir, confFile)
 	if err != nil {
 		return err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "dispatch.log"))
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-	cmd := exec.Command(s.dispatch, "-c", confFile, "-metrics-addr", metricsAddr, "-log-format", "json")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start pepsi-dispatch: %w", err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	}()
+	defer stopDispatch()
 
 	if s.rate == 0 {
-		n := 100000
-		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, $1::int)`, n); err != nil {
-			return err
-		}
-		began := time.Now()
-		for time.Since(began) < 20*time.Second {
-			time.Sleep(time.Second)
-		}
-		var done int64
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'done'`).Scan(&done); err != nil {
-			return err
-		}
-		s.rate = max(1, int(float64(done)/time.Since(began).Seconds()*0.7))
-		fmt.Fprintf(s.out, "calibration: %d messages done in 20 s; offering 70%%: %d messages/s\n", done, s.rate)
-		if _, err := conn.Exec(ctx, `DELETE FROM pepsi.queue WHERE status = 'pending'`); err != nil {
+		if err := s.calibrate(ctx, conn); err != nil {
 			return err
 		}
 	}
@@ -268,18 +235,87 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 			}
 		}
 		left := messagesLeft(ctx, conn)
-		sm := sample{minute: minute, done: left - left0}
+		sm := takeSample(ctx, conn, minute, left-left0, cmd.Process.Pid, metricsAddr)
 		left0 = left
-		_ = conn.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'pending'`).Scan(&sm.pending)
-		_ = conn.QueryRow(ctx, `SELECT coalesce(n_dead_tup, 0), pg_relation_size('pepsi.queue'), pg_indexes_size('pepsi.queue')
-			FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`).Scan(&sm.dead, &sm.table, &sm.indexes)
-		sm.rss, sm.threads = procStatus(cmd.Process.Pid)
-		sm.fds = countFDs(cmd.Process.Pid)
-		sm.gor = goroutines(metricsAddr)
 		samples = append(samples, sm)
 		fmt.Fprintf(s.out, "%6d %10d %9d %11d %9.1f %9.1f %8.1f %5d %7d %10d\n", sm.minute, sm.done, sm.pending, sm.dead,
 			float64(sm.table)/(1<<20), float64(sm.indexes)/(1<<20), float64(sm.rss)/1024, sm.fds, sm.threads, sm.gor)
 	}
+}
+
+// writeConfig writes the soak's pepsi.conf into dir: three stages a, b and c,
+// each run by this program, and returns its name.
+func (s *soak) writeConfig(dir, dbURL string) (string, error) {
+	file := filepath.Join(dir, "pepsi.conf")
+	text := fmt.Sprintf("[pepsi]\nDATABASE = %s\n[pepsi-dispatch]\nSTATS_INTERVAL = 5\n", dbURL)
+	for _, st := range []string{"a", "b", "c"} {
+		text += fmt.Sprintf("[stage-%s]\nPROGRAM = %s\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
+			st, s.self, s.parallelism, s.queueLimit, s.maxMessages)
+	}
+	return file, os.WriteFile(file, []byte(text), 0o644)
+}
+
+// startDispatch starts pepsi-dispatch on confFile, logging JSON to
+// dir/dispatch.log, with its metrics on a free address. stop ends it with
+// SIGTERM and waits for it.
+func (s *soak) startDispatch(dir, confFile string) (cmd *exec.Cmd, metricsAddr string, stop func(), err error) {
+	metricsAddr, err = freeAddr()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "dispatch.log"))
+	if err != nil {
+		return nil, "", nil, err
+	}
+	cmd = exec.Command(s.dispatch, "-c", confFile, "-metrics-addr", metricsAddr, "-log-format", "json")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, "", nil, fmt.Errorf("start pepsi-dispatch: %w", err)
+	}
+	return cmd, metricsAddr, func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logFile.Close()
+	}, nil
+}
+
+// calibrate sets s.rate to 70% of what the pipeline finishes in 20 s of a
+// 100,000-message backlog, and then drops what is left of the backlog.
+func (s *soak) calibrate(ctx context.Context, conn *pgx.Conn) error {
+	n := 100000
+	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, $1::int)`, n); err != nil {
+		return err
+	}
+	began := time.Now()
+	for time.Since(began) < 20*time.Second {
+		time.Sleep(time.Second)
+	}
+	var done int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'done'`).Scan(&done); err != nil {
+		return err
+	}
+	s.rate = max(1, int(float64(done)/time.Since(began).Seconds()*0.7))
+	fmt.Fprintf(s.out, "calibration: %d messages done in 20 s; offering 70%%: %d messages/s\n", done, s.rate)
+	if _, err := conn.Exec(ctx, `DELETE FROM pepsi.queue WHERE status = 'pending'`); err != nil {
+		return err
+	}
+	return nil
+}
+
+// takeSample reads one minute's sample: the queue's backlog and size from
+// conn, the dispatcher's (pid's) memory, descriptors and threads from /proc,
+// its goroutines from its metrics on metricsAddr. A figure it cannot read
+// stays 0.
+func takeSample(ctx context.Context, conn *pgx.Conn, minute int, done int64, pid int, metricsAddr string) sample {
+	sm := sample{minute: minute, done: done}
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'pending'`).Scan(&sm.pending)
+	_ = conn.QueryRow(ctx, `SELECT coalesce(n_dead_tup, 0), pg_relation_size('pepsi.queue'), pg_indexes_size('pepsi.queue')
+		FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`).Scan(&sm.dead, &sm.table, &sm.indexes)
+	sm.rss, sm.threads = procStatus(pid)
+	sm.fds = countFDs(pid)
+	sm.gor = goroutines(metricsAddr)
+	return sm
 }
 
 // produce inserts s.rate messages a second, in batches every 100 ms, one
