@@ -231,16 +231,7 @@ func (c *chaos) run(samples int) (int, error) {
 	defer stopWatch()
 	go c.watchWorkers(watchCtx)
 
-	var plan []int
-	for f := faultWorkerKill; f <= faultPGRestart; f++ {
-		for range samples {
-			plan = append(plan, f)
-		}
-	}
-	for range max(1, samples/2) {
-		plan = append(plan, faultBlackHole)
-	}
-	c.rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
+	plan := c.plan(samples)
 	fmt.Fprintf(c.out, "faults in order: %s\n", planString(plan))
 
 	results := make([][]time.Duration, len(faultNames))
@@ -251,18 +242,7 @@ func (c *chaos) run(samples int) (int, error) {
 	}
 	for i, f := range plan {
 		time.Sleep(time.Duration(500+c.rng.IntN(1500)) * time.Millisecond) // settle
-		var d time.Duration
-		var err error
-		switch f {
-		case faultWorkerKill:
-			d, err = c.workerKill(ctx)
-		case faultStandbyTakeover:
-			d, err = c.standbyTakeover(ctx)
-		case faultPGRestart:
-			d, err = c.pgRestart(ctx)
-		case faultBlackHole:
-			d, err = c.blackHole(ctx)
-		}
+		d, err := c.inject(ctx, f)
 		if err != nil {
 			skipped[f]++
 			fmt.Fprintf(c.out, "fault %d/%d %s: no measurement: %v\n", i+1, len(plan), faultNames[f], err)
@@ -279,6 +259,37 @@ func (c *chaos) run(samples int) (int, error) {
 	<-fed
 	printTable(c.out, results, skipped, c.blackhole)
 	return c.finish(ctx)
+}
+
+// plan is the faults of the run in a random order: samples of each of the
+// first three, and half as many black holes (at least one).
+func (c *chaos) plan(samples int) []int {
+	var plan []int
+	for f := faultWorkerKill; f <= faultPGRestart; f++ {
+		for range samples {
+			plan = append(plan, f)
+		}
+	}
+	for range max(1, samples/2) {
+		plan = append(plan, faultBlackHole)
+	}
+	c.rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
+	return plan
+}
+
+// inject causes fault f and measures the pipeline's recovery from it.
+func (c *chaos) inject(ctx context.Context, f int) (time.Duration, error) {
+	switch f {
+	case faultWorkerKill:
+		return c.workerKill(ctx)
+	case faultStandbyTakeover:
+		return c.standbyTakeover(ctx)
+	case faultPGRestart:
+		return c.pgRestart(ctx)
+	case faultBlackHole:
+		return c.blackHole(ctx)
+	}
+	return 0, nil
 }
 
 func planString(plan []int) string {
