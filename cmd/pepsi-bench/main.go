@@ -32,6 +32,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -124,33 +125,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if _, err := cliflags.Parse(fs, args, "PEPSI_BENCH"); err != nil {
 		return cliflags.Fail(stderr, "pepsi-bench", err)
 	}
-	switch {
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "pepsi-bench: unexpected arguments %q (see -h)\n", fs.Args())
-		return 2
-	case b.n <= 0 || b.seconds <= 0 || b.clients <= 0 || b.rounds <= 0 || b.benchConfig.parallelism <= 0 ||
-		b.benchConfig.queueLimit <= 0 || b.benchConfig.maxMessages <= 0 || b.latencyRate <= 0 || b.backlogN <= 0:
-		fmt.Fprintf(stderr, "pepsi-bench: -n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate and -backlog-n must be positive\n")
-		return 2
-	case b.latencySeconds < 0:
-		fmt.Fprintf(stderr, "pepsi-bench: -latency-seconds must not be negative\n")
-		return 2
-	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
-		fmt.Fprintf(stderr, "pepsi-bench: -db-name %q: want lower-case letters, digits and '_'\n", b.dbName)
+	if err := b.settle(fs.Args(), modes, configs); err != nil {
+		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
 		return 2
 	}
+	if err := b.run(ctx); err != nil {
+		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// settle checks the flags (args is what follows them on the command line,
+// modes and configs the values of -modes and -configs) and works out what they
+// leave open: the variants to measure and the pipeline's timeout.
+func (b *bench) settle(args []string, modes, configs string) error {
+	switch {
+	case len(args) > 0:
+		return fmt.Errorf("unexpected arguments %q (see -h)", args)
+	case b.n <= 0 || b.seconds <= 0 || b.clients <= 0 || b.rounds <= 0 || b.benchConfig.parallelism <= 0 ||
+		b.benchConfig.queueLimit <= 0 || b.benchConfig.maxMessages <= 0 || b.latencyRate <= 0 || b.backlogN <= 0:
+		return errors.New("-n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate and -backlog-n must be positive")
+	case b.latencySeconds < 0:
+		return errors.New("-latency-seconds must not be negative")
+	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
+		return fmt.Errorf("-db-name %q: want lower-case letters, digits and '_'", b.dbName)
+	}
 	if u, err := url.Parse(b.server); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		fmt.Fprintf(stderr, "pepsi-bench: -database %q: want a postgres:// URL of the server\n", b.server)
-		return 2
+		return fmt.Errorf("-database %q: want a postgres:// URL of the server", b.server)
 	}
 	var err error
 	if b.modes, err = parseModes(modes); err != nil {
-		fmt.Fprintf(stderr, "pepsi-bench: -modes: %v\n", err)
-		return 2
+		return fmt.Errorf("-modes: %w", err)
 	}
 	if b.configs, err = parseConfigs(configs, b.benchConfig); err != nil {
-		fmt.Fprintf(stderr, "pepsi-bench: -configs: %v\n", err)
-		return 2
+		return fmt.Errorf("-configs: %w", err)
 	}
 	for _, m := range b.modes {
 		for _, c := range b.configs {
@@ -164,11 +173,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		b.timeout = pipelineTimeoutBase + pipelineTimeoutPerMessage*timeDuration(n)
 	}
-	if err = b.run(ctx); err != nil {
-		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
-		return 1
-	}
-	return 0
+	return nil
 }
 
 // parseModes reads -modes: a comma-separated list of write, library and
