@@ -39,7 +39,7 @@ $$`
 
 // The trigger variants, in the order they are measured.
 const (
-	triggerNone   = iota // ALTER TABLE … DISABLE TRIGGER
+	triggerNone   = iota // ALTER TABLE … DISABLE TRIGGER USER: both of the queue's triggers
 	triggerAlways        // schemas 1–3: NOTIFY on every insert
 	triggerGate          // this schema: NOTIFY only while the dispatcher waits, and the producers' lock
 )
