@@ -209,6 +209,11 @@ func TestRefuseResetsNewConnectionsUntilHealed(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, startEcho(t).ln.Addr().String())
 	old, oldR := dial(t, p)
+	// Dial returns once the kernel has queued the connection; a round trip
+	// makes sure the proxy accepted it before it starts refusing.
+	if _, err := roundTrip(old, oldR, "first", waitMax); err != nil {
+		t.Fatalf("a connection made before Refuse: %v", err)
+	}
 	p.Refuse()
 	// The reset may reach the client while it connects, or at its first read.
 	if c, err := net.Dial("tcp", p.Addr()); err == nil {
