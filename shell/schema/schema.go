@@ -65,6 +65,13 @@ func Latest() int {
 // Migrate brings the database behind conn to the latest version and returns the
 // versions it applied (none when it was already current).
 func Migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
+	return MigrateTo(ctx, conn, Latest())
+}
+
+// MigrateTo brings the database behind conn up to version (not beyond), for
+// tests of upgrades and of programs that meet an older schema, and returns the
+// versions it applied.
+func MigrateTo(ctx context.Context, conn *pgx.Conn, version int) ([]int, error) {
 	ms, err := Migrations()
 	if err != nil {
 		return nil, err
@@ -84,7 +91,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	}
 	var applied []int
 	for _, m := range ms {
-		if m.Version <= current {
+		if m.Version <= current || m.Version > version {
 			continue
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

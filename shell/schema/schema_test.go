@@ -65,3 +65,64 @@ func TestInsertNotifiesIngressOncePerStatement(t *testing.T) {
 		t.Fatalf("second notification %v: a 100-row insert notified more than once", n)
 	}
 }
+
+// Versions 7 (attempts) and 8 (dedup_key) add columns to a queue that may hold
+// millions of rows: they must not rewrite the table (its relfilenode stays),
+// and existing rows read the defaults.
+func TestColumnMigrationsDoNotRewriteTheQueue(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
+	ctx := context.Background()
+	if _, err := schema.MigrateTo(ctx, conn, 6); err != nil {
+		t.Fatalf("migrate to 6: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 1000)"); err != nil {
+		t.Fatal(err)
+	}
+	relfile := func() (n uint32) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, "SELECT relfilenode FROM pg_class WHERE oid = 'pepsi.queue'::regclass").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := relfile()
+	applied, err := schema.Migrate(ctx, conn)
+	if err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if len(applied) == 0 || applied[0] != 7 {
+		t.Fatalf("applied %v, want 7 onwards", applied)
+	}
+	if after := relfile(); after != before {
+		t.Fatalf("pepsi.queue was rewritten by the migrations (relfilenode %d -> %d)", before, after)
+	}
+	var attempts, keys int
+	if err := conn.QueryRow(ctx, "SELECT sum(attempts), count(dedup_key) FROM pepsi.queue").Scan(&attempts, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 || keys != 0 {
+		t.Fatalf("old rows read attempts sum %d and %d keys, want 0 and 0", attempts, keys)
+	}
+}
+
+// A dedup_key is unique among the rows that have one; rows without one are not
+// constrained.
+func TestDedupKeyIsUniqueWhereSet(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage) VALUES ('a'), ('a')"); err != nil {
+		t.Fatalf("two rows without a key: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage, dedup_key) VALUES ('a', 'k1')"); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage, dedup_key) VALUES ('a', 'k1') ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING")
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("second insert of key k1: %v rows, err %v; want nothing inserted", tag.RowsAffected(), err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage, dedup_key) VALUES ('a', 'k1')"); err == nil {
+		t.Fatal("a plain second insert of key k1 succeeded; want a unique violation")
+	}
+}
