@@ -24,6 +24,17 @@ const (
 	DefaultParallelism   = 4
 	DefaultQueueLimit    = 4
 	DefaultMaxMessages   = 1000
+	DefaultRetryDelay    = 1 * time.Second
+	DefaultRetryDelayMax = 300 * time.Second
+)
+
+// Bounds of the per-stage retry and rate keys.
+const (
+	// RetryLimitMax bounds RETRY_LIMIT: 2^RetryLimitMax times any delay is far
+	// beyond RETRY_DELAY_MAX, so a larger limit only makes a message wait longer.
+	RetryLimitMax = 1000
+	// RateMax bounds RATE, in messages per second.
+	RateMax = 1_000_000
 )
 
 // Config is a parsed pepsi.conf.
@@ -60,6 +71,19 @@ type Stage struct {
 	Parallelism int
 	QueueLimit  int
 	MaxMessages int
+	// RetryLimit is how many times a message may be retried at this stage
+	// (answer "75 REASON") before that answer fails it; 0, the default, makes
+	// 75 an ordinary failure (key RETRY_LIMIT, a PEPSI extension).
+	RetryLimit int
+	// RetryDelay is the delay before the first retry; each further retry
+	// doubles it (key RETRY_DELAY, default 1 s).
+	RetryDelay time.Duration
+	// RetryDelayMax caps the doubled delay (key RETRY_DELAY_MAX, default
+	// 300 s; never below RetryDelay).
+	RetryDelayMax time.Duration
+	// Rate is the most messages per second claimed for this stage, a positive
+	// decimal; 0 means no limit (key RATE, default none).
+	Rate float64
 }
 
 // Stage returns the stage called name, or false.
@@ -136,7 +160,8 @@ func Parse(file, text string) (*Config, error) {
 					return nil, bad("", "section [%s] appears twice (first at line %d)", section, stageLine[name])
 				}
 				stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
-					QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages}
+					QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages,
+					RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax}
 				stageLine[name] = n
 				stageOrder = append(stageOrder, name)
 			default:
@@ -203,8 +228,16 @@ func Parse(file, text string) (*Config, error) {
 				s.QueueLimit, err = parsePositive(value)
 			case "MAX_MESSAGES":
 				s.MaxMessages, err = parsePositive(value)
+			case "RETRY_LIMIT":
+				s.RetryLimit, err = parseRetryLimit(value)
+			case "RETRY_DELAY":
+				s.RetryDelay, err = ParseDuration(value)
+			case "RETRY_DELAY_MAX":
+				s.RetryDelayMax, err = ParseDuration(value)
+			case "RATE":
+				s.Rate, err = ParseRate(value)
 			default:
-				return nil, bad(key, "unknown key in [%s] (want PROGRAM, PARALLELISM, QUEUE_LIMIT or MAX_MESSAGES)", section)
+				return nil, bad(key, "unknown key in [%s] (want PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX or RATE)", section)
 			}
 		}
 		if err != nil {
@@ -222,6 +255,15 @@ func Parse(file, text string) (*Config, error) {
 		s := stages[name]
 		if s.Program == "" {
 			return nil, &Error{File: file, Line: stageLine[name], Key: "PROGRAM", Msg: fmt.Sprintf("[stage-%s] has no PROGRAM", name)}
+		}
+		if s.RetryDelayMax < s.RetryDelay {
+			// Named at the line of whichever of the two the file sets last.
+			key, line := "RETRY_DELAY_MAX", seen["stage-"+name+".RETRY_DELAY_MAX"]
+			if l := seen["stage-"+name+".RETRY_DELAY"]; l > line {
+				key, line = "RETRY_DELAY", l
+			}
+			return nil, &Error{File: file, Line: line, Key: key,
+				Msg: fmt.Sprintf("RETRY_DELAY_MAX %s is below RETRY_DELAY %s", s.RetryDelayMax, s.RetryDelay)}
 		}
 		c.Stages = append(c.Stages, *s)
 	}
@@ -256,6 +298,32 @@ func parsePositive(s string) (int, error) {
 		return 0, fmt.Errorf("%q is larger than 1000000", s)
 	}
 	return n, nil
+}
+
+func parseRetryLimit(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > RetryLimitMax {
+		return 0, fmt.Errorf("%q is not a whole number from 0 to %d", s, RetryLimitMax)
+	}
+	return n, nil
+}
+
+// ParseRate reads a RATE: a positive decimal number of messages per second
+// ("50", "0.5", "2.25"), at most RateMax. Exponents, hexadecimal, infinities and
+// signs are refused: a rate is written the way an operator reads it.
+func ParseRate(s string) (float64, error) {
+	bad := fmt.Errorf("%q is not a positive decimal number of messages per second (like 50 or 0.5)", s)
+	if s == "" || strings.Trim(s, "0123456789.") != "" || strings.Count(s, ".") > 1 {
+		return 0, bad
+	}
+	r, err := strconv.ParseFloat(s, 64)
+	if err != nil || r <= 0 {
+		return 0, bad
+	}
+	if r > RateMax {
+		return 0, fmt.Errorf("%q is more than %d messages per second", s, RateMax)
+	}
+	return r, nil
 }
 
 // ParseOnOff reads a switch: on/off, true/false, yes/no or 1/0.

@@ -86,6 +86,18 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad switch", "[pepsi-dispatch]\nVACUUM = sometimes\n", "f.conf:2: VACUUM: \"sometimes\" is not on or off"},
 		{"reserved stage name", "[pepsi-dispatch]\n[stage-done]\nPROGRAM = a\n", "f.conf:2: stage name \"done\" is reserved"},
 		{"unclosed header", "[pepsi\n", "f.conf:1: section header"},
+		{"negative retry limit", "[stage-a]\nPROGRAM = a\nRETRY_LIMIT = -1\n", "f.conf:3: RETRY_LIMIT: \"-1\" is not a whole number from 0 to 1000"},
+		{"retry limit not a number", "[stage-a]\nPROGRAM = a\nRETRY_LIMIT = often\n", "f.conf:3: RETRY_LIMIT: \"often\" is not a whole number"},
+		{"zero retry delay", "[stage-a]\nPROGRAM = a\nRETRY_DELAY = 0\n", "f.conf:3: RETRY_DELAY: \"0\" must be positive"},
+		{"bad retry delay max", "[stage-a]\nPROGRAM = a\nRETRY_DELAY_MAX = later\n", "f.conf:3: RETRY_DELAY_MAX: \"later\" is not whole seconds"},
+		{"retry delay max below delay", "[stage-a]\nPROGRAM = a\nRETRY_DELAY = 10s\n\nRETRY_DELAY_MAX = 5s\n", "f.conf:5: RETRY_DELAY_MAX: RETRY_DELAY_MAX 5s is below RETRY_DELAY 10s"},
+		{"retry delay above default max", "[stage-a]\nPROGRAM = a\nRETRY_DELAY = 10m\n", "f.conf:3: RETRY_DELAY: RETRY_DELAY_MAX 5m0s is below RETRY_DELAY 10m0s"},
+		{"zero rate", "[stage-a]\nPROGRAM = a\nRATE = 0\n", "f.conf:3: RATE: \"0\" is not a positive decimal number"},
+		{"word rate", "[stage-a]\nPROGRAM = a\nRATE = fast\n", "f.conf:3: RATE: \"fast\" is not a positive decimal number"},
+		{"negative rate", "[stage-a]\nPROGRAM = a\nRATE = -5\n", "f.conf:3: RATE: \"-5\" is not a positive decimal number"},
+		{"exponent rate", "[stage-a]\nPROGRAM = a\nRATE = 1e3\n", "f.conf:3: RATE: \"1e3\" is not a positive decimal number"},
+		{"infinite rate", "[stage-a]\nPROGRAM = a\nRATE = Inf\n", "f.conf:3: RATE: \"Inf\" is not a positive decimal number"},
+		{"huge rate", "[stage-a]\nPROGRAM = a\nRATE = 2000000\n", "f.conf:3: RATE: \"2000000\" is more than 1000000"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,6 +109,36 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 				t.Errorf("error %q\nwant it to start with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestParseReadsRetryAndRateKeys(t *testing.T) {
+	c, err := conf.Parse("r.conf", `
+[stage-call]
+PROGRAM = call
+RETRY_LIMIT = 5
+RETRY_DELAY = 250ms
+RETRY_DELAY_MAX = 1m
+RATE = 2.5
+
+[stage-plain]
+PROGRAM = plain
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call, _ := c.Stage("call")
+	if call.RetryLimit != 5 || call.RetryDelay != 250*time.Millisecond || call.RetryDelayMax != time.Minute || call.Rate != 2.5 {
+		t.Errorf("call: %+v", call)
+	}
+	plain, _ := c.Stage("plain")
+	if plain.RetryLimit != 0 || plain.RetryDelay != time.Second || plain.RetryDelayMax != 300*time.Second || plain.Rate != 0 {
+		t.Errorf("defaults: %+v", plain)
+	}
+	for _, in := range []string{"50", "0.5", ".25", "1000000"} {
+		if _, err := conf.ParseRate(in); err != nil {
+			t.Errorf("ParseRate(%q): %v", in, err)
+		}
 	}
 }
 
