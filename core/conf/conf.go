@@ -26,6 +26,14 @@ const (
 	DefaultMaxMessages   = 1000
 	DefaultRetryDelay    = 1 * time.Second
 	DefaultRetryDelayMax = 300 * time.Second
+	// DefaultIngressListen is where pepsi-ingress listens: loopback only, so
+	// that an ingress without TOKENS_FILE is never reachable from elsewhere.
+	DefaultIngressListen = "127.0.0.1:8180"
+	// DefaultIngressMaxBody bounds one request body of pepsi-ingress (16 MiB).
+	DefaultIngressMaxBody = 16 << 20
+	// ingressMaxBodyMax and ingressMaxPendingMax keep the values sane.
+	ingressMaxBodyMax    = 1 << 30
+	ingressMaxPendingMax = 1_000_000_000
 )
 
 // Bounds of the per-stage retry and rate keys.
@@ -45,6 +53,89 @@ type Config struct {
 	Dispatch Dispatch
 	// Stages holds every [stage-NAME] section, sorted by name.
 	Stages []Stage
+	// Ingress holds [pepsi-ingress].
+	Ingress Ingress
+}
+
+// Ingress is the [pepsi-ingress] section: pepsi-ingress(8), the front door over
+// HTTP.
+type Ingress struct {
+	// Listen is the host:port to listen on (key LISTEN).
+	Listen string
+	// TokensFile holds the bearer tokens clients must present; empty means no
+	// authentication, allowed only when Listen is a loopback address.
+	TokensFile string
+	// TLSCert and TLSKey are PEM files; both or neither (then plain HTTP).
+	TLSCert, TLSKey string
+	// MaxBody bounds a request body, in bytes.
+	MaxBody int64
+	// MaxPending, when positive, refuses requests for a stage with more pending
+	// messages than this (503); 0 means no limit.
+	MaxPending int64
+}
+
+// Check reports what is wrong with the section as a whole: a listener that
+// other hosts can reach must authenticate its clients, and TLS needs both a
+// certificate and its key. It names the key to blame; pepsi-ingress calls it
+// again after command-line overrides.
+func (in Ingress) Check() (key string, err error) {
+	if in.TokensFile == "" && !IsLoopback(in.Listen) {
+		return "LISTEN", fmt.Errorf("%q is not a loopback address, and there is no TOKENS_FILE: pepsi-ingress would accept messages from anyone who can reach it; set TOKENS_FILE or listen on 127.0.0.1", in.Listen)
+	}
+	if (in.TLSCert == "") != (in.TLSKey == "") {
+		if in.TLSCert == "" {
+			return "TLS_KEY", errors.New("set without TLS_CERT; want both or neither")
+		}
+		return "TLS_CERT", errors.New("set without TLS_KEY; want both or neither")
+	}
+	return "", nil
+}
+
+// IsLoopback reports whether listen, a host:port, names only the loopback
+// interface: 127.0.0.0/8, ::1 or localhost. An empty host ("":8180") means every
+// interface, so it is not.
+func IsLoopback(listen string) bool {
+	host, _, ok := SplitHostPort(listen)
+	if !ok {
+		return false
+	}
+	if host == "localhost" || host == "::1" {
+		return true
+	}
+	parts := strings.Split(host, ".")
+	if len(parts) != 4 || parts[0] != "127" {
+		return false
+	}
+	for _, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || n > 255 || p != strconv.Itoa(n) {
+			return false
+		}
+	}
+	return true
+}
+
+// SplitHostPort splits "host:port" or "[v6]:port" (net.SplitHostPort, which the
+// core may not import); the port must be a number from 0 to 65535.
+func SplitHostPort(s string) (host, port string, ok bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", "", false
+	}
+	host, port = s[:i], s[i+1:]
+	if strings.HasPrefix(host, "[") {
+		if !strings.HasSuffix(host, "]") {
+			return "", "", false
+		}
+		host = host[1 : len(host)-1]
+	} else if strings.ContainsAny(host, ":[]") {
+		return "", "", false
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 || port != strconv.Itoa(n) {
+		return "", "", false
+	}
+	return host, port, true
 }
 
 // Dispatch is the [pepsi-dispatch] section.
@@ -124,11 +215,12 @@ func Parse(file, text string) (*Config, error) {
 		StopGrace:     DefaultStopGrace,
 		Vacuum:        true,
 		ConfigFile:    file,
-	}}
+	}, Ingress: Ingress{Listen: DefaultIngressListen, MaxBody: DefaultIngressMaxBody}}
 	stages := map[string]*Stage{}
 	stageLine := map[string]int{}
 	var stageOrder []string // names in the order of their sections, for errors
 	seen := map[string]int{}
+	ingressLine := map[string]int{} // where LISTEN, TLS_CERT and TLS_KEY were set, for Check's errors
 	section := ""
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
@@ -147,7 +239,7 @@ func Parse(file, text string) (*Config, error) {
 			}
 			section = strings.TrimSpace(line[1 : len(line)-1])
 			switch {
-			case section == "pepsi", section == "pepsi-dispatch":
+			case section == "pepsi", section == "pepsi-dispatch", section == "pepsi-ingress":
 			case strings.HasPrefix(section, "stage-"):
 				name := strings.TrimPrefix(section, "stage-")
 				if name == ReservedDone {
@@ -165,7 +257,7 @@ func Parse(file, text string) (*Config, error) {
 				stageLine[name] = n
 				stageOrder = append(stageOrder, name)
 			default:
-				return nil, bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch] or [stage-NAME])", section)
+				return nil, bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch], [pepsi-ingress] or [stage-NAME])", section)
 			}
 			continue
 		}
@@ -213,6 +305,30 @@ func Parse(file, text string) (*Config, error) {
 				d.Vacuum, err = ParseOnOff(value)
 			default:
 				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE or VACUUM)")
+			}
+		case "pepsi-ingress":
+			in := &c.Ingress
+			switch key {
+			case "LISTEN":
+				if _, _, ok := SplitHostPort(value); !ok {
+					err = fmt.Errorf("%q is not host:port (127.0.0.1:8180, [::1]:8180, :8180)", value)
+				}
+				in.Listen = value
+				ingressLine["LISTEN"] = n
+			case "TOKENS_FILE":
+				in.TokensFile, err = nonEmpty(value)
+			case "TLS_CERT":
+				in.TLSCert, err = nonEmpty(value)
+				ingressLine["TLS_CERT"] = n
+			case "TLS_KEY":
+				in.TLSKey, err = nonEmpty(value)
+				ingressLine["TLS_KEY"] = n
+			case "MAX_BODY":
+				in.MaxBody, err = parseBounded(value, ingressMaxBodyMax)
+			case "MAX_PENDING":
+				in.MaxPending, err = parseBounded(value, ingressMaxPendingMax)
+			default:
+				return nil, bad(key, "unknown key in [pepsi-ingress] (want LISTEN, TOKENS_FILE, TLS_CERT, TLS_KEY, MAX_BODY or MAX_PENDING)")
 			}
 		default:
 			s := stages[strings.TrimPrefix(section, "stage-")]
@@ -268,6 +384,9 @@ func Parse(file, text string) (*Config, error) {
 		c.Stages = append(c.Stages, *s)
 	}
 	sort.Slice(c.Stages, func(i, j int) bool { return c.Stages[i].Name < c.Stages[j].Name })
+	if key, err := c.Ingress.Check(); err != nil {
+		return nil, &Error{File: file, Line: ingressLine[key], Key: key, Msg: err.Error()}
+	}
 	return c, nil
 }
 
@@ -304,6 +423,24 @@ func parseRetryLimit(s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > RetryLimitMax {
 		return 0, fmt.Errorf("%q is not a whole number from 0 to %d", s, RetryLimitMax)
+	}
+	return n, nil
+}
+
+func nonEmpty(s string) (string, error) {
+	if s == "" {
+		return "", errors.New("must not be empty")
+	}
+	return s, nil
+}
+
+func parseBounded(s string, max int64) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive whole number", s)
+	}
+	if n > max {
+		return 0, fmt.Errorf("%q is larger than %d", s, max)
 	}
 	return n, nil
 }

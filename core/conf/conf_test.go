@@ -154,3 +154,76 @@ func TestParseDurationTakesSecondsOrGoDurations(t *testing.T) {
 		}
 	}
 }
+
+func TestParseReadsTheIngressSection(t *testing.T) {
+	c, err := conf.Parse("f.conf", "[pepsi]\nDATABASE = x\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := c.Ingress; in.Listen != "127.0.0.1:8180" || in.MaxBody != 16<<20 || in.MaxPending != 0 || in.TokensFile != "" || in.TLSCert != "" {
+		t.Errorf("[pepsi-ingress] defaults: %+v", in)
+	}
+	c, err = conf.Parse("f.conf", `[pepsi-ingress]
+LISTEN = 0.0.0.0:443
+TOKENS_FILE = /etc/pepsi/tokens
+TLS_CERT = /etc/pepsi/cert.pem
+TLS_KEY = /etc/pepsi/key.pem
+MAX_BODY = 1048576
+MAX_PENDING = 50000
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := conf.Ingress{Listen: "0.0.0.0:443", TokensFile: "/etc/pepsi/tokens", TLSCert: "/etc/pepsi/cert.pem",
+		TLSKey: "/etc/pepsi/key.pem", MaxBody: 1 << 20, MaxPending: 50000}
+	if c.Ingress != want {
+		t.Errorf("[pepsi-ingress] = %+v\nwant %+v", c.Ingress, want)
+	}
+}
+
+func TestParseRefusesABadIngressSection(t *testing.T) {
+	cases := []struct {
+		name, text, want string
+	}{
+		{"open listener without tokens", "[pepsi-ingress]\n\nLISTEN = 0.0.0.0:8180\n", `f.conf:3: LISTEN: "0.0.0.0:8180" is not a loopback address, and there is no TOKENS_FILE`},
+		{"every interface without tokens", "[pepsi-ingress]\nLISTEN = :8180\n", `f.conf:2: LISTEN: ":8180" is not a loopback address`},
+		{"host name without tokens", "[pepsi-ingress]\nLISTEN = ingress.example.org:8180\n", `f.conf:2: LISTEN: "ingress.example.org:8180" is not a loopback`},
+		{"no port", "[pepsi-ingress]\nLISTEN = 127.0.0.1\n", `f.conf:2: LISTEN: "127.0.0.1" is not host:port`},
+		{"bad port", "[pepsi-ingress]\nLISTEN = 127.0.0.1:http\n", `f.conf:2: LISTEN: "127.0.0.1:http" is not host:port`},
+		{"cert without key", "[pepsi-ingress]\nTLS_CERT = c.pem\n", "f.conf:2: TLS_CERT: set without TLS_KEY"},
+		{"key without cert", "[pepsi-ingress]\n#\nTLS_KEY = k.pem\n", "f.conf:3: TLS_KEY: set without TLS_CERT"},
+		{"zero body", "[pepsi-ingress]\nMAX_BODY = 0\n", `f.conf:2: MAX_BODY: "0" is not a positive whole number`},
+		{"huge body", "[pepsi-ingress]\nMAX_BODY = 2000000000\n", `f.conf:2: MAX_BODY: "2000000000" is larger than 1073741824`},
+		{"bad pending", "[pepsi-ingress]\nMAX_PENDING = many\n", `f.conf:2: MAX_PENDING: "many" is not a positive whole number`},
+		{"empty tokens file", "[pepsi-ingress]\nTOKENS_FILE =\n", "f.conf:2: TOKENS_FILE: must not be empty"},
+		{"unknown key", "[pepsi-ingress]\nPORT = 80\n", "f.conf:2: PORT: unknown key in [pepsi-ingress] (want LISTEN, TOKENS_FILE"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := conf.Parse("f.conf", tc.text)
+			if err == nil {
+				t.Fatalf("Parse accepted %q", tc.text)
+			}
+			if !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("error %q\nwant it to start with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestIsLoopbackKnowsTheLoopbackAddresses(t *testing.T) {
+	for listen, want := range map[string]bool{
+		"127.0.0.1:8180": true, "127.1.2.3:1": true, "[::1]:8180": true, "localhost:8180": true,
+		":8180": false, "0.0.0.0:8180": false, "[::]:8180": false, "10.0.0.1:8180": false,
+		"127.0.0.256:80": false, "127.0.0:80": false, "127.0.0.01:80": false, "example.org:80": false,
+		"127.0.0.1": false, "[::1:80": false,
+	} {
+		if got := conf.IsLoopback(listen); got != want {
+			t.Errorf("IsLoopback(%q) = %v, want %v", listen, got, want)
+		}
+	}
+	c, err := conf.Parse("f.conf", "[pepsi-ingress]\nLISTEN = 0.0.0.0:8180\nTOKENS_FILE = t\n")
+	if err != nil || c.Ingress.Listen != "0.0.0.0:8180" {
+		t.Errorf("an open listener with TOKENS_FILE: %v, %+v", err, c)
+	}
+}
