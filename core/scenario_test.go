@@ -1137,7 +1137,7 @@ func TestAnsweredTransitionsMixWithBareAnswersInOneWorker(t *testing.T) {
 // Proves: an answered transition the dispatcher cannot write fails only that message,
 // with a reason, and the worker is neither killed nor stopped.
 func TestAnUnwritableTransitionFailsItsMessageAndTheWorkerLivesOn(t *testing.T) {
-	for _, line := range []string{"0 >zz", "0 >paused:-1", `0 >b {"x":`} {
+	for _, line := range []string{"0 >zz", "0 >paused:-1", `0 >b {"x":`, "0 >paused", "0 >b [1,2,3]"} {
 		t.Run(line, func(t *testing.T) {
 			w := newWorld(t, threeStages)
 			w.start("a", 2)

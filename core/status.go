@@ -31,7 +31,7 @@ const (
 	TargetDone = conf.ReservedDone
 	// TargetPaused pauses the message at the stage that answered, until a
 	// timeout (written paused:SECONDS).
-	TargetPaused = "paused"
+	TargetPaused = conf.ReservedPaused
 )
 
 // Status is a parsed worker status line.
@@ -73,8 +73,13 @@ type Fused struct {
 // "0 STAGE:MICROS…", "0 >TARGET[ STAGE:MICROS…][ {JSON}]" or "N REASON…" with N
 // a non-zero integer. Anything else is an error quoting the line; the dispatcher
 // treats it as a protocol error. An answered transition whose target or patch is
-// malformed is not a protocol error: it parses, with Move.Invalid saying why, and
-// fails only its message.
+// malformed is not a protocol error: it parses, with Transition.Invalid saying
+// why, and fails only its message.
+//
+// In the answer form, the first word after the target that is not STAGE:MICROS
+// starts the patch (the rest of the line) when it can only be an attempt at one:
+// it begins with '{', '[' or '"', or it is a JSON number, true, false or null.
+// Any other such word ("0 >b tag") is a protocol error, as in the bare form.
 func ParseStatus(line string) (Status, error) {
 	head, rest, _ := strings.Cut(line, " ")
 	code, err := strconv.Atoi(head)
@@ -85,32 +90,54 @@ func ParseStatus(line string) (Status, error) {
 		return Status{Code: code, Reason: clip(strings.TrimSpace(rest), reasonMax)}, nil
 	}
 	var s Status
-	var patch string
 	if strings.HasPrefix(rest, ">") {
-		target, after, _ := strings.Cut(rest[1:], " ")
-		if i := strings.Index(after, "{"); i >= 0 {
-			after, patch = after[:i], after[i:]
-		}
+		var target string
+		target, rest, _ = strings.Cut(rest[1:], " ")
 		s.Transition = parseTarget(target)
-		rest = after
 	}
-	for _, f := range strings.Fields(rest) {
-		name, micros, ok := strings.Cut(f, ":")
-		us, err := strconv.ParseInt(micros, 10, 64)
-		if !ok || err != nil || us < 0 || !conf.ValidStageName(name) {
-			return Status{}, fmt.Errorf("status line %q: %q is not STAGE:MICROS", clip(line, 200), clip(f, 100))
+	for rest != "" {
+		var f string
+		if f, rest, _ = strings.Cut(rest, " "); f == "" {
+			continue // runs of spaces, as strings.Fields takes them
 		}
-		s.Fused = append(s.Fused, Fused{Stage: name, Micros: us})
-	}
-	if patch != "" && s.Transition.Invalid == "" {
-		patch = strings.TrimRight(patch, " ")
-		if why := checkPatch(patch); why != "" {
-			s.Transition.Invalid = "malformed state patch: " + why
-		} else {
-			s.Transition.Patch = patch
+		if fused, ok := parseFused(f); ok {
+			s.Fused = append(s.Fused, fused)
+			continue
 		}
+		if s.Transition != nil && attemptedPatch(f) {
+			if s.Transition.Invalid == "" {
+				patch := strings.TrimRight(f+" "+rest, " ")
+				if why := checkPatch(patch); why != "" {
+					s.Transition.Invalid = fmt.Sprintf("state patch %q refused: %s", clip(patch, patchQuote), why)
+				} else {
+					s.Transition.Patch = patch
+				}
+			}
+			break
+		}
+		return Status{}, fmt.Errorf("status line %q: %q is not STAGE:MICROS", clip(line, 200), clip(f, 100))
 	}
 	return s, nil
+}
+
+// patchQuote is how much of a refused patch its message's reason quotes.
+const patchQuote = 60
+
+// parseFused reads one STAGE:MICROS word.
+func parseFused(f string) (Fused, bool) {
+	name, micros, ok := strings.Cut(f, ":")
+	us, err := strconv.ParseInt(micros, 10, 64)
+	if !ok || err != nil || us < 0 || !conf.ValidStageName(name) {
+		return Fused{}, false
+	}
+	return Fused{Stage: name, Micros: us}, true
+}
+
+// attemptedPatch reports whether a word that is not STAGE:MICROS can only be
+// the start of a JSON value, so the answer meant a patch: an object, array or
+// string, or a whole number, true, false or null.
+func attemptedPatch(f string) bool {
+	return strings.ContainsRune("{[\"", rune(f[0])) || json.Valid([]byte(f))
 }
 
 // parseTarget reads TARGET of "0 >TARGET".
@@ -118,6 +145,8 @@ func parseTarget(t string) *Transition {
 	switch {
 	case t == TargetDone:
 		return &Transition{To: TargetDone}
+	case t == TargetPaused:
+		return &Transition{Invalid: fmt.Sprintf("target %q needs a time: paused:SECONDS", t)}
 	case strings.HasPrefix(t, TargetPaused+":"):
 		text := strings.TrimPrefix(t, TargetPaused+":")
 		sec, err := strconv.ParseFloat(text, 64)
@@ -140,10 +169,10 @@ func checkPatch(p string) string {
 	switch {
 	case len(p) > patchMax:
 		return fmt.Sprintf("longer than %d bytes", patchMax)
-	case !strings.HasPrefix(p, "{"):
-		return "not a JSON object"
 	case !json.Valid([]byte(p)):
 		return "not valid JSON"
+	case !strings.HasPrefix(p, "{"):
+		return "not a JSON object"
 	}
 	for i := 0; i < len(p); i++ {
 		switch c := p[i]; {

@@ -88,6 +88,16 @@ func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
 		`0 >b {"k":"\ud83d"}`:          "surrogate",
 		`0 >b {"k":"\ud83d\u0041"}`:    "surrogate",
 		`0 >b {"k":` + bigNumber + `}`: "number",
+		"0 >paused":                    "needs a time",
+		"0 >b [1,2,3]":                 `patch "[1,2,3]" refused: not a JSON object`,
+		"0 >b t:1 [1, 2]":              `patch "[1, 2]" refused: not a JSON object`,
+		`0 >b "s"`:                     "not a JSON object",
+		"0 >b 42":                      "not a JSON object",
+		"0 >b null":                    "not a JSON object",
+		"0 >done {":                    `patch "{" refused: not valid JSON`,
+		`0 >b [1,`:                     "not valid JSON",
+		`0 >b {"a":1} t:1`:             `patch "{\"a\":1} t:1" refused: not valid JSON`,
+		`0 >b {"k":"` + strings.Repeat("x", 1<<20) + `"}`: `patch "{\"k\":\"xxxxx`,
 	} {
 		got, err := core.ParseStatus(line)
 		if err != nil || got.Transition == nil || !strings.Contains(got.Transition.Invalid, why) {
@@ -99,7 +109,7 @@ func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
 var bigNumber = "1" + strings.Repeat("0", 200)
 
 func TestParseStatusRejectsMalformedFusedStagesInTheAnswerForm(t *testing.T) {
-	for _, line := range []string{"0 >b tag", "0 >b tag:x", "0 >done :5", "0 >b [1]"} {
+	for _, line := range []string{"0 >b tag", "0 >b tag:x", "0 >done :5", "0 >b tag:-1", "0 >b t:1 tag", "0 [1]", "0 paused:5"} {
 		if _, err := core.ParseStatus(line); err == nil {
 			t.Errorf("ParseStatus(%q) accepted a line whose fused stages are malformed: a protocol error", line)
 		}

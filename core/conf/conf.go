@@ -242,8 +242,11 @@ func Parse(file, text string) (*Config, error) {
 			case section == "pepsi", section == "pepsi-dispatch", section == "pepsi-ingress":
 			case strings.HasPrefix(section, "stage-"):
 				name := strings.TrimPrefix(section, "stage-")
-				if name == ReservedDone {
+				switch name {
+				case ReservedDone:
 					return nil, bad("", "stage name %q is reserved: a stage that answers \"0 >done\" finishes its message", name)
+				case ReservedPaused:
+					return nil, bad("", "stage name %q is reserved: a stage that answers \"0 >paused:SECONDS\" pauses its message", name)
 				}
 				if !ValidStageName(name) {
 					return nil, bad("", "stage name %q: use letters, digits, '_' and '-'", name)
@@ -474,15 +477,19 @@ func ParseOnOff(s string) (bool, error) {
 	return false, fmt.Errorf("%q is not on or off", s)
 }
 
-// ReservedDone is the one word that is not a stage name: in a status line
-// "0 >done" finishes a message.
-const ReservedDone = "done"
+// The words that are not stage names, because a status line's target spells
+// them: "0 >done" finishes a message and "0 >paused:SECONDS" pauses it (so a
+// bare "0 >paused" is an invalid target, never a stage).
+const (
+	ReservedDone   = "done"
+	ReservedPaused = "paused"
+)
 
 // ValidStageName reports whether s may name a stage: 1 to 63 letters, digits,
-// '_' and '-', so it is safe in logs, status lines and section headers, and not
-// ReservedDone.
+// '_' and '-', so it is safe in logs, status lines and section headers, and
+// neither ReservedDone nor ReservedPaused.
 func ValidStageName(s string) bool {
-	if s == "" || len(s) > 63 || s == ReservedDone {
+	if s == "" || len(s) > 63 || s == ReservedDone || s == ReservedPaused {
 		return false
 	}
 	for _, r := range s {

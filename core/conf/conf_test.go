@@ -85,6 +85,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad stage name", "[stage-a b]\nPROGRAM = a\n", "f.conf:1: stage name \"a b\""},
 		{"bad switch", "[pepsi-dispatch]\nVACUUM = sometimes\n", "f.conf:2: VACUUM: \"sometimes\" is not on or off"},
 		{"reserved stage name", "[pepsi-dispatch]\n[stage-done]\nPROGRAM = a\n", "f.conf:2: stage name \"done\" is reserved"},
+		{"reserved stage name paused", "[pepsi-dispatch]\n\n[stage-paused]\nPROGRAM = a\n", "f.conf:3: stage name \"paused\" is reserved"},
 		{"unclosed header", "[pepsi\n", "f.conf:1: section header"},
 		{"negative retry limit", "[stage-a]\nPROGRAM = a\nRETRY_LIMIT = -1\n", "f.conf:3: RETRY_LIMIT: \"-1\" is not a whole number from 0 to 1000"},
 		{"retry limit not a number", "[stage-a]\nPROGRAM = a\nRETRY_LIMIT = often\n", "f.conf:3: RETRY_LIMIT: \"often\" is not a whole number"},
