@@ -24,7 +24,8 @@ purity:
 postgres:
 	@.ci/postgres-up
 
-# Install Debian's chromium when it is missing, for pepsi-httpd's browser test.
+# Install Debian's chromium-headless-shell when no chromium is there, for
+# pepsi-httpd's browser test.
 chromium:
 	@.ci/chromium-up
 

@@ -42,7 +42,10 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pepsi-demo"),
 		"-n", "500", "-db-name", name, "-testdata", "../../testdata", "-timeout", "2m")
-	cmd.Env = append(os.Environ(), "PATH="+bin+string(filepath.ListSeparator)+os.Getenv("PATH"), "PEPSI_DATABASE="+admin)
+	// The demo keeps its configuration and log for the user to read; in a test
+	// they go to the test's own folder, so a run leaves nothing in /tmp.
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(filepath.ListSeparator)+os.Getenv("PATH"), "PEPSI_DATABASE="+admin, "TMPDIR="+tmp)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -60,6 +63,9 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 		"ok   failed: 5 (predicted 5",
 		"ok   pepsi-dispatch exited with status 0 after SIGTERM",
 		"500/500 finished",
+		// The database pgtest made exists: the demo says it drops it.
+		fmt.Sprintf("database %s already exists (an earlier demo's?): dropping it", name),
+		"The configuration and pepsi-dispatch's log are in " + tmp + string(filepath.Separator) + "pepsi-demo-",
 	} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("pepsi-demo output lacks %q; output:\n%s", line, out.String())

@@ -223,6 +223,15 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
+	var exists bool
+	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", d.dbName).Scan(&exists); err != nil {
+		return fmt.Errorf("look for database %s: %w", d.dbName, err)
+	}
+	if exists {
+		// Never drop a database without a word: it may be an earlier demo's
+		// that someone is still looking at (-db-name chooses another).
+		fmt.Fprintf(d.out, "    database %s already exists (an earlier demo's?): dropping it and everything in it\n", d.dbName)
+	}
 	for _, sql := range []string{"DROP DATABASE IF EXISTS " + d.dbName + " WITH (FORCE)", "CREATE DATABASE " + d.dbName} {
 		if _, err := admin.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%s: %w", sql, err)

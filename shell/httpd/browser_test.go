@@ -16,23 +16,29 @@ import (
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
-// chromium finds Debian's chromium; .ci/chromium-up installs it for make test.
+// chromium finds Debian's headless chromium (or a full one);
+// .ci/chromium-up installs chromium-headless-shell for make test.
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+	for _, name := range []string{"chromium-headless-shell", "chromium", "chromium-browser", "google-chrome"} {
 		if path, err := exec.LookPath(name); err == nil {
 			return path
 		}
 	}
-	t.Fatal("no chromium on PATH for the browser test: run .ci/chromium-up (apt-get install chromium)")
+	t.Fatal("no chromium on PATH for the browser test: run .ci/chromium-up (apt-get install --no-install-recommends chromium-headless-shell)")
 	return ""
 }
 
 // browser starts a headless chromium and returns a chromedp context for it.
+// Its profile and every temporary file it makes (TMPDIR) live in the test's
+// own folder, removed after the browser is gone, so a run leaves nothing in /tmp.
 func browser(t *testing.T) context.Context {
 	t.Helper()
+	dir := t.TempDir() // removed after the cleanups below, which stop the browser
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)),
+		chromedp.UserDataDir(filepath.Join(dir, "profile")),
+		chromedp.Env("TMPDIR="+dir),
 		chromedp.NoSandbox, // tests may run as root
 		chromedp.WindowSize(1500, 1100),
 		chromedp.Flag("lang", "en-GB"),
