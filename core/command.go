@@ -44,6 +44,11 @@ const (
 	// writes it, straight to what the row becomes next: pending at stage To,
 	// done, or paused until Until; Patch, if set, is merged into state.
 	Move Verdict = "move"
+	// Retry is an answer "75 REASON" at a stage with RETRY_LIMIT > 0 that has
+	// retries left: the row is paused at its stage until Until, its attempts
+	// column goes up by one, and Reason goes into state.dispatch_error, where it
+	// stays while the row waits (the latest reason of a retried message).
+	Retry Verdict = "retry"
 )
 
 // Item is one message the dispatcher is done with, for Resolve: its id, the stage
@@ -52,14 +57,15 @@ type Item struct {
 	ID      int64
 	Stage   string
 	Verdict Verdict
-	// Reason goes into state.dispatch_error: Fail, TimeOut, and Answered when the
-	// row is still running (the stage bug).
+	// Reason goes into state.dispatch_error: Fail, TimeOut, Retry, and Answered
+	// when the row is still running (the stage bug).
 	Reason string
 	// Epoch is set only for Answered (see Verdict).
 	Epoch string
 	// To, Until and Patch are set only for Move: To is a stage name, TargetDone
 	// or TargetPaused; Until is the paused row's timeout; Patch is a JSON object
-	// (already checked to be one jsonb accepts) or "".
+	// (already checked to be one jsonb accepts) or "". Until is also the timeout
+	// of a Retry.
 	To    string
 	Until time.Time
 	Patch string
@@ -75,6 +81,9 @@ func (it Item) String() string {
 		if it.Patch != "" {
 			s += " " + strconv.Quote(it.Patch)
 		}
+	}
+	if it.Verdict == Retry {
+		s += "(until " + formatTime(it.Until) + ")"
 	}
 	if it.Reason != "" {
 		s += fmt.Sprintf("(%q)", it.Reason)
@@ -150,6 +159,11 @@ type StageDelta struct {
 	// GuardMisses counts transitions the stage answered that the dispatcher
 	// could not write: the row was no longer running at the stage.
 	GuardMisses int64
+	// Retries counts messages paused for a retry (answer 75) at this stage.
+	Retries int64
+	// RateHeldUS is how long, in microseconds, the stage had work it could
+	// have claimed but its RATE had no token for it.
+	RateHeldUS int64
 }
 
 func (d StageDelta) zero() bool { return d == StageDelta{Stage: d.Stage} }
@@ -162,6 +176,8 @@ func (d *StageDelta) Add(o StageDelta) {
 	d.Crashes += o.Crashes
 	d.ProcessingUS += o.ProcessingUS
 	d.GuardMisses += o.GuardMisses
+	d.Retries += o.Retries
+	d.RateHeldUS += o.RateHeldUS
 }
 
 // Flush adds statistics deltas to stage_stats and dispatch_stats in one
@@ -328,6 +344,12 @@ func (c Flush) String() string {
 			d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS)
 		if d.GuardMisses != 0 {
 			fmt.Fprintf(&b, " guard-misses=%d", d.GuardMisses)
+		}
+		if d.Retries != 0 {
+			fmt.Fprintf(&b, " retries=%d", d.Retries)
+		}
+		if d.RateHeldUS != 0 {
+			fmt.Fprintf(&b, " rate-held-us=%d", d.RateHeldUS)
 		}
 		b.WriteString("}")
 	}

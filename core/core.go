@@ -90,8 +90,9 @@ const (
 
 // msg is a message a worker holds, with the crash-sentinel epoch of its claim.
 type msg struct {
-	id    int64
-	epoch string
+	id       int64
+	epoch    string
+	attempts int // the row's attempts column when it was claimed
 }
 
 type worker struct {
@@ -186,6 +187,8 @@ type Core struct {
 	restRetryAt time.Time
 	restRetry   time.Duration
 
+	rng uint64 // the pseudo-random source's state (random), seeded by Start
+
 	shutdown   int // 0 running, 1 graceful, 2 immediate
 	waitLogged bool
 	exited     bool
@@ -255,6 +258,7 @@ func (c *Core) apply(ev Event) {
 		c.lastFlush = c.now
 		c.lastClaim = c.now
 		c.carry = e.Carry
+		c.rng = e.Seed
 		c.lookAll()
 	case Ingress:
 		c.ingressGen++

@@ -28,8 +28,13 @@ func (w WorkerID) String() string { return fmt.Sprintf("w%d", w) }
 // not be sure were written (its Unflushed), when the shell had to start over after
 // losing the lock. A carried flush that the database shows applied (its Seq at or
 // below the stored flush_seq) is dropped; the rest is added to this core's counts.
+//
+// Seed seeds the core's pseudo-random source, whose only use is the jitter of
+// retry delays (see Retry): the shell draws it at random, the simulator from its
+// scenario, so the same seed and events always yield the same commands.
 type Start struct {
 	Carry []Flush
+	Seed  uint64
 }
 
 // Ingress reports a NOTIFY on the ingress channel: new or retried rows are pending.
@@ -86,10 +91,12 @@ type WorkerExited struct {
 	Signal string
 }
 
-// Row is one claimed queue row: its id and the stage it was claimed for.
+// Row is one claimed queue row: its id, the stage it was claimed for, and its
+// attempts column (the retries it has had at that stage, see Retry).
 type Row struct {
-	ID    int64
-	Stage string
+	ID       int64
+	Stage    string
+	Attempts int
 }
 
 // Claimed is the result of a Claim. Rows are running in the database and belong to
@@ -173,6 +180,9 @@ func (RestLost) isEvent()      {}
 
 func (e Start) String() string {
 	s := "start"
+	if e.Seed != 0 {
+		s += fmt.Sprintf(" seed=%d", e.Seed)
+	}
 	for _, f := range e.Carry {
 		s += " carry{" + f.String() + "}"
 	}
@@ -213,6 +223,9 @@ func (e Claimed) String() string {
 	}
 	for _, r := range e.Rows {
 		fmt.Fprintf(&b, " %d@%s", r.ID, r.Stage)
+		if r.Attempts != 0 {
+			fmt.Fprintf(&b, "#%d", r.Attempts)
+		}
 	}
 	return b.String()
 }

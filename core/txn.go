@@ -114,7 +114,7 @@ func (c *Core) claimed(e Claimed) {
 		assert(st != nil, "claimed row %d at unknown stage %q", r.ID, r.Stage)
 		got[r.Stage]++
 		reach[r.Stage] = max(reach[r.Stage], r.ID)
-		m := msg{id: r.ID, epoch: e.Epoch}
+		m := msg{id: r.ID, epoch: e.Epoch, attempts: r.Attempts}
 		if c.shutdown > 0 {
 			c.requeue(st, []msg{m})
 			continue
@@ -188,6 +188,9 @@ func (c *Core) resolved(e Resolved) {
 				c.logf(LevelWarn, "message %d %s: %s", o.ID, o.Status, o.Error)
 			}
 		case StatusPaused:
+			if it.Verdict == Retry && o.Matched {
+				c.stat(it.Stage).Retries++
+			}
 			if c.nextPaused.IsZero() || o.Timeout.Before(c.nextPaused) {
 				c.nextPaused = o.Timeout
 			}

@@ -61,7 +61,11 @@ func (c *Core) answer(e Answer) {
 	}
 	reason := s.Reason
 	if reason == "" {
-		reason = fmt.Sprintf("stage %s answered %d", st.cfg.Name, s.Code)
+		reason = defaultReason(st.cfg.Name, s.Code)
+	}
+	if s.Code == RetryCode && st.cfg.RetryLimit > 0 {
+		c.retry(st, head, reason)
+		return
 	}
 	c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Fail, Reason: reason})
 }

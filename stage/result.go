@@ -16,10 +16,11 @@ const (
 	kindFailed
 	kindPause
 	kindError
+	kindRetry
 )
 
 // Result is what a Handler decided for its message. Build one with Advance, Done,
-// Failed, Pause, PauseFor or Error; the zero Result is an error ("handler returned
+// Failed, Pause, PauseFor, Error or Retry; the zero Result is an error ("handler returned
 // no Result").
 type Result struct {
 	kind   kind
@@ -60,8 +61,18 @@ func PauseFor(d time.Duration) Result { return Pause(time.Now().Add(d)) }
 // message (a broken dependency, a bug); use Failed for bad content.
 func Error(reason string) Result { return Result{kind: kindError, reason: reason} }
 
+// Retry reports a temporary failure: nothing is written, the status line is
+// "75 reason" (EX_TEMPFAIL), and at a stage configured with RETRY_LIMIT > 0
+// the dispatcher pauses the message here and runs it again after a doubling
+// delay (RETRY_DELAY, RETRY_DELAY_MAX), keeping reason in
+// state.dispatch_error meanwhile; the answer that finds the message's retries
+// used up fails it with reason. With RETRY_LIMIT = 0 it fails at once, like
+// Error. Use it when a service the stage calls is down or throttles it.
+func Retry(reason string) Result { return Result{kind: kindRetry, reason: reason} }
+
 // String is the Result in words, for logs and tests: "advance enrich", "done",
-// "failed: bad amount", "pause until 2026-01-02T03:04:05Z", "error: no route".
+// "failed: bad amount", "pause until 2026-01-02T03:04:05Z", "error: no route",
+// "retry: service down".
 func (r Result) String() string {
 	switch r.kind {
 	case kindAdvance:
@@ -74,6 +85,8 @@ func (r Result) String() string {
 		return "pause until " + r.until.UTC().Format(time.RFC3339Nano)
 	case kindError:
 		return "error: " + r.reason
+	case kindRetry:
+		return "retry: " + r.reason
 	}
 	return fmt.Sprintf("invalid result (kind %d)", int(r.kind))
 }

@@ -158,7 +158,7 @@ func TestHandlerPanicIsAnsweredNonZeroAndTheWorkerLivesOn(t *testing.T) {
 // Each Result but Failed and Error is answered with its transition and the
 // handler's state change as a patch, and the row is left for the dispatcher to
 // write; Failed is written by the library and answered a bare 0; Error and the
-// results a stage may not give are answered non-zero, nothing written.
+// results a stage may not give are answered non-zero, Retry 75, nothing written.
 func TestEachResultIsAnsweredWithItsLine(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
@@ -171,6 +171,7 @@ func TestEachResultIsAnsweredWithItsLine(t *testing.T) {
 		"fraction": func() stage.Result { return stage.PauseFor(1500 * time.Millisecond) },
 		"past":     func() stage.Result { return stage.Pause(time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)) },
 		"error":    func() stage.Result { return stage.Error("relay unreachable\nretry later") },
+		"retry":    func() stage.Result { return stage.Retry("rate limited:\ttry in 5 s") },
 		"nothing":  func() stage.Result { return stage.Result{} },
 		"self":     func() stage.Result { return stage.Advance("parse") },
 		"todone":   func() stage.Result { return stage.Advance("done") },
@@ -191,7 +192,8 @@ func TestEachResultIsAnsweredWithItsLine(t *testing.T) {
 		{"fraction", `0 >paused:1\.(4\d*|5)` + patch, "running", false},
 		{"past", `0 >paused:0` + patch, "running", false},
 		{"error", `1 relay unreachable retry later`, "running", false},
-		{"nothing", `1 handler returned no Result \(use stage.Advance, Done, Failed, Pause or Error\)`, "running", false},
+		{"retry", `75 rate limited: try in 5 s`, "running", false},
+		{"nothing", `1 handler returned no Result \(use stage.Advance, Done, Failed, Pause, Error or Retry\)`, "running", false},
 		{"self", `1 advanced to its own stage "parse", which would run it again forever`, "running", false},
 		{"todone", `1 advanced to "done", which is not a stage name \(use stage.Done to finish\)`, "running", false},
 		{"badname", `1 advanced to "en rich", which is not a stage name \(use stage.Done to finish\)`, "running", false},

@@ -396,8 +396,10 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 		m.State["error"] = prefix + res.reason
 	case kindError:
 		return failure(prefix + res.reason), nil
+	case kindRetry:
+		return "75 " + strings.TrimPrefix(failure(prefix+res.reason), "1 "), nil
 	default:
-		return failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause or Error)"), nil
+		return failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)"), nil
 	}
 
 	if target != "" && !w.writeAll && !tx.begun() && tx.err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"time"
@@ -265,7 +266,9 @@ func (s *session) loop() sessionResult {
 	s.core = core.New(s.o.Config)
 	s.timer = time.NewTimer(time.Hour)
 	s.timer.Stop()
-	pending := []core.Event{core.Start{Carry: s.carry}}
+	// The seed of the core's jitter (retry delays) is random: nothing needs to
+	// replay a real dispatcher's delays, only the simulator's.
+	pending := []core.Event{core.Start{Carry: s.carry, Seed: rand.Uint64()}}
 	for {
 		cmds := s.core.Step(time.Now(), pending...)
 		var exit *core.Exit

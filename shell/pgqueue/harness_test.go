@@ -160,10 +160,10 @@ func (h *harness) ClearEpoch(t *testing.T) {
 func (h *harness) Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64) {
 	t.Helper()
 	rows, _ := h.pool.Query(t.Context(),
-		"SELECT stage, processed, failed, timeouts, crashes, processing_us, guard_misses FROM pepsi.stage_stats")
+		"SELECT stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us FROM pepsi.stage_stats")
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.StageDelta, error) {
 		var d core.StageDelta
-		err := r.Scan(&d.Stage, &d.Processed, &d.Failed, &d.Timeouts, &d.Crashes, &d.ProcessingUS, &d.GuardMisses)
+		err := r.Scan(&d.Stage, &d.Processed, &d.Failed, &d.Timeouts, &d.Crashes, &d.ProcessingUS, &d.GuardMisses, &d.Retries, &d.RateHeldUS)
 		return d, err
 	})
 	if err != nil {

@@ -109,9 +109,9 @@ WITH picked AS (
 ), claimed AS (
 	UPDATE pepsi.queue u SET status = 'running', updated_at = now()
 	WHERE u.ingress_id = ANY (ARRAY(SELECT ingress_id FROM picked)) AND (u.status = 'pending') IS TRUE
-	RETURNING u.ingress_id, u.stage
+	RETURNING u.ingress_id, u.stage, u.attempts
 )
-SELECT ingress_id, stage FROM claimed ORDER BY ingress_id`
+SELECT ingress_id, stage, attempts FROM claimed ORDER BY ingress_id`
 
 // ProducerKey is the advisory lock every producer transaction holds shared from
 // its first insert into pepsi.queue to its end ("pepsprod"; schema 6's trigger
@@ -178,7 +178,7 @@ func claim(c core.Claim) statement {
 			}
 			ev.Rows, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Row, error) {
 				var row core.Row
-				err := r.Scan(&row.ID, &row.Stage)
+				err := r.Scan(&row.ID, &row.Stage, &row.Attempts)
 				return row, err
 			})
 			if err != nil {
@@ -201,7 +201,13 @@ func claim(c core.Claim) statement {
 //     crash may have lost the stage's commit), then pending;
 //   - move (a transition the stage answered): straight to what the row becomes
 //     next, one row version: pending at the target stage, done, or paused with
-//     the item's timeout; the patch, if any, merged into state (state || patch).
+//     the item's timeout; the patch, if any, merged into state (state || patch);
+//   - retry (an answer 75 with retries left): paused with the item's timeout,
+//     attempts + 1, the reason in state.dispatch_error.
+//
+// attempts counts retries at the current stage: it is 0 again whenever the
+// statement moves the row to another stage (an answered advance, or the
+// requeue of a row its stage advanced).
 //
 // It returns one row per item, in item order, with the row as it is after the
 // statement, and whether the guard matched. The UPDATE's effects are invisible to
@@ -239,6 +245,7 @@ WITH item AS (
 	           WHEN item.verdict = 'timeout' THEN 'timeout'
 	           WHEN item.verdict = 'answered' THEN CASE WHEN item.epoch_ok THEN 'failed' ELSE 'pending' END
 	           WHEN item.verdict = 'requeue' THEN 'pending'
+	           WHEN item.verdict = 'retry' THEN 'paused'
 	           ELSE item.verdict -- no such verdict: the status CHECK fails the step
 	       END AS to_status
 	FROM item JOIN pepsi.queue o ON o.ingress_id = item.id AND (o.status = 'running') IS TRUE
@@ -251,10 +258,16 @@ WITH item AS (
 			WHEN NOT d.matched THEN q.state
 			WHEN d.verdict = 'move' AND d.patch <> '' THEN
 				CASE WHEN jsonb_typeof(q.state) = 'object' THEN q.state ELSE jsonb_build_object('state', q.state) END || d.patch::jsonb
-			WHEN d.to_status IN ('failed', 'timeout') THEN
+			WHEN d.to_status IN ('failed', 'timeout') OR d.verdict = 'retry' THEN
 				CASE WHEN jsonb_typeof(q.state) = 'object' THEN jsonb_set(q.state, '{dispatch_error}', to_jsonb(d.reason))
 				     ELSE jsonb_build_object('dispatch_error', d.reason, 'state', q.state) END
 			ELSE q.state
+		END,
+		attempts = CASE
+			WHEN NOT d.matched THEN 0
+			WHEN d.verdict = 'retry' THEN q.attempts + 1
+			WHEN d.verdict = 'move' AND d.target NOT IN ('done', 'paused') AND d.target <> q.stage THEN 0
+			ELSE q.attempts
 		END,
 		updated_at = now()
 	FROM decided d
@@ -383,10 +396,11 @@ WITH applied AS (
 	WHERE d.flush_seq < EXCLUDED.flush_seq
 	RETURNING 1
 )
-INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, updated_at)
-SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), sum(x.guard_misses), now()
-FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
-     AS x(stage, processed, failed, timeouts, crashes, processing_us, guard_misses)
+INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us, updated_at)
+SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), sum(x.guard_misses),
+       sum(x.retries), sum(x.rate_held_us), now()
+FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+     AS x(stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us)
 WHERE EXISTS (SELECT 1 FROM applied)
 GROUP BY x.stage
 ON CONFLICT (stage) DO UPDATE SET
@@ -396,20 +410,24 @@ ON CONFLICT (stage) DO UPDATE SET
 	crashes = s.crashes + EXCLUDED.crashes,
 	processing_us = s.processing_us + EXCLUDED.processing_us,
 	guard_misses = s.guard_misses + EXCLUDED.guard_misses,
+	retries = s.retries + EXCLUDED.retries,
+	rate_held_us = s.rate_held_us + EXCLUDED.rate_held_us,
 	updated_at = EXCLUDED.updated_at`
 
 func flush(c core.Flush) statement {
 	n := len(c.Stages)
 	stages := make([]string, n)
 	processed, failed, timeouts, crashes, us, misses := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	retries, held := make([]int64, n), make([]int64, n)
 	for i, d := range c.Stages {
 		stages[i] = d.Stage
 		processed[i], failed[i], timeouts[i], crashes[i], us[i], misses[i] = d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS, d.GuardMisses
+		retries[i], held[i] = d.Retries, d.RateHeldUS
 	}
 	return statement{
 		name: "flush",
 		queue: func(b *pgx.Batch) {
-			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses)
+			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses, retries, held)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			if _, err := br.Exec(); err != nil {

@@ -27,6 +27,9 @@ type Row struct {
 	// State is the stages' part of state as compact JSON with sorted keys
 	// ("" for {}); state.dispatch_error is DispatchError.
 	State string
+	// Attempts is the attempts column: retries at the current stage, 0 again on
+	// every move to another stage.
+	Attempts int
 }
 
 // Queue is the fake queue. The zero value is not usable; call New.
@@ -292,6 +295,9 @@ func (q *Queue) write(r *Row, it core.Item) {
 			return
 		}
 		r.Status, r.DispatchError = core.StatusFailed, it.Reason
+	case core.Retry:
+		r.Status, r.Timeout, r.DispatchError = core.StatusPaused, it.Until, it.Reason
+		r.Attempts++
 	case core.Move:
 		switch it.To {
 		case core.TargetDone:
@@ -299,6 +305,9 @@ func (q *Queue) write(r *Row, it core.Item) {
 		case core.TargetPaused:
 			r.Status, r.Timeout = core.StatusPaused, it.Until
 		default:
+			if it.To != r.Stage {
+				r.Attempts = 0
+			}
 			r.Stage, r.Status = it.To, core.StatusPending
 		}
 		if it.Patch != "" {
@@ -359,7 +368,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 					before := *r
 					r.Status = core.StatusRunning
 					q.observe(ByClaim, before, r)
-					rows = append(rows, core.Row{ID: r.ID, Stage: r.Stage})
+					rows = append(rows, core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts})
 					n++
 				}
 			}
@@ -380,7 +389,8 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				if matched {
 					q.write(r, it)
 				} else {
-					r.Status = core.StatusPending // advanced by its stage: requeued there
+					// Advanced by its stage: requeued there, with no retries yet.
+					r.Status, r.Attempts = core.StatusPending, 0
 				}
 				q.observe(ByResolve, before, r)
 			}

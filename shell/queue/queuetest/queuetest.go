@@ -81,6 +81,9 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ResolveMergesAnAnsweredStatePatchAtTheTopLevel", testMovePatch},
 		{"ResolveOfAnAnsweredTransitionWritesNothingOnAGuardMiss", testMoveGuardMiss},
 		{"ResolveMixesAnsweredTransitionsWithBareAnswers", testMoveMixed},
+		{"ResolveRetryPausesTheRowAtItsStageAndCountsTheAttempt", testRetry},
+		{"AttemptsAreZeroAgainAfterEveryMoveToAnotherStage", testRetryResetOnMove},
+		{"ResolveRetryLeavesARowThatIsNotRunningAtItsStageAlone", testRetryGuard},
 
 		{"WakeMakesDuePausedRowsPendingAndReportsTheNextTimeout", testWake},
 		{"WokenRowsAreClaimedAgainAtTheirStage", testWakeThenClaim},
@@ -442,6 +445,82 @@ func testResolveOrder(t *testing.T, h Harness) {
 	})
 }
 
+// ---- Retries ----
+
+func retryItem(id int64, stage string, until time.Time, reason string) core.Item {
+	return core.Item{ID: id, Stage: stage, Verdict: core.Retry, Until: until, Reason: reason}
+}
+
+// retryOnce claims row id at stage (wanting attempts as its count), retries it
+// until until with reason, and wakes it.
+func retryOnce(t *testing.T, h Harness, id int64, stage string, attempts int, until time.Time, reason string) {
+	t.Helper()
+	if rows := claimRows(t, h, core.Cap{Stage: stage, N: 1}); len(rows) != 1 || rows[0] != (core.Row{ID: id, Stage: stage, Attempts: attempts}) {
+		t.Fatalf("claim at %s = %v, want row %d with attempts %d", stage, rows, id, attempts)
+	}
+	got := resolve(t, h, retryItem(id, stage, until, reason))
+	wantOutcomes(t, got, []core.Outcome{{ID: id, Stage: stage, Status: core.StatusPaused, Timeout: until, Error: reason, Matched: true}})
+	if w := wakeAt(t, h, until.Add(-time.Microsecond)); w.Count != 0 || !w.Next.Equal(until) {
+		t.Fatalf("wake before the retry is due = %v, want nothing woken and next %v", w, until)
+	}
+	if w := wakeAt(t, h, until); w.Count != 1 {
+		t.Fatalf("wake when the retry is due = %v, want the row woken", w)
+	}
+}
+
+func testRetry(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	retryOnce(t, h, ids[0], "a", 0, base.Add(time.Second), "service down")
+	retryOnce(t, h, ids[0], "a", 1, base.Add(3*time.Second), "still down")
+	// The latest reason stays in state.dispatch_error while the row waits.
+	if s := h.State(t, ids[0]); s["dispatch_error"] != "still down" {
+		t.Errorf("state after two retries = %v, want dispatch_error \"still down\"", s)
+	}
+	if rows := claimRows(t, h, core.Cap{Stage: "a", N: 1}); len(rows) != 1 || rows[0].Attempts != 2 {
+		t.Fatalf("claim after two retries = %v, want attempts 2", rows)
+	}
+}
+
+func testRetryResetOnMove(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	resolve(t, h, retryItem(ids[0], "a", base, "later"), retryItem(ids[1], "a", base, "later"))
+	wakeAt(t, h, base)
+	if rows := claimRows(t, h, core.Cap{Stage: "a", N: 2}); len(rows) != 2 || rows[0].Attempts != 1 || rows[1].Attempts != 1 {
+		t.Fatalf("claim after a retry = %v, want both with attempts 1", rows)
+	}
+	// One answers its advance, the other writes it itself and answers 0.
+	h.Stage(t, ids[1], "a", "b", core.StatusRunning, time.Time{})
+	resolve(t, h, move(ids[0], "a", "b"), core.Item{ID: ids[1], Stage: "a", Verdict: core.Answered, Reason: "stuck"})
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 2}); !slices.Equal(rows, rowsAt("b", ids...)) {
+		t.Fatalf("claim at b after the moves = %v, want %v with attempts 0", rows, rowsAt("b", ids...))
+	}
+	// A pause the stage answers, or a move back to the same stage, is no move
+	// to another stage: the count stays.
+	ids = h.Insert(t, "c", 1)
+	retryOnce(t, h, ids[0], "c", 0, base, "later")
+	claimRows(t, h, core.Cap{Stage: "c", N: 1})
+	resolve(t, h, move(ids[0], "c", "c"))
+	if rows := claimRows(t, h, core.Cap{Stage: "c", N: 1}); len(rows) != 1 || rows[0].Attempts != 1 {
+		t.Fatalf("claim after a move to the same stage = %v, want attempts 1", rows)
+	}
+}
+
+func testRetryGuard(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	h.Stage(t, ids[0], "a", "a", core.StatusDone, time.Time{})
+	h.Stage(t, ids[1], "a", "b", core.StatusRunning, time.Time{})
+	got := resolve(t, h, retryItem(ids[0], "a", base, "x"), retryItem(ids[1], "a", base, "x"))
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: core.StatusDone},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending},
+	})
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 1}); len(rows) != 1 || rows[0].Attempts != 0 {
+		t.Fatalf("claim at b = %v, want attempts 0", rows)
+	}
+}
+
 // ---- Answered transitions (Move) ----
 
 func move(id int64, stage, to string) core.Item {
@@ -670,13 +749,14 @@ func testFlush(t *testing.T, h Harness) {
 	}, 10, 3, 1)
 
 	flush(t, h, core.Flush{Seq: 2, StagePasses: 1, MessagesLeft: 1, Stages: []core.StageDelta{
-		{Stage: "a", Processed: 1, ProcessingUS: 50},
-		{Stage: "c", Crashes: 1},
+		{Stage: "a", Processed: 1, ProcessingUS: 50, Retries: 2},
+		{Stage: "c", Crashes: 1, GuardMisses: 4, RateHeldUS: 7000},
+		{Stage: "c", Retries: 1, RateHeldUS: 500},
 	}})
 	want := map[string]core.StageDelta{
-		"a": {Stage: "a", Processed: 6, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1050},
+		"a": {Stage: "a", Processed: 6, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1050, Retries: 2},
 		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
-		"c": {Stage: "c", Crashes: 1},
+		"c": {Stage: "c", Crashes: 1, GuardMisses: 4, Retries: 1, RateHeldUS: 7500},
 	}
 	wantStats(t, h, "after seq 2", want, 11, 4, 2)
 
@@ -808,6 +888,6 @@ func wantStats(t *testing.T, h Harness, when string, stages map[string]core.Stag
 }
 
 func deltaText(d core.StageDelta) string {
-	return fmt.Sprintf("{stage=%q processed=%d failed=%d timeouts=%d crashes=%d us=%d}",
-		d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS)
+	return fmt.Sprintf("{stage=%q processed=%d failed=%d timeouts=%d crashes=%d us=%d guard-misses=%d retries=%d rate-held-us=%d}",
+		d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS, d.GuardMisses, d.Retries, d.RateHeldUS)
 }

@@ -1,0 +1,118 @@
+package core_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+const retryStage = `
+[pepsi-dispatch]
+POLL_INTERVAL = 1h
+[stage-a]
+PROGRAM = a
+RETRY_LIMIT = 2
+RETRY_DELAY = 10s
+RETRY_DELAY_MAX = 15s
+[stage-b]
+PROGRAM = b
+`
+
+// Proves: at a stage with RETRY_LIMIT > 0, "75 REASON" pauses the message at the
+// same stage for RETRY_DELAY × 2^attempts (capped at RETRY_DELAY_MAX) plus up to
+// 10 % jitter, with the reason in state.dispatch_error and one more attempt; the
+// answer that finds attempts = RETRY_LIMIT fails it with its reason.
+func TestTemporaryFailureIsRetriedWithBackoffUntilTheLimit(t *testing.T) {
+	w := newWorld(t, retryStage)
+	w.q.Insert("a", 1)
+	w.step(core.Start{Seed: 7})
+	wid := core.WorkerID(1)
+	answerAt := time.Duration(0)
+	for i, base := range []time.Duration{10 * time.Second, 15 * time.Second} {
+		cmds := w.answer(wid, "", "", "75 service down")
+		it := itemFor(t, cmds, 1)
+		if it.Verdict != core.Retry || it.Reason != "service down" {
+			t.Fatalf("retry %d: item %s, want a retry with the reason", i, it)
+		}
+		due := it.Until.Sub(epoch.Add(answerAt))
+		if due < base || due >= base+base/10 {
+			t.Errorf("retry %d: due after %s, want %s plus less than 10%%", i, due, base)
+		}
+		w.wantRow(1, "a", core.StatusPaused)
+		if r := w.row(1); r.Attempts != i+1 || r.DispatchError != "service down" {
+			t.Errorf("retry %d: row attempts %d dispatch_error %q, want %d and the reason", i, r.Attempts, r.DispatchError, i+1)
+		}
+		w.settle()
+		answerAt = it.Until.Sub(epoch)
+		cmds = w.tick(answerAt)
+		one[core.Wake](t, cmds)
+		w.wantRow(1, "a", core.StatusRunning)
+		if ws := of[core.Write](cmds); len(ws) == 1 {
+			wid = ws[0].Worker
+		} else {
+			wid = workersOf(cmds)[0]
+			w.step()
+		}
+	}
+	cmds := w.answer(wid, "", "", "75 service down")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || it.Reason != "service down" {
+		t.Fatalf("third 75 with RETRY_LIMIT 2: item %s, want the message failed with its reason", it)
+	}
+	w.wantRow(1, "a", core.StatusFailed)
+}
+
+// Proves: with RETRY_LIMIT = 0, 75 is an ordinary failure; at a retry stage any
+// other non-zero answer fails at once.
+func TestSeventyFiveFailsWhereNoRetriesAreConfigured(t *testing.T) {
+	w := newWorld(t, retryStage)
+	w.q.Insert("b", 1)
+	w.q.Insert("a", 1)
+	w.step(core.Start{Seed: 1})
+	var wa, wb core.WorkerID
+	for wid, st := range w.stageOf {
+		if st == "a" {
+			wa = wid
+		} else {
+			wb = wid
+		}
+	}
+	if it := itemFor(t, w.answer(wb, "", "", "75 down"), 1); it.Verdict != core.Fail {
+		t.Errorf("75 at a stage without RETRY_LIMIT: %s, want fail", it)
+	}
+	if it := itemFor(t, w.answer(wa, "", "", "1 bad"), 2); it.Verdict != core.Fail {
+		t.Errorf("1 at a retry stage: %s, want fail", it)
+	}
+}
+
+// Proves: the jitter comes from the seed handed in Start: the same seed, the
+// same delays; another seed, others.
+func TestRetryJitterReplaysFromTheSeed(t *testing.T) {
+	until := func(run string, seed uint64) (at time.Time) {
+		t.Run(run, func(t *testing.T) {
+			w := newWorld(t, retryStage)
+			w.q.Insert("a", 1)
+			w.step(core.Start{Seed: seed})
+			at = itemFor(t, w.answer(1, "", "", "75 down"), 1).Until
+		})
+		return at
+	}
+	a, b, c := until("seed42", 42), until("seed42again", 42), until("seed43", 43)
+	if !a.Equal(b) {
+		t.Errorf("seed 42 gave %s and %s", a, b)
+	}
+	if a.Equal(c) {
+		t.Errorf("seeds 42 and 43 gave the same delay %s", a)
+	}
+}
+
+func TestRetryDelayDoublesUpToTheCap(t *testing.T) {
+	for attempts, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
+		if got := core.RetryDelay(time.Second, 5*time.Second, attempts); got != want {
+			t.Errorf("RetryDelay(1s, 5s, %d) = %s, want %s", attempts, got, want)
+		}
+	}
+	if got := core.RetryDelay(time.Second, time.Hour, 1000); got != time.Hour {
+		t.Errorf("RetryDelay after 1000 attempts = %s, want the cap", got)
+	}
+}
