@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +19,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 	"golang.org/x/term"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
@@ -244,7 +246,13 @@ EXAMPLE
 				if err != nil {
 					return err
 				}
-				printStats(a.stdout, s, time.Now())
+				var configured []string
+				if a.config != nil {
+					for _, st := range a.config.Stages {
+						configured = append(configured, st.Name)
+					}
+				}
+				printStats(a.stdout, s, configured, time.Now())
 				return nil
 			})
 		},
@@ -253,8 +261,10 @@ EXAMPLE
 
 var statusColumns = []string{"pending", "running", "paused", "done", "failed", "timeout"}
 
-// printStats writes the stats tables; the demo prints the same ones.
-func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
+// printStats writes the stats tables. Every stage in configured (the -c
+// file's) is listed, with zeros when it has no messages and no statistics yet,
+// so a stage that is missing is told from one that is empty.
+func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "QUEUE (messages per stage and status now; failed counts every failed message, whoever failed it)")
 	fmt.Fprintf(tw, "stage\t%s\toldest pending\n", strings.Join(statusColumns, "\t"))
@@ -271,6 +281,13 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 			wait[d.Stage] = d.OldestWait
 		}
 	}
+	for _, st := range configured {
+		if counts[st] == nil {
+			counts[st] = map[string]int64{}
+			stages = append(stages, st)
+		}
+	}
+	slices.Sort(stages)
 	totals := map[string]int64{}
 	for _, st := range stages {
 		fmt.Fprintf(tw, "%s\t", st)
@@ -292,11 +309,18 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 	tw.Flush()
 
 	fmt.Fprintln(w, "\nSTAGES (counted by pepsi-dispatch: pepsi.stage_stats)")
-	if len(s.Stages) == 0 {
+	rows := s.Stages
+	for _, name := range configured {
+		if !slices.ContainsFunc(rows, func(st queueadmin.StageStats) bool { return st.Stage == name }) {
+			rows = append(rows, queueadmin.StageStats{StageDelta: core.StageDelta{Stage: name}})
+		}
+	}
+	slices.SortFunc(rows, func(a, b queueadmin.StageStats) int { return strings.Compare(a.Stage, b.Stage) })
+	if len(rows) == 0 {
 		fmt.Fprintln(w, "  none yet (the dispatcher has not flushed any)")
 	} else {
 		fmt.Fprintf(tw, "stage\tpasses ok\tfailed by dispatcher\twatchdog timeouts\tworker crashes\tmean pass\tupdated\n")
-		for _, st := range s.Stages {
+		for _, st := range rows {
 			mean := "-"
 			switch {
 			case st.Processed > 0 && st.ProcessingUS == 0:
@@ -304,15 +328,27 @@ func printStats(w io.Writer, s *queueadmin.Stats, now time.Time) {
 			case st.Processed > 0:
 				mean = time.Duration(st.ProcessingUS * int64(time.Microsecond) / st.Processed).String()
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s ago\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
-				mean, now.Sub(st.UpdatedAt).Round(time.Second))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
+				mean, ago(st.UpdatedAt, now))
 		}
 		tw.Flush()
 		fmt.Fprintln(w, "  passes ok: passes answered 0, including those in which the stage failed the message itself (state.error)")
 		fmt.Fprintln(w, "  failed by dispatcher: a non-zero answer, a worker crash or a protocol error (state.dispatch_error)")
 	}
-	fmt.Fprintf(w, "\nDISPATCH: %d stage passes, %d messages left the pipeline (updated %s ago)\n",
-		s.Dispatch.StagePasses, s.Dispatch.MessagesLeft, now.Sub(s.Dispatch.UpdatedAt).Round(time.Second))
+	updated := time.Time{} // the row is made by migrate: its time means nothing until a flush
+	if s.Dispatch.FlushSeq > 0 {
+		updated = s.Dispatch.UpdatedAt
+	}
+	fmt.Fprintf(w, "\nDISPATCH: %d stage passes, %d messages left the pipeline (updated %s)\n",
+		s.Dispatch.StagePasses, s.Dispatch.MessagesLeft, ago(updated, now))
+}
+
+// ago says how long before now t was, or "never" for the zero time.
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return now.Sub(t).Round(time.Second).String() + " ago"
 }
 
 func showCmd(a *app) *ffcli.Command {

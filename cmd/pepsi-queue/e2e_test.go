@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
@@ -305,4 +307,58 @@ func TestAFlagBeforeTheSubcommandIsCalledGlobal(t *testing.T) {
 	// After the subcommand the flag is the subcommand's, even when a flag's value is
 	// a subcommand's name.
 	pq(t, "", nil, "-c", "stats", "show", "-bogus").expect(t, "show -bogus", 2, "", "pepsi-queue show: flag provided but not defined: -bogus\nRun 'pepsi-queue show -h' for help.")
+}
+
+// A new user's first look: stats lists every stage of the -c file, the empty
+// ones too, and says "never" for statistics no dispatcher has flushed yet.
+func TestStatsListsEveryConfiguredStageAndNeverForNoFlush(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	cfg := writeFile(t, "pepsi.conf", "[pepsi]\nDATABASE = "+url+"\n[stage-parse]\nPROGRAM = x\n[stage-deliver]\nPROGRAM = x\n")
+	r := pq(t, "", nil, "-c", cfg, "stats")
+	r.expect(t, "stats of an empty queue", 0, "messages left the pipeline (updated never)", "")
+	for _, re := range []string{
+		`(?m)^deliver +0 +0 +0 +0 +0 +0 +-$`,
+		`(?m)^parse +0 +0 +0 +0 +0 +0 +-$`,
+		`(?m)^deliver +0 +0 +0 +0 +- +never$`,
+		`(?m)^parse +0 +0 +0 +0 +- +never$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("stats output has no line matching %s:\n%s", re, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "0s ago") {
+		t.Errorf("stats says \"0s ago\" where nothing was ever flushed:\n%s", r.stdout)
+	}
+}
+
+// A global flag given after the subcommand is named as such, with where it goes.
+func TestAGlobalFlagAfterTheSubcommandSaysWhereItGoes(t *testing.T) {
+	t.Parallel()
+	pq(t, "", nil, "stats", "-c", "pepsi.conf").expect(t, "stats -c FILE", 2, "",
+		"pepsi-queue stats: -c is a global flag: put it before the subcommand (pepsi-queue -c FILE stats)\nRun 'pepsi-queue stats -h' for help.")
+}
+
+// Every failure names the server and database it was about, and says when they
+// came from the libpq environment rather than from a flag or a file.
+func TestErrorsNameTheDatabaseAndWhereItCameFrom(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t) // no schema
+	u, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PGHOST=" + u.Host, fmt.Sprintf("PGPORT=%d", u.Port), "PGUSER=" + u.User, "PGDATABASE=" + u.Database, "PGSSLMODE=disable"}
+	pq(t, "", env, "stats").expect(t, "stats from the libpq environment", 1, "",
+		fmt.Sprintf(`run pepsi-queue migrate) [database %q on %s:%d as user %q; taken from the libpq environment: no -c, -database or PEPSI_DATABASE was given]`,
+			u.Database, u.Host, u.Port, u.User))
+	// A database that does not exist: how to create it, with its own names.
+	missing := strings.Replace(url, "/"+u.Database, "/"+u.Database+"_missing", 1)
+	pq(t, "", nil, "-database", missing, "migrate").expect(t, "migrate into a missing database", 1, "",
+		fmt.Sprintf("(create it first: createdb -h %s -p %d -U %s %s_missing; then pepsi-queue migrate)", u.Host, u.Port, u.User, u.Database))
+	// A refused connection is one line, and the refusal is said once.
+	r := pq(t, "", nil, "-database", "postgres://pepsi@127.0.0.1:1/queue?connect_timeout=2", "stats")
+	if strings.Count(r.stderr, "\n") != 1 || strings.Count(r.stderr, "connection refused") != 1 {
+		t.Errorf("refused connection: stderr %q; want one line that says \"connection refused\" once", r.stderr)
+	}
 }

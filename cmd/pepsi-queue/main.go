@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -60,6 +61,11 @@ type app struct {
 	stdout     io.Writer
 	stderr     io.Writer
 	config     *conf.Config // loaded by setup when -c is given
+	// db is the connection configuration connect tried, and dbFromEnv says it
+	// came from the libpq environment alone: every error after connect names
+	// it, since an operator must see which server and database a failure is about.
+	db        *pgx.ConnConfig
+	dbFromEnv bool
 }
 
 const rootHelp = `pepsi-queue inspects and manages the PEPSI queue, the table pepsi.queue in
@@ -145,6 +151,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		if name == "pepsi-queue" {
 			msg = globalFlagError(root, msg)
+		} else {
+			msg = lateGlobalFlag(root, name, msg)
 		}
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, msg, name)
 		return exitUsage
@@ -162,8 +170,67 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, ue.msg, name)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "pepsi-queue: %v%s\n", err, schemaHint(err))
+	fmt.Fprintf(stderr, "pepsi-queue: %s%s%s\n", oneLine(err.Error()), schemaHint(err, a.db), a.where(err))
 	return exitFailure
+}
+
+// where names the database an error is about: the server, database and user
+// connect tried (a failed connection's error names them already), and whether
+// they came from the libpq environment alone, which no flag or file names.
+func (a *app) where(err error) string {
+	if a.db == nil {
+		return ""
+	}
+	var parts []string
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		parts = append(parts, fmt.Sprintf("database %q on %s:%d as user %q", dbName(a.db), a.db.Host, a.db.Port, a.db.User))
+	}
+	if a.dbFromEnv {
+		parts = append(parts, "taken from the libpq environment: no -c, -database or PEPSI_DATABASE was given")
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " [" + strings.Join(parts, "; ") + "]"
+}
+
+// dbName is the database a configuration connects to: libpq's default is
+// the user's name.
+func dbName(c *pgx.ConnConfig) string {
+	if c.Database == "" {
+		return c.User
+	}
+	return c.Database
+}
+
+// oneLine folds an error that spans lines (a connection tried at several
+// addresses) into one line, so that each error is one line of a log.
+// A part said twice (the same refusal for a connection tried with and
+// without TLS) is said once.
+func oneLine(s string) string {
+	s = strings.NewReplacer(":\n\t", ": ", "\n\t", "; ", "\n", "; ").Replace(strings.TrimSpace(s))
+	parts := strings.Split(s, "; ")
+	var kept []string
+	for _, p := range parts {
+		if !slices.ContainsFunc(kept, func(k string) bool { return strings.HasSuffix(k, p) }) {
+			kept = append(kept, p)
+		}
+	}
+	return strings.Join(kept, "; ")
+}
+
+// lateGlobalFlag rewrites msg, the flag package's complaint about a flag of
+// subcommand name (as "pepsi-queue stats"), when that flag is a global one
+// given after the subcommand: it says where the flag goes.
+func lateGlobalFlag(root *ffcli.Command, name, msg string) string {
+	unknown, ok := strings.CutPrefix(msg, "flag provided but not defined: ")
+	if !ok || root.FlagSet.Lookup(strings.TrimLeft(unknown, "-")) == nil {
+		return msg
+	}
+	arg, _ := flag.UnquoteUsage(root.FlagSet.Lookup(strings.TrimLeft(unknown, "-")))
+	sub := strings.TrimPrefix(name, "pepsi-queue ")
+	return fmt.Sprintf("%s is a global flag: put it before the subcommand (pepsi-queue %s %s %s)", unknown, unknown, arg, sub)
 }
 
 // globalFlagError rewrites msg, the flag package's complaint about a flag before
@@ -191,8 +258,9 @@ func globalFlagError(root *ffcli.Command, msg string) string {
 
 // schemaHint tells an operator what to do about a database without the PEPSI
 // schema (a missing table or schema), which PostgreSQL reports as a bare
-// "relation does not exist".
-func schemaHint(err error) string {
+// "relation does not exist", or about a database that does not exist (db is
+// the configuration connect tried, nil before it).
+func schemaHint(err error, db *pgx.ConnConfig) string {
 	var pg *pgconn.PgError
 	if !errors.As(err, &pg) {
 		return ""
@@ -202,6 +270,8 @@ func schemaHint(err error) string {
 		return " (the database has no PEPSI schema: run pepsi-queue migrate)"
 	case pg.Code == "42703": // undefined_column: every query is of pepsi's tables
 		return " (the database has an older PEPSI schema: run pepsi-queue migrate)"
+	case pg.Code == "3D000" && db != nil: // invalid_catalog_name: the database does not exist
+		return fmt.Sprintf(" (create it first: createdb -h %s -p %d -U %s %s; then pepsi-queue migrate)", db.Host, db.Port, db.User, dbName(db))
 	}
 	return ""
 }
@@ -235,9 +305,11 @@ func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
 	}
 	// A connection string that does not parse is a mistake in the command line
 	// or the configuration (exit 2), not a failure of the database (exit 1).
-	if _, err := pgx.ParseConfig(url); err != nil {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
 		return nil, usagef("", "database connection string: %v", err)
 	}
+	a.db, a.dbFromEnv = cfg, url == ""
 	return queueadmin.Connect(ctx, url)
 }
 

@@ -129,6 +129,9 @@ type DispatchStats struct {
 	StagePasses  int64
 	MessagesLeft int64
 	UpdatedAt    time.Time
+	// FlushSeq is the sequence number of the last flush applied: 0 means no
+	// dispatcher has ever flushed, and UpdatedAt is only when the row was made.
+	FlushSeq int64
 }
 
 // Stats is a snapshot of the queue and the dispatcher's statistics.
@@ -187,8 +190,8 @@ FROM pepsi.stage_stats ORDER BY stage`)
 		if err != nil {
 			return fmt.Errorf("read stage_stats: %w", err)
 		}
-		err = tx.QueryRow(ctx, `SELECT stage_passes, messages_left, updated_at FROM pepsi.dispatch_stats`).
-			Scan(&s.Dispatch.StagePasses, &s.Dispatch.MessagesLeft, &s.Dispatch.UpdatedAt)
+		err = tx.QueryRow(ctx, `SELECT stage_passes, messages_left, updated_at, flush_seq FROM pepsi.dispatch_stats`).
+			Scan(&s.Dispatch.StagePasses, &s.Dispatch.MessagesLeft, &s.Dispatch.UpdatedAt, &s.Dispatch.FlushSeq)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("read dispatch_stats: %w", err)
 		}
