@@ -14,7 +14,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 
@@ -170,7 +170,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, ue.msg, name)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "pepsi-queue: %s%s%s\n", oneLine(err.Error()), schemaHint(err, a.db), a.where(err))
+	fmt.Fprintf(stderr, "pepsi-queue: %s%s%s\n", logflags.OneLine(err.Error()), schemaHint(err, a.db), a.where(err))
 	return exitFailure
 }
 
@@ -202,22 +202,6 @@ func dbName(c *pgx.ConnConfig) string {
 		return c.User
 	}
 	return c.Database
-}
-
-// oneLine folds an error that spans lines (a connection tried at several
-// addresses) into one line, so that each error is one line of a log.
-// A part said twice (the same refusal for a connection tried with and
-// without TLS) is said once.
-func oneLine(s string) string {
-	s = strings.NewReplacer(":\n\t", ": ", "\n\t", "; ", "\n", "; ").Replace(strings.TrimSpace(s))
-	parts := strings.Split(s, "; ")
-	var kept []string
-	for _, p := range parts {
-		if !slices.ContainsFunc(kept, func(k string) bool { return strings.HasSuffix(k, p) }) {
-			kept = append(kept, p)
-		}
-	}
-	return strings.Join(kept, "; ")
 }
 
 // lateGlobalFlag rewrites msg, the flag package's complaint about a flag of

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 )
 
 // New returns a logger writing to w in format ("text" or "json") at level
@@ -21,7 +23,7 @@ func New(w io.Writer, format, level string, name func(flag string) string) (*slo
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("%s %q: want debug, info, warn or error", name("log-level"), level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: oneLineAttr}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -29,4 +31,35 @@ func New(w io.Writer, format, level string, name func(flag string) string) (*slo
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("%s %q: want text or json", name("log-format"), format)
+}
+
+// oneLineAttr folds every string or error value that spans lines (a
+// connection error that lists each address tried) into one line, so that one
+// record is one line of the log in either format.
+func oneLineAttr(_ []string, a slog.Attr) slog.Attr {
+	switch v := a.Value; v.Kind() {
+	case slog.KindString:
+		if strings.ContainsRune(v.String(), '\n') {
+			a.Value = slog.StringValue(OneLine(v.String()))
+		}
+	case slog.KindAny:
+		if err, ok := v.Any().(error); ok && strings.ContainsRune(err.Error(), '\n') {
+			a.Value = slog.StringValue(OneLine(err.Error()))
+		}
+	}
+	return a
+}
+
+// OneLine folds a text that spans lines into one line, "; " between its
+// lines, and says a part once where a later line repeats the end of an
+// earlier one (the same refusal for a connection tried with and without TLS).
+func OneLine(s string) string {
+	s = strings.NewReplacer(":\n\t", ": ", "\n\t", "; ", "\n", "; ").Replace(strings.TrimSpace(s))
+	var kept []string
+	for _, p := range strings.Split(s, "; ") {
+		if !slices.ContainsFunc(kept, func(k string) bool { return strings.HasSuffix(k, p) }) {
+			kept = append(kept, p)
+		}
+	}
+	return strings.Join(kept, "; ")
 }

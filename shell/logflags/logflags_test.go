@@ -3,6 +3,7 @@ package logflags_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -37,5 +38,26 @@ func TestNewNamesTheSettingAsTheCallerKnowsIt(t *testing.T) {
 	}
 	if _, err := logflags.New(io.Discard, "text", "loud", env); err == nil || err.Error() != `PEPSI_LOG_LEVEL "loud": want debug, info, warn or error` {
 		t.Errorf("a bad level from the environment: %v, want an error naming PEPSI_LOG_LEVEL", err)
+	}
+}
+
+// A connection error lists each address tried on a line of its own: in the log
+// it is one line, in either format, and a refusal repeated is said once.
+func TestAnErrorThatSpansLinesIsOneLineOfTheLog(t *testing.T) {
+	err := errors.New("failed to connect to `user=x database=y`:\n\t127.0.0.1:1 (127.0.0.1): dial error: connection refused\n\t127.0.0.1:1 (127.0.0.1): dial error: connection refused")
+	for _, format := range []string{"text", "json"} {
+		var b bytes.Buffer
+		log, lerr := logflags.New(&b, format, "info", nil)
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		log.Error("cannot reach the database", "err", err, "detail", "a\nb")
+		line := b.String()
+		if strings.Count(line, "\n") != 1 || strings.Contains(line, `\n`) || strings.Contains(line, `\t`) {
+			t.Errorf("%s: %q; want one line without escaped newlines or tabs", format, line)
+		}
+		if strings.Count(line, "connection refused") != 1 {
+			t.Errorf("%s: %q; want the refusal said once", format, line)
+		}
 	}
 }
