@@ -3,13 +3,11 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
+	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 
@@ -100,90 +98,9 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{}, io.EOF
 }
 
-// ndjsonMessage reads one NDJSON object:
-//
-//	{"payload": "text"}                       the payload is the string's UTF-8 bytes
-//	{"payload": {"any": "json"}}              a non-string payload is its JSON text
-//	{"payload_base64": "AAEC"}                binary payloads
-//	{"payload": "x", "state": {"k": "v"}}     an initial state object
+// ndjsonMessage reads one NDJSON object (shell/msgjson, without stage and key:
+// -stage names the stage, and enqueue does not deduplicate).
 func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
-	var obj struct {
-		Payload       json.RawMessage `json:"payload"`
-		PayloadBase64 *string         `json:"payload_base64"`
-		State         json.RawMessage `json:"state"`
-	}
-	d := json.NewDecoder(bytes.NewReader(text))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&obj); err != nil {
-		msg := err.Error()
-		if strings.HasPrefix(msg, "json: unknown field") {
-			return queueadmin.NewMessage{}, fmt.Errorf("%s (want payload or payload_base64, and optionally state)", strings.TrimPrefix(msg, "json: "))
-		}
-		return queueadmin.NewMessage{}, fmt.Errorf("not a JSON object: %w", err)
-	}
-	if d.More() {
-		return queueadmin.NewMessage{}, errors.New("more than one JSON value on the line")
-	}
-	var m queueadmin.NewMessage
-	switch {
-	case obj.Payload != nil && obj.PayloadBase64 != nil:
-		return m, errors.New("both payload and payload_base64 given; want one")
-	case obj.PayloadBase64 != nil:
-		b, err := base64.StdEncoding.DecodeString(*obj.PayloadBase64)
-		if err != nil {
-			return m, fmt.Errorf("payload_base64: %w", err)
-		}
-		m.Payload = b
-	case len(obj.Payload) > 0 && obj.Payload[0] == '"':
-		var s string
-		if err := json.Unmarshal(obj.Payload, &s); err != nil {
-			return m, fmt.Errorf("payload: %w", err)
-		}
-		m.Payload = []byte(s)
-	case obj.Payload != nil:
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, obj.Payload); err != nil {
-			return m, fmt.Errorf("payload: %w", err)
-		}
-		m.Payload = compact.Bytes()
-	default:
-		return m, errors.New("no payload (want payload or payload_base64)")
-	}
-	if len(obj.State) > 0 && string(obj.State) != "null" {
-		if obj.State[0] != '{' {
-			return m, fmt.Errorf("state %.40s is not a JSON object", obj.State)
-		}
-		var state any
-		if err := json.Unmarshal(obj.State, &state); err != nil {
-			return m, fmt.Errorf("state: %w", err)
-		}
-		if hasNUL(state) {
-			return m, errors.New(`state holds \u0000, which PostgreSQL's jsonb refuses`)
-		}
-		m.State = obj.State
-	}
-	return m, nil
-}
-
-// hasNUL reports whether a decoded JSON value holds a NUL character in a key or
-// a string: PostgreSQL's jsonb refuses "\u0000", and the error is better here,
-// naming the input line, than from the INSERT.
-func hasNUL(v any) bool {
-	switch v := v.(type) {
-	case string:
-		return strings.IndexByte(v, 0) >= 0
-	case []any:
-		for _, e := range v {
-			if hasNUL(e) {
-				return true
-			}
-		}
-	case map[string]any:
-		for k, e := range v {
-			if strings.IndexByte(k, 0) >= 0 || hasNUL(e) {
-				return true
-			}
-		}
-	}
-	return false
+	m, err := msgjson.Parse(text, msgjson.Fields{})
+	return queueadmin.NewMessage{Payload: m.Payload, State: m.State}, err
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
 )
 
 // FuzzLines reads arbitrary input as enqueue's line input and checks it against
@@ -78,7 +80,7 @@ func FuzzNDJSON(f *testing.F) {
 				if json.Unmarshal(m.State, &obj) != nil || obj == nil {
 					t.Fatalf("input %q: state %q is not a JSON object", input, m.State)
 				}
-				if hasNUL(obj) {
+				if msgjson.HasNUL(obj) {
 					t.Fatalf("input %q: state %q holds \\u0000, which jsonb refuses", input, m.State)
 				}
 			}

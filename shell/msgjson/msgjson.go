@@ -1,0 +1,210 @@
+// Package msgjson reads one message written as a JSON object, the form that
+// `pepsi-queue enqueue -ndjson` and pepsi-ingress take:
+//
+//	{"payload": "text"}                       the payload is the string's UTF-8 bytes
+//	{"payload": {"any": "json"}}              a non-string payload is its JSON text
+//	{"payload_base64": "AAEC"}                binary payloads
+//	{"payload": "x", "state": {"k": "v"}}     an initial state object
+//	{"stage": "parse", "key": "order-17"}     where Fields allow: the first stage, an idempotency key
+//
+// It is one parser so that both programs agree on every field. It only parses:
+// it never checks that a stage is configured, and never does I/O.
+package msgjson
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// KeyMax bounds a key, in bytes: it is stored in a unique btree index, whose
+// entries must stay far below a page.
+const KeyMax = 256
+
+// DepthMax bounds the nesting of arrays and objects in one message (Fields.Limit
+// on): deeper JSON costs the decoder and jsonb stack for nothing a pipeline needs.
+const DepthMax = 64
+
+// Message is one parsed message.
+type Message struct {
+	// Stage is the "stage" field; "" when absent.
+	Stage string
+	// Key is the "key" field (the queue's dedup_key); "" when absent.
+	Key string
+	// Payload is the message content.
+	Payload []byte
+	// State is the initial state, a JSON object; nil means {}.
+	State json.RawMessage
+}
+
+// Fields says which optional fields a caller takes beyond payload,
+// payload_base64 and state; any other field is an error.
+type Fields struct {
+	// Stage allows "stage", a string.
+	Stage bool
+	// Key allows "key", a string of 1 to KeyMax bytes of UTF-8 without NUL.
+	Key bool
+	// Limit refuses nesting deeper than DepthMax.
+	Limit bool
+}
+
+func (f Fields) want() string {
+	switch {
+	case f.Stage && f.Key:
+		return "want stage, payload or payload_base64, state and key"
+	case f.Stage:
+		return "want stage, payload or payload_base64, and state"
+	case f.Key:
+		return "want payload or payload_base64, state and key"
+	}
+	return "want payload or payload_base64, and optionally state"
+}
+
+// Parse reads one JSON object, text, as a message.
+func Parse(text []byte, f Fields) (Message, error) {
+	if f.Limit {
+		if d := depth(text); d > DepthMax {
+			return Message{}, fmt.Errorf("nested more than %d deep", DepthMax)
+		}
+	}
+	var obj struct {
+		Stage         *string         `json:"stage"`
+		Key           *string         `json:"key"`
+		Payload       json.RawMessage `json:"payload"`
+		PayloadBase64 *string         `json:"payload_base64"`
+		State         json.RawMessage `json:"state"`
+	}
+	d := json.NewDecoder(bytes.NewReader(text))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&obj); err != nil {
+		msg := err.Error()
+		if strings.HasPrefix(msg, "json: unknown field") {
+			return Message{}, fmt.Errorf("%s (%s)", strings.TrimPrefix(msg, "json: "), f.want())
+		}
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" {
+			return Message{}, fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
+		}
+		return Message{}, fmt.Errorf("not a JSON object: %w", err)
+	}
+	if d.More() {
+		return Message{}, errors.New("more than one JSON value on the line")
+	}
+	var m Message
+	switch {
+	case obj.Stage != nil && !f.Stage:
+		return m, fmt.Errorf(`unknown field "stage" (%s)`, f.want())
+	case obj.Key != nil && !f.Key:
+		return m, fmt.Errorf(`unknown field "key" (%s)`, f.want())
+	}
+	if obj.Stage != nil {
+		if *obj.Stage == "" {
+			return m, errors.New("stage is empty")
+		}
+		m.Stage = *obj.Stage
+	}
+	if obj.Key != nil {
+		k := *obj.Key
+		switch {
+		case k == "":
+			return m, errors.New("key is empty; leave it out for a message without one")
+		case len(k) > KeyMax:
+			return m, fmt.Errorf("key is %d bytes long, at most %d", len(k), KeyMax)
+		case strings.IndexByte(k, 0) >= 0 || !utf8.ValidString(k) || strings.ContainsRune(k, utf8.RuneError):
+			return m, errors.New(`key holds \u0000 or invalid UTF-8`)
+		}
+		m.Key = k
+	}
+	switch {
+	case obj.Payload != nil && obj.PayloadBase64 != nil:
+		return m, errors.New("both payload and payload_base64 given; want one")
+	case obj.PayloadBase64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*obj.PayloadBase64)
+		if err != nil {
+			return m, fmt.Errorf("payload_base64: %w", err)
+		}
+		m.Payload = b
+	case len(obj.Payload) > 0 && obj.Payload[0] == '"':
+		var s string
+		if err := json.Unmarshal(obj.Payload, &s); err != nil {
+			return m, fmt.Errorf("payload: %w", err)
+		}
+		m.Payload = []byte(s)
+	case obj.Payload != nil:
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, obj.Payload); err != nil {
+			return m, fmt.Errorf("payload: %w", err)
+		}
+		m.Payload = compact.Bytes()
+	default:
+		return m, errors.New("no payload (want payload or payload_base64)")
+	}
+	if len(obj.State) > 0 && string(obj.State) != "null" {
+		if obj.State[0] != '{' {
+			return m, fmt.Errorf("state %.40s is not a JSON object", obj.State)
+		}
+		var state any
+		if err := json.Unmarshal(obj.State, &state); err != nil {
+			return m, fmt.Errorf("state: %w", err)
+		}
+		if HasNUL(state) {
+			return m, errors.New(`state holds \u0000, which PostgreSQL's jsonb refuses`)
+		}
+		m.State = obj.State
+	}
+	return m, nil
+}
+
+// depth is the deepest nesting of arrays and objects in text, read as JSON
+// (strings skipped); malformed text is the decoder's to refuse.
+func depth(text []byte) int {
+	d, most, inString, escaped := 0, 0, false, false
+	for _, c := range text {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			d++
+			most = max(most, d)
+		case c == '}' || c == ']':
+			d--
+		}
+	}
+	return most
+}
+
+// HasNUL reports whether a decoded JSON value holds a NUL character in a key or
+// a string: PostgreSQL's jsonb refuses "\u0000", and the error is better here,
+// naming the input line, than from the INSERT.
+func HasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.IndexByte(v, 0) >= 0
+	case []any:
+		for _, e := range v {
+			if HasNUL(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if strings.IndexByte(k, 0) >= 0 || HasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
