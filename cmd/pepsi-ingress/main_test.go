@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "pepsi-ingress-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "pepsi-ingress")
+		if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// writeConf writes a pepsi.conf for db with stage "a" and the given
+// [pepsi-ingress] lines.
+func writeConf(t *testing.T, db string, ingressLines ...string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "pepsi.conf")
+	text := fmt.Sprintf("[pepsi]\nDATABASE = %s\n[stage-a]\nPROGRAM = cat\n[pepsi-ingress]\n%s\n", db, strings.Join(ingressLines, "\n"))
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// process is a running pepsi-ingress.
+type process struct {
+	cmd  *exec.Cmd
+	addr string
+	log  *syncBuffer
+	done chan int
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// launch starts the binary and waits until it serves.
+func launch(t *testing.T, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(binary(t), args...), log: &syncBuffer{}, done: make(chan int, 1)}
+	pr, pw := io.Pipe()
+	p.cmd.Stderr = io.MultiWriter(pw, p.log)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	go func() {
+		p.cmd.Wait()
+		pw.Close()
+		p.done <- p.cmd.ProcessState.ExitCode()
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if _, rest, ok := strings.Cut(sc.Text(), "addr="); ok && strings.Contains(sc.Text(), "serving") {
+				a := strings.Fields(rest)[0]
+				a = strings.TrimPrefix(strings.TrimPrefix(a, "http://"), "https://")
+				addr <- strings.TrimSuffix(a, "/v1/messages")
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	select {
+	case p.addr = <-addr:
+	case code := <-p.done:
+		p.done <- code
+		t.Fatalf("pepsi-ingress exited %d before serving: %s", code, p.log)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("pepsi-ingress did not serve within 30 s: %s", p.log)
+	}
+	return p
+}
+
+func (p *process) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case code := <-p.done:
+		p.done <- code
+		return code
+	case <-time.After(30 * time.Second):
+		t.Fatalf("pepsi-ingress did not exit: %s", p.log)
+		return -1
+	}
+}
+
+func post(client *http.Client, url, token, body string) (int, string, error) {
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages?stage=a", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b), nil
+}
+
+func count(t *testing.T, db string) int {
+	t.Helper()
+	var n int
+	if err := pgtest.Connect(t, db).QueryRow(context.Background(), "SELECT count(*) FROM pepsi.queue").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestStartRefusesAnOpenListenerWithoutTokensAndBadSettings(t *testing.T) {
+	t.Parallel()
+	db := "postgres://nobody@127.0.0.1:1/none"
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"open -listen", []string{"-c", writeConf(t, db), "-listen", "0.0.0.0:0"}, exitUsage,
+			`pepsi-ingress: -listen (LISTEN): "0.0.0.0:0" is not a loopback address, and there is no TOKENS_FILE`},
+		{"open LISTEN", []string{"-c", writeConf(t, db, "LISTEN = :8180")}, exitUsage, `pepsi-ingress: configuration: `},
+		{"missing tokens file", []string{"-c", writeConf(t, db, "TOKENS_FILE = /nonexistent/tokens")}, exitFailure, "pepsi-ingress: tokens: open /nonexistent/tokens"},
+		{"missing certificate", []string{"-c", writeConf(t, db, "TLS_CERT = /nonexistent/c.pem", "TLS_KEY = /nonexistent/k.pem")}, exitFailure, "pepsi-ingress: TLS_CERT /nonexistent/c.pem"},
+		{"no database", []string{"-c", writeConf(t, db+"?connect_timeout=2")}, exitFailure, `pepsi-ingress: PostgreSQL at 127.0.0.1:1`},
+		{"bad flag", []string{"-batch-max", "0"}, exitUsage, "pepsi-ingress: -batch-max, -committers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			code := run(ctx, tc.args, &stderr, nil, func(string) { t.Errorf("it started serving") })
+			if code != tc.code || !strings.HasPrefix(stderr.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d starting %q", code, stderr.String(), tc.code, tc.want)
+			}
+		})
+	}
+}
+
+// TestSIGTERMFinishesTheRequestsInFlightAndExits0 holds a request in its
+// batch wait when SIGTERM arrives: it is committed and answered 202, new
+// connections are refused, and the program exits 0.
+func TestSIGTERMFinishesTheRequestsInFlightAndExits0(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"), "-batch-wait", "1s")
+	type result struct {
+		code int
+		body string
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		code, body, err := post(http.DefaultClient, "http://"+p.addr, "", `{"payload": "in flight"}`)
+		got <- result{code, body, err}
+	}()
+	time.Sleep(300 * time.Millisecond) // the request now waits for its batch
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.code != 202 {
+		t.Errorf("the request in flight at SIGTERM: %d %q %v; want 202", r.code, r.body, r.err)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Errorf("exit %d; want 0\n%s", code, p.log)
+	}
+	if n := count(t, db); n != 1 {
+		t.Errorf("%d rows; want the one answered 202", n)
+	}
+	if _, err := net.DialTimeout("tcp", p.addr, time.Second); err == nil {
+		t.Errorf("a connection after shutdown was accepted")
+	}
+}
+
+// TestSIGHUPReloadsTheTokensAndTLSWorks serves over TLS with a tokens file,
+// then replaces the token and sends SIGHUP.
+func TestSIGHUPReloadsTheTokensAndTLSWorks(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("first-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, pool := selfSigned(t, dir)
+	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0", "TOKENS_FILE = "+tokens, "TLS_CERT = "+certFile, "TLS_KEY = "+keyFile))
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	url := "https://" + p.addr
+	check := func(token string, want int) {
+		t.Helper()
+		code, body, err := post(client, url, token, `{"payload": "x"}`)
+		if err != nil || code != want {
+			t.Errorf("token %q: %d %q %v; want %d", token, code, body, err, want)
+		}
+	}
+	check("first-token-0123456789", 202)
+	check("", 401)
+	check("second-token-0123456789", 401)
+	if err := os.WriteFile(tokens, []byte("second-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.log.String(), "tokens reloaded"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload logged: %s", p.log)
+		}
+	}
+	check("first-token-0123456789", 401)
+	check("second-token-0123456789", 202)
+	if n := count(t, db); n != 2 {
+		t.Errorf("%d rows; want 2", n)
+	}
+	if code, _, err := post(http.DefaultClient, "http://"+p.addr, "second-token-0123456789", `{"payload": "x"}`); err == nil && code != 400 {
+		t.Errorf("plain HTTP to the TLS listener: %d; want 400 or no answer", code)
+	}
+	if strings.Contains(p.log.String(), "second-token") || strings.Contains(p.log.String(), `"x"`) {
+		t.Errorf("the log shows a token or a payload: %s", p.log)
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pepsi-ingress test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}

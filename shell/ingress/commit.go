@@ -1,0 +1,325 @@
+package ingress
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
+)
+
+// Defaults of the group commit.
+const (
+	// BatchMaxDefault bounds the messages of one transaction (several requests'
+	// worth); a request with more commits alone.
+	BatchMaxDefault = 1000
+	// BatchWaitDefault is the longest a request waits for others to share its
+	// transaction.
+	BatchWaitDefault = 2 * time.Millisecond
+	// CommittersDefault is how many transactions may be in flight at once, each
+	// on a connection of its own: while one commits, the next batch gathers.
+	CommittersDefault = 4
+	// attemptsMax bounds the tries of one batch whose failure is known to leave
+	// nothing behind (a deadlock, a connection that failed before the statement
+	// was sent, a key whose row vanished between insert and look-up).
+	attemptsMax = 3
+	// commitTimeout bounds one try of a batch.
+	commitTimeout = 30 * time.Second
+	// downFor is how long requests are refused at once (503) after the database
+	// could not be reached, rather than each waiting for a connection to fail.
+	downFor = time.Second
+)
+
+// request is one HTTP request's messages, waiting for their commit.
+type request struct {
+	msgs []msgjson.Message
+	done chan outcome // buffered: the committer never waits for the handler
+}
+
+// outcome is a request's answer: its ids in order, or why not.
+type outcome struct {
+	ids []int64
+	st  *Status
+}
+
+// committer commits the messages of concurrent requests together: one
+// transaction per batch, at most batchMax messages, gathered for at most wait.
+// Every request in a batch gets the batch's outcome; a batch that fails for one
+// request's data is retried request by request, so one bad request fails
+// alone. Nothing is ever half-committed: a batch is one transaction.
+type committer struct {
+	pool     *pgxpool.Pool
+	in       chan *request
+	batchMax int
+	wait     time.Duration
+	m        *metrics
+	log      *slog.Logger
+
+	gather sync.Mutex // one committer gathers at a time, so batches fill up
+	carry  *request   // a request that did not fit the last batch; under gather
+
+	downUntil atomic.Int64 // unix nanoseconds: until then the database counts as unreachable
+	wg        sync.WaitGroup
+}
+
+func newCommitter(pool *pgxpool.Pool, n, batchMax int, wait time.Duration, m *metrics, log *slog.Logger) *committer {
+	c := &committer{pool: pool, in: make(chan *request, n*batchMax), batchMax: batchMax, wait: wait, m: m, log: log}
+	c.wg.Add(n)
+	for range n {
+		go c.work()
+	}
+	return c
+}
+
+// commit commits msgs (all of them or none) and returns their ids in order.
+// It waits for the commit even if the client has gone: a request that was
+// handed over is answered only by its own commit's outcome.
+func (c *committer) commit(msgs []msgjson.Message) ([]int64, *Status) {
+	if c.down() {
+		return nil, unreachable()
+	}
+	r := &request{msgs: msgs, done: make(chan outcome, 1)}
+	c.in <- r
+	o := <-r.done
+	return o.ids, o.st
+}
+
+// close stops the committers once every request handed over is answered; no
+// commit may be called after it.
+func (c *committer) close() {
+	close(c.in)
+	c.wg.Wait()
+}
+
+func (c *committer) down() bool { return time.Now().UnixNano() < c.downUntil.Load() }
+
+func unreachable() *Status {
+	return &Status{Code: http.StatusServiceUnavailable, Msg: "the database is unreachable; nothing of this request was committed", RetryAfter: 1}
+}
+
+func (c *committer) work() {
+	defer c.wg.Done()
+	for {
+		batch, ok := c.next()
+		if !ok {
+			return
+		}
+		c.commitBatch(batch)
+	}
+}
+
+// next gathers a batch: the first request, then whatever arrives within wait,
+// up to batchMax messages. It returns false once the committer is closed.
+func (c *committer) next() ([]*request, bool) {
+	c.gather.Lock()
+	defer c.gather.Unlock()
+	first := c.carry
+	c.carry = nil
+	if first == nil {
+		r, ok := <-c.in
+		if !ok {
+			return nil, false
+		}
+		first = r
+	}
+	batch, n := []*request{first}, len(first.msgs)
+	timer := time.NewTimer(c.wait)
+	defer timer.Stop()
+	for n < c.batchMax {
+		select {
+		case r, ok := <-c.in:
+			if !ok {
+				return batch, true
+			}
+			if n+len(r.msgs) > c.batchMax {
+				c.carry = r
+				return batch, true
+			}
+			batch, n = append(batch, r), n+len(r.msgs)
+		case <-timer.C:
+			return batch, true
+		}
+	}
+	return batch, true
+}
+
+// commitBatch commits batch and answers each of its requests.
+func (c *committer) commitBatch(batch []*request) {
+	rows, pos := flatten(batch)
+	ids, st, perRequest := c.insert(rows)
+	if st != nil && perRequest && len(batch) > 1 {
+		for _, r := range batch {
+			c.commitBatch([]*request{r})
+		}
+		return
+	}
+	if st == nil {
+		c.m.batchMessages.Observe(float64(len(rows)))
+		c.m.batchRequests.Observe(float64(len(batch)))
+	}
+	for i, r := range batch {
+		if st != nil {
+			r.done <- outcome{st: st}
+			continue
+		}
+		out := make([]int64, len(r.msgs))
+		for j, p := range pos[i] {
+			out[j] = ids[p]
+		}
+		r.done <- outcome{ids: out}
+	}
+}
+
+// flatten lists the rows to insert for batch, each key once (a key repeated
+// across requests is inserted for the first and answered to all), and for each
+// request, the row of each of its messages.
+func flatten(batch []*request) (rows []row, pos [][]int) {
+	byKey := map[string]int{}
+	pos = make([][]int, len(batch))
+	for i, r := range batch {
+		pos[i] = make([]int, len(r.msgs))
+		for j, m := range r.msgs {
+			if m.Key != "" {
+				if p, ok := byKey[m.Key]; ok {
+					pos[i][j] = p
+					continue
+				}
+				byKey[m.Key] = len(rows)
+			}
+			rw := row{stage: m.Stage, payload: m.Payload, state: string(m.State)}
+			if m.Key != "" {
+				rw.key = &m.Key
+			}
+			pos[i][j] = len(rows)
+			rows = append(rows, rw)
+		}
+	}
+	return rows, pos
+}
+
+// errVanished: a key's row was deleted between the insert that found it and
+// the look-up of its id. Nothing of the try is committed; it is tried again.
+var errVanished = errors.New("a key's row was deleted while it was looked up")
+
+// errBug marks an answer of the database that contradicts what the insert
+// statement promises.
+var errBug = errors.New("a bug")
+
+// insert commits rows in one transaction, trying again what is known to have
+// left nothing behind. perRequest says that the failure may be one request's
+// data, so the requests of a batch should be tried alone.
+func (c *committer) insert(rows []row) (ids []int64, st *Status, perRequest bool) {
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		ids, err := c.try(rows)
+		c.m.commitSeconds.Observe(time.Since(start).Seconds())
+		if err == nil {
+			return ids, nil, false
+		}
+		var pgErr *pgconn.PgError
+		isPg := errors.As(err, &pgErr)
+		retry := errors.Is(err, errVanished) || pgconn.SafeToRetry(err) ||
+			isPg && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+		if retry && attempt < attemptsMax {
+			c.log.Warn("commit failed; trying again", "rows", len(rows), "attempt", attempt, "err", err)
+			time.Sleep(time.Duration(attempt) * 10 * time.Millisecond)
+			continue
+		}
+		switch {
+		case errors.Is(err, errBug):
+		case isPg && (len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23" || pgErr.Code[:2] == "54")):
+			c.log.Warn("the database refused a batch", "rows", len(rows), "err", err)
+			return nil, &Status{Code: http.StatusBadRequest, Msg: "the database refused a message: " + pgErr.Message}, true
+		case !isPg || pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
+			c.log.Error("database unreachable; answering 503", "rows", len(rows), "err", err)
+			c.downUntil.Store(time.Now().Add(downFor).UnixNano())
+			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
+				Msg: "the database is unreachable; the request may or may not be committed: retry it (with keys, a retry makes no duplicate)"}, false
+		}
+		c.log.Error("commit failed", "rows", len(rows), "err", err)
+		return nil, &Status{Code: http.StatusInternalServerError, Msg: "commit failed; see pepsi-ingress's log"}, true
+	}
+}
+
+// try is one transaction: insert, look up the keys already there, commit.
+func (c *committer) try(rows []row) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it does nothing; on error the connection is discarded anyway
+	got, lookedUp, err := insertTx(ctx, tx, rows)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := assign(rows, got, lookedUp)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return ids, nil
+}
+
+// assign gives each row its id: an inserted row the next of the inserted ids
+// in order (the identity hands them out in the order of the rows), a row whose
+// key was there already the id of the row holding it.
+func assign(rows []row, got []found, lookedUp map[string]int64) ([]int64, error) {
+	var inserted []found
+	existing := map[string]int64{}
+	for _, f := range got {
+		if f.inserted {
+			inserted = append(inserted, f)
+		} else {
+			existing[*f.key] = f.id
+		}
+	}
+	slices.SortFunc(inserted, func(a, b found) int { return cmp.Compare(a.id, b.id) })
+	insertedKey := map[string]bool{}
+	for _, f := range inserted {
+		if f.key != nil {
+			insertedKey[*f.key] = true
+		}
+	}
+	ids := make([]int64, len(rows))
+	next := 0
+	for i, r := range rows {
+		if r.key == nil || insertedKey[*r.key] {
+			if next == len(inserted) {
+				return nil, fmt.Errorf("insert answered %d rows for more rows than that: %w", len(inserted), errBug)
+			}
+			f := inserted[next]
+			next++
+			if (f.key == nil) != (r.key == nil) || f.key != nil && *f.key != *r.key {
+				return nil, fmt.Errorf("insert answered its rows out of order at row %d: %w", i+1, errBug)
+			}
+			ids[i] = f.id
+			continue
+		}
+		id, ok := existing[*r.key]
+		if !ok {
+			id, ok = lookedUp[*r.key]
+		}
+		if !ok {
+			return nil, errVanished
+		}
+		ids[i] = id
+	}
+	if next != len(inserted) {
+		return nil, fmt.Errorf("insert answered %d rows, %d expected: %w", len(inserted), next, errBug)
+	}
+	return ids, nil
+}

@@ -1,0 +1,263 @@
+package ingress_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// rawRequest sends head and then body over a connection of its own, and
+// returns the connection.
+func rawRequest(t *testing.T, f *fixture, contentLength int, part string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%s", contentLength, part)
+	return c
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}
+
+func TestASlowClientIsCutOffAndInsertsNothing(t *testing.T) {
+	t.Parallel()
+	timeouts := ingress.TimeoutsDefault
+	timeouts.ReadHeader, timeouts.Read = 300*time.Millisecond, 600*time.Millisecond
+	f := startWith(t, "", nil, timeouts)
+	// A body that trickles in slower than the read timeout allows.
+	body := "{\"payload\": \"first\"}\n{\"payload\": \"second\"}\n"
+	c := rawRequest(t, f, len(body), body[:10])
+	go func() {
+		for i := 10; i < len(body); i++ {
+			time.Sleep(100 * time.Millisecond)
+			if _, err := c.Write([]byte{body[i]}); err != nil {
+				return
+			}
+		}
+	}()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(answer), "HTTP/1.1 408 ") && len(answer) != 0 {
+		t.Errorf("slow body answered %q; want 408 or a closed connection", answer)
+	}
+	// Headers that never end.
+	h, err := net.Dial("tcp", f.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	fmt.Fprintf(h, "POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+	h.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	if _, err := io.ReadAll(h); err != nil {
+		t.Errorf("a client that never finishes its headers: %v after %v; want the server to close the connection", err, time.Since(start))
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows inserted; want none", n)
+	}
+	waitFor(t, "the 408 counted", func() bool { return f.metric(`pepsi_ingress_requests_total{code="408"}`) == 1 })
+}
+
+func TestAConnectionClosedMidBodyInsertsNothing(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	body := "{\"payload\": \"first\"}\n{\"payload\": \"second\"}\n"
+	c := rawRequest(t, f, len(body)+100, body)
+	time.Sleep(100 * time.Millisecond)
+	c.Close()
+	waitFor(t, "the cut-off request answered 400", func() bool { return f.metric(`pepsi_ingress_requests_total{code="400"}`) == 1 })
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows inserted; want none", n)
+	}
+}
+
+func TestMaxPendingRefusesAStageTooFarBehindWith503(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) { o.MaxPending = 3; o.PendingInterval = 50 * time.Millisecond })
+	if a := f.post("application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 4)); a.code != 202 {
+		t.Fatalf("first request: %+v; want 202 (the stage was empty)", a)
+	}
+	var a answer
+	waitFor(t, "a 503 once the stage has 4 pending", func() bool {
+		a = f.post("application/json", "?stage=a", `{"payload": "y"}`)
+		return a.code == 503
+	})
+	if a.retry != "1" || !strings.Contains(a.err, `stage "a" has more than 3 pending messages`) {
+		t.Errorf("answer %+v; want Retry-After: 1 and the reason", a)
+	}
+	if b := f.post("application/json", "?stage=b", `{"payload": "y"}`); b.code != 202 {
+		t.Errorf("another stage: %+v; want 202", b)
+	}
+	if _, err := f.conn.Exec(context.Background(), `UPDATE pepsi.queue SET status = 'done' WHERE stage = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "202 once the stage drained", func() bool {
+		return f.post("application/json", "?stage=a", `{"payload": "z"}`).code == 202
+	})
+}
+
+// proxied starts an ingress whose database connections go through a fault
+// proxy.
+func proxied(t *testing.T, change func(*ingress.Options)) (*fixture, *netfault.Proxy) {
+	t.Helper()
+	db := pgtest.NewMigrated(t)
+	cfg, err := pgx.ParseConfig(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := netfault.Start(fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	via := fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&connect_timeout=2", cfg.User, p.Addr(), cfg.Database)
+	f := start(t, via, change)
+	// The checks read the database directly, not through the proxy.
+	f.conn = pgtest.Connect(t, db)
+	return f, p
+}
+
+func TestAnUnreachableDatabaseGets503AndRetryAfter(t *testing.T) {
+	t.Parallel()
+	f, p := proxied(t, nil)
+	if a := f.post("application/json", "?stage=a", `{"payload": "x"}`); a.code != 202 {
+		t.Fatalf("before the fault: %+v", a)
+	}
+	p.Refuse()
+	p.ResetAll()
+	a := f.post("application/json", "?stage=a", `{"payload": "y", "key": "y"}`)
+	if a.code != 503 || a.retry != "1" {
+		t.Errorf("database unreachable: %+v; want 503 with Retry-After: 1", a)
+	}
+	if res, err := http.Get(f.http.URL + "/healthz"); err != nil || res.StatusCode != 503 {
+		t.Errorf("/healthz with the database unreachable: %v %v; want 503", res.StatusCode, err)
+	}
+	p.Heal()
+	waitFor(t, "202 once the database is back", func() bool {
+		return f.post("application/json", "?stage=a", `{"payload": "y", "key": "y"}`).code == 202
+	})
+	if n := f.count(); n != 2 {
+		t.Errorf("%d rows; want 2", n)
+	}
+}
+
+// TestADatabaseLostMidRequestNeverAnswers202ForWhatIsNotCommitted runs
+// clients that send keyed requests without pause while the proxy between the
+// ingress and PostgreSQL resets every connection, refuses new ones, and heals,
+// several times. Every 202 must name committed rows with the keys sent; every
+// request without a 202 got an error; retrying those with the same keys
+// must leave exactly one row per key.
+func TestADatabaseLostMidRequestNeverAnswers202ForWhatIsNotCommitted(t *testing.T) {
+	t.Parallel()
+	f, p := proxied(t, func(o *ingress.Options) { o.BatchWait = time.Millisecond })
+	type sent struct {
+		keys []string
+		a    answer
+	}
+	var mu sync.Mutex
+	var all []sent
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				keys := []string{fmt.Sprintf("c%d-r%d-a", c, i), fmt.Sprintf("c%d-r%d-b", c, i)}
+				body := fmt.Sprintf("{\"payload\": \"%s\", \"key\": %q}\n{\"payload\": \"%s\", \"key\": %q}", keys[0], keys[0], keys[1], keys[1])
+				a := f.post("application/x-ndjson", "?stage=a", body)
+				mu.Lock()
+				all = append(all, sent{keys, a})
+				mu.Unlock()
+				if a.code == 503 {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	for range 5 {
+		time.Sleep(150 * time.Millisecond)
+		p.Refuse()
+		p.ResetAll()
+		time.Sleep(150 * time.Millisecond)
+		p.Heal()
+	}
+	time.Sleep(150 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	byKey := map[string]int64{}
+	for _, r := range f.rows() {
+		if r.Key == nil || *r.Key != r.Payload {
+			t.Fatalf("row %+v: want its key to be its payload", r)
+		}
+		byKey[*r.Key] = r.ID
+	}
+	accepted, refused := 0, 0
+	var retry []sent
+	for _, s := range all {
+		switch s.a.code {
+		case 202:
+			accepted++
+			for i, k := range s.keys {
+				if id, ok := byKey[k]; !ok || id != s.a.ids[i] {
+					t.Errorf("202 named id %d for key %s, but the queue has %d (present: %v)", s.a.ids[i], k, id, ok)
+				}
+			}
+		case 503:
+			refused++
+			if s.a.err == "" || s.a.retry == "" {
+				t.Errorf("503 without a reason or Retry-After: %+v", s.a)
+			}
+			retry = append(retry, s)
+		default:
+			t.Errorf("answer %+v; want 202 or 503", s.a)
+		}
+	}
+	if accepted == 0 || refused == 0 {
+		t.Fatalf("%d accepted, %d refused: the faults did not bite or nothing got through", accepted, refused)
+	}
+	t.Logf("%d requests accepted, %d refused during the faults", accepted, refused)
+	for _, s := range retry {
+		body := fmt.Sprintf("{\"payload\": \"%s\", \"key\": %q}\n{\"payload\": \"%s\", \"key\": %q}", s.keys[0], s.keys[0], s.keys[1], s.keys[1])
+		var a answer
+		waitFor(t, "a retry accepted", func() bool {
+			a = f.post("application/x-ndjson", "?stage=a", body)
+			return a.code == 202
+		})
+	}
+	var rows, keys int
+	if err := f.conn.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT dedup_key) FROM pepsi.queue`).Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2*len(all) || keys != rows {
+		t.Errorf("%d rows with %d distinct keys after the retries; want %d of each (no duplicate, nothing lost)", rows, keys, 2*len(all))
+	}
+}

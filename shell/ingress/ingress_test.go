@@ -1,0 +1,432 @@
+package ingress_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+)
+
+// fixture is an ingress in front of a test database of its own.
+type fixture struct {
+	t    *testing.T
+	url  string // the database
+	srv  *ingress.Server
+	http *httptest.Server
+	conn *pgx.Conn
+}
+
+var limitsTest = ingress.Limits{Body: 1 << 16, Line: 1 << 12, Messages: 100}
+
+// start starts an ingress for stages "a" and "b" on db (a new database when
+// empty); change adjusts its options.
+func start(t *testing.T, db string, change func(*ingress.Options)) *fixture {
+	t.Helper()
+	return startWith(t, db, change, ingress.TimeoutsDefault)
+}
+
+// startWith is start with the HTTP server's timeouts.
+func startWith(t *testing.T, db string, change func(*ingress.Options), timeouts ingress.Timeouts) *fixture {
+	t.Helper()
+	if db == "" {
+		db = pgtest.NewMigrated(t)
+	}
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := ingress.Options{Pool: pool, Stages: []string{"a", "b"}, Limits: limitsTest, BatchWait: 2 * time.Millisecond}
+	if change != nil {
+		change(&o)
+	}
+	f := &fixture{t: t, url: db, srv: ingress.New(o)}
+	f.http = httptest.NewUnstartedServer(f.srv)
+	f.http.Config = ingress.HTTPServer(f.srv, timeouts, o.Log)
+	f.http.Start()
+	t.Cleanup(func() {
+		f.http.Close()
+		f.srv.Close()
+		pool.Close()
+	})
+	f.conn = pgtest.Connect(t, db)
+	return f
+}
+
+// answer is a decoded answer of /v1/messages.
+type answer struct {
+	code  int
+	ids   []int64
+	err   string
+	retry string
+}
+
+func (f *fixture) post(contentType, query, body string, header ...string) answer {
+	f.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.http.URL+"/v1/messages"+query, strings.NewReader(body))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	res, err := f.http.Client().Do(req)
+	if err != nil {
+		f.t.Fatalf("POST: %v", err)
+	}
+	defer res.Body.Close()
+	return decode(f.t, res)
+}
+
+func decode(t *testing.T, res *http.Response) answer {
+	t.Helper()
+	var body struct {
+		IDs   []int64 `json:"ids"`
+		Error string  `json:"error"`
+	}
+	data, _ := io.ReadAll(res.Body)
+	if err := json.Unmarshal(data, &body); err != nil {
+		t.Fatalf("answer %d %q is not JSON: %v", res.StatusCode, data, err)
+	}
+	return answer{code: res.StatusCode, ids: body.IDs, err: body.Error, retry: res.Header.Get("Retry-After")}
+}
+
+// stored is a row of pepsi.queue as a test compares it.
+type stored struct {
+	ID                   int64
+	Stage, Status, State string
+	Payload              string
+	Key                  *string
+}
+
+func (f *fixture) rows() []stored {
+	f.t.Helper()
+	res, err := f.conn.Query(context.Background(), `SELECT ingress_id, stage, status, state::text, payload, dedup_key FROM pepsi.queue ORDER BY ingress_id`)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(res, func(r pgx.CollectableRow) (stored, error) {
+		var s stored
+		var p []byte
+		err := r.Scan(&s.ID, &s.Stage, &s.Status, &s.State, &p, &s.Key)
+		s.Payload = string(p)
+		return s, err
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
+
+func (f *fixture) count() int { return len(f.rows()) }
+
+// metric returns the value of one sample of /metrics, 0 when absent.
+func (f *fixture) metric(name string) float64 {
+	f.t.Helper()
+	res, err := http.Get(f.http.URL + "/metrics")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			var v float64
+			fmt.Sscan(rest, &v)
+			return v
+		}
+	}
+	return 0
+}
+
+func ptr(s string) *string { return &s }
+
+func TestAcceptedMessagesAreCommittedWithTheirIDsInOrder(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	a := f.post("application/x-ndjson", "?stage=b", `{"stage": "a", "payload": "héllo\n", "key": "k1"}
+
+{"payload": {"z": [1, 2]}, "state": {"source": "web"}}
+{"payload_base64": "AAH/", "key": "k2"}
+`)
+	if a.code != http.StatusAccepted || len(a.ids) != 3 {
+		t.Fatalf("answer %+v; want 202 with 3 ids", a)
+	}
+	want := []stored{
+		{a.ids[0], "a", "pending", "{}", "héllo\n", ptr("k1")},
+		{a.ids[1], "b", "pending", `{"source": "web"}`, `{"z":[1,2]}`, nil},
+		{a.ids[2], "b", "pending", "{}", "\x00\x01\xff", ptr("k2")},
+	}
+	got := f.rows()
+	if fmt.Sprintf("%+v", deref(got)) != fmt.Sprintf("%+v", deref(want)) {
+		t.Errorf("rows\n%+v\nwant\n%+v", deref(got), deref(want))
+	}
+	j := f.post("application/json; charset=utf-8", "?stage=a", `{
+  "payload": "one object, over several lines"
+}`)
+	if j.code != http.StatusAccepted || len(j.ids) != 1 || j.ids[0] <= a.ids[2] {
+		t.Fatalf("JSON body: %+v; want 202 and one id above %d", j, a.ids[2])
+	}
+	if f.metric("pepsi_ingress_messages_accepted_total") != 4 || f.metric(`pepsi_ingress_requests_total{code="202"}`) != 2 {
+		t.Errorf("metrics: accepted %v, 202s %v; want 4 and 2", f.metric("pepsi_ingress_messages_accepted_total"), f.metric(`pepsi_ingress_requests_total{code="202"}`))
+	}
+}
+
+func deref(rows []stored) []string {
+	var out []string
+	for _, r := range rows {
+		k := "<nil>"
+		if r.Key != nil {
+			k = *r.Key
+		}
+		out = append(out, fmt.Sprintf("%d %s %s %s %q key=%s", r.ID, r.Stage, r.Status, r.State, r.Payload, k))
+	}
+	return out
+}
+
+func TestAKeySeenBeforeAnswersTheFirstRowsIDAndInsertsNothing(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	first := f.post("application/json", "", `{"stage": "a", "payload": "first", "key": "order-17"}`)
+	again := f.post("application/x-ndjson", "", `{"stage": "b", "payload": "new", "key": "fresh"}
+{"stage": "b", "payload": "second", "key": "order-17"}`)
+	if first.code != 202 || again.code != 202 || again.ids[1] != first.ids[0] || again.ids[0] == first.ids[0] {
+		t.Fatalf("first %+v, again %+v; want 202s, the repeated key answered with id %v", first, again, first.ids)
+	}
+	rows := f.rows()
+	if len(rows) != 2 || rows[0].Payload != "first" || rows[1].Payload != "new" {
+		t.Errorf("rows %v; want the first order-17 and fresh only", deref(rows))
+	}
+}
+
+// TestTheSameKeyRacingGetsOneRow sends one key from many requests at once, to
+// one ingress (they share batches: the committer answers the key once) and to
+// two ingresses on one database (their transactions race in PostgreSQL: the
+// unique index decides and the loser looks the row up).
+func TestTheSameKeyRacingGetsOneRow(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	g := start(t, f.url, func(o *ingress.Options) { o.BatchWait = 0 })
+	for round := range 5 {
+		key := fmt.Sprintf("race-%d", round)
+		var wg sync.WaitGroup
+		answers := make([]answer, 20)
+		for i := range answers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h := f
+				if i%2 == 1 {
+					h = g
+				}
+				answers[i] = h.post("application/x-ndjson", "?stage=a", fmt.Sprintf(`{"payload": "from %d", "key": %q}
+{"payload": "unkeyed %d"}`, i, key, i))
+			}()
+		}
+		wg.Wait()
+		for i, a := range answers {
+			if a.code != 202 || a.ids[0] != answers[0].ids[0] {
+				t.Fatalf("round %d request %d: %+v; want 202 and key id %d like request 0", round, i, a, answers[0].ids[0])
+			}
+		}
+	}
+	var keys, all int
+	if err := f.conn.QueryRow(context.Background(), `SELECT count(dedup_key), count(*) FROM pepsi.queue`).Scan(&keys, &all); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 5 || all != 5+5*20 {
+		t.Errorf("%d keyed rows of %d; want 5 of %d", keys, all, 5+5*20)
+	}
+}
+
+// TestConcurrentRequestsShareTransactions shows the group commit: many
+// requests at once are committed in fewer transactions, each request's ids
+// are its own and committed when answered.
+func TestConcurrentRequestsShareTransactions(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) { o.BatchWait = 20 * time.Millisecond; o.Committers = 2 })
+	const n = 64
+	var wg sync.WaitGroup
+	answers := make([]answer, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = f.post("application/json", "?stage=a", fmt.Sprintf(`{"payload": "m%d"}`, i))
+		}()
+	}
+	wg.Wait()
+	byID := map[int64]string{}
+	for _, r := range f.rows() {
+		byID[r.ID] = r.Payload
+	}
+	for i, a := range answers {
+		if a.code != 202 || len(a.ids) != 1 || byID[a.ids[0]] != fmt.Sprintf("m%d", i) {
+			t.Fatalf("request %d: %+v, row %q; want 202 and the id of m%d", i, a, byID[a.ids[0]], i)
+		}
+	}
+	txns := f.metric("pepsi_ingress_batch_requests_count")
+	if txns >= n || f.metric("pepsi_ingress_batch_requests_sum") != n {
+		t.Errorf("%v transactions for %v of %d requests; want fewer transactions than requests", txns, f.metric("pepsi_ingress_batch_requests_sum"), n)
+	}
+	t.Logf("%d requests in %v transactions", n, txns)
+}
+
+// TestARequestTheDatabaseRefusesFailsAloneInItsBatch plants a CHECK that
+// refuses one payload: the batch holding it fails, and its requests are
+// tried alone, so only the poisoned one gets an error.
+func TestARequestTheDatabaseRefusesFailsAloneInItsBatch(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) { o.BatchWait = 50 * time.Millisecond })
+	if _, err := f.conn.Exec(context.Background(), `ALTER TABLE pepsi.queue ADD CONSTRAINT test_poison CHECK (payload <> 'poison')`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	answers := make([]answer, 8)
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := fmt.Sprintf("fine %d", i)
+			if i == 3 {
+				p = "poison"
+			}
+			answers[i] = f.post("application/x-ndjson", "?stage=a", fmt.Sprintf("{\"payload\": \"before %d\"}\n{\"payload\": %q}", i, p))
+		}()
+	}
+	wg.Wait()
+	for i, a := range answers {
+		if i == 3 && (a.code != 400 || !strings.Contains(a.err, "test_poison")) {
+			t.Errorf("poisoned request: %+v; want 400 naming the check", a)
+		}
+		if i != 3 && a.code != 202 {
+			t.Errorf("request %d: %+v; want 202", i, a)
+		}
+	}
+	if n := f.count(); n != 2*7 {
+		t.Errorf("%d rows; want 14 (7 requests of 2, nothing of the poisoned one)", n)
+	}
+	if f.metric("pepsi_ingress_batch_requests_count") >= 8 {
+		t.Logf("the requests did not share a batch this time (%v transactions); the test proves less", f.metric("pepsi_ingress_batch_requests_count"))
+	}
+}
+
+func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("# producers\nsecret-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := ingress.LoadTokens(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, "", func(o *ingress.Options) { o.Tokens = tok })
+	auth := []string{"Authorization", "Bearer secret-token-0123456789"}
+	deep := `{"payload": "x", "state": {"a": ` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}`
+	for _, tc := range []struct {
+		name, contentType, query, body string
+		header                         []string
+		code                           int
+		want                           string
+	}{
+		{"malformed JSON", "application/json", "?stage=a", `{"payload": "x"`, auth, 400, "body: not a JSON object"},
+		{"malformed NDJSON line", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{oops}\n", auth, 400, "line 2: not a JSON object"},
+		{"not an object", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n[1]\n", auth, 400, "line 2: not a JSON object"},
+		{"two values on a line", "application/x-ndjson", "?stage=a", `{"payload": "x"} {"payload": "y"}`, auth, 400, "line 1: more than one JSON value"},
+		{"wrong content type", "text/plain", "?stage=a", `{"payload": "x"}`, auth, 415, `Content-Type "text/plain"`},
+		{"no content type", "", "?stage=a", `{"payload": "x"}`, auth, 415, "Content-Type"},
+		{"oversized line", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"" + strings.Repeat("y", 5000) + "\"}\n", auth, 413, "line 2 is longer than 4096 bytes"},
+		{"oversized body", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 5000), auth, 413, "larger than 65536 bytes"},
+		{"too many messages", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 101), auth, 413, "line 101: more than 100 messages"},
+		{"bad base64", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload_base64\": \"not base64!\"}", auth, 400, "line 2: payload_base64: illegal base64"},
+		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want stage, payload or payload_base64, state and key)`},
+		{"both payloads", "application/json", "?stage=a", `{"payload": "x", "payload_base64": "AA=="}`, auth, 400, "both payload and payload_base64"},
+		{"no payload", "application/json", "?stage=a", `{"state": {}}`, auth, 400, "no payload"},
+		{"state not an object", "application/json", "?stage=a", `{"payload": "x", "state": [1]}`, auth, 400, "is not a JSON object"},
+		{"NUL in state", "application/json", "?stage=a", `{"payload": "x", "state": {"k": "\u0000"}}`, auth, 400, `state holds \u0000`},
+		{"too deep", "application/json", "?stage=a", deep, auth, 400, "nested more than 64 deep"},
+		{"duplicate key in one body", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\", \"key\": \"k\"}\n{\"payload\": \"y\"}\n{\"payload\": \"z\", \"key\": \"k\"}", auth, 400, `line 3: key "k" already given on line 1`},
+		{"empty key", "application/json", "?stage=a", `{"payload": "x", "key": ""}`, auth, 400, "key is empty"},
+		{"long key", "application/json", "?stage=a", `{"payload": "x", "key": "` + strings.Repeat("k", 257) + `"}`, auth, 400, "key is 257 bytes long, at most 256"},
+		{"key not a string", "application/json", "?stage=a", `{"payload": "x", "key": 17}`, auth, 400, "key: want a string, got a JSON number"},
+		{"unknown stage", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"x\", \"stage\": \"nope\"}", auth, 400, `line 2: stage "nope" is not configured`},
+		{"unknown stage parameter", "application/json", "?stage=nope", `{"payload": "x"}`, auth, 400, `body: stage "nope" is not configured`},
+		{"no stage", "application/json", "", `{"payload": "x"}`, auth, 400, "no stage"},
+		{"empty body", "application/x-ndjson", "?stage=a", "\n\n", auth, 400, "no messages"},
+		{"missing token", "application/json", "?stage=a", `{"payload": "x"}`, nil, 401, "want Authorization: Bearer"},
+		{"wrong token", "application/json", "?stage=a", `{"payload": "x"}`, []string{"Authorization", "Bearer secret-token-0123456788"}, 401, "valid token"},
+		{"wrong scheme", "application/json", "?stage=a", `{"payload": "x"}`, []string{"Authorization", "Basic secret-token-0123456789"}, 401, "valid token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := f.post(tc.contentType, tc.query, tc.body, tc.header...)
+			if a.code != tc.code || !strings.Contains(a.err, tc.want) {
+				t.Errorf("answer %d %q; want %d containing %q", a.code, a.err, tc.code, tc.want)
+			}
+		})
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("bad requests inserted %d rows; want none", n)
+	}
+	if a := f.post("application/json", "?stage=a", `{"payload": "x"}`, auth...); a.code != 202 {
+		t.Errorf("a good request after them: %+v; want 202", a)
+	}
+	res, err := http.Get(f.http.URL + "/v1/messages")
+	if err != nil || res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != "POST" {
+		t.Errorf("GET /v1/messages: %v %v; want 405 with Allow: POST", res.StatusCode, err)
+	}
+}
+
+// TestAKeyCommittedWhileTheInsertWaitsIsLookedUp holds another producer's
+// uncommitted row with a key: the ingress's insert of the same key waits for
+// it, and once it commits, answers its id in the same try (the statement's
+// own snapshot cannot see that row; a look-up of its own must).
+func TestAKeyCommittedWhileTheInsertWaitsIsLookedUp(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	ctx := context.Background()
+	other := pgtest.Connect(t, f.url)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, payload, dedup_key) VALUES ('a', 'other producer', 'shared') RETURNING ingress_id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan answer, 1)
+	go func() { got <- f.post("application/json", "?stage=a", `{"payload": "ingress", "key": "shared"}`) }()
+	waitFor(t, "the ingress's insert to wait for the other producer", func() bool {
+		var waiting int
+		f.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting)
+		return waiting > 0
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.code != 202 || len(a.ids) != 1 || a.ids[0] != id {
+		t.Errorf("answer %+v; want 202 with the other producer's id %d", a, id)
+	}
+	if tries := f.metric("pepsi_ingress_commit_seconds_count"); tries != 1 {
+		t.Errorf("%v tries; want 1 (the look-up finds the row without trying again)", tries)
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d rows; want 1", n)
+	}
+}

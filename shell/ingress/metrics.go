@@ -1,0 +1,47 @@
+package ingress
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are pepsi-ingress's Prometheus metrics, in a registry of their own
+// (one per Server, so that tests do not share them).
+type metrics struct {
+	reg           *prometheus.Registry
+	requests      *prometheus.CounterVec
+	accepted      prometheus.Counter
+	batchMessages prometheus.Histogram
+	batchRequests prometheus.Histogram
+	commitSeconds prometheus.Histogram
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pepsi_ingress_requests_total",
+			Help: "Requests to /v1/messages, by the status code answered.",
+		}, []string{"code"}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pepsi_ingress_messages_accepted_total",
+			Help: "Messages answered 202 (committed, or already in the queue under their key).",
+		}),
+		batchMessages: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pepsi_ingress_batch_messages",
+			Help:    "Rows per committed transaction (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 8),
+		}),
+		batchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pepsi_ingress_batch_requests",
+			Help:    "Requests per committed transaction (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pepsi_ingress_commit_seconds",
+			Help:    "Time of one try of a transaction, from BEGIN to COMMIT's answer.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	m.reg.MustRegister(m.requests, m.accepted, m.batchMessages, m.batchRequests, m.commitSeconds)
+	return m
+}

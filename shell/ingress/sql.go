@@ -1,0 +1,129 @@
+package ingress
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// This file is all of pepsi-ingress's SQL. Inserts go through pepsi.queue's
+// triggers (they notify the dispatcher and take the producer lock:
+// docs/protocol.md) and take ingress_id from the identity.
+
+// insertRows inserts rows as pending in one statement, in order; a row whose key
+// is already in the queue is not inserted. It returns what was inserted (the
+// identity hands out ids in the order of the SELECT, so the ids, sorted, follow
+// the order of the rows inserted) and, for keys that were not inserted, the id
+// of the row that holds the key as far as this statement's snapshot sees.
+const insertRows = `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(stage, payload, state, key, n)
+), ins AS (
+	INSERT INTO pepsi.queue (stage, payload, state, dedup_key)
+	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key FROM input ORDER BY n
+	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+	RETURNING ingress_id, dedup_key
+)
+SELECT ingress_id, dedup_key, true FROM ins
+UNION ALL
+SELECT q.ingress_id, q.dedup_key, false FROM pepsi.queue q
+WHERE q.dedup_key = ANY($4::text[]) AND q.dedup_key IS NOT NULL`
+
+// lookupKeys finds the rows that hold keys. In a statement of its own it sees
+// rows that a concurrent transaction committed while insertRows waited for it.
+const lookupKeys = `SELECT ingress_id, dedup_key FROM pepsi.queue WHERE dedup_key = ANY($1::text[])`
+
+// pendingCounts counts the pending rows of each stage, up to limit each: the
+// partial pending index answers it, and the limit bounds its cost.
+const pendingCounts = `SELECT s.stage, (SELECT count(*) FROM (
+	SELECT 1 FROM pepsi.queue q WHERE q.stage = s.stage AND q.status = 'pending' LIMIT $2) p)
+FROM unnest($1::text[]) AS s(stage)`
+
+// row is one message as the insert takes it.
+type row struct {
+	stage   string
+	payload []byte
+	state   string  // "" means {}
+	key     *string // nil: no key
+}
+
+// found is a row of the queue: its id and its key, if any.
+type found struct {
+	id       int64
+	key      *string
+	inserted bool
+}
+
+// insertTx runs insertRows and, when keys are missing from its answer,
+// lookupKeys, in tx.
+func insertTx(ctx context.Context, tx pgx.Tx, rows []row) (got []found, lookedUp map[string]int64, err error) {
+	stages := make([]string, len(rows))
+	payloads := make([][]byte, len(rows))
+	states := make([]string, len(rows))
+	keys := make([]*string, len(rows))
+	for i, r := range rows {
+		stages[i], payloads[i], states[i], keys[i] = r.stage, r.payload, r.state, r.key
+	}
+	res, err := tx.Query(ctx, insertRows, stages, payloads, states, keys)
+	if err != nil {
+		return nil, nil, fmt.Errorf("insert: %w", err)
+	}
+	got, err = pgx.CollectRows(res, func(r pgx.CollectableRow) (found, error) {
+		var f found
+		err := r.Scan(&f.id, &f.key, &f.inserted)
+		return f, err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("insert: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, f := range got {
+		if f.key != nil {
+			seen[*f.key] = true
+		}
+	}
+	var missing []string
+	for _, k := range keys {
+		if k != nil && !seen[*k] {
+			missing = append(missing, *k)
+		}
+	}
+	if len(missing) == 0 {
+		return got, nil, nil
+	}
+	res, err = tx.Query(ctx, lookupKeys, missing)
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up keys: %w", err)
+	}
+	lookedUp = map[string]int64{}
+	var id int64
+	var key string
+	_, err = pgx.ForEachRow(res, []any{&id, &key}, func() error {
+		lookedUp[key] = id
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up keys: %w", err)
+	}
+	return got, lookedUp, nil
+}
+
+// countPending counts the pending rows of each stage, at most limit each.
+func countPending(ctx context.Context, pool *pgxpool.Pool, stages []string, limit int64) (map[string]int64, error) {
+	res, err := pool.Query(ctx, pendingCounts, stages, limit)
+	if err != nil {
+		return nil, fmt.Errorf("count pending: %w", err)
+	}
+	counts := map[string]int64{}
+	var stage string
+	var n int64
+	_, err = pgx.ForEachRow(res, []any{&stage, &n}, func() error {
+		counts[stage] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count pending: %w", err)
+	}
+	return counts, nil
+}
