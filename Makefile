@@ -4,13 +4,32 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build test vet purity bench bench-peers bench-backlog river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
+.PHONY: all build install man test vet purity bench bench-peers bench-backlog river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
 
 all: build
 
+# -version names the commit even where the toolchain records none (GOFLAGS=-buildvcs=false).
+LDFLAGS := -X github.com/pepsi-pipeline/pepsi/shell/buildinfo.commit=$(shell git describe --always --dirty 2>/dev/null)
+
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+# The programs an operator installs (make install), and where.
+PROGRAMS := pepsi-dispatch pepsi-queue pepsi-httpd
+PREFIX ?= /usr/local
+DESTDIR ?=
+
+# The manual pages of docs/ (NAME.N.md) rendered for man(1) into bin/man/manN/.
+man:
+	$(GO) run ./tools/man -docs docs -out $(BIN)/man
+
+# The programs into $(DESTDIR)$(PREFIX)/bin and their manual pages into
+# $(DESTDIR)$(PREFIX)/share/man, where man finds them: man pepsi-dispatch.
+install: build man
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(addprefix $(BIN)/,$(PROGRAMS)) $(DESTDIR)$(PREFIX)/bin/
+	for d in $(BIN)/man/man*; do install -d $(DESTDIR)$(PREFIX)/share/man/$$(basename $$d) && install -m 0644 $$d/* $(DESTDIR)$(PREFIX)/share/man/$$(basename $$d)/; done
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -84,6 +84,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -95,6 +96,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
 )
 
 // Handler handles one message at one stage. It may modify m.State (its changes
@@ -349,6 +351,10 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer, handlers 
 	prog := "stage"
 	if len(args) > 0 {
 		prog = args[0]
+	}
+	if len(args) == 2 && (args[1] == "-version" || args[1] == "--version") {
+		fmt.Fprintln(stdout, buildinfo.Version(filepath.Base(prog)))
+		return 0
 	}
 	log := NewLogger(stderr)
 	file, ok := parseArgs(args)

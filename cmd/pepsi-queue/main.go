@@ -23,6 +23,7 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
 	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
@@ -57,6 +58,7 @@ func usagef(cmd, format string, args ...any) error {
 type app struct {
 	configFile string
 	database   string
+	version    bool
 	stdin      io.Reader
 	stdout     io.Writer
 	stderr     io.Writer
@@ -101,6 +103,7 @@ func newRoot(a *app, parseOut io.Writer) *ffcli.Command {
 	fs.SetOutput(parseOut)
 	fs.StringVar(&a.configFile, "c", "", "pepsi.conf `FILE` (for [pepsi] DATABASE and the stage names)")
 	fs.StringVar(&a.database, "database", "", "PostgreSQL `URL` or key=value string (env PEPSI_DATABASE)")
+	fs.BoolVar(&a.version, "version", false, "print the program's version and exit")
 	root := &ffcli.Command{
 		Name:       "pepsi-queue",
 		ShortUsage: "pepsi-queue [-c FILE] [-database URL] <subcommand> [flags] [args]",
@@ -156,6 +159,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s -h' for help.\n", name, msg, name)
 		return exitUsage
+	}
+	if a.version {
+		fmt.Fprintln(stdout, buildinfo.Version("pepsi-queue"))
+		return exitOK
 	}
 	err := root.Run(ctx)
 	if err == nil {

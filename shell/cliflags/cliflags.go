@@ -16,6 +16,8 @@ import (
 	"strings"
 
 	"github.com/peterbourgon/ff/v3"
+
+	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
 )
 
 // ExitUsage is the exit status of a bad command line, in every PEPSI program.
@@ -27,12 +29,20 @@ type Parsed struct {
 	onLine    map[string]bool // flags the command line gave
 }
 
+// ErrVersion is what Parse returns after printing the version for -version. It
+// is a flag.ErrHelp, so a caller that stops quietly after help stops after it.
+var ErrVersion = fmt.Errorf("version printed: %w", flag.ErrHelp)
+
 // Parse parses args into fs, then, when envPrefix is not empty, the environment:
 // -max-runtime from PREFIX_MAX_RUNTIME unless the command line gave it. Asked for
 // help (-h, -help), it prints fs.Usage to fs.Output() and returns flag.ErrHelp;
-// for any other mistake it prints nothing and returns the error, one line for
-// Fail.
+// asked for -version (a flag every PEPSI program has; Parse adds it), it prints
+// buildinfo.Version to fs.Output() and returns ErrVersion; for any other mistake
+// it prints nothing and returns the error, one line for Fail.
 func Parse(fs *flag.FlagSet, args []string, envPrefix string) (*Parsed, error) {
+	if fs.Lookup("version") == nil {
+		fs.Var(versionFlag{}, "version", "print the program's version and exit")
+	}
 	// The flag package prints its error and then the whole usage: keep both for
 	// -h alone.
 	usage, out := fs.Usage, fs.Output()
@@ -61,8 +71,23 @@ func Parse(fs *flag.FlagSet, args []string, envPrefix string) (*Parsed, error) {
 		}
 		return nil, err
 	}
-	return &Parsed{envPrefix: envPrefix, onLine: givenOnLine(fs, args)}, nil
+	onLine := givenOnLine(fs, args)
+	if _, ok := fs.Lookup("version").Value.(versionFlag); ok && onLine["version"] {
+		fmt.Fprintln(out, buildinfo.Version(strings.Fields(fs.Name())[0]))
+		return nil, ErrVersion
+	}
+	return &Parsed{envPrefix: envPrefix, onLine: onLine}, nil
 }
+
+// versionFlag is -version: only the command line asks for the version. It
+// takes any value and keeps none, so that a PREFIX_VERSION variable in the
+// environment (a deployment's own, say) neither stops the program nor fails
+// its start.
+type versionFlag struct{}
+
+func (versionFlag) String() string   { return "" }
+func (versionFlag) Set(string) error { return nil }
+func (versionFlag) IsBoolFlag() bool { return true }
 
 // Fail reports err, a mistake on the command line of prog, as one line and a
 // pointer to the help, and returns the exit status: 0 for flag.ErrHelp (the

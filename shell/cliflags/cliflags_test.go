@@ -93,3 +93,25 @@ func TestEnvVarIsFFsName(t *testing.T) {
 		t.Errorf("EnvVar = %q, want PEPSI_WORKER_IDLE_TIMEOUT", got)
 	}
 }
+
+// -version prints one line and stops like help; only the command line asks for
+// it: a PREFIX_VERSION in the environment, whatever its value, changes nothing.
+func TestVersionComesFromTheCommandLineOnly(t *testing.T) {
+	var out bytes.Buffer
+	fs, _ := newFlags(&out)
+	if _, err := cliflags.Parse(fs, []string{"-version"}, "PROG"); !errors.Is(err, cliflags.ErrVersion) || !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Parse(-version) = %v; want ErrVersion, a flag.ErrHelp", err)
+	}
+	if !strings.HasPrefix(out.String(), "prog (PEPSI) ") || strings.Count(out.String(), "\n") != 1 {
+		t.Errorf("-version printed %q; want one line starting \"prog (PEPSI) \"", out.String())
+	}
+	if code := cliflags.Fail(&out, "prog", cliflags.ErrVersion); code != 0 {
+		t.Errorf("Fail(ErrVersion) = %d; want 0", code)
+	}
+	t.Setenv("PROG_VERSION", "1.2.3")
+	out.Reset()
+	fs, _ = newFlags(&out)
+	if _, err := cliflags.Parse(fs, nil, "PROG"); err != nil || out.Len() != 0 {
+		t.Errorf("with PROG_VERSION=1.2.3 in the environment: Parse = %v, printed %q; want a normal start", err, out.String())
+	}
+}
