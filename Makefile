@@ -16,7 +16,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # The programs an operator installs (make install), and where.
-PROGRAMS := pepsi-dispatch pepsi-queue pepsi-httpd
+PROGRAMS := pepsi-dispatch pepsi-queue pepsi-httpd pepsi-ingress
 PREFIX ?= /usr/local
 DESTDIR ?=
 
