@@ -49,7 +49,7 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 		t.Errorf("the patch replaced the state instead of merging into it: passes %v", r.Passes)
 	}
 	e.expectRow(ids[5], "failed", "a", `target "zz" is not a stage`)
-	e.expectRow(ids[6], "failed", "a", "malformed state patch")
+	e.expectRow(ids[6], "failed", "a", `state patch "{\"k\":" refused: not valid JSON`) // the reason quotes the patch's start
 	h := e.records("handle")
 	passes, pids := map[int64]int{}, map[string]map[int]bool{}
 	for _, r := range h {
