@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -143,11 +144,10 @@ func waitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 		log = slog.New(slog.DiscardHandler)
 	}
 	config = config.Copy()
-	// A cancelled wait sends a cancel request and keeps the connection (the
-	// default would close it), falling back to closing it if the server does
-	// not answer within lockStandbyCancelGrace.
+	var handler *waitHandler // the connection's (made again with it)
 	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: lockStandbyCancelGrace}
+		handler = newWaitHandler(ctx, c)
+		return handler
 	}
 	var conn *pgx.Conn
 	var holder int32 = -1
@@ -161,12 +161,16 @@ func waitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 			var got bool
 			got, err = waitLockOnce(ctx, conn, log, recheck, &holder)
 			if err == nil && got {
+				handler.held.Store(true)
 				log.Info("standby: took the dispatcher lock")
 				return newLock(conn, log, lockTiming), nil
 			}
 			if err == nil {
 				warned = false
 				continue // a recheck: wait again at once
+			}
+			if ctx.Err() != nil {
+				abandonWait(conn)
 			}
 			closeQuietly(conn) // a lock granted in doubt goes with the session
 			conn = nil
@@ -182,6 +186,58 @@ func waitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 			return nil, err
 		}
 	}
+}
+
+// waitHandler is what a cancelled context does to a standby's lock connection.
+// At a recheck (the wait's own timeout) it sends a cancel request and keeps the
+// connection (the default would close it), falling back to ending the read if
+// the server does not answer within lockStandbyCancelGrace. Otherwise it ends
+// the read at once, as the default does for every other connection, because
+// the cancel request's way costs time for nothing:
+//   - when the standby stops waiting (stop, WaitLock's ctx, is done), the
+//     connection is closed anyway, and pgconn's cancel request sleeps 100 ms
+//     after it is sent (abandonWait sends one without the sleep);
+//   - once the lock is held (held), nothing runs in the server to cancel: the
+//     Lock's watch waits for a notification the server never answers, so a
+//     cancel request would leave that read, and with it Release and the idle
+//     check, waiting out the whole grace.
+type waitHandler struct {
+	stop     context.Context
+	held     atomic.Bool
+	recheck  pgconn.CancelRequestContextWatcherHandler
+	atOnce   pgconn.DeadlineContextWatcherHandler
+	canceled ctxwatch.Handler // the one HandleCancel used, for HandleUnwatchAfterCancel
+}
+
+func newWaitHandler(stop context.Context, c *pgconn.PgConn) *waitHandler {
+	return &waitHandler{
+		stop:    stop,
+		recheck: pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: lockStandbyCancelGrace},
+		atOnce:  pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()},
+	}
+}
+
+// HandleCancel and HandleUnwatchAfterCancel come in pairs, in that order, from
+// one context watch (never concurrently), and held changes only between
+// statements: the pair always goes to the same handler.
+func (h *waitHandler) HandleCancel(ctx context.Context) {
+	h.canceled = &h.recheck
+	if h.held.Load() || h.stop.Err() != nil {
+		h.canceled = &h.atOnce
+	}
+	h.canceled.HandleCancel(ctx)
+}
+
+func (h *waitHandler) HandleUnwatchAfterCancel() { h.canceled.HandleUnwatchAfterCancel() }
+
+// abandonWait asks the server to cancel what conn's session runs (its wait for
+// the lock) before the connection is closed: a backend blocked in a lock wait
+// does not notice its client has gone, and would otherwise be granted the lock,
+// and hold it until it finds out, ahead of another standby.
+func abandonWait(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), lockTiming.checkTimeout)
+	defer cancel()
+	_ = conn.PgConn().CancelRequest(ctx) // best effort: the session ends when it next writes anyway
 }
 
 // waitLockOnce asks for the lock without waiting (naming the holder, logged if
