@@ -373,3 +373,25 @@ func TestAReadOnlyRoleWithoutThePayloadColumnIsEnough(t *testing.T) {
 		t.Errorf("%s can read payloads; the documented GRANTs must leave them out", role)
 	}
 }
+
+// A fresh pipeline's /api/status: no failures is an empty list, not null, and
+// a vacuum that never happened is left out, not dated year 1.
+func TestStatusJSONOfAFreshPipelineHasAnEmptyListAndNoVacuum(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	// A table whose statistics were never reset has no vacuum on record only if
+	// none ran: this database is new, and nothing vacuums it here.
+	src := open(t, httpd.Options{Database: url})
+	srv := httptest.NewServer(httpd.Handler(src))
+	defer srv.Close()
+	code, body := get(t, srv.URL+"/api/status")
+	if code != http.StatusOK {
+		t.Fatalf("GET /api/status: %d %s", code, body)
+	}
+	if !strings.Contains(body, `"failures":[]`) {
+		t.Errorf("/api/status of a pipeline without failures lacks \"failures\":[]: %s", body)
+	}
+	if strings.Contains(body, "last_vacuum") {
+		t.Errorf("/api/status of a never-vacuumed queue has a last_vacuum: %s", body)
+	}
+}

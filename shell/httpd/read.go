@@ -114,8 +114,9 @@ type TableHealth struct {
 	DeadTuples int64 `json:"dead_tuples"`
 	LiveTuples int64 `json:"live_tuples"`
 	// LastVacuum is the end of the last vacuum of the table, by pepsi-dispatch,
-	// a DBA or autovacuum (zero if none since the statistics were reset).
-	LastVacuum time.Time `json:"last_vacuum"`
+	// a DBA or autovacuum (zero if none since the statistics were reset, and
+	// then left out of the JSON rather than shown as year 1).
+	LastVacuum time.Time `json:"last_vacuum,omitzero"`
 	// HorizonSeconds is how long the oldest transaction holding back the xmin
 	// horizon has been open (0 if none is visible to this role).
 	HorizonSeconds float64 `json:"horizon_seconds"`
@@ -170,7 +171,7 @@ GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
 // even when the database knows nothing of them yet (the configuration's).
 func Read(ctx context.Context, pool *pgxpool.Pool, stages []string) (*Snapshot, error) {
 	start := time.Now()
-	s := &Snapshot{}
+	s := &Snapshot{Failures: []Failure{}} // none is [] in JSON, not null
 	live := liveStages{}
 	for _, name := range stages {
 		live.stage(name)
