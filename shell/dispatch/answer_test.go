@@ -25,12 +25,13 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 		"a=answer:0 >b fused-x:120;b=done",                   // fused stage timings ride along
 		"a=answer:0 >zz",                                     // not a stage: failed, the worker lives on
 		`a=answer:0 >b {"k":`,                                // a malformed patch: failed
+		"a=answer:0 >b [1,2,3]",                              // valid JSON, not an object: failed
 	)
 	d := e.start()
-	e.waitCounts(20*time.Second, map[string]int{"done": 5, "failed": 2})
-	waitFor(t, 10*time.Second, "statistics of 7 messages", func() (bool, string) {
+	e.waitCounts(20*time.Second, map[string]int{"done": 5, "failed": 3})
+	waitFor(t, 10*time.Second, "statistics of 8 messages", func() (bool, string) {
 		_, left, _ := e.dispatchStats()
-		return left == 7, fmt.Sprintf("messages_left %d", left)
+		return left == 8, fmt.Sprintf("messages_left %d", left)
 	})
 	d.stopClean()
 	for _, id := range ids[:5] {
@@ -50,6 +51,7 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 	}
 	e.expectRow(ids[5], "failed", "a", `target "zz" is not a stage`)
 	e.expectRow(ids[6], "failed", "a", `state patch "{\"k\":" refused: not valid JSON`) // the reason quotes the patch's start
+	e.expectRow(ids[7], "failed", "a", `state patch "[1,2,3] `)                         // the test stage adds its own patch after it
 	h := e.records("handle")
 	passes, pids := map[int64]int{}, map[string]map[int]bool{}
 	for _, r := range h {
@@ -66,8 +68,8 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 		t.Errorf("%d workers of stage a; want 1 (an unwritable transition is not a crash)", len(pids["a"]))
 	}
 	s := e.stageStats()
-	if s["a"].Processed != 6 || s["a"].Failed != 2 || s["a"].Crashes != 0 || s["fused-x"].Processed != 1 || s["b"].Processed != 4 {
-		t.Errorf("stage_stats %+v; want a: processed 6 (two passes of the paused one), failed 2; b: processed 4; fused-x: 1", s)
+	if s["a"].Processed != 6 || s["a"].Failed != 3 || s["a"].Crashes != 0 || s["fused-x"].Processed != 1 || s["b"].Processed != 4 {
+		t.Errorf("stage_stats %+v; want a: processed 6 (two passes of the paused one), failed 3; b: processed 4; fused-x: 1", s)
 	}
 }
 
