@@ -105,7 +105,9 @@ type ResetOrphans struct {
 
 // Resolve applies Items (see Item) in one statement. Answered by Resolved.
 // Precondition: every worker that was handed these ids has answered them or has
-// exited, so no stage program can still write these rows.
+// exited. A commit of a stage's may still land meanwhile (one in flight when its
+// worker was killed): the statement then writes nothing to that row and reports
+// it running as it was, and the core resolves it again.
 type Resolve struct {
 	Op    int64
 	Items []Item
@@ -143,9 +145,17 @@ type Cap struct {
 // token and reports it, and reports how far ingress has settled (Claimed.Settled).
 // Answered by Claimed. Ids reach workers only after the transaction that claimed
 // them has committed.
+//
+// Exclude lists the rows the core holds (handed to a worker that has neither
+// answered nor exited, or claimed and not yet handed out): the claim never takes
+// them, whatever made them pending meanwhile (an operator's pepsi-queue retry, a
+// stray tool, a stage's late commit), so a message is never held by two workers
+// at once and a stale answer never meets a newer pass. The core claims such a
+// row again once its holder is done with it (its resolve reports it pending).
 type Claim struct {
-	Op   int64
-	Caps []Cap
+	Op      int64
+	Caps    []Cap
+	Exclude []int64
 }
 
 // StageDelta is what one stage did since the last flush.
@@ -157,7 +167,8 @@ type StageDelta struct {
 	Crashes      int64
 	ProcessingUS int64
 	// GuardMisses counts transitions the stage answered that the dispatcher
-	// could not write: the row was no longer running at the stage.
+	// could not write (the row was no longer running at the stage), and resolves
+	// that found their row changed by a commit landing during them.
 	GuardMisses int64
 	// Retries counts messages paused for a retry (answer 75) at this stage.
 	Retries int64
@@ -333,6 +344,9 @@ func (c Claim) String() string {
 		if cp.After > 0 {
 			fmt.Fprintf(&b, ">%d", cp.After)
 		}
+	}
+	if len(c.Exclude) > 0 {
+		b.WriteString(" exclude=" + formatIDs(c.Exclude))
 	}
 	return b.String()
 }

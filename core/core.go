@@ -155,6 +155,9 @@ type Core struct {
 	// That transaction may have applied them and then woken and claimed the same
 	// rows again, so a reset after a lost claim must not keep them (see queueWork).
 	unsure map[int64]bool
+	// races: rows still running after their resolve (a commit raced it), by
+	// how many resolves in a row found them so (see raced).
+	races map[int64]int
 
 	epoch      string
 	nextPaused time.Time
@@ -204,6 +207,7 @@ func New(cfg *conf.Config) *Core {
 		stats:      map[string]*StageDelta{},
 		startFails: map[int64]int{},
 		unsure:     map[int64]bool{},
+		races:      map[int64]int{},
 	}
 	for _, sc := range cfg.Stages {
 		st := &stage{cfg: sc, stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}

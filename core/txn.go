@@ -159,7 +159,13 @@ func (c *Core) resolved(e Resolved) {
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
 		unsure := c.unsure[o.ID]
 		delete(c.unsure, o.ID)
-		if it.Verdict == Move && !o.Matched && !unsure {
+		if o.Status == StatusRunning {
+			c.raced(it, o, unsure)
+			continue
+		}
+		raced := c.races[o.ID] > 0
+		delete(c.races, o.ID)
+		if it.Verdict == Move && !o.Matched && !unsure && !raced {
 			// (After a lost reply the first send may have written it: no miss then.)
 			c.stat(it.Stage).GuardMisses++
 			c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
@@ -197,9 +203,40 @@ func (c *Core) resolved(e Resolved) {
 		case "":
 			c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
 		default:
-			panic(fmt.Sprintf("core: row %d is %q after resolve", o.ID, o.Status))
+			// The schema allows no other status; a future one must not stop
+			// the dispatcher, and the row is not running, so nobody loses it.
+			c.logf(LevelWarn, "message %d is %q at stage %q after its resolve, a status this dispatcher does not know", o.ID, o.Status, o.Stage)
 		}
 	}
+}
+
+// racesMax bounds how many times in a row one item is resolved again because
+// its row was still running after the resolve (see raced).
+const racesMax = 3
+
+// raced handles a row still running after its resolve. Its worker has answered
+// or exited, but a commit of the stage's was still on its way to the server (a
+// worker killed between COMMIT and its answer, a stage's helper process): the
+// resolve's UPDATE waited for that commit, found the row changed and left it,
+// and read it back as it was before. Nothing was written. The row is a guard
+// miss of its stage, and the item is owed again, so the row stays held (reset
+// keeps it, claims exclude it) and the next resolve decides on the committed
+// row. A row that keeps changing under racesMax resolves in a row is let go:
+// it is running and no one holds it, so the heartbeat's sweep makes it pending.
+func (c *Core) raced(it Item, o Outcome, unsure bool) {
+	c.stat(it.Stage).GuardMisses++
+	n := c.races[o.ID] + 1
+	if n > racesMax {
+		delete(c.races, o.ID)
+		c.logf(LevelError, "message %d: still running at %s after %d resolves, changed each time by another writer; left to the heartbeat's sweep", o.ID, o.Stage, racesMax)
+		return
+	}
+	c.races[o.ID] = n
+	if unsure {
+		c.unsure[o.ID] = true
+	}
+	c.logf(LevelWarn, "message %d changed while its resolve wrote it (a late commit of stage %s?): still running at %s, nothing written; resolving it again", o.ID, it.Stage, o.Stage)
+	c.owe(it)
 }
 
 func (c *Core) nextOpID() int64 {
@@ -251,7 +288,9 @@ func (c *Core) queueWork() {
 			}
 		}
 		if len(caps) > 0 {
-			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps})
+			// What the core still holds once this transaction's resolve has run
+			// (every owed item is in it): the claim must not take it again.
+			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held()})
 			c.claimGen = c.ingressGen
 			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now

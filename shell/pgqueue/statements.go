@@ -96,6 +96,9 @@ func resetOrphans(c core.ResetOrphans) statement {
 //     READ COMMITTED, a picked row another tool changed meanwhile; written as a
 //     plain "status = 'pending'" it lets a planner without statistics AND a bitmap
 //     of the whole queue_pending index (the backlog) with the primary key lookup.
+//
+// $4 lists the rows the dispatcher holds (core.Claim.Exclude): never taken, even
+// when something made them pending while a worker still has them.
 const claimSQL = `
 WITH picked AS (
 	SELECT p.ingress_id
@@ -103,6 +106,7 @@ WITH picked AS (
 	CROSS JOIN LATERAL (
 		SELECT q.ingress_id FROM pepsi.queue q
 		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
+		  AND q.ingress_id <> ALL ($4::bigint[])
 		ORDER BY q.stage, q.ingress_id
 		LIMIT greatest(c.n, 0)
 	) p
@@ -162,7 +166,11 @@ func claim(c core.Claim) statement {
 		queue: func(b *pgx.Batch) {
 			b.Queue(epochSQL)
 			b.Queue(settledSQL, uint32(uint64(ProducerKey)>>32), uint32(uint64(ProducerKey)&0xffffffff))
-			b.Queue(claimSQL, stages, caps, after)
+			exclude := c.Exclude
+			if exclude == nil {
+				exclude = []int64{} // NULL would make "<> ALL" match nothing
+			}
+			b.Queue(claimSQL, stages, caps, after, exclude)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.Claimed{Op: c.Op}
@@ -214,8 +222,13 @@ func claim(c core.Claim) statement {
 // a plain read of pepsi.queue in the same statement, so updated rows are reported
 // from RETURNING and the others from the table; the guard is read from "o", the
 // same row joined as the statement's snapshot saw it (RETURNING shows only the
-// new version). No other writer can touch these rows meanwhile: every worker that
-// held them has answered or exited (core.Resolve's precondition).
+// new version). Every worker that held these rows has answered or exited
+// (core.Resolve's precondition), but a commit of a stage's may still be on its
+// way: the UPDATE then waits for it and re-checks its WHERE on the committed
+// row. The WHERE names the status and stage the decision was made on, so a row
+// the commit moved is skipped, not overwritten with a verdict decided on what
+// it was; it is reported as the snapshot saw it, running, and the core resolves
+// it again (TestResolveOfARowALateCommitMovesWritesNothing forces it).
 //
 // The rows are looked up by id through the primary key, whatever the planner's
 // estimates: the running guard is spelled "(status = 'running') IS TRUE", which
@@ -236,7 +249,7 @@ WITH item AS (
 	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::text[])
 	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, ord)
 ), decided AS (
-	SELECT item.*, o.stage = item.stage AS matched,
+	SELECT item.*, o.stage AS seen_stage, o.stage = item.stage AS matched,
 	       CASE
 	           WHEN o.stage <> item.stage THEN 'pending'
 	           WHEN item.verdict = 'move' THEN
@@ -271,7 +284,7 @@ WITH item AS (
 		END,
 		updated_at = now()
 	FROM decided d
-	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE
+	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
 	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched
 )
 SELECT item.id,

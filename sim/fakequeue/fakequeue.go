@@ -49,6 +49,9 @@ type Queue struct {
 	inFlight int
 	// Notified counts NOTIFY ingress sent (inserts and wakes).
 	Notified int
+	// racing holds the commits that land during the next resolve of a row
+	// (CommitDuringResolve).
+	racing map[int64]func()
 	// Dead counts the dead row versions left behind: one per change of a row,
 	// until Vacuum.
 	Dead int64
@@ -222,6 +225,19 @@ func (q *Queue) StageWrite(id int64, from, to string, status core.RowStatus, tim
 	return true
 }
 
+// CommitDuringResolve makes commit (a stage's write, such as StageWrite) land
+// while the next resolve of row id waits on the row: the resolve applies its
+// item to the committed row if that is still running at the stage it read, and
+// otherwise writes nothing and reports the row as it read it (running), as
+// PostgreSQL's UPDATE under READ COMMITTED does. A row the next resolve does
+// not touch keeps the commit waiting.
+func (q *Queue) CommitDuringResolve(id int64, commit func()) {
+	if q.racing == nil {
+		q.racing = map[int64]func(){}
+	}
+	q.racing[id] = commit
+}
+
 // Crash models a PostgreSQL crash: stage writes since the last dispatcher commit
 // are lost and the crash sentinel is emptied.
 func (q *Queue) Crash() {
@@ -364,7 +380,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				if n >= cp.N {
 					break
 				}
-				if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After {
+				if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) {
 					before := *r
 					r.Status = core.StatusRunning
 					q.observe(ByClaim, before, r)
@@ -382,6 +398,19 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 			if r == nil {
 				out = append(out, core.Outcome{ID: it.ID})
 				continue
+			}
+			if commit := q.racing[it.ID]; commit != nil {
+				// The statement read the row, then waited for a stage's commit
+				// on it; if that moved the row off what the statement saw, the
+				// UPDATE skips it and the row is reported as it was read.
+				delete(q.racing, it.ID)
+				seen := *r
+				commit()
+				if seen.Status == core.StatusRunning && (r.Status != seen.Status || r.Stage != seen.Stage) {
+					o := core.Outcome{ID: seen.ID, Stage: seen.Stage, Status: seen.Status, Error: seen.DispatchError}
+					out = append(out, o)
+					continue
+				}
 			}
 			matched := r.Status == core.StatusRunning && r.Stage == it.Stage
 			if r.Status == core.StatusRunning {

@@ -1,0 +1,99 @@
+package core_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Feature: a message the dispatcher holds is never claimed again, whatever
+// moved its row, and a stale answer writes nothing on a newer pass.
+
+// Proves: a row an operator retries while its worker still holds it (the stage
+// wrote failed itself and has not answered yet) is excluded from every claim,
+// so no second worker gets it; the late bare 0 then writes nothing (no stage-bug
+// failure), and the row is claimed again only after that answer.
+func TestARowRetriedWhileItsWorkerHoldsItIsNotClaimedUntilTheAnswer(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1) // w1 holds 1
+	if !w.q.StageWrite(1, "a", "a", core.StatusFailed, time.Time{}) {
+		t.Fatal("stage write failed")
+	}
+	w.q.Retry(func(int64) bool { return false }) // pepsi-queue retry
+	w.wantRow(1, "a", core.StatusPending)
+	cmds := w.step(core.Ingress{})
+	claim := one[core.Claim](t, cmds)
+	if !slices.Contains(claim.Exclude, 1) {
+		t.Fatalf("claim %v does not exclude row 1, which w1 holds", claim)
+	}
+	none[core.Write](t, cmds, "row 1 is held by w1")
+	w.wantRow(1, "a", core.StatusPending)
+
+	// The stale answer: the stage finished the message (as failed) and says so.
+	cmds = w.answer(1, "", "", "0")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Answered {
+		t.Fatalf("item %v, want the bare 0's answered item", it)
+	}
+	if r := w.row(1); r.DispatchError != "" {
+		t.Fatalf("the stale answer wrote a verdict: dispatch_error %q", r.DispatchError)
+	}
+	// Now that w1 is done with it, the retried row runs again, once.
+	if got := w.held[1]; !slices.Equal(got, []int64{1}) {
+		t.Fatalf("after its answer the retried row is not handed out again: w1 holds %v\n%s", got, list(cmds))
+	}
+	w.finish(1)
+	w.wantRow(1, "a", core.StatusDone)
+}
+
+// Proves: a claim excludes rows claimed and not yet handed out, and rows handed
+// to a worker that is neither answered nor exited; not rows already answered.
+func TestClaimsExcludeWhatTheCoreHolds(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2) // w1 holds 1, 2
+	cmds := w.finish(1)
+	claim := one[core.Claim](t, cmds)
+	if !slices.Equal(claim.Exclude, []int64{2}) {
+		t.Fatalf("claim %v: want exclude=[2] (w1 still holds 2; 1 was answered)", claim)
+	}
+}
+
+// Proves: a resolve that reads its row back still running (a stage's commit
+// landed while the resolve's UPDATE waited on the row, so it wrote nothing)
+// does not stop the dispatcher: it is logged, counted as a guard miss, the row
+// stays held (kept and excluded) and is resolved again against the committed row.
+func TestARowStillRunningAfterItsResolveIsResolvedAgain(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2) // w1 holds 1, 2
+	// w1 is killed for MAX_RUNTIME while its commit of 1 (to done) is on its
+	// way to the server; the commit lands while the resolve waits on the row.
+	w.q.CommitDuringResolve(1, func() { w.q.StageWrite(1, "a", "a", core.StatusDone, time.Time{}) })
+	w.tick(300 * time.Second)
+	cmds := w.exit(1, -1, "killed")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.TimeOut {
+		t.Fatalf("item %v, want the head timed out", it)
+	}
+	logged := false
+	for _, l := range of[core.Log](cmds) {
+		logged = logged || strings.Contains(l.Msg, "changed while its resolve wrote it")
+	}
+	if !logged {
+		t.Errorf("no log line for the row that changed under its resolve:\n%s", list(cmds))
+	}
+	resolves := of[core.Resolve](cmds)
+	if len(resolves) != 2 || !slices.ContainsFunc(resolves[1].Items, func(it core.Item) bool { return it.ID == 1 && it.Verdict == core.TimeOut }) {
+		t.Fatalf("want the item resolved again in the next transaction:\n%s", list(cmds))
+	}
+	for _, wr := range of[core.Write](cmds) {
+		if slices.Contains(wr.IDs, 1) {
+			t.Fatalf("row 1 handed out again while still owed:\n%s", list(cmds))
+		}
+	}
+	w.wantRow(1, "a", core.StatusDone) // the stage's commit stands; no timeout written over it
+	flushAll(w)
+	if stages, _, left, _ := w.q.Stats(); stages["a"].GuardMisses != 1 || left != 1 || stages["a"].Timeouts != 0 {
+		t.Errorf("stats %+v, left %d: want one guard miss, no timeout, one message left", stages["a"], left)
+	}
+}
