@@ -52,7 +52,8 @@
 // Each process appends JSON lines to the file "record" beside its -c
 // configuration file: one "start" (its argv and PEPSI_STAGE), one "read" per
 // read(2) of standard input (the ids it got and how many it then held
-// unanswered), one "handle" per message it runs (id, pass), and "exit" when its
+// unanswered), one "handle" per message it runs (id, pass), one "answer" just
+// before it writes a message's answer line (id), and "exit" when its
 // input ended. Lines are short single O_APPEND writes, so the processes of one
 // test never interleave inside a line.
 package main
@@ -236,6 +237,7 @@ func raw(confFile string) error {
 			return err
 		}
 		if line != "" {
+			record(Record{Ev: "answer", ID: queue[0]})
 			if _, err := os.Stdout.WriteString(line + "\n"); err != nil {
 				return err
 			}
