@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet purity bench bench-peers bench-backlog river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
+.PHONY: all build install man test vet purity bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
 
 all: build
 
@@ -81,6 +81,12 @@ bench-peers: postgres build river-bench
 # hops/s over the first and the last tenth, the queue's sizes before and after.
 bench-backlog: postgres build
 	$(BIN)/pepsi-bench -backlog -modes $(BENCH_MODES) $(BENCH_FLAGS)
+
+# pepsi-ingress: single-message requests from 64 keep-alive clients beside
+# pgbench's single-row INSERTs into pepsi.queue, NDJSON requests of 1,000
+# beside pepsi-queue enqueue, and accepted over HTTP -> done (docs/performance.md).
+bench-ingress: postgres build
+	$(BIN)/pepsi-bench -ingress $(BENCH_FLAGS)
 
 # River's side of the comparison, from its own module (bench/river/go.mod), so
 # that PEPSI's module does not depend on River.

@@ -118,6 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&b.skipPgbench, "skip-pgbench", false, "measure the pipeline only (no ratio)")
 	fs.IntVar(&b.ingestSeconds, "ingest-seconds", 5, "how long each pgbench run of the ingest figure lasts (single-row INSERTs into pepsi.queue with and without its trigger, the dispatcher idle and busy); 0: skip it")
 	fs.DurationVar(&b.timeout, "timeout", 0, "how long one pipeline run may take (default: 2 min + 1 ms per message)")
+	ing := ingressFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: pepsi-bench [flags]\n\nMeasures pgbench's commit rate and PEPSI's pipeline hops/s side by side.\nEvery flag can also be set as PEPSI_BENCH_<FLAG> (-queue-limit as PEPSI_BENCH_QUEUE_LIMIT).\n\n")
 		fs.PrintDefaults()
@@ -129,7 +130,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
 		return 2
 	}
-	if err := b.run(ctx); err != nil {
+	run := b.run
+	if ing.on {
+		run = func(ctx context.Context) error { return b.runIngress(ctx, ing) }
+	}
+	if err := run(ctx); err != nil {
 		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
 		return 1
 	}

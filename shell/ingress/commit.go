@@ -28,7 +28,7 @@ const (
 	BatchWaitDefault = 2 * time.Millisecond
 	// CommittersDefault is how many transactions may be in flight at once, each
 	// on a connection of its own: while one commits, the next batch gathers.
-	CommittersDefault = 4
+	CommittersDefault = 2
 	// attemptsMax bounds the tries of one batch whose failure is known to leave
 	// nothing behind (a deadlock, a connection that failed before the statement
 	// was sent, a key whose row vanished between insert and look-up).
@@ -133,21 +133,40 @@ func (c *committer) next() ([]*request, bool) {
 		first = r
 	}
 	batch, n := []*request{first}, len(first.msgs)
-	timer := time.NewTimer(c.wait)
-	defer timer.Stop()
-	for n < c.batchMax {
+	// add takes r into the batch, or keeps it for the next one when it does
+	// not fit; it says whether to go on gathering.
+	add := func(r *request, ok bool) bool {
+		if !ok {
+			return false
+		}
+		if n+len(r.msgs) > c.batchMax {
+			c.carry = r
+			return false
+		}
+		batch, n = append(batch, r), n+len(r.msgs)
+		return n < c.batchMax
+	}
+	// Whatever is waiting already goes in at once; then what arrives within
+	// wait.
+	for more := n < c.batchMax; more; {
 		select {
 		case r, ok := <-c.in:
-			if !ok {
-				return batch, true
-			}
-			if n+len(r.msgs) > c.batchMax {
-				c.carry = r
-				return batch, true
-			}
-			batch, n = append(batch, r), n+len(r.msgs)
+			more = add(r, ok)
+		default:
+			more = false
+		}
+	}
+	if c.carry != nil || n >= c.batchMax || c.wait <= 0 {
+		return batch, true
+	}
+	timer := time.NewTimer(c.wait)
+	defer timer.Stop()
+	for more := true; more; {
+		select {
+		case r, ok := <-c.in:
+			more = add(r, ok)
 		case <-timer.C:
-			return batch, true
+			more = false
 		}
 	}
 	return batch, true
@@ -255,21 +274,33 @@ func (c *committer) insert(rows []row) (ids []int64, st *Status, perRequest bool
 func (c *committer) try(rows []row) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	tx, err := c.pool.Begin(ctx)
+	pc, err := c.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("connect: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it does nothing; on error the connection is discarded anyway
-	got, lookedUp, err := insertTx(ctx, tx, rows)
+	// A connection left inside a transaction (an error below) is closed on
+	// release, not reused: pgxpool keeps only idle ones.
+	defer pc.Release()
+	conn := pc.Conn()
+	got, lookedUp, open, err := insert(ctx, conn, rows)
 	if err != nil {
 		return nil, err
 	}
 	ids, err := assign(rows, got, lookedUp)
 	if err != nil {
+		if open {
+			conn.Exec(ctx, "ROLLBACK") //nolint:errcheck // the error that matters is err
+		}
 		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
+	if open {
+		tag, err := conn.Exec(ctx, "COMMIT")
+		if err != nil {
+			return nil, fmt.Errorf("commit: %w", err)
+		}
+		if tag.String() != "COMMIT" {
+			return nil, fmt.Errorf("commit: the server rolled the transaction back (%s)", tag)
+		}
 	}
 	return ids, nil
 }

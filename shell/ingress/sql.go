@@ -55,27 +55,55 @@ type found struct {
 	inserted bool
 }
 
-// insertTx runs insertRows and, when keys are missing from its answer,
-// lookupKeys, in tx.
-func insertTx(ctx context.Context, tx pgx.Tx, rows []row) (got []found, lookedUp map[string]int64, err error) {
+// insert runs insertRows on conn and, when keys are missing from its answer,
+// lookupKeys. Rows without keys need nothing else: the one statement is the
+// transaction, committed when it returns (open says no). Rows with keys are
+// inserted in a transaction (BEGIN and the insert in one round trip) that is
+// left open, so that the look-up and the caller's checks happen before the
+// caller commits; the caller ends it either way.
+func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, lookedUp map[string]int64, open bool, err error) {
 	stages := make([]string, len(rows))
 	payloads := make([][]byte, len(rows))
 	states := make([]string, len(rows))
 	keys := make([]*string, len(rows))
+	keyed := false
 	for i, r := range rows {
 		stages[i], payloads[i], states[i], keys[i] = r.stage, r.payload, r.state, r.key
+		keyed = keyed || r.key != nil
 	}
-	res, err := tx.Query(ctx, insertRows, stages, payloads, states, keys)
-	if err != nil {
-		return nil, nil, fmt.Errorf("insert: %w", err)
-	}
-	got, err = pgx.CollectRows(res, func(r pgx.CollectableRow) (found, error) {
+	scan := func(r pgx.CollectableRow) (found, error) {
 		var f found
 		err := r.Scan(&f.id, &f.key, &f.inserted)
 		return f, err
-	})
+	}
+	if !keyed {
+		res, err := conn.Query(ctx, insertRows, stages, payloads, states, keys)
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("insert: %w", err)
+		}
+		got, err = pgx.CollectRows(res, scan)
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("insert: %w", err)
+		}
+		return got, nil, false, nil
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(insertRows, stages, payloads, states, keys)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, nil, true, fmt.Errorf("begin: %w", err)
+	}
+	res, err := br.Query()
+	if err == nil {
+		got, err = pgx.CollectRows(res, scan)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("insert: %w", err)
+		return nil, nil, true, fmt.Errorf("insert: %w", err)
 	}
 	seen := map[string]bool{}
 	for _, f := range got {
@@ -90,11 +118,11 @@ func insertTx(ctx context.Context, tx pgx.Tx, rows []row) (got []found, lookedUp
 		}
 	}
 	if len(missing) == 0 {
-		return got, nil, nil
+		return got, nil, true, nil
 	}
-	res, err = tx.Query(ctx, lookupKeys, missing)
+	res, err = conn.Query(ctx, lookupKeys, missing)
 	if err != nil {
-		return nil, nil, fmt.Errorf("look up keys: %w", err)
+		return nil, nil, true, fmt.Errorf("look up keys: %w", err)
 	}
 	lookedUp = map[string]int64{}
 	var id int64
@@ -104,9 +132,9 @@ func insertTx(ctx context.Context, tx pgx.Tx, rows []row) (got []found, lookedUp
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("look up keys: %w", err)
+		return nil, nil, true, fmt.Errorf("look up keys: %w", err)
 	}
-	return got, lookedUp, nil
+	return got, lookedUp, true, nil
 }
 
 // countPending counts the pending rows of each stage, at most limit each.

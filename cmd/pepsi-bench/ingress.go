@@ -1,0 +1,577 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
+)
+
+// The ingress figures (-ingress), side by side in one run, each on a fresh
+// database: pgbench's single-row INSERTs into pepsi.queue from -clients
+// clients beside single-message requests to pepsi-ingress from
+// -ingress-clients keep-alive clients; pepsi-queue enqueue -ndjson beside
+// NDJSON requests of -ingress-batch messages each, the same messages, one
+// producer each; and the time from accepted over HTTP to done through the
+// three answering stages at -latency-rate.
+//
+// The load generator is net/http's client in closed loop (each client sends
+// its next request when the last is answered), written here rather than taken
+// from a library: vegeta, the library one would reach for, is not available to
+// this build, and a closed loop of keep-alive clients with every latency kept
+// is thirty lines.
+
+// ingressSettings are the -ingress flags.
+type ingressSettings struct {
+	on      bool
+	clients int
+	batch   int
+	total   int
+	binary  string
+	queue   string
+	args    string
+}
+
+func ingressFlags(fs *flag.FlagSet) *ingressSettings {
+	s := &ingressSettings{}
+	fs.BoolVar(&s.on, "ingress", false, "instead of the rounds: measure pepsi-ingress beside pgbench and pepsi-queue enqueue, and its accepted → done latency")
+	fs.IntVar(&s.clients, "ingress-clients", 64, "concurrent keep-alive HTTP clients sending single-message requests")
+	fs.IntVar(&s.batch, "ingress-batch", 1000, "messages per NDJSON request (and per pepsi-queue enqueue -batch)")
+	fs.IntVar(&s.total, "ingress-total", 100000, "messages of the NDJSON comparison")
+	fs.StringVar(&s.binary, "ingress-binary", "", "the pepsi-ingress `binary` (default: next to pepsi-bench, else on PATH)")
+	fs.StringVar(&s.args, "ingress-args", "", "more `flags` for pepsi-ingress, separated by blanks (-committers 2 -batch-wait 1ms)")
+	fs.StringVar(&s.queue, "queue-binary", "", "the pepsi-queue `binary` (default: next to pepsi-bench, else on PATH)")
+	return s
+}
+
+// findProgram looks for name next to pepsi-bench, then on PATH.
+func findProgram(self, name string) (string, error) {
+	p := filepath.Join(filepath.Dir(self), name)
+	if isExecutable(p) {
+		return p, nil
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("%s is neither next to pepsi-bench (%s) nor on PATH: run \"make build\"", name, p)
+}
+
+// ingressRound is what one round of the ingress figures found.
+type ingressRound struct {
+	pgbenchTPS     float64
+	single         loadResult
+	queueRate      float64 // pepsi-queue enqueue, messages/s
+	ndjsonRate     float64 // NDJSON requests, messages/s
+	ndjsonRequests loadResult
+}
+
+// runIngress measures the ingress figures -rounds times and prints them.
+func (b *bench) runIngress(ctx context.Context, s *ingressSettings) error {
+	if s.clients <= 0 || s.batch <= 0 || s.total < s.batch {
+		return errors.New("-ingress-clients and -ingress-batch must be positive, -ingress-total at least -ingress-batch")
+	}
+	if err := b.prepare(); err != nil {
+		return err
+	}
+	keep := b.keep
+	defer func() {
+		if keep {
+			fmt.Fprintf(b.out, "configuration and logs kept in %s\n", b.dir)
+			return
+		}
+		os.RemoveAll(b.dir)
+	}()
+	var err error
+	if s.binary == "" {
+		if s.binary, err = findProgram(b.self, "pepsi-ingress"); err != nil {
+			return err
+		}
+	}
+	if s.queue == "" {
+		if s.queue, err = findProgram(b.self, "pepsi-queue"); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(b.out, "pepsi-bench -ingress: %d rounds of %d s; pgbench -c %d single-row INSERTs into pepsi.queue vs %d keep-alive clients sending one message per request; "+
+		"pepsi-queue enqueue -ndjson -batch %d vs NDJSON requests of %d messages from one client, %d messages each\n",
+		b.rounds, b.seconds, b.clients, s.clients, s.batch, s.batch, s.total)
+	var rounds []ingressRound
+	for i := 1; i <= b.rounds; i++ {
+		r, err := b.ingressRound(ctx, s)
+		if err != nil {
+			keep = true
+			return fmt.Errorf("round %d: %w", i, err)
+		}
+		fmt.Fprintf(b.out, "round %d: pgbench %.0f tps; single-message requests %s = %.2f× pgbench; pepsi-queue enqueue %.0f msg/s; NDJSON requests %.0f msg/s = %.2f× pepsi-queue (request p50 %.1f ms, p99 %.1f ms)\n",
+			i, r.pgbenchTPS, r.single, r.single.rate/r.pgbenchTPS, r.queueRate, r.ndjsonRate, r.ndjsonRate/r.queueRate,
+			ms(r.ndjsonRequests.p50), ms(r.ndjsonRequests.p99))
+		rounds = append(rounds, r)
+	}
+	med := func(f func(ingressRound) float64) float64 {
+		var xs []float64
+		for _, r := range rounds {
+			xs = append(xs, f(r))
+		}
+		return median(xs)
+	}
+	fmt.Fprintf(b.out, "\nmedian of %d rounds:\n", len(rounds))
+	fmt.Fprintf(b.out, "  pgbench, %d clients, single-row INSERTs into pepsi.queue   %8.0f tps\n", b.clients, med(func(r ingressRound) float64 { return r.pgbenchTPS }))
+	fmt.Fprintf(b.out, "  pepsi-ingress, %d clients, one message per request        %8.0f msg/s  ratio %.2f×  p50 %.1f ms  p99 %.1f ms\n", s.clients,
+		med(func(r ingressRound) float64 { return r.single.rate }), med(func(r ingressRound) float64 { return r.single.rate / r.pgbenchTPS }),
+		med(func(r ingressRound) float64 { return ms(r.single.p50) }), med(func(r ingressRound) float64 { return ms(r.single.p99) }))
+	fmt.Fprintf(b.out, "  pepsi-queue enqueue -ndjson -batch %d                     %8.0f msg/s\n", s.batch, med(func(r ingressRound) float64 { return r.queueRate }))
+	fmt.Fprintf(b.out, "  pepsi-ingress, NDJSON requests of %d, one client           %8.0f msg/s  ratio %.2f×\n", s.batch,
+		med(func(r ingressRound) float64 { return r.ndjsonRate }), med(func(r ingressRound) float64 { return r.ndjsonRate / r.queueRate }))
+	l, err := b.ingressLatency(ctx, s)
+	if err != nil {
+		keep = true
+		return fmt.Errorf("latency: %w", err)
+	}
+	fmt.Fprintf(b.out, "  accepted over HTTP → done, a -> b -> c -> done (answer mode): %s\n", l)
+	return nil
+}
+
+// ingressRound measures pgbench, the single-message requests, pepsi-queue
+// enqueue and the NDJSON requests, each on a fresh database.
+func (b *bench) ingressRound(ctx context.Context, s *ingressSettings) (ingressRound, error) {
+	var r ingressRound
+	var err error
+	// pgbench into pepsi.queue, with its triggers, no dispatcher.
+	if _, err = b.migrated(ctx); err != nil {
+		return r, err
+	}
+	script := filepath.Join(b.dir, "ingest.sql")
+	if err := os.WriteFile(script, []byte(ingestScript), 0o600); err != nil {
+		return r, err
+	}
+	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(b.seconds), "-f", script, b.url}
+	out, err := exec.CommandContext(ctx, b.pgbench, args...).CombinedOutput()
+	if err != nil {
+		return r, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out)
+	}
+	if r.pgbenchTPS, err = parseTPS(out); err != nil {
+		return r, err
+	}
+
+	// Single-message requests.
+	conn, err := b.migrated(ctx)
+	if err != nil {
+		return r, err
+	}
+	ing, err := b.startIngress(ctx, s, "single")
+	if err != nil {
+		return r, err
+	}
+	r.single, err = load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte {
+		return []byte(`{"stage": "a", "payload": "ingest"}`)
+	})
+	if err2 := ing.stop(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		return r, err
+	}
+	if err := checkRows(ctx, conn, r.single.messages); err != nil {
+		return r, err
+	}
+
+	// The same NDJSON through pepsi-queue enqueue, then pepsi-ingress.
+	lines := filepath.Join(b.dir, "messages.ndjson")
+	var buf bytes.Buffer
+	for i := range s.total {
+		fmt.Fprintf(&buf, "{\"payload\": \"message %d\", \"state\": {\"n\": %d}}\n", i, i)
+	}
+	if err := os.WriteFile(lines, buf.Bytes(), 0o600); err != nil {
+		return r, err
+	}
+	if conn, err = b.migrated(ctx); err != nil {
+		return r, err
+	}
+	in, err := os.Open(lines)
+	if err != nil {
+		return r, err
+	}
+	cmd := exec.CommandContext(ctx, s.queue, "-database", b.url, "enqueue", "-stage", "a", "-ndjson", "-batch", strconv.Itoa(s.batch))
+	cmd.Stdin = in
+	start := time.Now()
+	out, err = cmd.CombinedOutput()
+	elapsed := time.Since(start)
+	in.Close()
+	if err != nil {
+		return r, fmt.Errorf("pepsi-queue enqueue: %w\n%s", err, out)
+	}
+	r.queueRate = float64(s.total) / elapsed.Seconds()
+	if err := checkRows(ctx, conn, int64(s.total)); err != nil {
+		return r, err
+	}
+
+	if conn, err = b.migrated(ctx); err != nil {
+		return r, err
+	}
+	if ing, err = b.startIngress(ctx, s, "ndjson"); err != nil {
+		return r, err
+	}
+	all := buf.Bytes()
+	var bodies [][]byte
+	for len(all) > 0 {
+		cut := 0
+		for range s.batch {
+			i := bytes.IndexByte(all[cut:], '\n')
+			if i < 0 {
+				cut = len(all)
+				break
+			}
+			cut += i + 1
+		}
+		bodies = append(bodies, all[:cut])
+		all = all[cut:]
+	}
+	start = time.Now()
+	r.ndjsonRequests, err = loadN(ctx, ing.url+"?stage=a", 1, "application/x-ndjson", bodies)
+	elapsed = time.Since(start)
+	if err2 := ing.stop(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		return r, err
+	}
+	r.ndjsonRate = float64(s.total) / elapsed.Seconds()
+	if err := checkRows(ctx, conn, int64(s.total)); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// migrated makes a fresh bench database with the schema.
+func (b *bench) migrated(ctx context.Context) (*pgx.Conn, error) {
+	if err := b.freshDatabase(ctx); err != nil {
+		return nil, err
+	}
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the bench database: %w", err)
+	}
+	if _, err := schema.Migrate(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("apply the schema: %w", err)
+	}
+	return conn, nil
+}
+
+// checkRows checks that the queue holds exactly n rows: every 202 committed.
+func checkRows(ctx context.Context, conn *pgx.Conn, n int64) error {
+	defer conn.Close(context.WithoutCancel(ctx))
+	var got int64
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue").Scan(&got); err != nil {
+		return fmt.Errorf("count the queue: %w", err)
+	}
+	if got != n {
+		return fmt.Errorf("the queue holds %d rows, want %d (the messages answered 202)", got, n)
+	}
+	return nil
+}
+
+// ingressProcess is one running pepsi-ingress.
+type ingressProcess struct {
+	cmd    *exec.Cmd
+	url    string
+	exited chan int
+	log    string
+}
+
+// startIngress starts pepsi-ingress on the bench database with stages a, b
+// and c, and waits until it serves.
+func (b *bench) startIngress(ctx context.Context, s *ingressSettings, tag string) (*ingressProcess, error) {
+	confFile, err := b.writeConf(variant{mode: modeAnswer, cfg: b.benchConfig}, "60", "ingress-"+tag)
+	if err != nil {
+		return nil, err
+	}
+	logFile := filepath.Join(b.dir, "pepsi-ingress."+tag+".log")
+	f, err := os.Create(logFile)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"-c", confFile, "-listen", "127.0.0.1:0", "-max-in-flight", strconv.Itoa(max(256, 2*s.clients))}, strings.Fields(s.args)...)
+	cmd := exec.Command(s.binary, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PEPSI_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = f, io.MultiWriter(f, pw)
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", s.binary, err)
+	}
+	p := &ingressProcess{cmd: cmd, exited: make(chan int, 1), log: logFile}
+	go func() {
+		_ = cmd.Wait() // the exit status is read from ProcessState
+		pw.Close()
+		f.Close()
+		p.exited <- cmd.ProcessState.ExitCode()
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if _, rest, ok := strings.Cut(sc.Text(), "addr="); ok {
+				addr <- strings.Fields(rest)[0]
+				break
+			}
+		}
+		io.Copy(io.Discard, pr) //nolint:errcheck // drains the pipe until the process exits
+	}()
+	select {
+	case p.url = <-addr:
+		return p, nil
+	case code := <-p.exited:
+		return nil, fmt.Errorf("pepsi-ingress exited with status %d before serving; see %s", code, logFile)
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("pepsi-ingress did not serve within 30 s; see %s", logFile)
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		return nil, ctx.Err()
+	}
+}
+
+// stop sends SIGTERM and waits for exit status 0.
+func (p *ingressProcess) stop() error {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("signal pepsi-ingress: %w", err)
+	}
+	select {
+	case code := <-p.exited:
+		if code != 0 {
+			return fmt.Errorf("pepsi-ingress exited with status %d after SIGTERM (want 0); see %s", code, p.log)
+		}
+		return nil
+	case <-time.After(stopWait):
+		p.cmd.Process.Kill()
+		return fmt.Errorf("pepsi-ingress did not exit within %v of SIGTERM; killed it", stopWait)
+	}
+}
+
+// loadResult is what a load run found.
+type loadResult struct {
+	requests, messages int64
+	rate               float64 // messages per second
+	p50, p99           time.Duration
+}
+
+func (l loadResult) String() string {
+	return fmt.Sprintf("%.0f msg/s (request p50 %.1f ms, p99 %.1f ms)", l.rate, ms(l.p50), ms(l.p99))
+}
+
+// load runs clients closed-loop clients against url for d, each request the
+// body of its client and sequence number; every answer must be 202.
+func load(ctx context.Context, url string, clients int, d time.Duration, contentType string, body func(int) []byte) (loadResult, error) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: clients}}
+	defer client.CloseIdleConnections()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(d)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				t := time.Now()
+				if err := postOne(ctx, client, url, contentType, body(i)); err != nil {
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return loadResult{}, firstErr
+	}
+	return summarize(lat, int64(len(lat)), time.Since(start)), nil
+}
+
+// loadN sends bodies from clients closed-loop clients, each body once.
+func loadN(ctx context.Context, url string, clients int, contentType string, bodies [][]byte) (loadResult, error) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	defer client.CloseIdleConnections()
+	next := make(chan []byte, len(bodies))
+	for _, b := range bodies {
+		next <- b
+	}
+	close(next)
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range next {
+				t := time.Now()
+				err := postOne(ctx, client, url, contentType, b)
+				mu.Lock()
+				if err != nil {
+					firstErr = cmpErr(firstErr, err)
+				} else {
+					lat = append(lat, time.Since(t))
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return loadResult{}, firstErr
+	}
+	return summarize(lat, int64(len(lat)), time.Since(start)), nil
+}
+
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// postOne sends one request and checks it was answered 202.
+func postOne(ctx context.Context, client *http.Client, url, contentType string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", contentType)
+	res, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("POST %s: %w", url, err)
+	}
+	answer, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("POST %s: %d %s", url, res.StatusCode, answer)
+	}
+	return nil
+}
+
+// summarize is the rate of messages over elapsed and the latencies' p50 and
+// p99 (each request is one message unless messages says otherwise).
+func summarize(lat []time.Duration, messages int64, elapsed time.Duration) loadResult {
+	slices.Sort(lat)
+	at := func(q float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(q*float64(len(lat))))]
+	}
+	return loadResult{requests: int64(len(lat)), messages: messages, rate: float64(messages) / elapsed.Seconds(), p50: at(0.5), p99: at(0.99)}
+}
+
+// ingressLatency runs the pipeline in answer mode with pepsi-ingress in front,
+// offers -latency-rate single-message requests per second for
+// -latency-seconds, and reports the time from accepted to done on the
+// server's clock (created_at, the inserting transaction's start, to
+// updated_at of the transaction that wrote done).
+func (b *bench) ingressLatency(ctx context.Context, s *ingressSettings) (latencyResult, error) {
+	var l latencyResult
+	conn, err := b.migrated(ctx)
+	if err != nil {
+		return l, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	v := variant{mode: modeAnswer, cfg: b.benchConfig}
+	confFile, err := b.writeConf(v, "60", "ingress-latency")
+	if err != nil {
+		return l, err
+	}
+	d, err := b.startDispatcher(confFile, "ingress-latency")
+	if err != nil {
+		return l, err
+	}
+	defer d.kill()
+	ing, err := b.startIngress(ctx, s, "latency")
+	if err != nil {
+		return l, err
+	}
+	defer ing.stop() //nolint:errcheck // stopped below; this is for early returns
+	client := &http.Client{}
+	// Warm the workers up first, as the pipeline's own latency figure does.
+	for range latencyWarmup {
+		if err := postOne(ctx, client, ing.url, "application/json", []byte(`{"stage": "a", "payload": "warm-up"}`)); err != nil {
+			return l, err
+		}
+	}
+	if err := b.waitDone(ctx, conn, d, v, latencyWarmup); err != nil {
+		return l, fmt.Errorf("warm-up: %w", err)
+	}
+	total := b.latencyRate * max(1, b.latencySeconds)
+	every := time.Second / time.Duration(b.latencyRate)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, total)
+	for i := range total {
+		if wait := time.Until(start.Add(time.Duration(i) * every)); wait > 0 {
+			time.Sleep(wait)
+		}
+		wg.Add(1)
+		go func() { // open loop: a slow answer does not delay the next request
+			defer wg.Done()
+			if err := postOne(ctx, client, ing.url, "application/json", []byte(`{"stage": "a", "payload": "latency"}`)); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return l, err
+	}
+	l.offered = float64(total) / time.Since(start).Seconds()
+	if err := b.waitDone(ctx, conn, d, v, latencyWarmup+total); err != nil {
+		return l, err
+	}
+	var p50, p99, mx float64
+	err = conn.QueryRow(ctx, `SELECT count(*),
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)),
+		max(extract(epoch FROM updated_at - created_at))
+		FROM pepsi.queue WHERE status = 'done' AND payload <> 'warm-up'`).Scan(&l.messages, &p50, &p99, &mx)
+	if err != nil {
+		return l, fmt.Errorf("read the latencies: %w", err)
+	}
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	l.p50, l.p99, l.max = sec(p50), sec(p99), sec(mx)
+	return l, nil
+}

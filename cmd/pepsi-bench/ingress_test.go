@@ -1,0 +1,37 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestIngressFiguresAreMeasuredSideBySide runs -ingress small: pgbench and
+// single-message requests, pepsi-queue enqueue and NDJSON requests (the rows
+// of each checked: every 202 committed), then the accepted → done latency
+// through the real dispatcher.
+func TestIngressFiguresAreMeasuredSideBySide(t *testing.T) {
+	t.Parallel()
+	bin := buildBench(t)
+	args := []string{"build", "-o", bin + string(filepath.Separator),
+		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-ingress", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-queue"}
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	out, code := runBench(t, bin, "-ingress", "-rounds", "1", "-seconds", "1", "-clients", "2", "-ingress-clients", "4",
+		"-ingress-batch", "100", "-ingress-total", "1000", "-latency-rate", "50", "-latency-seconds", "1")
+	if code != 0 {
+		t.Fatalf("pepsi-bench -ingress exited %d, want 0; output:\n%s", code, out)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^round 1: pgbench [0-9]+ tps; single-message requests [0-9]+ msg/s \(request p50 [0-9.]+ ms, p99 [0-9.]+ ms\) = [0-9.]+× pgbench; pepsi-queue enqueue [0-9]+ msg/s; NDJSON requests [0-9]+ msg/s = [0-9.]+× pepsi-queue`),
+		regexp.MustCompile(`(?m)^  pepsi-ingress, 4 clients, one message per request +[0-9]+ msg/s  ratio [0-9.]+×  p50 [0-9.]+ ms  p99 [0-9.]+ ms$`),
+		regexp.MustCompile(`(?m)^  accepted over HTTP → done, .*: 50 messages at [0-9]+/s .* p50 [0-9.]+ ms, p99 [0-9.]+ ms`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("pepsi-bench -ingress output has no line matching %q; output:\n%s", want, out)
+		}
+	}
+}
