@@ -39,7 +39,8 @@ const (
 	// failed, so a message that kills every worker on sight cannot loop forever.
 	StartFailLimit = 3
 	// CooldownMin and CooldownMax bound the spawn cooldown of a stage whose program
-	// cannot start; it doubles with each failed start and resets on an answer.
+	// cannot start; it doubles with each failed start (once per instant, however
+	// many workers failed to start at it) and resets on an answer.
 	CooldownMin = 1 * time.Second
 	CooldownMax = 30 * time.Second
 	// IdleFlushMin: a flush on going idle happens at most this often.
@@ -126,7 +127,8 @@ type stage struct {
 	floor         int64
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
-	stuckReason   string // the reason for a 0 that left the row running here
+	cooldownAt    time.Time // when cooldownStep was last doubled
+	stuckReason   string    // the reason for a 0 that left the row running here
 }
 
 // Core is the dispatcher state machine. Create it with New; drive it with Step.

@@ -97,3 +97,38 @@ func TestARowStillRunningAfterItsResolveIsResolvedAgain(t *testing.T) {
 		t.Errorf("stats %+v, left %d: want one guard miss, no timeout, one message left", stages["a"], left)
 	}
 }
+
+// Proves: workers of one stage that fail to start at the same instant are one
+// failed start: the cooldown doubles once (both say "next try in 1s", not 1s
+// then 2s), and the next failed start, later, doubles it.
+func TestCooldownDoublesOncePerInstantNotOncePerWorker(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.noAutoStart = true
+	cmds := w.start("a", 6) // PARALLELISM 2: two spawns
+	spawns := of[core.Spawn](cmds)
+	if len(spawns) != 2 {
+		t.Fatalf("want two spawns, got:\n%s", list(cmds))
+	}
+	cmds = w.step(core.SpawnFailed{Worker: spawns[0].Worker, Err: "not found"}, core.SpawnFailed{Worker: spawns[1].Worker, Err: "not found"})
+	tries := 0
+	for _, l := range of[core.Log](cmds) {
+		if strings.Contains(l.Msg, "cannot start") {
+			tries++
+			if !strings.HasSuffix(l.Msg, "next try in 1s") {
+				t.Errorf("log %q: two failed starts at one instant must both say 1s", l.Msg)
+			}
+		}
+	}
+	if tries != 2 {
+		t.Fatalf("%d cannot-start lines, want 2:\n%s", tries, list(cmds))
+	}
+	cmds = w.tick(core.CooldownMin)
+	spawns = of[core.Spawn](cmds)
+	if len(spawns) == 0 {
+		t.Fatalf("no spawn when the 1s cooldown ended:\n%s", list(cmds))
+	}
+	cmds = w.step(core.SpawnFailed{Worker: spawns[0].Worker, Err: "not found"})
+	if l := one[core.Log](t, cmds); !strings.HasSuffix(l.Msg, "next try in 2s") {
+		t.Errorf("log %q: the next failed start doubles the cooldown to 2s", l.Msg)
+	}
+}

@@ -113,9 +113,15 @@ func (c *Core) removeWorker(w *worker) {
 	st.workers = slices.DeleteFunc(st.workers, func(x *worker) bool { return x == w })
 }
 
+// cooldown holds the stage's spawns back after a failed start. It doubles once
+// per instant: workers that fail to start together (a missing program fails
+// every spawn of a step) are one failed start, not one per worker.
 func (c *Core) cooldown(st *stage) {
+	if st.cooldownStep > 0 && st.cooldownAt.Equal(c.now) {
+		return
+	}
 	st.cooldownStep = min(max(2*st.cooldownStep, CooldownMin), CooldownMax)
-	st.cooldownUntil = c.now.Add(st.cooldownStep)
+	st.cooldownUntil, st.cooldownAt = c.now.Add(st.cooldownStep), c.now
 }
 
 // exitedWorker decides what a worker's exit means for the messages it held.

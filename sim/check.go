@@ -90,6 +90,7 @@ func (t *truth) stage(name string) *core.StageDelta {
 type cooldown struct {
 	step  time.Duration
 	until time.Time
+	at    time.Time // the instant of the failed start that set step
 }
 
 type model struct {
@@ -433,10 +434,15 @@ func (w *world) queueAnswer(id core.WorkerID, a answerInfo) {
 	x.answers = append(x.answers, a)
 }
 
+// coolDown is a failed start of stage s: the cooldown doubles once per
+// instant, however many workers failed to start at it.
 func (w *world) coolDown(s int) {
 	c := &w.cool[s]
+	if c.step > 0 && c.at.Equal(w.now) {
+		return
+	}
 	c.step = min(max(2*c.step, core.CooldownMin), core.CooldownMax)
-	c.until = w.now.Add(c.step)
+	c.until, c.at = w.now.Add(c.step), w.now
 }
 
 func (w *world) modelAnswer(e core.Answer) {

@@ -179,7 +179,7 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 			continue
 		}
 		switch {
-		case held.PID == 0 && staleEnds < staleEndsMax:
+		case held.BackendPID == 0 && staleEnds < staleEndsMax:
 			// The holder was gone by the time it was looked up: a session that
 			// was ending (often this process's own, after a reset). Ask again.
 			staleEnds++
@@ -190,9 +190,9 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 		case restarted && staleEnds < staleEndsMax &&
 			held.ApplicationName == pgqueue.AppName() && cfg.RuntimeParams["application_name"] == pgqueue.AppName():
 			staleEnds++
-			log.Warn("the dispatcher lock is held by this process's own earlier session, cut off; ending it", "pid", held.PID)
-			if eerr := pgqueue.EndSession(ctx, cfg, held.PID, held.ApplicationName); eerr != nil {
-				log.Warn("could not end the stale session", "pid", held.PID, "err", eerr)
+			log.Warn("the dispatcher lock is held by this process's own earlier session, cut off; ending it", "backend_pid", held.BackendPID)
+			if eerr := pgqueue.EndSession(ctx, cfg, held.BackendPID, held.ApplicationName); eerr != nil {
+				log.Warn("could not end the stale session", "backend_pid", held.BackendPID, "err", eerr)
 			}
 		case standby:
 			ask = false // someone else holds it: wait for it as a standby

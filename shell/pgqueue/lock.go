@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,22 +66,43 @@ func AppName() string {
 // would not say (another role without pg_read_all_stats) or the holder left
 // between the two queries.
 type HeldError struct {
-	PID             int32
+	// BackendPID is the server process of the holder's session: what
+	// pg_stat_activity and pg_terminate_backend call its pid.
+	BackendPID      int32
 	ApplicationName string
 	ClientAddr      string // "local" for a Unix-socket connection
 	BackendStart    time.Time
 }
 
+// Dispatcher returns the host and operating-system pid of the dispatcher
+// holding the lock, read from its application_name (AppName), or ok false when
+// that was set to something else.
+func (e *HeldError) Dispatcher() (host string, pid int, ok bool) {
+	f := strings.Fields(e.ApplicationName)
+	if len(f) != 3 || f[0] != "pepsi-dispatch" {
+		return "", 0, false
+	}
+	pid, err := strconv.Atoi(f[2])
+	if err != nil || pid <= 0 {
+		return "", 0, false
+	}
+	return f[1], pid, true
+}
+
 func (e *HeldError) Error() string {
-	if e.PID == 0 {
+	if e.BackendPID == 0 {
 		return "another pepsi-dispatch holds the dispatcher lock (it could not be identified; it may just have exited)"
 	}
 	start := "unknown"
 	if !e.BackendStart.IsZero() {
 		start = e.BackendStart.UTC().Format(time.RFC3339)
 	}
-	return fmt.Sprintf("another pepsi-dispatch holds the dispatcher lock: pid %d, application_name %q, client %s, connected since %s",
-		e.PID, e.ApplicationName, orUnknown(e.ClientAddr), start)
+	who := "a process that could not be identified (its application_name is not pepsi-dispatch's)"
+	if host, pid, ok := e.Dispatcher(); ok {
+		who = fmt.Sprintf("pid %d on %s", pid, host)
+	}
+	return fmt.Sprintf("another pepsi-dispatch holds the dispatcher lock: %s (PostgreSQL backend pid %d), application_name %q, client %s, connected since %s",
+		who, e.BackendPID, e.ApplicationName, orUnknown(e.ClientAddr), start)
 }
 
 func orUnknown(s string) string {
@@ -255,8 +278,8 @@ func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck
 	if err != nil || got {
 		return got, err
 	}
-	if held.PID != *holder {
-		*holder = held.PID
+	if held.BackendPID != *holder {
+		*holder = held.BackendPID
 		log.Info("standby: waiting for the dispatcher lock", "holder", held.Error())
 	}
 	wctx, cancel := context.WithTimeout(ctx, recheck)
@@ -323,7 +346,7 @@ func tryLock(ctx context.Context, conn *pgx.Conn) (got bool, held *HeldError, er
 	}
 	held = &HeldError{}
 	var start *time.Time
-	err = conn.QueryRow(ctx, holderSQL, LockKey).Scan(&held.PID, &held.ApplicationName, &held.ClientAddr, &start)
+	err = conn.QueryRow(ctx, holderSQL, LockKey).Scan(&held.BackendPID, &held.ApplicationName, &held.ClientAddr, &start)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, held, nil
 	}

@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
-	"strconv"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -64,15 +65,34 @@ func TestSecondTryLockFailsNamingTheHolder(t *testing.T) {
 		}
 		t.Fatalf("second TryLock = %v, want a *HeldError", err)
 	}
-	if held.PID != holder || held.ApplicationName != pgqueue.AppName() || held.ClientAddr != "127.0.0.1" ||
+	if held.BackendPID != holder || held.ApplicationName != pgqueue.AppName() || held.ClientAddr != "127.0.0.1" ||
 		held.BackendStart.IsZero() || time.Since(held.BackendStart) > time.Hour {
 		t.Errorf("HeldError = %+v; want pid %d, application_name %q, client 127.0.0.1, a recent backend start",
 			*held, holder, pgqueue.AppName())
 	}
 	msg := err.Error()
-	for _, want := range []string{strconv.Itoa(int(holder)), pgqueue.AppName(), "127.0.0.1"} {
+	// The holder is this test process: its own pid is the dispatcher's, the
+	// session's server process is the backend's, and each is called so.
+	host, _ := os.Hostname()
+	for _, want := range []string{
+		fmt.Sprintf("lock: pid %d on %s (PostgreSQL backend pid %d)", os.Getpid(), host, holder),
+		pgqueue.AppName(), "127.0.0.1",
+	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not name the holder's %q", msg, want)
+		}
+	}
+}
+
+func TestHeldErrorNamesTheDispatcherOnlyWhenItsApplicationNameSays(t *testing.T) {
+	for app, want := range map[string]string{
+		"pepsi-dispatch web-1 30858": "lock: pid 30858 on web-1 (PostgreSQL backend pid 30865)",
+		"psql":                       "lock: a process that could not be identified (its application_name is not pepsi-dispatch's) (PostgreSQL backend pid 30865)",
+		"pepsi-dispatch web-1 x":     "could not be identified",
+	} {
+		err := &pgqueue.HeldError{BackendPID: 30865, ApplicationName: app}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("application_name %q: error %q, want it to contain %q", app, err, want)
 		}
 	}
 }
