@@ -44,8 +44,9 @@ Every flag can also be set as a PEPSI_* environment variable (-listen as
 PEPSI_LISTEN, -database as PEPSI_DATABASE). The database is -database, else
 [pepsi] DATABASE of the -c file, else the libpq PG* environment.
 
-Exit status: 0 stopped by SIGINT or SIGTERM; 1 the database or the listening
-address is unusable at start; 2 bad flags or configuration.
+Exit status: 0 stopped by SIGINT or SIGTERM; 1 the database has no PEPSI schema
+or the listening address is unusable at start (a database that is down is
+served as down until it comes); 2 bad flags or configuration.
 
 Flags:
 `

@@ -5,12 +5,15 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/shell/netfault"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
@@ -48,13 +51,98 @@ func TestBadFlagsAndConfigurationAreOneLineAndExit2(t *testing.T) {
 	}
 }
 
-func TestAnUnreachableDatabaseAtStartIsOneLineAndExit1(t *testing.T) {
+// A database that is down when pepsi-httpd starts is not a reason to exit
+// (under a supervisor that is a crash loop): it serves pepsi_database_up 0 and a
+// 503 /healthz, says so in one log line, and works normally once the database
+// answers.
+func TestADatabaseDownAtStartIsServedAsDownUntilItComes(t *testing.T) {
 	t.Parallel()
-	code, stderr := runFor(t, "-database", "postgres://pepsi@127.0.0.1:1/queue?connect_timeout=2")
-	want := `pepsi-httpd: PostgreSQL at 127.0.0.1:1 (database "queue", user "pepsi"): `
-	if code != exitFailure || !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
-		t.Errorf("exit %d, stderr %q; want exit 1 and one line starting %q", code, stderr, want)
+	proxy, err := netfault.Start("127.0.0.1:5432")
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer proxy.Close()
+	u, err := url.Parse(pgtest.NewMigrated(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = proxy.Addr()
+	q := u.Query()
+	q.Set("connect_timeout", "2")
+	u.RawQuery = q.Encode()
+	proxy.Refuse() // the database is down
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr := make(chan string, 1)
+	done := make(chan int, 1)
+	var stderr syncBuffer
+	go func() {
+		done <- run(ctx, []string{"-database", u.String(), "-listen", "127.0.0.1:0", "-cache", "10ms"}, &stderr, func(a string) { addr <- a })
+	}()
+	var base string
+	select {
+	case a := <-addr:
+		base = "http://" + a
+	case code := <-done:
+		t.Fatalf("pepsi-httpd exited %d with the database down; want it to serve. stderr:\n%s", code, stderr.String())
+	}
+	if code, body := httpGet(t, base+"/metrics"); code != http.StatusOK || !strings.Contains(body, "pepsi_database_up 0") {
+		t.Errorf("GET /metrics with the database down: %d, want 200 with pepsi_database_up 0:\n%s", code, body)
+	}
+	if code, _ := httpGet(t, base+"/healthz"); code != http.StatusServiceUnavailable {
+		t.Errorf("GET /healthz with the database down: %d, want 503", code)
+	}
+	if log := stderr.String(); strings.Count(log, "cannot read the database at start") != 1 {
+		t.Errorf("want one log line saying the database cannot be read at start; stderr:\n%s", log)
+	}
+
+	proxy.Heal() // the database comes
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body := httpGet(t, base+"/metrics")
+		hcode, _ := httpGet(t, base+"/healthz")
+		if code == http.StatusOK && strings.Contains(body, "pepsi_database_up 1") && hcode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after the database came: /metrics %d, /healthz %d; want pepsi_database_up 1 and 200", code, hcode)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("exit %d after the signal, want 0", code)
+	}
+}
+
+func httpGet(t *testing.T, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestADatabaseWithoutSchemaVersion2IsOneLineAndExit1(t *testing.T) {

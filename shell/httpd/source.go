@@ -2,10 +2,12 @@ package httpd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,10 +48,13 @@ const (
 // Source reads Snapshots for all the handlers: one read at a time, shared by
 // every request that arrives while it runs or within CacheMaxAge after it.
 type Source struct {
-	pool *pgxpool.Pool
-	opts Options
-	log  *slog.Logger
-	sf   singleflight.Group
+	pool  *pgxpool.Pool
+	opts  Options
+	where string // the database, for errors
+	// schemaOK: the schema check passed once (see firstRead).
+	schemaOK atomic.Bool
+	log      *slog.Logger
+	sf       singleflight.Group
 
 	mu      sync.Mutex
 	last    *Snapshot // the latest successful read
@@ -68,9 +73,11 @@ type Sample struct {
 	Stages map[string]map[string]int64 `json:"stages"`
 }
 
-// Open connects to the database and makes one read, so that a wrong URL, an
-// unreachable server or a missing schema is reported at start. The pool it
-// opens is closed by Close.
+// Open connects to the database and makes one read, so that a wrong URL or a
+// missing schema is reported at start. A database it cannot read is not an
+// error: the Source starts with that failure as its latest read, and reads
+// again when asked (see Snapshot) until it succeeds. The pool it opens is
+// closed by Close.
 func Open(ctx context.Context, opts Options) (*Source, error) {
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = StatementTimeoutDefault
@@ -105,26 +112,48 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	s := &Source{pool: pool, opts: opts, log: opts.Log}
-	where := fmt.Sprintf("PostgreSQL at %s:%d (database %q, user %q)", cc.Host, cc.Port, cc.Database, cc.User)
-	// Without the index of schema version 2, counting failed messages would scan
-	// the queue at every scrape. to_regclass needs no privilege.
-	var indexed bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`).Scan(&indexed); err != nil {
+	s := &Source{pool: pool, opts: opts, log: opts.Log,
+		where: fmt.Sprintf("PostgreSQL at %s:%d (database %q, user %q)", cc.Host, cc.Port, cc.Database, cc.User)}
+	snap, err := s.firstRead(ctx)
+	if errors.Is(err, errNoSchema) {
 		pool.Close()
-		return nil, fmt.Errorf("%s: %w", where, err)
+		return nil, err
 	}
-	if !indexed {
-		pool.Close()
-		return nil, fmt.Errorf("%s: no PEPSI schema of version 2 or later (index pepsi.queue_failed is missing): run pepsi-queue migrate", where)
-	}
-	snap, err := Read(ctx, pool, opts.Stages)
+	s.lastAt, s.reads = time.Now(), 1
 	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("%s: %w", where, err)
+		// Under a supervisor, exiting would be a crash loop until the database
+		// comes; serving says it is down (pepsi_database_up 0, a 503 /healthz),
+		// and every later read tries again.
+		s.lastErr = err
+		s.log.Error("cannot read the database at start; serving pepsi_database_up 0 and a 503 /healthz until it answers", "err", err)
+		return s, nil
 	}
-	s.last, s.lastAt, s.reads = snap, time.Now(), 1
+	s.last = snap
 	return s, nil
+}
+
+// errNoSchema: the database answers but has no PEPSI schema pepsi-httpd can read.
+var errNoSchema = errors.New("no PEPSI schema of version 2 or later (index pepsi.queue_failed is missing): run pepsi-queue migrate")
+
+// firstRead checks the schema, then reads, until both have once succeeded.
+// Without the index of schema version 2, counting failed messages would scan the
+// queue at every scrape. to_regclass needs no privilege.
+func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
+	if !s.schemaOK.Load() {
+		var indexed bool
+		if err := s.pool.QueryRow(ctx, `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`).Scan(&indexed); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.where, err)
+		}
+		if !indexed {
+			return nil, fmt.Errorf("%s: %w", s.where, errNoSchema)
+		}
+		s.schemaOK.Store(true)
+	}
+	snap, err := Read(ctx, s.pool, s.opts.Stages)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.where, err)
+	}
+	return snap, nil
 }
 
 // Close closes the database connections.
@@ -163,7 +192,7 @@ func (s *Source) Snapshot(ctx context.Context) (*Snapshot, error) {
 
 // read makes one Snapshot and records it (or its failure).
 func (s *Source) read(ctx context.Context) (*Snapshot, error) {
-	snap, err := Read(ctx, s.pool, s.opts.Stages)
+	snap, err := s.firstRead(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reads++
