@@ -19,6 +19,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/pgnet"
 )
 
 // Bounds of the retry loops and of what goes on a status line (STYLE.md: every
@@ -97,6 +98,10 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = connectTimeoutDefault
 	}
+	// The dispatcher's bounds on a silent network: a stage must not hang on a
+	// dead connection (its head would wait for MAX_RUNTIME), and the server
+	// must end a silent stage's session, releasing its row locks.
+	pgnet.BoundSilence(cfg)
 	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, writeAll: o.WriteTransitions, cfg: cfg, log: log}, nil
 }
 

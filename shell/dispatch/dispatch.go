@@ -26,6 +26,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/pgnet"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
@@ -84,7 +85,7 @@ func Run(ctx context.Context, o Options) (int, error) {
 	// Every connection (the lock's, the listener's, the pool's) gives up on a
 	// silent network in bounded time, and the server keeps a silent session
 	// (and the lock) until well after this dispatcher has noticed.
-	pgqueue.BoundSilence(pgcfg)
+	pgnet.BoundSilence(pgcfg)
 	signals := o.Signals
 	if signals == nil {
 		ch := make(chan os.Signal, 2)
@@ -142,7 +143,7 @@ const staleEndsMax = 3
 // was a session that was ending: acquire asks again, a few times, rather than
 // refuse to run. After a lost lock (restarted), the holder may be this very
 // process: its old lock session, cut off by a silent network, which the server
-// has not ended yet (it waits minutes, or pgqueue.BoundSilence's bound).
+// has not ended yet (it waits minutes, or pgnet.BoundSilence's bound).
 // acquire ends that session (pg_terminate_backend) and asks again, instead of
 // refusing to run or waiting for the server to notice.
 func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {

@@ -1,4 +1,4 @@
-package pgqueue_test
+package pgnet_test
 
 import (
 	"net"
@@ -7,20 +7,22 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/shell/pgnet"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
-// BoundSilence makes both ends of a dispatcher connection give up on a silent
+// BoundSilence makes both ends of a connection give up on a silent
 // peer in bounded time: the server's session settings say when PostgreSQL ends
 // the session (and releases the lock), the socket's TCP_USER_TIMEOUT and
 // keepalive when the dispatcher's side fails.
 func TestBoundSilenceSetsTheServersKeepalivesAndTheSocketsUserTimeout(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	cfg := connConfig(t, url)
+	cfg, err := pgx.ParseConfig(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.RuntimeParams["tcp_keepalives_count"] = "7" // the connection string's own choice wins
-	pgqueue.BoundSilence(cfg)
+	pgnet.BoundSilence(cfg)
 	conn, err := pgx.ConnectConfig(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)

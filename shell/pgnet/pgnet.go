@@ -1,4 +1,9 @@
-package pgqueue
+// Package pgnet bounds how long a PEPSI program's connection to PostgreSQL may
+// hang on a network that went silent (a partition, a black hole: no reset, no
+// error), on both ends: the client's socket and the server's session. The
+// dispatcher and the stage library (so every stage program written with it)
+// connect through BoundSilence. It must never open a connection itself.
+package pgnet
 
 import (
 	"fmt"
@@ -10,15 +15,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The dispatcher's bounds on a network that goes silent (docs/durability.md,
-// "A network that goes silent"). Two sides must each notice:
+// The bounds on a network that goes silent (docs/durability.md, "A network that
+// goes silent"). Two sides must each notice:
 //
-// The dispatcher itself, on every connection it makes: TCP keepalive probes
+// The client (the dispatcher, a stage), on every connection it makes: TCP keepalive probes
 // after netKeepAliveIdle of silence, every netKeepAliveInterval, netKeepAliveCount
 // of them; and TCP_USER_TIMEOUT netUserTimeout, so bytes the server does not
 // acknowledge within it fail the connection (keepalive alone does not apply
 // while data is unacknowledged). The lock's own check (lockTiming, at most
-// about 15 s) is faster, and is what makes the dispatcher kill its workers.
+// about 15 s) is faster, and is what makes the dispatcher kill its workers; a
+// stage's statement on a dead connection fails within them, and the stage
+// library reconnects.
 //
 // The server, on the dispatcher's sessions, through the per-session settings
 // tcp_keepalives_idle/interval/count and tcp_user_timeout: it ends a session
@@ -42,7 +49,7 @@ const (
 
 // BoundSilence sets config so that a connection to a server that went silent
 // (a partition, a black hole: no reset, no error) fails within bounded time on
-// the dispatcher's side, and so that the server ends the session only well
+// the client's side, and so that the server ends the session only well
 // after the dispatcher's lock check has noticed (the constants above). It
 // replaces config's dialer (keeping its connect timeout); server settings the
 // connection string already makes are kept. It changes config in place.

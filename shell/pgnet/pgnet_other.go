@@ -1,6 +1,6 @@
 //go:build !linux
 
-package pgqueue
+package pgnet
 
 import "time"
 
