@@ -297,12 +297,12 @@ func TestADatabaseWithoutTheSchemaSaysToMigrate(t *testing.T) {
 func TestAFlagBeforeTheSubcommandIsCalledGlobal(t *testing.T) {
 	t.Parallel()
 	r := pq(t, "", nil, "-bogus", "stats")
-	want := "pepsi-queue: unknown global flag -bogus (the global flags, before the subcommand, are -c and -database)\nRun 'pepsi-queue -h' for help.\n"
+	want := "pepsi-queue: unknown global flag -bogus (the global flags, before the subcommand, are -c, -database and -version)\nRun 'pepsi-queue -h' for help.\n"
 	if r.code != 2 || r.stderr != want {
 		t.Errorf("-bogus stats: exit %d, stderr %q; want 2 and %q (not blamed on stats)", r.code, r.stderr, want)
 	}
 	pq(t, "", nil, "-stage", "parse", "enqueue").
-		expect(t, "a subcommand's flag too early", 2, "", "unknown global flag -stage (the global flags, before the subcommand, are -c and -database; -stage is a flag of enqueue and retry: put it after the subcommand)")
+		expect(t, "a subcommand's flag too early", 2, "", "unknown global flag -stage (the global flags, before the subcommand, are -c, -database and -version; -stage is a flag of enqueue and retry: put it after the subcommand)")
 	pq(t, "", nil, "-c").expect(t, "a global flag without its value", 2, "", "pepsi-queue: global flag needs an argument: -c")
 	// After the subcommand the flag is the subcommand's, even when a flag's value is
 	// a subcommand's name.

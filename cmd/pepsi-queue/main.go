@@ -230,7 +230,7 @@ func lateGlobalFlag(root *ffcli.Command, name, msg string) string {
 func globalFlagError(root *ffcli.Command, msg string) string {
 	var globals []string
 	root.FlagSet.VisitAll(func(f *flag.Flag) { globals = append(globals, "-"+f.Name) })
-	where := fmt.Sprintf("the global flags, before the subcommand, are %s", strings.Join(globals, " and "))
+	where := fmt.Sprintf("the global flags, before the subcommand, are %s", strings.Join(globals[:len(globals)-1], ", ")+" and "+globals[len(globals)-1])
 	unknown, ok := strings.CutPrefix(msg, "flag provided but not defined: ")
 	if !ok {
 		return strings.Replace(msg, "flag ", "global flag ", 1) + " (" + where + ")"
