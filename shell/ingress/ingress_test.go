@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -428,5 +429,53 @@ func TestAKeyCommittedWhileTheInsertWaitsIsLookedUp(t *testing.T) {
 	}
 	if n := f.count(); n != 1 {
 		t.Errorf("%d rows; want 1", n)
+	}
+}
+
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestTheLogNeverShowsAPayload logs at debug level while requests are
+// accepted, refused for bad input, and refused by the database (whose errors
+// can quote a row): no payload or state reaches the log.
+func TestTheLogNeverShowsAPayload(t *testing.T) {
+	t.Parallel()
+	var log syncBuffer
+	f := start(t, "", func(o *ingress.Options) {
+		o.Log = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	if _, err := f.conn.Exec(context.Background(), `ALTER TABLE pepsi.queue ADD CONSTRAINT test_poison CHECK (payload <> 'SECRET-poison')`); err != nil {
+		t.Fatal(err)
+	}
+	for body, want := range map[string]int{
+		`{"payload": "SECRET-accepted", "state": {"s": "SECRET-state"}}`: 202,
+		`{"payload": "SECRET-bad", "state": ["SECRET-not-an-object"]}`:   400,
+		`{"payload": "SECRET-poison"}`:                                   400,
+		`{"payload": "SECRET-unknown", "SECRET-field": 1}`:               400,
+	} {
+		if a := f.post("application/json", "?stage=a", body); a.code != want {
+			t.Errorf("%s: %+v; want %d", body, a, want)
+		}
+	}
+	if !strings.Contains(log.String(), "request refused") || !strings.Contains(log.String(), "refused a batch") {
+		t.Fatalf("the log has no line for the refusals, so this test proves nothing:\n%s", log.String())
+	}
+	if strings.Contains(log.String(), "SECRET") {
+		t.Errorf("the log shows a message's content:\n%s", log.String())
 	}
 }
