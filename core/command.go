@@ -134,10 +134,17 @@ type Wake struct {
 // so the claim does not walk the dead index entries that every earlier claim of
 // the stage left behind (docs/durability.md, "Claims look above a floor"). Zero looks
 // from the start.
+//
+// LineMax is set only for a stage whose INPUT is message: the claim then also
+// reads each row's state and payload (Row.Message), but not a payload longer
+// than LineMax bytes (its size only), so one outsized row cannot swell the
+// dispatcher; the core fails such a message (docs/protocol.md, "Bounded
+// lines").
 type Cap struct {
-	Stage string
-	N     int
-	After int64
+	Stage   string
+	N       int
+	After   int64
+	LineMax int
 }
 
 // Claim moves pending rows to running, for each stage up to its cap, in
@@ -211,11 +218,15 @@ type Spawn struct {
 	Stage  string
 }
 
-// Write hands ids to a started worker: one decimal id per line, in one buffer.
-// Precondition: the claims of these ids have committed.
+// Write hands ids to a started worker, in one buffer: one decimal id per line,
+// or, for a stage whose INPUT is message, Lines (one per id, in the same
+// order, each without its newline; docs/protocol.md, "Standard input"). The
+// core keeps no copy of the lines it hands out. Precondition: the claims of
+// these ids have committed.
 type Write struct {
 	Worker WorkerID
 	IDs    []int64
+	Lines  []string
 }
 
 // Stop closes a worker's standard input: it finishes what it was handed, answers,
@@ -344,6 +355,9 @@ func (c Claim) String() string {
 		if cp.After > 0 {
 			fmt.Fprintf(&b, ">%d", cp.After)
 		}
+		if cp.LineMax > 0 {
+			fmt.Fprintf(&b, "(message<=%d)", cp.LineMax)
+		}
 	}
 	if len(c.Exclude) > 0 {
 		b.WriteString(" exclude=" + formatIDs(c.Exclude))
@@ -369,8 +383,18 @@ func (c Flush) String() string {
 	}
 	return b.String()
 }
-func (c Spawn) String() string    { return fmt.Sprintf("spawn %s stage=%s", c.Worker, c.Stage) }
-func (c Write) String() string    { return fmt.Sprintf("write %s %s", c.Worker, formatIDs(c.IDs)) }
+func (c Spawn) String() string { return fmt.Sprintf("spawn %s stage=%s", c.Worker, c.Stage) }
+func (c Write) String() string {
+	s := fmt.Sprintf("write %s %s", c.Worker, formatIDs(c.IDs))
+	if c.Lines != nil {
+		n := 0
+		for _, l := range c.Lines {
+			n += len(l) + 1
+		}
+		s += fmt.Sprintf(" (messages, %d bytes)", n)
+	}
+	return s
+}
 func (c Stop) String() string     { return fmt.Sprintf("stop %s", c.Worker) }
 func (c Kill) String() string     { return fmt.Sprintf("kill %s", c.Worker) }
 func (c SetTimer) String() string { return "timer " + formatTime(c.At) }

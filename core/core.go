@@ -90,10 +90,14 @@ const (
 )
 
 // msg is a message a worker holds, with the crash-sentinel epoch of its claim.
+// line is the standard input line of an INPUT = message stage, kept only while
+// the message is claimed and not yet handed out: Write takes it away, so the
+// core holds at most a stage's capacity of lines.
 type msg struct {
 	id       int64
 	epoch    string
 	attempts int // the row's attempts column when it was claimed
+	line     string
 }
 
 type worker struct {

@@ -91,12 +91,16 @@ type WorkerExited struct {
 	Signal string
 }
 
-// Row is one claimed queue row: its id, the stage it was claimed for, and its
-// attempts column (the retries it has had at that stage, see Retry).
+// Row is one claimed queue row: its id, the stage it was claimed for, its
+// attempts column (the retries it has had at that stage, see Retry) and, for a
+// stage whose INPUT is message, its content.
 type Row struct {
 	ID       int64
 	Stage    string
 	Attempts int
+	// Message is the row's state and payload, read only for a stage whose
+	// INPUT is message (Cap.LineMax > 0); nil for any other.
+	Message *Message
 }
 
 // Claimed is the result of a Claim. Rows are running in the database and belong to
@@ -225,6 +229,9 @@ func (e Claimed) String() string {
 		fmt.Fprintf(&b, " %d@%s", r.ID, r.Stage)
 		if r.Attempts != 0 {
 			fmt.Fprintf(&b, "#%d", r.Attempts)
+		}
+		if r.Message != nil {
+			b.WriteString(r.Message.String())
 		}
 	}
 	return b.String()

@@ -8,6 +8,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // result takes the queue command that op answers off the outstanding transaction.
@@ -118,6 +120,16 @@ func (c *Core) claimed(e Claimed) {
 		if c.shutdown > 0 {
 			c.requeue(st, []msg{m})
 			continue
+		}
+		if st.cfg.Input == conf.InputMessage {
+			line, why := messageLine(r, c.cfg.LineMax)
+			if why != "" {
+				// The message's fault, not the worker's: it alone fails (its
+				// failure is logged when resolved).
+				c.owe(Item{ID: r.ID, Stage: st.cfg.Name, Verdict: Fail, Reason: why})
+				continue
+			}
+			m.line = line
 		}
 		st.backlog = append(st.backlog, m)
 	}
@@ -284,7 +296,11 @@ func (c *Core) queueWork() {
 		var caps []Cap
 		for _, st := range c.stages {
 			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving || waking) {
-				caps = append(caps, Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)})
+				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
+				if st.cfg.Input == conf.InputMessage {
+					cp.LineMax = c.cfg.LineMax
+				}
+				caps = append(caps, cp)
 			}
 		}
 		if len(caps) > 0 {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 func (c *Core) worker(id WorkerID) *worker { return c.workers[id] }
@@ -301,9 +303,16 @@ func (c *Core) assign() {
 				break
 			}
 			n := min(best.room(), len(st.backlog))
-			ids := make([]int64, n)
-			for i, m := range st.backlog[:n] {
-				ids[i] = m.id
+			wr := Write{Worker: best.id, IDs: make([]int64, n)}
+			if st.cfg.Input == conf.InputMessage {
+				wr.Lines = make([]string, n)
+			}
+			for i := range st.backlog[:n] {
+				m := &st.backlog[i]
+				wr.IDs[i] = m.id
+				if wr.Lines != nil {
+					wr.Lines[i], m.line = m.line, ""
+				}
 			}
 			if len(best.queue) == 0 {
 				best.headSince = c.now
@@ -311,7 +320,7 @@ func (c *Core) assign() {
 			best.queue = append(best.queue, st.backlog[:n]...)
 			best.handed += n
 			st.backlog = slices.Delete(st.backlog, 0, n)
-			c.emit(Write{Worker: best.id, IDs: ids})
+			c.emit(wr)
 		}
 		need := len(st.backlog)
 		for _, w := range st.workers {

@@ -24,6 +24,13 @@ const (
 	DefaultParallelism   = 4
 	DefaultQueueLimit    = 4
 	DefaultMaxMessages   = 1000
+	// DefaultLineMax is LINE_MAX: the longest standard input line handed to an
+	// INPUT = message stage, in bytes (4 MiB).
+	DefaultLineMax = 4 << 20
+	// LineMaxMin and LineMaxMax bound LINE_MAX: below 1 KiB a message with any
+	// state fails; above 1 GiB is more than one jsonb or bytea value can hold.
+	LineMaxMin           = 1 << 10
+	LineMaxMax           = 1 << 30
 	DefaultRetryDelay    = 1 * time.Second
 	DefaultRetryDelayMax = 300 * time.Second
 	// DefaultIngressListen is where pepsi-ingress listens: loopback only, so
@@ -153,7 +160,23 @@ type Dispatch struct {
 	// up (key VACUUM, on or off, a PEPSI extension; default on). Off leaves
 	// vacuuming to autovacuum or a DBA.
 	Vacuum bool
+	// LineMax is the longest line, in bytes, handed to an INPUT = message
+	// stage; a message whose line would be longer fails with a reason that
+	// says so (key LINE_MAX, a PEPSI extension; default DefaultLineMax).
+	LineMax int
 }
+
+// Input is what a stage reads on standard input (key INPUT, a PEPSI extension).
+type Input string
+
+// The inputs.
+const (
+	// InputID: one decimal message id per line; the stage reads the row itself.
+	InputID Input = "id"
+	// InputMessage: one JSON object per line, the message itself (id, stage,
+	// attempts, state, payload); the stage needs no database.
+	InputMessage Input = "message"
+)
 
 // Stage is one [stage-NAME] section.
 type Stage struct {
@@ -175,6 +198,9 @@ type Stage struct {
 	// Rate is the most messages per second claimed for this stage, a positive
 	// decimal; 0 means no limit (key RATE, default none).
 	Rate float64
+	// Input is what the stage reads on standard input (key INPUT; default
+	// InputID).
+	Input Input
 }
 
 // Stage returns the stage called name, or false.
@@ -214,6 +240,7 @@ func Parse(file, text string) (*Config, error) {
 		StatsInterval: DefaultStatsInterval,
 		StopGrace:     DefaultStopGrace,
 		Vacuum:        true,
+		LineMax:       DefaultLineMax,
 		ConfigFile:    file,
 	}, Ingress: Ingress{Listen: DefaultIngressListen, MaxBody: DefaultIngressMaxBody}}
 	stages := map[string]*Stage{}
@@ -256,7 +283,7 @@ func Parse(file, text string) (*Config, error) {
 				}
 				stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
 					QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages,
-					RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax}
+					RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax, Input: InputID}
 				stageLine[name] = n
 				stageOrder = append(stageOrder, name)
 			default:
@@ -306,8 +333,10 @@ func Parse(file, text string) (*Config, error) {
 				d.ConfigFile = value
 			case "VACUUM":
 				d.Vacuum, err = ParseOnOff(value)
+			case "LINE_MAX":
+				d.LineMax, err = parseLineMax(value)
 			default:
-				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE or VACUUM)")
+				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM or LINE_MAX)")
 			}
 		case "pepsi-ingress":
 			in := &c.Ingress
@@ -353,10 +382,12 @@ func Parse(file, text string) (*Config, error) {
 				s.RetryDelay, err = ParseDuration(value)
 			case "RETRY_DELAY_MAX":
 				s.RetryDelayMax, err = ParseDuration(value)
+			case "INPUT":
+				s.Input, err = parseInput(value)
 			case "RATE":
 				s.Rate, err = ParseRate(value)
 			default:
-				return nil, bad(key, "unknown key in [%s] (want PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX or RATE)", section)
+				return nil, bad(key, "unknown key in [%s] (want PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE or INPUT)", section)
 			}
 		}
 		if err != nil {
@@ -464,6 +495,25 @@ func ParseRate(s string) (float64, error) {
 		return 0, fmt.Errorf("%q is more than %d messages per second", s, RateMax)
 	}
 	return r, nil
+}
+
+// parseInput reads an INPUT: id or message.
+func parseInput(s string) (Input, error) {
+	switch in := Input(s); in {
+	case InputID, InputMessage:
+		return in, nil
+	}
+	return "", fmt.Errorf("%q is neither id nor message", s)
+}
+
+// parseLineMax reads a LINE_MAX: a whole number of bytes from LineMaxMin to
+// LineMaxMax.
+func parseLineMax(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < LineMaxMin || n > LineMaxMax {
+		return 0, fmt.Errorf("%q is not a whole number of bytes from %d to %d", s, LineMaxMin, LineMaxMax)
+	}
+	return n, nil
 }
 
 // ParseOnOff reads a switch: on/off, true/false, yes/no or 1/0.

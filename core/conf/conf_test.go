@@ -99,6 +99,8 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"exponent rate", "[stage-a]\nPROGRAM = a\nRATE = 1e3\n", "f.conf:3: RATE: \"1e3\" is not a positive decimal number"},
 		{"infinite rate", "[stage-a]\nPROGRAM = a\nRATE = Inf\n", "f.conf:3: RATE: \"Inf\" is not a positive decimal number"},
 		{"huge rate", "[stage-a]\nPROGRAM = a\nRATE = 2000000\n", "f.conf:3: RATE: \"2000000\" is more than 1000000"},
+		{"bad input", "[stage-a]\nPROGRAM = a\nINPUT = json\n", "f.conf:3: INPUT: \"json\" is neither id nor message"},
+		{"small line max", "[pepsi-dispatch]\nLINE_MAX = 100\n", "f.conf:2: LINE_MAX: \"100\" is not a whole number of bytes from 1024 to 1073741824"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -140,6 +142,39 @@ PROGRAM = plain
 		if _, err := conf.ParseRate(in); err != nil {
 			t.Errorf("ParseRate(%q): %v", in, err)
 		}
+	}
+}
+
+func TestParseReadsInputAndLineMax(t *testing.T) {
+	c, err := conf.Parse("i.conf", `
+[pepsi-dispatch]
+LINE_MAX = 65536
+
+[stage-filter]
+PROGRAM = filter
+INPUT = message
+
+[stage-reader]
+PROGRAM = reader
+INPUT = id
+
+[stage-plain]
+PROGRAM = plain
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Dispatch.LineMax != 65536 {
+		t.Errorf("LineMax = %d; want 65536", c.Dispatch.LineMax)
+	}
+	for name, want := range map[string]conf.Input{"filter": conf.InputMessage, "reader": conf.InputID, "plain": conf.InputID} {
+		if s, _ := c.Stage(name); s.Input != want {
+			t.Errorf("stage %s: Input = %q; want %q", name, s.Input, want)
+		}
+	}
+	d, err := conf.Parse("d.conf", "")
+	if err != nil || d.Dispatch.LineMax != conf.DefaultLineMax {
+		t.Errorf("LINE_MAX default: %d, %v; want %d", d.Dispatch.LineMax, err, conf.DefaultLineMax)
 	}
 }
 

@@ -66,6 +66,9 @@ type Options struct {
 	// Snapshots, if not nil, carries requests for the core's live state
 	// (-metrics-addr): the loop answers each between steps.
 	Snapshots <-chan chan<- core.Snapshot
+	// WorkerEnv is the stage programs' base environment (default: the
+	// dispatcher's own). Tests use it to give workers a database address.
+	WorkerEnv []string
 }
 
 // Run runs the dispatcher until it has shut down after a signal (or ctx ends,

@@ -73,6 +73,8 @@ type env struct {
 	db   *pgxpool.Pool
 	// txnTimeout, if set, is the daemon's Options.TxnTimeout.
 	txnTimeout time.Duration
+	// workerEnv, if set, is the daemon's Options.WorkerEnv.
+	workerEnv []string
 }
 
 // newEnv creates a migrated database and writes pepsi.conf: [pepsi] DATABASE
@@ -133,7 +135,7 @@ func (e *env) startWith(name string, standby bool) *daemon {
 		defer close(d.done)
 		d.code, d.err = dispatch.Run(context.Background(), dispatch.Options{
 			Config: e.cfg, Database: e.url, Standby: standby, Log: log, Signals: d.signals,
-			TxnTimeout: e.txnTimeout,
+			TxnTimeout: e.txnTimeout, WorkerEnv: e.workerEnv,
 		})
 	}()
 	e.t.Cleanup(func() {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )
@@ -111,6 +112,7 @@ func (s *session) run(ctx context.Context) sessionResult {
 	s.queue = pgqueue.New(s.pool, s.log)
 	s.workers = worker.NewPool(worker.Options{
 		ConfigFile: s.o.Config.Dispatch.ConfigFile,
+		Env:        s.o.WorkerEnv,
 		Log:        s.log,
 		Events:     s.offLoop,
 	})
@@ -302,9 +304,20 @@ func (s *session) execute(cmds []core.Command, pending []core.Event) ([]core.Eve
 			if !ok {
 				panic(fmt.Sprintf("dispatch: core spawned unknown stage %q", x.Stage))
 			}
-			pending = append(pending, s.workers.Spawn(x.Worker, x.Stage, st.Program))
+			if st.Input == conf.InputMessage {
+				// Room for QUEUE_LIMIT lines of LINE_MAX bytes, the most the
+				// core hands a worker that has not answered.
+				stdinMax := st.QueueLimit * (s.o.Config.Dispatch.LineMax + 1)
+				pending = append(pending, s.workers.SpawnFilter(x.Worker, x.Stage, st.Program, stdinMax))
+			} else {
+				pending = append(pending, s.workers.Spawn(x.Worker, x.Stage, st.Program))
+			}
 		case core.Write:
-			s.workers.Write(x.Worker, x.IDs)
+			if x.Lines != nil {
+				s.workers.WriteLines(x.Worker, x.Lines)
+			} else {
+				s.workers.Write(x.Worker, x.IDs)
+			}
 		case core.Stop:
 			s.workers.Stop(x.Worker)
 		case core.Kill:

@@ -94,6 +94,17 @@ func (h *harness) Insert(t *testing.T, stage string, n int) []int64 {
 	return ids
 }
 
+func (h *harness) InsertMessage(t *testing.T, stage, state string, payload []byte) int64 {
+	t.Helper()
+	var id int64
+	err := h.pool.QueryRow(t.Context(), "INSERT INTO pepsi.queue (stage, state, payload) VALUES ($1, $2::jsonb, $3) RETURNING ingress_id",
+		stage, state, payload).Scan(&id)
+	if err != nil {
+		t.Fatalf("insert a message at %s: %v", stage, err)
+	}
+	return id
+}
+
 func (h *harness) BeginInsert(t *testing.T, stage string) (int64, func()) {
 	t.Helper()
 	ctx := t.Context()

@@ -99,6 +99,13 @@ func resetOrphans(c core.ResetOrphans) statement {
 //
 // $4 lists the rows the dispatcher holds (core.Claim.Exclude): never taken, even
 // when something made them pending while a worker still has them.
+//
+// For the stages in $5 (INPUT = message; core.Cap.LineMax) it also returns each
+// row's state as JSON text and its payload with its length, but not a payload
+// longer than $6 bytes (its length only: the core fails such a message, and the
+// dispatcher never holds it). The CASEs make every other stage's row cost what
+// it did: its payload is not even detoasted (octet_length of a toasted value
+// reads its header).
 const claimSQL = `
 WITH picked AS (
 	SELECT p.ingress_id
@@ -113,9 +120,12 @@ WITH picked AS (
 ), claimed AS (
 	UPDATE pepsi.queue u SET status = 'running', updated_at = now()
 	WHERE u.ingress_id = ANY (ARRAY(SELECT ingress_id FROM picked)) AND (u.status = 'pending') IS TRUE
-	RETURNING u.ingress_id, u.stage, u.attempts
+	RETURNING u.ingress_id, u.stage, u.attempts,
+		CASE WHEN u.stage = ANY ($5::text[]) THEN u.state::text END AS state,
+		CASE WHEN u.stage = ANY ($5::text[]) THEN coalesce(octet_length(u.payload), -1) END AS payload_size,
+		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload
 )
-SELECT ingress_id, stage, attempts FROM claimed ORDER BY ingress_id`
+SELECT ingress_id, stage, attempts, state, payload_size, payload FROM claimed ORDER BY ingress_id`
 
 // ProducerKey is the advisory lock every producer transaction holds shared from
 // its first insert into pepsi.queue to its end ("pepsprod"; schema 6's trigger
@@ -156,10 +166,16 @@ func claim(c core.Claim) statement {
 	stages := make([]string, len(c.Caps))
 	caps := make([]int32, len(c.Caps))
 	after := make([]int64, len(c.Caps))
+	messageStages := []string{} // never NULL: "= ANY (NULL)" is NULL, not false
+	lineMax := 0
 	for i, cp := range c.Caps {
 		stages[i] = cp.Stage
 		caps[i] = int32(min(max(cp.N, 0), 1<<30))
 		after[i] = max(cp.After, 0)
+		if cp.LineMax > 0 {
+			messageStages = append(messageStages, cp.Stage)
+			lineMax = max(lineMax, cp.LineMax)
+		}
 	}
 	return statement{
 		name: "claim",
@@ -170,7 +186,7 @@ func claim(c core.Claim) statement {
 			if exclude == nil {
 				exclude = []int64{} // NULL would make "<> ALL" match nothing
 			}
-			b.Queue(claimSQL, stages, caps, after, exclude)
+			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)))
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.Claimed{Op: c.Op}
@@ -186,8 +202,16 @@ func claim(c core.Claim) statement {
 			}
 			ev.Rows, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Row, error) {
 				var row core.Row
-				err := r.Scan(&row.ID, &row.Stage, &row.Attempts)
-				return row, err
+				var state *string
+				var size *int32
+				var payload []byte
+				if err := r.Scan(&row.ID, &row.Stage, &row.Attempts, &state, &size, &payload); err != nil {
+					return row, err
+				}
+				if state != nil && size != nil {
+					row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
+				}
+				return row, nil
 			})
 			if err != nil {
 				return nil, err

@@ -73,6 +73,8 @@ type Pool struct {
 	env      []string // base environment, without PEPSI_STAGE
 	path     string   // PATH of env, where programs are looked up
 	argsTail []string // "worker" [-c FILE]
+	// filterEnv is env without a database (see SpawnFilter).
+	filterEnv []string
 
 	// spawnMu is held for reading around a request to the spawner and for writing
 	// to close it, so no request is sent on a closed channel.
@@ -151,6 +153,11 @@ func NewPool(o Options) *Pool {
 		}
 		p.env = append(p.env, kv)
 	}
+	for _, kv := range p.env {
+		if !NamesDatabase(kv) {
+			p.filterEnv = append(p.filterEnv, kv)
+		}
+	}
 	if o.ConfigFile != "" {
 		p.argsTail = append(p.argsTail, "-c", o.ConfigFile)
 	}
@@ -180,6 +187,30 @@ var errClosed = errors.New("worker pool is closed")
 // line of the worker's standard output, in order, then exactly one WorkerExited,
 // once standard output is drained and the process reaped.
 func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
+	return p.spawn(id, stage, program, false, p.writeQueueMax)
+}
+
+// SpawnFilter starts the worker of an INPUT = message stage, a filter that is
+// handed each message on standard input: as Spawn does, but with no database
+// in its environment (docs/protocol.md, "A filter has no database"): without
+// "-c FILE" (the file names the DATABASE) and without any variable NamesDatabase
+// reports. stdinMax bounds the bytes queued for its standard input, as
+// writeQueueMax does for an id stage; the caller sizes it for the stage's
+// QUEUE_LIMIT lines of LINE_MAX bytes.
+func (p *Pool) SpawnFilter(id core.WorkerID, stage, program string, stdinMax int) core.Event {
+	return p.spawn(id, stage, program, true, max(stdinMax, p.writeQueueMax))
+}
+
+// NamesDatabase reports whether the environment entry kv ("NAME=value") tells a
+// program where a database is or how to log in to it: libpq's PG* variables
+// (PGHOST, PGPASSWORD, PGSERVICEFILE, ...), PEPSI_DATABASE and DATABASE_URL.
+// A filter stage's worker gets none of them.
+func NamesDatabase(kv string) bool {
+	name, _, _ := strings.Cut(kv, "=")
+	return strings.HasPrefix(name, "PG") || name == "PEPSI_DATABASE" || name == "DATABASE_URL"
+}
+
+func (p *Pool) spawn(id core.WorkerID, stage, program string, filter bool, stdinMax int) core.Event {
 	fail := func(err error) core.Event {
 		p.log.Debug("worker spawn failed", "stage", stage, "worker", id.String(), "err", err)
 		return core.SpawnFailed{Worker: id, Err: fmt.Sprintf("spawn stage %s: %v", stage, err)}
@@ -211,7 +242,7 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 	}
 	// Held until the worker is in p.workers, so a concurrent Close kills it too.
 	defer p.spawnMu.RUnlock()
-	process, err := p.start(path, program, stage, child)
+	process, err := p.start(path, program, stage, filter, child)
 	if err != nil {
 		closeAll()
 		return fail(fmt.Errorf("start %s: %w", path, err))
@@ -230,7 +261,7 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 		pid:     pid,
 		process: process,
 		log:     p.log.With("stage", stage, "pid", pid, "worker", id.String()),
-		in:      newStdinWriter(ours[0], p.writeQueueMax),
+		in:      newStdinWriter(ours[0], stdinMax),
 		stdout:  ours[1],
 		stderr:  ours[2],
 	}
@@ -273,13 +304,18 @@ func closeFiles(files ...*os.File) {
 }
 
 // start has the spawner start "program worker [-c FILE]" from path, for stage,
-// with child as its standard input, output and error.
-func (p *Pool) start(path, program, stage string, child [3]*os.File) (*os.Process, error) {
-	env := make([]string, 0, len(p.env)+1)
-	env = append(append(env, p.env...), "PEPSI_STAGE="+stage)
+// with child as its standard input, output and error; a filter gets neither
+// the -c nor the database variables.
+func (p *Pool) start(path, program, stage string, filter bool, child [3]*os.File) (*os.Process, error) {
+	base, argv := p.env, append([]string{program}, p.argsTail...)
+	if filter {
+		base, argv = p.filterEnv, []string{program, "worker"}
+	}
+	env := make([]string, 0, len(base)+1)
+	env = append(append(env, base...), "PEPSI_STAGE="+stage)
 	req := spawnRequest{
 		path: path,
-		argv: append([]string{program}, p.argsTail...),
+		argv: argv,
 		attr: &os.ProcAttr{
 			Env:   env,
 			Files: child[:],
@@ -314,28 +350,51 @@ func (p *Pool) Write(id core.WorkerID, ids []int64) {
 	if len(ids) == 0 {
 		return
 	}
-	w := p.lookup(id)
-	if w == nil {
-		p.log.Debug("worker: write to a worker that is gone, dropped", "worker", id.String(), "ids", len(ids))
-		return
-	}
 	buf := make([]byte, 0, len(ids)*8)
 	for _, n := range ids {
 		buf = strconv.AppendInt(buf, n, 10)
 		buf = append(buf, '\n')
 	}
+	p.enqueue(id, buf, len(ids))
+}
+
+// enqueue queues buf, n lines, for worker id's standard input.
+func (p *Pool) enqueue(id core.WorkerID, buf []byte, n int) {
+	w := p.lookup(id)
+	if w == nil {
+		p.log.Debug("worker: write to a worker that is gone, dropped", "worker", id.String(), "ids", n)
+		return
+	}
 	switch err := w.in.enqueue(buf); {
 	case err == nil:
 	case errors.Is(err, errOverflow):
-		w.log.Error("worker: write queue overflow, killing the worker", "queued_max", p.writeQueueMax, "write_bytes", len(buf))
+		w.log.Error("worker: write queue overflow, killing the worker", "queued_max", w.in.max, "write_bytes", len(buf))
 		p.Kill(id)
 	case errors.Is(err, errStopped):
 		// The core never writes after Stop; if it did, the ids would never be
 		// answered, so say so loudly.
-		w.log.Warn("worker: write after stop, dropped", "ids", len(ids))
+		w.log.Warn("worker: write after stop, dropped", "ids", n)
 	default:
-		w.log.Debug("worker: write to an exited worker, dropped", "ids", len(ids), "err", err)
+		w.log.Debug("worker: write to an exited worker, dropped", "ids", n, "err", err)
 	}
+}
+
+// WriteLines queues lines for a filter's standard input, each followed by a
+// newline, as one buffer; otherwise as Write. The pool keeps them only until
+// the pipe has taken them.
+func (p *Pool) WriteLines(id core.WorkerID, lines []string) {
+	if len(lines) == 0 {
+		return
+	}
+	n := 0
+	for _, l := range lines {
+		n += len(l) + 1
+	}
+	buf := make([]byte, 0, n)
+	for _, l := range lines {
+		buf = append(append(buf, l...), '\n')
+	}
+	p.enqueue(id, buf, len(lines))
 }
 
 // Stop closes the worker's standard input once everything already queued by Write

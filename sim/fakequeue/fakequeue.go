@@ -30,6 +30,43 @@ type Row struct {
 	// Attempts is the attempts column: retries at the current stage, 0 again on
 	// every move to another stage.
 	Attempts int
+	// Payload is the payload column; NULL unless HasPayload.
+	Payload    string
+	HasPayload bool
+}
+
+// StateJSON is the whole state column as JSON text with sorted keys, as a
+// claim for an INPUT = message stage reads it: the stages' part and
+// dispatch_error.
+func (r Row) StateJSON() string {
+	m := map[string]json.RawMessage{}
+	if r.State != "" {
+		if err := json.Unmarshal([]byte(r.State), &m); err != nil {
+			panic(fmt.Sprintf("fakequeue: state %q: %v", r.State, err))
+		}
+	}
+	if r.DispatchError != "" {
+		b, _ := json.Marshal(r.DispatchError)
+		m["dispatch_error"] = b
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("fakequeue: state: %v", err))
+	}
+	return string(b)
+}
+
+// message is what a claim for an INPUT = message stage reads of r: its state,
+// and its payload unless it is longer than lineMax bytes.
+func (r Row) message(lineMax int) *core.Message {
+	m := &core.Message{State: r.StateJSON(), PayloadSize: -1}
+	if r.HasPayload {
+		m.PayloadSize = len(r.Payload)
+		if len(r.Payload) <= lineMax {
+			m.Payload = []byte(r.Payload)
+		}
+	}
+	return m
 }
 
 // Queue is the fake queue. The zero value is not usable; call New.
@@ -103,6 +140,21 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 		q.notify()
 	}
 	return ids
+}
+
+// InsertMessage adds one pending row at stage with state (a JSON object, ""
+// for {}) and payload (nil for NULL), in one producer transaction, and returns
+// its id.
+func (q *Queue) InsertMessage(stage, state string, payload []byte) int64 {
+	id := q.Insert(stage, 1)[0]
+	r := q.rows[id-1]
+	if state != "" && state != "{}" {
+		r.State = merge("", state)
+	}
+	if payload != nil {
+		r.Payload, r.HasPayload = string(payload), true
+	}
+	return id
 }
 
 // Reserve starts a producer transaction that inserts one row: the row's id is
@@ -384,7 +436,11 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 					before := *r
 					r.Status = core.StatusRunning
 					q.observe(ByClaim, before, r)
-					rows = append(rows, core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts})
+					row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts}
+					if cp.LineMax > 0 {
+						row.Message = r.message(cp.LineMax)
+					}
+					rows = append(rows, row)
 					n++
 				}
 			}

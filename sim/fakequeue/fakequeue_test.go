@@ -22,6 +22,10 @@ type harness struct{ *fakequeue.Queue }
 
 func (h harness) Insert(_ *testing.T, stage string, n int) []int64 { return h.Queue.Insert(stage, n) }
 
+func (h harness) InsertMessage(_ *testing.T, stage, state string, payload []byte) int64 {
+	return h.Queue.InsertMessage(stage, state, payload)
+}
+
 func (h harness) BeginInsert(_ *testing.T, stage string) (int64, func()) {
 	id := h.Reserve()
 	return id, func() { h.Commit(id, stage) }

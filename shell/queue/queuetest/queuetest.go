@@ -7,6 +7,8 @@
 package queuetest
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -23,6 +25,9 @@ type Harness interface {
 	queue.Executor
 	// Insert adds pending rows at stage and returns their ids in order.
 	Insert(t *testing.T, stage string, n int) []int64
+	// InsertMessage adds one pending row at stage with state (a JSON object)
+	// and payload (nil for NULL) and returns its id.
+	InsertMessage(t *testing.T, stage, state string, payload []byte) int64
 	// BeginInsert starts a producer transaction that inserts one pending row at
 	// stage and stays open: the row has its id but appears only when commit is
 	// called. The test calls commit exactly once.
@@ -65,6 +70,9 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ClaimLooksOnlyAboveEachStagesFloor", testClaimFloor},
 		{"ClaimReportsIngressSettledUpToTheNewestRow", testClaimSettled},
 		{"ClaimReportsNothingSettledWhileAProducerIsMidTransaction", testClaimUnsettled},
+		{"ClaimReadsStateAndPayloadForMessageStagesOnly", testClaimMessage},
+		{"ClaimReadsAttempts", testClaimAttempts},
+		{"ClaimReportsTheSizeOfAPayloadOverLineMaxWithoutReadingIt", testClaimMessageOversize},
 
 		{"ResolveRequeuesARowItsStageAdvanced", testResolveAdvanced},
 		{"ResolveFailsARowStillRunningAtItsStage", testResolveFailed},
@@ -225,6 +233,75 @@ func testClaimUnsettled(t *testing.T, h Harness) {
 	c = claim(t, h, core.Cap{Stage: "a", N: 5})
 	if c.Settled != late || !slices.Equal(c.Rows, rowsAt("a", early)) {
 		t.Fatalf("claim after the producer committed took %v, settled=%d; want row %d, settled=%d", c.Rows, c.Settled, early, late)
+	}
+}
+
+func testClaimMessage(t *testing.T, h Harness) {
+	text := h.InsertMessage(t, "m", `{"b": [1, 2], "a": "x"}`, []byte("héllo"))
+	binary := h.InsertMessage(t, "m", `{}`, []byte{0xff, 0, 'a'})
+	null := h.InsertMessage(t, "m", `{}`, nil)
+	empty := h.InsertMessage(t, "m", `{}`, []byte{})
+	other := h.InsertMessage(t, "i", `{"a": 1}`, []byte("not read"))
+	got := claimRows(t, h, core.Cap{Stage: "m", N: 10, LineMax: 1024}, core.Cap{Stage: "i", N: 10})
+	if len(got) != 5 {
+		t.Fatalf("claim took %v, want 5 rows", got)
+	}
+	want := map[int64]string{
+		text:   `{state={"a":"x","b":[1,2]} payload=6:"héllo"}`,
+		binary: `{state={} payload=3:"\xff\x00a"}`,
+		null:   `{state={} payload=-1:""}`,
+		empty:  `{state={} payload=0:""}`,
+		other:  `<nil>`,
+	}
+	for _, r := range got {
+		if r.Attempts != 0 {
+			t.Errorf("row %d: attempts %d, want 0", r.ID, r.Attempts)
+		}
+		if g := messageText(t, r.Message); g != want[r.ID] {
+			t.Errorf("row %d at %s: message %s, want %s", r.ID, r.Stage, g, want[r.ID])
+		}
+	}
+}
+
+// messageText is a message with its state compacted (both queues may print
+// jsonb their own way; the keys of a jsonb object come in a fixed order).
+func messageText(t *testing.T, m *core.Message) string {
+	t.Helper()
+	if m == nil {
+		return "<nil>"
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, []byte(m.State)); err != nil {
+		t.Fatalf("state %q is not JSON: %v", m.State, err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(b.Bytes(), &obj); err != nil {
+		t.Fatalf("state %q is not a JSON object: %v", m.State, err)
+	}
+	sorted, _ := json.Marshal(obj)
+	return fmt.Sprintf("{state=%s payload=%d:%q}", sorted, m.PayloadSize, m.Payload)
+}
+
+func testClaimAttempts(t *testing.T, h Harness) {
+	id := h.Insert(t, "a", 1)[0]
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	if len(got) != 1 || got[0].ID != id || got[0].Attempts != 0 || got[0].Message != nil {
+		t.Fatalf("claim took %+v, want row %d with attempts 0 and no message (INPUT = id)", got, id)
+	}
+}
+
+func testClaimMessageOversize(t *testing.T, h Harness) {
+	big := h.InsertMessage(t, "m", `{}`, bytes.Repeat([]byte("x"), 2000))
+	fits := h.InsertMessage(t, "m", `{}`, bytes.Repeat([]byte("y"), 1024))
+	got := claimRows(t, h, core.Cap{Stage: "m", N: 10, LineMax: 1024})
+	if len(got) != 2 || got[0].ID != big || got[1].ID != fits {
+		t.Fatalf("claim took %v, want rows %d and %d", got, big, fits)
+	}
+	if m := got[0].Message; m == nil || m.PayloadSize != 2000 || m.Payload != nil {
+		t.Errorf("payload over LineMax: message %+v, want size 2000 and the payload not read", m)
+	}
+	if m := got[1].Message; m == nil || m.PayloadSize != 1024 || len(m.Payload) != 1024 {
+		t.Errorf("payload of LineMax bytes: message %+v, want it read", m)
 	}
 }
 

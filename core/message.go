@@ -1,0 +1,94 @@
+// The standard input of an INPUT = message stage: the line the core builds from
+// a claimed row, and the limit on its length.
+
+package core
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Message is a claimed row's content, read by the claim for a stage whose
+// INPUT is message (Cap.LineMax > 0) and nil for any other.
+type Message struct {
+	// State is the state column as JSON text (as PostgreSQL prints jsonb).
+	State string
+	// Payload is the payload column; nil when it is NULL or was not read
+	// because PayloadSize is over the claim's LineMax.
+	Payload []byte
+	// PayloadSize is the payload's length in bytes, -1 when it is NULL. The
+	// claim reports it even for a payload it did not read, so the core can say
+	// how large the message was.
+	PayloadSize int
+}
+
+func (m *Message) String() string {
+	return fmt.Sprintf("{state=%dB payload=%dB}", len(m.State), m.PayloadSize)
+}
+
+// messageLine builds the standard input line of an INPUT = message stage for r,
+// without the newline (docs/protocol.md, "Standard input"):
+//
+//	{"id":N,"stage":"S","attempts":A,"state":{…},"payload":"…"}
+//
+// payload is a JSON string when the payload is valid UTF-8, payload_base64
+// (standard base64) when it is not, and absent when it is NULL. It returns the
+// reason the message cannot be handed over instead when the line would be longer
+// than lineMax bytes or the state is not a JSON object.
+func messageLine(r Row, lineMax int) (line, why string) {
+	m := r.Message
+	assert(m != nil, "message-mode row %d claimed without its message", r.ID)
+	if m.PayloadSize > lineMax || len(m.State) > 2*lineMax {
+		// The claim did not read the payload; the line would be longer still.
+		return "", tooLong(r.ID, lineMax, int64(m.PayloadSize)+int64(len(m.State)))
+	}
+	var b bytes.Buffer
+	b.Grow(64 + len(m.State) + len(m.Payload)*4/3)
+	b.WriteString(`{"id":`)
+	b.WriteString(strconv.FormatInt(r.ID, 10))
+	b.WriteString(`,"stage":`)
+	b.WriteString(strconv.Quote(r.Stage)) // stage names are letters, digits, '_' and '-'
+	b.WriteString(`,"attempts":`)
+	b.WriteString(strconv.Itoa(r.Attempts))
+	b.WriteString(`,"state":`)
+	if err := json.Compact(&b, []byte(m.State)); err != nil || len(m.State) == 0 || firstByte(m.State) != '{' {
+		return "", fmt.Sprintf("message %d: its state is not a JSON object, so it cannot be handed to an INPUT = message stage", r.ID)
+	}
+	switch {
+	case m.PayloadSize < 0:
+	case utf8.Valid(m.Payload):
+		b.WriteString(`,"payload":`)
+		s, err := json.Marshal(string(m.Payload))
+		assert(err == nil, "marshal a valid UTF-8 string: %v", err)
+		b.Write(s)
+	default:
+		b.WriteString(`,"payload_base64":"`)
+		b.WriteString(base64.StdEncoding.EncodeToString(m.Payload))
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	if b.Len() > lineMax {
+		return "", tooLong(r.ID, lineMax, int64(b.Len()))
+	}
+	return b.String(), ""
+}
+
+func tooLong(id int64, lineMax int, size int64) string {
+	return fmt.Sprintf("message %d is too large for INPUT = message: its line would be at least %d bytes, over LINE_MAX (%d bytes)", id, size, lineMax)
+}
+
+// firstByte is the first byte of s that is not JSON white space.
+func firstByte(s string) byte {
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return s[i]
+	}
+	return 0
+}

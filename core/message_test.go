@@ -1,0 +1,104 @@
+package core_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Feature: INPUT = message (docs/protocol.md, "Standard input").
+
+const messageStages = `
+[pepsi-dispatch]
+LINE_MAX = 1024
+
+[stage-parse]
+PROGRAM = parse
+INPUT = message
+PARALLELISM = 1
+QUEUE_LIMIT = 4
+
+[stage-enrich]
+PROGRAM = enrich
+INPUT = message
+PARALLELISM = 1
+
+[stage-store]
+PROGRAM = store
+PARALLELISM = 1
+`
+
+// Proves: a message stage is handed each row itself, one compact JSON line per
+// id in id order (payload a string when UTF-8, payload_base64 when not, absent
+// when NULL), while an id stage is handed ids only.
+func TestAMessageStageIsHandedTheRowAndAnIDStageItsID(t *testing.T) {
+	w := newWorld(t, messageStages)
+	w.q.InsertMessage("parse", `{"from":"a@example.org","n":1}`, []byte("héllo \"world\"\n"))
+	w.q.InsertMessage("parse", "", []byte{0xff, 0xfe, 'x'})
+	w.q.InsertMessage("parse", "", nil)
+	w.q.InsertMessage("store", `{"k":true}`, []byte("ids only"))
+	cmds := w.step(core.Start{})
+	var parse, store core.Write
+	for _, wr := range of[core.Write](cmds) {
+		switch w.stageOf[wr.Worker] {
+		case "parse":
+			parse = wr
+		case "store":
+			store = wr
+		}
+	}
+	want := []string{
+		`{"id":1,"stage":"parse","attempts":0,"state":{"from":"a@example.org","n":1},"payload":"héllo \"world\"\n"}`,
+		`{"id":2,"stage":"parse","attempts":0,"state":{},"payload_base64":"//54"}`,
+		`{"id":3,"stage":"parse","attempts":0,"state":{}}`,
+	}
+	if !slices.Equal(parse.IDs, []int64{1, 2, 3}) || !slices.Equal(parse.Lines, want) {
+		t.Errorf("parse was handed %v\n%s\nwant %v\n%s", parse.IDs, strings.Join(parse.Lines, "\n"), []int64{1, 2, 3}, strings.Join(want, "\n"))
+	}
+	if !slices.Equal(store.IDs, []int64{4}) || store.Lines != nil {
+		t.Errorf("store (INPUT = id) was handed %v with lines %q; want id 4 and no lines", store.IDs, store.Lines)
+	}
+}
+
+// Proves: the line handed to the next message stage carries the state as the
+// previous stage's answered patch left it, not as it was claimed before.
+func TestTheNextMessageStageSeesTheStateThePatchWrote(t *testing.T) {
+	w := newWorld(t, messageStages)
+	w.q.InsertMessage("parse", `{"n":1}`, []byte("p"))
+	w.step(core.Start{})
+	cmds := w.answer(1, "", "", `0 >enrich {"n":2,"subject":"hi"}`)
+	wr := one[core.Write](t, cmds)
+	want := `{"id":1,"stage":"enrich","attempts":0,"state":{"n":2,"subject":"hi"},"payload":"p"}`
+	if w.stageOf[wr.Worker] != "enrich" || len(wr.Lines) != 1 || wr.Lines[0] != want {
+		t.Errorf("enrich was handed %q, want %q", wr.Lines, want)
+	}
+}
+
+// Proves: a message whose line would exceed LINE_MAX fails with a reason that
+// names the limit, whether its payload alone is over it (the claim did not read
+// it) or the whole line is; the messages beside it are handed out as usual and
+// the worker is not touched.
+func TestAMessageOverLineMaxFailsAndTheOthersRun(t *testing.T) {
+	w := newWorld(t, messageStages)
+	w.q.InsertMessage("parse", "", []byte("small"))
+	w.q.InsertMessage("parse", "", []byte(strings.Repeat("x", 2000)))
+	w.q.InsertMessage("parse", "", []byte(strings.Repeat("\x01", 500))) // 500 bytes, 3000 as JSON escapes
+	w.q.InsertMessage("parse", "", []byte("also small"))
+	cmds := w.step(core.Start{})
+	for _, id := range []int64{2, 3} {
+		w.wantRow(id, "parse", core.StatusFailed)
+		if r := w.row(id); !strings.Contains(r.DispatchError, "over LINE_MAX (1024 bytes)") {
+			t.Errorf("message %d: dispatch_error %q does not name LINE_MAX", id, r.DispatchError)
+		}
+	}
+	var handed []int64
+	for _, wr := range of[core.Write](cmds) {
+		handed = append(handed, wr.IDs...)
+	}
+	if !slices.Equal(handed, []int64{1, 4}) {
+		t.Errorf("handed out %v, want [1 4] (the two that fit)", handed)
+	}
+	none[core.Kill](t, cmds, "an outsized message is the message's fault, not the worker's")
+}

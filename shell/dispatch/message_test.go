@@ -1,0 +1,83 @@
+package dispatch_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// filterScript is a POSIX sh filter stage for these tests: it refuses to run
+// (exit 4 before it answers anything) if it was given any way to reach a
+// database, records every line it reads in the file "lines" beside it, and
+// answers each message with a transition to done and a patch.
+const filterScript = `#!/bin/sh
+for a in "$@"; do
+	case $a in -c) echo "filter: given -c $*" >&2; exit 4;; esac
+done
+if env | grep -E '^(PG[A-Z_]*|PEPSI_DATABASE|DATABASE_URL)=' >&2; then
+	echo "filter: a database is in my environment" >&2
+	exit 4
+fi
+while IFS= read -r line; do
+	printf '%s\n' "$line" >> "$(dirname "$0")/lines"
+	echo '0 >done {"filtered":true}'
+done
+`
+
+// writeFilter writes filterScript as an executable "filter" in e's directory.
+func (e *env) writeFilter() {
+	e.t.Helper()
+	if err := os.WriteFile(filepath.Join(e.dir, "filter"), []byte(filterScript), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// Proves: a stage with INPUT = message is handed each message itself, one JSON
+// line per message, and runs with no database in its environment (no -c, no
+// PG*, PEPSI_DATABASE or DATABASE_URL, though the dispatcher's environment has
+// them all): the filter refuses to run otherwise, and here every message ends
+// done with the filter's patch.
+func TestAMessageStageIsHandedTheMessageAndNoDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, `
+[stage-f]
+PROGRAM = @DIR@/filter
+INPUT = message
+PARALLELISM = 1
+QUEUE_LIMIT = 4
+`)
+	e.writeFilter()
+	e.workerEnv = append(os.Environ(), "PGHOST=127.0.0.1", "PGPORT=5432", "PGUSER=postgres", "PGPASSWORD=secret",
+		"PEPSI_DATABASE="+e.url, "DATABASE_URL="+e.url)
+	_, err := e.db.Exec(context.Background(), `
+		INSERT INTO pepsi.queue (stage, state, payload) VALUES
+			('f', '{"k": [1, 2], "s": "x"}', convert_to('héllo', 'UTF8')),
+			('f', '{}', '\xff00'::bytea),
+			('f', '{}', NULL)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 3})
+	d.stopClean()
+	got, err := os.ReadFile(filepath.Join(e.dir, "lines"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":1,"stage":"f","attempts":0,"state":{"k":[1,2],"s":"x"},"payload":"héllo"}
+{"id":2,"stage":"f","attempts":0,"state":{},"payload_base64":"/wA="}
+{"id":3,"stage":"f","attempts":0,"state":{}}
+`
+	if string(got) != want {
+		t.Errorf("the filter read\n%s\nwant\n%s", got, want)
+	}
+	if n := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE state @> '{"filtered": true}'`); n != 3 {
+		t.Errorf("%d rows carry the filter's patch; want 3", n)
+	}
+	if logs := d.logs.String(); strings.Contains(logs, "a database is in my environment") || strings.Contains(logs, "given -c") {
+		t.Errorf("the filter saw a database:\n%s", logs)
+	}
+}
