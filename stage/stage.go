@@ -120,8 +120,11 @@ type Message struct {
 	// patch merged into the row's state; deleting a key makes the library write
 	// the whole state itself (see the package comment).
 	State map[string]any
-	// Payload is the message content.
+	// Payload is the message content (nil when the column is NULL).
 	Payload []byte
+	// Attempts is the row's attempts column: how many times the message was
+	// retried at this stage. Set in message mode (Options.Input); 0 in id mode.
+	Attempts int
 	// Tx is the message's transaction: its first statement begins it and locks
 	// the row; statements run on it commit atomically with the transition, which
 	// the library then writes itself. Its Commit and Rollback refuse (the library
@@ -146,7 +149,17 @@ type Options struct {
 	// transition: for a dispatcher that does not read "0 >TARGET" yet, and to
 	// measure one way against the other. See WriteTransitions.
 	WriteTransitions bool
-	// In delivers message ids, one decimal per line.
+	// Input is what In carries: conf.InputID (the default, also for ""): one
+	// decimal message id per line, whose rows the library reads; or
+	// conf.InputMessage: one message per line as JSON (docs/protocol.md,
+	// "Standard input"), for a stage configured INPUT = message. In message mode
+	// the library never connects to a database: DB is ignored, handlers get the
+	// message from the line, the transition is always answered, and what only a
+	// database could do (Failed, which sets state.error; a deleted state key;
+	// Message.Tx) fails that message with a reason saying so. Main sets it from
+	// PEPSI_INPUT, which pepsi-dispatch sets to "message" for such a stage.
+	Input conf.Input
+	// In delivers the input, one line per message.
 	In io.Reader
 	// Out receives one status line per id.
 	Out io.Writer
@@ -205,6 +218,11 @@ func Run(ctx context.Context, o Options) error {
 	w, err := newWorker(o, log)
 	if err != nil {
 		return err
+	}
+	if o.Input == conf.InputMessage {
+		out := newAnswerWriter(o.Out, answerDelayMax)
+		defer out.stop()
+		return w.runMessages(ctx, o.In, out)
 	}
 	// Connect before reading anything: a worker that cannot reach the database
 	// should exit at once, which the dispatcher counts as a program that cannot
@@ -362,7 +380,13 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer, handlers 
 		fmt.Fprintf(stderr, usage, prog, strings.Join(sortedNames(handlers), ", "))
 		return 2
 	}
-	o := Options{Stage: os.Getenv("PEPSI_STAGE"), Handlers: handlers, In: stdin, Out: stdout, Log: log}
+	o := Options{Stage: os.Getenv("PEPSI_STAGE"), Input: conf.Input(os.Getenv("PEPSI_INPUT")), Handlers: handlers, In: stdin, Out: stdout, Log: log}
+	switch o.Input {
+	case "", conf.InputID, conf.InputMessage:
+	default:
+		log.Error("PEPSI_INPUT must be id or message", "PEPSI_INPUT", o.Input)
+		return 2
+	}
 	for _, opt := range opts {
 		opt(&o)
 	}

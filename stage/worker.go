@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -83,6 +82,10 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 	}
 	if o.In == nil || o.Out == nil {
 		return nil, badConfig("stage options need both In and Out")
+	}
+	if o.Input == conf.InputMessage {
+		// A filter: no database, so nothing to configure for one.
+		return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, log: log}, nil
 	}
 	cfg, err := pgx.ParseConfig(o.DB)
 	if err != nil {
@@ -350,23 +353,12 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
 	}
 
-	res := w.call(ctx, w.stage, m)
-	by := w.stage // the stage whose handler produced res
-	chain := []string{w.stage}
-	var report []string
-	for res.kind == kindAdvance && w.fused[res.next] {
-		if slices.Contains(chain, res.next) {
-			return failure(fmt.Sprintf("fused stages loop: %s -> %s", strings.Join(chain, " -> "), res.next)), nil
-		}
-		by = res.next
-		chain = append(chain, by)
-		m.Stage = by
-		start := time.Now()
-		res = w.call(ctx, by, m)
-		report = append(report, fmt.Sprintf("%s:%d", by, time.Since(start).Microseconds()))
-	}
+	res, by, report, bad := w.chain(ctx, m)
 	if tx.changed() {
 		return "", errRowChanged // whatever the handler decided, it decided on an old row
+	}
+	if bad != "" {
+		return bad, nil
 	}
 	prefix := ""
 	if by != w.stage {
@@ -380,31 +372,15 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	// A fused stage that finishes or pauses the message leaves it at the stage the
 	// pass started at: that is a stage the dispatcher knows, so a woken or retried
 	// message is claimed again (and runs the whole pass again).
-	var target string
-	switch res.kind {
-	case kindAdvance:
-		switch {
-		case res.next == w.stage:
-			return failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage)), nil
-		case res.next == targetDone || !conf.ValidStageName(res.next):
-			return failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next)), nil
-		}
-		target = res.next
-	case kindDone:
-		target = targetDone
-	case kindPause:
-		target = "paused:" + seconds(time.Until(res.until))
-	case kindFailed:
+	target, bad := w.target(res, prefix)
+	if bad != "" {
+		return bad, nil
+	}
+	if res.kind == kindFailed {
 		if m.State == nil {
 			m.State = map[string]any{}
 		}
 		m.State["error"] = prefix + res.reason
-	case kindError:
-		return failure(prefix + res.reason), nil
-	case kindRetry:
-		return "75 " + strings.TrimPrefix(failure(prefix+res.reason), "1 "), nil
-	default:
-		return failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)"), nil
 	}
 
 	if target != "" && !w.writeAll && !tx.begun() && tx.err == nil {

@@ -17,7 +17,7 @@ const filterScript = `#!/bin/sh
 for a in "$@"; do
 	case $a in -c) echo "filter: given -c $*" >&2; exit 4;; esac
 done
-if env | grep -E '^(PG[A-Z_]*|PEPSI_DATABASE|DATABASE_URL)=' >&2; then
+if env | grep -E '^(PG[A-Z_]*|PEPSI_DATABASE|DATABASE_URL)=' >&2 || [ "$PEPSI_INPUT" != message ]; then
 	echo "filter: a database is in my environment" >&2
 	exit 4
 fi
@@ -79,5 +79,35 @@ QUEUE_LIMIT = 4
 	}
 	if logs := d.logs.String(); strings.Contains(logs, "a database is in my environment") || strings.Contains(logs, "given -c") {
 		t.Errorf("the filter saw a database:\n%s", logs)
+	}
+}
+
+// Proves: a stage built with the stage library runs in message mode under the
+// real dispatcher (PEPSI_INPUT=message, no -c, no database): messages pass
+// through it and an id stage after it, its answered patches (the pass counts
+// n_STAGE) land in the rows, and "answer" failures fail only their message.
+func TestALibraryStageRunsAsAFilter(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, `
+[stage-f]
+PROGRAM = @BIN@/libstage
+INPUT = message
+PARALLELISM = 2
+QUEUE_LIMIT = 8
+
+[stage-g]
+PROGRAM = @BIN@/teststage
+PARALLELISM = 1
+QUEUE_LIMIT = 8
+`)
+	e.workerEnv = append(os.Environ(), "PEPSI_DATABASE="+e.url)
+	e.insertN("f", "f=advance:g;g=done", 200)
+	bad := e.insert("f", "f=answer:7 refused")
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 200, "failed": 1})
+	d.stopClean()
+	e.expectRow(bad[0], "failed", "f", "refused")
+	if n := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE status = 'done' AND (state ->> 'n_f')::int = 1`); n != 200 {
+		t.Errorf("%d done rows carry n_f = 1 from the filter's patch; want 200", n)
 	}
 }

@@ -35,7 +35,8 @@ type Options struct {
 	// ConfigFile, if set, is passed to every worker as "-c ConfigFile".
 	ConfigFile string
 	// Env is the workers' base environment (default os.Environ()). Spawn adds
-	// PEPSI_STAGE, replacing any PEPSI_STAGE already in Env. Its PATH is the one
+	// PEPSI_STAGE, replacing any PEPSI_STAGE already in Env; a PEPSI_INPUT in
+	// Env is dropped (SpawnFilter sets it). Its PATH is the one
 	// programs are looked up in.
 	Env []string
 	// Log receives standard error lines of workers (level warn) and this package's
@@ -145,7 +146,7 @@ func NewPool(o Options) *Pool {
 	}
 	close(p.idle)
 	for _, kv := range o.Env {
-		if strings.HasPrefix(kv, "PEPSI_STAGE=") {
+		if strings.HasPrefix(kv, "PEPSI_STAGE=") || strings.HasPrefix(kv, "PEPSI_INPUT=") {
 			continue
 		}
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
@@ -158,6 +159,7 @@ func NewPool(o Options) *Pool {
 			p.filterEnv = append(p.filterEnv, kv)
 		}
 	}
+	p.filterEnv = append(p.filterEnv, "PEPSI_INPUT=message")
 	if o.ConfigFile != "" {
 		p.argsTail = append(p.argsTail, "-c", o.ConfigFile)
 	}
@@ -194,7 +196,7 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 // handed each message on standard input: as Spawn does, but with no database
 // in its environment (docs/protocol.md, "A filter has no database"): without
 // "-c FILE" (the file names the DATABASE) and without any variable NamesDatabase
-// reports. stdinMax bounds the bytes queued for its standard input, as
+// reports, and with PEPSI_INPUT=message (which the stage library reads). stdinMax bounds the bytes queued for its standard input, as
 // writeQueueMax does for an id stage; the caller sizes it for the stage's
 // QUEUE_LIMIT lines of LINE_MAX bytes.
 func (p *Pool) SpawnFilter(id core.WorkerID, stage, program string, stdinMax int) core.Event {

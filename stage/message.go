@@ -1,0 +1,203 @@
+package stage
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+)
+
+// messageLineMax bounds one input line in message mode: the most LINE_MAX
+// allows (pepsi.conf(5)); the dispatcher never sends a longer line.
+const messageLineMax = conf.LineMaxMax
+
+// errNoDatabase is what Message.Tx answers in message mode.
+var errNoDatabase = errors.New("stage: INPUT = message: this stage has no database; Message.Tx cannot be used (use INPUT = id)")
+
+// inputLine is one line of an INPUT = message stage's standard input
+// (docs/protocol.md, "Standard input").
+type inputLine struct {
+	ID            int64           `json:"id"`
+	Stage         string          `json:"stage"`
+	Attempts      int             `json:"attempts"`
+	State         json.RawMessage `json:"state"`
+	Payload       *string         `json:"payload"`
+	PayloadBase64 *string         `json:"payload_base64"`
+}
+
+// runMessages serves an INPUT = message stage: each line is a message, handled
+// and answered in order, with no database at all.
+func (w *worker) runMessages(ctx context.Context, in io.Reader, out *answerWriter) error {
+	r := bufio.NewReaderSize(in, 64<<10)
+	for {
+		if err := out.flush(); err != nil {
+			return fmt.Errorf("write answers: %w", err)
+		}
+		line, err := readLine(r, messageLineMax)
+		if err == io.EOF {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("read messages: %w", err)
+		}
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := out.write(w.message(ctx, line)); err != nil {
+			return fmt.Errorf("write answer: %w", err)
+		}
+	}
+}
+
+// readLine reads one line of at most max bytes, without its newline; a last
+// line without a newline counts.
+func readLine(r *bufio.Reader, max int) (string, error) {
+	var buf []byte
+	for {
+		part, err := r.ReadSlice('\n')
+		buf = append(buf, part...)
+		if len(buf) > max+1 {
+			return "", fmt.Errorf("input line longer than %d bytes", max)
+		}
+		switch {
+		case err == nil:
+			return string(buf[:len(buf)-1]), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case err == io.EOF && len(buf) > 0:
+			return string(buf), nil
+		}
+		return "", err
+	}
+}
+
+// message handles one input line of message mode and returns its answer. The
+// handler's transition goes on the line with its state changes as the patch;
+// what only a database could write (Failed, a deleted state key, Message.Tx)
+// is answered as this message's failure with a reason saying why.
+func (w *worker) message(ctx context.Context, line string) string {
+	var in inputLine
+	if err := json.Unmarshal([]byte(line), &in); err != nil || in.ID <= 0 {
+		w.log.Error("input line is not a message", "stage", w.stage, "line", clip(line, 200), "err", err)
+		return failure(fmt.Sprintf("not a message: %q", clip(line, 200)))
+	}
+	m := &Message{ID: in.ID, Stage: w.stage, Attempts: in.Attempts, Tx: &lazyTx{w: w, err: errNoDatabase}}
+	switch {
+	case in.PayloadBase64 != nil:
+		p, err := base64.StdEncoding.DecodeString(*in.PayloadBase64)
+		if err != nil {
+			return failure(fmt.Sprintf("payload_base64 of message %d: %v", in.ID, err))
+		}
+		m.Payload = p
+	case in.Payload != nil:
+		m.Payload = []byte(*in.Payload)
+	}
+	state := in.State
+	if len(state) == 0 {
+		state = json.RawMessage("{}")
+	}
+	var before map[string]json.RawMessage
+	var err error
+	if m.State, before, err = decodeState(state); err != nil {
+		return failure(fmt.Sprintf("state of message %d: %v", in.ID, err))
+	}
+	res, by, report, bad := w.chain(ctx, m)
+	if bad != "" {
+		return bad
+	}
+	prefix := ""
+	if by != w.stage {
+		prefix = by + ": "
+	}
+	target, bad := w.target(res, prefix)
+	if bad != "" {
+		return bad
+	}
+	if target == "" { // kindFailed: only a database can set state.error
+		return failure(prefix + res.reason)
+	}
+	patch, deleted, err := statePatch(before, m.State)
+	switch {
+	case err != nil:
+		return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err))
+	case deleted:
+		return failure(prefix + "the handler deleted a state key, which an answered patch cannot do (set it to null, or use INPUT = id)")
+	}
+	out := "0 >" + target
+	for _, f := range report {
+		out += " " + f
+	}
+	if len(patch) > 0 {
+		out += " " + string(patch)
+	}
+	if len(out) > answerMax {
+		return failure(fmt.Sprintf("%sthe state patch makes the answer %d bytes, over the %d a line may carry (use INPUT = id)", prefix, len(out), answerMax))
+	}
+	return out
+}
+
+// chain runs the stage's handler and, while it advances to a fused stage, that
+// stage's handler in the same pass. It returns the last result, the stage that
+// produced it, the fused stages' times ("tag:153"), and a failure line instead
+// when the fused stages loop.
+func (w *worker) chain(ctx context.Context, m *Message) (res Result, by string, report []string, bad string) {
+	res = w.call(ctx, w.stage, m)
+	by = w.stage
+	chain := []string{w.stage}
+	for res.kind == kindAdvance && w.fused[res.next] {
+		if slices.Contains(chain, res.next) {
+			return res, by, nil, failure(fmt.Sprintf("fused stages loop: %s -> %s", strings.Join(chain, " -> "), res.next))
+		}
+		by = res.next
+		chain = append(chain, by)
+		m.Stage = by
+		start := time.Now()
+		res = w.call(ctx, by, m)
+		report = append(report, fmt.Sprintf("%s:%d", by, time.Since(start).Microseconds()))
+	}
+	return res, by, report, ""
+}
+
+// target is the answer target of res ("enrich", "done", "paused:1.5"), "" for
+// Failed, or a failure line instead.
+func (w *worker) target(res Result, prefix string) (target, bad string) {
+	switch res.kind {
+	case kindAdvance:
+		switch {
+		case res.next == w.stage:
+			return "", failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage))
+		case res.next == targetDone || !conf.ValidStageName(res.next):
+			return "", failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next))
+		}
+		return res.next, ""
+	case kindDone:
+		return targetDone, ""
+	case kindPause:
+		return "paused:" + seconds(time.Until(res.until)), ""
+	case kindFailed:
+		return "", ""
+	case kindError:
+		return "", failure(prefix + res.reason)
+	case kindRetry:
+		return "", "75 " + strings.TrimPrefix(failure(prefix+res.reason), "1 ")
+	}
+	return "", failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)")
+}
+
+// clip shortens s to at most n bytes for a log line or a reason.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}
