@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet purity bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
+.PHONY: all build install man test vet purity python bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
 
 all: build
 
@@ -50,7 +50,7 @@ chromium:
 
 # Files tests keep (t.ArtifactDir: the status page's screenshot) go to
 # test-artifacts/_artifacts/, ignored by git.
-test: postgres chromium vet purity
+test: postgres python chromium vet purity
 	@mkdir -p $(CURDIR)/test-artifacts
 	$(GO) test -race -count=1 -timeout 20m -artifacts -outputdir $(CURDIR)/test-artifacts ./...
 
