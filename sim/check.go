@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -843,6 +845,44 @@ func (w *world) checkSpawn(x core.Spawn) {
 	w.workers[x.Worker] = &wmodel{id: x.Worker, stage: s, spawnAt: w.now, idleSince: w.now}
 }
 
+// staleLine holds the rule "a handed-out line is the row's current state": the
+// line handed to an INPUT = message stage for id carries the row's id, stage,
+// attempts, state and payload as the queue holds them now (the claim
+// committed, and nothing writes a row the core holds but the core), never those
+// of an earlier claim, before a retry or a requeue. It returns what differs.
+func (w *world) staleLine(id int64, line string) string {
+	var got struct {
+		ID            int64           `json:"id"`
+		Stage         string          `json:"stage"`
+		Attempts      *int            `json:"attempts"`
+		State         json.RawMessage `json:"state"`
+		Payload       *string         `json:"payload"`
+		PayloadBase64 *string         `json:"payload_base64"`
+	}
+	if err := json.Unmarshal([]byte(line), &got); err != nil {
+		return fmt.Sprintf("it is not a JSON object: %v", err)
+	}
+	r, _ := w.q.Get(id)
+	var gotState, rowState any
+	_ = json.Unmarshal(got.State, &gotState)
+	_ = json.Unmarshal([]byte(r.StateJSON()), &rowState)
+	switch {
+	case got.ID != id:
+		return fmt.Sprintf("its id is %d", got.ID)
+	case got.Stage != r.Stage:
+		return fmt.Sprintf("the row is at stage %s", r.Stage)
+	case got.Attempts == nil || *got.Attempts != r.Attempts:
+		return fmt.Sprintf("the row's attempts are %d", r.Attempts)
+	case !reflect.DeepEqual(gotState, rowState):
+		return fmt.Sprintf("the row's state is %s", r.StateJSON())
+	case r.HasPayload != (got.Payload != nil || got.PayloadBase64 != nil):
+		return fmt.Sprintf("the row's payload is present: %v", r.HasPayload)
+	case got.Payload != nil && *got.Payload != r.Payload:
+		return fmt.Sprintf("the row's payload is %q", r.Payload)
+	}
+	return ""
+}
+
 func (w *world) checkWrite(x core.Write) {
 	y := w.workers[x.Worker]
 	switch {
@@ -862,7 +902,17 @@ func (w *world) checkWrite(x core.Write) {
 			return
 		}
 	}
-	for _, id := range x.IDs {
+	if stage.message != (x.Lines != nil) || x.Lines != nil && len(x.Lines) != len(x.IDs) {
+		w.violation("%s to a worker of stage %s (INPUT = message: %v) carries %d lines for %d ids", x, stage.name, stage.message, len(x.Lines), len(x.IDs))
+		return
+	}
+	for i, id := range x.IDs {
+		if x.Lines != nil {
+			if why := w.staleLine(id, x.Lines[i]); why != "" {
+				w.violation("%s hands message %d the line %s, but %s: a message stage must get the row as it is now", x, id, x.Lines[i], why)
+				return
+			}
+		}
 		if s, ok := w.backlog[id]; !ok || s != stage.name {
 			who := "not claimed by this core"
 			if wid, ok := w.holder[id]; ok {

@@ -37,6 +37,11 @@
 //   - Claims: none during a shutdown; never more than QUEUE_LIMIT × PARALLELISM
 //     held per stage [capacity-off-by-one]; a claim's ids reach a worker only
 //     after it committed, and only to a worker of the row's stage.
+//   - Message lines: a worker of an INPUT = message stage is handed one line per
+//     id and any other worker none; each line is the row as the queue holds it
+//     when it is handed out (id, stage, attempts, state, payload), never a copy
+//     from an earlier claim, before a retry or a requeue [stale-message-line].
+//     The fake workers of such a stage read each message from its line.
 //   - Workers: at most PARALLELISM live per stage [parallelism-off-by-one]; at
 //     most QUEUE_LIMIT unanswered ids each [queue-limit-off-by-one], MAX_MESSAGES
 //     in a life; ids only to a ready worker; work packed onto the fewest workers

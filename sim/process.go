@@ -21,10 +21,11 @@ type proc struct {
 	life    int
 	stage   int
 	pid     int
-	never   bool      // the program could not be started: no process exists
-	readyAt time.Time // it reads its first id no earlier (a slow start)
-	inbox   []int64   // handed, not yet started
-	busy    bool      // handling cur
+	never   bool             // the program could not be started: no process exists
+	readyAt time.Time        // it reads its first id no earlier (a slow start)
+	inbox   []int64          // handed, not yet started
+	lines   map[int64]string // INPUT = message: the line handed with each id
+	busy    bool             // handling cur
 	cur     int64
 	try     attempt
 	written bool // the current try has committed its transition
@@ -122,6 +123,12 @@ func (w *world) write(x core.Write) {
 		return
 	}
 	p.inbox = append(p.inbox, x.IDs...)
+	for i, line := range x.Lines {
+		if p.lines == nil {
+			p.lines = map[int64]string{}
+		}
+		p.lines[x.IDs[i]] = line
+	}
 	w.feed(p)
 }
 
@@ -175,6 +182,16 @@ func (w *world) begin(p *proc, id int64) {
 		if r.Status != core.StatusRunning || r.Stage != name {
 			w.failf("%s (stage %s) was handed message %d, but its row is %s at %s: not claimed for this stage",
 				p.id, name, id, r.Status, r.Stage)
+			return
+		}
+	}
+	if w.sc.stages[p.stage].message {
+		// The stage reads its message from the line it was handed, never from
+		// the database.
+		line, ok := p.lines[id]
+		delete(p.lines, id)
+		if !ok || !strings.HasPrefix(line, fmt.Sprintf(`{"id":%d,`, id)) {
+			w.failf("%s (stage %s, INPUT = message) read message %d without its line (got %q)", p.id, name, id, line)
 			return
 		}
 	}

@@ -47,6 +47,9 @@ type stageConf struct {
 	parallelism int
 	queueLimit  int
 	maxMessages int
+	// message: the stage is INPUT = message; its fake workers are handed each
+	// message as a line, and they always answer their transitions.
+	message bool
 }
 
 // message is one queue row: when it is inserted, the stages it visits and what
@@ -280,6 +283,19 @@ func choose(c chooser) *Scenario {
 	sc.vacuum = c.intn("vacuum", 0, 3) > 0
 	sc.autovacuum = c.intn("autovacuum", 0, 1) == 1
 	sc.deadScale = int64(100 * c.intn("dead_scale", 1, 30))
+	// Drawn last again: which stages are INPUT = message. Their visits answer
+	// their transitions wherever the protocol has an answer for them.
+	for i := range sc.stages {
+		sc.stages[i].message = c.intn(sc.stages[i].name+".input_message", 0, 2) == 2
+	}
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			if sc.stages[m.first+j].message {
+				m.visits[j].answers = true
+			}
+		}
+	}
 	return sc
 }
 
@@ -393,6 +409,9 @@ func (sc *Scenario) Conf() string {
 	for _, st := range sc.stages {
 		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = %s-stage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
 			st.name, st.name, st.parallelism, st.queueLimit, st.maxMessages)
+		if st.message {
+			b.WriteString("INPUT = message\n")
+		}
 	}
 	return b.String()
 }

@@ -554,6 +554,18 @@ func (w *world) insert(i int) {
 	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, notify) })
 }
 
+// payloadOf is message i's payload: NULL, text, or bytes that are not UTF-8,
+// so the lines of INPUT = message stages carry each form.
+func payloadOf(i int) []byte {
+	switch i % 3 {
+	case 0:
+		return nil
+	case 1:
+		return []byte(fmt.Sprintf("message %d: \"quoted\" é", i))
+	}
+	return []byte{0xff, byte(i), 0}
+}
+
 // commitInsert commits message i's producer transaction, which holds row id:
 // the row becomes visible, the NOTIFY (if the trigger sent one) is delivered,
 // and the shared hold on the gate ends. With the database down the transaction
@@ -570,7 +582,7 @@ func (w *world) commitInsert(i int, id int64, notify bool) {
 		return
 	}
 	w.quiet = !notify
-	w.q.Commit(id, w.sc.stages[m.first].name)
+	w.q.CommitMessage(id, w.sc.stages[m.first].name, payloadOf(i))
 	w.quiet = false
 	w.inserted++
 	w.insertedAt[id-1] = w.now

@@ -174,6 +174,14 @@ func (q *Queue) Commit(id int64, stage string) {
 	q.notify()
 }
 
+// CommitMessage is Commit for a row with a payload (nil for NULL).
+func (q *Queue) CommitMessage(id int64, stage string, payload []byte) {
+	q.Commit(id, stage)
+	if payload != nil {
+		q.rows[id-1].Payload, q.rows[id-1].HasPayload = string(payload), true
+	}
+}
+
 // Abort ends the producer transaction of a reserved id without its row.
 func (q *Queue) Abort(int64) { q.inFlight-- }
 

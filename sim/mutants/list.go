@@ -199,4 +199,12 @@ var mutants = []mutant{
 		"if c.lookGen == c.claimLookGen {", "if true {"),
 	mut("look-keeps-floors", "a NOTIFY, the heartbeat or the database coming back does not make the claims look from the start",
 		"\t\tst.maybeMore = true\n\t\tst.floor = 0", "\t\tst.maybeMore = true"),
+	// INPUT = message: the line handed out is the row as it is now.
+	{name: "stale-message-line", bug: "a message stage is handed the line first built for the message, not its row as it is now",
+		old: "\t\t\tm.line = line\n",
+		new: "\t\t\tif old, ok := c.staleLines[r.ID]; ok {\n\t\t\t\tline = old\n\t\t\t}\n\t\t\tc.staleLines[r.ID] = line\n\t\t\tm.line = line\n",
+		more: []patch{
+			{"\tunsure map[int64]bool\n", "\tunsure map[int64]bool\n\tstaleLines map[int64]string\n"},
+			{"\t\tunsure:     map[int64]bool{},\n", "\t\tunsure:     map[int64]bool{},\n\t\tstaleLines: map[int64]string{},\n"},
+		}},
 }
