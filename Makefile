@@ -16,7 +16,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # The programs an operator installs (make install), and where.
-PROGRAMS := pepsi-dispatch pepsi-queue pepsi-httpd pepsi-ingress
+PROGRAMS := pepsi-dispatch pepsi-queue pepsi-httpd pepsi-ingress pepsi-stage-check
 PREFIX ?= /usr/local
 DESTDIR ?=
 

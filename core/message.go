@@ -30,7 +30,7 @@ func (m *Message) String() string {
 	return fmt.Sprintf("{state=%dB payload=%dB}", len(m.State), m.PayloadSize)
 }
 
-// messageLine builds the standard input line of an INPUT = message stage for r,
+// MessageLine builds the standard input line of an INPUT = message stage for r,
 // without the newline (docs/protocol.md, "Standard input"):
 //
 //	{"id":N,"stage":"S","attempts":A,"state":{…},"payload":"…"}
@@ -39,7 +39,7 @@ func (m *Message) String() string {
 // (standard base64) when it is not, and absent when it is NULL. It returns the
 // reason the message cannot be handed over instead when the line would be longer
 // than lineMax bytes or the state is not a JSON object.
-func messageLine(r Row, lineMax int) (line, why string) {
+func MessageLine(r Row, lineMax int) (line, why string) {
 	m := r.Message
 	assert(m != nil, "message-mode row %d claimed without its message", r.ID)
 	if m.PayloadSize > lineMax || len(m.State) > 2*lineMax {

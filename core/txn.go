@@ -122,7 +122,7 @@ func (c *Core) claimed(e Claimed) {
 			continue
 		}
 		if st.cfg.Input == conf.InputMessage {
-			line, why := messageLine(r, c.cfg.LineMax)
+			line, why := MessageLine(r, c.cfg.LineMax)
 			if why != "" {
 				// The message's fault, not the worker's: it alone fails (its
 				// failure is logged when resolved).

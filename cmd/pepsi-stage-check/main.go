@@ -1,0 +1,569 @@
+// Command pepsi-stage-check checks a stage program against the worker protocol
+// (docs/protocol.md) with no database and no dispatcher: it starts the program
+// as pepsi-dispatch would, feeds it messages one at a time, and reports for each
+// the answer, whether it parses as a status line, and how long it took; then
+// lines nobody asked for, and how the program ended at the end of its input.
+// It exits 0 only when every answer is valid. See docs/pepsi-stage-check.1.md.
+//
+// It never connects to a database and never writes anything but its report.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/worker"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitInvalid = 1 // the program broke the protocol somewhere
+	exitUsage   = 2
+)
+
+// answerLineMax is the longest answer line pepsi-dispatch reads (a longer one
+// is a protocol error there).
+const answerLineMax = 64 << 10
+
+const usage = `usage: pepsi-stage-check [flags] PROGRAM [ARGS...]
+
+Checks the stage program PROGRAM against the PEPSI worker protocol with no
+database and no dispatcher. It is started as "PROGRAM worker" (or "PROGRAM
+ARGS..." when ARGS are given), fed one message at a time, and each answer is
+checked. Exit status 0 only when every answer is valid.
+
+flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options are the command line.
+type options struct {
+	input      conf.Input
+	file       string
+	count      int
+	stage      string
+	answerWait time.Duration
+	exitWait   time.Duration
+	argv       []string
+}
+
+func parse(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("pepsi-stage-check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	var o options
+	input := fs.String("input", "message", "what the stage reads: message (INPUT = message: one JSON message per line) or id (one message id per line)")
+	fs.StringVar(&o.file, "messages", "", "NDJSON file of messages to feed, one JSON object per line as in the message line format (default: generated)")
+	fs.IntVar(&o.count, "n", 5, "how many messages to generate when -messages is not given")
+	fs.StringVar(&o.stage, "stage", "check", "the stage name: PEPSI_STAGE, and the stage of generated messages")
+	fs.DurationVar(&o.answerWait, "answer-wait", 2*time.Second, "how long to wait for each answer before calling it missing")
+	fs.DurationVar(&o.exitWait, "exit-wait", 5*time.Second, "how long the program may take to exit after the end of its input")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	o.input = conf.Input(*input)
+	if o.input != conf.InputMessage && o.input != conf.InputID {
+		return o, fmt.Errorf("-input %q: want message or id", *input)
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return o, errors.New("no PROGRAM given")
+	}
+	if o.count < 1 || o.answerWait <= 0 || o.exitWait <= 0 {
+		return o, errors.New("-n, -answer-wait and -exit-wait must be positive")
+	}
+	if !conf.ValidStageName(o.stage) {
+		return o, fmt.Errorf("-stage %q is not a stage name", o.stage)
+	}
+	o.argv = fs.Args()
+	if len(o.argv) == 1 {
+		o.argv = append(o.argv, "worker")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parse(args, stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "pepsi-stage-check:", err)
+		}
+		return exitUsage
+	}
+	inputs, err := o.inputs()
+	if err != nil {
+		fmt.Fprintln(stderr, "pepsi-stage-check:", err)
+		return exitUsage
+	}
+	rep, err := check(ctx, o, inputs, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "pepsi-stage-check:", err)
+		return exitUsage
+	}
+	rep.print(stdout)
+	if rep.ok() {
+		return exitOK
+	}
+	return exitInvalid
+}
+
+// input is one message to feed: its id and the line the program gets.
+type input struct {
+	id   int64
+	line string
+}
+
+// inputs are the messages to feed, from -messages or generated.
+func (o options) inputs() ([]input, error) {
+	if o.file == "" {
+		var in []input
+		for i := 1; i <= o.count; i++ {
+			in = append(in, o.generated(int64(i)))
+		}
+		return in, nil
+	}
+	f, err := os.Open(o.file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), conf.LineMaxMax)
+	var in []input
+	for n := 1; sc.Scan(); n++ {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		x, err := o.fromFile(sc.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", o.file, n, err)
+		}
+		in = append(in, x)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", o.file, err)
+	}
+	if len(in) == 0 {
+		return nil, fmt.Errorf("%s: no messages", o.file)
+	}
+	return in, nil
+}
+
+// generated is message id as the dispatcher would hand it: a few kinds of
+// payload in turn (text, NULL, bytes that are not UTF-8, text with escapes).
+func (o options) generated(id int64) input {
+	msg := &core.Message{State: fmt.Sprintf(`{"n": %d}`, id), PayloadSize: -1}
+	switch id % 4 {
+	case 1:
+		msg.Payload = []byte(fmt.Sprintf("Subject: message %d\r\n\r\nhello world", id))
+	case 2:
+	case 3:
+		msg.Payload = []byte{0xff, 0xfe, byte(id)}
+	case 0:
+		msg.Payload = []byte("quotes \" and \\ and tabs\t and é ☃")
+	}
+	if msg.Payload != nil {
+		msg.PayloadSize = len(msg.Payload)
+	}
+	return o.line(core.Row{ID: id, Stage: o.stage, Message: msg})
+}
+
+// fromFile reads one NDJSON message: at least an id; stage, attempts, state,
+// payload or payload_base64 as in the line format.
+func (o options) fromFile(b []byte) (input, error) {
+	var m struct {
+		ID            int64           `json:"id"`
+		Stage         string          `json:"stage"`
+		Attempts      int             `json:"attempts"`
+		State         json.RawMessage `json:"state"`
+		Payload       *string         `json:"payload"`
+		PayloadBase64 *string         `json:"payload_base64"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return input{}, fmt.Errorf("not a JSON message: %w", err)
+	}
+	if m.ID <= 0 {
+		return input{}, errors.New(`no positive "id"`)
+	}
+	if m.Stage == "" {
+		m.Stage = o.stage
+	}
+	msg := &core.Message{State: string(m.State), PayloadSize: -1}
+	if len(m.State) == 0 {
+		msg.State = "{}"
+	}
+	switch {
+	case m.PayloadBase64 != nil:
+		p, err := base64.StdEncoding.DecodeString(*m.PayloadBase64)
+		if err != nil {
+			return input{}, fmt.Errorf("payload_base64: %w", err)
+		}
+		msg.Payload = p
+	case m.Payload != nil:
+		msg.Payload = []byte(*m.Payload)
+	}
+	if msg.Payload != nil {
+		msg.PayloadSize = len(msg.Payload)
+	}
+	x := o.line(core.Row{ID: m.ID, Stage: m.Stage, Attempts: m.Attempts, Message: msg})
+	if x.line == "" {
+		return input{}, errors.New("its state is not a JSON object")
+	}
+	return x, nil
+}
+
+// line is the input line of r in o's input mode.
+func (o options) line(r core.Row) input {
+	if o.input == conf.InputID {
+		return input{id: r.ID, line: strconv.FormatInt(r.ID, 10)}
+	}
+	line, _ := core.MessageLine(r, conf.LineMaxMax)
+	return input{id: r.ID, line: line}
+}
+
+// output is one line the program wrote, and when.
+type output struct {
+	line string
+	at   time.Time
+	long bool // longer than pepsi-dispatch reads
+}
+
+// result is what became of one input.
+type result struct {
+	in      input
+	answer  *output
+	wait    time.Duration // from writing the input to its answer
+	late    bool          // the answer came only after the end of input
+	verdict string        // how the answer reads, or what is wrong
+	valid   bool
+}
+
+// report is the whole check.
+type report struct {
+	o       options
+	early   []output // lines before the first input
+	results []result
+	stray   []output // lines beyond the inputs
+	exit    string
+	exitOK  bool
+}
+
+func (r *report) ok() bool {
+	if len(r.early) > 0 || len(r.stray) > 0 || !r.exitOK {
+		return false
+	}
+	for _, x := range r.results {
+		if !x.valid {
+			return false
+		}
+	}
+	return true
+}
+
+// check runs the program over inputs.
+func check(ctx context.Context, o options, inputs []input, stderr io.Writer) (*report, error) {
+	cmd := exec.Command(o.argv[0], o.argv[1:]...)
+	cmd.Env = environment(o)
+	cmd.Stderr = prefixed{w: stderr, prefix: "stage stderr: "}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	// A pipe of our own, not StdoutPipe: Wait, which runs beside the reads,
+	// must not close the read end before every line is read.
+	out, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	cmd.Stdout = w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", o.argv[0], err)
+	}
+	lines := make(chan output, 1024)
+	go readLines(out, lines)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill() // a no-op once it exited
+	}()
+
+	rep := &report{o: o}
+	// A program that writes before it has read anything (a banner, a log line
+	// on stdout, an answer for nothing) shows here.
+	rep.early = collect(lines, time.After(min(o.answerWait, 300*time.Millisecond)))
+	var pending []int // inputs not answered yet, in order
+	eof := false
+	for i, in := range inputs {
+		rep.results = append(rep.results, result{in: in})
+		pending = append(pending, i)
+		sent := time.Now()
+		if _, err := io.WriteString(stdin, in.line+"\n"); err != nil {
+			rep.results[i].verdict = fmt.Sprintf("NOT READ: could not be written (%v): the program stopped reading its input", err)
+			for _, rest := range inputs[i+1:] {
+				rep.results = append(rep.results, result{in: rest, verdict: "NOT READ: the program had stopped reading its input"})
+			}
+			pending = pending[:len(pending)-1]
+			break
+		}
+		// Wait for this input's answer; answers to earlier inputs that were
+		// missing count for them first (answers are in order).
+		timeout := time.After(o.answerWait)
+	wait:
+		for len(pending) > 0 && pending[len(pending)-1] == i {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					eof = true
+					break wait
+				}
+				j := pending[0]
+				pending = pending[1:]
+				rep.results[j].answer = &l
+				rep.results[j].wait = l.at.Sub(sent)
+			case <-timeout:
+				break wait
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if eof {
+			for _, rest := range inputs[i+1:] {
+				rep.results = append(rep.results, result{in: rest, verdict: "NOT READ: the program had closed its output (exited?)"})
+			}
+			break
+		}
+	}
+	_ = stdin.Close()
+	end := time.Now()
+	deadline := time.After(o.exitWait)
+	var exitErr error
+	exitedOK := false
+collect:
+	for lines != nil || exited != nil {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				lines = nil
+				continue
+			}
+			if len(pending) > 0 {
+				j := pending[0]
+				pending = pending[1:]
+				rep.results[j].answer = &l
+				rep.results[j].late = true
+			} else {
+				rep.stray = append(rep.stray, l)
+			}
+		case exitErr = <-exited:
+			exitedOK, exited = true, nil
+		case <-deadline:
+			break collect
+		}
+	}
+	switch {
+	case !exitedOK:
+		rep.exit = fmt.Sprintf("did not exit within %s of the end of its input (killed): a stage must finish, answer and exit 0", o.exitWait)
+	case exitErr == nil:
+		rep.exit, rep.exitOK = fmt.Sprintf("exit status 0, %s after the end of its input", time.Since(end).Round(time.Millisecond)), true
+	default:
+		rep.exit = fmt.Sprintf("%v at the end of its input: a stage must exit 0 once it has answered everything", exitErr)
+	}
+	for i := range rep.results {
+		rep.results[i].judge(o)
+	}
+	return rep, nil
+}
+
+// judge decides whether a result's answer is valid.
+func (x *result) judge(o options) {
+	if x.verdict != "" {
+		return
+	}
+	if x.answer == nil {
+		x.verdict = fmt.Sprintf("NO ANSWER (none within %s, none before exit)", o.answerWait)
+		return
+	}
+	if x.answer.long {
+		x.verdict = fmt.Sprintf("INVALID: the line is longer than %d bytes, which pepsi-dispatch treats as a protocol error", answerLineMax)
+		return
+	}
+	st, err := core.ParseStatus(x.answer.line)
+	switch {
+	case err != nil:
+		x.verdict = "INVALID: " + err.Error() + " (a log line on stdout? logs go to stderr)"
+		return
+	case x.late:
+		x.verdict = fmt.Sprintf("LATE: it came only after the end of input, not within %s: likely cause: standard output is not flushed after each answer", o.answerWait)
+		return
+	}
+	x.valid = true
+	switch t := st.Transition; {
+	case st.Code != 0:
+		x.verdict = fmt.Sprintf("valid: the message fails (code %d, reason %q)", st.Code, st.Reason)
+	case t == nil && o.input == conf.InputMessage:
+		x.valid = false
+		x.verdict = "INVALID for INPUT = message: a bare 0 says the stage wrote its transition itself, which a stage with no database cannot do; answer 0 >TARGET"
+	case t == nil:
+		x.verdict = "valid: success, the stage wrote its transition itself"
+	case t.Invalid != "":
+		x.valid = false
+		x.verdict = "INVALID transition: " + t.Invalid
+	default:
+		what := "advance to stage " + t.To
+		switch t.To {
+		case core.TargetDone:
+			what = "finish (done)"
+		case core.TargetPaused:
+			what = fmt.Sprintf("pause for %s", t.PauseFor)
+		}
+		x.verdict = "valid: " + what
+		if t.Patch != "" {
+			x.verdict += ", state patch " + t.Patch
+		}
+	}
+	if len(st.Fused) > 0 {
+		x.verdict += fmt.Sprintf(", %d fused stage(s)", len(st.Fused))
+	}
+}
+
+func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "pepsi-stage-check: %s, INPUT = %s, stage %s, %d messages fed one at a time\n",
+		strings.Join(r.o.argv, " "), r.o.input, r.o.stage, len(r.results))
+	for _, l := range r.early {
+		fmt.Fprintf(w, "BEFORE ANY INPUT: %q: a line on stdout before the program read anything (a banner or a log line? stdout carries answers only)\n", clip(l.line))
+	}
+	for i, x := range r.results {
+		fmt.Fprintf(w, "message %d (id %d): ", i+1, x.in.id)
+		if x.answer != nil {
+			fmt.Fprintf(w, "answer %q", clip(x.answer.line))
+			if !x.late {
+				fmt.Fprintf(w, " after %s", x.wait.Round(10*time.Microsecond))
+			}
+			fmt.Fprint(w, ": ")
+		}
+		fmt.Fprintln(w, x.verdict)
+	}
+	for _, l := range r.stray {
+		fmt.Fprintf(w, "STRAY LINE: %q: more lines than messages (a log line on stdout, or two answers for one message?)\n", clip(l.line))
+	}
+	fmt.Fprintln(w, "end of input:", r.exit)
+	if r.ok() {
+		fmt.Fprintln(w, "OK: every answer is valid")
+	} else {
+		fmt.Fprintln(w, "FAILED: the stage does not follow the protocol (docs/protocol.md)")
+	}
+}
+
+// environment is the program's environment as pepsi-dispatch would give it:
+// PEPSI_STAGE set, and for INPUT = message no database variables and
+// PEPSI_INPUT=message.
+func environment(o options) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PEPSI_STAGE=") || strings.HasPrefix(kv, "PEPSI_INPUT=") {
+			continue
+		}
+		if o.input == conf.InputMessage && worker.NamesDatabase(kv) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, "PEPSI_STAGE="+o.stage)
+	if o.input == conf.InputMessage {
+		env = append(env, "PEPSI_INPUT=message")
+	}
+	return env
+}
+
+// readLines sends each line of r, then closes lines.
+func readLines(r io.Reader, lines chan<- output) {
+	defer close(lines)
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		b, err := br.ReadSlice('\n')
+		long := false
+		var buf []byte
+		buf = append(buf, b...)
+		for errors.Is(err, bufio.ErrBufferFull) {
+			long = true
+			b, err = br.ReadSlice('\n')
+			if len(buf) < 2*answerLineMax {
+				buf = append(buf, b...)
+			}
+		}
+		if len(buf) > 0 {
+			line := strings.TrimSuffix(string(buf), "\n")
+			lines <- output{line: line, at: time.Now(), long: long || len(line) > answerLineMax}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// collect takes the lines that arrive until done.
+func collect(lines <-chan output, done <-chan time.Time) []output {
+	var got []output
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return got
+			}
+			got = append(got, l)
+		case <-done:
+			return got
+		}
+	}
+}
+
+// prefixed writes the program's standard error with a prefix on each line.
+type prefixed struct {
+	w      io.Writer
+	prefix string
+}
+
+func (p prefixed) Write(b []byte) (int, error) {
+	for _, l := range strings.SplitAfter(string(b), "\n") {
+		if l != "" {
+			fmt.Fprint(p.w, p.prefix+l)
+		}
+	}
+	return len(b), nil
+}
+
+// clip shortens a line for the report.
+func clip(s string) string {
+	if len(s) <= 200 {
+		return s
+	}
+	return strings.ToValidUTF8(s[:200], "") + "…"
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// script writes an executable stage program and returns its path.
+func script(t *testing.T, name, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runCheck runs pepsi-stage-check with args and returns its exit code and report.
+func runCheck(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var out, errs bytes.Buffer
+	code := run(context.Background(), append([]string{"-answer-wait", "500ms", "-exit-wait", "2s"}, args...), &out, &errs)
+	t.Logf("pepsi-stage-check %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errs.String())
+	return code, out.String()
+}
+
+func wantReport(t *testing.T, report string, parts ...string) {
+	t.Helper()
+	for _, p := range parts {
+		if !strings.Contains(report, p) {
+			t.Errorf("the report does not say %q", p)
+		}
+	}
+}
+
+// Proves: the example stages pass, in message mode, with generated messages.
+func TestTheExampleStagesPass(t *testing.T) {
+	for _, p := range []string{"../../examples/stages/words.py", "../../examples/stages/finish.sh"} {
+		code, report := runCheck(t, p)
+		if code != 0 {
+			t.Errorf("%s: exit %d, want 0", p, code)
+		}
+		wantReport(t, report, "message 5 (id 5): answer", "exit status 0", "OK: every answer is valid")
+	}
+}
+
+// Proves: a stage that does not flush its answers shows as answers that came
+// only at the end of input, with the likely cause named, and fails the check.
+func TestAnUnflushedStageIsNamedAsSuch(t *testing.T) {
+	// Its own buffered stdout, as Python's is on a pipe unless
+	// PYTHONUNBUFFERED is set (which would hide the bug here).
+	p := script(t, "unflushed.py", "#!/usr/bin/env python3\nimport sys\nout = open(1, 'w', buffering=8192)\nfor line in sys.stdin:\n    print('0 >done', file=out)\n")
+	code, report := runCheck(t, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
+}
+
+// Proves: a line on stdout before any input (a banner, a log) is reported.
+func TestALogLineOnStdoutIsReported(t *testing.T) {
+	p := script(t, "banner.sh", "#!/bin/sh\necho 'starting up'\nwhile read -r l; do echo '0 >done'; done\n")
+	code, report := runCheck(t, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report, `BEFORE ANY INPUT: "starting up"`, "stdout carries answers only", "FAILED")
+}
+
+// Proves: two answers for one message leave stray lines, and fail the check.
+func TestTwoAnswersForOneMessageAreStrayLines(t *testing.T) {
+	p := script(t, "twice.sh", "#!/bin/sh\nwhile read -r l; do echo '0 >done'; echo '0 >done'; done\n")
+	code, report := runCheck(t, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report, "STRAY LINE", "FAILED")
+}
+
+// Proves: bad answers are named per message: a line that is no status line, a
+// bare 0 in message mode, a transition the dispatcher cannot write; a
+// non-zero answer is a valid failure.
+func TestBadAnswersAreNamedPerMessage(t *testing.T) {
+	p := script(t, "bad.sh", `#!/bin/sh
+n=0
+while read -r l; do
+	n=$((n+1))
+	case $n in
+	1) echo 'processing message' ;;
+	2) echo '0' ;;
+	3) echo '0 >next {"a":' ;;
+	4) echo '7 no such address' ;;
+	*) echo '0 >paused:1.5' ;;
+	esac
+done
+`)
+	code, report := runCheck(t, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report,
+		`message 1 (id 1): answer "processing message"`, "does not start with an integer code",
+		"INVALID for INPUT = message: a bare 0",
+		"INVALID transition:",
+		`valid: the message fails (code 7, reason "no such address")`,
+		"valid: pause for 1.5s")
+}
+
+// Proves: a stage that exits in the middle of its input, or non-zero, is
+// reported: the messages it never answered and its exit status.
+func TestAStageThatExitsMidInputIsReported(t *testing.T) {
+	p := script(t, "quits.sh", "#!/bin/sh\nread -r l; echo '0 >done'\nread -r l; echo '0 >done'\nexit 3\n")
+	code, report := runCheck(t, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	// Message 3 may reach the pipe before the program exits (NO ANSWER) or
+	// not (NOT READ); 4 and 5 never do.
+	wantReport(t, report, "message 2 (id 2): answer", "message 4 (id 4): NOT READ", "message 5 (id 5): NOT READ", "exit status 3")
+	if strings.Contains(report, "message 3 (id 3): answer") {
+		t.Errorf("message 3 shows an answer")
+	}
+}
+
+// Proves: in id mode the stage gets decimal ids, and messages come from an
+// NDJSON file when one is given.
+func TestIDModeAndMessagesFromAFile(t *testing.T) {
+	p := script(t, "echo.sh", "#!/bin/sh\nwhile read -r l; do echo \"0 >done {\\\"saw\\\":\\\"$l\\\"}\"; done\n")
+	file := filepath.Join(t.TempDir(), "m.ndjson")
+	if err := os.WriteFile(file, []byte(`{"id":42,"state":{"x":1},"payload":"a"}`+"\n"+`{"id":43,"payload_base64":"/w=="}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, report := runCheck(t, "-input", "id", "-messages", file, p)
+	if code != 0 {
+		t.Errorf("id mode: exit %d, want 0", code)
+	}
+	wantReport(t, report, `message 1 (id 42): answer "0 >done {\"saw\":\"42\"}"`, "message 2 (id 43)")
+	dir := t.TempDir()
+	keep := script(t, "keep.sh", "#!/bin/sh\nwhile read -r l; do printf '%s\\n' \"$l\" >> "+dir+"/lines; echo '0 >done'; done\n")
+	code, _ = runCheck(t, "-messages", file, keep)
+	if code != 0 {
+		t.Errorf("message mode: exit %d, want 0", code)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, "lines"))
+	want := `{"id":42,"stage":"check","attempts":0,"state":{"x":1},"payload":"a"}` + "\n" + `{"id":43,"stage":"check","attempts":0,"state":{},"payload_base64":"/w=="}` + "\n"
+	if string(got) != want {
+		t.Errorf("the stage read\n%s\nwant\n%s", got, want)
+	}
+}
