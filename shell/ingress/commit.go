@@ -70,6 +70,9 @@ type committer struct {
 
 	downUntil atomic.Int64 // unix nanoseconds: until then the database counts as unreachable
 	wg        sync.WaitGroup
+
+	closing sync.RWMutex // held for reading while handing a request over
+	closed  bool         // under closing: no more requests are taken
 }
 
 func newCommitter(pool *pgxpool.Pool, n, batchMax int, wait time.Duration, m *metrics, log *slog.Logger) *committer {
@@ -89,15 +92,25 @@ func (c *committer) commit(msgs []msgjson.Message) ([]int64, *Status) {
 		return nil, unreachable()
 	}
 	r := &request{msgs: msgs, done: make(chan outcome, 1)}
+	c.closing.RLock()
+	if c.closed {
+		c.closing.RUnlock()
+		return nil, &Status{Code: http.StatusServiceUnavailable, Msg: "pepsi-ingress is shutting down; nothing of this request was committed", RetryAfter: 1}
+	}
 	c.in <- r
+	c.closing.RUnlock()
 	o := <-r.done
 	return o.ids, o.st
 }
 
-// close stops the committers once every request handed over is answered; no
-// commit may be called after it.
+// close stops the committers once every request handed over is answered; a
+// commit called later (a request still being read when the shutdown grace ran
+// out) is answered 503.
 func (c *committer) close() {
+	c.closing.Lock()
+	c.closed = true
 	close(c.in)
+	c.closing.Unlock()
 	c.wg.Wait()
 }
 
@@ -255,7 +268,7 @@ func (c *committer) insert(rows []row) (ids []int64, st *Status, perRequest bool
 			continue
 		}
 		switch {
-		case errors.Is(err, errBug):
+		case errors.Is(err, errBug), errors.Is(err, errVanished):
 		case isPg && (len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23" || pgErr.Code[:2] == "54")):
 			c.log.Warn("the database refused a batch", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusBadRequest, Msg: "the database refused a message: " + pgErr.Message}, true

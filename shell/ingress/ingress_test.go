@@ -479,3 +479,19 @@ func TestTheLogNeverShowsAPayload(t *testing.T) {
 		t.Errorf("the log shows a message's content:\n%s", log.String())
 	}
 }
+
+// TestARequestAfterCloseGets503 is a request still being read when the
+// shutdown grace ran out: its commit comes after Close, and is refused, not
+// a crash.
+func TestARequestAfterCloseGets503(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	f.srv.Close()
+	a := f.post("application/json", "?stage=a", `{"payload": "late"}`)
+	if a.code != 503 || !strings.Contains(a.err, "shutting down") || a.retry != "1" {
+		t.Errorf("answer %+v; want 503 shutting down, Retry-After: 1", a)
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+}

@@ -74,6 +74,7 @@ type Server struct {
 	pending atomic.Pointer[map[string]int64]
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
+	closed  sync.Once
 }
 
 // New starts a Server's committers (and, with MaxPending, its pending counts).
@@ -116,11 +117,14 @@ func New(o Options) *Server {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Close stops the committers once every request handed to them is answered.
-// Call it after the HTTP server has shut down.
+// Call it after the HTTP server has shut down; a request that reaches the
+// commit after it gets 503. Calling it again does nothing.
 func (s *Server) Close() {
-	s.stop()
-	s.wg.Wait()
-	s.c.close()
+	s.closed.Do(func() {
+		s.stop()
+		s.wg.Wait()
+		s.c.close()
+	})
 }
 
 // messages is POST /v1/messages.
