@@ -49,7 +49,7 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	for _, name := range []string{"libstage", "exitstage", "eagerstage"} {
+	for _, name := range []string{"libstage", "exitstage", "eagerstage", "relaystage", "filterstage"} {
 		if err := os.Symlink(filepath.Join(dir, "teststage"), filepath.Join(dir, name)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.RemoveAll(dir)

@@ -20,7 +20,13 @@
 //     "tag" fused into every other stage's pass; the library reconnects and
 //     reruns a message whose connection was cut, which the burst tests need;
 //   - exitstage: exits 1 at start without reading anything (a broken deployment);
-//   - eagerstage: teststage that first answers "0" before it has read any id.
+//   - eagerstage: teststage that first answers "0" before it has read any id;
+//   - relaystage: a worker that carries its standard input and output over TCP
+//     to the address in PEPSI_RELAY_ADDR (shell/stagerelay), as "ssh host
+//     stage" would;
+//   - filterstage: an INPUT = message stage that finishes every message
+//     ("0 >done") and records, per message, how many lines it held at once
+//     (in the file named by TESTSTAGE_RECORD: it has no -c).
 //
 // # Scripts
 //
@@ -59,9 +65,12 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -73,6 +82,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/stagerelay"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 
@@ -123,8 +133,25 @@ func main() {
 		}
 		recordFile = f
 	}
+	if name := os.Getenv("TESTSTAGE_RECORD"); confFile == "" && name != "" {
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "teststage: %v\n", err)
+			os.Exit(70)
+		}
+		recordFile = f
+	}
 	record(Record{Ev: "start", Args: os.Args[1:], Env: stageName})
 	switch filepath.Base(os.Args[0]) {
+	case "relaystage":
+		stagerelay.Main("PEPSI_RELAY_ADDR")
+	case "filterstage":
+		if err := filter(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "teststage: %v\n", err)
+			os.Exit(1)
+		}
+		record(Record{Ev: "exit"})
+		os.Exit(0)
 	case "exitstage":
 		fmt.Fprintln(os.Stderr, "teststage: scripted failure at start")
 		os.Exit(1)
@@ -149,6 +176,40 @@ func main() {
 		os.Exit(1)
 	}
 	record(Record{Ev: "exit"})
+}
+
+// filter is the filterstage personality: each line is a message; it is
+// answered "0 >done", and recorded with how many lines had arrived and were not
+// yet answered when it was read (Outstanding): more than one means the
+// messages came pipelined. Answers are flushed whenever no more input is
+// buffered.
+func filter(in io.Reader, out io.Writer) error {
+	r := bufio.NewReaderSize(in, 1<<20)
+	w := bufio.NewWriter(out)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err == io.EOF && len(line) == 0 {
+			return w.Flush()
+		} else if err != nil && err != io.EOF {
+			return err
+		}
+		var m struct {
+			ID int64 `json:"id"`
+		}
+		if err := json.Unmarshal(line, &m); err != nil {
+			return fmt.Errorf("not a message: %q", line)
+		}
+		peek, _ := r.Peek(r.Buffered())
+		record(Record{Ev: "handle", ID: m.ID, Outstanding: 1 + bytes.Count(peek, []byte("\n"))})
+		if _, err := w.WriteString("0 >done\n"); err != nil {
+			return err
+		}
+		if r.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 // action returns the ops for the given pass of a message through stage.
