@@ -46,7 +46,30 @@ const (
 	// transition in its batched transaction. Needs a pepsi-dispatch that speaks
 	// the "0 >TARGET" protocol.
 	modeAnswer mode = "answer"
+	// modeMessage: the stages are INPUT = message (pepsi-bench-message, no
+	// database): each parses the message line it is handed and answers its
+	// transition with a patch computed from it ({"hops":N+1,"len":L}).
+	modeMessage mode = "message"
+	// modePython: INPUT = message stages in Python with the standard library
+	// (examples/stages/words.py with the bench's targets): what a user's first
+	// stage gets.
+	modePython mode = "python"
+	// modeRelay1 and modeRelay10: message mode with each stage on a "far
+	// host": the worker (pepsi-bench-relay) carries its standard input and
+	// output over TCP through the fault proxy, which adds 1 ms or 10 ms to
+	// every round trip (as "ssh host stage" would). Hops/s only: the far
+	// stages' CPU is not the dispatcher's children's.
+	modeRelay1  mode = "relay1ms"
+	modeRelay10 mode = "relay10ms"
 )
+
+// message reports whether the mode's stages are INPUT = message.
+func (m mode) message() bool {
+	return m == modeMessage || m == modePython || m == modeRelay1 || m == modeRelay10
+}
+
+// relay reports whether the mode's stages run behind the TCP relay.
+func (m mode) relay() bool { return m == modeRelay1 || m == modeRelay10 }
 
 // answers reports whether the mode's stages answer their transitions (and so
 // need a dispatcher that speaks the "0 >TARGET" protocol).
@@ -102,6 +125,14 @@ type bench struct {
 	pgbench     string // the pgbench binary
 	self        string // this binary: the write-mode stage program
 	answerLink  string // the answer-mode stage program: a link to self
+	messageLink string // the message-mode stage program: a link to self
+	relayLink   string // the relay modes' worker: a link to self
+	pythonStage string // python mode's stage program, a script in dir
+	// payloadBytes, when above 0, is the size of each message's payload.
+	payloadBytes int
+	// dispatchEnv is added to the next pepsi-dispatch's environment (the relay
+	// modes' addresses).
+	dispatchEnv []string
 	libraryLink string // the library-mode stage program: a link to self
 
 	// refused holds, per mode, why the dispatcher refused that mode's stages
@@ -131,6 +162,9 @@ type pipeResult struct {
 	// claims, three stage writes, two requeues), 2 when they answer them (three
 	// claims, three dispatcher writes). 0 if unknown.
 	versionsPerHop float64
+	// rssPeakKiB is pepsi-dispatch's peak resident set (VmHWM) over the run,
+	// in KiB; 0 if unknown.
+	rssPeakKiB int64
 }
 
 // pipelineCPU is the CPU time of a pipeline run: pepsi-dispatch with the workers
@@ -289,6 +323,9 @@ func (b *bench) prepare() error {
 	if err := os.Symlink(b.self, b.libraryLink); err != nil {
 		return fmt.Errorf("the library-mode stage program: %w", err)
 	}
+	if err := b.linkPrograms(); err != nil {
+		return err
+	}
 	b.refused = map[mode]string{}
 	return nil
 }
@@ -354,6 +391,9 @@ func (p pipeResult) line(tps float64) string {
 	}
 	if p.versionsPerHop > 0 {
 		s += fmt.Sprintf("; %.2f row versions per hop", p.versionsPerHop)
+	}
+	if p.rssPeakKiB > 0 {
+		s += fmt.Sprintf("; pepsi-dispatch peak RSS %.1f MiB", float64(p.rssPeakKiB)/1024)
 	}
 	return s + ")"
 }

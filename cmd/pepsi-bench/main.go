@@ -53,6 +53,10 @@ func main() {
 	switch {
 	case filepath.Base(os.Args[0]) == answerProgram:
 		runAnswerWorker()
+	case filepath.Base(os.Args[0]) == messageProgram:
+		runMessageWorker()
+	case filepath.Base(os.Args[0]) == relayProgram:
+		runRelayWorker()
 	case filepath.Base(os.Args[0]) == libraryProgram:
 		stage.Main(handlers()) // answers its transitions
 	case len(os.Args) > 1 && os.Args[1] == "worker":
@@ -103,7 +107,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.benchConfig.parallelism, "parallelism", 2, "PARALLELISM of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
-	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT); library and answer need the 0 >TARGET protocol")
+	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT), message (INPUT = message: the stage parses each message and answers a patch from it), python (the same with a Python stage), relay1ms and relay10ms (message mode behind a TCP relay adding 1 or 10 ms per round trip); all but write need the 0 >TARGET protocol")
+	fs.IntVar(&b.payloadBytes, "payload-bytes", 0, "the size of each message's payload in bytes (0: \"message N\"); with -modes message it shows what INPUT = message costs the dispatcher (its peak RSS is reported)")
 	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000)")
 	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
 	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
@@ -187,8 +192,8 @@ func parseModes(s string) ([]mode, error) {
 	var ms []mode
 	for _, f := range strings.Split(s, ",") {
 		m := mode(strings.TrimSpace(f))
-		if m != modeWrite && m != modeLibrary && m != modeAnswer {
-			return nil, fmt.Errorf("%q is not a mode: want write, library or answer, or several (write,library,answer)", f)
+		if !slices.Contains([]mode{modeWrite, modeLibrary, modeAnswer, modeMessage, modePython, modeRelay1, modeRelay10}, m) {
+			return nil, fmt.Errorf("%q is not a mode: want write, library, answer, message, python, relay1ms or relay10ms, or several (write,library,answer)", f)
 		}
 		if slices.Contains(ms, m) {
 			return nil, fmt.Errorf("mode %s twice", m)

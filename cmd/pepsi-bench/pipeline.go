@@ -62,10 +62,19 @@ func (b *bench) confText(v variant, statsInterval string) string {
 		program = b.answerLink
 	case modeLibrary:
 		program = b.libraryLink
+	case modeMessage:
+		program = b.messageLink
+	case modePython:
+		program = b.pythonStage
+	case modeRelay1, modeRelay10:
+		program = b.relayLink
 	}
 	text := fmt.Sprintf(confTemplate, b.url, statsInterval)
 	for _, st := range []string{stageA, stageB, stageC} {
 		text += fmt.Sprintf(stageTemplate, st, program, v.cfg.parallelism, v.cfg.queueLimit, v.cfg.maxMessages)
+		if v.mode.message() {
+			text += "INPUT = message\n"
+		}
 	}
 	return text
 }
@@ -97,8 +106,9 @@ func (b *bench) freshQueue(ctx context.Context, n int) (*pgx.Conn, error) {
 	// In slices, so that a backlog of a million rows is not one huge statement.
 	for done := 0; done < n; done += enqueueSlice {
 		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload)
-			SELECT $1, convert_to('message ' || g, 'UTF8') FROM generate_series($2::int, $3::int) g`,
-			stageA, done+1, min(n, done+enqueueSlice)); err != nil {
+			SELECT $1, CASE WHEN $4::int > 0 THEN convert_to(repeat('x', $4::int), 'UTF8') ELSE convert_to('message ' || g, 'UTF8') END
+			FROM generate_series($2::int, $3::int) g`,
+			stageA, done+1, min(n, done+enqueueSlice), b.payloadBytes); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("enqueue %d messages: %w", n, err)
 		}
@@ -138,6 +148,15 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	if err := conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&start); err != nil {
 		return p, fmt.Errorf("read the server clock: %w", err)
 	}
+	b.dispatchEnv = nil
+	if v.mode.relay() {
+		env, stop, err := b.startRelays(v.mode)
+		if err != nil {
+			return p, fmt.Errorf("the relays: %w", err)
+		}
+		defer stop()
+		b.dispatchEnv = env
+	}
 	d, err := b.startDispatcher(confFile, tag)
 	if err != nil {
 		return p, err
@@ -156,11 +175,14 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 		return p, fmt.Errorf("read the last done time: %w", err)
 	}
 	backendCPU, backendsKnown := backendsCPU(ctx, conn)
+	p.rssPeakKiB = peakRSS(d.cmd.Process.Pid)
 	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, b.n); err != nil {
 		return p, err
 	}
-	if backendsKnown && (v.mode == modeAnswer || v.cfg.maxMessages >= b.n) {
+	// The relay modes' stages are not the dispatcher's children: no CPU figure.
+	noBackends := v.mode == modeAnswer || v.mode == modeMessage || v.mode == modePython
+	if backendsKnown && !v.mode.relay() && (noBackends || v.cfg.maxMessages >= b.n) {
 		p.cpu = pipelineCPU{programs: d.cpu(), backends: backendCPU}
 	}
 	p.elapsed = end.Sub(start)
@@ -287,6 +309,24 @@ func verify(ctx context.Context, conn *pgx.Conn, n int) error {
 	return nil
 }
 
+// peakRSS is the peak resident set of process pid in KiB (VmHWM of
+// /proc/PID/status), 0 where that cannot be read.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kib int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kib); err == nil {
+				return kib
+			}
+		}
+	}
+	return 0
+}
+
 // dispatcher is one running pepsi-dispatch.
 type dispatcher struct {
 	cmd    *exec.Cmd
@@ -312,6 +352,7 @@ func (b *bench) startDispatcher(confFile, tag string) (*dispatcher, error) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, b.dispatchEnv...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
