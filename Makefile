@@ -57,30 +57,34 @@ test: postgres python chromium vet purity
 # The stage modes pepsi-bench measures: write (the stage library writes each
 # transition, stage.WriteTransitions), library (the stage library answers
 # "0 >NEXT", the dispatcher writes it) and answer (a stage with no database
-# connection answers "0 >NEXT"). The last two need the "0 >TARGET" protocol:
-# against a dispatcher without it pepsi-bench says so, measures the rest and
-# exits 1. BENCH_MODES=write measures write mode alone; BENCH_FLAGS passes more
-# flags (bin/pepsi-bench -h).
-BENCH_MODES ?= write,library,answer
+# connection answers "0 >NEXT"), message (INPUT = message stages that parse
+# each message and answer a patch computed from it), python (the same with the
+# example's Python stage), relay1ms and relay10ms (message mode behind a TCP
+# relay adding 1 or 10 ms per round trip). All but write need the "0 >TARGET"
+# protocol: against a dispatcher without it pepsi-bench says so, measures the
+# rest and exits 1. BENCH_MODES=write measures write mode alone; BACKLOG_MODES
+# are bench-backlog's (no relay); BENCH_FLAGS passes more flags (bin/pepsi-bench -h).
+BENCH_MODES ?= write,library,answer,message,python,relay1ms,relay10ms
+BACKLOG_MODES ?= write,library,answer,message
 BENCH_FLAGS ?=
 
 # The core's micro-benchmarks, then pepsi-bench: pgbench's commit rate, the
 # pipeline's hops/s in each mode at the bench configuration and at pepsi.conf's
 # defaults, River's jobs/s, median of 3 rounds, one table; then the latency at
 # 100 messages/s (docs/performance.md).
-bench: postgres build river-bench
+bench: postgres python build river-bench
 	$(GO) test -run '^$$' -bench . -benchmem ./core/
 	$(BIN)/pepsi-bench -river $(BIN)/river-bench -modes $(BENCH_MODES) $(BENCH_FLAGS)
 
 # PEPSI beside its peer only: pgbench, the pipeline at the bench configuration,
 # River draining as many no-op jobs as the pipeline makes hops, 3 rounds.
-bench-peers: postgres build river-bench
+bench-peers: postgres python build river-bench
 	$(BIN)/pepsi-bench -river $(BIN)/river-bench -modes $(BENCH_MODES) -configs bench -latency-seconds 0 $(BENCH_FLAGS)
 
 # On demand, not in CI (tens of minutes): drain 1,000,000 messages per mode;
 # hops/s over the first and the last tenth, the queue's sizes before and after.
 bench-backlog: postgres build
-	$(BIN)/pepsi-bench -backlog -modes $(BENCH_MODES) $(BENCH_FLAGS)
+	$(BIN)/pepsi-bench -backlog -modes $(BACKLOG_MODES) $(BENCH_FLAGS)
 
 # pepsi-ingress: single-message requests from 64 keep-alive clients beside
 # pgbench's single-row INSERTs into pepsi.queue, NDJSON requests of 1,000

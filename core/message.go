@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -46,8 +47,14 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 		// The claim did not read the payload; the line would be longer still.
 		return "", tooLong(r.ID, lineMax, int64(m.PayloadSize)+int64(len(m.State)))
 	}
-	var b bytes.Buffer
-	b.Grow(64 + len(m.State) + len(m.Payload)*4/3)
+	var state bytes.Buffer
+	if err := json.Compact(&state, []byte(m.State)); err != nil || len(m.State) == 0 || firstByte(m.State) != '{' {
+		return "", fmt.Sprintf("message %d: its state is not a JSON object, so it cannot be handed to an INPUT = message stage", r.ID)
+	}
+	// One strings.Builder, sized once: the line is built in place, so a large
+	// payload is copied once (not encoded, copied and converted).
+	var b strings.Builder
+	b.Grow(80 + len(r.Stage) + state.Len() + len(m.Payload)*4/3 + 4)
 	b.WriteString(`{"id":`)
 	b.WriteString(strconv.FormatInt(r.ID, 10))
 	b.WriteString(`,"stage":`)
@@ -55,19 +62,17 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 	b.WriteString(`,"attempts":`)
 	b.WriteString(strconv.Itoa(r.Attempts))
 	b.WriteString(`,"state":`)
-	if err := json.Compact(&b, []byte(m.State)); err != nil || len(m.State) == 0 || firstByte(m.State) != '{' {
-		return "", fmt.Sprintf("message %d: its state is not a JSON object, so it cannot be handed to an INPUT = message stage", r.ID)
-	}
+	b.Write(state.Bytes())
 	switch {
 	case m.PayloadSize < 0:
 	case utf8.Valid(m.Payload):
 		b.WriteString(`,"payload":`)
-		s, err := json.Marshal(string(m.Payload))
-		assert(err == nil, "marshal a valid UTF-8 string: %v", err)
-		b.Write(s)
+		writeJSONString(&b, m.Payload)
 	default:
 		b.WriteString(`,"payload_base64":"`)
-		b.WriteString(base64.StdEncoding.EncodeToString(m.Payload))
+		enc := base64.NewEncoder(base64.StdEncoding, &b)
+		_, _ = enc.Write(m.Payload) // a strings.Builder does not fail
+		_ = enc.Close()
 		b.WriteByte('"')
 	}
 	b.WriteByte('}')
@@ -75,6 +80,38 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 		return "", tooLong(r.ID, lineMax, int64(b.Len()))
 	}
 	return b.String(), ""
+}
+
+// writeJSONString writes p, valid UTF-8, as a JSON string: quotes, backslashes
+// and control characters escaped, everything else as it is.
+func writeJSONString(b *strings.Builder, p []byte) {
+	const hex = "0123456789abcdef"
+	b.WriteByte('"')
+	start := 0
+	for i, c := range p {
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b.Write(p[start:i])
+		switch c {
+		case '"', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteString(`\u00`)
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b.Write(p[start:])
+	b.WriteByte('"')
 }
 
 func tooLong(id int64, lineMax int, size int64) string {

@@ -1,6 +1,9 @@
 package core_test
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -101,4 +104,46 @@ func TestAMessageOverLineMaxFailsAndTheOthersRun(t *testing.T) {
 		t.Errorf("handed out %v, want [1 4] (the two that fit)", handed)
 	}
 	none[core.Kill](t, cmds, "an outsized message is the message's fault, not the worker's")
+}
+
+// Proves: a line is JSON that decodes to the row it was built from: every
+// ASCII byte (controls, quotes, backslashes), multi-byte text, bytes that are
+// not UTF-8 (payload_base64), and a NULL payload.
+func TestMessageLineDecodesToTheRow(t *testing.T) {
+	var ascii []byte
+	for c := range 0x80 {
+		ascii = append(ascii, byte(c))
+	}
+	payloads := [][]byte{ascii, []byte("é ☃ 😀 \u2028 <&>"), {0xff, 0x00, 0x80}, {}, nil}
+	for _, p := range payloads {
+		m := &core.Message{State: `{"b": [1, {"c": null}], "a": "x\ny"}`, Payload: p, PayloadSize: len(p)}
+		if p == nil {
+			m.PayloadSize = -1
+		}
+		line, why := core.MessageLine(core.Row{ID: 9, Stage: "s", Attempts: 2, Message: m}, 1<<20)
+		if why != "" {
+			t.Fatalf("payload %q: %s", p, why)
+		}
+		var got struct {
+			ID            int64
+			Stage         string
+			Attempts      int
+			State         map[string]any
+			Payload       *string
+			PayloadBase64 *string `json:"payload_base64"`
+		}
+		if err := json.Unmarshal([]byte(line), &got); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		var back []byte
+		switch {
+		case got.Payload != nil:
+			back = []byte(*got.Payload)
+		case got.PayloadBase64 != nil:
+			back, _ = base64.StdEncoding.DecodeString(*got.PayloadBase64)
+		}
+		if got.ID != 9 || got.Stage != "s" || got.Attempts != 2 || got.State["a"] != "x\ny" || !bytes.Equal(back, p) || (p == nil) != (got.Payload == nil && got.PayloadBase64 == nil) {
+			t.Errorf("line %q decodes to %+v, payload %q; want the row back", line, got, back)
+		}
+	}
 }

@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.benchConfig.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
 	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT), message (INPUT = message: the stage parses each message and answers a patch from it), python (the same with a Python stage), relay1ms and relay10ms (message mode behind a TCP relay adding 1 or 10 ms per round trip); all but write need the 0 >TARGET protocol")
-	fs.IntVar(&b.payloadBytes, "payload-bytes", 0, "the size of each message's payload in bytes (0: \"message N\"); with -modes message it shows what INPUT = message costs the dispatcher (its peak RSS is reported)")
+	fs.IntVar(&b.payloadBytes, "payload-bytes", 0, "the size of each message's payload in bytes (0: \"message N\"); with -modes message it shows what INPUT = message costs the dispatcher (pepsi-dispatch's peak RSS is then reported)")
 	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000)")
 	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
 	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
@@ -163,6 +163,9 @@ func (b *bench) settle(args []string, modes, configs string) error {
 	}
 	if u, err := url.Parse(b.server); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return fmt.Errorf("-database %q: want a postgres:// URL of the server", b.server)
+	}
+	if b.backlog && (strings.Contains(modes, string(modeRelay1)) || strings.Contains(modes, string(modeRelay10))) {
+		return errors.New("-backlog does not measure the relay modes: leave relay1ms and relay10ms out of -modes")
 	}
 	var err error
 	if b.modes, err = parseModes(modes); err != nil {

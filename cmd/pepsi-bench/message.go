@@ -59,12 +59,19 @@ func messageMain(stdin io.Reader, stdout, stderr io.Writer, stage string) int {
 		fmt.Fprintf(stderr, "%s: PEPSI_STAGE=%q is none of the bench's stages a, b, c\n", messageProgram, stage)
 		return 2
 	}
-	r := bufio.NewReaderSize(stdin, 1<<20)
+	r := bufio.NewReaderSize(stdin, 64<<10)
 	w := bufio.NewWriterSize(stdout, 64<<10)
 	prefix := []byte("0 >" + target + ` {"hops":`)
 	var buf []byte
 	for {
 		line, err := r.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// A line longer than the buffer (a large payload): read it whole.
+			first := append([]byte(nil), line...) // ReadBytes reuses the buffer
+			var rest []byte
+			rest, err = r.ReadBytes('\n')
+			line = append(first, rest...)
+		}
 		if len(line) > 0 {
 			var m benchMessage
 			if jerr := json.Unmarshal(line, &m); jerr != nil {

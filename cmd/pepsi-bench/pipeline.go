@@ -175,7 +175,9 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 		return p, fmt.Errorf("read the last done time: %w", err)
 	}
 	backendCPU, backendsKnown := backendsCPU(ctx, conn)
-	p.rssPeakKiB = peakRSS(d.cmd.Process.Pid)
+	if b.payloadBytes > 0 {
+		p.rssPeakKiB = peakRSS(d.cmd.Process.Pid)
+	}
 	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, b.n); err != nil {
 		return p, err

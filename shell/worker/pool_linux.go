@@ -367,10 +367,15 @@ func (p *Pool) enqueue(id core.WorkerID, buf []byte, n int) {
 		p.log.Debug("worker: write to a worker that is gone, dropped", "worker", id.String(), "ids", n)
 		return
 	}
-	switch err := w.in.enqueue(buf); {
+	p.enqueued(id, w, w.in.enqueue(buf), n)
+}
+
+// enqueued acts on the outcome err of queueing n lines for worker w.
+func (p *Pool) enqueued(id core.WorkerID, w *proc, err error, n int) {
+	switch {
 	case err == nil:
 	case errors.Is(err, errOverflow):
-		w.log.Error("worker: write queue overflow, killing the worker", "queued_max", w.in.max, "write_bytes", len(buf))
+		w.log.Error("worker: write queue overflow, killing the worker", "queued_max", w.in.max, "lines", n)
 		p.Kill(id)
 	case errors.Is(err, errStopped):
 		// The core never writes after Stop; if it did, the ids would never be
@@ -388,15 +393,12 @@ func (p *Pool) WriteLines(id core.WorkerID, lines []string) {
 	if len(lines) == 0 {
 		return
 	}
-	n := 0
-	for _, l := range lines {
-		n += len(l) + 1
+	w := p.lookup(id)
+	if w == nil {
+		p.log.Debug("worker: write to a worker that is gone, dropped", "worker", id.String(), "ids", len(lines))
+		return
 	}
-	buf := make([]byte, 0, n)
-	for _, l := range lines {
-		buf = append(append(buf, l...), '\n')
-	}
-	p.enqueue(id, buf, len(lines))
+	p.enqueued(id, w, w.in.enqueueLines(lines), len(lines))
 }
 
 // Stop closes the worker's standard input once everything already queued by Write

@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"os"
+	"slices"
 	"sync"
 )
 
@@ -48,6 +49,31 @@ func (s *stdinWriter) enqueue(b []byte) error {
 		return errOverflow
 	}
 	s.queued = append(s.queued, b...)
+	s.cond.Signal()
+	return nil
+}
+
+// enqueueLines appends lines, each with a newline, to the queue, all or none:
+// the lines are copied once, into the queue, and never held elsewhere.
+func (s *stdinWriter) enqueueLines(lines []string) error {
+	n := 0
+	for _, l := range lines {
+		n += len(l) + 1
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.ended || s.aborted:
+		return errGone
+	case s.stopping:
+		return errStopped
+	case len(s.queued)+n > s.max:
+		return errOverflow
+	}
+	s.queued = slices.Grow(s.queued, n)
+	for _, l := range lines {
+		s.queued = append(append(s.queued, l...), '\n')
+	}
 	s.cond.Signal()
 	return nil
 }
