@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,7 +54,8 @@ func TestTheReadmesHandMadePipelineWorksAsWritten(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	if out, err := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-queue").CombinedOutput(); err != nil {
+		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-queue",
+		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-ingress").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	stage := filepath.Join(dir, "first-stage")
@@ -71,27 +74,48 @@ func TestTheReadmesHandMadePipelineWorksAsWritten(t *testing.T) {
 			t.Errorf("drop the README's database: %v", err)
 		}
 	})
+	// pepsi-ingress listens on a port of this test's own, not the default.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := l.Addr().String()
+	l.Close()
 	script := strings.NewReplacer(
+		`\n[stage-first]`, `\n[pepsi-ingress]\nLISTEN = `+listen+`\n[stage-first]`,
+		"http://127.0.0.1:8180/", "http://"+listen+"/",
 		"/usr/local/bin/first-stage", stage,
 		"mydb", db,
 		"postgres://postgres@127.0.0.1/", server.String()+"/",
 		"createdb -h 127.0.0.1 -U postgres", "createdb -h "+admin.Host+" -p "+strconv.Itoa(int(admin.Port))+" -U "+admin.User,
 	).Replace(strings.Join(lines, "\n"))
-	// Then wait for the message to be done, and stop the dispatcher as the
-	// README's operating section says (SIGTERM): it must exit 0.
-	script = "set -e\n" + script + `
+	// Then wait for both messages (one enqueued, one sent over HTTP) to be
+	// done, and stop pepsi-ingress and the dispatcher as the README's operating
+	// section says (SIGTERM): each must exit 0.
+	// (The trap stops them if a line fails; "|| true" keeps a clean end's status.)
+	script = "set -e\ntrap 'kill %1 %2 2>/dev/null || true' EXIT\n" + script + `
 for i in $(seq 1 150); do
-	pepsi-queue -c pepsi.conf stats | grep -qE '^first +0 +0 +0 +1 +0 +0 ' && break
+	pepsi-queue -c pepsi.conf stats | grep -qE '^first +0 +0 +0 +2 +0 +0 ' && break
 	sleep 0.2
 done
 pepsi-queue -c pepsi.conf stats
-kill %1
-wait %1
+pids=$(jobs -p)
+kill $pids
+for p in $pids; do wait $p; done
 `
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
 	cmd.Dir = dir
+	// The README starts programs in the background: whatever happens to the
+	// script, nothing it started outlives the test (its process group is killed).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	defer func() {
+		if cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // ESRCH when all ended: nothing to do
+		}
+	}()
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
 			cmd.Env = append(cmd.Env, kv)
@@ -101,7 +125,8 @@ wait %1
 	if err != nil {
 		t.Fatalf("the README's commands failed: %v\nscript:\n%s\noutput:\n%s", err, script, out)
 	}
-	if !strings.Contains(string(out), "enqueued 1") || !regexp.MustCompile(`(?m)^first +0 +0 +0 +1 +0 +0 `).MatchString(string(out)) {
-		t.Fatalf("the README's pipeline did not finish its message; output:\n%s", out)
+	if !strings.Contains(string(out), "enqueued 1") || !strings.Contains(string(out), `{"ids":[2]}`) ||
+		!regexp.MustCompile(`(?m)^first +0 +0 +0 +2 +0 +0 `).MatchString(string(out)) {
+		t.Fatalf("the README's pipeline did not finish its two messages; output:\n%s", out)
 	}
 }
