@@ -69,8 +69,8 @@ func TestARowStillRunningAfterItsResolveIsResolvedAgain(t *testing.T) {
 	w.start("a", 2) // w1 holds 1, 2
 	// w1 is killed for MAX_RUNTIME while its commit of 1 (to done) is on its
 	// way to the server; the commit lands while the resolve waits on the row.
-	w.q.CommitDuringResolve(1, func() { w.q.StageWrite(1, "a", "a", core.StatusDone, time.Time{}) })
 	w.tick(300 * time.Second)
+	w.q.CommitDuringResolve(1, func() { w.q.StageWrite(1, "a", "a", core.StatusDone, time.Time{}) })
 	cmds := w.exit(1, -1, "killed")
 	if it := itemFor(t, cmds, 1); it.Verdict != core.TimeOut {
 		t.Fatalf("item %v, want the head timed out", it)

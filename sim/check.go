@@ -65,6 +65,7 @@ type expect struct {
 	move    *core.Item // answered a transition: the To, Until and Patch the item must carry
 	sent    bool       // its item is in the outstanding transaction
 	unsure  bool       // its item was in a transaction whose reply was lost
+	raced   bool       // a resolve of it found the row still running (a commit landed meanwhile)
 }
 
 // truth is what one core life did, counted from the world.
@@ -367,11 +368,19 @@ func (w *world) modelEvent(ev core.Event) {
 				return
 			}
 			ex := w.expects[o.ID]
+			if o.Status == core.StatusRunning {
+				// A stage's commit landed while the resolve waited on the row:
+				// nothing written, a guard miss, and the core still holds the
+				// row and owes the same item.
+				ex.sent, ex.raced = false, true
+				w.truth().stage(ex.stage).GuardMisses++
+				continue
+			}
 			delete(w.expects, o.ID)
 			if o.Status.Final() {
 				w.truth().left++
 			}
-			if ex.verdict == core.Move && !o.Matched && !ex.unsure {
+			if ex.verdict == core.Move && !o.Matched && !ex.unsure && !ex.raced {
 				// The row was no longer running at the stage: a guard miss (unless
 				// an earlier send, whose reply was lost, wrote it).
 				w.truth().stage(ex.stage).GuardMisses++
@@ -1189,6 +1198,9 @@ func (w *world) checkFloors(c core.Claim, sent time.Time) {
 			}
 			if at, ok := w.retried[r.ID]; ok && (at.IsZero() || at.After(sent)) {
 				continue
+			}
+			if slices.Contains(c.Exclude, r.ID) {
+				continue // held: the core lowers the floor when its resolve reports it pending
 			}
 			if r.Status == core.StatusPending && r.Stage == cp.Stage {
 				w.violation("claim op=%d looks above %d at stage %s and passes over pending row %d", c.Op, cp.After, cp.Stage, r.ID)

@@ -42,6 +42,14 @@
 //     when it is handed out (id, stage, attempts, state, payload), never a copy
 //     from an earlier claim, before a retry or a requeue [stale-message-line].
 //     The fake workers of such a stage read each message from its line.
+//   - Never two holders: a claim never returns a row the core still holds (a
+//     worker has it unanswered, or it is claimed or owed), whatever made it
+//     pending meanwhile (an operator retrying it in flight) [claim-includes-held].
+//   - No verdict from a stale answer: a resolve never writes a row that has been
+//     claimed again since the claim its item was made for [claim-includes-held];
+//     a row a resolve finds still running (a stage's commit landed while it
+//     waited) stays held, owed the same item, and counts as a guard miss
+//     [raced-item-dropped, raced-not-counted].
 //   - Workers: at most PARALLELISM live per stage [parallelism-off-by-one]; at
 //     most QUEUE_LIMIT unanswered ids each [queue-limit-off-by-one], MAX_MESSAGES
 //     in a life; ids only to a ready worker; work packed onto the fewest workers
@@ -137,7 +145,13 @@
 // that take their row's id when they insert and commit up to 100 ms later (rows
 // appear out of id order, behind ids a claim already took); an operator who
 // retries every failed message the dispatcher has seen fail (pepsi-queue retry,
-// whose NOTIFY may be lost like any other); dispatcher
+// whose NOTIFY may be lost like any other), and one who retries in a loop the
+// messages a stage failed while its worker still holds them (stages that answer
+// up to a second after their commit); commits of killed workers that land while
+// the resolve waits on their row; status lines of every shape the grammar can
+// recognise as an attempted patch (not an object, not JSON), and a bare
+// "0 >paused"; cooldowns of workers that fail to start at one instant
+// [cooldown-doubles-per-worker, patch-must-start-with-brace]; dispatcher
 // crashes, graceful and double shutdowns, and lost locks, after which the next
 // core is handed the old one's unflushed statistics (core.Start.Carry)
 // [carry-dropped, carry-seq-ignored].

@@ -146,6 +146,18 @@ func (w *world) kill(x core.Kill) {
 	if p == nil || p.never || p.dead {
 		return
 	}
+	if id := p.cur; p.busy && p.try.kind.writes() && !w.answers(p, id, p.try) && !p.written && !w.dbDown() && w.chance(w.rProc, w.sc.faults.lateCommit) {
+		// Its COMMIT was on its way: the server applies it while the resolve
+		// the kill leads to waits on the row.
+		w.note("%s's commit of message %d is on its way as it is killed", p.id, id)
+		w.q.CommitDuringResolve(id, func() {
+			from, to, status, timeout := w.transition(p, id)
+			if w.q.StageWrite(id, from, to, status, timeout) {
+				w.wrote[id-1], p.written = true, true
+				w.note("%s's late commit of message %d lands: %s -> %s %s", p.id, id, from, to, status)
+			}
+		})
+	}
 	// SIGKILL takes a moment to land; until then the process may still commit
 	// and answer.
 	w.after(w.randDur(w.rProc, 0, 50*time.Millisecond), func() { w.die(p, -1, "killed") })
@@ -272,9 +284,22 @@ func (w *world) conclude(p *proc, id int64) {
 	default:
 		if answers {
 			w.answer(p, w.moveAnswer(p, id, a))
-		} else {
-			w.answer(p, w.goodAnswer(p, id))
+			break
 		}
+		m := w.sc.messages[w.msgOf[id-1]]
+		if lag := m.visits[p.stage-m.first].lag; lag > 0 && a.kind == kGood && !w.healing {
+			// Committed; the answer follows a while later.
+			w.at(w.now.Add(lag), p.life, func() {
+				if p.dead {
+					return
+				}
+				w.answer(p, w.goodAnswer(p, id))
+				p.busy, p.cur = false, 0
+				w.feed(p)
+			})
+			return
+		}
+		w.answer(p, w.goodAnswer(p, id))
 	}
 	p.busy, p.cur = false, 0
 	w.feed(p)
@@ -347,11 +372,23 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 
 // commit makes the try's transition, guarded like a real stage's.
 func (w *world) commit(p *proc, id int64) {
+	from, to, status, timeout := w.transition(p, id)
+	if !w.q.StageWrite(id, from, to, status, timeout) {
+		r, _ := w.q.Get(id)
+		w.failf("%s (stage %s) cannot commit message %d: its row is %s at %s, not running here", p.id, from, id, r.Status, r.Stage)
+		return
+	}
+	w.wrote[id-1], p.written = true, true
+	w.note("%s commits message %d: %s -> %s %s", p.id, id, from, to, status)
+}
+
+// transition is the write of the try of p on id: from its stage to a stage and
+// status (with a paused row's timeout).
+func (w *world) transition(p *proc, id int64) (from, to string, status core.RowStatus, timeout time.Time) {
 	m := w.sc.messages[w.msgOf[id-1]]
 	v := m.visits[p.stage-m.first]
-	from := w.sc.stages[p.stage].name
-	to, status := from, core.StatusRunning
-	var timeout time.Time
+	from = w.sc.stages[p.stage].name
+	to, status = from, core.StatusRunning
 	switch {
 	case p.try.kind == kPause:
 		status, timeout = core.StatusPaused, w.now.Add(p.try.pause)
@@ -366,13 +403,7 @@ func (w *world) commit(p *proc, id int64) {
 			to = w.sc.stages[next].name
 		}
 	}
-	if !w.q.StageWrite(id, from, to, status, timeout) {
-		r, _ := w.q.Get(id)
-		w.failf("%s (stage %s) cannot commit message %d: its row is %s at %s, not running here", p.id, from, id, r.Status, r.Stage)
-		return
-	}
-	w.wrote[id-1], p.written = true, true
-	w.note("%s commits message %d: %s -> %s %s", p.id, id, from, to, status)
+	return from, to, status, timeout
 }
 
 var crashCodes = []struct {

@@ -73,6 +73,10 @@ type visit struct {
 	fusedUS int64 // the fused stage's reported time
 	latency time.Duration
 	trouble []attempt
+	// lag: a stage that writes its transition itself answers this long after
+	// its commit (a worker descheduled between COMMIT and its write), so the
+	// row may be moved by others meanwhile (an operator's retry of a failed one).
+	lag time.Duration
 }
 
 type kind int
@@ -136,7 +140,7 @@ var (
 	// badAnswers are answered transitions the dispatcher cannot write: each
 	// fails its message, and the worker lives on. "zz" is never a stage.
 	badAnswers = []string{"0 >zz", "0 >paused:-1", "0 >paused:soon", "0 >", `0 >done {"x":`, `0 >done {"a":"\u0000"}`,
-		"0 >a%b", `0 >done {"n":1}x`, `0 >done {"x":"\udc00"}`}
+		"0 >a%b", `0 >done {"n":1}x`, `0 >done {"x":"\udc00"}`, "0 >paused", "0 >done [1,2,3]", `0 >done "x"`, "0 >done 42", "0 >done {"}
 	// malformedLines must each be rejected by the protocol (docs/protocol.md:
 	// "anything else is a protocol error").
 	malformedLines = []string{"OK", "", "0 fused", "0 b:", "+0", "0 a:-1", "zero", "0x1 hex", " 0", "0 :5", "1.5 half"}
@@ -184,6 +188,14 @@ type faults struct {
 	// its workers and starts a new core at once, carrying the old core's
 	// unflushed statistics (core.Start.Carry).
 	lockLosses []time.Duration
+	// retryLoop: an operator runs pepsi-queue retry every retryEvery during
+	// this window, also on failed rows whose answer the dispatcher has not read
+	// yet (their worker still holds them); 0 retryEvery: none.
+	retryLoop  window
+	retryEvery time.Duration
+	// lateCommit: per mille of the workers the core kills while their try's
+	// commit is on its way; it lands while the resolve waits on the row.
+	lateCommit int
 }
 
 type window struct{ from, to time.Duration }
@@ -296,6 +308,20 @@ func choose(c chooser) *Scenario {
 			}
 		}
 	}
+	// Drawn after everything else, for the same reason: answers that lag their
+	// stage's commit, the operator's retry loop, commits that land mid-resolve.
+	for i := range sc.messages {
+		for j := range sc.messages[i].visits {
+			if c.intn("visit.lagged", 0, 3) == 3 {
+				sc.messages[i].visits[j].lag = millis(c.intn("visit.lag_ms", 1, 1000))
+			}
+		}
+	}
+	if c.intn("retry_loop", 0, 2) == 2 {
+		sc.faults.retryLoop = within(c, sc, "retry_loop", sc.faultPhase)
+		sc.faults.retryEvery = millis(c.intn("retry_loop.every_ms", 20, 500))
+	}
+	sc.faults.lateCommit = 250 * c.intn("late_commit", 0, 4)
 	return sc
 }
 
@@ -436,6 +462,10 @@ func (sc *Scenario) String() string {
 	for _, at := range f.retries {
 		fmt.Fprintf(&b, "# faults: an operator retries failed messages at %s\n", at)
 	}
+	if f.retryEvery > 0 {
+		fmt.Fprintf(&b, "# faults: an operator retries every failed message, held or not, every %s from %s to %s\n", f.retryEvery, f.retryLoop.from, f.retryLoop.to)
+	}
+	fmt.Fprintf(&b, "# faults: late-commit %d‰\n", f.lateCommit)
 	for _, w := range f.outages {
 		fmt.Fprintf(&b, "# faults: database outage %s..%s\n", w.from, w.to)
 	}
@@ -483,6 +513,9 @@ func (sc *Scenario) String() string {
 			fmt.Fprintf(&b, "good %s", v.latency)
 			if v.fuse {
 				fmt.Fprintf(&b, " fused %dus", v.fusedUS)
+			}
+			if v.lag > 0 {
+				fmt.Fprintf(&b, " answered %s after its commit", v.lag)
 			}
 			b.WriteString("}")
 		}

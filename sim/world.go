@@ -299,7 +299,12 @@ func (w *world) run() {
 		w.at(epoch.Add(at), 0, w.loseLock)
 	}
 	for _, at := range sc.faults.retries {
-		w.at(epoch.Add(at), 0, w.operatorRetry)
+		w.at(epoch.Add(at), 0, func() { w.operatorRetry(false) })
+	}
+	if f := sc.faults; f.retryEvery > 0 {
+		for at := f.retryLoop.from; at < f.retryLoop.to; at += f.retryEvery {
+			w.at(epoch.Add(at), 0, func() { w.operatorRetry(true) })
+		}
 	}
 	w.healAt = epoch.Add(sc.faultPhase)
 	w.deadline = w.healAt.Add(w.healBound())
@@ -501,15 +506,31 @@ func (w *world) notified() {
 
 // operatorRetry plays pepsi-queue retry: every failed and timed-out row is
 // pending again at its stage, and the tool's NOTIFY follows its commit. The
-// operator retries only messages the dispatcher has seen fail: a row a stage
-// failed whose answer the dispatcher has not read yet is still its worker's,
-// and retried then it would run twice (docs/operations.md, "Retrying").
-func (w *world) operatorRetry() {
+// operator retries what the dispatcher has seen fail; with inFlight, instead
+// the rows a stage failed whose answer the dispatcher has not read yet, still
+// held by their worker: the dispatcher must not claim one again until that
+// answer, nor let the answer judge its next pass (docs/operations.md,
+// "Retrying").
+func (w *world) operatorRetry(inFlight bool) {
 	if w.dbDown() {
 		w.note("an operator's retry fails: the database is unreachable")
 		return
 	}
-	ids := w.q.Retry(func(id int64) bool { _, held := w.heldBy(id); return held })
+	if inFlight && w.late != nil {
+		// This world runs a claim whose reply was lost when it commits,
+		// seconds after it was sent, with the exclusion of the rows held back
+		// then: it could take a row held since and retried. PostgreSQL runs a
+		// statement when it is sent.
+		return
+	}
+	ids := w.q.Retry(func(id int64) bool {
+		_, heldByWorker := w.holder[id]
+		_, held := w.heldBy(id)
+		if inFlight {
+			return !heldByWorker
+		}
+		return held
+	})
 	if len(ids) > 0 {
 		w.note("an operator retries %d failed messages: rows %v", len(ids), ids)
 	}

@@ -199,6 +199,9 @@ func (q *Queue) Retry(skip func(id int64) bool) []int64 {
 		}
 	}
 	if len(ids) > 0 {
+		// The tool commits synchronously: the WAL up to its commit, stage
+		// writes before it included, survives a crash.
+		q.undo = nil
 		q.notify()
 	}
 	return ids
@@ -286,11 +289,12 @@ func (q *Queue) StageWrite(id int64, from, to string, status core.RowStatus, tim
 }
 
 // CommitDuringResolve makes commit (a stage's write, such as StageWrite) land
-// while the next resolve of row id waits on the row: the resolve applies its
-// item to the committed row if that is still running at the stage it read, and
-// otherwise writes nothing and reports the row as it read it (running), as
-// PostgreSQL's UPDATE under READ COMMITTED does. A row the next resolve does
-// not touch keeps the commit waiting.
+// while the next transaction's resolve of row id waits on the row: the resolve
+// applies its item to the committed row if that is still running at the stage
+// it read, and otherwise writes nothing and reports the row as it read it
+// (running), as PostgreSQL's UPDATE under READ COMMITTED does. If the next
+// transaction does not resolve the row, the commit lands before it; a Crash
+// loses it.
 func (q *Queue) CommitDuringResolve(id int64, commit func()) {
 	if q.racing == nil {
 		q.racing = map[int64]func(){}
@@ -308,6 +312,7 @@ func (q *Queue) Crash() {
 		q.observe(ByCrash, was, r)
 	}
 	q.undo = nil
+	q.racing = nil // uncommitted transactions die with the server
 	q.epoch = ""
 }
 
@@ -327,11 +332,29 @@ func (q *Queue) Stats() (stages map[string]core.StageDelta, passes, left, flushS
 // dispatcher commit, it makes every earlier stage write durable.
 func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 	q.undo = nil
+	// A commit waiting for a resolve that is not in this transaction lands now.
+	for _, id := range slices.Sorted(maps.Keys(q.racing)) {
+		if !resolves(cmds, id) {
+			commit := q.racing[id]
+			delete(q.racing, id)
+			commit()
+		}
+	}
 	out := make([]core.Event, 0, len(cmds))
 	for _, cmd := range cmds {
 		out = append(out, q.apply(cmd))
 	}
 	return out
+}
+
+// resolves reports whether cmds resolve row id.
+func resolves(cmds []core.Command, id int64) bool {
+	for _, cmd := range cmds {
+		if r, ok := cmd.(core.Resolve); ok && slices.ContainsFunc(r.Items, func(it core.Item) bool { return it.ID == id }) {
+			return true
+		}
+	}
+	return false
 }
 
 // Failed returns the results cmds get when their transaction fails with err.

@@ -157,9 +157,9 @@ var mutants = []mutant{
 	mut("unwritable-transition-written", "a malformed transition is written instead of failing its message",
 		"\tif why != \"\" {\n\t\tc.owe(Item{ID: head.id, Stage: name, Verdict: Fail,", "\tif false {\n\t\tc.owe(Item{ID: head.id, Stage: name, Verdict: Fail,"),
 	mut("guard-miss-not-counted", "an answered transition that missed its guard is not counted",
-		"c.stat(it.Stage).GuardMisses++", "_ = it"),
+		"\t\t\tc.stat(it.Stage).GuardMisses++\n\t\t\tc.logf(", "\t\t\t_ = it\n\t\t\tc.logf("),
 	mut("guard-miss-after-lost-reply", "a move re-sent after a lost reply is counted as a guard miss",
-		"if it.Verdict == Move && !o.Matched && !unsure {", "if it.Verdict == Move && !o.Matched && (!unsure || true) {"),
+		"if it.Verdict == Move && !o.Matched && !unsure && !raced {", "if it.Verdict == Move && !o.Matched && (!unsure || true) && !raced {"),
 	mut("answered-pass-not-processed", "a pass that answered its transition is not counted as processed",
 		"\tc.stat(name).Processed++\n\tc.passes++\n\tit := Item{", "\tc.passes++\n\tit := Item{"),
 	// The gate: producers notify only while the dispatcher waits.
@@ -207,4 +207,15 @@ var mutants = []mutant{
 			{"\tunsure map[int64]bool\n", "\tunsure map[int64]bool\n\tstaleLines map[int64]string\n"},
 			{"\t\tunsure:     map[int64]bool{},\n", "\t\tunsure:     map[int64]bool{},\n\t\tstaleLines: map[int64]string{},\n"},
 		}},
+	// Never two holders; no verdict from a stale answer.
+	mut("claim-includes-held", "a claim may take a row a worker still holds that a retry made pending again",
+		"Caps: caps, Exclude: c.held()}", "Caps: caps}"),
+	mut("raced-item-dropped", "a row still running after its resolve (a commit landed meanwhile) is let go at once",
+		"nothing written; resolving it again\", o.ID, it.Stage, o.Stage)\n\tc.owe(it)\n", "nothing written; resolving it again\", o.ID, it.Stage, o.Stage)\n"),
+	mut("raced-not-counted", "a row still running after its resolve is not counted as a guard miss",
+		"\tc.stat(it.Stage).GuardMisses++\n\tn := c.races[o.ID] + 1", "\tn := c.races[o.ID] + 1"),
+	mut("cooldown-doubles-per-worker", "workers failing to start at one instant double the cooldown once each",
+		"\tif st.cooldownStep > 0 && st.cooldownAt.Equal(c.now) {\n\t\treturn\n\t}\n", ""),
+	mut("patch-must-start-with-brace", "a patch that is JSON but not an object (\"0 >b [1]\") is a protocol error",
+		"return strings.ContainsRune(\"{[\\\"\", rune(f[0])) || json.Valid([]byte(f))", "return f[0] == '{'"),
 }
