@@ -27,6 +27,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )
 
@@ -83,7 +84,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.stage, "stage", "check", "the stage name: PEPSI_STAGE, and the stage of generated messages")
 	fs.DurationVar(&o.answerWait, "answer-wait", 2*time.Second, "how long to wait for each answer before calling it missing")
 	fs.DurationVar(&o.exitWait, "exit-wait", 5*time.Second, "how long the program may take to exit after the end of its input")
-	if err := fs.Parse(args); err != nil {
+	if _, err := cliflags.Parse(fs, args, ""); err != nil {
 		return o, err
 	}
 	o.input = conf.Input(*input)
@@ -110,10 +111,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parse(args, stderr)
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "pepsi-stage-check:", err)
-		}
-		return exitUsage
+		return cliflags.Fail(stderr, "pepsi-stage-check", err) // 0 after -h and -version
 	}
 	inputs, err := o.inputs()
 	if err != nil {
