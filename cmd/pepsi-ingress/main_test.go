@@ -211,23 +211,27 @@ func TestSIGTERMFinishesTheRequestsInFlightAndExits0(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewMigrated(t)
 	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"), "-batch-wait", "1s")
-	type result struct {
-		code int
-		body string
-		err  error
+	// The request is written whole on a connection of its own before the
+	// signal: the server has the connection, so shutdown must wait for it.
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
 	}
-	got := make(chan result, 1)
-	go func() {
-		code, body, err := post(http.DefaultClient, "http://"+p.addr, "", `{"payload": "in flight"}`)
-		got <- result{code, body, err}
-	}()
-	time.Sleep(300 * time.Millisecond) // the request now waits for its batch
+	defer c.Close()
+	body := `{"payload": "in flight"}`
+	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	time.Sleep(100 * time.Millisecond) // the request now waits for its batch
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	r := <-got
-	if r.err != nil || r.code != 202 {
-		t.Errorf("the request in flight at SIGTERM: %d %q %v; want 202", r.code, r.body, r.err)
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || res.StatusCode != 202 {
+		t.Fatalf("the request in flight at SIGTERM: %v %v; want 202", res, err)
+	}
+	answer, _ := io.ReadAll(res.Body)
+	if !strings.Contains(string(answer), `"ids":[1]`) {
+		t.Errorf("answer %q; want the id of the one row", answer)
 	}
 	if code := p.wait(t); code != 0 {
 		t.Errorf("exit %d; want 0\n%s", code, p.log)
