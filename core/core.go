@@ -217,6 +217,9 @@ func New(cfg *conf.Config) *Core {
 	}
 	for _, sc := range cfg.Stages {
 		st := &stage{cfg: sc, stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
+		if sc.Input == conf.InputMessage {
+			st.stuckReason = fmt.Sprintf("stage %s (INPUT = message) answered a bare 0, which leaves the message running at %s: a stage with no database must answer its transition (0 >TARGET)", sc.Name, sc.Name)
+		}
 		c.stages = append(c.stages, st)
 		c.byName[sc.Name] = st
 	}

@@ -147,3 +147,18 @@ func TestMessageLineDecodesToTheRow(t *testing.T) {
 		}
 	}
 }
+
+// Proves: a message stage's bare "0" (which says the stage wrote its own
+// transition, which it cannot) fails the message with a reason that says so,
+// and the worker lives on.
+func TestABareZeroFromAMessageStageFailsWithAReasonThatSaysWhy(t *testing.T) {
+	w := newWorld(t, messageStages)
+	w.q.InsertMessage("parse", "", []byte("p"))
+	w.step(core.Start{})
+	cmds := w.answer(1, "", "", "0")
+	w.wantRow(1, "parse", core.StatusFailed)
+	if r := w.row(1); !strings.Contains(r.DispatchError, "must answer its transition (0 >TARGET)") {
+		t.Errorf("dispatch_error %q does not say a message stage must answer its transition", r.DispatchError)
+	}
+	none[core.Kill](t, cmds, "a bare 0 is the message's fault, not the worker's")
+}
