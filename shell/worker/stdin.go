@@ -40,13 +40,8 @@ func newStdinWriter(f *os.File, max int) *stdinWriter {
 func (s *stdinWriter) enqueue(b []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.ended || s.aborted:
-		return errGone
-	case s.stopping:
-		return errStopped
-	case len(s.queued)+len(b) > s.max:
-		return errOverflow
+	if err := s.admit(len(b)); err != nil {
+		return err
 	}
 	s.queued = append(s.queued, b...)
 	s.cond.Signal()
@@ -62,6 +57,20 @@ func (s *stdinWriter) enqueueLines(lines []string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.admit(n); err != nil {
+		return err
+	}
+	s.queued = slices.Grow(s.queued, n)
+	for _, l := range lines {
+		s.queued = append(append(s.queued, l...), '\n')
+	}
+	s.cond.Signal()
+	return nil
+}
+
+// admit reports why n more bytes may not be queued, if they may not. s.mu is
+// held.
+func (s *stdinWriter) admit(n int) error {
 	switch {
 	case s.ended || s.aborted:
 		return errGone
@@ -70,11 +79,6 @@ func (s *stdinWriter) enqueueLines(lines []string) error {
 	case len(s.queued)+n > s.max:
 		return errOverflow
 	}
-	s.queued = slices.Grow(s.queued, n)
-	for _, l := range lines {
-		s.queued = append(append(s.queued, l...), '\n')
-	}
-	s.cond.Signal()
 	return nil
 }
 
