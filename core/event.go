@@ -105,7 +105,8 @@ type Row struct {
 
 // Claimed is the result of a Claim. Rows are running in the database and belong to
 // this core. Epoch is the crash-sentinel token the claim's transaction saw (see
-// Item.Epoch). A non-empty Err means the claim may or may not have committed.
+// Item.Epoch). A non-empty Err means the claim may or may not have committed,
+// unless Aborted says it certainly did not.
 //
 // Settled is how far ingress had settled when the claim looked: every row with an
 // ingress_id at or below it was committed (or rolled back) before the claim's
@@ -118,6 +119,11 @@ type Claimed struct {
 	Rows    []Row
 	Settled int64
 	Err     string
+	// Aborted, with Err: the transaction certainly did not commit (it never
+	// reached the server, or the server answered an error before the COMMIT
+	// ran: the session ended, or the transaction aborted). The shell sets it
+	// only when it knows; a reply lost at or after the COMMIT is not Aborted.
+	Aborted bool
 }
 
 // Outcome is what a Resolve found or did for one Item: the row's stage and status
@@ -135,10 +141,12 @@ type Outcome struct {
 }
 
 // Resolved is the result of a Resolve: one Outcome per Item, in Item order.
+// Aborted is Claimed's: with Err, none of the items was applied.
 type Resolved struct {
 	Op       int64
 	Outcomes []Outcome
 	Err      string
+	Aborted  bool
 }
 
 // Woken is the result of a Wake: how many due paused rows became pending and the
@@ -218,7 +226,7 @@ func (e WorkerExited) String() string {
 }
 func (e Claimed) String() string {
 	if e.Err != "" {
-		return fmt.Sprintf("claimed op=%d err=%q", e.Op, e.Err)
+		return fmt.Sprintf("claimed op=%d err=%q%s", e.Op, e.Err, abortedText(e.Aborted))
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "claimed op=%d epoch=%s", e.Op, e.Epoch)
@@ -238,7 +246,7 @@ func (e Claimed) String() string {
 }
 func (e Resolved) String() string {
 	if e.Err != "" {
-		return fmt.Sprintf("resolved op=%d err=%q", e.Op, e.Err)
+		return fmt.Sprintf("resolved op=%d err=%q%s", e.Op, e.Err, abortedText(e.Aborted))
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "resolved op=%d", e.Op)
@@ -247,6 +255,13 @@ func (e Resolved) String() string {
 		b.WriteString(o.String())
 	}
 	return b.String()
+}
+
+func abortedText(aborted bool) string {
+	if aborted {
+		return " aborted"
+	}
+	return ""
 }
 
 func (o Outcome) String() string {

@@ -42,6 +42,9 @@ type world struct {
 	noAutoStart bool
 	// failQueue: fail every queue transaction with this text (before it applies).
 	failQueue string
+	// abortQueue: failQueue, and the shell knows the transaction did not
+	// commit (core.Claimed.Aborted).
+	abortQueue bool
 	// loseReplies: apply the queue transaction but report failure.
 	loseReplies bool
 }
@@ -108,6 +111,8 @@ func (w *world) step(evs ...core.Event) []core.Command {
 		}
 		if len(txn) > 0 {
 			switch {
+			case w.failQueue != "" && w.abortQueue:
+				w.pending = append(w.pending, fakequeue.Aborted(txn, w.failQueue)...)
 			case w.failQueue != "":
 				w.pending = append(w.pending, fakequeue.Failed(txn, w.failQueue)...)
 			case w.loseReplies:

@@ -798,6 +798,27 @@ func TestLostResolveReplyIsResentSafely(t *testing.T) {
 	}
 }
 
+// A transaction the shell knows did not commit (its session was ended before
+// the COMMIT ran) claimed nothing and applied nothing: the retry carries no
+// orphan reset (a lost session costs the retry, nothing more), the rows the
+// workers hold stay theirs, and the message is handed on once.
+func TestAnAbortedTransactionIsRetriedWithoutAReset(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	w.failQueue, w.abortQueue = "FATAL: terminating connection due to administrator command (SQLSTATE 57P01)", true
+	w.advance(1, "b") // requeued to pending at b: the transaction is aborted
+	w.failQueue, w.abortQueue = "", false
+	retry := w.step(core.DatabaseUp{})
+	if resets := of[core.ResetOrphans](retry); len(resets) != 0 {
+		t.Errorf("the retry of an aborted transaction resets orphans: %v", resets)
+	}
+	w.wantRow(1, "b", core.StatusRunning) // requeued, then claimed for b
+	w.wantRow(2, "a", core.StatusRunning) // still held by its worker: not reset
+	if n := len(of[core.Write](w.all)); n != 2 {
+		t.Errorf("%d writes to workers, want 2 (the first claim's, then message 1 at b once):\n%s", n, list(w.all))
+	}
+}
+
 // Found by the simulator (testdata/sim/seeds.txt): a stage pauses its message briefly and
 // answers 0; the transaction that resolves the answer also wakes the row, and its
 // reply is lost, after the same transaction woke the row and claimed it again.

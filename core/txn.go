@@ -94,7 +94,9 @@ func (c *Core) claimed(e Claimed) {
 	cmd := c.result(e.Op, e.Err).(Claim)
 	if e.Err != "" {
 		// The claim may have committed: rows may be running that no one holds.
-		c.needReset = true
+		// Not if it certainly did not: then nothing is to be reset (a lost
+		// session costs the retry, not a reset; docs/durability.md).
+		c.needReset = c.needReset || !e.Aborted
 		return
 	}
 	c.epoch = e.Epoch
@@ -160,8 +162,11 @@ func (c *Core) resolved(e Resolved) {
 	cmd := c.result(e.Op, e.Err).(Resolve)
 	if e.Err != "" {
 		c.owed = append(slices.Clone(cmd.Items), c.owed...)
-		for _, it := range cmd.Items {
-			c.unsure[it.ID] = true
+		if !e.Aborted {
+			// Applied or not: the re-sent items may find their rows moved on.
+			for _, it := range cmd.Items {
+				c.unsure[it.ID] = true
+			}
 		}
 		return
 	}

@@ -901,8 +901,14 @@ func (w *world) send(cmds []core.Command) {
 			w.late = t
 			w.at(w.now.Add(w.randDur(w.rFault, time.Millisecond, 3*time.Second)), 0, w.commitLate)
 		case w.dbDown():
+			// Never sent (no connection): the shell knows it did not commit.
 			w.note("transaction op=%d fails: the database is unreachable", core.QueueOp(cmds[0]))
-			res = fakequeue.Failed(cmds, "dial tcp 127.0.0.1:5432: connect: connection refused")
+			res = fakequeue.Aborted(cmds, "dial tcp 127.0.0.1:5432: connect: connection refused")
+		case fault == txnFailsBefore && w.rFault.IntN(2) == 0:
+			// The session was ended before the COMMIT ran, and the shell heard
+			// the server say so (an error answered to a statement before it).
+			w.note("transaction op=%d %s, aborted", core.QueueOp(cmds[0]), fault)
+			res = fakequeue.Aborted(cmds, "FATAL: terminating connection due to administrator command (SQLSTATE 57P01)")
 		case fault == txnFailsBefore:
 			w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
 			res = fakequeue.Failed(cmds, "server closed the connection unexpectedly")

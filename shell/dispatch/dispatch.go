@@ -231,8 +231,9 @@ func pause(ctx context.Context, d time.Duration) bool {
 }
 
 // probe waits wait, then pings the database with capped backoff until it
-// answers, then reports up.
-func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- struct{}, wait time.Duration) {
+// answers, then reports up, unless the lock is known lost by then: the session
+// is over, and a retry should not go out before the loop has heard of it.
+func probe(ctx context.Context, q *pgqueue.Queue, lock *pgqueue.Lock, log *slog.Logger, up chan<- struct{}, wait time.Duration) {
 	if !pause(ctx, wait) {
 		return
 	}
@@ -242,7 +243,9 @@ func probe(ctx context.Context, q *pgqueue.Queue, log *slog.Logger, up chan<- st
 		err := q.Ping(pctx)
 		cancel()
 		if err == nil {
-			signalOnce(up)
+			if lock.Err() == nil {
+				signalOnce(up)
+			}
 			return
 		}
 		log.Debug("database probe failed", "err", err, "next", backoff)

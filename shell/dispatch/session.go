@@ -433,10 +433,14 @@ func (s *session) runTxn(cmds []core.Command) {
 }
 
 // tookResult counts a transaction's failure once the loop has taken it, and
-// probes the database after it. A failure the database answers at once (a
-// missing table, a read-only server) would otherwise be retried as fast as the
-// ping after it succeeds; each one in a row doubles the pause before the retry,
-// up to probeMax.
+// probes the database after it. The first failure in a row is probed at once:
+// most often one session was lost (ended by an administrator, a failover, a
+// network reset) while the server is fine, and every moment before the retry
+// is a moment the pipeline stands still (docs/durability.md, "A lost
+// session"). A failure the database answers at once (a missing table, a
+// read-only server) would otherwise be retried as fast as the ping after it
+// succeeds; each one after the first doubles the pause before the retry, from
+// probeMin up to probeMax.
 //
 // The probe starts only once the loop has taken the failure into pending, so
 // its DatabaseUp reaches the core after the failure. Started with the failure
@@ -449,5 +453,9 @@ func (s *session) tookResult(r txnResult) {
 		return
 	}
 	s.failures++
-	go probe(s.ctx, s.queue, s.log, s.dbUp, min(probeMin<<min(s.failures-1, 16), probeMax))
+	var wait time.Duration
+	if s.failures > 1 {
+		wait = min(probeMin<<min(s.failures-2, 16), probeMax)
+	}
+	go probe(s.ctx, s.queue, s.lock, s.log, s.dbUp, wait)
 }

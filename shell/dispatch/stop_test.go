@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"context"
 	"syscall"
 	"testing"
 	"time"
@@ -60,4 +61,55 @@ func TestBinaryStopsPromptlyOnSIGTERMHoweverItGotTheLock(t *testing.T) {
 	e.insert("a", "a=done")
 	e.waitCounts(20*time.Second, map[string]int{"done": 3})
 	sigterm(t, plain)
+}
+
+// The dispatcher's database sessions but its lock's are ended again and again
+// (pg_terminate_backend) while messages flow through two stages that answer
+// their transitions (so every transaction carries verdicts). A session ended
+// before its transaction's COMMIT ran is known not to have committed: the
+// retry resets nothing and doubts no verdict, so every message is run once per
+// stage, and nothing is lost.
+func TestEndedSessionsCostNoResetAndNoMessageRunsTwice(t *testing.T) {
+	t.Parallel()
+	const n, kills = 400, 12
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 60\n"+stages(2, 4, "a", "b"))
+	d := startBinary(t, "dispatcher", e.conf, e.url)
+	d.awaitLog(20*time.Second, "holding the dispatcher lock")
+	ctx := context.Background()
+	ended := 0
+	for i := range kills {
+		e.insertN("a", "a=sleep:2+answer:0 >b;b=sleep:2+answer:0 >done", n/kills)
+		time.Sleep(time.Duration(50+i*10) * time.Millisecond)
+		var k int
+		err := e.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_stat_activity a
+			WHERE (a.application_name = $1 OR a.application_name LIKE $1 || ' %')
+			  AND a.pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+			      AND classid = 1885696115 AND objid = 1684632432 AND objsubid = 1)`, d.appName()).Scan(&k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ended += k
+	}
+	want := kills * (n / kills)
+	e.waitCounts(60*time.Second, map[string]int{"done": want})
+	sigterm(t, d)
+	t.Logf("%d sessions ended over %d kills", ended, kills)
+	if ended < kills {
+		t.Errorf("only %d sessions ended over %d kills; want the kills to hit", ended, kills)
+	}
+	twice := 0
+	for id, pids := range e.handledBy() {
+		if len(pids) != 2 {
+			twice++
+			if twice <= 3 {
+				t.Errorf("message %d run %d times (by pids %v); want once at a and once at b", id, len(pids), pids)
+			}
+		}
+	}
+	if twice > 0 {
+		t.Errorf("%d messages were not run exactly once per stage", twice)
+	}
+	if resets := d.logs.lines("running rows this dispatcher does not hold"); len(resets) > 0 {
+		t.Errorf("the dispatcher reset rows after its sessions were ended: %v", resets)
+	}
 }

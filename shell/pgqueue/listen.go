@@ -112,6 +112,12 @@ func listen(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handl
 			downSince = time.Now()
 			log.Warn("ingress listener lost the database; reconnecting", "err", err)
 			handle(Down)
+			if conn != nil {
+				// A connection that worked was lost: most often that one
+				// session was ended while the server is fine. Reconnect at
+				// once, since until then no notification is heard.
+				continue
+			}
 		}
 		if err := sleep(ctx, backoff); err != nil {
 			return err

@@ -109,23 +109,69 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 			break
 		}
 	}
+	var rb *rolledBack
+	aborted := errors.As(err, &rb)
 	events := make([]core.Event, len(stmts))
 	for i, s := range stmts {
-		events[i] = s.failed(err.Error())
+		events[i] = markAborted(s.failed(err.Error()), aborted)
 	}
 	return events
+}
+
+// rolledBack wraps the error of a transaction that certainly did not commit:
+// it never reached the server (no connection), or the server answered an error
+// to a statement before the COMMIT (BEGIN included), or answered the COMMIT
+// with an ERROR or ROLLBACK. An ERROR aborts the transaction, so the COMMIT
+// rolls back; a FATAL ends the session there, before the COMMIT runs. A FATAL
+// answering the COMMIT itself, or a connection that broke or timed out
+// without an answer, leaves the transaction in doubt: it may have committed.
+type rolledBack struct{ err error }
+
+func (e *rolledBack) Error() string { return e.err.Error() }
+func (e *rolledBack) Unwrap() error { return e.err }
+
+// abortedIfAnswered wraps err in rolledBack if the server answered it (a
+// *pgconn.PgError) to a statement before the COMMIT.
+func abortedIfAnswered(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return &rolledBack{err}
+	}
+	return err
+}
+
+// markAborted sets the Aborted flag of the result events that carry one
+// (core.Claimed, core.Resolved: the core then knows no claim took rows and no
+// item was applied).
+func markAborted(ev core.Event, aborted bool) core.Event {
+	switch e := ev.(type) {
+	case core.Claimed:
+		e.Aborted = aborted
+		return e
+	case core.Resolved:
+		e.Aborted = aborted
+		return e
+	}
+	return ev
 }
 
 // run sends one attempt of the step's transaction and reads its results.
 func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, err error) {
 	conn, err := q.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("queue transaction: acquire connection: %w", err)
+		return nil, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
 	defer func() {
 		if err != nil {
 			rollback(conn.Conn())
+		}
+		if err != nil && conn.Conn().IsClosed() {
+			// The session is gone. Whatever ended it (an administrator ending
+			// the dispatcher's sessions, a server restart, a network reset)
+			// most likely ended the pool's idle sessions too: drop them, so the
+			// retry connects afresh instead of failing on each in turn.
+			q.pool.Reset()
 		}
 	}()
 
@@ -140,32 +186,47 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	b.Queue("COMMIT")
 
 	br := conn.SendBatch(ctx, b)
+	committed := false
 	defer func() {
-		if cerr := br.Close(); cerr != nil && err == nil {
+		cerr := br.Close()
+		switch {
+		case cerr == nil || err != nil:
+		case committed:
+			// The server acknowledged the COMMIT: the transaction is durable
+			// and its results stand, whatever became of the session after it
+			// (ended by an administrator, say); the pool drops a closed one.
+			q.log.Debug("queue transaction: the connection failed after the COMMIT", "err", cerr)
+		default:
 			err = fmt.Errorf("queue transaction: %w", cerr)
 		}
 	}()
 	for _, what := range []string{"begin", "set synchronous_commit"} {
 		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("queue transaction: %s: %w", what, err)
+			return nil, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
 		}
 	}
 	events = make([]core.Event, len(stmts))
 	for i, s := range stmts {
 		ev, err := s.read(br)
 		if err != nil {
-			return nil, fmt.Errorf("queue transaction: %s: %w", s.name, err)
+			return nil, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
 		}
 		events[i] = ev
 	}
 	tag, err := br.Exec()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Severity == "ERROR" {
+		// Answered, and the session lives on: the COMMIT rolled back.
+		return nil, &rolledBack{fmt.Errorf("queue transaction: commit: %w", err)}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("queue transaction: commit: %w", err)
 	}
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
-		return nil, fmt.Errorf("queue transaction: commit answered %q", tag.String())
+		return nil, &rolledBack{fmt.Errorf("queue transaction: commit answered %q", tag.String())}
 	}
+	committed = true
 	return events, nil
 }
 

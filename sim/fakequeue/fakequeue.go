@@ -357,19 +357,26 @@ func resolves(cmds []core.Command, id int64) bool {
 	return false
 }
 
-// Failed returns the results cmds get when their transaction fails with err.
-func Failed(cmds []core.Command, err string) []core.Event {
+// Failed returns the results cmds get when their transaction fails with err,
+// and may or may not have committed.
+func Failed(cmds []core.Command, err string) []core.Event { return failed(cmds, err, false) }
+
+// Aborted returns the results cmds get when their transaction fails with err
+// and the shell knows it did not commit (core.Claimed.Aborted).
+func Aborted(cmds []core.Command, err string) []core.Event { return failed(cmds, err, true) }
+
+func failed(cmds []core.Command, err string, aborted bool) []core.Event {
 	out := make([]core.Event, 0, len(cmds))
 	for _, cmd := range cmds {
 		switch c := cmd.(type) {
 		case core.ResetOrphans:
 			out = append(out, core.OrphansReset{Op: c.Op, Err: err})
 		case core.Resolve:
-			out = append(out, core.Resolved{Op: c.Op, Err: err})
+			out = append(out, core.Resolved{Op: c.Op, Err: err, Aborted: aborted})
 		case core.Wake:
 			out = append(out, core.Woken{Op: c.Op, Err: err})
 		case core.Claim:
-			out = append(out, core.Claimed{Op: c.Op, Err: err})
+			out = append(out, core.Claimed{Op: c.Op, Err: err, Aborted: aborted})
 		case core.Flush:
 			out = append(out, core.Flushed{Op: c.Op, Err: err})
 		default:

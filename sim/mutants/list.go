@@ -62,7 +62,7 @@ var mutants = []mutant{
 		"keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
 		"keep := c.held()", nil, []uint64{1296}},
 	mut("lost-claim-not-reset", "rows a lost claim may have taken are never reset",
-		"\t\tc.needReset = true\n\t\treturn\n\t}\n\tc.epoch = e.Epoch",
+		"\t\tc.needReset = c.needReset || !e.Aborted\n\t\treturn\n\t}\n\tc.epoch = e.Epoch",
 		"\t\treturn\n\t}\n\tc.epoch = e.Epoch"),
 	mut("exit-zero-before-reset", "a shutdown exits 0 while a lost claim's rows may be running",
 		"c.unflushed != nil || c.hasDeltas() || c.needReset) {",
