@@ -48,3 +48,32 @@ func TestShortChaosRunLosesNothingAndPrintsTheRecoveryTable(t *testing.T) {
 		}
 	}
 }
+
+// The short kill storm of make test: two 5 s phases at 200 messages/s, the
+// second with the active dispatcher's sessions (but its lock's) ended twice a
+// second. It fails on a message lost, stuck, written by a worker whose
+// dispatcher did not hold it, or run twice by a stage; the latencies are
+// printed, not asserted.
+func TestShortKillStormLosesNothingAndRunsNoMessageTwice(t *testing.T) {
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
+		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-chaos", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "pepsi-chaos"), "-storm", "5s", "-rate", "200")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	t.Logf("pepsi-chaos output:\n%s", stdout.String())
+	if err != nil {
+		t.Fatalf("pepsi-chaos: %v (want exit 0)\nstderr:\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"without kills", "sessions ended every 500ms", "0 ownership violations", "messages a stage ran more than once: 0"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}

@@ -18,6 +18,15 @@
 //
 //	pepsi-chaos [-seed N] [-samples 5] [-blackhole 30s] [-dispatch PATH]
 //
+// With -storm D it runs the kill storm instead (storm.go): D at -rate
+// messages a second, then D more while every session of the active
+// dispatcher but its lock's (-kill-lock: that one too) is ended
+// (pg_terminate_backend) every -kill-every, and prints both phases' claim
+// latencies (insert to first claim); every message must end done, none may be
+// run twice by a stage, and the ownership check holds as above.
+//
+//	pepsi-chaos -storm 60s [-rate 600] [-kill-every 500ms] [-kill-lock]
+//
 // Started as "pepsi-chaos worker -c FILE" it is the stage program: stage a
 // sleeps, then advances to b; b sleeps, then is done.
 package main
@@ -73,10 +82,29 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// runsEnv names the file each stage run is appended to ("ID STAGE" lines), so
+// that the kill storm can count messages a stage ran twice.
+const runsEnv = "PEPSI_CHAOS_RUNS"
+
 // stageMain serves stages a and b.
 func stageMain() {
+	var runs *os.File
+	if path := os.Getenv(runsEnv); path != "" {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pepsi-chaos worker: %v\n", err)
+			os.Exit(1)
+		}
+		runs = f
+	}
 	work := func(next string) stage.Handler {
 		return func(ctx context.Context, m *stage.Message) stage.Result {
+			if runs != nil {
+				// One write per line, O_APPEND: lines of several workers never mix.
+				if _, err := fmt.Fprintf(runs, "%d %s\n", m.ID, m.Stage); err != nil {
+					return stage.Failed(fmt.Sprintf("record the run: %v", err))
+				}
+			}
 			time.Sleep(passSleep)
 			if next == "" {
 				return stage.Done()
@@ -97,9 +125,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		dispatchB = fs.String("dispatch", "", "the pepsi-dispatch binary (default: beside this one, else on PATH)")
 		verbose   = fs.Bool("v", false, "log each step")
 		keep      = fs.Bool("keep", false, "keep the run's directory (configurations, dispatcher logs) and print its name")
+		storm     = fs.Duration("storm", 0, "instead of the fault table: two phases this long at -rate, without and then with backend kills of the active dispatcher's sessions every -kill-every, and their claim latencies")
+		rate      = fs.Int("rate", 600, "-storm: messages inserted per second")
+		killEvery = fs.Duration("kill-every", 500*time.Millisecond, "-storm: the pause between two kills")
+		killLock  = fs.Bool("kill-lock", false, "-storm: kill the dispatcher lock's session too (every kill is then a takeover by the standby)")
 	)
 	if _, err := cliflags.Parse(fs, args, ""); err != nil {
 		return cliflags.Fail(stderr, "pepsi-chaos", err)
+	}
+	if *storm < 0 || *rate < 1 || *killEvery <= 0 {
+		fmt.Fprintln(stderr, "pepsi-chaos: -storm, -rate and -kill-every must be positive")
+		return exitUsage
 	}
 	if *samples < 1 {
 		fmt.Fprintln(stderr, "pepsi-chaos: -samples must be at least 1")
@@ -125,9 +161,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "pepsi-chaos seed %d (replay: pepsi-chaos -seed %d -samples %d -blackhole %v)\n", *seed, *seed, *samples, *blackhole)
-	c := &chaos{log: log, out: stdout, self: self, dispatchBin: bin, rng: rand.New(rand.NewPCG(*seed, 0)), blackhole: *blackhole, keep: *keep}
-	code, err := c.run(*samples)
+	c := &chaos{log: log, out: stdout, self: self, dispatchBin: bin, rng: rand.New(rand.NewPCG(*seed, 0)), blackhole: *blackhole, keep: *keep, parallelism: 2}
+	var code int
+	if *storm > 0 {
+		fmt.Fprintf(stdout, "pepsi-chaos kill storm: two phases of %v at %d messages/s, the second with the active dispatcher's sessions (lock's too: %v) ended every %v\n",
+			*storm, *rate, *killLock, *killEvery)
+		c.parallelism = stormParallelism
+		code, err = c.runStorm(stormPlan{phase: *storm, rate: *rate, every: *killEvery, lock: *killLock})
+	} else {
+		fmt.Fprintf(stdout, "pepsi-chaos seed %d (replay: pepsi-chaos -seed %d -samples %d -blackhole %v)\n", *seed, *seed, *samples, *blackhole)
+		code, err = c.run(*samples)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "pepsi-chaos: %v\n", err)
 	}
@@ -143,6 +187,8 @@ type chaos struct {
 	rng         *rand.Rand
 	blackhole   time.Duration
 	keep        bool
+	parallelism int    // PARALLELISM of both stages
+	runs        string // the stage runs' record (runsEnv), if kept
 
 	pg    *privatepg.Server
 	proxy *netfault.Proxy
@@ -184,38 +230,54 @@ var faultNames = []string{
 
 var faultTargets = []time.Duration{20 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, 5 * time.Second}
 
-func (c *chaos) run(samples int) (int, error) {
-	ctx := context.Background()
+// setup starts the private PostgreSQL (with the write log) and the proxy, and
+// makes the run's directory; the function it returns undoes it all.
+func (c *chaos) setup(ctx context.Context) (func(), error) {
+	var undo []func()
+	cleanup := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
 	var err error
 	if c.pg, err = privatepg.Start(); err != nil {
-		return exitSetup, err
+		return cleanup, err
 	}
-	defer c.pg.Stop()
+	undo = append(undo, func() { _ = c.pg.Stop() })
 	if err := c.pg.Migrate(ctx); err != nil {
-		return exitSetup, err
+		return cleanup, err
 	}
 	if c.db, err = pgxpool.New(ctx, c.pg.URL()); err != nil {
-		return exitSetup, err
+		return cleanup, err
 	}
-	defer c.db.Close()
+	undo = append(undo, c.db.Close)
 	if err := writelog.Install(ctx, c.db); err != nil {
-		return exitSetup, err
+		return cleanup, err
 	}
 	if c.proxy, err = netfault.Start(fmt.Sprintf("127.0.0.1:%d", c.pg.Port())); err != nil {
-		return exitSetup, err
+		return cleanup, err
 	}
-	defer c.proxy.Close()
+	undo = append(undo, func() { _ = c.proxy.Close() })
 	if c.dir, err = os.MkdirTemp("", "pepsi-chaos-"); err != nil {
-		return exitSetup, err
+		return cleanup, err
 	}
 	if c.keep {
 		fmt.Fprintf(c.out, "run directory: %s\n", c.dir)
 	} else {
-		defer os.RemoveAll(c.dir)
+		undo = append(undo, func() { os.RemoveAll(c.dir) })
 	}
 	c.firstSeen = map[int]time.Time{}
-	defer c.stopAll()
+	undo = append(undo, c.stopAll)
+	return cleanup, nil
+}
 
+func (c *chaos) run(samples int) (int, error) {
+	ctx := context.Background()
+	cleanup, err := c.setup(ctx)
+	defer cleanup()
+	if err != nil {
+		return exitSetup, err
+	}
 	for range 2 {
 		if _, err := c.startDispatcher(); err != nil {
 			return exitSetup, err
@@ -319,13 +381,13 @@ STATS_INTERVAL = 5
 WORKER_IDLE_TIMEOUT = 300
 [stage-a]
 PROGRAM = %s
-PARALLELISM = 2
+PARALLELISM = %d
 QUEUE_LIMIT = 4
 [stage-b]
 PROGRAM = %s
-PARALLELISM = 2
+PARALLELISM = %d
 QUEUE_LIMIT = 4
-`, viaProxy, name, c.self, c.self)
+`, viaProxy, name, c.self, c.parallelism, c.self, c.parallelism)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		return nil, err
 	}
@@ -338,6 +400,9 @@ QUEUE_LIMIT = 4
 		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
 			cmd.Env = append(cmd.Env, kv)
 		}
+	}
+	if c.runs != "" {
+		cmd.Env = append(cmd.Env, runsEnv+"="+c.runs)
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
