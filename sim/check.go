@@ -355,9 +355,12 @@ func (w *world) modelEvent(ev core.Event) {
 	case core.Resolved:
 		w.txnResult(e.Err)
 		if e.Err != "" {
+			// A send that may have committed may have written its items; an
+			// aborted one (the fake queue says so only when it did not
+			// apply) wrote nothing, so a later miss is a miss.
 			for _, ex := range w.expects {
 				if ex.sent {
-					ex.sent, ex.unsure = false, true
+					ex.sent, ex.unsure = false, ex.unsure || !e.Aborted
 				}
 			}
 			return
