@@ -2,6 +2,7 @@ package pgqueue_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +89,56 @@ func TestASessionEndedBeforeTheCommitIsReportedAborted(t *testing.T) {
 	defer cancel()
 	if evs := h.Exec(tctx, cmds(4)); aborted(t, evs) {
 		t.Errorf("a step cut off by its context without an answer: %v; want not Aborted (it may have committed)", evs)
+	}
+}
+
+// A session ended while its COMMIT runs leaves the transaction in doubt: the
+// COMMIT may have taken effect before the FATAL. The queue then asks the
+// server what became of the transaction (pg_xact_status): here a deferred
+// trigger holds the COMMIT back, the session is ended during it, and the
+// transaction aborted, so the results say Aborted.
+func TestASessionEndedDuringTheCommitIsLookedUp(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 1)
+	ctx := context.Background()
+	_, err := h.pool.Exec(ctx, `
+		CREATE FUNCTION public.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(60); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON pepsi.queue
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.slow_commit();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan []core.Event, 1)
+	go func() {
+		done <- h.Exec(ctx, []core.Command{
+			core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}},
+			core.Resolve{Op: 2, Items: []core.Item{{ID: ids[0] + 1000, Stage: "a", Verdict: core.Requeue}}},
+		})
+	}()
+	var pid int32
+	for deadline := time.Now().Add(30 * time.Second); pid == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the COMMIT never ran the deferred trigger")
+		}
+		err := h.pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+			WHERE wait_event = 'PgSleep' AND datname = current_database()`).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	evs := <-done
+	if !strings.Contains(errText(evs[0]), "commit") {
+		t.Fatalf("results %v; want the COMMIT to have failed", evs)
+	}
+	if !aborted(t, evs) {
+		t.Errorf("a COMMIT cut off by an ended session, of a transaction the server says aborted: %v; want Aborted", evs)
+	}
+	if _, status, _, _, _ := h.Row(t, ids[0]); status != "pending" {
+		t.Errorf("row %d is %s, want pending (the claim aborted)", ids[0], status)
 	}
 }

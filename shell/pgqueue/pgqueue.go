@@ -8,8 +8,9 @@
 // (and Inspect's and Vacuum's); locksql.go holds the SQL of the connections of
 // their own (the lock's, the gate's, the listener's) and of ending other
 // sessions. The one exception is the frame of a step's transaction (BEGIN, SET
-// LOCAL synchronous_commit, COMMIT, ROLLBACK), written where it is sent, in
-// this file's run and rollback.
+// LOCAL synchronous_commit, its id, COMMIT, ROLLBACK, and the look-up of a
+// transaction in doubt), written where it is sent, in this file's run,
+// rollback and settle.
 //
 // It must never decide anything: which rows to claim, fail or requeue is the
 // core's choice, made before a command reaches this package. It must never retry
@@ -72,11 +73,13 @@ func (q *Queue) Ping(ctx context.Context) error {
 
 // Exec runs cmds in order in one READ COMMITTED transaction with
 // synchronous_commit on, sent as one pipelined batch (BEGIN, the statements,
-// COMMIT), and returns one result event per command in the same order, each with
-// its command's Op. The COMMIT is the durability point of the pipeline: a claimed
-// id reaches a worker only after it. If the transaction fails, every result
-// carries the error text. A serialization failure or deadlock reruns the whole
-// transaction, up to attemptsMax times.
+// the transaction's id, COMMIT), and returns one result event per command in
+// the same order, each with its command's Op. The COMMIT is the durability point
+// of the pipeline: a claimed id reaches a worker only after it. If the
+// transaction fails, every result carries the error text, and core.Claimed and
+// core.Resolved say Aborted when it certainly did not commit (rolledBack,
+// settle). A serialization failure or deadlock reruns the whole transaction, up
+// to attemptsMax times.
 //
 // Exec panics if cmds holds a command that is not a queue command (see
 // core.IsQueue): that is a bug in the caller, not a database failure.
@@ -91,10 +94,12 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	var err error
 	for attempt := 1; ; attempt++ {
 		var events []core.Event
-		events, err = q.run(ctx, stmts)
+		var xid string
+		events, xid, err = q.run(ctx, stmts)
 		if err == nil {
 			return events
 		}
+		err = q.settle(ctx, xid, err)
 		if !Retryable(err) {
 			break
 		}
@@ -155,11 +160,67 @@ func markAborted(ev core.Event, aborted bool) core.Event {
 	return ev
 }
 
-// run sends one attempt of the step's transaction and reads its results.
-func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, err error) {
+// doubtWait bounds how long settle waits for a transaction in doubt to end.
+const doubtWait = time.Second
+
+// settle resolves the doubt a failed attempt left, where it can: err, from
+// run, either already says the transaction did not commit (rolledBack), or
+// the reply was lost with the transaction's id xid known. Then the server is
+// asked what became of it (pg_xact_status, on a connection of the pool: the
+// failed one is gone), waiting up to doubtWait while the ended session still
+// finishes it; an answer "aborted" makes err a rolledBack. Anything else
+// ("committed", an unknown or too old id, no answer) leaves err as it was: in
+// doubt, for the core to handle as such.
+func (q *Queue) settle(ctx context.Context, xid string, err error) error {
+	var rb *rolledBack
+	if xid == "" || errors.As(err, &rb) {
+		return err
+	}
+	if xid == readOnly {
+		return &rolledBack{err}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doubtWait)
+	defer cancel()
+	for {
+		var status *string
+		if qerr := q.pool.QueryRow(ctx, xactStatusSQL, xid).Scan(&status); qerr != nil {
+			q.log.Debug("queue transaction in doubt: cannot look it up", "xid", xid, "err", qerr)
+			return err
+		}
+		switch {
+		case status == nil:
+			return err
+		case *status == "aborted":
+			q.log.Debug("queue transaction in doubt: the server says it aborted", "xid", xid)
+			return &rolledBack{err}
+		case *status != "in progress":
+			return err
+		}
+		if sleep(ctx, 5*time.Millisecond) != nil {
+			return err
+		}
+	}
+}
+
+// xactIDSQL, the last statement before the COMMIT, answers the transaction's
+// id, or NULL if it wrote nothing (it does not assign one: a claim that finds
+// nothing stays a read-only transaction, whose commit flushes no WAL).
+// xactStatusSQL answers what became of transaction $1 ("committed",
+// "aborted", "in progress", or NULL when too old to say).
+const (
+	xactIDSQL     = `SELECT pg_current_xact_id_if_assigned()::text`
+	xactStatusSQL = `SELECT pg_xact_status($1::xid8)`
+)
+
+// readOnly is run's xid for a transaction that wrote nothing.
+const readOnly = "read-only"
+
+// run sends one attempt of the step's transaction and reads its results. xid
+// is the transaction's id once the server has answered it.
+func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, err error) {
 	conn, err := q.pool.Acquire(ctx)
 	if err != nil {
-		return nil, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+		return nil, "", &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
 	defer func() {
@@ -183,6 +244,7 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	for _, s := range stmts {
 		s.queue(b)
 	}
+	b.Queue(xactIDSQL)
 	b.Queue("COMMIT")
 
 	br := conn.SendBatch(ctx, b)
@@ -202,32 +264,43 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	}()
 	for _, what := range []string{"begin", "set synchronous_commit"} {
 		if _, err := br.Exec(); err != nil {
-			return nil, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
+			return nil, "", abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
 		}
 	}
 	events = make([]core.Event, len(stmts))
 	for i, s := range stmts {
 		ev, err := s.read(br)
 		if err != nil {
-			return nil, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
+			return nil, "", abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
 		}
 		events[i] = ev
+	}
+	var id *string
+	if err := br.QueryRow().Scan(&id); err != nil {
+		return nil, "", abortedIfAnswered(fmt.Errorf("queue transaction: transaction id: %w", err))
+	}
+	if id == nil {
+		// Nothing was written: committed or not, the transaction changed
+		// nothing, which is what a failure of the COMMIT is told as.
+		xid = readOnly
+	} else {
+		xid = *id
 	}
 	tag, err := br.Exec()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Severity == "ERROR" {
 		// Answered, and the session lives on: the COMMIT rolled back.
-		return nil, &rolledBack{fmt.Errorf("queue transaction: commit: %w", err)}
+		return nil, xid, &rolledBack{fmt.Errorf("queue transaction: commit: %w", err)}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("queue transaction: commit: %w", err)
+		return nil, xid, fmt.Errorf("queue transaction: commit: %w", err)
 	}
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
-		return nil, &rolledBack{fmt.Errorf("queue transaction: commit answered %q", tag.String())}
+		return nil, xid, &rolledBack{fmt.Errorf("queue transaction: commit answered %q", tag.String())}
 	}
 	committed = true
-	return events, nil
+	return events, xid, nil
 }
 
 // rollback ends a transaction a failed batch left open (PostgreSQL keeps an
