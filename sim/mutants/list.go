@@ -91,7 +91,7 @@ var mutants = []mutant{
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
 	{name: "wake-takes-held-rows", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
-		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{180}},
+		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{10409}},
 
 	// Timers the core must ask for: without one it acts late, at the next
 	// unrelated event (the checker's deadlines run whenever the clock moves).
