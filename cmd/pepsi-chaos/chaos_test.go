@@ -26,24 +26,9 @@ func TestShortChaosRunLosesNothingAndPrintsTheRecoveryTable(t *testing.T) {
 	}
 	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run %s ./cmd/pepsi-chaos/, or make build && bin/pepsi-chaos -seed %d -samples 2)",
 		seed, seed, t.Name(), seed)
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-chaos", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "pepsi-chaos"), "-seed", fmt.Sprint(seed), "-samples", "2", "-blackhole", "30s")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	t.Logf("pepsi-chaos output:\n%s", stdout.String())
-	if err != nil {
-		t.Fatalf("pepsi-chaos: %v (want exit 0)\nstderr:\n%s", err, stderr.String())
-	}
+	stdout := runChaos(t, 5*time.Minute, "-seed", fmt.Sprint(seed), "-samples", "2", "-blackhole", "30s")
 	for _, want := range []string{"recovery", "standby takeover", "final:", "0 ownership violations"} {
-		if !strings.Contains(stdout.String(), want) {
+		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
@@ -55,15 +40,28 @@ func TestShortChaosRunLosesNothingAndPrintsTheRecoveryTable(t *testing.T) {
 // dispatcher did not hold it, or run twice by a stage; the latencies are
 // printed, not asserted.
 func TestShortKillStormLosesNothingAndRunsNoMessageTwice(t *testing.T) {
+	stdout := runChaos(t, 3*time.Minute, "-storm", "5s", "-rate", "200")
+	for _, want := range []string{"without kills", "sessions ended every 500ms", "0 ownership violations", "messages a stage ran more than once: 0"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+// runChaos builds pepsi-chaos and pepsi-dispatch side by side, runs
+// pepsi-chaos with args within timeout, logs its output and fails the test
+// unless it exits 0; it returns the output.
+func runChaos(t *testing.T, timeout time.Duration, args ...string) string {
+	t.Helper()
 	dir := t.TempDir()
 	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
 		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-chaos", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "pepsi-chaos"), "-storm", "5s", "-rate", "200")
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "pepsi-chaos"), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -71,9 +69,5 @@ func TestShortKillStormLosesNothingAndRunsNoMessageTwice(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pepsi-chaos: %v (want exit 0)\nstderr:\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"without kills", "sessions ended every 500ms", "0 ownership violations", "messages a stage ran more than once: 0"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	return stdout.String()
 }
