@@ -150,7 +150,8 @@
 // up to a second after their commit); commits of killed workers that land while
 // the resolve waits on their row; status lines of every shape the grammar can
 // recognise as an attempted patch (not an object, not JSON), and a bare
-// "0 >paused"; cooldowns of workers that fail to start at one instant
+// "0 >paused"; pauses written with six decimals (zero included), and patches
+// that fill a status line to its 64 KiB limit; cooldowns of workers that fail to start at one instant
 // [cooldown-doubles-per-worker, patch-must-start-with-brace]; dispatcher
 // crashes, graceful and double shutdowns, and lost locks, after which the next
 // core is handed the old one's unflushed statistics (core.Start.Carry)

@@ -340,6 +340,9 @@ func (w *world) next(p *proc, id int64) int {
 	return next
 }
 
+// lineMax is the longest status line the protocol allows, newline included.
+const lineMax = 64 << 10
+
 // moveAnswer is the status line of a try that answers its transition:
 // "0 >TARGET", the fused stage's time, and a state patch.
 func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
@@ -356,7 +359,11 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 	}
 	info.line = "0 >" + info.move.To
 	if info.move.To == core.TargetPaused {
-		info.line += fmt.Sprintf(":%g", a.pause.Seconds())
+		if v.fraction {
+			info.line += fmt.Sprintf(":%.6f", a.pause.Seconds())
+		} else {
+			info.line += fmt.Sprintf(":%g", a.pause.Seconds())
+		}
 	}
 	if a.kind != kPause && v.fuse && p.stage+1 <= m.last {
 		f := core.Fused{Stage: w.sc.stages[p.stage+1].name, Micros: v.fusedUS}
@@ -365,6 +372,11 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 	}
 	if v.patch {
 		info.move.Patch = fmt.Sprintf(`{"by":%q,"id":%d,"try":%d}`, w.sc.stages[p.stage].name, id, w.tries[id-1][p.stage])
+		if v.bigPatch {
+			// Padded so the whole line is 64 KiB less one byte (its newline).
+			room := lineMax - 1 - len(info.line) - len(" ") - len(info.move.Patch) - len(`,"pad":""`)
+			info.move.Patch = info.move.Patch[:len(info.move.Patch)-1] + `,"pad":"` + strings.Repeat("x", room) + `"}`
+		}
 		info.line += " " + info.move.Patch
 	}
 	return info

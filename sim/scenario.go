@@ -68,11 +68,14 @@ type visit struct {
 	// answers: the stage answers its transitions ("0 >TARGET") instead of
 	// writing them, except a finish as failed, which has no answer form.
 	answers bool
-	patch   bool  // an answered transition carries a state patch
-	fuse    bool  // the good pass also does the next stage's work and reports it fused
-	fusedUS int64 // the fused stage's reported time
-	latency time.Duration
-	trouble []attempt
+	patch   bool // an answered transition carries a state patch
+	// fraction: a paused:SECONDS it answers is written with six decimals;
+	// bigPatch: its patch is padded to just under the 64 KiB line limit.
+	fraction, bigPatch bool
+	fuse               bool  // the good pass also does the next stage's work and reports it fused
+	fusedUS            int64 // the fused stage's reported time
+	latency            time.Duration
+	trouble            []attempt
 	// lag: a stage that writes its transition itself answers this long after
 	// its commit (a worker descheduled between COMMIT and its write), so the
 	// row may be moved by others meanwhile (an operator's retry of a failed one).
@@ -322,6 +325,15 @@ func choose(c chooser) *Scenario {
 		sc.faults.retryEvery = millis(c.intn("retry_loop.every_ms", 20, 500))
 	}
 	sc.faults.lateCommit = 250 * c.intn("late_commit", 0, 4)
+	// Patches at the line limit cost the simulation time: one scenario in 16.
+	bigPatches := c.intn("big_patches", 0, 15) == 15
+	for i := range sc.messages {
+		for j := range sc.messages[i].visits {
+			v := &sc.messages[i].visits[j]
+			v.fraction = c.intn("visit.fraction", 0, 1) == 1
+			v.bigPatch = bigPatches && v.patch && c.intn("visit.big_patch", 0, 1) == 1
+		}
+	}
 	return sc
 }
 
@@ -497,6 +509,9 @@ func (sc *Scenario) String() string {
 				b.WriteString("answers")
 				if v.patch {
 					b.WriteString("+patch")
+					if v.bigPatch {
+						b.WriteString("(64KiB line)")
+					}
 				}
 				b.WriteString(": ")
 			}
