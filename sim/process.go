@@ -382,8 +382,13 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 	return info
 }
 
-// commit makes the try's transition, guarded like a real stage's.
+// commit makes the try's transition, guarded like a real stage's. A try whose
+// COMMIT already landed late, while a kill's resolve waited on the row (see
+// kill), has nothing left to commit: that was this same COMMIT.
 func (w *world) commit(p *proc, id int64) {
+	if p.written {
+		return
+	}
 	from, to, status, timeout := w.transition(p, id)
 	if !w.q.StageWrite(id, from, to, status, timeout) {
 		r, _ := w.q.Get(id)
