@@ -98,7 +98,12 @@ func resetOrphans(c core.ResetOrphans) statement {
 //     of the whole queue_pending index (the backlog) with the primary key lookup.
 //
 // $4 lists the rows the dispatcher holds (core.Claim.Exclude): never taken, even
-// when something made them pending while a worker still has them.
+// when something made them pending while a worker still has them. It is spelled
+// "NOT IN (SELECT unnest($4))" so that the planner hashes the list once per
+// claim (a hashed SubPlan): written "<> ALL ($4)", a generic plan compares
+// every candidate row with every held id, which cost a 384-row claim with 384
+// held ids 0.57 ms against 0.08 ms hashed (pgbench, generic plans). The ids
+// are never NULL, so NOT IN means what it says.
 //
 // For the stages in $5 (INPUT = message; core.Cap.LineMax) it also returns each
 // row's state as JSON text and its payload with its length, but not a payload
@@ -113,7 +118,7 @@ WITH picked AS (
 	CROSS JOIN LATERAL (
 		SELECT q.ingress_id FROM pepsi.queue q
 		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
-		  AND q.ingress_id <> ALL ($4::bigint[])
+		  AND q.ingress_id NOT IN (SELECT unnest($4::bigint[]))
 		ORDER BY q.stage, q.ingress_id
 		LIMIT greatest(c.n, 0)
 	) p
