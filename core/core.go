@@ -133,6 +133,7 @@ type stage struct {
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled
 	stuckReason   string    // the reason for a 0 that left the row running here
+	rate          *bucket   // RATE; nil for none
 }
 
 // Core is the dispatcher state machine. Create it with New; drive it with Step.
@@ -216,7 +217,7 @@ func New(cfg *conf.Config) *Core {
 		races:      map[int64]int{},
 	}
 	for _, sc := range cfg.Stages {
-		st := &stage{cfg: sc, stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
+		st := &stage{cfg: sc, rate: newBucket(sc.Rate), stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
 		if sc.Input == conf.InputMessage {
 			st.stuckReason = fmt.Sprintf("stage %s (INPUT = message) answered a bare 0, which leaves the message running at %s: a stage with no database must answer its transition (0 >TARGET)", sc.Name, sc.Name)
 		}
@@ -247,6 +248,7 @@ func (c *Core) Step(now time.Time, evs ...Event) []Command {
 		c.queueWork()
 		c.rest()
 		c.finish()
+		c.countRateHeld()
 		c.setTimer()
 	}
 	out := c.out
@@ -371,6 +373,11 @@ func (c *Core) setTimer() {
 		// is retried when the cooldown ends, not at the next heartbeat.
 		if st.coolingDown(c.now) && (len(st.backlog) > 0 || st.maybeMore) {
 			at(st.cooldownUntil)
+		}
+		// A stage held by its rate is claimed when its next token is due,
+		// not at the next heartbeat (nor by polling before).
+		if !queueBlocked && c.rateHeld(st) {
+			at(st.rate.nextToken())
 		}
 	}
 	if c.restReady() {

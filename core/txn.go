@@ -138,6 +138,7 @@ func (c *Core) claimed(e Claimed) {
 	for _, cp := range cmd.Caps {
 		assert(got[cp.Stage] <= cp.N, "claim returned %d rows of stage %s, cap %d", got[cp.Stage], cp.Stage, cp.N)
 		st := c.byName[cp.Stage]
+		st.rate.giveBack(cp.N - got[cp.Stage])
 		// A notification that came after the claim was sent may have added rows.
 		st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen
 		if c.lookGen == c.claimLookGen {
@@ -300,12 +301,14 @@ func (c *Core) queueWork() {
 	if c.shutdown == 0 {
 		var caps []Cap
 		for _, st := range c.stages {
-			if n := c.capacity(st); n > 0 && (st.maybeMore || resolving || waking) {
+			n := min(c.capacity(st), st.rate.tokens(c.now))
+			if n > 0 && (st.maybeMore || resolving || waking) {
 				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
 				if st.cfg.Input == conf.InputMessage {
 					cp.LineMax = c.cfg.LineMax
 				}
 				caps = append(caps, cp)
+				st.rate.take(c.now, n)
 			}
 		}
 		if len(caps) > 0 {

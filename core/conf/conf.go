@@ -48,7 +48,9 @@ const (
 	// RetryLimitMax bounds RETRY_LIMIT: 2^RetryLimitMax times any delay is far
 	// beyond RETRY_DELAY_MAX, so a larger limit only makes a message wait longer.
 	RetryLimitMax = 1000
-	// RateMax bounds RATE, in messages per second.
+	// RateMin and RateMax bound RATE, in messages per second (RateMin: one
+	// message every 1000 s).
+	RateMin = 0.001
 	RateMax = 1_000_000
 )
 
@@ -480,7 +482,7 @@ func parseBounded(s string, max int64) (int64, error) {
 }
 
 // ParseRate reads a RATE: a positive decimal number of messages per second
-// ("50", "0.5", "2.25"), at most RateMax. Exponents, hexadecimal, infinities and
+// ("50", "0.5", "2.25"), from RateMin to RateMax. Exponents, hexadecimal, infinities and
 // signs are refused: a rate is written the way an operator reads it.
 func ParseRate(s string) (float64, error) {
 	bad := fmt.Errorf("%q is not a positive decimal number of messages per second (like 50 or 0.5)", s)
@@ -493,6 +495,9 @@ func ParseRate(s string) (float64, error) {
 	}
 	if r > RateMax {
 		return 0, fmt.Errorf("%q is more than %d messages per second", s, RateMax)
+	}
+	if r < RateMin {
+		return 0, fmt.Errorf("%q is less than %g messages per second", s, RateMin)
 	}
 	return r, nil
 }

@@ -98,6 +98,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"negative rate", "[stage-a]\nPROGRAM = a\nRATE = -5\n", "f.conf:3: RATE: \"-5\" is not a positive decimal number"},
 		{"exponent rate", "[stage-a]\nPROGRAM = a\nRATE = 1e3\n", "f.conf:3: RATE: \"1e3\" is not a positive decimal number"},
 		{"infinite rate", "[stage-a]\nPROGRAM = a\nRATE = Inf\n", "f.conf:3: RATE: \"Inf\" is not a positive decimal number"},
+		{"tiny rate", "[stage-a]\nPROGRAM = a\nRATE = 0.0001\n", "f.conf:3: RATE: \"0.0001\" is less than 0.001"},
 		{"huge rate", "[stage-a]\nPROGRAM = a\nRATE = 2000000\n", "f.conf:3: RATE: \"2000000\" is more than 1000000"},
 		{"bad input", "[stage-a]\nPROGRAM = a\nINPUT = json\n", "f.conf:3: INPUT: \"json\" is neither id nor message"},
 		{"small line max", "[pepsi-dispatch]\nLINE_MAX = 100\n", "f.conf:2: LINE_MAX: \"100\" is not a whole number of bytes from 1024 to 1073741824"},
