@@ -47,7 +47,7 @@ const (
 	// Retry is an answer "75 REASON" at a stage with RETRY_LIMIT > 0 that has
 	// retries left: the row is paused at its stage until Until, its attempts
 	// column goes up by one, and Reason goes into state.dispatch_error, where it
-	// stays while the row waits (the latest reason of a retried message).
+	// stays while the row waits (the wake that ends the wait removes it).
 	Retry Verdict = "retry"
 )
 
@@ -114,7 +114,8 @@ type Resolve struct {
 }
 
 // Wake makes paused rows whose timeout is at or before Now pending, except the
-// rows in Keep. Answered by Woken, which also reports the earliest timeout of the
+// rows in Keep; a row that waited out a retry (attempts > 0) loses
+// state.dispatch_error, its retry's reason, in the same write. Answered by Woken, which also reports the earliest timeout of the
 // paused rows not in Keep.
 //
 // Keep lists the ids handed to workers and not yet answered: a stage may pause a

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -63,9 +64,12 @@ type expect struct {
 	reason  string     // a non-zero answer's reason ("" when the line had none)
 	answer  bool       // answered 0: failing it is right only if the stage did not write
 	move    *core.Item // answered a transition: the To, Until and Patch the item must carry
-	sent    bool       // its item is in the outstanding transaction
-	unsure  bool       // its item was in a transaction whose reply was lost
-	raced   bool       // a resolve of it found the row still running (a commit landed meanwhile)
+	// retryFrom and retryTo bound a Retry's timeout: [delay, delay × (1 +
+	// core.RetryJitter)) after the answer.
+	retryFrom, retryTo time.Time
+	sent               bool // its item is in the outstanding transaction
+	unsure             bool // its item was in a transaction whose reply was lost
+	raced              bool // a resolve of it found the row still running (a commit landed meanwhile)
 }
 
 // truth is what one core life did, counted from the world.
@@ -108,6 +112,13 @@ type model struct {
 	expects    map[int64]*expect
 	claimEpoch map[int64]string
 	claimGenOf map[int64]int // the claim (see claimGen) each held message came with
+	// claimAttempts: the attempts column each held message was claimed with.
+	claimAttempts map[int64]int
+	// rateLog: per stage with a RATE, the claims this life sent for it: when,
+	// and how many rows they took (their cap while the result is out or when it
+	// was lost). rateOut: the index in it of the outstanding claim's entry.
+	rateLog    [][]rateClaim
+	rateOut    map[int]int
 	cool       []cooldown
 	startFails map[int64]int
 	verdicts   map[int64]core.RowStatus // rows this life's resolves failed or timed out, until the core hears of it
@@ -159,6 +170,9 @@ func (w *world) newLifeModel() {
 	m.expects = map[int64]*expect{}
 	m.claimEpoch = map[int64]string{}
 	m.claimGenOf = map[int64]int{}
+	m.claimAttempts = map[int64]int{}
+	m.rateLog = make([][]rateClaim, len(w.sc.stages))
+	m.rateOut = map[int]int{}
 	m.cool = make([]cooldown, len(w.sc.stages))
 	m.startFails = map[int64]int{}
 	m.verdicts = map[int64]core.RowStatus{}
@@ -326,6 +340,11 @@ func (w *world) modelEvent(ev core.Event) {
 		caps, told := w.claimCaps, w.toldInTxn
 		w.claimCaps, w.toldInTxn = nil, false
 		if e.Err != "" {
+			// The claim may have taken its whole cap: the core counts it so.
+			for s := range w.rateOut {
+				w.checkRateBound(s)
+			}
+			clear(w.rateOut)
 			return
 		}
 		for _, cp := range caps {
@@ -335,11 +354,24 @@ func (w *world) modelEvent(ev core.Event) {
 					got++
 				}
 			}
+			if i, ok := w.rateOut[w.stageIndex(cp.Stage)]; ok {
+				s := w.stageIndex(cp.Stage)
+				w.rateLog[s][i].n = got
+				delete(w.rateOut, s)
+				if w.checkRateBound(s); w.fail != nil {
+					return
+				}
+			}
 			// A claim that took less than its cap found the stage dry, unless a
 			// notification came while it was outstanding.
 			w.told[w.stageIndex(cp.Stage)] = got == cp.N || told
 		}
 		for _, r := range e.Rows {
+			if row, _ := w.q.Get(r.ID); r.Attempts != row.Attempts {
+				w.violation("claim returned message %d with attempts %d, the row has %d", r.ID, r.Attempts, row.Attempts)
+				return
+			}
+			w.claimAttempts[r.ID] = r.Attempts
 			w.claimEpoch[r.ID] = e.Epoch
 			w.claimGenOf[r.ID] = w.claimGen[r.ID-1]
 			if _, held := w.heldBy(r.ID); held {
@@ -382,6 +414,9 @@ func (w *world) modelEvent(ev core.Event) {
 			delete(w.expects, o.ID)
 			if o.Status.Final() {
 				w.truth().left++
+			}
+			if ex.verdict == core.Retry && o.Matched {
+				w.truth().stage(ex.stage).Retries++
 			}
 			if ex.verdict == core.Move && !o.Matched && !ex.unsure && !ex.raced {
 				// The row was no longer running at the stage: a guard miss (unless
@@ -527,6 +562,18 @@ func (w *world) modelAnswer(e core.Answer) {
 		t.stage(stage).Processed++
 		t.passes++
 		w.expects[head] = &expect{verdict: core.Answered, why: "answered 0", stage: stage, epoch: w.claimEpoch[head], answer: true}
+	case a.code == core.RetryCode && w.cfg.Stages[x.stage].RetryLimit > 0:
+		st := w.cfg.Stages[x.stage]
+		attempts := w.claimAttempts[head]
+		if attempts >= st.RetryLimit {
+			w.expects[head] = &expect{verdict: core.Fail, why: fmt.Sprintf("answered %s with %d retries had, RETRY_LIMIT %d", a.line, attempts, st.RetryLimit),
+				stage: stage, reason: a.reason}
+			return
+		}
+		d := retryDelay(st.RetryDelay, st.RetryDelayMax, attempts)
+		w.expects[head] = &expect{verdict: core.Retry, why: fmt.Sprintf("answered %s with %d retries had, RETRY_LIMIT %d", a.line, attempts, st.RetryLimit),
+			stage: stage, reason: a.reason,
+			retryFrom: w.now.Add(d), retryTo: w.now.Add(d + time.Duration(float64(d)*core.RetryJitter))}
 	default:
 		w.expects[head] = &expect{verdict: core.Fail, why: "answered " + a.line, stage: stage, reason: a.reason}
 	}
@@ -708,13 +755,16 @@ func (w *world) checkItem(it core.Item) {
 		w.violation("resolve item %s: want verdict %s (%s)", it, ex.verdict, ex.why)
 	case ex.move != nil && (it.To != ex.move.To || !it.Until.Equal(ex.move.Until) || it.Patch != ex.move.Patch):
 		w.violation("resolve item %s: want the answered transition to %s (until %s, patch %q)", it, ex.move.To, formatSim(ex.move.Until), ex.move.Patch)
-	case ex.move == nil && (it.To != "" || !it.Until.IsZero() || it.Patch != ""):
+	case ex.verdict == core.Retry && (it.Until.Before(ex.retryFrom) || !it.Until.Before(ex.retryTo)):
+		w.violation("resolve item %s: a retry due at %s, want from %s (the delay) to before %s (plus the jitter) (%s)",
+			it, formatSim(it.Until), formatSim(ex.retryFrom), formatSim(ex.retryTo), ex.why)
+	case ex.move == nil && (it.To != "" || it.Patch != "" || (!it.Until.IsZero() && ex.verdict != core.Retry)):
 		w.violation("resolve item %s carries a transition; only an answered one may (%s)", it, ex.why)
 	case ex.answer && it.Epoch != ex.epoch:
 		w.violation("resolve item %s for a message answered 0: want the epoch of its claim %q", it, ex.epoch)
 	case !ex.answer && it.Epoch != "":
 		w.violation("resolve item %s carries an epoch; only a message answered 0 may (%s)", it, ex.why)
-	case (ex.verdict == core.Fail || ex.verdict == core.TimeOut || ex.verdict == core.Answered) && it.Reason == "":
+	case (ex.verdict == core.Fail || ex.verdict == core.TimeOut || ex.verdict == core.Answered || ex.verdict == core.Retry) && it.Reason == "":
 		w.violation("resolve item %s fails the message without a reason", it)
 	case (ex.verdict == core.Requeue || ex.verdict == core.Move) && it.Reason != "":
 		w.violation("resolve item %s requeues or moves with a reason", it)
@@ -735,6 +785,14 @@ func (w *world) checkClaim(x core.Claim) {
 		if held := w.heldAt(cp.Stage); cp.N <= 0 || held+cp.N > limit {
 			w.violation("claim asks %d rows of %s, which already holds %d: more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
 			return
+		}
+		if w.cfg.Stages[s].Rate > 0 {
+			if tokens := w.tokens(s, w.now); cp.N > tokens {
+				w.violation("claim asks %d rows of %s, whose RATE %s leaves %d tokens now", cp.N, cp.Stage, st.rate, tokens)
+				return
+			}
+			w.rateOut[s] = len(w.rateLog[s])
+			w.rateLog[s] = append(w.rateLog[s], rateClaim{at: w.now, n: cp.N})
 		}
 	}
 }
@@ -823,7 +881,11 @@ func (w *world) unflushed() bool {
 		return true
 	}
 	for _, n := range sortedStrings(keysOf(t.stages)) {
-		if *t.stages[n] != *f.stage(n) {
+		// The time a stage was held by its rate is the core's own measure;
+		// the world does not count it.
+		a, b := *t.stages[n], *f.stage(n)
+		a.RateHeldUS, b.RateHeldUS = 0, 0
+		if a != b {
 			return true
 		}
 	}
@@ -1112,6 +1174,19 @@ func (w *world) checkTimely() {
 			return
 		}
 	}
+	// A token that came since the last step, at a stage held by its rate: the
+	// claim was due then.
+	for s, st := range w.sc.stages {
+		if w.cfg.Stages[s].Rate == 0 || w.tokens(s, w.steppedAt) >= 1 {
+			continue
+		}
+		due := w.nextToken(s)
+		if due.After(w.steppedAt) && due.Before(w.now) && w.claimOwed(s, due) {
+			w.violation("stage %s's next token under RATE %s came at %s, with pending rows the core knew of and room for them, and nothing was claimed by %s",
+				st.name, st.rate, due.Sub(epoch), w.offset())
+			return
+		}
+	}
 	// A cooldown that ended since the last step: what it held back was due then.
 	for s, st := range w.sc.stages {
 		until := w.cool[s].until
@@ -1219,7 +1294,7 @@ func (w *world) checkFloors(c core.Claim, sent time.Time) {
 // core knows, no transaction is outstanding, no shutdown is under way and no
 // cooldown holds the stage back. Then the core must claim for s.
 func (w *world) claimOwed(s int, at time.Time) bool {
-	if !w.told[s] || w.txnOut || w.coreDown || w.shut > 0 || w.coolingAt(s, at) || w.room(s, at) <= 0 {
+	if !w.told[s] || w.txnOut || w.coreDown || w.shut > 0 || w.coolingAt(s, at) || w.room(s, at) <= 0 || w.tokens(s, at) < 1 {
 		return false
 	}
 	name := w.sc.stages[s].name
@@ -1229,6 +1304,77 @@ func (w *world) claimOwed(s int, at time.Time) bool {
 		}
 	}
 	return false
+}
+
+// retryDelay is pepsi.conf(5)'s delay of retry number attempts (0 for the
+// first), before jitter: RETRY_DELAY × 2^attempts, capped at RETRY_DELAY_MAX.
+// The world's own, so that a mutant of the core's cannot fool the check.
+func retryDelay(delay, max time.Duration, attempts int) time.Duration {
+	d := float64(delay) * math.Pow(2, float64(attempts))
+	if d >= float64(max) {
+		return max
+	}
+	return time.Duration(d)
+}
+
+// rateClaim is one claim sent for a stage with a RATE: when, and how many rows
+// it took (or may have taken).
+type rateClaim struct {
+	at time.Time
+	n  int
+}
+
+// rateFull replays stage s's bucket over this life's claims as pepsi.conf(5)
+// documents it (a token every core.RateInterval, at most core.RateBurst's worth):
+// the instant the bucket is full again, zero if it always was.
+func (w *world) rateFull(s int) time.Time {
+	interval := core.RateInterval(w.cfg.Stages[s].Rate)
+	var full time.Time
+	for _, c := range w.rateLog[s] {
+		if full.Before(c.at) {
+			full = c.at
+		}
+		full = full.Add(time.Duration(c.n) * interval)
+	}
+	return full
+}
+
+// tokens is how many rows the core may claim for stage s at instant at.
+func (w *world) tokens(s int, at time.Time) int {
+	rate := w.cfg.Stages[s].Rate
+	if rate == 0 {
+		return 1 << 30
+	}
+	debt := time.Duration(0)
+	if full := w.rateFull(s); full.After(at) {
+		debt = full.Sub(at)
+	}
+	return int(max(core.RateBurst(rate)-debt, 0) / core.RateInterval(rate))
+}
+
+// nextToken is when stage s's bucket next holds a whole token.
+func (w *world) nextToken(s int) time.Time {
+	rate := w.cfg.Stages[s].Rate
+	return w.rateFull(s).Add(core.RateInterval(rate) - core.RateBurst(rate))
+}
+
+// checkRateBound holds stage s's claims of this life to its RATE as
+// pepsi.conf(5) states it, in every window ending at the latest claim: at most
+// RATE × T + max(1, RATE) rows claimed in T seconds.
+func (w *world) checkRateBound(s int) {
+	log, rate := w.rateLog[s], w.cfg.Stages[s].Rate
+	if len(log) == 0 {
+		return
+	}
+	last, sum := log[len(log)-1], 0
+	for i := len(log) - 1; i >= 0; i-- {
+		sum += log[i].n
+		if limit := rate*last.at.Sub(log[i].at).Seconds() + max(1, rate); float64(sum) > limit+1e-9 {
+			w.violation("stage %s: %d rows claimed from %s to %s, more than RATE × T + max(1, RATE) = %.3f (RATE %g)",
+				w.sc.stages[s].name, sum, log[i].at.Sub(epoch), last.at.Sub(epoch), limit, rate)
+			return
+		}
+	}
 }
 
 func (w *world) coolingAt(s int, at time.Time) bool { return at.Before(w.cool[s].until) }
@@ -1361,6 +1507,16 @@ func (w *world) observe(c fakequeue.Change) {
 		w.violation("row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
 		return
 	}
+	switch {
+	case c.After.Stage != c.Before.Stage && c.By != fakequeue.ByStage && c.After.Attempts != 0:
+		w.violation("row %d moved from stage %s to %s by %s with attempts %d: a move to another stage sets it to 0",
+			c.After.ID, c.Before.Stage, c.After.Stage, c.By, c.After.Attempts)
+		return
+	case c.After.Attempts > c.Before.Attempts+1 || (c.After.Attempts == c.Before.Attempts+1 && (c.By != fakequeue.ByResolve || c.After.Status != core.StatusPaused)):
+		w.violation("row %d's attempts went from %d to %d by %s (%s): only a retry adds one",
+			c.After.ID, c.Before.Attempts, c.After.Attempts, c.By, c.After.Status)
+		return
+	}
 	if c.By == fakequeue.ByClaim {
 		delete(w.retried, c.After.ID)
 		w.claimGen[c.After.ID-1]++
@@ -1452,7 +1608,8 @@ func (w *world) finalCheck() {
 			!check("stage_stats["+n+"].timeouts", g.Timeouts, l.Timeouts, h.Timeouts) ||
 			!check("stage_stats["+n+"].crashes", g.Crashes, l.Crashes, h.Crashes) ||
 			!check("stage_stats["+n+"].processing_us", g.ProcessingUS, l.ProcessingUS, h.ProcessingUS) ||
-			!check("stage_stats["+n+"].guard_misses", g.GuardMisses, l.GuardMisses, h.GuardMisses) {
+			!check("stage_stats["+n+"].guard_misses", g.GuardMisses, l.GuardMisses, h.GuardMisses) ||
+			!check("stage_stats["+n+"].retries", g.Retries, l.Retries, h.Retries) {
 			return
 		}
 	}

@@ -50,7 +50,18 @@ type stageConf struct {
 	// message: the stage is INPUT = message; its fake workers are handed each
 	// message as a line, and they always answer their transitions.
 	message bool
+	// retryLimit, retryDelay and retryDelayMax are RETRY_LIMIT, RETRY_DELAY
+	// and RETRY_DELAY_MAX (a limit of 0 leaves them out of the configuration);
+	// rate is RATE as written ("" for none).
+	retryLimit    int
+	retryDelay    time.Duration
+	retryDelayMax time.Duration
+	rate          string
 }
+
+// rates are the RATE values a scenario's stages may have: below one message a
+// second (the bucket then holds one token), whole and fractional.
+var rates = []string{"0.5", "2", "7.5", "40"}
 
 // message is one queue row: when it is inserted, the stages it visits and what
 // each of them does.
@@ -334,6 +345,16 @@ func choose(c chooser) *Scenario {
 			v.bigPatch = bigPatches && v.patch && c.intn("visit.big_patch", 0, 1) == 1
 		}
 	}
+	// Retries and rates, drawn after everything else for the same reason.
+	for i := range sc.stages {
+		st := &sc.stages[i]
+		st.retryLimit = c.intn(st.name+".retry_limit", 0, 3)
+		st.retryDelay = millis(c.intn(st.name+".retry_delay_ms", 1, 3000))
+		st.retryDelayMax = st.retryDelay * time.Duration(c.intn(st.name+".retry_delay_max_x", 1, 8))
+		if r := c.intn(st.name+".rate", 0, 2*len(rates)); r > len(rates) {
+			st.rate = rates[r-len(rates)-1]
+		}
+	}
 	return sc
 }
 
@@ -449,6 +470,12 @@ func (sc *Scenario) Conf() string {
 			st.name, st.name, st.parallelism, st.queueLimit, st.maxMessages)
 		if st.message {
 			b.WriteString("INPUT = message\n")
+		}
+		if st.retryLimit > 0 {
+			fmt.Fprintf(&b, "RETRY_LIMIT = %d\nRETRY_DELAY = %s\nRETRY_DELAY_MAX = %s\n", st.retryLimit, st.retryDelay, st.retryDelayMax)
+		}
+		if st.rate != "" {
+			fmt.Fprintf(&b, "RATE = %s\n", st.rate)
 		}
 	}
 	return b.String()

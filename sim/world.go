@@ -357,6 +357,22 @@ func (w *world) healBound() time.Duration {
 			work += v.latency + 100*time.Millisecond
 		}
 	}
+	// A message may wait out its longest retry delay (and its jitter) after the
+	// faults end, and a stage with a RATE takes its visits no faster than that.
+	for s, st := range w.cfg.Stages {
+		if st.RetryLimit > 0 {
+			work += st.RetryDelayMax + time.Duration(float64(st.RetryDelayMax)*core.RetryJitter)
+		}
+		if st.Rate > 0 {
+			visits := 0
+			for _, m := range sc.messages {
+				if m.first <= s && s <= m.last {
+					visits++
+				}
+			}
+			work += time.Duration(float64(visits+1) / st.Rate * float64(time.Second))
+		}
+	}
 	return 3*sc.maxRuntime + 2*sc.grace + 2*core.CooldownMax + 3*sc.poll + time.Minute + sc.stats + 2*sc.restart + 30*time.Second + work
 }
 
@@ -679,7 +695,8 @@ func (w *world) startLife() {
 	w.carry = nil
 	w.newLifeModel()
 	w.note("dispatcher starts (life %d)", w.life)
-	w.pending = append(w.pending, core.Start{Carry: w.startCarry})
+	// Each life's jitter replays from the scenario's seed.
+	w.pending = append(w.pending, core.Start{Carry: w.startCarry, Seed: w.sc.WorldSeed + uint64(w.life)})
 }
 
 // endLife forgets the current core: its workers die with it, and a transaction

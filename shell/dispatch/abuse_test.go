@@ -9,6 +9,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
 
 // Stage programs that abuse the protocol, and a queue that does not look like
@@ -122,5 +123,27 @@ func TestAnOlderSchemaIsRefusedWithExitFourSayingToMigrate(t *testing.T) {
 		!strings.Contains(err.Error(), fmt.Sprintf("needs %d", want)) && !strings.Contains(err.Error(), fmt.Sprintf("want version %d", want)) {
 		t.Errorf("exit %d, err %v; want exit %d and an error naming the versions and saying to run pepsi-queue migrate",
 			code, err, dispatch.ExitFatal)
+	}
+}
+
+// A database migrated only to version 6 (before the attempts column, the
+// retries and the rate statistics) is refused: the dispatcher names both
+// versions and says what to run, and touches nothing.
+func TestASchemaBeforeRetriesIsRefusedSayingWhatToRun(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	if _, err := schema.MigrateTo(context.Background(), pgtest.Connect(t, url), 6); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvAt(t, url, stages(1, 4, "a"))
+	e.insert("a", "a=done")
+	d := e.start()
+	code, err := d.wait(20 * time.Second)
+	want := fmt.Sprintf("the database has PEPSI schema version 6, this pepsi-dispatch needs %d: run pepsi-queue migrate", schema.Latest())
+	if code != dispatch.ExitFatal || err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("exit %d, err %v; want exit %d and %q", code, err, dispatch.ExitFatal, want)
+	}
+	if n := e.scalar("SELECT count(*) FROM pepsi.queue WHERE status = 'pending'"); n != 1 {
+		t.Errorf("%d rows pending after the refusal, want the 1 inserted, untouched", n)
 	}
 }

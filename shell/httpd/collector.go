@@ -25,6 +25,15 @@ var (
 	descPausedDue = prometheus.NewDesc("pepsi_queue_paused_due_messages",
 		"Paused messages whose retry time has passed and that the dispatcher has not made pending yet.",
 		[]string{"stage"}, nil)
+	descRetryWaiting = prometheus.NewDesc("pepsi_queue_retry_waiting_messages",
+		"Messages waiting out a retry at this stage: paused after an answer 75 (attempts > 0), due again after their backoff.",
+		[]string{"stage"}, nil)
+	descRetries = prometheus.NewDesc("pepsi_stage_retries_total",
+		"Messages the dispatcher paused for a retry at this stage, answer 75 with RETRY_LIMIT > 0 (pepsi.stage_stats.retries).",
+		[]string{"stage"}, nil)
+	descRateHeld = prometheus.NewDesc("pepsi_stage_rate_held_seconds_total",
+		"Time this stage had messages to claim and room for them but its RATE had no token (pepsi.stage_stats.rate_held_us): how much its rate holds it back.",
+		[]string{"stage"}, nil)
 	descLock = prometheus.NewDesc("pepsi_dispatcher_lock_held",
 		"1 if a pepsi-dispatch holds the dispatcher's advisory lock on this database, 0 if none runs.",
 		nil, nil)
@@ -77,8 +86,8 @@ func NewCollector(src *Source) *Collector { return &Collector{src: src} }
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descLock, descDead, descLastVacuum, descHorizon,
-		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descStageFlushed,
+	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descRetryWaiting, descLock, descDead, descLastVacuum, descHorizon,
+		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descRetries, descRateHeld, descStageFlushed,
 		descStagePasses, descMessagesLeft, descFlushed} {
 		ch <- d
 	}
@@ -115,12 +124,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descOldest, l.OldestPendingSeconds, l.Stage)
 		gauge(descPausedDue, float64(l.PausedDue), l.Stage)
+		gauge(descRetryWaiting, float64(l.RetryWaiting), l.Stage)
 		st, flushed := stats[l.Stage]
 		counter(descPassesOK, float64(st.PassesOK), l.Stage)
 		counter(descFailedByDispatcher, float64(st.FailedByDispatcher), l.Stage)
 		counter(descWatchdog, float64(st.WatchdogTimeouts), l.Stage)
 		counter(descCrashes, float64(st.WorkerCrashes), l.Stage)
 		counter(descProcessing, st.ProcessingSeconds, l.Stage)
+		counter(descRetries, float64(st.Retries), l.Stage)
+		counter(descRateHeld, st.RateHeldSeconds, l.Stage)
 		if flushed {
 			gauge(descStageFlushed, unix(st.FlushedAt), l.Stage)
 		}

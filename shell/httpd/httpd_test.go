@@ -37,8 +37,8 @@ INSERT INTO pepsi.queue (stage, status, payload, state, timeout, updated_at)
 SELECT 'parse', 'pending', convert_to('` + secretPayload + `', 'UTF8'), '{}', NULL,
 	CASE WHEN g = 1 THEN now() - interval '90 seconds' ELSE now() END FROM generate_series(1, 7) g;
 INSERT INTO pepsi.queue (stage, status, payload) SELECT 'parse', 'running', convert_to('` + secretPayload + `', 'UTF8') FROM generate_series(1, 2);
-INSERT INTO pepsi.queue (stage, status, payload, timeout)
-	SELECT 'parse', 'paused', convert_to('` + secretPayload + `', 'UTF8'), now() + make_interval(secs => 3600 * (g - 1))
+INSERT INTO pepsi.queue (stage, status, payload, timeout, attempts)
+	SELECT 'parse', 'paused', convert_to('` + secretPayload + `', 'UTF8'), now() + make_interval(secs => 3600 * (g - 1)), g - 1
 	FROM generate_series(1, 3) g;
 INSERT INTO pepsi.queue (stage, status, payload, state, updated_at) VALUES
 	('parse', 'failed', 'x', '{"error": "no sender in the header"}', now() - interval '3 minutes'),
@@ -47,9 +47,9 @@ INSERT INTO pepsi.queue (stage, status, payload, state, updated_at) VALUES
 	('deliver', 'timeout', 'x', '{"dispatch_error": "MAX_RUNTIME 5m0s exceeded"}', now());
 INSERT INTO pepsi.queue (stage, status, payload) SELECT 'deliver', 'pending', 'x' FROM generate_series(1, 4);
 INSERT INTO pepsi.queue (stage, status, payload) SELECT 'deliver', 'done', 'x' FROM generate_series(1, 11);
-INSERT INTO pepsi.stage_stats (stage, processed, failed, timeouts, crashes, processing_us, updated_at) VALUES
-	('parse', 40, 0, 0, 0, 2500000, '2026-11-30 10:00:00+00'),
-	('deliver', 30, 2, 1, 1, 9000000, '2026-11-30 10:00:05+00');
+INSERT INTO pepsi.stage_stats (stage, processed, failed, timeouts, crashes, processing_us, retries, rate_held_us, updated_at) VALUES
+	('parse', 40, 0, 0, 0, 2500000, 6, 1500000, '2026-11-30 10:00:00+00'),
+	('deliver', 30, 2, 1, 1, 9000000, 0, 0, '2026-11-30 10:00:05+00');
 UPDATE pepsi.dispatch_stats SET stage_passes = 70, messages_left = 15, updated_at = '2026-11-30 10:00:05+00';
 `
 
@@ -155,6 +155,9 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		`pepsi_queue_messages{stage=parse,status=failed}`:          1,
 		`pepsi_queue_messages{stage=parse,status=timeout}`:         0,
 		`pepsi_queue_paused_due_messages{stage=parse}`:             1,
+		`pepsi_queue_retry_waiting_messages{stage=parse}`:          2,
+		`pepsi_stage_retries_total{stage=parse}`:                   6,
+		`pepsi_stage_rate_held_seconds_total{stage=parse}`:         1.5,
 		`pepsi_stage_passes_ok_total{stage=parse}`:                 40,
 		`pepsi_stage_failed_by_dispatcher_total{stage=parse}`:      0,
 		`pepsi_stage_watchdog_timeouts_total{stage=parse}`:         0,
@@ -168,6 +171,9 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		`pepsi_queue_messages{stage=deliver,status=failed}`:          2,
 		`pepsi_queue_messages{stage=deliver,status=timeout}`:         1,
 		`pepsi_queue_paused_due_messages{stage=deliver}`:             0,
+		`pepsi_queue_retry_waiting_messages{stage=deliver}`:          0,
+		`pepsi_stage_retries_total{stage=deliver}`:                   0,
+		`pepsi_stage_rate_held_seconds_total{stage=deliver}`:         0,
 		`pepsi_stage_passes_ok_total{stage=deliver}`:                 30,
 		`pepsi_stage_failed_by_dispatcher_total{stage=deliver}`:      2,
 		`pepsi_stage_watchdog_timeouts_total{stage=deliver}`:         1,
@@ -182,6 +188,9 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		`pepsi_queue_messages{stage=archive,status=timeout}`:    0,
 		`pepsi_queue_oldest_pending_age_seconds{stage=archive}`: 0,
 		`pepsi_queue_paused_due_messages{stage=archive}`:        0,
+		`pepsi_queue_retry_waiting_messages{stage=archive}`:     0,
+		`pepsi_stage_retries_total{stage=archive}`:              0,
+		`pepsi_stage_rate_held_seconds_total{stage=archive}`:    0,
 		`pepsi_stage_passes_ok_total{stage=archive}`:            0,
 		`pepsi_stage_failed_by_dispatcher_total{stage=archive}`: 0,
 		`pepsi_stage_watchdog_timeouts_total{stage=archive}`:    0,

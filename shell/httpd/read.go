@@ -47,6 +47,11 @@ type StageStats struct {
 	WorkerCrashes int64 `json:"worker_crashes"`
 	// ProcessingSeconds is processing_us in seconds: the time of the passes counted.
 	ProcessingSeconds float64 `json:"processing_seconds"`
+	// Retries is the column retries: messages paused for a retry (answer 75).
+	Retries int64 `json:"retries"`
+	// RateHeldSeconds is rate_held_us in seconds: how long the stage had work
+	// it could have claimed but its RATE had no token for it.
+	RateHeldSeconds float64 `json:"rate_held_seconds"`
 	// FlushedAt is when a flush of the dispatcher last touched the row.
 	FlushedAt time.Time `json:"flushed_at"`
 }
@@ -62,6 +67,9 @@ type StageLive struct {
 	// PausedDue counts paused rows whose timeout has passed (the dispatcher has
 	// not woken them yet; many for long means it is not running).
 	PausedDue int64 `json:"paused_due"`
+	// RetryWaiting counts paused rows with attempts > 0: messages waiting out
+	// a retry (answer 75).
+	RetryWaiting int64 `json:"retry_waiting"`
 }
 
 // Failure is one message that left the pipeline failed or timed out. It never
@@ -134,7 +142,9 @@ CROSS JOIN LATERAL (SELECT q.updated_at FROM pepsi.queue q
 	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`,
 	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
 	"running": `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`,
-	"paused": `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now())
+	// Paused rows are few (the queue_paused index holds only them); attempts
+	// is read from their heap rows.
+	"paused": `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now()), count(*) FILTER (WHERE attempts > 0)
 FROM pepsi.queue WHERE status = 'paused' GROUP BY stage`,
 	// The queue_failed index (schema version 2) holds only these rows.
 	"failed": `SELECT stage, status, count(*) FROM pepsi.queue
@@ -143,7 +153,7 @@ WHERE status IN ('failed', 'timeout') GROUP BY stage, status`,
 	CASE WHEN state ? 'dispatch_error' THEN 'dispatcher' WHEN state ? 'error' THEN 'stage' ELSE '' END,
 	left(coalesce(state->>'dispatch_error', state->>'error', ''), ` + fmt.Sprint(ReasonMax) + `)
 FROM pepsi.queue WHERE status IN ('failed', 'timeout') ORDER BY updated_at DESC LIMIT ` + fmt.Sprint(FailuresMax),
-	"stage_stats": `SELECT stage, processed, failed, timeouts, crashes, processing_us, updated_at
+	"stage_stats": `SELECT stage, processed, failed, timeouts, crashes, processing_us, retries, rate_held_us, updated_at
 FROM pepsi.stage_stats ORDER BY stage`,
 	"dispatch_stats": `SELECT stage_passes, messages_left, updated_at FROM pepsi.dispatch_stats`,
 	"table": `SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
@@ -163,7 +173,7 @@ FROM pepsi.stage_stats ORDER BY stage`,
 // every column of the queue but payload, and the two statistics tables. The
 // database then guarantees that pepsi-httpd shows no payload and writes nothing.
 const GrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
-GRANT SELECT (ingress_id, stage, status, timeout, state, created_at, updated_at) ON pepsi.queue TO pepsi_monitor;
+GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at) ON pepsi.queue TO pepsi_monitor;
 GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
 
 // Read takes a Snapshot in one READ ONLY, REPEATABLE READ transaction, so every
@@ -213,7 +223,7 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 	}
 	var (
 		name, status string
-		n, due       int64
+		n, due, wait int64
 		age          float64
 	)
 	if err := each(ctx, tx, "pending", []any{&name, &n, &age}, func() {
@@ -225,9 +235,9 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 	if err := each(ctx, tx, "running", []any{&name, &n}, func() { live.stage(name).Messages["running"] = n }); err != nil {
 		return err
 	}
-	if err := each(ctx, tx, "paused", []any{&name, &n, &due}, func() {
+	if err := each(ctx, tx, "paused", []any{&name, &n, &due, &wait}, func() {
 		l := live.stage(name)
-		l.Messages["paused"], l.PausedDue = n, due
+		l.Messages["paused"], l.PausedDue, l.RetryWaiting = n, due, wait
 	}); err != nil {
 		return err
 	}
@@ -241,10 +251,11 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 		return err
 	}
 	var st StageStats
-	var us int64
+	var us, heldUS int64
 	if err := each(ctx, tx, "stage_stats", []any{&st.Stage, &st.PassesOK, &st.FailedByDispatcher, &st.WatchdogTimeouts,
-		&st.WorkerCrashes, &us, &st.FlushedAt}, func() {
+		&st.WorkerCrashes, &us, &st.Retries, &heldUS, &st.FlushedAt}, func() {
 		st.ProcessingSeconds = float64(us) / 1e6
+		st.RateHeldSeconds = float64(heldUS) / 1e6
 		s.Stages = append(s.Stages, st)
 		live.stage(st.Stage)
 	}); err != nil {

@@ -379,10 +379,14 @@ func resolve(c core.Resolve) statement {
 // kept, and notifies ingress when it woke any, as every tool that makes rows
 // pending does. The NOTIFY is delivered at COMMIT. Rows the UPDATE wakes are
 // invisible to the min() below as updated rows, but were paused with timeout <= $1
-// in the statement's snapshot, which the "timeout > $1" excludes.
+// in the statement's snapshot, which the "timeout > $1" excludes. A row that
+// waited out a retry (attempts > 0) loses state.dispatch_error, the retry's
+// reason, in the same write: it held while the row waited, and a message that
+// later succeeds, or fails for another reason, must not show it.
 const wakeSQL = `
 WITH woken AS (
-	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
+	UPDATE pepsi.queue SET status = 'pending', updated_at = now(),
+		state = CASE WHEN attempts > 0 AND jsonb_typeof(state) = 'object' THEN state - 'dispatch_error' ELSE state END
 	WHERE status = 'paused' AND timeout <= $1 AND ingress_id <> ALL ($2::bigint[])
 	RETURNING 1
 ), n AS (

@@ -265,7 +265,8 @@ type RetryFilter struct {
 // Retry makes the selected failed or timed-out messages pending again (at their
 // stage or at f.To), moving state.dispatch_error into the array
 // state.dispatch_error_history (one entry per retry: error, status, stage,
-// retried_at), and notifies the dispatcher. It returns how many it moved.
+// retried_at), with attempts back at 0 (a message that used up its retries gets
+// them all again), and notifies the dispatcher. It returns how many it moved.
 func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 	statuses := f.Statuses
 	if len(statuses) == 0 {
@@ -284,6 +285,7 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 		status = 'pending',
 		stage = coalesce(nullif($4, ''), stage),
 		timeout = NULL,
+		attempts = 0,
 		updated_at = now(),
 		state = (state - 'dispatch_error') || jsonb_build_object('dispatch_error_history',
 			CASE WHEN jsonb_typeof(state->'dispatch_error_history') = 'array'

@@ -170,6 +170,10 @@ func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
 	setRow(t, conn, failedAtDeliver, "deliver", "failed", `{"error": "bad amount"}`, 0)
 	setRow(t, conn, done, "deliver", "done", `{}`, 0)
 	setRow(t, conn, running, "deliver", "running", `{}`, 0)
+	// The deliver failure used up its retries (RETRY_LIMIT 3).
+	if _, err := conn.Exec(ctx, "UPDATE pepsi.queue SET attempts = 3 WHERE ingress_id = $1", failedAtDeliver); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
 		t.Fatal(err)
 	}
@@ -189,6 +193,10 @@ func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
 	// Everything else that failed: the deliver failure only (done and running are never touched).
 	if n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{}); err != nil || n != 1 {
 		t.Fatalf("Retry(all) = %d, %v; want 1", n, err)
+	}
+	var attempts int
+	if err := conn.QueryRow(ctx, "SELECT attempts FROM pepsi.queue WHERE ingress_id = $1", failedAtDeliver).Scan(&attempts); err != nil || attempts != 0 {
+		t.Errorf("attempts after retry = %d, %v; want 0 (all its retries again)", attempts, err)
 	}
 
 	check := func(id int64, stage, status string, wantState func(map[string]any) bool, what string) {

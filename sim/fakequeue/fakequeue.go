@@ -186,14 +186,14 @@ func (q *Queue) CommitMessage(id int64, stage string, payload []byte) {
 func (q *Queue) Abort(int64) { q.inFlight-- }
 
 // Retry makes every failed or timed-out row that skip does not exclude pending
-// again at its stage, its dispatch_error cleared, and notifies (always, as
-// pepsi-queue retry does). It returns their ids.
+// again at its stage, its dispatch_error cleared and its attempts 0, and
+// notifies (always, as pepsi-queue retry does). It returns their ids.
 func (q *Queue) Retry(skip func(id int64) bool) []int64 {
 	var ids []int64
 	for _, r := range q.rows {
 		if r != nil && (r.Status == core.StatusFailed || r.Status == core.StatusTimeout) && !skip(r.ID) {
 			before := *r
-			r.Status, r.DispatchError = core.StatusPending, ""
+			r.Status, r.DispatchError, r.Attempts = core.StatusPending, "", 0
 			q.observe(ByOperator, before, r)
 			ids = append(ids, r.ID)
 		}
@@ -535,6 +535,9 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				before := *r
 				r.Status = core.StatusPending
 				r.Timeout = time.Time{}
+				if r.Attempts > 0 {
+					r.DispatchError = "" // the reason of the retry it waited out
+				}
 				q.observe(ByWake, before, r)
 				n++
 			} else if next.IsZero() || r.Timeout.Before(next) {

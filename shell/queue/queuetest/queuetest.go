@@ -548,10 +548,17 @@ func retryOnce(t *testing.T, h Harness, id int64, stage string, attempts int, un
 func testRetry(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 1)
 	retryOnce(t, h, ids[0], "a", 0, base.Add(time.Second), "service down")
-	retryOnce(t, h, ids[0], "a", 1, base.Add(3*time.Second), "still down")
-	// The latest reason stays in state.dispatch_error while the row waits.
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	until := base.Add(3 * time.Second)
+	resolve(t, h, retryItem(ids[0], "a", until, "still down"))
+	// The latest reason is in state.dispatch_error while the row waits, and
+	// gone once it is pending again.
 	if s := h.State(t, ids[0]); s["dispatch_error"] != "still down" {
-		t.Errorf("state after two retries = %v, want dispatch_error \"still down\"", s)
+		t.Errorf("state of a waiting retry = %v, want dispatch_error \"still down\"", s)
+	}
+	wakeAt(t, h, until)
+	if s := h.State(t, ids[0]); s["dispatch_error"] != nil {
+		t.Errorf("state of a woken retry = %v, want no dispatch_error", s)
 	}
 	if rows := claimRows(t, h, core.Cap{Stage: "a", N: 1}); len(rows) != 1 || rows[0].Attempts != 2 {
 		t.Fatalf("claim after two retries = %v, want attempts 2", rows)
