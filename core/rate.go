@@ -9,15 +9,20 @@ import (
 )
 
 // bucket is a stage's RATE as a token bucket, kept as the instant it would be
-// full again (the generic cell rate algorithm): one token every Interval, at
-// most Burst's worth of them. A claim of n takes n tokens when it is sent;
-// rows it did not get are given back when its result comes. So in any T
-// seconds at most T/Interval + Burst/Interval ≤ RATE × T + max(1, RATE)
-// messages are claimed.
+// full again (the generic cell rate algorithm): one token every interval, at
+// most burst's worth of them. A claim of n takes n tokens when it is sent; when
+// its result comes, it is counted again as if it had been made then, of the
+// rows it got (all n if the result was lost). So in any T seconds at most
+// T/interval + burst/interval ≤ RATE × T + max(1, RATE − 1) messages are
+// claimed, however PostgreSQL times each claim between the core's decision and
+// its result (a claim's transaction runs a little after the core decided it,
+// and that delay differs from one transaction to the next): the documented
+// bound, RATE × T + max(1, RATE), with a message to spare from a RATE of 2 up.
 type bucket struct {
 	interval time.Duration // one token: ⌈1e9/RATE⌉ ns, so tokens never come faster than RATE
-	burst    time.Duration // the bucket's size as time: ⌊max(1, RATE) × interval⌋
+	burst    time.Duration // the bucket's size as time: ⌊max(1, RATE − 1) × interval⌋
 	full     time.Time     // when the bucket is full again; the zero time: full now
+	before   time.Time     // full before the outstanding claim took its tokens
 	// heldSince: since when (at the latest step) the stage has been held by
 	// its rate: work to claim, room for it, and no token.
 	heldSince time.Time
@@ -29,9 +34,10 @@ func RateInterval(rate float64) time.Duration {
 	return max(time.Duration(math.Ceil(1e9/rate)), 1)
 }
 
-// RateBurst: see RateInterval.
+// RateBurst: see RateInterval. The bucket holds max(1, RATE − 1) tokens, one
+// below the bound's max(1, RATE) (see bucket).
 func RateBurst(rate float64) time.Duration {
-	return time.Duration(math.Floor(max(1, rate) * float64(RateInterval(rate))))
+	return time.Duration(math.Floor(max(1, rate-1) * float64(RateInterval(rate))))
 }
 
 // newBucket returns the bucket of a RATE, or nil for none (0).
@@ -59,18 +65,24 @@ func (b *bucket) take(now time.Time, n int) {
 	if b == nil || n <= 0 {
 		return
 	}
-	if b.full.Before(now) {
-		b.full = now
-	}
-	b.full = b.full.Add(time.Duration(n) * b.interval)
+	b.before = b.full
+	b.full = later(b.full, now).Add(time.Duration(n) * b.interval)
 }
 
-// giveBack returns n tokens a claim did not use: as if it had asked for fewer.
-func (b *bucket) giveBack(n int) {
-	if b == nil || n <= 0 {
+// settle counts the outstanding claim again, as one of got rows made at at,
+// its result's instant (see bucket).
+func (b *bucket) settle(at time.Time, got int) {
+	if b == nil {
 		return
 	}
-	b.full = b.full.Add(-time.Duration(n) * b.interval)
+	b.full = later(b.before, at).Add(time.Duration(got) * b.interval)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
 }
 
 // nextToken is when the bucket next holds a whole token.

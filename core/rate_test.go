@@ -7,8 +7,8 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 )
 
-// Proves: a stage's RATE caps its claims (a bucket of max(1, RATE) tokens, one
-// more every 1/RATE s) whatever its capacity and backlog; the rows beyond stay
+// Proves: a stage's RATE caps its claims (a bucket of max(1, RATE − 1) tokens,
+// one more every 1/RATE s) whatever its capacity and backlog; the rows beyond stay
 // pending; the core asks for a tick when the next token is due and claims then,
 // without polling in between; the time the stage was held counts in its
 // statistics.
@@ -59,10 +59,10 @@ QUEUE_LIMIT = 16
 			}
 		}
 	}
-	// 2 at once, then one every 0.5 s: 12 in [0, 5 s], each claimed when its token
-	// came: exactly the bound.
-	if total != 12 {
-		t.Errorf("claimed %d rows in 5 s at RATE 2, want 12 (2 at once, then one every 0.5 s): %v", total, claims)
+	// 1 at once (the bucket holds max(1, RATE − 1)), then one every 0.5 s: 11
+	// in [0, 5 s], each claimed when its token came: the bound less one.
+	if total != 11 {
+		t.Errorf("claimed %d rows in 5 s at RATE 2, want 11 (1 at once, then one every 0.5 s): %v", total, claims)
 	}
 	if steps > 30 {
 		t.Errorf("%d steps for 10 tokens: the core polls", steps)
@@ -93,9 +93,10 @@ func TestRateBucketSizes(t *testing.T) {
 		rate            float64
 		interval, burst time.Duration
 	}{
-		{50, 20 * time.Millisecond, time.Second},
+		{50, 20 * time.Millisecond, 980 * time.Millisecond},
 		{0.5, 2 * time.Second, 2 * time.Second},
-		{3, 333333334 * time.Nanosecond, 1000000002 * time.Nanosecond},
+		{1.5, 666666667 * time.Nanosecond, 666666667 * time.Nanosecond},
+		{3, 333333334 * time.Nanosecond, 666666668 * time.Nanosecond},
 	} {
 		if i, b := core.RateInterval(c.rate), core.RateBurst(c.rate); i != c.interval || b != c.burst {
 			t.Errorf("RATE %g: interval %s burst %s, want %s and %s", c.rate, i, b, c.interval, c.burst)

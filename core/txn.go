@@ -97,6 +97,14 @@ func (c *Core) claimed(e Claimed) {
 		// Not if it certainly did not: then nothing is to be reset (a lost
 		// session costs the retry, not a reset; docs/durability.md).
 		c.needReset = c.needReset || !e.Aborted
+		// The rate counts what it may have taken (all of it), or nothing.
+		for _, cp := range cmd.Caps {
+			n := cp.N
+			if e.Aborted {
+				n = 0
+			}
+			c.byName[cp.Stage].rate.settle(c.now, n)
+		}
 		return
 	}
 	c.epoch = e.Epoch
@@ -138,7 +146,7 @@ func (c *Core) claimed(e Claimed) {
 	for _, cp := range cmd.Caps {
 		assert(got[cp.Stage] <= cp.N, "claim returned %d rows of stage %s, cap %d", got[cp.Stage], cp.Stage, cp.N)
 		st := c.byName[cp.Stage]
-		st.rate.giveBack(cp.N - got[cp.Stage])
+		st.rate.settle(c.now, got[cp.Stage])
 		// A notification that came after the claim was sent may have added rows.
 		st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen
 		if c.lookGen == c.claimLookGen {

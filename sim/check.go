@@ -115,8 +115,9 @@ type model struct {
 	// claimAttempts: the attempts column each held message was claimed with.
 	claimAttempts map[int64]int
 	// rateLog: per stage with a RATE, the claims this life sent for it: when,
-	// and how many rows they took (their cap while the result is out or when it
-	// was lost). rateOut: the index in it of the outstanding claim's entry.
+	// when their result came, and how many rows they took (their cap while the
+	// result is out or when it was lost). rateOut: the index in it of the
+	// outstanding claim's entry.
 	rateLog    [][]rateClaim
 	rateOut    map[int]int
 	cool       []cooldown
@@ -340,8 +341,13 @@ func (w *world) modelEvent(ev core.Event) {
 		caps, told := w.claimCaps, w.toldInTxn
 		w.claimCaps, w.toldInTxn = nil, false
 		if e.Err != "" {
-			// The claim may have taken its whole cap: the core counts it so.
-			for s := range w.rateOut {
+			// The claim may have taken its whole cap (unless it certainly
+			// aborted): the core counts it so.
+			for _, s := range sortedKeys(w.rateOut) {
+				w.rateLog[s][w.rateOut[s]].done = w.now
+				if e.Aborted {
+					w.rateLog[s][w.rateOut[s]].n = 0 // it certainly took nothing
+				}
 				w.checkRateBound(s)
 			}
 			clear(w.rateOut)
@@ -356,7 +362,7 @@ func (w *world) modelEvent(ev core.Event) {
 			}
 			if i, ok := w.rateOut[w.stageIndex(cp.Stage)]; ok {
 				s := w.stageIndex(cp.Stage)
-				w.rateLog[s][i].n = got
+				w.rateLog[s][i].n, w.rateLog[s][i].done = got, w.now
 				delete(w.rateOut, s)
 				if w.checkRateBound(s); w.fail != nil {
 					return
@@ -1317,22 +1323,27 @@ func retryDelay(delay, max time.Duration, attempts int) time.Duration {
 	return time.Duration(d)
 }
 
-// rateClaim is one claim sent for a stage with a RATE: when, and how many rows
-// it took (or may have taken).
+// rateClaim is one claim sent for a stage with a RATE: when, when its result
+// came (zero while it is out), and how many rows it took (or may have taken).
 type rateClaim struct {
-	at time.Time
-	n  int
+	at, done time.Time
+	n        int
 }
 
-// rateFull replays stage s's bucket over this life's claims as pepsi.conf(5)
-// documents it (a token every core.RateInterval, at most core.RateBurst's worth):
-// the instant the bucket is full again, zero if it always was.
+// rateFull replays stage s's bucket over this life's claims as the core
+// documents it (a token every core.RateInterval, at most core.RateBurst's
+// worth; a claim counted from its result once that came): the instant the
+// bucket is full again, zero if it always was.
 func (w *world) rateFull(s int) time.Time {
 	interval := core.RateInterval(w.cfg.Stages[s].Rate)
 	var full time.Time
 	for _, c := range w.rateLog[s] {
-		if full.Before(c.at) {
-			full = c.at
+		at := c.at
+		if !c.done.IsZero() {
+			at = c.done
+		}
+		if full.Before(at) {
+			full = at
 		}
 		full = full.Add(time.Duration(c.n) * interval)
 	}
@@ -1360,7 +1371,9 @@ func (w *world) nextToken(s int) time.Time {
 
 // checkRateBound holds stage s's claims of this life to its RATE as
 // pepsi.conf(5) states it, in every window ending at the latest claim: at most
-// RATE × T + max(1, RATE) rows claimed in T seconds.
+// RATE × T + max(1, RATE) rows claimed in T seconds, however the database
+// timed each claim between its sending and its result: the window runs from
+// the result of the earliest claim in it to the sending of the latest.
 func (w *world) checkRateBound(s int) {
 	log, rate := w.rateLog[s], w.cfg.Stages[s].Rate
 	if len(log) == 0 {
@@ -1369,9 +1382,13 @@ func (w *world) checkRateBound(s int) {
 	last, sum := log[len(log)-1], 0
 	for i := len(log) - 1; i >= 0; i-- {
 		sum += log[i].n
-		if limit := rate*last.at.Sub(log[i].at).Seconds() + max(1, rate); float64(sum) > limit+1e-9 {
+		from := log[i].done
+		if i == len(log)-1 || from.After(last.at) {
+			from = last.at
+		}
+		if limit := rate*last.at.Sub(from).Seconds() + max(1, rate); float64(sum) > limit+1e-9 {
 			w.violation("stage %s: %d rows claimed from %s to %s, more than RATE × T + max(1, RATE) = %.3f (RATE %g)",
-				w.sc.stages[s].name, sum, log[i].at.Sub(epoch), last.at.Sub(epoch), limit, rate)
+				w.sc.stages[s].name, sum, from.Sub(epoch), last.at.Sub(epoch), limit, rate)
 			return
 		}
 	}

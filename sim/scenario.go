@@ -355,6 +355,19 @@ func choose(c chooser) *Scenario {
 			st.rate = rates[r-len(rates)-1]
 		}
 	}
+	// At a stage with retries, some visits begin with temporary failures, so
+	// that retries run into the limit and the cap of the doubled delay.
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			if sc.stages[m.first+j].retryLimit == 0 {
+				continue
+			}
+			for range max(0, c.intn("visit.temp_fails", 0, 6)-2) {
+				m.visits[j].trouble = append([]attempt{{kind: kFail, latency: millis(c.intn("try.latency_ms", 1, 500)), line: "75 busy"}}, m.visits[j].trouble...)
+			}
+		}
+	}
 	return sc
 }
 

@@ -38,6 +38,7 @@
 //	advance:NEXT  commit stage = NEXT (the row stays running)
 //	done, failed  commit status = done / failed
 //	pause:MS      commit status = paused, timeout = now() + MS milliseconds
+//	count         commit the pass count only (before an answer that writes nothing, like 75)
 //	sleep:MS      sleep MS milliseconds
 //	hang          sleep forever
 //	answer:LINE   answer LINE instead of "0" (e.g. "answer:7 bad input")
@@ -393,6 +394,8 @@ func handle(ctx context.Context, conn *pgx.Conn, id int64) (answer string, err e
 			err = transition("stage = $4", arg)
 		case "done", "failed":
 			err = transition("status = $4", name)
+		case "count":
+			err = transition("status = status") // the pass count only: no transition
 		case "pause":
 			err = transition("status = 'paused', timeout = now() + $4 * interval '1 millisecond'", int(millis(arg)/time.Millisecond))
 		case "sleep":
