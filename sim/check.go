@@ -1524,7 +1524,9 @@ func (w *world) observe(c fakequeue.Change) {
 		w.violation("row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
 		return
 	}
+	// (A crash restores an earlier version of the row, attempts and all.)
 	switch {
+	case c.By == fakequeue.ByCrash:
 	case c.After.Stage != c.Before.Stage && c.By != fakequeue.ByStage && c.After.Attempts != 0:
 		w.violation("row %d moved from stage %s to %s by %s with attempts %d: a move to another stage sets it to 0",
 			c.After.ID, c.Before.Stage, c.After.Stage, c.By, c.After.Attempts)

@@ -79,13 +79,25 @@ func (m mode) answers() bool { return m != modeWrite }
 type stageConfig struct {
 	name                                 string
 	parallelism, queueLimit, maxMessages int
+	// rate is every stage's RATE ("" for none).
+	rate string
 }
+
+// ratedRate is the RATE of the rated configuration: far above what any
+// pipeline here passes, so it never holds a stage back and the run measures
+// what the rate's bookkeeping costs.
+const ratedRate = "1000000"
+
 
 // defaultsConfig is pepsi.conf's defaults (docs/pepsi.conf.5.md).
 var defaultsConfig = stageConfig{name: "defaults", parallelism: 4, queueLimit: 4, maxMessages: 1000}
 
 func (c stageConfig) String() string {
-	return fmt.Sprintf("%s (P=%d Q=%d MAX_MESSAGES=%d)", c.name, c.parallelism, c.queueLimit, c.maxMessages)
+	s := fmt.Sprintf("%s (P=%d Q=%d MAX_MESSAGES=%d", c.name, c.parallelism, c.queueLimit, c.maxMessages)
+	if c.rate != "" {
+		s += " RATE=" + c.rate
+	}
+	return s + ")"
 }
 
 // variant is one pipeline row of the table: a mode at a configuration.

@@ -75,6 +75,9 @@ func (b *bench) confText(v variant, statsInterval string) string {
 		if v.mode.message() {
 			text += "INPUT = message\n"
 		}
+		if v.cfg.rate != "" {
+			text += "RATE = " + v.cfg.rate + "\n"
+		}
 	}
 	return text
 }

@@ -105,6 +105,15 @@ func TestModesAndConfigsAreParsedInOrder(t *testing.T) {
 	if err != nil || len(cs) != 2 || cs[0] != defaultsConfig || cs[1] != cfg {
 		t.Errorf("parseConfigs(\"defaults,bench\") = %v, %v; want [defaults bench]", cs, err)
 	}
+	rated := cfg
+	rated.name, rated.rate = "rated", ratedRate
+	if cs, err := parseConfigs("bench,rated", cfg); err != nil || len(cs) != 2 || cs[1] != rated {
+		t.Errorf("parseConfigs(\"bench,rated\") = %v, %v; want bench and bench with RATE %s", cs, err, ratedRate)
+	}
+	b := &bench{url: "postgres://x"}
+	if text := b.confText(variant{mode: modeWrite, cfg: rated}, "60"); strings.Count(text, "RATE = "+ratedRate+"\n") != 3 {
+		t.Errorf("the rated configuration's pepsi.conf does not set RATE on its three stages:\n%s", text)
+	}
 	for _, bad := range []string{"", "write,", "Write"} {
 		if _, err := parseModes(bad); err == nil {
 			t.Errorf("parseModes(%q) = nil error, want one", bad)
