@@ -88,7 +88,6 @@ type stageConfig struct {
 // what the rate's bookkeeping costs.
 const ratedRate = "1000000"
 
-
 // defaultsConfig is pepsi.conf's defaults (docs/pepsi.conf.5.md).
 var defaultsConfig = stageConfig{name: "defaults", parallelism: 4, queueLimit: 4, maxMessages: 1000}
 
