@@ -19,7 +19,9 @@ import (
 func BenchmarkHop(b *testing.B) {
 	const stages = "[stage-a]\nPROGRAM = a\nPARALLELISM = 4\nQUEUE_LIMIT = 4\n[stage-b]\nPROGRAM = b\nPARALLELISM = 4\nQUEUE_LIMIT = 4\n"
 	b.Run("plain", func(b *testing.B) { benchmarkHop(b, stages) })
-	b.Run("rated", func(b *testing.B) { benchmarkHop(b, strings.ReplaceAll(stages, "QUEUE_LIMIT = 4\n", "QUEUE_LIMIT = 4\nRATE = 1000000\n")) })
+	b.Run("rated", func(b *testing.B) {
+		benchmarkHop(b, strings.ReplaceAll(stages, "QUEUE_LIMIT = 4\n", "QUEUE_LIMIT = 4\nRATE = 1000000\n"))
+	})
 }
 
 func benchmarkHop(b *testing.B, text string) {
