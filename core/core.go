@@ -243,12 +243,13 @@ func (c *Core) Step(now time.Time, evs ...Event) []Command {
 	}
 	if c.started {
 		c.timers()
+		c.countRateHeld()
 		c.inspectDue()
 		c.assign()
 		c.queueWork()
 		c.rest()
 		c.finish()
-		c.countRateHeld()
+		c.markRateHeld()
 		c.setTimer()
 	}
 	out := c.out

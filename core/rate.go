@@ -97,21 +97,31 @@ func (c *Core) rateHeld(st *stage) bool {
 }
 
 // countRateHeld adds the time since the last step to the stages that were held
-// by their rate, and notes which are held now.
+// by their rate at its end. It runs before the step decides what to flush, so
+// the time counted is flushed by the same rules as every other count (counted
+// after, it could make an idle flush due in the past, with no timer to come).
 func (c *Core) countRateHeld() {
 	for _, st := range c.stages {
-		b := st.rate
-		if b == nil {
-			continue
-		}
-		if !b.heldSince.IsZero() {
+		if b := st.rate; b != nil && !b.heldSince.IsZero() {
 			if us := c.now.Sub(b.heldSince).Microseconds(); us > 0 {
 				c.stat(st.cfg.Name).RateHeldUS += us
 			}
-			b.heldSince = time.Time{}
-		}
-		if c.rateHeld(st) {
 			b.heldSince = c.now
+		}
+	}
+}
+
+// markRateHeld notes, at the end of a step, which stages are held by their
+// rate, for the next step's countRateHeld.
+func (c *Core) markRateHeld() {
+	for _, st := range c.stages {
+		if b := st.rate; b != nil {
+			switch {
+			case !c.rateHeld(st):
+				b.heldSince = time.Time{}
+			case b.heldSince.IsZero():
+				b.heldSince = c.now
+			}
 		}
 	}
 }
