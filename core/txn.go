@@ -427,8 +427,17 @@ func (c *Core) orphansReset(e OrphansReset) {
 		if e.Count > 0 {
 			c.logf(LevelInfo, "start-up: reset %d orphaned running rows to pending", e.Count)
 		}
-	} else if e.Count > 0 {
-		c.logf(LevelWarn, "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
+	} else {
+		if e.FlushSeq > c.flushSeq && c.unflushed == nil {
+			// A flush numbered past ours was applied after the start-up reset
+			// read the sequence: an earlier dispatcher's, whose reply was lost,
+			// committing late. Number ours after it, or the database would take
+			// our next flush for that one and drop it.
+			c.flushSeq = e.FlushSeq
+		}
+		if e.Count > 0 {
+			c.logf(LevelWarn, "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
+		}
 	}
 }
 
@@ -438,5 +447,5 @@ func (c *Core) flushed(e Flushed) {
 		c.unflushed = &cmd
 		return
 	}
-	c.flushSeq = cmd.Seq
+	c.flushSeq = max(c.flushSeq, cmd.Seq)
 }
