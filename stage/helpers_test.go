@@ -8,12 +8,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 
@@ -26,7 +26,7 @@ type worker struct {
 	in      *io.PipeWriter
 	lines   chan string
 	done    chan error
-	logs    *syncBuffer
+	logs    *lockedbuf.Buffer
 	stopped bool
 }
 
@@ -36,7 +36,7 @@ func startWorker(t *testing.T, o stage.Options) *worker {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	logs := &syncBuffer{}
+	logs := &lockedbuf.Buffer{}
 	o.In, o.Out = inR, outW
 	o.Log = slog.New(slog.NewTextHandler(logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -117,24 +117,6 @@ func (w *worker) closeInput() (rest []string, err error) {
 			w.t.Fatalf("output not closed within %v of the end of input (got %q)", answerWait, rest)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // row is a queue row as a test sees it.

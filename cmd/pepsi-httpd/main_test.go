@@ -9,10 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/shell/netfault"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
@@ -76,7 +76,7 @@ func TestADatabaseDownAtStartIsServedAsDownUntilItComes(t *testing.T) {
 	defer cancel()
 	addr := make(chan string, 1)
 	done := make(chan int, 1)
-	var stderr syncBuffer
+	var stderr lockedbuf.Buffer
 	go func() {
 		done <- run(ctx, []string{"-database", u.String(), "-listen", "127.0.0.1:0", "-cache", "10ms"}, &stderr, func(a string) { addr <- a })
 	}()
@@ -125,24 +125,6 @@ func httpGet(t *testing.T, u string) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestADatabaseWithoutSchemaVersion2IsOneLineAndExit1(t *testing.T) {

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
@@ -77,31 +78,14 @@ func writeConf(t *testing.T, db string, ingressLines ...string) string {
 type process struct {
 	cmd  *exec.Cmd
 	addr string
-	log  *syncBuffer
+	log  *lockedbuf.Buffer
 	done chan int
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // launch starts the binary and waits until it serves.
 func launch(t *testing.T, args ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(binary(t), args...), log: &syncBuffer{}, done: make(chan int, 1)}
+	p := &process{cmd: exec.Command(binary(t), args...), log: &lockedbuf.Buffer{}, done: make(chan int, 1)}
 	pr, pw := io.Pipe()
 	p.cmd.Stderr = io.MultiWriter(pw, p.log)
 	if err := p.cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
@@ -432,30 +433,12 @@ func TestAKeyCommittedWhileTheInsertWaitsIsLookedUp(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestTheLogNeverShowsAPayload logs at debug level while requests are
 // accepted, refused for bad input, and refused by the database (whose errors
 // can quote a row): no payload or state reaches the log.
 func TestTheLogNeverShowsAPayload(t *testing.T) {
 	t.Parallel()
-	var log syncBuffer
+	var log lockedbuf.Buffer
 	f := start(t, "", func(o *ingress.Options) {
 		o.Log = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})

@@ -1,19 +1,18 @@
 package pgqueue_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
@@ -284,7 +283,7 @@ func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 	cfg := connConfig(t, url)
 	first := tryLock(t, cfg)
 	observer := pgtest.Connect(t, url)
-	var logs syncBuffer
+	var logs lockedbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -327,22 +326,4 @@ func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 	if backends > 2 { // the holder and the standby, each one session
 		t.Errorf("%d sessions named %q during the wait; want the standby to keep its one connection", backends, pgqueue.AppName())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
