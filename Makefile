@@ -11,9 +11,13 @@ all: build
 # -version names the commit even where the toolchain records none (GOFLAGS=-buildvcs=false).
 LDFLAGS := -X github.com/pepsi-pipeline/pepsi/shell/buildinfo.commit=$(shell git describe --always --dirty 2>/dev/null)
 
+# cmd/ holds the programs an operator installs; tools/pepsi-* the development
+# programs (demo, bench, chaos, soak, simulator replay); examples/pepsi-example
+# the Go example stage the demo and the bench run. tools/man is run, not built
+# (make man), since bin/man is its output folder.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./tools/pepsi-... ./examples/pepsi-example
 
 # The programs an operator installs (make install), and where.
 PROGRAMS := pepsi-dispatch pepsi-queue pepsi-httpd pepsi-ingress pepsi-stage-check
@@ -105,7 +109,7 @@ demo: postgres build
 # faults, 100000 seeds (go test ./sim runs a fixed budget). A failure prints its
 # seed and the pepsi-sim command that replays it.
 sim-long:
-	$(GO) run ./cmd/pepsi-sim -runs 100000 -workers 2
+	$(GO) run ./tools/pepsi-sim -runs 100000 -workers 2
 
 # Plant deliberate bugs in the core (sim/mutants) and check that the simulator
 # kills every one of them.
@@ -127,7 +131,7 @@ soak-private: build
 # table and its seed (-seed N replays the sequence); then the kill storm: a
 # minute at 600 messages/s, and a minute more with the active dispatcher's
 # sessions ended twice a second, claim latencies side by side
-# (docs/durability.md, "A lost session"). go test ./cmd/pepsi-chaos runs a
+# (docs/durability.md, "A lost session"). go test ./tools/pepsi-chaos runs a
 # short one of each in make test.
 chaos: build
 	$(BIN)/pepsi-chaos -samples 5

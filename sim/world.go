@@ -65,7 +65,7 @@ func (f *Failure) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "simulation failed at step %d, %s: %s\n", f.Step, f.At, f.Msg)
 	if f.Seed != 0 {
-		fmt.Fprintf(&b, "seed %d; replay: go run ./cmd/pepsi-sim -seed %d -v\n", f.Seed, f.Seed)
+		fmt.Fprintf(&b, "seed %d; replay: go run ./tools/pepsi-sim -seed %d -v\n", f.Seed, f.Seed)
 	} else {
 		b.WriteString("scenario drawn by rapid: replay with the -rapid.seed (or -rapid.failfile) rapid prints\n")
 	}

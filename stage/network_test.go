@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 

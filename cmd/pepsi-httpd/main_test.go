@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // runFor runs pepsi-httpd with args and returns its exit code and stderr.

@@ -25,8 +25,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 var (

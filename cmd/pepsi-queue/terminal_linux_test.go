@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // openPTY returns the terminal side of a new pseudo-terminal.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
 

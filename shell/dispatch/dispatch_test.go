@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // Each test below proves one feature of pepsi-dispatch(1) end to end: the real
-// daemon (dispatch.Run), real worker processes (internal/teststage, scripted by
+// daemon (dispatch.Run), real worker processes (internal/testenv/teststage, scripted by
 // each message's payload), a real PostgreSQL database of the test's own.
 
 // stages returns [stage-NAME] sections of the raw test program with the given

@@ -14,9 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/writelog"
 )
 
 // Network faults between the real pepsi-dispatch (the binary) and PostgreSQL,
@@ -72,7 +72,7 @@ func rewriteURL(t *testing.T, dbURL, hostport string, params ...string) string {
 	return u.String()
 }
 
-// installWriteLog installs the write log (shell/writelog) in e's database.
+// installWriteLog installs the write log (internal/testenv/writelog) in e's database.
 func (e *env) installWriteLog() {
 	e.t.Helper()
 	if err := writelog.Install(context.Background(), e.db); err != nil {

@@ -24,12 +24,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // binDir holds the programs TestMain builds: teststage (with its personalities
-// libstage and exitstage as links to it, see internal/teststage) and
+// libstage and exitstage as links to it, see internal/testenv/teststage) and
 // pepsi-dispatch.
 var binDir string
 
@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 	}
 	binDir = dir
 	cmd := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/pepsi-pipeline/pepsi/shell/dispatch/internal/teststage",
+		"github.com/pepsi-pipeline/pepsi/internal/testenv/teststage",
 		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build the test programs: %v\n%s", err, out)
@@ -371,7 +371,7 @@ func (e *env) scalar(query string, args ...any) int64 {
 	return n
 }
 
-// Record is one line the test stage program wrote (see internal/teststage).
+// Record is one line the test stage program wrote (see internal/testenv/teststage).
 type Record struct {
 	At          time.Time `json:"at"`
 	PID         int       `json:"pid"`

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // Tests of the daemon's own loop: how it turns what happens (the listener, the

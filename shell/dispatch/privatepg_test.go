@@ -5,10 +5,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/privatepg"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/privatepg"
 )
 
-// privatePG is a PostgreSQL server of one test's own (shell/privatepg), so the
+// privatePG is a PostgreSQL server of one test's own (internal/testenv/privatepg), so the
 // test may crash and restart it without disturbing the shared server the other
 // tests use.
 type privatePG struct{ *privatepg.Server }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // closedPort returns a port of 127.0.0.1 on which nothing listens.

@@ -16,9 +16,9 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/httpd"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 

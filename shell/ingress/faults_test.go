@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/ingress"
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // rawRequest sends head and then body over a connection of its own, and

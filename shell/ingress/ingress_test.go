@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/ingress"
-	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // fixture is an ingress in front of a test database of its own.

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/queuetest"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/queue/queuetest"
 )
 
 func TestQueueConformance(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // waitFor bounds every wait for something the code under test must do.

@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 func connConfig(t *testing.T, url string) *pgx.ConnConfig {

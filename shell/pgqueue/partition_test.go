@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // viaProxy returns a config for url that connects through a new netfault

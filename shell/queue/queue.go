@@ -1,7 +1,7 @@
 // Package queue defines Executor, the contract of a queue: what running one
 // core step's queue commands does and answers. Two queues implement it,
 // PostgreSQL (shell/pgqueue) and the simulator's fake (sim/fakequeue), and the
-// conformance suite (shell/queue/queuetest) runs both through it, so the
+// conformance suite (internal/testenv/queuetest) runs both through it, so the
 // simulator cannot drift from reality.
 //
 // It is the suite's seam, not the dispatcher's: pepsi-dispatch

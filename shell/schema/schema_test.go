@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
 

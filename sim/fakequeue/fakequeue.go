@@ -1,6 +1,6 @@
 // Package fakequeue is an in-memory pepsi.queue that behaves, in every way the
 // dispatcher core can observe, like the PostgreSQL queue of shell/pgqueue: it
-// passes the same conformance suite (shell/queue/queuetest). It also models what
+// passes the same conformance suite (internal/testenv/queuetest). It also models what
 // a PostgreSQL crash does to stage programs' asynchronous commits: writes made by
 // stages since the last dispatcher commit are lost and the crash sentinel is
 // emptied. It is deterministic and single-threaded; it never reads the clock.

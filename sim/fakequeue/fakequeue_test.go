@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
-	"github.com/pepsi-pipeline/pepsi/shell/queue/queuetest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/queuetest"
 	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
 )
 

@@ -236,7 +236,7 @@ func goBuild(root, overlay, out string) ([]byte, error) {
 	if overlay != "" {
 		args = append(args, "-overlay", overlay)
 	}
-	cmd := exec.Command("go", append(args, "./cmd/pepsi-sim")...)
+	cmd := exec.Command("go", append(args, "./tools/pepsi-sim")...)
 	cmd.Dir = root
 	return cmd.CombinedOutput()
 }

@@ -9,7 +9,7 @@
 //	                         (from when the server accepts connections again)
 //	healed black hole     -> the first stage pass finished afterwards
 //
-// Times come from a write log (shell/writelog: a trigger stamping every queue
+// Times come from a write log (internal/testenv/writelog: a trigger stamping every queue
 // write with clock_timestamp()), so they are the server's own. At the end
 // every message must be done or failed (failed only by a worker kill), and no
 // worker may have written a message its dispatcher did not hold; otherwise it
@@ -51,10 +51,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/privatepg"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
 	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
-	"github.com/pepsi-pipeline/pepsi/shell/privatepg"
-	"github.com/pepsi-pipeline/pepsi/shell/writelog"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 

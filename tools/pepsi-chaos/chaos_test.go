@@ -24,7 +24,7 @@ func TestShortChaosRunLosesNothingAndPrintsTheRecoveryTable(t *testing.T) {
 			t.Fatalf("PEPSI_TEST_SEED=%q: %v", s, err)
 		}
 	}
-	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run %s ./cmd/pepsi-chaos/, or make build && bin/pepsi-chaos -seed %d -samples 2)",
+	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run %s ./tools/pepsi-chaos/, or make build && bin/pepsi-chaos -seed %d -samples 2)",
 		seed, seed, t.Name(), seed)
 	stdout := runChaos(t, 5*time.Minute, "-seed", fmt.Sprint(seed), "-samples", "2", "-blackhole", "30s")
 	for _, want := range []string{"recovery", "standby takeover", "final:", "0 ownership violations"} {
@@ -55,7 +55,7 @@ func runChaos(t *testing.T, timeout time.Duration, args ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-chaos", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
+		"github.com/pepsi-pipeline/pepsi/tools/pepsi-chaos", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 )
 
 // waitMax bounds every wait for something the proxy must do.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
+	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // buildBench builds pepsi-bench and pepsi-dispatch into one folder, as make
@@ -22,7 +22,7 @@ func buildBench(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
 	args := []string{"build", "-o", bin + string(filepath.Separator),
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-bench", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch"}
+		"github.com/pepsi-pipeline/pepsi/tools/pepsi-bench", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch"}
 	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
+	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 

@@ -5,7 +5,7 @@
 package main
 
 import (
-	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
+	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/writelog"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
 )
 
 // stormParallelism is both stages' PARALLELISM in a kill storm: room for

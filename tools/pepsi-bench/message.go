@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/shell/stagerelay"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-example/pipeline"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
+	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // TestDemoRunsThePipelineToThePredictedEnd builds the programs the demo uses, as
