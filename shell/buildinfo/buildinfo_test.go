@@ -18,17 +18,25 @@ func TestVersionNamesTheProgramAndTheToolchain(t *testing.T) {
 	}
 }
 
-// Every program in cmd/ answers -version: one line naming it, exit 0, and
+// Every program (cmd/, tools/pepsi-*, examples/pepsi-example) answers -version: one line naming it, exit 0, and
 // nothing else done (no database is reachable at the address the environment
 // gives).
 func TestEveryProgramAnswersVersion(t *testing.T) {
 	t.Parallel()
-	dirs, err := filepath.Glob("../../cmd/*/main.go")
-	if err != nil || len(dirs) < 5 {
-		t.Fatalf("programs found: %v (%v)", dirs, err)
+	var dirs []string
+	for _, pattern := range []string{"../../cmd/*/main.go", "../../tools/pepsi-*/main.go", "../../examples/pepsi-example/main.go"} {
+		found, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatalf("glob %s: %v", pattern, err)
+		}
+		dirs = append(dirs, found...)
+	}
+	if len(dirs) < 11 {
+		t.Fatalf("programs found: %v", dirs)
 	}
 	bin := t.TempDir()
-	out, err := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/pepsi-pipeline/pepsi/cmd/...").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/pepsi-pipeline/pepsi/cmd/...",
+		"github.com/pepsi-pipeline/pepsi/tools/pepsi-...", "github.com/pepsi-pipeline/pepsi/examples/pepsi-example").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

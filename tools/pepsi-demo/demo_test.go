@@ -23,8 +23,8 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 	t.Parallel()
 	bin := t.TempDir()
 	args := []string{"build", "-o", bin + string(filepath.Separator)}
-	for _, prog := range []string{"pepsi-demo", "pepsi-dispatch", "pepsi-queue", "pepsi-example"} {
-		args = append(args, "github.com/pepsi-pipeline/pepsi/cmd/"+prog)
+	for _, prog := range []string{"tools/pepsi-demo", "cmd/pepsi-dispatch", "cmd/pepsi-queue", "examples/pepsi-example"} {
+		args = append(args, "github.com/pepsi-pipeline/pepsi/"+prog)
 	}
 	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)

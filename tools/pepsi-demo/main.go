@@ -3,7 +3,7 @@
 // pepsi-dispatch on testdata/demo.conf, enqueues messages whose fate is decided by
 // their payload (package pipeline), shows live progress, stops the dispatcher with
 // SIGTERM, prints a summary and checks that every message ended exactly where the
-// pipeline's rules say. It exits 0 only if it did. "make demo" builds ./cmd/...
+// pipeline's rules say. It exits 0 only if it did. "make demo" builds the programs (make build)
 // into bin/ and runs it with bin/ on PATH.
 //
 // It never touches a database other than its own (-db-name, dropped and created
@@ -207,7 +207,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	for _, prog := range []string{"pepsi-dispatch", "pepsi-queue", "pepsi-example"} {
 		if _, err := exec.LookPath(prog); err != nil {
-			return fmt.Errorf("%s is not on PATH: run \"make demo\", which builds ./cmd/... into bin/ and puts bin/ on PATH (%v)", prog, err)
+			return fmt.Errorf("%s is not on PATH: run \"make demo\", which builds the programs into bin/ and puts bin/ on PATH (%v)", prog, err)
 		}
 	}
 
