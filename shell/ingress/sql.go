@@ -30,6 +30,29 @@ UNION ALL
 SELECT q.ingress_id, q.dedup_key, false FROM pepsi.queue q
 WHERE q.dedup_key = ANY($4::text[]) AND q.dedup_key IS NOT NULL`
 
+// insertKeyedRows is insertRows for rows some of which have keys. Two
+// transactions that insert the same keys in different orders would deadlock
+// on the unique index (each waits for a key the other inserted first, until
+// the server's deadlock_timeout ends one), so every keyed batch inserts its
+// rows in key order (byte order, "C"): a transaction then only ever waits for
+// a key above every key it holds, and no cycle of waits can form. The ids are
+// drawn from the identity first, in the order of the rows, so that they still
+// follow the order of the rows as the answers promise (a key found in the
+// queue leaves its id unused, as ON CONFLICT does in insertRows).
+const insertKeyedRows = `WITH input AS MATERIALIZED (
+	SELECT nextval((SELECT pg_get_serial_sequence('pepsi.queue', 'ingress_id'))::regclass) AS id, u.*
+	FROM (SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(stage, payload, state, key, n) ORDER BY n) u
+), ins AS (
+	INSERT INTO pepsi.queue (ingress_id, stage, payload, state, dedup_key) OVERRIDING SYSTEM VALUE
+	SELECT id, stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key FROM input ORDER BY key COLLATE "C", n
+	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+	RETURNING ingress_id, dedup_key
+)
+SELECT ingress_id, dedup_key, true FROM ins
+UNION ALL
+SELECT q.ingress_id, q.dedup_key, false FROM pepsi.queue q
+WHERE q.dedup_key = ANY($4::text[]) AND q.dedup_key IS NOT NULL`
+
 // lookupKeys finds the rows that hold keys. In a statement of its own it sees
 // rows that a concurrent transaction committed while insertRows waited for it.
 const lookupKeys = `SELECT ingress_id, dedup_key FROM pepsi.queue WHERE dedup_key = ANY($1::text[])`
@@ -89,7 +112,7 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(insertRows, stages, payloads, states, keys)
+	b.Queue(insertKeyedRows, stages, payloads, states, keys)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
