@@ -54,16 +54,20 @@ var fields = msgjson.Fields{Stage: true, Key: true, Limit: true}
 // configured. It answers the whole body or a Status naming the bad line:
 // nothing of a body with one bad line may be inserted.
 func ParseBody(r io.Reader, contentType, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
-	mt, _, err := mime.ParseMediaType(contentType)
-	if err != nil || (mt != ContentJSON && mt != ContentNDJSON) {
-		return nil, statusf(http.StatusUnsupportedMediaType, "Content-Type %q: want %s (one message) or %s (one message per line)", contentType, ContentJSON, ContentNDJSON)
+	mt := contentType // the plain spelling needs no parsing
+	if mt != ContentJSON && mt != ContentNDJSON {
+		var err error
+		mt, _, err = mime.ParseMediaType(contentType)
+		if err != nil || (mt != ContentJSON && mt != ContentNDJSON) {
+			return nil, statusf(http.StatusUnsupportedMediaType, "Content-Type %q: want %s (one message) or %s (one message per line)", contentType, ContentJSON, ContentNDJSON)
+		}
 	}
 	body, err := io.ReadAll(r)
 	if err != nil {
 		return nil, readStatus(err, lim)
 	}
 	var msgs []msgjson.Message
-	keys := map[string]int{} // key -> line it first appeared on
+	var keys map[string]int // key -> line it first appeared on; made at the first key
 	add := func(line int, text []byte) *Status {
 		where := "body"
 		if mt == ContentNDJSON {
@@ -88,6 +92,9 @@ func ParseBody(r io.Reader, contentType, stageParam string, lim Limits, known fu
 		if m.Key != "" {
 			if first, dup := keys[m.Key]; dup {
 				return statusf(http.StatusBadRequest, "%s: key %q already given on line %d of this request", where, clip(m.Key), first)
+			}
+			if keys == nil {
+				keys = map[string]int{}
 			}
 			keys[m.Key] = line
 		}
