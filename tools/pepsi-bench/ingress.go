@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/valyala/fasthttp"
 
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
@@ -80,6 +82,9 @@ type ingressRound struct {
 	queueRate      float64 // pepsi-queue enqueue, messages/s
 	ndjsonRate     float64 // NDJSON requests, messages/s
 	ndjsonRequests loadResult
+	// singleServerCPU is pepsi-ingress's CPU time (user + system) over its
+	// life in the single-message run.
+	singleServerCPU time.Duration
 }
 
 // runIngress measures the ingress figures -rounds times and prints them.
@@ -119,9 +124,10 @@ func (b *bench) runIngress(ctx context.Context, s *ingressSettings) error {
 			keep = true
 			return fmt.Errorf("round %d: %w", i, err)
 		}
-		fmt.Fprintf(b.out, "round %d: pgbench %.0f tps; single-message requests %s = %.2f× pgbench; pepsi-queue enqueue %.0f msg/s; NDJSON requests %.0f msg/s = %.2f× pepsi-queue (request p50 %.1f ms, p99 %.1f ms)\n",
-			i, r.pgbenchTPS, r.single, r.single.rate/r.pgbenchTPS, r.queueRate, r.ndjsonRate, r.ndjsonRate/r.queueRate,
-			ms(r.ndjsonRequests.p50), ms(r.ndjsonRequests.p99))
+		fmt.Fprintf(b.out, "round %d (load average %s): pgbench %.0f tps; single-message requests %s = %.2f× pgbench, CPU per request: load generator %.1f µs, pepsi-ingress %.1f µs; "+
+			"pepsi-queue enqueue %.0f msg/s; NDJSON requests %.0f msg/s = %.2f× pepsi-queue (request p50 %.1f ms, p99 %.1f ms)\n",
+			i, loadAverage(), r.pgbenchTPS, r.single, r.single.rate/r.pgbenchTPS, perRequest(r.single.clientCPU, r.single.requests), perRequest(r.singleServerCPU, r.single.requests),
+			r.queueRate, r.ndjsonRate, r.ndjsonRate/r.queueRate, ms(r.ndjsonRequests.p50), ms(r.ndjsonRequests.p99))
 		rounds = append(rounds, r)
 	}
 	med := func(f func(ingressRound) float64) float64 {
@@ -136,6 +142,9 @@ func (b *bench) runIngress(ctx context.Context, s *ingressSettings) error {
 	fmt.Fprintf(b.out, "  pepsi-ingress, %d clients, one message per request        %8.0f msg/s  ratio %.2f×  p50 %.1f ms  p99 %.1f ms\n", s.clients,
 		med(func(r ingressRound) float64 { return r.single.rate }), med(func(r ingressRound) float64 { return r.single.rate / r.pgbenchTPS }),
 		med(func(r ingressRound) float64 { return ms(r.single.p50) }), med(func(r ingressRound) float64 { return ms(r.single.p99) }))
+	fmt.Fprintf(b.out, "    CPU per request: load generator %.1f µs, pepsi-ingress %.1f µs\n",
+		med(func(r ingressRound) float64 { return perRequest(r.single.clientCPU, r.single.requests) }),
+		med(func(r ingressRound) float64 { return perRequest(r.singleServerCPU, r.single.requests) }))
 	fmt.Fprintf(b.out, "  pepsi-queue enqueue -ndjson -batch %d                     %8.0f msg/s\n", s.batch, med(func(r ingressRound) float64 { return r.queueRate }))
 	fmt.Fprintf(b.out, "  pepsi-ingress, NDJSON requests of %d, one client           %8.0f msg/s  ratio %.2f×\n", s.batch,
 		med(func(r ingressRound) float64 { return r.ndjsonRate }), med(func(r ingressRound) float64 { return r.ndjsonRate / r.queueRate }))
@@ -179,15 +188,15 @@ func (b *bench) ingressRound(ctx context.Context, s *ingressSettings) (ingressRo
 	if err != nil {
 		return r, err
 	}
-	r.single, err = load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte {
-		return []byte(`{"stage": "a", "payload": "ingest"}`)
-	})
+	single := []byte(`{"stage": "a", "payload": "ingest"}`)
+	r.single, err = load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte { return single })
 	if err2 := ing.stop(); err == nil {
 		err = err2
 	}
 	if err != nil {
 		return r, err
 	}
+	r.singleServerCPU = ing.cpu
 	if err := checkRows(ctx, conn, r.single.messages); err != nil {
 		return r, err
 	}
@@ -259,6 +268,27 @@ func (b *bench) ingressRound(ctx context.Context, s *ingressSettings) (ingressRo
 	return r, nil
 }
 
+// loadAverage is the machine's 1-minute load average, "?" where it cannot be
+// read: the figures of a shared machine mean little without it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+// perRequest is cpu over n requests, in microseconds.
+func perRequest(cpu time.Duration, n int64) float64 {
+	if n == 0 {
+		return 0
+	}
+	return float64(cpu) / float64(time.Microsecond) / float64(n)
+}
+
 // migrated makes a fresh bench database with the schema.
 func (b *bench) migrated(ctx context.Context) (*pgx.Conn, error) {
 	if err := b.freshDatabase(ctx); err != nil {
@@ -294,6 +324,7 @@ type ingressProcess struct {
 	url    string
 	exited chan int
 	log    string
+	cpu    time.Duration // user + system CPU time, once exited
 }
 
 // startIngress starts pepsi-ingress on the bench database with stages a, b
@@ -326,6 +357,7 @@ func (b *bench) startIngress(ctx context.Context, s *ingressSettings, tag string
 		_ = cmd.Wait() // the exit status is read from ProcessState
 		pw.Close()
 		f.Close()
+		p.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		p.exited <- cmd.ProcessState.ExitCode()
 	}()
 	addr := make(chan string, 1)
@@ -375,31 +407,113 @@ type loadResult struct {
 	requests, messages int64
 	rate               float64 // messages per second
 	p50, p99           time.Duration
+	clientCPU          time.Duration // the load generator's own CPU time (user + system)
 }
 
 func (l loadResult) String() string {
 	return fmt.Sprintf("%.0f msg/s (request p50 %.1f ms, p99 %.1f ms)", l.rate, ms(l.p50), ms(l.p99))
 }
 
+// newLoadClient is the load generator's HTTP client for url: fasthttp's
+// HostClient with up to conns keep-alive connections to url's host. It is
+// the client of a well-kept load generator (bombardier's): per request it
+// reuses one request and one response object per client and runs on the
+// calling goroutine, where net/http's client (this bench's first) allocates
+// each request anew and hands it to a reader and a writer goroutine per
+// connection. The client shares the two cores with pepsi-ingress and
+// PostgreSQL, so its CPU per request is taken from what is measured:
+// profiled, net/http's client cost almost as much CPU per request as
+// pepsi-ingress itself.
+func newLoadClient(rawURL string, conns int) (*fasthttp.HostClient, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("pepsi-ingress's address %q: %w", rawURL, err)
+	}
+	if u.Scheme != "http" {
+		return nil, fmt.Errorf("pepsi-ingress's address %q: want http://", rawURL)
+	}
+	return &fasthttp.HostClient{
+		Addr:                     u.Host,
+		MaxConns:                 conns,
+		MaxConnWaitTimeout:       time.Minute,
+		ReadTimeout:              time.Minute,
+		WriteTimeout:             time.Minute,
+		NoDefaultUserAgentHeader: true,
+	}, nil
+}
+
+// poster sends requests to one URL on one client, reusing its request and
+// response: one per closed-loop client, used by one goroutine at a time.
+type poster struct {
+	c   *fasthttp.HostClient
+	url string
+	req *fasthttp.Request
+	res *fasthttp.Response
+}
+
+func newPoster(c *fasthttp.HostClient, url, contentType string) *poster {
+	p := &poster{c: c, url: url, req: fasthttp.AcquireRequest(), res: fasthttp.AcquireResponse()}
+	p.req.SetRequestURI(url)
+	p.req.Header.SetMethod(http.MethodPost)
+	p.req.Header.SetContentType(contentType)
+	return p
+}
+
+// post sends body (which must not change until post returns) and checks that
+// it was answered 202.
+func (p *poster) post(body []byte) error {
+	p.req.SetBodyRaw(body)
+	if err := p.c.Do(p.req, p.res); err != nil {
+		return fmt.Errorf("POST %s: %w", p.url, err)
+	}
+	if code := p.res.StatusCode(); code != http.StatusAccepted {
+		return fmt.Errorf("POST %s: %d %s", p.url, code, p.res.Body())
+	}
+	return nil
+}
+
+func (p *poster) release() {
+	fasthttp.ReleaseRequest(p.req)
+	fasthttp.ReleaseResponse(p.res)
+}
+
+// cpuTime is the CPU time (user and system) this process has used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // load runs clients closed-loop clients against url for d, each request the
 // body of its client and sequence number; every answer must be 202.
 func load(ctx context.Context, url string, clients int, d time.Duration, contentType string, body func(int) []byte) (loadResult, error) {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: clients}}
+	client, err := newLoadClient(url, clients)
+	if err != nil {
+		return loadResult{}, err
+	}
 	defer client.CloseIdleConnections()
 	var mu sync.Mutex
 	var lat []time.Duration
 	var firstErr error
 	var wg sync.WaitGroup
+	cpu0 := cpuTime()
 	start := time.Now()
 	deadline := start.Add(d)
 	for range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var mine []time.Duration
-			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+			p := newPoster(client, url, contentType)
+			defer p.release()
+			mine := make([]time.Duration, 0, 4096)
+			for i := 0; ctx.Err() == nil; i++ {
 				t := time.Now()
-				if err := postOne(ctx, client, url, contentType, body(i)); err != nil {
+				if !t.Before(deadline) {
+					break
+				}
+				if err := p.post(body(i)); err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, err)
 					mu.Unlock()
@@ -416,12 +530,17 @@ func load(ctx context.Context, url string, clients int, d time.Duration, content
 	if firstErr != nil {
 		return loadResult{}, firstErr
 	}
-	return summarize(lat, int64(len(lat)), time.Since(start)), nil
+	r := summarize(lat, int64(len(lat)), time.Since(start))
+	r.clientCPU = cpuTime() - cpu0
+	return r, nil
 }
 
 // loadN sends bodies from clients closed-loop clients, each body once.
 func loadN(ctx context.Context, url string, clients int, contentType string, bodies [][]byte) (loadResult, error) {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	client, err := newLoadClient(url, clients)
+	if err != nil {
+		return loadResult{}, err
+	}
 	defer client.CloseIdleConnections()
 	next := make(chan []byte, len(bodies))
 	for _, b := range bodies {
@@ -432,14 +551,20 @@ func loadN(ctx context.Context, url string, clients int, contentType string, bod
 	var lat []time.Duration
 	var firstErr error
 	var wg sync.WaitGroup
+	cpu0 := cpuTime()
 	start := time.Now()
 	for range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			p := newPoster(client, url, contentType)
+			defer p.release()
 			for b := range next {
+				if ctx.Err() != nil {
+					return
+				}
 				t := time.Now()
-				err := postOne(ctx, client, url, contentType, b)
+				err := p.post(b)
 				mu.Lock()
 				if err != nil {
 					firstErr = cmpErr(firstErr, err)
@@ -454,10 +579,15 @@ func loadN(ctx context.Context, url string, clients int, contentType string, bod
 		}()
 	}
 	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
 	if firstErr != nil {
 		return loadResult{}, firstErr
 	}
-	return summarize(lat, int64(len(lat)), time.Since(start)), nil
+	r := summarize(lat, int64(len(lat)), time.Since(start))
+	r.clientCPU = cpuTime() - cpu0
+	return r, nil
 }
 
 func cmpErr(first, err error) error {
@@ -467,7 +597,9 @@ func cmpErr(first, err error) error {
 	return err
 }
 
-// postOne sends one request and checks it was answered 202.
+// postOne sends one request with net/http's client (the latency run's open
+// loop, at a rate far below what the client costs) and checks it was
+// answered 202.
 func postOne(ctx context.Context, client *http.Client, url, contentType string, body []byte) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
