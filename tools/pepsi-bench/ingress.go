@@ -34,11 +34,11 @@ import (
 // producer each; and the time from accepted over HTTP to done through the
 // three answering stages at -latency-rate.
 //
-// The load generator is net/http's client in closed loop (each client sends
-// its next request when the last is answered), written here rather than taken
-// from a library: vegeta, the library one would reach for, is not available to
-// this build, and a closed loop of keep-alive clients with every latency kept
-// is thirty lines.
+// The load generator is a closed loop (each client sends its next request
+// when the last is answered) of keep-alive connections on fasthttp's client
+// (newLoadClient says why that one), with every latency kept. Closed loops
+// are what the figure is about (so many clients, as fast as answered); a rate
+// attacker such as vegeta runs open loop on net/http's client.
 
 // ingressSettings are the -ingress flags.
 type ingressSettings struct {
