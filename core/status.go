@@ -120,6 +120,59 @@ func ParseStatus(line string) (Status, error) {
 	return s, nil
 }
 
+// Line writes s as the one status line ParseStatus reads back as s: "0",
+// "0 STAGE:MICROS…", "0 >TARGET[ STAGE:MICROS…][ PATCH]" or "N[ REASON]". Every
+// program that answers the dispatcher (the stage library, the simulator, the
+// bench) writes its lines with it, so the grammar is written in one place.
+//
+// A pause is written in decimal seconds to the microsecond (PostgreSQL's
+// resolution), without an exponent or trailing zeros; a negative one is 0. A
+// newline in the reason becomes a space, since the reason ends the line. Line
+// checks nothing else: stage names, the reason's length and the patch are the
+// writer's (ParseStatus says what is wrong with them), and Transition.Invalid,
+// which only ParseStatus sets, is not written.
+func (s Status) Line() string {
+	if s.Code != 0 {
+		line := strconv.Itoa(s.Code)
+		if s.Reason != "" {
+			line += " " + strings.ReplaceAll(s.Reason, "\n", " ")
+		}
+		return line
+	}
+	var b strings.Builder
+	b.WriteString("0")
+	if t := s.Transition; t != nil {
+		b.WriteString(" >")
+		b.WriteString(t.To)
+		if t.To == TargetPaused {
+			b.WriteString(":")
+			b.WriteString(pauseSeconds(t.PauseFor))
+		}
+	}
+	for _, f := range s.Fused {
+		b.WriteString(" ")
+		b.WriteString(f.Stage)
+		b.WriteString(":")
+		b.WriteString(strconv.FormatInt(f.Micros, 10))
+	}
+	if t := s.Transition; t != nil && t.Patch != "" {
+		b.WriteString(" ")
+		b.WriteString(t.Patch)
+	}
+	return b.String()
+}
+
+// pauseSeconds writes d as the SECONDS of "paused:SECONDS": decimal seconds to
+// the microsecond, without trailing zeros; a negative d is 0.
+func pauseSeconds(d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	us := d.Round(time.Microsecond).Microseconds()
+	s := fmt.Sprintf("%d.%06d", us/1e6, us%1e6)
+	return strings.TrimSuffix(strings.TrimRight(s, "0"), ".")
+}
+
 // patchQuote is how much of a refused patch its message's reason quotes.
 const patchQuote = 60
 

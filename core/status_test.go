@@ -116,10 +116,68 @@ func TestParseStatusRejectsMalformedFusedStagesInTheAnswerForm(t *testing.T) {
 	}
 }
 
+// Line writes every form of the grammar, and ParseStatus reads each line back
+// as the status it was written from.
+func TestStatusLineRoundTrips(t *testing.T) {
+	paused := func(d time.Duration) *core.Transition {
+		return &core.Transition{To: core.TargetPaused, PauseFor: d}
+	}
+	for _, c := range []struct {
+		s    core.Status
+		line string
+	}{
+		{core.Status{}, "0"},
+		{core.Status{Fused: []core.Fused{{Stage: "tag", Micros: 153}, {Stage: "geo-ip", Micros: 0}}}, "0 tag:153 geo-ip:0"},
+		{core.Status{Code: 1, Reason: "invalid address"}, "1 invalid address"},
+		{core.Status{Code: 75}, "75"},
+		{core.Status{Code: -2, Reason: "negative codes count"}, "-2 negative codes count"},
+		{core.Status{Transition: &core.Transition{To: "b"}}, "0 >b"},
+		{core.Status{Transition: &core.Transition{To: core.TargetDone}}, "0 >done"},
+		{core.Status{Fused: []core.Fused{{Stage: "t", Micros: 1}}, Transition: &core.Transition{To: "b", Patch: `{"k":"v w","n":[1]}`}},
+			`0 >b t:1 {"k":"v w","n":[1]}`},
+		{core.Status{Transition: paused(0)}, "0 >paused:0"},
+		{core.Status{Transition: paused(time.Microsecond)}, "0 >paused:0.000001"},
+		{core.Status{Transition: paused(1500 * time.Millisecond)}, "0 >paused:1.5"},
+		{core.Status{Transition: paused(time.Second)}, "0 >paused:1"},
+		{core.Status{Transition: paused(10 * time.Second)}, "0 >paused:10"},
+		{core.Status{Transition: paused(time.Hour)}, "0 >paused:3600"},
+		{core.Status{Transition: paused(100*24*time.Hour + 250*time.Millisecond)}, "0 >paused:8640000.25"},
+		{core.Status{Transition: paused(core.PauseMax)}, "0 >paused:315360000"},
+	} {
+		if got := c.s.Line(); got != c.line {
+			t.Errorf("%+v.Line() = %q, want %q", c.s, got, c.line)
+			continue
+		}
+		back, err := core.ParseStatus(c.line)
+		if err != nil || !reflect.DeepEqual(back, c.s) {
+			t.Errorf("ParseStatus(%q) = %+v, %v; want %+v back", c.line, back, err, c.s)
+		}
+	}
+}
+
+// A pause is written to the microsecond, without an exponent, and a pause in
+// the past is 0; a reason stays on its line.
+func TestStatusLineWritesWhatTheParserReads(t *testing.T) {
+	for _, c := range []struct {
+		s    core.Status
+		line string
+	}{
+		{core.Status{Transition: &core.Transition{To: core.TargetPaused, PauseFor: -time.Hour}}, "0 >paused:0"},
+		{core.Status{Transition: &core.Transition{To: core.TargetPaused, PauseFor: 400 * time.Nanosecond}}, "0 >paused:0"},
+		{core.Status{Transition: &core.Transition{To: core.TargetPaused, PauseFor: 1234567 * time.Nanosecond}}, "0 >paused:0.001235"},
+		{core.Status{Code: 1, Reason: "line one\nline two"}, "1 line one line two"},
+	} {
+		if got := c.s.Line(); got != c.line {
+			t.Errorf("%+v.Line() = %q, want %q", c.s, got, c.line)
+		}
+	}
+}
+
 // FuzzParseStatus: no line makes the parser panic; a line it accepts has a code
 // and either a reason (non-zero) or well-formed fused stages; an answered
 // transition is either writable (a target and, if any, a patch PostgreSQL's
-// jsonb accepts) or says why not.
+// jsonb accepts) or says why not; Line writes what it accepted (but a
+// transition it cannot write) as a line it reads back the same.
 func FuzzParseStatus(f *testing.F) {
 	for _, seed := range []string{"0", "0 tag:1", "1 reason", "0 >b", "0 >done t:1 {\"a\":1}", "0 >paused:1.5",
 		"0 >b {\"s\":\"\\ud83d\\ude00\"}", "0 >b {\"s\":\"\\u0000\"}", "0 >", "OK", "0 >b {", "-3"} {
@@ -148,6 +206,13 @@ func FuzzParseStatus(f *testing.F) {
 			if tr.Patch != "" && (!json.Valid([]byte(tr.Patch)) || tr.Patch[0] != '{') {
 				t.Fatalf("ParseStatus(%q): writable transition with patch %q", line, tr.Patch)
 			}
+		}
+		if s.Transition != nil && s.Transition.Invalid != "" || strings.Contains(line, "\n") {
+			return
+		}
+		again, err := core.ParseStatus(s.Line())
+		if err != nil || !reflect.DeepEqual(again, s) {
+			t.Fatalf("ParseStatus(%q) = %+v, written %q, read back as %+v, %v", line, s, s.Line(), again, err)
 		}
 	})
 }

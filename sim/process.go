@@ -311,7 +311,8 @@ func (w *world) goodAnswer(p *proc, id int64) answerInfo {
 	v := m.visits[p.stage-m.first]
 	if v.fuse && p.stage+1 <= m.last {
 		f := w.sc.stages[p.stage+1].name
-		return answerInfo{line: fmt.Sprintf("0 %s:%d", f, v.fusedUS), fused: []core.Fused{{Stage: f, Micros: v.fusedUS}}}
+		st := core.Status{Fused: []core.Fused{{Stage: f, Micros: v.fusedUS}}}
+		return answerInfo{line: st.Line(), fused: st.Fused}
 	}
 	return answerInfo{line: "0"}
 }
@@ -357,29 +358,34 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 	default:
 		info.move.To = w.sc.stages[next].name
 	}
-	info.line = "0 >" + info.move.To
-	if info.move.To == core.TargetPaused {
-		if v.fraction {
-			info.line += fmt.Sprintf(":%.6f", a.pause.Seconds())
-		} else {
-			info.line += fmt.Sprintf(":%g", a.pause.Seconds())
-		}
-	}
+	st := core.Status{Transition: &core.Transition{To: info.move.To, PauseFor: info.pauseFor}}
 	if a.kind != kPause && v.fuse && p.stage+1 <= m.last {
-		f := core.Fused{Stage: w.sc.stages[p.stage+1].name, Micros: v.fusedUS}
-		info.fused = []core.Fused{f}
-		info.line += fmt.Sprintf(" %s:%d", f.Stage, f.Micros)
+		st.Fused = []core.Fused{{Stage: w.sc.stages[p.stage+1].name, Micros: v.fusedUS}}
+		info.fused = st.Fused
 	}
 	if v.patch {
 		info.move.Patch = fmt.Sprintf(`{"by":%q,"id":%d,"try":%d}`, w.sc.stages[p.stage].name, id, w.tries[id-1][p.stage])
 		if v.bigPatch {
 			// Padded so the whole line is 64 KiB less one byte (its newline).
-			room := lineMax - 1 - len(info.line) - len(" ") - len(info.move.Patch) - len(`,"pad":""`)
+			room := lineMax - 1 - len(spell(st, v.fraction)) - len(" ") - len(info.move.Patch) - len(`,"pad":""`)
 			info.move.Patch = info.move.Patch[:len(info.move.Patch)-1] + `,"pad":"` + strings.Repeat("x", room) + `"}`
 		}
-		info.line += " " + info.move.Patch
+		st.Transition.Patch = info.move.Patch
 	}
+	info.line = spell(st, v.fraction)
 	return info
+}
+
+// spell writes st as its status line. With fraction, a pause is written with
+// six decimals (zero included): another spelling the dispatcher must read as
+// well as the one core.Status.Line writes.
+func spell(st core.Status, fraction bool) string {
+	line := st.Line()
+	if t := st.Transition; fraction && t.To == core.TargetPaused {
+		head := core.Status{Transition: &core.Transition{To: t.To, PauseFor: t.PauseFor}}.Line()
+		line = fmt.Sprintf("0 >%s:%.6f", t.To, t.PauseFor.Seconds()) + strings.TrimPrefix(line, head)
+	}
+	return line
 }
 
 // commit makes the try's transition, guarded like a real stage's. A try whose

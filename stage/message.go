@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
@@ -111,7 +112,7 @@ func (w *worker) message(ctx context.Context, line string) string {
 	if m.State, before, err = decodeState(state); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", in.ID, err))
 	}
-	res, by, report, bad := w.chain(ctx, m)
+	res, by, fused, bad := w.chain(ctx, m)
 	if bad != "" {
 		return bad
 	}
@@ -119,11 +120,11 @@ func (w *worker) message(ctx context.Context, line string) string {
 	if by != w.stage {
 		prefix = by + ": "
 	}
-	target, bad := w.target(res, prefix)
+	move, bad := w.target(res, prefix)
 	if bad != "" {
 		return bad
 	}
-	if target == "" { // kindFailed: only a database can set state.error
+	if move == nil { // kindFailed: only a database can set state.error
 		return failure(prefix + res.reason)
 	}
 	patch, deleted, err := statePatch(before, m.State)
@@ -133,13 +134,8 @@ func (w *worker) message(ctx context.Context, line string) string {
 	case deleted:
 		return failure(prefix + "the handler deleted a state key, which an answered patch cannot do (set it to null, or use INPUT = id)")
 	}
-	out := "0 >" + target
-	for _, f := range report {
-		out += " " + f
-	}
-	if len(patch) > 0 {
-		out += " " + string(patch)
-	}
+	move.Patch = string(patch)
+	out := core.Status{Fused: fused, Transition: move}.Line()
 	if len(out) > answerMax {
 		return failure(fmt.Sprintf("%sthe state patch makes the answer %d bytes, over the %d a line may carry (use INPUT = id)", prefix, len(out), answerMax))
 	}
@@ -148,9 +144,9 @@ func (w *worker) message(ctx context.Context, line string) string {
 
 // chain runs the stage's handler and, while it advances to a fused stage, that
 // stage's handler in the same pass. It returns the last result, the stage that
-// produced it, the fused stages' times ("tag:153"), and a failure line instead
-// when the fused stages loop.
-func (w *worker) chain(ctx context.Context, m *Message) (res Result, by string, report []string, bad string) {
+// produced it, the fused stages' times, and a failure line instead when the
+// fused stages loop.
+func (w *worker) chain(ctx context.Context, m *Message) (res Result, by string, fused []core.Fused, bad string) {
 	res = w.call(ctx, w.stage, m)
 	by = w.stage
 	chain := []string{w.stage}
@@ -163,35 +159,35 @@ func (w *worker) chain(ctx context.Context, m *Message) (res Result, by string, 
 		m.Stage = by
 		start := time.Now()
 		res = w.call(ctx, by, m)
-		report = append(report, fmt.Sprintf("%s:%d", by, time.Since(start).Microseconds()))
+		fused = append(fused, core.Fused{Stage: by, Micros: time.Since(start).Microseconds()})
 	}
-	return res, by, report, ""
+	return res, by, fused, ""
 }
 
-// target is the answer target of res ("enrich", "done", "paused:1.5"), "" for
-// Failed, or a failure line instead.
-func (w *worker) target(res Result, prefix string) (target, bad string) {
+// target is the transition res answers (its patch still to be added), nil for
+// Failed, which has none, or a failure line instead.
+func (w *worker) target(res Result, prefix string) (move *core.Transition, bad string) {
 	switch res.kind {
 	case kindAdvance:
 		switch {
 		case res.next == w.stage:
-			return "", failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage))
-		case res.next == targetDone || !conf.ValidStageName(res.next):
-			return "", failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next))
+			return nil, failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage))
+		case res.next == core.TargetDone || !conf.ValidStageName(res.next):
+			return nil, failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next))
 		}
-		return res.next, ""
+		return &core.Transition{To: res.next}, ""
 	case kindDone:
-		return targetDone, ""
+		return &core.Transition{To: core.TargetDone}, ""
 	case kindPause:
-		return "paused:" + seconds(time.Until(res.until)), ""
+		return &core.Transition{To: core.TargetPaused, PauseFor: time.Until(res.until)}, ""
 	case kindFailed:
-		return "", ""
+		return nil, ""
 	case kindError:
-		return "", failure(prefix + res.reason)
+		return nil, failure(prefix + res.reason)
 	case kindRetry:
-		return "", "75 " + strings.TrimPrefix(failure(prefix+res.reason), "1 ")
+		return nil, answer(core.RetryCode, prefix+res.reason)
 	}
-	return "", failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)")
+	return nil, failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)")
 }
 
 // clip shortens s to at most n bytes for a log line or a reason.

@@ -75,8 +75,8 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 		}
 		// The dispatcher reads the name on the status line ("0 NAME:MICROS"),
 		// and takes a line with a name it cannot read for a protocol error.
-		if !conf.ValidStageName(f) || f == targetDone {
-			return nil, badConfig("fused stage %q: a stage name has only letters, digits, '_' and '-', at most 63 of them, and is not %q", f, targetDone)
+		if !conf.ValidStageName(f) || f == core.TargetDone {
+			return nil, badConfig("fused stage %q: a stage name has only letters, digits, '_' and '-', at most 63 of them, and is not %q", f, core.TargetDone)
 		}
 		fused[f] = true
 	}
@@ -316,9 +316,6 @@ SELECT 1 / count(*) FROM moved`
 // no row.
 const transitionNoRow = "22012"
 
-// targetDone is the answer target that finishes a message; no stage has this name.
-const targetDone = "done"
-
 // pass runs one id. Its error is a database error; every other outcome is a
 // status line.
 //
@@ -353,7 +350,7 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
 	}
 
-	res, by, report, bad := w.chain(ctx, m)
+	res, by, fused, bad := w.chain(ctx, m)
 	if tx.changed() {
 		return "", errRowChanged // whatever the handler decided, it decided on an old row
 	}
@@ -364,15 +361,12 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	if by != w.stage {
 		prefix = by + ": "
 	}
-	zero := "0"
-	if len(report) > 0 {
-		zero = "0 " + strings.Join(report, " ")
-	}
+	zero := core.Status{Fused: fused}.Line()
 
 	// A fused stage that finishes or pauses the message leaves it at the stage the
 	// pass started at: that is a stage the dispatcher knows, so a woken or retried
 	// message is claimed again (and runs the whole pass again).
-	target, bad := w.target(res, prefix)
+	move, bad := w.target(res, prefix)
 	if bad != "" {
 		return bad, nil
 	}
@@ -383,18 +377,13 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 		m.State["error"] = prefix + res.reason
 	}
 
-	if target != "" && !w.writeAll && !tx.begun() && tx.err == nil {
+	if move != nil && !w.writeAll && !tx.begun() && tx.err == nil {
 		patch, deleted, err := statePatch(before, m.State)
 		if err != nil {
 			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
 		}
-		line := "0 >" + target
-		for _, f := range report {
-			line += " " + f
-		}
-		if len(patch) > 0 {
-			line += " " + string(patch)
-		}
+		move.Patch = string(patch)
+		line := core.Status{Fused: fused, Transition: move}.Line()
 		if !deleted && len(line) <= answerMax {
 			return line, nil
 		}
@@ -626,20 +615,12 @@ func sameJSON(a, b []byte) bool {
 	return okA && okB && reflect.DeepEqual(x, y)
 }
 
-// seconds writes d as decimal seconds for a "paused:" target, to the
-// microsecond (PostgreSQL's resolution), without trailing zeros; a negative d
-// is 0.
-func seconds(d time.Duration) string {
-	if d <= 0 {
-		return "0"
-	}
-	us := d.Round(time.Microsecond).Microseconds()
-	s := fmt.Sprintf("%d.%06d", us/1e6, us%1e6)
-	return strings.TrimSuffix(strings.TrimRight(s, "0"), ".")
-}
-
 // failure is the status line of a message this pass could not handle.
-func failure(reason string) string {
+func failure(reason string) string { return answer(1, reason) }
+
+// answer is the status line of a pass that failed with this code: its reason on
+// one line, never empty, and bounded.
+func answer(code int, reason string) string {
 	reason = strings.Join(strings.Fields(reason), " ")
 	if reason == "" {
 		reason = "no reason given"
@@ -647,7 +628,7 @@ func failure(reason string) string {
 	if len(reason) > reasonMax {
 		reason = strings.ToValidUTF8(reason[:reasonMax], "") + "…"
 	}
-	return "1 " + reason
+	return core.Status{Code: code, Reason: reason}.Line()
 }
 
 // sleep waits d or until ctx ends.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // answerProgram is the name under which pepsi-bench runs as the answer-mode
@@ -32,7 +34,7 @@ func answerMain(stdin io.Reader, stdout, stderr io.Writer, stage string) int {
 		fmt.Fprintf(stderr, "%s: PEPSI_STAGE=%q is none of the bench's stages a, b, c\n", answerProgram, stage)
 		return 2
 	}
-	if err := answerLoop(stdin, stdout, "0 >"+target); err != nil {
+	if err := answerLoop(stdin, stdout, core.Status{Transition: &core.Transition{To: target}}.Line()); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", answerProgram, err)
 		return 1
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/shell/stagerelay"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
@@ -61,7 +62,9 @@ func messageMain(stdin io.Reader, stdout, stderr io.Writer, stage string) int {
 	}
 	r := bufio.NewReaderSize(stdin, 64<<10)
 	w := bufio.NewWriterSize(stdout, 64<<10)
-	prefix := []byte("0 >" + target + ` {"hops":`)
+	// Every answer is this line with a patch: the patch is appended to it per
+	// message, without building a core.Status each time.
+	prefix := []byte(core.Status{Transition: &core.Transition{To: target}}.Line() + ` {"hops":`)
 	var buf []byte
 	for {
 		line, err := r.ReadSlice('\n')
