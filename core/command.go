@@ -200,11 +200,16 @@ func (d *StageDelta) Add(o StageDelta) {
 }
 
 // Flush adds statistics deltas to stage_stats and dispatch_stats in one
-// transaction. Seq makes it idempotent: the shell applies it only if the stored
-// flush_seq is below Seq, and a Flush whose result was lost is sent again unchanged.
+// transaction. (Life, Seq) makes it idempotent: the shell applies it only if the
+// sequence stored for Life is below Seq (and then stores Seq), and a Flush whose
+// result was lost is sent again unchanged, by this core or, after a lost lock,
+// by the next (Start.Carry). A life numbers its flushes 1, 2, … and sends the
+// next only once the last is known applied, so a late commit of an earlier
+// send can only be dropped.
 // Answered by Flushed.
 type Flush struct {
 	Op           int64
+	Life         int64
 	Seq          int64
 	Stages       []StageDelta
 	StagePasses  int64
@@ -367,7 +372,11 @@ func (c Claim) String() string {
 }
 func (c Flush) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "flush op=%d seq=%d passes=%d left=%d", c.Op, c.Seq, c.StagePasses, c.MessagesLeft)
+	fmt.Fprintf(&b, "flush op=%d", c.Op)
+	if c.Life != 0 {
+		fmt.Fprintf(&b, " life=%d", c.Life)
+	}
+	fmt.Fprintf(&b, " seq=%d passes=%d left=%d", c.Seq, c.StagePasses, c.MessagesLeft)
 	for _, d := range c.Stages {
 		fmt.Fprintf(&b, " %s{processed=%d failed=%d timeouts=%d crashes=%d us=%d",
 			d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS)

@@ -179,14 +179,14 @@ type Core struct {
 	lookGen      int64
 	claimLookGen int64
 
-	stats      map[string]*StageDelta
-	passes     int64
-	left       int64
-	flushSeq   int64
-	unflushed  *Flush  // a flush whose result was lost: re-sent unchanged
-	carry      []Flush // from Start: an earlier core's unflushed statistics
-	lastFlush  time.Time
-	startFails map[int64]int
+	stats         map[string]*StageDelta
+	passes        int64
+	left          int64
+	life          int64   // this core's life (Start.Life): half of every flush's identity
+	flushSeq      int64   // the Seq of this life's last flush
+	unsureFlushes []Flush // flushes that may not have been applied: re-sent unchanged, first to last, before any new one
+	lastFlush     time.Time
+	startFails    map[int64]int
 
 	health health // the queue table's health (vacuum.go)
 	// gate: whether the dispatcher counts as waiting (see Rest). lastClaim is
@@ -273,7 +273,14 @@ func (c *Core) apply(ev Event) {
 		c.lastPoll = c.now
 		c.lastFlush = c.now
 		c.lastClaim = c.now
-		c.carry = e.Carry
+		c.life = e.Life
+		for _, f := range e.Carry {
+			if f.Seq == 0 {
+				c.addFlush(f) // counted, never sent: this life sends it as its own
+			} else {
+				c.unsureFlushes = append(c.unsureFlushes, f)
+			}
+		}
 		c.rng = e.Seed
 		c.lookAll()
 	case Ingress:

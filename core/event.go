@@ -26,8 +26,15 @@ func (w WorkerID) String() string { return fmt.Sprintf("w%d", w) }
 //
 // Carry holds statistics an earlier core of the same process counted but could
 // not be sure were written (its Unflushed), when the shell had to start over after
-// losing the lock. A carried flush that the database shows applied (its Seq at or
-// below the stored flush_seq) is dropped; the rest is added to this core's counts.
+// losing the lock. A carried flush that was sent (Seq > 0) is sent again unchanged,
+// under its own Life, so the database applies it at most once; deltas never sent
+// (Seq 0) are added to this core's counts.
+//
+// Life identifies this core among every dispatcher that ever flushed to the
+// database: a flush is applied at most once per (Life, Seq). The shell draws it at
+// random, the simulator from its scenario. Sequence numbers alone cannot be
+// shared between lives: an earlier dispatcher's flush whose reply was lost may
+// commit after this one started, with a number this one also uses.
 //
 // Seed seeds the core's pseudo-random source, whose only use is the jitter of
 // retry delays (see Retry): the shell draws it at random, the simulator from its
@@ -35,6 +42,7 @@ func (w WorkerID) String() string { return fmt.Sprintf("w%d", w) }
 type Start struct {
 	Carry []Flush
 	Seed  uint64
+	Life  int64
 }
 
 // Ingress reports a NOTIFY on the ingress channel: new or retried rows are pending.
@@ -159,12 +167,11 @@ type Woken struct {
 }
 
 // OrphansReset is the result of a ResetOrphans: how many running rows became
-// pending, and the sequence number of the last statistics flush ever applied.
+// pending.
 type OrphansReset struct {
-	Op       int64
-	Count    int
-	FlushSeq int64
-	Err      string
+	Op    int64
+	Count int
+	Err   string
 }
 
 // Flushed is the result of a Flush.
@@ -194,6 +201,9 @@ func (e Start) String() string {
 	s := "start"
 	if e.Seed != 0 {
 		s += fmt.Sprintf(" seed=%d", e.Seed)
+	}
+	if e.Life != 0 {
+		s += fmt.Sprintf(" life=%d", e.Life)
 	}
 	for _, f := range e.Carry {
 		s += " carry{" + f.String() + "}"
@@ -291,7 +301,7 @@ func (e OrphansReset) String() string {
 	if e.Err != "" {
 		return fmt.Sprintf("orphans-reset op=%d err=%q", e.Op, e.Err)
 	}
-	return fmt.Sprintf("orphans-reset op=%d count=%d flush-seq=%d", e.Op, e.Count, e.FlushSeq)
+	return fmt.Sprintf("orphans-reset op=%d count=%d", e.Op, e.Count)
 }
 func (e Flushed) String() string {
 	if e.Err != "" {

@@ -33,6 +33,7 @@ type world struct {
 	q       *fakequeue.Queue
 	now     time.Time
 	pending []core.Event
+	life    int64 // the Life of the current core (restart counts them)
 	held    map[core.WorkerID][]int64
 	stageOf map[core.WorkerID]string
 	alive   map[core.WorkerID]bool
@@ -137,7 +138,8 @@ func (w *world) restart(carry []core.Flush) []core.Command {
 	w.pending = nil
 	clear(w.held)
 	clear(w.alive)
-	return w.step(core.Start{Carry: carry})
+	w.life++ // every core is a new life: the first is 0
+	return w.step(core.Start{Carry: carry, Life: w.life})
 }
 
 // start runs the Start event with n messages pending at stage (if n > 0).

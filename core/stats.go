@@ -7,9 +7,10 @@ import (
 )
 
 // Unflushed returns the statistics this core counted but cannot know were
-// written: a flush outstanding or whose result was lost (with its Seq), and the
-// deltas not yet sent (Seq 0). The shell hands them to the next core's Start when
-// it must start over after losing the lock, so a lost lock does not lose counts.
+// written: a flush outstanding or whose result was lost (with its Life and Seq),
+// and the deltas not yet sent (Seq 0). The shell hands them to the next core's
+// Start when it must start over after losing the lock, so a lost lock does not
+// lose counts.
 func (c *Core) Unflushed() []Flush {
 	var out []Flush
 	for _, cmd := range c.txn {
@@ -17,10 +18,7 @@ func (c *Core) Unflushed() []Flush {
 			out = append(out, f)
 		}
 	}
-	if c.unflushed != nil {
-		out = append(out, *c.unflushed)
-	}
-	out = append(out, c.carry...)
+	out = append(out, c.unsureFlushes...)
 	if c.hasDeltas() {
 		out = append(out, c.deltas())
 	}
@@ -74,16 +72,16 @@ func (c *Core) hasDeltas() bool {
 	return false
 }
 
-// flushDue returns the statistics flush to send now, if any: a lost one again, or
+// flushDue returns the statistics flush to send now, if any: an unsure one again, or
 // the deltas when STATS_INTERVAL has passed, when the pipeline went idle (at most
 // once a second) or at the end of a shutdown. Never an empty one.
 func (c *Core) flushDue(idle bool) (Flush, bool) {
 	if !c.resetDone {
 		return Flush{}, false
 	}
-	if c.unflushed != nil {
-		f := *c.unflushed
-		c.unflushed = nil
+	if len(c.unsureFlushes) > 0 {
+		f := c.unsureFlushes[0]
+		c.unsureFlushes = c.unsureFlushes[1:]
 		return f, true
 	}
 	if !c.hasDeltas() {
@@ -100,7 +98,8 @@ func (c *Core) flushDue(idle bool) (Flush, bool) {
 		return Flush{}, false
 	}
 	f := c.deltas()
-	f.Seq = c.flushSeq + 1
+	c.flushSeq++
+	f.Life, f.Seq = c.life, c.flushSeq
 	clear(c.stats)
 	c.passes, c.left = 0, 0
 	c.lastFlush = c.now

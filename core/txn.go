@@ -343,7 +343,7 @@ func (c *Core) queueWork() {
 // claim. Then it may declare itself waiting, RestAfter after its last claim.
 func (c *Core) restReady() bool {
 	return c.gate == gateAwake && c.resetDone && c.shutdown == 0 && !c.dbDown &&
-		len(c.txn) == 0 && len(c.owed) == 0 && c.unflushed == nil
+		len(c.txn) == 0 && len(c.owed) == 0 && len(c.unsureFlushes) == 0
 }
 
 // restAt is when the core may send Rest, once restReady.
@@ -417,35 +417,18 @@ func (c *Core) orphansReset(e OrphansReset) {
 	}
 	if !c.resetDone {
 		c.resetDone = true
-		c.flushSeq = e.FlushSeq
-		for _, f := range c.carry {
-			if f.Seq == 0 || f.Seq > e.FlushSeq {
-				c.addFlush(f)
-			}
-		}
-		c.carry = nil
 		if e.Count > 0 {
 			c.logf(LevelInfo, "start-up: reset %d orphaned running rows to pending", e.Count)
 		}
-	} else {
-		if e.FlushSeq > c.flushSeq && c.unflushed == nil {
-			// A flush numbered past ours was applied after the start-up reset
-			// read the sequence: an earlier dispatcher's, whose reply was lost,
-			// committing late. Number ours after it, or the database would take
-			// our next flush for that one and drop it.
-			c.flushSeq = e.FlushSeq
-		}
-		if e.Count > 0 {
-			c.logf(LevelWarn, "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
-		}
+	} else if e.Count > 0 {
+		c.logf(LevelWarn, "reset %d running rows this dispatcher does not hold (taken by a claim whose result was lost, or orphaned)", e.Count)
 	}
 }
 
 func (c *Core) flushed(e Flushed) {
 	cmd := c.result(e.Op, e.Err).(Flush)
 	if e.Err != "" {
-		c.unflushed = &cmd
-		return
+		// First again: a life's flushes must reach the database in Seq order.
+		c.unsureFlushes = append([]Flush{cmd}, c.unsureFlushes...)
 	}
-	c.flushSeq = max(c.flushSeq, cmd.Seq)
 }

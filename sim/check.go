@@ -459,9 +459,10 @@ func (w *world) modelEvent(ev core.Event) {
 		}
 		if !w.resetSeen {
 			w.resetSeen = true
-			// The core takes on the carried flushes the database shows unapplied.
+			// The core takes on the carried deltas never sent; a carried flush
+			// that was sent is sent again unchanged, under its own life.
 			for _, f := range w.startCarry {
-				if f.Seq == 0 || f.Seq > e.FlushSeq {
+				if f.Seq == 0 {
 					c := w.truth().carried
 					c.passes += f.StagePasses
 					c.left += f.MessagesLeft
@@ -834,9 +835,20 @@ func (w *world) checkFlush(x core.Flush) {
 			return
 		}
 	}
-	_, _, _, seq := w.q.Stats()
-	if x.Seq != seq && x.Seq != seq+1 {
-		w.violation("flush seq %d, but the last applied is %d: want it or the next", x.Seq, seq)
+	if x.Life != int64(w.life) {
+		// Only a carried flush, sent again unchanged, may name another life.
+		for _, f := range w.startCarry {
+			a, b := f, x
+			a.Op, b.Op = 0, 0
+			if f.Seq != 0 && a.String() == b.String() {
+				return
+			}
+		}
+		w.violation("a flush of life %d, which is not this life (%d), nor a flush it carried: %s", x.Life, w.life, x)
+		return
+	}
+	if seq := w.q.FlushMark(x.Life); x.Seq != seq && x.Seq != seq+1 {
+		w.violation("flush seq %d, but the last applied of life %d is %d: want it or the next", x.Seq, x.Life, seq)
 		return
 	}
 	if last := w.lastFlush; last != nil && x.Seq == last.Seq {

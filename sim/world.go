@@ -696,7 +696,7 @@ func (w *world) startLife() {
 	w.newLifeModel()
 	w.note("dispatcher starts (life %d)", w.life)
 	// Each life's jitter replays from the scenario's seed.
-	w.pending = append(w.pending, core.Start{Carry: w.startCarry, Seed: w.sc.WorldSeed + uint64(w.life)})
+	w.pending = append(w.pending, core.Start{Carry: w.startCarry, Seed: w.sc.WorldSeed + uint64(w.life), Life: int64(w.life)})
 }
 
 // endLife forgets the current core: its workers die with it, and a transaction
@@ -730,9 +730,8 @@ func (w *world) loseLock() {
 	w.note("the dispatcher loses its lock")
 	if w.late != nil {
 		// The shell ends the old session's transactions before it starts the next
-		// one (a late commit of a session that lost its lock cannot land after
-		// the next session counted on the database's flush_seq): it lands now,
-		// or never.
+		// one (it closes the old session's connections): a late commit lands
+		// now, or never.
 		if w.rFault.IntN(2) == 0 {
 			w.commitLate()
 		} else {

@@ -269,8 +269,10 @@ func (s *session) loop() sessionResult {
 	s.timer = time.NewTimer(time.Hour)
 	s.timer.Stop()
 	// The seed of the core's jitter (retry delays) is random: nothing needs to
-	// replay a real dispatcher's delays, only the simulator's.
-	pending := []core.Event{core.Start{Carry: s.carry, Seed: rand.Uint64()}}
+	// replay a real dispatcher's delays, only the simulator's. So is the life
+	// that names this core's statistics flushes: 63 random bits make two lives
+	// that share a number as likely as never.
+	pending := []core.Event{core.Start{Carry: s.carry, Seed: rand.Uint64(), Life: rand.Int64()}}
 	for {
 		cmds := s.core.Step(time.Now(), pending...)
 		var exit *core.Exit

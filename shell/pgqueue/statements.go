@@ -39,16 +39,17 @@ func statementFor(c core.Command) statement {
 }
 
 // resetOrphansSQL makes every running row pending except the kept ones (the
-// queue_running partial index finds them) and reads the last applied flush
-// sequence, so a restarted core numbers its flushes after it.
+// queue_running partial index finds them), and forgets the flush marks of
+// dispatcher lives not heard of for 30 days (see flushSQL).
 const resetOrphansSQL = `
 WITH reset AS (
 	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
 	WHERE status = 'running' AND ingress_id <> ALL ($1::bigint[])
 	RETURNING 1
+), forgotten AS (
+	DELETE FROM pepsi.stats_flushes WHERE updated_at < now() - interval '30 days'
 )
-SELECT (SELECT count(*) FROM reset),
-       coalesce((SELECT flush_seq FROM pepsi.dispatch_stats), 0)`
+SELECT count(*) FROM reset`
 
 func resetOrphans(c core.ResetOrphans) statement {
 	// A nil slice is sent as NULL, and "<> ALL (NULL)" matches nothing.
@@ -62,7 +63,7 @@ func resetOrphans(c core.ResetOrphans) statement {
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.OrphansReset{Op: c.Op}
 			var n int64
-			if err := br.QueryRow().Scan(&n, &ev.FlushSeq); err != nil {
+			if err := br.QueryRow().Scan(&n); err != nil {
 				return nil, err
 			}
 			ev.Count = int(n)
@@ -425,21 +426,28 @@ func wake(c core.Wake) statement {
 	}
 }
 
-// flushSQL adds one flush's deltas, once: dispatch_stats takes them only if its
-// flush_seq is below $3, and stage_stats only if dispatch_stats did, so a flush
-// sent again after its reply was lost changes nothing. The upsert of the single
-// dispatch_stats row recreates it if an operator deleted it. Deltas of the same
-// stage are summed first, since ON CONFLICT cannot touch a row twice.
+// flushSQL adds one flush's deltas, once: the mark of its life ($13) in
+// stats_flushes takes it only if the mark is below its seq ($3), dispatch_stats
+// only if the mark did, and stage_stats only if dispatch_stats did, so a flush
+// sent again after its reply was lost changes nothing, whichever other lives
+// flushed meanwhile. The upsert of the single dispatch_stats row recreates it
+// if an operator deleted it. Deltas of the same stage are summed first, since
+// ON CONFLICT cannot touch a row twice.
 const flushSQL = `
-WITH applied AS (
+WITH marked AS (
+	INSERT INTO pepsi.stats_flushes AS f (life, seq, updated_at)
+	VALUES ($13, $3, now())
+	ON CONFLICT (life) DO UPDATE SET seq = EXCLUDED.seq, updated_at = EXCLUDED.updated_at
+	WHERE f.seq < EXCLUDED.seq
+	RETURNING 1
+), applied AS (
 	INSERT INTO pepsi.dispatch_stats AS d (one, stage_passes, messages_left, flush_seq, updated_at)
-	VALUES (true, $1, $2, $3, now())
+	SELECT true, $1, $2, 1, now() WHERE EXISTS (SELECT 1 FROM marked)
 	ON CONFLICT (one) DO UPDATE SET
 		stage_passes = d.stage_passes + EXCLUDED.stage_passes,
 		messages_left = d.messages_left + EXCLUDED.messages_left,
-		flush_seq = EXCLUDED.flush_seq,
+		flush_seq = d.flush_seq + 1,
 		updated_at = EXCLUDED.updated_at
-	WHERE d.flush_seq < EXCLUDED.flush_seq
 	RETURNING 1
 )
 INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us, updated_at)
@@ -473,7 +481,7 @@ func flush(c core.Flush) statement {
 	return statement{
 		name: "flush",
 		queue: func(b *pgx.Batch) {
-			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses, retries, held)
+			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses, retries, held, c.Life)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			if _, err := br.Exec(); err != nil {

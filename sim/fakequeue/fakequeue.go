@@ -74,7 +74,8 @@ type Queue struct {
 	rows     []*Row // rows[id-1]; nil once purged
 	epoch    string
 	epochN   int
-	flushSeq int64
+	flushSeq int64           // flushes applied, ever (dispatch_stats.flush_seq)
+	marks    map[int64]int64 // per dispatcher life, the Seq of its last applied flush (stats_flushes)
 	stats    map[string]core.StageDelta
 	passes   int64
 	left     int64
@@ -125,7 +126,7 @@ type Change struct {
 }
 
 // New returns an empty queue.
-func New() *Queue { return &Queue{stats: map[string]core.StageDelta{}} }
+func New() *Queue { return &Queue{stats: map[string]core.StageDelta{}, marks: map[int64]int64{}} }
 
 // Insert adds n pending rows at stage in one producer transaction and returns
 // their ids.
@@ -319,7 +320,10 @@ func (q *Queue) Crash() {
 // ClearEpoch empties the crash sentinel only.
 func (q *Queue) ClearEpoch() { q.epoch = "" }
 
-// Stats returns the statistics tables.
+// FlushMark returns the Seq of the last flush of life applied, 0 if none.
+func (q *Queue) FlushMark(life int64) int64 { return q.marks[life] }
+
+// Stats returns the statistics tables; flushSeq counts the flushes applied.
 func (q *Queue) Stats() (stages map[string]core.StageDelta, passes, left, flushSeq int64) {
 	out := make(map[string]core.StageDelta, len(q.stats))
 	for k, v := range q.stats {
@@ -457,7 +461,7 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 				n++
 			}
 		}
-		return core.OrphansReset{Op: c.Op, Count: n, FlushSeq: q.flushSeq}
+		return core.OrphansReset{Op: c.Op, Count: n}
 	case core.Claim:
 		if q.epoch == "" {
 			q.epochN++
@@ -549,8 +553,9 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 		}
 		return core.Woken{Op: c.Op, Count: n, Next: next}
 	case core.Flush:
-		if c.Seq > q.flushSeq {
-			q.flushSeq = c.Seq
+		if c.Seq > q.marks[c.Life] {
+			q.marks[c.Life] = c.Seq
+			q.flushSeq++
 			q.passes += c.StagePasses
 			q.left += c.MessagesLeft
 			for _, d := range c.Stages {

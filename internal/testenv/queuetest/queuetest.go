@@ -41,7 +41,8 @@ type Harness interface {
 	State(t *testing.T, id int64) map[string]any
 	// ClearEpoch empties the crash sentinel, as a PostgreSQL crash would.
 	ClearEpoch(t *testing.T)
-	// Stats reads stage_stats rows and the dispatch_stats row.
+	// Stats reads stage_stats rows and the dispatch_stats row (flushSeq: the
+	// flushes applied).
 	Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64)
 }
 
@@ -99,9 +100,9 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 
 		{"ResetOrphansMakesRunningRowsPendingExceptKeptOnes", testResetOrphansKeep},
 		{"ResetOrphansWithNothingKeptResetsEveryRunningRow", testResetOrphansAll},
-		{"ResetOrphansReportsTheLastAppliedFlushSeq", testResetOrphansFlushSeq},
 
 		{"FlushAddsDeltasOncePerSeq", testFlush},
+		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -798,25 +799,18 @@ func testResetOrphansAll(t *testing.T, h Harness) {
 	claimRows(t, h, core.Cap{Stage: "a", N: 2})
 	h.Stage(t, ids[1], "a", "b", core.StatusRunning, time.Time{})
 	got := resetOrphans(t, h)
-	if got.Count != 2 || got.FlushSeq != 0 {
-		t.Errorf("reset orphans = count %d flush-seq %d; want count 2, flush-seq 0 (never flushed)", got.Count, got.FlushSeq)
+	if got.Count != 2 {
+		t.Errorf("reset orphans = count %d; want 2", got.Count)
 	}
 	wantRow(t, h, ids[0], "a", core.StatusPending)
 	wantRow(t, h, ids[1], "b", core.StatusPending)
 	wantRow(t, h, ids[2], "a", core.StatusPending)
 }
 
-func testResetOrphansFlushSeq(t *testing.T, h Harness) {
-	flush(t, h, core.Flush{Seq: 7, StagePasses: 1})
-	if got := resetOrphans(t, h); got.FlushSeq != 7 {
-		t.Fatalf("reset orphans after flush seq 7 reports flush-seq %d, want 7", got.FlushSeq)
-	}
-}
-
 // ---- Flush ----
 
 func testFlush(t *testing.T, h Harness) {
-	first := core.Flush{Seq: 1, StagePasses: 10, MessagesLeft: 3, Stages: []core.StageDelta{
+	first := core.Flush{Life: 5, Seq: 1, StagePasses: 10, MessagesLeft: 3, Stages: []core.StageDelta{
 		{Stage: "a", Processed: 5, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1000},
 		{Stage: "b", Processed: 4, ProcessingUS: 400},
 	}}
@@ -832,7 +826,7 @@ func testFlush(t *testing.T, h Harness) {
 		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
 	}, 10, 3, 1)
 
-	flush(t, h, core.Flush{Seq: 2, StagePasses: 1, MessagesLeft: 1, Stages: []core.StageDelta{
+	flush(t, h, core.Flush{Life: 5, Seq: 2, StagePasses: 1, MessagesLeft: 1, Stages: []core.StageDelta{
 		{Stage: "a", Processed: 1, ProcessingUS: 50, Retries: 2},
 		{Stage: "c", Crashes: 1, GuardMisses: 4, RateHeldUS: 7000},
 		{Stage: "c", Retries: 1, RateHeldUS: 500},
@@ -846,6 +840,25 @@ func testFlush(t *testing.T, h Harness) {
 
 	flush(t, h, first) // an older seq is never applied again
 	wantStats(t, h, "after seq 1 sent after seq 2", want, 11, 4, 2)
+}
+
+// testFlushLives: an earlier dispatcher's flush whose reply was lost may commit
+// after the next dispatcher started numbering its own flushes; both are applied,
+// each once, whatever their order.
+func testFlushLives(t *testing.T, h Harness) {
+	newer := core.Flush{Life: -9, Seq: 1, StagePasses: 1, Stages: []core.StageDelta{{Stage: "a", GuardMisses: 1}}}
+	older := core.Flush{Life: 4, Seq: 1, StagePasses: 2, Stages: []core.StageDelta{{Stage: "a", GuardMisses: 2}}}
+	flush(t, h, newer)
+	flush(t, h, older) // the late commit of the earlier life, same seq
+	want := map[string]core.StageDelta{"a": {Stage: "a", GuardMisses: 3}}
+	wantStats(t, h, "after life -9 seq 1, then life 4 seq 1", want, 3, 0, 2)
+
+	flush(t, h, newer) // each sent again after a lost reply
+	flush(t, h, older)
+	wantStats(t, h, "after both sent again", want, 3, 0, 2)
+
+	flush(t, h, core.Flush{Life: -9, Seq: 2, StagePasses: 4})
+	wantStats(t, h, "after life -9 seq 2", want, 7, 0, 3)
 }
 
 // ---- helpers: they run commands and fail on errors; assertions stay in tests ----
