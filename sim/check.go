@@ -1539,7 +1539,7 @@ func (w *world) observe(c fakequeue.Change) {
 	// (A crash restores an earlier version of the row, attempts and all.)
 	switch {
 	case c.By == fakequeue.ByCrash:
-	case c.After.Stage != c.Before.Stage && c.By != fakequeue.ByStage && c.After.Attempts != 0:
+	case c.After.Stage != c.Before.Stage && c.After.Attempts != 0:
 		w.violation("row %d moved from stage %s to %s by %s with attempts %d: a move to another stage sets it to 0",
 			c.After.ID, c.Before.Stage, c.After.Stage, c.By, c.After.Attempts)
 		return

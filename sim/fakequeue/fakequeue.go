@@ -280,6 +280,9 @@ func (q *Queue) StageWrite(id int64, from, to string, status core.RowStatus, tim
 	}
 	before := *r
 	q.undo = append(q.undo, before)
+	if to != r.Stage {
+		r.Attempts = 0 // the schema's trigger (queue_attempts_reset) does it
+	}
 	r.Stage, r.Status = to, status
 	r.Timeout = time.Time{}
 	if status == core.StatusPaused {

@@ -92,6 +92,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ResolveMixesAnsweredTransitionsWithBareAnswers", testMoveMixed},
 		{"ResolveRetryPausesTheRowAtItsStageAndCountsTheAttempt", testRetry},
 		{"AttemptsAreZeroAgainAfterEveryMoveToAnotherStage", testRetryResetOnMove},
+		{"AStageThatAdvancesItsRowItselfLeavesNoAttemptsForTheResetToKeep", testRetryResetOnStageMove},
 		{"ResolveRetryLeavesARowThatIsNotRunningAtItsStageAlone", testRetryGuard},
 
 		{"WakeMakesDuePausedRowsPendingAndReportsTheNextTimeout", testWake},
@@ -588,6 +589,23 @@ func testRetryResetOnMove(t *testing.T, h Harness) {
 	resolve(t, h, move(ids[0], "c", "c"))
 	if rows := claimRows(t, h, core.Cap{Stage: "c", N: 1}); len(rows) != 1 || rows[0].Attempts != 1 {
 		t.Fatalf("claim after a move to the same stage = %v, want attempts 1", rows)
+	}
+}
+
+// testRetryResetOnStageMove: a stage writes its advance itself and the
+// dispatcher dies before it hears of it; the start-up reset makes the row
+// pending at the next stage, where its count must start from 0, not from the
+// retries it had at the stage before.
+func testRetryResetOnStageMove(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	retryOnce(t, h, ids[0], "a", 0, base, "later")
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	h.Stage(t, ids[0], "a", "b", core.StatusRunning, time.Time{})
+	if got := resetOrphans(t, h); got.Count != 1 {
+		t.Fatalf("reset orphans = count %d, want 1", got.Count)
+	}
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 1}); !slices.Equal(rows, rowsAt("b", ids...)) {
+		t.Fatalf("claim at b after the stage's own advance and a reset = %v, want %v (attempts 0)", rows, rowsAt("b", ids...))
 	}
 }
 
