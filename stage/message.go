@@ -120,12 +120,13 @@ func (w *worker) message(ctx context.Context, line string) string {
 	if by != w.stage {
 		prefix = by + ": "
 	}
-	move, bad := w.target(res, prefix)
+	t, bad := w.decide(res, prefix)
 	if bad != "" {
 		return bad
 	}
-	if move == nil { // kindFailed: only a database can set state.error
-		return failure(prefix + res.reason)
+	move := t.answer
+	if move == nil { // Failed: only a database can set state.error
+		return failure(t.reason)
 	}
 	patch, deleted, err := statePatch(before, m.State)
 	switch {
@@ -162,32 +163,6 @@ func (w *worker) chain(ctx context.Context, m *Message) (res Result, by string, 
 		fused = append(fused, core.Fused{Stage: by, Micros: time.Since(start).Microseconds()})
 	}
 	return res, by, fused, ""
-}
-
-// target is the transition res answers (its patch still to be added), nil for
-// Failed, which has none, or a failure line instead.
-func (w *worker) target(res Result, prefix string) (move *core.Transition, bad string) {
-	switch res.kind {
-	case kindAdvance:
-		switch {
-		case res.next == w.stage:
-			return nil, failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage))
-		case res.next == core.TargetDone || !conf.ValidStageName(res.next):
-			return nil, failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next))
-		}
-		return &core.Transition{To: res.next}, ""
-	case kindDone:
-		return &core.Transition{To: core.TargetDone}, ""
-	case kindPause:
-		return &core.Transition{To: core.TargetPaused, PauseFor: time.Until(res.until)}, ""
-	case kindFailed:
-		return nil, ""
-	case kindError:
-		return nil, failure(prefix + res.reason)
-	case kindRetry:
-		return nil, answer(core.RetryCode, prefix+res.reason)
-	}
-	return nil, failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)")
 }
 
 // clip shortens s to at most n bytes for a log line or a reason.

@@ -327,20 +327,9 @@ const transitionNoRow = "22012"
 // when the handler used Message.Tx, whose statements must commit with it (see
 // lazyTx). It then answers a bare 0.
 func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string, error) {
-	r, err := w.read(ctx, id, rows)
-	if errors.Is(err, pgx.ErrNoRows) {
-		w.log.Warn("message does not exist; answering 0 without running it", "stage", w.stage, "id", id)
-		return "0", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read message %d: %w", id, err)
-	}
-	if r.status != core.StatusRunning || r.stage != w.stage {
-		// Someone else moved it, or an earlier run of ours committed before the
-		// connection broke: the dispatcher will see the row as it is.
-		w.log.Warn("message is not running at this stage; answering 0 without running it",
-			"stage", w.stage, "id", id, "row_stage", r.stage, "row_status", r.status)
-		return "0", nil
+	r, run, err := w.runnable(ctx, id, rows)
+	if !run {
+		return "0", err
 	}
 	tx := &lazyTx{w: w, row: &r}
 	defer tx.end(ctx)
@@ -349,7 +338,6 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	if m.State, before, err = decodeState(r.state); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
 	}
-
 	res, by, fused, bad := w.chain(ctx, m)
 	if tx.changed() {
 		return "", errRowChanged // whatever the handler decided, it decided on an old row
@@ -361,52 +349,118 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	if by != w.stage {
 		prefix = by + ": "
 	}
-	zero := core.Status{Fused: fused}.Line()
-
-	// A fused stage that finishes or pauses the message leaves it at the stage the
-	// pass started at: that is a stage the dispatcher knows, so a woken or retried
-	// message is claimed again (and runs the whole pass again).
-	move, bad := w.target(res, prefix)
+	t, bad := w.decide(res, prefix)
 	if bad != "" {
 		return bad, nil
 	}
-	if res.kind == kindFailed {
-		if m.State == nil {
-			m.State = map[string]any{}
+	if t.answer != nil && !w.writeAll && !tx.begun() && tx.err == nil {
+		line, bad := answerLine(t.answer, fused, before, m.State, prefix)
+		if bad != "" {
+			return bad, nil
 		}
-		m.State["error"] = prefix + res.reason
-	}
-
-	if move != nil && !w.writeAll && !tx.begun() && tx.err == nil {
-		patch, deleted, err := statePatch(before, m.State)
-		if err != nil {
-			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
-		}
-		move.Patch = string(patch)
-		line := core.Status{Fused: fused, Transition: move}.Line()
-		if !deleted && len(line) <= answerMax {
+		if line != "" {
 			return line, nil
 		}
-		// state || patch cannot delete a key, and the dispatcher reads lines of
-		// a bounded length: write this transition here.
 	}
+	return w.write(ctx, &r, tx, t, m.State, fused, prefix)
+}
 
-	newStage, newStatus := w.stage, core.RowStatus("")
-	var timeout *time.Time
+// runnable reads the row of id and says whether this pass is to run it. A row
+// that is gone, or no longer running at this stage, is answered 0 without
+// running: someone else moved it, or an earlier run of ours committed before
+// the connection broke, and the dispatcher will see the row as it is.
+func (w *worker) runnable(ctx context.Context, id int64, rows map[int64]row) (r row, run bool, err error) {
+	r, err = w.read(ctx, id, rows)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		w.log.Warn("message does not exist; answering 0 without running it", "stage", w.stage, "id", id)
+		return r, false, nil
+	case err != nil:
+		return r, false, fmt.Errorf("read message %d: %w", id, err)
+	case r.status != core.StatusRunning || r.stage != w.stage:
+		w.log.Warn("message is not running at this stage; answering 0 without running it",
+			"stage", w.stage, "id", id, "row_stage", r.stage, "row_status", r.status)
+		return r, false, nil
+	}
+	return r, true, nil
+}
+
+// transition is what a handler's Result asks for: the transition to answer
+// ("0 >TARGET"), and the row the library writes when it cannot be answered.
+type transition struct {
+	// answer is the transition for the status line, its patch still to be
+	// added; nil for Failed, which no answer can say.
+	answer *core.Transition
+	// stage, status and timeout are the row the library writes itself.
+	stage   string
+	status  core.RowStatus
+	timeout *time.Time
+	// reason is Failed's, for state.error.
+	reason string
+}
+
+// decide turns the handler's Result into its transition, or into a failure
+// line when the Result cannot be carried out. prefix names the fused stage
+// whose Result it is. A fused stage that finishes or pauses the message leaves
+// it at the stage the pass started at: that is a stage the dispatcher knows,
+// so a woken or retried message is claimed again (and runs the whole pass
+// again).
+func (w *worker) decide(res Result, prefix string) (t transition, bad string) {
 	switch res.kind {
 	case kindAdvance:
-		newStage, newStatus = res.next, core.StatusRunning
+		switch {
+		case res.next == w.stage:
+			return t, failure(fmt.Sprintf("%sadvanced to its own stage %q, which would run it again forever", prefix, w.stage))
+		case res.next == core.TargetDone || !conf.ValidStageName(res.next):
+			return t, failure(fmt.Sprintf("%sadvanced to %q, which is not a stage name (use stage.Done to finish)", prefix, res.next))
+		}
+		return transition{answer: &core.Transition{To: res.next}, stage: res.next, status: core.StatusRunning}, ""
 	case kindDone:
-		newStatus = core.StatusDone
-	case kindFailed:
-		newStatus = core.StatusFailed
+		return transition{answer: &core.Transition{To: core.TargetDone}, stage: w.stage, status: core.StatusDone}, ""
 	case kindPause:
-		newStatus = core.StatusPaused
-		timeout = &res.until
+		until := res.until
+		return transition{answer: &core.Transition{To: core.TargetPaused, PauseFor: time.Until(until)},
+			stage: w.stage, status: core.StatusPaused, timeout: &until}, ""
+	case kindFailed:
+		return transition{stage: w.stage, status: core.StatusFailed, reason: prefix + res.reason}, ""
+	case kindError:
+		return t, failure(prefix + res.reason)
+	case kindRetry:
+		return t, answer(core.RetryCode, prefix+res.reason)
+	}
+	return t, failure(prefix + "handler returned no Result (use stage.Advance, Done, Failed, Pause, Error or Retry)")
+}
+
+// answerLine is the status line that answers move with the handler's state
+// changes as its patch, or "" when move must be written instead: state ||
+// patch cannot delete a key, and the dispatcher reads lines of a bounded
+// length. bad is a failure line when the state cannot be written at all.
+func answerLine(move *core.Transition, fused []core.Fused, before map[string]json.RawMessage, state map[string]any, prefix string) (line, bad string) {
+	patch, deleted, err := statePatch(before, state)
+	if err != nil {
+		return "", failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err))
+	}
+	move.Patch = string(patch)
+	line = core.Status{Fused: fused, Transition: move}.Line()
+	if deleted || len(line) > answerMax {
+		return "", ""
+	}
+	return line, ""
+}
+
+// write writes the transition t of row r itself, in the handler's transaction
+// when it opened one, and answers 0 with the fused stages' times.
+func (w *worker) write(ctx context.Context, r *row, tx *lazyTx, t transition, state map[string]any, fused []core.Fused, prefix string) (string, error) {
+	if t.status == core.StatusFailed {
+		if state == nil {
+			state = map[string]any{}
+		}
+		state["error"] = t.reason
 	}
 	newState := []byte("{}")
-	if m.State != nil {
-		if newState, err = json.Marshal(m.State); err != nil {
+	if state != nil {
+		var err error
+		if newState, err = json.Marshal(state); err != nil {
 			return failure(fmt.Sprintf("%sstate cannot be written as JSON: %v", prefix, err)), nil
 		}
 	}
@@ -419,19 +473,20 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	if w.conn == nil || w.conn.IsClosed() {
 		return "", errConnectionLost
 	}
+	zero := core.Status{Fused: fused}.Line()
 	if tx.begun() {
-		moved, err := w.commitTx(ctx, tx.row, newStage, newStatus, timeout, newState)
+		moved, err := w.commitTx(ctx, tx.row, t.stage, t.status, t.timeout, newState)
 		if err != nil {
 			return "", err
 		}
 		if !moved {
 			// The row is locked by this transaction, so only the handler's own
 			// statements on m.Tx can have moved it: a stage bug, undone by rollback.
-			return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, id)), nil
+			return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, r.id)), nil
 		}
 		return zero, nil
 	}
-	moved, err := w.writeTransition(ctx, &r, newStage, newStatus, timeout, newState)
+	moved, err := w.writeTransition(ctx, r, t.stage, t.status, t.timeout, newState)
 	if err != nil {
 		return "", err
 	}
