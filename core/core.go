@@ -282,6 +282,12 @@ func (c *Core) apply(ev Event) {
 			}
 		}
 		c.rng = e.Seed
+		for _, st := range c.stages {
+			// Empty at the start: the last core may have spent a whole
+			// burst just before it died, and a full bucket now would claim
+			// a second one within the same window.
+			st.rate.empty(c.now)
+		}
 		c.lookAll()
 	case Ingress:
 		c.ingressGen++

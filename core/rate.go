@@ -48,6 +48,13 @@ func newBucket(rate float64) *bucket {
 	return &bucket{interval: RateInterval(rate), burst: RateBurst(rate)}
 }
 
+// empty spends every token at now: a core starts with its buckets empty.
+func (b *bucket) empty(now time.Time) {
+	if b != nil {
+		b.full = now.Add(b.burst)
+	}
+}
+
 // tokens is how many messages may be claimed at now; without a rate, any number.
 func (b *bucket) tokens(now time.Time) int {
 	if b == nil {

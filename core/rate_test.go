@@ -59,10 +59,11 @@ QUEUE_LIMIT = 16
 			}
 		}
 	}
-	// 1 at once (the bucket holds max(1, RATE − 1)), then one every 0.5 s: 11
-	// in [0, 5 s], each claimed when its token came: the bound less one.
-	if total != 11 {
-		t.Errorf("claimed %d rows in 5 s at RATE 2, want 11 (1 at once, then one every 0.5 s): %v", total, claims)
+	// The bucket starts empty (a restart must not claim a second burst), so
+	// one every 0.5 s from 0.5 s on: 10 in [0, 5 s], each claimed when its
+	// token came, never before.
+	if total != 10 || claims[0].at != 500*time.Millisecond {
+		t.Errorf("claimed %d rows in 5 s at RATE 2, want 10, one every 0.5 s from 0.5 s on: %v", total, claims)
 	}
 	if steps > 30 {
 		t.Errorf("%d steps for 10 tokens: the core polls", steps)

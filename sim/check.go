@@ -119,6 +119,7 @@ type model struct {
 	// result is out or when it was lost). rateOut: the index in it of the
 	// outstanding claim's entry.
 	rateLog    [][]rateClaim
+	startedAt  time.Time // when the core got its Start: its buckets are empty then
 	rateOut    map[int]int
 	cool       []cooldown
 	startFails map[int64]int
@@ -259,6 +260,7 @@ func (w *world) modelEvent(ev core.Event) {
 	switch e := ev.(type) {
 	case core.Start:
 		w.flushedAt = w.now
+		w.startedAt = w.now
 		w.lastPoll = w.now
 		w.inspectSent = w.now
 		w.tellAll()
@@ -1343,12 +1345,13 @@ type rateClaim struct {
 }
 
 // rateFull replays stage s's bucket over this life's claims as the core
-// documents it (a token every core.RateInterval, at most core.RateBurst's
-// worth; a claim counted from its result once that came): the instant the
-// bucket is full again, zero if it always was.
+// documents it (empty at the start, so that a restart cannot claim a second
+// burst; a token every core.RateInterval, at most core.RateBurst's worth; a
+// claim counted from its result once that came): the instant the bucket is
+// full again.
 func (w *world) rateFull(s int) time.Time {
 	interval := core.RateInterval(w.cfg.Stages[s].Rate)
-	var full time.Time
+	full := w.startedAt.Add(core.RateBurst(w.cfg.Stages[s].Rate))
 	for _, c := range w.rateLog[s] {
 		at := c.at
 		if !c.done.IsZero() {

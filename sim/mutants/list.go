@@ -216,6 +216,8 @@ var mutants = []mutant{
 		"if s.Code == RetryCode && st.cfg.RetryLimit > 0 {\n\t\tc.retry(st, head, reason)", "if s.Code == RetryCode {\n\t\tst.cfg.RetryLimit = max(st.cfg.RetryLimit, 3)\n\t\tc.retry(st, head, reason)"),
 	mut("retry-not-counted", "retries are not counted in the statistics",
 		"c.stat(it.Stage).Retries++", "_ = it"),
+	mut("rate-full-at-start", "a core starts with its rate buckets full, so a restart may claim a second burst within one window",
+		"\t\t\tst.rate.empty(c.now)\n", "\t\t\t_ = st\n"),
 	mut("rate-ignored", "claims take the stage's whole capacity whatever its RATE",
 		"n := min(c.capacity(st), st.rate.tokens(c.now))", "n := c.capacity(st)"),
 	mut("rate-burst-doubled", "the bucket holds twice max(1, RATE) tokens",
