@@ -123,7 +123,7 @@ type Message struct {
 	// Payload is the message content (nil when the column is NULL).
 	Payload []byte
 	// Attempts is the row's attempts column: how many times the message was
-	// retried at this stage. Set in message mode (Options.Input); 0 in id mode.
+	// retried at this stage so far (answers Retry, "75"), in either input mode.
 	Attempts int
 	// Tx is the message's transaction: its first statement begins it and locks
 	// the row; statements run on it commit atomically with the transition, which

@@ -736,3 +736,36 @@ func TestMissingIDInABatchIsAnsweredZero(t *testing.T) {
 		t.Errorf("log lacks \"message does not exist\" for id %d; log:\n%s", missing, w.logs.String())
 	}
 }
+
+// A handler in id mode sees the row's attempts, as one in message mode does, so
+// that it can give up or back off by itself; both the batch read and the read
+// of a single row (a pass that runs again) carry it.
+func TestIDModeHandlersSeeTheRetriesAlreadyHad(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	ids := insertRunning(t, conn, "parse", "a", "b")
+	if _, err := conn.Exec(t.Context(), `UPDATE pepsi.queue SET attempts = ingress_id + 1 WHERE ingress_id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[m.ID] = m.Attempts
+			return stage.Done()
+		}}})
+	w.send(idLines(ids))
+	for range ids {
+		w.answer()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if seen[id] != int(id)+1 {
+			t.Errorf("handler saw attempts %d for message %d, want %d (the row's column)", seen[id], id, id+1)
+		}
+	}
+}

@@ -147,6 +147,7 @@ type row struct {
 	stage          string
 	status         core.RowStatus
 	state, payload []byte
+	attempts       int
 	// version is the row version's xmin: a transition the library writes without
 	// a lock writes only over the version its handler was given.
 	version uint32
@@ -155,7 +156,7 @@ type row struct {
 // readSQL reads the rows of a batch of ids in one statement, without a lock: a
 // row running at this stage is moved only by this worker (or by the dispatcher
 // when it answers), and every write is guarded.
-const readSQL = `SELECT ingress_id, stage, status, state, payload, xmin FROM pepsi.queue WHERE ingress_id = ANY($1)`
+const readSQL = `SELECT ingress_id, stage, status, state, payload, attempts, xmin FROM pepsi.queue WHERE ingress_id = ANY($1)`
 
 // readBatch reads the rows of ids in one round trip. A missing id has no entry.
 func (w *worker) readBatch(ctx context.Context, ids []int64) (map[int64]row, error) {
@@ -170,7 +171,7 @@ func (w *worker) readBatch(ctx context.Context, ids []int64) (map[int64]row, err
 	found := make(map[int64]row, len(ids))
 	for rs.Next() {
 		var x row
-		if err := rs.Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.version); err != nil {
+		if err := rs.Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version); err != nil {
 			return nil, err
 		}
 		found[x.id] = x
@@ -282,7 +283,7 @@ func (w *worker) handle(ctx context.Context, id int64, rows map[int64]row) (stri
 var errConnectionLost = errors.New("database connection lost while the handler ran")
 
 // readOneSQL reads the row of one id, for a pass that runs again.
-const readOneSQL = `SELECT ingress_id, stage, status, state, payload, xmin FROM pepsi.queue WHERE ingress_id = $1`
+const readOneSQL = `SELECT ingress_id, stage, status, state, payload, attempts, xmin FROM pepsi.queue WHERE ingress_id = $1`
 
 // read returns the row of id: from rows when the batch read it (pgx.ErrNoRows
 // when the batch found none), else read now.
@@ -294,7 +295,7 @@ func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, e
 		return row{}, pgx.ErrNoRows
 	}
 	var x row
-	err := w.conn.QueryRow(ctx, readOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.version)
+	err := w.conn.QueryRow(ctx, readOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version)
 	return x, err
 }
 
@@ -333,7 +334,7 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	}
 	tx := &lazyTx{w: w, row: &r}
 	defer tx.end(ctx)
-	m := &Message{ID: id, Stage: w.stage, Payload: r.payload, Tx: tx}
+	m := &Message{ID: id, Stage: w.stage, Payload: r.payload, Attempts: r.attempts, Tx: tx}
 	var before map[string]json.RawMessage
 	if m.State, before, err = decodeState(r.state); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
