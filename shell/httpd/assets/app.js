@@ -60,6 +60,7 @@ function renderStages(snap, history) {
     tr.append(name);
     const cells = [
       ["pending", l.messages.pending], ["running", l.messages.running], ["paused", l.messages.paused],
+      ["retry_waiting", l.retry_waiting ?? 0],
       ["failed", l.messages.failed, l.messages.failed > 0], ["timeout", l.messages.timeout, l.messages.timeout > 0],
       ["oldest", l.messages.pending ? duration(l.oldest_pending_seconds) : "-"],
     ];
@@ -68,6 +69,7 @@ function renderStages(snap, history) {
     cells.push(["passes_ok", s.passes_ok ?? 0]);
     cells.push(["failed_by_dispatcher", s.failed_by_dispatcher ?? 0, s.failed_by_dispatcher > 0]);
     cells.push(["watchdog_timeouts", s.watchdog_timeouts ?? 0, s.watchdog_timeouts > 0]);
+    cells.push(["retries", s.retries ?? 0]);
     cells.push(["worker_crashes", s.worker_crashes ?? 0, s.worker_crashes > 0]);
     cells.push(["mean", meanPass(s.processing_seconds || 0, s.passes_ok || 0)]);
     for (const [key, value, warn] of cells) {
