@@ -88,13 +88,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 		logFormat   = fs.String("log-format", "text", "log format: text or json")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	)
+	// A mistake on the command line is one line and a pointer to -h, as in
+	// every PEPSI program; one in the configuration or the database's
+	// connection string is one line.
 	parsed, err := cliflags.Parse(fs, args, "PEPSI")
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "pepsi-httpd: %v (see -h)\n", err)
-		return exitUsage
+		return cliflags.Fail(stderr, "pepsi-httpd", err) // 0 after -h and -version
+	}
+	badFlag := func(format string, a ...any) int {
+		return cliflags.Fail(stderr, "pepsi-httpd", fmt.Errorf(format, a...))
 	}
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "pepsi-httpd: "+format+"\n", a...)
@@ -102,18 +104,18 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	}
 	switch {
 	case fs.NArg() > 0:
-		return bad("unexpected arguments %q (see -h)", fs.Args())
+		return badFlag("unexpected arguments %q", fs.Args())
 	case *stmtTimeout <= 0 || *cacheAge <= 0 || *sample <= 0:
-		return bad("%s, %s and %s must be positive", parsed.Name("statement-timeout"), parsed.Name("cache"), parsed.Name("sample-interval"))
+		return badFlag("%s, %s and %s must be positive", parsed.Name("statement-timeout"), parsed.Name("cache"), parsed.Name("sample-interval"))
 	case *history <= 0 || *history > 100_000:
-		return bad("%s %d: want 1 to 100000", parsed.Name("history"), *history)
+		return badFlag("%s %d: want 1 to 100000", parsed.Name("history"), *history)
 	}
 	if _, _, err := net.SplitHostPort(*listen); err != nil {
-		return bad("%s %q: %v", parsed.Name("listen"), *listen, err)
+		return badFlag("%s %q: %w", parsed.Name("listen"), *listen, err)
 	}
 	log, err := logflags.New(stderr, *logFormat, *logLevel, parsed.Name)
 	if err != nil {
-		return bad("%v", err)
+		return badFlag("%w", err)
 	}
 	db := *database
 	var stages []string

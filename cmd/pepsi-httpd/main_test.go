@@ -37,16 +37,35 @@ func TestBadFlagsAndConfigurationAreOneLineAndExit2(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-bogus"}, "pepsi-httpd: flag provided but not defined: -bogus (see -h)"},
-		{[]string{"-listen", "localhost"}, `pepsi-httpd: -listen "localhost": address localhost: missing port in address`},
-		{[]string{"-cache", "0s"}, "pepsi-httpd: -statement-timeout, -cache and -sample-interval must be positive"},
 		{[]string{"-c", badConf}, "pepsi-httpd: configuration: " + badConf + ":2: "},
 		{[]string{"-database", "postgres://%zz"}, "pepsi-httpd: database connection string: "},
-		{[]string{"extra"}, `pepsi-httpd: unexpected arguments ["extra"] (see -h)`},
 	} {
 		code, stderr := runFor(t, tc.args...)
 		if code != exitUsage || !strings.HasPrefix(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {
 			t.Errorf("pepsi-httpd %q: exit %d, stderr %q; want exit 2 and one line starting %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
+
+// A mistake on the command line is one line and a pointer to -h, as in every
+// PEPSI program (cliflags.Fail).
+func TestFlagMistakesPointToTheHelp(t *testing.T) {
+	t.Parallel()
+	hint := "\nRun 'pepsi-httpd -h' for help.\n"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bogus"}, "pepsi-httpd: flag provided but not defined: -bogus" + hint},
+		{[]string{"extra"}, `pepsi-httpd: unexpected arguments ["extra"]` + hint},
+		{[]string{"-listen", "localhost"}, `pepsi-httpd: -listen "localhost": address localhost: missing port in address` + hint},
+		{[]string{"-cache", "0s"}, "pepsi-httpd: -statement-timeout, -cache and -sample-interval must be positive" + hint},
+		{[]string{"-history", "0"}, "pepsi-httpd: -history 0: want 1 to 100000" + hint},
+		{[]string{"-log-format", "xml"}, `pepsi-httpd: -log-format "xml": want text or json` + hint},
+	} {
+		code, stderr := runFor(t, tc.args...)
+		if code != exitUsage || stderr != tc.want {
+			t.Errorf("pepsi-httpd %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)
 		}
 	}
 }
@@ -177,19 +196,20 @@ func TestServesFromTheEnvironmentAndStopsCleanlyOnSignal(t *testing.T) {
 }
 
 func TestABadValueFromTheEnvironmentNamesTheVariable(t *testing.T) {
+	hint := "\nRun 'pepsi-httpd -h' for help.\n"
 	t.Setenv("PEPSI_LISTEN", "localhost")
 	code, stderr := runFor(t)
-	if want := `pepsi-httpd: PEPSI_LISTEN "localhost": address localhost: missing port in address` + "\n"; code != exitUsage || stderr != want {
+	if want := `pepsi-httpd: PEPSI_LISTEN "localhost": address localhost: missing port in address` + hint; code != exitUsage || stderr != want {
 		t.Errorf("PEPSI_LISTEN=localhost: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
 	}
 	t.Setenv("PEPSI_LISTEN", "")
 	t.Setenv("PEPSI_LOG_FORMAT", "xml")
 	code, stderr = runFor(t)
-	if want := `pepsi-httpd: PEPSI_LOG_FORMAT "xml": want text or json` + "\n"; code != exitUsage || stderr != want {
+	if want := `pepsi-httpd: PEPSI_LOG_FORMAT "xml": want text or json` + hint; code != exitUsage || stderr != want {
 		t.Errorf("PEPSI_LOG_FORMAT=xml: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
 	}
 	code, stderr = runFor(t, "-log-format", "yaml")
-	if want := `pepsi-httpd: -log-format "yaml": want text or json` + "\n"; code != exitUsage || stderr != want {
+	if want := `pepsi-httpd: -log-format "yaml": want text or json` + hint; code != exitUsage || stderr != want {
 		t.Errorf("-log-format yaml over PEPSI_LOG_FORMAT: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
 	}
 }

@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -117,59 +116,46 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 		logFormat   = fs.String("log-format", "text", "log format: text or json")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	)
+	// A mistake on the command line is one line and a pointer to -h, as in
+	// every PEPSI program; one in the configuration file is one line.
 	parsed, err := cliflags.Parse(fs, args, "PEPSI")
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "pepsi-ingress: %v (see -h)\n", err)
-		return exitUsage
+		return cliflags.Fail(stderr, "pepsi-ingress", err) // 0 after -h and -version
 	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "pepsi-ingress: "+format+"\n", a...)
-		return exitUsage
+	badFlag := func(format string, a ...any) int {
+		return cliflags.Fail(stderr, "pepsi-ingress", fmt.Errorf(format, a...))
 	}
 	switch {
 	case fs.NArg() > 0:
-		return bad("unexpected arguments %q (see -h)", fs.Args())
+		return badFlag("unexpected arguments %q", fs.Args())
 	case *batchMax <= 0 || *committers <= 0 || *lineMax <= 0 || *msgsMax <= 0 || *inFlight <= 0:
-		return bad("%s, %s, %s, %s and %s must be positive", parsed.Name("batch-max"), parsed.Name("committers"),
+		return badFlag("%s, %s, %s, %s and %s must be positive", parsed.Name("batch-max"), parsed.Name("committers"),
 			parsed.Name("max-line"), parsed.Name("max-messages"), parsed.Name("max-in-flight"))
 	case *batchWait < 0 || *pendingEach <= 0 || *readHeader <= 0 || *readAll <= 0 || *write <= 0 || *idle <= 0 || *grace <= 0:
-		return bad("durations must be positive (%s may be 0)", parsed.Name("batch-wait"))
+		return badFlag("durations must be positive (%s may be 0)", parsed.Name("batch-wait"))
 	}
 	log, err := logflags.New(stderr, *logFormat, *logLevel, parsed.Name)
 	if err != nil {
-		return bad("%v", err)
+		return badFlag("%w", err)
 	}
-	text, err := os.ReadFile(*configFile)
+	cfg, stages, err := readConfig(*configFile)
 	if err != nil {
-		return bad("configuration: %v", err)
-	}
-	cfg, err := conf.Parse(*configFile, string(text))
-	if err != nil {
-		return bad("configuration: %v", err)
+		fmt.Fprintf(stderr, "pepsi-ingress: configuration: %v\n", err)
+		return exitUsage
 	}
 	in := cfg.Ingress
 	if *listen != "" {
 		if _, _, err := net.SplitHostPort(*listen); err != nil {
-			return bad("%s %q: %v", parsed.Name("listen"), *listen, err)
+			return badFlag("%s %q: %w", parsed.Name("listen"), *listen, err)
 		}
 		in.Listen = *listen
 		if key, err := in.Check(); err != nil {
-			return bad("%s (%s): %v", parsed.Name("listen"), key, err)
+			return badFlag("%s (%s): %w", parsed.Name("listen"), key, err)
 		}
 	}
 	db := *database
 	if db == "" {
 		db = cfg.Database
-	}
-	var stages []string
-	for _, s := range cfg.Stages {
-		stages = append(stages, s.Name)
-	}
-	if len(stages) == 0 {
-		return bad("configuration: %s has no [stage-NAME] section: there is no stage to take messages for", *configFile)
 	}
 	c := config{ingress: in, database: db, stages: stages, grace: *grace, configFile: *configFile,
 		timeouts: ingress.Timeouts{ReadHeader: *readHeader, Read: *readAll, Write: *write, Idle: *idle},
@@ -177,6 +163,27 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 			Limits:   ingress.Limits{Body: in.MaxBody, Line: *lineMax, Messages: *msgsMax},
 			BatchMax: *batchMax, BatchWait: *batchWait, Committers: *committers, InFlightMax: *inFlight, Log: log}}
 	return serve(ctx, c, log, stderr, hup, ready)
+}
+
+// readConfig reads the configuration file and the names of its stages; a file
+// without a stage is refused, as there is no stage to take messages for.
+func readConfig(file string) (*conf.Config, []string, error) {
+	text, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := conf.Parse(file, string(text))
+	if err != nil {
+		return nil, nil, err
+	}
+	var stages []string
+	for _, s := range cfg.Stages {
+		stages = append(stages, s.Name)
+	}
+	if len(stages) == 0 {
+		return nil, nil, fmt.Errorf("%s has no [stage-NAME] section: there is no stage to take messages for", file)
+	}
+	return cfg, stages, nil
 }
 
 // serve connects, listens and serves until ctx ends, then shuts down.

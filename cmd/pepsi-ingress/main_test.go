@@ -188,6 +188,38 @@ func TestStartRefusesAnOpenListenerWithoutTokensAndBadSettings(t *testing.T) {
 	}
 }
 
+// A mistake on the command line is one line and a pointer to -h, as in every
+// PEPSI program (cliflags.Fail); a mistake in the configuration file is one
+// line, without the pointer, since -h cannot help with it.
+func TestFlagMistakesPointToTheHelp(t *testing.T) {
+	t.Parallel()
+	db := "postgres://nobody@127.0.0.1:1/none"
+	hint := "\nRun 'pepsi-ingress -h' for help.\n"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bogus"}, "pepsi-ingress: flag provided but not defined: -bogus" + hint},
+		{[]string{"extra"}, `pepsi-ingress: unexpected arguments ["extra"]` + hint},
+		{[]string{"-committers", "0"}, "pepsi-ingress: -batch-max, -committers, -max-line, -max-messages and -max-in-flight must be positive" + hint},
+		{[]string{"-idle-timeout", "0s"}, "pepsi-ingress: durations must be positive (-batch-wait may be 0)" + hint},
+		{[]string{"-log-level", "loud"}, `pepsi-ingress: -log-level "loud": want debug, info, warn or error` + hint},
+		{[]string{"-c", writeConf(t, db), "-listen", "localhost"}, `pepsi-ingress: -listen "localhost": address localhost: missing port in address` + hint},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), tc.args, &stderr, nil, func(string) { t.Errorf("pepsi-ingress %q started serving", tc.args) })
+		got := stderr.String()
+		if code != exitUsage || got != tc.want {
+			t.Errorf("pepsi-ingress %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, got, tc.want)
+		}
+	}
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"-c", filepath.Join(t.TempDir(), "none.conf")}, &stderr, nil, nil)
+	if got := stderr.String(); code != exitUsage || !strings.HasPrefix(got, "pepsi-ingress: configuration: open ") || strings.Count(got, "\n") != 1 {
+		t.Errorf("a configuration file that cannot be read: exit %d, stderr %q; want exit 2 and one line", code, stderr.String())
+	}
+}
+
 // TestSIGTERMFinishesTheRequestsInFlightAndExits0 holds a request in its
 // batch wait when SIGTERM arrives: it is committed and answered 202, new
 // connections are refused, and the program exits 0.
