@@ -4,10 +4,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,7 +229,11 @@ func (w *world) checkGolden() {
 	}
 	name := strings.ReplaceAll(w.t.Name(), "/", "_")
 	path := filepath.Join("..", "testdata", "scenarios", name+".golden")
-	got := w.trace.String()
+	proves, err := provesOf(strings.Split(w.t.Name(), "/")[0])
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	got := proves + w.trace.String()
 	if *update {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			w.t.Fatal(err)
@@ -242,6 +250,53 @@ func (w *world) checkGolden() {
 	if string(want) != got {
 		w.t.Errorf("transcript differs from %s (rerun with -update and review the diff):\n%s", path, firstDiff(string(want), got))
 	}
+}
+
+// testDocs reads the doc comment of every test function of this package, once.
+var testDocs = sync.OnceValues(func() (map[string]string, error) {
+	files, err := filepath.Glob("*_test.go")
+	if err != nil {
+		return nil, err
+	}
+	docs := map[string]string{}
+	fset := token.NewFileSet()
+	for _, file := range files {
+		f, err := parser.ParseFile(fset, file, nil, parser.ParseComments|parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range f.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") && fn.Doc != nil {
+				docs[fn.Name.Name] = fn.Doc.Text()
+			}
+		}
+	}
+	return docs, nil
+})
+
+// provesOf is the head of test's golden transcript: the "Proves:" paragraph of
+// its doc comment, each line as a "# " comment, so that the transcript says
+// what it proves. A scenario without one is an error: a reader of the
+// transcript, or of its diff, must not have to find the Go to learn what the
+// scenario is for.
+func provesOf(test string) (string, error) {
+	docs, err := testDocs()
+	if err != nil {
+		return "", fmt.Errorf("read the tests' doc comments: %w", err)
+	}
+	_, proves, ok := strings.Cut(docs[test], "Proves:")
+	if !ok {
+		return "", fmt.Errorf("%s writes a golden transcript, but its doc comment has no \"Proves:\" paragraph saying what it proves", test)
+	}
+	proves, _, _ = strings.Cut(proves, "\n\n")
+	var b strings.Builder
+	for i, line := range strings.Split(strings.TrimSpace(proves), "\n") {
+		if i == 0 {
+			line = "Proves: " + line
+		}
+		b.WriteString(strings.TrimRight("# "+line, " ") + "\n")
+	}
+	return b.String(), nil
 }
 
 func firstDiff(want, got string) string {

@@ -78,9 +78,10 @@ func TestHeartbeatFindsWorkWhoseNotificationWasLost(t *testing.T) {
 	}
 }
 
-// The gate (core.Rest, core.Busy): producers notify only while the dispatcher
-// waits, so before it relies on notifications the core takes the gate and looks
-// once more, and a row a producer committed without notifying is claimed then.
+// Proves: the gate (core.Rest, core.Busy): producers notify only while the
+// dispatcher waits, so before it relies on notifications the core takes the gate
+// and looks once more, and a row a producer committed without notifying is
+// claimed then.
 func TestAnIdleCoreRestsAndLooksOnceMoreBeforeItReliesOnNotifications(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0)
@@ -101,6 +102,9 @@ func TestAnIdleCoreRestsAndLooksOnceMoreBeforeItReliesOnNotifications(t *testing
 	w.wantRow(1, "a", core.StatusRunning)
 }
 
+// Proves: a core whose last look after taking the gate finds nothing stays
+// resting (no Busy, no second Rest), and a notification that brings work makes
+// it busy again.
 func TestARestingCoreStaysRestingWhenItsLastLookFindsNothing(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0)
@@ -116,6 +120,9 @@ func TestARestingCoreStaysRestingWhenItsLastLookFindsNothing(t *testing.T) {
 	one[core.Busy](t, cmds)
 }
 
+// Proves: a gate that cannot be taken (Resting with an error) makes the core
+// look at once, since no one notifies it, and not ask for the gate again at
+// once.
 func TestAGateThatCannotBeTakenIsAskedForAgainAfterALook(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0)
@@ -130,6 +137,9 @@ func TestAGateThatCannotBeTakenIsAskedForAgainAfterALook(t *testing.T) {
 	w.wantRow(1, "a", core.StatusRunning)
 }
 
+// Proves: a lost gate (RestLost: its connection died, so producers stopped
+// notifying) makes the core look at once, and a row committed meanwhile is
+// claimed.
 func TestALostGateMakesTheCoreLookAgain(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0)
@@ -798,7 +808,7 @@ func TestLostResolveReplyIsResentSafely(t *testing.T) {
 	}
 }
 
-// A transaction the shell knows did not commit (its session was ended before
+// Proves: a transaction the shell knows did not commit (its session was ended before
 // the COMMIT ran) claimed nothing and applied nothing: the retry carries no
 // orphan reset (a lost session costs the retry, nothing more), the rows the
 // workers hold stay theirs, and the message is handed on once.
@@ -819,12 +829,13 @@ func TestAnAbortedTransactionIsRetriedWithoutAReset(t *testing.T) {
 	}
 }
 
-// Found by the simulator (testdata/sim/seeds.txt): a stage pauses its message briefly and
-// answers 0; the transaction that resolves the answer also wakes the row, and its
-// reply is lost, after the same transaction woke the row and claimed it again.
-// The reset after the lost claim must not keep the row (its resolve may already
-// have been applied), so the re-sent item finds it pending instead of failing it
-// as a stage bug.
+// Found by the simulator (testdata/sim/seeds.txt).
+//
+// Proves: a stage pauses its message briefly and answers 0; the transaction
+// that resolves the answer also wakes the row and claims it again, and its reply
+// is lost. The reset after the lost claim must not keep the row (its resolve may
+// already have been applied), so the re-sent item finds it pending instead of
+// failing it as a stage bug.
 func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLost(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)
@@ -847,9 +858,11 @@ func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLos
 	}
 }
 
-// Found by the simulator (testdata/sim/seeds.txt): a claim's reply is lost, so rows it took may
-// be running with no one holding them; a graceful shutdown must reset them before
-// it exits 0 ("every row was reset or resolved").
+// Found by the simulator (testdata/sim/seeds.txt).
+//
+// Proves: a claim's reply is lost, so rows it took may be running with no one
+// holding them; a graceful shutdown must reset them before it exits 0 ("every
+// row was reset or resolved").
 func TestShutdownResetsRowsALostClaimMayHaveTakenBeforeExitingZero(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0)

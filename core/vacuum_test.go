@@ -14,6 +14,8 @@ func healthy(op int64, dead int64) core.Inspected {
 	return core.Inspected{Op: op, Dead: dead, Live: 1000, Autovacuum: true}
 }
 
+// Proves: the queue is inspected at start and then every InspectInterval, each
+// inspect under an op of its own.
 func TestTheQueueIsInspectedEveryInspectInterval(t *testing.T) {
 	w := newWorld(t, threeStages)
 	first := one[core.Inspect](t, w.start("a", 0))
@@ -26,6 +28,9 @@ func TestTheQueueIsInspectedEveryInspectInterval(t *testing.T) {
 	}
 }
 
+// Proves: dead rows at VacuumDeadMin or more are vacuumed, fewer are not, and
+// while a vacuum runs no second one starts, however many dead rows an inspect
+// finds; once it is done the next inspect may start one.
 func TestDeadRowsPastTheThresholdAreVacuumedOnceAtATime(t *testing.T) {
 	w := newWorld(t, threeStages)
 	in := one[core.Inspect](t, w.start("a", 0))
@@ -40,6 +45,8 @@ func TestDeadRowsPastTheThresholdAreVacuumedOnceAtATime(t *testing.T) {
 	one[core.Vacuum](t, w.step(healthy(in.Op, 3*core.VacuumDeadMin)))
 }
 
+// Proves: no vacuum starts while another (autovacuum's, or a DBA's) is
+// vacuuming the queue.
 func TestNoVacuumWhileAnotherRuns(t *testing.T) {
 	w := newWorld(t, threeStages)
 	in := one[core.Inspect](t, w.start("a", 0))
@@ -48,6 +55,8 @@ func TestNoVacuumWhileAnotherRuns(t *testing.T) {
 	none[core.Vacuum](t, w.step(busy), "autovacuum (or a DBA) is vacuuming the queue already")
 }
 
+// Proves: with VACUUM = off the core never vacuums, and warns that nothing of
+// its own removes the dead rows.
 func TestNoVacuumWhenTurnedOff(t *testing.T) {
 	off := newWorld(t, "[pepsi-dispatch]\nVACUUM = off\n[stage-a]\nPROGRAM = a\n")
 	in := one[core.Inspect](t, off.start("a", 0))
@@ -58,6 +67,9 @@ func TestNoVacuumWhenTurnedOff(t *testing.T) {
 	}
 }
 
+// Proves: autovacuum turned off and a horizon held back (by an idle
+// transaction) are each logged once, not at every inspect; a horizon that moves
+// on and is held back again is said again.
 func TestAutovacuumOffAndAHeldBackHorizonAreSaidOnce(t *testing.T) {
 	w := newWorld(t, threeStages)
 	in := one[core.Inspect](t, w.start("a", 0))
@@ -79,6 +91,8 @@ func TestAutovacuumOffAndAHeldBackHorizonAreSaidOnce(t *testing.T) {
 	}
 }
 
+// Proves: once the dispatcher is shutting down, no vacuum starts, whatever an
+// inspect finds.
 func TestNoInspectOrVacuumDuringShutdown(t *testing.T) {
 	w := newWorld(t, threeStages)
 	in := one[core.Inspect](t, w.start("a", 0))
@@ -95,6 +109,9 @@ func logged(cmds []core.Command, part string) bool {
 	return false
 }
 
+// Proves: the inspect asks about the configured stages, and messages pending at
+// a stage no one runs are logged with the stage and their count, once per
+// POLL_INTERVAL, not at every inspect.
 func TestPendingMessagesOfAStageNobodyRunsAreSaidOncePerHeartbeat(t *testing.T) {
 	w := newWorld(t, threeStages) // POLL_INTERVAL 30 s
 	in := one[core.Inspect](t, w.start("a", 0))
