@@ -252,7 +252,12 @@ func claim(c core.Claim) statement {
 // a plain read of pepsi.queue in the same statement, so updated rows are reported
 // from RETURNING and the others from the table; the guard is read from "o", the
 // same row joined as the statement's snapshot saw it (RETURNING shows only the
-// new version). Every worker that held these rows has answered or exited
+// new version). The look-up of a row the UPDATE skipped is a LATERAL subquery
+// whose "u.ingress_id IS NULL" becomes a one-time filter (OFFSET 0 keeps the
+// planner from flattening it into a join that looks every item's row up a
+// third time only to drop it): the step's transaction is serial on one
+// backend, and every look-up saved is hops/s (docs/performance.md). Every
+// worker that held these rows has answered or exited
 // (core.Resolve's precondition), but a commit of a stage's may still be on its
 // way: the UPDATE then waits for it and re-checks its WHERE on the committed
 // row. The WHERE names the status and stage the decision was made on, so a row
@@ -321,11 +326,15 @@ SELECT item.id,
        coalesce(u.stage, q.stage, ''),
        coalesce(u.status, q.status, ''),
        CASE WHEN u.ingress_id IS NOT NULL THEN u.timeout ELSE q.timeout END,
-       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.state ->> 'dispatch_error' END, ''),
+       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.error END, ''),
        coalesce(u.matched, false)
 FROM item
 LEFT JOIN updated u ON u.ingress_id = item.id
-LEFT JOIN pepsi.queue q ON q.ingress_id = item.id AND u.ingress_id IS NULL
+LEFT JOIN LATERAL (
+	SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
+	FROM pepsi.queue q WHERE q.ingress_id = item.id AND u.ingress_id IS NULL
+	OFFSET 0
+) q ON true
 ORDER BY item.ord`
 
 func resolve(c core.Resolve) statement {
