@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/pgtest"
 )
 
 // BenchmarkPipelineStep measures what bounds the dispatcher's hops/s: its
