@@ -26,7 +26,6 @@ var longFuncs = map[string]int{
 	"cmd/pepsi-stage-check/main.go check":                115,
 	"core/conf/conf.go Parse":                            191,
 	"internal/testenv/teststage/main.go handle":          81,
-	"shell/msgjson/msgjson.go Parse":                     96,
 	"shell/pgqueue/pgqueue.go (*Queue).run":              85,
 	"tools/pepsi-bench/ingress.go (*bench).ingressRound": 108,
 }

@@ -7,7 +7,13 @@
 //	{"payload": "x", "state": {"k": "v"}}     an initial state object
 //	{"stage": "parse", "key": "order-17"}     where Fields allow: the first stage, an idempotency key
 //
-// It is one parser so that both programs agree on every field. It only parses:
+// and, with Fields.Line, the standard input line pepsi-dispatch hands an INPUT
+// = message stage (docs/protocol.md), which pepsi-stage-check reads from its
+// -messages file:
+//
+//	{"id": 42, "stage": "parse", "attempts": 0, "state": {…}, "payload": "…"}
+//
+// It is one parser so that every program agrees on every field. It only parses:
 // it never checks that a stage is configured, and never does I/O.
 package msgjson
 
@@ -39,6 +45,9 @@ type Message struct {
 	Payload []byte
 	// State is the initial state, a JSON object; nil means {}.
 	State json.RawMessage
+	// ID and Attempts are the "id" and "attempts" fields of a line (Fields.Line).
+	ID       int64
+	Attempts int
 }
 
 // Fields says which optional fields a caller takes beyond payload,
@@ -50,10 +59,16 @@ type Fields struct {
 	Key bool
 	// Limit refuses nesting deeper than DepthMax.
 	Limit bool
+	// Line reads a message-mode input line: "id" (a positive integer) is
+	// required, "attempts" (0 or more) allowed, and the payload may be absent
+	// (a NULL payload, Message.Payload nil). Set Stage too to allow "stage".
+	Line bool
 }
 
 func (f Fields) want() string {
 	switch {
+	case f.Line:
+		return "want id, stage, attempts, state, and payload or payload_base64"
 	case f.Stage && f.Key:
 		return "want stage, payload or payload_base64, state and key"
 	case f.Stage:
@@ -66,7 +81,7 @@ func (f Fields) want() string {
 
 // Parse reads one JSON object, text, as a message.
 func Parse(text []byte, f Fields) (Message, error) {
-	if m, ok := parsePlain(text, f); ok {
+	if m, ok := parsePlain(text, f); ok && !f.Line {
 		return m, nil
 	}
 	if f.Limit {
@@ -80,6 +95,8 @@ func Parse(text []byte, f Fields) (Message, error) {
 		Payload       json.RawMessage `json:"payload"`
 		PayloadBase64 *string         `json:"payload_base64"`
 		State         json.RawMessage `json:"state"`
+		ID            *int64          `json:"id"`
+		Attempts      *int            `json:"attempts"`
 	}
 	d := json.NewDecoder(bytes.NewReader(text))
 	d.DisallowUnknownFields()
@@ -104,6 +121,9 @@ func Parse(text []byte, f Fields) (Message, error) {
 	case obj.Key != nil && !f.Key:
 		return m, fmt.Errorf(`unknown field "key" (%s)`, f.want())
 	}
+	if err := m.line(f, obj.ID, obj.Attempts); err != nil {
+		return m, err
+	}
 	if obj.Stage != nil {
 		if *obj.Stage == "" {
 			return m, errors.New("stage is empty")
@@ -122,44 +142,84 @@ func Parse(text []byte, f Fields) (Message, error) {
 		}
 		m.Key = k
 	}
+	var err error
+	if m.Payload, err = payload(obj.Payload, obj.PayloadBase64, f); err != nil {
+		return m, err
+	}
+	m.State, err = state(obj.State)
+	return m, err
+}
+
+// state checks the state field: absent or null (nil), or a JSON object
+// jsonb takes.
+func state(text json.RawMessage) (json.RawMessage, error) {
+	if len(text) == 0 || string(text) == "null" {
+		return nil, nil
+	}
+	if text[0] != '{' {
+		return nil, fmt.Errorf("state %.40s is not a JSON object", text)
+	}
+	var v any
+	if err := json.Unmarshal(text, &v); err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	if HasNUL(v) {
+		return nil, errors.New(`state holds \u0000, which PostgreSQL's jsonb refuses`)
+	}
+	return text, nil
+}
+
+// line checks and takes the fields only a line has (Fields.Line).
+func (m *Message) line(f Fields, id *int64, attempts *int) error {
 	switch {
-	case obj.Payload != nil && obj.PayloadBase64 != nil:
-		return m, errors.New("both payload and payload_base64 given; want one")
-	case obj.PayloadBase64 != nil:
-		b, err := base64.StdEncoding.DecodeString(*obj.PayloadBase64)
+	case !f.Line && id != nil:
+		return fmt.Errorf(`unknown field "id" (%s)`, f.want())
+	case !f.Line && attempts != nil:
+		return fmt.Errorf(`unknown field "attempts" (%s)`, f.want())
+	case !f.Line:
+		return nil
+	case id == nil || *id <= 0:
+		return errors.New(`no positive "id"`)
+	case attempts != nil && *attempts < 0:
+		return errors.New("attempts is negative")
+	}
+	m.ID = *id
+	if attempts != nil {
+		m.Attempts = *attempts
+	}
+	return nil
+}
+
+// payload decodes the payload from the payload or payload_base64 field (at
+// most one of them): a JSON string is its UTF-8 bytes, any other JSON value
+// its compact text. Neither is an error, except in a line (Fields.Line),
+// where it is a NULL payload: nil.
+func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error) {
+	switch {
+	case text != nil && base64Text != nil:
+		return nil, errors.New("both payload and payload_base64 given; want one")
+	case base64Text != nil:
+		b, err := base64.StdEncoding.DecodeString(*base64Text)
 		if err != nil {
-			return m, fmt.Errorf("payload_base64: %w", err)
+			return nil, fmt.Errorf("payload_base64: %w", err)
 		}
-		m.Payload = b
-	case len(obj.Payload) > 0 && obj.Payload[0] == '"':
+		return b, nil
+	case len(text) > 0 && text[0] == '"':
 		var s string
-		if err := json.Unmarshal(obj.Payload, &s); err != nil {
-			return m, fmt.Errorf("payload: %w", err)
+		if err := json.Unmarshal(text, &s); err != nil {
+			return nil, fmt.Errorf("payload: %w", err)
 		}
-		m.Payload = []byte(s)
-	case obj.Payload != nil:
+		return []byte(s), nil
+	case text != nil:
 		var compact bytes.Buffer
-		if err := json.Compact(&compact, obj.Payload); err != nil {
-			return m, fmt.Errorf("payload: %w", err)
+		if err := json.Compact(&compact, text); err != nil {
+			return nil, fmt.Errorf("payload: %w", err)
 		}
-		m.Payload = compact.Bytes()
-	default:
-		return m, errors.New("no payload (want payload or payload_base64)")
+		return compact.Bytes(), nil
+	case f.Line:
+		return nil, nil
 	}
-	if len(obj.State) > 0 && string(obj.State) != "null" {
-		if obj.State[0] != '{' {
-			return m, fmt.Errorf("state %.40s is not a JSON object", obj.State)
-		}
-		var state any
-		if err := json.Unmarshal(obj.State, &state); err != nil {
-			return m, fmt.Errorf("state: %w", err)
-		}
-		if HasNUL(state) {
-			return m, errors.New(`state holds \u0000, which PostgreSQL's jsonb refuses`)
-		}
-		m.State = obj.State
-	}
-	return m, nil
+	return nil, errors.New("no payload (want payload or payload_base64)")
 }
 
 // parsePlain reads the common shape of a message without reflection: one

@@ -36,3 +36,43 @@ func TestLimitRefusesDeepNestingOnly(t *testing.T) {
 		t.Errorf("without Limit: %v; want any depth the decoder takes", err)
 	}
 }
+
+// Proves: Fields.Line reads the line pepsi-dispatch hands a message-mode
+// stage: id required and positive, attempts, stage, and a payload that may be
+// absent (NULL) but, when an empty string, is empty and not NULL; without
+// Line, id and attempts are unknown fields.
+func TestLineReadsTheDispatchersInputLine(t *testing.T) {
+	line := msgjson.Fields{Line: true, Stage: true}
+	m, err := msgjson.Parse([]byte(`{"id":42,"stage":"parse","attempts":2,"state":{"k":1},"payload":"a\nb"}`), line)
+	if err != nil || m.ID != 42 || m.Stage != "parse" || m.Attempts != 2 || string(m.State) != `{"k":1}` || string(m.Payload) != "a\nb" {
+		t.Errorf("a whole line: %+v, %v", m, err)
+	}
+	if m, err := msgjson.Parse([]byte(`{"id":7}`), line); err != nil || m.Payload != nil || m.Attempts != 0 {
+		t.Errorf("no payload: %+v, %v; want a NULL payload", m, err)
+	}
+	if m, err := msgjson.Parse([]byte(`{"id":7,"payload":""}`), line); err != nil || m.Payload == nil || len(m.Payload) != 0 {
+		t.Errorf("an empty payload: %+v, %v; want empty, not NULL", m, err)
+	}
+	if m, err := msgjson.Parse([]byte(`{"id":7,"payload_base64":"/w=="}`), line); err != nil || string(m.Payload) != "\xff" {
+		t.Errorf("payload_base64: %+v, %v", m, err)
+	}
+	for text, want := range map[string]string{
+		`{"payload":"x"}`:                 `no positive "id"`,
+		`{"id":0,"payload":"x"}`:          `no positive "id"`,
+		`{"id":"1"}`:                      "id: want a int64",
+		`{"id":1,"attempts":-1}`:          "attempts is negative",
+		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, state, and payload or payload_base64)`,
+		`{"id":1,"payload":"x","p":1}`:    `unknown field "p"`,
+		`{"id":1,"state":[1]}`:            "is not a JSON object",
+		`{"id":1,"payload":"x"} {"id":2}`: "more than one JSON value",
+	} {
+		if _, err := msgjson.Parse([]byte(text), line); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want an error saying %q", text, err, want)
+		}
+	}
+	for _, text := range []string{`{"id":1,"payload":"x"}`, `{"attempts":1,"payload":"x"}`} {
+		if _, err := msgjson.Parse([]byte(text), msgjson.Fields{}); err == nil || !strings.Contains(err.Error(), "unknown field") {
+			t.Errorf("%s without Line: %v; want an unknown field", text, err)
+		}
+	}
+}
