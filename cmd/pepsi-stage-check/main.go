@@ -1,6 +1,7 @@
 // Command pepsi-stage-check checks a stage program against the worker protocol
 // (docs/protocol.md) with no database and no dispatcher: it starts the program
-// as pepsi-dispatch would, feeds it messages one at a time, and reports for each
+// as pepsi-dispatch would, feeds it messages (one at a time, or up to
+// -queue-limit unanswered as pepsi-dispatch does), and reports for each
 // the answer, whether it parses as a status line, and how long it took; then
 // lines nobody asked for, and how the program ended at the end of its input.
 // It exits 0 only when every answer is valid. See docs/pepsi-stage-check.1.md.
@@ -11,8 +12,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +27,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
+	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )
 
@@ -46,8 +46,9 @@ const usage = `usage: pepsi-stage-check [flags] PROGRAM [ARGS...]
 
 Checks the stage program PROGRAM against the PEPSI worker protocol with no
 database and no dispatcher. It is started as "PROGRAM worker" (or "PROGRAM
-ARGS..." when ARGS are given), fed one message at a time, and each answer is
-checked. Exit status 0 only when every answer is valid.
+ARGS..." when ARGS are given), fed one message at a time (up to -queue-limit
+unanswered), and each answer is checked. Exit status 0 only when every answer
+is valid.
 
 flags:
 `
@@ -65,6 +66,7 @@ type options struct {
 	file       string
 	count      int
 	stage      string
+	queueLimit int
 	answerWait time.Duration
 	exitWait   time.Duration
 	argv       []string
@@ -82,6 +84,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.file, "messages", "", "NDJSON file of messages to feed, one JSON object per line as in the message line format (default: generated)")
 	fs.IntVar(&o.count, "n", 5, "how many messages to generate when -messages is not given")
 	fs.StringVar(&o.stage, "stage", "check", "the stage name: PEPSI_STAGE, and the stage of generated messages")
+	fs.IntVar(&o.queueLimit, "queue-limit", 1, "how many messages the program may hold unanswered, as QUEUE_LIMIT in pepsi.conf: more are written only as answers come (1: one at a time, each answer timed alone)")
 	fs.DurationVar(&o.answerWait, "answer-wait", 2*time.Second, "how long to wait for each answer before calling it missing")
 	fs.DurationVar(&o.exitWait, "exit-wait", 5*time.Second, "how long the program may take to exit after the end of its input")
 	if _, err := cliflags.Parse(fs, args, ""); err != nil {
@@ -95,8 +98,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		fs.Usage()
 		return o, errors.New("no PROGRAM given")
 	}
-	if o.count < 1 || o.answerWait <= 0 || o.exitWait <= 0 {
-		return o, errors.New("-n, -answer-wait and -exit-wait must be positive")
+	if o.count < 1 || o.queueLimit < 1 || o.answerWait <= 0 || o.exitWait <= 0 {
+		return o, errors.New("-n, -queue-limit, -answer-wait and -exit-wait must be positive")
 	}
 	if !conf.ValidStageName(o.stage) {
 		return o, fmt.Errorf("-stage %q is not a stage name", o.stage)
@@ -191,46 +194,27 @@ func (o options) generated(id int64) input {
 	return o.line(core.Row{ID: id, Stage: o.stage, Message: msg})
 }
 
-// fromFile reads one NDJSON message: at least an id; stage, attempts, state,
-// payload or payload_base64 as in the line format.
+// fromFile reads one NDJSON message in the line format (docs/protocol.md):
+// at least an id; stage, attempts, state, payload or payload_base64, read by
+// the parser pepsi-queue and pepsi-ingress read messages with.
 func (o options) fromFile(b []byte) (input, error) {
-	var m struct {
-		ID            int64           `json:"id"`
-		Stage         string          `json:"stage"`
-		Attempts      int             `json:"attempts"`
-		State         json.RawMessage `json:"state"`
-		Payload       *string         `json:"payload"`
-		PayloadBase64 *string         `json:"payload_base64"`
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return input{}, fmt.Errorf("not a JSON message: %w", err)
-	}
-	if m.ID <= 0 {
-		return input{}, errors.New(`no positive "id"`)
+	m, err := msgjson.Parse(b, msgjson.Fields{Line: true, Stage: true})
+	if err != nil {
+		return input{}, err
 	}
 	if m.Stage == "" {
 		m.Stage = o.stage
 	}
-	msg := &core.Message{State: string(m.State), PayloadSize: -1}
-	if len(m.State) == 0 {
+	msg := &core.Message{State: string(m.State), Payload: m.Payload, PayloadSize: -1}
+	if m.State == nil {
 		msg.State = "{}"
 	}
-	switch {
-	case m.PayloadBase64 != nil:
-		p, err := base64.StdEncoding.DecodeString(*m.PayloadBase64)
-		if err != nil {
-			return input{}, fmt.Errorf("payload_base64: %w", err)
-		}
-		msg.Payload = p
-	case m.Payload != nil:
-		msg.Payload = []byte(*m.Payload)
-	}
-	if msg.Payload != nil {
-		msg.PayloadSize = len(msg.Payload)
+	if m.Payload != nil {
+		msg.PayloadSize = len(m.Payload)
 	}
 	x := o.line(core.Row{ID: m.ID, Stage: m.Stage, Attempts: m.Attempts, Message: msg})
 	if x.line == "" {
-		return input{}, errors.New("its state is not a JSON object")
+		return input{}, errors.New("it cannot be handed to an INPUT = message stage (too large?)")
 	}
 	return x, nil
 }
@@ -255,6 +239,7 @@ type output struct {
 type result struct {
 	in      input
 	answer  *output
+	sent    time.Time     // when it was written
 	wait    time.Duration // from writing the input to its answer
 	late    bool          // the answer came only after the end of input
 	verdict string        // how the answer reads, or what is wrong
@@ -285,6 +270,39 @@ func (r *report) ok() bool {
 
 // check runs the program over inputs.
 func check(ctx context.Context, o options, inputs []input, stderr io.Writer) (*report, error) {
+	p, err := start(o, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		_ = p.cmd.Process.Kill() // a no-op once it exited
+	}()
+	rep := &report{o: o}
+	// A program that writes before it has read anything (a banner, a log line
+	// on stdout, an answer for nothing) shows here.
+	rep.early = collect(p.lines, time.After(min(o.answerWait, 300*time.Millisecond)))
+	f := &feeder{program: p, o: o, rep: rep}
+	if err := f.feed(ctx, inputs); err != nil {
+		return nil, err
+	}
+	f.finish()
+	for i := range rep.results {
+		rep.results[i].judge(o)
+	}
+	return rep, nil
+}
+
+// program is the stage program, running: its standard input, the lines of
+// its standard output, and its exit.
+type program struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan output
+	exited chan error
+}
+
+// start starts the program as pepsi-dispatch would.
+func start(o options, stderr io.Writer) (*program, error) {
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)
 	cmd.Env = environment(o)
 	cmd.Stderr = prefixed{w: stderr, prefix: "stage stderr: "}
@@ -293,77 +311,114 @@ func check(ctx context.Context, o options, inputs []input, stderr io.Writer) (*r
 		return nil, err
 	}
 	// A pipe of our own, not StdoutPipe: Wait, which runs beside the reads,
-	// must not close the read end before every line is read.
+	// must not close the read end before every line is read (readLines
+	// closes it at its end).
 	out, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	defer out.Close()
 	cmd.Stdout = w
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
+		out.Close()
 		return nil, fmt.Errorf("start %s: %w", o.argv[0], err)
 	}
-	lines := make(chan output, 1024)
-	go readLines(out, lines)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Kill() // a no-op once it exited
+	p := &program{cmd: cmd, stdin: stdin, lines: make(chan output, 1024), exited: make(chan error, 1)}
+	go func() {
+		defer out.Close()
+		readLines(out, p.lines)
 	}()
+	go func() { p.exited <- cmd.Wait() }()
+	return p, nil
+}
 
-	rep := &report{o: o}
-	// A program that writes before it has read anything (a banner, a log line
-	// on stdout, an answer for nothing) shows here.
-	rep.early = collect(lines, time.After(min(o.answerWait, 300*time.Millisecond)))
-	var pending []int // inputs not answered yet, in order
-	eof := false
-	for i, in := range inputs {
-		rep.results = append(rep.results, result{in: in})
-		pending = append(pending, i)
-		sent := time.Now()
-		if _, err := io.WriteString(stdin, in.line+"\n"); err != nil {
-			rep.results[i].verdict = fmt.Sprintf("NOT READ: could not be written (%v): the program stopped reading its input", err)
-			for _, rest := range inputs[i+1:] {
-				rep.results = append(rep.results, result{in: rest, verdict: "NOT READ: the program had stopped reading its input"})
+// feeder hands the inputs to the program, up to o.queueLimit of them
+// unanswered at a time, as pepsi-dispatch hands a worker up to QUEUE_LIMIT
+// messages, and takes the answers in order.
+type feeder struct {
+	*program
+	o   options
+	rep *report
+	// pending are the inputs written and not yet answered, in order; open
+	// counts those of them still within their answer wait (the window: one
+	// past its wait no longer holds back the next input, but an answer still
+	// counts for it first, answers being in order).
+	pending []int
+	open    int
+}
+
+// feed writes every input and waits for the answers within their wait.
+func (f *feeder) feed(ctx context.Context, inputs []input) error {
+	next := 0
+	for next < len(inputs) || f.open > 0 {
+		for next < len(inputs) && f.open < f.o.queueLimit {
+			if !f.write(inputs, next) {
+				return nil
 			}
-			pending = pending[:len(pending)-1]
-			break
+			next++
 		}
-		// Wait for this input's answer; answers to earlier inputs that were
-		// missing count for them first (answers are in order).
-		timeout := time.After(o.answerWait)
-	wait:
-		for len(pending) > 0 && pending[len(pending)-1] == i {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					eof = true
-					break wait
-				}
-				j := pending[0]
-				pending = pending[1:]
-				rep.results[j].answer = &l
-				rep.results[j].wait = l.at.Sub(sent)
-			case <-timeout:
-				break wait
-			case <-ctx.Done():
-				return nil, ctx.Err()
+		oldest := f.rep.results[f.pending[len(f.pending)-f.open]]
+		select {
+		case l, ok := <-f.lines:
+			if !ok {
+				f.notRead(inputs[next:], "NOT READ: the program had closed its output (exited?)")
+				return nil
 			}
-		}
-		if eof {
-			for _, rest := range inputs[i+1:] {
-				rep.results = append(rep.results, result{in: rest, verdict: "NOT READ: the program had closed its output (exited?)"})
-			}
-			break
+			f.answered(l, false)
+		case <-time.After(time.Until(oldest.sent.Add(f.o.answerWait))):
+			f.open-- // the oldest open input's wait is over
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	_ = stdin.Close()
+	return nil
+}
+
+// write writes input i; false if it could not (then it and the rest are not read).
+func (f *feeder) write(inputs []input, i int) bool {
+	f.rep.results = append(f.rep.results, result{in: inputs[i], sent: time.Now()})
+	if _, err := io.WriteString(f.stdin, inputs[i].line+"\n"); err != nil {
+		f.rep.results[i].verdict = fmt.Sprintf("NOT READ: could not be written (%v): the program stopped reading its input", err)
+		f.notRead(inputs[i+1:], "NOT READ: the program had stopped reading its input")
+		return false
+	}
+	f.pending = append(f.pending, i)
+	f.open++
+	return true
+}
+
+// notRead reports inputs as never read, saying why.
+func (f *feeder) notRead(inputs []input, why string) {
+	for _, in := range inputs {
+		f.rep.results = append(f.rep.results, result{in: in, verdict: why})
+	}
+}
+
+// answered gives line l to the oldest unanswered input, or calls it stray.
+func (f *feeder) answered(l output, late bool) {
+	if len(f.pending) == 0 {
+		f.rep.stray = append(f.rep.stray, l)
+		return
+	}
+	x := &f.rep.results[f.pending[0]]
+	if len(f.pending) <= f.open {
+		f.open-- // it was still within its wait
+	}
+	f.pending = f.pending[1:]
+	x.answer, x.late = &l, late
+	x.wait = l.at.Sub(x.sent)
+}
+
+// finish closes the program's input and takes what it writes until it exits
+// (or exitWait passes): answers that come now are late, the rest stray.
+func (f *feeder) finish() {
+	_ = f.stdin.Close()
 	end := time.Now()
-	deadline := time.After(o.exitWait)
+	deadline := time.After(f.o.exitWait)
 	var exitErr error
 	exitedOK := false
+	lines, exited := f.lines, f.exited
 collect:
 	for lines != nil || exited != nil {
 		select {
@@ -372,14 +427,7 @@ collect:
 				lines = nil
 				continue
 			}
-			if len(pending) > 0 {
-				j := pending[0]
-				pending = pending[1:]
-				rep.results[j].answer = &l
-				rep.results[j].late = true
-			} else {
-				rep.stray = append(rep.stray, l)
-			}
+			f.answered(l, true)
 		case exitErr = <-exited:
 			exitedOK, exited = true, nil
 		case <-deadline:
@@ -388,16 +436,12 @@ collect:
 	}
 	switch {
 	case !exitedOK:
-		rep.exit = fmt.Sprintf("did not exit within %s of the end of its input (killed): a stage must finish, answer and exit 0", o.exitWait)
+		f.rep.exit = fmt.Sprintf("did not exit within %s of the end of its input (killed): a stage must finish, answer and exit 0", f.o.exitWait)
 	case exitErr == nil:
-		rep.exit, rep.exitOK = fmt.Sprintf("exit status 0, %s after the end of its input", time.Since(end).Round(time.Millisecond)), true
+		f.rep.exit, f.rep.exitOK = fmt.Sprintf("exit status 0, %s after the end of its input", time.Since(end).Round(time.Millisecond)), true
 	default:
-		rep.exit = fmt.Sprintf("%v at the end of its input: a stage must exit 0 once it has answered everything", exitErr)
+		f.rep.exit = fmt.Sprintf("%v at the end of its input: a stage must exit 0 once it has answered everything", exitErr)
 	}
-	for i := range rep.results {
-		rep.results[i].judge(o)
-	}
-	return rep, nil
 }
 
 // judge decides whether a result's answer is valid.
@@ -453,8 +497,12 @@ func (x *result) judge(o options) {
 }
 
 func (r *report) print(w io.Writer) {
-	fmt.Fprintf(w, "pepsi-stage-check: %s, INPUT = %s, stage %s, %d messages fed one at a time\n",
-		strings.Join(r.o.argv, " "), r.o.input, r.o.stage, len(r.results))
+	fed := "one at a time"
+	if r.o.queueLimit > 1 {
+		fed = fmt.Sprintf("up to %d unanswered at a time", r.o.queueLimit)
+	}
+	fmt.Fprintf(w, "pepsi-stage-check: %s, INPUT = %s, stage %s, %d messages fed %s\n",
+		strings.Join(r.o.argv, " "), r.o.input, r.o.stage, len(r.results), fed)
 	for _, l := range r.early {
 		fmt.Fprintf(w, "BEFORE ANY INPUT: %q: a line on stdout before the program read anything (a banner or a log line? stdout carries answers only)\n", clip(l.line))
 	}

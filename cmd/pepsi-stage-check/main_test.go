@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // script writes an executable stage program and returns its path.
@@ -149,5 +152,67 @@ func TestIDModeAndMessagesFromAFile(t *testing.T) {
 	want := `{"id":42,"stage":"check","attempts":0,"state":{"x":1},"payload":"a"}` + "\n" + `{"id":43,"stage":"check","attempts":0,"state":{},"payload_base64":"/w=="}` + "\n"
 	if string(got) != want {
 		t.Errorf("the stage read\n%s\nwant\n%s", got, want)
+	}
+}
+
+// Proves: with -queue-limit N, up to N messages are handed to the program
+// before its answers are read, as pepsi-dispatch does with QUEUE_LIMIT: a
+// stage that answers only once it has read three messages answers each batch
+// at once with -queue-limit 3, and only after the answer wait of the
+// messages before, one at a time.
+func TestQueueLimitHandsSeveralMessagesBeforeTheAnswers(t *testing.T) {
+	p := script(t, "threes.sh", "#!/bin/sh\nwhile read -r a && read -r b && read -r c; do printf '0 >done\\n0 >done\\n0 >done\\n'; done\n")
+	const wait = 300 * time.Millisecond
+	for _, limit := range []int{3, 1} {
+		o := options{input: conf.InputMessage, count: 6, stage: "check", queueLimit: limit, answerWait: wait, exitWait: 2 * time.Second, argv: []string{p, "worker"}}
+		inputs, err := o.inputs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errs bytes.Buffer
+		rep, err := check(context.Background(), o, inputs, &errs)
+		if err != nil {
+			t.Fatalf("-queue-limit %d: %v (%s)", limit, err, errs.String())
+		}
+		var out bytes.Buffer
+		rep.print(&out)
+		t.Logf("-queue-limit %d:\n%s", limit, out.String())
+		if !rep.ok() {
+			t.Errorf("-queue-limit %d: the check failed; want every answer valid", limit)
+		}
+		first := rep.results[0].wait
+		switch {
+		case limit == 3 && first >= wait:
+			t.Errorf("-queue-limit 3: the first answer took %s; want it within %s, the batch handed at once", first, wait)
+		case limit == 1 && first < 2*wait:
+			t.Errorf("-queue-limit 1: the first answer took %s; want at least %s (messages 2 and 3 go only after the wait of the one before)", first, 2*wait)
+		}
+	}
+	if code, report := runCheck(t, "-queue-limit", "3", "-n", "6", p); code != 0 || !strings.Contains(report, "6 messages fed up to 3 unanswered at a time") {
+		t.Errorf("-queue-limit 3 from the command line: exit %d; want 0 and the report to say how messages were fed", code)
+	}
+}
+
+// Proves: a -messages file is read by the parser pepsi-queue enqueue -ndjson
+// and pepsi-ingress share: a line without an id is refused with the line's
+// number, and a payload that is not a string is its JSON text.
+func TestMessagesFileUsesTheSharedParser(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.ndjson")
+	if err := os.WriteFile(bad, []byte(`{"id":1,"payload":"a"}`+"\n"+`{"payload":"b"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	if code := run(context.Background(), []string{"-messages", bad, "/bin/cat"}, &out, &errs); code != exitUsage || !strings.Contains(errs.String(), `bad.ndjson:2: no positive "id"`) {
+		t.Errorf("a line without an id: exit %d, %q; want %d and the line named", code, errs.String(), exitUsage)
+	}
+	good := filepath.Join(dir, "good.ndjson")
+	if err := os.WriteFile(good, []byte(`{"id":5,"payload":{"a": [1, 2]}}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := options{input: conf.InputMessage, file: good, stage: "check"}
+	inputs, err := o.inputs()
+	if want := `{"id":5,"stage":"check","attempts":0,"state":{},"payload":"{\"a\":[1,2]}"}`; err != nil || len(inputs) != 1 || inputs[0].line != want {
+		t.Errorf("a JSON payload: %+v, %v; want the line %s", inputs, err, want)
 	}
 }
