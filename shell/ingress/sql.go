@@ -30,28 +30,31 @@ UNION ALL
 SELECT q.ingress_id, q.dedup_key, false FROM pepsi.queue q
 WHERE q.dedup_key = ANY($4::text[]) AND q.dedup_key IS NOT NULL`
 
-// insertKeyedRows is insertRows for rows some of which have keys. Two
-// transactions that insert the same keys in different orders would deadlock
-// on the unique index (each waits for a key the other inserted first, until
-// the server's deadlock_timeout ends one), so every keyed batch inserts its
-// rows in key order (byte order, "C"): a transaction then only ever waits for
-// a key above every key it holds, and no cycle of waits can form. The ids are
-// drawn from the identity first, in the order of the rows, so that they still
-// follow the order of the rows as the answers promise (a key found in the
-// queue leaves its id unused, as ON CONFLICT does in insertRows).
-const insertKeyedRows = `WITH input AS MATERIALIZED (
-	SELECT nextval((SELECT pg_get_serial_sequence('pepsi.queue', 'ingress_id'))::regclass) AS id, u.*
-	FROM (SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(stage, payload, state, key, n) ORDER BY n) u
-), ins AS (
-	INSERT INTO pepsi.queue (ingress_id, stage, payload, state, dedup_key) OVERRIDING SYSTEM VALUE
-	SELECT id, stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key FROM input ORDER BY key COLLATE "C", n
-	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-	RETURNING ingress_id, dedup_key
+// Keyed batches take advisory locks before they insert. Two transactions
+// that insert the same keys in different orders would otherwise deadlock on
+// the unique index (each waiting for a key the other inserted first, until
+// the server's deadlock_timeout ends one), and the rows cannot simply be
+// inserted in key order: the ids must follow the order given, and drawing
+// them ahead with nextval would need a grant on the identity's sequence
+// beyond INSERT and SELECT. So each keyed transaction first takes the gate
+// (shared; exclusive for a batch of more than keyLocksMax keys, so that no
+// transaction holds more locks than the server's lock table allows), then
+// one lock per key, in the order of the keys' hashes. A transaction then
+// never waits on the index for a key another ingress transaction holds (it
+// would have waited on that key's lock first), and its waits on locks all go
+// up one order: no cycle of waits can form. The locks are pairs of int4 keys
+// (classes "pekg" and "peky"), a space apart from the bigint keys of
+// pepsi.queue's triggers and migrations.
+const (
+	lockKeyGateShared = `SELECT pg_advisory_xact_lock_shared(1885694823, 0)`
+	lockKeyGate       = `SELECT pg_advisory_xact_lock(1885694823, 0)`
+	lockKeys          = `SELECT count(pg_advisory_xact_lock(1885694841, h))
+FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($1::text[]) AS k WHERE k IS NOT NULL ORDER BY h) s`
 )
-SELECT ingress_id, dedup_key, true FROM ins
-UNION ALL
-SELECT q.ingress_id, q.dedup_key, false FROM pepsi.queue q
-WHERE q.dedup_key = ANY($4::text[]) AND q.dedup_key IS NOT NULL`
+
+// keyLocksMax bounds the key locks of one transaction; a batch with more
+// keys takes the gate alone, exclusively.
+const keyLocksMax = 256
 
 // lookupKeys finds the rows that hold keys. In a statement of its own it sees
 // rows that a concurrent transaction committed while insertRows waited for it.
@@ -110,13 +113,27 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 		}
 		return got, nil, false, nil
 	}
+	nkeys := 0
+	for _, k := range keys {
+		if k != nil {
+			nkeys++
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(insertKeyedRows, stages, payloads, states, keys)
+	if nkeys <= keyLocksMax {
+		b.Queue(lockKeyGateShared)
+		b.Queue(lockKeys, keys)
+	} else {
+		b.Queue(lockKeyGate)
+	}
+	b.Queue(insertRows, stages, payloads, states, keys)
 	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return nil, nil, true, fmt.Errorf("begin: %w", err)
+	for range b.Len() - 1 {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, true, fmt.Errorf("begin and lock the keys: %w", err)
+		}
 	}
 	res, err := br.Query()
 	if err == nil {
