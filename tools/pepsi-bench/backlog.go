@@ -120,7 +120,7 @@ func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error
 	stopped := false
 	defer func() {
 		if !stopped {
-			d.kill()
+			d.Kill()
 		}
 	}()
 	var samples []progressSample

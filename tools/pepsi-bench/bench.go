@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
 // Bounds of the bench's waits.
@@ -306,11 +308,8 @@ func (b *bench) prepare() error {
 	if b.self, err = filepath.EvalSymlinks(self); err != nil {
 		return fmt.Errorf("find my own binary (the stage program): %w", err)
 	}
-	if b.dispatch == "" {
-		b.dispatch, err = findDispatch(b.self)
-		if err != nil {
-			return err
-		}
+	if b.dispatch, err = dispatchproc.Find(b.dispatch); err != nil {
+		return err
 	}
 	if !b.skipPgbench && !b.backlog {
 		if b.pgbench, err = findPgbench(); err != nil {

@@ -171,7 +171,7 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 	stopped := false
 	defer func() {
 		if !stopped { // an early return: do not leave the dispatcher running
-			d.kill()
+			d.Kill()
 		}
 	}()
 	select {
@@ -207,8 +207,8 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 		return 0, 0, fmt.Errorf("count the backlog: %w", err)
 	}
 	stopped = true
-	if code, err := d.stop(); err != nil || code != 0 {
-		return 0, 0, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
+	if code, err := d.Stop(stopWait); err != nil || code != 0 {
+		return 0, 0, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.LogTail(logTailLines))
 	}
 	return tps, pending, nil
 }

@@ -652,7 +652,7 @@ func (b *bench) ingressLatency(ctx context.Context, s *ingressSettings) (latency
 	if err != nil {
 		return l, err
 	}
-	defer d.kill()
+	defer d.Kill()
 	ing, err := b.startIngress(ctx, s, "latency")
 	if err != nil {
 		return l, err

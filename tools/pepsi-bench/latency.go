@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
 // latencyWarmup is how many messages go through the pipeline before the
@@ -57,7 +59,7 @@ func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error
 	stopped := false
 	defer func() {
 		if !stopped {
-			d.kill()
+			d.Kill()
 		}
 	}()
 	if err := b.waitDone(ctx, conn, d, v, latencyWarmup); err != nil {
@@ -106,7 +108,7 @@ func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error
 // waitDone polls until n rows are done. It counts the rows, which is cheap at
 // the latency run's sizes, rather than waiting for the dispatcher's statistics,
 // which it flushes only when the pipeline goes idle.
-func (b *bench) waitDone(ctx context.Context, conn *pgx.Conn, d *dispatcher, v variant, n int) error {
+func (b *bench) waitDone(ctx context.Context, conn *pgx.Conn, d *dispatchproc.Process, v variant, n int) error {
 	return b.poll(ctx, d, v, n, "messages done", func() (done int64, err error) {
 		err = conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'done'").Scan(&done)
 		return done, err

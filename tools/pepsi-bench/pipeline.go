@@ -4,31 +4,17 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
-
-// findDispatch looks for pepsi-dispatch next to pepsi-bench (both are built into
-// bin/), then on PATH.
-func findDispatch(self string) (string, error) {
-	p := filepath.Join(filepath.Dir(self), "pepsi-dispatch")
-	if isExecutable(p) {
-		return p, nil
-	}
-	if p, err := exec.LookPath("pepsi-dispatch"); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("pepsi-dispatch is neither next to pepsi-bench (%s) nor on PATH: run \"make build\" (or -dispatch FILE)", p)
-}
 
 // confTemplate is the pipeline's pepsi.conf. The dispatcher's intervals are long
 // enough that no poll, flush or reap happens during a run unless the pipeline
@@ -167,7 +153,7 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	stopped := false
 	defer func() {
 		if !stopped { // an early return: do not leave the dispatcher running
-			d.kill()
+			d.Kill()
 		}
 	}()
 	if err := b.wait(ctx, conn, d, v, b.n, nil); err != nil {
@@ -179,7 +165,7 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	}
 	backendCPU, backendsKnown := backendsCPU(ctx, conn)
 	if b.payloadBytes > 0 {
-		p.rssPeakKiB = peakRSS(d.cmd.Process.Pid)
+		p.rssPeakKiB = peakRSS(d.Pid())
 	}
 	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, b.n); err != nil {
@@ -188,7 +174,7 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	// The relay modes' stages are not the dispatcher's children: no CPU figure.
 	noBackends := v.mode == modeAnswer || v.mode == modeMessage || v.mode == modePython
 	if backendsKnown && !v.mode.relay() && (noBackends || v.cfg.maxMessages >= b.n) {
-		p.cpu = pipelineCPU{programs: d.cpu(), backends: backendCPU}
+		p.cpu = pipelineCPU{programs: d.CPU(), backends: backendCPU}
 	}
 	p.elapsed = end.Sub(start)
 	p.hops = float64(hopsPerMessage*b.n) / p.elapsed.Seconds()
@@ -200,12 +186,12 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 
 // stopAndVerify stops the dispatcher with SIGTERM, which must make it exit 0,
 // and checks the outcome of n messages (see verify).
-func (b *bench) stopAndVerify(ctx context.Context, conn *pgx.Conn, d *dispatcher, n int) error {
-	if code, err := d.stop(); err != nil || code != 0 {
-		return fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.logTail())
+func (b *bench) stopAndVerify(ctx context.Context, conn *pgx.Conn, d *dispatchproc.Process, n int) error {
+	if code, err := d.Stop(stopWait); err != nil || code != 0 {
+		return fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.LogTail(logTailLines))
 	}
 	if err := verify(ctx, conn, n); err != nil {
-		return fmt.Errorf("%w\n%s", err, d.logTail())
+		return fmt.Errorf("%w\n%s", err, d.LogTail(logTailLines))
 	}
 	return nil
 }
@@ -237,7 +223,7 @@ func queueUpdates(ctx context.Context, conn *pgx.Conn) (n int64, ok bool) {
 // last done row's, so how soon the poll notices does not matter; verify then
 // counts the rows.) sample, when not nil, gets every poll's stage_passes and the
 // time of the flush that wrote them (the server's clock).
-func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher, v variant, n int, sample func(at time.Time, passes int64)) error {
+func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatchproc.Process, v variant, n int, sample func(at time.Time, passes int64)) error {
 	return b.poll(ctx, d, v, n, "messages out of the pipeline", func() (int64, error) {
 		var (
 			left, passes int64
@@ -257,7 +243,7 @@ func (b *bench) wait(ctx context.Context, conn *pgx.Conn, d *dispatcher, v varia
 // -timeout passes or ctx ends. A worker killed for a protocol error ends the
 // wait at once: in answer mode that is the dispatcher refusing "0 >TARGET"
 // (errRefused). what names the progress in errors.
-func (b *bench) poll(ctx context.Context, d *dispatcher, v variant, n int, what string, progress func() (int64, error)) error {
+func (b *bench) poll(ctx context.Context, d *dispatchproc.Process, v variant, n int, what string, progress func() (int64, error)) error {
 	deadline := time.After(b.timeout)
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
@@ -269,16 +255,15 @@ func (b *bench) poll(ctx context.Context, d *dispatcher, v variant, n int, what 
 		if got >= int64(n) {
 			return nil
 		}
-		if line := d.protocolError(); line != "" {
+		if line := protocolError(d); line != "" {
 			return refusal(v.mode, line, d)
 		}
 		select {
 		case <-tick.C:
-		case code := <-d.exited:
-			d.exited <- code
-			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d %s\n%s", code, got, n, what, d.logTail())
+		case <-d.Done():
+			return fmt.Errorf("pepsi-dispatch exited (status %d) with %d of %d %s\n%s", d.ExitCode(), got, n, what, d.LogTail(logTailLines))
 		case <-deadline:
-			return fmt.Errorf("%d of %d %s within %v (-timeout)\n%s", got, n, what, b.timeout, d.logTail())
+			return fmt.Errorf("%d of %d %s within %v (-timeout)\n%s", got, n, what, b.timeout, d.LogTail(logTailLines))
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted: %w", ctx.Err())
 		}
@@ -287,13 +272,13 @@ func (b *bench) poll(ctx context.Context, d *dispatcher, v variant, n int, what 
 
 // refusal is the error for a run whose worker the dispatcher killed for a
 // protocol error, logged in line.
-func refusal(m mode, line string, d *dispatcher) error {
+func refusal(m mode, line string, d *dispatchproc.Process) error {
 	if m.answers() {
 		return fmt.Errorf("%w: this pepsi-dispatch does not accept status lines that carry the transition "+
 			"(\"0 >b\", \"0 >done\"): it killed the %s-mode worker for a protocol error. The \"0 >TARGET\" "+
 			"protocol (docs/protocol.md, issue 9) is not in this build; -modes write measures the rest. Its log: %s", errRefused, m, line)
 	}
-	return fmt.Errorf("a %s-mode worker broke the protocol: %s\n%s", m, line, d.logTail())
+	return fmt.Errorf("a %s-mode worker broke the protocol: %s\n%s", m, line, d.LogTail(logTailLines))
 }
 
 // verify checks that every message is done and that the dispatcher's statistics
@@ -332,75 +317,20 @@ func peakRSS(pid int) int64 {
 	return 0
 }
 
-// dispatcher is one running pepsi-dispatch.
-type dispatcher struct {
-	cmd    *exec.Cmd
-	log    string
-	exited chan int // its exit status, once
-}
-
-func (b *bench) startDispatcher(confFile, tag string) (*dispatcher, error) {
-	logFile := filepath.Join(b.dir, "pepsi-dispatch."+tag+".log")
-	f, err := os.Create(logFile)
-	if err != nil {
-		return nil, err
-	}
-	args := []string{"-c", confFile, "-log-level", "warn"}
+// startDispatcher starts pepsi-dispatch on confFile, logging warnings and
+// errors to a file named for tag in the working directory, with its CPU
+// profile if -cpuprofile asks and b.dispatchEnv added to its environment.
+func (b *bench) startDispatcher(confFile, tag string) (*dispatchproc.Process, error) {
+	args := []string{"-log-level", "warn"}
 	if b.cpuProfile != "" {
 		args = append(args, "-cpuprofile", b.cpuProfile+"."+tag)
 	}
-	cmd := exec.Command(b.dispatch, args...)
-	// The programs read their database from the configuration: a PEPSI_*
-	// variable of ours must not override it.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PEPSI_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, b.dispatchEnv...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", b.dispatch, err)
-	}
-	d := &dispatcher{cmd: cmd, log: logFile, exited: make(chan int, 1)}
-	go func() {
-		_ = cmd.Wait() // the exit status is read from ProcessState
-		f.Close()
-		d.exited <- cmd.ProcessState.ExitCode()
-	}()
-	return d, nil
+	return dispatchproc.Start(dispatchproc.Config{Binary: b.dispatch, Conf: confFile, Args: args,
+		Log: filepath.Join(b.dir, "pepsi-dispatch."+tag+".log"), Env: b.dispatchEnv})
 }
 
-// stop sends SIGTERM and waits for the exit status.
-func (d *dispatcher) stop() (int, error) {
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return -1, fmt.Errorf("signal pepsi-dispatch: %w", err)
-	}
-	select {
-	case code := <-d.exited:
-		return code, nil
-	case <-time.After(stopWait):
-		d.kill()
-		return -1, fmt.Errorf("pepsi-dispatch did not exit within %v of SIGTERM; killed it", stopWait)
-	}
-}
-
-func (d *dispatcher) kill() {
-	_ = d.cmd.Process.Kill() // it may have exited already
-	code := <-d.exited
-	d.exited <- code
-}
-
-// cpu is the user and system time of the exited dispatcher and of the workers it
-// reaped (wait4 reports both).
-func (d *dispatcher) cpu() time.Duration {
-	st := d.cmd.ProcessState
-	if st == nil {
-		return 0
-	}
-	return st.UserTime() + st.SystemTime()
-}
+// logTailLines is how much of the dispatcher's log an error shows.
+const logTailLines = 30
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every Linux
 // architecture Go runs on.
@@ -452,8 +382,8 @@ var protocolMarks = []string{"broke the protocol", "protocol error"}
 // protocolError is the first line of the dispatcher's log that reports a protocol
 // error, or "". The log holds warnings and errors only, so reading it whole each
 // poll costs nothing while all goes well.
-func (d *dispatcher) protocolError() string {
-	text, err := os.ReadFile(d.log)
+func protocolError(d *dispatchproc.Process) string {
+	text, err := os.ReadFile(d.Log)
 	if err != nil {
 		return ""
 	}
@@ -465,17 +395,4 @@ func (d *dispatcher) protocolError() string {
 		}
 	}
 	return ""
-}
-
-// logTail is the end of the dispatcher's log, for error messages.
-func (d *dispatcher) logTail() string {
-	text, err := os.ReadFile(d.log)
-	if err != nil || len(text) == 0 {
-		return "(pepsi-dispatch logged nothing)"
-	}
-	lines := strings.Split(strings.TrimRight(string(text), "\n"), "\n")
-	if len(lines) > 30 {
-		lines = lines[len(lines)-30:]
-	}
-	return "--- the end of pepsi-dispatch's log (" + d.log + ") ---\n" + strings.Join(lines, "\n")
 }

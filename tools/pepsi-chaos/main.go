@@ -40,7 +40,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -56,6 +55,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
 	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/stage"
+	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
 // Exit codes.
@@ -151,15 +151,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pepsi-chaos: %v\n", err)
 		return exitSetup
 	}
-	bin := *dispatchB
-	if bin == "" {
-		bin = filepath.Join(filepath.Dir(self), "pepsi-dispatch")
-		if _, err := os.Stat(bin); err != nil {
-			if bin, err = exec.LookPath("pepsi-dispatch"); err != nil {
-				fmt.Fprintln(stderr, "pepsi-chaos: no pepsi-dispatch beside this program nor on PATH (make build, or -dispatch)")
-				return exitSetup
-			}
-		}
+	bin, err := dispatchproc.Find(*dispatchB)
+	if err != nil {
+		fmt.Fprintf(stderr, "pepsi-chaos: %v\n", err)
+		return exitSetup
 	}
 	c := &chaos{log: log, out: stdout, self: self, dispatchBin: bin, rng: rand.New(rand.NewPCG(*seed, 0)), blackhole: *blackhole, keep: *keep, parallelism: 2}
 	var code int
@@ -206,10 +201,9 @@ type chaos struct {
 // first takes the lock at once, the others wait for it, and one that lost it
 // waits again instead of exiting.
 type dispatcher struct {
+	*dispatchproc.Process
 	name    string // its workers' application_name
-	cmd     *exec.Cmd
 	app     string // its own sessions' application_name
-	done    chan struct{}
 	started time.Time
 }
 
@@ -391,38 +385,27 @@ QUEUE_LIMIT = 4
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(filepath.Join(c.dir, fmt.Sprintf("dispatch-%d.log", n)))
+	var env []string
+	if c.runs != "" {
+		env = append(env, runsEnv+"="+c.runs)
+	}
+	// PG* variables of ours must not reach the dispatcher: every one of its
+	// connections goes through the proxy.
+	p, err := dispatchproc.Start(dispatchproc.Config{Binary: c.dispatchBin, Conf: conf,
+		Args: []string{"-database", viaProxy, "-standby", "-log-format", "json"},
+		Log:  filepath.Join(c.dir, fmt.Sprintf("dispatch-%d.log", n)), Env: env, Drop: []string{"PG"}})
 	if err != nil {
 		return nil, err
-	}
-	cmd := exec.Command(c.dispatchBin, "-c", conf, "-database", viaProxy, "-standby", "-log-format", "json")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	if c.runs != "" {
-		cmd.Env = append(cmd.Env, runsEnv+"="+c.runs)
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start pepsi-dispatch: %w", err)
 	}
 	host, err := os.Hostname()
 	if err != nil {
 		host = "unknown-host"
 	}
-	d := &dispatcher{name: name, cmd: cmd, app: fmt.Sprintf("pepsi-dispatch %s %d", host, cmd.Process.Pid), done: make(chan struct{}), started: time.Now()}
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(d.done)
-	}()
+	d := &dispatcher{Process: p, name: name, app: fmt.Sprintf("pepsi-dispatch %s %d", host, p.Pid()), started: time.Now()}
 	c.mu.Lock()
 	c.dispatchers = append(c.dispatchers, d)
 	c.mu.Unlock()
-	c.log.Info("started pepsi-dispatch", "pid", cmd.Process.Pid, "workers", name)
+	c.log.Info("started pepsi-dispatch", "pid", p.Pid(), "workers", name)
 	return d, nil
 }
 
@@ -433,7 +416,7 @@ func (c *chaos) alive() []*dispatcher {
 	var out []*dispatcher
 	for _, d := range c.dispatchers {
 		select {
-		case <-d.done:
+		case <-d.Done():
 		default:
 			out = append(out, d)
 		}
@@ -529,7 +512,7 @@ func (c *chaos) watchWorkers(ctx context.Context) {
 	for ctx.Err() == nil {
 		now := time.Now()
 		for _, d := range c.alive() {
-			for _, pid := range children(d.cmd.Process.Pid) {
+			for _, pid := range children(d.Pid()) {
 				c.mu.Lock()
 				if _, ok := c.firstSeen[pid]; !ok {
 					c.firstSeen[pid] = now
@@ -647,7 +630,7 @@ func (c *chaos) workerKill(ctx context.Context) (time.Duration, error) {
 				return 0, errors.New("no worker has run long enough to count as started")
 			}
 			c.mu.Lock()
-			for _, pid := range children(d.cmd.Process.Pid) {
+			for _, pid := range children(d.Pid()) {
 				if seen, ok := c.firstSeen[pid]; ok && time.Since(seen) > 6*time.Second {
 					victims = append(victims, pid)
 				}
@@ -664,7 +647,7 @@ func (c *chaos) workerKill(ctx context.Context) (time.Duration, error) {
 			return 0, err
 		}
 		killed := time.Now()
-		c.log.Info("killing worker", "pid", victim, "dispatcher", d.cmd.Process.Pid)
+		c.log.Info("killing worker", "pid", victim, "dispatcher", d.Pid())
 		if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 			return 0, fmt.Errorf("kill worker %d: %w", victim, err)
 		}
@@ -692,14 +675,14 @@ func (c *chaos) standbyTakeover(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	killed := time.Now()
-	if err := old.cmd.Process.Kill(); err != nil {
+	if err := old.Cmd.Process.Kill(); err != nil {
 		return 0, err
 	}
 	w, err := c.awaitWrite(ctx, seq, 10*time.Second, "claim by the standby", func(w writelog.Write) bool {
 		return w.App != old.app && strings.HasPrefix(w.App, "pepsi-dispatch ") &&
 			w.OldStatus == "pending" && w.NewStatus == "running" && w.At.After(killed)
 	})
-	<-old.done
+	<-old.Done()
 	if err != nil {
 		return 0, err
 	}
@@ -787,14 +770,13 @@ func (c *chaos) blackHole(ctx context.Context) (time.Duration, error) {
 // 30 s).
 func (c *chaos) stopAll() {
 	for _, d := range c.alive() {
-		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		_ = d.Cmd.Process.Signal(syscall.SIGTERM) // one that exited meanwhile needs none
 	}
 	for _, d := range c.alive() {
 		select {
-		case <-d.done:
+		case <-d.Done():
 		case <-time.After(30 * time.Second):
-			_ = d.cmd.Process.Kill()
-			<-d.done
+			d.Kill()
 		}
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
 func main() {
@@ -128,15 +129,14 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	d.step("Starting pepsi-dispatch (log: %s)", d.logf)
-	dispatcher, exited, err := d.startDispatcher()
+	dispatcher, err := d.startDispatcher()
 	if err != nil {
 		return err
 	}
 	stopped := false
 	defer func() {
 		if !stopped { // an early return: do not leave the dispatcher running
-			_ = dispatcher.Process.Kill()
-			<-exited
+			dispatcher.Kill()
 			d.showLog()
 		}
 	}()
@@ -161,14 +161,14 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := d.watch(ctx, conn, exited); err != nil {
+	if err := d.watch(ctx, conn, dispatcher); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
 
 	d.step("Stopping pepsi-dispatch with SIGTERM")
 	stopped = true
-	code, err := stopDispatcher(dispatcher, exited)
+	code, err := dispatcher.Stop(stopWait)
 	if err != nil {
 		d.showLog()
 		return err
@@ -301,45 +301,15 @@ func (d *demo) tool(ctx context.Context, stdin io.Reader, args ...string) error 
 	return nil
 }
 
-func (d *demo) startDispatcher() (*exec.Cmd, <-chan int, error) {
-	logFile, err := os.Create(d.logf)
-	if err != nil {
-		return nil, nil, err
-	}
-	cmd := exec.Command("pepsi-dispatch", "-c", d.conf)
-	cmd.Env = d.env
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+// startDispatcher starts pepsi-dispatch (from PATH, as the demo shows it) on
+// the demo's configuration, its log in d.logf.
+func (d *demo) startDispatcher() (*dispatchproc.Process, error) {
 	fmt.Fprintf(d.out, "$ pepsi-dispatch -c %s 2>%s &\n", d.conf, d.logf)
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, nil, fmt.Errorf("start pepsi-dispatch: %w", err)
-	}
-	exited := make(chan int, 1)
-	go func() {
-		_ = cmd.Wait() // the exit status is read from ProcessState
-		logFile.Close()
-		exited <- cmd.ProcessState.ExitCode()
-	}()
-	return cmd, exited, nil
-}
-
-// stopDispatcher sends SIGTERM and waits for the exit status.
-func stopDispatcher(cmd *exec.Cmd, exited <-chan int) (int, error) {
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return 0, fmt.Errorf("signal pepsi-dispatch: %w", err)
-	}
-	select {
-	case code := <-exited:
-		return code, nil
-	case <-time.After(stopWait):
-		_ = cmd.Process.Kill()
-		<-exited
-		return 0, fmt.Errorf("pepsi-dispatch did not exit within %v of SIGTERM; killed it", stopWait)
-	}
+	return dispatchproc.Start(dispatchproc.Config{Binary: dispatchproc.Name, Conf: d.conf, Log: d.logf})
 }
 
 // watch shows progress until every message has left the pipeline.
-func (d *demo) watch(ctx context.Context, conn *pgx.Conn, exited <-chan int) error {
+func (d *demo) watch(ctx context.Context, conn *pgx.Conn, dispatcher *dispatchproc.Process) error {
 	every := pollPlain
 	if d.tty {
 		every = pollTTY
@@ -362,8 +332,8 @@ func (d *demo) watch(ctx context.Context, conn *pgx.Conn, exited <-chan int) err
 		}
 		select {
 		case <-tick.C:
-		case code := <-exited:
-			return fmt.Errorf("pepsi-dispatch exited (status %d) before the pipeline finished; see its log above", code)
+		case <-dispatcher.Done():
+			return fmt.Errorf("pepsi-dispatch exited (status %d) before the pipeline finished; see its log above", dispatcher.ExitCode())
 		case <-deadline:
 			return fmt.Errorf("the pipeline did not finish %d messages within %v (-timeout); %d finished", d.n, d.timeout, finished)
 		case <-ctx.Done():

@@ -30,7 +30,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -45,6 +44,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 	"github.com/pepsi-pipeline/pepsi/stage"
+	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
 func main() {
@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&s.queueLimit, "queue-limit", 16, "QUEUE_LIMIT of each stage")
 	fs.StringVar(&s.dbName, "db-name", "pepsi_soak", "the database it creates afresh (and drops at the end)")
 	fs.BoolVar(&s.private, "private", false, "run on a PostgreSQL server of its own, autovacuum on at its defaults")
-	fs.StringVar(&s.dispatch, "dispatch", "", "pepsi-dispatch binary (default: next to pepsi-soak)")
+	fs.StringVar(&s.dispatch, "dispatch", "", "pepsi-dispatch binary (default: next to pepsi-soak, else on PATH)")
 	fs.DurationVar(&s.retain, "retain", 5*time.Minute, "purge finished messages older than this every minute, as pepsi-queue purge from cron would (0: keep them)")
 	if _, err := cliflags.Parse(fs, args, ""); err != nil {
 		return usageError{err}
@@ -112,8 +112,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("find myself: %w", err)
 	}
 	s.self = self
-	if s.dispatch == "" {
-		s.dispatch = filepath.Join(filepath.Dir(self), "pepsi-dispatch")
+	if s.dispatch, err = dispatchproc.Find(s.dispatch); err != nil {
+		return err
 	}
 	if s.private {
 		pg, err := privatepg.Start()
@@ -192,11 +192,11 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	cmd, metricsAddr, stopDispatch, err := s.startDispatch(dir, confFile)
+	d, metricsAddr, err := s.startDispatch(dir, confFile)
 	if err != nil {
 		return err
 	}
-	defer stopDispatch()
+	defer d.Stop(stopWait) //nolint:errcheck // at exit, whatever the run's outcome; its log stays in dir until then
 
 	if s.rate == 0 {
 		if err := s.calibrate(ctx, conn); err != nil {
@@ -235,7 +235,7 @@ func (s *soak) soak(ctx context.Context, dbURL string) error {
 			}
 		}
 		left := messagesLeft(ctx, conn)
-		sm := takeSample(ctx, conn, minute, left-left0, cmd.Process.Pid, metricsAddr)
+		sm := takeSample(ctx, conn, minute, left-left0, d.Pid(), metricsAddr)
 		left0 = left
 		samples = append(samples, sm)
 		fmt.Fprintf(s.out, "%6d %10d %9d %11d %9.1f %9.1f %8.1f %5d %7d %10d\n", sm.minute, sm.done, sm.pending, sm.dead,
@@ -255,29 +255,19 @@ func (s *soak) writeConfig(dir, dbURL string) (string, error) {
 	return file, os.WriteFile(file, []byte(text), 0o644)
 }
 
+// stopWait is how long pepsi-dispatch may take to exit after SIGTERM.
+const stopWait = 30 * time.Second
+
 // startDispatch starts pepsi-dispatch on confFile, logging JSON to
-// dir/dispatch.log, with its metrics on a free address. stop ends it with
-// SIGTERM and waits for it.
-func (s *soak) startDispatch(dir, confFile string) (cmd *exec.Cmd, metricsAddr string, stop func(), err error) {
-	metricsAddr, err = freeAddr()
+// dir/dispatch.log, with its metrics on a free address.
+func (s *soak) startDispatch(dir, confFile string) (*dispatchproc.Process, string, error) {
+	metricsAddr, err := freeAddr()
 	if err != nil {
-		return nil, "", nil, err
+		return nil, "", err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "dispatch.log"))
-	if err != nil {
-		return nil, "", nil, err
-	}
-	cmd = exec.Command(s.dispatch, "-c", confFile, "-metrics-addr", metricsAddr, "-log-format", "json")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, "", nil, fmt.Errorf("start pepsi-dispatch: %w", err)
-	}
-	return cmd, metricsAddr, func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		logFile.Close()
-	}, nil
+	d, err := dispatchproc.Start(dispatchproc.Config{Binary: s.dispatch, Conf: confFile,
+		Args: []string{"-metrics-addr", metricsAddr, "-log-format", "json"}, Log: filepath.Join(dir, "dispatch.log")})
+	return d, metricsAddr, err
 }
 
 // calibrate sets s.rate to 70% of what the pipeline finishes in 20 s of a
