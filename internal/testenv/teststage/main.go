@@ -376,72 +376,102 @@ func handle(ctx context.Context, conn *pgx.Conn, id int64) (answer string, err e
 	pass := passOf(state)
 	record(Record{Ev: "handle", ID: id, Pass: pass})
 	answer = "0"
-	transition := func(set string, args ...any) error {
-		args = append([]any{id, stageName, pass + 1}, args...)
-		_, err := conn.Exec(ctx, `UPDATE pepsi.queue SET `+set+`,
-			state = jsonb_set(state, ARRAY['n_' || $2::text], to_jsonb($3::int)), updated_at = now()
-			WHERE ingress_id = $1 AND status = 'running' AND stage = $2`, args...)
-		if err != nil {
-			return fmt.Errorf("transition of message %d: %w", id, err)
-		}
-		return nil
-	}
 	defer func() { answer = countPass(answer, pass) }()
 	for _, op := range action(payload, stageName, pass) {
-		name, arg, _ := strings.Cut(op, ":")
-		switch name {
-		case "advance":
-			err = transition("stage = $4", arg)
-		case "done", "failed":
-			err = transition("status = $4", name)
-		case "count":
-			err = transition("status = status") // the pass count only: no transition
-		case "pause":
-			err = transition("status = 'paused', timeout = now() + $4 * interval '1 millisecond'", int(millis(arg)/time.Millisecond))
-		case "sleep":
-			time.Sleep(millis(arg))
-		case "hang":
-			select {}
-		case "answer":
-			answer = arg
-		case "print":
-			if _, err := os.Stdout.WriteString(arg + "\n"); err != nil {
-				return "", err
-			}
-			answer = ""
-		case "fused":
-			answer += " " + arg
-		case "stderr":
-			fmt.Fprintln(os.Stderr, arg)
-		case "exit":
-			n, _ := strconv.Atoi(arg)
-			os.Exit(n)
-		case "segv":
-			segv()
-		case "noop":
-		case "flood":
-			n, _ := strconv.Atoi(arg)
-			chunk := []byte(strings.Repeat("x", 64<<10))
-			for n > 0 {
-				k := min(n, len(chunk))
-				if _, err := os.Stdout.Write(chunk[:k]); err != nil {
-					return "", err
-				}
-				n -= k
-			}
-		case "closeout":
-			if err := os.Stdout.Close(); err != nil {
-				return "", err
-			}
-			answer = ""
-		default:
-			return "", fmt.Errorf("message %d: unknown op %q", id, op)
+		if set, args, ok := transitionOf(op); ok {
+			err = transition(ctx, conn, id, pass, set, args...)
+		} else {
+			answer, err = act(id, op, answer)
 		}
 		if err != nil {
 			return "", err
 		}
 	}
 	return answer, nil
+}
+
+// transitionOf is the SET clause (with its arguments from $4 on) of an op
+// that writes the row: advance, done, failed, pause, and count, which writes
+// only the pass count. ok is false for any other op.
+func transitionOf(op string) (set string, args []any, ok bool) {
+	name, arg, _ := strings.Cut(op, ":")
+	switch name {
+	case "advance":
+		return "stage = $4", []any{arg}, true
+	case "done", "failed":
+		return "status = $4", []any{name}, true
+	case "count":
+		return "status = status", nil, true // the pass count only: no transition
+	case "pause":
+		return "status = 'paused', timeout = now() + $4 * interval '1 millisecond'", []any{int(millis(arg) / time.Millisecond)}, true
+	}
+	return "", nil, false
+}
+
+// transition writes message id's row as set says, guarded like a stage's own
+// transition, counting this pass in state.n_STAGE.
+func transition(ctx context.Context, conn *pgx.Conn, id int64, pass int, set string, args ...any) error {
+	args = append([]any{id, stageName, pass + 1}, args...)
+	_, err := conn.Exec(ctx, `UPDATE pepsi.queue SET `+set+`,
+		state = jsonb_set(state, ARRAY['n_' || $2::text], to_jsonb($3::int)), updated_at = now()
+		WHERE ingress_id = $1 AND status = 'running' AND stage = $2`, args...)
+	if err != nil {
+		return fmt.Errorf("transition of message %d: %w", id, err)
+	}
+	return nil
+}
+
+// act runs an op that touches no row (timing, answers, output, dying) and
+// returns the answer line as it now stands.
+func act(id int64, op, answer string) (string, error) {
+	name, arg, _ := strings.Cut(op, ":")
+	switch name {
+	case "sleep":
+		time.Sleep(millis(arg))
+	case "hang":
+		select {}
+	case "answer":
+		return arg, nil
+	case "print":
+		if _, err := os.Stdout.WriteString(arg + "\n"); err != nil {
+			return "", err
+		}
+		return "", nil
+	case "fused":
+		return answer + " " + arg, nil
+	case "stderr":
+		fmt.Fprintln(os.Stderr, arg)
+	case "exit":
+		n, _ := strconv.Atoi(arg)
+		os.Exit(n)
+	case "segv":
+		segv()
+	case "noop":
+	case "flood":
+		n, _ := strconv.Atoi(arg)
+		return answer, flood(n)
+	case "closeout":
+		if err := os.Stdout.Close(); err != nil {
+			return "", err
+		}
+		return "", nil
+	default:
+		return "", fmt.Errorf("message %d: unknown op %q", id, op)
+	}
+	return answer, nil
+}
+
+// flood writes n bytes of "x" to standard output, no newline.
+func flood(n int) error {
+	chunk := []byte(strings.Repeat("x", 64<<10))
+	for n > 0 {
+		k := min(n, len(chunk))
+		if _, err := os.Stdout.Write(chunk[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 // segv dies by SIGSEGV. The Go runtime handles SIGSEGV itself (a kill(2) of it
