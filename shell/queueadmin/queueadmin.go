@@ -93,14 +93,7 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 		}
 	}
 	var r Range
-	err := conn.QueryRow(ctx, `WITH ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state)
-	SELECT $1, u.p, coalesce(nullif(u.s, '')::jsonb, '{}')
-	FROM unnest($2::bytea[], $3::text[]) WITH ORDINALITY AS u(p, s, n)
-	ORDER BY u.n
-	RETURNING ingress_id)
-SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0) FROM ins`,
-		stage, payloads, states).Scan(&r.Count, &r.First, &r.Last)
+	err := conn.QueryRow(ctx, enqueueSQL, stage, payloads, states).Scan(&r.Count, &r.First, &r.Last)
 	if err != nil {
 		return Range{}, fmt.Errorf("enqueue: %w", err)
 	}
@@ -151,9 +144,7 @@ var statusOrder = []string{"pending", "running", "paused", "done", "failed", "ti
 func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 	s := &Stats{}
 	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT stage, status, count(*),
-	coalesce(extract(epoch FROM now() - min(updated_at)) * 1e6, 0)::bigint
-FROM pepsi.queue GROUP BY stage, status`)
+		rows, err := tx.Query(ctx, countSQL)
 		if err != nil {
 			return fmt.Errorf("count rows: %w", err)
 		}
@@ -177,8 +168,7 @@ FROM pepsi.queue GROUP BY stage, status`)
 			}
 			return slices.Index(statusOrder, a.Status) - slices.Index(statusOrder, b.Status)
 		})
-		rows, err = tx.Query(ctx, `SELECT stage, processed, failed, timeouts, crashes, processing_us, updated_at
-FROM pepsi.stage_stats ORDER BY stage`)
+		rows, err = tx.Query(ctx, stageStatsSQL)
 		if err != nil {
 			return fmt.Errorf("read stage_stats: %w", err)
 		}
@@ -190,7 +180,7 @@ FROM pepsi.stage_stats ORDER BY stage`)
 		if err != nil {
 			return fmt.Errorf("read stage_stats: %w", err)
 		}
-		err = tx.QueryRow(ctx, `SELECT stage_passes, messages_left, updated_at, flush_seq FROM pepsi.dispatch_stats`).
+		err = tx.QueryRow(ctx, dispatchStatsSQL).
 			Scan(&s.Dispatch.StagePasses, &s.Dispatch.MessagesLeft, &s.Dispatch.UpdatedAt, &s.Dispatch.FlushSeq)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("read dispatch_stats: %w", err)
@@ -234,8 +224,7 @@ type Message struct {
 func Show(ctx context.Context, conn *pgx.Conn, id int64) (*Message, error) {
 	m := &Message{ID: id}
 	var state []byte
-	err := conn.QueryRow(ctx, `SELECT stage, status, timeout, state, payload, created_at, updated_at
-FROM pepsi.queue WHERE ingress_id = $1`, id).
+	err := conn.QueryRow(ctx, showSQL, id).
 		Scan(&m.Stage, &m.Status, &m.Timeout, &state, &m.Payload, &m.CreatedAt, &m.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
@@ -279,28 +268,13 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 	}
 	var n int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		// In SET, stage, status and state are the row's values before the update.
-		err := tx.QueryRow(ctx, `WITH moved AS (
-	UPDATE pepsi.queue SET
-		status = 'pending',
-		stage = coalesce(nullif($4, ''), stage),
-		timeout = NULL,
-		attempts = 0,
-		updated_at = now(),
-		state = (state - 'dispatch_error') || jsonb_build_object('dispatch_error_history',
-			CASE WHEN jsonb_typeof(state->'dispatch_error_history') = 'array'
-				THEN state->'dispatch_error_history' ELSE '[]'::jsonb END
-			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
-				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
-	WHERE status = ANY($3) AND ($1::bigint = 0 OR ingress_id = $1) AND ($2 = '' OR stage = $2)
-	RETURNING 1)
-SELECT count(*) FROM moved`, f.ID, f.Stage, statuses, f.To).Scan(&n)
+		err := tx.QueryRow(ctx, retrySQL, f.ID, f.Stage, statuses, f.To).Scan(&n)
 		if err != nil {
 			return err
 		}
 		if n > 0 {
 			// Delivered at commit, with the rows.
-			_, err = tx.Exec(ctx, `SELECT pg_notify('ingress', '')`)
+			_, err = tx.Exec(ctx, notifySQL)
 		}
 		return err
 	})
@@ -337,22 +311,13 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 	}
 	// One cutoff for the whole purge, on the server's clock.
 	var cutoff time.Time
-	if err := conn.QueryRow(ctx, `SELECT now() - make_interval(secs => $1)`, olderThan.Seconds()).Scan(&cutoff); err != nil {
+	if err := conn.QueryRow(ctx, cutoffSQL, olderThan.Seconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("purge: %w", err)
 	}
 	var total, after int64
 	for {
 		var found, last, deleted int64
-		err := conn.QueryRow(ctx, `WITH victims AS (
-	SELECT ingress_id FROM pepsi.queue
-	WHERE ingress_id > $1 AND status = ANY($2) AND updated_at < $3
-	ORDER BY ingress_id LIMIT $4),
-gone AS (
-	DELETE FROM pepsi.queue q USING victims v
-	WHERE q.ingress_id = v.ingress_id AND q.status = ANY($2) AND q.updated_at < $3
-	RETURNING 1)
-SELECT (SELECT count(*) FROM victims), (SELECT coalesce(max(ingress_id), 0) FROM victims), (SELECT count(*) FROM gone)`,
-			after, statuses, cutoff, batch).Scan(&found, &last, &deleted)
+		err := conn.QueryRow(ctx, purgeSQL, after, statuses, cutoff, batch).Scan(&found, &last, &deleted)
 		if err != nil {
 			return total, fmt.Errorf("purge: after %d rows: %w", total, err)
 		}
