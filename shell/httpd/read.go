@@ -7,7 +7,7 @@
 // It must never write to the database (it works with a read-only role and every
 // transaction it opens is READ ONLY), never read or show a message's payload,
 // and never run a query whose cost grows with the finished messages kept in the
-// queue: every query walks one of the queue's partial indexes (see Queries and
+// queue: every query walks one of the queue's partial indexes (see sql.go and
 // the EXPLAIN test). Scrapes that arrive together share one read.
 package httpd
 
@@ -20,8 +20,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 )
 
 // Statuses lists the statuses the live gauges count, in pipeline order. Done
@@ -129,52 +127,6 @@ type TableHealth struct {
 	// horizon has been open (0 if none is visible to this role).
 	HorizonSeconds float64 `json:"horizon_seconds"`
 }
-
-// Queries are the statements a read runs, by name, each bounded by a partial
-// index of pepsi.queue or by a small table. The EXPLAIN test checks that none
-// of them scans the queue sequentially.
-var Queries = map[string]string{
-	// The pending index (stage, ingress_id) answers the count; the head of each
-	// stage's queue is one more index probe.
-	"pending": `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - h.updated_at), 0)::float8
-FROM (SELECT stage, count(*) AS n FROM pepsi.queue WHERE status = 'pending' GROUP BY stage) p
-CROSS JOIN LATERAL (SELECT q.updated_at FROM pepsi.queue q
-	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`,
-	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
-	"running": `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`,
-	// Paused rows are few (the queue_paused index holds only them); attempts
-	// is read from their heap rows.
-	"paused": `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now()), count(*) FILTER (WHERE attempts > 0)
-FROM pepsi.queue WHERE status = 'paused' GROUP BY stage`,
-	// The queue_failed index (schema version 2) holds only these rows.
-	"failed": `SELECT stage, status, count(*) FROM pepsi.queue
-WHERE status IN ('failed', 'timeout') GROUP BY stage, status`,
-	"failures": `SELECT ingress_id, stage, status, updated_at,
-	CASE WHEN state ? 'dispatch_error' THEN 'dispatcher' WHEN state ? 'error' THEN 'stage' ELSE '' END,
-	left(coalesce(state->>'dispatch_error', state->>'error', ''), ` + fmt.Sprint(ReasonMax) + `)
-FROM pepsi.queue WHERE status IN ('failed', 'timeout') ORDER BY updated_at DESC LIMIT ` + fmt.Sprint(FailuresMax),
-	"stage_stats": `SELECT stage, processed, failed, timeouts, crashes, processing_us, retries, rate_held_us, updated_at
-FROM pepsi.stage_stats ORDER BY stage`,
-	"dispatch_stats": `SELECT stage_passes, messages_left, updated_at FROM pepsi.dispatch_stats`,
-	"table": `SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
-	coalesce(greatest(s.last_vacuum, s.last_autovacuum), 'epoch'::timestamptz),
-	coalesce((SELECT extract(epoch FROM clock_timestamp() - min(a.xact_start)) FROM pg_stat_activity a
-	          WHERE a.backend_xmin IS NOT NULL AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()), 0)::float8
-	FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = 'pepsi.queue'::regclass`,
-	// pg_locks shows the lock to every role. classid and objid are the two
-	// halves of pgqueue.LockKey.
-	"lock": fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
-	AND classid = %d AND objid = %d AND objsubid = 1 AND granted
-	AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`,
-		pgqueue.LockKey>>32, pgqueue.LockKey&0xffffffff),
-}
-
-// GrantsSQL is all pepsi-httpd needs, given to a role named pepsi_monitor:
-// every column of the queue but payload, and the two statistics tables. The
-// database then guarantees that pepsi-httpd shows no payload and writes nothing.
-const GrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
-GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at) ON pepsi.queue TO pepsi_monitor;
-GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
 
 // Read takes a Snapshot in one READ ONLY, REPEATABLE READ transaction, so every
 // number in it is of the same instant. stages, if not empty, are stages to list

@@ -141,7 +141,7 @@ var errNoSchema = errors.New("no PEPSI schema of version 2 or later (index pepsi
 func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
 	if !s.schemaOK.Load() {
 		var indexed bool
-		if err := s.pool.QueryRow(ctx, `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`).Scan(&indexed); err != nil {
+		if err := s.pool.QueryRow(ctx, schemaSQL).Scan(&indexed); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.where, err)
 		}
 		if !indexed {
