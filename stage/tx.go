@@ -21,10 +21,6 @@ var errHandlerEndsTx = errors.New("stage: a handler must not commit or roll back
 // pass must run again on the row as it is now.
 var errRowChanged = errors.New("the message's row changed while its handler ran")
 
-// lockSQL locks the row a handler is about to write beside, and reads what tells
-// whether it is still the version the handler was given.
-const lockSQL = `SELECT stage, status, xmin FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`
-
 // lazyTx is Message.Tx: a transaction that begins when the handler first uses
 // it. Most handlers never do, and their pass then needs no transaction at all:
 // the dispatcher writes the transition they answer (see worker.pass). Its
@@ -87,7 +83,7 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 		// Conn() then runs them there, not in transactions of their own that
 		// would commit in a pass that does not.
 		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-			if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK AND CHAIN"); rerr != nil {
+			if _, rerr := conn.Exec(context.WithoutCancel(ctx), rollbackAndChainSQL); rerr != nil {
 				t.w.closeBroken(ctx) // as a failed rollback of pgx's does
 			}
 		}
@@ -111,7 +107,7 @@ func (t *lazyTx) end(ctx context.Context) {
 		_ = t.tx.Rollback(context.WithoutCancel(ctx))
 		return
 	}
-	if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+	if _, err := conn.Exec(context.WithoutCancel(ctx), rollbackSQL); err != nil {
 		t.w.closeBroken(ctx) // as a failed rollback of pgx's does
 	}
 }

@@ -153,11 +153,6 @@ type row struct {
 	version uint32
 }
 
-// readSQL reads the rows of a batch of ids in one statement, without a lock: a
-// row running at this stage is moved only by this worker (or by the dispatcher
-// when it answers), and every write is guarded.
-const readSQL = `SELECT ingress_id, stage, status, state, payload, attempts, xmin FROM pepsi.queue WHERE ingress_id = ANY($1)`
-
 // readBatch reads the rows of ids in one round trip. A missing id has no entry.
 func (w *worker) readBatch(ctx context.Context, ids []int64) (map[int64]row, error) {
 	if w.conn == nil {
@@ -282,9 +277,6 @@ func (w *worker) handle(ctx context.Context, id int64, rows map[int64]row) (stri
 // errConnectionLost reports that the connection died while a handler ran.
 var errConnectionLost = errors.New("database connection lost while the handler ran")
 
-// readOneSQL reads the row of one id, for a pass that runs again.
-const readOneSQL = `SELECT ingress_id, stage, status, state, payload, attempts, xmin FROM pepsi.queue WHERE ingress_id = $1`
-
 // read returns the row of id: from rows when the batch read it (pgx.ErrNoRows
 // when the batch found none), else read now.
 func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, error) {
@@ -298,24 +290,6 @@ func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, e
 	err := w.conn.QueryRow(ctx, readOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version)
 	return x, err
 }
-
-// transitionSQL is every transition the library writes itself. The guard makes
-// sure the row is still running at the stage that handled it and, when $7 is not
-// null, that it is still the version the handler was given. When it moved no
-// row it fails, with division_by_zero, which nothing else in it can raise: in a
-// handler's transaction that stops the COMMIT queued behind it in the same batch
-// (see commitTx).
-const transitionSQL = `WITH moved AS (
-	UPDATE pepsi.queue
-	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
-	WHERE ingress_id = $1 AND status = 'running' AND stage = $6 AND ($7::xid IS NULL OR xmin = $7::xid)
-	RETURNING 1
-)
-SELECT 1 / count(*) FROM moved`
-
-// transitionNoRow is the SQLSTATE (division_by_zero) of a transition that moved
-// no row.
-const transitionNoRow = "22012"
 
 // pass runs one id. Its error is a database error; every other outcome is a
 // status line.
@@ -522,7 +496,7 @@ func (w *worker) commitTx(ctx context.Context, r *row, newStage string, newStatu
 	// The row is locked: no version guard (the handler may have changed the row
 	// in place; only moving it is a bug).
 	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, nil)
-	b.Queue("COMMIT")
+	b.Queue(commitSQL)
 	br := w.conn.SendBatch(ctx, b)
 	// Close repeats the first error, already returned below.
 	defer br.Close() //nolint:errcheck // see above
