@@ -162,110 +162,132 @@ func (b *bench) runIngress(ctx context.Context, s *ingressSettings) error {
 func (b *bench) ingressRound(ctx context.Context, s *ingressSettings) (ingressRound, error) {
 	var r ingressRound
 	var err error
-	// pgbench into pepsi.queue, with its triggers, no dispatcher.
-	if _, err = b.migrated(ctx); err != nil {
+	if r.pgbenchTPS, err = b.ingressPgbench(ctx); err != nil {
 		return r, err
+	}
+	if r.single, r.singleServerCPU, err = b.ingressSingle(ctx, s); err != nil {
+		return r, err
+	}
+	// The same NDJSON through pepsi-queue enqueue, then pepsi-ingress.
+	var lines bytes.Buffer
+	for i := range s.total {
+		fmt.Fprintf(&lines, "{\"payload\": \"message %d\", \"state\": {\"n\": %d}}\n", i, i)
+	}
+	if r.queueRate, err = b.ingressQueue(ctx, s, lines.Bytes()); err != nil {
+		return r, err
+	}
+	r.ndjsonRequests, r.ndjsonRate, err = b.ingressNDJSON(ctx, s, lines.Bytes())
+	return r, err
+}
+
+// ingressPgbench is pgbench's rate of single-row INSERTs into pepsi.queue,
+// with its triggers and no dispatcher.
+func (b *bench) ingressPgbench(ctx context.Context) (tps float64, err error) {
+	if _, err = b.migrated(ctx); err != nil {
+		return 0, err
 	}
 	script := filepath.Join(b.dir, "ingest.sql")
 	if err := os.WriteFile(script, []byte(ingestScript), 0o600); err != nil {
-		return r, err
+		return 0, err
 	}
 	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(b.seconds), "-f", script, b.url}
 	out, err := exec.CommandContext(ctx, b.pgbench, args...).CombinedOutput()
 	if err != nil {
-		return r, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out)
+		return 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out)
 	}
-	if r.pgbenchTPS, err = parseTPS(out); err != nil {
-		return r, err
-	}
+	return parseTPS(out)
+}
 
-	// Single-message requests.
+// ingressSingle is what s.clients keep-alive clients posting one message per
+// request achieve for b.seconds, and the CPU time pepsi-ingress spent on them.
+func (b *bench) ingressSingle(ctx context.Context, s *ingressSettings) (loadResult, time.Duration, error) {
 	conn, err := b.migrated(ctx)
 	if err != nil {
-		return r, err
+		return loadResult{}, 0, err
 	}
 	ing, err := b.startIngress(ctx, s, "single")
 	if err != nil {
-		return r, err
+		return loadResult{}, 0, err
 	}
 	single := []byte(`{"stage": "a", "payload": "ingest"}`)
-	r.single, err = load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte { return single })
+	r, err := load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte { return single })
 	if err2 := ing.stop(); err == nil {
 		err = err2
 	}
 	if err != nil {
-		return r, err
+		return loadResult{}, 0, err
 	}
-	r.singleServerCPU = ing.cpu
-	if err := checkRows(ctx, conn, r.single.messages); err != nil {
-		return r, err
-	}
+	return r, ing.cpu, checkRows(ctx, conn, r.messages)
+}
 
-	// The same NDJSON through pepsi-queue enqueue, then pepsi-ingress.
-	lines := filepath.Join(b.dir, "messages.ndjson")
-	var buf bytes.Buffer
-	for i := range s.total {
-		fmt.Fprintf(&buf, "{\"payload\": \"message %d\", \"state\": {\"n\": %d}}\n", i, i)
+// ingressQueue is the rate, in messages a second, of pepsi-queue enqueue
+// -ndjson reading lines from a file.
+func (b *bench) ingressQueue(ctx context.Context, s *ingressSettings, lines []byte) (float64, error) {
+	file := filepath.Join(b.dir, "messages.ndjson")
+	if err := os.WriteFile(file, lines, 0o600); err != nil {
+		return 0, err
 	}
-	if err := os.WriteFile(lines, buf.Bytes(), 0o600); err != nil {
-		return r, err
-	}
-	if conn, err = b.migrated(ctx); err != nil {
-		return r, err
-	}
-	in, err := os.Open(lines)
+	conn, err := b.migrated(ctx)
 	if err != nil {
-		return r, err
+		return 0, err
 	}
+	in, err := os.Open(file)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
 	cmd := exec.CommandContext(ctx, s.queue, "-database", b.url, "enqueue", "-stage", "a", "-ndjson", "-batch", strconv.Itoa(s.batch))
 	cmd.Stdin = in
 	start := time.Now()
-	out, err = cmd.CombinedOutput()
+	out, err := cmd.CombinedOutput()
 	elapsed := time.Since(start)
-	in.Close()
 	if err != nil {
-		return r, fmt.Errorf("pepsi-queue enqueue: %w\n%s", err, out)
+		return 0, fmt.Errorf("pepsi-queue enqueue: %w\n%s", err, out)
 	}
-	r.queueRate = float64(s.total) / elapsed.Seconds()
-	if err := checkRows(ctx, conn, int64(s.total)); err != nil {
-		return r, err
-	}
+	return float64(s.total) / elapsed.Seconds(), checkRows(ctx, conn, int64(s.total))
+}
 
-	if conn, err = b.migrated(ctx); err != nil {
-		return r, err
+// ingressNDJSON posts lines to pepsi-ingress in NDJSON requests of s.batch
+// lines from one client: the requests' figures and the messages' rate.
+func (b *bench) ingressNDJSON(ctx context.Context, s *ingressSettings, lines []byte) (loadResult, float64, error) {
+	conn, err := b.migrated(ctx)
+	if err != nil {
+		return loadResult{}, 0, err
 	}
-	if ing, err = b.startIngress(ctx, s, "ndjson"); err != nil {
-		return r, err
+	ing, err := b.startIngress(ctx, s, "ndjson")
+	if err != nil {
+		return loadResult{}, 0, err
 	}
-	all := buf.Bytes()
+	bodies := batches(lines, s.batch)
+	start := time.Now()
+	r, err := loadN(ctx, ing.url+"?stage=a", 1, "application/x-ndjson", bodies)
+	elapsed := time.Since(start)
+	if err2 := ing.stop(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		return loadResult{}, 0, err
+	}
+	return r, float64(s.total) / elapsed.Seconds(), checkRows(ctx, conn, int64(s.total))
+}
+
+// batches cuts lines into bodies of n lines each (the last may hold fewer).
+func batches(lines []byte, n int) [][]byte {
 	var bodies [][]byte
-	for len(all) > 0 {
+	for len(lines) > 0 {
 		cut := 0
-		for range s.batch {
-			i := bytes.IndexByte(all[cut:], '\n')
+		for range n {
+			i := bytes.IndexByte(lines[cut:], '\n')
 			if i < 0 {
-				cut = len(all)
+				cut = len(lines)
 				break
 			}
 			cut += i + 1
 		}
-		bodies = append(bodies, all[:cut])
-		all = all[cut:]
+		bodies = append(bodies, lines[:cut])
+		lines = lines[cut:]
 	}
-	start = time.Now()
-	r.ndjsonRequests, err = loadN(ctx, ing.url+"?stage=a", 1, "application/x-ndjson", bodies)
-	elapsed = time.Since(start)
-	if err2 := ing.stop(); err == nil {
-		err = err2
-	}
-	if err != nil {
-		return r, err
-	}
-	r.ndjsonRate = float64(s.total) / elapsed.Seconds()
-	if err := checkRows(ctx, conn, int64(s.total)); err != nil {
-		return r, err
-	}
-	return r, nil
+	return bodies
 }
 
 // loadAverage is the machine's 1-minute load average, "?" where it cannot be

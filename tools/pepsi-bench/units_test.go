@@ -214,3 +214,22 @@ func TestABacklogWithoutAutovacuumSaysSo(t *testing.T) {
 		t.Errorf("autovacuumNote(off) = %q, want it to name the setting", note)
 	}
 }
+
+// batches cuts NDJSON into bodies of n whole lines, the last one shorter,
+// losing and adding nothing.
+func TestBatchesCutWholeLines(t *testing.T) {
+	lines := []byte("a\nb\nc\nd\ne\n")
+	got := batches(lines, 2)
+	want := []string{"a\nb\n", "c\nd\n", "e\n"}
+	if len(got) != len(want) {
+		t.Fatalf("batches(%q, 2) = %q, want %q", lines, got, want)
+	}
+	for i := range want {
+		if string(got[i]) != want[i] {
+			t.Errorf("batch %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	if got := batches([]byte("a\nb"), 5); len(got) != 1 || string(got[0]) != "a\nb" {
+		t.Errorf("batches without a final newline = %q, want one body \"a\\nb\"", got)
+	}
+}
