@@ -294,8 +294,7 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
-	var v int
-	err = pool.QueryRow(ctx, "SELECT coalesce((SELECT max(version) FROM pepsi.schema_migrations), 0)").Scan(&v)
+	v, err := ingress.SchemaVersion(ctx, pool)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("%s: %w (run pepsi-queue migrate)", where, err)

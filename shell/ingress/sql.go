@@ -195,3 +195,15 @@ func countPending(ctx context.Context, pool *pgxpool.Pool, stages []string, limi
 	}
 	return counts, nil
 }
+
+// schemaVersionSQL is the version of the schema the database is at: the
+// highest migration applied.
+const schemaVersionSQL = `SELECT coalesce((SELECT max(version) FROM pepsi.schema_migrations), 0)`
+
+// SchemaVersion reads the version of the PEPSI schema the database is at, so
+// that pepsi-ingress can refuse to serve one older than it needs.
+func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var v int
+	err := pool.QueryRow(ctx, schemaVersionSQL).Scan(&v)
+	return v, err
+}
