@@ -302,12 +302,12 @@ func (c *committer) try(rows []row) ([]int64, error) {
 	ids, err := assign(rows, got, lookedUp)
 	if err != nil {
 		if open {
-			conn.Exec(ctx, "ROLLBACK") //nolint:errcheck // the error that matters is err
+			conn.Exec(ctx, rollbackSQL) //nolint:errcheck // the error that matters is err
 		}
 		return nil, err
 	}
 	if open {
-		tag, err := conn.Exec(ctx, "COMMIT")
+		tag, err := conn.Exec(ctx, commitSQL)
 		if err != nil {
 			return nil, fmt.Errorf("commit: %w", err)
 		}

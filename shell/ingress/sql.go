@@ -120,7 +120,7 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 		}
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(beginSQL)
 	if nkeys <= keyLocksMax {
 		b.Queue(lockKeyGateShared)
 		b.Queue(lockKeys, keys)
@@ -207,3 +207,12 @@ func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	err := pool.QueryRow(ctx, schemaVersionSQL).Scan(&v)
 	return v, err
 }
+
+// beginSQL, commitSQL and rollbackSQL frame a keyed batch's transaction (see
+// insert): it stays open until its ids are assigned, then commits, or rolls
+// back when they cannot be.
+const (
+	beginSQL    = "BEGIN"
+	commitSQL   = "COMMIT"
+	rollbackSQL = "ROLLBACK"
+)
