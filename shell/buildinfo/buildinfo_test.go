@@ -18,9 +18,9 @@ func TestVersionNamesTheProgramAndTheToolchain(t *testing.T) {
 	}
 }
 
-// Every program (cmd/, tools/pepsi-*, examples/pepsi-example) answers -version: one line naming it, exit 0, and
-// nothing else done (no database is reachable at the address the environment
-// gives).
+// Every program (cmd/, tools/pepsi-*, examples/pepsi-example) answers
+// -version: one line naming it, exit 0, and nothing else done (no database is
+// reachable at the address the environment gives).
 func TestEveryProgramAnswersVersion(t *testing.T) {
 	t.Parallel()
 	var dirs []string
