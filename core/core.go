@@ -192,7 +192,11 @@ type Core struct {
 	// gate: whether the dispatcher counts as waiting (see Rest). lastClaim is
 	// when the core last sent a Claim; restRetryAt, after a failed Rest, when it
 	// may ask again, and restRetry the pause after the next failure.
-	gate        gateState
+	gate gateState
+	// askLookAt: while a Rest is outstanding, when the core looks for work
+	// again (see lookWhileAsking); askLookStep: the pause before the next.
+	askLookAt   time.Time
+	askLookStep time.Duration
 	lastClaim   time.Time
 	restRetryAt time.Time
 	restRetry   time.Duration
@@ -396,6 +400,9 @@ func (c *Core) setTimer() {
 	}
 	if c.restReady() {
 		at(c.restAt())
+	}
+	if c.gate == gateAsking && !queueBlocked {
+		at(c.askLookAt)
 	}
 	if c.hasDeltas() && !queueBlocked {
 		at(c.lastFlush.Add(c.cfg.StatsInterval))

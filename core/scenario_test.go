@@ -137,6 +137,30 @@ func TestAGateThatCannotBeTakenIsAskedForAgainAfterALook(t *testing.T) {
 	w.wantRow(1, "a", core.StatusRunning)
 }
 
+// Proves: while a Rest waits for the gate (a producer that inserted while the
+// core was busy stays in its transaction), the core keeps looking, first after
+// RestRetryMin, then twice as long each time, so rows that other producers
+// committed meanwhile without notifying do not wait for that one transaction,
+// nor for the heartbeat.
+func TestTheCoreKeepsLookingWhileItsRestWaitsForTheGate(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	w.at(core.RestAfter)
+	cmds := w.c.Step(w.now, core.Tick{})
+	one[core.Rest](t, cmds)
+	if timer := one[core.SetTimer](t, cmds); !timer.At.Equal(w.now.Add(core.RestRetryMin)) {
+		t.Errorf("timer at %v while the Rest is outstanding, want RestRetryMin after it (%v)", timer.At, w.now.Add(core.RestRetryMin))
+	}
+	// Committed without a notification; no Resting comes.
+	w.q.Insert("b", 1)
+	none[core.Claim](t, w.c.Step(w.now.Add(core.RestRetryMin-time.Nanosecond), core.Tick{}), "a look before RestRetryMin")
+	cmds = w.c.Step(w.now.Add(core.RestRetryMin), core.Tick{})
+	if c := one[core.Claim](t, cmds); len(c.Caps) != 3 {
+		t.Errorf("the look while asking claims %v, want every stage", c.Caps)
+	}
+	none[core.Rest](t, cmds, "the Rest is still outstanding")
+}
+
 // Proves: a lost gate (RestLost: its connection died, so producers stopped
 // notifying) makes the core look at once, and a row committed meanwhile is
 // claimed.

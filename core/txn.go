@@ -361,8 +361,26 @@ func (c *Core) restAt() time.Time {
 func (c *Core) rest() {
 	if c.restReady() && !c.now.Before(c.restAt()) {
 		c.gate = gateAsking
+		c.askLookStep = RestRetryMin
+		c.askLookAt = c.now.Add(c.askLookStep)
 		c.emit(Rest{})
 	}
+}
+
+// lookWhileAsking looks for work again while a Rest is outstanding, first
+// after RestRetryMin, then twice as long each time up to RestRetryMax. Taking
+// the gate waits for every producer transaction that inserted while the core
+// was busy, and one of them may stay open for minutes (a bulk import): the
+// rows of every other such producer, committed meanwhile, did not notify, and
+// without these looks they would wait for that one transaction, or for the
+// heartbeat.
+func (c *Core) lookWhileAsking() {
+	if c.gate != gateAsking || c.now.Before(c.askLookAt) {
+		return
+	}
+	c.lookAll()
+	c.askLookStep = min(2*c.askLookStep, RestRetryMax)
+	c.askLookAt = c.now.Add(c.askLookStep)
 }
 
 // resting is the answer to Rest: the gate is held (or could not be taken).

@@ -224,6 +224,7 @@ func (c *Core) timers() {
 		c.sweep = c.resetDone
 		c.lookAll()
 	}
+	c.lookWhileAsking()
 	for _, id := range c.workerIDs() {
 		w := c.workers[id]
 		switch w.state {
