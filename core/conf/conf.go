@@ -235,165 +235,32 @@ func (e *Error) Error() string {
 
 // Parse parses the text of a pepsi.conf called file.
 func Parse(file, text string) (*Config, error) {
-	c := &Config{Dispatch: Dispatch{
-		MaxRuntime:    DefaultMaxRuntime,
-		IdleTimeout:   DefaultIdleTimeout,
-		PollInterval:  DefaultPollInterval,
-		StatsInterval: DefaultStatsInterval,
-		StopGrace:     DefaultStopGrace,
-		Vacuum:        true,
-		LineMax:       DefaultLineMax,
-		ConfigFile:    file,
-	}, Ingress: Ingress{Listen: DefaultIngressListen, MaxBody: DefaultIngressMaxBody}}
-	stages := map[string]*Stage{}
-	stageLine := map[string]int{}
-	var stageOrder []string // names in the order of their sections, for errors
-	seen := map[string]int{}
-	ingressLine := map[string]int{} // where LISTEN, TLS_CERT and TLS_KEY were set, for Check's errors
-	section := ""
+	p := &parser{file: file, stages: map[string]*Stage{}, stageLine: map[string]int{},
+		seen: map[string]int{}, ingressLine: map[string]int{},
+		c: &Config{Dispatch: Dispatch{
+			MaxRuntime:    DefaultMaxRuntime,
+			IdleTimeout:   DefaultIdleTimeout,
+			PollInterval:  DefaultPollInterval,
+			StatsInterval: DefaultStatsInterval,
+			StopGrace:     DefaultStopGrace,
+			Vacuum:        true,
+			LineMax:       DefaultLineMax,
+			ConfigFile:    file,
+		}, Ingress: Ingress{Listen: DefaultIngressListen, MaxBody: DefaultIngressMaxBody}}}
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	n := 1 // the line being read
-	for ; sc.Scan(); n++ {
+	for p.n = 1; sc.Scan(); p.n++ {
 		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' || line[0] == ';' {
-			continue
-		}
-		bad := func(key, format string, args ...any) error {
-			return &Error{File: file, Line: n, Key: key, Msg: fmt.Sprintf(format, args...)}
-		}
-		if line[0] == '[' {
-			if !strings.HasSuffix(line, "]") {
-				return nil, bad("", "section header %q has no closing ]", line)
-			}
-			section = strings.TrimSpace(line[1 : len(line)-1])
-			switch {
-			case section == "pepsi", section == "pepsi-dispatch", section == "pepsi-ingress":
-			case strings.HasPrefix(section, "stage-"):
-				name := strings.TrimPrefix(section, "stage-")
-				switch name {
-				case ReservedDone:
-					return nil, bad("", "stage name %q is reserved: a stage that answers \"0 >done\" finishes its message", name)
-				case ReservedPaused:
-					return nil, bad("", "stage name %q is reserved: a stage that answers \"0 >paused:SECONDS\" pauses its message", name)
-				}
-				if !ValidStageName(name) {
-					return nil, bad("", "stage name %q: use letters, digits, '_' and '-'", name)
-				}
-				if _, dup := stages[name]; dup {
-					return nil, bad("", "section [%s] appears twice (first at line %d)", section, stageLine[name])
-				}
-				stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
-					QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages,
-					RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax, Input: InputID}
-				stageLine[name] = n
-				stageOrder = append(stageOrder, name)
-			default:
-				return nil, bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch], [pepsi-ingress] or [stage-NAME])", section)
-			}
-			continue
-		}
-		key, value, ok := strings.Cut(line, "=")
-		if !ok {
-			return nil, bad("", "want KEY = value, got %q", line)
-		}
-		key, value = strings.TrimSpace(key), strings.TrimSpace(value)
-		if section == "" {
-			return nil, bad(key, "key outside any section")
-		}
-		where := section + "." + key
-		if first, dup := seen[where]; dup {
-			return nil, bad(key, "set twice in [%s] (first at line %d)", section, first)
-		}
-		seen[where] = n
 		var err error
-		switch section {
-		case "pepsi":
-			switch key {
-			case "DATABASE":
-				c.Database = value
-			default:
-				return nil, bad(key, "unknown key in [pepsi] (want DATABASE)")
-			}
-		case "pepsi-dispatch":
-			d := &c.Dispatch
-			switch key {
-			case "MAX_RUNTIME":
-				d.MaxRuntime, err = ParseDuration(value)
-			case "WORKER_IDLE_TIMEOUT":
-				d.IdleTimeout, err = ParseDuration(value)
-			case "POLL_INTERVAL":
-				d.PollInterval, err = ParseDuration(value)
-			case "STATS_INTERVAL":
-				d.StatsInterval, err = ParseDuration(value)
-			case "STOP_GRACE":
-				d.StopGrace, err = ParseDuration(value)
-			case "CONFIG_FILE":
-				if value == "" {
-					err = fmt.Errorf("must not be empty")
-				}
-				d.ConfigFile = value
-			case "VACUUM":
-				d.Vacuum, err = ParseOnOff(value)
-			case "LINE_MAX":
-				d.LineMax, err = parseLineMax(value)
-			default:
-				return nil, bad(key, "unknown key in [pepsi-dispatch] (want MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM or LINE_MAX)")
-			}
-		case "pepsi-ingress":
-			in := &c.Ingress
-			switch key {
-			case "LISTEN":
-				if _, _, ok := SplitHostPort(value); !ok {
-					err = fmt.Errorf("%q is not host:port (127.0.0.1:8180, [::1]:8180, :8180)", value)
-				}
-				in.Listen = value
-				ingressLine["LISTEN"] = n
-			case "TOKENS_FILE":
-				in.TokensFile, err = nonEmpty(value)
-			case "TLS_CERT":
-				in.TLSCert, err = nonEmpty(value)
-				ingressLine["TLS_CERT"] = n
-			case "TLS_KEY":
-				in.TLSKey, err = nonEmpty(value)
-				ingressLine["TLS_KEY"] = n
-			case "MAX_BODY":
-				in.MaxBody, err = parseBounded(value, ingressMaxBodyMax)
-			case "MAX_PENDING":
-				in.MaxPending, err = parseBounded(value, ingressMaxPendingMax)
-			default:
-				return nil, bad(key, "unknown key in [pepsi-ingress] (want LISTEN, TOKENS_FILE, TLS_CERT, TLS_KEY, MAX_BODY or MAX_PENDING)")
-			}
+		switch {
+		case line == "" || line[0] == '#' || line[0] == ';':
+		case line[0] == '[':
+			err = p.header(line)
 		default:
-			s := stages[strings.TrimPrefix(section, "stage-")]
-			switch key {
-			case "PROGRAM":
-				if value == "" {
-					err = fmt.Errorf("must not be empty")
-				}
-				s.Program = value
-			case "PARALLELISM":
-				s.Parallelism, err = parsePositive(value)
-			case "QUEUE_LIMIT":
-				s.QueueLimit, err = parsePositive(value)
-			case "MAX_MESSAGES":
-				s.MaxMessages, err = parsePositive(value)
-			case "RETRY_LIMIT":
-				s.RetryLimit, err = parseRetryLimit(value)
-			case "RETRY_DELAY":
-				s.RetryDelay, err = ParseDuration(value)
-			case "RETRY_DELAY_MAX":
-				s.RetryDelayMax, err = ParseDuration(value)
-			case "INPUT":
-				s.Input, err = parseInput(value)
-			case "RATE":
-				s.Rate, err = ParseRate(value)
-			default:
-				return nil, bad(key, "unknown key in [%s] (want PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE or INPUT)", section)
-			}
+			err = p.setting(line)
 		}
 		if err != nil {
-			return nil, bad(key, "%v", err)
+			return nil, err
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -401,27 +268,217 @@ func Parse(file, text string) (*Config, error) {
 		if errors.Is(err, bufio.ErrTooLong) {
 			msg = "line is longer than 1048576 bytes"
 		}
-		return nil, &Error{File: file, Line: n, Msg: msg}
+		return nil, &Error{File: file, Line: p.n, Msg: msg}
 	}
-	for _, name := range stageOrder {
-		s := stages[name]
+	return p.finish()
+}
+
+// parser is the state of Parse while it reads a file, line by line.
+type parser struct {
+	file       string
+	c          *Config
+	stages     map[string]*Stage
+	stageLine  map[string]int // where each [stage-NAME] starts
+	stageOrder []string       // names in the order of their sections, for errors
+	// seen is where each SECTION.KEY was set.
+	seen map[string]int
+	// ingressLine is where LISTEN, TLS_CERT and TLS_KEY were set, for Check's
+	// errors.
+	ingressLine map[string]int
+	section     string // the section being read
+	n           int    // the line being read
+}
+
+// bad is an error at the line being read.
+func (p *parser) bad(key, format string, args ...any) error {
+	return &Error{File: p.file, Line: p.n, Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// header reads a section header, "[NAME]".
+func (p *parser) header(line string) error {
+	if !strings.HasSuffix(line, "]") {
+		return p.bad("", "section header %q has no closing ]", line)
+	}
+	p.section = strings.TrimSpace(line[1 : len(line)-1])
+	switch {
+	case p.section == "pepsi", p.section == "pepsi-dispatch", p.section == "pepsi-ingress":
+		return nil
+	case strings.HasPrefix(p.section, "stage-"):
+		return p.newStage(strings.TrimPrefix(p.section, "stage-"))
+	}
+	return p.bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch], [pepsi-ingress] or [stage-NAME])", p.section)
+}
+
+// newStage starts the stage of a [stage-NAME] section, with the defaults.
+func (p *parser) newStage(name string) error {
+	switch name {
+	case ReservedDone:
+		return p.bad("", "stage name %q is reserved: a stage that answers \"0 >done\" finishes its message", name)
+	case ReservedPaused:
+		return p.bad("", "stage name %q is reserved: a stage that answers \"0 >paused:SECONDS\" pauses its message", name)
+	}
+	if !ValidStageName(name) {
+		return p.bad("", "stage name %q: use letters, digits, '_' and '-'", name)
+	}
+	if _, dup := p.stages[name]; dup {
+		return p.bad("", "section [%s] appears twice (first at line %d)", p.section, p.stageLine[name])
+	}
+	p.stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
+		QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages,
+		RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax, Input: InputID}
+	p.stageLine[name] = p.n
+	p.stageOrder = append(p.stageOrder, name)
+	return nil
+}
+
+// setting reads a "KEY = value" line of the current section.
+func (p *parser) setting(line string) error {
+	key, value, ok := strings.Cut(line, "=")
+	if !ok {
+		return p.bad("", "want KEY = value, got %q", line)
+	}
+	key, value = strings.TrimSpace(key), strings.TrimSpace(value)
+	if p.section == "" {
+		return p.bad(key, "key outside any section")
+	}
+	where := p.section + "." + key
+	if first, dup := p.seen[where]; dup {
+		return p.bad(key, "set twice in [%s] (first at line %d)", p.section, first)
+	}
+	p.seen[where] = p.n
+	var known bool
+	var err error
+	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE or INPUT"
+	switch p.section {
+	case "pepsi":
+		known, want = key == "DATABASE", "DATABASE"
+		if known {
+			p.c.Database = value
+		}
+	case "pepsi-dispatch":
+		known, err = setDispatch(&p.c.Dispatch, key, value)
+		want = "MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM or LINE_MAX"
+	case "pepsi-ingress":
+		known, err = setIngress(&p.c.Ingress, key, value)
+		want = "LISTEN, TOKENS_FILE, TLS_CERT, TLS_KEY, MAX_BODY or MAX_PENDING"
+		if key == "LISTEN" || key == "TLS_CERT" || key == "TLS_KEY" {
+			p.ingressLine[key] = p.n
+		}
+	default:
+		known, err = setStage(p.stages[strings.TrimPrefix(p.section, "stage-")], key, value)
+	}
+	switch {
+	case !known:
+		return p.bad(key, "unknown key in [%s] (want %s)", p.section, want)
+	case err != nil:
+		return p.bad(key, "%v", err)
+	}
+	return nil
+}
+
+// setDispatch sets one key of [pepsi-dispatch]; known is false for a key it
+// does not have.
+func setDispatch(d *Dispatch, key, value string) (known bool, err error) {
+	switch key {
+	case "MAX_RUNTIME":
+		d.MaxRuntime, err = ParseDuration(value)
+	case "WORKER_IDLE_TIMEOUT":
+		d.IdleTimeout, err = ParseDuration(value)
+	case "POLL_INTERVAL":
+		d.PollInterval, err = ParseDuration(value)
+	case "STATS_INTERVAL":
+		d.StatsInterval, err = ParseDuration(value)
+	case "STOP_GRACE":
+		d.StopGrace, err = ParseDuration(value)
+	case "CONFIG_FILE":
+		d.ConfigFile, err = nonEmpty(value)
+	case "VACUUM":
+		d.Vacuum, err = ParseOnOff(value)
+	case "LINE_MAX":
+		d.LineMax, err = parseLineMax(value)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+// setIngress sets one key of [pepsi-ingress]; known is false for a key it
+// does not have.
+func setIngress(in *Ingress, key, value string) (known bool, err error) {
+	switch key {
+	case "LISTEN":
+		if _, _, ok := SplitHostPort(value); !ok {
+			err = fmt.Errorf("%q is not host:port (127.0.0.1:8180, [::1]:8180, :8180)", value)
+		}
+		in.Listen = value
+	case "TOKENS_FILE":
+		in.TokensFile, err = nonEmpty(value)
+	case "TLS_CERT":
+		in.TLSCert, err = nonEmpty(value)
+	case "TLS_KEY":
+		in.TLSKey, err = nonEmpty(value)
+	case "MAX_BODY":
+		in.MaxBody, err = parseBounded(value, ingressMaxBodyMax)
+	case "MAX_PENDING":
+		in.MaxPending, err = parseBounded(value, ingressMaxPendingMax)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+// setStage sets one key of a [stage-NAME]; known is false for a key it does
+// not have.
+func setStage(s *Stage, key, value string) (known bool, err error) {
+	switch key {
+	case "PROGRAM":
+		s.Program, err = nonEmpty(value)
+	case "PARALLELISM":
+		s.Parallelism, err = parsePositive(value)
+	case "QUEUE_LIMIT":
+		s.QueueLimit, err = parsePositive(value)
+	case "MAX_MESSAGES":
+		s.MaxMessages, err = parsePositive(value)
+	case "RETRY_LIMIT":
+		s.RetryLimit, err = parseRetryLimit(value)
+	case "RETRY_DELAY":
+		s.RetryDelay, err = ParseDuration(value)
+	case "RETRY_DELAY_MAX":
+		s.RetryDelayMax, err = ParseDuration(value)
+	case "INPUT":
+		s.Input, err = parseInput(value)
+	case "RATE":
+		s.Rate, err = ParseRate(value)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+// finish checks what only the whole file can tell (every stage has a
+// PROGRAM, its retry delays are in order, the ingress settings agree) and
+// returns the configuration, its stages sorted by name.
+func (p *parser) finish() (*Config, error) {
+	c := p.c
+	for _, name := range p.stageOrder {
+		s := p.stages[name]
 		if s.Program == "" {
-			return nil, &Error{File: file, Line: stageLine[name], Key: "PROGRAM", Msg: fmt.Sprintf("[stage-%s] has no PROGRAM", name)}
+			return nil, &Error{File: p.file, Line: p.stageLine[name], Key: "PROGRAM", Msg: fmt.Sprintf("[stage-%s] has no PROGRAM", name)}
 		}
 		if s.RetryDelayMax < s.RetryDelay {
 			// Named at the line of whichever of the two the file sets last.
-			key, line := "RETRY_DELAY_MAX", seen["stage-"+name+".RETRY_DELAY_MAX"]
-			if l := seen["stage-"+name+".RETRY_DELAY"]; l > line {
+			key, line := "RETRY_DELAY_MAX", p.seen["stage-"+name+".RETRY_DELAY_MAX"]
+			if l := p.seen["stage-"+name+".RETRY_DELAY"]; l > line {
 				key, line = "RETRY_DELAY", l
 			}
-			return nil, &Error{File: file, Line: line, Key: key,
+			return nil, &Error{File: p.file, Line: line, Key: key,
 				Msg: fmt.Sprintf("RETRY_DELAY_MAX %s is below RETRY_DELAY %s", s.RetryDelayMax, s.RetryDelay)}
 		}
 		c.Stages = append(c.Stages, *s)
 	}
 	sort.Slice(c.Stages, func(i, j int) bool { return c.Stages[i].Name < c.Stages[j].Name })
 	if key, err := c.Ingress.Check(); err != nil {
-		return nil, &Error{File: file, Line: ingressLine[key], Key: key, Msg: err.Error()}
+		return nil, &Error{File: p.file, Line: p.ingressLine[key], Key: key, Msg: err.Error()}
 	}
 	return c, nil
 }

@@ -23,7 +23,6 @@ const funcLinesMax = 80
 var longFuncs = map[string]int{
 	"bench/river/main.go drain":                          94,
 	"cmd/pepsi-queue/commands.go enqueueCmd":             83,
-	"core/conf/conf.go Parse":                            191,
 	"internal/testenv/teststage/main.go handle":          81,
 	"shell/pgqueue/pgqueue.go (*Queue).run":              85,
 	"tools/pepsi-bench/ingress.go (*bench).ingressRound": 108,
