@@ -606,9 +606,14 @@ func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {
 	if k := one[core.Kill](t, cmds); k.Worker != 1 {
 		t.Errorf("killed %s, want w1 (it broke the protocol)", k.Worker)
 	}
+	// The line is quoted in single quotes: the text log would escape double
+	// quotes inside its own (msg="... \"OK\" ...").
+	if l := one[core.Log](t, cmds); !strings.Contains(l.Msg, "'OK'") || strings.Contains(l.Msg, `"`) {
+		t.Errorf("log %q: want the line quoted as 'OK', without double quotes", l.Msg)
+	}
 	cmds = w.exit(1, -1, "killed")
-	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "protocol") {
-		t.Errorf("head item %v, want failed with a protocol reason", it)
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "protocol") || !strings.Contains(it.Reason, "answered 'OK'") {
+		t.Errorf("head item %v, want failed with a protocol reason that quotes the line as 'OK'", it)
 	}
 	if it := itemFor(t, cmds, 2); it.Verdict != core.Requeue {
 		t.Errorf("second item %v, want pending", it)

@@ -89,19 +89,47 @@ func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
 		`0 >b {"k":"\ud83d\u0041"}`:    "surrogate",
 		`0 >b {"k":` + bigNumber + `}`: "number",
 		"0 >paused":                    "needs a time",
-		"0 >b [1,2,3]":                 `patch "[1,2,3]" refused: not a JSON object`,
-		"0 >b t:1 [1, 2]":              `patch "[1, 2]" refused: not a JSON object`,
+		"0 >b [1,2,3]":                 `patch '[1,2,3]' refused: not a JSON object`,
+		"0 >b t:1 [1, 2]":              `patch '[1, 2]' refused: not a JSON object`,
 		`0 >b "s"`:                     "not a JSON object",
 		"0 >b 42":                      "not a JSON object",
 		"0 >b null":                    "not a JSON object",
-		"0 >done {":                    `patch "{" refused: not valid JSON`,
+		"0 >done {":                    `patch '{' refused: not valid JSON`,
 		`0 >b [1,`:                     "not valid JSON",
-		`0 >b {"a":1} t:1`:             `patch "{\"a\":1} t:1" refused: not valid JSON`,
-		`0 >b {"k":"` + strings.Repeat("x", 1<<20) + `"}`: `patch "{\"k\":\"xxxxx`,
+		`0 >b {"a":1} t:1`:             `patch '{"a":1} t:1' refused: not valid JSON`,
+		`0 >b {"k":"` + strings.Repeat("x", 1<<20) + `"}`: `patch '{"k":"xxxxx`,
 	} {
 		got, err := core.ParseStatus(line)
 		if err != nil || got.Transition == nil || !strings.Contains(got.Transition.Invalid, why) {
 			t.Errorf("ParseStatus(%q) = %+v (%+v), %v; want a transition invalid because of %q", line, got, got.Transition, err, why)
+		}
+	}
+}
+
+// What ParseStatus says about a line is logged and stored as a reason, so it
+// quotes in single quotes: a text log would escape double quotes again inside
+// its own. A line's own double quotes are kept as they are.
+func TestParseStatusQuotesForALogLine(t *testing.T) {
+	for line, want := range map[string]string{
+		"OK":            "status line 'OK' does not start",
+		"0 tag":         "status line '0 tag': 'tag' is not STAGE:MICROS",
+		"0 >b@d":        "target 'b@d' is not a stage name",
+		"0 >paused":     "target 'paused' needs a time",
+		"0 >paused:x":   "target 'paused:x': SECONDS",
+		"0 >b [1]":      "state patch '[1]' refused",
+		"0 >b {\"x\":":  `state patch '{"x":' refused`,
+		"OK\tit's done": `status line 'OK\tit\'s done' does not start`,
+	} {
+		s, err := core.ParseStatus(line)
+		said := ""
+		switch {
+		case err != nil:
+			said = err.Error()
+		case s.Transition != nil:
+			said = s.Transition.Invalid
+		}
+		if !strings.Contains(said, want) {
+			t.Errorf("ParseStatus(%q) says %q; want it to say %q", line, said, want)
 		}
 	}
 }

@@ -140,8 +140,8 @@ func (c *Core) inspected(e Inspected) {
 				h.unrunSaid = map[string]time.Time{}
 			}
 			h.unrunSaid[u.Stage] = c.now
-			c.logf(LevelWarn, "%d messages are pending at stage %q, which no [stage-%s] of this dispatcher's configuration runs: nothing will claim them",
-				u.N, u.Stage, u.Stage)
+			c.logf(LevelWarn, "%d messages are pending at stage %s, which no [stage-%s] of this dispatcher's configuration runs: nothing will claim them",
+				u.N, quote(u.Stage), u.Stage)
 		}
 	}
 	if !e.Autovacuum && !h.warnedOff {

@@ -121,7 +121,7 @@ func TestPendingMessagesOfAStageNobodyRunsAreSaidOncePerHeartbeat(t *testing.T) 
 	ghost := func(op int64) core.Inspected {
 		return core.Inspected{Op: op, Autovacuum: true, Unrun: []core.StageCount{{Stage: "ghost", N: 7}}}
 	}
-	if cmds := w.step(ghost(in.Op)); !logged(cmds, `7 messages are pending at stage "ghost"`) {
+	if cmds := w.step(ghost(in.Op)); !logged(cmds, `7 messages are pending at stage 'ghost'`) {
 		t.Fatalf("want a warning naming the stage and the count:\n%s", list(cmds))
 	}
 	in = one[core.Inspect](t, w.tick(core.InspectInterval))

@@ -97,6 +97,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 )
 
 // Handler handles one message at one stage. It may modify m.State (its changes
@@ -435,7 +436,8 @@ func parseArgs(args []string) (file string, ok bool) {
 	return "", false
 }
 
-// NewLogger returns the logger Main uses: slog text, one line per record, no
+// NewLogger returns the logger Main uses: slog text, one line per record (an
+// error that spans lines, as a connection error does, is folded into one), no
 // timestamp (the dispatcher that reads our stderr stamps and tags each line).
 func NewLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
@@ -443,7 +445,7 @@ func NewLogger(w io.Writer) *slog.Logger {
 			if len(groups) == 0 && a.Key == slog.TimeKey {
 				return slog.Attr{}
 			}
-			return a
+			return logflags.OneLineAttr(groups, a)
 		},
 	}))
 }

@@ -1,8 +1,10 @@
 package stage_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -767,5 +769,17 @@ func TestIDModeHandlersSeeTheRetriesAlreadyHad(t *testing.T) {
 		if seen[id] != int(id)+1 {
 			t.Errorf("handler saw attempts %d for message %d, want %d (the row's column)", seen[id], id, id+1)
 		}
+	}
+}
+
+// The stage's log is read line by line by the dispatcher: an error that spans
+// lines (pgx lists each address it tried on a line of its own) is one record
+// on one line.
+func TestNewLoggerWritesOneLinePerRecord(t *testing.T) {
+	var b bytes.Buffer
+	stage.NewLogger(&b).Error("cannot connect", "err", errors.New("failed to connect to `host=a`:\n\tdial error: refused\n\tserver error: gone"))
+	got := b.String()
+	if strings.Count(got, "\n") != 1 || !strings.Contains(got, "dial error: refused; server error: gone") {
+		t.Errorf("log %q: want one line with the error's lines joined", got)
 	}
 }

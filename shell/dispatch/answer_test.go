@@ -49,9 +49,9 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 	if r := e.row(ids[1]); r.Passes["a"] != 1 || r.Passes["b"] != 1 {
 		t.Errorf("the patch replaced the state instead of merging into it: passes %v", r.Passes)
 	}
-	e.expectRow(ids[5], "failed", "a", `target "zz" is not a stage`)
-	e.expectRow(ids[6], "failed", "a", `state patch "{\"k\":" refused: not valid JSON`) // the reason quotes the patch's start
-	e.expectRow(ids[7], "failed", "a", `state patch "[1,2,3] `)                         // the test stage adds its own patch after it
+	e.expectRow(ids[5], "failed", "a", `target 'zz' is not a stage`)
+	e.expectRow(ids[6], "failed", "a", `state patch '{"k":' refused: not valid JSON`) // the reason quotes the patch's start
+	e.expectRow(ids[7], "failed", "a", `state patch '[1,2,3] `)                       // the test stage adds its own patch after it
 	h := e.records("handle")
 	passes, pids := map[int64]int{}, map[string]map[int]bool{}
 	for _, r := range h {

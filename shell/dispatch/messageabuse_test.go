@@ -46,7 +46,7 @@ func TestAMessageStageThatBreaksTheProtocolLosesNothing(t *testing.T) {
 		// The partial "0 >do" hangs until MAX_RUNTIME; the worker is killed and
 		// the partial line, read at the end of its output, is its answer: an
 		// unknown target, which fails the message with the reason.
-		{name: "partial line", payload: "partial", status: "failed", reason: `target "do" is not a stage`, log: "MAX_RUNTIME"},
+		{name: "partial line", payload: "partial", status: "failed", reason: `target 'do' is not a stage`, log: "MAX_RUNTIME"},
 		{name: "exits mid-pipeline", payload: "exit", status: "failed", reason: "crashed", log: "crashed"},
 	}
 	for _, tc := range cases {

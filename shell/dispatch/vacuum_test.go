@@ -81,7 +81,7 @@ func TestMessagesAtAStageNobodyRunsAreReported(t *testing.T) {
 	e.insert("ghost", "a=done", "a=done")
 	d := e.start()
 	waitFor(t, 20*time.Second, "the warning", func() (bool, string) {
-		n := len(d.logs.lines(`2 messages are pending at stage "ghost"`))
+		n := len(d.logs.lines(`2 messages are pending at stage 'ghost'`))
 		return n == 1, fmt.Sprintf("%d warnings", n)
 	})
 	d.stopClean()

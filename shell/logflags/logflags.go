@@ -23,7 +23,7 @@ func New(w io.Writer, format, level string, name func(flag string) string) (*slo
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("%s %q: want debug, info, warn or error", name("log-level"), level)
 	}
-	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: oneLineAttr}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: OneLineAttr}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -33,10 +33,12 @@ func New(w io.Writer, format, level string, name func(flag string) string) (*slo
 	return nil, fmt.Errorf("%s %q: want text or json", name("log-format"), format)
 }
 
-// oneLineAttr folds every string or error value that spans lines (a
+// OneLineAttr folds every string or error value that spans lines (a
 // connection error that lists each address tried) into one line, so that one
-// record is one line of the log in either format.
-func oneLineAttr(_ []string, a slog.Attr) slog.Attr {
+// record is one line of the log in either format. It is a
+// slog.HandlerOptions.ReplaceAttr, for loggers built elsewhere (the stage
+// library's).
+func OneLineAttr(_ []string, a slog.Attr) slog.Attr {
 	switch v := a.Value; v.Kind() {
 	case slog.KindString:
 		if strings.ContainsRune(v.String(), '\n') {
