@@ -106,27 +106,11 @@ EXAMPLES
 			if *stage == "" {
 				return usagef("enqueue", "-stage is required")
 			}
-			modes := 0
-			var src source = newLines(a.stdin, *ndjson)
-			if *n != 0 {
-				modes++
-				src = &synthetic{n: *n}
+			src, err := enqueueSource(a, fs, *n, *ndjson, *payload)
+			if err != nil {
+				return err
 			}
-			if *ndjson {
-				modes++
-			}
-			payloadSet := false
-			fs.Visit(func(f *flag.Flag) { payloadSet = payloadSet || f.Name == "payload" })
-			if payloadSet {
-				modes++
-				src = &single{payload: []byte(*payload)}
-			}
-			switch {
-			case modes > 1:
-				return usagef("enqueue", "-n, -ndjson and -payload exclude each other")
-			case *n < 0:
-				return usagef("enqueue", "-n %d: want a positive number", *n)
-			case *batch <= 0 || *batch > queueadmin.EnqueueBatchMax:
+			if *batch <= 0 || *batch > queueadmin.EnqueueBatchMax {
 				return usagef("enqueue", "-batch %d: want 1 to %d", *batch, queueadmin.EnqueueBatchMax)
 			}
 			if err := a.checkStage("enqueue", "-stage", *stage); err != nil {
@@ -152,6 +136,34 @@ EXAMPLES
 			})
 		},
 	}
+}
+
+// enqueueSource is where enqueue's messages come from: -n synthetic ones, the
+// one -payload, or standard input (plain lines, or NDJSON with -ndjson); only
+// one of them.
+func enqueueSource(a *app, fs *flag.FlagSet, n int, ndjson bool, payload string) (source, error) {
+	modes := 0
+	var src source = newLines(a.stdin, ndjson)
+	if n != 0 {
+		modes++
+		src = &synthetic{n: n}
+	}
+	if ndjson {
+		modes++
+	}
+	payloadSet := false
+	fs.Visit(func(f *flag.Flag) { payloadSet = payloadSet || f.Name == "payload" })
+	if payloadSet {
+		modes++
+		src = &single{payload: []byte(payload)}
+	}
+	switch {
+	case modes > 1:
+		return nil, usagef("enqueue", "-n, -ndjson and -payload exclude each other")
+	case n < 0:
+		return nil, usagef("enqueue", "-n %d: want a positive number", n)
+	}
+	return src, nil
 }
 
 // isTerminal reports whether r is a terminal (so a user may be waiting for us).
