@@ -236,18 +236,7 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		}
 	}()
 
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	// The COMMIT below is what makes a claim safe to hand to a worker, whatever
-	// the server's or the role's default.
-	b.Queue("SET LOCAL synchronous_commit = on")
-	for _, s := range stmts {
-		s.queue(b)
-	}
-	b.Queue(xactIDSQL)
-	b.Queue("COMMIT")
-
-	br := conn.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, txnBatch(stmts))
 	committed := false
 	defer func() {
 		cerr := br.Close()
@@ -275,9 +264,37 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		}
 		events[i] = ev
 	}
+	if xid, err = readCommit(br); err != nil {
+		return nil, xid, err
+	}
+	committed = true
+	return events, xid, nil
+}
+
+// txnBatch is the batch of one queue transaction: the statements, between a
+// BEGIN that turns synchronous commit on and a COMMIT, and the transaction's id
+// read before the COMMIT.
+func txnBatch(stmts []statement) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	// The COMMIT below is what makes a claim safe to hand to a worker, whatever
+	// the server's or the role's default.
+	b.Queue("SET LOCAL synchronous_commit = on")
+	for _, s := range stmts {
+		s.queue(b)
+	}
+	b.Queue(xactIDSQL)
+	b.Queue("COMMIT")
+	return b
+}
+
+// readCommit reads the end of a queue transaction's batch: its transaction id
+// (readOnly when it wrote nothing) and the answer to its COMMIT. An error that
+// is a *rolledBack says the transaction certainly did not commit.
+func readCommit(br pgx.BatchResults) (xid string, err error) {
 	var id *string
 	if err := br.QueryRow().Scan(&id); err != nil {
-		return nil, "", abortedIfAnswered(fmt.Errorf("queue transaction: transaction id: %w", err))
+		return "", abortedIfAnswered(fmt.Errorf("queue transaction: transaction id: %w", err))
 	}
 	if id == nil {
 		// Nothing was written: committed or not, the transaction changed
@@ -290,17 +307,16 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Severity == "ERROR" {
 		// Answered, and the session lives on: the COMMIT rolled back.
-		return nil, xid, &rolledBack{fmt.Errorf("queue transaction: commit: %w", err)}
+		return xid, &rolledBack{fmt.Errorf("queue transaction: commit: %w", err)}
 	}
 	if err != nil {
-		return nil, xid, fmt.Errorf("queue transaction: commit: %w", err)
+		return xid, fmt.Errorf("queue transaction: commit: %w", err)
 	}
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
-		return nil, xid, &rolledBack{fmt.Errorf("queue transaction: commit answered %q", tag.String())}
+		return xid, &rolledBack{fmt.Errorf("queue transaction: commit answered %q", tag.String())}
 	}
-	committed = true
-	return events, xid, nil
+	return xid, nil
 }
 
 // rollback ends a transaction a failed batch left open (PostgreSQL keeps an
