@@ -196,16 +196,7 @@ func drain(ctx context.Context, dbURL string, n int, timeout time.Duration) (res
 		return r, fmt.Errorf("River's migrations: %w", err)
 	}
 
-	workers := river.NewWorkers()
-	river.AddWorker(workers, &noopWorker{})
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	client, err := river.NewClient(driver, &river.Config{
-		FetchCooldown:     fetchCooldown,
-		FetchPollInterval: fetchPollInterval,
-		Logger:            logger,
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workersMax}},
-		Workers:           workers,
-	})
+	client, err := newClient(driver)
 	if err != nil {
 		return r, fmt.Errorf("River's client: %w", err)
 	}
@@ -216,16 +207,8 @@ func drain(ctx context.Context, dbURL string, n int, timeout time.Duration) (res
 		Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed, river.EventKindJobCancelled},
 	})
 	defer cancelEvents()
-
-	batch := make([]river.InsertManyParams, 0, insertBatch)
-	for i := 0; i < n; i += insertBatch {
-		batch = batch[:0]
-		for j := i; j < min(n, i+insertBatch); j++ {
-			batch = append(batch, river.InsertManyParams{Args: noopArgs{Num: j + 1}})
-		}
-		if _, err := client.InsertMany(ctx, batch); err != nil {
-			return r, fmt.Errorf("insert jobs: %w", err)
-		}
+	if err := insertJobs(ctx, client, n); err != nil {
+		return r, err
 	}
 
 	pids0, cpu0, known0 := backendsCPU(ctx, pool)
@@ -234,24 +217,9 @@ func drain(ctx context.Context, dbURL string, n int, timeout time.Duration) (res
 	if err := client.Start(ctx); err != nil {
 		return r, fmt.Errorf("start River's client: %w", err)
 	}
-	deadline := time.After(timeout)
-	var last time.Time
-	for worked := 0; worked < n; {
-		select {
-		case ev := <-events:
-			if ev == nil {
-				return r, errors.New("River closed the subscription")
-			}
-			if ev.Kind != river.EventKindJobCompleted {
-				return r, fmt.Errorf("job %d: event %s, state %s (want every no-op job completed)", ev.Job.ID, ev.Kind, ev.Job.State)
-			}
-			worked++
-			last = time.Now()
-		case <-deadline:
-			return r, fmt.Errorf("%d of %d jobs completed within %v", worked, n, timeout)
-		case <-ctx.Done():
-			return r, ctx.Err()
-		}
+	last, err := awaitCompleted(ctx, events, n, timeout)
+	if err != nil {
+		return r, err
 	}
 	r.jobs, r.elapsed = n, last.Sub(start)
 	r.client = selfCPU() - self0
@@ -273,6 +241,60 @@ func drain(ctx context.Context, dbURL string, n int, timeout time.Duration) (res
 		return r, fmt.Errorf("%d jobs completed in river_job, want %d", completed, n)
 	}
 	return r, nil
+}
+
+// newClient is River's client as the bench runs it: the no-op worker, up to
+// workersMax at once, River's fetch timings, warnings logged.
+func newClient(driver *riverpgxv5.Driver) (*river.Client[pgx.Tx], error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &noopWorker{})
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return river.NewClient(driver, &river.Config{
+		FetchCooldown:     fetchCooldown,
+		FetchPollInterval: fetchPollInterval,
+		Logger:            logger,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workersMax}},
+		Workers:           workers,
+	})
+}
+
+// insertJobs inserts n no-op jobs, insertBatch at a time.
+func insertJobs(ctx context.Context, client *river.Client[pgx.Tx], n int) error {
+	batch := make([]river.InsertManyParams, 0, insertBatch)
+	for i := 0; i < n; i += insertBatch {
+		batch = batch[:0]
+		for j := i; j < min(n, i+insertBatch); j++ {
+			batch = append(batch, river.InsertManyParams{Args: noopArgs{Num: j + 1}})
+		}
+		if _, err := client.InsertMany(ctx, batch); err != nil {
+			return fmt.Errorf("insert jobs: %w", err)
+		}
+	}
+	return nil
+}
+
+// awaitCompleted waits up to timeout for n completed jobs and returns when
+// the last completed; any other end of a job is an error.
+func awaitCompleted(ctx context.Context, events <-chan *river.Event, n int, timeout time.Duration) (last time.Time, err error) {
+	deadline := time.After(timeout)
+	for worked := 0; worked < n; {
+		select {
+		case ev := <-events:
+			if ev == nil {
+				return last, errors.New("River closed the subscription")
+			}
+			if ev.Kind != river.EventKindJobCompleted {
+				return last, fmt.Errorf("job %d: event %s, state %s (want every no-op job completed)", ev.Job.ID, ev.Kind, ev.Job.State)
+			}
+			worked++
+			last = time.Now()
+		case <-deadline:
+			return last, fmt.Errorf("%d of %d jobs completed within %v", worked, n, timeout)
+		case <-ctx.Done():
+			return last, ctx.Err()
+		}
+	}
+	return last, nil
 }
 
 // riverVersion is the version of River this binary was built with.
