@@ -535,7 +535,7 @@ func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 			w.log.Warn(line, "stream", "stderr", "cut_at_bytes", lineMax)
 			return
 		}
-		w.log.Warn(line, "stream", "stderr")
+		logStderr(w.log, line, "stream", "stderr")
 	})
 	if err != nil && !errors.Is(err, os.ErrClosed) {
 		w.log.Warn("worker: reading stderr", "err", err)

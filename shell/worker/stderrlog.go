@@ -1,0 +1,72 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+)
+
+// logStderr logs one line a worker wrote to its standard error, with attrs. A
+// line that is a log record in slog's text form (key=value pairs with a level
+// and a msg, as the stage library writes them) is logged as that record: its
+// level, its message and its other pairs as attributes. Logged whole as the
+// message, it would be quoted a second time in a text log (msg="level=WARN
+// msg=\"...\""). Any other line is logged whole as the message, at warn.
+func logStderr(log *slog.Logger, line string, attrs ...any) {
+	level, msg, pairs, ok := parseRecord(line)
+	if !ok {
+		log.Warn(line, attrs...)
+		return
+	}
+	log.Log(context.Background(), level, msg, append(pairs, attrs...)...)
+}
+
+// parseRecord reads a line in slog's text form: key=value pairs separated by
+// single spaces, a value either bare or a Go-quoted string. ok is false for
+// any other line, or one without a msg or a level slog knows.
+func parseRecord(line string) (level slog.Level, msg string, pairs []any, ok bool) {
+	haveLevel, haveMsg := false, false
+	for rest := line; rest != ""; {
+		key, after, found := strings.Cut(rest, "=")
+		if !found || key == "" || strings.ContainsAny(key, " \"") {
+			return 0, "", nil, false
+		}
+		var value string
+		if value, rest, found = cutValue(after); !found {
+			return 0, "", nil, false
+		}
+		switch key {
+		case slog.TimeKey:
+		case slog.LevelKey:
+			if level.UnmarshalText([]byte(value)) != nil {
+				return 0, "", nil, false
+			}
+			haveLevel = true
+		case slog.MessageKey:
+			msg, haveMsg = value, true
+		default:
+			pairs = append(pairs, key, value)
+		}
+	}
+	return level, msg, pairs, haveLevel && haveMsg
+}
+
+// cutValue reads the value at the start of s, up to the space before the next
+// pair, and returns it unquoted, and what follows that space.
+func cutValue(s string) (value, rest string, ok bool) {
+	if !strings.HasPrefix(s, `"`) {
+		value, rest, _ = strings.Cut(s, " ")
+		return value, rest, !strings.Contains(value, `"`)
+	}
+	quoted, err := strconv.QuotedPrefix(s)
+	if err != nil {
+		return "", "", false
+	}
+	value, err = strconv.Unquote(quoted)
+	rest = s[len(quoted):]
+	if err != nil || rest != "" && rest[0] != ' ' {
+		return "", "", false
+	}
+	return value, strings.TrimPrefix(rest, " "), true
+}
