@@ -103,6 +103,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 		listen      = fs.String("listen", "", "`ADDRESS` (host:port) to listen on; overrides LISTEN")
 		batchMax    = fs.Int("batch-max", ingress.BatchMaxDefault, "the most messages of one transaction (group commit)")
 		batchWait   = fs.Duration("batch-wait", ingress.BatchWaitDefault, "the longest a request waits for others to share its transaction")
+		batchIdle   = fs.Duration("batch-idle", ingress.BatchIdleDefault, "with no other transaction in flight, a batch commits once no request has arrived for this long (0: it waits the whole -batch-wait)")
 		committers  = fs.Int("committers", ingress.CommittersDefault, "transactions in flight at once, each on its own connection")
 		lineMax     = fs.Int("max-line", ingress.LineMaxDefault, "the most bytes of one message (an NDJSON line, or a JSON body)")
 		msgsMax     = fs.Int("max-messages", ingress.MessagesMaxDefault, "the most messages of one request")
@@ -131,8 +132,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 	case *batchMax <= 0 || *committers <= 0 || *lineMax <= 0 || *msgsMax <= 0 || *inFlight <= 0:
 		return badFlag("%s, %s, %s, %s and %s must be positive", parsed.Name("batch-max"), parsed.Name("committers"),
 			parsed.Name("max-line"), parsed.Name("max-messages"), parsed.Name("max-in-flight"))
-	case *batchWait < 0 || *pendingEach <= 0 || *readHeader <= 0 || *readAll <= 0 || *write <= 0 || *idle <= 0 || *grace <= 0:
-		return badFlag("durations must be positive (%s may be 0)", parsed.Name("batch-wait"))
+	case *batchWait < 0 || *batchIdle < 0 || *pendingEach <= 0 || *readHeader <= 0 || *readAll <= 0 || *write <= 0 || *idle <= 0 || *grace <= 0:
+		return badFlag("durations must be positive (%s and %s may be 0)", parsed.Name("batch-wait"), parsed.Name("batch-idle"))
 	}
 	log, err := logflags.New(stderr, *logFormat, *logLevel, parsed.Name)
 	if err != nil {
@@ -161,7 +162,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 		timeouts: ingress.Timeouts{ReadHeader: *readHeader, Read: *readAll, Write: *write, Idle: *idle},
 		o: ingress.Options{Stages: stages, MaxPending: in.MaxPending, PendingInterval: *pendingEach,
 			Limits:   ingress.Limits{Body: in.MaxBody, Line: *lineMax, Messages: *msgsMax},
-			BatchMax: *batchMax, BatchWait: *batchWait, Committers: *committers, InFlightMax: *inFlight, Log: log}}
+			BatchMax: *batchMax, BatchWait: *batchWait, BatchIdle: *batchIdle, Committers: *committers, InFlightMax: *inFlight, Log: log}}
 	return serve(ctx, c, log, stderr, hup, ready)
 }
 

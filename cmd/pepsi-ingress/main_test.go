@@ -202,7 +202,7 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 		{[]string{"-bogus"}, "pepsi-ingress: flag provided but not defined: -bogus" + hint},
 		{[]string{"extra"}, `pepsi-ingress: unexpected arguments ["extra"]` + hint},
 		{[]string{"-committers", "0"}, "pepsi-ingress: -batch-max, -committers, -max-line, -max-messages and -max-in-flight must be positive" + hint},
-		{[]string{"-idle-timeout", "0s"}, "pepsi-ingress: durations must be positive (-batch-wait may be 0)" + hint},
+		{[]string{"-idle-timeout", "0s"}, "pepsi-ingress: durations must be positive (-batch-wait and -batch-idle may be 0)" + hint},
 		{[]string{"-log-level", "loud"}, `pepsi-ingress: -log-level "loud": want debug, info, warn or error` + hint},
 		{[]string{"-c", writeConf(t, db), "-listen", "localhost"}, `pepsi-ingress: -listen "localhost": address localhost: missing port in address` + hint},
 	} {
@@ -226,7 +226,7 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 func TestSIGTERMFinishesTheRequestsInFlightAndExits0(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewMigrated(t)
-	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"), "-batch-wait", "1s")
+	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"), "-batch-wait", "1s", "-batch-idle", "0")
 	// The request is written whole on a connection of its own before the
 	// signal: the server has the connection, so shutdown must wait for it.
 	c, err := net.Dial("tcp", p.addr)

@@ -87,6 +87,50 @@ func opposite(t *testing.T, more int) {
 	}
 }
 
+// TestABatchClosesWhenIdleUnlessAnotherCommits sets a batch wait far longer
+// than the test's patience and a short idle time. A lone request commits
+// after the idle time (its batch is held at a key another producer has not
+// yet committed); requests that arrive one by one while that batch is in
+// flight wait for it and share one batch, although each gap between them is
+// longer than the idle time.
+func TestABatchClosesWhenIdleUnlessAnotherCommits(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) {
+		o.BatchWait, o.BatchIdle, o.Committers = time.Minute, time.Millisecond, 2
+	})
+	ctx := context.Background()
+	producer := pgtest.Connect(t, f.url)
+	tx, err := producer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, dedup_key) VALUES ('a', 'producer', 'k0')`); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan answer, 4)
+	go func() { answers <- f.post("application/json", "?stage=a", `{"payload": "held", "key": "k0"}`) }()
+	waitFor(t, "the lone request's batch to commit (and wait for the producer's k0)", func() bool {
+		var n int
+		f.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
+		return n == 1
+	})
+	for i := range 3 {
+		go func() { answers <- f.post("application/json", "?stage=a", fmt.Sprintf(`{"payload": "m%d"}`, i)) }()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if a := <-answers; a.code != 202 || len(a.ids) != 1 {
+			t.Errorf("answer %+v; want 202 with one id", a)
+		}
+	}
+	if n, sum := f.metric("pepsi_ingress_batch_requests_count"), f.metric("pepsi_ingress_batch_requests_sum"); n != 2 || sum != 4 {
+		t.Errorf("%v transactions for %v requests; want 2 for 4: the lone one, then the three that arrived while it committed", n, sum)
+	}
+}
+
 // TestARoleWithInsertAndSelectIsEnough serves as a role with only the grants
 // docs/pepsi-ingress.8.md names (INSERT and SELECT on pepsi.queue): messages
 // with and without keys, a key repeated, a batch with more keys than are

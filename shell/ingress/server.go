@@ -50,9 +50,11 @@ type Options struct {
 	// pending messages, as last counted (every PendingInterval).
 	MaxPending      int64
 	PendingInterval time.Duration
-	// BatchMax, BatchWait and Committers shape the group commit.
+	// BatchMax, BatchWait, BatchIdle and Committers shape the group commit;
+	// a BatchIdle of 0 has every batch gather for the whole BatchWait.
 	BatchMax   int
 	BatchWait  time.Duration
+	BatchIdle  time.Duration
 	Committers int
 	// InFlightMax bounds the requests handled at once.
 	InFlightMax int
@@ -100,7 +102,7 @@ func New(o Options) *Server {
 	for _, st := range o.Stages {
 		s.known[st] = true
 	}
-	s.c = newCommitter(o.Pool, o.Committers, o.BatchMax, o.BatchWait, s.m, o.Log)
+	s.c = newCommitter(o.Pool, o.Committers, o.BatchMax, o.BatchWait, o.BatchIdle, s.m, o.Log)
 	s.mux.HandleFunc("/v1/messages", s.messages)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
