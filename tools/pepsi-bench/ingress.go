@@ -85,6 +85,100 @@ type ingressRound struct {
 	// singleServerCPU is pepsi-ingress's CPU time (user + system) over its
 	// life in the single-message run.
 	singleServerCPU time.Duration
+	// singleDatabaseCPU is the CPU time of pepsi-ingress's PostgreSQL
+	// backends (they start with it), -1 where they cannot be read (a server
+	// on another machine).
+	singleDatabaseCPU time.Duration
+	// singleBusy is the share of the machine's CPU time that was busy (any
+	// process) during the single-message run: near 1, the run was bound by
+	// CPU; well below, by waiting (commits, the batch wait).
+	singleBusy float64
+	// batch is pepsi-ingress's group commit in the single-message run.
+	batch batchFigures
+}
+
+// batchFigures are the averages of pepsi-ingress's group commit, from its
+// metrics.
+type batchFigures struct {
+	requests float64       // requests per committed transaction
+	commit   time.Duration // time of one try of a transaction, BEGIN to COMMIT's answer
+}
+
+// readBatches reads the group commit's averages from pepsi-ingress's
+// /metrics, next to messagesURL.
+func readBatches(ctx context.Context, messagesURL string) (batchFigures, error) {
+	var f batchFigures
+	u, err := url.Parse(messagesURL)
+	if err != nil {
+		return f, err
+	}
+	u.Path, u.RawQuery = "/metrics", ""
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return f, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return f, fmt.Errorf("read pepsi-ingress's metrics: %w", err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return f, fmt.Errorf("read pepsi-ingress's metrics: %s", res.Status)
+	}
+	values := map[string]float64{}
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(value, 64); err == nil {
+			values[name] = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return f, fmt.Errorf("read pepsi-ingress's metrics: %w", err)
+	}
+	n := values["pepsi_ingress_batch_requests_count"]
+	tries := values["pepsi_ingress_commit_seconds_count"]
+	if n == 0 || tries == 0 {
+		return f, errors.New("pepsi-ingress's metrics show no committed batch")
+	}
+	f.requests = values["pepsi_ingress_batch_requests_sum"] / n
+	f.commit = time.Duration(values["pepsi_ingress_commit_seconds_sum"] / tries * float64(time.Second))
+	return f, nil
+}
+
+// machineCPU is the machine's busy and total CPU time so far, in clock ticks
+// (the first line of /proc/stat; idle and iowait are not busy); zeros where
+// it cannot be read.
+func machineCPU() (busy, total uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, x := range f[1:] {
+		v, err := strconv.ParseUint(x, 10, 64)
+		if err != nil {
+			return 0, 0
+		}
+		// Fields 4 and 5 are idle and iowait; guest time (9, 10) is already
+		// counted in user time.
+		switch i + 1 {
+		case 4, 5:
+			total += v
+		case 9, 10:
+		default:
+			busy += v
+			total += v
+		}
+	}
+	return busy, total
 }
 
 // runIngress measures the ingress figures -rounds times and prints them.
@@ -124,9 +218,10 @@ func (b *bench) runIngress(ctx context.Context, s *ingressSettings) error {
 			keep = true
 			return fmt.Errorf("round %d: %w", i, err)
 		}
-		fmt.Fprintf(b.out, "round %d (load average %s): pgbench %.0f tps; single-message requests %s = %.2f× pgbench, CPU per request: load generator %.1f µs, pepsi-ingress %.1f µs; "+
+		fmt.Fprintf(b.out, "round %d (load average %s): pgbench %.0f tps; single-message requests %s = %.2f× pgbench, CPU per request: load generator %.1f µs, pepsi-ingress %.1f µs, its PostgreSQL sessions %s, machine busy %.0f%%, %.1f requests per transaction, commit %.1f ms; "+
 			"pepsi-queue enqueue %.0f msg/s; NDJSON requests %.0f msg/s = %.2f× pepsi-queue (request p50 %.1f ms, p99 %.1f ms)\n",
 			i, loadAverage(), r.pgbenchTPS, r.single, r.single.rate/r.pgbenchTPS, perRequest(r.single.clientCPU, r.single.requests), perRequest(r.singleServerCPU, r.single.requests),
+			backendsPerRequest(r.singleDatabaseCPU, r.single.requests), 100*r.singleBusy, r.batch.requests, ms(r.batch.commit),
 			r.queueRate, r.ndjsonRate, r.ndjsonRate/r.queueRate, ms(r.ndjsonRequests.p50), ms(r.ndjsonRequests.p99))
 		rounds = append(rounds, r)
 	}
@@ -165,7 +260,7 @@ func (b *bench) ingressRound(ctx context.Context, s *ingressSettings) (ingressRo
 	if r.pgbenchTPS, err = b.ingressPgbench(ctx); err != nil {
 		return r, err
 	}
-	if r.single, r.singleServerCPU, err = b.ingressSingle(ctx, s); err != nil {
+	if err = b.ingressSingle(ctx, s, &r); err != nil {
 		return r, err
 	}
 	// The same NDJSON through pepsi-queue enqueue, then pepsi-ingress.
@@ -198,26 +293,40 @@ func (b *bench) ingressPgbench(ctx context.Context) (tps float64, err error) {
 	return parseTPS(out)
 }
 
-// ingressSingle is what s.clients keep-alive clients posting one message per
-// request achieve for b.seconds, and the CPU time pepsi-ingress spent on them.
-func (b *bench) ingressSingle(ctx context.Context, s *ingressSettings) (loadResult, time.Duration, error) {
+// ingressSingle measures into r what s.clients keep-alive clients posting one
+// message per request achieve for b.seconds, the CPU time pepsi-ingress and
+// its database sessions spent on them, how busy the machine was meanwhile,
+// and the group commit's averages.
+func (b *bench) ingressSingle(ctx context.Context, s *ingressSettings, r *ingressRound) error {
 	conn, err := b.migrated(ctx)
 	if err != nil {
-		return loadResult{}, 0, err
+		return err
 	}
 	ing, err := b.startIngress(ctx, s, "single")
 	if err != nil {
-		return loadResult{}, 0, err
+		return err
 	}
 	single := []byte(`{"stage": "a", "payload": "ingest"}`)
-	r, err := load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte { return single })
+	busy0, total0 := machineCPU()
+	r.single, err = load(ctx, ing.url, s.clients, time.Duration(b.seconds)*time.Second, "application/json", func(int) []byte { return single })
+	if busy1, total1 := machineCPU(); total1 > total0 {
+		r.singleBusy = float64(busy1-busy0) / float64(total1-total0)
+	}
+	if err == nil {
+		r.batch, err = readBatches(ctx, ing.url)
+	}
+	r.singleDatabaseCPU = -1
+	if cpu, known := backendsCPU(ctx, conn); known {
+		r.singleDatabaseCPU = cpu
+	}
 	if err2 := ing.stop(); err == nil {
 		err = err2
 	}
 	if err != nil {
-		return loadResult{}, 0, err
+		return err
 	}
-	return r, ing.cpu, checkRows(ctx, conn, r.messages)
+	r.singleServerCPU = ing.cpu
+	return checkRows(ctx, conn, r.single.messages)
 }
 
 // ingressQueue is the rate, in messages a second, of pepsi-queue enqueue
@@ -301,6 +410,15 @@ func loadAverage() string {
 		return f[0]
 	}
 	return "?"
+}
+
+// backendsPerRequest is perRequest for the database sessions' CPU, "?" where
+// it could not be read.
+func backendsPerRequest(cpu time.Duration, n int64) string {
+	if cpu < 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.1f µs", perRequest(cpu, n))
 }
 
 // perRequest is cpu over n requests, in microseconds.

@@ -27,7 +27,7 @@ func TestIngressFiguresAreMeasuredSideBySide(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^round 1 \(load average [0-9.]+\): pgbench [0-9]+ tps; single-message requests [0-9]+ msg/s \(request p50 [0-9.]+ ms, p99 [0-9.]+ ms\) = [0-9.]+× pgbench, ` +
-			`CPU per request: load generator [0-9.]+ µs, pepsi-ingress [0-9.]+ µs; pepsi-queue enqueue [0-9]+ msg/s; NDJSON requests [0-9]+ msg/s = [0-9.]+× pepsi-queue`),
+			`CPU per request: load generator [0-9.]+ µs, pepsi-ingress [0-9.]+ µs, its PostgreSQL sessions ([0-9.]+ µs|\?), machine busy [0-9]+%, [0-9.]+ requests per transaction, commit [0-9.]+ ms; pepsi-queue enqueue [0-9]+ msg/s; NDJSON requests [0-9]+ msg/s = [0-9.]+× pepsi-queue`),
 		regexp.MustCompile(`(?m)^  pepsi-ingress, 4 clients, one message per request +[0-9]+ msg/s  ratio [0-9.]+×  p50 [0-9.]+ ms  p99 [0-9.]+ ms$`),
 		// Both CPU figures are measured: neither can be zero for requests served.
 		regexp.MustCompile(`(?m)^    CPU per request: load generator [0-9]*[1-9][0-9]*\.[0-9] µs, pepsi-ingress [0-9]*[1-9][0-9]*\.[0-9] µs$`),
