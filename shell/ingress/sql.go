@@ -113,20 +113,9 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 		}
 		return got, nil, false, nil
 	}
-	nkeys := 0
-	for _, k := range keys {
-		if k != nil {
-			nkeys++
-		}
-	}
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
-	if nkeys <= keyLocksMax {
-		b.Queue(lockKeyGateShared)
-		b.Queue(lockKeys, keys)
-	} else {
-		b.Queue(lockKeyGate)
-	}
+	queueKeyLocks(b, keys)
 	b.Queue(insertRows, stages, payloads, states, keys)
 	br := conn.SendBatch(ctx, b)
 	for range b.Len() - 1 {
@@ -145,6 +134,34 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 	if err != nil {
 		return nil, nil, true, fmt.Errorf("insert: %w", err)
 	}
+	lookedUp, err = lookUpMissing(ctx, conn, got, keys)
+	if err != nil {
+		return nil, nil, true, err
+	}
+	return got, lookedUp, true, nil
+}
+
+// queueKeyLocks queues on b the advisory locks of a keyed transaction: the
+// gate shared and a lock per key, or the gate alone, exclusively, for more
+// than keyLocksMax keys.
+func queueKeyLocks(b *pgx.Batch, keys []*string) {
+	n := 0
+	for _, k := range keys {
+		if k != nil {
+			n++
+		}
+	}
+	if n > keyLocksMax {
+		b.Queue(lockKeyGate)
+		return
+	}
+	b.Queue(lockKeyGateShared)
+	b.Queue(lockKeys, keys)
+}
+
+// lookUpMissing finds the ids of the keys that the insert neither inserted
+// nor saw (rows committed while it waited for them); nil when there are none.
+func lookUpMissing(ctx context.Context, conn *pgx.Conn, got []found, keys []*string) (map[string]int64, error) {
 	seen := map[string]bool{}
 	for _, f := range got {
 		if f.key != nil {
@@ -158,13 +175,13 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 		}
 	}
 	if len(missing) == 0 {
-		return got, nil, true, nil
+		return nil, nil
 	}
-	res, err = conn.Query(ctx, lookupKeys, missing)
+	res, err := conn.Query(ctx, lookupKeys, missing)
 	if err != nil {
-		return nil, nil, true, fmt.Errorf("look up keys: %w", err)
+		return nil, fmt.Errorf("look up keys: %w", err)
 	}
-	lookedUp = map[string]int64{}
+	lookedUp := map[string]int64{}
 	var id int64
 	var key string
 	_, err = pgx.ForEachRow(res, []any{&id, &key}, func() error {
@@ -172,9 +189,9 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 		return nil
 	})
 	if err != nil {
-		return nil, nil, true, fmt.Errorf("look up keys: %w", err)
+		return nil, fmt.Errorf("look up keys: %w", err)
 	}
-	return got, lookedUp, true, nil
+	return lookedUp, nil
 }
 
 // countPending counts the pending rows of each stage, at most limit each.
