@@ -441,6 +441,17 @@ func TestShutdownStopsWorkersAndLeavesNoRowRunning(t *testing.T) {
 	if s := e.stageStats()["a"]; s.Crashes != 0 || s.Processed != int64(c["done"]) {
 		t.Errorf("stage_stats a = %+v after shutdown; want processed %d (flushed on shutdown), crashes 0", s, c["done"])
 	}
+	// The session's queue transactions are summed up at its end: at least
+	// one claim and one resolve carried the messages done, each a hop.
+	sums := d.logs.lines("queue transactions")
+	if len(sums) != 1 {
+		t.Fatalf("%d summaries of the queue transactions logged; want 1 at the end", len(sums))
+	}
+	count, _ := sums[0]["count"].(float64)
+	items, _ := sums[0]["items"].(float64)
+	if count < 2 || items < float64(2*c["done"]) {
+		t.Errorf("queue transactions %v; want at least 2, carrying at least %d items (each message done claimed and resolved)", sums[0], 2*c["done"])
+	}
 }
 
 func TestShutdownKillsWorkersThatDoNotStopWithinTheGraceAndRequeuesTheirRows(t *testing.T) {

@@ -69,6 +69,38 @@ type session struct {
 	notified, dbUp, relisten chan struct{}
 	// failures counts queue transactions that failed in a row (tookResult).
 	failures int
+	// txns sums up the queue transactions, logged when the session ends;
+	// resultAt is when the loop took the result of the last one, until the
+	// step that took it has run (runTxn counts the turnaround from it).
+	txns     txnStats
+	resultAt time.Time
+}
+
+// txnStats sums up a session's queue transactions: how long they took, how
+// many items (rows resolved and claimed) they carried, and how long the loop
+// took from a transaction's result to the next transaction when the step
+// that took the result sent one (its turnaround). The transactions run one at
+// a time, so with work waiting, their time and the turnaround are the whole
+// cycle, and a transaction's time per item bounds hops/s (docs/performance.md).
+type txnStats struct {
+	count, items, turns int
+	took, turnaround    time.Duration
+}
+
+// attrs are the log attributes of s.
+func (s txnStats) attrs() []any {
+	per := func(d time.Duration, n int) string {
+		if n == 0 {
+			return "0s"
+		}
+		return (d / time.Duration(n)).Round(time.Microsecond).String()
+	}
+	items := 0.0
+	if s.count > 0 {
+		items = float64(s.items) / float64(s.count)
+	}
+	return []any{"count", s.count, "mean", per(s.took, s.count), "items", s.items, "items_mean", fmt.Sprintf("%.1f", items),
+		"turnaround_mean", per(s.turnaround, s.turns)}
 }
 
 // sessionResult is how a session ended.
@@ -88,6 +120,7 @@ type sessionResult struct {
 type txnResult struct {
 	events []core.Event
 	failed bool
+	took   time.Duration
 }
 
 // run runs the session until its core exits, a shutdown is asked for before
@@ -276,7 +309,10 @@ func (s *session) loop() sessionResult {
 	for {
 		cmds := s.core.Step(time.Now(), pending...)
 		var exit *core.Exit
-		if pending, exit = s.execute(cmds, pending[:0]); exit != nil {
+		pending, exit = s.execute(cmds, pending[:0])
+		s.resultAt = time.Time{} // a later transaction was not this result's turn
+		if exit != nil {
+			s.log.Info("queue transactions", s.txns.attrs()...)
 			return s.end(exit.Code, false, nil)
 		}
 		if len(pending) > 0 {
@@ -425,17 +461,27 @@ func (s *session) runTxn(cmds []core.Command) {
 	if timeout <= 0 {
 		timeout = txnTimeoutDefault
 	}
+	for _, cmd := range cmds {
+		if r, ok := cmd.(core.Resolve); ok {
+			s.txns.items += len(r.Items)
+		}
+	}
+	if !s.resultAt.IsZero() {
+		s.txns.turns++
+		s.txns.turnaround += time.Since(s.resultAt)
+	}
 	go func() {
+		began := time.Now()
 		ctx, cancel := context.WithTimeout(s.ctx, timeout)
 		evs := s.queue.Exec(ctx, cmds)
 		cancel()
 		failed := slices.ContainsFunc(evs, func(ev core.Event) bool { return core.QueueErr(ev) != "" })
-		s.results <- txnResult{events: evs, failed: failed}
+		s.results <- txnResult{events: evs, failed: failed, took: time.Since(began)}
 	}()
 }
 
-// tookResult counts a transaction's failure once the loop has taken it, and
-// probes the database after it. The first failure in a row is probed at once:
+// tookResult counts a transaction in the session's sums and, if it failed,
+// its failure once the loop has taken it, and probes the database after it. The first failure in a row is probed at once:
 // most often one session was lost (ended by an administrator, a failover, a
 // network reset) while the server is fine, and every moment before the retry
 // is a moment the pipeline stands still (docs/durability.md, "A lost
@@ -450,6 +496,14 @@ func (s *session) runTxn(cmds []core.Command) {
 // the loop could then take DatabaseUp first, the core would ignore it (not yet
 // down) and then wait for the database forever.
 func (s *session) tookResult(r txnResult) {
+	s.resultAt = time.Now()
+	s.txns.count++
+	s.txns.took += r.took
+	for _, ev := range r.events {
+		if c, ok := ev.(core.Claimed); ok {
+			s.txns.items += len(c.Rows)
+		}
+	}
 	if !r.failed {
 		s.failures = 0
 		return
