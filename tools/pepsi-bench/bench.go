@@ -178,6 +178,9 @@ type pipeResult struct {
 	// rssPeakKiB is pepsi-dispatch's peak resident set (VmHWM) over the run,
 	// in KiB; 0 if unknown.
 	rssPeakKiB int64
+	// txns describes the dispatcher's queue transactions (transactions); "" if
+	// unknown.
+	txns string
 }
 
 // pipelineCPU is the CPU time of a pipeline run: pepsi-dispatch with the workers
@@ -404,6 +407,9 @@ func (p pipeResult) line(tps float64) string {
 	}
 	if p.rssPeakKiB > 0 {
 		s += fmt.Sprintf("; pepsi-dispatch peak RSS %.1f MiB", float64(p.rssPeakKiB)/1024)
+	}
+	if p.txns != "" {
+		s += "; " + p.txns
 	}
 	return s + ")"
 }

@@ -77,8 +77,9 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^round 1: pgbench 2 clients: [0-9]+ tps`),
-		// 8 row updates per message: the stages wrote their transitions.
-		regexp.MustCompile(`(?m)^round 1: pipeline write, bench \(P=2 Q=64 MAX_MESSAGES=100000\): [0-9]+ hops/s = [0-9.]+× pgbench \(.*; 2\.67 row versions per hop\)`),
+		// 8 row updates per message: the stages wrote their transitions. Then
+		// the dispatcher's queue transactions, from the summary in its log.
+		regexp.MustCompile(`(?m)^round 1: pipeline write, bench \(P=2 Q=64 MAX_MESSAGES=100000\): [0-9]+ hops/s = [0-9.]+× pgbench \(.*; 2\.67 row versions per hop; [0-9]+ transactions of [0-9.]+ items, [0-9.]+[µm]?s each, [0-9.]+[µm]?s from one to the next\)`),
 		regexp.MustCompile(`(?m)^round 1: pipeline write, defaults \(P=4 Q=4 MAX_MESSAGES=1000\): [0-9]+ hops/s = [0-9.]+× pgbench \(`),
 		regexp.MustCompile(`(?m)^\| pipeline write, bench .* \| [0-9]+ hops/s \| \*\*[0-9.]+×\*\* \|`),
 		regexp.MustCompile(`(?m)^latency, write mode: 50 messages at [0-9]+/s .* p50 [0-9.]+ ms, p99 [0-9.]+ ms`),
@@ -101,7 +102,7 @@ func TestAnswerModeIsMeasuredOrRefusedClearly(t *testing.T) {
 	switch code {
 	case 0:
 		for _, m := range []string{"library", "answer"} {
-			want := regexp.MustCompile(`(?m)^round 1: pipeline ` + m + `, bench .*: [0-9]+ hops/s .*; 2\.00 row versions per hop\)`)
+			want := regexp.MustCompile(`(?m)^round 1: pipeline ` + m + `, bench .*: [0-9]+ hops/s .*; 2\.00 row versions per hop; [0-9]+ transactions of [0-9.]+ items, .* from one to the next\)`)
 			if !want.MatchString(out) {
 				t.Errorf("pepsi-bench exited 0 without a %s-mode figure matching %q; output:\n%s", m, want, out)
 			}

@@ -176,6 +176,7 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	if backendsKnown && !v.mode.relay() && (noBackends || v.cfg.maxMessages >= b.n) {
 		p.cpu = pipelineCPU{programs: d.CPU(), backends: backendCPU}
 	}
+	p.txns = transactions(d)
 	p.elapsed = end.Sub(start)
 	p.hops = float64(hopsPerMessage*b.n) / p.elapsed.Seconds()
 	if upd, ok := queueUpdates(ctx, conn); ok {
@@ -317,11 +318,13 @@ func peakRSS(pid int) int64 {
 	return 0
 }
 
-// startDispatcher starts pepsi-dispatch on confFile, logging warnings and
-// errors to a file named for tag in the working directory, with its CPU
-// profile if -cpuprofile asks and b.dispatchEnv added to its environment.
+// startDispatcher starts pepsi-dispatch on confFile, logging information,
+// warnings and errors to a file named for tag in the working directory, with
+// its CPU profile if -cpuprofile asks and b.dispatchEnv added to its
+// environment. Information, not only warnings: the summary of its queue
+// transactions at the end is logged at info (transactions).
 func (b *bench) startDispatcher(confFile, tag string) (*dispatchproc.Process, error) {
-	args := []string{"-log-level", "warn"}
+	args := []string{"-log-level", "info"}
 	if b.cpuProfile != "" {
 		args = append(args, "-cpuprofile", b.cpuProfile+"."+tag)
 	}
@@ -375,13 +378,41 @@ func backendsCPU(ctx context.Context, conn *pgx.Conn) (cpu time.Duration, known 
 	return time.Duration(ticks) * time.Second / clockTicks, true
 }
 
+// transactions describes the dispatcher's queue transactions from the summary
+// it logs at its end: how many, the items (rows resolved and claimed) each
+// carried, how long each took, and the loop's turnaround from one to the next.
+// They run one at a time, so this is where a run's time went
+// (docs/performance.md). "" if the log has no summary.
+func transactions(d *dispatchproc.Process) string {
+	text, err := os.ReadFile(d.Log)
+	if err != nil {
+		return ""
+	}
+	var summary string
+	for _, line := range strings.Split(string(text), "\n") {
+		if strings.Contains(line, `msg="queue transactions"`) {
+			summary = line
+		}
+	}
+	if summary == "" {
+		return ""
+	}
+	f := map[string]string{}
+	for _, kv := range strings.Fields(summary) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			f[k] = v
+		}
+	}
+	return fmt.Sprintf("%s transactions of %s items, %s each, %s from one to the next", f["count"], f["items_mean"], f["mean"], f["turnaround_mean"])
+}
+
 // protocolMarks are what the dispatcher logs when it kills a worker for a
 // protocol error (core.protocolError, and the reason it writes for the message).
 var protocolMarks = []string{"broke the protocol", "protocol error"}
 
 // protocolError is the first line of the dispatcher's log that reports a protocol
-// error, or "". The log holds warnings and errors only, so reading it whole each
-// poll costs nothing while all goes well.
+// error, or "". The log holds a few lines while all goes well (information at
+// start and end, warnings), so reading it whole each poll costs nothing.
 func protocolError(d *dispatchproc.Process) string {
 	text, err := os.ReadFile(d.Log)
 	if err != nil {
