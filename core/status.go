@@ -84,7 +84,7 @@ func ParseStatus(line string) (Status, error) {
 	head, rest, _ := strings.Cut(line, " ")
 	code, err := strconv.Atoi(head)
 	if err != nil || head == "" || head[0] == '+' {
-		return Status{}, fmt.Errorf("status line %s does not start with an integer code", quote(clip(line, 200)))
+		return Status{}, fmt.Errorf("status line %s does not start with an integer code", conf.Quote(clip(line, 200)))
 	}
 	if code != 0 {
 		return Status{Code: code, Reason: clip(strings.TrimSpace(rest), reasonMax)}, nil
@@ -108,14 +108,14 @@ func ParseStatus(line string) (Status, error) {
 			if s.Transition.Invalid == "" {
 				patch := strings.TrimRight(f+" "+rest, " ")
 				if why := checkPatch(patch); why != "" {
-					s.Transition.Invalid = fmt.Sprintf("state patch %s refused: %s", quote(clip(patch, patchQuote)), why)
+					s.Transition.Invalid = fmt.Sprintf("state patch %s refused: %s", conf.Quote(clip(patch, patchQuote)), why)
 				} else {
 					s.Transition.Patch = patch
 				}
 			}
 			break
 		}
-		return Status{}, fmt.Errorf("status line %s: %s is not STAGE:MICROS", quote(clip(line, 200)), quote(clip(f, 100)))
+		return Status{}, fmt.Errorf("status line %s: %s is not STAGE:MICROS", conf.Quote(clip(line, 200)), conf.Quote(clip(f, 100)))
 	}
 	return s, nil
 }
@@ -199,18 +199,18 @@ func parseTarget(t string) *Transition {
 	case t == TargetDone:
 		return &Transition{To: TargetDone}
 	case t == TargetPaused:
-		return &Transition{Invalid: fmt.Sprintf("target %s needs a time: paused:SECONDS", quote(t))}
+		return &Transition{Invalid: fmt.Sprintf("target %s needs a time: paused:SECONDS", conf.Quote(t))}
 	case strings.HasPrefix(t, TargetPaused+":"):
 		text := strings.TrimPrefix(t, TargetPaused+":")
 		sec, err := strconv.ParseFloat(text, 64)
 		if err != nil || math.IsNaN(sec) || sec < 0 || sec > PauseMax.Seconds() || strings.ContainsAny(text, "xXpP_") {
-			return &Transition{Invalid: fmt.Sprintf("target %s: SECONDS must be a decimal number from 0 to %d", quote(clip(t, 100)), int64(PauseMax.Seconds()))}
+			return &Transition{Invalid: fmt.Sprintf("target %s: SECONDS must be a decimal number from 0 to %d", conf.Quote(clip(t, 100)), int64(PauseMax.Seconds()))}
 		}
 		return &Transition{To: TargetPaused, PauseFor: time.Duration(math.Round(sec*1e6)) * time.Microsecond}
 	case conf.ValidStageName(t):
 		return &Transition{To: t}
 	}
-	return &Transition{Invalid: fmt.Sprintf("target %s is not a stage name, done or paused:SECONDS", quote(clip(t, 100)))}
+	return &Transition{Invalid: fmt.Sprintf("target %s is not a stage name, done or paused:SECONDS", conf.Quote(clip(t, 100)))}
 }
 
 // checkPatch says why p cannot be merged into state by PostgreSQL's jsonb, or ""
@@ -269,16 +269,6 @@ func checkPatch(p string) string {
 		}
 	}
 	return ""
-}
-
-// quote writes s for a log message or a failure reason: in single quotes, with
-// Go's escapes for what is not printable, so that it stays on one line. Not
-// double quotes: the dispatcher's text log quotes a message that has spaces,
-// and would escape each double quote inside it again (msg="stage \"a\"").
-func quote(s string) string {
-	q := strconv.Quote(s)
-	q = strings.ReplaceAll(q[1:len(q)-1], `\"`, `"`)
-	return "'" + strings.ReplaceAll(q, "'", `\'`) + "'"
 }
 
 // clip cuts s to at most n bytes without splitting a UTF-8 sequence.

@@ -205,7 +205,7 @@ func (c *Core) resolved(e Resolved) {
 				// a later claim of this stage must too, if that one did not.
 				st.floor = min(st.floor, o.ID-1)
 			} else {
-				c.logf(LevelWarn, "message %d is pending at stage %s, which this dispatcher does not run", o.ID, quote(o.Stage))
+				c.logf(LevelWarn, "message %d is pending at stage %s, which this dispatcher does not run", o.ID, conf.Quote(o.Stage))
 			}
 		case StatusDone:
 			c.left++
@@ -231,7 +231,7 @@ func (c *Core) resolved(e Resolved) {
 		default:
 			// The schema allows no other status; a future one must not stop
 			// the dispatcher, and the row is not running, so nobody loses it.
-			c.logf(LevelWarn, "message %d is %s at stage %s after its resolve, a status this dispatcher does not know", o.ID, quote(string(o.Status)), quote(o.Stage))
+			c.logf(LevelWarn, "message %d is %s at stage %s after its resolve, a status this dispatcher does not know", o.ID, conf.Quote(string(o.Status)), conf.Quote(o.Stage))
 		}
 	}
 }

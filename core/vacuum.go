@@ -3,6 +3,8 @@ package core
 import (
 	"fmt"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // Keeping pepsi.queue healthy. Every hop leaves dead row versions behind (the
@@ -141,7 +143,7 @@ func (c *Core) inspected(e Inspected) {
 			}
 			h.unrunSaid[u.Stage] = c.now
 			c.logf(LevelWarn, "%d messages are pending at stage %s, which no [stage-%s] of this dispatcher's configuration runs: nothing will claim them",
-				u.N, quote(u.Stage), u.Stage)
+				u.N, conf.Quote(u.Stage), u.Stage)
 		}
 	}
 	if !e.Autovacuum && !h.warnedOff {

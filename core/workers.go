@@ -80,7 +80,7 @@ func (c *Core) answered(st *stage, head msg, t *Transition) {
 	name := st.cfg.Name
 	why := t.Invalid
 	if why == "" && t.To != TargetDone && t.To != TargetPaused && c.byName[t.To] == nil {
-		why = fmt.Sprintf("target %s is not a stage this dispatcher runs", quote(t.To))
+		why = fmt.Sprintf("target %s is not a stage this dispatcher runs", conf.Quote(t.To))
 	}
 	if why != "" {
 		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: fmt.Sprintf("stage %s answered a transition it cannot have: %s", name, why)})
@@ -153,7 +153,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.stat(name).Crashes++
 		if len(q) > 0 {
 			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
-				Reason: fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s", name, w.pid, quote(w.protoLine))})
+				Reason: fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s", name, w.pid, conf.Quote(w.protoLine))})
 			q = q[1:]
 		}
 		c.requeue(st, q)

@@ -41,12 +41,12 @@ func TestABadValueIsBlamedOnWhereItWasSet(t *testing.T) {
 	t.Setenv("PEPSI_MAX_RUNTIME", "-5s")
 	var stderr bytes.Buffer
 	if code := run([]string{"-c", file}, &stderr); code != dispatch.ExitUsage ||
-		!strings.Contains(stderr.String(), `msg="bad value" setting=PEPSI_MAX_RUNTIME err="\"-5s\" must be positive"`) {
+		!strings.Contains(stderr.String(), `msg="bad value" setting=PEPSI_MAX_RUNTIME err="'-5s' must be positive"`) {
 		t.Errorf("PEPSI_MAX_RUNTIME=-5s: exit %d, stderr %q; want %d and the variable named", code, stderr.String(), dispatch.ExitUsage)
 	}
 	stderr.Reset()
 	if code := run([]string{"-c", file, "-max-runtime", "-7s"}, &stderr); code != dispatch.ExitUsage ||
-		!strings.Contains(stderr.String(), `msg="bad value" setting=-max-runtime err="\"-7s\" must be positive"`) {
+		!strings.Contains(stderr.String(), `msg="bad value" setting=-max-runtime err="'-7s' must be positive"`) {
 		t.Errorf("-max-runtime -7s over the environment: exit %d, stderr %q; want %d and the flag named", code, stderr.String(), dispatch.ExitUsage)
 	}
 	t.Setenv("PEPSI_LOG_LEVEL", "loud")

@@ -169,7 +169,7 @@ func TestStartRefusesAnOpenListenerWithoutTokensAndBadSettings(t *testing.T) {
 		want string
 	}{
 		{"open -listen", []string{"-c", writeConf(t, db), "-listen", "0.0.0.0:0"}, exitUsage,
-			`pepsi-ingress: -listen (LISTEN): "0.0.0.0:0" is not a loopback address, and there is no TOKENS_FILE`},
+			`pepsi-ingress: -listen (LISTEN): '0.0.0.0:0' is not a loopback address, and there is no TOKENS_FILE`},
 		{"open LISTEN", []string{"-c", writeConf(t, db, "LISTEN = :8180")}, exitUsage, `pepsi-ingress: configuration: `},
 		{"missing tokens file", []string{"-c", writeConf(t, db, "TOKENS_FILE = /nonexistent/tokens")}, exitFailure, "pepsi-ingress: tokens: open /nonexistent/tokens"},
 		{"missing certificate", []string{"-c", writeConf(t, db, "TLS_CERT = /nonexistent/c.pem", "TLS_KEY = /nonexistent/k.pem")}, exitFailure, "pepsi-ingress: TLS_CERT /nonexistent/c.pem"},

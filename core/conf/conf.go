@@ -89,7 +89,7 @@ type Ingress struct {
 // again after command-line overrides.
 func (in Ingress) Check() (key string, err error) {
 	if in.TokensFile == "" && !IsLoopback(in.Listen) {
-		return "LISTEN", fmt.Errorf("%q is not a loopback address, and there is no TOKENS_FILE: pepsi-ingress would accept messages from anyone who can reach it; set TOKENS_FILE or listen on 127.0.0.1", in.Listen)
+		return "LISTEN", fmt.Errorf("%s is not a loopback address, and there is no TOKENS_FILE: pepsi-ingress would accept messages from anyone who can reach it; set TOKENS_FILE or listen on 127.0.0.1", Quote(in.Listen))
 	}
 	if (in.TLSCert == "") != (in.TLSKey == "") {
 		if in.TLSCert == "" {
@@ -297,7 +297,7 @@ func (p *parser) bad(key, format string, args ...any) error {
 // header reads a section header, "[NAME]".
 func (p *parser) header(line string) error {
 	if !strings.HasSuffix(line, "]") {
-		return p.bad("", "section header %q has no closing ]", line)
+		return p.bad("", "section header %s has no closing ]", Quote(line))
 	}
 	p.section = strings.TrimSpace(line[1 : len(line)-1])
 	switch {
@@ -313,12 +313,12 @@ func (p *parser) header(line string) error {
 func (p *parser) newStage(name string) error {
 	switch name {
 	case ReservedDone:
-		return p.bad("", "stage name %q is reserved: a stage that answers \"0 >done\" finishes its message", name)
+		return p.bad("", "stage name %s is reserved: a stage that answers '0 >done' finishes its message", Quote(name))
 	case ReservedPaused:
-		return p.bad("", "stage name %q is reserved: a stage that answers \"0 >paused:SECONDS\" pauses its message", name)
+		return p.bad("", "stage name %s is reserved: a stage that answers '0 >paused:SECONDS' pauses its message", Quote(name))
 	}
 	if !ValidStageName(name) {
-		return p.bad("", "stage name %q: use letters, digits, '_' and '-'", name)
+		return p.bad("", "stage name %s: use letters, digits, '_' and '-'", Quote(name))
 	}
 	if _, dup := p.stages[name]; dup {
 		return p.bad("", "section [%s] appears twice (first at line %d)", p.section, p.stageLine[name])
@@ -335,7 +335,7 @@ func (p *parser) newStage(name string) error {
 func (p *parser) setting(line string) error {
 	key, value, ok := strings.Cut(line, "=")
 	if !ok {
-		return p.bad("", "want KEY = value, got %q", line)
+		return p.bad("", "want KEY = value, got %s", Quote(line))
 	}
 	key, value = strings.TrimSpace(key), strings.TrimSpace(value)
 	if p.section == "" {
@@ -408,7 +408,7 @@ func setIngress(in *Ingress, key, value string) (known bool, err error) {
 	switch key {
 	case "LISTEN":
 		if _, _, ok := SplitHostPort(value); !ok {
-			err = fmt.Errorf("%q is not host:port (127.0.0.1:8180, [::1]:8180, :8180)", value)
+			err = fmt.Errorf("%s is not host:port (127.0.0.1:8180, [::1]:8180, :8180)", Quote(value))
 		}
 		in.Listen = value
 	case "TOKENS_FILE":
@@ -483,20 +483,31 @@ func (p *parser) finish() (*Config, error) {
 	return c, nil
 }
 
+// Quote writes a value the operator gave (or a line of the file) for an
+// error or a log message: in single quotes, with Go's escapes for what is not
+// printable, so that it stays on one line. Not in double quotes: the
+// programs' text logs quote a message or error that has spaces, and would
+// escape each double quote inside it again (err="\"5 min\" is not ...").
+func Quote(s string) string {
+	q := strconv.Quote(s)
+	q = strings.ReplaceAll(q[1:len(q)-1], `\"`, `"`)
+	return "'" + strings.ReplaceAll(q, "'", `\'`) + "'"
+}
+
 // ParseDuration reads whole seconds ("30") or Go duration text ("250ms", "1m30s").
 // The result must be positive.
 func ParseDuration(s string) (time.Duration, error) {
 	var d time.Duration
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		if n > int64(365*24*time.Hour/time.Second) {
-			return 0, fmt.Errorf("%q is too long", s)
+			return 0, fmt.Errorf("%s is too long", Quote(s))
 		}
 		d = time.Duration(n) * time.Second
 	} else if d, err = time.ParseDuration(s); err != nil {
-		return 0, fmt.Errorf("%q is not whole seconds nor a duration like 250ms or 1m30s", s)
+		return 0, fmt.Errorf("%s is not whole seconds nor a duration like 250ms or 1m30s", Quote(s))
 	}
 	if d <= 0 {
-		return 0, fmt.Errorf("%q must be positive", s)
+		return 0, fmt.Errorf("%s must be positive", Quote(s))
 	}
 	return d, nil
 }
@@ -504,10 +515,10 @@ func ParseDuration(s string) (time.Duration, error) {
 func parsePositive(s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%q is not a positive whole number", s)
+		return 0, fmt.Errorf("%s is not a positive whole number", Quote(s))
 	}
 	if n > 1_000_000 {
-		return 0, fmt.Errorf("%q is larger than 1000000", s)
+		return 0, fmt.Errorf("%s is larger than 1000000", Quote(s))
 	}
 	return n, nil
 }
@@ -515,7 +526,7 @@ func parsePositive(s string) (int, error) {
 func parseRetryLimit(s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > RetryLimitMax {
-		return 0, fmt.Errorf("%q is not a whole number from 0 to %d", s, RetryLimitMax)
+		return 0, fmt.Errorf("%s is not a whole number from 0 to %d", Quote(s), RetryLimitMax)
 	}
 	return n, nil
 }
@@ -530,10 +541,10 @@ func nonEmpty(s string) (string, error) {
 func parseBounded(s string, max int64) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%q is not a positive whole number", s)
+		return 0, fmt.Errorf("%s is not a positive whole number", Quote(s))
 	}
 	if n > max {
-		return 0, fmt.Errorf("%q is larger than %d", s, max)
+		return 0, fmt.Errorf("%s is larger than %d", Quote(s), max)
 	}
 	return n, nil
 }
@@ -542,7 +553,7 @@ func parseBounded(s string, max int64) (int64, error) {
 // ("50", "0.5", "2.25"), from RateMin to RateMax. Exponents, hexadecimal, infinities and
 // signs are refused: a rate is written the way an operator reads it.
 func ParseRate(s string) (float64, error) {
-	bad := fmt.Errorf("%q is not a positive decimal number of messages per second (like 50 or 0.5)", s)
+	bad := fmt.Errorf("%s is not a positive decimal number of messages per second (like 50 or 0.5)", Quote(s))
 	if s == "" || strings.Trim(s, "0123456789.") != "" || strings.Count(s, ".") > 1 {
 		return 0, bad
 	}
@@ -551,10 +562,10 @@ func ParseRate(s string) (float64, error) {
 		return 0, bad
 	}
 	if r > RateMax {
-		return 0, fmt.Errorf("%q is more than %d messages per second", s, RateMax)
+		return 0, fmt.Errorf("%s is more than %d messages per second", Quote(s), RateMax)
 	}
 	if r < RateMin {
-		return 0, fmt.Errorf("%q is less than %g messages per second", s, RateMin)
+		return 0, fmt.Errorf("%s is less than %g messages per second", Quote(s), RateMin)
 	}
 	return r, nil
 }
@@ -565,7 +576,7 @@ func parseInput(s string) (Input, error) {
 	case InputID, InputMessage:
 		return in, nil
 	}
-	return "", fmt.Errorf("%q is neither id nor message", s)
+	return "", fmt.Errorf("%s is neither id nor message", Quote(s))
 }
 
 // parseLineMax reads a LINE_MAX: a whole number of bytes from LineMaxMin to
@@ -573,7 +584,7 @@ func parseInput(s string) (Input, error) {
 func parseLineMax(s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < LineMaxMin || n > LineMaxMax {
-		return 0, fmt.Errorf("%q is not a whole number of bytes from %d to %d", s, LineMaxMin, LineMaxMax)
+		return 0, fmt.Errorf("%s is not a whole number of bytes from %d to %d", Quote(s), LineMaxMin, LineMaxMax)
 	}
 	return n, nil
 }
@@ -586,7 +597,7 @@ func ParseOnOff(s string) (bool, error) {
 	case "off", "false", "no", "0":
 		return false, nil
 	}
-	return false, fmt.Errorf("%q is not on or off", s)
+	return false, fmt.Errorf("%s is not on or off", Quote(s))
 }
 
 // The words that are not stage names, because a status line's target spells
