@@ -17,14 +17,9 @@ import (
 // function longer than a screen rarely holds only one.
 const funcLinesMax = 80
 
-// longFuncs are the functions still over funcLinesMax, each with its length
-// today. The list may only shrink: a function that grows, or a new long one,
-// fails the test, and so does an entry whose function got short (delete it).
-var longFuncs = map[string]int{}
-
 // TestNoFunctionIsLongerThanAScreen walks the repository's Go files, except
 // tests and the simulator (sim/ has its own, tighter limit), and fails on any
-// function longer than funcLinesMax lines that longFuncs does not list.
+// function longer than funcLinesMax lines.
 func TestNoFunctionIsLongerThanAScreen(t *testing.T) {
 	root := filepath.Join("..", "..")
 	long := map[string]int{}
@@ -68,17 +63,7 @@ func TestNoFunctionIsLongerThanAScreen(t *testing.T) {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		switch known, ok := longFuncs[name]; {
-		case !ok:
-			t.Errorf("%s is %d lines, over %d: split it by what each part decides", name, long[name], funcLinesMax)
-		case long[name] > known:
-			t.Errorf("%s grew to %d lines (listed at %d, over %d): split it rather than grow it", name, long[name], known, funcLinesMax)
-		}
-	}
-	for name := range longFuncs {
-		if _, ok := long[name]; !ok {
-			t.Errorf("%s is listed in longFuncs but is no longer over %d lines (or is gone): delete its entry", name, funcLinesMax)
-		}
+		t.Errorf("%s is %d lines, over %d: split it by what each part decides", name, long[name], funcLinesMax)
 	}
 }
 
