@@ -110,7 +110,7 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 
 // where names the server for error messages (never the password).
 func (w *worker) where() string {
-	return fmt.Sprintf("%s:%d (database %q, user %q)", w.cfg.Host, w.cfg.Port, w.cfg.Database, w.cfg.User)
+	return fmt.Sprintf("%s:%d (database %s, user %s)", w.cfg.Host, w.cfg.Port, conf.Quote(w.cfg.Database), conf.Quote(w.cfg.User))
 }
 
 func (w *worker) connect(ctx context.Context) error {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // Options configure a Source.
@@ -113,7 +115,7 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	s := &Source{pool: pool, opts: opts, log: opts.Log,
-		where: fmt.Sprintf("PostgreSQL at %s:%d (database %q, user %q)", cc.Host, cc.Port, cc.Database, cc.User)}
+		where: fmt.Sprintf("PostgreSQL at %s:%d (database %s, user %s)", cc.Host, cc.Port, conf.Quote(cc.Database), conf.Quote(cc.User))}
 	snap, err := s.firstRead(ctx)
 	if errors.Is(err, errNoSchema) {
 		pool.Close()

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // LockKey is the PostgreSQL advisory lock a dispatcher holds, in session mode on
@@ -101,8 +103,8 @@ func (e *HeldError) Error() string {
 	if host, pid, ok := e.Dispatcher(); ok {
 		who = fmt.Sprintf("pid %d on %s", pid, host)
 	}
-	return fmt.Sprintf("another pepsi-dispatch holds the dispatcher lock: %s (PostgreSQL backend pid %d), application_name %q, client %s, connected since %s",
-		who, e.BackendPID, e.ApplicationName, orUnknown(e.ClientAddr), start)
+	return fmt.Sprintf("another pepsi-dispatch holds the dispatcher lock: %s (PostgreSQL backend pid %d), application_name %s, client %s, connected since %s",
+		who, e.BackendPID, conf.Quote(e.ApplicationName), orUnknown(e.ClientAddr), start)
 }
 
 func orUnknown(s string) string {

@@ -314,7 +314,7 @@ func readCommit(br pgx.BatchResults) (xid string, err error) {
 	}
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
-		return xid, &rolledBack{fmt.Errorf("queue transaction: commit answered %q", tag.String())}
+		return xid, &rolledBack{fmt.Errorf("queue transaction: commit answered %s", tag.String())}
 	}
 	return xid, nil
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // lookPath resolves program the way execvp(3) and exec.LookPath do: a name with a
@@ -23,7 +25,7 @@ func lookPath(program, path string) (string, error) {
 	}
 	if strings.Contains(program, "/") {
 		if err := checkExecutable(program); err != nil {
-			return "", fmt.Errorf("program %q: %w", program, err)
+			return "", fmt.Errorf("program %s: %w", conf.Quote(program), err)
 		}
 		return program, nil
 	}
@@ -40,13 +42,13 @@ func lookPath(program, path string) (string, error) {
 		if firstErr == nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 			// Found but unusable: keep looking (a later directory may hold a
 			// good one), and report this if none does.
-			firstErr = fmt.Errorf("program %q found as %s but %w", program, candidate, err)
+			firstErr = fmt.Errorf("program %s found as %s but %w", conf.Quote(program), candidate, err)
 		}
 	}
 	if firstErr != nil {
 		return "", firstErr
 	}
-	return "", fmt.Errorf("program %q not found in PATH %q", program, path)
+	return "", fmt.Errorf("program %s not found in PATH %s", conf.Quote(program), conf.Quote(path))
 }
 
 // checkExecutable reports why file cannot be executed, if it visibly cannot: it

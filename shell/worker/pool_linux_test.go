@@ -574,10 +574,10 @@ func TestProgramNotFoundIsSpawnFailedWithAClearMessage(t *testing.T) {
 	}
 	h := newHarness(t, "zero", func(o *Options) { o.Env = append(o.Env, "PATH="+dir) })
 	for _, tc := range []struct{ program, want string }{
-		{"no-such-stage", `spawn stage enrich: program "no-such-stage" not found in PATH "` + dir + `"`},
-		{"not-exec", `spawn stage enrich: program "not-exec" found as ` + notExec + ` but is not executable`},
-		{dir + "/missing", `spawn stage enrich: program "` + dir + `/missing": stat ` + dir + `/missing: no such file or directory`},
-		{dir, `spawn stage enrich: program "` + dir + `": is a directory`},
+		{"no-such-stage", `spawn stage enrich: program 'no-such-stage' not found in PATH '` + dir + `'`},
+		{"not-exec", `spawn stage enrich: program 'not-exec' found as ` + notExec + ` but is not executable`},
+		{dir + "/missing", `spawn stage enrich: program '` + dir + `/missing': stat ` + dir + `/missing: no such file or directory`},
+		{dir, `spawn stage enrich: program '` + dir + `': is a directory`},
 		{"", `spawn stage enrich: program name is empty`},
 		{"garbage", `spawn stage enrich: start ` + garbage + `: fork/exec ` + garbage + `: exec format error`},
 	} {
