@@ -40,7 +40,7 @@ type proc struct {
 func (w *world) proc(id core.WorkerID) *proc {
 	p := w.procs[id]
 	if p == nil {
-		w.failf("command for %s, which was never spawned in this life", id)
+		w.broke(ruleWorldConsistent, "command for %s, which was never spawned in this life", id)
 	}
 	return p
 }
@@ -192,7 +192,7 @@ func (w *world) begin(p *proc, id int64) {
 	if !w.dbDown() {
 		r, _ := w.q.Get(id)
 		if r.Status != core.StatusRunning || r.Stage != name {
-			w.failf("%s (stage %s) was handed message %d, but its row is %s at %s: not claimed for this stage",
+			w.broke(ruleWorldConsistent, "%s (stage %s) was handed message %d, but its row is %s at %s: not claimed for this stage",
 				p.id, name, id, r.Status, r.Stage)
 			return
 		}
@@ -203,13 +203,13 @@ func (w *world) begin(p *proc, id int64) {
 		line, ok := p.lines[id]
 		delete(p.lines, id)
 		if !ok || !strings.HasPrefix(line, fmt.Sprintf(`{"id":%d,`, id)) {
-			w.failf("%s (stage %s, INPUT = message) read message %d without its line (got %q)", p.id, name, id, line)
+			w.broke(ruleWorldConsistent, "%s (stage %s, INPUT = message) read message %d without its line (got %q)", p.id, name, id, line)
 			return
 		}
 	}
 	m := w.sc.messages[w.msgOf[id-1]]
 	if p.stage < m.first || p.stage > m.last {
-		w.failf("message %d reached stage %s, which its route (%s..%s) never visits",
+		w.broke(ruleWorldConsistent, "message %d reached stage %s, which its route (%s..%s) never visits",
 			id, name, w.sc.stages[m.first].name, w.sc.stages[m.last].name)
 		return
 	}
@@ -267,18 +267,11 @@ func (w *world) conclude(p *proc, id int64) {
 		// The answer may reach the dispatcher well after the commit (a worker
 		// descheduled between its COMMIT and its write): a pause already due
 		// must not be woken and handed out again in between.
-		lag := w.randDur(w.rProc, 0, 2*time.Second)
-		w.at(w.now.Add(lag), p.life, func() {
-			if p.dead {
-				return
-			}
+		w.answerAfter(p, w.randDur(w.rProc, 0, 2*time.Second), func() answerInfo {
 			if answers {
-				w.answer(p, w.moveAnswer(p, id, a))
-			} else {
-				w.answer(p, answerInfo{line: "0"})
+				return w.moveAnswer(p, id, a)
 			}
-			p.busy, p.cur = false, 0
-			w.feed(p)
+			return answerInfo{line: "0"}
 		})
 		return
 	default:
@@ -289,20 +282,27 @@ func (w *world) conclude(p *proc, id int64) {
 		m := w.sc.messages[w.msgOf[id-1]]
 		if lag := m.visits[p.stage-m.first].lag; lag > 0 && a.kind == kGood && !w.healing {
 			// Committed; the answer follows a while later.
-			w.at(w.now.Add(lag), p.life, func() {
-				if p.dead {
-					return
-				}
-				w.answer(p, w.goodAnswer(p, id))
-				p.busy, p.cur = false, 0
-				w.feed(p)
-			})
+			w.answerAfter(p, lag, func() answerInfo { return w.goodAnswer(p, id) })
 			return
 		}
 		w.answer(p, w.goodAnswer(p, id))
 	}
 	p.busy, p.cur = false, 0
 	w.feed(p)
+}
+
+// answerAfter writes the answer line makes d from now (a worker descheduled
+// between its COMMIT and its write), unless the worker died meanwhile, then
+// takes its next message.
+func (w *world) answerAfter(p *proc, d time.Duration, line func() answerInfo) {
+	w.at(w.now.Add(d), p.life, func() {
+		if p.dead {
+			return
+		}
+		w.answer(p, line())
+		p.busy, p.cur = false, 0
+		w.feed(p)
+	})
 }
 
 // goodAnswer is the status line of the good pass: "0" plus the fused stage.
@@ -326,7 +326,7 @@ func (w *world) answers(p *proc, id int64, a attempt) bool {
 	if !v.answers || !a.kind.answerable() {
 		return false
 	}
-	return a.kind == kPause || w.next(p, id) <= m.last || m.end == core.StatusDone
+	return a.kind == kPause || a.kind == kAgain || w.next(p, id) <= m.last || m.end == core.StatusDone
 }
 
 // next is the stage the good pass moves the message to (past the last stage:
@@ -353,13 +353,15 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 	switch next := w.next(p, id); {
 	case a.kind == kPause:
 		info.move.To, info.pauseFor = core.TargetPaused, a.pause
+	case a.kind == kAgain:
+		info.move.To = w.sc.stages[p.stage].name
 	case next > m.last:
 		info.move.To = core.TargetDone
 	default:
 		info.move.To = w.sc.stages[next].name
 	}
 	st := core.Status{Transition: &core.Transition{To: info.move.To, PauseFor: info.pauseFor}}
-	if a.kind != kPause && v.fuse && p.stage+1 <= m.last {
+	if a.kind != kPause && a.kind != kAgain && v.fuse && p.stage+1 <= m.last {
 		st.Fused = []core.Fused{{Stage: w.sc.stages[p.stage+1].name, Micros: v.fusedUS}}
 		info.fused = st.Fused
 	}
@@ -398,7 +400,7 @@ func (w *world) commit(p *proc, id int64) {
 	from, to, status, timeout := w.transition(p, id)
 	if !w.q.StageWrite(id, from, to, status, timeout) {
 		r, _ := w.q.Get(id)
-		w.failf("%s (stage %s) cannot commit message %d: its row is %s at %s, not running here", p.id, from, id, r.Status, r.Stage)
+		w.broke(ruleWorldConsistent, "%s (stage %s) cannot commit message %d: its row is %s at %s, not running here", p.id, from, id, r.Status, r.Stage)
 		return
 	}
 	w.wrote[id-1], p.written = true, true

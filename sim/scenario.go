@@ -111,11 +111,12 @@ const (
 	kindCount                   // (the kinds above are drawn by chooseAttempt)
 	kBadAnswer                  // answer a transition the dispatcher cannot write
 	kDoubleWrite                // commit the good transition and answer it too
+	kAgain                      // answer the stage itself as the target ("0 >a" at a): it runs again
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
 	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow", "-",
-	"bad-answer", "double-write"}
+	"bad-answer", "double-write", "again"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -133,7 +134,7 @@ func (k kind) writes() bool {
 // of writing it when its visit answers (visit.answers).
 func (k kind) answerable() bool {
 	switch k {
-	case kGood, kPause, kHang, kSlow:
+	case kGood, kPause, kHang, kSlow, kAgain:
 		return true
 	}
 	return false
@@ -261,9 +262,25 @@ func DrawScenario(t *rapid.T) *Scenario {
 func secs(n int) time.Duration   { return time.Duration(n) * time.Second }
 func millis(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 
-// choose makes every choice of a scenario, benign ones at the low end of each range.
+// choose makes every choice of a scenario, benign ones at the low end of each
+// range. Each chapter is drawn after the ones before it, so that a seed keeps
+// every earlier choice when a later chapter grows.
 func choose(c chooser) *Scenario {
 	sc := &Scenario{}
+	chooseConf(c, sc)
+	for range c.intn("messages", 1, 30) {
+		sc.messages = append(sc.messages, chooseMessage(c, sc))
+	}
+	sc.faults = chooseFaults(c, sc)
+	chooseAnswers(c, sc)
+	chooseLags(c, sc)
+	chooseRetries(c, sc)
+	chooseEdges(c, sc)
+	return sc
+}
+
+// chooseConf chooses the stages and the dispatcher's timings.
+func chooseConf(c chooser, sc *Scenario) {
 	n := c.intn("stages", 1, 4)
 	for i := range n {
 		name := string(rune('a' + i))
@@ -286,10 +303,11 @@ func choose(c chooser) *Scenario {
 	sc.faultPhase = secs(c.intn("fault_phase_s", 10, 300))
 	sc.restart = millis(100 + c.intn("restart_ms", 0, 3000))
 
-	for range c.intn("messages", 1, 30) {
-		sc.messages = append(sc.messages, chooseMessage(c, sc))
-	}
-	sc.faults = chooseFaults(c, sc)
+}
+
+// chooseAnswers chooses which visits answer their transitions, the troubles
+// only they can have, vacuuming, and which stages are INPUT = message.
+func chooseAnswers(c chooser, sc *Scenario) {
 	// Drawn last, so that older seeds keep every earlier choice: which stages
 	// answer their transitions, and the troubles only they can have.
 	for i := range sc.messages {
@@ -322,6 +340,12 @@ func choose(c chooser) *Scenario {
 			}
 		}
 	}
+}
+
+// chooseLags chooses answers that lag their stage's commit, the operator's
+// retry loop, commits that land mid-resolve, and the shape of pauses and
+// patches.
+func chooseLags(c chooser, sc *Scenario) {
 	// Drawn after everything else, for the same reason: answers that lag their
 	// stage's commit, the operator's retry loop, commits that land mid-resolve.
 	for i := range sc.messages {
@@ -345,6 +369,11 @@ func choose(c chooser) *Scenario {
 			v.bigPatch = bigPatches && v.patch && c.intn("visit.big_patch", 0, 1) == 1
 		}
 	}
+}
+
+// chooseRetries chooses each stage's retries and rate, and the temporary
+// failures that run into them.
+func chooseRetries(c chooser, sc *Scenario) {
 	// Retries and rates, drawn after everything else for the same reason.
 	for i := range sc.stages {
 		st := &sc.stages[i]
@@ -368,7 +397,25 @@ func choose(c chooser) *Scenario {
 			}
 		}
 	}
-	return sc
+}
+
+// chooseEdges chooses tries at the edges of docs/protocol.md's TARGET: a
+// stage that answers itself as the target, and pauses of the largest length
+// allowed (paused:315360000, ten years), which an operator ends by hand.
+func chooseEdges(c chooser, sc *Scenario) {
+	for i := range sc.messages {
+		for j := range sc.messages[i].visits {
+			v := &sc.messages[i].visits[j]
+			switch c.intn("visit.edge", 0, 15) {
+			case 14:
+				if v.answers {
+					v.trouble = append([]attempt{{kind: kAgain, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
+				}
+			case 15:
+				v.trouble = append([]attempt{{kind: kPause, latency: millis(c.intn("try.latency_ms", 1, 3000)), pause: core.PauseMax}}, v.trouble...)
+			}
+		}
+	}
 }
 
 func chooseMessage(c chooser, sc *Scenario) message {
@@ -503,34 +550,43 @@ func (sc *Scenario) String() string {
 	}
 	fmt.Fprintf(&b, "# fault phase %s, dispatcher restart after %s\n", sc.faultPhase, sc.restart)
 	fmt.Fprintf(&b, "# queue: autovacuum %v, %d dead row versions per row change\n", sc.autovacuum, sc.deadScale)
+	sc.writeFaults(&b)
+	for i, m := range sc.messages {
+		sc.writeMessage(&b, i, m)
+	}
+	return b.String()
+}
+
+// writeFaults writes the scenario's faults as trace comments.
+func (sc *Scenario) writeFaults(b *strings.Builder) {
 	f := sc.faults
-	fmt.Fprintf(&b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
+	fmt.Fprintf(b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
 		f.failBefore, f.failAfter, f.transient, f.lostNotify, f.slowStart)
-	fmt.Fprintf(&b, "# faults: late-start %d‰ babble %d‰ late-claim %d‰ gate-fail %d‰ gate-loss %d‰\n",
+	fmt.Fprintf(b, "# faults: late-start %d‰ babble %d‰ late-claim %d‰ gate-fail %d‰ gate-loss %d‰\n",
 		f.lateStart, f.babble, f.lateClaim, f.gateFail, f.gateLoss)
 	for _, at := range f.lockLosses {
-		fmt.Fprintf(&b, "# faults: the dispatcher loses its lock at %s\n", at)
+		fmt.Fprintf(b, "# faults: the dispatcher loses its lock at %s\n", at)
 	}
 	for _, at := range f.retries {
-		fmt.Fprintf(&b, "# faults: an operator retries failed messages at %s\n", at)
+		fmt.Fprintf(b, "# faults: an operator retries failed messages at %s\n", at)
 	}
 	if f.retryEvery > 0 {
-		fmt.Fprintf(&b, "# faults: an operator retries every failed message, held or not, every %s from %s to %s\n", f.retryEvery, f.retryLoop.from, f.retryLoop.to)
+		fmt.Fprintf(b, "# faults: an operator retries every failed message, held or not, every %s from %s to %s\n", f.retryEvery, f.retryLoop.from, f.retryLoop.to)
 	}
-	fmt.Fprintf(&b, "# faults: late-commit %d‰\n", f.lateCommit)
+	fmt.Fprintf(b, "# faults: late-commit %d‰\n", f.lateCommit)
 	for _, w := range f.outages {
-		fmt.Fprintf(&b, "# faults: database outage %s..%s\n", w.from, w.to)
+		fmt.Fprintf(b, "# faults: database outage %s..%s\n", w.from, w.to)
 	}
 	for _, w := range f.pgCrashes {
-		fmt.Fprintf(&b, "# faults: PostgreSQL crash at %s, down until %s\n", w.from, w.to)
+		fmt.Fprintf(b, "# faults: PostgreSQL crash at %s, down until %s\n", w.from, w.to)
 	}
 	for _, at := range f.crashes {
-		fmt.Fprintf(&b, "# faults: dispatcher crash at %s\n", at)
+		fmt.Fprintf(b, "# faults: dispatcher crash at %s\n", at)
 	}
 	for _, s := range f.shutdowns {
-		fmt.Fprintf(&b, "# faults: shutdown at %s", s.at)
+		fmt.Fprintf(b, "# faults: shutdown at %s", s.at)
 		if s.again > 0 {
-			fmt.Fprintf(&b, ", again %s later", s.again)
+			fmt.Fprintf(b, ", again %s later", s.again)
 		}
 		b.WriteString("\n")
 	}
@@ -539,42 +595,43 @@ func (sc *Scenario) String() string {
 		if br.diesAtOnce {
 			how = "dies at once"
 		}
-		fmt.Fprintf(&b, "# faults: stage %s program %s during %s..%s\n", sc.stages[br.stage].name, how, br.w.from, br.w.to)
+		fmt.Fprintf(b, "# faults: stage %s program %s during %s..%s\n", sc.stages[br.stage].name, how, br.w.from, br.w.to)
 	}
-	for i, m := range sc.messages {
-		fmt.Fprintf(&b, "# message %d: at %s, %s..%s then %s:", i, m.at, sc.stages[m.first].name, sc.stages[m.last].name, m.end)
-		for j, v := range m.visits {
-			fmt.Fprintf(&b, " %s{", sc.stages[m.first+j].name)
-			if v.answers {
-				b.WriteString("answers")
-				if v.patch {
-					b.WriteString("+patch")
-					if v.bigPatch {
-						b.WriteString("(64KiB line)")
-					}
+}
+
+// writeMessage writes message i's route and visits as a trace comment.
+func (sc *Scenario) writeMessage(b *strings.Builder, i int, m message) {
+	fmt.Fprintf(b, "# message %d: at %s, %s..%s then %s:", i, m.at, sc.stages[m.first].name, sc.stages[m.last].name, m.end)
+	for j, v := range m.visits {
+		fmt.Fprintf(b, " %s{", sc.stages[m.first+j].name)
+		if v.answers {
+			b.WriteString("answers")
+			if v.patch {
+				b.WriteString("+patch")
+				if v.bigPatch {
+					b.WriteString("(64KiB line)")
 				}
-				b.WriteString(": ")
 			}
-			for _, a := range v.trouble {
-				fmt.Fprintf(&b, "%s %s", a.kind, a.latency)
-				if a.pause > 0 {
-					fmt.Fprintf(&b, " for %s", a.pause)
-				}
-				if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter || a.kind == kBadAnswer {
-					fmt.Fprintf(&b, " %q", a.line)
-				}
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(&b, "good %s", v.latency)
-			if v.fuse {
-				fmt.Fprintf(&b, " fused %dus", v.fusedUS)
-			}
-			if v.lag > 0 {
-				fmt.Fprintf(&b, " answered %s after its commit", v.lag)
-			}
-			b.WriteString("}")
+			b.WriteString(": ")
 		}
-		b.WriteString("\n")
+		for _, a := range v.trouble {
+			fmt.Fprintf(b, "%s %s", a.kind, a.latency)
+			if a.pause > 0 {
+				fmt.Fprintf(b, " for %s", a.pause)
+			}
+			if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter || a.kind == kBadAnswer {
+				fmt.Fprintf(b, " %q", a.line)
+			}
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(b, "good %s", v.latency)
+		if v.fuse {
+			fmt.Fprintf(b, " fused %dus", v.fusedUS)
+		}
+		if v.lag > 0 {
+			fmt.Fprintf(b, " answered %s after its commit", v.lag)
+		}
+		b.WriteString("}")
 	}
-	return b.String()
+	b.WriteString("\n")
 }

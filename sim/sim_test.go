@@ -142,3 +142,27 @@ func BenchmarkScenario(b *testing.B) {
 		sim.Run(sim.NewScenario(uint64(i%1000+1)), sim.Options{})
 	}
 }
+
+// TestRules: every rule has a name a mutant can give (unique, lower case words
+// joined by hyphens), says when it is checked and what it asks.
+func TestRules(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range sim.Rules() {
+		for _, c := range r.Name {
+			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+				t.Errorf("rule %q: its name must be lower case words joined by hyphens", r.Name)
+				break
+			}
+		}
+		if seen[r.Name] {
+			t.Errorf("two rules are named %q", r.Name)
+		}
+		seen[r.Name] = true
+		if r.When == "" || len(r.Doc) < 20 {
+			t.Errorf("rule %q: when %q, doc %q: say when it is checked and what it asks", r.Name, r.When, r.Doc)
+		}
+	}
+	if len(seen) < 40 {
+		t.Errorf("%d rules; the checker has more", len(seen))
+	}
+}

@@ -57,8 +57,9 @@ type Failure struct {
 	Seed uint64
 	Step int
 	At   time.Duration // simulated time
-	Msg  string
-	Tail []string // the last trace lines before the failure
+	Rule string        // the name of the rule it broke (sim/rules.go)
+	Msg  string        // "rule NAME: what happened"
+	Tail []string      // the last trace lines before the failure
 }
 
 func (f *Failure) Error() string {
@@ -189,7 +190,7 @@ func Run(sc *Scenario, opt Options) (res Result) {
 	w := newWorld(sc, opt)
 	defer func() {
 		if p := recover(); p != nil {
-			w.failf("panic: %v\n%s", p, debug.Stack())
+			w.broke(ruleWorldConsistent, "panic: %v\n%s", p, debug.Stack())
 		}
 		res = w.result()
 	}()
@@ -220,7 +221,10 @@ func newWorld(sc *Scenario, opt Options) *world {
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
 	w.down = append(append([]window{}, sc.faults.outages...), sc.faults.pgCrashes...)
 	w.q.Notify = w.notified
-	w.q.Observe = w.observe
+	w.q.Observe = func(c fakequeue.Change) {
+		w.observe(c)
+		w.watchLongPause(c)
+	}
 	return w
 }
 
@@ -265,6 +269,39 @@ func (w *world) run() {
 	for _, l := range strings.Split(strings.TrimSuffix(w.sc.String(), "\n"), "\n") {
 		w.tr.line(l)
 	}
+	w.schedule()
+	w.startLife()
+
+	for w.fail == nil {
+		if len(w.pending) > 0 {
+			w.step()
+			continue
+		}
+		if w.finished() {
+			return
+		}
+		if w.acts.Len() == 0 {
+			w.broke(ruleWorldConsistent, "the world stopped: nothing is scheduled and the core asked for no timer")
+			return
+		}
+		a := heap.Pop(&w.acts).(*action)
+		if a.at.After(w.now) {
+			w.now = a.at
+			w.checkTimely()
+			if w.fail != nil {
+				return
+			}
+		}
+		w.do(a)
+		for w.acts.Len() > 0 && !w.acts[0].at.After(w.now) {
+			w.do(heap.Pop(&w.acts).(*action))
+		}
+	}
+}
+
+// schedule puts the scenario's arrivals and faults, the heal and the
+// deadline on the world's clock.
+func (w *world) schedule() {
 	sc := w.sc
 	for i, m := range sc.messages {
 		if m.at == 0 {
@@ -310,33 +347,6 @@ func (w *world) run() {
 	w.deadline = w.healAt.Add(w.healBound())
 	w.at(w.healAt, 0, w.heal)
 	w.at(w.deadline, 0, func() {})
-	w.startLife()
-
-	for w.fail == nil {
-		if len(w.pending) > 0 {
-			w.step()
-			continue
-		}
-		if w.finished() {
-			return
-		}
-		if w.acts.Len() == 0 {
-			w.failf("the world stopped: nothing is scheduled and the core asked for no timer")
-			return
-		}
-		a := heap.Pop(&w.acts).(*action)
-		if a.at.After(w.now) {
-			w.now = a.at
-			w.checkTimely()
-			if w.fail != nil {
-				return
-			}
-		}
-		w.do(a)
-		for w.acts.Len() > 0 && !w.acts[0].at.After(w.now) {
-			w.do(heap.Pop(&w.acts).(*action))
-		}
-	}
 }
 
 func (w *world) do(a *action) {
@@ -396,7 +406,7 @@ func (w *world) finished() bool {
 			return false
 		}
 		if !w.now.Before(w.deadline) {
-			w.failf("liveness: %s after healing began, messages are not all final: %s", w.deadline.Sub(w.healAt), w.unfinished())
+			w.broke(ruleLiveness, "%s after healing began, messages are not all final: %s", w.deadline.Sub(w.healAt), w.unfinished())
 			return true
 		}
 		return false
@@ -556,6 +566,35 @@ func (w *world) operatorRetry(inFlight bool) {
 		// reports it: the core can never learn of it, so it is not counted.
 		delete(w.verdicts, id)
 	}
+}
+
+// longPause is a pause no scenario waits out: the operator ends it by hand.
+const longPause = 24 * time.Hour
+
+// watchLongPause: a row paused for longer than longPause (a stage answered or
+// wrote paused:315360000, the largest allowed) is made pending again by an
+// operator a second later, so the run can end.
+func (w *world) watchLongPause(c fakequeue.Change) {
+	if c.After.Status == core.StatusPaused && c.After.Timeout.Sub(w.now) > longPause {
+		id, until := c.After.ID, c.After.Timeout
+		w.at(w.now.Add(time.Second), 0, func() { w.unpause(id, until) })
+	}
+}
+
+// unpause is the operator's SQL for row id, paused until until: it waits
+// while the database is down or the dispatcher still holds the row (its
+// answer not yet read), and does nothing once someone else moved the row.
+func (w *world) unpause(id int64, until time.Time) {
+	if r, _ := w.q.Get(id); r.Status != core.StatusPaused || !r.Timeout.Equal(until) {
+		return
+	}
+	if _, held := w.heldBy(id); held || w.dbDown() {
+		w.at(w.now.Add(time.Second), 0, func() { w.unpause(id, until) })
+		return
+	}
+	w.note("an operator ends the pause of row %d until %s by hand (pending, NOTIFY ingress)", id, until.Sub(epoch))
+	w.q.Unpause(id)
+	w.retried[id] = time.Time{}
 }
 
 // insert starts the producer transaction of message i, as the ingress side does
@@ -774,13 +813,13 @@ func (w *world) step() {
 	w.pending = nil
 	w.steps++
 	if w.steps > stepsMax {
-		w.failf("the run exceeded %d steps", stepsMax)
+		w.broke(ruleWorldConsistent, "the run exceeded %d steps", stepsMax)
 		return
 	}
 	if w.now.Equal(w.instant) {
 		w.instantRuns++
 		if w.instantRuns > stepsPerInstantMax {
-			w.failf("the core does not settle: %d steps at one instant", w.instantRuns)
+			w.broke(ruleWorldConsistent, "the core does not settle: %d steps at one instant", w.instantRuns)
 			return
 		}
 	} else {
@@ -810,9 +849,16 @@ func (w *world) step() {
 		w.tr.line("  " + cmd.String())
 	}
 	w.modelCommands(cmds)
-	if w.fail != nil {
+	if w.fail != nil || !w.execute(cmds) {
 		return
 	}
+	w.checkStep(free)
+	w.steppedAt = w.now
+}
+
+// execute runs the commands of a step in the fake world, the queue's in one
+// transaction. It reports false when the core exited or the run failed.
+func (w *world) execute(cmds []core.Command) bool {
 	var tx []core.Command
 	for _, cmd := range cmds {
 		switch x := cmd.(type) {
@@ -832,7 +878,7 @@ func (w *world) step() {
 			w.vacuum(x)
 		case core.Exit:
 			w.endLife(fmt.Sprintf("exit %d", x.Code), x.Code == 0, w.sc.restart)
-			return
+			return false
 		case core.Rest:
 			w.rest()
 		case core.Busy:
@@ -840,8 +886,8 @@ func (w *world) step() {
 		case core.Log:
 		default:
 			if !core.IsQueue(cmd) {
-				w.failf("unknown command %T", cmd)
-				return
+				w.broke(ruleWorldConsistent, "unknown command %T", cmd)
+				return false
 			}
 			tx = append(tx, cmd)
 		}
@@ -849,8 +895,7 @@ func (w *world) step() {
 	if len(tx) > 0 {
 		w.send(tx)
 	}
-	w.checkStep(free)
-	w.steppedAt = w.now
+	return true
 }
 
 func (w *world) setTimer(x core.SetTimer) {

@@ -208,6 +208,24 @@ func (q *Queue) Retry(skip func(id int64) bool) []int64 {
 	return ids
 }
 
+// Unpause is an operator's own SQL for a message a stage paused for years
+// (pepsi-queue retry leaves paused rows to the dispatcher): status back to
+// pending at its stage, no timeout, and NOTIFY ingress, as docs/protocol.md
+// asks of any tool that makes a row pending. It reports false, and changes
+// nothing, when the row is not paused.
+func (q *Queue) Unpause(id int64) bool {
+	r := q.row(id)
+	if r == nil || r.Status != core.StatusPaused {
+		return false
+	}
+	before := *r
+	r.Status, r.Timeout = core.StatusPending, time.Time{}
+	q.observe(ByOperator, before, r)
+	q.undo = nil // the tool commits synchronously, as in Retry
+	q.notify()
+	return true
+}
+
 // settled is Claimed.Settled: the newest row's id, if no producer is
 // mid-transaction.
 func (q *Queue) settled() int64 {

@@ -3,6 +3,7 @@
 //
 //	pepsi-sim -seed 42 -v                replay one seed, printing its whole trace
 //	pepsi-sim -runs 100000 -workers 2    a campaign over 100000 seeds
+//	pepsi-sim -rules                     list the checker's rules
 //
 // A campaign reports scenarios per second and simulated messages per second, and
 // stops at the first failing seed (unless -keep-going), printing the failure and
@@ -44,6 +45,7 @@ type options struct {
 	keepGoing bool
 	maxTime   time.Duration
 	quiet     bool
+	rules     bool
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -58,10 +60,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "count every failing seed instead of stopping at the first")
 	fs.DurationVar(&o.maxTime, "max-time", 0, "end the campaign after this long (0: no limit)")
 	fs.BoolVar(&o.quiet, "q", false, "print only the summary line (and a failure)")
+	fs.BoolVar(&o.rules, "rules", false, "list the rules the checker holds the core to (a failure names the one it broke) and exit")
 	if _, err := cliflags.Parse(fs, args, "PEPSI_SIM"); err != nil {
 		return cliflags.Fail(stderr, "pepsi-sim", err)
 	}
 	switch {
+	case o.rules:
+		for _, r := range sim.Rules() {
+			fmt.Fprintf(stdout, "%s (%s)\n\t%s\n", r.Name, r.When, r.Doc)
+		}
+		return 0
 	case o.seed != 0 && o.runs != 0:
 		fmt.Fprintln(stderr, "pepsi-sim: give -seed or -runs, not both")
 		return 2

@@ -1,0 +1,875 @@
+package sim
+
+// The checker's ledger: what it knows of the core's life, filled from the
+// events the world hands the core (modelEvent), the commands the rules let
+// through (recordCommand) and the fake queue's changes (observe, check.go);
+// and, beside it, what each rule keeps for itself.
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+type killCause int
+
+const (
+	causeNone     killCause = iota
+	causeTimeout            // the watchdog: the head ran past MAX_RUNTIME
+	causeProtocol           // the worker wrote a line that is not a status line
+	causeGrace              // it did not exit within STOP_GRACE of being stopped
+	causeNow                // second shutdown request
+)
+
+// wmodel is what the checker knows of one worker of the current life.
+type wmodel struct {
+	id        core.WorkerID
+	stage     int
+	spawnAt   time.Time
+	started   bool // WorkerStarted delivered while it was starting: ready
+	gone      bool // SpawnFailed or WorkerExited delivered
+	goneStep  int  // the step that delivered it
+	stopped   bool
+	stoppedAt time.Time
+	killed    bool
+	cause     killCause
+	timedOut  int64
+	proto     bool         // it broke the protocol: the core ignores it from then on
+	queue     []int64      // handed and not answered, in order
+	handed    int          // ids ever handed
+	answered  int          // answers the core took
+	headSince time.Time    // when queue[0] became the head, as the core saw it
+	idleSince time.Time    // when it last had nothing to do
+	answers   []answerInfo // lines written, not yet delivered
+}
+
+// expect is how the core must resolve a message it no longer hands to a worker.
+type expect struct {
+	verdict core.Verdict
+	why     string
+	stage   string     // the stage it was claimed for
+	epoch   string     // answered 0: the epoch of its claim
+	reason  string     // a non-zero answer's reason ("" when the line had none)
+	answer  bool       // answered 0: failing it is right only if the stage did not write
+	move    *core.Item // answered a transition: the To, Until and Patch the item must carry
+	// retryFrom and retryTo bound a Retry's timeout: [delay, delay × (1 +
+	// core.RetryJitter)) after the answer.
+	retryFrom, retryTo time.Time
+	sent               bool // its item is in the outstanding transaction
+	unsure             bool // its item was in a transaction whose reply was lost
+	raced              bool // a resolve of it found the row still running (a commit landed meanwhile)
+}
+
+// truth is what one core life did, counted from the world.
+type truth struct {
+	stages map[string]*core.StageDelta
+	passes int64
+	left   int64
+	exact  bool // its statistics must all have been flushed
+	// carriedFrom is the life whose unflushed statistics this life was handed
+	// at Start (it lost its lock), 0 if none; carried is what of them the core
+	// took on (the flushes its start-up reset showed unapplied).
+	carriedFrom int
+	carried     *truth
+}
+
+func (t *truth) stage(name string) *core.StageDelta {
+	d := t.stages[name]
+	if d == nil {
+		d = &core.StageDelta{Stage: name}
+		t.stages[name] = d
+	}
+	return d
+}
+
+type cooldown struct {
+	step  time.Duration
+	until time.Time
+	at    time.Time // the instant of the failed start that set step
+}
+
+// model is everything the checker keeps: the ledger of what it knows, and
+// beside it the state each rule derives for itself from the ledger's history
+// (each group names the rules that own it).
+type model struct {
+	ledger
+	rowFacts
+	promptState
+	gateState
+	rateState
+	coolState
+	healthState
+	flushState
+	truthState
+}
+
+// ledger is what the checker knows of the current core life: observable facts
+// only, filled from the events the world hands the core, the commands the core
+// returns and the fake queue's changes. It judges nothing; the rules do.
+type ledger struct {
+	shut      int  // shutdown signals delivered
+	coreDown  bool // the core saw a failed transaction and no DatabaseUp since
+	txnOut    bool // a queue transaction is outstanding
+	resetSent bool // the start-up orphan reset was sent
+	resetSeen bool // the start-up reset's result came back
+	resting   bool // the core holds the gate as far as it knows (Resting, no Busy since)
+	// Who holds which id: workers (and what each holds, in order), the rows
+	// claimed and not handed out (backlog: id -> stage), the worker holding
+	// each handed id, and the verdicts owed for ids the core stopped holding
+	// (expects), with how the core must resolve them.
+	workers map[core.WorkerID]*wmodel
+	alive   []*wmodel // the workers not gone, in id order
+	backlog map[int64]string
+	holder  map[int64]core.WorkerID
+	expects map[int64]*expect
+	// What each held message was claimed with: its claim's epoch, the claim
+	// (see rowFacts.claimGen) it came with, and its attempts column.
+	claimEpoch    map[int64]string
+	claimGenOf    map[int64]int
+	claimAttempts map[int64]int
+	claimCaps     []core.Cap   // the caps of the claim outstanding
+	startCarry    []core.Flush // what Start carried
+}
+
+// rowFacts is what the checker knows of the queue's rows over every life,
+// from the fake queue's changes.
+type rowFacts struct {
+	claimGen []int // per row (id-1): how many times a claim took it
+	// retried: rows an operator made pending again, until a claim takes them,
+	// with when the core heard of it (a NOTIFY, or anything else after which it
+	// must look at every stage); zero while it has not. Until then a claim's
+	// floor may pass over them: the core cannot know.
+	retried  map[int64]time.Time
+	execLife int // the life whose transaction the fake queue is applying
+}
+
+// promptState belongs to rules promptness, rate-token-due and
+// cooldown-end-due.
+type promptState struct {
+	// told: per stage, whether the core has been told that rows may be pending
+	// there and has not since claimed it dry.
+	told      []bool
+	toldInTxn bool      // a notification came while the claim was outstanding
+	lastPoll  time.Time // the heartbeat's last instant (POLL_INTERVAL)
+	stepFree  bool      // the step could start a queue transaction
+}
+
+// gateState belongs to rule no-wait-for-heartbeat.
+type gateState struct {
+	// unnotified: rows whose producer did not notify (the gate was free: the
+	// dispatcher counted as busy), with when they committed (or were last
+	// excused), until the core claims their stage or looks after taking the gate.
+	unnotified map[int64]time.Time
+}
+
+// rateState belongs to rules rate and rate-token-due.
+type rateState struct {
+	// rateLog: per stage with a RATE, the claims this life sent for it: when,
+	// when their result came, and how many rows they took (their cap while the
+	// result is out or when it was lost). rateOut: the index in it of the
+	// outstanding claim's entry.
+	rateLog   [][]rateClaim
+	rateOut   map[int]int
+	startedAt time.Time // when the core got its Start: its buckets are empty then
+}
+
+// coolState belongs to rules cooldown and item-verdict (a head of
+// core.StartFailLimit failed starts fails).
+type coolState struct {
+	cool       []cooldown
+	startFails map[int64]int
+}
+
+// healthState belongs to rules inspect-serial, inspect-due,
+// vacuum-only-when-called-for and vacuum-when-due: an Inspect outstanding and
+// when the last was sent, a Vacuum outstanding and when the last was sent, the
+// last inspection's result, and one delivered in this step.
+type healthState struct {
+	inspectOut    bool
+	inspectSent   time.Time
+	vacuumOut     bool
+	vacuumSent    time.Time
+	lastInspected *core.Inspected
+	inspectedNow  *core.Inspected
+	vacuumedNow   bool // the step's commands include a Vacuum
+}
+
+// flushState belongs to rules flush-not-empty, flush-sequenced,
+// flush-not-early and flush-not-late.
+type flushState struct {
+	flushedAt time.Time   // when the core made its last new flush (or started)
+	lastFlush *core.Flush // the last flush it sent
+	issued    *truth      // what its new flushes carried, summed
+}
+
+// truthState belongs to rule statistics-exact: each life's truth, and the
+// rows this life's resolves failed or timed out until the core hears of it.
+type truthState struct {
+	truths   []*truth
+	verdicts map[int64]core.RowStatus
+}
+
+// newLifeModel starts the checker's model of a new core life: everything of
+// the last life is forgotten but what lives across lives (rowFacts, the
+// truths) and what Start carried.
+func (w *world) newLifeModel() {
+	n := len(w.sc.stages)
+	w.ledger = ledger{
+		workers: map[core.WorkerID]*wmodel{}, backlog: map[int64]string{}, holder: map[int64]core.WorkerID{},
+		expects: map[int64]*expect{}, claimEpoch: map[int64]string{}, claimGenOf: map[int64]int{},
+		claimAttempts: map[int64]int{}, startCarry: w.startCarry,
+	}
+	w.promptState = promptState{told: make([]bool, n), lastPoll: w.lastPoll}
+	w.gateState = gateState{unnotified: map[int64]time.Time{}}
+	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
+	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}
+	w.healthState = healthState{}
+	w.flushState = flushState{flushedAt: w.flushedAt, issued: &truth{stages: map[string]*core.StageDelta{}}}
+	w.verdicts = map[int64]core.RowStatus{}
+	t := &truth{stages: map[string]*core.StageDelta{}, carried: &truth{stages: map[string]*core.StageDelta{}}}
+	if len(w.startCarry) > 0 {
+		t.carriedFrom = len(w.truths)
+	}
+	w.truths = append(w.truths, t)
+}
+
+// lookAll records that the core must look at every stage now, and so answers
+// for every row committed without a notification so far (the promptness
+// obligation takes over).
+func (w *world) lookAll() {
+	w.tellAll()
+	if w.claimCaps != nil {
+		w.toldInTxn = true
+	}
+	clear(w.unnotified)
+}
+
+// tellAll records that the core learnt rows may be pending at every stage, at
+// any id.
+func (w *world) tellAll() {
+	for s := range w.told {
+		w.told[s] = true
+	}
+	for id, at := range w.retried {
+		if at.IsZero() {
+			w.retried[id] = w.now
+		}
+	}
+}
+
+func (w *world) truth() *truth { return w.truths[w.life-1] }
+
+// ---- events, applied in batch order, as the core applies them ----
+
+func (w *world) modelEvent(ev core.Event) {
+	switch e := ev.(type) {
+	case core.Start:
+		w.flushedAt = w.now
+		w.startedAt = w.now
+		w.lastPoll = w.now
+		w.inspectSent = w.now
+		w.tellAll()
+	case core.Inspected:
+		w.inspectOut = false
+		if e.Err == "" {
+			in := e
+			w.lastInspected, w.inspectedNow = &in, &in
+		}
+	case core.Vacuumed:
+		w.vacuumOut = false
+	case core.Ingress:
+		w.tellAll()
+		if w.claimCaps != nil {
+			// Rows may have come after the outstanding claim looked.
+			w.toldInTxn = true
+		}
+	case core.Resting:
+		// The last look: every producer that did not notify has committed, so
+		// the core must claim every stage with room in this step. (A gate it
+		// could not take means no one notifies: it must look all the same.)
+		w.resting = e.Err == ""
+		w.lookAll()
+	case core.RestLost:
+		if w.resting {
+			w.resting = false
+			w.lookAll()
+		}
+	case core.Shutdown:
+		w.modelShutdown()
+	case core.DatabaseUp:
+		w.modelDatabaseUp()
+	case core.WorkerStarted:
+		w.modelStarted(e)
+	case core.SpawnFailed:
+		w.modelSpawnFailed(e)
+	case core.Answer:
+		w.modelAnswer(e)
+	case core.WorkerExited:
+		w.modelExit(e)
+	case core.Claimed:
+		w.modelClaimed(e)
+	case core.Resolved:
+		w.modelResolved(e)
+	case core.Woken:
+		w.txnResult(e.Err)
+		if e.Count > 0 {
+			w.tellAll()
+		}
+	case core.OrphansReset:
+		w.modelReset(e)
+	case core.Flushed:
+		w.txnResult(e.Err)
+	}
+}
+
+// modelShutdown: at the first request the claimed rows not handed out are owed
+// back.
+func (w *world) modelShutdown() {
+	w.shut++
+	if w.shut == 1 {
+		for _, id := range sortedKeys(w.backlog) {
+			w.expects[id] = &expect{verdict: core.Requeue, why: "claimed but not handed out at shutdown", stage: w.backlog[id]}
+		}
+		clear(w.backlog)
+	}
+}
+
+// modelDatabaseUp ends an outage the core saw.
+func (w *world) modelDatabaseUp() {
+	if w.coreDown {
+		// The watchdog does not run while the database is down; heads get a
+		// fresh MAX_RUNTIME (core.Core's documented rule).
+		w.coreDown = false
+		w.tellAll()
+		for _, x := range w.alive {
+			if len(x.queue) > 0 {
+				x.headSince = w.now
+			}
+		}
+	}
+}
+
+// modelStarted: a starting worker that was neither stopped nor killed is
+// ready.
+func (w *world) modelStarted(e core.WorkerStarted) {
+	x := w.workers[e.Worker]
+	if x == nil {
+		w.broke(ruleWorldConsistent, "WorkerStarted for unknown %s", e.Worker)
+		return
+	}
+	if !x.stopped && !x.killed && !x.started {
+		x.started = true
+		x.idleSince = w.now
+	}
+}
+
+// modelSpawnFailed: a program that cannot be executed cools its stage down.
+func (w *world) modelSpawnFailed(e core.SpawnFailed) {
+	x := w.workers[e.Worker]
+	w.bury(x)
+	w.coolDown(x.stage)
+	if w.live(x.stage) == 0 {
+		// No worker can take the stage's claimed rows before the cooldown
+		// ends: the core gives them back (core.Core's documented rule).
+		name := w.sc.stages[x.stage].name
+		for _, id := range sortedKeys(w.backlog) {
+			if w.backlog[id] == name {
+				delete(w.backlog, id)
+				w.expects[id] = &expect{verdict: core.Requeue, why: "claimed for a stage that cannot start a worker", stage: name}
+			}
+		}
+	}
+}
+
+// modelClaimed takes in a claim's result: the rows it took join the backlog
+// (or are owed back during a shutdown), the rate log learns what it took, and
+// a stage claimed dry is no longer owed a claim.
+func (w *world) modelClaimed(e core.Claimed) {
+	w.txnResult(e.Err)
+	caps, told := w.claimCaps, w.toldInTxn
+	w.claimCaps, w.toldInTxn = nil, false
+	if e.Err != "" {
+		// The claim may have taken its whole cap (unless it certainly
+		// aborted): the core counts it so.
+		for _, s := range sortedKeys(w.rateOut) {
+			w.rateLog[s][w.rateOut[s]].done = w.now
+			if e.Aborted {
+				w.rateLog[s][w.rateOut[s]].n = 0 // it certainly took nothing
+			}
+			w.checkRateBound(s)
+		}
+		clear(w.rateOut)
+		return
+	}
+	for _, cp := range caps {
+		got := 0
+		for _, r := range e.Rows {
+			if r.Stage == cp.Stage {
+				got++
+			}
+		}
+		if i, ok := w.rateOut[w.stageIndex(cp.Stage)]; ok {
+			s := w.stageIndex(cp.Stage)
+			w.rateLog[s][i].n, w.rateLog[s][i].done = got, w.now
+			delete(w.rateOut, s)
+			if w.checkRateBound(s); w.fail != nil {
+				return
+			}
+		}
+		// A claim that took less than its cap found the stage dry, unless a
+		// notification came while it was outstanding.
+		w.told[w.stageIndex(cp.Stage)] = got == cp.N || told
+	}
+	for _, r := range e.Rows {
+		if row, _ := w.q.Get(r.ID); r.Attempts != row.Attempts {
+			w.broke(ruleClaimReadsRow, "claim returned message %d with attempts %d, the row has %d", r.ID, r.Attempts, row.Attempts)
+			return
+		}
+		w.claimAttempts[r.ID] = r.Attempts
+		w.claimEpoch[r.ID] = e.Epoch
+		w.claimGenOf[r.ID] = w.claimGen[r.ID-1]
+		if _, held := w.heldBy(r.ID); held {
+			w.broke(ruleNeverTwoHolders, "claim returned message %d, which this core already holds (%s)", r.ID, w.heldText())
+			return
+		}
+		if w.shut > 0 {
+			w.expects[r.ID] = &expect{verdict: core.Requeue, why: "claimed during shutdown", stage: r.Stage}
+		} else {
+			w.backlog[r.ID] = r.Stage
+		}
+	}
+}
+
+// modelResolved takes in a resolve's outcomes: what the core no longer owes,
+// and what the truth counts of them.
+func (w *world) modelResolved(e core.Resolved) {
+	w.txnResult(e.Err)
+	if e.Err != "" {
+		// A send that may have committed may have written its items; an
+		// aborted one (the fake queue says so only when it did not
+		// apply) wrote nothing, so a later miss is a miss.
+		for _, ex := range w.expects {
+			if ex.sent {
+				ex.sent, ex.unsure = false, ex.unsure || !e.Aborted
+			}
+		}
+		return
+	}
+	for _, o := range e.Outcomes {
+		if _, ok := w.expects[o.ID]; !ok {
+			w.broke(ruleWorldConsistent, "outcome for message %d, which was not being resolved", o.ID)
+			return
+		}
+		ex := w.expects[o.ID]
+		if o.Status == core.StatusRunning {
+			// A stage's commit landed while the resolve waited on the row:
+			// nothing written, a guard miss, and the core still holds the
+			// row and owes the same item.
+			ex.sent, ex.raced = false, true
+			w.truth().stage(ex.stage).GuardMisses++
+			continue
+		}
+		delete(w.expects, o.ID)
+		if o.Status.Final() {
+			w.truth().left++
+		}
+		if ex.verdict == core.Retry && o.Matched {
+			w.truth().stage(ex.stage).Retries++
+		}
+		if ex.verdict == core.Move && !o.Matched && !ex.unsure && !ex.raced {
+			// The row was no longer running at the stage: a guard miss (unless
+			// an earlier send, whose reply was lost, wrote it).
+			w.truth().stage(ex.stage).GuardMisses++
+		}
+		if o.Status == core.StatusPending {
+			if s, ok := w.stageOf(o.Stage); ok {
+				w.told[s] = true
+			}
+		}
+		if v, ok := w.verdicts[o.ID]; ok {
+			// The core learns now that its resolve failed or timed out the row.
+			delete(w.verdicts, o.ID)
+			if v == core.StatusFailed {
+				w.truth().stage(o.Stage).Failed++
+			} else {
+				w.truth().stage(o.Stage).Timeouts++
+			}
+		}
+	}
+}
+
+// modelReset takes in an orphan reset; the first of a life shows which
+// carried flushes the core takes on.
+func (w *world) modelReset(e core.OrphansReset) {
+	w.txnResult(e.Err)
+	if e.Err != "" {
+		return
+	}
+	if e.Count > 0 {
+		w.tellAll()
+	}
+	if !w.resetSeen {
+		w.resetSeen = true
+		// The core takes on the carried deltas never sent; a carried flush
+		// that was sent is sent again unchanged, under its own life.
+		for _, f := range w.startCarry {
+			if f.Seq == 0 {
+				c := w.truth().carried
+				c.passes += f.StagePasses
+				c.left += f.MessagesLeft
+				for _, d := range f.Stages {
+					addDelta(c.stage(d.Stage), d)
+				}
+			}
+		}
+	}
+}
+
+func (w *world) txnResult(err string) {
+	w.txnOut = false
+	if err != "" {
+		w.coreDown = true
+	}
+}
+
+// queueAnswer records a line a worker wrote, to be matched with its delivery.
+func (w *world) queueAnswer(id core.WorkerID, a answerInfo) {
+	x := w.workers[id]
+	x.answers = append(x.answers, a)
+}
+
+// coolDown is a failed start of stage s: the cooldown doubles once per
+// instant, however many workers failed to start at it.
+func (w *world) coolDown(s int) {
+	c := &w.cool[s]
+	if c.step > 0 && c.at.Equal(w.now) {
+		return
+	}
+	c.step = min(max(2*c.step, core.CooldownMin), core.CooldownMax)
+	c.until, c.at = w.now.Add(c.step), w.now
+}
+
+func (w *world) modelAnswer(e core.Answer) {
+	x := w.workers[e.Worker]
+	if x == nil || x.gone || len(x.answers) == 0 {
+		w.broke(ruleWorldConsistent, "answer from %s that the world did not write", e.Worker)
+		return
+	}
+	a := x.answers[0]
+	x.answers = x.answers[1:]
+	if x.proto {
+		return // the core ignores a worker after its protocol error
+	}
+	if len(x.queue) == 0 || a.malformed {
+		// A line with nothing outstanding, or no status line, is a protocol
+		// error: the core must kill the worker in this step, even if it had
+		// already killed it for another reason: the line decides how its head
+		// ends.
+		x.proto = true
+		if x.killed {
+			x.cause = causeProtocol
+		}
+		return
+	}
+	stage := w.sc.stages[x.stage].name
+	head := x.queue[0]
+	x.queue = x.queue[1:]
+	delete(w.holder, head)
+	x.answered++
+	elapsed := w.now.Sub(x.headSince).Microseconds()
+	x.headSince = w.now
+	if len(x.queue) == 0 {
+		x.idleSince = w.now
+	}
+	w.cool[x.stage] = cooldown{} // the program works: its cooldown ends
+	delete(w.startFails, head)
+
+	t := w.truth()
+	var fusedUS int64
+	for _, f := range a.fused {
+		d := t.stage(f.Stage)
+		d.Processed++
+		d.ProcessingUS += f.Micros
+		fusedUS += f.Micros
+	}
+	t.stage(stage).ProcessingUS += max(0, elapsed-fusedUS)
+	t.passes += int64(len(a.fused))
+	if !a.bad && (a.move != nil || a.code == 0) {
+		t.stage(stage).Processed++
+		t.passes++
+	}
+	w.expects[head] = w.expectAnswer(x, head, a)
+}
+
+// expectAnswer is how the core must resolve head, which worker x answered
+// with a.
+func (w *world) expectAnswer(x *wmodel, head int64, a answerInfo) *expect {
+	stage := w.sc.stages[x.stage].name
+	switch {
+	case a.bad:
+		// A transition the dispatcher cannot write fails the message.
+		return &expect{verdict: core.Fail, why: "answered " + a.line, stage: stage}
+	case a.move != nil:
+		m := *a.move
+		if m.To == core.TargetPaused {
+			m.Until = w.now.Add(a.pauseFor)
+		}
+		return &expect{verdict: core.Move, why: "answered " + a.line, stage: stage, move: &m}
+	case a.code == 0:
+		return &expect{verdict: core.Answered, why: "answered 0", stage: stage, epoch: w.claimEpoch[head], answer: true}
+	case a.code == core.RetryCode && w.cfg.Stages[x.stage].RetryLimit > 0:
+		st := w.cfg.Stages[x.stage]
+		attempts := w.claimAttempts[head]
+		why := fmt.Sprintf("answered %s with %d retries had, RETRY_LIMIT %d", a.line, attempts, st.RetryLimit)
+		if attempts >= st.RetryLimit {
+			return &expect{verdict: core.Fail, why: why, stage: stage, reason: a.reason}
+		}
+		d := retryDelay(st.RetryDelay, st.RetryDelayMax, attempts)
+		return &expect{verdict: core.Retry, why: why, stage: stage, reason: a.reason,
+			retryFrom: w.now.Add(d), retryTo: w.now.Add(d + time.Duration(float64(d)*core.RetryJitter))}
+	}
+	return &expect{verdict: core.Fail, why: "answered " + a.line, stage: stage, reason: a.reason}
+}
+
+func (w *world) modelExit(e core.WorkerExited) {
+	x := w.workers[e.Worker]
+	if x == nil || x.gone {
+		w.broke(ruleWorldConsistent, "exit of %s, which is not alive", e.Worker)
+		return
+	}
+	w.bury(x)
+	x.goneStep = w.steps
+	q := x.queue
+	x.queue = nil
+	for _, id := range q {
+		delete(w.holder, id)
+	}
+	stage := w.sc.stages[x.stage].name
+	owe := func(ids []int64, verdict core.Verdict, why string) {
+		for _, id := range ids {
+			w.expects[id] = &expect{verdict: verdict, why: why, stage: stage}
+		}
+	}
+	switch x.cause {
+	case causeTimeout:
+		if len(q) > 0 && q[0] == x.timedOut {
+			owe(q[:1], core.TimeOut, "head of a worker the watchdog killed")
+			q = q[1:]
+		}
+		owe(q, core.Requeue, "behind the head of a worker the watchdog killed")
+		return
+	case causeProtocol:
+		w.truth().stage(stage).Crashes++
+		if len(q) > 0 {
+			owe(q[:1], core.Fail, "head of a worker that broke the protocol")
+			q = q[1:]
+		}
+		owe(q, core.Requeue, "behind the head of a worker that broke the protocol")
+		return
+	case causeGrace, causeNow:
+		owe(q, core.Requeue, "held by a worker killed while stopping")
+		return
+	}
+	if x.stopped && len(q) == 0 && e.Code == 0 && e.Signal == "" {
+		return // a clean stop
+	}
+	w.truth().stage(stage).Crashes++
+	if x.answered == 0 && w.now.Sub(x.spawnAt) < core.StartWindow {
+		w.coolDown(x.stage)
+		if len(q) > 0 {
+			w.startFails[q[0]]++
+			if w.startFails[q[0]] >= core.StartFailLimit {
+				delete(w.startFails, q[0])
+				owe(q[:1], core.Fail, fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
+				q = q[1:]
+			}
+		}
+		owe(q, core.Requeue, "held by a worker that could not start")
+		return
+	}
+	if len(q) > 0 {
+		owe(q[:1], core.Fail, "head of a crashed worker")
+		owe(q[1:], core.Requeue, "behind the head of a crashed worker")
+	}
+}
+
+// ---- what the core holds ----
+
+// heldBy reports who in this life holds id: the backlog, a worker, or a resolve.
+func (w *world) heldBy(id int64) (string, bool) {
+	if s, ok := w.backlog[id]; ok {
+		return "claimed for " + s, true
+	}
+	if wid, ok := w.holder[id]; ok {
+		return "held by " + wid.String(), true
+	}
+	if ex, ok := w.expects[id]; ok {
+		return "owed " + string(ex.verdict), true
+	}
+	return "", false
+}
+
+func (w *world) heldIDs() []int64 {
+	var ids []int64
+	ids = append(ids, sortedKeys(w.backlog)...)
+	ids = append(ids, sortedKeys(w.holder)...)
+	ids = append(ids, sortedKeys(w.expects)...)
+	slices.Sort(ids)
+	return ids
+}
+
+func (w *world) nothingHeld() bool {
+	return len(w.backlog) == 0 && len(w.holder) == 0 && len(w.expects) == 0
+}
+
+func (w *world) heldText() string {
+	var parts []string
+	for _, id := range w.heldIDs() {
+		why, _ := w.heldBy(id)
+		parts = append(parts, fmt.Sprintf("%d %s", id, why))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// heldAt counts the messages of stage the core has claimed and not yet taken back
+// from a worker: its in-flight capacity.
+func (w *world) heldAt(stage string) int {
+	n := 0
+	for _, s := range w.backlog {
+		if s == stage {
+			n++
+		}
+	}
+	for _, y := range w.alive {
+		if w.sc.stages[y.stage].name == stage {
+			n += len(y.queue)
+		}
+	}
+	return n
+}
+
+func (w *world) endLifeModel(exact bool) {
+	t := w.truth()
+	t.exact = exact
+	if !exact {
+		// Statistics carried into this life from lives that lost their lock
+		// may be lost with it.
+		for k := t.carriedFrom; k > 0; k = w.truths[k-1].carriedFrom {
+			w.truths[k-1].exact = false
+		}
+	}
+}
+
+// ---- commands, recorded once the rules let them through ----
+
+// recordCommand takes a command the rules let through into the ledger (and
+// into the state the rules keep beside it): what the core now holds, hands
+// out, stops, kills, claims, flushes and asks of the queue.
+func (w *world) recordCommand(cmd core.Command) {
+	switch x := cmd.(type) {
+	case core.ResetOrphans:
+		w.resetSent = true
+	case core.Resolve:
+		for _, it := range x.Items {
+			if w.givesBack(it) {
+				w.expects[it.ID] = &expect{verdict: core.Requeue, why: "claimed, not handed out, given back", stage: w.backlog[it.ID]}
+				delete(w.backlog, it.ID)
+			}
+			if ex := w.expects[it.ID]; ex != nil {
+				ex.sent = true
+			}
+		}
+	case core.Claim:
+		w.recordClaim(x)
+	case core.Busy:
+		w.resting = false
+	case core.Flush:
+		w.recordFlush(x)
+	case core.Inspect:
+		w.inspectOut, w.inspectSent = true, w.now
+	case core.Vacuum:
+		w.vacuumOut, w.vacuumSent, w.vacuumedNow = true, w.now, true
+	case core.Spawn:
+		y := &wmodel{id: x.Worker, stage: w.stageIndex(x.Stage), spawnAt: w.now, idleSince: w.now}
+		w.workers[x.Worker] = y
+		i, _ := slices.BinarySearchFunc(w.alive, y, func(a, b *wmodel) int { return int(a.id - b.id) })
+		w.alive = slices.Insert(w.alive, i, y)
+	case core.Write:
+		w.recordWrite(x)
+	case core.Stop:
+		if y := w.workers[x.Worker]; !y.gone && !y.stopped && !y.killed {
+			y.stopped, y.stoppedAt = true, w.now
+		}
+	case core.Kill:
+		if y := w.workers[x.Worker]; !y.gone && !y.killed {
+			y.killed, y.cause = true, w.killCauseOf(y)
+			if y.cause == causeTimeout {
+				y.timedOut = y.queue[0]
+			}
+		}
+	}
+}
+
+// bury records that worker x is gone (it exited, or could not be spawned).
+func (w *world) bury(x *wmodel) {
+	x.gone = true
+	w.alive = slices.DeleteFunc(w.alive, func(y *wmodel) bool { return y == x })
+}
+
+// recordClaim: the claim is outstanding with its caps; rows committed
+// without a notification at its stages are the promptness rule's now; a
+// stage with a RATE logs it.
+func (w *world) recordClaim(x core.Claim) {
+	w.claimCaps, w.toldInTxn = x.Caps, false
+	for _, id := range sortedKeys(w.unnotified) {
+		r, _ := w.q.Get(id)
+		for _, cp := range x.Caps {
+			if cp.Stage == r.Stage {
+				delete(w.unnotified, id)
+			}
+		}
+	}
+	for _, cp := range x.Caps {
+		if s := w.stageIndex(cp.Stage); w.cfg.Stages[s].Rate > 0 {
+			w.rateOut[s] = len(w.rateLog[s])
+			w.rateLog[s] = append(w.rateLog[s], rateClaim{at: w.now, n: cp.N})
+		}
+	}
+}
+
+// recordFlush: a new flush of this life (not one re-sent under the same
+// sequence, nor a carried one sent again) is the last, and what it carries is
+// issued.
+func (w *world) recordFlush(x core.Flush) {
+	if last := w.lastFlush; x.Life != int64(w.life) || last != nil && x.Seq == last.Seq {
+		return // a carried flush sent again, or one of this life's re-sent
+	}
+	w.flushedAt = w.now
+	f := x
+	w.lastFlush = &f
+	w.issued.passes += x.StagePasses
+	w.issued.left += x.MessagesLeft
+	for _, d := range x.Stages {
+		addDelta(w.issued.stage(d.Stage), d)
+	}
+}
+
+// recordWrite: the ids leave the backlog for the worker's queue.
+func (w *world) recordWrite(x core.Write) {
+	y := w.workers[x.Worker]
+	for _, id := range x.IDs {
+		delete(w.backlog, id)
+		w.holder[id] = x.Worker
+	}
+	if len(y.queue) == 0 {
+		y.headSince = w.now
+	}
+	y.queue = append(y.queue, x.IDs...)
+	y.handed += len(x.IDs)
+}

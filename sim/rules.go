@@ -1,0 +1,288 @@
+package sim
+
+// rule is one thing the checker holds the core to: a name, printed with every
+// violation of it and named by each mutant (sim/mutants) meant to break it; its
+// doc, which says what it asks; when it is checked; and, for a rule checked
+// after a step or at a deadline, its check, which checkAt runs. A rule checked
+// as a command, an event or a row change crosses the boundary is checked by
+// that crossing's hook in check.go, which names the rule it holds; a rule that
+// must re-derive a decision of the core (promptness needs a stage's room, the
+// cooldown rule the doubling cooldown) owns that derivation.
+type rule struct {
+	name  string
+	doc   string
+	when  moment
+	check func(*world, *rule)
+}
+
+// moment is when a rule is checked.
+type moment int
+
+const (
+	atCommand  moment = iota // as the core issues a command, before the world runs it
+	atEvent                  // as the world hands the core an event
+	atChange                 // as the fake queue changes a row
+	afterStep                // after every step, from the step's own commands
+	atDeadline               // after every step and whenever the clock moves on, before anything happens at the new instant
+	atEnd                    // once, after the heal phase, when everything is quiescent
+)
+
+var momentNames = [...]string{"at each command", "at each event", "at each row change", "after each step", "at each deadline", "at the end"}
+
+func (m moment) String() string { return momentNames[m] }
+
+// Rule is one rule of the checker, as pepsi-sim -rules lists it.
+type Rule struct {
+	Name string // as violations print it and mutants name it
+	When string // when it is checked
+	Doc  string // what it asks
+}
+
+// Rules lists every rule the checker holds the core to, in the order they are
+// documented.
+func Rules() []Rule {
+	out := make([]Rule, 0, len(rules))
+	for _, r := range rules {
+		out = append(out, Rule{Name: r.name, When: r.when.String(), Doc: r.doc})
+	}
+	return out
+}
+
+// broke fails the run by rule r.
+func (w *world) broke(r *rule, format string, args ...any) {
+	if w.fail != nil {
+		return
+	}
+	w.failf("rule "+r.name+": "+format, args...)
+	w.fail.Rule = r.name
+}
+
+// checkAt runs the check of every rule of moment m, in order, until one fails.
+func (w *world) checkAt(m moment) {
+	for _, r := range rules {
+		if r.when != m || r.check == nil {
+			continue
+		}
+		if r.check(w, r); w.fail != nil {
+			return
+		}
+	}
+}
+
+// rules is every rule, in the order they are documented; checkAt runs the
+// checks of each moment in this order.
+var rules = []*rule{
+	// At each command (and the claim rules at each claim's result).
+	ruleSerialWrites, ruleClaimBounds, ruleRate, ruleNeverTwoHolders, ruleClaimReadsRow,
+	ruleMessageLines, ruleHandClaimed, ruleHandToReady, ruleWorkPacked, ruleQueueLimit,
+	ruleSpawnNeeded, ruleCooldown, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
+	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition,
+	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleResetKeepsHeld, ruleWakeNotEarly,
+	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
+	ruleExit,
+	// At each row change.
+	ruleClaimFloor, ruleOnlyClaimRuns, ruleAttempts, ruleNoStaleVerdict, ruleEpochGuard,
+	// After each step.
+	ruleVacuumWhenDue, ruleProtocolErrorKills, ruleShutdownStops, ruleStageCapacity,
+	ruleSpawnWhenNeeded, rulePromptness,
+	// At each deadline.
+	ruleInspectDue, ruleGate, ruleFlushNotLate, ruleWakeDue, ruleStopGraceDue,
+	ruleWatchdogDue, ruleRecycleDue, ruleReapDue, ruleRateTokenDue, ruleCooldownEndDue,
+	// At the end.
+	ruleLiveness, ruleStatisticsExact,
+	// Whenever the world meets what it cannot reach if the core is right.
+	ruleWorldConsistent,
+}
+
+var ruleSerialWrites = &rule{name: "serial-writes", when: atCommand,
+	doc: "No queue transaction is issued while another is outstanding: the core's writes are serial, one batch at a time."}
+
+var ruleClaimBounds = &rule{name: "claim-bounds", when: atCommand,
+	doc: "No claim during a shutdown, and no claim that would make a stage hold more than QUEUE_LIMIT × PARALLELISM messages (claimed, handed out and unanswered)."}
+
+var ruleRate = &rule{name: "rate", when: atCommand,
+	doc: "A claim at a stage with a RATE asks for no more rows than the bucket holds tokens (a token every 1/RATE s, at most max(1, RATE) of them, a claim counted from its result), " +
+		"and in every window ending at the latest claim at most RATE × T + max(1, RATE) rows were claimed, however the database timed each claim between its sending and its result."}
+
+var ruleNeverTwoHolders = &rule{name: "never-two-holders", when: atEvent,
+	doc: "A claim never returns a row the core still holds (a worker has it unanswered, or it is claimed or owed a resolve), " +
+		"whatever made it pending meanwhile: an operator retrying it in flight, a stage's late commit."}
+
+var ruleClaimReadsRow = &rule{name: "claim-reads-the-row", when: atEvent,
+	doc: "A claim returns each row with the attempts the row has: the retry limit counts from them."}
+
+var ruleMessageLines = &rule{name: "message-lines", when: atCommand,
+	doc: "A worker of an INPUT = message stage is handed one line per id and any other worker none; each line is the row as the queue holds it when it is handed out " +
+		"(id, stage, attempts, state, payload), never a copy from an earlier claim, before a retry or a requeue. The fake workers of such a stage read each message from its line."}
+
+var ruleHandClaimed = &rule{name: "hand-claimed-rows", when: atCommand,
+	doc: "Ids reach a worker only after their claim committed, only to a worker of the row's stage, and only ids the core claimed and has not handed out."}
+
+var ruleHandToReady = &rule{name: "hand-to-ready", when: atCommand,
+	doc: "Ids go only to a live worker that is ready (started, neither stopped nor killed)."}
+
+var ruleWorkPacked = &rule{name: "work-packed", when: atCommand,
+	doc: "Work is packed onto the fewest workers: the fullest worker of the stage with room gets the ids."}
+
+var ruleQueueLimit = &rule{name: "queue-limit", when: atCommand,
+	doc: "A worker holds at most QUEUE_LIMIT unanswered ids, and is handed at most MAX_MESSAGES in its life."}
+
+var ruleSpawnNeeded = &rule{name: "spawn-only-when-needed", when: atCommand,
+	doc: "A worker is spawned only outside a shutdown, with a fresh id, and only when the stage's claimed ids exceed what its live and starting workers can take."}
+
+var ruleCooldown = &rule{name: "cooldown", when: atCommand,
+	doc: "No spawn during a stage's cooldown: after a failed start the stage waits core.CooldownMin, doubling with each failed start up to core.CooldownMax, " +
+		"once for all the workers that fail at one instant; the first answer ends it."}
+
+var ruleParallelism = &rule{name: "parallelism", when: atCommand,
+	doc: "At most PARALLELISM live workers per stage, checked at each spawn and after each step."}
+
+var ruleReapIdle = &rule{name: "reap-only-idle", when: atCommand,
+	doc: "Outside a shutdown a worker is stopped only when it reached MAX_MESSAGES, or when it is ready, holds nothing and has been idle for WORKER_IDLE_TIMEOUT."}
+
+var ruleKillLive = &rule{name: "commands-for-live-workers", when: atCommand,
+	doc: "Stops and kills name a worker that is alive (a kill decided on a line that came in the same batch as the worker's exit excepted)."}
+
+var ruleStopGrace = &rule{name: "stop-grace", when: atCommand,
+	doc: "A stopped worker is killed only after STOP_GRACE."}
+
+var ruleWatchdog = &rule{name: "watchdog", when: atCommand,
+	doc: "The watchdog kills a worker only when its head has run MAX_RUNTIME (timed from when it reached the head, or from the DatabaseUp that ended an outage the core saw), " +
+		"and never while the core knows the database is down: no stage can commit then."}
+
+var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand,
+	doc: "A resolve item names a message the core stopped holding (its worker answered or died) or a claimed row no worker has seen, given back: " +
+		"never one a worker still has unanswered."}
+
+var ruleItemStage = &rule{name: "item-stage", when: atCommand,
+	doc: "A resolve item names the stage its message was claimed for: the guard of the write depends on it."}
+
+var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand,
+	doc: "A resolve item carries the verdict the reference text gives: requeue, fail, timeout (the watchdog's head), answered (a 0), retry (a 75 under RETRY_LIMIT) or move (an answered transition). " +
+		"A worker's head is failed on a crash or a protocol error and timed out by the watchdog; what is behind it is requeued; " +
+		"a head of core.StartFailLimit failed starts in a row fails, other ids of a worker that could not start are requeued."}
+
+var ruleItemTransition = &rule{name: "item-transition", when: atCommand,
+	doc: "An answered transition is written as the stage answered it: its target, its patch, and for a pause a timeout of the clock when the answer was read plus SECONDS. " +
+		"No other item carries a transition."}
+
+var ruleRetryBackoff = &rule{name: "retry-backoff", when: atCommand,
+	doc: "A retry is due RETRY_DELAY × 2^attempts (capped at RETRY_DELAY_MAX) plus a jitter of 0 to core.RetryJitter of that after its answer; " +
+		"the 75 that finds attempts = RETRY_LIMIT fails."}
+
+var ruleItemEpoch = &rule{name: "item-epoch", when: atCommand,
+	doc: "An item for a message answered 0 carries the epoch of its claim, so that a 0 whose stage committed and then lost it to a database crash is run again, not failed; no other item carries one."}
+
+var ruleItemReason = &rule{name: "item-reason", when: atCommand,
+	doc: "An item has a reason exactly when it fails the message (or may, for an answered 0), and a worker's non-zero answer's reason is the item's."}
+
+var ruleResetKeepsHeld = &rule{name: "reset-keeps-held", when: atCommand,
+	doc: "The start-up orphan reset keeps nothing; later resets keep every row the core holds, " +
+		"except rows whose resolve may have been applied (a lost reply), which may be reset or kept."}
+
+var ruleWakeNotEarly = &rule{name: "wake-not-early", when: atCommand,
+	doc: "A wake takes only paused rows due by now."}
+
+var ruleFlushNotEmpty = &rule{name: "flush-not-empty", when: atCommand,
+	doc: "A statistics flush is never empty and carries no empty stage delta."}
+
+var ruleFlushSequenced = &rule{name: "flush-sequenced", when: atCommand,
+	doc: "A flush names its core life and carries the sequence of that life's last applied flush or the next; one re-sent under the same sequence is unchanged; " +
+		"a flush of another life is only one carried over a lost lock, sent again unchanged."}
+
+var ruleFlushNotEarly = &rule{name: "flush-not-early", when: atCommand,
+	doc: "A new flush comes STATS_INTERVAL after the last, or when the core holds nothing at most once per core.IdleFlushMin, or at a shutdown's end."}
+
+var ruleInspect = &rule{name: "inspect-serial", when: atCommand,
+	doc: "An inspection of the queue's health is not asked for while another is outstanding, nor during a shutdown."}
+
+var ruleVacuumCalledFor = &rule{name: "vacuum-only-when-called-for", when: atCommand,
+	doc: "A vacuum only when VACUUM is on, none of the core's runs, no shutdown is under way, the last inspection called for one " +
+		"(dead row versions past core.VacuumDeadMin, no vacuum running) and core.VacuumIntervalMin has passed since the last."}
+
+var ruleExit = &rule{name: "exit", when: atCommand,
+	doc: "The core exits only when every worker is gone; exit 1 only after a second shutdown request; exit 0 only when nothing is held or owed " +
+		"and no row this core could know of is left running (a lost claim's rows reset first)."}
+
+var ruleClaimFloor = &rule{name: "claim-floor", when: atChange,
+	doc: "A claim looks above each stage's floor (core.Cap.After) only, and when it runs no row is pending at or below the floor at its stage, " +
+		"except a row an operator retried that the core has not yet heard of, or a row it holds. Checked in the fake queue, between the commands of the transaction."}
+
+var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange,
+	doc: "Only the dispatcher's claim moves a row from pending to running."}
+
+var ruleAttempts = &rule{name: "attempts", when: atChange,
+	doc: "A row's attempts grow only by one, by a resolve that pauses it for a retry; a move to another stage, by anyone, sets them to 0 (schema 11's trigger)."}
+
+var ruleNoStaleVerdict = &rule{name: "no-stale-verdict", when: atChange,
+	doc: "A verdict applies only to the claim it was made for: a resolve never fails or times out a row that has been claimed again since the claim its item was made for."}
+
+var ruleEpochGuard = &rule{name: "epoch-guard", when: atChange,
+	doc: "A 0 whose stage committed its transition on that visit (then lost to a PostgreSQL crash) is never failed as a stage bug: it is run again."}
+
+var ruleVacuumWhenDue = &rule{name: "vacuum-when-due", when: afterStep, check: (*world).vacuumWhenDue,
+	doc: "An inspection that shows dead row versions past core.VacuumDeadMin, no vacuum running, with VACUUM on, outside a shutdown and core.VacuumIntervalMin after the last, is answered by a vacuum in that step."}
+
+var ruleProtocolErrorKills = &rule{name: "protocol-error-kills", when: afterStep, check: (*world).protocolErrorKills,
+	doc: "A protocol error (a line that is no status line, or a line while the worker holds nothing) is acted on in that step: the worker is killed."}
+
+var ruleShutdownStops = &rule{name: "shutdown-stops-workers", when: afterStep, check: (*world).shutdownStops,
+	doc: "After the first shutdown request every worker, a starting one included, is stopped or killed in that step; after the second every one is killed."}
+
+var ruleStageCapacity = &rule{name: "stage-capacity", when: afterStep, check: (*world).stageCapacity,
+	doc: "After every step each stage has at most PARALLELISM live workers and holds at most QUEUE_LIMIT × PARALLELISM messages."}
+
+var ruleSpawnWhenNeeded = &rule{name: "spawn-when-needed", when: afterStep, check: (*world).spawnWhenNeeded,
+	doc: "Claimed ids that the ready and starting workers cannot take, with room under PARALLELISM, outside a shutdown and a cooldown, get a worker in that step."}
+
+var rulePromptness = &rule{name: "promptness", when: afterStep, check: (*world).promptness,
+	doc: "When a stage has pending rows the core was told of (a NOTIFY, a wake or reset that moved rows, a requeue it resolved, the heartbeat, the start, " +
+		"the database coming back, the look after Resting) and has not since claimed the stage dry, the stage has room, no transaction is outstanding, " +
+		"the database is up as far as the core knows, no shutdown is under way, no cooldown applies and the RATE leaves a token, the core claims for that stage in that step. " +
+		"The stage's room is derived here (rule-owned): QUEUE_LIMIT × PARALLELISM less what it holds, counting only slots of workers that will take more, " +
+		"and new workers only when no cooldown holds the stage back."}
+
+var ruleInspectDue = &rule{name: "inspect-due", when: atDeadline, check: (*world).inspectDue,
+	doc: "Outside a shutdown, the queue's health is asked for at least every core.InspectInterval."}
+
+var ruleGate = &rule{name: "no-wait-for-heartbeat", when: atDeadline, check: (*world).checkGate,
+	doc: "No message waits for the heartbeat (the gate, core.Rest and core.Busy). Producers notify only while the dispatcher holds or asks for the gate; " +
+		"a row committed without a notification must be claimed, or its stage claimed, or the core must take the gate and look, within gateBound while its stage has room. " +
+		"Producers commit at random points of the dispatcher's transition; gates fail to be taken, and held gates lose their connection."}
+
+var ruleFlushNotLate = &rule{name: "flush-not-late", when: atDeadline, check: (*world).flushNotLate,
+	doc: "Statistics are flushed by STATS_INTERVAL, or core.IdleFlushMin after the core went idle, unless a transaction is outstanding or the core knows the database is down."}
+
+var ruleWakeDue = &rule{name: "wake-due", when: atDeadline, check: (*world).wakeDue,
+	doc: "A paused row the core can know of (it learns timeouts from Woken and Resolved) is woken at its timeout, not at the next heartbeat."}
+
+var ruleStopGraceDue = &rule{name: "stop-grace-due", when: atDeadline, check: (*world).stopGraceDue,
+	doc: "A stopped worker is gone or killed by STOP_GRACE."}
+
+var ruleWatchdogDue = &rule{name: "watchdog-due", when: atDeadline, check: (*world).watchdogDue,
+	doc: "A head unanswered past MAX_RUNTIME is killed, unless the core knows the database is down."}
+
+var ruleRecycleDue = &rule{name: "recycle-due", when: atDeadline, check: (*world).recycleDue,
+	doc: "A worker that has handled MAX_MESSAGES and holds nothing is recycled."}
+
+var ruleReapDue = &rule{name: "reap-due", when: atDeadline, check: (*world).reapDue,
+	doc: "An idle worker is reaped by WORKER_IDLE_TIMEOUT."}
+
+var ruleRateTokenDue = &rule{name: "rate-token-due", when: atDeadline, check: (*world).rateTokenDue,
+	doc: "When the next token comes at a stage held by its RATE, with pending rows the core knew of and room for them, it claims then."}
+
+var ruleCooldownEndDue = &rule{name: "cooldown-end-due", when: atDeadline, check: (*world).cooldownEndDue,
+	doc: "What a spawn cooldown held back (a spawn, a claim) is done when it ends."}
+
+var ruleLiveness = &rule{name: "liveness", when: atEnd,
+	doc: "After the heal phase every message is final within a bounded simulated time (a late claim's orphans included), and the queue holds every row inserted."}
+
+var ruleStatisticsExact = &rule{name: "statistics-exact", when: atEnd,
+	doc: "The flushed statistics equal what happened: each core life's truth is counted from the fake world (passes answered 0, fused stages credited to their own stage, " +
+		"the time of each pass as the core measures it, worker crashes, rows its own resolves failed or timed out once it has their outcome, messages seen leaving). " +
+		"A life that ends with exit 0, that lost its lock (its unflushed statistics are carried to the next) or is the one running at the end must have flushed exactly its truth; " +
+		"one that crashed or exited 1 may have lost any part of its unflushed deltas. So the totals lie between the sum over the exact lives and the sum over all lives."}
+
+var ruleWorldConsistent = &rule{name: "world-consistent", when: atEvent,
+	doc: "The fake world never meets what it cannot reach if the core is right: an event it did not make, a worker handed a row its stage does not hold, " +
+		"a stage that cannot commit a row it holds, a core that does not settle at one instant or leaves the world with nothing to do, or a panic."}
