@@ -473,120 +473,147 @@ func merge(state, patch string) string {
 func (q *Queue) apply(cmd core.Command) core.Event {
 	switch c := cmd.(type) {
 	case core.ResetOrphans:
-		n := 0
-		for _, r := range q.rows {
-			if r != nil && r.Status == core.StatusRunning && !slices.Contains(c.Keep, r.ID) {
-				before := *r
-				r.Status = core.StatusPending
-				q.observe(ByReset, before, r)
-				n++
-			}
-		}
-		return core.OrphansReset{Op: c.Op, Count: n}
+		return q.reset(c)
 	case core.Claim:
-		if q.epoch == "" {
-			q.epochN++
-			q.epoch = fmt.Sprintf("e%d", q.epochN)
-		}
-		var rows []core.Row
-		for _, cp := range c.Caps {
-			n := 0
-			for _, r := range q.rows {
-				if n >= cp.N {
-					break
-				}
-				if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) {
-					before := *r
-					r.Status = core.StatusRunning
-					q.observe(ByClaim, before, r)
-					row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts}
-					if cp.LineMax > 0 {
-						row.Message = r.message(cp.LineMax)
-					}
-					rows = append(rows, row)
-					n++
-				}
-			}
-		}
-		slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
-		return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled()}
+		return q.claim(c)
 	case core.Resolve:
-		out := make([]core.Outcome, 0, len(c.Items))
-		for _, it := range c.Items {
-			r := q.row(it.ID)
-			if r == nil {
-				out = append(out, core.Outcome{ID: it.ID})
-				continue
-			}
-			if commit := q.racing[it.ID]; commit != nil {
-				// The statement read the row, then waited for a stage's commit
-				// on it; if that moved the row off what the statement saw, the
-				// UPDATE skips it and the row is reported as it was read.
-				delete(q.racing, it.ID)
-				seen := *r
-				commit()
-				if seen.Status == core.StatusRunning && (r.Status != seen.Status || r.Stage != seen.Stage) {
-					o := core.Outcome{ID: seen.ID, Stage: seen.Stage, Status: seen.Status, Error: seen.DispatchError}
-					out = append(out, o)
-					continue
-				}
-			}
-			matched := r.Status == core.StatusRunning && r.Stage == it.Stage
-			if r.Status == core.StatusRunning {
-				before := *r
-				if matched {
-					q.write(r, it)
-				} else {
-					// Advanced by its stage: requeued there, with no retries yet.
-					r.Status, r.Attempts = core.StatusPending, 0
-				}
-				q.observe(ByResolve, before, r)
-			}
-			o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
-			if r.Status == core.StatusPaused {
-				o.Timeout = r.Timeout
-			}
-			out = append(out, o)
-		}
-		return core.Resolved{Op: c.Op, Outcomes: out}
+		return q.resolve(c)
 	case core.Wake:
-		n := 0
-		var next time.Time
-		for _, r := range q.rows {
-			if r == nil || r.Status != core.StatusPaused || slices.Contains(c.Keep, r.ID) {
-				continue
-			}
-			if !r.Timeout.After(c.Now) {
-				before := *r
-				r.Status = core.StatusPending
-				r.Timeout = time.Time{}
-				if r.Attempts > 0 {
-					r.DispatchError = "" // the reason of the retry it waited out
-				}
-				q.observe(ByWake, before, r)
-				n++
-			} else if next.IsZero() || r.Timeout.Before(next) {
-				next = r.Timeout
-			}
-		}
-		if n > 0 {
-			q.notify()
-		}
-		return core.Woken{Op: c.Op, Count: n, Next: next}
+		return q.wake(c)
 	case core.Flush:
-		if c.Seq > q.marks[c.Life] {
-			q.marks[c.Life] = c.Seq
-			q.flushSeq++
-			q.passes += c.StagePasses
-			q.left += c.MessagesLeft
-			for _, d := range c.Stages {
-				s := q.stats[d.Stage]
-				s.Stage = d.Stage
-				s.Add(d)
-				q.stats[d.Stage] = s
-			}
-		}
-		return core.Flushed{Op: c.Op}
+		return q.flush(c)
 	}
 	panic(fmt.Sprintf("fakequeue: %T is not a queue command", cmd))
+}
+
+// reset makes every running row not kept pending.
+func (q *Queue) reset(c core.ResetOrphans) core.Event {
+	n := 0
+	for _, r := range q.rows {
+		if r != nil && r.Status == core.StatusRunning && !slices.Contains(c.Keep, r.ID) {
+			before := *r
+			r.Status = core.StatusPending
+			q.observe(ByReset, before, r)
+			n++
+		}
+	}
+	return core.OrphansReset{Op: c.Op, Count: n}
+}
+
+// claim takes up to each cap's N pending rows of its stage above its floor,
+// the excluded ones aside.
+func (q *Queue) claim(c core.Claim) core.Event {
+	if q.epoch == "" {
+		q.epochN++
+		q.epoch = fmt.Sprintf("e%d", q.epochN)
+	}
+	var rows []core.Row
+	for _, cp := range c.Caps {
+		n := 0
+		for _, r := range q.rows {
+			if n >= cp.N {
+				break
+			}
+			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) {
+				before := *r
+				r.Status = core.StatusRunning
+				q.observe(ByClaim, before, r)
+				row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts}
+				if cp.LineMax > 0 {
+					row.Message = r.message(cp.LineMax)
+				}
+				rows = append(rows, row)
+				n++
+			}
+		}
+	}
+	slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
+	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled()}
+}
+
+// resolve writes each item under its guard (status running at the item's
+// stage), reporting every row as it is after, or as a racing commit left it.
+func (q *Queue) resolve(c core.Resolve) core.Event {
+	out := make([]core.Outcome, 0, len(c.Items))
+	for _, it := range c.Items {
+		r := q.row(it.ID)
+		if r == nil {
+			out = append(out, core.Outcome{ID: it.ID})
+			continue
+		}
+		if commit := q.racing[it.ID]; commit != nil {
+			// The statement read the row, then waited for a stage's commit
+			// on it; if that moved the row off what the statement saw, the
+			// UPDATE skips it and the row is reported as it was read.
+			delete(q.racing, it.ID)
+			seen := *r
+			commit()
+			if seen.Status == core.StatusRunning && (r.Status != seen.Status || r.Stage != seen.Stage) {
+				o := core.Outcome{ID: seen.ID, Stage: seen.Stage, Status: seen.Status, Error: seen.DispatchError}
+				out = append(out, o)
+				continue
+			}
+		}
+		matched := r.Status == core.StatusRunning && r.Stage == it.Stage
+		if r.Status == core.StatusRunning {
+			before := *r
+			if matched {
+				q.write(r, it)
+			} else {
+				// Advanced by its stage: requeued there, with no retries yet.
+				r.Status, r.Attempts = core.StatusPending, 0
+			}
+			q.observe(ByResolve, before, r)
+		}
+		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
+		if r.Status == core.StatusPaused {
+			o.Timeout = r.Timeout
+		}
+		out = append(out, o)
+	}
+	return core.Resolved{Op: c.Op, Outcomes: out}
+}
+
+// wake makes the paused rows due by c.Now pending, the kept ones aside.
+func (q *Queue) wake(c core.Wake) core.Event {
+	n := 0
+	var next time.Time
+	for _, r := range q.rows {
+		if r == nil || r.Status != core.StatusPaused || slices.Contains(c.Keep, r.ID) {
+			continue
+		}
+		if !r.Timeout.After(c.Now) {
+			before := *r
+			r.Status = core.StatusPending
+			r.Timeout = time.Time{}
+			if r.Attempts > 0 {
+				r.DispatchError = "" // the reason of the retry it waited out
+			}
+			q.observe(ByWake, before, r)
+			n++
+		} else if next.IsZero() || r.Timeout.Before(next) {
+			next = r.Timeout
+		}
+	}
+	if n > 0 {
+		q.notify()
+	}
+	return core.Woken{Op: c.Op, Count: n, Next: next}
+}
+
+// flush applies a statistics flush once per (life, seq).
+func (q *Queue) flush(c core.Flush) core.Event {
+	if c.Seq > q.marks[c.Life] {
+		q.marks[c.Life] = c.Seq
+		q.flushSeq++
+		q.passes += c.StagePasses
+		q.left += c.MessagesLeft
+		for _, d := range c.Stages {
+			s := q.stats[d.Stage]
+			s.Stage = d.Stage
+			s.Add(d)
+			q.stats[d.Stage] = s
+		}
+	}
+	return core.Flushed{Op: c.Op}
 }
