@@ -944,6 +944,11 @@ func (w *world) observe(c fakequeue.Change) {
 			c.After.ID, c.Before.Attempts, c.After.Attempts, c.By, c.After.Status)
 		return
 	}
+	if _, handed := w.holder[c.After.ID]; c.By == fakequeue.ByWake && handed && w.execLife == w.life {
+		w.broke(ruleWakeKeepsHanded, "a wake made row %d pending while %s holds it unanswered (its stage paused it and has not answered yet)",
+			c.After.ID, w.holder[c.After.ID])
+		return
+	}
 	if c.By == fakequeue.ByClaim {
 		delete(w.retried, c.After.ID)
 		w.claimGen[c.After.ID-1]++

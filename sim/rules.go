@@ -81,7 +81,7 @@ var rules = []*rule{
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
 	// At each row change.
-	ruleClaimFloor, ruleOnlyClaimRuns, ruleAttempts, ruleNoStaleVerdict, ruleEpochGuard,
+	ruleClaimFloor, ruleOnlyClaimRuns, ruleAttempts, ruleWakeKeepsHanded, ruleNoStaleVerdict, ruleEpochGuard,
 	// After each step.
 	ruleVacuumWhenDue, ruleProtocolErrorKills, ruleShutdownStops, ruleStageCapacity,
 	ruleSpawnWhenNeeded, rulePromptness,
@@ -213,6 +213,10 @@ var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange,
 
 var ruleAttempts = &rule{name: "attempts", when: atChange,
 	doc: "A row's attempts grow only by one, by a resolve that pauses it for a retry; a move to another stage, by anyone, sets them to 0 (schema 11's trigger)."}
+
+var ruleWakeKeepsHanded = &rule{name: "wake-keeps-handed", when: atChange,
+	doc: "A wake never takes a row still handed to a worker that has not answered it: a stage that paused its row with a timeout already due, committed, " +
+		"and answers a moment later still holds it (the claim's exclusion would hide the wake's mistake; the wake itself is the fault)."}
 
 var ruleNoStaleVerdict = &rule{name: "no-stale-verdict", when: atChange,
 	doc: "A verdict applies only to the claim it was made for: a resolve never fails or times out a row that has been claimed again since the claim its item was made for."}

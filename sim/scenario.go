@@ -400,8 +400,9 @@ func chooseRetries(c chooser, sc *Scenario) {
 }
 
 // chooseEdges chooses tries at the edges of docs/protocol.md's TARGET: a
-// stage that answers itself as the target, and pauses of the largest length
-// allowed (paused:315360000, ten years), which an operator ends by hand. One
+// stage that answers itself as the target, pauses of zero (due at once, so a
+// wake may find the row before its stage's answer is read) and of the largest
+// length allowed (paused:315360000, ten years), which an operator ends by hand. One
 // scenario in four has them: the others stay as they were before this chapter
 // (their seeds keep finding what they found).
 func chooseEdges(c chooser, sc *Scenario) {
@@ -412,6 +413,8 @@ func chooseEdges(c chooser, sc *Scenario) {
 		for j := range sc.messages[i].visits {
 			v := &sc.messages[i].visits[j]
 			switch c.intn("visit.edge", 0, 7) {
+			case 5:
+				v.trouble = append([]attempt{{kind: kPause, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
 			case 6:
 				if v.answers {
 					v.trouble = append([]attempt{{kind: kAgain, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)

@@ -5,7 +5,7 @@ package main
 // anywhere in package core (see mutate and match.go), so a function that moves
 // to another file, is laid out anew or renames a local keeps its mutants.
 var mutants = []mutant{
-	mut("requeue-dropped-on-crash", "flush-not-early", "the messages behind a crashed worker's head are never requeued",
+	mut("requeue-dropped-on-crash", "reset-keeps-held", "the messages behind a crashed worker's head are never requeued",
 		"c.requeue(st, q[1:])\n\tc.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d, requeued %d\"",
 		"c.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d, requeued %d\""),
 	mut("watchdog-timed-from-dispatch", "flush-not-late", "the next head keeps the clock of when the batch was handed over",
@@ -44,7 +44,7 @@ var mutants = []mutant{
 	mut("fused-credited-to-own-stage", "flush-not-late", "fused passes are credited to the stage that ran them",
 		"d := c.stat(f.Stage)",
 		"d := c.stat(st.cfg.Name)"),
-	mut("left-double-counted", "statistics-exact", "a done message counts twice in messages_left",
+	mut("left-double-counted", "flush-not-late", "a done message counts twice in messages_left",
 		"\t\tcase StatusDone:\n\t\t\tc.left++",
 		"\t\tcase StatusDone:\n\t\t\tc.left += 2"),
 	mut("lost-flush-dropped", "flush-sequenced", "a flush whose reply was lost is never sent again",
@@ -61,18 +61,18 @@ var mutants = []mutant{
 		"\t\tkeep = nil"),
 	{name: "reset-keeps-unsure-rows", rule: "no-stale-verdict", bug: "the reset after a lost claim keeps rows whose resolve may have applied",
 		old: "keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
-		new: "keep := c.held()", regress: []uint64{1296}},
+		new: "keep := c.held()", regress: []uint64{26}},
 	mut("lost-claim-not-reset", "exit", "rows a lost claim may have taken are never reset",
 		"c.needReset = c.needReset || !e.Aborted\n",
 		""),
 	mut("exit-zero-before-reset", "exit", "a shutdown exits 0 while a lost claim's rows may be running",
 		"len(c.unsureFlushes) > 0 || c.hasDeltas() || c.needReset) {",
 		"len(c.unsureFlushes) > 0 || c.hasDeltas()) {"),
-	{name: "exit-zero-with-orphans", rule: "liveness", bug: "a shutdown exits 0 at once while a lost claim's rows may be running (the bug seed 4 once found)",
+	{name: "exit-zero-with-orphans", rule: "exit", bug: "a shutdown exits 0 at once while a lost claim's rows may be running (the bug seed 4 once found)",
 		old:     "len(c.unsureFlushes) > 0 || c.hasDeltas() || c.needReset) {",
 		new:     "len(c.unsureFlushes) > 0 || c.hasDeltas()) {",
 		more:    []patch{{"len(c.unsureFlushes) > 0 || c.hasDeltas() || c.needReset {\n\t\tcode = 1", "len(c.unsureFlushes) > 0 || c.hasDeltas() {\n\t\tcode = 1"}},
-		regress: []uint64{35}},
+		regress: []uint64{38}},
 	mut("exit-code-ignores-reset", "exit", "a shutdown that cannot reset a lost claim's rows still exits 0",
 		"len(c.unsureFlushes) > 0 || c.hasDeltas() || c.needReset {\n\t\tcode = 1",
 		"len(c.unsureFlushes) > 0 || c.hasDeltas() {\n\t\tcode = 1"),
@@ -91,8 +91,8 @@ var mutants = []mutant{
 	mut("cooldown-ignored", "cooldown", "a stage whose program cannot start is respawned at once",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
-	{name: "wake-takes-held-rows", rule: "never-two-holders", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
-		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{10409}},
+	{name: "wake-takes-held-rows", rule: "wake-keeps-handed", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
+		old: "Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()}", new: "Wake{Op: c.nextOpID(), Now: c.now}", regress: []uint64{28}},
 
 	// Timers the core must ask for: without one it acts late, at the next
 	// unrelated event (the checker's deadlines run whenever the clock moves).
@@ -114,7 +114,7 @@ var mutants = []mutant{
 	mut("ingress-during-claim-forgotten", "promptness", "a notification that came while a claim was outstanding is forgotten",
 		"st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen",
 		"st.maybeMore = got[cp.Stage] == cp.N"),
-	mut("cooldown-kept-after-answer", "spawn-when-needed", "a stage stays cooled down after its program answered",
+	mut("cooldown-kept-after-answer", "promptness", "a stage stays cooled down after its program answered",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
 	// Rules the checker holds at each command.
 	mut("watchdog-during-outage", "watchdog", "the watchdog kills while the core knows the database is down",
@@ -142,7 +142,7 @@ var mutants = []mutant{
 	// What only a richer fake world reaches: orphans from late claims, a lost lock.
 	mut("heartbeat-sweep-disabled", "liveness", "running rows no one holds (a late claim's) are never reset",
 		"c.sweep = c.resetDone", "c.sweep = false"),
-	mut("carry-dropped", "flush-not-late", "statistics carried over a lost lock are dropped",
+	mut("carry-dropped", "statistics-exact", "statistics carried over a lost lock are dropped",
 		"c.life = e.Life\n\t\tfor _, f := range e.Carry {", "c.life = e.Life\n\t\tfor _, f := range e.Carry[:0] {"),
 	mut("carried-flush-merged", "statistics-exact", "a carried flush that was sent is added to the new life's counts, so it counts twice if it was applied",
 		"\t\t\tif f.Seq == 0 {\n\t\t\t\tc.addFlush(f)", "\t\t\tif true {\n\t\t\t\tc.addFlush(f)"),
