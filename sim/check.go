@@ -34,7 +34,8 @@ const gateBound = 500 * time.Millisecond
 // checkGate holds the rule "no message waits for the heartbeat": a row whose
 // producer did not notify is claimed, or its stage claimed, or the core takes
 // the gate and looks, within gateBound. While the core cannot claim the stage
-// (no room, a cooldown, the database down, a shutdown) the clock restarts.
+// (no room, a cooldown, no token of its RATE, the database down, a shutdown)
+// the clock restarts.
 func (w *world) checkGate(rl *rule) {
 	for _, id := range sortedKeys(w.unnotified) {
 		r, _ := w.q.Get(id)
@@ -43,7 +44,7 @@ func (w *world) checkGate(rl *rule) {
 			delete(w.unnotified, id)
 			continue
 		}
-		if w.coreDown || w.shut > 0 || w.coolingAt(s, w.now) || w.room(s, w.now) <= 0 {
+		if w.coreDown || w.shut > 0 || w.coolingAt(s, w.now) || w.room(s, w.now) <= 0 || w.tokens(s, w.now) < 1 {
 			w.unnotified[id] = w.now
 			continue
 		}
