@@ -563,7 +563,7 @@ func TestSecondDispatcherRefusesToRunAndAStandbyTakesOver(t *testing.T) {
 	})
 	second := e.startWith("second dispatcher", false)
 	code, err := second.wait(10 * time.Second)
-	if code != dispatch.ExitLockHeld || err == nil || !strings.Contains(err.Error(), `application_name "pepsi-dispatch `) {
+	if code != dispatch.ExitLockHeld || err == nil || !strings.Contains(err.Error(), `application_name 'pepsi-dispatch `) {
 		t.Errorf("second dispatcher: exit %d, err %v; want exit %d and an error naming the holder's application_name",
 			code, err, dispatch.ExitLockHeld)
 	}
