@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,6 +52,13 @@ const rollbackTimeout = 5 * time.Second
 type Queue struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
+
+	// mu guards doubt.
+	mu sync.Mutex
+	// doubt is the server process id of a session whose transaction may still
+	// be running, 0 if none: its reply was lost and the session could not be
+	// ended yet (endDoubt). No transaction is sent until it is gone.
+	doubt uint32
 }
 
 // New returns a Queue that runs its transactions on connections from pool and logs
@@ -95,11 +103,12 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	for attempt := 1; ; attempt++ {
 		var events []core.Event
 		var xid string
-		events, xid, err = q.run(ctx, stmts)
+		var pid uint32
+		events, xid, pid, err = q.run(ctx, stmts)
 		if err == nil {
 			return events
 		}
-		err = q.settle(ctx, xid, err)
+		err = q.settle(ctx, pid, xid, err)
 		if !Retryable(err) {
 			break
 		}
@@ -165,15 +174,34 @@ const doubtWait = time.Second
 
 // settle resolves the doubt a failed attempt left, where it can: err, from
 // run, either already says the transaction did not commit (rolledBack), or
-// the reply was lost with the transaction's id xid known. Then the server is
-// asked what became of it (pg_xact_status, on a connection of the pool: the
-// failed one is gone), waiting up to doubtWait while the ended session still
-// finishes it; an answer "aborted" makes err a rolledBack. Anything else
-// ("committed", an unknown or too old id, no answer) leaves err as it was: in
-// doubt, for the core to handle as such.
-func (q *Queue) settle(ctx context.Context, xid string, err error) error {
+// the reply was lost. Then the attempt's session, pid, is ended first
+// (endDoubt): the transaction may still be running in the server (waiting for
+// a row lock, or sent whole in the batch while the connection broke), and it
+// must end, committed or not, before the core hears of the failure and
+// before the next transaction begins. Otherwise it could commit after
+// transactions the core sent later: a claim, with the exclusion list it was
+// sent with, could take a row the dispatcher claimed since, gave a worker and
+// an operator retried meanwhile, and hand one message to two passes. With
+// the transaction's id xid known, the server is then asked what became of it
+// (pg_xact_status, on a connection of the pool: the failed one is gone),
+// waiting up to doubtWait while a session not yet ended still finishes it; an
+// answer "aborted" makes err a rolledBack. Anything else ("committed", an
+// unknown or too old id, no answer) leaves err as it was: in doubt, for the
+// core to handle as such.
+func (q *Queue) settle(ctx context.Context, pid uint32, xid string, err error) error {
 	var rb *rolledBack
-	if xid == "" || errors.As(err, &rb) {
+	if errors.As(err, &rb) {
+		return err
+	}
+	q.mu.Lock()
+	q.doubt = pid
+	q.mu.Unlock()
+	if derr := q.endDoubt(ctx); derr != nil {
+		// Not yet: the next attempt, or the next step, ends it before it sends
+		// anything (run).
+		q.log.Warn("queue transaction in doubt: cannot end its session yet; no transaction is sent until it is gone", "pid", pid, "err", derr)
+	}
+	if xid == "" {
 		return err
 	}
 	if xid == readOnly {
@@ -202,6 +230,36 @@ func (q *Queue) settle(ctx context.Context, xid string, err error) error {
 	}
 }
 
+// doubtEndWait bounds how long endDoubt waits to reach the server, end the
+// session and see it gone; past it the session is ended before the next send.
+const doubtEndWait = 5 * time.Second
+
+// endDoubt ends the session whose transaction is in doubt, if there is one,
+// and waits until the server has let it go, so that its transaction has
+// ended, committed or not (a session ended while it waits for a lock rolls
+// back; one ended during its COMMIT finishes the commit first). The session is
+// matched by its process id and the pool's application_name, so a process id
+// the server gave to another client since is left alone.
+func (q *Queue) endDoubt(ctx context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.doubt == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doubtEndWait)
+	defer cancel()
+	appName := q.pool.Config().ConnConfig.RuntimeParams["application_name"]
+	if _, err := q.pool.Exec(ctx, endSessionSQL, int32(q.doubt), appName); err != nil {
+		return fmt.Errorf("end session %d, whose transaction is in doubt: %w", q.doubt, err)
+	}
+	if err := waitGone(ctx, q.pool, []int32{int32(q.doubt)}); err != nil {
+		return fmt.Errorf("wait for session %d, whose transaction is in doubt, to end: %w", q.doubt, err)
+	}
+	q.log.Debug("queue transaction in doubt: its session has ended", "pid", q.doubt)
+	q.doubt = 0
+	return nil
+}
+
 // xactIDSQL, the last statement before the COMMIT, answers the transaction's
 // id, or NULL if it wrote nothing (it does not assign one: a claim that finds
 // nothing stays a read-only transaction, whose commit flushes no WAL).
@@ -217,12 +275,16 @@ const readOnly = "read-only"
 
 // run sends one attempt of the step's transaction and reads its results. xid
 // is the transaction's id once the server has answered it.
-func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, err error) {
+func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, pid uint32, err error) {
+	if err := q.endDoubt(ctx); err != nil {
+		return nil, "", 0, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
+	}
 	conn, err := q.pool.Acquire(ctx)
 	if err != nil {
-		return nil, "", &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+		return nil, "", 0, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
+	pid = conn.Conn().PgConn().PID()
 	defer func() {
 		if err != nil {
 			rollback(conn.Conn())
@@ -253,22 +315,22 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	}()
 	for _, what := range []string{"begin", "set synchronous_commit"} {
 		if _, err := br.Exec(); err != nil {
-			return nil, "", abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
+			return nil, "", pid, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
 		}
 	}
 	events = make([]core.Event, len(stmts))
 	for i, s := range stmts {
 		ev, err := s.read(br)
 		if err != nil {
-			return nil, "", abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
+			return nil, "", pid, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
 		}
 		events[i] = ev
 	}
 	if xid, err = readCommit(br); err != nil {
-		return nil, xid, err
+		return nil, xid, pid, err
 	}
 	committed = true
-	return events, xid, nil
+	return events, xid, pid, nil
 }
 
 // txnBatch is the batch of one queue transaction: the statements, between a

@@ -1,0 +1,168 @@
+package pgqueue_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+)
+
+// A step whose reply is lost while its transaction still runs in the server
+// (here: its claim waits for a row another session holds, and the step's
+// context ends) must not be able to commit later, after the core has sent the
+// next transaction: a claim committing then would carry the exclusion list it
+// was sent with and could take a row the dispatcher holds since. So the queue
+// ends that session before it reports the failure: by the time Exec returns,
+// no session of the queue's waits for the lock, and when the other session
+// lets the row go, the claim does not take it.
+func TestAStepInDoubtEndsBeforeTheFailureIsReported(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 1)
+	ctx := context.Background()
+	blocker, err := pgx.Connect(ctx, h.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	evs := h.Exec(tctx, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	if errText(evs[0]) == "" {
+		t.Fatalf("claim %v; want it to fail: its context ended while it waited for the row", evs)
+	}
+	if evs[0].(core.Claimed).Aborted {
+		t.Fatalf("claim %v; want it in doubt (not Aborted): no answer came", evs)
+	}
+	var waiting int
+	err = blocker.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waiting != 0 {
+		t.Fatalf("after the failed claim was reported, %d sessions still wait for the row; want its session ended", waiting)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Had the claim's session lived on, it would now take the row; give it the
+	// time to, then look.
+	time.Sleep(200 * time.Millisecond)
+	var status string
+	if err := blocker.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, ids[0]).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "pending" {
+		t.Errorf("row %d is %s after the claim in doubt was reported failed; want pending (the claim never commits)", ids[0], status)
+	}
+}
+
+// When the session of a step in doubt cannot be ended at once (the server
+// cannot be reached), no transaction is sent until it is: the next step fails as not
+// sent (Aborted, so the core knows it changed nothing), and once the network
+// heals, the next step first ends the old session, which then never commits.
+func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	direct := pgtest.Connect(t, url)
+	ctx := context.Background()
+	var id int64
+	if err := direct.QueryRow(ctx, `INSERT INTO pepsi.queue (stage) VALUES ('a') RETURNING ingress_id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := direct.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	observer := pgtest.Connect(t, url)
+	waiting := func() int {
+		t.Helper()
+		var n int
+		err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	cfg, p := viaProxy(t, url)
+	cfg.ConnectTimeout = 300 * time.Millisecond
+	cfg.RuntimeParams["application_name"] = "pepsi-dispatch doubt-test"
+	pcfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig = cfg
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	q := pgqueue.New(pool, testLogger(t))
+	claim := func(op int64, stage string, timeout time.Duration) core.Claimed {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return q.Exec(c, []core.Command{core.Claim{Op: op, Caps: []core.Cap{{Stage: stage, N: 1}}}})[0].(core.Claimed)
+	}
+
+	done := make(chan core.Claimed, 1)
+	go func() { done <- claim(1, "a", 30*time.Second) }()
+	for deadline := time.Now().Add(30 * time.Second); waiting() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never waited for the row")
+		}
+	}
+	// The connection breaks; the server does not notice (its session waits
+	// for the lock, not for the client), and no new connection gets through.
+	p.Refuse()
+	p.ResetAll()
+	if ev := <-done; ev.Err == "" || ev.Aborted {
+		t.Fatalf("claim whose connection broke: %+v; want failed, in doubt", ev)
+	}
+	if ev := claim(3, "b", time.Second); ev.Err == "" || !ev.Aborted {
+		t.Fatalf("claim while the session in doubt lives: %+v; want failed and Aborted (not sent)", ev)
+	}
+	if n := waiting(); n != 1 {
+		t.Fatalf("%d sessions wait for the row while the server cannot be reached; want the one in doubt", n)
+	}
+	p.Heal()
+	if ev := claim(5, "b", 10*time.Second); ev.Err != "" {
+		t.Fatalf("claim once the network healed: %+v; want it to run", ev)
+	}
+	if n := waiting(); n != 0 {
+		t.Fatalf("%d sessions wait for the row after a step ran once healed; want the one in doubt ended first", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	var status string
+	if err := observer.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "pending" {
+		t.Errorf("row %d is %s; want pending (the claim in doubt never commits)", id, status)
+	}
+}
