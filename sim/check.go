@@ -504,9 +504,7 @@ func (w *world) checkExit(x core.Exit) {
 		w.broke(ruleExit, "%s although the core still holds or owes %s", x, w.heldText())
 	case x.Code == 0:
 		for _, r := range w.q.Rows() {
-			if r.Status == core.StatusRunning && w.lateClaimed[r.ID] != w.claimGen[r.ID-1] {
-				// (A row a late claim took after the core's reset is an orphan the
-				// core cannot know of; the next start-up reset takes care of it.)
+			if r.Status == core.StatusRunning {
 				w.broke(ruleExit, "%s (every row reset or resolved) but row %d is running at %s", x, r.ID, r.Stage)
 				return
 			}
@@ -953,9 +951,6 @@ func (w *world) observe(c fakequeue.Change) {
 	if c.By == fakequeue.ByClaim {
 		delete(w.retried, c.After.ID)
 		w.claimGen[c.After.ID-1]++
-		if w.lateExec {
-			w.lateClaimed[c.After.ID] = w.claimGen[c.After.ID-1]
-		}
 	}
 	if c.By != fakequeue.ByResolve || !(c.After.Status == core.StatusFailed || c.After.Status == core.StatusTimeout) {
 		return

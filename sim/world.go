@@ -159,14 +159,13 @@ type world struct {
 	pending  []core.Event
 	timerGen int
 	txn      *txn
-	late     *txn // a claim whose reply was lost and which has not committed yet
+	// late: a claim whose reply was lost and which has not committed yet; it
+	// commits, or is rolled back, before the next transaction is sent (endLate).
+	late     *txn
 	lateExec bool // the late transaction is being applied
-	// lateClaimed: rows a late transaction claimed, with the claim number
-	// (claimGen) that took them: orphans no core knows of.
-	lateClaimed map[int64]int
-	carry       []core.Flush
-	procs       map[core.WorkerID]*proc
-	pids        int
+	carry    []core.Flush
+	procs    map[core.WorkerID]*proc
+	pids     int
 
 	// The messages: plan index and tries per row id (ids are 1..inserted).
 	msgOf      []int
@@ -208,14 +207,13 @@ func newWorld(sc *Scenario, opt Options) *world {
 	}
 	w := &world{
 		sc: sc, cfg: cfg, opt: opt, q: fakequeue.New(), now: epoch,
-		rTxn:        rand.New(rand.NewPCG(sc.WorldSeed, 1)),
-		rNotify:     rand.New(rand.NewPCG(sc.WorldSeed, 2)),
-		rProc:       rand.New(rand.NewPCG(sc.WorldSeed, 3)),
-		rCrash:      rand.New(rand.NewPCG(sc.WorldSeed, 4)),
-		rFault:      rand.New(rand.NewPCG(sc.WorldSeed, 5)),
-		rVacuum:     rand.New(rand.NewPCG(sc.WorldSeed, 6)),
-		rGate:       rand.New(rand.NewPCG(sc.WorldSeed, 7)),
-		lateClaimed: map[int64]int{},
+		rTxn:    rand.New(rand.NewPCG(sc.WorldSeed, 1)),
+		rNotify: rand.New(rand.NewPCG(sc.WorldSeed, 2)),
+		rProc:   rand.New(rand.NewPCG(sc.WorldSeed, 3)),
+		rCrash:  rand.New(rand.NewPCG(sc.WorldSeed, 4)),
+		rFault:  rand.New(rand.NewPCG(sc.WorldSeed, 5)),
+		rVacuum: rand.New(rand.NewPCG(sc.WorldSeed, 6)),
+		rGate:   rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 	}
 	w.retried = map[int64]time.Time{}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
@@ -542,13 +540,6 @@ func (w *world) operatorRetry(inFlight bool) {
 		w.note("an operator's retry fails: the database is unreachable")
 		return
 	}
-	if inFlight && w.late != nil {
-		// This world runs a claim whose reply was lost when it commits,
-		// seconds after it was sent, with the exclusion of the rows held back
-		// then: it could take a row held since and retried. PostgreSQL runs a
-		// statement when it is sent.
-		return
-	}
 	ids := w.q.Retry(func(id int64) bool {
 		_, heldByWorker := w.holder[id]
 		_, held := w.heldBy(id)
@@ -767,17 +758,7 @@ func (w *world) loseLock() {
 		return
 	}
 	w.note("the dispatcher loses its lock")
-	if w.late != nil {
-		// The shell ends the old session's transactions before it starts the next
-		// one (it closes the old session's connections): a late commit lands
-		// now, or never.
-		if w.rFault.IntN(2) == 0 {
-			w.commitLate()
-		} else {
-			w.note("the transaction whose reply was lost is rolled back with its session")
-			w.late = nil
-		}
-	}
+	w.endLate()
 	carry := w.c.Unflushed()
 	w.endLife("lost its lock", true, w.randDur(w.rFault, time.Millisecond, 500*time.Millisecond))
 	w.carry = carry
@@ -931,6 +912,7 @@ func (f txnFault) String() string {
 // send executes a queue transaction: it takes effect a moment later (or not, or
 // loses its reply), and its results come back a moment after that.
 func (w *world) send(cmds []core.Command) {
+	w.endLate()
 	t := &txn{cmds: cmds, life: w.life, sent: w.now}
 	w.txn = t
 	f := w.sc.faults
@@ -1011,6 +993,22 @@ func claimOnly(cmds []core.Command) bool {
 		}
 	}
 	return claims
+}
+
+// endLate plays the shell's rule for a transaction in doubt: its session is
+// ended before any later transaction is sent (pgqueue's settle and endDoubt;
+// a new dispatcher ends an earlier one's sessions), so a late commit lands
+// now, or never.
+func (w *world) endLate() {
+	if w.late == nil {
+		return
+	}
+	if w.rFault.IntN(2) == 0 {
+		w.commitLate()
+	} else {
+		w.note("the transaction whose reply was lost is rolled back with its session")
+		w.late = nil
+	}
 }
 
 // commitLate commits the late transaction, if it has not committed yet.
