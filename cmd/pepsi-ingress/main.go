@@ -109,8 +109,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 		msgsMax     = fs.Int("max-messages", ingress.MessagesMaxDefault, "the most messages of one request")
 		inFlight    = fs.Int("max-in-flight", ingress.InFlightMaxDefault, "requests handled at once; more get 503")
 		pendingEach = fs.Duration("pending-interval", ingress.PendingIntervalDefault, "how often the pending counts behind MAX_PENDING are read")
-		readHeader  = fs.Duration("read-header-timeout", ingress.TimeoutsDefault.ReadHeader, "the longest a client may take to send its headers")
-		readAll     = fs.Duration("read-timeout", ingress.TimeoutsDefault.Read, "the longest a client may take to send a whole request")
+		readHeader  = fs.Duration("read-header-timeout", ingress.TimeoutsDefault.ReadHeader, "the longest a client may take to send its headers (and, on a new connection, to start)")
+		readAll     = fs.Duration("read-timeout", ingress.TimeoutsDefault.Read, "the longest a client may take to send a request's body, from the end of its headers")
 		write       = fs.Duration("write-timeout", ingress.TimeoutsDefault.Write, "the longest from a request's headers to the end of its answer")
 		idle        = fs.Duration("idle-timeout", ingress.TimeoutsDefault.Idle, "the longest a keep-alive connection may wait for its next request")
 		grace       = fs.Duration("shutdown-grace", 30*time.Second, "at SIGTERM, how long requests in flight may take to finish")
@@ -222,8 +222,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 	scheme := "http"
 	if cert != nil {
 		scheme = "https"
-		hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cert.get}
-		ln = tls.NewListener(ln, hs.TLSConfig)
+		ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cert.get})
 	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
@@ -249,7 +248,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 	sctx, cancel := context.WithTimeout(context.Background(), c.grace)
 	defer cancel()
 	code := exitOK
-	if err := hs.Shutdown(sctx); err != nil {
+	if err := hs.ShutdownWithContext(sctx); err != nil {
 		log.Error("requests still in flight at the end of the shutdown grace; their clients get no answer", "err", err)
 		code = exitFailure
 	}

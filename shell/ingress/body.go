@@ -54,18 +54,35 @@ var fields = msgjson.Fields{Stage: true, Key: true, Limit: true}
 // configured. It answers the whole body or a Status naming the bad line:
 // nothing of a body with one bad line may be inserted.
 func ParseBody(r io.Reader, contentType, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
-	mt := contentType // the plain spelling needs no parsing
-	if mt != ContentJSON && mt != ContentNDJSON {
-		var err error
-		mt, _, err = mime.ParseMediaType(contentType)
-		if err != nil || (mt != ContentJSON && mt != ContentNDJSON) {
-			return nil, statusf(http.StatusUnsupportedMediaType, "Content-Type %q: want %s (one message) or %s (one message per line)", contentType, ContentJSON, ContentNDJSON)
-		}
+	mt, st := mediaType([]byte(contentType))
+	if st != nil {
+		return nil, st
 	}
 	body, err := io.ReadAll(r)
 	if err != nil {
 		return nil, readStatus(err, lim)
 	}
+	return parseBody(body, mt, stageParam, lim, known)
+}
+
+// mediaType is ContentJSON or ContentNDJSON, whichever contentType says, or
+// a 415.
+func mediaType(contentType []byte) (string, *Status) {
+	switch string(contentType) { // the plain spellings need no parsing
+	case ContentJSON:
+		return ContentJSON, nil
+	case ContentNDJSON:
+		return ContentNDJSON, nil
+	}
+	mt, _, err := mime.ParseMediaType(string(contentType))
+	if err != nil || (mt != ContentJSON && mt != ContentNDJSON) {
+		return "", statusf(http.StatusUnsupportedMediaType, "Content-Type %q: want %s (one message) or %s (one message per line)", contentType, ContentJSON, ContentNDJSON)
+	}
+	return mt, nil
+}
+
+// parseBody is ParseBody of a body read whole, of media type mt.
+func parseBody(body []byte, mt, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
 	var msgs []msgjson.Message
 	var keys map[string]int // key -> line it first appeared on; made at the first key
 	add := func(line int, text []byte) *Status {

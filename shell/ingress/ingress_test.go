@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/valyala/fasthttp"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
@@ -29,8 +30,39 @@ type fixture struct {
 	t    *testing.T
 	url  string // the database
 	srv  *ingress.Server
-	http *httptest.Server
+	http *served
 	conn *pgx.Conn
+}
+
+// served is the server pepsi-ingress runs (ingress.HTTPServer) on a loopback
+// port, with what the tests use of an httptest.Server.
+type served struct {
+	URL      string
+	Listener net.Listener
+	hs       *fasthttp.Server
+	client   *http.Client
+}
+
+func serve(t testing.TB, srv *ingress.Server, timeouts ingress.Timeouts, log *slog.Logger) *served {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &served{URL: "http://" + ln.Addr().String(), Listener: ln, hs: ingress.HTTPServer(srv, timeouts, log), client: &http.Client{Transport: &http.Transport{}}}
+	go s.hs.Serve(ln) //nolint:errcheck // it ends at Close
+	return s
+}
+
+// Client is an HTTP client of its own.
+func (s *served) Client() *http.Client { return s.client }
+
+// Close stops the server once the requests in flight are answered.
+func (s *served) Close() {
+	s.client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.hs.ShutdownWithContext(ctx) //nolint:errcheck // a test that left a request hanging has failed already
 }
 
 var limitsTest = ingress.Limits{Body: 1 << 16, Line: 1 << 12, Messages: 100}
@@ -57,9 +89,7 @@ func startWith(t *testing.T, db string, change func(*ingress.Options), timeouts 
 		change(&o)
 	}
 	f := &fixture{t: t, url: db, srv: ingress.New(o)}
-	f.http = httptest.NewUnstartedServer(f.srv)
-	f.http.Config = ingress.HTTPServer(f.srv, timeouts, o.Log)
-	f.http.Start()
+	f.http = serve(t, f.srv, timeouts, o.Log)
 	t.Cleanup(func() {
 		f.http.Close()
 		f.srv.Close()

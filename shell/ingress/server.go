@@ -11,10 +11,16 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -22,6 +28,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
 
 // Defaults of the limits that pepsi.conf does not set.
@@ -67,16 +75,18 @@ type Options struct {
 // Server handles pepsi-ingress's requests: POST /v1/messages, GET /healthz and
 // GET /metrics.
 type Server struct {
-	o       Options
-	known   map[string]bool
-	c       *committer
-	m       *metrics
-	mux     *http.ServeMux
-	slots   chan struct{}
-	pending atomic.Pointer[map[string]int64]
-	stop    context.CancelFunc
-	wg      sync.WaitGroup
-	closed  sync.Once
+	o     Options
+	known map[string]bool
+	c     *committer
+	m     *metrics
+	// metricsHandler is client_golang's, through net/http's interface: it is
+	// not on the path of a message.
+	metricsHandler fasthttp.RequestHandler
+	slots          chan struct{}
+	pending        atomic.Pointer[map[string]int64]
+	stop           context.CancelFunc
+	wg             sync.WaitGroup
+	closed         sync.Once
 }
 
 // New starts a Server's committers (and, with MaxPending, its pending counts).
@@ -97,15 +107,13 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{o: o, known: map[string]bool{}, m: newMetrics(), mux: http.NewServeMux(),
+	s := &Server{o: o, known: map[string]bool{}, m: newMetrics(),
 		slots: make(chan struct{}, o.InFlightMax)}
 	for _, st := range o.Stages {
 		s.known[st] = true
 	}
 	s.c = newCommitter(o.Pool, o.Committers, o.BatchMax, o.BatchWait, o.BatchIdle, s.m, o.Log)
-	s.mux.HandleFunc("/v1/messages", s.messages)
-	s.mux.HandleFunc("GET /healthz", s.healthz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
 	if o.MaxPending > 0 {
@@ -115,8 +123,43 @@ func New(o Options) *Server {
 	return s
 }
 
-// ServeHTTP serves the Server's routes.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// Handle serves the Server's routes; HTTPServer's server calls it.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/messages":
+		s.messages(ctx)
+	case "/healthz":
+		if getOrHead(ctx) {
+			s.healthz(ctx)
+		}
+	case "/metrics":
+		if getOrHead(ctx) {
+			s.metricsHandler(ctx)
+		}
+	default:
+		plainError(ctx, "404 page not found", fasthttp.StatusNotFound)
+	}
+}
+
+// getOrHead answers 405 to a method other than GET and HEAD, as net/http's
+// ServeMux did for the GET routes.
+func getOrHead(ctx *fasthttp.RequestCtx) bool {
+	if ctx.IsGet() || ctx.IsHead() {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", "GET, HEAD")
+	plainError(ctx, "Method Not Allowed", fasthttp.StatusMethodNotAllowed)
+	return false
+}
+
+// plainError answers code with msg and a newline as plain text, as
+// net/http's Error does.
+func plainError(ctx *fasthttp.RequestCtx, msg string, code int) {
+	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetStatusCode(code)
+	ctx.SetBodyString(msg + "\n")
+}
 
 // Close stops the committers once every request handed to them is answered.
 // Call it after the HTTP server has shut down; a request that reaches the
@@ -130,50 +173,66 @@ func (s *Server) Close() {
 }
 
 // messages is POST /v1/messages.
-func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
-	ids, st := s.take(w, r)
-	code := http.StatusAccepted
-	if st != nil {
-		code = st.Code
-		if st.Code == http.StatusMethodNotAllowed {
-			w.Header().Set("Allow", http.MethodPost)
-		}
-		if st.Code == http.StatusUnauthorized {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="pepsi-ingress"`)
-		}
-		if st.RetryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(st.RetryAfter))
-		}
-		level := slog.LevelDebug
-		if code >= 500 {
-			level = slog.LevelWarn
-		}
-		// The reason may quote the client's input (never a payload); a debug
-		// log is the operator's choice.
-		s.o.Log.Log(r.Context(), level, "request refused", "code", code, "remote", r.RemoteAddr)
+func (s *Server) messages(ctx *fasthttp.RequestCtx) {
+	body := bodies.Get().(*[]byte)
+	ids, st := s.take(ctx, body)
+	s.answer(ctx, ids, st)
+	// The messages may point into the body; nothing reads them once their
+	// commit is answered.
+	if cap(*body) <= bodyPooledMax {
+		*body = (*body)[:0]
+		bodies.Put(body)
 	}
-	w.Header()["Content-Type"] = jsonType
-	if st != nil {
-		s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
-		w.WriteHeader(code)
-		json.NewEncoder(w).Encode(map[string]string{"error": st.Msg}) //nolint:errcheck // the client may be gone
-		return
-	}
-	s.m.accepted.Add(float64(len(ids)))
-	s.m.requests202.Inc()
-	w.WriteHeader(code)
-	w.Write(idsAnswer(ids)) //nolint:errcheck // the client may be gone
 }
 
-// jsonType is the Content-Type of every answer to /v1/messages, one slice
-// for all of them (net/http only reads it).
-var jsonType = []string{"application/json"}
+// bodies are buffers for request bodies, reused: a body is read whole before
+// it is parsed.
+var bodies = sync.Pool{New: func() any { return new([]byte) }}
+
+// bodyPooledMax is the largest body buffer kept for reuse.
+const bodyPooledMax = 1 << 20
+
+// answer writes the answer to a request of /v1/messages: 202 and the ids, or
+// st.
+func (s *Server) answer(ctx *fasthttp.RequestCtx, ids []int64, st *Status) {
+	ctx.SetContentType(ContentJSON)
+	if st == nil {
+		s.m.accepted.Add(float64(len(ids)))
+		s.m.requests202.Inc()
+		ctx.SetStatusCode(http.StatusAccepted)
+		var b [256]byte
+		ctx.Write(appendIDs(b[:0], ids)) //nolint:errcheck // it appends to the answer's buffer
+		return
+	}
+	code := st.Code
+	if code == http.StatusMethodNotAllowed {
+		ctx.Response.Header.Set("Allow", http.MethodPost)
+	}
+	if code == http.StatusUnauthorized {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="pepsi-ingress"`)
+	}
+	if st.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(st.RetryAfter))
+	}
+	level := slog.LevelDebug
+	if code >= 500 {
+		level = slog.LevelWarn
+	}
+	// The reason may quote the client's input (never a payload); a debug
+	// log is the operator's choice.
+	s.o.Log.Log(context.Background(), level, "request refused", "code", code, "remote", ctx.RemoteAddr().String())
+	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	ctx.SetStatusCode(code)
+	json.NewEncoder(ctx).Encode(map[string]string{"error": st.Msg}) //nolint:errcheck // it appends to the answer's buffer
+}
 
 // idsAnswer is the body of a 202, {"ids":[...]} and a newline, as
 // encoding/json's Encoder writes it, without its reflection: it is written
 // once per request.
-func idsAnswer(ids []int64) []byte {
-	b := make([]byte, 0, 10+len(ids)*8)
+func idsAnswer(ids []int64) []byte { return appendIDs(make([]byte, 0, 10+len(ids)*8), ids) }
+
+// appendIDs appends idsAnswer(ids) to b.
+func appendIDs(b []byte, ids []int64) []byte {
 	b = append(b, `{"ids":[`...)
 	for i, id := range ids {
 		if i > 0 {
@@ -184,12 +243,12 @@ func idsAnswer(ids []int64) []byte {
 	return append(b, "]}\n"...)
 }
 
-// take checks, reads and commits one request.
-func (s *Server) take(w http.ResponseWriter, r *http.Request) ([]int64, *Status) {
-	if r.Method != http.MethodPost {
+// take checks, reads and commits one request; it reads the body into *body.
+func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status) {
+	if !ctx.IsPost() {
 		return nil, statusf(http.StatusMethodNotAllowed, "want POST")
 	}
-	if s.o.Tokens != nil && !s.o.Tokens.Allow(r.Header.Get("Authorization")) {
+	if s.o.Tokens != nil && !s.o.Tokens.Allow(string(ctx.Request.Header.Peek("Authorization"))) {
 		return nil, statusf(http.StatusUnauthorized, "want Authorization: Bearer TOKEN with a valid token")
 	}
 	select {
@@ -201,11 +260,24 @@ func (s *Server) take(w http.ResponseWriter, r *http.Request) ([]int64, *Status)
 	if s.c.down() {
 		return nil, unreachable()
 	}
-	if r.ContentLength > s.o.Limits.Body {
+	length := int64(ctx.Request.Header.ContentLength()) // -1: chunked; -2: none, so no body
+	if length > s.o.Limits.Body {
 		return nil, readStatus(&http.MaxBytesError{Limit: s.o.Limits.Body}, s.o.Limits)
 	}
-	body := http.MaxBytesReader(w, r.Body, s.o.Limits.Body)
-	msgs, st := ParseBody(body, r.Header.Get("Content-Type"), r.URL.Query().Get("stage"), s.o.Limits, func(st string) bool { return s.known[st] })
+	mt, st := mediaType(ctx.Request.Header.ContentType())
+	if st != nil {
+		return nil, st
+	}
+	var err error
+	if r := ctx.RequestBodyStream(); r != nil {
+		*body, err = readBody(*body, r, length, s.o.Limits.Body)
+	} else {
+		*body = append(*body, ctx.Request.Body()...)
+	}
+	if err != nil {
+		return nil, readStatus(err, s.o.Limits)
+	}
+	msgs, st := parseBody(*body, mt, string(ctx.QueryArgs().Peek("stage")), s.o.Limits, func(st string) bool { return s.known[st] })
 	if st != nil {
 		return nil, st
 	}
@@ -220,6 +292,41 @@ func (s *Server) take(w http.ResponseWriter, r *http.Request) ([]int64, *Status)
 		}
 	}
 	return s.c.commit(msgs)
+}
+
+// readBody appends the body r to b: at most limit bytes (more is an
+// http.MaxBytesError) and, when length is not negative, length bytes (fewer is
+// io.ErrUnexpectedEOF: the client closed the connection mid-body).
+func readBody(b []byte, r io.Reader, length, limit int64) ([]byte, error) {
+	switch {
+	case length >= 0 && int64(cap(b)-len(b)) < length:
+		b = slices.Grow(b, int(length))
+	case length < 0 && cap(b)-len(b) < 512:
+		b = slices.Grow(b, 512)
+	}
+	start := len(b)
+	for {
+		if length >= 0 && int64(len(b)-start) == length {
+			return b, nil
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)-start) > limit {
+			return b, &http.MaxBytesError{Limit: limit}
+		}
+		if err == io.EOF {
+			if length >= 0 && int64(len(b)-start) < length {
+				return b, io.ErrUnexpectedEOF
+			}
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // countPending reads the pending counts of every stage, at most
@@ -254,24 +361,26 @@ func (s *Server) countPending(ctx context.Context) {
 }
 
 // healthz is GET /healthz: 200 when the database answers, 503 when not.
-func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
+	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := s.o.Pool.Ping(ctx); err != nil {
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, "the database does not answer", http.StatusServiceUnavailable)
+	if err := s.o.Pool.Ping(pctx); err != nil {
+		ctx.Response.Header.Set("Retry-After", "1")
+		plainError(ctx, "the database does not answer", http.StatusServiceUnavailable)
 		return
 	}
-	w.Write([]byte("ok\n")) //nolint:errcheck // the client may be gone
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString("ok\n")
 }
 
 // Timeouts bound how long a client may take, so that slow or stalled clients
 // (slowloris) cannot hold connections and memory.
 type Timeouts struct {
-	// ReadHeader bounds the request line and headers.
+	// ReadHeader bounds the request line and headers (from the connection's
+	// start for its first request, from the first byte for the next ones).
 	ReadHeader time.Duration
-	// Read bounds the whole request, body included: a body not received in
-	// time is answered 408 and nothing of it is inserted.
+	// Read bounds the body, from the end of the headers: a body not received
+	// in time is answered 408 and nothing of it is inserted.
 	Read time.Duration
 	// Write bounds the time from the end of the headers to the end of the
 	// answer, commit included.
@@ -283,20 +392,105 @@ type Timeouts struct {
 // TimeoutsDefault are pepsi-ingress's defaults.
 var TimeoutsDefault = Timeouts{ReadHeader: 5 * time.Second, Read: 30 * time.Second, Write: 60 * time.Second, Idle: 120 * time.Second}
 
-// HTTPServer is the http.Server for h with timeouts t and small headers; its
-// own complaints (bad TLS handshakes, ...) go to errorLog at debug level.
-func HTTPServer(h http.Handler, t Timeouts, errorLog *slog.Logger) *http.Server {
+// HTTPServer is fasthttp's Server for s, with timeouts t and headers of at
+// most 64 KiB; its own complaints (bad TLS handshakes, ...) go to errorLog at
+// debug level.
+//
+// fasthttp rather than net/http: net/http's serving loop was most of
+// pepsi-ingress's CPU per request (a background read and several goroutine
+// hand-offs per request, a new request and response each time);
+// fasthttp's reuses both and serves a connection on one goroutine. It keeps
+// what net/http did here: the body of /v1/messages is streamed to the handler
+// (StreamRequestBody), so MAX_BODY, a body cut off or too slow are answered
+// by the handler's own statuses; what fasthttp reads of a body before the
+// handler runs (up to 8 KiB) fails to the same statuses through its
+// ErrorHandler.
+func HTTPServer(s *Server, t Timeouts, errorLog *slog.Logger) *fasthttp.Server {
 	if errorLog == nil {
 		errorLog = slog.New(slog.DiscardHandler)
 	}
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: t.ReadHeader,
-		ReadTimeout:       t.Read,
-		WriteTimeout:      t.Write,
-		IdleTimeout:       t.Idle,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(errorLog.Handler(), slog.LevelDebug),
+	h := &httpHandler{s: s, write: t.Write}
+	return &fasthttp.Server{
+		Handler:        h.handle,
+		HeaderReceived: h.headerReceived(t.Read),
+		ErrorHandler:   h.error,
+		// A connection's first request must arrive, and every request's headers
+		// be read, within ReadTimeout; HeaderReceived then gives the body Read.
+		ReadTimeout: t.ReadHeader,
+		IdleTimeout: t.Idle,
+		// handle sets the write deadline once the headers are read, so that
+		// it bounds the commit too, as net/http's WriteTimeout did; this one
+		// bounds the error answers written without it.
+		WriteTimeout:       t.Write,
+		ReadBufferSize:     headerMax,
+		MaxRequestBodySize: int(min(s.o.Limits.Body, math.MaxInt32)),
+		StreamRequestBody:  true,
+		// net/http sent no Server header; a request in flight at shutdown is
+		// answered with Connection: close.
+		NoDefaultServerHeader: true,
+		CloseOnShutdown:       true,
+		// fasthttp's errors about a request quote none of it (no token).
+		SecureErrorLogMessage: true,
+		Logger:                slog.NewLogLogger(errorLog.Handler(), slog.LevelDebug),
+	}
+}
+
+// headerMax bounds a request's line and headers (net/http's MaxHeaderBytes
+// was 64 KiB, plus 4 KiB it allowed over that).
+const headerMax = 64<<10 + 4096
+
+// httpHandler is what HTTPServer serves: s's routes, the write deadline, and
+// the failures of reading a request before the handler runs.
+type httpHandler struct {
+	s     *Server
+	write time.Duration
+	// posting holds the headers of the requests to /v1/messages whose body
+	// fasthttp is reading before handle runs: a failure then is the body's,
+	// answered as the handler answers it. Its keys are the request headers of
+	// fasthttp's RequestCtx, reused request after request.
+	posting sync.Map
+}
+
+func (h *httpHandler) handle(ctx *fasthttp.RequestCtx) {
+	ctx.SetWriteDeadline(time.Now().Add(h.write)) //nolint:errcheck // a connection that failed fails the write too
+	if ctx.IsPost() {
+		h.posting.Delete(&ctx.Request.Header)
+	}
+	h.s.Handle(ctx)
+}
+
+// headerReceived gives a request's body the read timeout read, from the end
+// of its headers, and notes a POST to /v1/messages.
+func (h *httpHandler) headerReceived(read time.Duration) func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+	return func(hdr *fasthttp.RequestHeader) fasthttp.RequestConfig {
+		if hdr.IsPost() {
+			if path, _, _ := bytes.Cut(hdr.RequestURI(), []byte("?")); string(path) == "/v1/messages" {
+				h.posting.Store(hdr, nil)
+			}
+		}
+		return fasthttp.RequestConfig{ReadTimeout: read}
+	}
+}
+
+// error answers a request that fasthttp could not read: the body of a POST to
+// /v1/messages as the handler answers a body it cannot read (408 too slow,
+// 400 cut off, counted); anything else as net/http did: a connection that
+// timed out or closed is closed, headers too large are 431, else 400.
+func (h *httpHandler) error(ctx *fasthttp.RequestCtx, err error) {
+	if _, body := h.posting.LoadAndDelete(&ctx.Request.Header); body {
+		h.s.answer(ctx, nil, readStatus(err, h.s.o.Limits))
+		return
+	}
+	var small *fasthttp.ErrSmallBuffer
+	var nothing fasthttp.ErrNothingRead
+	var netErr net.Error
+	switch {
+	case errors.As(err, &small):
+		plainError(ctx, "431 Request Header Fields Too Large", fasthttp.StatusRequestHeaderFieldsTooLarge)
+	case errors.As(err, &nothing), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &netErr):
+		ctx.Conn().Close() //nolint:errcheck // closing is all there is to do
+	default:
+		plainError(ctx, "400 Bad Request", fasthttp.StatusBadRequest)
 	}
 }
 

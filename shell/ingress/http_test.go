@@ -1,0 +1,161 @@
+package ingress_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+)
+
+// These tests pin down what net/http's server did for pepsi-ingress and
+// fasthttp's must do alike (ingress.HTTPServer): bodies longer than what
+// fasthttp reads before the handler runs (8 KiB), chunked bodies, and the
+// answers outside /v1/messages.
+
+// ndjson is n messages of 37 bytes each.
+func ndjson(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "{\"payload\": \"message number %06d\"}\n", i)
+	}
+	return b.String()
+}
+
+// rawAnswer reads one answer from c.
+func rawAnswer(t *testing.T, c net.Conn) (*http.Response, string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+func TestAChunkedBodyIsReadWholeAndBoundedByMaxBody(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) { o.Limits.Messages = 10000 })
+	body := ndjson(50)
+	req, _ := http.NewRequest(http.MethodPost, f.http.URL+"/v1/messages?stage=a", io.MultiReader(strings.NewReader(body[:1000]), strings.NewReader(body[1000:])))
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.ContentLength = -1 // chunked
+	res, err := f.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := decode(t, res); a.code != 202 || len(a.ids) != 50 {
+		t.Fatalf("chunked body: %+v; want 202 with 50 ids", a)
+	}
+	// Over MAX_BODY (64 KiB here) without a Content-Length to refuse it by.
+	req, _ = http.NewRequest(http.MethodPost, f.http.URL+"/v1/messages?stage=a", strings.NewReader(ndjson(2000))) // 74,000 bytes
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.ContentLength = -1
+	res, err = f.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := decode(t, res); a.code != 413 || !strings.Contains(a.err, "larger than 65536 bytes") {
+		t.Errorf("chunked body over MAX_BODY: %+v; want 413", a)
+	}
+	if n := f.count(); n != 50 {
+		t.Errorf("%d rows; want 50", n)
+	}
+}
+
+// TestALongBodyCutOffOrTooSlowInsertsNothing sends bodies longer than what
+// fasthttp reads before the handler: the rest is read by the handler from
+// the connection, and a body that ends early must not pass for a whole one.
+func TestALongBodyCutOffOrTooSlowInsertsNothing(t *testing.T) {
+	t.Parallel()
+	timeouts := ingress.TimeoutsDefault
+	timeouts.Read = 500 * time.Millisecond
+	f := startWith(t, "", func(o *ingress.Options) { o.Limits.Messages = 10000 }, timeouts)
+	body := ndjson(1000) // 37,000 bytes
+	cut := 37 * 540      // at the end of a line: what came is valid NDJSON
+	c := rawRequest(t, f, len(body), body[:cut])
+	time.Sleep(100 * time.Millisecond)
+	c.(*net.TCPConn).CloseWrite()
+	if res, answer := rawAnswer(t, c); res.StatusCode != 400 || !strings.Contains(answer, "body cut off") {
+		t.Errorf("a body cut off after %d of %d bytes: %d %q; want 400 body cut off", cut, len(body), res.StatusCode, answer)
+	}
+	slow := rawRequest(t, f, len(body), body[:cut])
+	if res, answer := rawAnswer(t, slow); res.StatusCode != 408 || !strings.Contains(answer, "not received in time") {
+		t.Errorf("a body stalled after %d of %d bytes: %d %q; want 408", cut, len(body), res.StatusCode, answer)
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+	whole := rawRequest(t, f, len(body), body)
+	if res, answer := rawAnswer(t, whole); res.StatusCode != 202 || strings.Count(answer, ",") != 999 {
+		t.Errorf("the whole body: %d %q; want 202 with 1,000 ids", res.StatusCode, answer)
+	}
+	if got := f.metric(`pepsi_ingress_requests_total{code="400"}`) + f.metric(`pepsi_ingress_requests_total{code="408"}`); got != 2 {
+		t.Errorf("%v refusals counted; want 2", got)
+	}
+}
+
+// TestTheOtherRoutesAnswerAsNetHTTPDid checks the answers outside
+// /v1/messages, and that a malformed request or headers too large are
+// refused without reaching the handler or its metrics.
+func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		body, allow  string
+	}{
+		{"GET", "/healthz", 200, "ok\n", ""},
+		{"HEAD", "/healthz", 200, "", ""},
+		{"POST", "/healthz", 405, "Method Not Allowed\n", "GET, HEAD"},
+		{"DELETE", "/metrics", 405, "Method Not Allowed\n", "GET, HEAD"},
+		{"GET", "/nothing", 404, "404 page not found\n", ""},
+		{"GET", "/v1/messages/", 404, "404 page not found\n", ""},
+	} {
+		req, _ := http.NewRequest(tc.method, f.http.URL+tc.path, nil)
+		res, err := f.http.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != tc.code || string(b) != tc.body || res.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %q Allow %q; want %d %q Allow %q", tc.method, tc.path, res.StatusCode, b, res.Header.Get("Allow"), tc.code, tc.body, tc.allow)
+		}
+		if tc.code != 200 && !strings.HasPrefix(res.Header.Get("Content-Type"), "text/plain") {
+			t.Errorf("%s %s: Content-Type %q; want text/plain", tc.method, tc.path, res.Header.Get("Content-Type"))
+		}
+	}
+	if v := f.metric("pepsi_ingress_messages_accepted_total"); v != 0 {
+		t.Fatalf("/metrics: accepted %v", v)
+	}
+	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 70<<10))
+	if res, _ := rawAnswer(t, c); res.StatusCode != 431 {
+		t.Errorf("headers of 70 KiB: %d; want 431", res.StatusCode)
+	}
+	g, err := net.Dial("tcp", f.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	fmt.Fprintf(g, "POST /v1/messages?stage=a HTTP/1.1\r\nHost x\r\n\r\n")
+	if res, _ := rawAnswer(t, g); res.StatusCode != 400 {
+		t.Errorf("a malformed header: %d; want 400", res.StatusCode)
+	}
+	if v := f.metric(`pepsi_ingress_requests_total{code="400"}`); v != 0 {
+		t.Errorf("%v requests counted 400; want none: those never reached /v1/messages", v)
+	}
+}
