@@ -159,3 +159,33 @@ func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
 		t.Errorf("%v requests counted 400; want none: those never reached /v1/messages", v)
 	}
 }
+
+// TestExpectContinueIsAnswered sends a body only once the server asks for
+// it, as curl does for large bodies.
+func TestExpectContinueIsAnswered(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := ndjson(3)
+	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("first answer %q %v; want 100 Continue", line, err)
+	}
+	if line, err := r.ReadString('\n'); err != nil || line != "\r\n" {
+		t.Fatalf("after 100 Continue: %q %v", line, err)
+	}
+	io.WriteString(c, body)
+	res, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := decode(t, res); a.code != 202 || len(a.ids) != 3 {
+		t.Errorf("answer %+v; want 202 with 3 ids", a)
+	}
+}
