@@ -36,6 +36,11 @@ type Options struct {
 	Trace io.Writer
 	// Tail is how many trace lines a Failure keeps (default 150).
 	Tail int
+	// LateOutlivesDoubt plays a shell that breaks the rule of
+	// docs/durability.md for a transaction in doubt: a late claim may commit
+	// after transactions sent after it. Only for the test that shows the
+	// checker catches such a shell.
+	LateOutlivesDoubt bool
 }
 
 // Result is what one run did.
@@ -912,7 +917,9 @@ func (f txnFault) String() string {
 // send executes a queue transaction: it takes effect a moment later (or not, or
 // loses its reply), and its results come back a moment after that.
 func (w *world) send(cmds []core.Command) {
-	w.endLate()
+	if !w.opt.LateOutlivesDoubt {
+		w.endLate()
+	}
 	t := &txn{cmds: cmds, life: w.life, sent: w.now}
 	w.txn = t
 	f := w.sc.faults
