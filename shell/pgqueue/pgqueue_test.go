@@ -632,3 +632,25 @@ func BenchmarkStep(b *testing.B) {
 	}
 	b.ReportMetric(float64(h.trips.Load()-before)/float64(n), "round-trips/op")
 }
+
+// The reset forgets the flush marks of dispatcher lives not heard of for 30
+// days, and keeps younger ones: a life still running may yet send a flush
+// again, and must find its mark.
+func TestResetForgetsFlushMarksOfLivesGoneFor30Days(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.exec(t, `INSERT INTO pepsi.stats_flushes (life, seq, updated_at) VALUES
+		(1, 7, now() - interval '31 days'), (2, 9, now() - interval '29 days'), (3, 4, now())`)
+	mustExec(t, h, []core.Command{core.ResetOrphans{Op: 1}})
+	rows, err := h.pool.Query(t.Context(), `SELECT life FROM pepsi.stats_flushes ORDER BY life`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lives, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(lives) != "[2 3]" {
+		t.Errorf("lives with flush marks after the reset: %v; want [2 3] (life 1, last heard of 31 days ago, forgotten)", lives)
+	}
+}
