@@ -251,4 +251,6 @@ var mutants = []mutant{
 		"\tif st.cooldownStep > 0 && st.cooldownAt.Equal(c.now) {\n\t\treturn\n\t}\n", ""),
 	mut("patch-must-start-with-brace", "watchdog", "a patch that is JSON but not an object (\"0 >b [1]\") is a protocol error",
 		"return strings.ContainsRune(\"{[\\\"\", rune(f[0])) || json.Valid([]byte(f))", "return f[0] == '{'"),
+	mut("no-look-while-asking", "rate-token-due", "while the gate's Rest is outstanding the core never looks again: a rated stage's next token, and rows committed without NOTIFY, wait for the gate",
+		"if c.gate != gateAsking || c.now.Before(c.askLookAt) {", "if true {"),
 }
