@@ -184,7 +184,7 @@ type Core struct {
 	left          int64
 	life          int64   // this core's life (Start.Life): half of every flush's identity
 	flushSeq      int64   // the Seq of this life's last flush
-	unsureFlushes []Flush // flushes that may not have been applied: re-sent unchanged, first to last, before any new one
+	resendFlushes []Flush // flushes that may not have been applied: re-sent unchanged, first to last, before any new one
 	lastFlush     time.Time
 	startFails    map[int64]int
 
@@ -282,7 +282,7 @@ func (c *Core) apply(ev Event) {
 			if f.Seq == 0 {
 				c.addFlush(f) // counted, never sent: this life sends it as its own
 			} else {
-				c.unsureFlushes = append(c.unsureFlushes, f)
+				c.resendFlushes = append(c.resendFlushes, f)
 			}
 		}
 		c.rng = e.Seed

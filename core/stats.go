@@ -18,7 +18,7 @@ func (c *Core) Unflushed() []Flush {
 			out = append(out, f)
 		}
 	}
-	out = append(out, c.unsureFlushes...)
+	out = append(out, c.resendFlushes...)
 	if c.hasDeltas() {
 		out = append(out, c.deltas())
 	}
@@ -79,9 +79,9 @@ func (c *Core) flushDue(idle bool) (Flush, bool) {
 	if !c.resetDone {
 		return Flush{}, false
 	}
-	if len(c.unsureFlushes) > 0 {
-		f := c.unsureFlushes[0]
-		c.unsureFlushes = c.unsureFlushes[1:]
+	if len(c.resendFlushes) > 0 {
+		f := c.resendFlushes[0]
+		c.resendFlushes = c.resendFlushes[1:]
 		return f, true
 	}
 	if !c.hasDeltas() {

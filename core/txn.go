@@ -343,7 +343,7 @@ func (c *Core) queueWork() {
 // claim. Then it may declare itself waiting, RestAfter after its last claim.
 func (c *Core) restReady() bool {
 	return c.gate == gateAwake && c.resetDone && c.shutdown == 0 && !c.dbDown &&
-		len(c.txn) == 0 && len(c.owed) == 0 && len(c.unsureFlushes) == 0
+		len(c.txn) == 0 && len(c.owed) == 0 && len(c.resendFlushes) == 0
 }
 
 // restAt is when the core may send Rest, once restReady.
@@ -447,6 +447,6 @@ func (c *Core) flushed(e Flushed) {
 	cmd := c.result(e.Op, e.Err).(Flush)
 	if e.Err != "" {
 		// First again: a life's flushes must reach the database in Seq order.
-		c.unsureFlushes = append([]Flush{cmd}, c.unsureFlushes...)
+		c.resendFlushes = append([]Flush{cmd}, c.resendFlushes...)
 	}
 }
