@@ -48,7 +48,11 @@ func (w *world) checkGate(rl *rule) {
 			w.unnotified[id] = w.now
 			continue
 		}
-		if since := w.now.Sub(w.unnotified[id]); since > gateBound {
+		bound := gateBound
+		if w.gateFailing {
+			bound += core.RestRetryMax
+		}
+		if since := w.now.Sub(w.unnotified[id]); since > bound {
 			w.broke(rl, "message row %d waits for the heartbeat: committed %s ago without NOTIFY (the dispatcher counted as busy), "+
 				"and since then the core neither claimed stage %s nor took the gate and looked", id, since, r.Stage)
 			return
@@ -504,7 +508,9 @@ func (w *world) checkExit(x core.Exit) {
 		w.broke(ruleExit, "%s although the core still holds or owes %s", x, w.heldText())
 	case x.Code == 0:
 		for _, r := range w.q.Rows() {
-			if r.Status == core.StatusRunning {
+			if r.Status == core.StatusRunning && w.strayed[r.ID] != w.claimGen[r.ID-1]+1 {
+				// (A row a stray tool made running since its last claim is an
+				// orphan of the next start-up reset; the sweep only runs between.)
 				w.broke(ruleExit, "%s (every row reset or resolved) but row %d is running at %s", x, r.ID, r.Stage)
 				return
 			}
@@ -927,7 +933,10 @@ func (w *world) backlogAt(s int) int {
 // observe checks every row change the fake queue makes, and counts the rows the
 // dispatcher itself fails or times out.
 func (w *world) observe(c fakequeue.Change) {
-	if c.Before.Status == core.StatusPending && c.After.Status == core.StatusRunning && c.By != fakequeue.ByClaim {
+	if c.By == fakequeue.ByStray {
+		w.strayed[c.After.ID] = w.claimGen[c.After.ID-1] + 1
+	}
+	if c.Before.Status == core.StatusPending && c.After.Status == core.StatusRunning && c.By != fakequeue.ByClaim && c.By != fakequeue.ByStray {
 		w.broke(ruleOnlyClaimRuns, "row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
 		return
 	}

@@ -142,7 +142,11 @@ type rowFacts struct {
 	// with when the core heard of it (a NOTIFY, or anything else after which it
 	// must look at every stage); zero while it has not. Until then a claim's
 	// floor may pass over them: the core cannot know.
-	retried  map[int64]time.Time
+	retried map[int64]time.Time
+	// strayed: rows a stray tool made running (fakequeue.Stray), with their
+	// claimGen then plus one: while it is unchanged the row is an orphan no
+	// core knows of, the heartbeat's sweep's or the next start-up's to reset.
+	strayed  map[int64]int
 	execLife int // the life whose transaction the fake queue is applying
 }
 
@@ -163,6 +167,10 @@ type gateState struct {
 	// dispatcher counted as busy), with when they committed (or were last
 	// excused), until the core claims their stage or looks after taking the gate.
 	unnotified map[int64]time.Time
+	// gateFailing: the core's last Rest could not take the gate, so no
+	// producer notifies and the core looks on its own, every core.RestRetryMax
+	// at the least, until a Rest takes it.
+	gateFailing bool
 }
 
 // rateState belongs to rules rate and rate-token-due.
@@ -291,6 +299,7 @@ func (w *world) modelEvent(ev core.Event) {
 		// the core must claim every stage with room in this step. (A gate it
 		// could not take means no one notifies: it must look all the same.)
 		w.resting = e.Err == ""
+		w.gateFailing = e.Err != ""
 		w.lookAll()
 	case core.RestLost:
 		if w.resting {

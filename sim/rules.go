@@ -209,7 +209,7 @@ var ruleClaimFloor = &rule{name: "claim-floor", when: atChange,
 		"except a row an operator retried that the core has not yet heard of, or a row it holds. Checked in the fake queue, between the commands of the transaction."}
 
 var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange,
-	doc: "Only the dispatcher's claim moves a row from pending to running."}
+	doc: "Only the dispatcher's claim moves a row from pending to running (but for the fault of a stray tool that does, fakequeue.Stray, whose row the heartbeat's sweep must reset)."}
 
 var ruleAttempts = &rule{name: "attempts", when: atChange,
 	doc: "A row's attempts grow only by one, by a resolve that pauses it for a retry; a move to another stage, by anyone, sets them to 0 (schema 11's trigger)."}
@@ -251,7 +251,7 @@ var ruleInspectDue = &rule{name: "inspect-due", when: atDeadline, check: (*world
 
 var ruleGate = &rule{name: "no-wait-for-heartbeat", when: atDeadline, check: (*world).checkGate,
 	doc: "No message waits for the heartbeat (the gate, core.Rest and core.Busy). Producers notify only while the dispatcher holds or asks for the gate; " +
-		"a row committed without a notification must be claimed, or its stage claimed, or the core must take the gate and look, within gateBound while its stage has room. " +
+		"a row committed without a notification must be claimed, or its stage claimed, or the core must take the gate and look, within gateBound while its stage has room (plus core.RestRetryMax while the gate cannot be taken: no one notifies then, and the core looks on its own at least that often). " +
 		"Producers commit at random points of the dispatcher's transition; gates fail to be taken, and held gates lose their connection."}
 
 var ruleFlushNotLate = &rule{name: "flush-not-late", when: atDeadline, check: (*world).flushNotLate,

@@ -191,14 +191,19 @@ type faults struct {
 	// gateFail: per mille of the fault phase's Rests that cannot take the gate;
 	// gateLoss: per mille of granted gates whose connection dies later.
 	gateFail, gateLoss int
-	// lateClaim: per mille of the fault phase's claim transactions (claims and
-	// flushes only) whose reply is lost but which commit up to 3 s later, after
-	// the core has moved on: the rows they take are orphans until a reset.
-	lateClaim int
+	// lateTxn: per mille of the fault phase's transactions whose reply is
+	// lost but which commit up to 3 s later, or are rolled back, when the shell
+	// ends their session before it sends the next (docs/durability.md): the
+	// rows a late claim takes are orphans until a reset, a late resolve's rows
+	// have moved on when the core sends its items again.
+	lateTxn int
 	// retries: an operator sends every failed and timed-out message round again
 	// (pepsi-queue retry, which always notifies) at these instants: rows pending
 	// again below the ids the claims have passed.
 	retries []time.Duration
+	// strays: a mistaken tool makes the lowest pending row running at these
+	// instants (fakequeue.Stray): an orphan only the heartbeat's sweep resets.
+	strays []time.Duration
 	// lockLosses: the dispatcher loses its lock at these instants: the shell kills
 	// its workers and starts a new core at once, carrying the old core's
 	// unflushed statistics (core.Start.Carry).
@@ -512,7 +517,7 @@ func chooseFaults(c chooser, sc *Scenario) faults {
 	// Drawn last, so that the scenarios of older seeds keep every earlier choice.
 	f.lateStart = 100 * c.intn("late_start", 0, 3)
 	f.babble = 50 * c.intn("babble", 0, 3)
-	f.lateClaim = 100 * c.intn("late_claim", 0, 3)
+	f.lateTxn = 100 * c.intn("late_txn", 0, 3)
 	f.gateFail = 100 * c.intn("gate_fail", 0, 2)
 	f.gateLoss = 100 * c.intn("gate_loss", 0, 2)
 	for range max(0, c.intn("lock_losses", 0, 3)-1) {
@@ -520,6 +525,9 @@ func chooseFaults(c chooser, sc *Scenario) faults {
 	}
 	for range max(0, c.intn("retries", 0, 4)-1) {
 		f.retries = append(f.retries, millis(c.intn("retry.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
+	}
+	for range max(0, c.intn("strays", 0, 3)-2) {
+		f.strays = append(f.strays, millis(c.intn("stray.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
 	}
 	return f
 }
@@ -570,8 +578,8 @@ func (sc *Scenario) writeFaults(b *strings.Builder) {
 	f := sc.faults
 	fmt.Fprintf(b, "# faults: fail-before %d‰ fail-after %d‰ transient %d‰ lost-notify %d‰ slow-start %d‰\n",
 		f.failBefore, f.failAfter, f.transient, f.lostNotify, f.slowStart)
-	fmt.Fprintf(b, "# faults: late-start %d‰ babble %d‰ late-claim %d‰ gate-fail %d‰ gate-loss %d‰\n",
-		f.lateStart, f.babble, f.lateClaim, f.gateFail, f.gateLoss)
+	fmt.Fprintf(b, "# faults: late-start %d‰ babble %d‰ late-txn %d‰ gate-fail %d‰ gate-loss %d‰\n",
+		f.lateStart, f.babble, f.lateTxn, f.gateFail, f.gateLoss)
 	for _, at := range f.lockLosses {
 		fmt.Fprintf(b, "# faults: the dispatcher loses its lock at %s\n", at)
 	}

@@ -171,16 +171,19 @@ func TestRules(t *testing.T) {
 	}
 }
 
-// TestTheCheckerCatchesALateClaimOutlivingItsDoubt: played by a shell that
-// lets a claim whose reply was lost commit after later transactions (the
-// dispatcher before it ended such sessions first, docs/durability.md), these
-// seeds hand a retried message to a second pass while its first is still out,
-// and the checker says so. 8 of seeds 1..20,000 fail that way; these are four.
-func TestTheCheckerCatchesALateClaimOutlivingItsDoubt(t *testing.T) {
-	for _, seed := range []uint64{988, 2822, 6898, 13415} {
+// TestTheCheckerCatchesALateTransactionOutlivingItsDoubt: played by a shell
+// that lets a transaction whose reply was lost commit after later ones (the
+// dispatcher before it ended such sessions first, docs/durability.md), a
+// quarter of the seeds fail: 5,082 of seeds 1..20,000, 1,766 of them by rule
+// no-stale-verdict (a late claim took a row held since and retried, or a late
+// resolve judged a row claimed again), the rest by the world finding rows
+// written under a worker that holds them, and by the rules that follow from
+// that. These four break no-stale-verdict, and pass as the shell plays it.
+func TestTheCheckerCatchesALateTransactionOutlivingItsDoubt(t *testing.T) {
+	for _, seed := range []uint64{15, 42, 44, 65} {
 		res := sim.Run(sim.NewScenario(seed), sim.Options{LateOutlivesDoubt: true})
 		if res.Failure == nil || res.Failure.Rule != "no-stale-verdict" {
-			t.Errorf("seed %d with a late claim outliving its doubt: %v; want rule no-stale-verdict broken", seed, res.Failure)
+			t.Errorf("seed %d with a late transaction outliving its doubt: %v; want rule no-stale-verdict broken", seed, res.Failure)
 		}
 		if res := sim.Run(sim.NewScenario(seed), sim.Options{}); res.Failure != nil {
 			t.Errorf("seed %d as the shell plays it: %v", seed, res.Failure)

@@ -37,8 +37,8 @@ type Options struct {
 	// Tail is how many trace lines a Failure keeps (default 150).
 	Tail int
 	// LateOutlivesDoubt plays a shell that breaks the rule of
-	// docs/durability.md for a transaction in doubt: a late claim may commit
-	// after transactions sent after it. Only for the test that shows the
+	// docs/durability.md for a transaction in doubt: a late transaction may
+	// commit after transactions sent after it. Only for the test that shows the
 	// checker catches such a shell.
 	LateOutlivesDoubt bool
 }
@@ -133,7 +133,7 @@ type world struct {
 	// transaction) does not reshuffle the others.
 	rTxn, rNotify, rProc, rCrash *rand.Rand
 	// rFault draws for the fault kinds added after the others (late starts,
-	// babbling workers, late claims), so older seeds' other draws are unchanged.
+	// babbling workers, late transactions), so older seeds' other draws are unchanged.
 	rFault *rand.Rand
 	// rVacuum draws for inspections and vacuums.
 	rVacuum *rand.Rand
@@ -164,8 +164,8 @@ type world struct {
 	pending  []core.Event
 	timerGen int
 	txn      *txn
-	// late: a claim whose reply was lost and which has not committed yet; it
-	// commits, or is rolled back, before the next transaction is sent (endLate).
+	// late: a transaction whose reply was lost and which has not committed
+	// yet; it commits, or is rolled back, before the next one is sent (endLate).
 	late     *txn
 	lateExec bool // the late transaction is being applied
 	carry    []core.Flush
@@ -221,6 +221,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rGate:   rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 	}
 	w.retried = map[int64]time.Time{}
+	w.strayed = map[int64]int{}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
 	w.down = append(append([]window{}, sc.faults.outages...), sc.faults.pgCrashes...)
 	w.q.Notify = w.notified
@@ -340,6 +341,9 @@ func (w *world) schedule() {
 	}
 	for _, at := range sc.faults.retries {
 		w.at(epoch.Add(at), 0, func() { w.operatorRetry(false) })
+	}
+	for _, at := range sc.faults.strays {
+		w.at(epoch.Add(at), 0, w.stray)
 	}
 	if f := sc.faults; f.retryEvery > 0 {
 		for at := f.retryLoop.from; at < f.retryLoop.to; at += f.retryEvery {
@@ -561,6 +565,25 @@ func (w *world) operatorRetry(inFlight bool) {
 		// A failure whose reply was lost, retried before the re-sent resolve
 		// reports it: the core can never learn of it, so it is not counted.
 		delete(w.verdicts, id)
+	}
+}
+
+// stray plays a mistaken tool that makes a pending row running behind the
+// dispatcher's back (fakequeue.Stray). Not a row the dispatcher holds (one a
+// stage failed and an operator retried while its worker still has it): that
+// row running at its stage when the worker answers a bare 0 is what a stage
+// bug looks like, and no dispatcher could tell the two apart.
+func (w *world) stray() {
+	if w.dbDown() {
+		return
+	}
+	id := w.q.Stray(func(id int64) bool {
+		_, heldByWorker := w.holder[id]
+		_, held := w.heldBy(id)
+		return heldByWorker || held
+	})
+	if id != 0 {
+		w.note("a mistaken tool makes row %d running", id)
 	}
 }
 
@@ -906,7 +929,7 @@ const (
 	txnFailsBefore          // fails before it takes effect
 	txnLosesReply           // takes effect, but its reply is lost
 	txnRetried              // hits 40001 and is retried by the shell (slower)
-	txnCommitsLate          // loses its reply and commits later (claims only)
+	txnCommitsLate          // loses its reply and commits later, before the next is sent
 )
 
 func (f txnFault) String() string {
@@ -937,7 +960,7 @@ func (w *world) send(cmds []core.Command) {
 	if fault == txnRetried {
 		lat += w.randDur(w.rTxn, 5*time.Millisecond, 200*time.Millisecond)
 	}
-	if fault == txnOK && claimOnly(cmds) && w.chance(w.rFault, f.lateClaim) {
+	if fault == txnOK && w.chance(w.rFault, f.lateTxn) {
 		fault = txnCommitsLate
 	}
 	w.after(lat, func() {
@@ -982,24 +1005,6 @@ func (w *world) send(cmds []core.Command) {
 			}
 		})
 	})
-}
-
-// claimOnly reports whether a transaction only claims (and flushes): one the
-// world may let commit late, since no later transaction's writes depend on
-// being ordered after it (a later claim takes only rows still pending, and a
-// flush is applied once by its sequence number).
-func claimOnly(cmds []core.Command) bool {
-	claims := false
-	for _, c := range cmds {
-		switch c.(type) {
-		case core.Claim:
-			claims = true
-		case core.Flush:
-		default:
-			return false
-		}
-	}
-	return claims
 }
 
 // endLate plays the shell's rule for a transaction in doubt: its session is

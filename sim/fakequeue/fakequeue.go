@@ -116,6 +116,9 @@ const (
 	ByCrash   Writer = "crash"
 	// ByOperator is a tool such as pepsi-queue retry.
 	ByOperator Writer = "operator"
+	// ByStray is a mistaken tool that breaks the rules of who writes what
+	// (Stray): a fault the dispatcher must recover from, not one it makes.
+	ByStray Writer = "stray tool"
 )
 
 // Change is one change of one row.
@@ -224,6 +227,24 @@ func (q *Queue) Unpause(id int64) bool {
 	q.undo = nil // the tool commits synchronously, as in Retry
 	q.notify()
 	return true
+}
+
+// Stray is a mistaken tool's UPDATE (an operator's hand-written SQL, a script
+// of another system): the lowest pending row that skip does not exclude
+// becomes running, with no NOTIFY and no worker that holds it. It returns the
+// row's id, 0 if there is none. Only the heartbeat's sweep can make such a
+// row pending again.
+func (q *Queue) Stray(skip func(id int64) bool) int64 {
+	for _, r := range q.rows {
+		if r != nil && r.Status == core.StatusPending && !skip(r.ID) {
+			before := *r
+			r.Status = core.StatusRunning
+			q.observe(ByStray, before, r)
+			q.undo = nil // the tool commits synchronously, as in Retry
+			return r.ID
+		}
+	}
+	return 0
 }
 
 // settled is Claimed.Settled: the newest row's id, if no producer is
