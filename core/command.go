@@ -149,7 +149,8 @@ type Cap struct {
 }
 
 // Claim moves pending rows to running, for each stage up to its cap, in
-// ingress_id order, in one statement. It also makes sure the crash sentinel holds a
+// ingress_id order, in one statement, and reports the stages where it found
+// more pending rows than its cap (Claimed.More). It also makes sure the crash sentinel holds a
 // token and reports it, and reports how far ingress has settled (Claimed.Settled).
 // Answered by Claimed. Ids reach workers only after the transaction that claimed
 // them has committed.

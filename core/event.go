@@ -126,7 +126,12 @@ type Claimed struct {
 	Epoch   string
 	Rows    []Row
 	Settled int64
-	Err     string
+	// More names the stages at which the claim took its whole cap and found
+	// more pending rows beyond it (it looks one row past each cap); a stage
+	// not named was emptied, as far as the claim saw, or got fewer rows than
+	// its cap.
+	More []string
+	Err  string
 	// Aborted, with Err: the transaction certainly did not commit (it never
 	// reached the server, or the server answered an error before the COMMIT
 	// ran: the session ended, or the transaction aborted). The shell sets it
@@ -242,6 +247,9 @@ func (e Claimed) String() string {
 	fmt.Fprintf(&b, "claimed op=%d epoch=%s", e.Op, e.Epoch)
 	if e.Settled > 0 {
 		fmt.Fprintf(&b, " settled=%d", e.Settled)
+	}
+	if len(e.More) > 0 {
+		fmt.Fprintf(&b, " more=%s", strings.Join(e.More, ","))
 	}
 	for _, r := range e.Rows {
 		fmt.Fprintf(&b, " %d@%s", r.ID, r.Stage)

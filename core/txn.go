@@ -148,7 +148,8 @@ func (c *Core) claimed(e Claimed) {
 		st := c.byName[cp.Stage]
 		st.rate.settle(c.now, got[cp.Stage])
 		// A notification that came after the claim was sent may have added rows.
-		st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen
+		// A claim that took its whole cap says whether it found more.
+		st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen
 		if c.lookGen == c.claimLookGen {
 			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage])
 		}

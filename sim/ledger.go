@@ -428,9 +428,10 @@ func (w *world) modelClaimed(e core.Claimed) {
 				return
 			}
 		}
-		// A claim that took less than its cap found the stage dry, unless a
-		// notification came while it was outstanding.
-		w.told[w.stageIndex(cp.Stage)] = got == cp.N || told
+		// A claim that took less than its cap, or all of it and found no
+		// more (Claimed.More), found the stage dry, unless a notification
+		// came while it was outstanding.
+		w.told[w.stageIndex(cp.Stage)] = (got == cp.N && slices.Contains(e.More, cp.Stage)) || told
 	}
 	for _, r := range e.Rows {
 		if row, _ := w.q.Get(r.ID); r.Attempts != row.Attempts {

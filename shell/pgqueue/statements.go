@@ -106,6 +106,12 @@ func resetOrphans(c core.ResetOrphans) statement {
 // held ids 0.57 ms against 0.08 ms hashed (pgbench, generic plans). The ids
 // are never NULL, so NOT IN means what it says.
 //
+// Each stage's walk reads one row past its cap: when that row is there, the
+// stage has more pending rows than the claim took (core.Claimed.More), and the
+// statement answers a row with a NULL ingress_id naming the stage after the
+// rows it claimed. So a claim that took exactly its cap says whether it
+// emptied the stage, which a move that claims needs to know (core/moveclaim.go).
+//
 // For the stages in $5 (INPUT = message; core.Cap.LineMax) it also returns each
 // row's state as JSON text and its payload with its length, but not a payload
 // longer than $6 bytes (its length only: the core fails such a message, and the
@@ -114,24 +120,31 @@ func resetOrphans(c core.ResetOrphans) statement {
 // reads its header).
 const claimSQL = `
 WITH picked AS (
-	SELECT p.ingress_id
+	SELECT c.stage, greatest(c.n, 0) AS n, p.ingress_id
 	FROM unnest($1::text[], $2::int[], $3::bigint[]) AS c(stage, n, after)
 	CROSS JOIN LATERAL (
 		SELECT q.ingress_id FROM pepsi.queue q
 		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
 		  AND q.ingress_id NOT IN (SELECT unnest($4::bigint[]))
 		ORDER BY q.stage, q.ingress_id
-		LIMIT greatest(c.n, 0)
+		LIMIT greatest(c.n, 0) + 1
 	) p
+), found AS (
+	SELECT stage, count(*) > max(n) AS more, max(ingress_id) AS peeked FROM picked GROUP BY stage
 ), claimed AS (
 	UPDATE pepsi.queue u SET status = 'running', updated_at = now()
-	WHERE u.ingress_id = ANY (ARRAY(SELECT ingress_id FROM picked)) AND (u.status = 'pending') IS TRUE
+	WHERE u.ingress_id = ANY (ARRAY(SELECT p.ingress_id FROM picked p JOIN found f ON f.stage = p.stage
+	                                WHERE NOT (f.more AND p.ingress_id = f.peeked)))
+	  AND (u.status = 'pending') IS TRUE
 	RETURNING u.ingress_id, u.stage, u.attempts,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN u.state::text END AS state,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN coalesce(octet_length(u.payload), -1) END AS payload_size,
 		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload
 )
-SELECT ingress_id, stage, attempts, state, payload_size, payload FROM claimed ORDER BY ingress_id`
+SELECT ingress_id, stage, attempts, state, payload_size, payload FROM claimed
+UNION ALL
+SELECT NULL, stage, NULL, NULL, NULL, NULL FROM found WHERE more
+ORDER BY 1 NULLS LAST, 2`
 
 // ProducerKey is the advisory lock every producer transaction holds shared from
 // its first insert into pepsi.queue to its end ("pepsprod"; schema 6's trigger
@@ -206,13 +219,22 @@ func claim(c core.Claim) statement {
 			if err != nil {
 				return nil, err
 			}
-			ev.Rows, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Row, error) {
+			all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Row, error) {
 				var row core.Row
+				var id *int64
+				var attempts *int32
 				var state *string
 				var size *int32
 				var payload []byte
-				if err := r.Scan(&row.ID, &row.Stage, &row.Attempts, &state, &size, &payload); err != nil {
+				if err := r.Scan(&id, &row.Stage, &attempts, &state, &size, &payload); err != nil {
 					return row, err
+				}
+				if id == nil {
+					return row, nil // the stage has more pending rows: row.ID 0
+				}
+				row.ID = *id
+				if attempts != nil {
+					row.Attempts = int(*attempts)
 				}
 				if state != nil && size != nil {
 					row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
@@ -221,6 +243,13 @@ func claim(c core.Claim) statement {
 			})
 			if err != nil {
 				return nil, err
+			}
+			for _, r := range all {
+				if r.ID == 0 {
+					ev.More = append(ev.More, r.Stage)
+				} else {
+					ev.Rows = append(ev.Rows, r)
+				}
 			}
 			return ev, nil
 		},

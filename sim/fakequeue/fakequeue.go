@@ -522,20 +522,22 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 }
 
 // claim takes up to each cap's N pending rows of its stage above its floor,
-// the excluded ones aside.
+// the excluded ones aside, and names the stages where one more was there.
 func (q *Queue) claim(c core.Claim) core.Event {
 	if q.epoch == "" {
 		q.epochN++
 		q.epoch = fmt.Sprintf("e%d", q.epochN)
 	}
 	var rows []core.Row
+	var more []string
 	for _, cp := range c.Caps {
 		n := 0
 		for _, r := range q.rows {
-			if n >= cp.N {
-				break
-			}
 			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) {
+				if n >= cp.N {
+					more = append(more, cp.Stage) // one row past the cap: the stage has more
+					break
+				}
 				before := *r
 				r.Status = core.StatusRunning
 				q.observe(ByClaim, before, r)
@@ -549,7 +551,8 @@ func (q *Queue) claim(c core.Claim) core.Event {
 		}
 	}
 	slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
-	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled()}
+	slices.Sort(more)
+	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled(), More: more}
 }
 
 // resolve writes each item under its guard (status running at the item's

@@ -112,8 +112,8 @@ var mutants = []mutant{
 		"at(w.stopBy)", "_ = w.stopBy"),
 	// Promptness: work the core was told of is claimed in that step.
 	mut("ingress-during-claim-forgotten", "promptness", "a notification that came while a claim was outstanding is forgotten",
-		"st.maybeMore = got[cp.Stage] == cp.N || c.ingressGen != c.claimGen",
-		"st.maybeMore = got[cp.Stage] == cp.N"),
+		"st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen",
+		"st.maybeMore = got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)"),
 	mut("cooldown-kept-after-answer", "promptness", "a stage stays cooled down after its program answered",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
 	// Rules the checker holds at each command.

@@ -73,6 +73,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ClaimReportsNothingSettledWhileAProducerIsMidTransaction", testClaimUnsettled},
 		{"ClaimReadsStateAndPayloadForMessageStagesOnly", testClaimMessage},
 		{"ClaimReadsAttempts", testClaimAttempts},
+		{"ClaimSaysWhichStagesHaveMoreThanItsCap", testClaimMore},
 		{"ClaimReportsTheSizeOfAPayloadOverLineMaxWithoutReadingIt", testClaimMessageOversize},
 
 		{"ResolveRequeuesARowItsStageAdvanced", testResolveAdvanced},
@@ -282,6 +283,35 @@ func messageText(t *testing.T, m *core.Message) string {
 	}
 	sorted, _ := json.Marshal(obj)
 	return fmt.Sprintf("{state=%s payload=%d:%q}", sorted, m.PayloadSize, m.Payload)
+}
+
+// testClaimMore: a claim that took its whole cap names the stage in More when
+// another pending row was there (held rows aside), and only then.
+func testClaimMore(t *testing.T, h Harness) {
+	a := h.Insert(t, "a", 3)
+	h.Insert(t, "b", 2)
+	h.Insert(t, "c", 1)
+	got := claim(t, h, core.Cap{Stage: "a", N: 2}, core.Cap{Stage: "b", N: 2}, core.Cap{Stage: "c", N: 2})
+	if len(got.Rows) != 5 || !slices.Equal(got.More, []string{"a"}) {
+		t.Fatalf("claim = %v, more %v; want 5 rows, and more at a only (b's cap taken exactly, c's not)", got.Rows, got.More)
+	}
+	resolve(t, h, core.Item{ID: a[0], Stage: "a", Verdict: core.Requeue})
+	got = claim(t, h, core.Cap{Stage: "a", N: 1})
+	if len(got.Rows) != 1 || got.Rows[0].ID != a[0] || !slices.Equal(got.More, []string{"a"}) {
+		t.Fatalf("claim = %v, more %v; want row %d, and more at a (row %d)", got.Rows, got.More, a[0], a[2])
+	}
+	h.Insert(t, "d", 1)
+	if got = claim(t, h, core.Cap{Stage: "a", N: 1}, core.Cap{Stage: "d", N: 1}); len(got.Rows) != 2 || len(got.More) != 0 {
+		t.Fatalf("claim = %v, more %v; want rows %d and d's, nothing more", got.Rows, got.More, a[2])
+	}
+	h.Insert(t, "e", 2)
+	first := claimRows(t, h, core.Cap{Stage: "e", N: 1})
+	resolve(t, h, core.Item{ID: first[0].ID, Stage: "e", Verdict: core.Requeue})
+	got = exec(t, h, core.Claim{Op: 42, Caps: []core.Cap{{Stage: "e", N: 1}}, Exclude: []int64{first[0].ID}},
+		func(e core.Claimed) (int64, string) { return e.Op, e.Err })
+	if len(got.Rows) != 1 || len(got.More) != 0 {
+		t.Fatalf("claim excluding row %d = %v, more %v; want the other row and nothing more (a held row is not more)", first[0].ID, got.Rows, got.More)
+	}
 }
 
 func testClaimAttempts(t *testing.T, h Harness) {
