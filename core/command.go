@@ -69,6 +69,15 @@ type Item struct {
 	To    string
 	Until time.Time
 	Patch string
+	// Claim is set only on a Move to a stage (To names one) that the core has
+	// room for and may claim for at once (a move that claims, see
+	// core/moveclaim.go): the row is written straight to running at To, not
+	// pending, and its Outcome reports it running and Matched; the core then
+	// holds it for To as if a Claim had returned it. LineMax is set with Claim
+	// when To's INPUT is message: the Outcome then also carries the row's
+	// state and payload (Outcome.Message), read as Cap.LineMax says.
+	Claim   bool
+	LineMax int
 }
 
 func (it Item) String() string {
@@ -80,6 +89,12 @@ func (it Item) String() string {
 		}
 		if it.Patch != "" {
 			s += " " + strconv.Quote(it.Patch)
+		}
+		if it.Claim {
+			s += "+claim"
+			if it.LineMax > 0 {
+				s += fmt.Sprintf("(message<=%d)", it.LineMax)
+			}
 		}
 	}
 	if it.Verdict == Retry {
@@ -104,6 +119,8 @@ type ResetOrphans struct {
 }
 
 // Resolve applies Items (see Item) in one statement. Answered by Resolved.
+// Rows its items claim (Item.Claim) reach workers only after the transaction
+// has committed, as a Claim's do.
 // Precondition: every worker that was handed these ids has answered them or has
 // exited. A commit of a stage's may still land meanwhile (one in flight when its
 // worker was killed): the statement then writes nothing to that row and reports

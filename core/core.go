@@ -122,6 +122,16 @@ type stage struct {
 	workers   []*worker // in id order
 	backlog   []msg     // claimed, not yet handed to a worker
 	maybeMore bool      // pending rows may exist: worth claiming
+	// reserved counts the moves to this stage that the outstanding resolve
+	// may claim (Item.Claim): room kept for them until its outcomes come.
+	reserved int
+	// dry: the core knows of every row pending at the stage: its last claim
+	// of the stage emptied it (took fewer rows than its cap, or found no more:
+	// Claimed.More) with no notification meanwhile, and since then only its
+	// own resolves made rows pending there, known counting them. A move that
+	// claims needs it (core/moveclaim.go).
+	dry   bool
+	known int
 	// floor: the stage's claims look above this ingress_id only. No row is
 	// pending at or below it that the core could know of: every pending row up
 	// to it was claimed, and every row up to it had settled (Claimed.Settled).

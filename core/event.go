@@ -129,7 +129,8 @@ type Claimed struct {
 	// More names the stages at which the claim took its whole cap and found
 	// more pending rows beyond it (it looks one row past each cap); a stage
 	// not named was emptied, as far as the claim saw, or got fewer rows than
-	// its cap.
+	// its cap. A move that claims waits for an emptied stage
+	// (core/moveclaim.go).
 	More []string
 	Err  string
 	// Aborted, with Err: the transaction certainly did not commit (it never
@@ -144,13 +145,21 @@ type Claimed struct {
 // Status means the row no longer exists. Matched reports that the row was still
 // running at the item's stage, so the item's verdict was the one written (for a
 // Move: false is a guard miss).
+//
+// For an item with Claim that Matched, the row is running at the item's To
+// (moved and claimed in one write), and Attempts is its attempts column; with
+// the item's LineMax, Message is its state (after the patch) and payload, read
+// as a Claim reads them (Row.Message). A running outcome that did not match is
+// a row a commit changed during the statement (see Resolve).
 type Outcome struct {
-	ID      int64
-	Stage   string
-	Status  RowStatus
-	Timeout time.Time
-	Error   string
-	Matched bool
+	ID       int64
+	Stage    string
+	Status   RowStatus
+	Timeout  time.Time
+	Error    string
+	Matched  bool
+	Attempts int
+	Message  *Message
 }
 
 // Resolved is the result of a Resolve: one Outcome per Item, in Item order.
@@ -295,6 +304,12 @@ func (o Outcome) String() string {
 	}
 	if o.Matched {
 		s += "*"
+	}
+	if o.Attempts != 0 {
+		s += fmt.Sprintf("#%d", o.Attempts)
+	}
+	if o.Message != nil {
+		s += o.Message.String()
 	}
 	return s
 }

@@ -1126,8 +1126,9 @@ func answerMove(w *world, wid core.WorkerID, line string) []core.Command {
 	return w.answer(wid, "", "", line)
 }
 
-// Proves: "0 >b {patch}" has the dispatcher write the row pending at b with the patch
-// merged, in the transaction that also claims it for b, and counts the pass.
+// Proves: "0 >b {patch}" has the dispatcher write the row to b with the patch
+// merged, claimed for b in the same write when b has room (a move that claims),
+// and counts the pass.
 func TestAnsweredAdvanceIsWrittenByTheDispatcherAndClaimedAtTheNextStage(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)

@@ -63,6 +63,7 @@ func verdictStatus(it Item) RowStatus {
 func (c *Core) lookAll() {
 	c.lookGen++
 	for _, st := range c.stages {
+		st.dry = false
 		st.maybeMore = true
 		st.floor = 0
 	}
@@ -150,6 +151,7 @@ func (c *Core) claimed(e Claimed) {
 		// A notification that came after the claim was sent may have added rows.
 		// A claim that took its whole cap says whether it found more.
 		st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen
+		st.dry, st.known = !st.maybeMore, 0
 		if c.lookGen == c.claimLookGen {
 			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage])
 		}
@@ -171,13 +173,7 @@ func (c *Core) floorAfter(cp Cap, got int, reach int64) int64 {
 func (c *Core) resolved(e Resolved) {
 	cmd := c.result(e.Op, e.Err).(Resolve)
 	if e.Err != "" {
-		c.owed = append(slices.Clone(cmd.Items), c.owed...)
-		if !e.Aborted {
-			// Applied or not: the re-sent items may find their rows moved on.
-			for _, it := range cmd.Items {
-				c.unsure[it.ID] = true
-			}
-		}
+		c.resolveFailed(cmd, e.Aborted)
 		return
 	}
 	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
@@ -186,6 +182,15 @@ func (c *Core) resolved(e Resolved) {
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
 		unsure := c.unsure[o.ID]
 		delete(c.unsure, o.ID)
+		if it.Claim {
+			c.byName[it.To].reserved--
+		}
+		if o.Status == StatusRunning && it.Claim && o.Matched {
+			// Moved and claimed: not a race, the row is this core's at To.
+			delete(c.races, o.ID)
+			c.movedClaimed(it, o)
+			continue
+		}
 		if o.Status == StatusRunning {
 			c.raced(it, o, unsure)
 			continue
@@ -202,6 +207,7 @@ func (c *Core) resolved(e Resolved) {
 		case StatusPending:
 			if st := c.byName[o.Stage]; st != nil {
 				st.maybeMore = true
+				st.known++ // (counted while the stage is dry: see stage.dry)
 				// The transaction's own claim looked below it (claimAfter), but
 				// a later claim of this stage must too, if that one did not.
 				st.floor = min(st.floor, o.ID-1)
@@ -235,6 +241,23 @@ func (c *Core) resolved(e Resolved) {
 			c.logf(LevelWarn, "message %d is %s at stage %s after its resolve, a status this dispatcher does not know", o.ID, conf.Quote(string(o.Status)), conf.Quote(o.Stage))
 		}
 	}
+}
+
+// resolveFailed owes a failed resolve's items again, first, without the
+// claims of their moves; unless the transaction certainly did not commit, it
+// may have applied them (see unsure), and its moves that claimed may have left
+// rows running that no one holds, as a lost claim may.
+func (c *Core) resolveFailed(cmd Resolve, aborted bool) {
+	items, claimed := c.unclaimMoves(cmd.Items)
+	c.owed = append(items, c.owed...)
+	if aborted {
+		return
+	}
+	// Applied or not: the re-sent items may find their rows moved on.
+	for _, it := range cmd.Items {
+		c.unsure[it.ID] = true
+	}
+	c.needReset = c.needReset || claimed
 }
 
 // racesMax bounds how many times in a row one item is resolved again because
@@ -296,16 +319,18 @@ func (c *Core) queueWork() {
 		c.sweep = false
 	}
 	resolving := false
+	waking := c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused)))
 	if len(c.owed) > 0 {
+		// A reset or a wake in the same transaction may make rows pending
+		// anywhere, which the moves would overtake: then no move claims.
+		c.claimMoves(c.owed, len(txn) > 0 || waking)
 		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed})
 		c.owed = nil
 		resolving = true
 	}
-	waking := false
-	if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {
+	if waking {
 		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()})
 		c.wakeDue = false
-		waking = true
 	}
 	if c.shutdown == 0 {
 		var caps []Cap

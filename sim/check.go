@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
 )
 
@@ -63,6 +64,9 @@ func (w *world) checkGate(rl *rule) {
 // ---- commands, checked before the world executes them ----
 
 func (w *world) modelCommands(cmds []core.Command) {
+	if w.movesBesideLook(cmds); w.fail != nil {
+		return
+	}
 	queued := false
 	for _, cmd := range cmds {
 		if core.IsQueue(cmd) {
@@ -94,6 +98,7 @@ func (w *world) checkCommand(cmd core.Command) {
 				return
 			}
 		}
+		w.checkMovesClaim(x)
 	case core.Claim:
 		w.checkClaim(x)
 	case core.Wake:
@@ -198,8 +203,8 @@ func (w *world) checkClaim(x core.Claim) {
 		s := w.stageIndex(cp.Stage)
 		st := w.sc.stages[s]
 		limit := st.parallelism * st.queueLimit
-		if held := w.heldAt(cp.Stage); cp.N <= 0 || held+cp.N > limit {
-			w.broke(ruleClaimBounds, "claim asks %d rows of %s, which already holds %d: more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
+		if held := w.heldAt(cp.Stage) + w.movesOut[cp.Stage]; cp.N <= 0 || held+cp.N > limit {
+			w.broke(ruleClaimBounds, "claim asks %d rows of %s, which already holds %d (moves of its transaction that claim included): more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
 			return
 		}
 		if w.cfg.Stages[s].Rate > 0 {
@@ -207,6 +212,85 @@ func (w *world) checkClaim(x core.Claim) {
 				w.broke(ruleRate, "claim asks %d rows of %s, whose RATE %s leaves %d tokens now", cp.N, cp.Stage, st.rate, tokens)
 				return
 			}
+		}
+	}
+}
+
+// movesBesideLook holds rule move-claims over a step's transaction: no move
+// claims in a transaction that also resets orphans or wakes paused rows, which
+// may make rows pending anywhere (at any id) before the claim runs.
+func (w *world) movesBesideLook(cmds []core.Command) {
+	var claiming *core.Item
+	look := ""
+	for _, cmd := range cmds {
+		switch x := cmd.(type) {
+		case core.Resolve:
+			for i := range x.Items {
+				if x.Items[i].Claim {
+					claiming = &x.Items[i]
+				}
+			}
+		case core.ResetOrphans, core.Wake:
+			look = cmd.String()
+		}
+	}
+	if claiming != nil && look != "" {
+		w.broke(ruleMoveClaims, "resolve item %s claims in the transaction of %s, which may make rows pending at its target first", claiming, look)
+	}
+}
+
+// checkMovesClaim holds the moves of a resolve that claim their row at their
+// target (core.Item.Claim) to rule move-claims and, for the room they take,
+// claim-bounds; a RATE's stage to rule rate.
+func (w *world) checkMovesClaim(x core.Resolve) {
+	claiming := map[string]int{}
+	lowestLeft := map[string]int64{} // per target, the lowest id of a move there that does not claim
+	for _, it := range x.Items {
+		if it.Verdict == core.Move {
+			if _, ok := w.stageOf(it.To); ok && !it.Claim && (lowestLeft[it.To] == 0 || it.ID < lowestLeft[it.To]) {
+				lowestLeft[it.To] = it.ID
+			}
+		}
+	}
+	for _, it := range x.Items {
+		if !it.Claim {
+			continue
+		}
+		s, ok := w.stageOf(it.To)
+		if it.Verdict != core.Move || !ok {
+			w.broke(ruleMoveClaims, "resolve item %s claims, but it is no move to a stage this dispatcher runs", it)
+			return
+		}
+		st := w.sc.stages[s]
+		switch ex := w.expects[it.ID]; {
+		case w.shut > 0:
+			w.broke(ruleClaimBounds, "resolve item %s claims during a shutdown", it)
+		case w.cfg.Stages[s].Rate > 0:
+			w.broke(ruleRate, "resolve item %s claims at stage %s, which has a RATE: only its claims, counted by its bucket, take its rows", it, it.To)
+		case w.toldLook[s]:
+			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, where the core was told rows may be pending that it would overtake", it, it.To)
+		case claiming[it.To]+1 > w.room(s, w.now)-w.ownPending[s]:
+			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, whose room (%d) does not cover the %d rows the core left pending there and the %d moves of this resolve that claim: the claim after the resolve cannot take them all, so the moves overtake them",
+				it, it.To, w.room(s, w.now), w.ownPending[s], claiming[it.To]+1)
+		case lowestLeft[it.To] != 0 && lowestLeft[it.To] < it.ID:
+			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, overtaking the move of row %d there, which does not", it, it.To, lowestLeft[it.To])
+		case slices.ContainsFunc(x.Items, func(o core.Item) bool { return o.Verdict == core.Requeue && o.Stage == it.To }):
+			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, where the same resolve gives a row back", it, it.To)
+		case ex != nil && (ex.unsure || ex.raced):
+			w.broke(ruleMoveClaims, "resolve item %s claims, but its row may have moved already (a lost reply, or a commit that raced its resolve)", it)
+		case it.LineMax != 0 && (w.cfg.Stages[s].Input != conf.InputMessage || it.LineMax != w.cfg.Dispatch.LineMax):
+			w.broke(ruleMessageLines, "resolve item %s reads the message with LINE_MAX %d; stage %s is INPUT = %s, LINE_MAX %d", it, it.LineMax, it.To, w.cfg.Stages[s].Input, w.cfg.Dispatch.LineMax)
+		case it.LineMax == 0 && w.cfg.Stages[s].Input == conf.InputMessage:
+			w.broke(ruleMessageLines, "resolve item %s claims at INPUT = message stage %s without reading the message", it, it.To)
+		}
+		if w.fail != nil {
+			return
+		}
+		claiming[it.To]++
+		if held, limit := w.heldAt(it.To), st.parallelism*st.queueLimit; held+claiming[it.To] > limit {
+			w.broke(ruleClaimBounds, "resolve item %s claims at stage %s, which holds %d and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
+				it, it.To, held, claiming[it.To], limit)
+			return
 		}
 	}
 }
@@ -957,7 +1041,9 @@ func (w *world) observe(c fakequeue.Change) {
 			c.After.ID, w.holder[c.After.ID])
 		return
 	}
-	if c.By == fakequeue.ByClaim {
+	if c.By == fakequeue.ByClaim || (c.By == fakequeue.ByResolve && c.Before.Status == core.StatusRunning && c.After.Status == core.StatusRunning) {
+		// A claim, or a move that claims (running at its stage to running at
+		// the next).
 		delete(w.retried, c.After.ID)
 		w.claimGen[c.After.ID-1]++
 	}

@@ -59,6 +59,7 @@ type expect struct {
 	// core.RetryJitter)) after the answer.
 	retryFrom, retryTo time.Time
 	sent               bool // its item is in the outstanding transaction
+	claim              bool // its item, in the outstanding transaction, claims its row at its target (core.Item.Claim)
 	unsure             bool // its item was in a transaction whose reply was lost
 	raced              bool // a resolve of it found the row still running (a commit landed meanwhile)
 }
@@ -132,6 +133,11 @@ type ledger struct {
 	claimAttempts map[int64]int
 	claimCaps     []core.Cap   // the caps of the claim outstanding
 	startCarry    []core.Flush // what Start carried
+	// movesOut: per stage, the moves of the outstanding resolve that claim
+	// their row there (core.Item.Claim); lastEpoch: the epoch of this life's
+	// last claim, which a row a move claims is held with.
+	movesOut  map[string]int
+	lastEpoch string
 }
 
 // rowFacts is what the checker knows of the queue's rows over every life,
@@ -155,10 +161,17 @@ type rowFacts struct {
 type promptState struct {
 	// told: per stage, whether the core has been told that rows may be pending
 	// there and has not since claimed it dry.
-	told      []bool
-	toldInTxn bool      // a notification came while the claim was outstanding
-	lastPoll  time.Time // the heartbeat's last instant (POLL_INTERVAL)
-	stepFree  bool      // the step could start a queue transaction
+	told []bool
+	// toldLook: per stage, whether told is owed to anything but the core's
+	// own resolves (a notification, a look, a claim that found more), and
+	// ownPending how many rows its resolves left pending there since its last
+	// claim found the stage dry: rule move-claims's derivation of what the
+	// core knows is pending at a move's target.
+	toldLook   []bool
+	ownPending []int
+	toldInTxn  bool      // a notification came while the claim was outstanding
+	lastPoll   time.Time // the heartbeat's last instant (POLL_INTERVAL)
+	stepFree   bool      // the step could start a queue transaction
 }
 
 // gateState belongs to rule no-wait-for-heartbeat.
@@ -228,9 +241,9 @@ func (w *world) newLifeModel() {
 	w.ledger = ledger{
 		workers: map[core.WorkerID]*wmodel{}, backlog: map[int64]string{}, holder: map[int64]core.WorkerID{},
 		expects: map[int64]*expect{}, claimEpoch: map[int64]string{}, claimGenOf: map[int64]int{},
-		claimAttempts: map[int64]int{}, startCarry: w.startCarry,
+		claimAttempts: map[int64]int{}, startCarry: w.startCarry, movesOut: map[string]int{},
 	}
-	w.promptState = promptState{told: make([]bool, n), lastPoll: w.lastPoll}
+	w.promptState = promptState{told: make([]bool, n), toldLook: make([]bool, n), ownPending: make([]int, n), lastPoll: w.lastPoll}
 	w.gateState = gateState{unnotified: map[int64]time.Time{}}
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
 	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}
@@ -260,6 +273,7 @@ func (w *world) lookAll() {
 func (w *world) tellAll() {
 	for s := range w.told {
 		w.told[s] = true
+		w.toldLook[s] = true
 	}
 	for id, at := range w.retried {
 		if at.IsZero() {
@@ -431,8 +445,11 @@ func (w *world) modelClaimed(e core.Claimed) {
 		// A claim that took less than its cap, or all of it and found no
 		// more (Claimed.More), found the stage dry, unless a notification
 		// came while it was outstanding.
-		w.told[w.stageIndex(cp.Stage)] = (got == cp.N && slices.Contains(e.More, cp.Stage)) || told
+		s := w.stageIndex(cp.Stage)
+		w.told[s] = (got == cp.N && slices.Contains(e.More, cp.Stage)) || told
+		w.toldLook[s], w.ownPending[s] = w.told[s], 0
 	}
+	w.lastEpoch = e.Epoch
 	for _, r := range e.Rows {
 		if row, _ := w.q.Get(r.ID); r.Attempts != row.Attempts {
 			w.broke(ruleClaimReadsRow, "claim returned message %d with attempts %d, the row has %d", r.ID, r.Attempts, row.Attempts)
@@ -463,17 +480,26 @@ func (w *world) modelResolved(e core.Resolved) {
 		// apply) wrote nothing, so a later miss is a miss.
 		for _, ex := range w.expects {
 			if ex.sent {
-				ex.sent, ex.unsure = false, ex.unsure || !e.Aborted
+				ex.sent, ex.unsure, ex.claim = false, ex.unsure || !e.Aborted, false
 			}
 		}
+		clear(w.movesOut)
 		return
 	}
+	clear(w.movesOut)
 	for _, o := range e.Outcomes {
 		if _, ok := w.expects[o.ID]; !ok {
 			w.broke(ruleWorldConsistent, "outcome for message %d, which was not being resolved", o.ID)
 			return
 		}
 		ex := w.expects[o.ID]
+		if o.Status == core.StatusRunning && ex.claim && o.Matched {
+			if w.modelMovedClaimed(o); w.fail != nil {
+				return
+			}
+			continue
+		}
+		ex.claim = false
 		if o.Status == core.StatusRunning {
 			// A stage's commit landed while the resolve waited on the row:
 			// nothing written, a guard miss, and the core still holds the
@@ -497,6 +523,7 @@ func (w *world) modelResolved(e core.Resolved) {
 		if o.Status == core.StatusPending {
 			if s, ok := w.stageOf(o.Stage); ok {
 				w.told[s] = true
+				w.ownPending[s]++
 			}
 		}
 		if v, ok := w.verdicts[o.ID]; ok {
@@ -508,6 +535,29 @@ func (w *world) modelResolved(e core.Resolved) {
 				w.truth().stage(o.Stage).Timeouts++
 			}
 		}
+	}
+}
+
+// modelMovedClaimed takes in a row its resolve moved and claimed (a move that
+// claims): the core holds it for its new stage as if a claim had returned it,
+// with the epoch of its last claim.
+func (w *world) modelMovedClaimed(o core.Outcome) {
+	delete(w.expects, o.ID)
+	if row, _ := w.q.Get(o.ID); o.Attempts != row.Attempts {
+		w.broke(ruleClaimReadsRow, "a move that claims returned message %d with attempts %d, the row has %d", o.ID, o.Attempts, row.Attempts)
+		return
+	}
+	if held, ok := w.heldBy(o.ID); ok {
+		w.broke(ruleNeverTwoHolders, "a move that claims returned message %d, which this core already holds (%s)", o.ID, held)
+		return
+	}
+	w.claimAttempts[o.ID] = o.Attempts
+	w.claimEpoch[o.ID] = w.lastEpoch
+	w.claimGenOf[o.ID] = w.claimGen[o.ID-1]
+	if w.shut > 0 {
+		w.expects[o.ID] = &expect{verdict: core.Requeue, why: "moved and claimed during shutdown", stage: o.Stage}
+	} else {
+		w.backlog[o.ID] = o.Stage
 	}
 }
 
@@ -792,7 +842,10 @@ func (w *world) recordCommand(cmd core.Command) {
 				delete(w.backlog, it.ID)
 			}
 			if ex := w.expects[it.ID]; ex != nil {
-				ex.sent = true
+				ex.sent, ex.claim = true, it.Claim
+				if it.Claim {
+					w.movesOut[it.To]++
+				}
 			}
 		}
 	case core.Claim:

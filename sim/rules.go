@@ -76,7 +76,7 @@ var rules = []*rule{
 	ruleSerialWrites, ruleClaimBounds, ruleRate, ruleNeverTwoHolders, ruleClaimReadsRow,
 	ruleMessageLines, ruleHandClaimed, ruleHandToReady, ruleWorkPacked, ruleQueueLimit,
 	ruleSpawnNeeded, ruleCooldown, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
-	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition,
+	ruleWatchdog, ruleItemForHeld, ruleMoveClaims, ruleItemStage, ruleItemVerdict, ruleItemTransition,
 	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleResetKeepsHeld, ruleWakeNotEarly,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
@@ -153,6 +153,12 @@ var ruleWatchdog = &rule{name: "watchdog", when: atCommand,
 var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand,
 	doc: "A resolve item names a message the core stopped holding (its worker answered or died) or a claimed row no worker has seen, given back: " +
 		"never one a worker still has unanswered."}
+
+var ruleMoveClaims = &rule{name: "move-claims", when: atCommand,
+	doc: "A resolve item claims its row at its target (a move that claims, core.Item.Claim) only for a transition a stage answered to a stage this dispatcher runs, " +
+		"never past rows the core knows may be pending there (claims go in ingress_id order): not when it was told rows may be pending at the target and has not since claimed it dry, " +
+		"not past a move to the same target in the same resolve that does not claim, not beside a requeue to the target, and not for a row whose earlier resolve may have moved it " +
+		"(a lost reply, a racing commit). Its room is rule claim-bounds's, a RATE's stage rule rate's, and the line it hands out rule message-lines's."}
 
 var ruleItemStage = &rule{name: "item-stage", when: atCommand,
 	doc: "A resolve item names the stage its message was claimed for: the guard of the write depends on it."}

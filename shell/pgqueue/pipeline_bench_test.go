@@ -26,7 +26,11 @@ import (
 // the 3 × 2 × 64 messages in flight). In message mode the claim reads each
 // row's state and payload, the step builds each row's input line
 // (core.MessageLine), and each move carries a patch computed from the message,
-// as pepsi-bench's message stage answers.
+// as pepsi-bench's message stage answers. The "+claim" variants write each
+// move to stage b or c straight to running there (core.Item.Claim, a move
+// that claims, as the dispatcher does when the stage has room): the rows the
+// resolve claims join those the claim took, and the hop costs one row version
+// instead of two.
 //
 // It reports per hop (one resolved item): the wall time of the serial steps
 // (ns/hop), the buffers the backend touched (buffers/hop, from
@@ -35,16 +39,21 @@ import (
 // busy all the time, hops/s cannot exceed 1e9 ÷ backend-ns/hop however fast
 // the stages are (docs/performance.md).
 func BenchmarkPipelineStep(b *testing.B) {
-	for _, message := range []bool{false, true} {
-		name := "answer"
-		if message {
-			name = "message"
+	for _, moveClaims := range []bool{false, true} {
+		for _, message := range []bool{false, true} {
+			name := "answer"
+			if message {
+				name = "message"
+			}
+			if moveClaims {
+				name += "+claim"
+			}
+			b.Run(name, func(b *testing.B) { benchPipeline(b, message, moveClaims) })
 		}
-		b.Run(name, func(b *testing.B) { benchPipeline(b, message) })
 	}
 }
 
-func benchPipeline(b *testing.B, message bool) {
+func benchPipeline(b *testing.B, message, moveClaims bool) {
 	const capEach, refill = 64, 20000
 	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
@@ -85,6 +94,9 @@ func benchPipeline(b *testing.B, message bool) {
 				if message {
 					items[i].Patch = `{"hops":` + strconv.Itoa(hopsIn(r.Message.State)+1) + `,"len":` + strconv.Itoa(len(r.Message.Payload)) + `}`
 				}
+				if moveClaims && items[i].To != core.TargetDone {
+					items[i].Claim, items[i].LineMax = true, lineMax
+				}
 			}
 			op++
 			cmds = append(cmds, core.Resolve{Op: op, Items: items})
@@ -105,7 +117,14 @@ func benchPipeline(b *testing.B, message bool) {
 				b.Fatalf("step: %s", msg)
 			}
 			if c, ok := ev.(core.Claimed); ok {
-				got = c.Rows
+				got = append(got, c.Rows...)
+			}
+			if r, ok := ev.(core.Resolved); ok {
+				for _, o := range r.Outcomes {
+					if o.Status == core.StatusRunning {
+						got = append(got, core.Row{ID: o.ID, Stage: o.Stage, Attempts: o.Attempts, Message: o.Message})
+					}
+				}
 			}
 		}
 		for _, r := range got {

@@ -269,6 +269,9 @@ func claim(c core.Claim) statement {
 //   - move (a transition the stage answered): straight to what the row becomes
 //     next, one row version: pending at the target stage, done, or paused with
 //     the item's timeout; the patch, if any, merged into state (state || patch);
+//     with the item's claim ($9, core.Item.Claim) running at the target stage
+//     instead of pending (a move that claims: the dispatcher holds it for that
+//     stage from here, and the hop costs one row version, not two);
 //   - retry (an answer 75 with retries left): paused with the item's timeout,
 //     attempts + 1, the reason in state.dispatch_error.
 //
@@ -277,7 +280,10 @@ func claim(c core.Claim) statement {
 // requeue of a row its stage advanced).
 //
 // It returns one row per item, in item order, with the row as it is after the
-// statement, and whether the guard matched. The UPDATE's effects are invisible to
+// statement, and whether the guard matched; for a move that claimed, also its
+// attempts and, when the item's line_max ($10, core.Item.LineMax) is set, its
+// state (after the patch: RETURNING shows the new version) and payload, read
+// as claimSQL reads them for an INPUT = message stage. The UPDATE's effects are invisible to
 // a plain read of pepsi.queue in the same statement, so updated rows are reported
 // from RETURNING and the others from the table; the guard is read from "o", the
 // same row joined as the statement's snapshot saw it (RETURNING shows only the
@@ -308,16 +314,18 @@ func claim(c core.Claim) statement {
 // would stop the dispatcher, so such a state is wrapped as {"state": <old>, …}.
 const resolveSQL = `
 WITH item AS (
-	SELECT t.id, t.stage, t.verdict, t.reason, t.target, t.until, t.patch, t.ord,
+	SELECT t.id, t.stage, t.verdict, t.reason, t.target, t.until, t.patch, t.claim, t.line_max, t.ord,
 	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok
-	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::text[])
-	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, ord)
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::text[],
+	            $9::bool[], $10::int[])
+	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, claim, line_max, ord)
 ), decided AS (
 	SELECT item.*, o.stage AS seen_stage, o.stage = item.stage AS matched,
 	       CASE
 	           WHEN o.stage <> item.stage THEN 'pending'
 	           WHEN item.verdict = 'move' THEN
-	               CASE item.target WHEN 'done' THEN 'done' WHEN 'paused' THEN 'paused' ELSE 'pending' END
+	               CASE item.target WHEN 'done' THEN 'done' WHEN 'paused' THEN 'paused'
+	                   ELSE CASE WHEN item.claim THEN 'running' ELSE 'pending' END END
 	           WHEN item.verdict = 'fail' THEN 'failed'
 	           WHEN item.verdict = 'timeout' THEN 'timeout'
 	           WHEN item.verdict = 'answered' THEN CASE WHEN item.epoch_ok THEN 'failed' ELSE 'pending' END
@@ -349,14 +357,20 @@ WITH item AS (
 		updated_at = now()
 	FROM decided d
 	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
-	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched
+	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched,
+		d.matched AND d.claim AS claimed, q.attempts,
+		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN q.state::text END AS msg_state,
+		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
+		CASE WHEN d.matched AND d.claim AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload
 )
 SELECT item.id,
        coalesce(u.stage, q.stage, ''),
        coalesce(u.status, q.status, ''),
        CASE WHEN u.ingress_id IS NOT NULL THEN u.timeout ELSE q.timeout END,
        coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.error END, ''),
-       coalesce(u.matched, false)
+       coalesce(u.matched, false),
+       CASE WHEN u.claimed THEN u.attempts ELSE 0 END,
+       u.msg_state, u.payload_size, u.payload
 FROM item
 LEFT JOIN updated u ON u.ingress_id = item.id
 LEFT JOIN LATERAL (
@@ -370,9 +384,11 @@ func resolve(c core.Resolve) statement {
 	n := len(c.Items)
 	ids, stages, verdicts, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	targets, untils, patches := make([]string, n), make([]*time.Time, n), make([]string, n)
+	claims, lineMaxes := make([]bool, n), make([]int32, n)
 	for i, it := range c.Items {
 		ids[i], stages[i], verdicts[i], reasons[i], epochs[i] = it.ID, it.Stage, string(it.Verdict), it.Reason, it.Epoch
 		targets[i], patches[i] = it.To, it.Patch
+		claims[i], lineMaxes[i] = it.Claim, int32(min(max(it.LineMax, 0), 1<<30))
 		if !it.Until.IsZero() {
 			untils[i] = &c.Items[i].Until
 		}
@@ -380,7 +396,7 @@ func resolve(c core.Resolve) statement {
 	return statement{
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
-			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches)
+			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
@@ -390,8 +406,14 @@ func resolve(c core.Resolve) statement {
 			outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Outcome, error) {
 				var o core.Outcome
 				var timeout *time.Time
-				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched); err != nil {
+				var state *string
+				var size *int32
+				var payload []byte
+				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload); err != nil {
 					return o, err
+				}
+				if state != nil && size != nil {
+					o.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
 				}
 				// The timeout column keeps its last value after a wake; it means
 				// something only while the row is paused.

@@ -461,6 +461,9 @@ func (q *Queue) write(r *Row, it core.Item) {
 				r.Attempts = 0
 			}
 			r.Stage, r.Status = it.To, core.StatusPending
+			if it.Claim {
+				r.Status = core.StatusRunning // a move that claims
+			}
 		}
 		if it.Patch != "" {
 			r.State = merge(r.State, it.Patch)
@@ -557,6 +560,8 @@ func (q *Queue) claim(c core.Claim) core.Event {
 
 // resolve writes each item under its guard (status running at the item's
 // stage), reporting every row as it is after, or as a racing commit left it.
+// A move with Claim that matches writes the row running at its target and
+// reports it as a claim would (its attempts, and its message with LineMax).
 func (q *Queue) resolve(c core.Resolve) core.Event {
 	out := make([]core.Outcome, 0, len(c.Items))
 	for _, it := range c.Items {
@@ -592,6 +597,13 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
 		if r.Status == core.StatusPaused {
 			o.Timeout = r.Timeout
+		}
+		if matched && it.Claim {
+			// Moved and claimed: read as a claim reads the row.
+			o.Attempts = r.Attempts
+			if it.LineMax > 0 {
+				o.Message = r.message(it.LineMax)
+			}
 		}
 		out = append(out, o)
 	}

@@ -61,7 +61,7 @@ var mutants = []mutant{
 		"\t\tkeep = nil"),
 	{name: "reset-keeps-unsure-rows", rule: "no-stale-verdict", bug: "the reset after a lost claim keeps rows whose resolve may have applied",
 		old: "keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
-		new: "keep := c.held()", regress: []uint64{26}},
+		new: "keep := c.held()", regress: []uint64{14}},
 	mut("lost-claim-not-reset", "exit", "rows a lost claim may have taken are never reset",
 		"c.needReset = c.needReset || !e.Aborted\n",
 		""),
@@ -77,8 +77,8 @@ var mutants = []mutant{
 		"len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset {\n\t\tcode = 1",
 		"len(c.resendFlushes) > 0 || c.hasDeltas() {\n\t\tcode = 1"),
 	mut("wake-only-on-heartbeat", "wake-due", "paused rows are woken at the next heartbeat, not at their timeout",
-		"if c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused))) {",
-		"if c.shutdown == 0 && c.wakeDue {"),
+		"waking := c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused)))",
+		"waking := c.shutdown == 0 && c.wakeDue"),
 	mut("shutdown-forgets-backlog", "exit", "claimed rows not yet handed out are not reset at shutdown",
 		"\t\tfor _, st := range c.stages {\n\t\t\tc.requeue(st, st.backlog)\n\t\t\tst.backlog = nil\n\t\t}\n\tcase 1:",
 		"\tcase 1:"),
@@ -111,7 +111,9 @@ var mutants = []mutant{
 	mut("grace-timer-forgotten", "stop-grace-due", "no timer for STOP_GRACE: a stuck worker is killed late",
 		"at(w.stopBy)", "_ = w.stopBy"),
 	// Promptness: work the core was told of is claimed in that step.
-	mut("ingress-during-claim-forgotten", "promptness", "a notification that came while a claim was outstanding is forgotten",
+	// (Since moves claim, the first to suffer is a move that overtakes the
+	// rows the notification announced: rule move-claims.)
+	mut("ingress-during-claim-forgotten", "move-claims", "a notification that came while a claim was outstanding is forgotten",
 		"st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen",
 		"st.maybeMore = got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)"),
 	mut("cooldown-kept-after-answer", "promptness", "a stage stays cooled down after its program answered",
@@ -166,7 +168,9 @@ var mutants = []mutant{
 	mut("answered-pass-not-processed", "flush-not-late", "a pass that answered its transition is not counted as processed",
 		"\tc.stat(name).Processed++\n\tc.passes++\n\tit := Item{", "\tc.passes++\n\tit := Item{"),
 	// The gate: producers notify only while the dispatcher waits.
-	mut("rest-without-last-look", "promptness", "the core takes the gate and sleeps without looking once more",
+	// (Since moves claim, the first to suffer is often a move that overtakes
+	// the rows the look would have found: rule move-claims.)
+	mut("rest-without-last-look", "move-claims", "the core takes the gate and sleeps without looking once more",
 		"c.restRetry = 0\n\t}\n\tc.ingressGen++\n\tc.lookAll()\n}",
 		"c.restRetry = 0\n\t}\n\tc.ingressGen++\n}"),
 	mut("never-rests", "no-wait-for-heartbeat", "the core never declares itself waiting, so producers never notify",
@@ -253,4 +257,18 @@ var mutants = []mutant{
 		"return strings.ContainsRune(\"{[\\\"\", rune(f[0])) || json.Valid([]byte(f))", "return f[0] == '{'"),
 	mut("no-look-while-asking", "rate-token-due", "while the gate's Rest is outstanding the core never looks again: a rated stage's next token, and rows committed without NOTIFY, wait for the gate",
 		"if c.gate != gateAsking || c.now.Before(c.askLookAt) {", "if true {"),
+	// A move that claims (core/moveclaim.go).
+	mut("move-claim-without-room", "move-claims", "a move claims its row at the next stage whether or not the stage has room",
+		"if !c.mayClaimMoves(st, items) || c.capacity(st)-st.known <= 0 {", "if !c.mayClaimMoves(st, items) {"),
+	mut("move-claim-not-reserved", "claim-bounds", "the room a move that claims takes is not reserved: the same transaction's claim asks for it too",
+		"\t\tst.reserved++\n", ""),
+	mut("move-claim-overtakes", "move-claims", "a move claims at a stage where rows may be pending, overtaking them",
+		"if st.rate != nil || !st.dry {", "if st.rate != nil {"),
+	mut("move-claim-ignores-rate", "rate", "a move claims at a stage with a RATE, which its bucket does not count",
+		"if st.rate != nil || !st.dry {", "if !st.dry {"),
+	mut("move-claimed-taken-for-a-race", "item-for-held", "a row its resolve moved and claimed is taken for a row a late commit changed, and resolved again",
+		"if o.Status == StatusRunning && it.Claim && o.Matched {", "if false {"),
+	{name: "move-claim-resent-claiming", rule: "move-claims", bug: "a move owed again (its reply lost, or its row changed by a racing commit) is re-sent still claiming, on a row it may have moved already",
+		old: "items[i].Claim, items[i].LineMax = false, 0\n\t}\n\tif c.shutdown > 0 || noClaims {", new: "_ = items[i]\n\t}\n\tif c.shutdown > 0 || noClaims {",
+		more: []patch{{"items[i].Claim, items[i].LineMax = false, 0\n\t\t\tclaimed = true", "claimed = true"}}},
 }

@@ -91,6 +91,8 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ResolveMergesAnAnsweredStatePatchAtTheTopLevel", testMovePatch},
 		{"ResolveOfAnAnsweredTransitionWritesNothingOnAGuardMiss", testMoveGuardMiss},
 		{"ResolveMixesAnsweredTransitionsWithBareAnswers", testMoveMixed},
+		{"AMoveThatClaimsWritesTheRowRunningAtItsTarget", testMoveClaim},
+		{"AMoveThatClaimsReadsTheMessageAfterItsPatch", testMoveClaimMessage},
 		{"ResolveRetryPausesTheRowAtItsStageAndCountsTheAttempt", testRetry},
 		{"AttemptsAreZeroAgainAfterEveryMoveToAnotherStage", testRetryResetOnMove},
 		{"AStageThatAdvancesItsRowItselfLeavesNoAttemptsForTheResetToKeep", testRetryResetOnStageMove},
@@ -756,6 +758,65 @@ func testMoveMixed(t *testing.T, h Harness) {
 	})
 }
 
+// testMoveClaim: a move with Claim that matches writes its row running at the
+// target (one row version), reports it running, Matched, with its attempts; a
+// claim does not take it and a reset that does not keep it makes it pending. A
+// claiming move whose guard misses writes nothing, as any move.
+func testMoveClaim(t *testing.T, h Harness) {
+	retried := h.Insert(t, "a", 1)[0]
+	retryOnce(t, h, retried, "a", 0, base, "later") // attempts 1 at a
+	wakeAt(t, h, base)
+	ids := append(h.Insert(t, "a", 3), retried)
+	claimRows(t, h, core.Cap{Stage: "a", N: 4})
+	h.Stage(t, ids[2], "a", "c", core.StatusRunning, time.Time{})
+	claiming := func(it core.Item) core.Item { it.Claim = true; return it }
+	got := resolve(t, h, claiming(move(ids[0], "a", "b")), move(ids[1], "a", "b"),
+		claiming(move(ids[2], "a", "b")), claiming(move(ids[3], "a", "a")))
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "b", Status: core.StatusRunning, Matched: true},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending, Matched: true},
+		{ID: ids[2], Stage: "c", Status: core.StatusPending},
+		{ID: ids[3], Stage: "a", Status: core.StatusRunning, Matched: true, Attempts: 1}, // the same stage: attempts stay
+	})
+	wantRowError(t, h, ids[0], "b", core.StatusRunning, "")
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 5}); !slices.Equal(rows, rowsAt("b", ids[1])) {
+		t.Fatalf("claim at b after the moves = %v, want only row %d (row %d is running already)", rows, ids[1], ids[0])
+	}
+	if r := resetOrphans(t, h, ids[1], ids[3]); r.Count != 1 {
+		t.Fatalf("reset keeping %d, %d = count %d, want 1 (row %d, which no one holds)", ids[1], ids[3], r.Count, ids[0])
+	}
+	wantRowError(t, h, ids[0], "b", core.StatusPending, "")
+}
+
+// testMoveClaimMessage: a claiming move with LineMax reads the row as a claim
+// for an INPUT = message stage does, after the patch it merged: its state and
+// payload, or only the size of a payload over LineMax.
+func testMoveClaimMessage(t *testing.T, h Harness) {
+	small := h.InsertMessage(t, "a", `{"a": "x"}`, []byte("héllo"))
+	big := h.InsertMessage(t, "a", `{}`, bytes.Repeat([]byte("x"), 2000))
+	plain := h.InsertMessage(t, "a", `{}`, []byte("p"))
+	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	first := move(small, "a", "m")
+	first.Claim, first.LineMax, first.Patch = true, 1024, `{"n":2}`
+	second := move(big, "a", "m")
+	second.Claim, second.LineMax = true, 1024
+	third := move(plain, "a", "i")
+	third.Claim = true // to a stage whose INPUT is id: no message read
+	got := resolve(t, h, first, second, third)
+	if len(got) != 3 {
+		t.Fatalf("outcomes %v, want 3", got)
+	}
+	if g, want := messageText(t, got[0].Message), `{state={"a":"x","n":2} payload=6:"héllo"}`; g != want {
+		t.Errorf("row %d: message %s, want %s (the state after the patch)", small, g, want)
+	}
+	if m := got[1].Message; m == nil || m.PayloadSize != 2000 || m.Payload != nil {
+		t.Errorf("row %d: message %+v, want its size 2000 and no payload", big, m)
+	}
+	if got[2].Message != nil || got[2].Status != core.StatusRunning {
+		t.Errorf("row %d: outcome %v, want running at i and no message", plain, got[2])
+	}
+}
+
 // ---- Wake ----
 
 func testWake(t *testing.T, h Harness) {
@@ -997,7 +1058,7 @@ func wantOutcomes(t *testing.T, got, want []core.Outcome) {
 	for i := 0; same && i < len(got); i++ {
 		g, w := got[i], want[i]
 		same = g.ID == w.ID && g.Stage == w.Stage && g.Status == w.Status && g.Timeout.Equal(w.Timeout) && g.Error == w.Error &&
-			g.Matched == w.Matched
+			g.Matched == w.Matched && g.Attempts == w.Attempts && (g.Message == nil) == (w.Message == nil)
 	}
 	if !same {
 		t.Fatalf("outcomes:\n got  %s\n want %s", outcomesText(got), outcomesText(want))

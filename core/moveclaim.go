@@ -1,0 +1,133 @@
+// A move that claims: the resolve of a transition a stage answered ("0 >b")
+// writes the row straight to running at b, and the core holds it for b as if
+// a claim had returned it. One row version per hop instead of two (the
+// resolve's running at a → pending at b, and the next claim's pending at b →
+// running at b); docs/performance.md, "A move that claims".
+
+package core
+
+import (
+	"slices"
+
+	"github.com/pepsi-pipeline/pepsi/core/conf"
+)
+
+// claimMoves decides, as the step's transaction is built, which Move items of
+// items also claim their row at their target stage (Item.Claim), and reserves
+// the target's room for them until the outcomes come (stage.reserved). A move
+// to stage b claims when:
+//   - no shutdown is under way, and the transaction neither resets orphans
+//     nor wakes paused rows (noClaims: either may make rows pending anywhere);
+//   - b has no RATE: its bucket counts the claims it sends and their results
+//     (see bucket), and a stage held by its rate gains nothing from a faster
+//     hop, so its rows go pending and its claims take them under the rate;
+//   - the core knows of every row pending at b (stage.dry: b's last claim
+//     emptied it and since then only the core's own resolves left rows
+//     pending there, stage.known of them), and b has room for the move beyond
+//     those rows: capacity (what b holds, its backlog, what is reserved
+//     already) less known. The same transaction's claim of b, sent after the
+//     resolve with the room left, then takes every such row, in ingress_id
+//     order, so no move overtakes a row the core knows is pending at b;
+//   - no other item of this resolve gives a row back to b (a requeue) or may
+//     leave one pending there that the core cannot count (a re-sent item
+//     whose first send may have applied, a row a late commit changed), and
+//     the item itself is not such an item.
+//
+// The candidates are taken in ingress_id order, so that when b's room runs out
+// the moves left pending at b are all younger than the ones claimed. Rows a
+// stage moves itself (a bare 0) are known only from their outcome: such a row
+// may be overtaken by the moves of one transaction.
+func (c *Core) claimMoves(items []Item, noClaims bool) {
+	for i := range items {
+		// Decided anew for each send: an item owed again (a raced one) may
+		// carry the claim of its last send.
+		items[i].Claim, items[i].LineMax = false, 0
+	}
+	if c.shutdown > 0 || noClaims {
+		return
+	}
+	var cand []int
+	for i, it := range items {
+		if it.Verdict == Move && c.byName[it.To] != nil && !c.unsure[it.ID] && c.races[it.ID] == 0 {
+			cand = append(cand, i)
+		}
+	}
+	slices.SortFunc(cand, func(a, b int) int { return compareIDs(items[a].ID, items[b].ID) })
+	for _, i := range cand {
+		st := c.byName[items[i].To]
+		if !c.mayClaimMoves(st, items) || c.capacity(st)-st.known <= 0 {
+			continue
+		}
+		items[i].Claim = true
+		if st.cfg.Input == conf.InputMessage {
+			items[i].LineMax = c.cfg.LineMax
+		}
+		st.reserved++
+	}
+}
+
+// mayClaimMoves reports whether moves to st may claim, given the other items
+// of the same resolve (see claimMoves).
+func (c *Core) mayClaimMoves(st *stage, items []Item) bool {
+	if st.rate != nil || !st.dry {
+		return false
+	}
+	name := st.cfg.Name
+	for _, it := range items {
+		switch {
+		case it.Verdict == Requeue && it.Stage == name:
+			return false
+		case it.Verdict == Move && it.To == name && (c.unsure[it.ID] || c.races[it.ID] > 0):
+			return false
+		}
+	}
+	return true
+}
+
+// unclaimMoves is for a resolve whose transaction failed: its items are owed
+// again without their claims (the next transaction decides anew), and the room
+// reserved for them is given back. claimed reports whether any item claimed.
+func (c *Core) unclaimMoves(sent []Item) (items []Item, claimed bool) {
+	items = slices.Clone(sent)
+	for i := range items {
+		if items[i].Claim {
+			c.byName[items[i].To].reserved--
+			items[i].Claim, items[i].LineMax = false, 0
+			claimed = true
+		}
+	}
+	return items, claimed
+}
+
+// movedClaimed takes in a row its resolve moved and claimed (Outcome running at
+// the item's To, Matched): the core holds it for To exactly as if a Claim had
+// returned it. Its epoch is the last claim's: the crash sentinel that still
+// holds it then has not lost a commit since this write either, and one that
+// does not makes a bare 0 run again rather than fail (see Answered).
+func (c *Core) movedClaimed(it Item, o Outcome) {
+	st := c.byName[it.To]
+	if c.shutdown > 0 {
+		c.requeue(st, []msg{{id: o.ID}})
+		return
+	}
+	var line string
+	if st.cfg.Input == conf.InputMessage {
+		var why string
+		line, why = MessageLine(Row{ID: o.ID, Stage: st.cfg.Name, Attempts: o.Attempts, Message: o.Message}, c.cfg.LineMax)
+		if why != "" {
+			c.owe(Item{ID: o.ID, Stage: st.cfg.Name, Verdict: Fail, Reason: why})
+			return
+		}
+	}
+	st.backlog = append(st.backlog, msg{id: o.ID, epoch: c.epoch, attempts: o.Attempts, line: line})
+}
+
+func compareIDs(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
