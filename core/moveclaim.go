@@ -7,6 +7,7 @@
 package core
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
@@ -52,10 +53,11 @@ func (c *Core) claimMoves(items []Item, noClaims bool) {
 			cand = append(cand, i)
 		}
 	}
-	slices.SortFunc(cand, func(a, b int) int { return compareIDs(items[a].ID, items[b].ID) })
+	slices.SortFunc(cand, func(a, b int) int { return cmp.Compare(items[a].ID, items[b].ID) })
+	blocked := movesBlocked(items, c.unsure, c.races)
 	for _, i := range cand {
 		st := c.byName[items[i].To]
-		if !c.mayClaimMoves(st, items) || c.capacity(st)-st.known <= 0 {
+		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
 			continue
 		}
 		items[i].Claim = true
@@ -66,22 +68,32 @@ func (c *Core) claimMoves(items []Item, noClaims bool) {
 	}
 }
 
-// mayClaimMoves reports whether moves to st may claim, given the other items
-// of the same resolve (see claimMoves).
-func (c *Core) mayClaimMoves(st *stage, items []Item) bool {
+// mayClaimMoves reports whether moves to st may claim, given the stages the
+// other items of the same resolve block (see claimMoves, movesBlocked).
+func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
 	if st.rate != nil || !st.dry {
 		return false
 	}
-	name := st.cfg.Name
+	return !blocked[st.cfg.Name]
+}
+
+// movesBlocked names the stages to which no move of items may claim: one an
+// item gives a row back to (a requeue), or one a move goes to that may leave
+// its row pending there uncounted (a re-sent item whose first send may have
+// applied, a row a late commit changed). One pass, so that a resolve of n
+// items costs n, not n² (a stage of PARALLELISM 16 and QUEUE_LIMIT 1000 sends
+// resolves of thousands).
+func movesBlocked(items []Item, unsure map[int64]bool, races map[int64]int) map[string]bool {
+	blocked := map[string]bool{}
 	for _, it := range items {
 		switch {
-		case it.Verdict == Requeue && it.Stage == name:
-			return false
-		case it.Verdict == Move && it.To == name && (c.unsure[it.ID] || c.races[it.ID] > 0):
-			return false
+		case it.Verdict == Requeue:
+			blocked[it.Stage] = true
+		case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0):
+			blocked[it.To] = true
 		}
 	}
-	return true
+	return blocked
 }
 
 // unclaimMoves is for a resolve whose transaction failed: its items are owed
@@ -120,14 +132,4 @@ func (c *Core) movedClaimed(it Item, o Outcome) {
 		}
 	}
 	st.backlog = append(st.backlog, msg{id: o.ID, epoch: c.epoch, attempts: o.Attempts, line: line})
-}
-
-func compareIDs(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -15,7 +15,7 @@ import (
 // allowedImports are the only packages the core may use: none does I/O, reads the
 // clock or starts goroutines by itself.
 var allowedImports = map[string]bool{
-	"bufio": true, "bytes": true, "encoding/base64": true, "encoding/json": true, "errors": true, "fmt": true, "maps": true, "math": true,
+	"bufio": true, "cmp": true, "bytes": true, "encoding/base64": true, "encoding/json": true, "errors": true, "fmt": true, "maps": true, "math": true,
 	"slices": true, "sort": true, "strconv": true, "strings": true, "time": true,
 	"unicode": true, "unicode/utf8": true,
 	"github.com/pepsi-pipeline/pepsi/core":      true,

@@ -259,7 +259,7 @@ var mutants = []mutant{
 		"if c.gate != gateAsking || c.now.Before(c.askLookAt) {", "if true {"),
 	// A move that claims (core/moveclaim.go).
 	mut("move-claim-without-room", "move-claims", "a move claims its row at the next stage whether or not the stage has room",
-		"if !c.mayClaimMoves(st, items) || c.capacity(st)-st.known <= 0 {", "if !c.mayClaimMoves(st, items) {"),
+		"if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {", "if !c.mayClaimMoves(st, blocked) {"),
 	mut("move-claim-not-reserved", "claim-bounds", "the room a move that claims takes is not reserved: the same transaction's claim asks for it too",
 		"\t\tst.reserved++\n", ""),
 	mut("move-claim-overtakes", "move-claims", "a move claims at a stage where rows may be pending, overtaking them",
