@@ -32,7 +32,7 @@ var mutants = []mutant{
 	mut("timeout-head-failed", "item-verdict", "the head the watchdog killed is failed instead of timed out",
 		"c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut,",
 		"c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,"),
-	mut("start-failure-is-a-crash", "item-verdict", "a worker that dies at start fails its head instead of cooling down",
+	mut("start-failure-is-a-crash", "cooldown", "a worker that dies at start fails its head instead of cooling down",
 		"if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {",
 		"if false {"),
 	mut("protocol-error-ignored", "reap-only-idle", "a line that is not a status line counts as success",
@@ -116,7 +116,7 @@ var mutants = []mutant{
 	mut("ingress-during-claim-forgotten", "move-claims", "a notification that came while a claim was outstanding is forgotten",
 		"st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen",
 		"st.maybeMore = got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)"),
-	mut("cooldown-kept-after-answer", "promptness", "a stage stays cooled down after its program answered",
+	mut("cooldown-kept-after-answer", "spawn-when-needed", "a stage stays cooled down after its program answered",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
 	// Rules the checker holds at each command.
 	mut("watchdog-during-outage", "watchdog", "the watchdog kills while the core knows the database is down",
