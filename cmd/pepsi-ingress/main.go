@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 		listen      = fs.String("listen", "", "`ADDRESS` (host:port) to listen on; overrides LISTEN")
 		batchMax    = fs.Int("batch-max", ingress.BatchMaxDefault, "the most messages of one transaction (group commit)")
 		batchWait   = fs.Duration("batch-wait", ingress.BatchWaitDefault, "the longest a request waits for others to share its transaction")
-		batchIdle   = fs.Duration("batch-idle", ingress.BatchIdleDefault, "with no other transaction in flight, a batch commits once no request has arrived for this long (0: it waits the whole -batch-wait)")
+		batchIdle   = fs.Duration("batch-idle", ingress.BatchIdleDefault, "with no other transaction in flight, a batch commits once no request has arrived for this long (0: at once; -batch-wait or more: it waits the whole -batch-wait)")
 		committers  = fs.Int("committers", ingress.CommittersDefault, "transactions in flight at once, each on its own connection")
 		lineMax     = fs.Int("max-line", ingress.LineMaxDefault, "the most bytes of one message (an NDJSON line, or a JSON body)")
 		msgsMax     = fs.Int("max-messages", ingress.MessagesMaxDefault, "the most messages of one request")

@@ -226,7 +226,7 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 func TestSIGTERMFinishesTheRequestsInFlightAndExits0(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewMigrated(t)
-	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"), "-batch-wait", "1s", "-batch-idle", "0")
+	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"), "-batch-wait", "1s", "-batch-idle", "1s")
 	// The request is written whole on a connection of its own before the
 	// signal: the server has the connection, so shutdown must wait for it.
 	c, err := net.Dial("tcp", p.addr)

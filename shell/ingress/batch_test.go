@@ -95,8 +95,26 @@ func opposite(t *testing.T, more int) {
 // longer than the idle time.
 func TestABatchClosesWhenIdleUnlessAnotherCommits(t *testing.T) {
 	t.Parallel()
+	batchesWhileAnotherCommits(t, time.Millisecond)
+}
+
+// TestABatchCommitsAtOnceUnlessAnotherCommits: the same with the default idle
+// time, none: the lone request commits at once, with nothing in flight, and
+// the three that arrive while it is held share one batch, which commits when
+// it ends (not after the minute of the batch wait).
+func TestABatchCommitsAtOnceUnlessAnotherCommits(t *testing.T) {
+	t.Parallel()
+	if ingress.BatchIdleDefault != 0 {
+		t.Fatalf("BatchIdleDefault %s; this test is of the default, no idle time", ingress.BatchIdleDefault)
+	}
+	batchesWhileAnotherCommits(t, ingress.BatchIdleDefault)
+}
+
+// batchesWhileAnotherCommits runs the scenario of the two tests above with a
+// batch wait of a minute and the idle time idle.
+func batchesWhileAnotherCommits(t *testing.T, idle time.Duration) {
 	f := start(t, "", func(o *ingress.Options) {
-		o.BatchWait, o.BatchIdle, o.Committers = time.Minute, time.Millisecond, 2
+		o.BatchWait, o.BatchIdle, o.Committers = time.Minute, idle, 2
 	})
 	ctx := context.Background()
 	producer := pgtest.Connect(t, f.url)

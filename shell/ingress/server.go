@@ -59,7 +59,8 @@ type Options struct {
 	MaxPending      int64
 	PendingInterval time.Duration
 	// BatchMax, BatchWait, BatchIdle and Committers shape the group commit;
-	// a BatchIdle of 0 has every batch gather for the whole BatchWait.
+	// a BatchIdle of 0 has a batch commit as soon as no other is in flight,
+	// one of BatchWait or more has every batch gather for the whole BatchWait.
 	BatchMax   int
 	BatchWait  time.Duration
 	BatchIdle  time.Duration
