@@ -40,23 +40,35 @@ func TestAStepInDoubtEndsBeforeTheFailureIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	waiting := func() int {
+		t.Helper()
+		var n int
+		err := blocker.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	evs := h.Exec(tctx, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	done := make(chan []core.Event, 1)
+	go func() { done <- h.Exec(cctx, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}}) }()
+	for deadline := time.Now().Add(30 * time.Second); waiting() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never waited for the row")
+		}
+	}
+	cancel()
+	evs := <-done
 	if errText(evs[0]) == "" {
 		t.Fatalf("claim %v; want it to fail: its context ended while it waited for the row", evs)
 	}
 	if evs[0].(core.Claimed).Aborted {
 		t.Fatalf("claim %v; want it in doubt (not Aborted): no answer came", evs)
 	}
-	var waiting int
-	err = blocker.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if waiting != 0 {
-		t.Fatalf("after the failed claim was reported, %d sessions still wait for the row; want its session ended", waiting)
+	if n := waiting(); n != 0 {
+		t.Fatalf("after the failed claim was reported, %d sessions still wait for the row; want its session ended", n)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
