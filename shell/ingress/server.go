@@ -426,6 +426,10 @@ func HTTPServer(s *Server, t Timeouts, errorLog *slog.Logger) *fasthttp.Server {
 		ReadBufferSize:     headerMax,
 		MaxRequestBodySize: int(min(s.o.Limits.Body, math.MaxInt32)),
 		StreamRequestBody:  true,
+		// An idle keep-alive connection gives its buffers back to a pool:
+		// about 18 kB each instead of 22 (docs/performance.md), at no
+		// measurable CPU cost. Webhook senders keep many connections idle.
+		ReduceMemoryUsage: true,
 		// net/http sent no Server header; a request in flight at shutdown is
 		// answered with Connection: close.
 		NoDefaultServerHeader: true,
