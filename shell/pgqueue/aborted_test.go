@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // aborted says whether a failed step's Claimed and Resolved results say the
@@ -51,19 +50,8 @@ func TestASessionEndedBeforeTheCommitIsReportedAborted(t *testing.T) {
 	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 2}}}})
 	ctx := context.Background()
 	// Another session holds the row the resolve writes, so the step waits there.
-	blocker, err := pgx.Connect(ctx, h.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
-	tx, err := blocker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, ids[1]); err != nil {
-		t.Fatal(err)
-	}
+	lockRow(t, h.url, ids[1])
+	blocker := pgtest.Connect(t, h.url)
 
 	done := make(chan []core.Event, 1)
 	go func() { done <- h.Exec(ctx, cmds(2)) }()

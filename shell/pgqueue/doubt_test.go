@@ -13,6 +13,61 @@ import (
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 )
 
+// lockRow holds row id locked (SELECT … FOR UPDATE) in a transaction on a
+// connection of its own, until the returned release (or the test's end).
+func lockRow(t *testing.T, url string, id int64) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pgtest.Connect(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// rowLockWaiters counts the sessions of conn's database that wait for a lock
+// (a row lock, in these tests).
+func rowLockWaiters(t *testing.T, conn *pgx.Conn) int {
+	t.Helper()
+	var n int
+	err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// untilWaiting waits until a session of conn's database waits for a lock.
+func untilWaiting(t *testing.T, conn *pgx.Conn, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); rowLockWaiters(t, conn) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never waited for the row", what)
+		}
+	}
+}
+
+// rowStatusLater is row id's status 200 ms after the lock on it was let go:
+// time enough for a session still waiting for it to take it.
+func rowStatusLater(t *testing.T, conn *pgx.Conn, id int64) string {
+	t.Helper()
+	time.Sleep(200 * time.Millisecond)
+	var status string
+	if err := conn.QueryRow(context.Background(), `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	return status
+}
+
 // A step whose reply is lost while its transaction still runs in the server
 // (here: its claim waits for a row another session holds, and the step's
 // context ends) must not be able to commit later, after the core has sent the
@@ -25,40 +80,14 @@ func TestAStepInDoubtEndsBeforeTheFailureIsReported(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ids := h.Insert(t, "a", 1)
-	ctx := context.Background()
-	blocker, err := pgx.Connect(ctx, h.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
-	tx, err := blocker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, ids[0]); err != nil {
-		t.Fatal(err)
-	}
+	release := lockRow(t, h.url, ids[0])
+	observer := pgtest.Connect(t, h.url)
 
-	waiting := func() int {
-		t.Helper()
-		var n int
-		err := blocker.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	cctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan []core.Event, 1)
-	go func() { done <- h.Exec(cctx, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}}) }()
-	for deadline := time.Now().Add(30 * time.Second); waiting() == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never waited for the row")
-		}
-	}
+	go func() { done <- h.Exec(ctx, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}}) }()
+	untilWaiting(t, observer, "the claim")
 	cancel()
 	evs := <-done
 	if errText(evs[0]) == "" {
@@ -67,56 +96,30 @@ func TestAStepInDoubtEndsBeforeTheFailureIsReported(t *testing.T) {
 	if evs[0].(core.Claimed).Aborted {
 		t.Fatalf("claim %v; want it in doubt (not Aborted): no answer came", evs)
 	}
-	if n := waiting(); n != 0 {
+	if n := rowLockWaiters(t, observer); n != 0 {
 		t.Fatalf("after the failed claim was reported, %d sessions still wait for the row; want its session ended", n)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Had the claim's session lived on, it would now take the row; give it the
-	// time to, then look.
-	time.Sleep(200 * time.Millisecond)
-	var status string
-	if err := blocker.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, ids[0]).Scan(&status); err != nil {
-		t.Fatal(err)
-	}
-	if status != "pending" {
+	release()
+	if status := rowStatusLater(t, observer, ids[0]); status != "pending" {
 		t.Errorf("row %d is %s after the claim in doubt was reported failed; want pending (the claim never commits)", ids[0], status)
 	}
 }
 
 // When the session of a step in doubt cannot be ended at once (the server
-// cannot be reached), no transaction is sent until it is: the next step fails as not
-// sent (Aborted, so the core knows it changed nothing), and once the network
-// heals, the next step first ends the old session, which then never commits.
+// cannot be reached), no transaction is sent until it is: the next step fails
+// as not sent (Aborted, so the core knows it changed nothing), and once the
+// network heals, the next step first ends the old session, which then never
+// commits.
 func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
-	direct := pgtest.Connect(t, url)
+	observer := pgtest.Connect(t, url)
 	ctx := context.Background()
 	var id int64
-	if err := direct.QueryRow(ctx, `INSERT INTO pepsi.queue (stage) VALUES ('a') RETURNING ingress_id`).Scan(&id); err != nil {
+	if err := observer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage) VALUES ('a') RETURNING ingress_id`).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := direct.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, id); err != nil {
-		t.Fatal(err)
-	}
-	observer := pgtest.Connect(t, url)
-	waiting := func() int {
-		t.Helper()
-		var n int
-		err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	release := lockRow(t, url, id)
 
 	cfg, p := viaProxy(t, url)
 	cfg.ConnectTimeout = 300 * time.Millisecond
@@ -141,11 +144,7 @@ func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 
 	done := make(chan core.Claimed, 1)
 	go func() { done <- claim(1, "a", 30*time.Second) }()
-	for deadline := time.Now().Add(30 * time.Second); waiting() == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never waited for the row")
-		}
-	}
+	untilWaiting(t, observer, "the claim")
 	// The connection breaks; the server does not notice (its session waits
 	// for the lock, not for the client), and no new connection gets through.
 	p.Refuse()
@@ -156,25 +155,18 @@ func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 	if ev := claim(3, "b", time.Second); ev.Err == "" || !ev.Aborted {
 		t.Fatalf("claim while the session in doubt lives: %+v; want failed and Aborted (not sent)", ev)
 	}
-	if n := waiting(); n != 1 {
+	if n := rowLockWaiters(t, observer); n != 1 {
 		t.Fatalf("%d sessions wait for the row while the server cannot be reached; want the one in doubt", n)
 	}
 	p.Heal()
 	if ev := claim(5, "b", 10*time.Second); ev.Err != "" {
 		t.Fatalf("claim once the network healed: %+v; want it to run", ev)
 	}
-	if n := waiting(); n != 0 {
+	if n := rowLockWaiters(t, observer); n != 0 {
 		t.Fatalf("%d sessions wait for the row after a step ran once healed; want the one in doubt ended first", n)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	var status string
-	if err := observer.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&status); err != nil {
-		t.Fatal(err)
-	}
-	if status != "pending" {
+	release()
+	if status := rowStatusLater(t, observer, id); status != "pending" {
 		t.Errorf("row %d is %s; want pending (the claim in doubt never commits)", id, status)
 	}
 }
