@@ -56,3 +56,21 @@ func TestABadValueIsBlamedOnWhereItWasSet(t *testing.T) {
 		t.Errorf("PEPSI_LOG_LEVEL=loud: exit %d, stderr %q; want %d and %q", code, stderr.String(), dispatch.ExitUsage, want)
 	}
 }
+
+// An application_name in DATABASE that PostgreSQL would cut or rewrite is a
+// usage error before any connection: the dispatcher finds its own sessions by
+// it, and would otherwise miss them (a session in doubt it must end, its own
+// earlier lock session).
+func TestAnApplicationNamePostgreSQLWouldCutIsRefused(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pepsi.conf")
+	long := strings.Repeat("n", 64)
+	conf := "[pepsi]\nDATABASE = postgres://127.0.0.1:1/none?application_name=" + long + "\n[stage-a]\nPROGRAM = /bin/cat\n"
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := run([]string{"-c", file}, &stderr); code != dispatch.ExitUsage ||
+		!strings.Contains(stderr.String(), "is 64 bytes; PostgreSQL keeps at most 63") {
+		t.Errorf("a 64-byte application_name: exit %d, stderr %q; want %d and the reason", code, stderr.String(), dispatch.ExitUsage)
+	}
+}

@@ -85,6 +85,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 	if pgcfg.RuntimeParams["application_name"] == "" {
 		pgcfg.RuntimeParams["application_name"] = pgqueue.AppName()
 	}
+	if err := pgqueue.CheckAppName(pgcfg.RuntimeParams["application_name"]); err != nil {
+		return ExitUsage, fmt.Errorf("database connection string: %w", err)
+	}
 	// Every connection (the lock's, the listener's, the pool's) gives up on a
 	// silent network in bounded time, and the server keeps a silent session
 	// (and the lock) until well after this dispatcher has noticed.

@@ -31,3 +31,6 @@ func TryLockTimed(ctx context.Context, config *pgx.ConnConfig, idleCheck, checkT
 func WaitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, recheck time.Duration) (*Lock, error) {
 	return waitLockTimed(ctx, config, log, recheck)
 }
+
+// AppNameFor is AppName for a given host and pid.
+func AppNameFor(host string, pid int) string { return appName(host, pid) }

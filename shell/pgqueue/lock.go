@@ -60,7 +60,39 @@ func AppName() string {
 	if err != nil {
 		host = "unknown-host"
 	}
-	return fmt.Sprintf("pepsi-dispatch %s %d", host, os.Getpid())
+	return appName(host, os.Getpid())
+}
+
+// AppNameMax is the longest application_name PostgreSQL keeps
+// (NAMEDATALEN - 1 bytes): it cuts a longer one, and the dispatcher, which
+// finds its own sessions and an earlier dispatcher's by the name
+// (pg_stat_activity), would no longer find them by the name it gave.
+const AppNameMax = 63
+
+// appName is AppName for host and pid, the host cut so that the whole fits
+// in AppNameMax bytes (a cloud host's name alone may be longer).
+func appName(host string, pid int) string {
+	const prefix = "pepsi-dispatch "
+	suffix := fmt.Sprintf(" %d", pid)
+	if room := AppNameMax - len(prefix) - len(suffix); len(host) > room {
+		host = host[:room]
+	}
+	return prefix + host + suffix
+}
+
+// CheckAppName refuses an application_name PostgreSQL would not keep as it
+// is (longer than AppNameMax bytes, or not printable ASCII, which it
+// rewrites): the dispatcher could not find its sessions by it.
+func CheckAppName(name string) error {
+	if len(name) > AppNameMax {
+		return fmt.Errorf("application_name %q is %d bytes; PostgreSQL keeps at most %d, and the dispatcher finds its sessions by it", name, len(name), AppNameMax)
+	}
+	for _, r := range name {
+		if r < ' ' || r > '~' {
+			return fmt.Errorf("application_name %q holds %q; PostgreSQL rewrites all but printable ASCII, and the dispatcher finds its sessions by it", name, r)
+		}
+	}
+	return nil
 }
 
 // HeldError is TryLock's answer when another session holds the dispatcher lock:
