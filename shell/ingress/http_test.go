@@ -189,3 +189,27 @@ func TestExpectContinueIsAnswered(t *testing.T) {
 		t.Errorf("answer %+v; want 202 with 3 ids", a)
 	}
 }
+
+// TestAMultipartBodyIsNotReadBeforeTheLimits: fasthttp reads a multipart
+// form whole before the handler runs unless told not to, past MAX_BODY and
+// before any token is checked, spooling it to files. A multipart request
+// that declares 40 MB and sends 9 KiB (more than the 8 KiB fasthttp reads of
+// any body before the handler) must be answered at once, as any body over
+// MAX_BODY is, not after its body has been waited for.
+func TestAMultipartBodyIsNotReadBeforeTheLimits(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=xyz\r\nContent-Length: 40000000\r\n\r\n%s",
+		"--xyz\r\nContent-Disposition: form-data; name=\"f\"; filename=\"f\"\r\n\r\n"+strings.Repeat("z", 9<<10))
+	if res, answer := rawAnswer(t, c); res.StatusCode != 413 {
+		t.Errorf("a multipart body declaring 40 MB: %d %q; want 413 at once", res.StatusCode, answer)
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+}

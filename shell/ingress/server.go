@@ -430,6 +430,10 @@ func HTTPServer(s *Server, t Timeouts, errorLog *slog.Logger) *fasthttp.Server {
 		// about 18 kB each instead of 22 (docs/performance.md), at no
 		// measurable CPU cost. Webhook senders keep many connections idle.
 		ReduceMemoryUsage: true,
+		// Left on, fasthttp reads a multipart form whole before the handler,
+		// past MaxRequestBodySize and before the token is checked, and
+		// spools it to files; pepsi-ingress takes no multipart body at all.
+		DisablePreParseMultipartForm: true,
 		// net/http sent no Server header; a request in flight at shutdown is
 		// answered with Connection: close.
 		NoDefaultServerHeader: true,
