@@ -47,8 +47,11 @@ const retryBackoffMin = 10 * time.Millisecond
 const rollbackTimeout = 5 * time.Second
 
 // Queue executes the dispatcher's queue commands against PostgreSQL. It
-// implements queue.Executor. It is safe for concurrent use, but the core sends one
-// step at a time, which is what keeps queue writes strictly serial.
+// implements queue.Executor. Exec must not be called again before the last
+// call has returned: the core sends one step at a time, which is what keeps
+// queue writes strictly serial, and the rule for a transaction in doubt (its
+// session ended before the next is sent) keeps one such session at a time.
+// Inspect and Vacuum may run beside it.
 type Queue struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
@@ -174,7 +177,8 @@ const doubtWait = time.Second
 
 // settle resolves the doubt a failed attempt left, where it can: err, from
 // run, either already says the transaction did not commit (rolledBack), or
-// the reply was lost. Then the attempt's session, pid, is ended first
+// the reply was lost. Then the attempt's session, pid (0 when none runs on
+// in the server), is ended first
 // (endDoubt): the transaction may still be running in the server (waiting for
 // a row lock, or sent whole in the batch while the connection broke), and it
 // must end, committed or not, before the core hears of the failure and
@@ -284,17 +288,24 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		return nil, "", 0, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
-	pid = conn.Conn().PgConn().PID()
 	defer func() {
 		if err != nil {
 			rollback(conn.Conn())
 		}
-		if err != nil && conn.Conn().IsClosed() {
-			// The session is gone. Whatever ended it (an administrator ending
-			// the dispatcher's sessions, a server restart, a network reset)
-			// most likely ended the pool's idle sessions too: drop them, so the
-			// retry connects afresh instead of failing on each in turn.
-			q.pool.Reset()
+		if err == nil || !conn.Conn().IsClosed() {
+			// Nothing of the transaction runs on in the server: the session
+			// answered all of it (pid 0: settle has no session to end).
+			pid = 0
+			return
+		}
+		// Our side of the session is gone. Whatever ended it (an
+		// administrator ending the dispatcher's sessions, a server restart, a
+		// network reset) most likely ended the pool's idle sessions too: drop
+		// them, so the retry connects afresh instead of failing on each in
+		// turn. The server's side may live on, its transaction with it.
+		q.pool.Reset()
+		if pid = conn.Conn().PgConn().PID(); pid == 0 {
+			q.log.Warn("queue transaction in doubt: the server named no process for the session (a connection pooler between?), so it cannot be ended; it may commit after later transactions")
 		}
 	}()
 
