@@ -126,11 +126,12 @@ type Claimed struct {
 	Epoch   string
 	Rows    []Row
 	Settled int64
-	// More names the stages at which the claim took its whole cap and found
-	// more pending rows beyond it (it looks one row past each cap); a stage
-	// not named was emptied, as far as the claim saw, or got fewer rows than
-	// its cap. A move that claims waits for an emptied stage
-	// (core/moveclaim.go).
+	// More names the stages at which the claim's walk found more pending
+	// rows than its cap (it looks one row past each cap), whatever the claim
+	// then took: a row it picked that another writer changed meanwhile is not
+	// taken, so a stage named may have come back with fewer rows than its
+	// cap. A stage not named was emptied, as far as the claim saw. A move
+	// that claims waits for an emptied stage (core/moveclaim.go).
 	More []string
 	Err  string
 	// Aborted, with Err: the transaction certainly did not commit (it never

@@ -149,22 +149,26 @@ func (c *Core) claimed(e Claimed) {
 		st := c.byName[cp.Stage]
 		st.rate.settle(c.now, got[cp.Stage])
 		// A notification that came after the claim was sent may have added rows.
-		// A claim that took its whole cap says whether it found more.
-		st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen
+		// The claim says whether its walk found more than its cap, whatever it
+		// then took: a picked row another writer changed meanwhile is not
+		// taken, so a stage with more pending rows may come back short.
+		more := slices.Contains(e.More, cp.Stage)
+		st.maybeMore = more || c.ingressGen != c.claimGen
 		st.dry, st.known = !st.maybeMore, 0
 		if c.lookGen == c.claimLookGen {
-			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage])
+			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage], more)
 		}
 	}
 }
 
 // floorAfter is a stage's floor after a claim that looked above cp.After and
-// took got rows, the highest reach. The claim took every pending row in
-// (cp.After, reach], or above cp.After at all if it took fewer than its cap; of
-// those rows, the ones up to c.settled cannot be joined by a late producer's
-// row. So nothing the core could know of is pending up to the lower of the two.
-func (c *Core) floorAfter(cp Cap, got int, reach int64) int64 {
-	if got < cp.N {
+// took got rows, the highest reach, and found more pending rows than its cap
+// or not. The claim took every pending row in (cp.After, reach], or above
+// cp.After at all if it found no more than it took; of those rows, the ones
+// up to c.settled cannot be joined by a late producer's row. So nothing the
+// core could know of is pending up to the lower of the two.
+func (c *Core) floorAfter(cp Cap, got int, reach int64, more bool) int64 {
+	if got < cp.N && !more {
 		reach = math.MaxInt64
 	}
 	return max(cp.After, min(reach, c.settled))

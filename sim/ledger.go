@@ -442,11 +442,10 @@ func (w *world) modelClaimed(e core.Claimed) {
 				return
 			}
 		}
-		// A claim that took less than its cap, or all of it and found no
-		// more (Claimed.More), found the stage dry, unless a notification
-		// came while it was outstanding.
+		// A claim whose walk found no more than its cap (Claimed.More) found
+		// the stage dry, unless a notification came while it was outstanding.
 		s := w.stageIndex(cp.Stage)
-		w.told[s] = (got == cp.N && slices.Contains(e.More, cp.Stage)) || told
+		w.told[s] = slices.Contains(e.More, cp.Stage) || told
 		w.toldLook[s], w.ownPending[s] = w.told[s], 0
 	}
 	w.lastEpoch = e.Epoch

@@ -114,8 +114,8 @@ var mutants = []mutant{
 	// (Since moves claim, the first to suffer is a move that overtakes the
 	// rows the notification announced: rule move-claims.)
 	mut("ingress-during-claim-forgotten", "move-claims", "a notification that came while a claim was outstanding is forgotten",
-		"st.maybeMore = (got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)) || c.ingressGen != c.claimGen",
-		"st.maybeMore = got[cp.Stage] == cp.N && slices.Contains(e.More, cp.Stage)"),
+		"st.maybeMore = more || c.ingressGen != c.claimGen",
+		"st.maybeMore = more"),
 	mut("cooldown-kept-after-answer", "spawn-when-needed", "a stage stays cooled down after its program answered",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
 	// Rules the checker holds at each command.
@@ -194,7 +194,7 @@ var mutants = []mutant{
 		"!c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) && c.shutdown == 0 {", "!c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) {"),
 	// The claim floor: claims look above the rows earlier claims took.
 	mut("floor-ignores-settled", "claim-floor", "the floor follows the last id claimed, whether or not a producer may still commit a lower one",
-		"\tif got < cp.N {\n\t\treach = math.MaxInt64\n\t}\n\treturn max(cp.After, min(reach, c.settled))",
+		"\tif got < cp.N && !more {\n\t\treach = math.MaxInt64\n\t}\n\treturn max(cp.After, min(reach, c.settled))",
 		"\t_ = math.MaxInt64\n\treturn max(cp.After, reach)"),
 	mut("floor-kept-over-resolve", "claim-floor", "a claim looks above its floor although its own transaction's resolve requeues older rows",
 		"after = min(after, it.ID-1)", "_ = it"),
