@@ -18,15 +18,23 @@ import (
 	"github.com/pepsi-pipeline/pepsi/shell/ingress"
 )
 
-// rawRequest sends head and then body over a connection of its own, and
-// returns the connection.
-func rawRequest(t *testing.T, f *fixture, contentLength int, part string) net.Conn {
+// dial opens a connection of its own to the server, closed when the test
+// ends.
+func (f *fixture) dial(t *testing.T) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rawRequest sends head and then body over a connection of its own, and
+// returns the connection.
+func rawRequest(t *testing.T, f *fixture, contentLength int, part string) net.Conn {
+	t.Helper()
+	c := f.dial(t)
 	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%s", contentLength, part)
 	return c
 }
@@ -63,11 +71,7 @@ func TestASlowClientIsCutOffAndInsertsNothing(t *testing.T) {
 		t.Errorf("slow body answered %q; want 408 or a closed connection", answer)
 	}
 	// Headers that never end.
-	h, err := net.Dial("tcp", f.http.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := f.dial(t)
 	fmt.Fprintf(h, "POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
 	h.SetReadDeadline(time.Now().Add(10 * time.Second))
 	start := time.Now()

@@ -137,20 +137,12 @@ func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
 	if v := f.metric("pepsi_ingress_messages_accepted_total"); v != 0 {
 		t.Fatalf("/metrics: accepted %v", v)
 	}
-	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := f.dial(t)
 	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 70<<10))
 	if res, _ := rawAnswer(t, c); res.StatusCode != 431 {
 		t.Errorf("headers of 70 KiB: %d; want 431", res.StatusCode)
 	}
-	g, err := net.Dial("tcp", f.http.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := f.dial(t)
 	fmt.Fprintf(g, "POST /v1/messages?stage=a HTTP/1.1\r\nHost x\r\n\r\n")
 	if res, _ := rawAnswer(t, g); res.StatusCode != 400 {
 		t.Errorf("a malformed header: %d; want 400", res.StatusCode)
@@ -165,11 +157,7 @@ func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
 func TestExpectContinueIsAnswered(t *testing.T) {
 	t.Parallel()
 	f := start(t, "", nil)
-	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := f.dial(t)
 	body := ndjson(3)
 	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body))
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -199,11 +187,7 @@ func TestExpectContinueIsAnswered(t *testing.T) {
 func TestAMultipartBodyIsNotReadBeforeTheLimits(t *testing.T) {
 	t.Parallel()
 	f := start(t, "", nil)
-	c, err := net.Dial("tcp", f.http.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := f.dial(t)
 	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=xyz\r\nContent-Length: 40000000\r\n\r\n%s",
 		"--xyz\r\nContent-Disposition: form-data; name=\"f\"; filename=\"f\"\r\n\r\n"+strings.Repeat("z", 9<<10))
 	if res, answer := rawAnswer(t, c); res.StatusCode != 413 {
