@@ -450,23 +450,35 @@ func (w *world) modelClaimed(e core.Claimed) {
 	}
 	w.lastEpoch = e.Epoch
 	for _, r := range e.Rows {
-		if row, _ := w.q.Get(r.ID); r.Attempts != row.Attempts {
-			w.broke(ruleClaimReadsRow, "claim returned message %d with attempts %d, the row has %d", r.ID, r.Attempts, row.Attempts)
+		if !w.takeClaimed("claim", r.ID, r.Stage, r.Attempts, e.Epoch) {
 			return
-		}
-		w.claimAttempts[r.ID] = r.Attempts
-		w.claimEpoch[r.ID] = e.Epoch
-		w.claimGenOf[r.ID] = w.claimGen[r.ID-1]
-		if _, held := w.heldBy(r.ID); held {
-			w.broke(ruleNeverTwoHolders, "claim returned message %d, which this core already holds (%s)", r.ID, w.heldText())
-			return
-		}
-		if w.shut > 0 {
-			w.expects[r.ID] = &expect{verdict: core.Requeue, why: "claimed during shutdown", stage: r.Stage}
-		} else {
-			w.backlog[r.ID] = r.Stage
 		}
 	}
+}
+
+// takeClaimed takes in a row the core now holds for stage, returned by what
+// (a claim, or a move that claims) with attempts under the crash sentinel's
+// epoch: it must read the row's attempts and not be held already; it goes to
+// the backlog (or, during a shutdown, is owed back as a requeue). It reports
+// false when a rule broke.
+func (w *world) takeClaimed(what string, id int64, stage string, attempts int, epoch string) bool {
+	if row, _ := w.q.Get(id); attempts != row.Attempts {
+		w.broke(ruleClaimReadsRow, "%s returned message %d with attempts %d, the row has %d", what, id, attempts, row.Attempts)
+		return false
+	}
+	if _, held := w.heldBy(id); held {
+		w.broke(ruleNeverTwoHolders, "%s returned message %d, which this core already holds (%s)", what, id, w.heldText())
+		return false
+	}
+	w.claimAttempts[id] = attempts
+	w.claimEpoch[id] = epoch
+	w.claimGenOf[id] = w.claimGen[id-1]
+	if w.shut > 0 {
+		w.expects[id] = &expect{verdict: core.Requeue, why: "returned by " + what + " during shutdown", stage: stage}
+	} else {
+		w.backlog[id] = stage
+	}
+	return true
 }
 
 // modelResolved takes in a resolve's outcomes: what the core no longer owes,
@@ -542,22 +554,7 @@ func (w *world) modelResolved(e core.Resolved) {
 // with the epoch of its last claim.
 func (w *world) modelMovedClaimed(o core.Outcome) {
 	delete(w.expects, o.ID)
-	if row, _ := w.q.Get(o.ID); o.Attempts != row.Attempts {
-		w.broke(ruleClaimReadsRow, "a move that claims returned message %d with attempts %d, the row has %d", o.ID, o.Attempts, row.Attempts)
-		return
-	}
-	if held, ok := w.heldBy(o.ID); ok {
-		w.broke(ruleNeverTwoHolders, "a move that claims returned message %d, which this core already holds (%s)", o.ID, held)
-		return
-	}
-	w.claimAttempts[o.ID] = o.Attempts
-	w.claimEpoch[o.ID] = w.lastEpoch
-	w.claimGenOf[o.ID] = w.claimGen[o.ID-1]
-	if w.shut > 0 {
-		w.expects[o.ID] = &expect{verdict: core.Requeue, why: "moved and claimed during shutdown", stage: o.Stage}
-	} else {
-		w.backlog[o.ID] = o.Stage
-	}
+	w.takeClaimed("a move that claims", o.ID, o.Stage, o.Attempts, w.lastEpoch)
 }
 
 // modelReset takes in an orphan reset; the first of a life shows which
