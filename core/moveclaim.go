@@ -38,14 +38,19 @@ import (
 // the moves left pending at b are all younger than the ones claimed. Rows a
 // stage moves itself (a bare 0) are known only from their outcome: such a row
 // may be overtaken by the moves of one transaction.
-func (c *Core) claimMoves(items []Item, noClaims bool) {
+//
+// It returns, per stage that answered them, how many of its moves to a stage
+// without a RATE do not claim: the target had no room for them or was not
+// known to be empty. The same transaction's claim of that stage yields as many
+// of its slots (see yieldedCap).
+func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) {
 	for i := range items {
 		// Decided anew for each send: an item owed again (a raced one) may
 		// carry the claim of its last send.
 		items[i].Claim, items[i].LineMax = false, 0
 	}
 	if c.shutdown > 0 || noClaims {
-		return
+		return nil
 	}
 	var cand []int
 	for i, it := range items {
@@ -58,6 +63,12 @@ func (c *Core) claimMoves(items []Item, noClaims bool) {
 	for _, i := range cand {
 		st := c.byName[items[i].To]
 		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
+			if st.rate == nil {
+				if yielded == nil {
+					yielded = map[string]int{}
+				}
+				yielded[items[i].Stage]++
+			}
 			continue
 		}
 		items[i].Claim = true
@@ -66,6 +77,25 @@ func (c *Core) claimMoves(items []Item, noClaims bool) {
 		}
 		st.reserved++
 	}
+	return yielded
+}
+
+// yieldedCap is a stage's claim cap n (its room, within its RATE) less the
+// slots it yields: one for each of its moves in the same resolve that does not
+// claim (see claimMoves), but never more than half of n, rounded down.
+//
+// Why: in a pipeline whose stages all keep pace, each stage's room in a step
+// is just what the next stage is sent, so a queue of pending rows at b, once a
+// slow spawn or a late answer has left one there, never drains. Its rows are
+// older than the moves, so no move claims past them, and every hop through b
+// costs two row versions (pending, then claimed) for as long as the pipeline
+// runs. Taking fewer new rows at a when a's moves found no room lets b's claim
+// catch up within a few steps, after which the moves claim again (one row
+// version per hop; docs/performance.md, "A stage yields"). At most half: a
+// stage whose target is the pipeline's bottleneck still takes half its room
+// each step, and a stage with room 1 still takes its row.
+func yieldedCap(n, yielded int) int {
+	return n - min(yielded, n/2)
 }
 
 // mayClaimMoves reports whether moves to st may claim, given the stages the

@@ -1,6 +1,8 @@
 package core_test
 
 import (
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -148,4 +150,66 @@ func TestAMoveLeavesTheRoomToRowsPendingBeforeIt(t *testing.T) {
 	}
 	w.wantRow(5, "b", core.StatusRunning)
 	w.wantRow(6, "b", core.StatusPending)
+}
+
+// answerAll makes every worker of stage answer line for every message it
+// holds, all in one step.
+func answerAll(w *world, stage, line string) []core.Command {
+	var evs []core.Event
+	for _, wid := range slices.Sorted(maps.Keys(w.held)) {
+		if w.stageOf[wid] != stage {
+			continue
+		}
+		for range w.held[wid] {
+			evs = append(evs, core.Answer{Worker: wid, Line: line})
+		}
+		w.held[wid] = nil
+	}
+	return w.step(evs...)
+}
+
+// firstClaim is the claim of the transaction the step's answers went into.
+func firstClaim(t *testing.T, cmds []core.Command) core.Claim {
+	t.Helper()
+	cl := of[core.Claim](cmds)
+	if len(cl) == 0 {
+		t.Fatalf("no claim in:\n%s", list(cmds))
+	}
+	return cl[0]
+}
+
+// Proves: a stage whose moves find no room at their target takes fewer new
+// rows in the same step, one slot fewer per such move, but never less than
+// half its room. Without it a queue once left at b never drains while a and b
+// keep pace, and every hop through b costs two row versions
+// (docs/performance.md, "A stage yields").
+func TestAStageYieldsItsClaimToMovesThatFoundNoRoom(t *testing.T) {
+	w := newWorld(t, threeStages) // a: 2 workers of QUEUE_LIMIT 3; b: one of QUEUE_LIMIT 4
+	w.start("a", 20)
+	// Six moves to b, which has room for four: two go pending, and a, with
+	// room for six, claims four.
+	cmds := answerAll(w, "a", "0 >b")
+	claims := 0
+	for _, it := range items(cmds) {
+		if it.Claim {
+			claims++
+		}
+	}
+	if claims != 4 {
+		t.Fatalf("%d of the six moves claim, want the 4 b has room for:\n%s", claims, list(cmds))
+	}
+	if got := capsOf(firstClaim(t, cmds))["a"]; got != 4 {
+		t.Errorf("the claim asks %d rows of a, want 4: its room of 6 less the 2 moves that found no room at b", got)
+	}
+	// Six more moves to a full b: none claims, and a, with room for six
+	// again, yields at most half of it.
+	cmds = answerAll(w, "a", "0 >b")
+	for _, it := range items(cmds) {
+		if it.Claim {
+			t.Fatalf("item %v claims at b, which is full", it)
+		}
+	}
+	if got := capsOf(firstClaim(t, cmds))["a"]; got != 3 {
+		t.Errorf("the claim asks %d rows of a, want 3: half its room of 6 (six moves found no room, but a yields at most half)", got)
+	}
 }

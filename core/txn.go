@@ -324,10 +324,11 @@ func (c *Core) queueWork() {
 	}
 	resolving := false
 	waking := c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused)))
+	var yielded map[string]int
 	if len(c.owed) > 0 {
 		// A reset or a wake in the same transaction may make rows pending
 		// anywhere, which the moves would overtake: then no move claims.
-		c.claimMoves(c.owed, len(txn) > 0 || waking)
+		yielded = c.claimMoves(c.owed, len(txn) > 0 || waking)
 		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed})
 		c.owed = nil
 		resolving = true
@@ -339,7 +340,7 @@ func (c *Core) queueWork() {
 	if c.shutdown == 0 {
 		var caps []Cap
 		for _, st := range c.stages {
-			n := min(c.capacity(st), st.rate.tokens(c.now))
+			n := yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), yielded[st.cfg.Name])
 			if n > 0 && (st.maybeMore || resolving || waking) {
 				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
 				if st.cfg.Input == conf.InputMessage {

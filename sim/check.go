@@ -82,6 +82,9 @@ func (w *world) modelCommands(cmds []core.Command) {
 		w.recordCommand(cmd)
 	}
 	if queued {
+		if w.claimsYieldAtMostHalf(); w.fail != nil {
+			return
+		}
 		w.txnOut = true
 	}
 }
@@ -212,6 +215,29 @@ func (w *world) checkClaim(x core.Claim) {
 				w.broke(ruleRate, "claim asks %d rows of %s, whose RATE %s leaves %d tokens now", cp.N, cp.Stage, st.rate, tokens)
 				return
 			}
+		}
+	}
+}
+
+// claimsYieldAtMostHalf holds rule claim-yields-at-most-half over the
+// transaction a step issued, once its commands are recorded: every stage it
+// claims, and every stage the promptness rule owes a claim, is asked for at
+// least half its room.
+func (w *world) claimsYieldAtMostHalf() {
+	caps := map[string]int{}
+	for _, cp := range w.claimCaps {
+		caps[cp.Stage] = cp.N
+	}
+	for s, st := range w.sc.stages {
+		n, claimed := caps[st.name]
+		if !claimed && !w.claimOwed(s, w.now) {
+			continue
+		}
+		room := min(w.room(s, w.now)-w.movesOut[st.name], w.tokens(s, w.now))
+		if n < room-room/2 {
+			w.broke(ruleClaimYieldsHalf, "the transaction asks %d rows of stage %s, which has room for %d (moves of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
+				n, st.name, room)
+			return
 		}
 	}
 }

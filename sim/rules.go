@@ -73,7 +73,7 @@ func (w *world) checkAt(m moment) {
 // checks of each moment in this order.
 var rules = []*rule{
 	// At each command (and the claim rules at each claim's result).
-	ruleSerialWrites, ruleClaimBounds, ruleRate, ruleNeverTwoHolders, ruleClaimReadsRow,
+	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleNeverTwoHolders, ruleClaimReadsRow,
 	ruleMessageLines, ruleHandClaimed, ruleHandToReady, ruleWorkPacked, ruleQueueLimit,
 	ruleSpawnNeeded, ruleCooldown, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleItemForHeld, ruleMoveClaims, ruleItemStage, ruleItemVerdict, ruleItemTransition,
@@ -99,6 +99,11 @@ var ruleSerialWrites = &rule{name: "serial-writes", when: atCommand,
 
 var ruleClaimBounds = &rule{name: "claim-bounds", when: atCommand,
 	doc: "No claim during a shutdown, and no claim that would make a stage hold more than QUEUE_LIMIT × PARALLELISM messages (claimed, handed out and unanswered)."}
+
+var ruleClaimYieldsHalf = &rule{name: "claim-yields-at-most-half", when: atCommand,
+	doc: "A queue transaction asks each stage it claims, and each stage the promptness rule owes a claim, for at least half (rounded up) of the stage's room " +
+		"less the moves of the transaction that claim there, within its RATE: a stage yields slots to its own moves that found no room at their target, " +
+		"never more than half, so no stage starves behind a full one. The room is rule promptness's."}
 
 var ruleRate = &rule{name: "rate", when: atCommand,
 	doc: "A claim at a stage with a RATE asks for no more rows than the bucket holds tokens (a token every 1/RATE s, at most max(1, RATE) of them, a claim counted from its result), " +
