@@ -39,10 +39,15 @@ import (
 // stage moves itself (a bare 0) are known only from their outcome: such a row
 // may be overtaken by the moves of one transaction.
 //
-// It returns, per stage that answered them, how many of its moves to a stage
-// without a RATE do not claim: the target had no room for them or was not
-// known to be empty. The same transaction's claim of that stage yields as many
-// of its slots (see yieldedCap).
+// It returns, per stage that answered them, how many of the moves it decided
+// on do not claim: the target, another stage without a RATE, had no room for
+// them or was not known to be empty, or another item of the resolve blocked
+// it. The same transaction's claim of that stage yields as many of its slots
+// (see yieldedCap). Not counted: moves to a stage with a RATE, whose moves
+// never claim, so yielding to them would only halve the sender for good; a
+// stage's moves to itself, whose queue its own claim drains; and items this
+// resolve decides nothing for (re-sent, raced, or a reset, a wake or a
+// shutdown in the transaction: then it returns nil).
 func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) {
 	for i := range items {
 		// Decided anew for each send: an item owed again (a raced one) may
@@ -63,7 +68,7 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 	for _, i := range cand {
 		st := c.byName[items[i].To]
 		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
-			if st.rate == nil {
+			if st.rate == nil && items[i].To != items[i].Stage {
 				if yielded == nil {
 					yielded = map[string]int{}
 				}

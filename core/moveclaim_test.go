@@ -213,3 +213,24 @@ func TestAStageYieldsItsClaimToMovesThatFoundNoRoom(t *testing.T) {
 		t.Errorf("the claim asks %d rows of a, want 3: half its room of 6 (six moves found no room, but a yields at most half)", got)
 	}
 }
+
+// Proves: a stage does not yield to its moves to a stage with a RATE (they
+// never claim: yielding would only halve it for good) nor to its moves to
+// itself (its own claim is what drains that queue).
+func TestAStageDoesNotYieldToMovesToARatedStageOrToItself(t *testing.T) {
+	w := newWorld(t, threeStages+"RATE = 1000\n") // stage c has the rate
+	w.start("a", 20)
+	cmds := answerAll(w, "a", "0 >c")
+	if got := capsOf(firstClaim(t, cmds))["a"]; got != 6 {
+		t.Errorf("after six moves to rated stage c, the claim asks %d rows of a, want its whole room of 6", got)
+	}
+	cmds = answerAll(w, "a", "0 >a")
+	for _, it := range items(cmds) {
+		if it.Claim {
+			t.Fatalf("item %v claims at a, where 8 rows are pending", it)
+		}
+	}
+	if got := capsOf(firstClaim(t, cmds))["a"]; got != 6 {
+		t.Errorf("after six moves of a to a, the claim asks %d rows of a, want its whole room of 6", got)
+	}
+}

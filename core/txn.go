@@ -340,6 +340,8 @@ func (c *Core) queueWork() {
 	if c.shutdown == 0 {
 		var caps []Cap
 		for _, st := range c.stages {
+			// Fewer new rows where the stage's own moves found no room: a
+			// queue at their target then drains (see yieldedCap).
 			n := yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), yielded[st.cfg.Name])
 			if n > 0 && (st.maybeMore || resolving || waking) {
 				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}

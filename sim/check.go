@@ -233,7 +233,8 @@ func (w *world) claimsYieldAtMostHalf() {
 		if !claimed && !w.claimOwed(s, w.now) {
 			continue
 		}
-		room := min(w.room(s, w.now)-w.movesOut[st.name], w.tokens(s, w.now))
+		// The claim is recorded: its own N is already off the bucket.
+		room := min(w.room(s, w.now)-w.movesOut[st.name], w.tokens(s, w.now)+n)
 		if n < room-room/2 {
 			w.broke(ruleClaimYieldsHalf, "the transaction asks %d rows of stage %s, which has room for %d (moves of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
 				n, st.name, room)
