@@ -2,6 +2,7 @@ package pgqueue_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -168,5 +169,54 @@ func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 	release()
 	if status := rowStatusLater(t, observer, id); status != "pending" {
 		t.Errorf("row %d is %s; want pending (the claim in doubt never commits)", id, status)
+	}
+}
+
+// backendPIDs lists the server processes of conn's database other than
+// conn's own.
+func backendPIDs(t *testing.T, conn *pgx.Conn) []int32 {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pids
+}
+
+// A step that fails on a connection that is still open (here: the claim's
+// row cannot be read into the event, a client-side error after the server
+// answered the whole transaction) leaves nothing running in the server, so
+// the queue ends no session for it: the session it would end is its own
+// pool's, alive and idle. The failure is still reported in doubt (the
+// transaction may have committed), and the next step runs at once.
+func TestAStepThatFailsOnAnOpenConnectionEndsNoSession(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 1)
+	// attempts past what the claim reads it into (an int32): the row's scan
+	// fails. (The column's trigger would forbid the wider type.)
+	h.exec(t, `DROP TRIGGER queue_attempts_reset ON pepsi.queue`)
+	h.exec(t, `ALTER TABLE pepsi.queue ALTER COLUMN attempts TYPE bigint`)
+	h.exec(t, `UPDATE pepsi.queue SET attempts = 5000000000 WHERE ingress_id = $1`, ids[0])
+	observer := pgtest.Connect(t, h.url)
+	if ev := h.Exec(context.Background(), []core.Command{core.Flush{Op: 1, Life: 1, Seq: 1, StagePasses: 1}})[0]; errText(ev) != "" {
+		t.Fatalf("a first step to open the pool's connection: %v", ev)
+	}
+	before := backendPIDs(t, observer)
+
+	ev := h.Exec(context.Background(), []core.Command{core.Claim{Op: 2, Caps: []core.Cap{{Stage: "a", N: 1}}}})[0].(core.Claimed)
+	if ev.Err == "" || ev.Aborted {
+		t.Fatalf("claim of a row it cannot read: %+v; want failed, in doubt (not Aborted)", ev)
+	}
+	if after := backendPIDs(t, observer); !slices.Equal(before, after) {
+		t.Errorf("server processes %v before the failed step, %v after; want none ended (the failed session is open and idle)", before, after)
+	}
+	if ev := h.Exec(context.Background(), []core.Command{core.Flush{Op: 3, Life: 1, Seq: 2, StagePasses: 1}})[0]; errText(ev) != "" {
+		t.Errorf("the step after: %v; want it to run", ev)
 	}
 }
