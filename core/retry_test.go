@@ -116,3 +116,30 @@ func TestRetryDelayDoublesUpToTheCap(t *testing.T) {
 		t.Errorf("RetryDelay after 1000 attempts = %s, want the cap", got)
 	}
 }
+
+// Proves: a row a stage paused with no due time (a NULL timeout, or one the
+// shell cannot hold: 'infinity') does not make the core forget when another
+// paused row is due: it wakes that row on time, not at the next heartbeat.
+func TestARowPausedWithoutADueTimeDoesNotHideAnotherRowsDueTime(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	pause := func(id int64, until time.Time) {
+		t.Helper()
+		for wid, ids := range w.held {
+			if len(ids) > 0 && ids[0] == id {
+				if !w.q.StageWrite(id, "a", "a", core.StatusPaused, until) {
+					t.Fatalf("row %d is not running at a", id)
+				}
+				w.held[wid] = ids[1:]
+				w.step(core.Answer{Worker: wid, Line: "0"})
+				return
+			}
+		}
+		t.Fatalf("no worker holds %d at its head: %v", id, w.held)
+	}
+	pause(1, epoch.Add(10*time.Second))
+	pause(2, time.Time{})
+	if wakes := of[core.Wake](w.at(10 * time.Second).step(core.Tick{})); len(wakes) == 0 {
+		t.Errorf("no wake when row 1 fell due, 10 s in (the heartbeat comes at 30 s):\n%s", list(w.all))
+	}
+}

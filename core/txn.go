@@ -234,7 +234,9 @@ func (c *Core) resolved(e Resolved) {
 			if it.Verdict == Retry && o.Matched {
 				c.stat(it.Stage).Retries++
 			}
-			if c.nextPaused.IsZero() || o.Timeout.Before(c.nextPaused) {
+			// A row with no due time (a stage paused it with a NULL timeout,
+			// or 'infinity') is never woken; it must not hide when another is.
+			if !o.Timeout.IsZero() && (c.nextPaused.IsZero() || o.Timeout.Before(c.nextPaused)) {
 				c.nextPaused = o.Timeout
 			}
 		case "":

@@ -418,6 +418,12 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 		}
 		fmt.Fprintf(tw, "timeout\t%s (%s)\n", m.Timeout.Format(time.RFC3339Nano), rel)
 	}
+	switch m.TimeoutText {
+	case "infinity":
+		fmt.Fprintf(tw, "timeout\tinfinity (never due)\n")
+	case "-infinity":
+		fmt.Fprintf(tw, "timeout\t-infinity (due)\n")
+	}
 	fmt.Fprintf(tw, "payload\t%d bytes\n", len(m.Payload))
 	fmt.Fprintf(tw, "created\t%s\n", m.CreatedAt.Format(time.RFC3339Nano))
 	fmt.Fprintf(tw, "updated\t%s (%s ago)\n", m.UpdatedAt.Format(time.RFC3339Nano), now.Sub(m.UpdatedAt).Round(time.Millisecond))

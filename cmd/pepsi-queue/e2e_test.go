@@ -227,6 +227,11 @@ func TestShowPrintsOneMessage(t *testing.T) {
 	r.expect(t, "show", 0, "stage    parse\nstatus   pending\npayload  5 bytes\n", "")
 	r.expect(t, "show state", 0, "state\n{\n  \"k\": \"v\"\n}\n", "")
 	pq(t, "", env, "show", "-payload", "1").expect(t, "show -payload", 0, "hello", "")
+	// A row a stage paused for good ('infinity', which no time.Time holds).
+	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET status = 'paused', timeout = 'infinity' WHERE ingress_id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	pq(t, "", env, "show", "1").expect(t, "show paused until infinity", 0, "status   paused\ntimeout  infinity (never due)\n", "")
 	pq(t, "", env, "show", "7").expect(t, "missing", 1, "", "message 7 does not exist")
 	pq(t, "", env, "show", "x7").expect(t, "bad id", 2, "", `"x7" is not a message id`)
 	pq(t, "", env, "show").expect(t, "no id", 2, "", "want exactly one message id")

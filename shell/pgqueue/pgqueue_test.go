@@ -658,3 +658,38 @@ func TestResetForgetsFlushMarksOfLivesGoneFor30Days(t *testing.T) {
 		t.Errorf("lives with flush marks after the reset: %v; want [2 3] (life 1, last heard of 31 days ago, forgotten)", lives)
 	}
 }
+
+// A stage may pause a row until 'infinity' (for good: an operator retries it)
+// or '-infinity' (due at once), timestamps no time.Time holds. Reading such a
+// row must not fail the step, or the dispatcher would fail every step that
+// wakes or resolves it and stop: the wake passes over 'infinity' (never due,
+// no next) and wakes '-infinity', and a resolve reports the row paused with
+// no due time.
+func TestARowPausedUntilInfinityDoesNotFailTheStep(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 3)
+	h.exec(t, `UPDATE pepsi.queue SET status = 'running' WHERE ingress_id = ANY ($1)`, ids)
+	h.exec(t, `UPDATE pepsi.queue SET status = 'paused', timeout = 'infinity' WHERE ingress_id = $1`, ids[0])
+	h.exec(t, `UPDATE pepsi.queue SET status = 'paused', timeout = '-infinity' WHERE ingress_id = $1`, ids[1])
+	now := time.Now()
+	ctx := context.Background()
+
+	o := h.Exec(ctx, []core.Command{core.Resolve{Op: 1, Items: []core.Item{{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: "r"}}}})[0].(core.Resolved)
+	if o.Err != "" || o.Outcomes[0].Status != core.StatusPaused || !o.Outcomes[0].Timeout.IsZero() {
+		t.Fatalf("resolve of a row paused until infinity: %+v; want it paused, with no due time", o)
+	}
+	w := h.Exec(ctx, []core.Command{core.Wake{Op: 2, Now: now}})[0].(core.Woken)
+	if w.Err != "" || w.Count != 1 || !w.Next.IsZero() {
+		t.Fatalf("wake: %+v; want the row paused until -infinity woken, and no next (infinity is never due)", w)
+	}
+	for i, want := range []string{"paused", "pending"} {
+		var status string
+		if err := h.pool.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, ids[i]).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status != want {
+			t.Errorf("row %d, paused until %s, is %s after the wake; want %s", ids[i], []string{"infinity", "-infinity"}[i], status, want)
+		}
+	}
+}

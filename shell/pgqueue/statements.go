@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -405,7 +406,7 @@ func resolve(c core.Resolve) statement {
 			}
 			outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Outcome, error) {
 				var o core.Outcome
-				var timeout *time.Time
+				var timeout pgtype.Timestamptz
 				var state *string
 				var size *int32
 				var payload []byte
@@ -417,8 +418,8 @@ func resolve(c core.Resolve) statement {
 				}
 				// The timeout column keeps its last value after a wake; it means
 				// something only while the row is paused.
-				if o.Status == "paused" && timeout != nil {
-					o.Timeout = *timeout
+				if o.Status == "paused" {
+					o.Timeout = dueAt(timeout)
 				}
 				return o, nil
 			})
@@ -459,6 +460,21 @@ SELECT n.n,
        CASE WHEN n.n > 0 THEN (SELECT true FROM pg_notify('ingress', '')) ELSE false END
 FROM n`
 
+// dueAt is when a paused row whose timeout column holds ts is due, as the
+// core takes it (core.Outcome.Timeout, core.Woken.Next): zero, never, for
+// NULL and for 'infinity' (a stage may pause a row for good; no time.Time
+// holds it, and a scan into one would fail every step that reads the row,
+// stopping the dispatcher); long ago, due at once, for '-infinity'.
+func dueAt(ts pgtype.Timestamptz) time.Time {
+	switch {
+	case !ts.Valid || ts.InfinityModifier == pgtype.Infinity:
+		return time.Time{}
+	case ts.InfinityModifier == pgtype.NegativeInfinity:
+		return time.Unix(0, 0).UTC()
+	}
+	return ts.Time
+}
+
 func wake(c core.Wake) statement {
 	return statement{
 		name: "wake",
@@ -471,16 +487,12 @@ func wake(c core.Wake) statement {
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			var n int64
-			var next *time.Time
+			var next pgtype.Timestamptz
 			var notified bool
 			if err := br.QueryRow().Scan(&n, &next, &notified); err != nil {
 				return nil, err
 			}
-			ev := core.Woken{Op: c.Op, Count: int(n)}
-			if next != nil {
-				ev.Next = *next
-			}
-			return ev, nil
+			return core.Woken{Op: c.Op, Count: int(n), Next: dueAt(next)}, nil
 		},
 		failed: func(err string) core.Event { return core.Woken{Op: c.Op, Err: err} },
 	}

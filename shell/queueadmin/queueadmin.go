@@ -212,12 +212,16 @@ type Message struct {
 	ID     int64
 	Stage  string
 	Status string
-	// Timeout is when a paused row is due again (nil when not set).
-	Timeout   *time.Time
-	State     json.RawMessage
-	Payload   []byte
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	// Timeout is when a paused row is due again (nil when not set, or not a
+	// time: see TimeoutText).
+	Timeout *time.Time
+	// TimeoutText is a timeout that is no time: "infinity" (never due) or
+	// "-infinity" (due at once); "" otherwise.
+	TimeoutText string
+	State       json.RawMessage
+	Payload     []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 }
 
 // Show reads the row with ingress_id id, or returns ErrNotFound.
@@ -225,7 +229,7 @@ func Show(ctx context.Context, conn *pgx.Conn, id int64) (*Message, error) {
 	m := &Message{ID: id}
 	var state []byte
 	err := conn.QueryRow(ctx, showSQL, id).
-		Scan(&m.Stage, &m.Status, &m.Timeout, &state, &m.Payload, &m.CreatedAt, &m.UpdatedAt)
+		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, &state, &m.Payload, &m.CreatedAt, &m.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
 	}

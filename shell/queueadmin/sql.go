@@ -26,8 +26,10 @@ FROM pepsi.stage_stats ORDER BY stage`
 // dispatchStatsSQL reads pepsi.dispatch_stats, the dispatcher's own row.
 const dispatchStatsSQL = `SELECT stage_passes, messages_left, updated_at, flush_seq FROM pepsi.dispatch_stats`
 
-// showSQL reads one message, by ingress_id.
-const showSQL = `SELECT stage, status, timeout, state, payload, created_at, updated_at
+// showSQL reads one message, by ingress_id. A timeout no time.Time holds
+// ('infinity', '-infinity': a stage may pause a row for good) comes as text.
+const showSQL = `SELECT stage, status, CASE WHEN isfinite(timeout) THEN timeout END,
+	CASE WHEN NOT isfinite(timeout) THEN timeout::text ELSE '' END, state, payload, created_at, updated_at
 FROM pepsi.queue WHERE ingress_id = $1`
 
 // retrySQL makes pending again the rows whose status is one of $3, with

@@ -615,7 +615,9 @@ func (q *Queue) wake(c core.Wake) core.Event {
 	n := 0
 	var next time.Time
 	for _, r := range q.rows {
-		if r == nil || r.Status != core.StatusPaused || slices.Contains(c.Keep, r.ID) {
+		// A row paused with no due time (a NULL timeout) is never due, as
+		// "timeout <= now" is never true of NULL in PostgreSQL.
+		if r == nil || r.Status != core.StatusPaused || r.Timeout.IsZero() || slices.Contains(c.Keep, r.ID) {
 			continue
 		}
 		if !r.Timeout.After(c.Now) {

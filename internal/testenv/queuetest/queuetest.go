@@ -101,6 +101,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"WakeMakesDuePausedRowsPendingAndReportsTheNextTimeout", testWake},
 		{"WokenRowsAreClaimedAgainAtTheirStage", testWakeThenClaim},
 		{"WakeLeavesKeptRowsPausedAndOutOfNext", testWakeKeep},
+		{"ARowPausedWithNoDueTimeIsNeverWokenNorNext", testWakeNoDueTime},
 
 		{"ResetOrphansMakesRunningRowsPendingExceptKeptOnes", testResetOrphansKeep},
 		{"ResetOrphansWithNothingKeptResetsEveryRunningRow", testResetOrphansAll},
@@ -879,6 +880,27 @@ func testWakeKeep(t *testing.T, h Harness) {
 	wantRow(t, h, ids[0], "a", core.StatusPaused)
 	wantRow(t, h, ids[1], "a", core.StatusPending)
 	wantRow(t, h, ids[2], "a", core.StatusPaused)
+}
+
+// A stage may pause a row with no due time (a NULL timeout): such a row is
+// never woken (it waits for an operator) and is no wake's next; a resolve
+// reports it paused with no Timeout.
+func testWakeNoDueTime(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	h.Stage(t, ids[0], "a", "a", core.StatusPaused, time.Time{})
+	h.Stage(t, ids[1], "a", "a", core.StatusPaused, base.Add(time.Hour))
+	if w := wakeAt(t, h, base); w.Count != 0 || !w.Next.Equal(base.Add(time.Hour)) {
+		t.Fatalf("wake at %v = count %d next %v; want none woken and next %v (the row with no due time is neither)", base, w.Count, w.Next, base.Add(time.Hour))
+	}
+	if w := wakeAt(t, h, base.Add(2*time.Hour)); w.Count != 1 || !w.Next.IsZero() {
+		t.Fatalf("wake two hours on = count %d next %v; want row %d woken and no next", w.Count, w.Next, ids[1])
+	}
+	wantRow(t, h, ids[0], "a", core.StatusPaused)
+	o := resolve(t, h, core.Item{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: "r"})[0]
+	if o.Status != core.StatusPaused || !o.Timeout.IsZero() {
+		t.Fatalf("resolve of the row paused with no due time: %+v; want it paused, with no Timeout", o)
+	}
 }
 
 // ---- ResetOrphans ----
