@@ -71,6 +71,8 @@ var mutants = []mutant{
 	{name: "reset-keeps-unsure-rows", rule: "no-stale-verdict", bug: "the reset after a lost claim keeps rows whose resolve may have applied",
 		old: "keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })",
 		new: "keep := c.held()", regress: []uint64{14}},
+	mut("unsure-map-not-made", "world-consistent", "the map of rows whose resolve may have applied is never made: the first lost resolve reply panics",
+		"unsure:     map[int64]bool{},\n", ""),
 	mut("lost-claim-not-reset", "exit", "rows a lost claim may have taken are never reset",
 		"c.needReset = c.needReset || !e.Aborted\n",
 		""),
