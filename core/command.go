@@ -139,7 +139,12 @@ type Resolve struct {
 // row with a timeout already due and commit before its answer is read, and waking
 // (and claiming) that row then would hand one message to two workers. Once the
 // answer is resolved the row is no longer kept, and its outcome reports the due
-// timeout, so the next Wake takes it.
+// timeout, so the next Wake takes it. Keep also lists the rows of the same
+// transaction's Resolve: a stage's own commit may land while the resolve waits on
+// a row (see Resolve), pausing it, due at once, while the resolve writes nothing
+// and its item is owed again; woken and claimed in the same transaction, the row
+// would be held twice (as the owed item and as the claimed row). A row the
+// resolve itself pauses, due at once, is woken by the next Wake.
 type Wake struct {
 	Op   int64
 	Now  time.Time

@@ -178,6 +178,10 @@ type Core struct {
 
 	epoch      string
 	nextPaused time.Time
+	// txnPaused: the earliest due time of a row the outstanding transaction's
+	// resolve reported paused; its wake's Woken.Next leaves that row out when
+	// the wake kept it (see Wake).
+	txnPaused  time.Time
 	wakeDue    bool
 	lastPoll   time.Time
 	ingressGen int64

@@ -861,10 +861,12 @@ func TestAnAbortedTransactionIsRetriedWithoutAReset(t *testing.T) {
 // Found by the simulator (testdata/sim/seeds.txt).
 //
 // Proves: a stage pauses its message briefly and answers 0; the transaction
-// that resolves the answer also wakes the row and claims it again, and its reply
-// is lost. The reset after the lost claim must not keep the row (its resolve may
-// already have been applied), so the re-sent item finds it pending instead of
-// failing it as a stage bug.
+// that resolves the answer also wakes due rows and claims, and its reply is
+// lost. The reset after the lost claim must not keep the row (its resolve may
+// already have been applied), so the re-sent item finds it paused or pending
+// instead of failing it as a stage bug, and a later wake and claim hand it to
+// stage a again. (When the seed was found, that same wake took the row; a wake
+// now keeps the rows of its own transaction's resolve: see core.Wake.)
 func TestRowItsStagePausedIsNotFailedWhenTheReplyOfTheTransactionThatWokeItIsLost(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 1)

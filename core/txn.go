@@ -236,9 +236,8 @@ func (c *Core) resolved(e Resolved) {
 			}
 			// A row with no due time (a stage paused it with a NULL timeout,
 			// or 'infinity') is never woken; it must not hide when another is.
-			if !o.Timeout.IsZero() && (c.nextPaused.IsZero() || o.Timeout.Before(c.nextPaused)) {
-				c.nextPaused = o.Timeout
-			}
+			c.nextPaused = earliest(c.nextPaused, o.Timeout)
+			c.txnPaused = earliest(c.txnPaused, o.Timeout)
 		case "":
 			c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
 		default:
@@ -336,7 +335,16 @@ func (c *Core) queueWork() {
 		resolving = true
 	}
 	if waking {
-		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.handed()})
+		keep := c.handed()
+		for _, cmd := range txn {
+			if r, ok := cmd.(Resolve); ok {
+				for _, it := range r.Items {
+					keep = append(keep, it.ID)
+				}
+			}
+		}
+		slices.Sort(keep)
+		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: slices.Compact(keep)})
 		c.wakeDue = false
 	}
 	if c.shutdown == 0 {
@@ -371,6 +379,7 @@ func (c *Core) queueWork() {
 		c.emit(cmd)
 	}
 	c.txn = txn
+	c.txnPaused = time.Time{}
 }
 
 // restReady reports whether the core has nothing to do with the queue until
@@ -453,10 +462,20 @@ func (c *Core) woken(e Woken) {
 		c.wakeDue = true
 		return
 	}
-	c.nextPaused = e.Next
+	// Next leaves out the rows the wake kept, so it must not hide a due time
+	// the same transaction's resolve reported for one of them (see Wake).
+	c.nextPaused = earliest(e.Next, c.txnPaused)
 	if e.Count > 0 {
 		c.lookAll()
 	}
+}
+
+// earliest is the earlier of two instants, zero standing for none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 func (c *Core) orphansReset(e OrphansReset) {
