@@ -56,7 +56,9 @@
 // whose NOTIFY may be lost like any other), and one who retries in a loop the
 // messages a stage failed while its worker still holds them (stages that answer
 // up to a second after their commit); commits of killed workers that land while
-// the resolve waits on their row; status lines of every shape the grammar can
+// the resolve waits on their row, and of stages that answer a transition and
+// also write one of their own (before the answer: a guard miss; or while the
+// resolve of the answer waits on the row); status lines of every shape the grammar can
 // recognise as an attempted patch (not an object, not JSON), and a bare
 // "0 >paused"; pauses written with six decimals (zero included), pauses of the
 // largest length allowed (paused:315360000, ten years), which an operator then

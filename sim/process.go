@@ -247,6 +247,9 @@ func (w *world) conclude(p *proc, id int64) {
 		}
 		w.commit(p, id)
 	}
+	if answers && !w.dbDown() && w.chance(w.rWrite, w.sc.faults.answerWrite) {
+		w.alsoWrite(p, id)
+	}
 	switch a.kind {
 	case kCrashAfter:
 		w.die(p, 1, "")
@@ -405,6 +408,31 @@ func (w *world) commit(p *proc, id int64) {
 	}
 	w.wrote[id-1], p.written = true, true
 	w.note("%s commits message %d: %s -> %s %s", p.id, id, from, to, status)
+}
+
+// alsoWrite makes a try that answers its transition commit a write of its own
+// too, the one its kind makes when its visit writes (see transition): a protocol
+// misuse the dispatcher tolerates. Either the COMMIT lands before the answer is
+// written, and the resolve's guarded write of the answer misses, or it is still
+// on its way and lands while the resolve waits on the row (PostgreSQL's UPDATE
+// then finds the row changed, writes nothing and reads it back running; see
+// fakequeue.CommitDuringResolve).
+func (w *world) alsoWrite(p *proc, id int64) {
+	if !w.chance(w.rWrite, w.sc.faults.lateCommit) {
+		w.note("%s answers its transition of message %d and writes one of its own too", p.id, id)
+		w.commit(p, id)
+		return
+	}
+	// The write is the one of this try, made now: when it lands the process
+	// may be on its next message.
+	from, to, status, timeout := w.transition(p, id)
+	w.note("%s answers its transition of message %d and writes one of its own too, whose commit is on its way", p.id, id)
+	w.q.CommitDuringResolve(id, func() {
+		if w.q.StageWrite(id, from, to, status, timeout) {
+			w.wrote[id-1] = true
+			w.note("%s's late commit of message %d lands: %s -> %s %s", p.id, id, from, to, status)
+		}
+	})
 }
 
 // transition is the write of the try of p on id: from its stage to a stage and

@@ -216,6 +216,13 @@ type faults struct {
 	// lateCommit: per mille of the workers the core kills while their try's
 	// commit is on its way; it lands while the resolve waits on the row.
 	lateCommit int
+	// answerWrite: per mille of the fault phase's tries that answer their
+	// transition ("0 >TARGET") and also commit a write of their own (a
+	// protocol misuse the dispatcher tolerates): lateCommit per mille of
+	// those commits are still on their way when the answer is resolved, and
+	// land while the resolve waits on the row; the others land first, and
+	// the resolve's guarded write misses.
+	answerWrite int
 }
 
 type window struct{ from, to time.Duration }
@@ -281,6 +288,7 @@ func choose(c chooser) *Scenario {
 	chooseLags(c, sc)
 	chooseRetries(c, sc)
 	chooseEdges(c, sc)
+	chooseAnswerWrites(c, sc)
 	return sc
 }
 
@@ -429,6 +437,17 @@ func chooseEdges(c chooser, sc *Scenario) {
 			}
 		}
 	}
+}
+
+// chooseAnswerWrites chooses how often a try that answers its transition also
+// commits one of its own. Drawn last, so that older seeds keep every earlier
+// choice; and one scenario in four has them, so that the others play as they
+// did before this chapter (their seeds keep finding what they found).
+func chooseAnswerWrites(c chooser, sc *Scenario) {
+	if c.intn("answer_writes", 0, 3) < 3 {
+		return
+	}
+	sc.faults.answerWrite = 100 * c.intn("answer_write", 1, 3)
 }
 
 func chooseMessage(c chooser, sc *Scenario) message {
@@ -589,7 +608,7 @@ func (sc *Scenario) writeFaults(b *strings.Builder) {
 	if f.retryEvery > 0 {
 		fmt.Fprintf(b, "# faults: an operator retries every failed message, held or not, every %s from %s to %s\n", f.retryEvery, f.retryLoop.from, f.retryLoop.to)
 	}
-	fmt.Fprintf(b, "# faults: late-commit %d‰\n", f.lateCommit)
+	fmt.Fprintf(b, "# faults: late-commit %d‰ answer-write %d‰\n", f.lateCommit, f.answerWrite)
 	for _, w := range f.outages {
 		fmt.Fprintf(b, "# faults: database outage %s..%s\n", w.from, w.to)
 	}

@@ -140,6 +140,9 @@ type world struct {
 	// rGate draws the producers' transaction lengths and the gate's timing and
 	// faults (core.Rest, core.Busy).
 	rGate *rand.Rand
+	// rWrite draws which answered transitions a stage also writes itself, and
+	// whether that commit is still on its way when the answer is resolved.
+	rWrite *rand.Rand
 
 	// The gate: the advisory lock the dispatcher takes exclusively to wait for
 	// notifications, and producers take shared when they do not notify (schema
@@ -219,6 +222,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rFault:  rand.New(rand.NewPCG(sc.WorldSeed, 5)),
 		rVacuum: rand.New(rand.NewPCG(sc.WorldSeed, 6)),
 		rGate:   rand.New(rand.NewPCG(sc.WorldSeed, 7)),
+		rWrite:  rand.New(rand.NewPCG(sc.WorldSeed, 8)),
 	}
 	w.retried = map[int64]time.Time{}
 	w.strayed = map[int64]int{}
