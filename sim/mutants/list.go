@@ -290,6 +290,8 @@ var mutants = []mutant{
 		"if st.rate != nil || !st.dry {", "if !st.dry {"),
 	mut("move-claimed-taken-for-a-race", "item-for-held", "a row its resolve moved and claimed is taken for a row a late commit changed, and resolved again",
 		"if o.Status == StatusRunning && it.Claim && o.Matched {", "if false {"),
+	mut("raced-move-taken-as-claimed", "spawn-only-when-needed", "a move that claims, whose row a racing commit left running, is taken as moved and claimed at its target",
+		"if o.Status == StatusRunning && it.Claim && o.Matched {", "if o.Status == StatusRunning && it.Claim {"),
 	mut("yield-unbounded", "claim-yields-at-most-half", "a stage yields a slot for every move of its that found no room, all of its room if need be: behind a full stage it takes nothing new",
 		"return n - min(yielded, n/2)", "return n - min(yielded, n)"),
 	{name: "move-claim-resent-claiming", rule: "move-claims", bug: "a move owed again (its reply lost, or its row changed by a racing commit) is re-sent still claiming, on a row it may have moved already",
