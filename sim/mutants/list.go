@@ -163,7 +163,7 @@ var mutants = []mutant{
 	// What only a richer fake world reaches: orphans from late claims, a lost lock.
 	mut("heartbeat-sweep-disabled", "liveness", "running rows no one holds (a late claim's) are never reset",
 		"c.sweep = c.resetDone", "c.sweep = false"),
-	mut("carry-dropped", "statistics-exact", "statistics carried over a lost lock are dropped",
+	mut("carry-dropped", "flush-not-late", "statistics carried over a lost lock are dropped: never flushed",
 		"c.life = e.Life\n\t\tfor _, f := range e.Carry {", "c.life = e.Life\n\t\tfor _, f := range e.Carry[:0] {"),
 	mut("carried-flush-merged", "flush-not-late", "a carried flush that was sent is added to the new life's counts, so it counts twice if it was applied",
 		"\t\t\tif f.Seq == 0 {\n\t\t\t\tc.addFlush(f)", "\t\t\tif true {\n\t\t\t\tc.addFlush(f)"),
