@@ -335,16 +335,7 @@ func (c *Core) queueWork() {
 		resolving = true
 	}
 	if waking {
-		keep := c.handed()
-		for _, cmd := range txn {
-			if r, ok := cmd.(Resolve); ok {
-				for _, it := range r.Items {
-					keep = append(keep, it.ID)
-				}
-			}
-		}
-		slices.Sort(keep)
-		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: slices.Compact(keep)})
+		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.wakeKeep(txn)})
 		c.wakeDue = false
 	}
 	if c.shutdown == 0 {
@@ -380,6 +371,22 @@ func (c *Core) queueWork() {
 	}
 	c.txn = txn
 	c.txnPaused = time.Time{}
+}
+
+// wakeKeep lists the rows a wake sent after txn must leave paused: those
+// handed to workers and not yet answered, and those of txn's resolve (see
+// Wake).
+func (c *Core) wakeKeep(txn []Command) []int64 {
+	keep := c.handed()
+	for _, cmd := range txn {
+		if r, ok := cmd.(Resolve); ok {
+			for _, it := range r.Items {
+				keep = append(keep, it.ID)
+			}
+		}
+	}
+	slices.Sort(keep)
+	return slices.Compact(keep)
 }
 
 // restReady reports whether the core has nothing to do with the queue until
