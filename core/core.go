@@ -370,11 +370,7 @@ func (c *Core) setTimer() {
 		return
 	}
 	var next time.Time
-	at := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
+	at := func(t time.Time) { next = earliest(next, t) }
 	// While a transaction is outstanding or the database is down, its result or
 	// DatabaseUp wakes the core: a queue deadline then would only spin.
 	// After a second shutdown request nothing more is written either.

@@ -142,7 +142,9 @@ type Claimed struct {
 }
 
 // Outcome is what a Resolve found or did for one Item: the row's stage and status
-// after the statement, its paused timeout, and its state.dispatch_error. An empty
+// after the statement, its paused timeout (zero for a paused row with no due
+// time: a NULL timeout, or 'infinity'; such a row is never woken), and its
+// state.dispatch_error. An empty
 // Status means the row no longer exists. Matched reports that the row was still
 // running at the item's stage, so the item's verdict was the one written (for a
 // Move: false is a guard miss).
@@ -173,7 +175,8 @@ type Resolved struct {
 }
 
 // Woken is the result of a Wake: how many due paused rows became pending and the
-// earliest timeout of the rows still paused (zero when none is).
+// earliest timeout of the rows still paused and not kept (zero when none is; a
+// row with no due time, a NULL timeout or 'infinity', never is).
 type Woken struct {
 	Op    int64
 	Count int

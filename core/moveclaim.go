@@ -57,6 +57,7 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 	if c.shutdown > 0 || noClaims {
 		return nil
 	}
+	yielded = map[string]int{}
 	var cand []int
 	for i, it := range items {
 		if it.Verdict == Move && c.byName[it.To] != nil && !c.unsure[it.ID] && c.races[it.ID] == 0 {
@@ -69,9 +70,6 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 		st := c.byName[items[i].To]
 		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
 			if st.rate == nil && items[i].To != items[i].Stage {
-				if yielded == nil {
-					yielded = map[string]int{}
-				}
 				yielded[items[i].Stage]++
 			}
 			continue

@@ -232,6 +232,10 @@ func TestShowPrintsOneMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	pq(t, "", env, "show", "1").expect(t, "show paused until infinity", 0, "status   paused\ntimeout  infinity (never due)\n", "")
+	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET timeout = '-infinity' WHERE ingress_id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	pq(t, "", env, "show", "1").expect(t, "show paused until -infinity", 0, "status   paused\ntimeout  -infinity (due)\n", "")
 	pq(t, "", env, "show", "7").expect(t, "missing", 1, "", "message 7 does not exist")
 	pq(t, "", env, "show", "x7").expect(t, "bad id", 2, "", `"x7" is not a message id`)
 	pq(t, "", env, "show").expect(t, "no id", 2, "", "want exactly one message id")

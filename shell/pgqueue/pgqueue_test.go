@@ -675,9 +675,15 @@ func TestARowPausedUntilInfinityDoesNotFailTheStep(t *testing.T) {
 	now := time.Now()
 	ctx := context.Background()
 
-	o := h.Exec(ctx, []core.Command{core.Resolve{Op: 1, Items: []core.Item{{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: "r"}}}})[0].(core.Resolved)
+	o := h.Exec(ctx, []core.Command{core.Resolve{Op: 1, Items: []core.Item{
+		{ID: ids[0], Stage: "a", Verdict: core.Answered, Reason: "r"},
+		{ID: ids[1], Stage: "a", Verdict: core.Answered, Reason: "r"},
+	}}})[0].(core.Resolved)
 	if o.Err != "" || o.Outcomes[0].Status != core.StatusPaused || !o.Outcomes[0].Timeout.IsZero() {
 		t.Fatalf("resolve of a row paused until infinity: %+v; want it paused, with no due time", o)
+	}
+	if due := o.Outcomes[1].Timeout; o.Outcomes[1].Status != core.StatusPaused || due.IsZero() || !due.Before(now) {
+		t.Fatalf("resolve of a row paused until -infinity: %+v; want it paused, due already", o.Outcomes[1])
 	}
 	w := h.Exec(ctx, []core.Command{core.Wake{Op: 2, Now: now}})[0].(core.Woken)
 	if w.Err != "" || w.Count != 1 || !w.Next.IsZero() {
