@@ -312,7 +312,10 @@ func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck
 	if err != nil || got {
 		return got, err
 	}
-	if held.BackendPID != *holder {
+	// A holder that cannot be named after one was (BackendPID 0) most likely
+	// just let go: the wait below will tell, and the operator has nothing new
+	// to read. A holder never named is logged as it is.
+	if held.BackendPID != *holder && (held.BackendPID != 0 || *holder <= 0) {
 		*holder = held.BackendPID
 		log.Info("standby: waiting for the dispatcher lock", "holder", held.Error())
 	}
