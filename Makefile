@@ -9,7 +9,7 @@ BIN := $(CURDIR)/bin
 all: build
 
 # -version names the commit even where the toolchain records none (GOFLAGS=-buildvcs=false).
-LDFLAGS := -X github.com/pepsi-pipeline/pepsi/shell/buildinfo.commit=$(shell git describe --always --dirty 2>/dev/null)
+LDFLAGS := -X github.com/pepsi-pipeline/pepsi/internal/buildinfo.commit=$(shell git describe --always --dirty 2>/dev/null)
 
 # cmd/ holds the programs an operator installs; tools/pepsi-* the development
 # programs (demo, bench, chaos, soak, simulator replay); examples/pepsi-example

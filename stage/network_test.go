@@ -10,7 +10,7 @@ import (
 )
 
 // A stage's connection has the dispatcher's bounds on a silent network
-// (shell/pgnet): the server ends a stage session it stops hearing from, with
+// (internal/pgnet): the server ends a stage session it stops hearing from, with
 // its row locks, after the same time as a dispatcher's, and the stage's side
 // gives up on a silent server.
 func TestTheStagesConnectionBoundsASilentNetworkAsTheDispatchersDoes(t *testing.T) {

@@ -96,8 +96,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
-	"github.com/pepsi-pipeline/pepsi/shell/logflags"
+	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 )
 
 // Handler handles one message at one stage. It may modify m.State (its changes

@@ -18,7 +18,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/pgnet"
+	"github.com/pepsi-pipeline/pepsi/internal/pgnet"
 )
 
 // Bounds of the retry loops and of what goes on a status line (STYLE.md: every

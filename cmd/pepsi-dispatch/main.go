@@ -16,10 +16,10 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
-	"github.com/pepsi-pipeline/pepsi/shell/logflags"
 )
 
 const usage = `pepsi-dispatch: run the PEPSI dispatcher.

@@ -1,6 +1,6 @@
 // Command pepsi-httpd serves a PEPSI pipeline's state over HTTP: Prometheus
 // metrics at /metrics, a live page for operators at /, its data at /api/status
-// and a health check at /healthz. Its queries and handlers live in shell/httpd;
+// and a health check at /healthz. Its queries and handlers live in httpd;
 // this file parses flags, connects and serves. It never writes to the database
 // and never shows a message's payload. See docs/pepsi-httpd.8.md.
 package main
@@ -23,9 +23,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
-	"github.com/pepsi-pipeline/pepsi/shell/httpd"
-	"github.com/pepsi-pipeline/pepsi/shell/logflags"
+	"github.com/pepsi-pipeline/pepsi/httpd"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 )
 
 const usage = `pepsi-httpd: serve a PEPSI pipeline's state over HTTP.

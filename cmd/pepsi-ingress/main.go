@@ -1,7 +1,7 @@
 // Command pepsi-ingress is the front door of a PEPSI pipeline over HTTP: it
 // takes messages at POST /v1/messages from producers that have no database
 // access and commits them to pepsi.queue, answering 202 with their ids once
-// committed. Its handlers, group commit and SQL live in shell/ingress; this
+// committed. Its handlers, group commit and SQL live in ingress; this
 // file parses flags and the configuration, connects, serves, reloads tokens
 // and certificates on SIGHUP and shuts down cleanly on SIGTERM. See
 // docs/pepsi-ingress.8.md.
@@ -25,9 +25,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
-	"github.com/pepsi-pipeline/pepsi/shell/logflags"
+	"github.com/pepsi-pipeline/pepsi/ingress"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 )
 
 const usage = `pepsi-ingress: take messages over HTTP and commit them to a PEPSI queue.

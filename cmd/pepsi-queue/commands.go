@@ -20,7 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/pepsi-pipeline/pepsi/core"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )
 

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 // lineMax bounds one input line (one payload); a longer line is an error rather
@@ -98,7 +98,7 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{}, io.EOF
 }
 
-// ndjsonMessage reads one NDJSON object (shell/msgjson, without stage and key:
+// ndjsonMessage reads one NDJSON object (internal/msgjson, without stage and key:
 // -stage names the stage, and enqueue does not deduplicate).
 func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
 	m, err := msgjson.Parse(text, msgjson.Fields{})

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 )
 
 // FuzzLines reads arbitrary input as enqueue's line input and checks it against

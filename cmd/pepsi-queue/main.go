@@ -1,7 +1,7 @@
 // Command pepsi-queue is the operator's tool for the PEPSI queue: it applies the
 // schema, enqueues messages, shows counts, statistics and single messages, sends
 // failed messages round again and purges finished ones. Its SQL lives in
-// shell/queueadmin; this file parses flags and prints. It never claims or runs
+// queueadmin; this file parses flags and prints. It never claims or runs
 // messages (pepsi-dispatch alone does) and never writes the statistics tables.
 package main
 
@@ -23,9 +23,9 @@ import (
 	"github.com/peterbourgon/ff/v3/ffcli"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
-	"github.com/pepsi-pipeline/pepsi/shell/logflags"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 func main() {

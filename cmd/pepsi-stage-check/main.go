@@ -26,8 +26,8 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
-	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
 )
 

@@ -26,7 +26,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/pgnet"
+	"github.com/pepsi-pipeline/pepsi/internal/pgnet"
 	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 )

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 // The claim floor (docs/durability.md, "Claims look above a floor"): a stage's

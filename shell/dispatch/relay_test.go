@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
-	"github.com/pepsi-pipeline/pepsi/shell/stagerelay"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
+	"github.com/pepsi-pipeline/pepsi/stage/relay"
 )
 
 // relayConf is one INPUT = message stage whose worker (relaystage) carries its
@@ -26,7 +26,7 @@ QUEUE_LIMIT = 16
 MAX_MESSAGES = 100000
 `
 
-// startRelay runs the far host: a stagerelay server that starts filterstage
+// startRelay runs the far host: a stage/relay server that starts filterstage
 // for each connection (with no database in its environment), behind the fault
 // proxy with latency added to every chunk in each direction; the dispatcher's
 // workers reach it through the proxy.
@@ -45,7 +45,7 @@ func startRelay(t *testing.T, e *env, latency time.Duration) *netfault.Proxy {
 	env = append(env, "PEPSI_STAGE=f", "PEPSI_INPUT=message", "TESTSTAGE_RECORD="+filepath.Join(e.dir, "record"))
 	done := make(chan error, 1)
 	go func() {
-		done <- stagerelay.Serve(ln, []string{filepath.Join(binDir, "filterstage"), "worker"}, env, io.Discard, slog.New(slog.DiscardHandler))
+		done <- relay.Serve(ln, []string{filepath.Join(binDir, "filterstage"), "worker"}, env, io.Discard, slog.New(slog.DiscardHandler))
 	}()
 	proxy, err := netfault.Start(ln.Addr().String())
 	if err != nil {

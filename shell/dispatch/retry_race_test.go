@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 // TestRetriesWhileAWorkerHoldsTheMessageNeverMakeTwoHolders is the operator's

@@ -17,9 +17,9 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 
 // slowStage holds every message it is given far longer than the test lasts.

@@ -45,7 +45,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 

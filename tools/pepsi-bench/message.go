@@ -14,8 +14,8 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
-	"github.com/pepsi-pipeline/pepsi/shell/stagerelay"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
+	"github.com/pepsi-pipeline/pepsi/stage/relay"
 )
 
 // messageProgram is the name under which pepsi-bench runs as the message-mode
@@ -120,7 +120,7 @@ func (m mode) relayLatency() time.Duration {
 }
 
 // startRelays starts, for each stage, the "far host" of a relay mode: a
-// stagerelay server that runs the message-mode stage for each connection,
+// stage/relay server that runs the message-mode stage for each connection,
 // behind the fault proxy adding latency. It returns the dispatcher's extra
 // environment and a function that stops them all.
 func (b *bench) startRelays(m mode) (env []string, stop func(), err error) {
@@ -146,7 +146,7 @@ func (b *bench) startRelays(m mode) (env []string, stop func(), err error) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = stagerelay.Serve(ln, []string{b.messageLink, "worker"}, stageEnv, os.Stderr, slog.New(slog.DiscardHandler))
+			_ = relay.Serve(ln, []string{b.messageLink, "worker"}, stageEnv, os.Stderr, slog.New(slog.DiscardHandler))
 		}()
 		proxy, err := netfault.Start(ln.Addr().String())
 		if err != nil {
@@ -164,7 +164,7 @@ func (b *bench) startRelays(m mode) (env []string, stop func(), err error) {
 
 // runRelayWorker is main for the relay modes' worker.
 func runRelayWorker() {
-	stagerelay.Main("PEPSI_BENCH_RELAY_" + os.Getenv("PEPSI_STAGE"))
+	relay.Main("PEPSI_BENCH_RELAY_" + os.Getenv("PEPSI_STAGE"))
 }
 
 // runMessageWorker is main for the message-mode stage program.

@@ -50,10 +50,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/privatepg"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
 	"github.com/pepsi-pipeline/pepsi/stage"
 	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )

@@ -30,8 +30,8 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 

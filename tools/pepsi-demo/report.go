@@ -11,7 +11,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 // stageOrder lists the pipeline's stages in the order messages pass them.

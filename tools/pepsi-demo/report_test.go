@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 func stats(done, failed, timeout, pending int64) *queueadmin.Stats {

@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/sim"
 )
 

@@ -39,9 +39,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/privatepg"
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/schema"
 	"github.com/pepsi-pipeline/pepsi/stage"
 	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"

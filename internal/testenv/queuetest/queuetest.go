@@ -1,4 +1,4 @@
-// Package queuetest is the one conformance suite every queue.Executor must pass:
+// Package queuetest is the one conformance suite every Executor must pass:
 // the PostgreSQL queue (shell/pgqueue) and the simulator's fake (sim) alike, so
 // the simulator cannot drift from the real queue. It states behaviour only (what
 // a command does to rows and what it answers), never how; it must never assume
@@ -15,14 +15,13 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
-	"github.com/pepsi-pipeline/pepsi/shell/queue"
 )
 
 // Harness is a queue under test plus the few things the suite must do to it that
 // the dispatcher never does: add rows, play a stage program, read rows back and
 // simulate a database crash. Every method fails the test on error.
 type Harness interface {
-	queue.Executor
+	Executor
 	// Insert adds pending rows at stage and returns their ids in order.
 	Insert(t *testing.T, stage string, n int) []int64
 	// InsertMessage adds one pending row at stage with state (a JSON object)

@@ -22,7 +22,7 @@
 //   - exitstage: exits 1 at start without reading anything (a broken deployment);
 //   - eagerstage: teststage that first answers "0" before it has read any id;
 //   - relaystage: a worker that carries its standard input and output over TCP
-//     to the address in PEPSI_RELAY_ADDR (shell/stagerelay), as "ssh host
+//     to the address in PEPSI_RELAY_ADDR (stage/relay), as "ssh host
 //     stage" would;
 //   - filterstage: an INPUT = message stage that finishes every message
 //     ("0 >done") and records, per message, how many lines it held at once
@@ -83,8 +83,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/stagerelay"
 	"github.com/pepsi-pipeline/pepsi/stage"
+	"github.com/pepsi-pipeline/pepsi/stage/relay"
 )
 
 // Record is one line of the record file. The tests decode the same shape.
@@ -145,7 +145,7 @@ func main() {
 	record(Record{Ev: "start", Args: os.Args[1:], Env: stageName})
 	switch filepath.Base(os.Args[0]) {
 	case "relaystage":
-		stagerelay.Main("PEPSI_RELAY_ADDR")
+		relay.Main("PEPSI_RELAY_ADDR")
 	case "filterstage":
 		if err := filter(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintf(os.Stderr, "teststage: %v\n", err)

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
+	"github.com/pepsi-pipeline/pepsi/internal/pgnet"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgnet"
 )
 
 // BoundSilence makes both ends of a connection give up on a silent

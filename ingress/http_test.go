@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+	"github.com/pepsi-pipeline/pepsi/ingress"
 )
 
 // These tests pin down what net/http's server did for pepsi-ingress and

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+	"github.com/pepsi-pipeline/pepsi/ingress"
 )
 
 // FuzzParseBody reads arbitrary bodies as NDJSON and as JSON. Whatever they

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 )
 
 // Defaults of the group commit.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
+	"github.com/pepsi-pipeline/pepsi/ingress"
 )
 
 func TestTokensAreReadOnePerLineAndReloaded(t *testing.T) {

@@ -1,4 +1,4 @@
-// Package stagerelay carries a stage program's standard input and output over
+// Package relay carries a stage program's standard input and output over
 // TCP, the way "ssh host stage" does: Serve runs on the far host and starts the
 // stage for each connection, with the connection as its standard input and
 // output; Pipe runs as the dispatcher's worker (PROGRAM) and copies its own
@@ -9,7 +9,7 @@
 // It is a transport only: it never reads, counts or changes a line, and keeps
 // nothing. A cut connection ends Pipe with an error, so the worker exits
 // non-zero and the dispatcher handles it as the crash it is.
-package stagerelay
+package relay
 
 import (
 	"context"

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/httpd"
 )
 
 // bigQueue is a queue as it looks after weeks of work: most rows done, a

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/ingress"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
 )
 
 // dial opens a connection of its own to the server, closed when the test

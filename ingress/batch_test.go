@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/ingress"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
 )
 
 // TestKeyedBatchesInOppositeOrdersDoNotDeadlock makes two batches insert the

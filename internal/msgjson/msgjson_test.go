@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 )
 
 func TestFieldsSayWhichOptionalFieldsAreTaken(t *testing.T) {

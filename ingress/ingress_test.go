@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/valyala/fasthttp"
 
+	"github.com/pepsi-pipeline/pepsi/ingress"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/ingress"
 )
 
 // fixture is an ingress in front of a test database of its own.

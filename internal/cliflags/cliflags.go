@@ -17,7 +17,7 @@ import (
 
 	"github.com/peterbourgon/ff/v3"
 
-	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
 )
 
 // ExitUsage is the exit status of a bad command line, in every PEPSI program.

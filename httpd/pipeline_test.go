@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/httpd"
-	"github.com/pepsi-pipeline/pepsi/shell/queueadmin"
 )
 
 // checkStage is a whole stage in sh and psql (DATABASE is filled in). Of ids

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/cliflags"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 )
 
 func newFlags(out *bytes.Buffer) (*flag.FlagSet, *string) {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/logflags"
+	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 )
 
 func TestNewWritesTheFormatAtTheLevelAndNamesABadFlag(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/pepsi-pipeline/pepsi/shell/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 )
 
 // Content types of a request body.

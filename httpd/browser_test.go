@@ -12,8 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/httpd"
 )
 
 // chromium finds Debian's headless chromium (or a full one);

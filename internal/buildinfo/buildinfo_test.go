@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/shell/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
 )
 
 func TestVersionNamesTheProgramAndTheToolchain(t *testing.T) {
