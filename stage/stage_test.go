@@ -531,6 +531,16 @@ func TestLineThatIsNotAnIDIsAnsweredNonZero(t *testing.T) {
 	if got := w.answer(); got != "0 >enrich" {
 		t.Errorf("answer for the id after it = %q, want \"0 >enrich\" (blank lines are skipped)", got)
 	}
+
+	// A long one is answered with its reason cut, as every reason the
+	// library gives: at 1,000 bytes and an ellipsis. (2,000 control bytes,
+	// within an input line's bound, quote to 8,000.)
+	w.send(strings.Repeat("\x01", 2000) + "\n")
+	got := w.answer()
+	want := "1 " + (`not a message id: "` + strings.Repeat(`\x01`, 2000))[:1000] + "…"
+	if got != want {
+		t.Errorf("answer for a line of 2,000 control bytes = %d bytes %.40q…, want %d bytes %.40q…", len(got), got, len(want), want)
+	}
 }
 
 func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {

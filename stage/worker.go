@@ -210,8 +210,8 @@ func (w *worker) serve(ctx context.Context, lines []string, out *answerWriter) e
 				return err
 			}
 		} else {
-			answer = fmt.Sprintf("1 not a message id: %q", line)
-			w.log.Error("input line is not a message id", "stage", w.stage, "line", line)
+			answer = failure(fmt.Sprintf("not a message id: %q", line))
+			w.log.Error("input line is not a message id", "stage", w.stage, "line", clip(line, 200))
 		}
 		if err := out.write(answer); err != nil {
 			return fmt.Errorf("write answer for %q: %w", line, err)
