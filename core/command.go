@@ -7,13 +7,18 @@ import (
 	"time"
 )
 
-// Command is one thing the core asks the shell to do. The set is closed: only the
-// types in this file implement it. The shell executes the commands of one Step in
-// the order given. Queue commands (ResetOrphans, Resolve, Wake, Claim, Flush) of
-// one Step form one transaction: the shell runs them in order in a single
-// transaction and answers each with its result event (same Op), all failed if the
-// transaction failed. The core never has more than one such transaction
-// outstanding, so queue writes are strictly serial.
+// Command is one thing the core asks the shell to do. The set is closed: only
+// this package's types implement it, those of this file and Inspect and Vacuum
+// (vacuum.go). The shell executes the commands of one Step other than queue
+// commands in the order given. Queue commands (ResetOrphans, Resolve, Wake,
+// Claim, Flush) of one Step form one transaction: the shell gathers them and,
+// after every other command of the Step, runs them in the order given in a
+// single transaction, and answers each with its result event (same Op), all
+// failed if the transaction failed. So no command of a Step waits for that
+// Step's queue writes, and the core relies on none of them being made before a
+// later Step. The core never has more than one such transaction outstanding, so
+// queue writes are strictly serial. Exit ends the shell's loop: neither the
+// commands after it nor the queue commands of its Step are executed.
 type Command interface {
 	isCommand()
 	String() string

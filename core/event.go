@@ -8,8 +8,9 @@ import (
 
 // Event is something that happened outside the core: a notification, a timer, a
 // worker's answer or exit, the result of a queue command. The set is closed: only
-// the types in this file implement it. String is the canonical text used in logs,
-// golden files and simulation traces.
+// this package's types implement it, those of this file and Inspected and
+// Vacuumed (vacuum.go). String is the canonical text used in logs, golden files
+// and simulation traces.
 type Event interface {
 	isEvent()
 	String() string
