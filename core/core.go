@@ -118,10 +118,13 @@ type worker struct {
 }
 
 type stage struct {
-	cfg       conf.Stage
-	workers   []*worker // in id order
-	backlog   []msg     // claimed, not yet handed to a worker
-	maybeMore bool      // pending rows may exist: worth claiming
+	cfg conf.Stage
+	// maxRuntime is the stage's watchdog: its own MAX_RUNTIME, or else the
+	// dispatcher's.
+	maxRuntime time.Duration
+	workers    []*worker // in id order
+	backlog    []msg     // claimed, not yet handed to a worker
+	maybeMore  bool      // pending rows may exist: worth claiming
 	// reserved counts the moves to this stage that the outstanding resolve
 	// may claim (Item.Claim): room kept for them until its outcomes come.
 	reserved int
@@ -235,7 +238,7 @@ func New(cfg *conf.Config) *Core {
 		races:      map[int64]int{},
 	}
 	for _, sc := range cfg.Stages {
-		st := &stage{cfg: sc, rate: newBucket(sc.Rate), stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
+		st := &stage{cfg: sc, maxRuntime: cfg.Dispatch.RuntimeOf(sc), rate: newBucket(sc.Rate), stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
 		if sc.Input == conf.InputMessage {
 			st.stuckReason = fmt.Sprintf("stage %s (INPUT = message) answered a bare 0, which leaves the message running at %s: a stage with no database must answer its transition (0 >TARGET)", sc.Name, sc.Name)
 		}
@@ -387,7 +390,7 @@ func (c *Core) setTimer() {
 		case ready:
 			if len(w.queue) > 0 {
 				if !c.dbDown {
-					at(w.headSince.Add(c.cfg.MaxRuntime))
+					at(w.headSince.Add(w.stage.maxRuntime))
 				}
 			} else if w.handed < w.stage.cfg.MaxMessages {
 				at(w.idleSince.Add(c.cfg.IdleTimeout))

@@ -597,6 +597,49 @@ func TestWatchdogTimesTheHeadFromWhenItReachedTheHead(t *testing.T) {
 	w.wantRow(2, "a", core.StatusTimeout)
 }
 
+// Proves: each stage's watchdog is its own MAX_RUNTIME: a head at a stage that
+// sets 10s is killed at 10s, with a reason that names 10s, while a head at a
+// stage without one runs on to the dispatcher's 300s; the core's timer is the
+// stage's deadline.
+func TestEachStageTimesOutAtItsOwnMaxRuntime(t *testing.T) {
+	w := newWorld(t, `
+[pepsi-dispatch]
+MAX_RUNTIME = 300
+[stage-fast]
+PROGRAM = fast
+PARALLELISM = 1
+MAX_RUNTIME = 10
+[stage-slow]
+PROGRAM = slow
+PARALLELISM = 1
+`)
+	w.q.Insert("slow", 1)      // message 1
+	cmds := w.start("fast", 1) // message 2
+	cmds = append(cmds, w.settle()...)
+	if at := lastTimer(t, cmds); !at.Equal(epoch.Add(10 * time.Second)) {
+		t.Errorf("timer at %s, want 10s (fast's own MAX_RUNTIME)", at.Sub(epoch))
+	}
+	none[core.Kill](t, w.tick(9*time.Second), "fast's head killed before its MAX_RUNTIME")
+	cmds = w.tick(10 * time.Second)
+	if k := one[core.Kill](t, cmds); w.stageOf[k.Worker] != "fast" {
+		t.Errorf("killed %s of stage %s, want fast's worker", k.Worker, w.stageOf[k.Worker])
+	}
+	var fastWorker core.WorkerID
+	for id, st := range w.stageOf {
+		if st == "fast" {
+			fastWorker = id
+		}
+	}
+	cmds = w.exit(fastWorker, -1, "killed")
+	if it := itemFor(t, cmds, 2); it.Verdict != core.TimeOut || !strings.Contains(it.Reason, "MAX_RUNTIME 10s") {
+		t.Errorf("fast's head item %v, want a timeout naming MAX_RUNTIME 10s", it)
+	}
+	none[core.Kill](t, w.tick(299*time.Second), "slow's head killed before the dispatcher's MAX_RUNTIME")
+	if k := one[core.Kill](t, w.tick(300*time.Second)); w.stageOf[k.Worker] != "slow" {
+		t.Errorf("killed %s of stage %s at 300s, want slow's worker", k.Worker, w.stageOf[k.Worker])
+	}
+}
+
 // Proves: a line that is not a status line gets the worker killed, and then, as for a
 // crash, its head fails, the rest is requeued and a crash is counted.
 func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {

@@ -144,7 +144,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	case killTimeout:
 		if len(q) > 0 && q[0].id == w.timedOut {
 			c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut,
-				Reason: fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, c.cfg.MaxRuntime, w.pid)})
+				Reason: fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, st.maxRuntime, w.pid)})
 			q = q[1:]
 		}
 		c.requeue(st, q)
@@ -230,13 +230,13 @@ func (c *Core) timers() {
 		switch w.state {
 		case ready:
 			if len(w.queue) > 0 {
-				if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {
+				if !c.dbDown && !c.now.Before(w.headSince.Add(w.stage.maxRuntime)) {
 					w.state = killed
 					w.cause = killTimeout
 					w.timedOut = w.queue[0].id
 					c.emit(Kill{Worker: w.id})
 					c.logf(LevelWarn, "stage %s worker pid %d: message %d unanswered after MAX_RUNTIME %s; killing the worker",
-						w.stage.cfg.Name, w.pid, w.timedOut, c.cfg.MaxRuntime)
+						w.stage.cfg.Name, w.pid, w.timedOut, w.stage.maxRuntime)
 				}
 				continue
 			}

@@ -585,8 +585,8 @@ func (w *world) checkKill(x core.Kill) {
 			w.broke(ruleWatchdog, "%s: the watchdog kills while the core knows the database is down (no stage can commit then)", x)
 			return
 		}
-		if ran := w.now.Sub(y.headSince); ran < w.sc.maxRuntime {
-			w.broke(ruleWatchdog, "%s: the watchdog kills after %s at the head, before MAX_RUNTIME %s", x, ran, w.sc.maxRuntime)
+		if ran, own := w.now.Sub(y.headSince), w.sc.runtimeOf(y.stage); ran < own {
+			w.broke(ruleWatchdog, "%s: the watchdog kills after %s at the head, before its stage's MAX_RUNTIME %s", x, ran, own)
 		}
 	}
 }
@@ -713,9 +713,9 @@ func (w *world) working() []*wmodel {
 
 func (w *world) watchdogDue(r *rule) {
 	for _, y := range w.working() {
-		if len(y.queue) > 0 && !w.coreDown && w.now.Sub(y.headSince) > w.sc.maxRuntime {
-			w.broke(r, "%s's head %d has run %s unanswered and the watchdog has not killed it, MAX_RUNTIME %s",
-				y.id, y.queue[0], w.now.Sub(y.headSince), w.sc.maxRuntime)
+		if own := w.sc.runtimeOf(y.stage); len(y.queue) > 0 && !w.coreDown && w.now.Sub(y.headSince) > own {
+			w.broke(r, "%s's head %d has run %s unanswered and the watchdog has not killed it, its stage's MAX_RUNTIME %s",
+				y.id, y.queue[0], w.now.Sub(y.headSince), own)
 			return
 		}
 	}

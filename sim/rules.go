@@ -152,7 +152,7 @@ var ruleStopGrace = &rule{name: "stop-grace", when: atCommand,
 	doc: "A stopped worker is killed only after STOP_GRACE."}
 
 var ruleWatchdog = &rule{name: "watchdog", when: atCommand,
-	doc: "The watchdog kills a worker only when its head has run MAX_RUNTIME (timed from when it reached the head, or from the DatabaseUp that ended an outage the core saw), " +
+	doc: "The watchdog kills a worker only when its head has run its stage's MAX_RUNTIME (the stage's own, or else the dispatcher's; timed from when it reached the head, or from the DatabaseUp that ended an outage the core saw), " +
 		"and never while the core knows the database is down: no stage can commit then."}
 
 var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand,
@@ -275,7 +275,7 @@ var ruleStopGraceDue = &rule{name: "stop-grace-due", when: atDeadline, check: (*
 	doc: "A stopped worker is gone or killed by STOP_GRACE."}
 
 var ruleWatchdogDue = &rule{name: "watchdog-due", when: atDeadline, check: (*world).watchdogDue,
-	doc: "A head unanswered past MAX_RUNTIME is killed, unless the core knows the database is down."}
+	doc: "A head unanswered past its stage's MAX_RUNTIME is killed, unless the core knows the database is down."}
 
 var ruleRecycleDue = &rule{name: "recycle-due", when: atDeadline, check: (*world).recycleDue,
 	doc: "A worker that has handled MAX_MESSAGES and holds nothing is recycled."}

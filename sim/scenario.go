@@ -57,6 +57,9 @@ type stageConf struct {
 	retryDelay    time.Duration
 	retryDelayMax time.Duration
 	rate          string
+	// maxRuntime is the stage's own MAX_RUNTIME; 0 leaves it out of the
+	// configuration, and the stage has the dispatcher's.
+	maxRuntime time.Duration
 }
 
 // rates are the RATE values a scenario's stages may have: below one message a
@@ -289,6 +292,7 @@ func choose(c chooser) *Scenario {
 	chooseRetries(c, sc)
 	chooseEdges(c, sc)
 	chooseAnswerWrites(c, sc)
+	chooseStageRuntimes(c, sc)
 	return sc
 }
 
@@ -450,6 +454,59 @@ func chooseAnswerWrites(c chooser, sc *Scenario) {
 	sc.faults.answerWrite = 100 * c.intn("answer_write", 1, 3)
 }
 
+// chooseStageRuntimes chooses stages with a MAX_RUNTIME of their own, shorter
+// or longer than the dispatcher's, and moves the tries that hang or run slow
+// there to that stage's watchdog (a hang still overruns it by what it drew, a
+// slow try still takes the same share of it). Drawn last, so that older seeds
+// keep every earlier choice; and one scenario in three has them, so that the
+// others play as they did before this chapter.
+func chooseStageRuntimes(c chooser, sc *Scenario) {
+	if c.intn("stage_runtimes", 0, 2) < 2 {
+		return
+	}
+	for i := range sc.stages {
+		if n := c.intn(sc.stages[i].name+".max_runtime_s", 0, 30); n >= 2 {
+			sc.stages[i].maxRuntime = secs(n)
+		}
+	}
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			own := sc.stages[m.first+j].maxRuntime
+			if own == 0 {
+				continue
+			}
+			for k := range m.visits[j].trouble {
+				a := &m.visits[j].trouble[k]
+				switch a.kind {
+				case kHang:
+					a.latency = own + (a.latency - sc.maxRuntime)
+				case kSlow:
+					a.latency = a.latency * own / sc.maxRuntime
+				}
+			}
+		}
+	}
+}
+
+// runtimeOf is the watchdog of stage s: its own MAX_RUNTIME, or the
+// dispatcher's.
+func (sc *Scenario) runtimeOf(s int) time.Duration {
+	if own := sc.stages[s].maxRuntime; own > 0 {
+		return own
+	}
+	return sc.maxRuntime
+}
+
+// longestRuntime is the longest watchdog of any stage.
+func (sc *Scenario) longestRuntime() time.Duration {
+	d := sc.maxRuntime
+	for s := range sc.stages {
+		d = max(d, sc.runtimeOf(s))
+	}
+	return d
+}
+
 func chooseMessage(c chooser, sc *Scenario) message {
 	n := len(sc.stages)
 	m := message{first: c.intn("msg.first", 0, n-1)}
@@ -571,6 +628,9 @@ func (sc *Scenario) Conf() string {
 		}
 		if st.rate != "" {
 			fmt.Fprintf(&b, "RATE = %s\n", st.rate)
+		}
+		if st.maxRuntime > 0 {
+			fmt.Fprintf(&b, "MAX_RUNTIME = %s\n", st.maxRuntime)
 		}
 	}
 	return b.String()

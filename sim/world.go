@@ -394,7 +394,7 @@ func (w *world) healBound() time.Duration {
 			work += time.Duration(float64(visits+1) / st.Rate * float64(time.Second))
 		}
 	}
-	return 3*sc.maxRuntime + 2*sc.grace + 2*core.CooldownMax + 3*sc.poll + time.Minute + sc.stats + 2*sc.restart + 30*time.Second + work
+	return 3*sc.longestRuntime() + 2*sc.grace + 2*core.CooldownMax + 3*sc.poll + time.Minute + sc.stats + 2*sc.restart + 30*time.Second + work
 }
 
 // heal ends the fault phase: from now on every fault is off.

@@ -69,7 +69,7 @@ func run(args []string, stderr io.Writer) int {
 		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
 		ov         overrides
 	)
-	fs.StringVar(&ov.maxRuntime, "max-runtime", "", "override MAX_RUNTIME (seconds or a duration like 5m)")
+	fs.StringVar(&ov.maxRuntime, "max-runtime", "", "override [pepsi-dispatch] MAX_RUNTIME, the watchdog of stages without their own (seconds or a duration like 5m)")
 	fs.StringVar(&ov.idle, "worker-idle-timeout", "", "override WORKER_IDLE_TIMEOUT")
 	fs.StringVar(&ov.poll, "poll-interval", "", "override POLL_INTERVAL")
 	fs.StringVar(&ov.stats, "stats-interval", "", "override STATS_INTERVAL")

@@ -203,6 +203,20 @@ type Stage struct {
 	// Input is what the stage reads on standard input (key INPUT; default
 	// InputID).
 	Input Input
+	// MaxRuntime is this stage's own watchdog: how long a message may stay
+	// unanswered at the head of one of its workers (key MAX_RUNTIME, a PEPSI
+	// extension). 0, the default, means the dispatcher's MAX_RUNTIME, which a
+	// command-line flag may still override; RuntimeOf resolves it.
+	MaxRuntime time.Duration
+}
+
+// RuntimeOf is the watchdog of stage s under the dispatcher section d: the
+// stage's own MAX_RUNTIME, or else the dispatcher's.
+func (d Dispatch) RuntimeOf(s Stage) time.Duration {
+	if s.MaxRuntime > 0 {
+		return s.MaxRuntime
+	}
+	return d.MaxRuntime
 }
 
 // Stage returns the stage called name, or false.
@@ -348,7 +362,7 @@ func (p *parser) setting(line string) error {
 	p.seen[where] = p.n
 	var known bool
 	var err error
-	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE or INPUT"
+	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT or MAX_RUNTIME"
 	switch p.section {
 	case "pepsi":
 		known, want = key == "DATABASE", "DATABASE"
@@ -449,6 +463,8 @@ func setStage(s *Stage, key, value string) (known bool, err error) {
 		s.Input, err = parseInput(value)
 	case "RATE":
 		s.Rate, err = ParseRate(value)
+	case "MAX_RUNTIME":
+		s.MaxRuntime, err = ParseDuration(value)
 	default:
 		return false, nil
 	}

@@ -101,6 +101,8 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"tiny rate", "[stage-a]\nPROGRAM = a\nRATE = 0.0001\n", "f.conf:3: RATE: '0.0001' is less than 0.001"},
 		{"huge rate", "[stage-a]\nPROGRAM = a\nRATE = 2000000\n", "f.conf:3: RATE: '2000000' is more than 1000000"},
 		{"bad input", "[stage-a]\nPROGRAM = a\nINPUT = json\n", "f.conf:3: INPUT: 'json' is neither id nor message"},
+		{"bad stage max runtime", "[stage-a]\nPROGRAM = a\n\nMAX_RUNTIME = forever\n", "f.conf:4: MAX_RUNTIME: 'forever' is not whole seconds"},
+		{"zero stage max runtime", "[stage-a]\nPROGRAM = a\nMAX_RUNTIME = 0\n", "f.conf:3: MAX_RUNTIME: '0' must be positive"},
 		{"small line max", "[pepsi-dispatch]\nLINE_MAX = 100\n", "f.conf:2: LINE_MAX: '100' is not a whole number of bytes from 1024 to 1073741824"},
 	}
 	for _, tc := range cases {
@@ -143,6 +145,40 @@ PROGRAM = plain
 		if _, err := conf.ParseRate(in); err != nil {
 			t.Errorf("ParseRate(%q): %v", in, err)
 		}
+	}
+}
+
+func TestParseReadsAStagesOwnMaxRuntime(t *testing.T) {
+	c, err := conf.Parse("m.conf", `
+[pepsi-dispatch]
+MAX_RUNTIME = 30
+
+[stage-parse]
+PROGRAM = parse
+MAX_RUNTIME = 250ms
+
+[stage-deliver]
+PROGRAM = deliver
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parse, _ := c.Stage("parse")
+	deliver, _ := c.Stage("deliver")
+	if parse.MaxRuntime != 250*time.Millisecond || deliver.MaxRuntime != 0 {
+		t.Errorf("parse %s, deliver %s; want 250ms and 0 (the dispatcher's)", parse.MaxRuntime, deliver.MaxRuntime)
+	}
+	if got := c.Dispatch.RuntimeOf(parse); got != 250*time.Millisecond {
+		t.Errorf("RuntimeOf(parse) = %s; want the stage's 250ms", got)
+	}
+	if got := c.Dispatch.RuntimeOf(deliver); got != 30*time.Second {
+		t.Errorf("RuntimeOf(deliver) = %s; want the dispatcher's 30s", got)
+	}
+	// A flag that overrides the dispatcher's MAX_RUNTIME after the parse moves
+	// the stages that have none of their own, and only those.
+	c.Dispatch.MaxRuntime = time.Minute
+	if c.Dispatch.RuntimeOf(deliver) != time.Minute || c.Dispatch.RuntimeOf(parse) != 250*time.Millisecond {
+		t.Errorf("after an override: deliver %s, parse %s", c.Dispatch.RuntimeOf(deliver), c.Dispatch.RuntimeOf(parse))
 	}
 }
 

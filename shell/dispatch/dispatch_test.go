@@ -375,6 +375,41 @@ func TestWatchdogTimesOutTheHeadAfterMaxRuntimeCountedFromWhenItReachedTheHead(t
 	}
 }
 
+func TestEachStageTimesOutAtItsOwnMaxRuntime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, `[pepsi-dispatch]
+MAX_RUNTIME = 60
+[stage-quick]
+PROGRAM = @BIN@/teststage
+PARALLELISM = 1
+QUEUE_LIMIT = 1
+MAX_RUNTIME = 1s
+[stage-slow]
+PROGRAM = @BIN@/teststage
+PARALLELISM = 2
+QUEUE_LIMIT = 1
+MAX_RUNTIME = 4s
+`)
+	quick := e.insert("quick", "quick=hang")
+	slow := e.insert("slow", "slow=sleep:2000+done", "slow=hang")
+	start := time.Now()
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"timeout": 1, "running": 2})
+	// quick's hang timed out at its own second while slow's two ran on: the
+	// one that sleeps 2s is not killed, although that is past quick's watchdog.
+	e.expectRow(quick[0], "timeout", "quick", "no answer within MAX_RUNTIME 1s")
+	e.waitCounts(15*time.Second, map[string]int{"timeout": 2, "done": 1})
+	if took := time.Since(start); took < 4*time.Second {
+		t.Errorf("slow's hang timed out after %s; want not before its own MAX_RUNTIME 4s", took)
+	}
+	d.stopClean()
+	e.expectRow(slow[0], "done", "slow", "")
+	e.expectRow(slow[1], "timeout", "slow", "no answer within MAX_RUNTIME 4s")
+	if s := e.stageStats(); s["quick"].Timeouts != 1 || s["slow"].Timeouts != 1 {
+		t.Errorf("stage_stats %+v; want one timeout at each stage", s)
+	}
+}
+
 func TestRowAStageAlreadyAdvancedIsRequeuedNotFailedWhenItsWorkerDies(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, stages(1, 4, "a", "p", "b"))

@@ -12,7 +12,7 @@ var mutants = []mutant{
 		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n\tw.headSince = c.now\n",
 		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n"),
 	mut("watchdog-never-fires", "watchdog-due", "a hung head is never killed",
-		"if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {",
+		"if !c.dbDown && !c.now.Before(w.headSince.Add(w.stage.maxRuntime)) {",
 		"if false {"),
 	mut("capacity-off-by-one", "claim-bounds", "a stage claims one more row than it can hold",
 		"return max(0, free-len(st.backlog))",
@@ -110,7 +110,7 @@ var mutants = []mutant{
 	// Timers the core must ask for: without one it acts late, at the next
 	// unrelated event (the checker's deadlines run whenever the clock moves).
 	mut("watchdog-timer-forgotten", "watchdog-due", "no timer for a head's MAX_RUNTIME: a hung worker is killed late",
-		"at(w.headSince.Add(c.cfg.MaxRuntime))", "_ = w.headSince"),
+		"at(w.headSince.Add(w.stage.maxRuntime))", "_ = w.headSince"),
 	mut("wake-timer-forgotten", "wake-due", "no timer for the earliest paused row: it is woken late",
 		"at(c.nextPaused)", "_ = c.nextPaused"),
 	mut("idle-flush-timer-forgotten", "flush-not-late", "no timer for the idle flush: a finished burst's statistics wait",
@@ -132,9 +132,11 @@ var mutants = []mutant{
 	mut("cooldown-kept-after-answer", "spawn-when-needed", "a stage stays cooled down after its program answered",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
 	// Rules the checker holds at each command.
+	mut("watchdog-ignores-stage", "watchdog-due", "every stage's watchdog is the dispatcher's MAX_RUNTIME, not the stage's own",
+		"maxRuntime: cfg.Dispatch.RuntimeOf(sc)", "maxRuntime: cfg.Dispatch.MaxRuntime"),
 	mut("watchdog-during-outage", "watchdog", "the watchdog kills while the core knows the database is down",
-		"if !c.dbDown && !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {",
-		"if !c.now.Before(w.headSince.Add(c.cfg.MaxRuntime)) {"),
+		"if !c.dbDown && !c.now.Before(w.headSince.Add(w.stage.maxRuntime)) {",
+		"if !c.now.Before(w.headSince.Add(w.stage.maxRuntime)) {"),
 	mut("wake-early", "wake-not-early", "a wake takes paused rows before their timeout",
 		"Wake{Op: c.nextOpID(), Now: c.now, Keep: c.wakeKeep(txn)}",
 		"Wake{Op: c.nextOpID(), Now: c.now.Add(c.cfg.PollInterval), Keep: c.wakeKeep(txn)}"),
