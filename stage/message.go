@@ -3,7 +3,6 @@ package stage
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 )
 
 // messageLineMax bounds one input line in message mode: the most LINE_MAX
@@ -22,17 +22,6 @@ const messageLineMax = conf.LineMaxMax
 
 // errNoDatabase is what Message.Tx answers in message mode.
 var errNoDatabase = errors.New("stage: INPUT = message: this stage has no database; Message.Tx cannot be used (use INPUT = id)")
-
-// inputLine is one line of an INPUT = message stage's standard input
-// (docs/protocol.md, "Standard input").
-type inputLine struct {
-	ID            int64           `json:"id"`
-	Stage         string          `json:"stage"`
-	Attempts      int             `json:"attempts"`
-	State         json.RawMessage `json:"state"`
-	Payload       *string         `json:"payload"`
-	PayloadBase64 *string         `json:"payload_base64"`
-}
 
 // runMessages serves an INPUT = message stage: each line is a message, handled
 // and answered in order, with no database at all.
@@ -87,28 +76,20 @@ func readLine(r *bufio.Reader, max int) (string, error) {
 // what only a database could write (Failed, a deleted state key, Message.Tx)
 // is answered as this message's failure with a reason saying why.
 func (w *worker) message(ctx context.Context, line string) string {
-	var in inputLine
-	if err := json.Unmarshal([]byte(line), &in); err != nil || in.ID <= 0 {
+	// The line is read by the one parser of message lines that pepsi-queue,
+	// pepsi-ingress and pepsi-stage-check use too (docs/protocol.md,
+	// "Standard input"), so that all agree on every field.
+	in, err := msgjson.Parse([]byte(line), msgjson.Fields{Line: true, Stage: true})
+	if err != nil {
 		w.log.Error("input line is not a message", "stage", w.stage, "line", clip(line, 200), "err", err)
-		return failure(fmt.Sprintf("not a message: %q", clip(line, 200)))
+		return failure(fmt.Sprintf("not a message (%v): %q", err, clip(line, 200)))
 	}
-	m := &Message{ID: in.ID, Stage: w.stage, Attempts: in.Attempts, Tx: &lazyTx{w: w, err: errNoDatabase}}
-	switch {
-	case in.PayloadBase64 != nil:
-		p, err := base64.StdEncoding.DecodeString(*in.PayloadBase64)
-		if err != nil {
-			return failure(fmt.Sprintf("payload_base64 of message %d: %v", in.ID, err))
-		}
-		m.Payload = p
-	case in.Payload != nil:
-		m.Payload = []byte(*in.Payload)
-	}
+	m := &Message{ID: in.ID, Stage: w.stage, Attempts: in.Attempts, Payload: in.Payload, Tx: &lazyTx{w: w, err: errNoDatabase}}
 	state := in.State
 	if len(state) == 0 {
 		state = json.RawMessage("{}")
 	}
 	var before map[string]json.RawMessage
-	var err error
 	if m.State, before, err = decodeState(state); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", in.ID, err))
 	}

@@ -112,6 +112,30 @@ not json
 	}
 }
 
+// Proves: a message line is read by the parser every program shares
+// (internal/msgjson): a field no line has, a payload given twice, bad base64 or
+// a state that is no object fail that message with the parser's reason, as
+// pepsi-stage-check refuses the same lines.
+func TestMessageLineIsReadByTheSharedParser(t *testing.T) {
+	handlers := map[string]stage.Handler{"s": func(context.Context, *stage.Message) stage.Result { return stage.Done() }}
+	input := `{"id":1,"stage":"s","attempts":0,"state":{},"payload":"a","extra":1}
+{"id":2,"stage":"s","payload":"a","payload_base64":"YQ=="}
+{"id":3,"stage":"s","payload_base64":"not base64!"}
+{"id":4,"stage":"s","state":[1]}
+{"id":5,"stage":"s","state":{},"payload":"ok"}
+`
+	got := runMessages(t, "s", input, handlers)
+	want := []string{`1 not a message (unknown field "extra"`, "1 not a message (both payload and payload_base64", "1 not a message (payload_base64", "1 not a message (state", "0 >done"}
+	if len(got) != len(want) {
+		t.Fatalf("answers %q, want %d (one per input line)", got, len(want))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("answer %d = %q, want it to start with %q", i+1, got[i], want[i])
+		}
+	}
+}
+
 // Proves: Main reads PEPSI_INPUT=message and then needs no database at all
 // (here none is configured and PEPSI_DATABASE points nowhere).
 func TestMainInMessageModeNeedsNoDatabase(t *testing.T) {
