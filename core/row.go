@@ -22,6 +22,12 @@ const (
 	StatusTimeout RowStatus = "timeout"
 )
 
+// RowStatuses lists every status a row can have, in pipeline order: the order
+// the tools list them in.
+func RowStatuses() []RowStatus {
+	return []RowStatus{StatusPending, StatusRunning, StatusPaused, StatusDone, StatusFailed, StatusTimeout}
+}
+
 // Final reports whether a row with status s has left the pipeline.
 func (s RowStatus) Final() bool {
 	return s == StatusDone || s == StatusFailed || s == StatusTimeout

@@ -120,7 +120,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	// so that rate() and alerts see a series from the start.
 	for _, l := range s.Live {
 		for _, st := range Statuses {
-			gauge(descMessages, float64(l.Messages[st]), l.Stage, st)
+			gauge(descMessages, float64(l.Messages[st]), l.Stage, string(st))
 		}
 		gauge(descOldest, l.OldestPendingSeconds, l.Stage)
 		gauge(descPausedDue, float64(l.PausedDue), l.Stage)

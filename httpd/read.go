@@ -20,12 +20,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // Statuses lists the statuses the live gauges count, in pipeline order. Done
 // messages are not counted: they are most of the table and counting them would
 // scan it; pepsi_dispatch_messages_left_total says how many left.
-var Statuses = []string{"pending", "running", "paused", "failed", "timeout"}
+var Statuses = slices.DeleteFunc(core.RowStatuses(), func(s core.RowStatus) bool { return s == core.StatusDone })
 
 // StageStats is one row of pepsi.stage_stats, under names that say what each
 // number counts (see docs/pepsi-httpd.8.md "Metrics").
@@ -58,7 +60,7 @@ type StageStats struct {
 type StageLive struct {
 	Stage string `json:"stage"`
 	// Messages counts the stage's rows per status in Statuses.
-	Messages map[string]int64 `json:"messages"`
+	Messages map[core.RowStatus]int64 `json:"messages"`
 	// OldestPendingSeconds is how long the message at the head of the stage's
 	// pending queue (the next one it claims) has been pending; 0 with none.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
@@ -159,7 +161,7 @@ type liveStages map[string]*StageLive
 func (live liveStages) stage(name string) *StageLive {
 	l := live[name]
 	if l == nil {
-		l = &StageLive{Stage: name, Messages: map[string]int64{}}
+		l = &StageLive{Stage: name, Messages: map[core.RowStatus]int64{}}
 		for _, st := range Statuses {
 			l.Messages[st] = 0
 		}
@@ -180,20 +182,20 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 	)
 	if err := each(ctx, tx, "pending", []any{&name, &n, &age}, func() {
 		l := live.stage(name)
-		l.Messages["pending"], l.OldestPendingSeconds = n, max(age, 0)
+		l.Messages[core.StatusPending], l.OldestPendingSeconds = n, max(age, 0)
 	}); err != nil {
 		return err
 	}
-	if err := each(ctx, tx, "running", []any{&name, &n}, func() { live.stage(name).Messages["running"] = n }); err != nil {
+	if err := each(ctx, tx, "running", []any{&name, &n}, func() { live.stage(name).Messages[core.StatusRunning] = n }); err != nil {
 		return err
 	}
 	if err := each(ctx, tx, "paused", []any{&name, &n, &due, &wait}, func() {
 		l := live.stage(name)
-		l.Messages["paused"], l.PausedDue, l.RetryWaiting = n, due, wait
+		l.Messages[core.StatusPaused], l.PausedDue, l.RetryWaiting = n, due, wait
 	}); err != nil {
 		return err
 	}
-	if err := each(ctx, tx, "failed", []any{&name, &status, &n}, func() { live.stage(name).Messages[status] = n }); err != nil {
+	if err := each(ctx, tx, "failed", []any{&name, &status, &n}, func() { live.stage(name).Messages[core.RowStatus(status)] = n }); err != nil {
 		return err
 	}
 	var f Failure

@@ -268,7 +268,7 @@ func (s *Source) add(snap *Snapshot) {
 	for _, l := range snap.Live {
 		m := map[string]int64{}
 		for k, v := range l.Messages {
-			m[k] = v
+			m[string(k)] = v
 		}
 		p.Stages[l.Stage] = m
 	}

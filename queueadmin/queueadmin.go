@@ -103,7 +103,7 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 // Depth is how many rows of one stage have one status.
 type Depth struct {
 	Stage  string
-	Status string
+	Status core.RowStatus
 	Count  int64
 	// OldestWait, for pending rows only, is how long the longest-waiting one has
 	// been pending (since its last change).
@@ -136,9 +136,6 @@ type Stats struct {
 	Dispatch DispatchStats
 }
 
-// statusOrder is the order statuses are listed in.
-var statusOrder = []string{"pending", "running", "paused", "done", "failed", "timeout"}
-
 // ReadStats reads counts per stage and status, the oldest pending wait per stage,
 // and both statistics tables, in one snapshot. It scans the whole queue.
 func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
@@ -154,7 +151,7 @@ func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 			if err := rows.Scan(&d.Stage, &d.Status, &d.Count, &waitUS); err != nil {
 				return fmt.Errorf("count rows: %w", err)
 			}
-			if d.Status == "pending" {
+			if d.Status == core.StatusPending {
 				d.OldestWait = time.Duration(max(waitUS, 0)) * time.Microsecond
 			}
 			s.Depth = append(s.Depth, d)
@@ -166,7 +163,8 @@ func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 			if c := strings.Compare(a.Stage, b.Stage); c != 0 {
 				return c
 			}
-			return slices.Index(statusOrder, a.Status) - slices.Index(statusOrder, b.Status)
+			order := core.RowStatuses()
+			return slices.Index(order, a.Status) - slices.Index(order, b.Status)
 		})
 		rows, err = tx.Query(ctx, stageStatsSQL)
 		if err != nil {
@@ -194,7 +192,7 @@ func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 }
 
 // Count returns how many rows have status (summed over stages).
-func (s *Stats) Count(status string) int64 {
+func (s *Stats) Count(status core.RowStatus) int64 {
 	var n int64
 	for _, d := range s.Depth {
 		if d.Status == status {
@@ -250,7 +248,7 @@ type RetryFilter struct {
 	// Statuses selects by status: "failed", "timeout" or both; empty means both.
 	// Other statuses are refused: pending, running and paused rows belong to the
 	// dispatcher, and done ones succeeded.
-	Statuses []string
+	Statuses []core.RowStatus
 	// To, if set, is the stage the messages go to; otherwise they keep theirs.
 	To string
 }
@@ -263,16 +261,16 @@ type RetryFilter struct {
 func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 	statuses := f.Statuses
 	if len(statuses) == 0 {
-		statuses = []string{"failed", "timeout"}
+		statuses = []core.RowStatus{core.StatusFailed, core.StatusTimeout}
 	}
 	for _, s := range statuses {
-		if s != "failed" && s != "timeout" {
+		if s != core.StatusFailed && s != core.StatusTimeout {
 			return 0, fmt.Errorf("retry: status %q cannot be retried (want failed or timeout)", s)
 		}
 	}
 	var n int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, retrySQL, f.ID, f.Stage, statuses, f.To).Scan(&n)
+		err := tx.QueryRow(ctx, retrySQL, f.ID, f.Stage, texts(statuses), f.To).Scan(&n)
 		if err != nil {
 			return err
 		}
@@ -288,9 +286,21 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 	return n, nil
 }
 
-// Finished lists the statuses a message leaves the pipeline with: the only ones
-// Purge deletes.
-var Finished = []string{"done", "failed", "timeout"}
+// Finished lists the statuses a message leaves the pipeline with
+// (core.RowStatus.Final): the only ones Purge deletes.
+func Finished() []core.RowStatus {
+	return slices.DeleteFunc(core.RowStatuses(), func(s core.RowStatus) bool { return !s.Final() })
+}
+
+// texts is statuses as the text the status column holds, for a statement's
+// parameter.
+func texts(statuses []core.RowStatus) []string {
+	out := make([]string, len(statuses))
+	for i, s := range statuses {
+		out[i] = string(s)
+	}
+	return out
+}
 
 // Purge deletes rows whose status is one of statuses (empty: all of Finished)
 // and that have not changed for olderThan, batch rows per transaction so a large
@@ -298,7 +308,7 @@ var Finished = []string{"done", "failed", "timeout"}
 // ingress_id order, each batch starting after the last, so the whole purge reads
 // the table once. progress, if not nil, is called after each batch with the
 // running total. It returns how many rows it deleted.
-func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch int, statuses []string, progress func(deleted int64)) (int64, error) {
+func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch int, statuses []core.RowStatus, progress func(deleted int64)) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("purge: the age must be positive, got %v", olderThan)
 	}
@@ -306,10 +316,10 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 		return 0, fmt.Errorf("purge: batch size %d out of range 1..1000000", batch)
 	}
 	if len(statuses) == 0 {
-		statuses = Finished
+		statuses = Finished()
 	}
 	for _, s := range statuses {
-		if !slices.Contains(Finished, s) {
+		if !s.Final() {
 			return 0, fmt.Errorf("purge: status %q is not finished (want done, failed or timeout)", s)
 		}
 	}
@@ -321,7 +331,7 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 	var total, after int64
 	for {
 		var found, last, deleted int64
-		err := conn.QueryRow(ctx, purgeSQL, after, statuses, cutoff, batch).Scan(&found, &last, &deleted)
+		err := conn.QueryRow(ctx, purgeSQL, after, texts(statuses), cutoff, batch).Scan(&found, &last, &deleted)
 		if err != nil {
 			return total, fmt.Errorf("purge: after %d rows: %w", total, err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
@@ -128,8 +129,8 @@ func TestReadStatsCountsPerStageAndStatusAndReadsStatistics(t *testing.T) {
 	if w := s.Depth[3].OldestWait; w < 59*time.Minute || w > 61*time.Minute {
 		t.Errorf("oldest pending wait at parse = %v, want about an hour", w)
 	}
-	if s.Count("pending") != 3 || s.Count("done") != 1 {
-		t.Errorf("Count(pending) = %d, Count(done) = %d; want 3 and 1", s.Count("pending"), s.Count("done"))
+	if s.Count(core.StatusPending) != 3 || s.Count(core.StatusDone) != 1 {
+		t.Errorf("Count(pending) = %d, Count(done) = %d; want 3 and 1", s.Count(core.StatusPending), s.Count(core.StatusDone))
 	}
 	if len(s.Stages) != 1 || s.Stages[0].Stage != "parse" || s.Stages[0].Processed != 7 || s.Stages[0].ProcessingUS != 900 {
 		t.Errorf("stage stats = %+v, want parse processed 7, 900 µs", s.Stages)
@@ -179,7 +180,7 @@ func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
 	}
 
 	// Only timeouts at deliver: one row.
-	n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{Stage: "deliver", Statuses: []string{"timeout"}})
+	n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{Stage: "deliver", Statuses: []core.RowStatus{core.StatusTimeout}})
 	if err != nil || n != 1 {
 		t.Fatalf("Retry(deliver, timeout) = %d, %v; want 1", n, err)
 	}
@@ -236,7 +237,7 @@ func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
 	check(done, "deliver", "done", func(s map[string]any) bool { return len(s) == 0 }, "done untouched")
 	check(running, "deliver", "running", func(s map[string]any) bool { return len(s) == 0 }, "running untouched")
 
-	if _, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{Statuses: []string{"running"}}); err == nil {
+	if _, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{Statuses: []core.RowStatus{core.StatusRunning}}); err == nil {
 		t.Errorf("Retry of running rows succeeded; want refused")
 	}
 }
@@ -302,7 +303,7 @@ func TestPurgeDeletesOldFinishedRowsInBatches(t *testing.T) {
 			t.Errorf("row %d survived the purge; it was old and finished", id)
 		}
 	}
-	if _, err := queueadmin.Purge(ctx, conn, time.Hour, 10, []string{"pending"}, nil); err == nil {
+	if _, err := queueadmin.Purge(ctx, conn, time.Hour, 10, []core.RowStatus{core.StatusPending}, nil); err == nil {
 		t.Errorf("Purge of pending rows succeeded; want refused")
 	}
 }

@@ -271,36 +271,39 @@ EXAMPLE
 	}
 }
 
-var statusColumns = []string{"pending", "running", "paused", "done", "failed", "timeout"}
-
 // printStats writes the stats tables. Every stage in configured (the -c
 // file's) is listed, with zeros when it has no messages and no statistics yet,
 // so a stage that is missing is told from one that is empty.
 func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "QUEUE (messages per stage and status now; failed counts every failed message, whoever failed it)")
-	fmt.Fprintf(tw, "stage\t%s\toldest pending\n", strings.Join(statusColumns, "\t"))
+	statusColumns := core.RowStatuses()
+	fmt.Fprint(tw, "stage")
+	for _, status := range statusColumns {
+		fmt.Fprintf(tw, "\t%s", status)
+	}
+	fmt.Fprint(tw, "\toldest pending\n")
 	var stages []string
-	counts := map[string]map[string]int64{}
+	counts := map[string]map[core.RowStatus]int64{}
 	wait := map[string]time.Duration{}
 	for _, d := range s.Depth {
 		if counts[d.Stage] == nil {
-			counts[d.Stage] = map[string]int64{}
+			counts[d.Stage] = map[core.RowStatus]int64{}
 			stages = append(stages, d.Stage)
 		}
 		counts[d.Stage][d.Status] += d.Count
-		if d.Status == "pending" {
+		if d.Status == core.StatusPending {
 			wait[d.Stage] = d.OldestWait
 		}
 	}
 	for _, st := range configured {
 		if counts[st] == nil {
-			counts[st] = map[string]int64{}
+			counts[st] = map[core.RowStatus]int64{}
 			stages = append(stages, st)
 		}
 	}
 	slices.Sort(stages)
-	totals := map[string]int64{}
+	totals := map[core.RowStatus]int64{}
 	for _, st := range stages {
 		fmt.Fprintf(tw, "%s\t", st)
 		for _, status := range statusColumns {
@@ -308,7 +311,7 @@ func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.
 			totals[status] += counts[st][status]
 		}
 		w := "-"
-		if counts[st]["pending"] > 0 {
+		if counts[st][core.StatusPending] > 0 {
 			w = wait[st].Round(time.Second).String()
 		}
 		fmt.Fprintf(tw, "%s\n", w)
@@ -468,8 +471,8 @@ EXAMPLES
 			f := queueadmin.RetryFilter{ID: *id, Stage: *stage, To: *to}
 			switch *status {
 			case "":
-			case "failed", "timeout":
-				f.Statuses = []string{*status}
+			case string(core.StatusFailed), string(core.StatusTimeout):
+				f.Statuses = []core.RowStatus{core.RowStatus(*status)}
 			default:
 				return usagef("retry", "-status %q: want failed or timeout", *status)
 			}
@@ -532,11 +535,11 @@ EXAMPLES
 			if *batch <= 0 || *batch > 1_000_000 {
 				return usagef("purge", "-batch %d: want 1 to 1000000", *batch)
 			}
-			var statuses []string
+			var statuses []core.RowStatus
 			if *status != "" {
 				for _, s := range strings.Split(*status, ",") {
-					s = strings.TrimSpace(s)
-					if s != "done" && s != "failed" && s != "timeout" {
+					s := core.RowStatus(strings.TrimSpace(s))
+					if !slices.Contains(queueadmin.Finished(), s) {
 						return usagef("purge", "-status: %q is not done, failed or timeout", s)
 					}
 					statuses = append(statuses, s)

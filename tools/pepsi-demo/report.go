@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
@@ -66,9 +67,9 @@ func (p *progress) show(s *queueadmin.Stats, finished int64, elapsed time.Durati
 	var paused int64
 	for _, d := range s.Depth {
 		switch d.Status {
-		case "pending", "running":
+		case core.StatusPending, core.StatusRunning:
 			where[d.Stage] += d.Count
-		case "paused":
+		case core.StatusPaused:
 			paused += d.Count
 		}
 	}
