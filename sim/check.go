@@ -17,7 +17,9 @@ import (
 // (the events the world feeds and the commands the core returns) and what the
 // fake world does, keeps what it knows in its ledger (ledger.go), and holds the
 // core to the rules (rules.go) at each command, event and row change, after
-// every step, at every deadline and at the end. It never looks inside the core.
+// every step, at every deadline and at the end: each rule by its own check
+// function, here, which the hooks call through checkAt with what crossed. It
+// never looks inside the core.
 // Where a rule needs a decision the reference text leaves to the core, it
 // derives it itself from the core's documented constants (the start window,
 // the failed-start limit and the doubling cooldown; the watchdog pausing while
@@ -37,7 +39,7 @@ const gateBound = 500 * time.Millisecond
 // the gate and looks, within gateBound. While the core cannot claim the stage
 // (no room, a cooldown, no token of its RATE, the database down, a shutdown)
 // the clock restarts.
-func (w *world) checkGate(rl *rule) {
+func (w *world) checkGate(rl *rule, _ crossing) {
 	for _, id := range sortedKeys(w.unnotified) {
 		r, _ := w.q.Get(id)
 		s, ok := w.stageOf(r.Stage)
@@ -63,167 +65,79 @@ func (w *world) checkGate(rl *rule) {
 
 // ---- commands, checked before the world executes them ----
 
+// modelCommands holds each command of a step to the rules of atCommand,
+// against the ledger as it stood before the command, then records it; once
+// every command is recorded, the step's queue transaction to the rules of
+// atTransaction.
 func (w *world) modelCommands(cmds []core.Command) {
-	if w.movesBesideLook(cmds); w.fail != nil {
-		return
-	}
 	queued := false
 	for _, cmd := range cmds {
-		if core.IsQueue(cmd) {
-			if w.txnOut && !queued {
-				w.broke(ruleSerialWrites, "a queue transaction is issued while another is outstanding: %s", cmd)
-				return
-			}
-			queued = true
-		}
-		if w.checkCommand(cmd); w.fail != nil {
+		queued = queued || core.IsQueue(cmd)
+		if w.checkAt(atCommand, crossing{cmd: cmd, step: cmds}); w.fail != nil {
 			return
 		}
 		w.recordCommand(cmd)
 	}
 	if queued {
-		if w.claimsYieldAtMostHalf(); w.fail != nil {
+		if w.checkAt(atTransaction, crossing{step: cmds}); w.fail != nil {
 			return
 		}
 		w.txnOut = true
 	}
 }
 
-// checkCommand holds one command to the rules of atCommand, against the
-// ledger as it stood before the command. It changes nothing.
-func (w *world) checkCommand(cmd core.Command) {
-	switch x := cmd.(type) {
-	case core.ResetOrphans:
-		w.checkReset(x)
-	case core.Resolve:
-		for _, it := range x.Items {
-			if w.checkItem(it); w.fail != nil {
-				return
-			}
-		}
-		w.checkMovesClaim(x)
+func (w *world) serialWrites(r *rule, x crossing) {
+	if x.cmd != nil && core.IsQueue(x.cmd) && w.txnOut {
+		w.broke(r, "a queue transaction is issued while another is outstanding: %s", x.cmd)
+	}
+}
+
+// claimBounds holds claims, and moves that claim, to a stage's room
+// (QUEUE_LIMIT × PARALLELISM) and keeps them out of a shutdown.
+func (w *world) claimBounds(r *rule, x crossing) {
+	switch c := x.cmd.(type) {
 	case core.Claim:
-		w.checkClaim(x)
-	case core.Wake:
-		if x.Now.After(w.now) {
-			w.broke(ruleWakeNotEarly, "%s wakes rows due by %s, later than now (%s)", x, x.Now.Sub(epoch), w.offset())
-		}
-	case core.Flush:
-		w.checkFlush(x)
-	case core.Inspect:
-		if w.inspectOut || w.shut > 0 {
-			w.broke(ruleInspect, "%s while another is outstanding (%v) or during a shutdown (%v)", x, w.inspectOut, w.shut > 0)
-		}
-	case core.Vacuum:
-		w.checkVacuum(x)
-	case core.Spawn:
-		w.checkSpawn(x)
-	case core.Write:
-		w.checkWrite(x)
-	case core.Stop:
-		w.checkStop(x)
-	case core.Kill:
-		w.checkKill(x)
-	case core.Exit:
-		w.checkExit(x)
-	}
-}
-
-func (w *world) checkReset(x core.ResetOrphans) {
-	if !w.resetSent {
-		if len(x.Keep) != 0 {
-			w.broke(ruleResetKeepsHeld, "the start-up orphan reset keeps %v; a new core holds nothing", x.Keep)
-		}
-		return
-	}
-	for _, id := range w.heldIDs() {
-		if ex := w.expects[id]; ex != nil && ex.unsure {
-			// A row whose resolve may already have been applied (and which the
-			// lost transaction may have claimed again) may be reset or kept.
-			continue
-		}
-		if !slices.Contains(x.Keep, id) {
-			w.broke(ruleResetKeepsHeld, "reset-orphans would reset message %d, which this core holds (%s), keep %v", id, w.heldText(), x.Keep)
+		if w.shut > 0 {
+			w.broke(r, "claim during shutdown: %s", c)
 			return
 		}
-	}
-}
-
-// givesBack reports whether it gives back a claimed row no worker has seen,
-// which is always safe (say, its stage cannot start a worker); whether it comes
-// back is liveness's business.
-func (w *world) givesBack(it core.Item) bool {
-	s, ok := w.backlog[it.ID]
-	return ok && w.expects[it.ID] == nil && it.Verdict == core.Requeue && it.Stage == s && it.Reason == "" && it.Epoch == ""
-}
-
-func (w *world) checkItem(it core.Item) {
-	ex := w.expects[it.ID]
-	if w.givesBack(it) {
-		return
-	}
-	if ex == nil {
-		who := "no one"
-		if wid, ok := w.holder[it.ID]; ok {
-			who = wid.String() + ", which has not answered it"
-		} else if _, ok := w.backlog[it.ID]; ok {
-			who = "the core, which has not handed it out"
+		for _, cp := range c.Caps {
+			st := w.sc.stages[w.stageIndex(cp.Stage)]
+			limit := st.parallelism * st.queueLimit
+			if held := w.heldAt(cp.Stage) + w.movesOut[cp.Stage]; cp.N <= 0 || held+cp.N > limit {
+				w.broke(r, "claim asks %d rows of %s, which already holds %d (moves of its transaction that claim included): more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
+				return
+			}
 		}
-		w.broke(ruleItemForHeld, "resolve item %s for a message held by %s", it, who)
-		return
-	}
-	switch {
-	case it.Stage != ex.stage:
-		w.broke(ruleItemStage, "resolve item %s names stage %s; the message was claimed for %s", it, it.Stage, ex.stage)
-	case it.Verdict != ex.verdict:
-		w.broke(ruleItemVerdict, "resolve item %s: want verdict %s (%s)", it, ex.verdict, ex.why)
-	case ex.move != nil && (it.To != ex.move.To || !it.Until.Equal(ex.move.Until) || it.Patch != ex.move.Patch):
-		w.broke(ruleItemTransition, "resolve item %s: want the answered transition to %s (until %s, patch %q)", it, ex.move.To, formatSim(ex.move.Until), ex.move.Patch)
-	case ex.verdict == core.Retry && (it.Until.Before(ex.retryFrom) || !it.Until.Before(ex.retryTo)):
-		w.broke(ruleRetryBackoff, "resolve item %s: a retry due at %s, want from %s (the delay) to before %s (plus the jitter) (%s)",
-			it, formatSim(it.Until), formatSim(ex.retryFrom), formatSim(ex.retryTo), ex.why)
-	case ex.move == nil && (it.To != "" || it.Patch != "" || (!it.Until.IsZero() && ex.verdict != core.Retry)):
-		w.broke(ruleItemTransition, "resolve item %s carries a transition; only an answered one may (%s)", it, ex.why)
-	case ex.answer && it.Epoch != ex.epoch:
-		w.broke(ruleItemEpoch, "resolve item %s for a message answered 0: want the epoch of its claim %q", it, ex.epoch)
-	case !ex.answer && it.Epoch != "":
-		w.broke(ruleItemEpoch, "resolve item %s carries an epoch; only a message answered 0 may (%s)", it, ex.why)
-	case (ex.verdict == core.Fail || ex.verdict == core.TimeOut || ex.verdict == core.Answered || ex.verdict == core.Retry) && it.Reason == "":
-		w.broke(ruleItemReason, "resolve item %s fails the message without a reason", it)
-	case (ex.verdict == core.Requeue || ex.verdict == core.Move) && it.Reason != "":
-		w.broke(ruleItemReason, "resolve item %s requeues or moves with a reason", it)
-	case ex.reason != "" && it.Reason != ex.reason:
-		w.broke(ruleItemReason, "resolve item %s: want the worker's reason %q", it, ex.reason)
-	}
-}
-
-func (w *world) checkClaim(x core.Claim) {
-	if w.shut > 0 {
-		w.broke(ruleClaimBounds, "claim during shutdown: %s", x)
-		return
-	}
-	for _, cp := range x.Caps {
-		s := w.stageIndex(cp.Stage)
-		st := w.sc.stages[s]
-		limit := st.parallelism * st.queueLimit
-		if held := w.heldAt(cp.Stage) + w.movesOut[cp.Stage]; cp.N <= 0 || held+cp.N > limit {
-			w.broke(ruleClaimBounds, "claim asks %d rows of %s, which already holds %d (moves of its transaction that claim included): more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
-			return
-		}
-		if w.cfg.Stages[s].Rate > 0 {
-			if tokens := w.tokens(s, w.now); cp.N > tokens {
-				w.broke(ruleRate, "claim asks %d rows of %s, whose RATE %s leaves %d tokens now", cp.N, cp.Stage, st.rate, tokens)
+	case core.Resolve:
+		claiming := map[string]int{}
+		for _, it := range c.Items {
+			if !it.Claim {
+				continue
+			}
+			if w.shut > 0 {
+				w.broke(r, "resolve item %s claims during a shutdown", it)
+				return
+			}
+			s, ok := w.stageOf(it.To)
+			if !ok {
+				continue // rule move-claims's
+			}
+			claiming[it.To]++
+			st := w.sc.stages[s]
+			if held, limit := w.heldAt(it.To), st.parallelism*st.queueLimit; held+claiming[it.To] > limit {
+				w.broke(r, "resolve item %s claims at stage %s, which holds %d and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
+					it, it.To, held, claiming[it.To], limit)
 				return
 			}
 		}
 	}
 }
 
-// claimsYieldAtMostHalf holds rule claim-yields-at-most-half over the
-// transaction a step issued, once its commands are recorded: every stage it
-// claims, and every stage the promptness rule owes a claim, is asked for at
-// least half its room.
-func (w *world) claimsYieldAtMostHalf() {
+// claimYieldsHalf holds the step's transaction, once its commands are
+// recorded: every stage it claims, and every stage the promptness rule owes a
+// claim, is asked for at least half its room.
+func (w *world) claimYieldsHalf(r *rule, _ crossing) {
 	caps := map[string]int{}
 	for _, cp := range w.claimCaps {
 		caps[cp.Stage] = cp.N
@@ -236,144 +150,581 @@ func (w *world) claimsYieldAtMostHalf() {
 		// The claim is recorded: its own N is already off the bucket.
 		room := min(w.room(s, w.now)-w.movesOut[st.name], w.tokens(s, w.now)+n)
 		if n < room-room/2 {
-			w.broke(ruleClaimYieldsHalf, "the transaction asks %d rows of stage %s, which has room for %d (moves of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
+			w.broke(r, "the transaction asks %d rows of stage %s, which has room for %d (moves of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
 				n, st.name, room)
 			return
 		}
 	}
 }
 
-// movesBesideLook holds rule move-claims over a step's transaction: no move
-// claims in a transaction that also resets orphans or wakes paused rows, which
-// may make rows pending anywhere (at any id) before the claim runs.
-func (w *world) movesBesideLook(cmds []core.Command) {
-	var claiming *core.Item
-	look := ""
-	for _, cmd := range cmds {
-		switch x := cmd.(type) {
-		case core.Resolve:
-			for i := range x.Items {
-				if x.Items[i].Claim {
-					claiming = &x.Items[i]
-				}
-			}
-		case core.ResetOrphans, core.Wake:
-			look = cmd.String()
-		}
+// rate holds a claim to the tokens of its stage's bucket and keeps moves that
+// claim off a stage with a RATE (at each command), and each claim's result to
+// the RATE's bound over every window (at each claim's result).
+func (w *world) rate(r *rule, x crossing) {
+	if x.rated != nil {
+		w.checkRateBound(r, *x.rated)
+		return
 	}
-	if claiming != nil && look != "" {
-		w.broke(ruleMoveClaims, "resolve item %s claims in the transaction of %s, which may make rows pending at its target first", claiming, look)
+	switch c := x.cmd.(type) {
+	case core.Claim:
+		if w.shut > 0 {
+			return // rule claim-bounds's
+		}
+		for _, cp := range c.Caps {
+			s := w.stageIndex(cp.Stage)
+			if w.cfg.Stages[s].Rate == 0 {
+				continue
+			}
+			if tokens := w.tokens(s, w.now); cp.N > tokens {
+				w.broke(r, "claim asks %d rows of %s, whose RATE %s leaves %d tokens now", cp.N, cp.Stage, w.sc.stages[s].rate, tokens)
+				return
+			}
+		}
+	case core.Resolve:
+		for _, it := range c.Items {
+			if s, ok := w.stageOf(it.To); ok && it.Claim && w.cfg.Stages[s].Rate > 0 {
+				w.broke(r, "resolve item %s claims at stage %s, which has a RATE: only its claims, counted by its bucket, take its rows", it, it.To)
+				return
+			}
+		}
 	}
 }
 
-// checkMovesClaim holds the moves of a resolve that claim their row at their
-// target (core.Item.Claim) to rule move-claims and, for the room they take,
-// claim-bounds; a RATE's stage to rule rate.
-func (w *world) checkMovesClaim(x core.Resolve) {
-	claiming := map[string]int{}
-	lowestLeft := map[string]int64{} // per target, the lowest id of a move there that does not claim
-	for _, it := range x.Items {
-		if it.Verdict == core.Move {
-			if _, ok := w.stageOf(it.To); ok && !it.Claim && (lowestLeft[it.To] == 0 || it.ID < lowestLeft[it.To]) {
-				lowestLeft[it.To] = it.ID
+// claimReadsRow: a row a claim (or a move that claims) hands the core comes
+// with the attempts the row has.
+func (w *world) claimReadsRow(r *rule, x crossing) {
+	if t := x.took; t != nil {
+		if row, _ := w.q.Get(t.id); t.attempts != row.Attempts {
+			w.broke(r, "%s returned message %d with attempts %d, the row has %d", t.what, t.id, t.attempts, row.Attempts)
+		}
+	}
+}
+
+func (w *world) neverTwoHolders(r *rule, x crossing) {
+	if t := x.took; t != nil {
+		if _, held := w.heldBy(t.id); held {
+			w.broke(r, "%s returned message %d, which this core already holds (%s)", t.what, t.id, w.heldText())
+		}
+	}
+}
+
+// writeTo is the worker a Write hands ids to, when the command is one and
+// the worker is alive (rule hand-to-ready judges the rest).
+func (w *world) writeTo(cmd core.Command) (core.Write, *wmodel, bool) {
+	x, ok := cmd.(core.Write)
+	if !ok {
+		return x, nil, false
+	}
+	y := w.workers[x.Worker]
+	return x, y, y != nil && !y.gone
+}
+
+func (w *world) handToReady(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Write)
+	if !ok {
+		return
+	}
+	switch y := w.workers[c.Worker]; {
+	case y == nil || y.gone:
+		w.broke(r, "%s to a worker that is not alive", c)
+	case !y.started || y.stopped || y.killed:
+		w.broke(r, "%s to a worker that is not ready (started %v, stopped %v, killed %v)", c, y.started, y.stopped, y.killed)
+	}
+}
+
+func (w *world) workPacked(r *rule, x crossing) {
+	c, y, alive := w.writeTo(x.cmd)
+	if !alive {
+		return
+	}
+	for _, z := range w.alive {
+		if id := z.id; z != y && z.stage == y.stage && z.started && w.slots(z) > 0 && len(z.queue) > len(y.queue) {
+			w.broke(r, "%s hands ids to a worker holding %d while %s holds %d and has room: work is not packed onto the fewest workers",
+				c, len(y.queue), id, len(z.queue))
+			return
+		}
+	}
+}
+
+// messageLines holds the lines handed to workers (one per id for an INPUT =
+// message stage, each the row as it is now; none for others), and the
+// LINE_MAX of a move that claims into a message stage.
+func (w *world) messageLines(r *rule, x crossing) {
+	if res, ok := x.cmd.(core.Resolve); ok {
+		w.moveLines(r, res)
+		return
+	}
+	c, y, alive := w.writeTo(x.cmd)
+	if !alive {
+		return
+	}
+	stage := w.sc.stages[y.stage]
+	if stage.message != (c.Lines != nil) || c.Lines != nil && len(c.Lines) != len(c.IDs) {
+		w.broke(r, "%s to a worker of stage %s (INPUT = message: %v) carries %d lines for %d ids", c, stage.name, stage.message, len(c.Lines), len(c.IDs))
+		return
+	}
+	for i, id := range c.IDs {
+		if c.Lines == nil {
+			break
+		}
+		if why := w.staleLine(id, c.Lines[i]); why != "" {
+			w.broke(r, "%s hands message %d the line %s, but %s: a message stage must get the row as it is now", c, id, c.Lines[i], why)
+			return
+		}
+	}
+}
+
+// moveLines: a move that claims reads its message with the dispatcher's
+// LINE_MAX exactly when its target is an INPUT = message stage.
+func (w *world) moveLines(r *rule, res core.Resolve) {
+	for _, it := range res.Items {
+		s, ok := w.stageOf(it.To)
+		if !it.Claim || !ok {
+			continue
+		}
+		switch {
+		case it.LineMax != 0 && (w.cfg.Stages[s].Input != conf.InputMessage || it.LineMax != w.cfg.Dispatch.LineMax):
+			w.broke(r, "resolve item %s reads the message with LINE_MAX %d; stage %s is INPUT = %s, LINE_MAX %d", it, it.LineMax, it.To, w.cfg.Stages[s].Input, w.cfg.Dispatch.LineMax)
+			return
+		case it.LineMax == 0 && w.cfg.Stages[s].Input == conf.InputMessage:
+			w.broke(r, "resolve item %s claims at INPUT = message stage %s without reading the message", it, it.To)
+			return
+		}
+	}
+}
+
+// handClaimed: each id handed out was claimed for the worker's stage by this
+// core, not handed out before, and its claim committed.
+func (w *world) handClaimed(r *rule, x crossing) {
+	c, y, alive := w.writeTo(x.cmd)
+	if !alive {
+		return
+	}
+	stage := w.sc.stages[y.stage]
+	for i, id := range c.IDs {
+		if s, ok := w.backlog[id]; !ok || s != stage.name || slices.Contains(c.IDs[:i], id) {
+			who := "not claimed by this core"
+			if wid, ok := w.holder[id]; ok {
+				who = "held by " + wid.String()
+			} else if slices.Contains(c.IDs[:i], id) {
+				who = "handed twice in it"
+			} else if ok {
+				who = "claimed for stage " + s
+			} else if _, ok := w.expects[id]; ok {
+				who = "being resolved"
+			}
+			w.broke(r, "%s hands message %d to stage %s, but it is %s", c, id, stage.name, who)
+			return
+		}
+		if row, _ := w.q.Get(id); row.Status != core.StatusRunning || row.Stage != stage.name {
+			w.broke(r, "%s hands message %d, whose row is %s at %s (claim not committed?)", c, id, row.Status, row.Stage)
+			return
+		}
+	}
+}
+
+func (w *world) queueLimit(r *rule, x crossing) {
+	c, y, alive := w.writeTo(x.cmd)
+	if !alive {
+		return
+	}
+	stage := w.sc.stages[y.stage]
+	if n := len(y.queue) + len(c.IDs); n > stage.queueLimit {
+		w.broke(r, "%s leaves %d unanswered ids with %s, QUEUE_LIMIT %d", c, n, c.Worker, stage.queueLimit)
+	} else if n := y.handed + len(c.IDs); n > stage.maxMessages {
+		w.broke(r, "%s hands %s its %dth id, MAX_MESSAGES %d", c, c.Worker, n, stage.maxMessages)
+	}
+}
+
+// cooldown: no spawn while the stage cools down (a spawn during a shutdown is
+// rule spawn-only-when-needed's).
+func (w *world) cooldown(r *rule, x crossing) {
+	if c, ok := x.cmd.(core.Spawn); ok && w.shut == 0 {
+		if cool := w.cool[w.stageIndex(c.Stage)]; w.now.Before(cool.until) {
+			w.broke(r, "%s respawns stage %s during its cooldown (until %s)", c, c.Stage, cool.until.Sub(epoch))
+		}
+	}
+}
+
+func (w *world) spawnNeeded(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Spawn)
+	if !ok {
+		return
+	}
+	s := w.stageIndex(c.Stage)
+	switch {
+	case w.shut > 0:
+		w.broke(r, "spawn during shutdown: %s", c)
+	case w.workers[c.Worker] != nil:
+		w.broke(r, "%s reuses a worker id", c)
+	case w.spawnNeed(s) <= 0:
+		w.broke(r, "%s: its claimed messages (%d) fit in the workers it has, ready or starting", c, w.backlogAt(s))
+	}
+}
+
+func (w *world) parallelism(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Spawn)
+	if !ok {
+		return
+	}
+	s := w.stageIndex(c.Stage)
+	if live, st := 1+w.live(s), w.sc.stages[s]; live > st.parallelism {
+		w.broke(r, "%s makes %d live workers of stage %s, PARALLELISM %d", c, live, c.Stage, st.parallelism)
+	}
+}
+
+// reapIdle: outside a shutdown a worker is stopped only when recycled or idle
+// past WORKER_IDLE_TIMEOUT.
+func (w *world) reapIdle(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Stop)
+	if !ok {
+		return
+	}
+	y := w.workers[c.Worker]
+	if y == nil || y.gone || y.stopped || y.killed || w.shut > 0 {
+		return
+	}
+	st := w.sc.stages[y.stage]
+	switch {
+	case len(y.queue) > 0:
+		w.broke(r, "%s stops a worker holding %v outside a shutdown", c, y.queue)
+	case y.handed >= st.maxMessages:
+		// recycled
+	case !y.started:
+		w.broke(r, "%s stops a worker that never became ready, outside a shutdown", c)
+	case w.now.Sub(y.idleSince) < w.sc.idle:
+		w.broke(r, "%s reaps a worker idle for %s only, WORKER_IDLE_TIMEOUT %s", c, w.now.Sub(y.idleSince), w.sc.idle)
+	}
+}
+
+func (w *world) killLive(r *rule, x crossing) {
+	var id core.WorkerID
+	switch c := x.cmd.(type) {
+	case core.Stop:
+		id = c.Worker
+	case core.Kill:
+		id = c.Worker
+		if y := w.workers[id]; y != nil && y.gone && y.goneStep == w.steps {
+			return // decided on a line that came in the same batch as its exit
+		}
+	default:
+		return
+	}
+	if y := w.workers[id]; y == nil || y.gone {
+		w.broke(r, "%s of a worker that is not alive", x.cmd)
+	}
+}
+
+// killed is the live worker a Kill names that was not killed before, with
+// why the core kills it as the checker reads it.
+func (w *world) killed(cmd core.Command) (core.Kill, *wmodel, killCause, bool) {
+	c, ok := cmd.(core.Kill)
+	if !ok {
+		return c, nil, 0, false
+	}
+	y := w.workers[c.Worker]
+	if y == nil || y.gone || y.killed {
+		return c, nil, 0, false
+	}
+	return c, y, w.killCauseOf(y), true
+}
+
+func (w *world) stopGrace(r *rule, x crossing) {
+	if c, y, cause, ok := w.killed(x.cmd); ok && cause == causeGrace && w.now.Sub(y.stoppedAt) < w.sc.grace {
+		w.broke(r, "%s kills a stopped worker after %s, before STOP_GRACE %s", c, w.now.Sub(y.stoppedAt), w.sc.grace)
+	}
+}
+
+func (w *world) watchdog(r *rule, x crossing) {
+	c, y, cause, ok := w.killed(x.cmd)
+	if !ok || cause != causeTimeout {
+		return
+	}
+	switch {
+	case len(y.queue) == 0:
+		w.broke(r, "%s kills a worker that holds nothing and broke no rule", c)
+	case w.coreDown:
+		w.broke(r, "%s: the watchdog kills while the core knows the database is down (no stage can commit then)", c)
+	case w.now.Sub(y.headSince) < w.sc.runtimeOf(y.stage):
+		w.broke(r, "%s: the watchdog kills after %s at the head, before its stage's MAX_RUNTIME %s", c, w.now.Sub(y.headSince), w.sc.runtimeOf(y.stage))
+	}
+}
+
+// killCauseOf is why the core kills live worker y now, as the checker reads
+// it from what it saw: a protocol error, a second shutdown request, a stop
+// past its grace, or else the watchdog. Rule item-verdict judges the kill's
+// items by it.
+func (w *world) killCauseOf(y *wmodel) killCause {
+	switch {
+	case y.proto:
+		return causeProtocol
+	case w.shut >= 2:
+		return causeNow
+	case y.stopped:
+		return causeGrace
+	}
+	return causeTimeout
+}
+
+// givesBack reports whether it gives back a claimed row no worker has seen,
+// which is always safe (say, its stage cannot start a worker); whether it comes
+// back is liveness's business.
+func (w *world) givesBack(it core.Item) bool {
+	s, ok := w.backlog[it.ID]
+	return ok && w.expects[it.ID] == nil && it.Verdict == core.Requeue && it.Stage == s && it.Reason == "" && it.Epoch == ""
+}
+
+// expected calls judge with each item of a Resolve that the ledger expects
+// (every other is rule item-for-held's), and its expectation, until a rule
+// broke.
+func (w *world) expected(cmd core.Command, judge func(it core.Item, ex *expect)) {
+	res, ok := cmd.(core.Resolve)
+	if !ok {
+		return
+	}
+	for _, it := range res.Items {
+		if ex := w.expects[it.ID]; ex != nil && !w.givesBack(it) {
+			if judge(it, ex); w.fail != nil {
+				return
 			}
 		}
 	}
-	for _, it := range x.Items {
+}
+
+func (w *world) itemForHeld(r *rule, x crossing) {
+	res, ok := x.cmd.(core.Resolve)
+	if !ok {
+		return
+	}
+	for _, it := range res.Items {
+		if w.expects[it.ID] != nil || w.givesBack(it) {
+			continue
+		}
+		who := "no one"
+		if wid, ok := w.holder[it.ID]; ok {
+			who = wid.String() + ", which has not answered it"
+		} else if _, ok := w.backlog[it.ID]; ok {
+			who = "the core, which has not handed it out"
+		}
+		w.broke(r, "resolve item %s for a message held by %s", it, who)
+		return
+	}
+}
+
+func (w *world) itemStage(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		if it.Stage != ex.stage {
+			w.broke(r, "resolve item %s names stage %s; the message was claimed for %s", it, it.Stage, ex.stage)
+		}
+	})
+}
+
+func (w *world) itemVerdict(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		if it.Verdict != ex.verdict {
+			w.broke(r, "resolve item %s: want verdict %s (%s)", it, ex.verdict, ex.why)
+		}
+	})
+}
+
+func (w *world) itemTransition(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		switch {
+		case ex.move != nil && (it.To != ex.move.To || !it.Until.Equal(ex.move.Until) || it.Patch != ex.move.Patch):
+			w.broke(r, "resolve item %s: want the answered transition to %s (until %s, patch %q)", it, ex.move.To, formatSim(ex.move.Until), ex.move.Patch)
+		case ex.move == nil && (it.To != "" || it.Patch != "" || (!it.Until.IsZero() && ex.verdict != core.Retry)):
+			w.broke(r, "resolve item %s carries a transition; only an answered one may (%s)", it, ex.why)
+		}
+	})
+}
+
+func (w *world) retryBackoff(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		if ex.verdict == core.Retry && (it.Until.Before(ex.retryFrom) || !it.Until.Before(ex.retryTo)) {
+			w.broke(r, "resolve item %s: a retry due at %s, want from %s (the delay) to before %s (plus the jitter) (%s)",
+				it, formatSim(it.Until), formatSim(ex.retryFrom), formatSim(ex.retryTo), ex.why)
+		}
+	})
+}
+
+func (w *world) itemEpoch(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		switch {
+		case ex.answer && it.Epoch != ex.epoch:
+			w.broke(r, "resolve item %s for a message answered 0: want the epoch of its claim %q", it, ex.epoch)
+		case !ex.answer && it.Epoch != "":
+			w.broke(r, "resolve item %s carries an epoch; only a message answered 0 may (%s)", it, ex.why)
+		}
+	})
+}
+
+func (w *world) itemReason(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		switch {
+		case (ex.verdict == core.Fail || ex.verdict == core.TimeOut || ex.verdict == core.Answered || ex.verdict == core.Retry) && it.Reason == "":
+			w.broke(r, "resolve item %s fails the message without a reason", it)
+		case (ex.verdict == core.Requeue || ex.verdict == core.Move) && it.Reason != "":
+			w.broke(r, "resolve item %s requeues or moves with a reason", it)
+		case ex.reason != "" && it.Reason != ex.reason:
+			w.broke(r, "resolve item %s: want the worker's reason %q", it, ex.reason)
+		}
+	})
+}
+
+// moveClaims holds the moves of a resolve that claim their row at their
+// target (core.Item.Claim): no move claims in a step whose transaction also
+// resets orphans or wakes paused rows (which may make rows pending anywhere,
+// at any id, before the claim runs), nor past rows that may be pending there.
+// Their room is rule claim-bounds's, a RATE's stage rule rate's, and their
+// line rule message-lines's.
+func (w *world) moveClaims(r *rule, x crossing) {
+	res, ok := x.cmd.(core.Resolve)
+	if !ok {
+		return
+	}
+	for _, cmd := range x.step {
+		switch cmd.(type) {
+		case core.ResetOrphans, core.Wake:
+			for _, it := range res.Items {
+				if it.Claim {
+					w.broke(r, "resolve item %s claims in the transaction of %s, which may make rows pending at its target first", it, cmd)
+					return
+				}
+			}
+		}
+	}
+	lowestLeft := map[string]int64{} // per target, the lowest id of a move there that does not claim
+	for _, it := range res.Items {
+		if _, ok := w.stageOf(it.To); ok && it.Verdict == core.Move && !it.Claim && (lowestLeft[it.To] == 0 || it.ID < lowestLeft[it.To]) {
+			lowestLeft[it.To] = it.ID
+		}
+	}
+	claiming := map[string]int{}
+	for _, it := range res.Items {
 		if !it.Claim {
 			continue
 		}
-		s, ok := w.stageOf(it.To)
-		if it.Verdict != core.Move || !ok {
-			w.broke(ruleMoveClaims, "resolve item %s claims, but it is no move to a stage this dispatcher runs", it)
-			return
-		}
-		st := w.sc.stages[s]
-		switch ex := w.expects[it.ID]; {
-		case w.shut > 0:
-			w.broke(ruleClaimBounds, "resolve item %s claims during a shutdown", it)
-		case w.cfg.Stages[s].Rate > 0:
-			w.broke(ruleRate, "resolve item %s claims at stage %s, which has a RATE: only its claims, counted by its bucket, take its rows", it, it.To)
-		case w.toldLook[s]:
-			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, where the core was told rows may be pending that it would overtake", it, it.To)
-		case claiming[it.To]+1 > w.room(s, w.now)-w.ownPending[s]:
-			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, whose room (%d) does not cover the %d rows the core left pending there and the %d moves of this resolve that claim: the claim after the resolve cannot take them all, so the moves overtake them",
-				it, it.To, w.room(s, w.now), w.ownPending[s], claiming[it.To]+1)
-		case lowestLeft[it.To] != 0 && lowestLeft[it.To] < it.ID:
-			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, overtaking the move of row %d there, which does not", it, it.To, lowestLeft[it.To])
-		case slices.ContainsFunc(x.Items, func(o core.Item) bool { return o.Verdict == core.Requeue && o.Stage == it.To }):
-			w.broke(ruleMoveClaims, "resolve item %s claims at stage %s, where the same resolve gives a row back", it, it.To)
-		case ex != nil && (ex.unsure || ex.raced):
-			w.broke(ruleMoveClaims, "resolve item %s claims, but its row may have moved already (a lost reply, or a commit that raced its resolve)", it)
-		case it.LineMax != 0 && (w.cfg.Stages[s].Input != conf.InputMessage || it.LineMax != w.cfg.Dispatch.LineMax):
-			w.broke(ruleMessageLines, "resolve item %s reads the message with LINE_MAX %d; stage %s is INPUT = %s, LINE_MAX %d", it, it.LineMax, it.To, w.cfg.Stages[s].Input, w.cfg.Dispatch.LineMax)
-		case it.LineMax == 0 && w.cfg.Stages[s].Input == conf.InputMessage:
-			w.broke(ruleMessageLines, "resolve item %s claims at INPUT = message stage %s without reading the message", it, it.To)
-		}
-		if w.fail != nil {
+		if w.moveClaim(r, res, it, claiming[it.To], lowestLeft[it.To]); w.fail != nil {
 			return
 		}
 		claiming[it.To]++
-		if held, limit := w.heldAt(it.To), st.parallelism*st.queueLimit; held+claiming[it.To] > limit {
-			w.broke(ruleClaimBounds, "resolve item %s claims at stage %s, which holds %d and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
-				it, it.To, held, claiming[it.To], limit)
-			return
-		}
 	}
 }
 
-// checkVacuum: a vacuum only when the last inspection called for one (dead rows
-// past core.VacuumDeadMin, no vacuum running), VACUUM is on, none of the core's
-// is running, no shutdown is under way, and core.VacuumIntervalMin has passed.
-func (w *world) checkVacuum(x core.Vacuum) {
-	in := w.lastInspected
-	switch {
-	case !w.sc.vacuum:
-		w.broke(ruleVacuumCalledFor, "%s although VACUUM = off", x)
-	case w.vacuumOut:
-		w.broke(ruleVacuumCalledFor, "%s while the core's last vacuum runs", x)
-	case w.shut > 0:
-		w.broke(ruleVacuumCalledFor, "%s during a shutdown", x)
-	case in == nil || in.Dead < core.VacuumDeadMin || in.Vacuuming:
-		w.broke(ruleVacuumCalledFor, "%s not called for by the last inspection %v", x, in)
-	case !w.vacuumSent.IsZero() && w.now.Sub(w.vacuumSent) < core.VacuumIntervalMin:
-		w.broke(ruleVacuumCalledFor, "%s %s after the last, before VacuumIntervalMin %s", x, w.now.Sub(w.vacuumSent), core.VacuumIntervalMin)
-	}
-}
-
-func (w *world) checkFlush(x core.Flush) {
-	if x.StagePasses == 0 && x.MessagesLeft == 0 && len(x.Stages) == 0 {
-		w.broke(ruleFlushNotEmpty, "an empty statistics flush: %s", x)
+// moveClaim judges one move that claims, it, with before moves of the same
+// resolve claiming at its target ahead of it, and left the lowest id of a
+// move there that does not claim.
+func (w *world) moveClaim(r *rule, res core.Resolve, it core.Item, before int, left int64) {
+	s, ok := w.stageOf(it.To)
+	if it.Verdict != core.Move || !ok {
+		w.broke(r, "resolve item %s claims, but it is no move to a stage this dispatcher runs", it)
 		return
 	}
-	for _, d := range x.Stages {
-		if d == (core.StageDelta{Stage: d.Stage}) {
-			w.broke(ruleFlushNotEmpty, "a statistics flush with an empty delta for %s: %s", d.Stage, x)
+	switch ex := w.expects[it.ID]; {
+	case w.toldLook[s]:
+		w.broke(r, "resolve item %s claims at stage %s, where the core was told rows may be pending that it would overtake", it, it.To)
+	case before+1 > w.room(s, w.now)-w.ownPending[s]:
+		w.broke(r, "resolve item %s claims at stage %s, whose room (%d) does not cover the %d rows the core left pending there and the %d moves of this resolve that claim: the claim after the resolve cannot take them all, so the moves overtake them",
+			it, it.To, w.room(s, w.now), w.ownPending[s], before+1)
+	case left != 0 && left < it.ID:
+		w.broke(r, "resolve item %s claims at stage %s, overtaking the move of row %d there, which does not", it, it.To, left)
+	case slices.ContainsFunc(res.Items, func(o core.Item) bool { return o.Verdict == core.Requeue && o.Stage == it.To }):
+		w.broke(r, "resolve item %s claims at stage %s, where the same resolve gives a row back", it, it.To)
+	case ex != nil && (ex.unsure || ex.raced):
+		w.broke(r, "resolve item %s claims, but its row may have moved already (a lost reply, or a commit that raced its resolve)", it)
+	}
+}
+
+func (w *world) resetKeepsHeld(r *rule, x crossing) {
+	c, ok := x.cmd.(core.ResetOrphans)
+	if !ok {
+		return
+	}
+	if !w.resetSent {
+		if len(c.Keep) != 0 {
+			w.broke(r, "the start-up orphan reset keeps %v; a new core holds nothing", c.Keep)
+		}
+		return
+	}
+	for _, id := range w.heldIDs() {
+		if ex := w.expects[id]; ex != nil && ex.unsure {
+			// A row whose resolve may already have been applied (and which the
+			// lost transaction may have claimed again) may be reset or kept.
+			continue
+		}
+		if !slices.Contains(c.Keep, id) {
+			w.broke(r, "reset-orphans would reset message %d, which this core holds (%s), keep %v", id, w.heldText(), c.Keep)
 			return
 		}
 	}
-	if x.Life != int64(w.life) {
+}
+
+func (w *world) wakeNotEarly(r *rule, x crossing) {
+	if c, ok := x.cmd.(core.Wake); ok && c.Now.After(w.now) {
+		w.broke(r, "%s wakes rows due by %s, later than now (%s)", c, c.Now.Sub(epoch), w.offset())
+	}
+}
+
+func (w *world) flushNotEmpty(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Flush)
+	if !ok {
+		return
+	}
+	if c.StagePasses == 0 && c.MessagesLeft == 0 && len(c.Stages) == 0 {
+		w.broke(r, "an empty statistics flush: %s", c)
+		return
+	}
+	for _, d := range c.Stages {
+		if d == (core.StageDelta{Stage: d.Stage}) {
+			w.broke(r, "a statistics flush with an empty delta for %s: %s", d.Stage, c)
+			return
+		}
+	}
+}
+
+// newFlush is the Flush cmd is when it is a new one of this life: not a
+// carried flush sent again, nor one of this life's re-sent under its sequence.
+func (w *world) newFlush(cmd core.Command) (core.Flush, bool) {
+	c, ok := cmd.(core.Flush)
+	if !ok || c.Life != int64(w.life) {
+		return c, false
+	}
+	return c, w.lastFlush == nil || c.Seq != w.lastFlush.Seq
+}
+
+func (w *world) flushSequenced(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Flush)
+	if !ok {
+		return
+	}
+	if c.Life != int64(w.life) {
 		// Only a carried flush, sent again unchanged, may name another life.
 		for _, f := range w.startCarry {
-			a, b := f, x
+			a, b := f, c
 			a.Op, b.Op = 0, 0
 			if f.Seq != 0 && a.String() == b.String() {
 				return
 			}
 		}
-		w.broke(ruleFlushSequenced, "a flush of life %d, which is not this life (%d), nor a flush it carried: %s", x.Life, w.life, x)
+		w.broke(r, "a flush of life %d, which is not this life (%d), nor a flush it carried: %s", c.Life, w.life, c)
 		return
 	}
-	if seq := w.q.FlushMark(x.Life); x.Seq != seq && x.Seq != seq+1 {
-		w.broke(ruleFlushSequenced, "flush seq %d, but the last applied of life %d is %d: want it or the next", x.Seq, x.Life, seq)
+	if seq := w.q.FlushMark(c.Life); c.Seq != seq && c.Seq != seq+1 {
+		w.broke(r, "flush seq %d, but the last applied of life %d is %d: want it or the next", c.Seq, c.Life, seq)
 		return
 	}
-	if last := w.lastFlush; last != nil && x.Seq == last.Seq {
-		a, b := *last, x
+	if last := w.lastFlush; last != nil && c.Seq == last.Seq {
+		a, b := *last, c
 		a.Op, b.Op = 0, 0
 		if a.String() != b.String() {
-			w.broke(ruleFlushSequenced, "a flush re-sent with seq %d differs from the first: %s, first %s", x.Seq, x, last)
+			w.broke(r, "a flush re-sent with seq %d differs from the first: %s, first %s", c.Seq, c, last)
 		}
+	}
+}
+
+func (w *world) flushNotEarly(r *rule, x crossing) {
+	c, ok := w.newFlush(x.cmd)
+	if !ok {
 		return
 	}
 	since := w.now.Sub(w.flushedAt)
@@ -383,8 +734,8 @@ func (w *world) checkFlush(x core.Flush) {
 	case idle && since >= core.IdleFlushMin:
 	case w.shut > 0 && idle && w.allGone():
 	default:
-		w.broke(ruleFlushNotEarly, "%s is not due: %s since the last, STATS_INTERVAL %s, idle %v (at most once every %s)",
-			x, since, w.sc.stats, idle, core.IdleFlushMin)
+		w.broke(r, "%s is not due: %s since the last, STATS_INTERVAL %s, idle %v (at most once every %s)",
+			c, since, w.sc.stats, idle, core.IdleFlushMin)
 	}
 }
 
@@ -411,28 +762,33 @@ func (w *world) unflushed() bool {
 	return false
 }
 
-func (w *world) checkSpawn(x core.Spawn) {
-	s := w.stageIndex(x.Stage)
-	st := w.sc.stages[s]
-	if w.shut > 0 {
-		w.broke(ruleSpawnNeeded, "spawn during shutdown: %s", x)
+func (w *world) inspectSerial(r *rule, x crossing) {
+	if c, ok := x.cmd.(core.Inspect); ok && (w.inspectOut || w.shut > 0) {
+		w.broke(r, "%s while another is outstanding (%v) or during a shutdown (%v)", c, w.inspectOut, w.shut > 0)
+	}
+}
+
+// vacuumCalledFor: a vacuum only when the last inspection called for one (dead
+// rows past core.VacuumDeadMin, no vacuum running), VACUUM is on, none of the
+// core's is running, no shutdown is under way, and core.VacuumIntervalMin has
+// passed.
+func (w *world) vacuumCalledFor(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Vacuum)
+	if !ok {
 		return
 	}
-	if c := w.cool[s]; w.now.Before(c.until) {
-		w.broke(ruleCooldown, "%s respawns stage %s during its cooldown (until %s)", x, x.Stage, c.until.Sub(epoch))
-		return
-	}
-	if w.workers[x.Worker] != nil {
-		w.broke(ruleSpawnNeeded, "%s reuses a worker id", x)
-		return
-	}
-	if need := w.spawnNeed(s); need <= 0 {
-		w.broke(ruleSpawnNeeded, "%s: its claimed messages (%d) fit in the workers it has, ready or starting", x, w.backlogAt(s))
-		return
-	}
-	live := 1 + w.live(s)
-	if live > st.parallelism {
-		w.broke(ruleParallelism, "%s makes %d live workers of stage %s, PARALLELISM %d", x, live, x.Stage, st.parallelism)
+	in := w.lastInspected
+	switch {
+	case !w.sc.vacuum:
+		w.broke(r, "%s although VACUUM = off", c)
+	case w.vacuumOut:
+		w.broke(r, "%s while the core's last vacuum runs", c)
+	case w.shut > 0:
+		w.broke(r, "%s during a shutdown", c)
+	case in == nil || in.Dead < core.VacuumDeadMin || in.Vacuuming:
+		w.broke(r, "%s not called for by the last inspection %v", c, in)
+	case !w.vacuumSent.IsZero() && w.now.Sub(w.vacuumSent) < core.VacuumIntervalMin:
+		w.broke(r, "%s %s after the last, before VacuumIntervalMin %s", c, w.now.Sub(w.vacuumSent), core.VacuumIntervalMin)
 	}
 }
 
@@ -474,155 +830,26 @@ func (w *world) staleLine(id int64, line string) string {
 	return ""
 }
 
-func (w *world) checkWrite(x core.Write) {
-	y := w.workers[x.Worker]
-	switch {
-	case y == nil || y.gone:
-		w.broke(ruleHandToReady, "%s to a worker that is not alive", x)
-		return
-	case !y.started || y.stopped || y.killed:
-		w.broke(ruleHandToReady, "%s to a worker that is not ready (started %v, stopped %v, killed %v)", x, y.started, y.stopped, y.killed)
+func (w *world) exit(r *rule, x crossing) {
+	c, ok := x.cmd.(core.Exit)
+	if !ok {
 		return
 	}
-	stage := w.sc.stages[y.stage]
-	for _, z := range w.alive {
-		if id := z.id; z != y && z.stage == y.stage && z.started && w.slots(z) > 0 && len(z.queue) > len(y.queue) {
-			w.broke(ruleWorkPacked, "%s hands ids to a worker holding %d while %s holds %d and has room: work is not packed onto the fewest workers",
-				x, len(y.queue), id, len(z.queue))
-			return
-		}
-	}
-	if stage.message != (x.Lines != nil) || x.Lines != nil && len(x.Lines) != len(x.IDs) {
-		w.broke(ruleMessageLines, "%s to a worker of stage %s (INPUT = message: %v) carries %d lines for %d ids", x, stage.name, stage.message, len(x.Lines), len(x.IDs))
-		return
-	}
-	for i := range x.IDs {
-		if w.checkHanded(x, i, stage); w.fail != nil {
-			return
-		}
-	}
-	if n := len(y.queue) + len(x.IDs); n > stage.queueLimit {
-		w.broke(ruleQueueLimit, "%s leaves %d unanswered ids with %s, QUEUE_LIMIT %d", x, n, x.Worker, stage.queueLimit)
-	} else if n := y.handed + len(x.IDs); n > stage.maxMessages {
-		w.broke(ruleQueueLimit, "%s hands %s its %dth id, MAX_MESSAGES %d", x, x.Worker, n, stage.maxMessages)
-	}
-}
-
-// checkHanded holds the i-th id of x (and its line) to the rules: claimed for
-// its stage, committed, handed once, and its line the row as it is now.
-func (w *world) checkHanded(x core.Write, i int, stage stageConf) {
-	id := x.IDs[i]
-	if x.Lines != nil {
-		if why := w.staleLine(id, x.Lines[i]); why != "" {
-			w.broke(ruleMessageLines, "%s hands message %d the line %s, but %s: a message stage must get the row as it is now", x, id, x.Lines[i], why)
-			return
-		}
-	}
-	if s, ok := w.backlog[id]; !ok || s != stage.name || slices.Contains(x.IDs[:i], id) {
-		who := "not claimed by this core"
-		if wid, ok := w.holder[id]; ok {
-			who = "held by " + wid.String()
-		} else if slices.Contains(x.IDs[:i], id) {
-			who = "handed twice in it"
-		} else if ok {
-			who = "claimed for stage " + s
-		} else if _, ok := w.expects[id]; ok {
-			who = "being resolved"
-		}
-		w.broke(ruleHandClaimed, "%s hands message %d to stage %s, but it is %s", x, id, stage.name, who)
-		return
-	}
-	if r, _ := w.q.Get(id); r.Status != core.StatusRunning || r.Stage != stage.name {
-		w.broke(ruleHandClaimed, "%s hands message %d, whose row is %s at %s (claim not committed?)", x, id, r.Status, r.Stage)
-	}
-}
-
-func (w *world) checkStop(x core.Stop) {
-	y := w.workers[x.Worker]
-	if y == nil || y.gone {
-		w.broke(ruleKillLive, "%s of a worker that is not alive", x)
-		return
-	}
-	if y.stopped || y.killed || w.shut > 0 {
-		return
-	}
-	st := w.sc.stages[y.stage]
-	switch {
-	case len(y.queue) > 0:
-		w.broke(ruleReapIdle, "%s stops a worker holding %v outside a shutdown", x, y.queue)
-	case y.handed >= st.maxMessages:
-		// recycled
-	case !y.started:
-		w.broke(ruleReapIdle, "%s stops a worker that never became ready, outside a shutdown", x)
-	case w.now.Sub(y.idleSince) < w.sc.idle:
-		w.broke(ruleReapIdle, "%s reaps a worker idle for %s only, WORKER_IDLE_TIMEOUT %s", x, w.now.Sub(y.idleSince), w.sc.idle)
-	}
-}
-
-func (w *world) checkKill(x core.Kill) {
-	y := w.workers[x.Worker]
-	if y != nil && y.gone && y.goneStep == w.steps {
-		return // decided on a line that came in the same batch as its exit
-	}
-	if y == nil || y.gone {
-		w.broke(ruleKillLive, "%s of a worker that is not alive", x)
-		return
-	}
-	if y.killed {
-		return
-	}
-	switch w.killCauseOf(y) {
-	case causeGrace:
-		if w.now.Sub(y.stoppedAt) < w.sc.grace {
-			w.broke(ruleStopGrace, "%s kills a stopped worker after %s, before STOP_GRACE %s", x, w.now.Sub(y.stoppedAt), w.sc.grace)
-		}
-	case causeTimeout:
-		if len(y.queue) == 0 {
-			w.broke(ruleWatchdog, "%s kills a worker that holds nothing and broke no rule", x)
-			return
-		}
-		if w.coreDown {
-			w.broke(ruleWatchdog, "%s: the watchdog kills while the core knows the database is down (no stage can commit then)", x)
-			return
-		}
-		if ran, own := w.now.Sub(y.headSince), w.sc.runtimeOf(y.stage); ran < own {
-			w.broke(ruleWatchdog, "%s: the watchdog kills after %s at the head, before its stage's MAX_RUNTIME %s", x, ran, own)
-		}
-	}
-}
-
-// killCauseOf is why the core kills live worker y now, as the checker reads
-// it from what it saw: a protocol error, a second shutdown request, a stop
-// past its grace, or else the watchdog. Rule item-verdict judges the kill's
-// items by it.
-func (w *world) killCauseOf(y *wmodel) killCause {
-	switch {
-	case y.proto:
-		return causeProtocol
-	case w.shut >= 2:
-		return causeNow
-	case y.stopped:
-		return causeGrace
-	}
-	return causeTimeout
-}
-
-func (w *world) checkExit(x core.Exit) {
 	for _, y := range w.alive {
-		w.broke(ruleExit, "%s while %s is alive", x, y.id)
+		w.broke(r, "%s while %s is alive", c, y.id)
 		return
 	}
 	switch {
-	case x.Code != 0 && w.shut < 2:
-		w.broke(ruleExit, "%s after a single shutdown request: a graceful shutdown must wait for every write", x)
-	case x.Code == 0 && !w.nothingHeld():
-		w.broke(ruleExit, "%s although the core still holds or owes %s", x, w.heldText())
-	case x.Code == 0:
-		for _, r := range w.q.Rows() {
-			if r.Status == core.StatusRunning && w.strayed[r.ID] != w.claimGen[r.ID-1]+1 {
+	case c.Code != 0 && w.shut < 2:
+		w.broke(r, "%s after a single shutdown request: a graceful shutdown must wait for every write", c)
+	case c.Code == 0 && !w.nothingHeld():
+		w.broke(r, "%s although the core still holds or owes %s", c, w.heldText())
+	case c.Code == 0:
+		for _, row := range w.q.Rows() {
+			if row.Status == core.StatusRunning && w.strayed[row.ID] != w.claimGen[row.ID-1]+1 {
 				// (A row a stray tool made running since its last claim is an
 				// orphan of the next start-up reset; the sweep only runs between.)
-				w.broke(ruleExit, "%s (every row reset or resolved) but row %d is running at %s", x, r.ID, r.Stage)
+				w.broke(r, "%s (every row reset or resolved) but row %d is running at %s", c, row.ID, row.Stage)
 				return
 			}
 		}
@@ -640,7 +867,7 @@ func (w *world) checkTimely() {
 	if w.fail != nil || !w.running {
 		return
 	}
-	w.checkAt(atDeadline)
+	w.checkAt(atDeadline, crossing{})
 }
 
 // checkStep holds the core to what it must do in the step itself (the rules of
@@ -652,17 +879,17 @@ func (w *world) checkStep(free bool) {
 		return
 	}
 	w.stepFree = free
-	w.checkAt(afterStep)
+	w.checkAt(afterStep, crossing{})
 	w.inspectedNow, w.vacuumedNow = nil, false
 }
 
-func (w *world) inspectDue(r *rule) {
+func (w *world) inspectDue(r *rule, _ crossing) {
 	if w.shut == 0 && !w.inspectOut && w.now.Sub(w.inspectSent) > core.InspectInterval {
 		w.broke(r, "the queue's health was last asked for %s ago, InspectInterval %s", w.now.Sub(w.inspectSent), core.InspectInterval)
 	}
 }
 
-func (w *world) flushNotLate(r *rule) {
+func (w *world) flushNotLate(r *rule, _ crossing) {
 	if w.txnOut || w.coreDown || w.shut > 0 || !w.unflushed() {
 		return
 	}
@@ -673,7 +900,7 @@ func (w *world) flushNotLate(r *rule) {
 	}
 }
 
-func (w *world) wakeDue(rl *rule) {
+func (w *world) wakeDue(rl *rule, _ crossing) {
 	if w.txnOut || w.coreDown || w.shut > 0 {
 		return
 	}
@@ -686,7 +913,7 @@ func (w *world) wakeDue(rl *rule) {
 	}
 }
 
-func (w *world) stopGraceDue(r *rule) {
+func (w *world) stopGraceDue(r *rule, _ crossing) {
 	for _, y := range w.alive {
 		if y.stopped && !y.killed && w.now.Sub(y.stoppedAt) > w.sc.grace {
 			w.broke(r, "%s was stopped %s ago and is neither gone nor killed, STOP_GRACE %s", y.id, w.now.Sub(y.stoppedAt), w.sc.grace)
@@ -711,7 +938,7 @@ func (w *world) working() []*wmodel {
 	return out
 }
 
-func (w *world) watchdogDue(r *rule) {
+func (w *world) watchdogDue(r *rule, _ crossing) {
 	for _, y := range w.working() {
 		if own := w.sc.runtimeOf(y.stage); len(y.queue) > 0 && !w.coreDown && w.now.Sub(y.headSince) > own {
 			w.broke(r, "%s's head %d has run %s unanswered and the watchdog has not killed it, its stage's MAX_RUNTIME %s",
@@ -721,7 +948,7 @@ func (w *world) watchdogDue(r *rule) {
 	}
 }
 
-func (w *world) recycleDue(r *rule) {
+func (w *world) recycleDue(r *rule, _ crossing) {
 	for _, y := range w.working() {
 		if st := w.sc.stages[y.stage]; len(y.queue) == 0 && y.handed >= st.maxMessages {
 			w.broke(r, "%s has handled MAX_MESSAGES %d, holds nothing and is not recycled", y.id, st.maxMessages)
@@ -730,7 +957,7 @@ func (w *world) recycleDue(r *rule) {
 	}
 }
 
-func (w *world) reapDue(r *rule) {
+func (w *world) reapDue(r *rule, _ crossing) {
 	for _, y := range w.working() {
 		st := w.sc.stages[y.stage]
 		if len(y.queue) == 0 && y.handed < st.maxMessages && w.now.Sub(y.idleSince) > w.sc.idle {
@@ -742,7 +969,7 @@ func (w *world) reapDue(r *rule) {
 
 // rateTokenDue: a token that came since the last step, at a stage held by its
 // rate: the claim was due then.
-func (w *world) rateTokenDue(r *rule) {
+func (w *world) rateTokenDue(r *rule, _ crossing) {
 	for s, st := range w.sc.stages {
 		if w.cfg.Stages[s].Rate == 0 || w.tokens(s, w.steppedAt) >= 1 {
 			continue
@@ -758,7 +985,7 @@ func (w *world) rateTokenDue(r *rule) {
 
 // cooldownEndDue: a cooldown that ended since the last step: what it held
 // back was due then.
-func (w *world) cooldownEndDue(r *rule) {
+func (w *world) cooldownEndDue(r *rule, _ crossing) {
 	for s, st := range w.sc.stages {
 		until := w.cool[s].until
 		if !until.After(w.steppedAt) || !until.Before(w.now) {
@@ -777,7 +1004,7 @@ func (w *world) cooldownEndDue(r *rule) {
 	}
 }
 
-func (w *world) vacuumWhenDue(r *rule) {
+func (w *world) vacuumWhenDue(r *rule, _ crossing) {
 	in := w.inspectedNow
 	if in != nil && !w.vacuumedNow && w.sc.vacuum && w.shut == 0 && in.Dead >= core.VacuumDeadMin && !in.Vacuuming && !w.vacuumOut &&
 		(w.vacuumSent.IsZero() || w.now.Sub(w.vacuumSent) >= core.VacuumIntervalMin) {
@@ -785,7 +1012,7 @@ func (w *world) vacuumWhenDue(r *rule) {
 	}
 }
 
-func (w *world) protocolErrorKills(r *rule) {
+func (w *world) protocolErrorKills(r *rule, _ crossing) {
 	for _, y := range w.alive {
 		if y.proto && !y.killed {
 			w.broke(r, "%s broke the protocol and the core did not kill it in that step", y.id)
@@ -794,7 +1021,7 @@ func (w *world) protocolErrorKills(r *rule) {
 	}
 }
 
-func (w *world) shutdownStops(r *rule) {
+func (w *world) shutdownStops(r *rule, _ crossing) {
 	for _, y := range w.alive {
 		id := y.id
 		switch {
@@ -809,7 +1036,7 @@ func (w *world) shutdownStops(r *rule) {
 	}
 }
 
-func (w *world) stageCapacity(r *rule) {
+func (w *world) stageCapacity(r *rule, _ crossing) {
 	for s, st := range w.sc.stages {
 		if live := w.live(s); live > st.parallelism {
 			w.broke(r, "stage %s has %d live workers, PARALLELISM %d", st.name, live, st.parallelism)
@@ -822,7 +1049,7 @@ func (w *world) stageCapacity(r *rule) {
 	}
 }
 
-func (w *world) spawnWhenNeeded(r *rule) {
+func (w *world) spawnWhenNeeded(r *rule, _ crossing) {
 	for s, st := range w.sc.stages {
 		if w.shut > 0 || w.coolingAt(s, w.now) {
 			continue
@@ -835,7 +1062,7 @@ func (w *world) spawnWhenNeeded(r *rule) {
 	}
 }
 
-func (w *world) promptness(r *rule) {
+func (w *world) promptness(r *rule, _ crossing) {
 	for s, st := range w.sc.stages {
 		if w.shut > 0 || w.coolingAt(s, w.now) {
 			continue
@@ -848,14 +1075,19 @@ func (w *world) promptness(r *rule) {
 	}
 }
 
-// checkFloors holds the claim floor rule: a claim looks above each stage's floor
+// claimFloor holds the claim floor rule, as the fake queue runs a claim of the
+// core's transaction: a claim looks above each stage's floor
 // (core.Cap.After) only, and no row is pending at or below it when the claim
 // runs. Every way a row becomes pending below a floor is one the core hears of:
 // its own resolve, wake or reset, a NOTIFY, the heartbeat; and a producer's row
 // lands below ids a claim saw only while that claim reported nothing settled.
 // The exception: a row an operator retried, while the core has not heard of it
 // (its NOTIFY lost) or heard only after it sent the claim (sent).
-func (w *world) checkFloors(c core.Claim, sent time.Time) {
+func (w *world) claimFloor(rl *rule, x crossing) {
+	if x.claimRun == nil {
+		return
+	}
+	c, sent := x.claimRun.claim, x.claimRun.sent
 	for _, cp := range c.Caps {
 		for _, r := range w.q.Rows() {
 			if r.ID > cp.After {
@@ -868,7 +1100,7 @@ func (w *world) checkFloors(c core.Claim, sent time.Time) {
 				continue // held: the core lowers the floor when its resolve reports it pending
 			}
 			if r.Status == core.StatusPending && r.Stage == cp.Stage {
-				w.broke(ruleClaimFloor, "claim op=%d looks above %d at stage %s and passes over pending row %d", c.Op, cp.After, cp.Stage, r.ID)
+				w.broke(rl, "claim op=%d looks above %d at stage %s and passes over pending row %d", c.Op, cp.After, cp.Stage, r.ID)
 				return
 			}
 		}
@@ -956,7 +1188,7 @@ func (w *world) nextToken(s int) time.Time {
 // RATE × T + max(1, RATE) rows claimed in T seconds, however the database
 // timed each claim between its sending and its result: the window runs from
 // the result of the earliest claim in it to the sending of the latest.
-func (w *world) checkRateBound(s int) {
+func (w *world) checkRateBound(r *rule, s int) {
 	log, rate := w.rateLog[s], w.cfg.Stages[s].Rate
 	if len(log) == 0 {
 		return
@@ -969,7 +1201,7 @@ func (w *world) checkRateBound(s int) {
 			from = last.at
 		}
 		if limit := rate*last.at.Sub(from).Seconds() + max(1, rate); float64(sum) > limit+1e-9 {
-			w.broke(ruleRate, "stage %s: %d rows claimed from %s to %s, more than RATE × T + max(1, RATE) = %.3f (RATE %g)",
+			w.broke(r, "stage %s: %d rows claimed from %s to %s, more than RATE × T + max(1, RATE) = %.3f (RATE %g)",
 				w.sc.stages[s].name, sum, from.Sub(epoch), last.at.Sub(epoch), limit, rate)
 			return
 		}
@@ -1041,31 +1273,14 @@ func (w *world) backlogAt(s int) int {
 
 // ---- the fake queue's changes ----
 
-// observe checks every row change the fake queue makes, and counts the rows the
-// dispatcher itself fails or times out.
+// observe holds every row change the fake queue makes to the rules of
+// atChange, then counts what the rules keep: the rows the dispatcher itself
+// fails or times out, and each row's claims.
 func (w *world) observe(c fakequeue.Change) {
 	if c.By == fakequeue.ByStray {
 		w.strayed[c.After.ID] = w.claimGen[c.After.ID-1] + 1
 	}
-	if c.Before.Status == core.StatusPending && c.After.Status == core.StatusRunning && c.By != fakequeue.ByClaim && c.By != fakequeue.ByStray {
-		w.broke(ruleOnlyClaimRuns, "row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
-		return
-	}
-	// (A crash restores an earlier version of the row, attempts and all.)
-	switch {
-	case c.By == fakequeue.ByCrash:
-	case c.After.Stage != c.Before.Stage && c.After.Attempts != 0:
-		w.broke(ruleAttempts, "row %d moved from stage %s to %s by %s with attempts %d: a move to another stage sets it to 0",
-			c.After.ID, c.Before.Stage, c.After.Stage, c.By, c.After.Attempts)
-		return
-	case c.After.Attempts > c.Before.Attempts+1 || (c.After.Attempts == c.Before.Attempts+1 && (c.By != fakequeue.ByResolve || c.After.Status != core.StatusPaused)):
-		w.broke(ruleAttempts, "row %d's attempts went from %d to %d by %s (%s): only a retry adds one",
-			c.After.ID, c.Before.Attempts, c.After.Attempts, c.By, c.After.Status)
-		return
-	}
-	if _, handed := w.holder[c.After.ID]; c.By == fakequeue.ByWake && handed && w.execLife == w.life {
-		w.broke(ruleWakeKeepsHanded, "a wake made row %d pending while %s holds it unanswered (its stage paused it and has not answered yet)",
-			c.After.ID, w.holder[c.After.ID])
+	if w.checkAt(atChange, crossing{change: &c}); w.fail != nil {
 		return
 	}
 	if c.By == fakequeue.ByClaim || (c.By == fakequeue.ByResolve && c.Before.Status == core.StatusRunning && c.After.Status == core.StatusRunning) {
@@ -1074,41 +1289,96 @@ func (w *world) observe(c fakequeue.Change) {
 		delete(w.retried, c.After.ID)
 		w.claimGen[c.After.ID-1]++
 	}
-	if c.By != fakequeue.ByResolve || !(c.After.Status == core.StatusFailed || c.After.Status == core.StatusTimeout) {
+	if w.ownVerdict(c) {
+		w.verdicts[c.After.ID] = c.After.Status
+	}
+}
+
+// ownVerdict reports whether c is this core's resolve failing or timing out a
+// row (a dead core's last transaction, applied as it died, is not: it never
+// hears of it).
+func (w *world) ownVerdict(c fakequeue.Change) bool {
+	return c.By == fakequeue.ByResolve && (c.After.Status == core.StatusFailed || c.After.Status == core.StatusTimeout) && w.execLife == w.life
+}
+
+func (w *world) onlyClaimRuns(r *rule, x crossing) {
+	if c := x.change; c != nil && c.Before.Status == core.StatusPending && c.After.Status == core.StatusRunning && c.By != fakequeue.ByClaim && c.By != fakequeue.ByStray {
+		w.broke(r, "row %d went from pending to running by %s; only the dispatcher's claim may", c.After.ID, c.By)
+	}
+}
+
+func (w *world) attempts(r *rule, x crossing) {
+	c := x.change
+	// (A crash restores an earlier version of the row, attempts and all.)
+	switch {
+	case c == nil || c.By == fakequeue.ByCrash:
+	case c.After.Stage != c.Before.Stage && c.After.Attempts != 0:
+		w.broke(r, "row %d moved from stage %s to %s by %s with attempts %d: a move to another stage sets it to 0",
+			c.After.ID, c.Before.Stage, c.After.Stage, c.By, c.After.Attempts)
+	case c.After.Attempts > c.Before.Attempts+1 || (c.After.Attempts == c.Before.Attempts+1 && (c.By != fakequeue.ByResolve || c.After.Status != core.StatusPaused)):
+		w.broke(r, "row %d's attempts went from %d to %d by %s (%s): only a retry adds one",
+			c.After.ID, c.Before.Attempts, c.After.Attempts, c.By, c.After.Status)
+	}
+}
+
+func (w *world) wakeKeepsHanded(r *rule, x crossing) {
+	c := x.change
+	if c == nil || c.By != fakequeue.ByWake || w.execLife != w.life {
 		return
 	}
-	if w.execLife != w.life {
-		return // a dead core's last transaction, applied as it died: it never hears of it
+	if wid, handed := w.holder[c.After.ID]; handed {
+		w.broke(r, "a wake made row %d pending while %s holds it unanswered (its stage paused it and has not answered yet)", c.After.ID, wid)
 	}
-	id := c.After.ID
-	w.verdicts[id] = c.After.Status
-	if gen := w.claimGenOf[id]; gen != w.claimGen[id-1] {
-		w.broke(ruleNoStaleVerdict, "row %d was made %s by a resolve meant for its claim #%d, but it has been claimed again since (claim #%d): a verdict must only apply to the claim it was made for",
-			id, c.After.Status, gen, w.claimGen[id-1])
-		return
+}
+
+func (w *world) noStaleVerdict(r *rule, x crossing) {
+	if c := x.change; c != nil && w.ownVerdict(*c) {
+		id := c.After.ID
+		if gen := w.claimGenOf[id]; gen != w.claimGen[id-1] {
+			w.broke(r, "row %d was made %s by a resolve meant for its claim #%d, but it has been claimed again since (claim #%d): a verdict must only apply to the claim it was made for",
+				id, c.After.Status, gen, w.claimGen[id-1])
+		}
 	}
-	if ex := w.expects[id]; ex != nil && ex.answer && w.wrote[id-1] {
-		w.broke(ruleEpochGuard, "message %d was failed as a stage bug (answered 0, left running), but its stage had committed a transition on that visit (which a PostgreSQL crash then lost): it must be requeued", id)
+}
+
+func (w *world) epochGuard(r *rule, x crossing) {
+	if c := x.change; c != nil && w.ownVerdict(*c) {
+		id := c.After.ID
+		if ex := w.expects[id]; ex != nil && ex.answer && w.wrote[id-1] {
+			w.broke(r, "message %d was failed as a stage bug (answered 0, left running), but its stage had committed a transition on that visit (which a PostgreSQL crash then lost): it must be requeued", id)
+		}
 	}
 }
 
 // ---- the end ----
 
-// finalCheck runs after healing, once everything is quiescent: nothing lost,
-// every message final, and the statistics flushed as they happened.
+// finalCheck runs after healing, once everything is quiescent: the rules of
+// atEnd, nothing lost, every message final, and the statistics flushed as
+// they happened.
 func (w *world) finalCheck() {
 	w.truth().exact = true // the life running at the end must have flushed everything
-	rows := w.q.Rows()
-	if len(rows) != w.inserted {
-		w.broke(ruleLiveness, "%d rows in the queue, %d inserted", len(rows), w.inserted)
+	if w.checkAt(atEnd, crossing{}); w.fail != nil {
 		return
 	}
-	for _, r := range rows {
-		if !r.Status.Final() {
-			w.broke(ruleLiveness, "row %d is %s at %s at the end", r.ID, r.Status, r.Stage)
+	_, passes, left, _ := w.q.Stats()
+	w.note("final check passed: %d messages, %d lives, passes %d, left %d", w.inserted, w.life, passes, left)
+}
+
+func (w *world) liveness(r *rule, _ crossing) {
+	rows := w.q.Rows()
+	if len(rows) != w.inserted {
+		w.broke(r, "%d rows in the queue, %d inserted", len(rows), w.inserted)
+		return
+	}
+	for _, row := range rows {
+		if !row.Status.Final() {
+			w.broke(r, "row %d is %s at %s at the end", row.ID, row.Status, row.Stage)
 			return
 		}
 	}
+}
+
+func (w *world) statisticsExact(r *rule, _ crossing) {
 	stages, passes, left, _ := w.q.Stats()
 	lo, hi := &truth{stages: map[string]*core.StageDelta{}}, &truth{stages: map[string]*core.StageDelta{}}
 	for _, t := range w.truths {
@@ -1120,9 +1390,9 @@ func (w *world) finalCheck() {
 	check := func(what string, got, lo, hi int64) bool {
 		if got < lo || got > hi {
 			if lo == hi {
-				w.broke(ruleStatisticsExact, "flushed %s = %d, want %d (what happened)", what, got, lo)
+				w.broke(r, "flushed %s = %d, want %d (what happened)", what, got, lo)
 			} else {
-				w.broke(ruleStatisticsExact, "flushed %s = %d, want between %d (lives that must have flushed) and %d (all lives)", what, got, lo, hi)
+				w.broke(r, "flushed %s = %d, want between %d (lives that must have flushed) and %d (all lives)", what, got, lo, hi)
 			}
 			return false
 		}
@@ -1151,7 +1421,6 @@ func (w *world) finalCheck() {
 			return
 		}
 	}
-	w.note("final check passed: %d messages, %d lives, passes %d, left %d", w.inserted, w.life, passes, left)
 }
 
 func add(sum, t *truth) {

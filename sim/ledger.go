@@ -422,7 +422,7 @@ func (w *world) modelClaimed(e core.Claimed) {
 			if e.Aborted {
 				w.rateLog[s][w.rateOut[s]].n = 0 // it certainly took nothing
 			}
-			w.checkRateBound(s)
+			w.checkAt(atEvent, crossing{rated: &s})
 		}
 		clear(w.rateOut)
 		return
@@ -438,7 +438,7 @@ func (w *world) modelClaimed(e core.Claimed) {
 			s := w.stageIndex(cp.Stage)
 			w.rateLog[s][i].n, w.rateLog[s][i].done = got, w.now
 			delete(w.rateOut, s)
-			if w.checkRateBound(s); w.fail != nil {
+			if w.checkAt(atEvent, crossing{rated: &s}); w.fail != nil {
 				return
 			}
 		}
@@ -462,12 +462,7 @@ func (w *world) modelClaimed(e core.Claimed) {
 // the backlog (or, during a shutdown, is owed back as a requeue). It reports
 // false when a rule broke.
 func (w *world) takeClaimed(what string, id int64, stage string, attempts int, epoch string) bool {
-	if row, _ := w.q.Get(id); attempts != row.Attempts {
-		w.broke(ruleClaimReadsRow, "%s returned message %d with attempts %d, the row has %d", what, id, attempts, row.Attempts)
-		return false
-	}
-	if _, held := w.heldBy(id); held {
-		w.broke(ruleNeverTwoHolders, "%s returned message %d, which this core already holds (%s)", what, id, w.heldText())
+	if w.checkAt(atEvent, crossing{took: &took{what: what, id: id, attempts: attempts}}); w.fail != nil {
 		return false
 	}
 	w.claimAttempts[id] = attempts

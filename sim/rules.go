@@ -1,35 +1,81 @@
 package sim
 
+import (
+	"strings"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
+)
+
 // rule is one thing the checker holds the core to: a name, printed with every
 // violation of it and named by each mutant (sim/mutants) meant to break it; its
-// doc, which says what it asks; when it is checked; and, for a rule checked
-// after a step or at a deadline, its check, which checkAt runs. A rule checked
-// as a command, an event or a row change crosses the boundary is checked by
-// that crossing's hook in check.go, which names the rule it holds; a rule that
-// must re-derive a decision of the core (promptness needs a stage's room, the
-// cooldown rule the doubling cooldown) owns that derivation.
+// doc, which says what it asks; when it is checked; and its check, the one
+// function that judges it, which checkAt runs at each of its moments with what
+// crosses the boundary then. The hooks of check.go and ledger.go judge nothing
+// themselves: they say what crossed and keep the ledger. A rule that must
+// re-derive a decision of the core (promptness needs a stage's room, the
+// cooldown rule the doubling cooldown, rule rate the bucket, retry-backoff the
+// delay) owns that derivation, and says why it is its own. Rule world-consistent
+// alone has no check: the fake world raises it wherever it meets what it
+// cannot reach if the core is right.
 type rule struct {
 	name  string
 	doc   string
 	when  moment
-	check func(*world, *rule)
+	check func(*world, *rule, crossing)
 }
 
-// moment is when a rule is checked.
+// crossing is what crosses the boundary at the moment a rule is checked; the
+// fields of other moments are empty, and a rule's check ignores a crossing
+// that is not its business.
+type crossing struct {
+	cmd      core.Command      // atCommand: the command, before the world runs it
+	step     []core.Command    // atCommand, atTransaction: every command of the step
+	took     *took             // atEvent: a row a claim's result or a move that claims hands the core
+	rated    *int              // atEvent: the stage with a RATE whose claim's result just came
+	change   *fakequeue.Change // atChange: a row the fake queue changed
+	claimRun *claimRun         // atChange: a claim of the core's transaction the fake queue is about to run
+}
+
+// took is a row the core takes in: returned by what (a claim, or a move that
+// claims) with its attempts.
+type took struct {
+	what     string
+	id       int64
+	attempts int
+}
+
+// claimRun is a claim the fake queue runs, and when its transaction was sent.
+type claimRun struct {
+	claim core.Claim
+	sent  time.Time
+}
+
+// moment is when a rule is checked: one or more of these.
 type moment int
 
 const (
-	atCommand  moment = iota // as the core issues a command, before the world runs it
-	atEvent                  // as the world hands the core an event
-	atChange                 // as the fake queue changes a row
-	afterStep                // after every step, from the step's own commands
-	atDeadline               // after every step and whenever the clock moves on, before anything happens at the new instant
-	atEnd                    // once, after the heal phase, when everything is quiescent
+	atCommand     moment = 1 << iota // as the core issues a command, before the world runs it
+	atTransaction                    // once a step's commands are recorded, over its queue transaction, before the world runs it
+	atEvent                          // as the world hands the core an event
+	atChange                         // as the fake queue changes a row (or is about to run a claim)
+	afterStep                        // after every step, from the step's own commands
+	atDeadline                       // after every step and whenever the clock moves on, before anything happens at the new instant
+	atEnd                            // once, after the heal phase, when everything is quiescent
 )
 
-var momentNames = [...]string{"at each command", "at each event", "at each row change", "after each step", "at each deadline", "at the end"}
+var momentNames = [...]string{"at each command", "at each step's transaction", "at each event", "at each row change", "after each step", "at each deadline", "at the end"}
 
-func (m moment) String() string { return momentNames[m] }
+func (m moment) String() string {
+	var names []string
+	for i, name := range momentNames {
+		if m&(1<<i) != 0 {
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, " and ")
+}
 
 // Rule is one rule of the checker, as pepsi-sim -rules lists it.
 type Rule struct {
@@ -57,13 +103,14 @@ func (w *world) broke(r *rule, format string, args ...any) {
 	w.fail.Rule = r.name
 }
 
-// checkAt runs the check of every rule of moment m, in order, until one fails.
-func (w *world) checkAt(m moment) {
+// checkAt runs the check of every rule of moment m, in order, with what
+// crossed, until one fails.
+func (w *world) checkAt(m moment, x crossing) {
 	for _, r := range rules {
-		if r.when != m || r.check == nil {
+		if r.when&m == 0 || r.check == nil {
 			continue
 		}
-		if r.check(w, r); w.fail != nil {
+		if r.check(w, r, x); w.fail != nil {
 			return
 		}
 	}
@@ -72,12 +119,13 @@ func (w *world) checkAt(m moment) {
 // rules is every rule, in the order they are documented; checkAt runs the
 // checks of each moment in this order.
 var rules = []*rule{
-	// At each command (and the claim rules at each claim's result).
-	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleNeverTwoHolders, ruleClaimReadsRow,
-	ruleMessageLines, ruleHandClaimed, ruleHandToReady, ruleWorkPacked, ruleQueueLimit,
-	ruleSpawnNeeded, ruleCooldown, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
-	ruleWatchdog, ruleItemForHeld, ruleMoveClaims, ruleItemStage, ruleItemVerdict, ruleItemTransition,
-	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleResetKeepsHeld, ruleWakeNotEarly,
+	// At each command (rule rate also at each claim's result, and the rules of
+	// the rows a claim hands the core at each event).
+	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders,
+	ruleHandToReady, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
+	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
+	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition,
+	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleMoveClaims, ruleResetKeepsHeld, ruleWakeNotEarly,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
 	// At each row change.
@@ -94,145 +142,148 @@ var rules = []*rule{
 	ruleWorldConsistent,
 }
 
-var ruleSerialWrites = &rule{name: "serial-writes", when: atCommand,
+var ruleSerialWrites = &rule{name: "serial-writes", when: atCommand, check: (*world).serialWrites,
 	doc: "No queue transaction is issued while another is outstanding: the core's writes are serial, one batch at a time."}
 
-var ruleClaimBounds = &rule{name: "claim-bounds", when: atCommand,
+var ruleClaimBounds = &rule{name: "claim-bounds", when: atCommand, check: (*world).claimBounds,
 	doc: "No claim during a shutdown, and no claim that would make a stage hold more than QUEUE_LIMIT × PARALLELISM messages (claimed, handed out and unanswered)."}
 
-var ruleClaimYieldsHalf = &rule{name: "claim-yields-at-most-half", when: atCommand,
+var ruleClaimYieldsHalf = &rule{name: "claim-yields-at-most-half", when: atTransaction, check: (*world).claimYieldsHalf,
 	doc: "A queue transaction asks each stage it claims, and each stage the promptness rule owes a claim, for at least half (rounded up) of the stage's room " +
 		"less the moves of the transaction that claim there, within its RATE: a stage yields slots to its own moves that found no room at their target, " +
 		"never more than half, so no stage starves behind a full one. The room is rule promptness's."}
 
-var ruleRate = &rule{name: "rate", when: atCommand,
+var ruleRate = &rule{name: "rate", when: atCommand | atEvent, check: (*world).rate,
 	doc: "A claim at a stage with a RATE asks for no more rows than the bucket holds tokens (a token every 1/RATE s, at most max(1, RATE) of them, a claim counted from its result), " +
-		"and in every window ending at the latest claim at most RATE × T + max(1, RATE) rows were claimed, however the database timed each claim between its sending and its result."}
+		"and in every window ending at the latest claim at most RATE × T + max(1, RATE) rows were claimed, however the database timed each claim between its sending and its result. " +
+		"The bucket is replayed here over the claims the world saw (rateFull), from the core's interval and burst (core.RateInterval, core.RateBurst: pure functions of RATE alone), " +
+		"not read from the core's own bucket: a bug in its bookkeeping would pass a check that asked it. The window bound is checked at each claim's result as well."}
 
-var ruleNeverTwoHolders = &rule{name: "never-two-holders", when: atEvent,
+var ruleNeverTwoHolders = &rule{name: "never-two-holders", when: atEvent, check: (*world).neverTwoHolders,
 	doc: "A claim never returns a row the core still holds (a worker has it unanswered, or it is claimed or owed a resolve), " +
 		"whatever made it pending meanwhile: an operator retrying it in flight, a stage's late commit."}
 
-var ruleClaimReadsRow = &rule{name: "claim-reads-the-row", when: atEvent,
+var ruleClaimReadsRow = &rule{name: "claim-reads-the-row", when: atEvent, check: (*world).claimReadsRow,
 	doc: "A claim returns each row with the attempts the row has: the retry limit counts from them."}
 
-var ruleMessageLines = &rule{name: "message-lines", when: atCommand,
+var ruleMessageLines = &rule{name: "message-lines", when: atCommand, check: (*world).messageLines,
 	doc: "A worker of an INPUT = message stage is handed one line per id and any other worker none; each line is the row as the queue holds it when it is handed out " +
 		"(id, stage, attempts, state, payload), never a copy from an earlier claim, before a retry or a requeue. The fake workers of such a stage read each message from its line."}
 
-var ruleHandClaimed = &rule{name: "hand-claimed-rows", when: atCommand,
+var ruleHandClaimed = &rule{name: "hand-claimed-rows", when: atCommand, check: (*world).handClaimed,
 	doc: "Ids reach a worker only after their claim committed, only to a worker of the row's stage, and only ids the core claimed and has not handed out."}
 
-var ruleHandToReady = &rule{name: "hand-to-ready", when: atCommand,
+var ruleHandToReady = &rule{name: "hand-to-ready", when: atCommand, check: (*world).handToReady,
 	doc: "Ids go only to a live worker that is ready (started, neither stopped nor killed)."}
 
-var ruleWorkPacked = &rule{name: "work-packed", when: atCommand,
+var ruleWorkPacked = &rule{name: "work-packed", when: atCommand, check: (*world).workPacked,
 	doc: "Work is packed onto the fewest workers: the fullest worker of the stage with room gets the ids."}
 
-var ruleQueueLimit = &rule{name: "queue-limit", when: atCommand,
+var ruleQueueLimit = &rule{name: "queue-limit", when: atCommand, check: (*world).queueLimit,
 	doc: "A worker holds at most QUEUE_LIMIT unanswered ids, and is handed at most MAX_MESSAGES in its life."}
 
-var ruleSpawnNeeded = &rule{name: "spawn-only-when-needed", when: atCommand,
+var ruleSpawnNeeded = &rule{name: "spawn-only-when-needed", when: atCommand, check: (*world).spawnNeeded,
 	doc: "A worker is spawned only outside a shutdown, with a fresh id, and only when the stage's claimed ids exceed what its live and starting workers can take."}
 
-var ruleCooldown = &rule{name: "cooldown", when: atCommand,
+var ruleCooldown = &rule{name: "cooldown", when: atCommand, check: (*world).cooldown,
 	doc: "No spawn during a stage's cooldown: after a failed start the stage waits core.CooldownMin, doubling with each failed start up to core.CooldownMax, " +
 		"once for all the workers that fail at one instant; the first answer ends it."}
 
-var ruleParallelism = &rule{name: "parallelism", when: atCommand,
+var ruleParallelism = &rule{name: "parallelism", when: atCommand, check: (*world).parallelism,
 	doc: "At most PARALLELISM live workers per stage, checked at each spawn and after each step."}
 
-var ruleReapIdle = &rule{name: "reap-only-idle", when: atCommand,
+var ruleReapIdle = &rule{name: "reap-only-idle", when: atCommand, check: (*world).reapIdle,
 	doc: "Outside a shutdown a worker is stopped only when it reached MAX_MESSAGES, or when it is ready, holds nothing and has been idle for WORKER_IDLE_TIMEOUT."}
 
-var ruleKillLive = &rule{name: "commands-for-live-workers", when: atCommand,
+var ruleKillLive = &rule{name: "commands-for-live-workers", when: atCommand, check: (*world).killLive,
 	doc: "Stops and kills name a worker that is alive (a kill decided on a line that came in the same batch as the worker's exit excepted)."}
 
-var ruleStopGrace = &rule{name: "stop-grace", when: atCommand,
+var ruleStopGrace = &rule{name: "stop-grace", when: atCommand, check: (*world).stopGrace,
 	doc: "A stopped worker is killed only after STOP_GRACE."}
 
-var ruleWatchdog = &rule{name: "watchdog", when: atCommand,
+var ruleWatchdog = &rule{name: "watchdog", when: atCommand, check: (*world).watchdog,
 	doc: "The watchdog kills a worker only when its head has run its stage's MAX_RUNTIME (the stage's own, or else the dispatcher's; timed from when it reached the head, or from the DatabaseUp that ended an outage the core saw), " +
 		"and never while the core knows the database is down: no stage can commit then."}
 
-var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand,
+var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand, check: (*world).itemForHeld,
 	doc: "A resolve item names a message the core stopped holding (its worker answered or died) or a claimed row no worker has seen, given back: " +
 		"never one a worker still has unanswered."}
 
-var ruleMoveClaims = &rule{name: "move-claims", when: atCommand,
+var ruleMoveClaims = &rule{name: "move-claims", when: atCommand, check: (*world).moveClaims,
 	doc: "A resolve item claims its row at its target (a move that claims, core.Item.Claim) only for a transition a stage answered to a stage this dispatcher runs, " +
 		"never past rows the core knows may be pending there (claims go in ingress_id order): not when it was told rows may be pending at the target and has not since claimed it dry, " +
 		"not past a move to the same target in the same resolve that does not claim, not beside a requeue to the target, and not for a row whose earlier resolve may have moved it " +
 		"(a lost reply, a racing commit). Its room is rule claim-bounds's, a RATE's stage rule rate's, and the line it hands out rule message-lines's."}
 
-var ruleItemStage = &rule{name: "item-stage", when: atCommand,
+var ruleItemStage = &rule{name: "item-stage", when: atCommand, check: (*world).itemStage,
 	doc: "A resolve item names the stage its message was claimed for: the guard of the write depends on it."}
 
-var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand,
+var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand, check: (*world).itemVerdict,
 	doc: "A resolve item carries the verdict the reference text gives: requeue, fail, timeout (the watchdog's head), answered (a 0), retry (a 75 under RETRY_LIMIT) or move (an answered transition). " +
 		"A worker's head is failed on a crash or a protocol error and timed out by the watchdog; what is behind it is requeued; " +
 		"a head of core.StartFailLimit failed starts in a row fails, other ids of a worker that could not start are requeued."}
 
-var ruleItemTransition = &rule{name: "item-transition", when: atCommand,
+var ruleItemTransition = &rule{name: "item-transition", when: atCommand, check: (*world).itemTransition,
 	doc: "An answered transition is written as the stage answered it: its target, its patch, and for a pause a timeout of the clock when the answer was read plus SECONDS. " +
 		"No other item carries a transition."}
 
-var ruleRetryBackoff = &rule{name: "retry-backoff", when: atCommand,
+var ruleRetryBackoff = &rule{name: "retry-backoff", when: atCommand, check: (*world).retryBackoff,
 	doc: "A retry is due RETRY_DELAY × 2^attempts (capped at RETRY_DELAY_MAX) plus a jitter of 0 to core.RetryJitter of that after its answer; " +
-		"the 75 that finds attempts = RETRY_LIMIT fails."}
+		"the 75 that finds attempts = RETRY_LIMIT fails. The delay is derived here from pepsi.conf(5)'s formula (retryDelay), not by the core's function: " +
+		"a bug in that function would pass a check that called it."}
 
-var ruleItemEpoch = &rule{name: "item-epoch", when: atCommand,
+var ruleItemEpoch = &rule{name: "item-epoch", when: atCommand, check: (*world).itemEpoch,
 	doc: "An item for a message answered 0 carries the epoch of its claim, so that a 0 whose stage committed and then lost it to a database crash is run again, not failed; no other item carries one."}
 
-var ruleItemReason = &rule{name: "item-reason", when: atCommand,
+var ruleItemReason = &rule{name: "item-reason", when: atCommand, check: (*world).itemReason,
 	doc: "An item has a reason exactly when it fails the message (or may, for an answered 0), and a worker's non-zero answer's reason is the item's."}
 
-var ruleResetKeepsHeld = &rule{name: "reset-keeps-held", when: atCommand,
+var ruleResetKeepsHeld = &rule{name: "reset-keeps-held", when: atCommand, check: (*world).resetKeepsHeld,
 	doc: "The start-up orphan reset keeps nothing; later resets keep every row the core holds, " +
 		"except rows whose resolve may have been applied (a lost reply), which may be reset or kept."}
 
-var ruleWakeNotEarly = &rule{name: "wake-not-early", when: atCommand,
+var ruleWakeNotEarly = &rule{name: "wake-not-early", when: atCommand, check: (*world).wakeNotEarly,
 	doc: "A wake takes only paused rows due by now."}
 
-var ruleFlushNotEmpty = &rule{name: "flush-not-empty", when: atCommand,
+var ruleFlushNotEmpty = &rule{name: "flush-not-empty", when: atCommand, check: (*world).flushNotEmpty,
 	doc: "A statistics flush is never empty and carries no empty stage delta."}
 
-var ruleFlushSequenced = &rule{name: "flush-sequenced", when: atCommand,
+var ruleFlushSequenced = &rule{name: "flush-sequenced", when: atCommand, check: (*world).flushSequenced,
 	doc: "A flush names its core life and carries the sequence of that life's last applied flush or the next; one re-sent under the same sequence is unchanged; " +
 		"a flush of another life is only one carried over a lost lock, sent again unchanged."}
 
-var ruleFlushNotEarly = &rule{name: "flush-not-early", when: atCommand,
+var ruleFlushNotEarly = &rule{name: "flush-not-early", when: atCommand, check: (*world).flushNotEarly,
 	doc: "A new flush comes STATS_INTERVAL after the last, or when the core holds nothing at most once per core.IdleFlushMin, or at a shutdown's end."}
 
-var ruleInspect = &rule{name: "inspect-serial", when: atCommand,
+var ruleInspect = &rule{name: "inspect-serial", when: atCommand, check: (*world).inspectSerial,
 	doc: "An inspection of the queue's health is not asked for while another is outstanding, nor during a shutdown."}
 
-var ruleVacuumCalledFor = &rule{name: "vacuum-only-when-called-for", when: atCommand,
+var ruleVacuumCalledFor = &rule{name: "vacuum-only-when-called-for", when: atCommand, check: (*world).vacuumCalledFor,
 	doc: "A vacuum only when VACUUM is on, none of the core's runs, no shutdown is under way, the last inspection called for one " +
 		"(dead row versions past core.VacuumDeadMin, no vacuum running) and core.VacuumIntervalMin has passed since the last."}
 
-var ruleExit = &rule{name: "exit", when: atCommand,
+var ruleExit = &rule{name: "exit", when: atCommand, check: (*world).exit,
 	doc: "The core exits only when every worker is gone; exit 1 only after a second shutdown request; exit 0 only when nothing is held or owed " +
 		"and no row this core could know of is left running (a lost claim's rows reset first)."}
 
-var ruleClaimFloor = &rule{name: "claim-floor", when: atChange,
+var ruleClaimFloor = &rule{name: "claim-floor", when: atChange, check: (*world).claimFloor,
 	doc: "A claim looks above each stage's floor (core.Cap.After) only, and when it runs no row is pending at or below the floor at its stage, " +
 		"except a row an operator retried that the core has not yet heard of, or a row it holds. Checked in the fake queue, between the commands of the transaction."}
 
-var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange,
+var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange, check: (*world).onlyClaimRuns,
 	doc: "Only the dispatcher's claim moves a row from pending to running (but for the fault of a stray tool that does, fakequeue.Stray, whose row the heartbeat's sweep must reset)."}
 
-var ruleAttempts = &rule{name: "attempts", when: atChange,
+var ruleAttempts = &rule{name: "attempts", when: atChange, check: (*world).attempts,
 	doc: "A row's attempts grow only by one, by a resolve that pauses it for a retry; a move to another stage, by anyone, sets them to 0 (schema 11's trigger)."}
 
-var ruleWakeKeepsHanded = &rule{name: "wake-keeps-handed", when: atChange,
+var ruleWakeKeepsHanded = &rule{name: "wake-keeps-handed", when: atChange, check: (*world).wakeKeepsHanded,
 	doc: "A wake never takes a row still handed to a worker that has not answered it: a stage that paused its row with a timeout already due, committed, " +
 		"and answers a moment later still holds it (the claim's exclusion would hide the wake's mistake; the wake itself is the fault)."}
 
-var ruleNoStaleVerdict = &rule{name: "no-stale-verdict", when: atChange,
+var ruleNoStaleVerdict = &rule{name: "no-stale-verdict", when: atChange, check: (*world).noStaleVerdict,
 	doc: "A verdict applies only to the claim it was made for: a resolve never fails or times out a row that has been claimed again since the claim its item was made for."}
 
-var ruleEpochGuard = &rule{name: "epoch-guard", when: atChange,
+var ruleEpochGuard = &rule{name: "epoch-guard", when: atChange, check: (*world).epochGuard,
 	doc: "A 0 whose stage committed its transition on that visit (then lost to a PostgreSQL crash) is never failed as a stage bug: it is run again."}
 
 var ruleVacuumWhenDue = &rule{name: "vacuum-when-due", when: afterStep, check: (*world).vacuumWhenDue,
@@ -254,8 +305,8 @@ var rulePromptness = &rule{name: "promptness", when: afterStep, check: (*world).
 	doc: "When a stage has pending rows the core was told of (a NOTIFY, a wake or reset that moved rows, a requeue it resolved, the heartbeat, the start, " +
 		"the database coming back, the look after Resting) and has not since claimed the stage dry, the stage has room, no transaction is outstanding, " +
 		"the database is up as far as the core knows, no shutdown is under way, no cooldown applies and the RATE leaves a token, the core claims for that stage in that step. " +
-		"The stage's room is derived here (rule-owned): QUEUE_LIMIT × PARALLELISM less what it holds, counting only slots of workers that will take more, " +
-		"and new workers only when no cooldown holds the stage back."}
+		"The stage's room is derived here (rule-owned, room): QUEUE_LIMIT × PARALLELISM less what it holds, counting only slots of workers that will take more, " +
+		"and new workers only when no cooldown holds the stage back; derived from what the world saw and not by the core's capacity function, which a bug of it would fool."}
 
 var ruleInspectDue = &rule{name: "inspect-due", when: atDeadline, check: (*world).inspectDue,
 	doc: "Outside a shutdown, the queue's health is asked for at least every core.InspectInterval."}
@@ -289,10 +340,10 @@ var ruleRateTokenDue = &rule{name: "rate-token-due", when: atDeadline, check: (*
 var ruleCooldownEndDue = &rule{name: "cooldown-end-due", when: atDeadline, check: (*world).cooldownEndDue,
 	doc: "What a spawn cooldown held back (a spawn, a claim) is done when it ends."}
 
-var ruleLiveness = &rule{name: "liveness", when: atEnd,
+var ruleLiveness = &rule{name: "liveness", when: atEnd, check: (*world).liveness,
 	doc: "After the heal phase every message is final within a bounded simulated time (a late claim's orphans included), and the queue holds every row inserted."}
 
-var ruleStatisticsExact = &rule{name: "statistics-exact", when: atEnd,
+var ruleStatisticsExact = &rule{name: "statistics-exact", when: atEnd, check: (*world).statisticsExact,
 	doc: "The flushed statistics equal what happened: each core life's truth is counted from the fake world (passes answered 0, fused stages credited to their own stage, " +
 		"the time of each pass as the core measures it, worker crashes, rows its own resolves failed or timed out once it has their outcome, messages seen leaving). " +
 		"A life that ends with exit 0, that lost its lock (its unflushed statistics are carried to the next) or is the one running at the end must have flushed exactly its truth; " +

@@ -1086,7 +1086,7 @@ func (w *world) exec(t *txn) []core.Event {
 		if c, ok := cmd.(core.Claim); ok && !w.lateExec {
 			res = append(res, w.q.Exec(context.Background(), t.cmds[from:i])...)
 			from = i
-			w.checkFloors(c, t.sent)
+			w.checkAt(atChange, crossing{claimRun: &claimRun{claim: c, sent: t.sent}})
 		}
 	}
 	return append(res, w.q.Exec(context.Background(), t.cmds[from:])...)
