@@ -55,10 +55,19 @@ const (
 	// notify.
 	RestAfter = 2 * time.Millisecond
 	// RestRetryMin and RestRetryMax bound the pause before the core asks for the
-	// gate again after it could not be taken (it doubles each time); the core
-	// looks for work each time it fails, so no row waits longer than that.
+	// gate again after it could not be taken (it doubles each time). Meanwhile
+	// it looks every LookEvery, so no row waits for the next try.
 	RestRetryMin = 10 * time.Millisecond
 	RestRetryMax = 1 * time.Second
+	// LookEvery is how often the core looks for work by itself while nobody
+	// would tell it: while its Rest waits for the gate (behind a producer
+	// transaction that inserted while the core was busy, which may stay open
+	// for minutes) and while the gate cannot be taken. A row a producer
+	// committed then without a notification waits at most this long for a
+	// claim to be sent. It does not grow: a producer that holds its
+	// transaction open must not hold back the rows of the others for longer,
+	// and a look that finds nothing is one cheap claim.
+	LookEvery = 10 * time.Millisecond
 )
 
 // gateState is where the core stands with the gate (see Rest and Busy).
@@ -210,10 +219,10 @@ type Core struct {
 	// when the core last sent a Claim; restRetryAt, after a failed Rest, when it
 	// may ask again, and restRetry the pause after the next failure.
 	gate gateState
-	// askLookAt: while a Rest is outstanding, when the core looks for work
-	// again (see lookWhileAsking); askLookStep: the pause before the next.
-	askLookAt   time.Time
-	askLookStep time.Duration
+	// lookAt: while the core relies on itself to find rows committed without
+	// a notification (its Rest waits for the gate, or the gate could not be
+	// taken), when it looks next (see lookUnwatched); zero otherwise.
+	lookAt      time.Time
 	lastClaim   time.Time
 	restRetryAt time.Time
 	restRetry   time.Duration
@@ -414,8 +423,8 @@ func (c *Core) setTimer() {
 	if c.restReady() {
 		at(c.restAt())
 	}
-	if c.gate == gateAsking && !queueBlocked {
-		at(c.askLookAt)
+	if !c.lookAt.IsZero() && !queueBlocked {
+		at(c.lookAt)
 	}
 	if c.hasDeltas() && !queueBlocked {
 		at(c.lastFlush.Add(c.cfg.StatsInterval))

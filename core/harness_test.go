@@ -52,6 +52,8 @@ type world struct {
 	abortQueue bool
 	// loseReplies: apply the queue transaction but report failure.
 	loseReplies bool
+	// timer: the core's last SetTimer, as unwatched follows it.
+	timer time.Time
 }
 
 func newWorld(t *testing.T, config string) *world {
@@ -380,6 +382,15 @@ func capsOf(c core.Claim) map[string]int {
 	return m
 }
 
+// capsAfter is each stage's floor in claim c (core.Cap.After).
+func capsAfter(c core.Claim) map[string]int64 {
+	m := map[string]int64{}
+	for _, cp := range c.Caps {
+		m[cp.Stage] = cp.After
+	}
+	return m
+}
+
 func workersOf(cmds []core.Command) []core.WorkerID {
 	var ids []core.WorkerID
 	for _, s := range of[core.Spawn](cmds) {
@@ -408,3 +419,84 @@ PROGRAM = c
 PARALLELISM = 3
 QUEUE_LIMIT = 1
 `
+
+// look is a claim the core sent while unwatched drove it, and when.
+type look struct {
+	at    time.Time
+	claim core.Claim
+}
+
+// unwatched drives the core while no producer notifies it: from one of its
+// timers to the next until the clock passes until, running each of its
+// transactions at once on the fake queue, and answering each Rest with
+// restAnswer (nil: the Rest waits for the gate all along). It returns the
+// claims the core sent, and writes each Rest and claim into the transcript.
+func (w *world) unwatched(until time.Time, restAnswer core.Event) []look {
+	w.t.Helper()
+	var looks []look
+	evs := []core.Event{core.Tick{}}
+	for range 100000 {
+		cmds := w.c.Step(w.now, evs...)
+		evs = nil
+		var txn []core.Command
+		for _, cmd := range cmds {
+			switch c := cmd.(type) {
+			case core.SetTimer:
+				w.timer = c.At
+			case core.Rest:
+				fmt.Fprintf(&w.trace, "@%s %s\n", w.now.Sub(epoch), cmd)
+				if restAnswer != nil {
+					evs = append(evs, restAnswer)
+				}
+			case core.Claim:
+				fmt.Fprintf(&w.trace, "@%s %s\n", w.now.Sub(epoch), cmd)
+				looks = append(looks, look{at: w.now, claim: c})
+			}
+			if core.IsQueue(cmd) {
+				txn = append(txn, cmd)
+			}
+		}
+		if len(txn) > 0 {
+			evs = append(evs, w.q.Exec(context.Background(), txn)...)
+		}
+		if len(evs) > 0 {
+			continue
+		}
+		if !w.timer.After(w.now) || w.timer.After(until) {
+			w.now = until
+			return looks
+		}
+		w.now = w.timer
+		evs = []core.Event{core.Tick{}}
+	}
+	w.t.Fatalf("the core did not reach %s", until.Sub(epoch))
+	return nil
+}
+
+// wantLooksEvery fails the test unless the core looked at least every
+// pause from from to the last look.
+func wantLooksEvery(t *testing.T, looks []look, from time.Time, pause time.Duration) {
+	t.Helper()
+	if len(looks) == 0 {
+		t.Fatalf("the core never looked")
+	}
+	last := from
+	for _, l := range looks {
+		if l.at.Sub(last) > pause {
+			t.Errorf("the core did not look from %s to %s into the wait (%s), want a look at least every %s",
+				last.Sub(from), l.at.Sub(from), l.at.Sub(last), pause)
+			return
+		}
+		last = l.at
+	}
+}
+
+// firstAfter is the first look at or after t (zero if none).
+func firstAfter(looks []look, t time.Time) time.Time {
+	for _, l := range looks {
+		if !l.at.Before(t) {
+			return l.at
+		}
+	}
+	return time.Time{}
+}

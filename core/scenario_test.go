@@ -138,27 +138,70 @@ func TestAGateThatCannotBeTakenIsAskedForAgainAfterALook(t *testing.T) {
 }
 
 // Proves: while a Rest waits for the gate (a producer that inserted while the
-// core was busy stays in its transaction), the core keeps looking, first after
-// RestRetryMin, then twice as long each time, so rows that other producers
-// committed meanwhile without notifying do not wait for that one transaction,
-// nor for the heartbeat.
+// core was busy stays in its transaction), the core keeps looking every
+// LookEvery, so rows that other producers committed meanwhile without
+// notifying do not wait for that one transaction, nor for the heartbeat.
 func TestTheCoreKeepsLookingWhileItsRestWaitsForTheGate(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("a", 0)
 	w.at(core.RestAfter)
 	cmds := w.c.Step(w.now, core.Tick{})
 	one[core.Rest](t, cmds)
-	if timer := one[core.SetTimer](t, cmds); !timer.At.Equal(w.now.Add(core.RestRetryMin)) {
-		t.Errorf("timer at %v while the Rest is outstanding, want RestRetryMin after it (%v)", timer.At, w.now.Add(core.RestRetryMin))
+	if timer := one[core.SetTimer](t, cmds); !timer.At.Equal(w.now.Add(core.LookEvery)) {
+		t.Errorf("timer at %v while the Rest is outstanding, want LookEvery after it (%v)", timer.At, w.now.Add(core.LookEvery))
 	}
 	// Committed without a notification; no Resting comes.
 	w.q.Insert("b", 1)
-	none[core.Claim](t, w.c.Step(w.now.Add(core.RestRetryMin-time.Nanosecond), core.Tick{}), "a look before RestRetryMin")
-	cmds = w.c.Step(w.now.Add(core.RestRetryMin), core.Tick{})
+	none[core.Claim](t, w.c.Step(w.now.Add(core.LookEvery-time.Nanosecond), core.Tick{}), "a look before LookEvery")
+	cmds = w.c.Step(w.now.Add(core.LookEvery), core.Tick{})
 	if c := one[core.Claim](t, cmds); len(c.Caps) != 3 {
 		t.Errorf("the look while asking claims %v, want every stage", c.Caps)
 	}
 	none[core.Rest](t, cmds, "the Rest is still outstanding")
+}
+
+// Proves: the pause between the looks while a Rest waits for the gate does not
+// grow with the wait. A producer that holds its transaction open for seconds
+// (it inserted while the core was busy, so the Rest waits for it) holds back
+// the rows other producers commit meanwhile without a notification for at most
+// LookEvery, also 300 ms into the wait (a pause that doubled from 10 ms
+// would be 160 ms by then). Each look walks above the stages' floors: such
+// rows are above them, and the dead index entries below are not walked again
+// a hundred times a second.
+func TestTheLooksWhileARestWaitsDoNotBackOff(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.finish(workersOf(w.start("a", 1))[0]) // row 1 is done: a's floor rises to 1
+	w.at(w.now.Sub(epoch) + core.RestAfter)
+	rested := w.now
+	looks := w.unwatched(rested.Add(300*time.Millisecond), nil)
+	w.q.Insert("b", 1) // committed without a notification
+	inserted := w.now
+	looks = append(looks, w.unwatched(rested.Add(400*time.Millisecond), nil)...)
+	wantLooksEvery(t, looks, rested, core.LookEvery)
+	if first := firstAfter(looks, inserted); first.Sub(inserted) > core.LookEvery {
+		t.Errorf("a row committed %s into the wait was claimed %s after its commit, want at most LookEvery (%s)",
+			inserted.Sub(rested), first.Sub(inserted), core.LookEvery)
+	}
+	w.wantRow(2, "b", core.StatusRunning)
+	for _, l := range looks {
+		if capsAfter(l.claim)["a"] < 1 {
+			t.Errorf("the look at %s into the wait walks stage a from %d, want from its floor 1: %s",
+				l.at.Sub(rested), capsAfter(l.claim)["a"], l.claim)
+			break
+		}
+	}
+}
+
+// Proves: while the gate cannot be taken (no producer notifies then), the core
+// looks every LookEvery until a Rest takes it, although it asks for the gate
+// again only after a pause that doubles up to RestRetryMax.
+func TestTheCoreLooksEveryLookEveryWhileTheGateCannotBeTaken(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 0)
+	w.at(core.RestAfter)
+	from := w.now
+	looks := w.unwatched(from.Add(700*time.Millisecond), core.Resting{Err: "gate: connection refused"})
+	wantLooksEvery(t, looks, from, core.LookEvery)
 }
 
 // Proves: a lost gate (RestLost: its connection died, so producers stopped

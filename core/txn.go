@@ -69,6 +69,19 @@ func (c *Core) lookAll() {
 	}
 }
 
+// lookAbove makes the next claim cover every stage, each above its floor. It
+// is the look for rows producers committed without notifying: such a row is
+// above every floor, since a floor rises only to an id that had settled (no
+// producer held an id at or below it, and ids only grow), so this look need
+// not walk the index entries below the floors, which a look from the start
+// (lookAll) steps over one by one, dead entries of claimed rows included.
+func (c *Core) lookAbove() {
+	for _, st := range c.stages {
+		st.dry = false
+		st.maybeMore = true
+	}
+}
+
 // claimAfter is the id above which stage st's claim looks: its floor, lowered
 // for what the same transaction makes pending before the claim runs. A reset or
 // a wake may make any row pending, so the claim looks from the start; a resolve
@@ -412,26 +425,29 @@ func (c *Core) restAt() time.Time {
 func (c *Core) rest() {
 	if c.restReady() && !c.now.Before(c.restAt()) {
 		c.gate = gateAsking
-		c.askLookStep = RestRetryMin
-		c.askLookAt = c.now.Add(c.askLookStep)
+		c.lookAt = c.now.Add(LookEvery)
 		c.emit(Rest{})
 	}
 }
 
-// lookWhileAsking looks for work again while a Rest is outstanding, first
-// after RestRetryMin, then twice as long each time up to RestRetryMax. Taking
-// the gate waits for every producer transaction that inserted while the core
-// was busy, and one of them may stay open for minutes (a bulk import): the
-// rows of every other such producer, committed meanwhile, did not notify, and
-// without these looks they would wait for that one transaction, or for the
-// heartbeat.
-func (c *Core) lookWhileAsking() {
-	if c.gate != gateAsking || c.now.Before(c.askLookAt) {
+// lookUnwatched looks for work every LookEvery while no producer would
+// notify the core of a row it commits: while a Rest waits for the gate, and
+// while the gate cannot be taken. Taking the gate waits for every producer
+// transaction that inserted while the core was busy, and one of them may stay
+// open for minutes (a bulk import): the rows of every other such producer,
+// committed meanwhile, did not notify, and without these looks they would
+// wait for that one transaction, or for the heartbeat. Each look walks only
+// above the floors (lookAbove), so it costs what a claim of an empty stage
+// costs however many claimed rows left dead index entries. The pause does not
+// grow with the wait (it once doubled up to a second, and a producer holding
+// its transaction a few hundred milliseconds then held back the others' rows
+// as long).
+func (c *Core) lookUnwatched() {
+	if c.lookAt.IsZero() || c.now.Before(c.lookAt) {
 		return
 	}
-	c.lookAll()
-	c.askLookStep = min(2*c.askLookStep, RestRetryMax)
-	c.askLookAt = c.now.Add(c.askLookStep)
+	c.lookAbove()
+	c.lookAt = c.now.Add(LookEvery)
 }
 
 // resting is the answer to Rest: the gate is held (or could not be taken).
@@ -441,9 +457,11 @@ func (c *Core) resting(e Resting) {
 		c.gate = gateAwake
 		c.restRetry = min(max(2*c.restRetry, RestRetryMin), RestRetryMax)
 		c.restRetryAt = c.now.Add(c.restRetry)
-		c.logf(LevelWarn, "cannot take the gate to wait for notifications; looking for work and asking again in %s: %s", c.restRetry, e.Err)
+		c.lookAt = c.now.Add(LookEvery)
+		c.logf(LevelWarn, "cannot take the gate to wait for notifications; looking for work every %s and asking again in %s: %s", LookEvery, c.restRetry, e.Err)
 	} else {
 		c.gate = gateResting
+		c.lookAt = time.Time{}
 		c.restRetry = 0
 	}
 	// The last look: every producer that did not notify has committed (or

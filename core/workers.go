@@ -224,7 +224,7 @@ func (c *Core) timers() {
 		c.sweep = c.resetDone
 		c.lookAll()
 	}
-	c.lookWhileAsking()
+	c.lookUnwatched()
 	for _, id := range c.workerIDs() {
 		w := c.workers[id]
 		switch w.state {

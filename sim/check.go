@@ -29,10 +29,15 @@ import (
 
 // gateBound is how long a row committed without a notification may stay
 // pending, at a stage with room, before the core either claims its stage or
-// takes the gate and looks: core.RestAfter, the wait for producers still
-// holding the gate (up to 100 ms here), transactions retried after 40001, and
-// the gate's round trips. Far below any POLL_INTERVAL the scenarios draw.
-const gateBound = 500 * time.Millisecond
+// takes the gate and looks: core.RestAfter before it asks for the gate, then
+// core.LookEvery until it looks by itself, however long producers hold the
+// gate shared (up to 5 s here) and whether or not the gate can be taken; plus
+// the transaction outstanding when it wants to look, which it waits for (up to
+// 225 ms here: 20 ms, and 200 ms more when the shell retries a 40001, and 5 ms
+// to deliver its result), and the gate's round trips (4 ms). Far below any
+// POLL_INTERVAL the scenarios draw, and far below a second: a bound that a
+// pause doubling up to core.RestRetryMax would break.
+const gateBound = core.RestAfter + core.LookEvery + 225*time.Millisecond + 5*time.Millisecond + 4*time.Millisecond
 
 // checkGate holds the rule "no message waits for the heartbeat": a row whose
 // producer did not notify is claimed, or its stage claimed, or the core takes
@@ -51,11 +56,7 @@ func (w *world) checkGate(rl *rule, _ crossing) {
 			w.unnotified[id] = w.now
 			continue
 		}
-		bound := gateBound
-		if w.gateFailing {
-			bound += core.RestRetryMax
-		}
-		if since := w.now.Sub(w.unnotified[id]); since > bound {
+		if since := w.now.Sub(w.unnotified[id]); since > gateBound {
 			w.broke(rl, "message row %d waits for the heartbeat: committed %s ago without NOTIFY (the dispatcher counted as busy), "+
 				"and since then the core neither claimed stage %s nor took the gate and looked", id, since, r.Stage)
 			return

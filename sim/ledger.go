@@ -180,10 +180,6 @@ type gateState struct {
 	// dispatcher counted as busy), with when they committed (or were last
 	// excused), until the core claims their stage or looks after taking the gate.
 	unnotified map[int64]time.Time
-	// gateFailing: the core's last Rest could not take the gate, so no
-	// producer notifies and the core looks on its own, every core.RestRetryMax
-	// at the least, until a Rest takes it.
-	gateFailing bool
 }
 
 // rateState belongs to rules rate and rate-token-due.
@@ -313,7 +309,6 @@ func (w *world) modelEvent(ev core.Event) {
 		// the core must claim every stage with room in this step. (A gate it
 		// could not take means no one notifies: it must look all the same.)
 		w.resting = e.Err == ""
-		w.gateFailing = e.Err != ""
 		w.lookAll()
 	case core.RestLost:
 		if w.resting {

@@ -313,7 +313,7 @@ var ruleInspectDue = &rule{name: "inspect-due", when: atDeadline, check: (*world
 
 var ruleGate = &rule{name: "no-wait-for-heartbeat", when: atDeadline, check: (*world).checkGate,
 	doc: "No message waits for the heartbeat (the gate, core.Rest and core.Busy). Producers notify only while the dispatcher holds or asks for the gate; " +
-		"a row committed without a notification must be claimed, or its stage claimed, or the core must take the gate and look, within gateBound while its stage has room (plus core.RestRetryMax while the gate cannot be taken: no one notifies then, and the core looks on its own at least that often). " +
+		"a row committed without a notification must be claimed, or its stage claimed, or the core must take the gate and look, within gateBound while its stage has room: core.RestAfter, then core.LookEvery while its Rest waits for producers holding the gate shared (for seconds, some of them) or the gate cannot be taken, plus one transaction in flight. " +
 		"Producers commit at random points of the dispatcher's transition; gates fail to be taken, and held gates lose their connection."}
 
 var ruleFlushNotLate = &rule{name: "flush-not-late", when: atDeadline, check: (*world).flushNotLate,

@@ -143,6 +143,9 @@ type world struct {
 	// rWrite draws which answered transitions a stage also writes itself, and
 	// whether that commit is still on its way when the answer is resolved.
 	rWrite *rand.Rand
+	// rHold draws which producers hold their transaction open long after
+	// their insert (a bulk import), so a Rest waits for them for seconds.
+	rHold *rand.Rand
 
 	// The gate: the advisory lock the dispatcher takes exclusively to wait for
 	// notifications, and producers take shared when they do not notify (schema
@@ -223,6 +226,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rVacuum: rand.New(rand.NewPCG(sc.WorldSeed, 6)),
 		rGate:   rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 		rWrite:  rand.New(rand.NewPCG(sc.WorldSeed, 8)),
+		rHold:   rand.New(rand.NewPCG(sc.WorldSeed, 20)),
 	}
 	w.retried = map[int64]time.Time{}
 	w.strayed = map[int64]int{}
@@ -650,8 +654,17 @@ func (w *world) insert(i int) {
 	default:
 		d = w.randDur(w.rGate, 5*time.Millisecond, 100*time.Millisecond)
 	}
+	if w.rHold.IntN(longHoldOdds) == 0 {
+		d = w.randDur(w.rHold, 100*time.Millisecond, 5*time.Second)
+	}
 	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, notify) })
 }
+
+// longHoldOdds: one producer transaction in this many stays open 0.1–5 s
+// after its insert. While the core is busy when it inserts, it holds the gate
+// shared all that time, so the core's next Rest waits that long, and the rows
+// other producers commit meanwhile notify no one (rule no-wait-for-heartbeat).
+const longHoldOdds = 40
 
 // payloadOf is message i's payload: NULL, text, or bytes that are not UTF-8,
 // so the lines of INPUT = message stages carry each form.
