@@ -124,6 +124,7 @@ type bench struct {
 	latencyRate    int
 	latencySeconds int
 	backlog        bool
+	raceRuns       bool // -race: the racing producers' latency instead of the rounds
 	backlogN       int
 	server         string
 	dbName         string
@@ -204,6 +205,13 @@ func (b *bench) run(ctx context.Context) error {
 		}
 		os.RemoveAll(b.dir)
 	}()
+	if b.raceRuns {
+		err := b.runRaces(ctx)
+		if err != nil && !errors.Is(err, errRefused) {
+			keep = true
+		}
+		return err
+	}
 	if b.backlog {
 		err := b.runBacklogs(ctx)
 		if err != nil && !errors.Is(err, errRefused) {
@@ -314,7 +322,7 @@ func (b *bench) prepare() error {
 	if b.dispatch, err = dispatchproc.Find(b.dispatch); err != nil {
 		return err
 	}
-	if !b.skipPgbench && !b.backlog {
+	if !b.skipPgbench && !b.backlog && !b.raceRuns {
 		if b.pgbench, err = findPgbench(); err != nil {
 			return err
 		}

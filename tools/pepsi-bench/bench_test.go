@@ -121,6 +121,21 @@ func TestAnswerModeIsMeasuredOrRefusedClearly(t *testing.T) {
 	}
 }
 
+// TestRaceMeasuresEveryMessageFromItsCommit runs one short -race run in answer
+// mode: the racing producers' messages go through the real dispatcher, and
+// the report counts each of them from its commit to done.
+func TestRaceMeasuresEveryMessageFromItsCommit(t *testing.T) {
+	t.Parallel()
+	out, code := runBench(t, buildBench(t), "-race", "-modes", "answer", "-rounds", "1", "-latency-seconds", "2")
+	if code != 0 {
+		t.Fatalf("pepsi-bench -race exited %d, want 0; output:\n%s", code, out)
+	}
+	want := regexp.MustCompile(`(?m)^race, answer mode, run 1: [1-9][0-9]* messages: commit → done p50 [0-9.]+ ms, p99 [0-9.]+ ms, max [0-9.]+ ms; [0-9]+ done later than 50ms after their commit$`)
+	if !want.MatchString(out) {
+		t.Errorf("pepsi-bench -race output has no line matching %q; output:\n%s", want, out)
+	}
+}
+
 func TestBadFlagsExitTwo(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{

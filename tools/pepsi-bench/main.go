@@ -114,6 +114,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
 	fs.IntVar(&b.latencySeconds, "latency-seconds", 10, "how long the latency run offers messages, per mode; 0: no latency run")
 	fs.BoolVar(&b.backlog, "backlog", false, "instead of the rounds: drain -backlog-n messages per mode at the bench configuration; report hops/s over the first and last tenth and the queue's sizes")
+	fs.BoolVar(&b.raceRuns, "race", false, "instead of the rounds: -rounds runs per mode of three producers that each hold their one-message transaction open 0–20 ms and pause 0–600 ms, for -latency-seconds each; report commit → done per run")
 	fs.IntVar(&b.backlogN, "backlog-n", 1000000, "messages in the -backlog drain")
 	fs.StringVar(&b.server, "database", server, "admin `URL` of the PostgreSQL server (default: PEPSI_TEST_DATABASE_URL); the bench creates its own database there")
 	fs.StringVar(&b.dbName, "db-name", "pepsi_bench", "`NAME` of the bench's database, dropped and created afresh each round")
