@@ -275,6 +275,19 @@ EXAMPLE
 // file's) is listed, with zeros when it has no messages and no statistics yet,
 // so a stage that is missing is told from one that is empty.
 func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.Time) {
+	printDepth(w, s.Depth, configured)
+	printStageStats(w, s.Stages, configured, now)
+	updated := time.Time{} // the row is made by migrate: its time means nothing until a flush
+	if s.Dispatch.FlushSeq > 0 {
+		updated = s.Dispatch.UpdatedAt
+	}
+	fmt.Fprintf(w, "\nDISPATCH: %d stage passes, %d messages left the pipeline (updated %s)\n",
+		s.Dispatch.StagePasses, s.Dispatch.MessagesLeft, ago(updated, now))
+}
+
+// printDepth prints the QUEUE table: messages per stage and status now, every
+// configured stage included, with the oldest pending wait.
+func printDepth(w io.Writer, depth []queueadmin.Depth, configured []string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "QUEUE (messages per stage and status now; failed counts every failed message, whoever failed it)")
 	statusColumns := core.RowStatuses()
@@ -286,7 +299,7 @@ func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.
 	var stages []string
 	counts := map[string]map[core.RowStatus]int64{}
 	wait := map[string]time.Duration{}
-	for _, d := range s.Depth {
+	for _, d := range depth {
 		if counts[d.Stage] == nil {
 			counts[d.Stage] = map[core.RowStatus]int64{}
 			stages = append(stages, d.Stage)
@@ -322,9 +335,13 @@ func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.
 	}
 	fmt.Fprintf(tw, "\n")
 	tw.Flush()
+}
 
+// printStageStats prints the STAGES table: pepsi-dispatch's counts per stage,
+// every configured stage included.
+func printStageStats(w io.Writer, rows []queueadmin.StageStats, configured []string, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "\nSTAGES (counted by pepsi-dispatch: pepsi.stage_stats)")
-	rows := s.Stages
 	for _, name := range configured {
 		if !slices.ContainsFunc(rows, func(st queueadmin.StageStats) bool { return st.Stage == name }) {
 			rows = append(rows, queueadmin.StageStats{StageDelta: core.StageDelta{Stage: name}})
@@ -350,12 +367,6 @@ func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.
 		fmt.Fprintln(w, "  passes ok: passes answered 0, including those in which the stage failed the message itself (state.error)")
 		fmt.Fprintln(w, "  failed by dispatcher: a non-zero answer, a worker crash or a protocol error (state.dispatch_error)")
 	}
-	updated := time.Time{} // the row is made by migrate: its time means nothing until a flush
-	if s.Dispatch.FlushSeq > 0 {
-		updated = s.Dispatch.UpdatedAt
-	}
-	fmt.Fprintf(w, "\nDISPATCH: %d stage passes, %d messages left the pipeline (updated %s)\n",
-		s.Dispatch.StagePasses, s.Dispatch.MessagesLeft, ago(updated, now))
 }
 
 // ago says how long before now t was, or "never" for the zero time.
