@@ -282,7 +282,7 @@ type SetTimer struct {
 
 // Rest declares the dispatcher waiting: the core has nothing to claim and is about
 // to rely on NOTIFY ingress for new rows. The shell takes the gate (an advisory
-// lock, pgqueue.GateKey) exclusively on its own connection and keeps it until
+// lock, store.GateKey) exclusively on its own connection and keeps it until
 // Busy. Taking it waits for every producer transaction that saw the gate free
 // (and so did not notify) to end; while the gate is held or asked for, every
 // producer notifies. Answered by Resting once the lock is granted (or with Err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // bigQueue is a queue as it looks after weeks of work: most rows done, a
@@ -30,14 +31,14 @@ func TestEveryReadQueryWalksAnIndexNotTheQueue(t *testing.T) {
 	if _, err := conn.Exec(ctx, bigQueue); err != nil {
 		t.Fatalf("fill the queue: %v", err)
 	}
-	names := make([]string, 0, len(httpd.Queries))
-	for name := range httpd.Queries {
+	names := make([]string, 0, len(store.MonitorQueries))
+	for name := range store.MonitorQueries {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	for _, name := range names {
 		var plan []byte
-		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+httpd.Queries[name]).Scan(&plan); err != nil {
+		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+store.MonitorQueries[name]).Scan(&plan); err != nil {
 			t.Fatalf("EXPLAIN %s: %v", name, err)
 		}
 		var top []struct{ Plan node }

@@ -21,7 +21,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 var ctx = context.Background()
@@ -137,7 +137,7 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 	url := newKnownRun(t)
 	// A session holding the dispatcher's lock, as a running pepsi-dispatch does.
 	lock := pgtest.Connect(t, url)
-	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", pgqueue.LockKey); err != nil {
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", store.LockKey); err != nil {
 		t.Fatal(err)
 	}
 	src := open(t, httpd.Options{Database: url, Stages: []string{"archive", "deliver", "parse"}})
@@ -356,7 +356,7 @@ func TestAReadOnlyRoleWithoutThePayloadColumnIsEnough(t *testing.T) {
 	owner := pgtest.Connect(t, url)
 	role := fmt.Sprintf("pepsi_monitor_%d", time.Now().UnixNano()%1e9)
 	// The GRANTs docs/pepsi-httpd.8.md tells operators to give.
-	grants := strings.ReplaceAll(httpd.GrantsSQL, "pepsi_monitor", role)
+	grants := strings.ReplaceAll(store.MonitorGrantsSQL, "pepsi_monitor", role)
 	if _, err := owner.Exec(ctx, "CREATE ROLE "+role+" LOGIN; "+grants); err != nil {
 		t.Fatalf("create the role: %v", err)
 	}

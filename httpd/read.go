@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Statuses lists the statuses the live gauges count, in pipeline order. Done
@@ -86,10 +87,10 @@ type Failure struct {
 }
 
 // ReasonMax bounds the bytes of a failure reason read from the database.
-const ReasonMax = 300
+const ReasonMax = store.ReasonMax
 
 // FailuresMax is how many recent failures a Snapshot holds.
-const FailuresMax = 20
+const FailuresMax = store.FailuresMax
 
 // Snapshot is one consistent read of the pipeline's state.
 type Snapshot struct {
@@ -172,7 +173,7 @@ func (live liveStages) stage(name string) *StageLive {
 
 // readTx runs Read's queries in tx, filling s and live.
 func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error {
-	if err := tx.QueryRow(ctx, Queries["lock"]).Scan(&s.At, &s.DispatcherLocked); err != nil {
+	if err := tx.QueryRow(ctx, store.MonitorQueries["lock"]).Scan(&s.At, &s.DispatcherLocked); err != nil {
 		return fmt.Errorf("dispatcher lock: %w", err)
 	}
 	var (
@@ -227,7 +228,7 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 
 // each runs the query named name and calls f after scanning each row into dest.
 func each(ctx context.Context, tx pgx.Tx, name string, dest []any, f func()) error {
-	rows, err := tx.Query(ctx, Queries[name])
+	rows, err := tx.Query(ctx, store.MonitorQueries[name])
 	if err != nil {
 		return fmt.Errorf("query %s: %w", name, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Options configure a Source.
@@ -142,8 +143,8 @@ var errNoSchema = errors.New("no PEPSI schema of version 2 or later (index pepsi
 // queue at every scrape. to_regclass needs no privilege.
 func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
 	if !s.schemaOK.Load() {
-		var indexed bool
-		if err := s.pool.QueryRow(ctx, schemaSQL).Scan(&indexed); err != nil {
+		indexed, err := store.On(s.pool).FailedIndexExists(ctx)
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.where, err)
 		}
 		if !indexed {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Defaults of the group commit.
@@ -266,7 +267,7 @@ func (c *committer) commitBatch(batch []*request) {
 // flatten lists the rows to insert for batch, each key once (a key repeated
 // across requests is inserted for the first and answered to all), and for each
 // request, the row of each of its messages.
-func flatten(batch []*request) (rows []row, pos [][]int) {
+func flatten(batch []*request) (rows []store.IngressRow, pos [][]int) {
 	byKey := map[string]int{}
 	pos = make([][]int, len(batch))
 	for i, r := range batch {
@@ -279,9 +280,9 @@ func flatten(batch []*request) (rows []row, pos [][]int) {
 				}
 				byKey[m.Key] = len(rows)
 			}
-			rw := row{stage: m.Stage, payload: m.Payload, state: string(m.State)}
+			rw := store.IngressRow{Stage: m.Stage, Payload: m.Payload, State: string(m.State)}
 			if m.Key != "" {
-				rw.key = &m.Key
+				rw.Key = &m.Key
 			}
 			pos[i][j] = len(rows)
 			rows = append(rows, rw)
@@ -301,7 +302,7 @@ var errBug = errors.New("a bug")
 // insert commits rows in one transaction, trying again what is known to have
 // left nothing behind. perRequest says that the failure may be one request's
 // data, so the requests of a batch should be tried alone.
-func (c *committer) insert(rows []row) (ids []int64, st *Status, perRequest bool) {
+func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, perRequest bool) {
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		ids, err := c.try(rows)
@@ -335,7 +336,7 @@ func (c *committer) insert(rows []row) (ids []int64, st *Status, perRequest bool
 }
 
 // try is one transaction: insert, look up the keys already there, commit.
-func (c *committer) try(rows []row) ([]int64, error) {
+func (c *committer) try(rows []store.IngressRow) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
 	pc, err := c.pool.Acquire(ctx)
@@ -346,7 +347,7 @@ func (c *committer) try(rows []row) ([]int64, error) {
 	// release, not reused: pgxpool keeps only idle ones.
 	defer pc.Release()
 	conn := pc.Conn()
-	got, lookedUp, open, err := insert(ctx, conn, rows)
+	got, lookedUp, open, err := store.On(conn).InsertIngress(ctx, rows)
 	if err != nil {
 		return nil, err
 	}
@@ -372,41 +373,41 @@ func (c *committer) try(rows []row) ([]int64, error) {
 // assign gives each row its id: an inserted row the next of the inserted ids
 // in order (the identity hands them out in the order of the rows), a row whose
 // key was there already the id of the row holding it.
-func assign(rows []row, got []found, lookedUp map[string]int64) ([]int64, error) {
-	var inserted []found
+func assign(rows []store.IngressRow, got []store.IngressFound, lookedUp map[string]int64) ([]int64, error) {
+	var inserted []store.IngressFound
 	existing := map[string]int64{}
 	for _, f := range got {
-		if f.inserted {
+		if f.Inserted {
 			inserted = append(inserted, f)
 		} else {
-			existing[*f.key] = f.id
+			existing[*f.Key] = f.ID
 		}
 	}
-	slices.SortFunc(inserted, func(a, b found) int { return cmp.Compare(a.id, b.id) })
+	slices.SortFunc(inserted, func(a, b store.IngressFound) int { return cmp.Compare(a.ID, b.ID) })
 	insertedKey := map[string]bool{}
 	for _, f := range inserted {
-		if f.key != nil {
-			insertedKey[*f.key] = true
+		if f.Key != nil {
+			insertedKey[*f.Key] = true
 		}
 	}
 	ids := make([]int64, len(rows))
 	next := 0
 	for i, r := range rows {
-		if r.key == nil || insertedKey[*r.key] {
+		if r.Key == nil || insertedKey[*r.Key] {
 			if next == len(inserted) {
 				return nil, fmt.Errorf("insert answered %d rows for more rows than that: %w", len(inserted), errBug)
 			}
 			f := inserted[next]
 			next++
-			if (f.key == nil) != (r.key == nil) || f.key != nil && *f.key != *r.key {
+			if (f.Key == nil) != (r.Key == nil) || f.Key != nil && *f.Key != *r.Key {
 				return nil, fmt.Errorf("insert answered its rows out of order at row %d: %w", i+1, errBug)
 			}
-			ids[i] = f.id
+			ids[i] = f.ID
 			continue
 		}
-		id, ok := existing[*r.key]
+		id, ok := existing[*r.Key]
 		if !ok {
-			id, ok = lookedUp[*r.key]
+			id, ok = lookedUp[*r.Key]
 		}
 		if !ok {
 			return nil, errVanished
@@ -418,3 +419,10 @@ func assign(rows []row, got []found, lookedUp map[string]int64) ([]int64, error)
 	}
 	return ids, nil
 }
+
+// commitSQL and rollbackSQL end a keyed batch's transaction, which
+// store.InsertIngress leaves open.
+const (
+	commitSQL   = "COMMIT"
+	rollbackSQL = "ROLLBACK"
+)

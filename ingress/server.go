@@ -30,6 +30,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Defaults of the limits that pepsi.conf does not set.
@@ -339,7 +341,7 @@ func (s *Server) countPending(ctx context.Context) {
 	defer t.Stop()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, s.o.PendingInterval+time.Second)
-		counts, err := countPending(qctx, s.o.Pool, s.o.Stages, s.o.MaxPending+1)
+		counts, err := store.On(s.o.Pool).CountPending(qctx, s.o.Stages, s.o.MaxPending+1)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {

@@ -1,7 +1,9 @@
-// Package queueadmin holds the SQL of the operator's tools (pepsi-queue, the
-// demo): putting messages in, reading counts and statistics, showing one row,
-// sending failed messages round again, and purging finished ones. All of it is
-// here, in one reviewed place, so the tools themselves only parse flags and print.
+// Package queueadmin is what the operator's tools (pepsi-queue, the demo) do to
+// the queue: putting messages in, reading counts and statistics, showing one
+// row, sending failed messages round again, and purging finished ones. It checks
+// what the operator asked for and runs the statements of package store (one
+// method each), so the tools themselves only parse flags and print; it holds no
+// SQL itself.
 //
 // It must never touch a row that is pending, running or paused except to insert
 // it (those belong to the dispatcher and the stages), never write the statistics
@@ -14,12 +16,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pepsi-pipeline/pepsi/core"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Connect opens one connection to url (a libpq URL or key=value string; empty
@@ -56,13 +60,7 @@ type NewMessage struct {
 }
 
 // Range describes the rows one Enqueue inserted.
-type Range struct {
-	// Count is how many rows were inserted.
-	Count int64
-	// First and Last are the smallest and largest ingress_id inserted. They are
-	// contiguous (Last-First+1 == Count) unless another writer inserted at once.
-	First, Last int64
-}
+type Range = store.EnqueueResult
 
 // EnqueueBatchMax bounds the messages of one Enqueue call (one statement, so one
 // NOTIFY); callers with more split them.
@@ -92,40 +90,17 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 			states[i] = string(m.State)
 		}
 	}
-	var r Range
-	err := conn.QueryRow(ctx, enqueueSQL, stage, payloads, states).Scan(&r.Count, &r.First, &r.Last)
-	if err != nil {
-		return Range{}, fmt.Errorf("enqueue: %w", err)
-	}
-	return r, nil
+	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states})
 }
 
 // Depth is how many rows of one stage have one status.
-type Depth struct {
-	Stage  string
-	Status core.RowStatus
-	Count  int64
-	// OldestWait, for pending rows only, is how long the longest-waiting one has
-	// been pending (since its last change).
-	OldestWait time.Duration
-}
+type Depth = store.Depth
 
-// StageStats is one row of pepsi.stage_stats (see docs/pepsi-dispatch.1.md, "Statistics"): the
-// totals the dispatcher's flushes added up, and when the last one touched it.
-type StageStats struct {
-	core.StageDelta
-	UpdatedAt time.Time
-}
+// StageStats is one row of pepsi.stage_stats.
+type StageStats = store.StageStats
 
 // DispatchStats is the row of pepsi.dispatch_stats.
-type DispatchStats struct {
-	StagePasses  int64
-	MessagesLeft int64
-	UpdatedAt    time.Time
-	// FlushSeq is the sequence number of the last flush applied: 0 means no
-	// dispatcher has ever flushed, and UpdatedAt is only when the row was made.
-	FlushSeq int64
-}
+type DispatchStats = store.DispatchStats
 
 // Stats is a snapshot of the queue and the dispatcher's statistics.
 type Stats struct {
@@ -141,23 +116,10 @@ type Stats struct {
 func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 	s := &Stats{}
 	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, countSQL)
-		if err != nil {
-			return fmt.Errorf("count rows: %w", err)
-		}
-		for rows.Next() {
-			var d Depth
-			var waitUS int64
-			if err := rows.Scan(&d.Stage, &d.Status, &d.Count, &waitUS); err != nil {
-				return fmt.Errorf("count rows: %w", err)
-			}
-			if d.Status == core.StatusPending {
-				d.OldestWait = time.Duration(max(waitUS, 0)) * time.Microsecond
-			}
-			s.Depth = append(s.Depth, d)
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("count rows: %w", err)
+		q := store.On(tx)
+		var err error
+		if s.Depth, err = q.CountRows(ctx); err != nil {
+			return err
 		}
 		slices.SortFunc(s.Depth, func(a, b Depth) int {
 			if c := strings.Compare(a.Stage, b.Stage); c != 0 {
@@ -166,24 +128,11 @@ func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 			order := core.RowStatuses()
 			return slices.Index(order, a.Status) - slices.Index(order, b.Status)
 		})
-		rows, err = tx.Query(ctx, stageStatsSQL)
-		if err != nil {
-			return fmt.Errorf("read stage_stats: %w", err)
+		if s.Stages, err = q.ReadStageStats(ctx); err != nil {
+			return err
 		}
-		s.Stages, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StageStats, error) {
-			var st StageStats
-			err := r.Scan(&st.Stage, &st.Processed, &st.Failed, &st.Timeouts, &st.Crashes, &st.ProcessingUS, &st.UpdatedAt)
-			return st, err
-		})
-		if err != nil {
-			return fmt.Errorf("read stage_stats: %w", err)
-		}
-		err = tx.QueryRow(ctx, dispatchStatsSQL).
-			Scan(&s.Dispatch.StagePasses, &s.Dispatch.MessagesLeft, &s.Dispatch.UpdatedAt, &s.Dispatch.FlushSeq)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("read dispatch_stats: %w", err)
-		}
-		return nil
+		s.Dispatch, err = q.ReadDispatchStats(ctx)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
@@ -203,39 +152,14 @@ func (s *Stats) Count(status core.RowStatus) int64 {
 }
 
 // ErrNotFound is returned for a message id with no row.
-var ErrNotFound = errors.New("no such message")
+var ErrNotFound = store.ErrNotFound
 
 // Message is one queue row as an operator sees it.
-type Message struct {
-	ID     int64
-	Stage  string
-	Status string
-	// Timeout is when a paused row is due again (nil when not set, or not a
-	// time: see TimeoutText).
-	Timeout *time.Time
-	// TimeoutText is a timeout that is no time: "infinity" (never due) or
-	// "-infinity" (due at once); "" otherwise.
-	TimeoutText string
-	State       json.RawMessage
-	Payload     []byte
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-}
+type Message = store.Message
 
 // Show reads the row with ingress_id id, or returns ErrNotFound.
 func Show(ctx context.Context, conn *pgx.Conn, id int64) (*Message, error) {
-	m := &Message{ID: id}
-	var state []byte
-	err := conn.QueryRow(ctx, showSQL, id).
-		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, &state, &m.Payload, &m.CreatedAt, &m.UpdatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("show message %d: %w", id, err)
-	}
-	m.State = state
-	return m, nil
+	return store.On(conn).Show(ctx, id)
 }
 
 // RetryFilter selects the finished-but-unsuccessful messages Retry sends round
@@ -270,15 +194,14 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 	}
 	var n int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, retrySQL, f.ID, f.Stage, texts(statuses), f.To).Scan(&n)
-		if err != nil {
+		q := store.On(tx)
+		var err error
+		n, err = q.Retry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To})
+		if err != nil || n == 0 {
 			return err
 		}
-		if n > 0 {
-			// Delivered at commit, with the rows.
-			_, err = tx.Exec(ctx, notifySQL)
-		}
-		return err
+		// Delivered at commit, with the rows.
+		return q.NotifyIngress(ctx)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
@@ -290,16 +213,6 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 // (core.RowStatus.Final): the only ones Purge deletes.
 func Finished() []core.RowStatus {
 	return slices.DeleteFunc(core.RowStatuses(), func(s core.RowStatus) bool { return !s.Final() })
-}
-
-// texts is statuses as the text the status column holds, for a statement's
-// parameter.
-func texts(statuses []core.RowStatus) []string {
-	out := make([]string, len(statuses))
-	for i, s := range statuses {
-		out[i] = string(s)
-	}
-	return out
 }
 
 // Purge deletes rows whose status is one of statuses (empty: all of Finished)
@@ -324,24 +237,24 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 		}
 	}
 	// One cutoff for the whole purge, on the server's clock.
-	var cutoff time.Time
-	if err := conn.QueryRow(ctx, cutoffSQL, olderThan.Seconds()).Scan(&cutoff); err != nil {
+	q := store.On(conn)
+	cutoff, err := q.PurgeCutoff(ctx, olderThan)
+	if err != nil {
 		return 0, fmt.Errorf("purge: %w", err)
 	}
 	var total, after int64
 	for {
-		var found, last, deleted int64
-		err := conn.QueryRow(ctx, purgeSQL, after, texts(statuses), cutoff, batch).Scan(&found, &last, &deleted)
+		r, err := q.PurgeBatch(ctx, store.PurgeParams{After: after, Statuses: statuses, Before: cutoff, Limit: batch})
 		if err != nil {
 			return total, fmt.Errorf("purge: after %d rows: %w", total, err)
 		}
-		total += deleted
-		if found > 0 && progress != nil {
+		total += r.Deleted
+		if r.Found > 0 && progress != nil {
 			progress(total)
 		}
-		if found < int64(batch) {
+		if r.Found < int64(batch) {
 			return total, nil
 		}
-		after = last
+		after = r.Last
 	}
 }

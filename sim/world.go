@@ -1025,7 +1025,7 @@ func (w *world) send(cmds []core.Command) {
 }
 
 // endLate plays the shell's rule for a transaction in doubt: its session is
-// ended before any later transaction is sent (pgqueue's settle and endDoubt;
+// ended before any later transaction is sent (store's settle and endDoubt;
 // a new dispatcher ends an earlier one's sessions), so a late commit lands
 // now, or never.
 func (w *world) endLate() {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // errHandlerEndsTx is what Commit and Rollback of Message.Tx return: the library
@@ -54,7 +55,7 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(lockSQL, t.row.id)
+	b.Queue(store.StageLockSQL, t.row.id)
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	var (

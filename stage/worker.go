@@ -19,6 +19,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/pgnet"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Bounds of the retry loops and of what goes on a status line (STYLE.md: every
@@ -158,7 +159,7 @@ func (w *worker) readBatch(ctx context.Context, ids []int64) (map[int64]row, err
 	if w.conn == nil {
 		return nil, errConnectionLost
 	}
-	rs, err := w.conn.Query(ctx, readSQL, ids)
+	rs, err := w.conn.Query(ctx, store.StageReadSQL, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +288,7 @@ func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, e
 		return row{}, pgx.ErrNoRows
 	}
 	var x row
-	err := w.conn.QueryRow(ctx, readOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version)
+	err := w.conn.QueryRow(ctx, store.StageReadOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version)
 	return x, err
 }
 
@@ -477,12 +478,12 @@ func (w *worker) write(ctx context.Context, r *row, tx *lazyTx, t transition, st
 // its own transaction, over the row version the handler was given only. moved
 // is false when that version is gone.
 func (w *worker) writeTransition(ctx context.Context, r *row, newStage string, newStatus core.RowStatus, timeout *time.Time, newState []byte) (moved bool, err error) {
-	_, err = w.conn.Exec(ctx, transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
+	_, err = w.conn.Exec(ctx, store.StageTransitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.As(err, &pgErr) && pgErr.Code == transitionNoRow:
+	case errors.As(err, &pgErr) && pgErr.Code == store.StageTransitionNoRow:
 		return false, nil
 	}
 	return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
@@ -495,14 +496,14 @@ func (w *worker) commitTx(ctx context.Context, r *row, newStage string, newStatu
 	b := &pgx.Batch{}
 	// The row is locked: no version guard (the handler may have changed the row
 	// in place; only moving it is a bug).
-	b.Queue(transitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, nil)
+	b.Queue(store.StageTransitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, nil)
 	b.Queue(commitSQL)
 	br := w.conn.SendBatch(ctx, b)
 	// Close repeats the first error, already returned below.
 	defer br.Close() //nolint:errcheck // see above
 	if _, err := br.Exec(); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == transitionNoRow {
+		if errors.As(err, &pgErr) && pgErr.Code == store.StageTransitionNoRow {
 			return false, nil
 		}
 		return false, fmt.Errorf("write transition of message %d: %w", r.id, err)

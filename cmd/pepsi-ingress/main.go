@@ -28,6 +28,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/ingress"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 const usage = `pepsi-ingress: take messages over HTTP and commit them to a PEPSI queue.
@@ -294,7 +295,7 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
-	v, err := ingress.SchemaVersion(ctx, pool)
+	v, err := store.On(pool).SchemaVersion(ctx)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("%s: %w (run pepsi-queue migrate)", where, err)

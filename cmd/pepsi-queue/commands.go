@@ -21,7 +21,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 func newFlags(name string) *flag.FlagSet {
@@ -53,12 +53,12 @@ EXAMPLE
 				return err
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
-				applied, err := schema.Migrate(ctx, conn)
+				applied, err := store.Migrate(ctx, conn)
 				if err != nil {
 					return err
 				}
 				if len(applied) == 0 {
-					fmt.Fprintf(a.stdout, "schema already at version %d; nothing to do\n", schema.Latest())
+					fmt.Fprintf(a.stdout, "schema already at version %d; nothing to do\n", store.Latest())
 					return nil
 				}
 				for _, v := range applied {

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // The binary under test, built once per test run.
@@ -117,7 +117,7 @@ func scalar(t *testing.T, url, query string) string {
 func TestMigrateAppliesTheSchemaOnceThenHasNothingToDo(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDatabase(t)
-	ms, err := schema.Migrations()
+	ms, err := store.Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestMigrateAppliesTheSchemaOnceThenHasNothingToDo(t *testing.T) {
 	}
 	pq(t, "", nil, "-database", url, "migrate").expect(t, "first migrate", 0, strings.Join(applied, "\n"), "")
 	pq(t, "", nil, "-database", url, "migrate").expect(t, "second migrate", 0,
-		fmt.Sprintf("schema already at version %d; nothing to do", schema.Latest()), "")
+		fmt.Sprintf("schema already at version %d; nothing to do", store.Latest()), "")
 	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.schema_migrations"); n != fmt.Sprint(len(ms)) {
 		t.Errorf("schema_migrations has %s rows, want %d", n, len(ms))
 	}

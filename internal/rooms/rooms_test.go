@@ -1,6 +1,6 @@
 // Package rooms_test checks that the repository's rooms keep their arrows
 // pointing down (README.md, "Layout: where things live"): what an operator
-// installs (cmd/) and the product's libraries (shell/, httpd/, ingress/,
+// installs (cmd/) and the product's libraries (store/, shell/, httpd/, ingress/,
 // queueadmin/, stage/, the shared helpers of internal/, core/) never
 // depend on the development programs (tools/), the examples or the test
 // infrastructure (internal/testenv/). It holds only this test.
@@ -19,7 +19,7 @@ var forbidden = []string{module + "tools/", module + "examples/", module + "inte
 
 func TestProductDependsOnNoToolNorTestInfrastructure(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`,
-		module+"cmd/...", module+"shell/...", module+"httpd/...", module+"ingress/...",
+		module+"cmd/...", module+"store/...", module+"shell/...", module+"httpd/...", module+"ingress/...",
 		module+"queueadmin/...", module+"stage/...", module+"core/...",
 		module+"internal/buildinfo", module+"internal/cliflags", module+"internal/logflags",
 		module+"internal/pgnet", module+"internal/msgjson").CombinedOutput()

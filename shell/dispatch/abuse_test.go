@@ -9,7 +9,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Stage programs that abuse the protocol, and a queue that does not look like
@@ -132,14 +132,14 @@ func TestAnOlderSchemaIsRefusedWithExitFourSayingToMigrate(t *testing.T) {
 func TestASchemaBeforeRetriesIsRefusedSayingWhatToRun(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDatabase(t)
-	if _, err := schema.MigrateTo(context.Background(), pgtest.Connect(t, url), 6); err != nil {
+	if _, err := store.MigrateTo(context.Background(), pgtest.Connect(t, url), 6); err != nil {
 		t.Fatal(err)
 	}
 	e := newEnvAt(t, url, stages(1, 4, "a"))
 	e.insert("a", "a=done")
 	d := e.start()
 	code, err := d.wait(20 * time.Second)
-	want := fmt.Sprintf("the database has PEPSI schema version 6, this pepsi-dispatch needs %d: run pepsi-queue migrate", schema.Latest())
+	want := fmt.Sprintf("the database has PEPSI schema version 6, this pepsi-dispatch needs %d: run pepsi-queue migrate", store.Latest())
 	if code != dispatch.ExitFatal || err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("exit %d, err %v; want exit %d and %q", code, err, dispatch.ExitFatal, want)
 	}

@@ -1,12 +1,12 @@
 // Package dispatch is the pepsi-dispatch daemon: the thin shell around the pure
 // core. It holds the single-dispatcher lock, listens for ingress notifications,
-// runs worker processes (shell/worker) and queue transactions (shell/pgqueue),
+// runs worker processes (shell/worker) and queue transactions (store),
 // turns everything that happens into core events, feeds them to core.Step in
 // batches, and executes the commands that come back.
 //
 // It must never decide anything itself: when to claim, spawn, kill, requeue or
 // flush is the core's business. The shell only executes, reports and retries what
-// is known to be safe to retry (pgqueue's 40001/40P01 helper, and re-probing the
+// is known to be safe to retry (store's 40001/40P01 helper, and re-probing the
 // database after a failed transaction so the core can be told DatabaseUp).
 package dispatch
 
@@ -27,8 +27,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/pgnet"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Exit codes of pepsi-dispatch, documented in pepsi-dispatch(1).
@@ -83,9 +82,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 		return ExitUsage, fmt.Errorf("database connection string: %w", err)
 	}
 	if pgcfg.RuntimeParams["application_name"] == "" {
-		pgcfg.RuntimeParams["application_name"] = pgqueue.AppName()
+		pgcfg.RuntimeParams["application_name"] = store.AppName()
 	}
-	if err := pgqueue.CheckAppName(pgcfg.RuntimeParams["application_name"]); err != nil {
+	if err := store.CheckAppName(pgcfg.RuntimeParams["application_name"]); err != nil {
 		return ExitUsage, fmt.Errorf("database connection string: %w", err)
 	}
 	// Every connection (the lock's, the listener's, the pool's) gives up on a
@@ -152,7 +151,7 @@ const staleEndsMax = 3
 // has not ended yet (it waits minutes, or pgnet.BoundSilence's bound).
 // acquire ends that session (pg_terminate_backend) and asks again, instead of
 // refusing to run or waiting for the server to notice.
-func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*pgqueue.Lock, int, error) {
+func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*store.Lock, int, error) {
 	ctx, cancel := cancelOnSignal(ctx, signals)
 	defer cancel()
 	backoff := probeMin
@@ -161,19 +160,19 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 	// ask: a standby that restarts asks once first, to see who holds the lock.
 	ask := restarted
 	for {
-		var lock *pgqueue.Lock
+		var lock *store.Lock
 		var err error
 		if standby && !ask {
 			log.Info("standby: waiting for the dispatcher lock")
-			lock, err = pgqueue.WaitLock(ctx, cfg, log)
+			lock, err = store.WaitLock(ctx, cfg, log)
 		} else {
-			lock, err = pgqueue.TryLock(ctx, cfg, log)
+			lock, err = store.TryLock(ctx, cfg, log)
 		}
 		if err == nil {
-			log.Info("holding the dispatcher lock", "key", fmt.Sprintf("%#x", pgqueue.LockKey))
+			log.Info("holding the dispatcher lock", "key", fmt.Sprintf("%#x", store.LockKey))
 			return lock, 0, nil
 		}
-		var held *pgqueue.HeldError
+		var held *store.HeldError
 		if !errors.As(err, &held) {
 			if ctx.Err() != nil {
 				return nil, ExitOK, nil
@@ -195,10 +194,10 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 				return nil, ExitOK, nil
 			}
 		case restarted && staleEnds < staleEndsMax &&
-			held.ApplicationName == pgqueue.AppName() && cfg.RuntimeParams["application_name"] == pgqueue.AppName():
+			held.ApplicationName == store.AppName() && cfg.RuntimeParams["application_name"] == store.AppName():
 			staleEnds++
 			log.Warn("the dispatcher lock is held by this process's own earlier session, cut off; ending it", "backend_pid", held.BackendPID)
-			if eerr := pgqueue.EndSession(ctx, cfg, held.BackendPID, held.ApplicationName); eerr != nil {
+			if eerr := store.EndSession(ctx, cfg, held.BackendPID, held.ApplicationName); eerr != nil {
 				log.Warn("could not end the stale session", "backend_pid", held.BackendPID, "err", eerr)
 			}
 		case standby:
@@ -236,7 +235,7 @@ func pause(ctx context.Context, d time.Duration) bool {
 // probe waits wait, then pings the database with capped backoff until it
 // answers, then reports up, unless the lock is known lost by then: the session
 // is over, and a retry should not go out before the loop has heard of it.
-func probe(ctx context.Context, q *pgqueue.Queue, lock *pgqueue.Lock, log *slog.Logger, up chan<- struct{}, wait time.Duration) {
+func probe(ctx context.Context, q *store.Queue, lock *store.Lock, log *slog.Logger, up chan<- struct{}, wait time.Duration) {
 	if !pause(ctx, wait) {
 		return
 	}
@@ -279,11 +278,11 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("check the schema: %w", err)
 	}
 	defer c.Release()
-	v, err := schema.Version(ctx, c.Conn())
+	v, err := store.Version(ctx, c.Conn())
 	if err != nil {
 		return fmt.Errorf("check the schema: %w", err)
 	}
-	if want := schema.Latest(); v < want {
+	if want := store.Latest(); v < want {
 		return &oldSchemaError{have: v, want: want}
 	}
 	return nil

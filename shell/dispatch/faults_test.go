@@ -16,7 +16,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Network faults between the real pepsi-dispatch (the binary) and PostgreSQL,
@@ -265,7 +265,7 @@ func TestNetworkFaultsLoseNothingAndAreNoticedInBoundedTime(t *testing.T) {
 // proxy; standby B waits for the lock on a direct connection. The proxy goes
 // silent. A's lock check notices within about 15 s and A kills its workers;
 // then the server ends A's sessions (what its keepalive does, at the earliest
-// 40 s after A went silent: pgqueue.BoundSilence), which releases the lock,
+// 40 s after A went silent: store.BoundSilence), which releases the lock,
 // and B takes over, resetting and rerunning what A held. The network heals a
 // seeded moment later and A, finding B holding the lock, exits 3. At no time
 // was a message written, by a worker or by a dispatcher for its worker, on
@@ -323,7 +323,7 @@ func TestStandbyTakesOverFromABlackHoledDispatcherAndNoMessageIsWrittenByBoth(t 
 
 // After losing its lock, a dispatcher may find the lock held by its own
 // earlier session, cut off by the network and not yet ended by the server (it
-// waits 40 s: pgqueue.BoundSilence). Here a stand-in session with the
+// waits 40 s: store.BoundSilence). Here a stand-in session with the
 // dispatcher's application_name queues for the lock before the dispatcher's
 // lock backend is ended, so it holds the lock when the dispatcher asks again.
 // The dispatcher ends it and carries on, instead of exiting 3 ("another
@@ -340,7 +340,7 @@ func TestARestartedDispatcherEndsItsOwnStaleLockSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.RuntimeParams["application_name"] = pgqueue.AppName()
+	cfg.RuntimeParams["application_name"] = store.AppName()
 	stale, err := pgx.ConnectConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ func TestARestartedDispatcherEndsItsOwnStaleLockSession(t *testing.T) {
 	}
 	granted := make(chan error, 1)
 	go func() {
-		_, err := stale.Exec(context.Background(), "SELECT pg_advisory_lock($1)", pgqueue.LockKey)
+		_, err := stale.Exec(context.Background(), "SELECT pg_advisory_lock($1)", store.LockKey)
 		granted <- err
 	}()
 	waitFor(t, 10*time.Second, "the stand-in session to wait for the lock", func() (bool, string) {

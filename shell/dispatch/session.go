@@ -14,8 +14,8 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 	"github.com/pepsi-pipeline/pepsi/shell/worker"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // session is one core's life while the dispatcher lock is held: the schema
@@ -26,7 +26,7 @@ import (
 type session struct {
 	o       Options
 	pgcfg   *pgx.ConnConfig
-	lock    *pgqueue.Lock
+	lock    *store.Lock
 	log     *slog.Logger
 	signals <-chan os.Signal
 	// carry is what the previous session could not be sure it wrote, for this
@@ -47,9 +47,9 @@ type session struct {
 	stopping bool // a signal or shutdown was taken
 
 	pool    *pgxpool.Pool
-	queue   *pgqueue.Queue
+	queue   *store.Queue
 	workers *worker.Pool
-	gate    *pgqueue.Gate
+	gate    *store.Gate
 	core    *core.Core
 	timer   *time.Timer
 
@@ -142,7 +142,7 @@ func (s *session) run(ctx context.Context) sessionResult {
 		return r
 	}
 	s.endEarlierDispatchers()
-	s.queue = pgqueue.New(s.pool, s.log)
+	s.queue = store.New(s.pool, s.log)
 	s.workers = worker.NewPool(worker.Options{
 		ConfigFile: s.o.Config.Dispatch.ConfigFile,
 		Env:        s.o.WorkerEnv,
@@ -155,7 +155,7 @@ func (s *session) run(ctx context.Context) sessionResult {
 	}
 	// The gate (core.Rest, core.Busy) on its own connection: its answers are
 	// events like a worker's.
-	s.gate = pgqueue.NewGate()
+	s.gate = store.NewGate()
 	go s.gate.Run(s.ctx, s.pgcfg, s.log, s.offLoop)
 	return s.loop()
 }
@@ -218,13 +218,13 @@ func (s *session) awaitSchema() (r sessionResult, ok bool) {
 }
 
 // endEarlierDispatchers makes sure no session of an earlier dispatcher writes
-// after the start-up reset (pgqueue.EndEarlierDispatchers). Failing to end one
+// after the start-up reset (store.EndEarlierDispatchers). Failing to end one
 // is logged, not fatal: a role that may not signal another's sessions still
 // runs, as before.
 func (s *session) endEarlierDispatchers() {
 	ctx, cancel := context.WithTimeout(s.ctx, schemaCheckTimeout)
 	defer cancel()
-	if n, err := pgqueue.EndEarlierDispatchers(ctx, s.pool, s.pgcfg.RuntimeParams["application_name"]); err != nil {
+	if n, err := store.EndEarlierDispatchers(ctx, s.pool, s.pgcfg.RuntimeParams["application_name"]); err != nil {
 		s.log.Warn("cannot end an earlier dispatcher's sessions before the start-up reset", "err", err)
 	} else if n > 0 {
 		s.log.Info("ended sessions of an earlier dispatcher before the start-up reset", "sessions", n)
@@ -238,16 +238,16 @@ func (s *session) startListener() (r sessionResult, ok bool) {
 	listening := make(chan struct{})
 	go func() {
 		first := true
-		_ = pgqueue.Listen(s.ctx, s.pgcfg, s.log, func(n pgqueue.Notice) {
+		_ = store.Listen(s.ctx, s.pgcfg, s.log, func(n store.Notice) {
 			switch n {
-			case pgqueue.Listening:
+			case store.Listening:
 				if first {
 					first = false
 					close(listening)
 				}
-			case pgqueue.Notified:
+			case store.Notified:
 				signalOnce(s.notified)
-			case pgqueue.Up:
+			case store.Up:
 				signalOnce(s.relisten)
 			}
 		})

@@ -1,5 +1,5 @@
 // Package fakequeue is an in-memory pepsi.queue that behaves, in every way the
-// dispatcher core can observe, like the PostgreSQL queue of shell/pgqueue: it
+// dispatcher core can observe, like the PostgreSQL queue of store: it
 // passes the same conformance suite (internal/testenv/queuetest). It also models what
 // a PostgreSQL crash does to stage programs' asynchronous commits: writes made by
 // stages since the last dispatcher commit are lost and the crash sentinel is

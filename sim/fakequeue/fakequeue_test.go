@@ -10,7 +10,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
 )
 
-// TestQueueConformance runs the suite shell/pgqueue passes against PostgreSQL, so
+// TestQueueConformance runs the suite store passes against PostgreSQL, so
 // the simulator's queue cannot drift from the real one.
 func TestQueueConformance(t *testing.T) {
 	queuetest.Run(t, func(t *testing.T) queuetest.Harness { return harness{fakequeue.New()} })

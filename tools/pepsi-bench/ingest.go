@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // The ingest figure (issue 10): single-row INSERTs into pepsi.queue from
@@ -86,7 +86,7 @@ func (b *bench) ingest(ctx context.Context) error {
 		return fmt.Errorf("connect to the bench database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := schema.Migrate(ctx, conn); err != nil {
+	if _, err := store.Migrate(ctx, conn); err != nil {
 		return fmt.Errorf("apply the schema: %w", err)
 	}
 	// The pipeline the dispatcher runs meanwhile: stages that answer their

@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/valyala/fasthttp"
 
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // The ingress figures (-ingress), side by side in one run, each on a fresh
@@ -438,7 +438,7 @@ func (b *bench) migrated(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to the bench database: %w", err)
 	}
-	if _, err := schema.Migrate(ctx, conn); err != nil {
+	if _, err := store.Migrate(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("apply the schema: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
@@ -88,7 +88,7 @@ func (b *bench) freshQueue(ctx context.Context, n int) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to the bench database: %w", err)
 	}
-	if _, err := schema.Migrate(ctx, conn); err != nil {
+	if _, err := store.Migrate(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("apply the schema: %w", err)
 	}

@@ -42,8 +42,8 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/privatepg"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
 	"github.com/pepsi-pipeline/pepsi/stage"
+	"github.com/pepsi-pipeline/pepsi/store"
 	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
@@ -155,7 +155,7 @@ func (s *soak) database(ctx context.Context) (string, func(), error) {
 		return "", nil, err
 	}
 	defer conn.Close(context.Background())
-	if _, err := schema.Migrate(ctx, conn); err != nil {
+	if _, err := store.Migrate(ctx, conn); err != nil {
 		return "", nil, err
 	}
 	drop := func() {

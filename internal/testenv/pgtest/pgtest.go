@@ -20,8 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/ory/dockertest/v3"
 
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // EnvURL names the environment variable holding the admin URL of the test server.
@@ -125,7 +124,7 @@ func NewMigrated(t testing.TB) string {
 		t.Fatalf("connect to test database: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := schema.Migrate(ctx, conn); err != nil {
+	if _, err := store.Migrate(ctx, conn); err != nil {
 		t.Fatalf("migrate test database: %v", err)
 	}
 	return u
@@ -152,13 +151,13 @@ func redact(s string) string {
 	return u.Redacted()
 }
 
-// HoldGate takes the gate (pgqueue.GateKey) exclusively on a connection of its
+// HoldGate takes the gate (store.GateKey) exclusively on a connection of its
 // own for the rest of the test, as a dispatcher waiting for work does: from then
 // on every insert into pepsi.queue notifies ingress (schema 4).
 func HoldGate(t testing.TB, url string) {
 	t.Helper()
 	c := Connect(t, url)
-	if _, err := c.Exec(context.Background(), "SELECT pg_advisory_lock($1)", pgqueue.GateKey); err != nil {
+	if _, err := c.Exec(context.Background(), "SELECT pg_advisory_lock($1)", store.GateKey); err != nil {
 		t.Fatalf("take the gate: %v", err)
 	}
 }

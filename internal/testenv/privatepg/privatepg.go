@@ -20,7 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Server is one private PostgreSQL.
@@ -134,7 +134,7 @@ func (s *Server) Migrate(ctx context.Context) error {
 		return fmt.Errorf("connect to the private PostgreSQL: %w", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := schema.Migrate(ctx, conn); err != nil {
+	if _, err := store.Migrate(ctx, conn); err != nil {
 		return fmt.Errorf("migrate the private PostgreSQL: %w", err)
 	}
 	return nil

@@ -8,11 +8,11 @@ import (
 
 // Executor is the contract of a queue: what running one core step's queue
 // commands does and answers. Two queues implement it, PostgreSQL
-// (shell/pgqueue) and the simulator's fake (sim/fakequeue), and this suite runs
+// (store) and the simulator's fake (sim/fakequeue), and this suite runs
 // both through it, so the simulator cannot drift from reality.
 //
 // It is the suite's seam, not the dispatcher's: pepsi-dispatch
-// (shell/dispatch) holds a *pgqueue.Queue, whose Ping, Inspect and Vacuum it
+// (shell/dispatch) holds a *store.Queue, whose Ping, Inspect and Vacuum it
 // needs too, and the simulator holds a *fakequeue.Queue; neither swaps one
 // queue for the other, so it lives here, beside the suite that is its only user.
 type Executor interface {

@@ -1,5 +1,5 @@
 // Package queuetest is the one conformance suite every Executor must pass:
-// the PostgreSQL queue (shell/pgqueue) and the simulator's fake (sim) alike, so
+// the PostgreSQL queue (store) and the simulator's fake (sim) alike, so
 // the simulator cannot drift from the real queue. It states behaviour only (what
 // a command does to rows and what it answers), never how; it must never assume
 // SQL, timing or anything an implementation does not promise in core.Command's

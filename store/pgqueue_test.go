@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // step is the dispatcher's usual transaction: resolve what came back, claim more.
@@ -188,7 +188,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 	for _, sql := range []string{
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 's' || (i %% 3) FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int) AS " + pgqueue.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -232,7 +232,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int) AS " + pgqueue.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -319,7 +319,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
-		"PREPARE resolve(bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[]) AS "+pgqueue.ResolveSQL)
+		"PREPARE resolve(bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[]) AS "+store.ResolveSQL)
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -375,8 +375,8 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		"INSERT INTO pepsi.queue (stage) SELECT 's' || (i % 3) FROM generate_series(1, 200000) i",
 		"UPDATE pepsi.queue SET status = 'running' WHERE ingress_id % 4000 = 0",
 		"UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01'::timestamptz + (ingress_id % 7) * interval '1 hour' WHERE ingress_id % 2000 = 1",
-		"PREPARE reset(bigint[]) AS " + pgqueue.ResetOrphansSQL,
-		"PREPARE wake(timestamptz, bigint[]) AS " + pgqueue.WakeSQL,
+		"PREPARE reset(bigint[]) AS " + store.ResetOrphansSQL,
+		"PREPARE wake(timestamptz, bigint[]) AS " + store.WakeSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -539,7 +539,7 @@ func TestRetryableOnlyForSerializationFailureAndDeadlock(t *testing.T) {
 		{context.Canceled, false},
 		{nil, false},
 	} {
-		if got := pgqueue.Retryable(c.err); got != c.want {
+		if got := store.Retryable(c.err); got != c.want {
 			t.Errorf("Retryable(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}

@@ -1,8 +1,9 @@
-// Package schema holds PEPSI's versioned SQL migrations, embedded in every binary,
-// and applies them. Applying is idempotent: each migration runs once, in its own
+package store
+
+// The schema: PEPSI's versioned SQL migrations, embedded in every binary,
+// and applying them. Applying is idempotent: each migration runs once, in its own
 // transaction, under an advisory lock so two tools starting at once do not race.
-// This package never touches queue rows.
-package schema
+// Applying never touches queue rows.
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package pgqueue
+package store
 
 import (
 	"context"
@@ -65,7 +65,7 @@ func (g *Gate) Run(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 		case core.Busy:
 			r.busy(ctx)
 		default:
-			panic(fmt.Sprintf("pgqueue: gate: %T is not a gate command", op))
+			panic(fmt.Sprintf("store: gate: %T is not a gate command", op))
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // viaProxy returns a config for url that connects through a new netfault
@@ -39,15 +39,15 @@ func TestListenNoticesASilentPartition(t *testing.T) {
 	url := pgtest.NewMigrated(t)
 	holdGate(t, url) // a dispatcher waits: inserts notify
 	cfg, p := viaProxy(t, url)
-	notices := make(chan pgqueue.Notice, 100)
+	notices := make(chan store.Notice, 100)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- pgqueue.ListenTimed(ctx, cfg, nil, func(n pgqueue.Notice) { notices <- n }, 50*time.Millisecond, 300*time.Millisecond)
+		done <- store.ListenTimed(ctx, cfg, nil, func(n store.Notice) { notices <- n }, 50*time.Millisecond, 300*time.Millisecond)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	r := &listenerRun{notices: notices}
-	r.expect(t, pgqueue.Listening, "start")
+	r.expect(t, store.Listening, "start")
 
 	// Let several idle checks pass on a healthy connection; none may report.
 	time.Sleep(400 * time.Millisecond)
@@ -55,16 +55,16 @@ func TestListenNoticesASilentPartition(t *testing.T) {
 	if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 		t.Fatal(err)
 	}
-	r.expect(t, pgqueue.Notified, "after idle checks on a healthy connection, then an insert")
+	r.expect(t, store.Notified, "after idle checks on a healthy connection, then an insert")
 
 	p.BlackHole()
-	r.expect(t, pgqueue.Down, "after the network went silent")
+	r.expect(t, store.Down, "after the network went silent")
 	p.Heal()
-	r.expect(t, pgqueue.Up, "after the network healed")
+	r.expect(t, store.Up, "after the network healed")
 	if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 		t.Fatal(err)
 	}
-	r.expect(t, pgqueue.Notified, "after an insert once healed")
+	r.expect(t, store.Notified, "after an insert once healed")
 }
 
 // TestLockIsLostOnASilentPartition: a dispatcher cut off from its database
@@ -73,7 +73,7 @@ func TestLockIsLostOnASilentPartition(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
 	cfg, p := viaProxy(t, url)
-	l, err := pgqueue.TryLockTimed(t.Context(), cfg, 50*time.Millisecond, 300*time.Millisecond)
+	l, err := store.TryLockTimed(t.Context(), cfg, 50*time.Millisecond, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,23 +1,4 @@
-// Package pgqueue is the PostgreSQL side of pepsi-dispatch: the queue executor
-// that turns the core's queue commands into SQL, the LISTEN connection that
-// reports new work, the advisory lock that keeps one dispatcher per system, and
-// the gate that tells producers whether the dispatcher waits.
-//
-// The dispatcher's SQL lives here, but for the start-up schema check (shell/schema's
-// Version), in two files: statements.go holds the queue commands' statements
-// (and Inspect's and Vacuum's); locksql.go holds the SQL of the connections of
-// their own (the lock's, the gate's, the listener's) and of ending other
-// sessions. The one exception is the frame of a step's transaction (BEGIN, SET
-// LOCAL synchronous_commit, its id, COMMIT, ROLLBACK, and the look-up of a
-// transaction in doubt), written where it is sent, in this file's run,
-// rollback and settle.
-//
-// It must never decide anything: which rows to claim, fail or requeue is the
-// core's choice, made before a command reaches this package. It must never retry
-// an error that is not known to be safe to retry (serialization failure and
-// deadlock, which roll the whole transaction back), and never read or write
-// message payloads.
-package pgqueue
+package store
 
 import (
 	"context"

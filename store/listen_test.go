@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // waitFor bounds every wait for something the code under test must do.
@@ -53,7 +53,7 @@ func newLogger() (*slog.Logger, *logBuffer) {
 
 // listenerRun is a running Listen with its notices and its dial count.
 type listenerRun struct {
-	notices chan pgqueue.Notice
+	notices chan store.Notice
 	dials   *atomic.Int64
 	done    chan error
 	cancel  context.CancelFunc
@@ -69,7 +69,7 @@ func startListener(t *testing.T, url, appName string) *listenerRun {
 		t.Fatal(err)
 	}
 	cfg.RuntimeParams["application_name"] = appName
-	r := &listenerRun{notices: make(chan pgqueue.Notice, 100), dials: &atomic.Int64{}, done: make(chan error, 1)}
+	r := &listenerRun{notices: make(chan store.Notice, 100), dials: &atomic.Int64{}, done: make(chan error, 1)}
 	dial := cfg.DialFunc
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		r.dials.Add(1)
@@ -80,7 +80,7 @@ func startListener(t *testing.T, url, appName string) *listenerRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() {
-		r.done <- pgqueue.Listen(ctx, cfg, log, func(n pgqueue.Notice) { r.notices <- n })
+		r.done <- store.Listen(ctx, cfg, log, func(n store.Notice) { r.notices <- n })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -90,7 +90,7 @@ func startListener(t *testing.T, url, appName string) *listenerRun {
 }
 
 // expect waits for the next notice and fails unless it is want.
-func (r *listenerRun) expect(t *testing.T, want pgqueue.Notice, why string) {
+func (r *listenerRun) expect(t *testing.T, want store.Notice, why string) {
 	t.Helper()
 	select {
 	case got := <-r.notices:
@@ -106,13 +106,13 @@ func TestListenReportsIngressNotifications(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
 	r := startListener(t, url, "pgqueue-test-listener")
-	r.expect(t, pgqueue.Listening, "start")
+	r.expect(t, store.Listening, "start")
 	holdGate(t, url) // a dispatcher waits: inserts notify
 	writer := pgtest.Connect(t, url)
 	if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a'), ('b')"); err != nil {
 		t.Fatal(err)
 	}
-	r.expect(t, pgqueue.Notified, "after an insert")
+	r.expect(t, store.Notified, "after an insert")
 	if _, err := writer.Exec(t.Context(), "SELECT pg_notify('other', '')"); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestListenReportsIngressNotifications(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The notification on another channel is not reported: the next one is ingress.
-	r.expect(t, pgqueue.Notified, "after notifications on other and ingress")
+	r.expect(t, store.Notified, "after notifications on other and ingress")
 	select {
 	case n := <-r.notices:
 		t.Fatalf("listener reported %v after the ingress notification; want nothing more", n)
@@ -137,7 +137,7 @@ func TestListenReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 	holdGate(t, url) // a dispatcher waits: inserts notify
 	const app = "pgqueue-test-reconnect"
 	r := startListener(t, url, app)
-	r.expect(t, pgqueue.Listening, "start")
+	r.expect(t, store.Listening, "start")
 	admin := pgtest.Connect(t, pgtest.AdminURL(t))
 	ctx := t.Context()
 	var db string
@@ -156,7 +156,7 @@ func TestListenReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 	if err != nil || killed != 1 {
 		t.Fatalf("terminate the listener's backend: %d terminated, %v; want 1", killed, err)
 	}
-	r.expect(t, pgqueue.Down, "after its backend was terminated")
+	r.expect(t, store.Down, "after its backend was terminated")
 	dialsAtDown := r.dials.Load()
 	deadline := time.Now().Add(waitFor)
 	for r.dials.Load() < dialsAtDown+3 {
@@ -168,12 +168,12 @@ func TestListenReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" ALLOW_CONNECTIONS true"); err != nil {
 		t.Fatal(err)
 	}
-	r.expect(t, pgqueue.Up, "after the database accepts connections again")
+	r.expect(t, store.Up, "after the database accepts connections again")
 
 	if _, err := pgtest.Connect(t, url).Exec(ctx, "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 		t.Fatal(err)
 	}
-	r.expect(t, pgqueue.Notified, "after an insert once back")
+	r.expect(t, store.Notified, "after an insert once back")
 
 	if warns := r.logs.lines("WARN"); len(warns) != 1 {
 		t.Errorf("listener logged %d warnings for one outage, want 1:\n%s", len(warns), strings.Join(warns, "\n"))

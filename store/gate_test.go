@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // holdGate takes the gate exclusively on a connection of its own, as a waiting
@@ -17,7 +17,7 @@ import (
 func holdGate(t *testing.T, url string) {
 	t.Helper()
 	c := pgtest.Connect(t, url)
-	if _, err := c.Exec(t.Context(), "SELECT pg_advisory_lock($1)", pgqueue.GateKey); err != nil {
+	if _, err := c.Exec(t.Context(), "SELECT pg_advisory_lock($1)", store.GateKey); err != nil {
 		t.Fatalf("take the gate: %v", err)
 	}
 }
@@ -83,7 +83,7 @@ func TestRestWaitsForProducersThatDidNotNotifyAndLaterOnesNotify(t *testing.T) {
 	if _, err := slow.Exec(t.Context(), "BEGIN; INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 		t.Fatal(err)
 	}
-	gate := pgqueue.NewGate()
+	gate := store.NewGate()
 	events := make(chan core.Event, 4)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -117,7 +117,7 @@ func TestRestWaitsForProducersThatDidNotNotifyAndLaterOnesNotify(t *testing.T) {
 	deadline := time.Now().Add(waitFor)
 	for {
 		var free bool
-		if err := quick.QueryRow(t.Context(), "SELECT pg_try_advisory_lock_shared($1)", pgqueue.GateKey).Scan(&free); err != nil {
+		if err := quick.QueryRow(t.Context(), "SELECT pg_try_advisory_lock_shared($1)", store.GateKey).Scan(&free); err != nil {
 			t.Fatal(err)
 		}
 		if free {

@@ -1,17 +1,22 @@
-package httpd
+package store
 
 import (
+	"context"
 	"fmt"
-
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
 )
 
-// The SQL of pepsi-httpd, every statement in this one file. It only reads.
+// The statements of pepsi-httpd (the monitor). They only read.
 
-// Queries are the statements a read runs, by name, each bounded by a partial
+// ReasonMax bounds the bytes of a failure reason the monitor reads.
+const ReasonMax = 300
+
+// FailuresMax is how many recent failures the monitor reads.
+const FailuresMax = 20
+
+// MonitorQueries are the statements a read runs, by name, each bounded by a partial
 // index of pepsi.queue or by a small table. The EXPLAIN test checks that none
 // of them scans the queue sequentially.
-var Queries = map[string]string{
+var MonitorQueries = map[string]string{
 	// The pending index (stage, ingress_id) answers the count; the head of each
 	// stage's queue is one more index probe.
 	"pending": `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - h.updated_at), 0)::float8
@@ -40,20 +45,30 @@ FROM pepsi.stage_stats ORDER BY stage`,
 	          WHERE a.backend_xmin IS NOT NULL AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()), 0)::float8
 	FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = 'pepsi.queue'::regclass`,
 	// pg_locks shows the lock to every role. classid and objid are the two
-	// halves of pgqueue.LockKey.
+	// halves of LockKey.
 	"lock": fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
 	AND classid = %d AND objid = %d AND objsubid = 1 AND granted
 	AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`,
-		pgqueue.LockKey>>32, pgqueue.LockKey&0xffffffff),
+		LockKey>>32, LockKey&0xffffffff),
 }
 
-// GrantsSQL is all pepsi-httpd needs, given to a role named pepsi_monitor:
+// MonitorGrantsSQL is all pepsi-httpd needs, given to a role named pepsi_monitor:
 // every column of the queue but payload, and the two statistics tables. The
 // database then guarantees that pepsi-httpd shows no payload and writes nothing.
-const GrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
+const MonitorGrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
 GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at) ON pepsi.queue TO pepsi_monitor;
 GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
 
-// schemaSQL says whether the queue_failed index of schema version 2 exists;
-// to_regclass needs no privilege.
-const schemaSQL = `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`
+// failedIndexSQL says whether the queue_failed index of schema version 2
+// exists; to_regclass needs no privilege.
+const failedIndexSQL = `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`
+
+// FailedIndexExists says whether the queue_failed index of schema version 2
+// exists: without it, counting failed messages would scan the queue.
+func (s *PG) FailedIndexExists(ctx context.Context) (bool, error) {
+	var indexed bool
+	if err := s.db.QueryRow(ctx, failedIndexSQL).Scan(&indexed); err != nil {
+		return false, fmt.Errorf("look for index pepsi.queue_failed: %w", err)
+	}
+	return indexed, nil
+}

@@ -1,4 +1,4 @@
-package pgqueue
+package store
 
 import (
 	"fmt"
@@ -36,7 +36,7 @@ func statementFor(c core.Command) statement {
 	case core.Flush:
 		return flush(c)
 	}
-	panic(fmt.Sprintf("pgqueue: %T (%v) is not a queue command", c, c))
+	panic(fmt.Sprintf("store: %T (%v) is not a queue command", c, c))
 }
 
 // resetOrphansSQL makes every running row pending except the kept ones (the

@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // lockRow holds row id locked (SELECT … FOR UPDATE) in a transaction on a
@@ -135,7 +135,7 @@ func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	q := pgqueue.New(pool, testLogger(t))
+	q := store.New(pool, testLogger(t))
 	claim := func(op int64, stage string, timeout time.Duration) core.Claimed {
 		t.Helper()
 		c, cancel := context.WithTimeout(ctx, timeout)

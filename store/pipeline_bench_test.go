@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // BenchmarkPipelineStep measures what bounds the dispatcher's hops/s: its
@@ -67,7 +67,7 @@ func benchPipeline(b *testing.B, message, moveClaims bool) {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	q := pgqueue.New(pool, nil)
+	q := store.New(pool, nil)
 	fill := func() {
 		if _, err := pool.Exec(ctx, fmt.Sprintf(
 			"INSERT INTO pepsi.queue (stage, payload) SELECT 'a', convert_to('message ' || g, 'UTF8') FROM generate_series(1, %d) g", refill)); err != nil {

@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/queuetest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 func TestQueueConformance(t *testing.T) {
@@ -26,10 +26,10 @@ func TestQueueConformance(t *testing.T) {
 	queuetest.Run(t, func(t *testing.T) queuetest.Harness { return newHarness(t) })
 }
 
-// harness is a pgqueue.Queue on a fresh migrated database, plus direct SQL for
+// harness is a store.Queue on a fresh migrated database, plus direct SQL for
 // what the dispatcher never does (insert rows, play a stage, read rows back).
 type harness struct {
-	*pgqueue.Queue
+	*store.Queue
 	url   string
 	pool  *pgxpool.Pool
 	trips *tripCounter
@@ -40,7 +40,7 @@ func newHarness(t testing.TB) *harness {
 	url := pgtest.NewMigrated(t)
 	trips := &tripCounter{}
 	pool := newPool(t, url, trips)
-	return &harness{Queue: pgqueue.New(pool, testLogger(t)), url: url, pool: pool, trips: trips}
+	return &harness{Queue: store.New(pool, testLogger(t)), url: url, pool: pool, trips: trips}
 }
 
 // newPool opens a pool whose connections count their round trips into trips.

@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // The dispatcher finds its own sessions, and an earlier dispatcher's, by their
@@ -18,11 +18,11 @@ import (
 func TestAppNameIsKeptWholeByPostgreSQL(t *testing.T) {
 	t.Parallel()
 	host := "ip-10-0-123-45.eu-central-1.compute.internal.example.cluster.local"
-	name := pgqueue.AppNameFor(host, 4194304)
-	if len(name) > pgqueue.AppNameMax || !strings.HasPrefix(name, "pepsi-dispatch ip-10-0-123-45.") || !strings.HasSuffix(name, " 4194304") {
-		t.Fatalf("AppName for a %d-byte host: %q (%d bytes); want the prefix, the pid, and at most %d bytes", len(host), name, len(name), pgqueue.AppNameMax)
+	name := store.AppNameFor(host, 4194304)
+	if len(name) > store.AppNameMax || !strings.HasPrefix(name, "pepsi-dispatch ip-10-0-123-45.") || !strings.HasSuffix(name, " 4194304") {
+		t.Fatalf("AppName for a %d-byte host: %q (%d bytes); want the prefix, the pid, and at most %d bytes", len(host), name, len(name), store.AppNameMax)
 	}
-	if err := pgqueue.CheckAppName(name); err != nil {
+	if err := store.CheckAppName(name); err != nil {
 		t.Fatalf("CheckAppName(%q): %v; want it accepted", name, err)
 	}
 	cfg, err := pgx.ParseConfig(pgtest.NewMigrated(t))
@@ -48,13 +48,13 @@ func TestAppNameIsKeptWholeByPostgreSQL(t *testing.T) {
 // reason, rather than left to make the dispatcher miss its own sessions.
 func TestCheckAppNameRefusesWhatPostgreSQLRewrites(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{strings.Repeat("x", pgqueue.AppNameMax+1), "pepsi-dispatch hôte 1", "tab\there"} {
-		err := pgqueue.CheckAppName(name)
+	for _, name := range []string{strings.Repeat("x", store.AppNameMax+1), "pepsi-dispatch hôte 1", "tab\there"} {
+		err := store.CheckAppName(name)
 		if err == nil || !strings.Contains(err.Error(), "finds its sessions by it") {
 			t.Errorf("CheckAppName(%q): %v; want a refusal that says why", name, err)
 		}
 	}
-	if err := pgqueue.CheckAppName(strings.Repeat("x", pgqueue.AppNameMax)); err != nil {
-		t.Errorf("CheckAppName of %d bytes: %v; want it accepted", pgqueue.AppNameMax, err)
+	if err := store.CheckAppName(strings.Repeat("x", store.AppNameMax)); err != nil {
+		t.Errorf("CheckAppName of %d bytes: %v; want it accepted", store.AppNameMax, err)
 	}
 }

@@ -1,4 +1,4 @@
-package pgqueue
+package store
 
 // The SQL of the connections of their own: the dispatcher lock's (lock.go), the
 // gate's (gate.go) and the listener's (listen.go), and of ending other sessions

@@ -1,14 +1,13 @@
-package ingress
+package store
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// This file is all of pepsi-ingress's SQL. Inserts go through pepsi.queue's
+// The statements of pepsi-ingress. Inserts go through pepsi.queue's
 // triggers (they notify the dispatcher and take the producer lock:
 // docs/protocol.md) and take ingress_id from the identity.
 
@@ -66,44 +65,48 @@ const pendingCounts = `SELECT s.stage, (SELECT count(*) FROM (
 	SELECT 1 FROM pepsi.queue q WHERE q.stage = s.stage AND q.status = 'pending' LIMIT $2) p)
 FROM unnest($1::text[]) AS s(stage)`
 
-// row is one message as the insert takes it.
-type row struct {
-	stage   string
-	payload []byte
-	state   string  // "" means {}
-	key     *string // nil: no key
+// IngressRow is one message as InsertIngress takes it.
+type IngressRow struct {
+	Stage   string
+	Payload []byte
+	State   string  // "" means {}
+	Key     *string // nil: no key
 }
 
-// found is a row of the queue: its id and its key, if any.
-type found struct {
-	id       int64
-	key      *string
-	inserted bool
+// IngressFound is a row of the queue: its id and its key, if any, and whether
+// this insert inserted it.
+type IngressFound struct {
+	ID       int64
+	Key      *string
+	Inserted bool
 }
 
-// insert runs insertRows on conn and, when keys are missing from its answer,
+// InsertIngress runs insertRows and, when keys are missing from its answer,
 // lookupKeys. Rows without keys need nothing else: the one statement is the
 // transaction, committed when it returns (open says no). Rows with keys are
 // inserted in a transaction (BEGIN and the insert in one round trip) that is
 // left open, so that the look-up and the caller's checks happen before the
 // caller commits; the caller ends it either way.
-func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, lookedUp map[string]int64, open bool, err error) {
+//
+// It must run on one connection, not a pool: the transaction it leaves open
+// is the connection's.
+func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) (got []IngressFound, lookedUp map[string]int64, open bool, err error) {
 	stages := make([]string, len(rows))
 	payloads := make([][]byte, len(rows))
 	states := make([]string, len(rows))
 	keys := make([]*string, len(rows))
 	keyed := false
 	for i, r := range rows {
-		stages[i], payloads[i], states[i], keys[i] = r.stage, r.payload, r.state, r.key
-		keyed = keyed || r.key != nil
+		stages[i], payloads[i], states[i], keys[i] = r.Stage, r.Payload, r.State, r.Key
+		keyed = keyed || r.Key != nil
 	}
-	scan := func(r pgx.CollectableRow) (found, error) {
-		var f found
-		err := r.Scan(&f.id, &f.key, &f.inserted)
+	scan := func(r pgx.CollectableRow) (IngressFound, error) {
+		var f IngressFound
+		err := r.Scan(&f.ID, &f.Key, &f.Inserted)
 		return f, err
 	}
 	if !keyed {
-		res, err := conn.Query(ctx, insertRows, stages, payloads, states, keys)
+		res, err := s.db.Query(ctx, insertRows, stages, payloads, states, keys)
 		if err != nil {
 			return nil, nil, false, fmt.Errorf("insert: %w", err)
 		}
@@ -117,7 +120,7 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 	b.Queue(beginSQL)
 	queueKeyLocks(b, keys)
 	b.Queue(insertRows, stages, payloads, states, keys)
-	br := conn.SendBatch(ctx, b)
+	br := s.db.SendBatch(ctx, b)
 	for range b.Len() - 1 {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
@@ -134,7 +137,7 @@ func insert(ctx context.Context, conn *pgx.Conn, rows []row) (got []found, looke
 	if err != nil {
 		return nil, nil, true, fmt.Errorf("insert: %w", err)
 	}
-	lookedUp, err = lookUpMissing(ctx, conn, got, keys)
+	lookedUp, err = lookUpMissing(ctx, s.db, got, keys)
 	if err != nil {
 		return nil, nil, true, err
 	}
@@ -161,11 +164,11 @@ func queueKeyLocks(b *pgx.Batch, keys []*string) {
 
 // lookUpMissing finds the ids of the keys that the insert neither inserted
 // nor saw (rows committed while it waited for them); nil when there are none.
-func lookUpMissing(ctx context.Context, conn *pgx.Conn, got []found, keys []*string) (map[string]int64, error) {
+func lookUpMissing(ctx context.Context, db DB, got []IngressFound, keys []*string) (map[string]int64, error) {
 	seen := map[string]bool{}
 	for _, f := range got {
-		if f.key != nil {
-			seen[*f.key] = true
+		if f.Key != nil {
+			seen[*f.Key] = true
 		}
 	}
 	var missing []string
@@ -177,7 +180,7 @@ func lookUpMissing(ctx context.Context, conn *pgx.Conn, got []found, keys []*str
 	if len(missing) == 0 {
 		return nil, nil
 	}
-	res, err := conn.Query(ctx, lookupKeys, missing)
+	res, err := db.Query(ctx, lookupKeys, missing)
 	if err != nil {
 		return nil, fmt.Errorf("look up keys: %w", err)
 	}
@@ -194,9 +197,9 @@ func lookUpMissing(ctx context.Context, conn *pgx.Conn, got []found, keys []*str
 	return lookedUp, nil
 }
 
-// countPending counts the pending rows of each stage, at most limit each.
-func countPending(ctx context.Context, pool *pgxpool.Pool, stages []string, limit int64) (map[string]int64, error) {
-	res, err := pool.Query(ctx, pendingCounts, stages, limit)
+// CountPending counts the pending rows of each stage, at most limit each.
+func (s *PG) CountPending(ctx context.Context, stages []string, limit int64) (map[string]int64, error) {
+	res, err := s.db.Query(ctx, pendingCounts, stages, limit)
 	if err != nil {
 		return nil, fmt.Errorf("count pending: %w", err)
 	}
@@ -218,18 +221,17 @@ func countPending(ctx context.Context, pool *pgxpool.Pool, stages []string, limi
 const schemaVersionSQL = `SELECT coalesce((SELECT max(version) FROM pepsi.schema_migrations), 0)`
 
 // SchemaVersion reads the version of the PEPSI schema the database is at, so
-// that pepsi-ingress can refuse to serve one older than it needs.
-func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+// that a program can refuse to serve one older than it needs. Unlike Version,
+// it fails when the schema has no version table at all.
+func (s *PG) SchemaVersion(ctx context.Context) (int, error) {
 	var v int
-	err := pool.QueryRow(ctx, schemaVersionSQL).Scan(&v)
-	return v, err
+	if err := s.db.QueryRow(ctx, schemaVersionSQL).Scan(&v); err != nil {
+		return 0, fmt.Errorf("schema version: %w", err)
+	}
+	return v, nil
 }
 
-// beginSQL, commitSQL and rollbackSQL frame a keyed batch's transaction (see
-// insert): it stays open until its ids are assigned, then commits, or rolls
-// back when they cannot be.
-const (
-	beginSQL    = "BEGIN"
-	commitSQL   = "COMMIT"
-	rollbackSQL = "ROLLBACK"
-)
+// beginSQL opens a keyed batch's transaction (see InsertIngress): it stays
+// open until its caller has assigned the ids, then commits, or rolls back
+// when they cannot be.
+const beginSQL = "BEGIN"

@@ -1,4 +1,4 @@
-package pgqueue_test
+package store_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/pgqueue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 func connConfig(t *testing.T, url string) *pgx.ConnConfig {
@@ -26,9 +26,9 @@ func connConfig(t *testing.T, url string) *pgx.ConnConfig {
 	return cfg
 }
 
-func tryLock(t *testing.T, cfg *pgx.ConnConfig) *pgqueue.Lock {
+func tryLock(t *testing.T, cfg *pgx.ConnConfig) *store.Lock {
 	t.Helper()
-	l, err := pgqueue.TryLock(t.Context(), cfg, nil)
+	l, err := store.TryLock(t.Context(), cfg, nil)
 	if err != nil {
 		t.Fatalf("TryLock on a free lock: %v", err)
 	}
@@ -56,18 +56,18 @@ func TestSecondTryLockFailsNamingTheHolder(t *testing.T) {
 	tryLock(t, cfg)
 	holder := lockHolderPID(t, pgtest.Connect(t, url))
 
-	second, err := pgqueue.TryLock(t.Context(), cfg, nil)
-	var held *pgqueue.HeldError
+	second, err := store.TryLock(t.Context(), cfg, nil)
+	var held *store.HeldError
 	if !errors.As(err, &held) {
 		if second != nil {
 			_ = second.Release(context.Background())
 		}
 		t.Fatalf("second TryLock = %v, want a *HeldError", err)
 	}
-	if held.BackendPID != holder || held.ApplicationName != pgqueue.AppName() || held.ClientAddr != "127.0.0.1" ||
+	if held.BackendPID != holder || held.ApplicationName != store.AppName() || held.ClientAddr != "127.0.0.1" ||
 		held.BackendStart.IsZero() || time.Since(held.BackendStart) > time.Hour {
 		t.Errorf("HeldError = %+v; want pid %d, application_name %q, client 127.0.0.1, a recent backend start",
-			*held, holder, pgqueue.AppName())
+			*held, holder, store.AppName())
 	}
 	msg := err.Error()
 	// The holder is this test process: its own pid is the dispatcher's, the
@@ -75,7 +75,7 @@ func TestSecondTryLockFailsNamingTheHolder(t *testing.T) {
 	host, _ := os.Hostname()
 	for _, want := range []string{
 		fmt.Sprintf("lock: pid %d on %s (PostgreSQL backend pid %d)", os.Getpid(), host, holder),
-		pgqueue.AppName(), "127.0.0.1",
+		store.AppName(), "127.0.0.1",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not name the holder's %q", msg, want)
@@ -89,7 +89,7 @@ func TestHeldErrorNamesTheDispatcherOnlyWhenItsApplicationNameSays(t *testing.T)
 		"psql":                       "lock: a process that could not be identified (its application_name is not pepsi-dispatch's) (PostgreSQL backend pid 30865)",
 		"pepsi-dispatch web-1 x":     "could not be identified",
 	} {
-		err := &pgqueue.HeldError{BackendPID: 30865, ApplicationName: app}
+		err := &store.HeldError{BackendPID: 30865, ApplicationName: app}
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("application_name %q: error %q, want it to contain %q", app, err, want)
 		}
@@ -116,7 +116,7 @@ func TestStandbyTakesTheLockWhenTheHolderReleasesIt(t *testing.T) {
 		t.Fatalf("Release closed Lost (%v); want Lost only when the connection dies", first.Err())
 	default:
 	}
-	if _, err := pgqueue.TryLock(t.Context(), cfg, nil); err == nil {
+	if _, err := store.TryLock(t.Context(), cfg, nil); err == nil {
 		t.Fatal("TryLock succeeded while the standby holds the lock")
 	}
 }
@@ -153,7 +153,7 @@ func TestLockLossIsReportedAndTheStandbyTakesOver(t *testing.T) {
 // standby is a WaitLock running in the background.
 type standby struct {
 	done chan struct{} // closed when WaitLock has returned
-	lock *pgqueue.Lock
+	lock *store.Lock
 	err  error
 }
 
@@ -163,7 +163,7 @@ func startStandby(t *testing.T, cfg *pgx.ConnConfig) *standby {
 	s := &standby{done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
-		s.lock, s.err = pgqueue.WaitLock(ctx, cfg, nil)
+		s.lock, s.err = store.WaitLock(ctx, cfg, nil)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -179,7 +179,7 @@ func startStandby(t *testing.T, cfg *pgx.ConnConfig) *standby {
 	return s
 }
 
-func awaitStandby(t *testing.T, s *standby) *pgqueue.Lock {
+func awaitStandby(t *testing.T, s *standby) *store.Lock {
 	t.Helper()
 	select {
 	case <-s.done:
@@ -201,7 +201,7 @@ func TestStandbyStopsWhenCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	l, err := pgqueue.WaitLock(ctx, cfg, nil)
+	l, err := store.WaitLock(ctx, cfg, nil)
 	if l != nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitLock on a held lock = %v, %v; want context.DeadlineExceeded", l, err)
 	}
@@ -252,7 +252,7 @@ func TestStandbyWaitsInTheServerAndGetsTheLockWhenTheHolderDisconnects(t *testin
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := holderConn.Exec(t.Context(), "SELECT pg_advisory_lock($1)", pgqueue.LockKey); err != nil {
+	if _, err := holderConn.Exec(t.Context(), "SELECT pg_advisory_lock($1)", store.LockKey); err != nil {
 		t.Fatal(err)
 	}
 	observer := pgtest.Connect(t, url)
@@ -288,12 +288,12 @@ func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	type result struct {
-		l   *pgqueue.Lock
+		l   *store.Lock
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		l, err := pgqueue.WaitLockTimed(ctx, cfg, log, 50*time.Millisecond)
+		l, err := store.WaitLockTimed(ctx, cfg, log, 50*time.Millisecond)
 		done <- result{l, err}
 	}()
 	awaitLockWaiter(t, observer)
@@ -301,7 +301,7 @@ func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 	for range 5 { // several recheck periods
 		time.Sleep(60 * time.Millisecond)
 		if err := observer.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
-			pgqueue.AppName()).Scan(&backends); err != nil {
+			store.AppName()).Scan(&backends); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -324,6 +324,6 @@ func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 		t.Errorf("holder logged %d times, want once (the holder did not change):\n%s", n, logs.String())
 	}
 	if backends > 2 { // the holder and the standby, each one session
-		t.Errorf("%d sessions named %q during the wait; want the standby to keep its one connection", backends, pgqueue.AppName())
+		t.Errorf("%d sessions named %q during the wait; want the standby to keep its one connection", backends, store.AppName())
 	}
 }

@@ -1,34 +1,34 @@
-package schema_test
+package store_test
 
 import (
 	"context"
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
-	"github.com/pepsi-pipeline/pepsi/shell/schema"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
 	ctx := context.Background()
-	applied, err := schema.Migrate(ctx, conn)
+	applied, err := store.Migrate(ctx, conn)
 	if err != nil {
 		t.Fatalf("first migrate: %v", err)
 	}
-	if len(applied) == 0 || applied[len(applied)-1] != schema.Latest() {
-		t.Fatalf("first migrate applied %v, want up to version %d", applied, schema.Latest())
+	if len(applied) == 0 || applied[len(applied)-1] != store.Latest() {
+		t.Fatalf("first migrate applied %v, want up to version %d", applied, store.Latest())
 	}
-	again, err := schema.Migrate(ctx, conn)
+	again, err := store.Migrate(ctx, conn)
 	if err != nil {
 		t.Fatalf("second migrate: %v", err)
 	}
 	if len(again) != 0 {
 		t.Fatalf("second migrate applied %v, want nothing", again)
 	}
-	v, err := schema.Version(ctx, conn)
-	if err != nil || v != schema.Latest() {
-		t.Fatalf("Version = %d, %v; want %d", v, err, schema.Latest())
+	v, err := store.Version(ctx, conn)
+	if err != nil || v != store.Latest() {
+		t.Fatalf("Version = %d, %v; want %d", v, err, store.Latest())
 	}
 	for _, idx := range []string{"queue_pending", "queue_paused", "queue_running"} {
 		var ok bool
@@ -73,7 +73,7 @@ func TestColumnMigrationsDoNotRewriteTheQueue(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
 	ctx := context.Background()
-	if _, err := schema.MigrateTo(ctx, conn, 6); err != nil {
+	if _, err := store.MigrateTo(ctx, conn, 6); err != nil {
 		t.Fatalf("migrate to 6: %v", err)
 	}
 	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 1000)"); err != nil {
@@ -87,7 +87,7 @@ func TestColumnMigrationsDoNotRewriteTheQueue(t *testing.T) {
 		return n
 	}
 	before := relfile()
-	applied, err := schema.Migrate(ctx, conn)
+	applied, err := store.Migrate(ctx, conn)
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

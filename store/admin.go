@@ -1,0 +1,309 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// The statements of the operator's tools (pepsi-queue, the demo): what they
+// check and loop over is queueadmin's; each statement is one method here.
+
+// enqueueSQL inserts one batch of messages at stage $1 (payloads $2, states $3,
+// empty for none) in their order and returns how many and their first and last id.
+const enqueueSQL = `WITH ins AS (
+	INSERT INTO pepsi.queue (stage, payload, state)
+	SELECT $1, u.p, coalesce(nullif(u.s, '')::jsonb, '{}')
+	FROM unnest($2::bytea[], $3::text[]) WITH ORDINALITY AS u(p, s, n)
+	ORDER BY u.n
+	RETURNING ingress_id)
+SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0) FROM ins`
+
+// countSQL counts the rows per stage and status, with the oldest update of each
+// (in microseconds ago): for pending rows, the oldest wait.
+const countSQL = `SELECT stage, status, count(*),
+	coalesce(extract(epoch FROM now() - min(updated_at)) * 1e6, 0)::bigint
+FROM pepsi.queue GROUP BY stage, status`
+
+// stageStatsSQL reads pepsi.stage_stats, the dispatcher's counts per stage.
+const stageStatsSQL = `SELECT stage, processed, failed, timeouts, crashes, processing_us, updated_at
+FROM pepsi.stage_stats ORDER BY stage`
+
+// dispatchStatsSQL reads pepsi.dispatch_stats, the dispatcher's own row.
+const dispatchStatsSQL = `SELECT stage_passes, messages_left, updated_at, flush_seq FROM pepsi.dispatch_stats`
+
+// showSQL reads one message, by ingress_id. A timeout no time.Time holds
+// ('infinity', '-infinity': a stage may pause a row for good) comes as text.
+const showSQL = `SELECT stage, status, CASE WHEN isfinite(timeout) THEN timeout END,
+	CASE WHEN NOT isfinite(timeout) THEN timeout::text ELSE '' END, state, payload, created_at, updated_at
+FROM pepsi.queue WHERE ingress_id = $1`
+
+// retrySQL makes pending again the rows whose status is one of $3, with
+// ingress_id $1 (0: any) at stage $2 (empty: any), moving them to stage $4 (empty:
+// where they are) and keeping their dispatch_error in dispatch_error_history.
+// In SET, stage, status and state are the row's values before the update.
+const retrySQL = `WITH moved AS (
+	UPDATE pepsi.queue SET
+		status = 'pending',
+		stage = coalesce(nullif($4, ''), stage),
+		timeout = NULL,
+		attempts = 0,
+		updated_at = now(),
+		state = (state - 'dispatch_error') || jsonb_build_object('dispatch_error_history',
+			CASE WHEN jsonb_typeof(state->'dispatch_error_history') = 'array'
+				THEN state->'dispatch_error_history' ELSE '[]'::jsonb END
+			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
+	WHERE status = ANY($3) AND ($1::bigint = 0 OR ingress_id = $1) AND ($2 = '' OR stage = $2)
+	RETURNING 1)
+SELECT count(*) FROM moved`
+
+// notifySQL wakes the dispatcher, at commit, for rows made pending.
+const notifySQL = `SELECT pg_notify('ingress', '')`
+
+// cutoffSQL is the server's now() less $1 seconds: one purge's cutoff.
+const cutoffSQL = `SELECT now() - make_interval(secs => $1)`
+
+// purgeSQL deletes up to $4 rows after ingress_id $1 whose status is one of $2
+// and last update before $3, in ingress_id order, and says how many it found,
+// the last id it found and how many it deleted (a row that changed meanwhile
+// is found but not deleted).
+const purgeSQL = `WITH victims AS (
+	SELECT ingress_id FROM pepsi.queue
+	WHERE ingress_id > $1 AND status = ANY($2) AND updated_at < $3
+	ORDER BY ingress_id LIMIT $4),
+gone AS (
+	DELETE FROM pepsi.queue q USING victims v
+	WHERE q.ingress_id = v.ingress_id AND q.status = ANY($2) AND q.updated_at < $3
+	RETURNING 1)
+SELECT (SELECT count(*) FROM victims), (SELECT coalesce(max(ingress_id), 0) FROM victims), (SELECT count(*) FROM gone)`
+
+// EnqueueParams is one batch of new messages at one stage.
+type EnqueueParams struct {
+	Stage string
+	// Payloads are the messages' contents, in order.
+	Payloads [][]byte
+	// States are their initial states as JSON objects ("" for {}), one per
+	// payload.
+	States []string
+}
+
+// EnqueueResult describes the rows one Enqueue inserted.
+type EnqueueResult struct {
+	// Count is how many rows were inserted.
+	Count int64
+	// First and Last are the smallest and largest ingress_id inserted. They are
+	// contiguous (Last-First+1 == Count) unless another writer inserted at once.
+	First, Last int64
+}
+
+// Enqueue inserts p's messages as pending rows at p.Stage, in order, in one
+// statement (the insert trigger notifies the dispatcher once).
+func (s *PG) Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error) {
+	var r EnqueueResult
+	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States).Scan(&r.Count, &r.First, &r.Last)
+	if err != nil {
+		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
+	}
+	return r, nil
+}
+
+// Depth is how many rows of one stage have one status.
+type Depth struct {
+	Stage  string
+	Status core.RowStatus
+	Count  int64
+	// OldestWait, for pending rows only, is how long the longest-waiting one has
+	// been pending (since its last change).
+	OldestWait time.Duration
+}
+
+// CountRows counts the rows per stage and status, in no order. It scans the
+// whole queue.
+func (s *PG) CountRows(ctx context.Context) ([]Depth, error) {
+	rows, err := s.db.Query(ctx, countSQL)
+	if err != nil {
+		return nil, fmt.Errorf("count rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Depth, error) {
+		var d Depth
+		var waitUS int64
+		err := r.Scan(&d.Stage, &d.Status, &d.Count, &waitUS)
+		if d.Status == core.StatusPending {
+			d.OldestWait = time.Duration(max(waitUS, 0)) * time.Microsecond
+		}
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count rows: %w", err)
+	}
+	return out, nil
+}
+
+// StageStats is one row of pepsi.stage_stats (see docs/pepsi-dispatch.1.md, "Statistics"): the
+// totals the dispatcher's flushes added up, and when the last one touched it.
+type StageStats struct {
+	core.StageDelta
+	UpdatedAt time.Time
+}
+
+// ReadStageStats reads pepsi.stage_stats, by stage.
+func (s *PG) ReadStageStats(ctx context.Context) ([]StageStats, error) {
+	rows, err := s.db.Query(ctx, stageStatsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("read stage_stats: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StageStats, error) {
+		var st StageStats
+		err := r.Scan(&st.Stage, &st.Processed, &st.Failed, &st.Timeouts, &st.Crashes, &st.ProcessingUS, &st.UpdatedAt)
+		return st, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read stage_stats: %w", err)
+	}
+	return out, nil
+}
+
+// DispatchStats is the row of pepsi.dispatch_stats.
+type DispatchStats struct {
+	StagePasses  int64
+	MessagesLeft int64
+	UpdatedAt    time.Time
+	// FlushSeq is the sequence number of the last flush applied: 0 means no
+	// dispatcher has ever flushed, and UpdatedAt is only when the row was made.
+	FlushSeq int64
+}
+
+// ReadDispatchStats reads pepsi.dispatch_stats (the zero DispatchStats when
+// it has no row).
+func (s *PG) ReadDispatchStats(ctx context.Context) (DispatchStats, error) {
+	var d DispatchStats
+	err := s.db.QueryRow(ctx, dispatchStatsSQL).Scan(&d.StagePasses, &d.MessagesLeft, &d.UpdatedAt, &d.FlushSeq)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return DispatchStats{}, fmt.Errorf("read dispatch_stats: %w", err)
+	}
+	return d, nil
+}
+
+// ErrNotFound is returned for a message id with no row.
+var ErrNotFound = errors.New("no such message")
+
+// Message is one queue row as an operator sees it.
+type Message struct {
+	ID     int64
+	Stage  string
+	Status string
+	// Timeout is when a paused row is due again (nil when not set, or not a
+	// time: see TimeoutText).
+	Timeout *time.Time
+	// TimeoutText is a timeout that is no time: "infinity" (never due) or
+	// "-infinity" (due at once); "" otherwise.
+	TimeoutText string
+	State       json.RawMessage
+	Payload     []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Show reads the row with ingress_id id, or returns ErrNotFound.
+func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
+	m := &Message{ID: id}
+	err := s.db.QueryRow(ctx, showSQL, id).
+		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("show message %d: %w", id, err)
+	}
+	return m, nil
+}
+
+// RetryParams selects the finished-but-unsuccessful rows Retry makes pending
+// again. Zero fields select everything: ID 0 any id, Stage "" any stage.
+type RetryParams struct {
+	ID    int64
+	Stage string
+	// Statuses are the statuses selected (failed, timeout, or both).
+	Statuses []core.RowStatus
+	// To, if set, is the stage the rows go to; otherwise they keep theirs.
+	To string
+}
+
+// Retry makes the selected rows pending again (at their stage or at p.To),
+// moving state.dispatch_error into the array state.dispatch_error_history (one
+// entry per retry: error, status, stage, retried_at), with attempts back at
+// 0, and returns how many it moved. It does not notify: see NotifyIngress.
+func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
+	var n int64
+	if err := s.db.QueryRow(ctx, retrySQL, p.ID, p.Stage, texts(p.Statuses), p.To).Scan(&n); err != nil {
+		return 0, fmt.Errorf("retry: %w", err)
+	}
+	return n, nil
+}
+
+// NotifyIngress wakes the dispatcher at commit, for rows made pending by a
+// statement without the insert trigger.
+func (s *PG) NotifyIngress(ctx context.Context) error {
+	if _, err := s.db.Exec(ctx, notifySQL); err != nil {
+		return fmt.Errorf("notify %s: %w", IngressChannel, err)
+	}
+	return nil
+}
+
+// PurgeCutoff is the server's now() less olderThan: one purge's cutoff, on the
+// server's clock.
+func (s *PG) PurgeCutoff(ctx context.Context, olderThan time.Duration) (time.Time, error) {
+	var cutoff time.Time
+	if err := s.db.QueryRow(ctx, cutoffSQL, olderThan.Seconds()).Scan(&cutoff); err != nil {
+		return time.Time{}, fmt.Errorf("purge cutoff: %w", err)
+	}
+	return cutoff, nil
+}
+
+// PurgeParams is one batch of a purge.
+type PurgeParams struct {
+	// After is the ingress_id the batch starts after.
+	After int64
+	// Statuses are the statuses deleted.
+	Statuses []core.RowStatus
+	// Before is the cutoff: rows last updated before it are deleted.
+	Before time.Time
+	// Limit bounds the rows the batch finds.
+	Limit int
+}
+
+// PurgeResult is what one batch of a purge found and did.
+type PurgeResult struct {
+	// Found is how many rows it found, Last the largest id among them.
+	Found, Last int64
+	// Deleted is how many it deleted (a row that changed meanwhile is found
+	// but not deleted).
+	Deleted int64
+}
+
+// PurgeBatch deletes up to p.Limit rows after p.After whose status is one of
+// p.Statuses and last update before p.Before, in ingress_id order.
+func (s *PG) PurgeBatch(ctx context.Context, p PurgeParams) (PurgeResult, error) {
+	var r PurgeResult
+	if err := s.db.QueryRow(ctx, purgeSQL, p.After, texts(p.Statuses), p.Before, p.Limit).Scan(&r.Found, &r.Last, &r.Deleted); err != nil {
+		return PurgeResult{}, fmt.Errorf("purge: %w", err)
+	}
+	return r, nil
+}
+
+// texts is statuses as the text the status column holds, for a statement's
+// text[] parameter.
+func texts(statuses []core.RowStatus) []string {
+	out := make([]string, len(statuses))
+	for i, s := range statuses {
+		out[i] = string(s)
+	}
+	return out
+}
