@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet purity bench-core python bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres chromium soak soak-private
+.PHONY: all build install man test vet purity bench-core python bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private
 
 all: build
 
@@ -49,9 +49,15 @@ purity:
 bench-core:
 	$(GO) test -run '^$$' -bench . -benchtime=20000x ./core/...
 
-# Start (or install) the local PostgreSQL when nothing answers: .ci/postgres-up.
+# Start (or install) the local PostgreSQL when nothing answers: .ci/postgres-up,
+# for the server PEPSI_TEST_DATABASE_URL names (tests, bench, soak) or, for the
+# demo, the one PEPSI_DATABASE names; a server elsewhere is never replaced by one
+# on 127.0.0.1:5432.
 postgres:
-	@.ci/postgres-up
+	@.ci/postgres-up PEPSI_TEST_DATABASE_URL
+
+postgres-demo:
+	@.ci/postgres-up PEPSI_DATABASE
 
 # Install Debian's chromium-headless-shell when no chromium is there, for
 # pepsi-httpd's browser test.
@@ -108,7 +114,7 @@ river-bench:
 	@mkdir -p $(BIN)
 	cd bench/river && $(GO) build -o $(BIN)/river-bench .
 
-demo: postgres build
+demo: postgres-demo build
 	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo
 
 # The simulator's long campaign: the real core against the fake world under

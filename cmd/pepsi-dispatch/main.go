@@ -90,10 +90,7 @@ func run(args []string, stderr io.Writer) int {
 	if !ok {
 		return dispatch.ExitUsage
 	}
-	db := cfg.Database
-	if *database != "" {
-		db = *database
-	}
+	db, dbFrom := parsed.Database(log, *database, *configFile, cfg.Database)
 	names := make([]string, len(cfg.Stages))
 	for i, s := range cfg.Stages {
 		names[i] = s.Name
@@ -116,7 +113,8 @@ func run(args []string, stderr io.Writer) int {
 		defer stopMetrics()
 		opts.Snapshots = asks
 	}
-	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","))
+	log.Info("pepsi-dispatch starting", "config", *configFile, "stages", strings.Join(names, ","),
+		"database", cliflags.Redact(db), "database_from", dbFrom)
 	code, err := dispatch.Run(context.Background(), opts)
 	switch {
 	case code == dispatch.ExitLockHeld:

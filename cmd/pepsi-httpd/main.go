@@ -117,25 +117,22 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	if err != nil {
 		return badFlag("%w", err)
 	}
-	db := *database
+	var cdb string
 	var stages []string
 	if *configFile != "" {
-		cdb, cstages, err := readConfig(*configFile)
+		cdb, stages, err = readConfig(*configFile)
 		if err != nil {
 			return bad("configuration: %v", err)
 		}
-		if db == "" {
-			db = cdb
-		}
-		stages = cstages
 	}
+	db, dbFrom := parsed.Database(log, *database, *configFile, cdb)
 	if _, err := pgx.ParseConfig(db); err != nil {
 		return bad("database connection string: %v", err)
 	}
 	return serve(ctx, httpd.Options{
 		Database: db, Stages: stages, StatementTimeout: *stmtTimeout, CacheMaxAge: *cacheAge,
 		SampleInterval: *sample, HistoryMax: *history, Log: log,
-	}, *listen, stderr, ready)
+	}, *listen, dbFrom, stderr, ready)
 }
 
 // readConfig reads the database and the stage names from the configuration
@@ -158,7 +155,8 @@ func readConfig(file string) (database string, stages []string, err error) {
 // serve serves o's database on listen until ctx ends (then it lets requests
 // in flight finish for shutdownGrace), and returns the exit code. ready, if not
 // nil, is called with the address once the server listens.
-func serve(ctx context.Context, o httpd.Options, listen string, stderr io.Writer, ready func(addr string)) int {
+// dbFrom says where o.Database came from, for the start-up line.
+func serve(ctx context.Context, o httpd.Options, listen, dbFrom string, stderr io.Writer, ready func(addr string)) int {
 	log := o.Log
 	src, err := httpd.Open(ctx, o)
 	if err != nil {
@@ -179,7 +177,8 @@ func serve(ctx context.Context, o httpd.Options, listen string, stderr io.Writer
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("pepsi-httpd serving", "addr", "http://"+ln.Addr().String()+"/")
+	log.Info("pepsi-httpd serving", "addr", "http://"+ln.Addr().String()+"/",
+		"database", cliflags.Redact(o.Database), "database_from", dbFrom)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

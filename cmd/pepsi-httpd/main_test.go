@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -76,15 +77,21 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 // answers.
 func TestADatabaseDownAtStartIsServedAsDownUntilItComes(t *testing.T) {
 	t.Parallel()
-	proxy, err := netfault.Start("127.0.0.1:5432")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
 	u, err := url.Parse(pgtest.NewMigrated(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The proxy stands before the server PEPSI_TEST_DATABASE_URL names,
+	// whatever its host and port.
+	server := u.Host
+	if u.Port() == "" {
+		server = net.JoinHostPort(u.Hostname(), "5432")
+	}
+	proxy, err := netfault.Start(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
 	u.Host = proxy.Addr()
 	q := u.Query()
 	q.Set("connect_timeout", "2")

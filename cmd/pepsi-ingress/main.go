@@ -82,6 +82,7 @@ func main() {
 type config struct {
 	ingress    conf.Ingress
 	database   string
+	dbFrom     string // where database came from, for the start-up line
 	stages     []string
 	o          ingress.Options
 	timeouts   ingress.Timeouts
@@ -155,11 +156,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Sig
 			return badFlag("%s (%s): %w", parsed.Name("listen"), key, err)
 		}
 	}
-	db := *database
-	if db == "" {
-		db = cfg.Database
-	}
-	c := config{ingress: in, database: db, stages: stages, grace: *grace, configFile: *configFile,
+	db, dbFrom := parsed.Database(log, *database, *configFile, cfg.Database)
+	c := config{ingress: in, database: db, dbFrom: dbFrom, stages: stages, grace: *grace, configFile: *configFile,
 		timeouts: ingress.Timeouts{ReadHeader: *readHeader, Read: *readAll, Write: *write, Idle: *idle},
 		o: ingress.Options{Stages: stages, MaxPending: in.MaxPending, PendingInterval: *pendingEach,
 			Limits:   ingress.Limits{Body: in.MaxBody, Line: *lineMax, Messages: *msgsMax},
@@ -228,7 +226,8 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("pepsi-ingress serving", "addr", scheme+"://"+ln.Addr().String()+"/v1/messages",
-		"stages", strings.Join(c.stages, ","), "tokens", c.o.Tokens != nil, "max_pending", c.o.MaxPending)
+		"stages", strings.Join(c.stages, ","), "tokens", c.o.Tokens != nil, "max_pending", c.o.MaxPending,
+		"database", cliflags.Redact(c.database), "database_from", c.dbFrom)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

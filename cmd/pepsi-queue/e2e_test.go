@@ -283,6 +283,27 @@ func TestUnreachableDatabaseIsNamedAndExitsOne(t *testing.T) {
 	r.expect(t, "flag over environment", 1, "", "127.0.0.1:2")
 }
 
+// An exported PEPSI_DATABASE that overrides the -c file's DATABASE is said on
+// standard error: otherwise the operator acts on another database than the
+// file's without a word. -database on the command line is the operator's own
+// choice, and a variable that names the file's own database changes nothing.
+func TestTheEnvironmentOverridingTheFilesDatabaseIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	file := writeFile(t, "pepsi.conf", "[pepsi]\nDATABASE = postgres://nobody@127.0.0.1:1/none?connect_timeout=2\n[stage-parse]\nPROGRAM = x\n")
+	warning := "pepsi-queue: warning: PEPSI_DATABASE (" + url + ") overrides [pepsi] DATABASE of " + file + "\n"
+	r := pq(t, "", []string{"PEPSI_DATABASE=" + url}, "-c", file, "stats")
+	r.expect(t, "PEPSI_DATABASE over -c", 0, "", warning)
+	r = pq(t, "", nil, "-c", file, "-database", url, "stats")
+	if r.code != 0 || strings.Contains(r.stderr, "warning") {
+		t.Errorf("-database over -c: exit %d, stderr %q; want 0 and no warning", r.code, r.stderr)
+	}
+	same := writeFile(t, "pepsi.conf", "[pepsi]\nDATABASE = "+url+"\n[stage-parse]\nPROGRAM = x\n")
+	if r = pq(t, "", []string{"PEPSI_DATABASE=" + url}, "-c", same, "stats"); r.code != 0 || r.stderr != "" {
+		t.Errorf("PEPSI_DATABASE naming the file's own database: exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+}
+
 func TestHelpTeachesWithExamples(t *testing.T) {
 	t.Parallel()
 	pq(t, "", nil, "--help").expect(t, "--help", 0, "EXAMPLES\n  pepsi-queue -c /etc/pepsi/pepsi.conf migrate", "")

@@ -24,6 +24,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
@@ -68,6 +69,9 @@ type app struct {
 	// it, since an operator must see which server and database a failure is about.
 	db        *pgx.ConnConfig
 	dbFromEnv bool
+	// databaseOnLine says the command line gave -database: a value of
+	// a.database without it came from PEPSI_DATABASE.
+	databaseOnLine bool
 }
 
 const rootHelp = `pepsi-queue inspects and manages the PEPSI queue, the table pepsi.queue in
@@ -132,7 +136,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	// usage) while parsing: collect them, so that asked-for help goes to stdout and
 	// a mistake gets one line and a pointer to the help.
 	var parseOut bytes.Buffer
-	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, databaseOnLine: givesDatabase(args)}
 	root := newRoot(a, &parseOut)
 	if err := root.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -179,6 +183,20 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	fmt.Fprintf(stderr, "pepsi-queue: %s%s%s\n", logflags.OneLine(err.Error()), schemaHint(err, a.db), a.where(err))
 	return exitFailure
+}
+
+// givesDatabase reports whether args, a command line, gives -database.
+func givesDatabase(args []string) bool {
+	for _, arg := range args {
+		if arg == "--" {
+			return false
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+		if strings.HasPrefix(arg, "-") && name == "database" {
+			return true
+		}
+	}
+	return false
 }
 
 // where names the database an error is about: the server, database and user
@@ -293,6 +311,11 @@ func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
 	url := a.database
 	if url == "" && a.config != nil {
 		url = a.config.Database
+	}
+	if a.database != "" && !a.databaseOnLine && a.config != nil && a.config.Database != "" && a.config.Database != a.database {
+		// An exported PEPSI_DATABASE (as for the demo) would otherwise point
+		// the command at another database than its -c file's without a word.
+		fmt.Fprintf(a.stderr, "pepsi-queue: warning: PEPSI_DATABASE (%s) overrides [pepsi] DATABASE of %s\n", cliflags.Redact(a.database), a.configFile)
 	}
 	// A connection string that does not parse is a mistake in the command line
 	// or the configuration (exit 2), not a failure of the database (exit 1).

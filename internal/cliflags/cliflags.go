@@ -12,6 +12,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 
@@ -141,3 +143,57 @@ type ignored struct{ isBool bool }
 func (ignored) String() string     { return "" }
 func (ignored) Set(string) error   { return nil }
 func (v ignored) IsBoolFlag() bool { return v.isBool }
+
+// Database picks a program's database: the -database flag or its
+// PREFIX_DATABASE variable (flagValue), else the [pepsi] DATABASE of the
+// configuration file called file (fileValue), else libpq's PG* environment
+// (""). from says where it came from, for the program's start-up log line
+// (with Redact(db)). When a variable in the environment, not the command
+// line, overrides a DATABASE the file sets to something else, it warns at
+// once: an exported PEPSI_DATABASE (as for the demo) would otherwise point the
+// program at another database without a word.
+func (p *Parsed) Database(log *slog.Logger, flagValue, file, fileValue string) (db, from string) {
+	switch {
+	case flagValue != "":
+		from = p.Name("database")
+		if from != "-database" && fileValue != "" && fileValue != flagValue {
+			log.Warn("the environment overrides the configuration file's database", "from", from,
+				"overrides", file+" [pepsi] DATABASE", "database", Redact(flagValue))
+		}
+		return flagValue, from
+	case fileValue != "":
+		return fileValue, file + " [pepsi] DATABASE"
+	}
+	return "", "the libpq environment (PGHOST, PGDATABASE, ...): no -database, " + EnvVar(p.prefix(), "database") + " nor [pepsi] DATABASE"
+}
+
+// prefix is the environment prefix, PEPSI when there is none.
+func (p *Parsed) prefix() string {
+	if p == nil || p.envPrefix == "" {
+		return "PEPSI"
+	}
+	return p.envPrefix
+}
+
+// Redact is a connection string fit for a log: a URL's password, and a
+// key=value string's password=, replaced by xxx.
+func Redact(db string) string {
+	if u, err := url.Parse(db); err == nil && u.Scheme != "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	fields := strings.Fields(db)
+	for i, f := range fields {
+		if strings.HasPrefix(f, "password=") {
+			fields[i] = "password=xxx"
+		}
+	}
+	return strings.Join(fields, " ")
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -113,5 +114,64 @@ func TestVersionComesFromTheCommandLineOnly(t *testing.T) {
 	fs, _ = newFlags(&out)
 	if _, err := cliflags.Parse(fs, nil, "PROG"); err != nil || out.Len() != 0 {
 		t.Errorf("with PROG_VERSION=1.2.3 in the environment: Parse = %v, printed %q; want a normal start", err, out.String())
+	}
+}
+
+// Database says where a program's database came from (for its start-up
+// line), and warns when the environment overrides the configuration file's:
+// the log is all an operator has to learn that an exported PEPSI_DATABASE
+// redirected the program.
+func TestDatabaseSaysWhereItCameFromAndWarnsWhenTheEnvironmentOverridesTheFile(t *testing.T) {
+	const file, fileDB = "/etc/pepsi/pepsi.conf", "postgres://pepsi@db/pepsi"
+	for _, tc := range []struct {
+		name, env string
+		args      []string
+		fileDB    string
+		want      string
+		from      string
+		warning   []string // empty: no log line
+	}{
+		{"flag", "", []string{"-database", "postgres://u:secret@other/x"}, fileDB, "postgres://u:secret@other/x", "-database", nil},
+		{"environment over the file", "postgres://u:secret@elsewhere/x", nil, fileDB, "postgres://u:secret@elsewhere/x", "PEPSI_DATABASE",
+			[]string{"level=WARN", "from=PEPSI_DATABASE", `overrides="/etc/pepsi/pepsi.conf [pepsi] DATABASE"`, "database=postgres://u:xxx@elsewhere/x"}},
+		{"environment naming the file's", fileDB, nil, fileDB, fileDB, "PEPSI_DATABASE", nil},
+		{"environment, no file", "postgres://u@elsewhere/x", nil, "", "postgres://u@elsewhere/x", "PEPSI_DATABASE", nil},
+		{"file", "", nil, fileDB, fileDB, "/etc/pepsi/pepsi.conf [pepsi] DATABASE", nil},
+		{"libpq", "", nil, "", "", "the libpq environment (PGHOST, PGDATABASE, ...): no -database, PEPSI_DATABASE nor [pepsi] DATABASE", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PEPSI_DATABASE", tc.env)
+			fs := flag.NewFlagSet("prog", flag.ContinueOnError)
+			database := fs.String("database", "", "the database")
+			p, err := cliflags.Parse(fs, tc.args, "PEPSI")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs bytes.Buffer
+			got, from := p.Database(slog.New(slog.NewTextHandler(&logs, nil)), *database, file, tc.fileDB)
+			if got != tc.want || from != tc.from {
+				t.Errorf("database %q from %q; want %q from %q", got, from, tc.want, tc.from)
+			}
+			if len(tc.warning) == 0 && logs.Len() > 0 {
+				t.Errorf("logged %q; want nothing", logs.String())
+			}
+			for _, want := range tc.warning {
+				if !strings.Contains(logs.String(), want) {
+					t.Errorf("log %q; want it to contain %q", logs.String(), want)
+				}
+			}
+			if strings.Contains(logs.String(), "secret") {
+				t.Errorf("log %q shows the password", logs.String())
+			}
+		})
+	}
+	for in, want := range map[string]string{
+		"postgres://u:secret@h/db?password=also": "postgres://u:xxx@h/db?password=xxx",
+		"host=h password=secret user=u":          "host=h password=xxx user=u",
+		"postgres://u@h/db":                      "postgres://u@h/db",
+	} {
+		if got := cliflags.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q; want %q", in, got, want)
+		}
 	}
 }

@@ -20,6 +20,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/ory/dockertest/v3"
 
+	// Its init clears the caller's PG* and PEPSI_* variables: every test
+	// with a database reaches only the server it was given.
+	_ "github.com/pepsi-pipeline/pepsi/internal/testenv/hermetic"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
