@@ -530,11 +530,16 @@ func (r *report) print(w io.Writer) {
 
 // environment is the program's environment as pepsi-dispatch would give it:
 // PEPSI_STAGE set, and for INPUT = message no database variables and
-// PEPSI_INPUT=message.
+// PEPSI_INPUT=message; less the variables that flush standard output for the
+// program (unbuffered), which the caller's shell may have but a dispatcher
+// under a service manager has not.
 func environment(o options) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "PEPSI_STAGE=") || strings.HasPrefix(kv, "PEPSI_INPUT=") {
+			continue
+		}
+		if name, _, _ := strings.Cut(kv, "="); unbuffers(name) {
 			continue
 		}
 		if o.input == conf.InputMessage && worker.NamesDatabase(kv) {
@@ -547,6 +552,15 @@ func environment(o options) []string {
 		env = append(env, "PEPSI_INPUT=message")
 	}
 	return env
+}
+
+// unbuffers reports whether the variable called name makes a program flush
+// its standard output by itself: PYTHONUNBUFFERED (Python), and stdbuf(1)'s
+// _STDBUF_I, _STDBUF_O and _STDBUF_E. With one of them inherited from the
+// caller an unflushed stage would pass the check and then hang under
+// pepsi-dispatch, where nothing sets them.
+func unbuffers(name string) bool {
+	return name == "PYTHONUNBUFFERED" || strings.HasPrefix(name, "_STDBUF_")
 }
 
 // readLines sends each line of r, then closes lines.

@@ -64,6 +64,20 @@ func TestAnUnflushedStageIsNamedAsSuch(t *testing.T) {
 	wantReport(t, report, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
 }
 
+// Proves: a Python stage that prints without flushing fails the check even
+// when the caller's environment has PYTHONUNBUFFERED (and stdbuf's
+// variables), which would flush it here but not under a dispatcher.
+func TestAnUnflushedPythonStageFailsWhateverTheCallersPythonUnbuffered(t *testing.T) {
+	t.Setenv("PYTHONUNBUFFERED", "1")
+	t.Setenv("_STDBUF_O", "0")
+	p := script(t, "prints.py", "#!/usr/bin/env python3\nimport sys\nfor line in sys.stdin:\n    print('0 >done')\n")
+	code, report := runCheck(t, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
+}
+
 // Proves: a line on stdout before any input (a banner, a log) is reported.
 func TestALogLineOnStdoutIsReported(t *testing.T) {
 	p := script(t, "banner.sh", "#!/bin/sh\necho 'starting up'\nwhile read -r l; do echo '0 >done'; done\n")
