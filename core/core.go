@@ -123,7 +123,8 @@ type worker struct {
 	answered  int
 	cause     killCause
 	timedOut  int64  // killTimeout: the head that timed out
-	protoLine string // killProtocol: what it said
+	protoLine string // killProtocol: what it said (its first 200 bytes)
+	protoCut  bool   // killProtocol: it said a line longer than AnswerMax
 }
 
 type stage struct {

@@ -87,10 +87,18 @@ type SpawnFailed struct {
 
 // Answer is one line a worker wrote to standard output, without the newline.
 // The core parses it: anything but a valid status line is a protocol error.
+// Cut says the line was longer than AnswerMax bytes and Line is its first
+// AnswerMax: a protocol error too, whatever those bytes say (cut, a valid
+// answer would fail as a patch that is not JSON).
 type Answer struct {
 	Worker WorkerID
 	Line   string
+	Cut    bool
 }
+
+// AnswerMax is the longest line a worker may answer, in bytes (64 KiB): the
+// shell never buffers more of one line, and a longer one is a protocol error.
+const AnswerMax = 64 << 10
 
 // WorkerExited reports that a worker process ended, after every Answer it wrote.
 // Code is the exit status, or -1 when Signal names the signal that killed it.
@@ -246,7 +254,12 @@ func (e WorkerStarted) String() string {
 func (e SpawnFailed) String() string {
 	return fmt.Sprintf("spawn-failed %s err=%q", e.Worker, e.Err)
 }
-func (e Answer) String() string { return fmt.Sprintf("answer %s %q", e.Worker, e.Line) }
+func (e Answer) String() string {
+	if e.Cut {
+		return fmt.Sprintf("answer %s cut at %d bytes %q", e.Worker, len(e.Line), clip(e.Line, 200))
+	}
+	return fmt.Sprintf("answer %s %q", e.Worker, e.Line)
+}
 func (e WorkerExited) String() string {
 	if e.Signal != "" {
 		return fmt.Sprintf("exited %s signal=%s", e.Worker, e.Signal)

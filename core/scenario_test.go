@@ -683,6 +683,29 @@ PARALLELISM = 1
 	}
 }
 
+// Proves: an answer line longer than AnswerMax, which the shell passes on cut
+// (Answer.Cut), is a protocol error whatever its first bytes say: the worker is
+// killed and its head fails with a reason that names the limit, instead of
+// the cut answer being written as a patch that is not JSON.
+func TestAnAnswerLongerThanAnswerMaxIsAProtocolError(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	cut := `0 >done {"x":"` + strings.Repeat("x", core.AnswerMax-len(`0 >done {"x":"`))
+	cmds := w.step(core.Answer{Worker: 1, Line: cut, Cut: true})
+	if k := one[core.Kill](t, cmds); k.Worker != 1 {
+		t.Errorf("killed %s, want w1 (it broke the protocol)", k.Worker)
+	}
+	none[core.Resolve](t, cmds, "the cut answer was written")
+	cmds = w.exit(1, -1, "killed")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "protocol error") ||
+		!strings.Contains(it.Reason, "a line longer than 65536 bytes") || len(it.Reason) > 600 {
+		t.Errorf("head item %v, want failed with a short protocol reason naming the 65536-byte limit", it)
+	}
+	if it := itemFor(t, cmds, 2); it.Verdict != core.Requeue {
+		t.Errorf("second item %v, want pending", it)
+	}
+}
+
 // Proves: a line that is not a status line gets the worker killed, and then, as for a
 // crash, its head fails, the rest is requeued and a crash is counted.
 func TestProtocolErrorIsTreatedLikeACrash(t *testing.T) {

@@ -24,6 +24,11 @@ func (c *Core) answer(e Answer) {
 		c.protocolError(w, e.Line, "an answer with no message outstanding")
 		return
 	}
+	if e.Cut {
+		w.protoCut = true
+		c.protocolError(w, e.Line, fmt.Sprintf("a line longer than %d bytes", AnswerMax))
+		return
+	}
 	s, err := ParseStatus(e.Line)
 	if err != nil {
 		c.protocolError(w, e.Line, err.Error())
@@ -152,8 +157,12 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	case killProtocol:
 		c.stat(name).Crashes++
 		if len(q) > 0 {
-			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
-				Reason: fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s", name, w.pid, conf.Quote(w.protoLine))})
+			reason := fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s", name, w.pid, conf.Quote(w.protoLine))
+			if w.protoCut {
+				reason = fmt.Sprintf("stage %s: protocol error: worker pid %d answered a line longer than %d bytes, the most an answer may have; it began %s",
+					name, w.pid, AnswerMax, conf.Quote(w.protoLine))
+			}
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: reason})
 			q = q[1:]
 		}
 		c.requeue(st, q)

@@ -40,7 +40,7 @@ const (
 
 // answerLineMax is the longest answer line pepsi-dispatch reads (a longer one
 // is a protocol error there).
-const answerLineMax = 64 << 10
+const answerLineMax = core.AnswerMax
 
 const usage = `usage: pepsi-stage-check [flags] PROGRAM [ARGS...]
 

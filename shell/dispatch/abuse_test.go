@@ -30,6 +30,25 @@ func TestMegabytesWithoutANewlineAreAProtocolErrorNotABuffer(t *testing.T) {
 	e.expectRow(ids[1], "done", "a", "")
 }
 
+// A valid answer longer than 64 KiB (a transition with a large patch) is a
+// protocol error, as pepsi-dispatch(1) says: not cut and written as a patch
+// that is not JSON while the worker lives on.
+func TestAnAnswerLongerThan64KiBIsAProtocolError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	big := `a=answer:0 >done {"x":"` + strings.Repeat("x", 70_000) + `"}`
+	ids := e.insert("a", big, "a=done")
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 1, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[0], "failed", "a", "protocol error: worker pid")
+	e.expectRow(ids[0], "failed", "a", "answered a line longer than 65536 bytes")
+	e.expectRow(ids[1], "done", "a", "")
+	if r := e.row(ids[0]); strings.Contains(r.Error, "not valid JSON") {
+		t.Errorf("message %d failed with %q; want a protocol error, not a patch", ids[0], r.Error)
+	}
+}
+
 // An answer before any id was handed over answers nothing: a protocol error,
 // and the worker's ids are requeued (or its head failed), never lost.
 func TestAnAnswerBeforeAnyIDIsAProtocolError(t *testing.T) {

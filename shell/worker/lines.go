@@ -5,13 +5,16 @@ import (
 	"bytes"
 	"errors"
 	"io"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
-// lineMax is the longest line this package passes on, in bytes. A longer stdout
-// line is reported cut to lineMax (the core calls it a protocol error); a longer
-// stderr line is logged cut. Neither is fatal here, and neither can make the
-// dispatcher buffer without bound.
-const lineMax = 64 << 10
+// lineMax is the longest line this package passes on, in bytes: the core's
+// AnswerMax. A longer stdout line is reported cut to lineMax (core.Answer.Cut:
+// the core calls it a protocol error); a longer stderr line is logged cut.
+// Neither is fatal here, and neither can make the dispatcher buffer without
+// bound.
+const lineMax = core.AnswerMax
 
 // readLines calls emit for every line of r, in order, without its "\n" or "\r\n".
 // A final line without a newline still counts. A line longer than lineMax is

@@ -499,10 +499,7 @@ func (p *Pool) readStdout(w *proc, done chan<- struct{}) {
 	defer close(done)
 	defer p.goroutines.Add(-1) // before done: reap counts on it
 	err := readLines(w.stdout, func(line string, cut bool) {
-		if cut {
-			w.log.Warn("worker: stdout line longer than the limit, cut", "limit_bytes", lineMax)
-		}
-		p.events(core.Answer{Worker: w.id, Line: line})
+		p.events(core.Answer{Worker: w.id, Line: line, Cut: cut})
 	})
 	if err != nil && !errors.Is(err, os.ErrClosed) {
 		w.log.Warn("worker: reading stdout", "err", err)
