@@ -95,6 +95,9 @@ func parseBody(body []byte, mt, stageParam string, lim Limits, known func(string
 		}
 		m, err := msgjson.Parse(text, fields)
 		if err != nil {
+			if mt == ContentJSON && bytes.HasPrefix(bytes.TrimLeft(text, " \t\r\n"), []byte("[")) {
+				return statusf(http.StatusBadRequest, "%s: %v: send one message as a JSON object, or several as NDJSON (Content-Type: application/x-ndjson, one object per line)", where, err)
+			}
 			return statusf(http.StatusBadRequest, "%s: %v", where, err)
 		}
 		if m.Stage == "" {

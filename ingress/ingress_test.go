@@ -380,6 +380,9 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"malformed JSON", "application/json", "?stage=a", `{"payload": "x"`, auth, 400, "body: not a JSON object"},
 		{"malformed NDJSON line", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{oops}\n", auth, 400, "line 2: not a JSON object"},
 		{"not an object", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n[1]\n", auth, 400, "line 2: not a JSON object"},
+		{"a JSON array", "application/json", "?stage=a", `[{"payload": "x"}, {"payload": "y"}]`, auth, 400,
+			"body: not a JSON object: got a JSON array: send one message as a JSON object, or several as NDJSON (Content-Type: application/x-ndjson, one object per line)"},
+		{"a JSON string", "application/json", "?stage=a", `"x"`, auth, 400, "body: not a JSON object: got a JSON string"},
 		{"two values on a line", "application/x-ndjson", "?stage=a", `{"payload": "x"} {"payload": "y"}`, auth, 400, "line 1: more than one JSON value"},
 		{"wrong content type", "text/plain", "?stage=a", `{"payload": "x"}`, auth, 415, `Content-Type "text/plain"`},
 		{"no content type", "", "?stage=a", `{"payload": "x"}`, auth, 415, "Content-Type"},
@@ -409,6 +412,11 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 			a := f.post(tc.contentType, tc.query, tc.body, tc.header...)
 			if a.code != tc.code || !strings.Contains(a.err, tc.want) {
 				t.Errorf("answer %d %q; want %d containing %q", a.code, a.err, tc.code, tc.want)
+			}
+			// An answer speaks of JSON, never of the Go types the body was
+			// read into.
+			if strings.Contains(a.err, "struct") || strings.Contains(a.err, "Go value") {
+				t.Errorf("answer %q names Go types", a.err)
 			}
 		})
 	}

@@ -109,6 +109,11 @@ func Parse(text []byte, f Fields) (Message, error) {
 		if errors.As(err, &ute) && ute.Field != "" {
 			return Message{}, fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
 		}
+		if errors.As(err, &ute) {
+			// The whole value is not an object: say what it is, never the Go
+			// type it was read into (a struct and its internal fields).
+			return Message{}, fmt.Errorf("not a JSON object: got a JSON %s", ute.Value)
+		}
 		return Message{}, fmt.Errorf("not a JSON object: %w", err)
 	}
 	if d.More() {
