@@ -49,14 +49,16 @@ func main() {
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
 		runtime.GOMAXPROCS(1)
 	}
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
+// run is the whole program; it returns the exit code. The help and the
+// version, asked for, go to stdout; everything else to stderr.
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pepsi-dispatch", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
 	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	var (

@@ -63,18 +63,19 @@ const shutdownGrace = 5 * time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stderr, nil)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil)
 	stop()
 	os.Exit(code)
 }
 
-// run is the whole program; it returns the exit code. ready, if not nil, is
+// run is the whole program; it returns the exit code. The help and the
+// version, asked for, go to stdout; everything else to stderr. ready, if not nil, is
 // called with the address once the server listens.
-func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr string)) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) int {
 	fs := flag.NewFlagSet("pepsi-httpd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
 	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	var (

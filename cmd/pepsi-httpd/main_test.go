@@ -24,7 +24,7 @@ func runFor(t *testing.T, args ...string) (int, string) {
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	code := run(ctx, args, &stderr, func(string) { t.Errorf("pepsi-httpd %q started serving; want it to refuse", args) })
+	code := run(ctx, args, io.Discard, &stderr, func(string) { t.Errorf("pepsi-httpd %q started serving; want it to refuse", args) })
 	return code, stderr.String()
 }
 
@@ -104,7 +104,7 @@ func TestADatabaseDownAtStartIsServedAsDownUntilItComes(t *testing.T) {
 	done := make(chan int, 1)
 	var stderr lockedbuf.Buffer
 	go func() {
-		done <- run(ctx, []string{"-database", u.String(), "-listen", "127.0.0.1:0", "-cache", "10ms"}, &stderr, func(a string) { addr <- a })
+		done <- run(ctx, []string{"-database", u.String(), "-listen", "127.0.0.1:0", "-cache", "10ms"}, io.Discard, &stderr, func(a string) { addr <- a })
 	}()
 	var base string
 	select {
@@ -169,7 +169,7 @@ func TestServesFromTheEnvironmentAndStopsCleanlyOnSignal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, nil, io.Discard, func(a string) { addr <- a }) }()
+	go func() { done <- run(ctx, nil, io.Discard, io.Discard, func(a string) { addr <- a }) }()
 	var base string
 	select {
 	case a := <-addr:
@@ -218,5 +218,18 @@ func TestABadValueFromTheEnvironmentNamesTheVariable(t *testing.T) {
 	code, stderr = runFor(t, "-log-format", "yaml")
 	if want := `pepsi-httpd: -log-format "yaml": want text or json` + hint; code != exitUsage || stderr != want {
 		t.Errorf("-log-format yaml over PEPSI_LOG_FORMAT: exit %d, stderr %q; want exit 2 and %q", code, stderr, want)
+	}
+}
+
+// -h and -version, asked for, print to standard output and exit 0, so that
+// `pepsi-httpd -h | less` and `pepsi-httpd -version > file` work.
+func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
+	t.Parallel()
+	for args, want := range map[string]string{"-h": "-statement-timeout", "-version": "pepsi-httpd "} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{args}, &stdout, &stderr, func(string) { t.Errorf("%s started serving", args) })
+		if code != exitOK || !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
+			t.Errorf("pepsi-httpd %s: exit %d, stdout %q, stderr %q; want 0 and %q on stdout only", args, code, stdout.String(), stderr.String(), want)
+		}
 	}
 }

@@ -73,7 +73,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	code := run(ctx, os.Args[1:], os.Stderr, hup, nil)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, hup, nil)
 	stop()
 	os.Exit(code)
 }
@@ -90,13 +90,14 @@ type config struct {
 	configFile string
 }
 
-// run is the whole program; it returns the exit code. hup delivers SIGHUP;
+// run is the whole program; it returns the exit code. The help and the
+// version, asked for, go to stdout; everything else to stderr. hup delivers SIGHUP;
 // ready, if not nil, is called with the address once the server listens.
-func run(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.Signal, ready func(addr string)) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-chan os.Signal, ready func(addr string)) int {
 	fs := flag.NewFlagSet("pepsi-ingress", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
 	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	var (

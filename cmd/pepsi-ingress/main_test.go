@@ -180,7 +180,7 @@ func TestStartRefusesAnOpenListenerWithoutTokensAndBadSettings(t *testing.T) {
 			var stderr bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			code := run(ctx, tc.args, &stderr, nil, func(string) { t.Errorf("it started serving") })
+			code := run(ctx, tc.args, io.Discard, &stderr, nil, func(string) { t.Errorf("it started serving") })
 			if code != tc.code || !strings.HasPrefix(stderr.String(), tc.want) {
 				t.Errorf("exit %d, stderr %q; want %d starting %q", code, stderr.String(), tc.code, tc.want)
 			}
@@ -207,14 +207,14 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 		{[]string{"-c", writeConf(t, db), "-listen", "localhost"}, `pepsi-ingress: -listen "localhost": address localhost: missing port in address` + hint},
 	} {
 		var stderr bytes.Buffer
-		code := run(context.Background(), tc.args, &stderr, nil, func(string) { t.Errorf("pepsi-ingress %q started serving", tc.args) })
+		code := run(context.Background(), tc.args, io.Discard, &stderr, nil, func(string) { t.Errorf("pepsi-ingress %q started serving", tc.args) })
 		got := stderr.String()
 		if code != exitUsage || got != tc.want {
 			t.Errorf("pepsi-ingress %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, got, tc.want)
 		}
 	}
 	var stderr bytes.Buffer
-	code := run(context.Background(), []string{"-c", filepath.Join(t.TempDir(), "none.conf")}, &stderr, nil, nil)
+	code := run(context.Background(), []string{"-c", filepath.Join(t.TempDir(), "none.conf")}, io.Discard, &stderr, nil, nil)
 	if got := stderr.String(); code != exitUsage || !strings.HasPrefix(got, "pepsi-ingress: configuration: open ") || strings.Count(got, "\n") != 1 {
 		t.Errorf("a configuration file that cannot be read: exit %d, stderr %q; want exit 2 and one line", code, stderr.String())
 	}
@@ -334,4 +334,17 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
+}
+
+// -h and -version, asked for, print to standard output and exit 0, so that
+// `pepsi-ingress -h | less` and `pepsi-ingress -version > file` work.
+func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
+	t.Parallel()
+	for args, want := range map[string]string{"-h": "-max-in-flight", "-version": "pepsi-ingress "} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{args}, &stdout, &stderr, nil, func(string) { t.Errorf("%s started serving", args) })
+		if code != exitOK || !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
+			t.Errorf("pepsi-ingress %s: exit %d, stdout %q, stderr %q; want 0 and %q on stdout only", args, code, stdout.String(), stderr.String(), want)
+		}
+	}
 }

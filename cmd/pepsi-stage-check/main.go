@@ -72,11 +72,13 @@ type options struct {
 	argv       []string
 }
 
-func parse(args []string, stderr io.Writer) (options, error) {
+// parse reads the command line. The help and the version, asked for, go to
+// stdout; the help after a mistake (no PROGRAM) to stderr.
+func parse(args []string, stdout, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("pepsi-stage-check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
 	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	var o options
@@ -95,6 +97,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-input %q: want message or id", *input)
 	}
 	if fs.NArg() == 0 {
+		fs.SetOutput(stderr)
 		fs.Usage()
 		return o, errors.New("no PROGRAM given")
 	}
@@ -112,7 +115,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o, err := parse(args, stderr)
+	o, err := parse(args, stdout, stderr)
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-stage-check", err) // 0 after -h and -version
 	}

@@ -230,3 +230,19 @@ func TestMessagesFileUsesTheSharedParser(t *testing.T) {
 		t.Errorf("a JSON payload: %+v, %v; want the line %s", inputs, err, want)
 	}
 }
+
+// Proves: -h and -version, asked for, print to standard output and exit 0;
+// the help after a mistake (no PROGRAM) goes to standard error.
+func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
+	for args, want := range map[string]string{"-h": "-queue-limit", "-version": "pepsi-stage-check "} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{args}, &stdout, &stderr)
+		if code != 0 || !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
+			t.Errorf("pepsi-stage-check %s: exit %d, stdout %q, stderr %q; want 0 and %q on stdout only", args, code, stdout.String(), stderr.String(), want)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), nil, &stdout, &stderr); code != exitUsage || stdout.Len() != 0 || !strings.Contains(stderr.String(), "-queue-limit") {
+		t.Errorf("no PROGRAM: exit %d, stdout %q, stderr %q; want %d and the help on stderr", code, stdout.String(), stderr.String(), exitUsage)
+	}
+}
