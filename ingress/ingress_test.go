@@ -471,6 +471,60 @@ func TestAKeyCommittedWhileTheInsertWaitsIsLookedUp(t *testing.T) {
 	}
 }
 
+// TestARefusedTokenIsWarnedOfAtMostEveryRefusedLogEvery: a client with a
+// wrong or missing token is seen in the log at warn level (the level a
+// production log keeps), never with the token, and a client retrying in a loop
+// makes one line per RefusedLogEvery, which counts the refusals it left out.
+func TestARefusedTokenIsWarnedOfAtMostEveryRefusedLogEvery(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("secret-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := ingress.LoadTokens(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log lockedbuf.Buffer
+	every := 2 * time.Second
+	f := start(t, "", func(o *ingress.Options) {
+		o.Tokens, o.RefusedLogEvery = tok, every
+		o.Log = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	warnings := func() []string {
+		var out []string
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, "level=WARN") && strings.Contains(l, "no valid bearer token") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	begin := time.Now()
+	for _, header := range [][]string{{"Authorization", "Bearer WRONG-secret-token"}, nil, {"Authorization", "Basic WRONG-basic"}} {
+		if a := f.post("application/json", "?stage=a", `{"payload": "x"}`, header...); a.code != 401 {
+			t.Fatalf("%v: %+v; want 401", header, a)
+		}
+	}
+	if w := warnings(); time.Since(begin) < every && (len(w) != 1 || !strings.Contains(w[0], `why="a token not in TOKENS_FILE"`) || !strings.Contains(w[0], "remote=")) {
+		t.Errorf("three refusals within %s: warnings %q; want one, saying why and from where", every, w)
+	}
+	time.Sleep(every)
+	if a := f.post("application/json", "?stage=a", `{"payload": "x"}`, "Authorization", "Bearer WRONG-again"); a.code != 401 {
+		t.Fatalf("%+v; want 401", a)
+	}
+	if a := f.post("application/json", "?stage=a", `{"payload": "x"}`, "Authorization", "Bearer secret-token-0123456789"); a.code != 202 {
+		t.Fatalf("a good token: %+v; want 202", a)
+	}
+	w := warnings()
+	if len(w) != 2 || !strings.Contains(w[1], "refused_unlogged=2") {
+		t.Errorf("after %s: warnings %q; want a second one counting the 2 left out", every, w)
+	}
+	if strings.Contains(log.String(), "WRONG") || strings.Contains(log.String(), "secret-token") {
+		t.Errorf("the log shows a token:\n%s", log.String())
+	}
+}
+
 // TestTheLogNeverShowsAPayload logs at debug level while requests are
 // accepted, refused for bad input, and refused by the database (whose errors
 // can quote a row): no payload or state reaches the log.

@@ -71,6 +71,10 @@ type Options struct {
 	InFlightMax int
 	// Tokens, when not nil, are the bearer tokens every request must present.
 	Tokens *Tokens
+	// RefusedLogEvery is how often, at most, a request refused for its token
+	// is logged at warn level (the others in between are counted in the next
+	// such line); default RefusedLogEveryDefault.
+	RefusedLogEvery time.Duration
 	// Log gets one line per refused request (never a payload) and per fault.
 	Log *slog.Logger
 }
@@ -90,6 +94,50 @@ type Server struct {
 	stop           context.CancelFunc
 	wg             sync.WaitGroup
 	closed         sync.Once
+	refused        refusals
+}
+
+// RefusedLogEveryDefault is Options.RefusedLogEvery's default: a client with
+// a bad token is seen within seconds, and one retrying in a loop writes a line
+// every 10 s, not one per request.
+const RefusedLogEveryDefault = 10 * time.Second
+
+// refusals rate-limits the warnings about requests refused for their token.
+type refusals struct {
+	mu     sync.Mutex
+	last   time.Time // when the last warning was logged
+	unsaid int       // refusals since, not logged
+}
+
+// warnRefused logs, at most every RefusedLogEvery, that a request from remote
+// was refused for its token (why says how it was wrong), with the number of
+// refusals not logged since the last line. Never the token itself.
+func (s *Server) warnRefused(remote, why string) {
+	r := &s.refused
+	r.mu.Lock()
+	now := time.Now()
+	if !r.last.IsZero() && now.Sub(r.last) < s.o.RefusedLogEvery {
+		r.unsaid++
+		r.mu.Unlock()
+		return
+	}
+	unsaid := r.unsaid
+	r.last, r.unsaid = now, 0
+	r.mu.Unlock()
+	s.o.Log.Warn("request refused: no valid bearer token", "remote", remote, "why", why,
+		"refused_unlogged", unsaid, "log_every", s.o.RefusedLogEvery)
+}
+
+// tokenProblem says how an Authorization header that Tokens refused is wrong,
+// without quoting it.
+func tokenProblem(header []byte) string {
+	switch {
+	case len(header) == 0:
+		return "no Authorization header"
+	case !bytes.HasPrefix(bytes.ToLower(header), []byte("bearer ")):
+		return "not a Bearer token"
+	}
+	return "a token not in TOKENS_FILE"
 }
 
 // New starts a Server's committers (and, with MaxPending, its pending counts).
@@ -103,6 +151,9 @@ func New(o Options) *Server {
 	}
 	if o.InFlightMax <= 0 {
 		o.InFlightMax = InFlightMaxDefault
+	}
+	if o.RefusedLogEvery <= 0 {
+		o.RefusedLogEvery = RefusedLogEveryDefault
 	}
 	if o.PendingInterval <= 0 {
 		o.PendingInterval = PendingIntervalDefault
@@ -251,7 +302,8 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status)
 	if !ctx.IsPost() {
 		return nil, statusf(http.StatusMethodNotAllowed, "want POST")
 	}
-	if s.o.Tokens != nil && !s.o.Tokens.Allow(string(ctx.Request.Header.Peek("Authorization"))) {
+	if auth := ctx.Request.Header.Peek("Authorization"); s.o.Tokens != nil && !s.o.Tokens.Allow(string(auth)) {
+		s.warnRefused(ctx.RemoteAddr().String(), tokenProblem(auth))
 		return nil, statusf(http.StatusUnauthorized, "want Authorization: Bearer TOKEN with a valid token")
 	}
 	select {
