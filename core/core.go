@@ -124,7 +124,7 @@ type worker struct {
 	cause     killCause
 	timedOut  int64  // killTimeout: the head that timed out
 	protoLine string // killProtocol: what it said (its first 200 bytes)
-	protoCut  bool   // killProtocol: it said a line longer than AnswerMax
+	protoHow  int    // killProtocol: how (protoLine, protoCut, protoFirst)
 }
 
 type stage struct {

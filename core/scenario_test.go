@@ -683,6 +683,28 @@ PARALLELISM = 1
 	}
 }
 
+// Proves: a new worker whose first line is not an answer (a banner, a log
+// line) breaks the protocol like any other such line: it cannot be skipped,
+// since the protocol cannot tell a banner from an answer. Its head fails with
+// a reason that quotes the line and says what it likely is; the same line
+// after an answer gets no such hint.
+func TestABannerOnANewWorkerFailsItsHeadWithAReasonThatSaysSo(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 4) // w1 holds 1, 2, 3; w2 holds 4, then 2 and 3 requeued
+	w.step(core.Answer{Worker: 1, Line: "worker v1.2 starting"})
+	cmds := w.exit(1, -1, "killed")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail ||
+		!strings.Contains(it.Reason, "answered 'worker v1.2 starting', its first line, which is not an answer (a banner or a log line on standard output?") {
+		t.Errorf("head item %v, want failed naming the first line as a likely banner", it)
+	}
+	w.finish(2)
+	w.step(core.Answer{Worker: 2, Line: "worker v1.2 starting"})
+	cmds = w.exit(2, -1, "killed")
+	if it := itemFor(t, cmds, 2); it.Verdict != core.Fail || strings.Contains(it.Reason, "first line") {
+		t.Errorf("head item %v after an answer: want failed without the first-line hint", it)
+	}
+}
+
 // Proves: an answer line longer than AnswerMax, which the shell passes on cut
 // (Answer.Cut), is a protocol error whatever its first bytes say: the worker is
 // killed and its head fails with a reason that names the limit, instead of

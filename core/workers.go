@@ -25,12 +25,15 @@ func (c *Core) answer(e Answer) {
 		return
 	}
 	if e.Cut {
-		w.protoCut = true
+		w.protoHow = protoCut
 		c.protocolError(w, e.Line, fmt.Sprintf("a line longer than %d bytes", AnswerMax))
 		return
 	}
 	s, err := ParseStatus(e.Line)
 	if err != nil {
+		if w.answered == 0 {
+			w.protoHow = protoFirst
+		}
 		c.protocolError(w, e.Line, err.Error())
 		return
 	}
@@ -100,6 +103,30 @@ func (c *Core) answered(st *stage, head msg, t *Transition) {
 	c.owe(it)
 }
 
+// How a worker broke the protocol, for its head's reason (protoReason).
+const (
+	protoLine  = iota // a line that is not a status line
+	protoCut          // a line longer than AnswerMax
+	protoFirst        // its first line is not a status line: a banner?
+)
+
+// protoReason is the failure reason of the head of worker w of stage name,
+// killed for a protocol error. A first line that is not an answer gets a
+// hint: the protocol cannot tell a banner or a log line from an answer (one
+// starting "0 " would be taken as one), so such a line is not skipped; the
+// reason says what it likely is.
+func protoReason(name string, w *worker) string {
+	switch w.protoHow {
+	case protoCut:
+		return fmt.Sprintf("stage %s: protocol error: worker pid %d answered a line longer than %d bytes, the most an answer may have; it began %s",
+			name, w.pid, AnswerMax, conf.Quote(w.protoLine))
+	case protoFirst:
+		return fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s, its first line, which is not an answer (a banner or a log line on standard output? it carries answers only)",
+			name, w.pid, conf.Quote(w.protoLine))
+	}
+	return fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s", name, w.pid, conf.Quote(w.protoLine))
+}
+
 func (c *Core) protocolError(w *worker, line, why string) {
 	w.cause = killProtocol
 	w.protoLine = clip(line, 200)
@@ -157,12 +184,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	case killProtocol:
 		c.stat(name).Crashes++
 		if len(q) > 0 {
-			reason := fmt.Sprintf("stage %s: protocol error: worker pid %d answered %s", name, w.pid, conf.Quote(w.protoLine))
-			if w.protoCut {
-				reason = fmt.Sprintf("stage %s: protocol error: worker pid %d answered a line longer than %d bytes, the most an answer may have; it began %s",
-					name, w.pid, AnswerMax, conf.Quote(w.protoLine))
-			}
-			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: reason})
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: protoReason(name, w)})
 			q = q[1:]
 		}
 		c.requeue(st, q)
