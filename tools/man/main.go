@@ -88,5 +88,5 @@ func render(name, section string, text []byte) ([]byte, error) {
 		}
 		src.WriteString(line)
 	}
-	return md2man.Render(src.Bytes()), nil
+	return fitTables(md2man.Render(src.Bytes())), nil
 }
