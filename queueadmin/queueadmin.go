@@ -258,3 +258,92 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 		after = r.Last
 	}
 }
+
+// Selection picks messages for List and Discard; zero fields select
+// everything (see store.Selection).
+type Selection = store.Selection
+
+// Listed is one message of a listing.
+type Listed = store.Listed
+
+// listPage is how many messages List reads per statement: a listing of a
+// million failed messages streams, it is not held whole.
+const listPage = 1000
+
+// List calls each with the selected messages in ingress_id order, at most
+// limit of them (0: all), reading them a page at a time. It stops at the
+// first error each returns.
+func List(ctx context.Context, conn *pgx.Conn, sel Selection, limit int, each func(Listed) error) error {
+	q := store.On(conn)
+	after, seen := int64(0), 0
+	for limit == 0 || seen < limit {
+		n := listPage
+		if limit > 0 {
+			n = min(n, limit-seen)
+		}
+		page, err := q.List(ctx, store.ListParams{Selection: sel, After: after, Limit: n})
+		if err != nil {
+			return err
+		}
+		for _, m := range page {
+			if err := each(m); err != nil {
+				return err
+			}
+		}
+		seen += len(page)
+		if len(page) < n {
+			return nil
+		}
+		after = page[len(page)-1].ID
+	}
+	return nil
+}
+
+// Count counts the selected messages.
+func Count(ctx context.Context, conn *pgx.Conn, sel Selection) (int64, error) {
+	return store.On(conn).CountSelected(ctx, sel)
+}
+
+// Discardable lists the statuses Discard ends: a message waiting for the
+// dispatcher. A running one belongs to a worker, and a finished one has
+// already left the pipeline.
+func Discardable() []core.RowStatus {
+	return []core.RowStatus{core.StatusPending, core.StatusPaused}
+}
+
+// DiscardedError is the dispatch_error Discard writes: it names the operator's
+// action, and the operator's note when one is given.
+func DiscardedError(note string) string {
+	if note == "" {
+		return "discarded by an operator (pepsi-queue discard)"
+	}
+	return "discarded by an operator (pepsi-queue discard): " + note
+}
+
+// Discard ends the selected pending or paused messages failed, their
+// state.dispatch_error saying an operator discarded them (with note, if
+// any), and returns how many. sel.Statuses must be pending and/or paused
+// (empty: both). A message a worker holds is running, so it is never
+// touched, and one the dispatcher claims at the same moment is either
+// discarded before the claim (which then skips it) or claimed first (and the
+// discard skips it): each row is re-checked as it is written. With dryRun it
+// changes nothing and returns how many it would have ended.
+func Discard(ctx context.Context, conn *pgx.Conn, sel Selection, note string, dryRun bool) (int64, error) {
+	if len(sel.Statuses) == 0 {
+		sel.Statuses = Discardable()
+	}
+	for _, s := range sel.Statuses {
+		if !slices.Contains(Discardable(), s) {
+			return 0, fmt.Errorf("discard: status %q cannot be discarded (want pending or paused: a running message belongs to a worker, a finished one has left)", s)
+		}
+	}
+	q := store.On(conn)
+	if dryRun {
+		return q.CountSelected(ctx, sel)
+	}
+	n, err := q.Discard(ctx, store.DiscardParams{Selection: sel, DispatchError: DiscardedError(note)})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}

@@ -307,7 +307,7 @@ func TestTheEnvironmentOverridingTheFilesDatabaseIsWarnedOf(t *testing.T) {
 func TestHelpTeachesWithExamples(t *testing.T) {
 	t.Parallel()
 	pq(t, "", nil, "--help").expect(t, "--help", 0, "EXAMPLES\n  pepsi-queue -c /etc/pepsi/pepsi.conf migrate", "")
-	for _, sub := range []string{"migrate", "enqueue", "stats", "show", "retry", "purge"} {
+	for _, sub := range []string{"migrate", "enqueue", "stats", "show", "list", "retry", "discard", "purge"} {
 		r := pq(t, "", nil, sub, "-h")
 		r.expect(t, sub+" -h", 0, "EXAMPLE", "")
 		r.expect(t, sub+" -h", 0, "pepsi-queue [global flags] "+sub, "")

@@ -76,8 +76,9 @@ type app struct {
 
 const rootHelp = `pepsi-queue inspects and manages the PEPSI queue, the table pepsi.queue in
 PostgreSQL: it applies the schema, puts messages in, shows counts, statistics and
-single messages, sends failed messages round again and purges finished ones. It
-never runs messages: pepsi-dispatch does.
+single messages, lists messages by stage, status, reason and age, sends failed
+messages round again, discards waiting ones and purges finished ones. It never
+runs messages: pepsi-dispatch does.
 
 Global flags go before the subcommand. The database is -database, else
 $PEPSI_DATABASE, else [pepsi] DATABASE of the -c file, else the libpq PG*
@@ -92,7 +93,9 @@ EXAMPLES
   pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'
   pepsi-queue stats                               what is where, and throughput
   pepsi-queue show 42                             one message, with its state
+  pepsi-queue list -status failed                 failed messages, with their reasons
   pepsi-queue retry -stage deliver -status timeout
+  pepsi-queue discard -stage deliver -status paused -n
   pepsi-queue purge -older-than 7d                delete old finished messages
 
 Each subcommand explains itself: pepsi-queue enqueue -h.
@@ -116,13 +119,13 @@ func newRoot(a *app, parseOut io.Writer) *ffcli.Command {
 		Options:    []ff.Option{ff.WithEnvVarPrefix("PEPSI")},
 		Exec: func(_ context.Context, args []string) error {
 			if len(args) > 0 {
-				return usagef("", "unknown subcommand %q (want migrate, enqueue, stats, show, retry or purge)", args[0])
+				return usagef("", "unknown subcommand %q (want migrate, enqueue, stats, show, list, retry, discard or purge)", args[0])
 			}
-			return usagef("", "no subcommand given (want migrate, enqueue, stats, show, retry or purge)")
+			return usagef("", "no subcommand given (want migrate, enqueue, stats, show, list, retry, discard or purge)")
 		},
 	}
 	root.Subcommands = []*ffcli.Command{
-		migrateCmd(a), enqueueCmd(a), statsCmd(a), showCmd(a), retryCmd(a), purgeCmd(a),
+		migrateCmd(a), enqueueCmd(a), statsCmd(a), showCmd(a), listCmd(a), retryCmd(a), discardCmd(a), purgeCmd(a),
 	}
 	for _, sub := range root.Subcommands {
 		sub.FlagSet.SetOutput(parseOut)

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/peterbourgon/ff/v3/ffcli"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
+)
+
+// selectFlags are the filters list and discard share: which messages a
+// command is about.
+type selectFlags struct {
+	id        *int64
+	stage     *string
+	status    *string
+	reason    *string
+	olderThan *string
+}
+
+// addSelectFlags defines the filters on fs; verb says what the command does
+// to the messages it selects ("list", "discard").
+func addSelectFlags(fs *flag.FlagSet, verb string) *selectFlags {
+	return &selectFlags{
+		id:        fs.Int64("id", 0, verb+" only the message with this `ID`"),
+		stage:     fs.String("stage", "", verb+" only messages at this `STAGE`"),
+		status:    fs.String("status", "", verb+" only messages with one of these `STATUSES` (comma-separated)"),
+		reason:    fs.String("reason", "", verb+" only messages whose dispatch_error contains this `TEXT` (ignoring case)"),
+		olderThan: fs.String("older-than", "", verb+" only messages unchanged for this `AGE`: 24h, 90m, 7d"),
+	}
+}
+
+// selection reads the filters, with allowed the statuses -status may name, and
+// checks -stage against the configuration when one is loaded.
+func (f *selectFlags) selection(a *app, cmd string, allowed []core.RowStatus) (queueadmin.Selection, error) {
+	sel := queueadmin.Selection{ID: *f.id, Stage: *f.stage, Reason: *f.reason}
+	if *f.id < 0 {
+		return sel, usagef(cmd, "-id %d is not a message id", *f.id)
+	}
+	if *f.status != "" {
+		for _, s := range strings.Split(*f.status, ",") {
+			st := core.RowStatus(strings.TrimSpace(s))
+			if !slices.Contains(allowed, st) {
+				return sel, usagef(cmd, "-status: %q is not one of %s", st, joinStatuses(allowed))
+			}
+			sel.Statuses = append(sel.Statuses, st)
+		}
+	}
+	if *f.olderThan != "" {
+		age, err := parseAge(*f.olderThan)
+		if err != nil {
+			return sel, usagef(cmd, "-older-than: %v", err)
+		}
+		sel.OlderThan = age
+	}
+	if *f.stage != "" {
+		if err := a.checkStage(cmd, "-stage", *f.stage); err != nil {
+			return sel, err
+		}
+	}
+	return sel, nil
+}
+
+// any says whether a filter other than the statuses is given.
+func (f *selectFlags) any() bool {
+	return *f.id != 0 || *f.stage != "" || *f.reason != "" || *f.olderThan != ""
+}
+
+func joinStatuses(list []core.RowStatus) string {
+	var s []string
+	for _, x := range list {
+		s = append(s, string(x))
+	}
+	return strings.Join(s, ", ")
+}
+
+func listCmd(a *app) *ffcli.Command {
+	fs := newFlags("list")
+	sf := addSelectFlags(fs, "list")
+	limit := fs.Int("limit", 100, "list at most `N` messages (0: all)")
+	asJSON := fs.Bool("json", false, "one JSON object per line: id, stage, status, dispatch_error, attempts, key, created_at, updated_at")
+	count := fs.Bool("count", false, "print only how many messages the filters select")
+	return &ffcli.Command{
+		Name:       "list",
+		ShortUsage: "pepsi-queue [global flags] list [-stage STAGE] [-status S,...] [-reason TEXT] [-older-than AGE] [-id ID] [-limit N] [-json | -count]",
+		ShortHelp:  "list messages by stage, status, reason and age",
+		LongHelp: `Lists the messages the filters select, oldest first (by id): id, stage,
+status, attempts, age since the last change and state.dispatch_error (the
+dispatcher's reason, for a failed, timed-out or retrying message). Filters
+combine; none lists every message. -json prints one JSON object per line
+for scripts; -count prints only how many messages are selected. Reading
+only: nothing is changed.
+
+EXAMPLES
+  pepsi-queue list -status failed                    failed messages
+  pepsi-queue list -status failed -reason 'connection refused' -count
+  pepsi-queue list -stage deliver -status paused -older-than 1h
+  pepsi-queue list -status failed,timeout -limit 0 -json | jq .dispatch_error`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("list", args); err != nil {
+				return err
+			}
+			sel, err := sf.selection(a, "list", core.RowStatuses())
+			if err != nil {
+				return err
+			}
+			if *limit < 0 {
+				return usagef("list", "-limit %d: want 0 (all) or more", *limit)
+			}
+			if *asJSON && *count {
+				return usagef("list", "-json and -count exclude each other")
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				if *count {
+					n, err := queueadmin.Count(ctx, conn, sel)
+					if err == nil {
+						fmt.Fprintln(a.stdout, n)
+					}
+					return err
+				}
+				return printList(ctx, conn, a.stdout, sel, *limit, *asJSON, time.Now())
+			})
+		},
+	}
+}
+
+// listedJSON is one line of list -json.
+type listedJSON struct {
+	ID            int64     `json:"id"`
+	Stage         string    `json:"stage"`
+	Status        string    `json:"status"`
+	DispatchError string    `json:"dispatch_error"`
+	Attempts      int       `json:"attempts"`
+	Key           string    `json:"key,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+// printList writes the selected messages to w, as a table or as JSON lines.
+func printList(ctx context.Context, conn *pgx.Conn, w io.Writer, sel queueadmin.Selection, limit int, asJSON bool, now time.Time) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		return queueadmin.List(ctx, conn, sel, limit, func(m queueadmin.Listed) error {
+			return enc.Encode(listedJSON{ID: m.ID, Stage: m.Stage, Status: string(m.Status), DispatchError: m.DispatchError,
+				Attempts: m.Attempts, Key: m.DedupKey, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt})
+		})
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "id\tstage\tstatus\tattempts\tunchanged for\tdispatch_error")
+	n := 0
+	err := queueadmin.List(ctx, conn, sel, limit, func(m queueadmin.Listed) error {
+		n++
+		_, err := fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.Stage, m.Status, m.Attempts,
+			now.Sub(m.UpdatedAt).Round(time.Second), oneLine(m.DispatchError))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n == limit && limit > 0 {
+		fmt.Fprintf(w, "(the first %d; -limit 0 lists them all, -count counts them)\n", limit)
+	}
+	return nil
+}
+
+// oneLine keeps a reason on its table row: line breaks become spaces and a
+// long reason is cut.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > 120 {
+		s = string(r[:119]) + "…"
+	}
+	return s
+}
+
+func discardCmd(a *app) *ffcli.Command {
+	fs := newFlags("discard")
+	sf := addSelectFlags(fs, "discard")
+	note := fs.String("note", "", "add this `TEXT` to the dispatch_error the discarded messages get")
+	all := fs.Bool("all", false, "discard every pending and paused message (needed when no other filter is given)")
+	dryRun := fs.Bool("n", false, "say how many messages would be discarded, and change nothing")
+	return &ffcli.Command{
+		Name:       "discard",
+		ShortUsage: "pepsi-queue [global flags] discard [-id ID] [-stage STAGE] [-status pending|paused] [-reason TEXT] [-older-than AGE] [-note TEXT] [-all] [-n]",
+		ShortHelp:  "end pending or paused messages as failed, by hand",
+		LongHelp: `Ends the selected pending or paused messages (waiting for a stage, or for
+their retry or pause to end) as failed, their state.dispatch_error saying
+that an operator discarded them (with -note added). They are then finished
+like any failed message: pepsi-queue retry sends them round again, purge
+deletes them. A message a worker holds (running) is never touched, and one
+the dispatcher claims at the same moment either is discarded first (the
+claim then skips it) or claimed first (the discard skips it). -reason selects
+by the dispatch_error a message already has (a retrying message keeps the
+reason of its last temporary failure there). With no filter, -all is
+required. -n says how many would be discarded and changes nothing.
+
+EXAMPLES
+  pepsi-queue discard -id 42
+  pepsi-queue discard -stage deliver -status paused -reason 'mailbox full' -n
+  pepsi-queue discard -stage import -older-than 2d -note 'stale import, ticket 881'`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if err := noArgs("discard", args); err != nil {
+				return err
+			}
+			sel, err := sf.selection(a, "discard", queueadmin.Discardable())
+			if err != nil {
+				return err
+			}
+			if !sf.any() && *sf.status == "" && !*all {
+				return usagef("discard", "no filter given: use -id, -stage, -status, -reason or -older-than, or -all to discard every pending and paused message")
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				n, err := queueadmin.Discard(ctx, conn, sel, *note, *dryRun)
+				if err != nil {
+					return err
+				}
+				if *dryRun {
+					fmt.Fprintf(a.stdout, "would discard %s (nothing changed: -n)\n", messages(n))
+					return nil
+				}
+				if n == 0 && *sf.id != 0 {
+					return fmt.Errorf("message %d was not discarded: it does not exist, or is not pending or paused (see pepsi-queue show %d)", *sf.id, *sf.id)
+				}
+				fmt.Fprintf(a.stdout, "discarded %s: failed now\n", messages(n))
+				return nil
+			})
+		},
+	}
+}

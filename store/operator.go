@@ -1,0 +1,138 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// The statements of the operator's daily work on messages (pepsi-queue list
+// and discard): which messages a filter selects, and ending pending or paused
+// ones by hand.
+
+// selectWhere is the filter list, its count and discard share, so that a dry
+// run (discard -n) counts exactly the rows the discard would change: $1 one
+// ingress_id (0: any), $2 the stage ('': any), $3 the statuses (empty: any),
+// $4 a text state.dispatch_error must contain, ignoring case ('': any), $5
+// seconds since the last change the row must be older than (0: any).
+const selectWhere = `($1::bigint = 0 OR ingress_id = $1)
+	AND ($2 = '' OR stage = $2)
+	AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
+	AND ($4 = '' OR strpos(lower(state ->> 'dispatch_error'), lower($4)) > 0)
+	AND ($5::float8 = 0 OR updated_at < now() - make_interval(secs => $5::float8))`
+
+// listSQL reads the selected rows after ingress_id $6, in ingress_id order, at
+// most $7 of them: one page of pepsi-queue list.
+const listSQL = `SELECT ingress_id, stage, status, coalesce(state ->> 'dispatch_error', ''), attempts,
+	coalesce(dedup_key, ''), created_at, updated_at
+FROM pepsi.queue WHERE ` + selectWhere + ` AND ingress_id > $6
+ORDER BY ingress_id LIMIT $7`
+
+// countSelectedSQL counts the selected rows.
+const countSelectedSQL = `SELECT count(*) FROM pepsi.queue WHERE ` + selectWhere
+
+// discardSQL ends the selected rows failed, with state.dispatch_error $6, and
+// says how many. The caller passes only pending and paused in $3: the guard
+// is re-checked on each row as it is updated (READ COMMITTED), so a row the
+// dispatcher claimed meanwhile (running, held by a worker) is left alone.
+const discardSQL = `WITH gone AS (
+	UPDATE pepsi.queue SET status = 'failed', timeout = NULL, updated_at = now(),
+		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($6::text))
+		             ELSE jsonb_build_object('dispatch_error', $6::text, 'state', state) END
+	WHERE ` + selectWhere + `
+	RETURNING 1)
+SELECT count(*) FROM gone`
+
+// Selection picks messages for pepsi-queue's list and discard. Zero fields
+// select everything.
+type Selection struct {
+	// ID selects one message.
+	ID int64
+	// Stage selects messages whose row is at this stage.
+	Stage string
+	// Statuses selects by status; empty means any.
+	Statuses []core.RowStatus
+	// Reason selects messages whose state.dispatch_error contains this text,
+	// ignoring case.
+	Reason string
+	// OlderThan selects messages whose row has not changed for this long
+	// (updated_at, by the server's clock).
+	OlderThan time.Duration
+}
+
+// args are the statement arguments of s, $1 to $5 of selectWhere.
+func (s Selection) args() []any {
+	return []any{s.ID, s.Stage, texts(s.Statuses), s.Reason, s.OlderThan.Seconds()}
+}
+
+// ListParams is one page of a listing.
+type ListParams struct {
+	Selection
+	// After: only messages with a larger ingress_id (the last one of the
+	// previous page; 0 for the first).
+	After int64
+	// Limit is the most messages of the page.
+	Limit int
+}
+
+// Listed is one message of a listing.
+type Listed struct {
+	ID            int64
+	Stage         string
+	Status        core.RowStatus
+	DispatchError string // state.dispatch_error, "" if none
+	Attempts      int
+	DedupKey      string // "" if none
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+// List reads one page of the selected messages, in ingress_id order.
+func (s *PG) List(ctx context.Context, p ListParams) ([]Listed, error) {
+	rows, err := s.db.Query(ctx, listSQL, append(p.Selection.args(), p.After, p.Limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Listed, error) {
+		var m Listed
+		err := r.Scan(&m.ID, &m.Stage, &m.Status, &m.DispatchError, &m.Attempts, &m.DedupKey, &m.CreatedAt, &m.UpdatedAt)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	return out, nil
+}
+
+// CountSelected counts the selected messages (pepsi-queue list -count, and
+// what a dry run of discard would end).
+func (s *PG) CountSelected(ctx context.Context, sel Selection) (int64, error) {
+	var n int64
+	if err := s.db.QueryRow(ctx, countSelectedSQL, sel.args()...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count: %w", err)
+	}
+	return n, nil
+}
+
+// DiscardParams selects the messages to discard and says why.
+type DiscardParams struct {
+	// Selection picks them; its Statuses must be pending and/or paused only
+	// (the caller checks): a running message belongs to a worker.
+	Selection
+	// DispatchError is written to their state.dispatch_error.
+	DispatchError string
+}
+
+// Discard ends the selected pending or paused messages failed, with
+// p.DispatchError as their dispatch_error, and returns how many.
+func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
+	var n int64
+	if err := s.db.QueryRow(ctx, discardSQL, append(p.Selection.args(), p.DispatchError)...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("discard: %w", err)
+	}
+	return n, nil
+}
