@@ -332,7 +332,7 @@ func TestAFlagBeforeTheSubcommandIsCalledGlobal(t *testing.T) {
 		t.Errorf("-bogus stats: exit %d, stderr %q; want 2 and %q (not blamed on stats)", r.code, r.stderr, want)
 	}
 	pq(t, "", nil, "-stage", "parse", "enqueue").
-		expect(t, "a subcommand's flag too early", 2, "", "unknown global flag -stage (the global flags, before the subcommand, are -c, -database and -version; -stage is a flag of enqueue and retry: put it after the subcommand)")
+		expect(t, "a subcommand's flag too early", 2, "", "unknown global flag -stage (the global flags, before the subcommand, are -c, -database and -version; -stage is a flag of enqueue, list, retry and discard: put it after the subcommand)")
 	pq(t, "", nil, "-c").expect(t, "a global flag without its value", 2, "", "pepsi-queue: global flag needs an argument: -c")
 	// After the subcommand the flag is the subcommand's, even when a flag's value is
 	// a subcommand's name.

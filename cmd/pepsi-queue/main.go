@@ -251,7 +251,7 @@ func lateGlobalFlag(root *ffcli.Command, name, msg string) string {
 func globalFlagError(root *ffcli.Command, msg string) string {
 	var globals []string
 	root.FlagSet.VisitAll(func(f *flag.Flag) { globals = append(globals, "-"+f.Name) })
-	where := fmt.Sprintf("the global flags, before the subcommand, are %s", strings.Join(globals[:len(globals)-1], ", ")+" and "+globals[len(globals)-1])
+	where := fmt.Sprintf("the global flags, before the subcommand, are %s", andList(globals))
 	unknown, ok := strings.CutPrefix(msg, "flag provided but not defined: ")
 	if !ok {
 		return strings.Replace(msg, "flag ", "global flag ", 1) + " (" + where + ")"
@@ -263,9 +263,17 @@ func globalFlagError(root *ffcli.Command, msg string) string {
 		}
 	}
 	if len(takers) > 0 {
-		where += fmt.Sprintf("; %s is a flag of %s: put it after the subcommand", unknown, strings.Join(takers, " and "))
+		where += fmt.Sprintf("; %s is a flag of %s: put it after the subcommand", unknown, andList(takers))
 	}
 	return fmt.Sprintf("unknown global flag %s (%s)", unknown, where)
+}
+
+// andList joins words as a sentence lists them: "a", "a and b", "a, b and c".
+func andList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
 }
 
 // schemaHint tells an operator what to do about a database without the PEPSI
