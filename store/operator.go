@@ -16,8 +16,8 @@ import (
 
 // selectWhere is the filter list, its count and discard share, so that a dry
 // run (discard -n) counts exactly the rows the discard would change: $1 one
-// ingress_id (0: any), $2 the stage (”: any), $3 the statuses (empty: any),
-// $4 a text state.dispatch_error must contain, ignoring case (”: any), $5
+// ingress_id (0: any), $2 the stage (empty: any), $3 the statuses (empty: any),
+// $4 a text state.dispatch_error must contain, ignoring case (empty: any), $5
 // seconds since the last change the row must be older than (0: any).
 const selectWhere = `($1::bigint = 0 OR ingress_id = $1)
 	AND ($2 = '' OR stage = $2)
