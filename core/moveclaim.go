@@ -2,7 +2,7 @@
 // writes the row straight to running at b, and the core holds it for b as if
 // a claim had returned it. One row version per hop instead of two (the
 // resolve's running at a → pending at b, and the next claim's pending at b →
-// running at b); docs/performance.md, "A move that claims".
+// running at b); docs/performance.md, "What bounds it".
 
 package core
 

@@ -95,7 +95,7 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 // drains the pipeline, with fewer than two row versions per hop (the
 // dispatcher wrote each transition straight to what the row becomes next, two
 // versions with the claim, and a move to a stage with room claimed the row
-// there in the same write, one: docs/performance.md, "A move that claims");
+// there in the same write, one: docs/performance.md, "What bounds it");
 // one that does not makes
 // pepsi-bench say so and exit 1, never hang or fail messages one by one.
 func TestAnswerModeIsMeasuredOrRefusedClearly(t *testing.T) {
