@@ -1,7 +1,7 @@
 // Package stage turns a map of handlers into a PEPSI stage program: a process
 // that pepsi-dispatch starts as "PROGRAM worker [-c FILE]", that reads message ids
 // on standard input and answers one status line per id (the worker protocol:
-// README.md, "Writing a stage in any other language"). A stage in Go is a main of a few lines:
+// docs/stages.md, "In any other language"). A stage in Go is a main of a few lines:
 //
 //	func main() {
 //		stage.Main(map[string]stage.Handler{

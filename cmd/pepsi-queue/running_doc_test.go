@@ -19,17 +19,17 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
-// readmeBlock returns the indented command lines of the README that follow the
+// docBlock returns the indented command lines of docs/running.md that follow the
 // paragraph containing marker, up to the first blank line.
-func readmeBlock(t *testing.T, marker string) []string {
+func docBlock(t *testing.T, marker string) []string {
 	t.Helper()
-	text, err := os.ReadFile("../../README.md")
+	text, err := os.ReadFile("../../docs/running.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(text), marker)
 	if !ok {
-		t.Fatalf("README.md has no %q", marker)
+		t.Fatalf("docs/running.md has no %q", marker)
 	}
 	_, block, _ := strings.Cut(after, "\n\n")
 	var lines []string
@@ -40,17 +40,17 @@ func readmeBlock(t *testing.T, marker string) []string {
 		lines = append(lines, strings.TrimPrefix(line, "    "))
 	}
 	if len(lines) == 0 {
-		t.Fatalf("README.md has no command lines after %q", marker)
+		t.Fatalf("docs/running.md has no command lines after %q", marker)
 	}
 	return lines
 }
 
-// TestTheReadmesHandMadePipelineWorksAsWritten runs the README's one-stage
+// TestTheHandMadePipelineWorksAsWritten runs docs/running.md's one-stage
 // pipeline by hand, line for line, in bash: only the database server, the
 // database's name and the stage program are this test's own.
-func TestTheReadmesHandMadePipelineWorksAsWritten(t *testing.T) {
+func TestTheHandMadePipelineWorksAsWritten(t *testing.T) {
 	t.Parallel()
-	lines := readmeBlock(t, "For example, a one-stage\npipeline by hand")
+	lines := docBlock(t, "For example, a one-stage\npipeline by hand")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	if out, err := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
@@ -71,7 +71,7 @@ func TestTheReadmesHandMadePipelineWorksAsWritten(t *testing.T) {
 	t.Cleanup(func() {
 		conn := pgtest.Connect(t, pgtest.AdminURL(t))
 		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop the README's database: %v", err)
+			t.Errorf("drop the hand-made pipeline's database: %v", err)
 		}
 	})
 	// pepsi-ingress listens on a port of this test's own, not the default.
@@ -90,7 +90,7 @@ func TestTheReadmesHandMadePipelineWorksAsWritten(t *testing.T) {
 		"createdb -h 127.0.0.1 -U postgres", "createdb -h "+admin.Host+" -p "+strconv.Itoa(int(admin.Port))+" -U "+admin.User,
 	).Replace(strings.Join(lines, "\n"))
 	// Then wait for both messages (one enqueued, one sent over HTTP) to be
-	// done, and stop pepsi-ingress and the dispatcher as the README's operating
+	// done, and stop pepsi-ingress and the dispatcher as docs/running.md's operating
 	// section says (SIGTERM): each must exit 0.
 	// (The trap stops them if a line fails; "|| true" keeps a clean end's status.)
 	script = "set -e\ntrap 'kill %1 %2 2>/dev/null || true' EXIT\n" + script + `
@@ -107,7 +107,7 @@ for p in $pids; do wait $p; done
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
 	cmd.Dir = dir
-	// The README starts programs in the background: whatever happens to the
+	// The page starts programs in the background: whatever happens to the
 	// script, nothing it started outlives the test (its process group is killed).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -123,10 +123,10 @@ for p in $pids; do wait $p; done
 	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("the README's commands failed: %v\nscript:\n%s\noutput:\n%s", err, script, out)
+		t.Fatalf("docs/running.md's commands failed: %v\nscript:\n%s\noutput:\n%s", err, script, out)
 	}
 	if !strings.Contains(string(out), "enqueued 1") || !strings.Contains(string(out), `{"ids":[2]}`) ||
 		!regexp.MustCompile(`(?m)^first +0 +0 +0 +2 +0 +0 `).MatchString(string(out)) {
-		t.Fatalf("the README's pipeline did not finish its two messages; output:\n%s", out)
+		t.Fatalf("docs/running.md's pipeline did not finish its two messages; output:\n%s", out)
 	}
 }
