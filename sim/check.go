@@ -531,10 +531,18 @@ func (w *world) itemVerdict(r *rule, x crossing) {
 func (w *world) itemTransition(r *rule, x crossing) {
 	w.expected(x.cmd, func(it core.Item, ex *expect) {
 		switch {
-		case ex.move != nil && (it.To != ex.move.To || !it.Until.Equal(ex.move.Until) || it.Patch != ex.move.Patch):
-			w.broke(r, "resolve item %s: want the answered transition to %s (until %s, patch %q)", it, ex.move.To, formatSim(ex.move.Until), ex.move.Patch)
+		case ex.move != nil && (it.To != ex.move.To || it.Patch != ex.move.Patch || (ex.move.To != core.TargetPaused && !it.Until.IsZero())):
+			w.broke(r, "resolve item %s: want the answered transition to %s (patch %q)", it, ex.move.To, ex.move.Patch)
 		case ex.move == nil && (it.To != "" || it.Patch != "" || (!it.Until.IsZero() && ex.verdict != core.Retry)):
 			w.broke(r, "resolve item %s carries a transition; only an answered one may (%s)", it, ex.why)
+		}
+	})
+}
+
+func (w *world) pauseDueExact(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		if ex.move != nil && ex.move.To == core.TargetPaused && !it.Until.Equal(ex.move.Until) {
+			w.broke(r, "resolve item %s: a pause due at %s, want %s (%s)", it, formatSim(it.Until), formatSim(ex.move.Until), ex.why)
 		}
 	})
 }
@@ -594,18 +602,12 @@ func (w *world) moveClaims(r *rule, x crossing) {
 			}
 		}
 	}
-	lowestLeft := map[string]int64{} // per target, the lowest id of a move there that does not claim
-	for _, it := range res.Items {
-		if _, ok := w.stageOf(it.To); ok && it.Verdict == core.Move && !it.Claim && (lowestLeft[it.To] == 0 || it.ID < lowestLeft[it.To]) {
-			lowestLeft[it.To] = it.ID
-		}
-	}
 	claiming := map[string]int{}
 	for _, it := range res.Items {
 		if !it.Claim {
 			continue
 		}
-		if w.moveClaim(r, res, it, claiming[it.To], lowestLeft[it.To]); w.fail != nil {
+		if w.moveClaim(r, res, it, claiming[it.To]); w.fail != nil {
 			return
 		}
 		claiming[it.To]++
@@ -613,9 +615,8 @@ func (w *world) moveClaims(r *rule, x crossing) {
 }
 
 // moveClaim judges one move that claims, it, with before moves of the same
-// resolve claiming at its target ahead of it, and left the lowest id of a
-// move there that does not claim.
-func (w *world) moveClaim(r *rule, res core.Resolve, it core.Item, before int, left int64) {
+// resolve claiming at its target ahead of it.
+func (w *world) moveClaim(r *rule, res core.Resolve, it core.Item, before int) {
 	s, ok := w.stageOf(it.To)
 	if it.Verdict != core.Move || !ok {
 		w.broke(r, "resolve item %s claims, but it is no move to a stage this dispatcher runs", it)
@@ -627,12 +628,31 @@ func (w *world) moveClaim(r *rule, res core.Resolve, it core.Item, before int, l
 	case before+1 > w.room(s, w.now)-w.ownPending[s]:
 		w.broke(r, "resolve item %s claims at stage %s, whose room (%d) does not cover the %d rows the core left pending there and the %d moves of this resolve that claim: the claim after the resolve cannot take them all, so the moves overtake them",
 			it, it.To, w.room(s, w.now), w.ownPending[s], before+1)
-	case left != 0 && left < it.ID:
-		w.broke(r, "resolve item %s claims at stage %s, overtaking the move of row %d there, which does not", it, it.To, left)
 	case slices.ContainsFunc(res.Items, func(o core.Item) bool { return o.Verdict == core.Requeue && o.Stage == it.To }):
 		w.broke(r, "resolve item %s claims at stage %s, where the same resolve gives a row back", it, it.To)
 	case ex != nil && (ex.unsure || ex.raced):
 		w.broke(r, "resolve item %s claims, but its row may have moved already (a lost reply, or a commit that raced its resolve)", it)
+	}
+}
+
+// movesClaimOldestFirst: no move of a resolve that claims at a stage has a
+// higher ingress_id than a move there, in the same resolve, that does not.
+func (w *world) movesClaimOldestFirst(r *rule, x crossing) {
+	res, ok := x.cmd.(core.Resolve)
+	if !ok {
+		return
+	}
+	lowestLeft := map[string]int64{} // per target, the lowest id of a move there that does not claim
+	for _, it := range res.Items {
+		if _, ok := w.stageOf(it.To); ok && it.Verdict == core.Move && !it.Claim && (lowestLeft[it.To] == 0 || it.ID < lowestLeft[it.To]) {
+			lowestLeft[it.To] = it.ID
+		}
+	}
+	for _, it := range res.Items {
+		if left := lowestLeft[it.To]; it.Claim && left != 0 && left < it.ID {
+			w.broke(r, "resolve item %s claims at stage %s, overtaking the move of row %d there, which does not", it, it.To, left)
+			return
+		}
 	}
 }
 

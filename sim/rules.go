@@ -124,8 +124,8 @@ var rules = []*rule{
 	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders,
 	ruleHandToReady, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
-	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition,
-	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleMoveClaims, ruleResetKeepsHeld, ruleWakeNotEarly,
+	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
+	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
 	// At each row change.
@@ -212,8 +212,13 @@ var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand, check: (*wor
 var ruleMoveClaims = &rule{name: "move-claims", when: atCommand, check: (*world).moveClaims,
 	doc: "A resolve item claims its row at its target (a move that claims, core.Item.Claim) only for a transition a stage answered to a stage this dispatcher runs, " +
 		"never past rows the core knows may be pending there (claims go in ingress_id order): not when it was told rows may be pending at the target and has not since claimed it dry, " +
-		"not past a move to the same target in the same resolve that does not claim, not beside a requeue to the target, and not for a row whose earlier resolve may have moved it " +
+		"not beside a requeue to the target, and not for a row whose earlier resolve may have moved it " +
 		"(a lost reply, a racing commit). Its room is rule claim-bounds's, a RATE's stage rule rate's, and the line it hands out rule message-lines's."}
+
+var ruleMovesClaimOldestFirst = &rule{name: "move-claims-oldest-first", when: atCommand, check: (*world).movesClaimOldestFirst,
+	doc: "When a stage's room runs out among the moves of one resolve to it, the moves that claim are the oldest (lowest ingress_id), whatever order their answers came in: " +
+		"a move that claims never overtakes a move to the same target in the same resolve that does not. The fake world has the workers of a stage answer out of ingress_id order " +
+		"into a target with little room in one scenario in four."}
 
 var ruleItemStage = &rule{name: "item-stage", when: atCommand, check: (*world).itemStage,
 	doc: "A resolve item names the stage its message was claimed for: the guard of the write depends on it."}
@@ -224,8 +229,13 @@ var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand, check: (*worl
 		"a head of core.StartFailLimit failed starts in a row fails, other ids of a worker that could not start are requeued."}
 
 var ruleItemTransition = &rule{name: "item-transition", when: atCommand, check: (*world).itemTransition,
-	doc: "An answered transition is written as the stage answered it: its target, its patch, and for a pause a timeout of the clock when the answer was read plus SECONDS. " +
+	doc: "An answered transition is written as the stage answered it: its target and its patch (the timeout of a pause is rule pause-due-exact's). " +
 		"No other item carries a transition."}
+
+var rulePauseDueExact = &rule{name: "pause-due-exact", when: atCommand, check: (*world).pauseDueExact,
+	doc: "An answered pause is written due at the clock when its answer was read plus exactly the SECONDS answered, to the microsecond a status line carries: " +
+		"neither rounded (to whole seconds, to milliseconds) nor dropped. The fake world draws pauses of a fraction of a second, and of whole seconds and a fraction, " +
+		"in one scenario in four (and rule wake-due then holds the wake to that due time)."}
 
 var ruleRetryBackoff = &rule{name: "retry-backoff", when: atCommand, check: (*world).retryBackoff,
 	doc: "A retry is due RETRY_DELAY × 2^attempts (capped at RETRY_DELAY_MAX) plus a jitter of 0 to core.RetryJitter of that after its answer; " +

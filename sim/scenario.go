@@ -40,6 +40,9 @@ type Scenario struct {
 	vacuum     bool
 	autovacuum bool
 	deadScale  int64
+	// shuffle: answers of several workers that reach the dispatcher at one
+	// instant come in an order the world draws (chooseArrivalOrder).
+	shuffle bool
 }
 
 type stageConf struct {
@@ -293,6 +296,8 @@ func choose(c chooser) *Scenario {
 	chooseEdges(c, sc)
 	chooseAnswerWrites(c, sc)
 	chooseStageRuntimes(c, sc)
+	chooseFractions(c, sc)
+	chooseArrivalOrder(c, sc)
 	return sc
 }
 
@@ -486,6 +491,67 @@ func chooseStageRuntimes(c chooser, sc *Scenario) {
 				}
 			}
 		}
+	}
+}
+
+// chooseFractions chooses pauses of a fraction of a second: a try that pauses
+// its row pauses it for less than a second, or for its whole seconds and a
+// fraction, down to the microsecond a status line carries, so that a core that
+// rounds an answered pause's due time (rule pause-due-exact), or the timer of
+// its wake (rule wake-due), to whole seconds or milliseconds is seen. Drawn
+// last, so that older seeds keep every earlier choice; and one scenario in
+// four has them, so that the others play as they did before this chapter.
+func chooseFractions(c chooser, sc *Scenario) {
+	if c.intn("fractions", 0, 3) < 3 {
+		return
+	}
+	for i := range sc.messages {
+		for j := range sc.messages[i].visits {
+			for k := range sc.messages[i].visits[j].trouble {
+				a := &sc.messages[i].visits[j].trouble[k]
+				if a.kind != kPause || a.pause >= core.PauseMax {
+					continue
+				}
+				switch c.intn("try.pause_fraction", 0, 2) {
+				case 1:
+					a.pause = time.Duration(c.intn("try.pause_us", 1, 999_999)) * time.Microsecond
+				case 2:
+					a.pause += time.Duration(c.intn("try.pause_us", 1, 999_999)) * time.Microsecond
+				}
+			}
+		}
+	}
+}
+
+// chooseArrivalOrder chooses a stage s whose moves to the next stage arrive out
+// of ingress_id order while that stage's room runs out: s gets two or three
+// workers, the next stage room for one message (PARALLELISM 1, QUEUE_LIMIT 1),
+// every message through both is inserted at the start and answers its move
+// out of s after the same drawn time, so that several of s's workers answer
+// at one instant; and answers that reach the dispatcher at one instant come in
+// an order the world draws (world.arrivals), not in the order they were
+// handed out. The moves of one resolve then find the next stage's room run
+// out among them in every order (rule move-claims-oldest-first). Drawn last,
+// so that older seeds keep every earlier choice; and one scenario in four
+// with two stages or more has them, so that the others play as they did
+// before this chapter.
+func chooseArrivalOrder(c chooser, sc *Scenario) {
+	if len(sc.stages) < 2 || c.intn("arrival_order", 0, 3) < 3 {
+		return
+	}
+	sc.shuffle = true
+	s := c.intn("arrival.stage", 0, len(sc.stages)-2)
+	sc.stages[s].parallelism = c.intn("arrival.parallelism", 2, 3)
+	sc.stages[s+1].parallelism, sc.stages[s+1].queueLimit = 1, 1
+	latency := millis(c.intn("arrival.latency_ms", 1, 500))
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		if m.first > s || m.last <= s {
+			continue
+		}
+		m.at = 0
+		v := &m.visits[s-m.first]
+		v.answers, v.fuse, v.latency = true, false, latency
 	}
 }
 

@@ -146,6 +146,9 @@ type world struct {
 	// rHold draws which producers hold their transaction open long after
 	// their insert (a bulk import), so a Rest waits for them for seconds.
 	rHold *rand.Rand
+	// rOrder draws the order of answers that reach the dispatcher at one
+	// instant (Scenario.shuffle).
+	rOrder *rand.Rand
 
 	// The gate: the advisory lock the dispatcher takes exclusively to wait for
 	// notifications, and producers take shared when they do not notify (schema
@@ -227,6 +230,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rGate:   rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 		rWrite:  rand.New(rand.NewPCG(sc.WorldSeed, 8)),
 		rHold:   rand.New(rand.NewPCG(sc.WorldSeed, 20)),
+		rOrder:  rand.New(rand.NewPCG(sc.WorldSeed, 9)),
 	}
 	w.retried = map[int64]time.Time{}
 	w.strayed = map[int64]int{}
@@ -834,9 +838,55 @@ func (w *world) signal(again time.Duration) {
 
 // ---- stepping the core ----
 
+// arrivals reorders, in place, each run of consecutive answers in evs that
+// reach the dispatcher at one instant: their workers interleave in an order
+// drawn from rOrder, each worker's own answers kept in the order it wrote them
+// (as the shell, reading several pipes, may see them). Nothing else moves, so
+// no answer passes its worker's exit.
+func (w *world) arrivals(evs []core.Event) {
+	for from := 0; from < len(evs); {
+		to := from
+		for to < len(evs) {
+			if _, ok := evs[to].(core.Answer); !ok {
+				break
+			}
+			to++
+		}
+		if to-from > 1 {
+			w.interleave(evs[from:to])
+		}
+		from = to + 1
+	}
+}
+
+// interleave draws an order of run, a run of answers, that keeps each
+// worker's answers in their order.
+func (w *world) interleave(run []core.Event) {
+	var order []core.WorkerID
+	byWorker := map[core.WorkerID][]core.Event{}
+	for _, ev := range run {
+		a := ev.(core.Answer)
+		if len(byWorker[a.Worker]) == 0 {
+			order = append(order, a.Worker)
+		}
+		byWorker[a.Worker] = append(byWorker[a.Worker], ev)
+	}
+	for i := range run {
+		k := w.rOrder.IntN(len(order))
+		id := order[k]
+		run[i], byWorker[id] = byWorker[id][0], byWorker[id][1:]
+		if len(byWorker[id]) == 0 {
+			order = append(order[:k], order[k+1:]...)
+		}
+	}
+}
+
 func (w *world) step() {
 	evs := w.pending
 	w.pending = nil
+	if w.sc.shuffle {
+		w.arrivals(evs)
+	}
 	w.steps++
 	if w.steps > stepsMax {
 		w.broke(ruleWorldConsistent, "the run exceeded %d steps", stepsMax)
