@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
@@ -52,9 +53,7 @@ func binary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "pepsi-ingress")
-		if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = gobuild.Into(dir, "cmd/pepsi-ingress")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -45,10 +46,7 @@ func binary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "pepsi-queue")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = gobuild.Into(dir, "cmd/pepsi-queue")
 	})
 	if buildErr != nil {
 		t.Fatalf("build pepsi-queue: %v", buildErr)

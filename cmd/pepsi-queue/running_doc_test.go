@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
@@ -53,10 +54,8 @@ func TestTheHandMadePipelineWorksAsWritten(t *testing.T) {
 	lines := docBlock(t, "For example, a one-stage\npipeline by hand")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
-	if out, err := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-queue",
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-ingress").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := gobuild.Into(bin, "cmd/pepsi-dispatch", "cmd/pepsi-queue", "cmd/pepsi-ingress"); err != nil {
+		t.Fatal(err)
 	}
 	stage := filepath.Join(dir, "first-stage")
 	if err := os.WriteFile(stage, []byte("#!/bin/sh\nwhile read -r id; do echo '0 >done'; done\n"), 0o755); err != nil {

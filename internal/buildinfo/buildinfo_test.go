@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 )
 
 func TestVersionNamesTheProgramAndTheToolchain(t *testing.T) {
@@ -34,12 +35,7 @@ func TestEveryProgramAnswersVersion(t *testing.T) {
 	if len(dirs) < 11 {
 		t.Fatalf("programs found: %v", dirs)
 	}
-	bin := t.TempDir()
-	out, err := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/pepsi-pipeline/pepsi/cmd/...",
-		"github.com/pepsi-pipeline/pepsi/tools/pepsi-...", "github.com/pepsi-pipeline/pepsi/examples/pepsi-example").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := gobuild.Programs(t, "cmd/...", "tools/pepsi-...", "examples/pepsi-example")
 	for _, main := range dirs {
 		name := filepath.Base(filepath.Dir(main))
 		cmd := exec.Command(filepath.Join(bin, name), "-version")

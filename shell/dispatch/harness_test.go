@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -24,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 )
@@ -41,11 +41,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/pepsi-pipeline/pepsi/internal/testenv/teststage",
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build the test programs: %v\n%s", err, out)
+	if err := gobuild.Into(dir, "internal/testenv/teststage", "cmd/pepsi-dispatch"); err != nil {
+		fmt.Fprintf(os.Stderr, "build the test programs: %v\n", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
@@ -20,13 +21,7 @@ import (
 // bench does, and returns the folder.
 func buildBench(t *testing.T) string {
 	t.Helper()
-	bin := t.TempDir()
-	args := []string{"build", "-o", bin + string(filepath.Separator),
-		"github.com/pepsi-pipeline/pepsi/tools/pepsi-bench", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch"}
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return bin
+	return gobuild.Programs(t, "tools/pepsi-bench", "cmd/pepsi-dispatch")
 }
 
 // runBench runs the built pepsi-bench on a database of the test's own (dropped

@@ -1,11 +1,10 @@
 package main
 
 import (
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 )
 
 // TestIngressFiguresAreMeasuredSideBySide runs -ingress small: pgbench and
@@ -15,10 +14,8 @@ import (
 func TestIngressFiguresAreMeasuredSideBySide(t *testing.T) {
 	t.Parallel()
 	bin := buildBench(t)
-	args := []string{"build", "-o", bin + string(filepath.Separator),
-		"github.com/pepsi-pipeline/pepsi/cmd/pepsi-ingress", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-queue"}
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	if err := gobuild.Into(bin, "cmd/pepsi-ingress", "cmd/pepsi-queue"); err != nil {
+		t.Fatal(err)
 	}
 	out, code := runBench(t, bin, "-ingress", "-rounds", "1", "-seconds", "1", "-clients", "2", "-ingress-clients", "4",
 		"-ingress-batch", "100", "-ingress-total", "1000", "-latency-rate", "50", "-latency-seconds", "1")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 )
 
 // The short chaos run of make test: two samples of each fault and one 30 s
@@ -53,12 +55,7 @@ func TestShortKillStormLosesNothingAndRunsNoMessageTwice(t *testing.T) {
 // unless it exits 0; it returns the output.
 func runChaos(t *testing.T, timeout time.Duration, args ...string) string {
 	t.Helper()
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/pepsi-pipeline/pepsi/tools/pepsi-chaos", "github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	dir := gobuild.Programs(t, "tools/pepsi-chaos", "cmd/pepsi-dispatch")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "pepsi-chaos"), args...)

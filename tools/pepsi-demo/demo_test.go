@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/examples/pepsi-example/pipeline"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
@@ -21,14 +22,7 @@ import (
 // pepsi-dispatch, pepsi-queue, pepsi-example and audit.sh, end to end.
 func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 	t.Parallel()
-	bin := t.TempDir()
-	args := []string{"build", "-o", bin + string(filepath.Separator)}
-	for _, prog := range []string{"tools/pepsi-demo", "cmd/pepsi-dispatch", "cmd/pepsi-queue", "examples/pepsi-example"} {
-		args = append(args, "github.com/pepsi-pipeline/pepsi/"+prog)
-	}
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
+	bin := gobuild.Programs(t, "tools/pepsi-demo", "cmd/pepsi-dispatch", "cmd/pepsi-queue", "examples/pepsi-example")
 	admin := pgtest.AdminURL(t)
 	// A database of this test's own (dropped when the test ends), which the demo
 	// drops and creates afresh by name.
