@@ -1385,7 +1385,11 @@ func (w *world) finalCheck() {
 	w.note("final check passed: %d messages, %d lives, passes %d, left %d", w.inserted, w.life, passes, left)
 }
 
-func (w *world) liveness(r *rule, _ crossing) {
+func (w *world) liveness(r *rule, x crossing) {
+	if x.overdue {
+		w.broke(r, "%s after healing began, messages are not all final: %s", w.deadline.Sub(w.healAt), w.unfinished())
+		return
+	}
 	rows := w.q.Rows()
 	if len(rows) != w.inserted {
 		w.broke(r, "%d rows in the queue, %d inserted", len(rows), w.inserted)

@@ -36,6 +36,7 @@ type crossing struct {
 	rated    *int              // atEvent: the stage with a RATE whose claim's result just came
 	change   *fakequeue.Change // atChange: a row the fake queue changed
 	claimRun *claimRun         // atChange: a claim of the core's transaction the fake queue is about to run
+	overdue  bool              // atEnd: the heal phase's deadline passed before every message was final
 }
 
 // took is a row the core takes in: returned by what (a claim, or a move that

@@ -425,7 +425,7 @@ func (w *world) finished() bool {
 			return false
 		}
 		if !w.now.Before(w.deadline) {
-			w.broke(ruleLiveness, "%s after healing began, messages are not all final: %s", w.deadline.Sub(w.healAt), w.unfinished())
+			w.checkAt(atEnd, crossing{overdue: true}) // rule liveness breaks
 			return true
 		}
 		return false
