@@ -425,18 +425,21 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	fmt.Fprintf(tw, "message\t%d\n", m.ID)
 	fmt.Fprintf(tw, "stage\t%s\n", m.Stage)
 	fmt.Fprintf(tw, "status\t%s\n", m.Status)
-	if m.Timeout != nil {
-		rel := "due"
-		if d := m.Timeout.Sub(now).Round(time.Millisecond); d > 0 {
-			rel = "in " + d.String()
+	// A timeout means something only while the row is paused: a row that ran
+	// since keeps the one of its last pause, which is no due time any more.
+	if core.RowStatus(m.Status) == core.StatusPaused {
+		switch {
+		case m.Timeout != nil:
+			rel := "due"
+			if d := m.Timeout.Sub(now).Round(time.Millisecond); d > 0 {
+				rel = "in " + d.String()
+			}
+			fmt.Fprintf(tw, "timeout\t%s (%s)\n", m.Timeout.Format(time.RFC3339Nano), rel)
+		case m.TimeoutText == "infinity":
+			fmt.Fprintf(tw, "timeout\tinfinity (never due)\n")
+		case m.TimeoutText == "-infinity":
+			fmt.Fprintf(tw, "timeout\t-infinity (due)\n")
 		}
-		fmt.Fprintf(tw, "timeout\t%s (%s)\n", m.Timeout.Format(time.RFC3339Nano), rel)
-	}
-	switch m.TimeoutText {
-	case "infinity":
-		fmt.Fprintf(tw, "timeout\tinfinity (never due)\n")
-	case "-infinity":
-		fmt.Fprintf(tw, "timeout\t-infinity (due)\n")
 	}
 	fmt.Fprintf(tw, "payload\t%d bytes\n", len(m.Payload))
 	fmt.Fprintf(tw, "created\t%s\n", m.CreatedAt.Format(time.RFC3339Nano))

@@ -234,6 +234,14 @@ func TestShowPrintsOneMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	pq(t, "", env, "show", "1").expect(t, "show paused until -infinity", 0, "status   paused\ntimeout  -infinity (due)\n", "")
+	// A message that ran since its last pause keeps that timeout in its row: it
+	// is no due time any more, and show does not print it.
+	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET status = 'failed', timeout = now() - interval '1 minute' WHERE ingress_id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if r := pq(t, "", env, "show", "1"); r.code != 0 || strings.Contains(r.stdout, "timeout") {
+		t.Errorf("show of a failed message with a stale timeout: exit %d, stdout %q; want exit 0 and no timeout line", r.code, r.stdout)
+	}
 	pq(t, "", env, "show", "7").expect(t, "missing", 1, "", "message 7 does not exist")
 	pq(t, "", env, "show", "x7").expect(t, "bad id", 2, "", `"x7" is not a message id`)
 	pq(t, "", env, "show").expect(t, "no id", 2, "", "want exactly one message id")
