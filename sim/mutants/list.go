@@ -38,7 +38,7 @@ var mutants = []mutant{
 	mut("worker-reason-dropped", "item-reason", "a non-zero answer's reason is dropped: the item gives only the code",
 		"reason := s.Reason\n\tif reason == \"\" {\n\t\treason = defaultReason(st.cfg.Name, s.Code)\n\t}",
 		"reason := defaultReason(st.cfg.Name, s.Code)"),
-	mut("start-failure-is-a-crash", "cooldown", "a worker that dies at start fails its head instead of cooling down",
+	mut("start-failure-is-a-crash", "item-verdict", "a worker that dies at start fails its head instead of requeuing it and cooling down",
 		"if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {",
 		"if false {"),
 	mut("protocol-error-ignored", "reap-only-idle", "a line that is not a status line counts as success",
@@ -103,7 +103,7 @@ var mutants = []mutant{
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
 	{name: "wake-takes-held-rows", rule: "wake-keeps-handed", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
-		old: "keep := c.handed()", new: "var keep []int64", regress: []uint64{28}},
+		old: "keep := c.handed()", new: "var keep []int64", regress: []uint64{48}},
 	{name: "wake-takes-resolved-rows", rule: "never-two-holders", bug: "a wake does not keep the rows of its own transaction's resolve: a row whose stage's own commit (pausing it, due at once) raced the resolve is woken and claimed while its item is owed again",
 		old: "\t\t\tfor _, it := range r.Items {\n\t\t\t\tkeep = append(keep, it.ID)\n\t\t\t}\n", new: "\t\t\t_ = r\n", regress: []uint64{1251, 1409}},
 
