@@ -22,7 +22,7 @@ func TestARowRetriedWhileItsWorkerHoldsItIsNotClaimedUntilTheAnswer(t *testing.T
 	if !w.q.StageWrite(1, "a", "a", core.StatusFailed, time.Time{}) {
 		t.Fatal("stage write failed")
 	}
-	w.q.Retry(func(int64) bool { return false }) // pepsi-queue retry
+	w.q.RetryAll(func(int64) bool { return false }) // pepsi-queue retry
 	w.wantRow(1, "a", core.StatusPending)
 	cmds := w.step(core.Ingress{})
 	claim := one[core.Claim](t, cmds)

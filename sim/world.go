@@ -237,6 +237,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
 	w.down = append(append([]window{}, sc.faults.outages...), sc.faults.pgCrashes...)
 	w.q.Notify = w.notified
+	w.q.Clock = func() time.Time { return w.now }
 	w.q.Observe = func(c fakequeue.Change) {
 		w.observe(c)
 		w.watchLongPause(c)
@@ -561,7 +562,7 @@ func (w *world) operatorRetry(inFlight bool) {
 		w.note("an operator's retry fails: the database is unreachable")
 		return
 	}
-	ids := w.q.Retry(func(id int64) bool {
+	ids := w.q.RetryAll(func(id int64) bool {
 		_, heldByWorker := w.holder[id]
 		_, held := w.heldBy(id)
 		if inFlight {

@@ -28,12 +28,16 @@ const retryBackoffMin = 10 * time.Millisecond
 const rollbackTimeout = 5 * time.Second
 
 // Queue executes the dispatcher's queue commands against PostgreSQL. It
-// implements queue.Executor. Exec must not be called again before the last
+// implements Executor. Exec must not be called again before the last
 // call has returned: the core sends one step at a time, which is what keeps
 // queue writes strictly serial, and the rule for a transaction in doubt (its
 // session ended before the next is sent) keeps one such session at a time.
 // Inspect and Vacuum may run beside it.
 type Queue struct {
+	// PG runs the statements of Executor other than Exec on the pool, each in
+	// a transaction of its own.
+	*PG
+
 	pool *pgxpool.Pool
 	log  *slog.Logger
 
@@ -51,7 +55,7 @@ func New(pool *pgxpool.Pool, log *slog.Logger) *Queue {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Queue{pool: pool, log: log}
+	return &Queue{PG: On(pool), pool: pool, log: log}
 }
 
 // Ping reports whether the database answers, so the daemon can tell an outage is

@@ -97,6 +97,11 @@ type Queue struct {
 	// insert, or a wake that made rows pending), so a simulator can deliver it to
 	// the dispatcher, late or not at all. It runs inside Insert or Exec.
 	Notify func()
+	// Clock, if set, is the database server's clock, for what a statement
+	// stamps with now() that the dispatcher can read back (a retry's
+	// retried_at); without it those stamps are the zero time. The fake never
+	// reads the real clock.
+	Clock func() time.Time
 	// Observe, if set, is called for every change of a row, with the row before and
 	// after and who wrote it, so a simulator can check who moves what.
 	Observe func(Change)
@@ -189,22 +194,19 @@ func (q *Queue) CommitMessage(id int64, stage string, payload []byte) {
 // Abort ends the producer transaction of a reserved id without its row.
 func (q *Queue) Abort(int64) { q.inFlight-- }
 
-// Retry makes every failed or timed-out row that skip does not exclude pending
-// again at its stage, its dispatch_error cleared and its attempts 0, and
-// notifies (always, as pepsi-queue retry does). It returns their ids.
-func (q *Queue) Retry(skip func(id int64) bool) []int64 {
+// RetryAll is pepsi-queue retry -all of every failed or timed-out row that
+// skip does not exclude, followed by its NOTIFY (always, as pepsi-queue retry
+// does). It returns their ids.
+func (q *Queue) RetryAll(skip func(id int64) bool) []int64 {
 	var ids []int64
 	for _, r := range q.rows {
 		if r != nil && (r.Status == core.StatusFailed || r.Status == core.StatusTimeout) && !skip(r.ID) {
-			before := *r
-			r.Status, r.DispatchError, r.Attempts = core.StatusPending, "", 0
-			q.observe(ByOperator, before, r)
+			q.retry(r, "")
 			ids = append(ids, r.ID)
 		}
 	}
 	if len(ids) > 0 {
-		// The tool commits synchronously: the WAL up to its commit, stage
-		// writes before it included, survives a crash.
+		// The tool commits synchronously, as in Retry.
 		q.undo = nil
 		q.notify()
 	}

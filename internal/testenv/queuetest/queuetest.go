@@ -1,4 +1,4 @@
-// Package queuetest is the one conformance suite every Executor must pass:
+// Package queuetest is the one conformance suite every store.Executor must pass:
 // the PostgreSQL queue (store) and the simulator's fake (sim) alike, so
 // the simulator cannot drift from the real queue. It states behaviour only (what
 // a command does to rows and what it answers), never how; it must never assume
@@ -15,13 +15,14 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Harness is a queue under test plus the few things the suite must do to it that
 // the dispatcher never does: add rows, play a stage program, read rows back and
 // simulate a database crash. Every method fails the test on error.
 type Harness interface {
-	Executor
+	store.Executor
 	// Insert adds pending rows at stage and returns their ids in order.
 	Insert(t *testing.T, stage string, n int) []int64
 	// InsertMessage adds one pending row at stage with state (a JSON object)
@@ -108,7 +109,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	for _, tc := range tests {
+	for _, tc := range append(tests, statementTests...) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, open(t))

@@ -1,0 +1,174 @@
+package fakequeue
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
+)
+
+// The statements of store.Executor other than Exec: what the operator's
+// tools, pepsi-ingress and pepsi-httpd do to the queue, as the conformance
+// suite (internal/testenv/queuetest) states them.
+
+var _ store.Executor = (*Queue)(nil)
+
+// Enqueue inserts p's messages as pending rows at p.Stage, in order, and
+// notifies once, as the insert trigger does for one statement.
+func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.EnqueueResult, error) {
+	if len(p.States) != len(p.Payloads) {
+		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d states", len(p.Payloads), len(p.States))
+	}
+	var r store.EnqueueResult
+	for i, payload := range p.Payloads {
+		id := int64(len(q.rows) + 1)
+		row := &Row{ID: id, Stage: p.Stage, Status: core.StatusPending}
+		if s := p.States[i]; s != "" && s != "{}" {
+			row.State = merge("", s)
+		}
+		if payload != nil {
+			row.Payload, row.HasPayload = string(payload), true
+		}
+		q.rows = append(q.rows, row)
+		if r.Count == 0 {
+			r.First = id
+		}
+		r.Count, r.Last = r.Count+1, id
+	}
+	if r.Count > 0 {
+		q.notify()
+	}
+	return r, nil
+}
+
+// CountRows counts the rows per stage and status. The fake keeps no clock, so
+// OldestWait is always 0.
+func (q *Queue) CountRows(context.Context) ([]store.Depth, error) {
+	counts := map[[2]string]int64{}
+	for _, r := range q.rows {
+		if r != nil {
+			counts[[2]string{r.Stage, string(r.Status)}]++
+		}
+	}
+	out := make([]store.Depth, 0, len(counts))
+	for k, n := range counts {
+		out = append(out, store.Depth{Stage: k[0], Status: core.RowStatus(k[1]), Count: n})
+	}
+	slices.SortFunc(out, func(a, b store.Depth) int {
+		return cmp.Or(cmp.Compare(a.Stage, b.Stage), cmp.Compare(a.Status, b.Status))
+	})
+	return out, nil
+}
+
+// CountPending counts the pending rows of each of stages, at most limit each.
+func (q *Queue) CountPending(_ context.Context, stages []string, limit int64) (map[string]int64, error) {
+	out := make(map[string]int64, len(stages))
+	for _, s := range stages {
+		out[s] = 0
+	}
+	for _, r := range q.rows {
+		if r == nil || r.Status != core.StatusPending {
+			continue
+		}
+		if n, asked := out[r.Stage]; asked && n < limit {
+			out[r.Stage]++
+		}
+	}
+	return out, nil
+}
+
+// Show reads one row, or returns store.ErrNotFound. The fake keeps no clock:
+// CreatedAt and UpdatedAt are zero.
+func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
+	r := q.row(id)
+	if r == nil {
+		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
+	}
+	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON())}
+	if !r.Timeout.IsZero() {
+		t := r.Timeout
+		m.Timeout = &t
+	}
+	if r.HasPayload {
+		m.Payload = []byte(r.Payload)
+	}
+	return m, nil
+}
+
+// Retry makes the rows p selects pending again, as pepsi-queue retry does.
+// It does not notify: see NotifyIngress.
+func (q *Queue) Retry(_ context.Context, p store.RetryParams) (int64, error) {
+	var n int64
+	for _, r := range q.rows {
+		if r == nil || !slices.Contains(p.Statuses, r.Status) || p.ID != 0 && r.ID != p.ID || p.Stage != "" && r.Stage != p.Stage {
+			continue
+		}
+		q.retry(r, p.To)
+		n++
+	}
+	if n > 0 {
+		// The tool commits synchronously: the WAL up to its commit, stage
+		// writes before it included, survives a crash.
+		q.undo = nil
+	}
+	return n, nil
+}
+
+// retry makes one failed or timed-out row pending again, at stage to if it is
+// not "": no timeout, attempts 0, and state.dispatch_error moved to the end of
+// the array state.dispatch_error_history (one entry per retry: error, status,
+// stage, retried_at; a history that is not an array starts again).
+func (q *Queue) retry(r *Row, to string) {
+	before := *r
+	state := map[string]json.RawMessage{}
+	if r.State != "" {
+		if err := json.Unmarshal([]byte(r.State), &state); err != nil {
+			panic(fmt.Sprintf("fakequeue: state %q: %v", r.State, err))
+		}
+	}
+	var history []json.RawMessage
+	if err := json.Unmarshal(state["dispatch_error_history"], &history); err != nil {
+		history = nil
+	}
+	entry := map[string]any{"status": r.Status, "stage": r.Stage, "retried_at": q.now()}
+	if r.DispatchError != "" {
+		entry["error"] = r.DispatchError
+	}
+	e, err := json.Marshal(entry)
+	if err != nil {
+		panic(fmt.Sprintf("fakequeue: history entry: %v", err))
+	}
+	h, err := json.Marshal(append(history, e))
+	if err != nil {
+		panic(fmt.Sprintf("fakequeue: history: %v", err))
+	}
+	r.State = merge(r.State, `{"dispatch_error_history":`+string(h)+`}`)
+	r.Status, r.DispatchError, r.Attempts, r.Timeout = core.StatusPending, "", 0, time.Time{}
+	if to != "" {
+		r.Stage = to
+	}
+	q.observe(ByOperator, before, r)
+}
+
+// now is the server's clock, for retried_at: Clock, or the zero time when
+// the fake has none.
+func (q *Queue) now() time.Time {
+	if q.Clock == nil {
+		return time.Time{}
+	}
+	return q.Clock()
+}
+
+// NotifyIngress sends NOTIFY ingress.
+func (q *Queue) NotifyIngress(context.Context) error {
+	q.notify()
+	return nil
+}
+
+// SchemaVersion is the latest migration's: the fake is always current.
+func (q *Queue) SchemaVersion(context.Context) (int, error) { return store.Latest(), nil }

@@ -1,0 +1,39 @@
+package store
+
+import (
+	"context"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// Executor is the contract of pepsi.queue: the dispatcher's batched step
+// (Exec) and the statements the operator's tools, pepsi-ingress and
+// pepsi-httpd run, one method each, with a params struct where a statement
+// takes more than one value, in the manner of River's riverdriver.Executor.
+// Two queues implement it: PostgreSQL (*Queue, whose statement methods run on
+// its pool; PG runs them on a connection or transaction of the caller's) and
+// the simulator's fake (sim/fakequeue). The conformance suite
+// (internal/testenv/queuetest) runs every method against both, so the
+// simulator cannot drift from reality.
+type Executor interface {
+	// Exec runs cmds (each one of core.ResetOrphans, core.Resolve, core.Wake,
+	// core.Claim, core.Flush) in order in one transaction and returns one result
+	// event per command, in the same order (core.OrphansReset, core.Resolved,
+	// core.Woken, core.Claimed, core.Flushed), each with the same Op. If the
+	// transaction fails, every result carries the error text: the caller cannot know
+	// whether it committed, and the core is written for both.
+	Exec(ctx context.Context, cmds []core.Command) []core.Event
+
+	Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error)
+	CountRows(ctx context.Context) ([]Depth, error)
+	CountPending(ctx context.Context, stages []string, limit int64) (map[string]int64, error)
+	Show(ctx context.Context, id int64) (*Message, error)
+	Retry(ctx context.Context, p RetryParams) (int64, error)
+	NotifyIngress(ctx context.Context) error
+	SchemaVersion(ctx context.Context) (int, error)
+}
+
+// Both of PostgreSQL's executors hold to the contract.
+var (
+	_ Executor = (*Queue)(nil)
+)
