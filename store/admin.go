@@ -32,7 +32,8 @@ const countSQL = `SELECT stage, status, count(*),
 FROM pepsi.queue GROUP BY stage, status`
 
 // stageStatsSQL reads pepsi.stage_stats, the dispatcher's counts per stage.
-const stageStatsSQL = `SELECT stage, processed, failed, timeouts, crashes, processing_us, updated_at
+const stageStatsSQL = `SELECT stage, processed, failed, timeouts, crashes, processing_us,
+	guard_misses, retries, rate_held_us, updated_at
 FROM pepsi.stage_stats ORDER BY stage`
 
 // dispatchStatsSQL reads pepsi.dispatch_stats, the dispatcher's own row.
@@ -161,7 +162,8 @@ func (s *PG) ReadStageStats(ctx context.Context) ([]StageStats, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StageStats, error) {
 		var st StageStats
-		err := r.Scan(&st.Stage, &st.Processed, &st.Failed, &st.Timeouts, &st.Crashes, &st.ProcessingUS, &st.UpdatedAt)
+		err := r.Scan(&st.Stage, &st.Processed, &st.Failed, &st.Timeouts, &st.Crashes, &st.ProcessingUS,
+			&st.GuardMisses, &st.Retries, &st.RateHeldUS, &st.UpdatedAt)
 		return st, err
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -26,14 +27,16 @@ type Executor interface {
 
 	Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error)
 	CountRows(ctx context.Context) ([]Depth, error)
+	ReadStageStats(ctx context.Context) ([]StageStats, error)
+	ReadDispatchStats(ctx context.Context) (DispatchStats, error)
 	CountPending(ctx context.Context, stages []string, limit int64) (map[string]int64, error)
 	Show(ctx context.Context, id int64) (*Message, error)
 	Retry(ctx context.Context, p RetryParams) (int64, error)
 	NotifyIngress(ctx context.Context) error
+	PurgeCutoff(ctx context.Context, olderThan time.Duration) (time.Time, error)
+	PurgeBatch(ctx context.Context, p PurgeParams) (PurgeResult, error)
 	SchemaVersion(ctx context.Context) (int, error)
 }
 
-// Both of PostgreSQL's executors hold to the contract.
-var (
-	_ Executor = (*Queue)(nil)
-)
+// PostgreSQL's executor holds to the contract.
+var _ Executor = (*Queue)(nil)

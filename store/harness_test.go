@@ -168,30 +168,6 @@ func (h *harness) ClearEpoch(t *testing.T) {
 	h.exec(t, "DELETE FROM pepsi.dispatch_epoch")
 }
 
-func (h *harness) Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64) {
-	t.Helper()
-	rows, _ := h.pool.Query(t.Context(),
-		"SELECT stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us FROM pepsi.stage_stats")
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.StageDelta, error) {
-		var d core.StageDelta
-		err := r.Scan(&d.Stage, &d.Processed, &d.Failed, &d.Timeouts, &d.Crashes, &d.ProcessingUS, &d.GuardMisses, &d.Retries, &d.RateHeldUS)
-		return d, err
-	})
-	if err != nil {
-		t.Fatalf("read stage_stats: %v", err)
-	}
-	stages = make(map[string]core.StageDelta, len(list))
-	for _, d := range list {
-		stages[d.Stage] = d
-	}
-	err = h.pool.QueryRow(t.Context(), "SELECT stage_passes, messages_left, flush_seq FROM pepsi.dispatch_stats").
-		Scan(&passes, &left, &flushSeq)
-	if err != nil {
-		t.Fatalf("read dispatch_stats: %v", err)
-	}
-	return stages, passes, left, flushSeq
-}
-
 // tripCounter counts network round trips over all connections of a pool: on each
 // connection, a write that follows a read (or is the first) starts a new one.
 // Consecutive writes are one flight, and so are consecutive reads.

@@ -90,6 +90,9 @@ type Queue struct {
 	// racing holds the commits that land during the next resolve of a row
 	// (CommitDuringResolve).
 	racing map[int64]func()
+	// updated is each row's updated_at (see Clock), kept beside Row so that
+	// rows compare by what the dispatcher and the stages wrote.
+	updated map[int64]time.Time
 	// Dead counts the dead row versions left behind: one per change of a row,
 	// until Vacuum.
 	Dead int64
@@ -143,6 +146,7 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 	for i := range ids {
 		id := int64(len(q.rows) + 1)
 		q.rows = append(q.rows, &Row{ID: id, Stage: stage, Status: core.StatusPending})
+		q.touch(id)
 		ids[i] = id
 	}
 	if n > 0 {
@@ -179,6 +183,7 @@ func (q *Queue) Reserve() int64 {
 // pending at stage, and the queue notifies.
 func (q *Queue) Commit(id int64, stage string) {
 	q.rows[id-1] = &Row{ID: id, Stage: stage, Status: core.StatusPending}
+	q.touch(id)
 	q.inFlight--
 	q.notify()
 }
@@ -274,10 +279,19 @@ func (q *Queue) notify() {
 func (q *Queue) observe(by Writer, before Row, r *Row) {
 	if before != *r {
 		q.Dead++
+		q.touch(r.ID)
 	}
 	if q.Observe != nil && before != *r {
 		q.Observe(Change{By: by, Before: before, After: *r})
 	}
+}
+
+// touch sets a row's updated_at to now (see Clock).
+func (q *Queue) touch(id int64) {
+	if q.updated == nil {
+		q.updated = map[int64]time.Time{}
+	}
+	q.updated[id] = q.now()
 }
 
 // Vacuum removes the dead row versions.

@@ -35,6 +35,7 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 			row.Payload, row.HasPayload = string(payload), true
 		}
 		q.rows = append(q.rows, row)
+		q.touch(id)
 		if r.Count == 0 {
 			r.First = id
 		}
@@ -63,6 +64,23 @@ func (q *Queue) CountRows(context.Context) ([]store.Depth, error) {
 		return cmp.Or(cmp.Compare(a.Stage, b.Stage), cmp.Compare(a.Status, b.Status))
 	})
 	return out, nil
+}
+
+// ReadStageStats reads the statistics per stage, by stage. The fake keeps no
+// clock, so UpdatedAt is zero.
+func (q *Queue) ReadStageStats(context.Context) ([]store.StageStats, error) {
+	out := make([]store.StageStats, 0, len(q.stats))
+	for _, d := range q.stats {
+		out = append(out, store.StageStats{StageDelta: d})
+	}
+	slices.SortFunc(out, func(a, b store.StageStats) int { return cmp.Compare(a.Stage, b.Stage) })
+	return out, nil
+}
+
+// ReadDispatchStats reads the dispatcher's own statistics. The fake keeps no
+// clock, so UpdatedAt is zero.
+func (q *Queue) ReadDispatchStats(context.Context) (store.DispatchStats, error) {
+	return store.DispatchStats{StagePasses: q.passes, MessagesLeft: q.left, FlushSeq: q.flushSeq}, nil
 }
 
 // CountPending counts the pending rows of each of stages, at most limit each.
@@ -162,6 +180,28 @@ func (q *Queue) now() time.Time {
 		return time.Time{}
 	}
 	return q.Clock()
+}
+
+// PurgeCutoff is now (see Clock) less olderThan.
+func (q *Queue) PurgeCutoff(_ context.Context, olderThan time.Duration) (time.Time, error) {
+	return q.now().Add(-olderThan), nil
+}
+
+// PurgeBatch deletes up to p.Limit rows after p.After whose status is one of
+// p.Statuses and whose last change was before p.Before, in id order.
+func (q *Queue) PurgeBatch(_ context.Context, p store.PurgeParams) (store.PurgeResult, error) {
+	var r store.PurgeResult
+	for id := p.After + 1; id <= int64(len(q.rows)) && r.Found < int64(p.Limit); id++ {
+		row := q.row(id)
+		if row == nil || !slices.Contains(p.Statuses, row.Status) || !q.updated[id].Before(p.Before) {
+			continue
+		}
+		r.Found, r.Last, r.Deleted = r.Found+1, id, r.Deleted+1
+		q.rows[id-1] = nil
+		delete(q.updated, id)
+		q.Dead++
+	}
+	return r, nil
 }
 
 // NotifyIngress sends NOTIFY ingress.

@@ -41,9 +41,6 @@ type Harness interface {
 	State(t *testing.T, id int64) map[string]any
 	// ClearEpoch empties the crash sentinel, as a PostgreSQL crash would.
 	ClearEpoch(t *testing.T)
-	// Stats reads stage_stats rows and the dispatch_stats row (flushSeq: the
-	// flushes applied).
-	Stats(t *testing.T) (stages map[string]core.StageDelta, passes, left, flushSeq int64)
 }
 
 // base is the instant the suite's paused rows are timed from. It has whole
@@ -1100,10 +1097,21 @@ func outcomesText(os []core.Outcome) string {
 
 func wantStats(t *testing.T, h Harness, when string, stages map[string]core.StageDelta, passes, left, seq int64) {
 	t.Helper()
-	gotStages, gotPasses, gotLeft, gotSeq := h.Stats(t)
-	if gotPasses != passes || gotLeft != left || gotSeq != seq {
+	list, err := h.ReadStageStats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotStages := map[string]core.StageDelta{}
+	for _, st := range list {
+		gotStages[st.Stage] = st.StageDelta
+	}
+	d, err := h.ReadDispatchStats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.StagePasses != passes || d.MessagesLeft != left || d.FlushSeq != seq {
 		t.Errorf("%s: dispatch_stats = passes %d left %d flush_seq %d; want passes %d left %d flush_seq %d",
-			when, gotPasses, gotLeft, gotSeq, passes, left, seq)
+			when, d.StagePasses, d.MessagesLeft, d.FlushSeq, passes, left, seq)
 	}
 	if len(gotStages) != len(stages) {
 		t.Errorf("%s: stage_stats has %d rows %v, want %d %v", when, len(gotStages), gotStages, len(stages), stages)

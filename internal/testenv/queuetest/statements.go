@@ -25,6 +25,7 @@ var statementTests = []struct {
 	{"CountPendingCountsUpToTheLimitAndNamesEveryStageAsked", testCountPending},
 	{"RetryMovesDispatchErrorIntoItsHistoryAndCanChangeTheStage", testRetryHistory},
 	{"RetrySelectsByIdStageAndStatusOnly", testRetrySelects},
+	{"PurgeDeletesFinishedRowsOlderThanTheCutoffInIdOrder", testPurge},
 	{"SchemaVersionIsTheLatestMigration", testSchemaVersion},
 	{"NotifyIngressSucceeds", testNotify},
 }
@@ -165,6 +166,44 @@ func testRetrySelects(t *testing.T, h Harness) {
 	if _, ok := h.State(t, pending)["dispatch_error_history"]; ok {
 		t.Errorf("a pending row was retried: %v", h.State(t, pending))
 	}
+}
+
+func testPurge(t *testing.T, h Harness) {
+	done := h.Insert(t, "a", 1)[0]
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	h.Stage(t, done, "a", "a", core.StatusDone, time.Time{})
+	failed := failAt(t, h, "a", "x", core.Fail)
+	pending := h.Insert(t, "a", 1)[0]
+	finished := []core.RowStatus{core.StatusDone, core.StatusFailed, core.StatusTimeout}
+	purge := func(olderThan time.Duration, statuses []core.RowStatus, limit int) store.PurgeResult {
+		t.Helper()
+		cutoff, err := h.PurgeCutoff(t.Context(), olderThan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := h.PurgeBatch(t.Context(), store.PurgeParams{Statuses: statuses, Before: cutoff, Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := purge(time.Hour, finished, 10); r != (store.PurgeResult{}) {
+		t.Errorf("purge of rows older than an hour = %+v, want nothing found", r)
+	}
+	time.Sleep(5 * time.Millisecond) // the rows' last change is now over a millisecond old
+	if r := purge(time.Millisecond, []core.RowStatus{core.StatusFailed}, 10); r != (store.PurgeResult{Found: 1, Last: failed, Deleted: 1}) {
+		t.Errorf("purge -status failed = %+v, want row %d found and deleted", r, failed)
+	}
+	if _, err := h.Show(t.Context(), failed); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("row %d after its purge: %v, want store.ErrNotFound", failed, err)
+	}
+	if r := purge(time.Millisecond, finished, 1); r != (store.PurgeResult{Found: 1, Last: done, Deleted: 1}) {
+		t.Errorf("purge of finished rows, one at a time = %+v, want row %d found and deleted", r, done)
+	}
+	if r := purge(time.Millisecond, finished, 10); r != (store.PurgeResult{}) {
+		t.Errorf("purge with no finished rows left = %+v, want nothing found", r)
+	}
+	wantRow(t, h, pending, "a", core.StatusPending)
 }
 
 func testSchemaVersion(t *testing.T, h Harness) {
