@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet purity bench-core python bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private
+.PHONY: all build install man test vet lint purity bench-core python bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private
 
 all: build
 
@@ -39,6 +39,12 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
+# The import rules of README.md ("Layout: where things live"), enforced by
+# golangci-lint's depguard (.golangci.yml); .ci/lint installs the pinned
+# golangci-lint once.
+lint:
+	@.ci/lint
+
 # The core must stay pure: no I/O, no clock, no goroutines (see core/purity_test.go).
 purity:
 	$(GO) test -run 'TestCoreIsPure' ./core/
@@ -66,7 +72,7 @@ chromium:
 
 # Files tests keep (t.ArtifactDir: the status page's screenshot) go to
 # test-artifacts/_artifacts/, ignored by git.
-test: postgres python chromium vet purity bench-core
+test: postgres python chromium vet lint purity bench-core
 	@mkdir -p $(CURDIR)/test-artifacts
 	$(GO) test -race -count=1 -timeout 20m -artifacts -outputdir $(CURDIR)/test-artifacts ./...
 
