@@ -42,7 +42,8 @@ const dispatchStatsSQL = `SELECT stage_passes, messages_left, updated_at, flush_
 // showSQL reads one message, by ingress_id. A timeout no time.Time holds
 // ('infinity', '-infinity': a stage may pause a row for good) comes as text.
 const showSQL = `SELECT stage, status, CASE WHEN isfinite(timeout) THEN timeout END,
-	CASE WHEN NOT isfinite(timeout) THEN timeout::text ELSE '' END, state, payload, created_at, updated_at
+	CASE WHEN NOT isfinite(timeout) THEN timeout::text ELSE '' END, state, payload, created_at, updated_at,
+	attempts, coalesce(dedup_key, '')
 FROM pepsi.queue WHERE ingress_id = $1`
 
 // retrySQL makes pending again the rows whose status is one of $3, with
@@ -211,13 +212,19 @@ type Message struct {
 	Payload     []byte
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+	// Attempts is the attempts column: the retries (75 answers) at the
+	// current stage.
+	Attempts int
+	// DedupKey is the producer's idempotency key, "" if none.
+	DedupKey string
 }
 
 // Show reads the row with ingress_id id, or returns ErrNotFound.
 func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
 	m := &Message{ID: id}
 	err := s.db.QueryRow(ctx, showSQL, id).
-		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt)
+		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt,
+			&m.Attempts, &m.DedupKey)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
 	}

@@ -351,7 +351,7 @@ func printStageStats(w io.Writer, rows []queueadmin.StageStats, configured []str
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "  none yet (the dispatcher has not flushed any)")
 	} else {
-		fmt.Fprintf(tw, "stage\tpasses ok\tfailed by dispatcher\twatchdog timeouts\tworker crashes\tmean pass\tupdated\n")
+		fmt.Fprintf(tw, "stage\tpasses ok\tfailed by dispatcher\twatchdog timeouts\tworker crashes\tretries\trate-held\tmean pass\tupdated\n")
 		for _, st := range rows {
 			mean := "-"
 			switch {
@@ -360,12 +360,13 @@ func printStageStats(w io.Writer, rows []queueadmin.StageStats, configured []str
 			case st.Processed > 0:
 				mean = time.Duration(st.ProcessingUS * int64(time.Microsecond) / st.Processed).String()
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
-				mean, ago(st.UpdatedAt, now))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", st.Stage, st.Processed, st.Failed, st.Timeouts, st.Crashes,
+				st.Retries, (time.Duration(st.RateHeldUS) * time.Microsecond).Round(time.Millisecond), mean, ago(st.UpdatedAt, now))
 		}
 		tw.Flush()
 		fmt.Fprintln(w, "  passes ok: passes answered 0, including those in which the stage failed the message itself (state.error)")
 		fmt.Fprintln(w, "  failed by dispatcher: a non-zero answer, a worker crash or a protocol error (state.dispatch_error)")
+		fmt.Fprintln(w, "  retries: messages paused for a retry (answer 75); rate-held: how long the stage had work its RATE held back")
 	}
 }
 
@@ -440,6 +441,10 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 		case m.TimeoutText == "-infinity":
 			fmt.Fprintf(tw, "timeout\t-infinity (due)\n")
 		}
+	}
+	fmt.Fprintf(tw, "attempts\t%d\n", m.Attempts)
+	if m.DedupKey != "" {
+		fmt.Fprintf(tw, "key\t%s\n", m.DedupKey)
 	}
 	fmt.Fprintf(tw, "payload\t%d bytes\n", len(m.Payload))
 	fmt.Fprintf(tw, "created\t%s\n", m.CreatedAt.Format(time.RFC3339Nano))

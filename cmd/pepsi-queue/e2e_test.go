@@ -194,7 +194,7 @@ func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
 	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "5").expect(t, "enqueue", 0, "enqueued 5", "")
 	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
 		UPDATE pepsi.queue SET status = 'done', stage = 'deliver' WHERE ingress_id <= 2;
-		INSERT INTO pepsi.stage_stats (stage, processed, failed, crashes, processing_us) VALUES ('parse', 4, 1, 2, 8000);
+		INSERT INTO pepsi.stage_stats (stage, processed, failed, crashes, processing_us, retries, rate_held_us) VALUES ('parse', 4, 1, 2, 8000, 3, 1500000);
 		UPDATE pepsi.dispatch_stats SET stage_passes = 11, messages_left = 2`)
 	if err != nil {
 		t.Fatal(err)
@@ -205,9 +205,9 @@ func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
 		`(?m)^deliver +0 +0 +0 +2 +0 +0 +-$`,
 		`(?m)^parse +3 +0 +0 +0 +0 +0 +\d+s$`,
 		`(?m)^total +3 +0 +0 +2 +0 +0$`,
-		`(?m)^parse +4 +1 +0 +2 +2ms +\d+s ago$`,
+		`(?m)^parse +4 +1 +0 +2 +3 +1.5s +2ms +\d+s ago$`,
 		// The names say what they count: a stage's own failures are not the dispatcher's.
-		`(?m)^stage +passes ok +failed by dispatcher +watchdog timeouts +worker crashes +mean pass +updated$`,
+		`(?m)^stage +passes ok +failed by dispatcher +watchdog timeouts +worker crashes +retries +rate-held +mean pass +updated$`,
 		`(?m)^  passes ok: passes answered 0, including those in which the stage failed the message itself \(state.error\)$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(r.stdout) {
@@ -222,18 +222,18 @@ func TestShowPrintsOneMessage(t *testing.T) {
 	env := []string{"PEPSI_DATABASE=" + url}
 	pq(t, `{"payload": "hello", "state": {"k": "v"}}`+"\n", env, "enqueue", "-stage", "parse", "-ndjson").expect(t, "enqueue", 0, "id 1", "")
 	r := pq(t, "", env, "show", "1")
-	r.expect(t, "show", 0, "stage    parse\nstatus   pending\npayload  5 bytes\n", "")
+	r.expect(t, "show", 0, "stage     parse\nstatus    pending\nattempts  0\npayload   5 bytes\n", "")
 	r.expect(t, "show state", 0, "state\n{\n  \"k\": \"v\"\n}\n", "")
 	pq(t, "", env, "show", "-payload", "1").expect(t, "show -payload", 0, "hello", "")
 	// A row a stage paused for good ('infinity', which no time.Time holds).
 	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET status = 'paused', timeout = 'infinity' WHERE ingress_id = 1`); err != nil {
 		t.Fatal(err)
 	}
-	pq(t, "", env, "show", "1").expect(t, "show paused until infinity", 0, "status   paused\ntimeout  infinity (never due)\n", "")
+	pq(t, "", env, "show", "1").expect(t, "show paused until infinity", 0, "status    paused\ntimeout   infinity (never due)\n", "")
 	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET timeout = '-infinity' WHERE ingress_id = 1`); err != nil {
 		t.Fatal(err)
 	}
-	pq(t, "", env, "show", "1").expect(t, "show paused until -infinity", 0, "status   paused\ntimeout  -infinity (due)\n", "")
+	pq(t, "", env, "show", "1").expect(t, "show paused until -infinity", 0, "status    paused\ntimeout   -infinity (due)\n", "")
 	// A message that ran since its last pause keeps that timeout in its row: it
 	// is no due time any more, and show does not print it.
 	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET status = 'failed', timeout = now() - interval '1 minute' WHERE ingress_id = 1`); err != nil {
@@ -242,6 +242,11 @@ func TestShowPrintsOneMessage(t *testing.T) {
 	if r := pq(t, "", env, "show", "1"); r.code != 0 || strings.Contains(r.stdout, "timeout") {
 		t.Errorf("show of a failed message with a stale timeout: exit %d, stdout %q; want exit 0 and no timeout line", r.code, r.stdout)
 	}
+	// Its retries at the stage, and the producer's key.
+	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `UPDATE pepsi.queue SET attempts = 2, dedup_key = 'order-7' WHERE ingress_id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	pq(t, "", env, "show", "1").expect(t, "show attempts and key", 0, "attempts  2\nkey       order-7\n", "")
 	pq(t, "", env, "show", "7").expect(t, "missing", 1, "", "message 7 does not exist")
 	pq(t, "", env, "show", "x7").expect(t, "bad id", 2, "", `"x7" is not a message id`)
 	pq(t, "", env, "show").expect(t, "no id", 2, "", "want exactly one message id")
@@ -356,8 +361,8 @@ func TestStatsListsEveryConfiguredStageAndNeverForNoFlush(t *testing.T) {
 	for _, re := range []string{
 		`(?m)^deliver +0 +0 +0 +0 +0 +0 +-$`,
 		`(?m)^parse +0 +0 +0 +0 +0 +0 +-$`,
-		`(?m)^deliver +0 +0 +0 +0 +- +never$`,
-		`(?m)^parse +0 +0 +0 +0 +- +never$`,
+		`(?m)^deliver +0 +0 +0 +0 +0 +0s +- +never$`,
+		`(?m)^parse +0 +0 +0 +0 +0 +0s +- +never$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(r.stdout) {
 			t.Errorf("stats output has no line matching %s:\n%s", re, r.stdout)

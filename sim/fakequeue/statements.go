@@ -107,7 +107,7 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 	if r == nil {
 		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
 	}
-	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON())}
+	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts}
 	if !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t
