@@ -175,6 +175,9 @@ type RetryFilter struct {
 	Statuses []core.RowStatus
 	// To, if set, is the stage the messages go to; otherwise they keep theirs.
 	To string
+	// Reason selects messages whose state.dispatch_error contains this text,
+	// ignoring case.
+	Reason string
 }
 
 // Retry makes the selected failed or timed-out messages pending again (at their
@@ -183,6 +186,16 @@ type RetryFilter struct {
 // retried_at), with attempts back at 0 (a message that used up its retries gets
 // them all again), and notifies the dispatcher. It returns how many it moved.
 func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
+	return retry(ctx, conn, f, false)
+}
+
+// RetryCount returns how many messages Retry would send round again with f,
+// and changes nothing (pepsi-queue retry -n).
+func RetryCount(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
+	return retry(ctx, conn, f, true)
+}
+
+func retry(ctx context.Context, conn *pgx.Conn, f RetryFilter, dryRun bool) (int64, error) {
 	statuses := f.Statuses
 	if len(statuses) == 0 {
 		statuses = []core.RowStatus{core.StatusFailed, core.StatusTimeout}
@@ -192,11 +205,18 @@ func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
 			return 0, fmt.Errorf("retry: status %q cannot be retried (want failed or timeout)", s)
 		}
 	}
+	if dryRun {
+		n, err := store.On(conn).CountSelected(ctx, store.Selection{ID: f.ID, Stage: f.Stage, Statuses: statuses, Reason: f.Reason})
+		if err != nil {
+			return 0, fmt.Errorf("retry: %w", err)
+		}
+		return n, nil
+	}
 	var n int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		q := store.On(tx)
 		var err error
-		n, err = q.Retry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To})
+		n, err = q.Retry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
 		if err != nil || n == 0 {
 			return err
 		}

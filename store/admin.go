@@ -63,6 +63,7 @@ const retrySQL = `WITH moved AS (
 			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
 				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
 	WHERE status = ANY($3) AND ($1::bigint = 0 OR ingress_id = $1) AND ($2 = '' OR stage = $2)
+	  AND ($5 = '' OR strpos(lower(state ->> 'dispatch_error'), lower($5)) > 0)
 	RETURNING 1)
 SELECT count(*) FROM moved`
 
@@ -243,6 +244,9 @@ type RetryParams struct {
 	Statuses []core.RowStatus
 	// To, if set, is the stage the rows go to; otherwise they keep theirs.
 	To string
+	// Reason, if set, selects the rows whose state.dispatch_error contains
+	// it, ignoring case.
+	Reason string
 }
 
 // Retry makes the selected rows pending again (at their stage or at p.To),
@@ -251,7 +255,7 @@ type RetryParams struct {
 // 0, and returns how many it moved. It does not notify: see NotifyIngress.
 func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 	var n int64
-	if err := s.db.QueryRow(ctx, retrySQL, p.ID, p.Stage, texts(p.Statuses), p.To).Scan(&n); err != nil {
+	if err := s.db.QueryRow(ctx, retrySQL, p.ID, p.Stage, texts(p.Statuses), p.To, p.Reason).Scan(&n); err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
 	return n, nil

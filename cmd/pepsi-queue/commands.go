@@ -464,10 +464,12 @@ func retryCmd(a *app) *ffcli.Command {
 	stage := fs.String("stage", "", "retry only messages at this `STAGE`")
 	status := fs.String("status", "", "retry only `failed` or only `timeout` messages (default: both)")
 	to := fs.String("to", "", "send the messages to this `STAGE` instead of the one they are at")
+	reason := fs.String("reason", "", "retry only messages whose dispatch_error contains this `TEXT` (ignoring case)")
 	all := fs.Bool("all", false, "retry every failed and timed-out message (needed when no other filter is given)")
+	dryRun := fs.Bool("n", false, "say how many messages would be retried, and change nothing")
 	return &ffcli.Command{
 		Name:       "retry",
-		ShortUsage: "pepsi-queue [global flags] retry [-id ID] [-stage STAGE] [-status failed|timeout] [-to STAGE] [-all]",
+		ShortUsage: "pepsi-queue [global flags] retry [-id ID] [-stage STAGE] [-status failed|timeout] [-reason TEXT] [-to STAGE] [-all] [-n]",
 		ShortHelp:  "send failed or timed-out messages round again",
 		LongHelp: `Makes failed and timed-out messages pending again, at the stage they are at (or
 at -to), and wakes the dispatcher. Each retried message's state.dispatch_error
@@ -476,18 +478,22 @@ one entry per retry with the error, the status, the stage and the time; the
 stage's own state (including a state.error a stage wrote) is left as it is.
 Pending, running, paused and done messages are never touched. With no filter,
 -all is required, so that a bare "retry" cannot resend everything by accident.
+-reason selects by the dispatcher's reason (say, every message the remote
+refused while it was down); -n says how many would be retried and changes
+nothing.
 
 EXAMPLES
   pepsi-queue retry -id 42
   pepsi-queue retry -stage deliver -status timeout
   pepsi-queue retry -stage parse -to parse-v2
+  pepsi-queue retry -reason 'connection refused' -n
   pepsi-queue retry -all`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("retry", args); err != nil {
 				return err
 			}
-			f := queueadmin.RetryFilter{ID: *id, Stage: *stage, To: *to}
+			f := queueadmin.RetryFilter{ID: *id, Stage: *stage, To: *to, Reason: *reason}
 			switch *status {
 			case "":
 			case string(core.StatusFailed), string(core.StatusTimeout):
@@ -498,8 +504,8 @@ EXAMPLES
 			if *id < 0 {
 				return usagef("retry", "-id %d is not a message id", *id)
 			}
-			if *id == 0 && *stage == "" && *status == "" && !*all {
-				return usagef("retry", "no filter given: use -id, -stage or -status, or -all to retry every failed and timed-out message")
+			if *id == 0 && *stage == "" && *status == "" && *reason == "" && !*all {
+				return usagef("retry", "no filter given: use -id, -stage, -status or -reason, or -all to retry every failed and timed-out message")
 			}
 			if *to != "" {
 				if err := a.checkStage("retry", "-to", *to); err != nil {
@@ -507,6 +513,13 @@ EXAMPLES
 				}
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				if *dryRun {
+					n, err := queueadmin.RetryCount(ctx, conn, f)
+					if err == nil {
+						fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
+					}
+					return err
+				}
 				n, err := queueadmin.Retry(ctx, conn, f)
 				if err != nil {
 					return err

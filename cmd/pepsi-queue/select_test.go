@@ -118,3 +118,19 @@ func TestDiscardEndsWaitingMessagesAndNeverAHeldOne(t *testing.T) {
 	// A discarded message is failed like any other: retry sends it round again.
 	pq(t, "", env, "retry", "-id", "6").expect(t, "retry a discarded message", 0, "retried 1 message", "")
 }
+
+// Proves: retry selects by the dispatcher's reason, ignoring case, and -n
+// counts what it would retry without changing anything.
+func TestRetryByReasonWithADryRunFirst(t *testing.T) {
+	t.Parallel()
+	url, env := failedFixture(t)
+	pq(t, "", env, "retry", "-reason", "CONNECTION refused", "-n").expect(t, "dry run", 0, "would retry 1 message (nothing changed: -n)", "")
+	if got := scalar(t, url, "SELECT status FROM pepsi.queue WHERE ingress_id = 1"); got != "failed" {
+		t.Errorf("after a dry run message 1 is %s, want failed", got)
+	}
+	pq(t, "", env, "retry", "-reason", "CONNECTION refused").expect(t, "retry by reason", 0, "retried 1 message: pending again", "")
+	got := scalar(t, url, "SELECT string_agg(ingress_id || ':' || status, ' ' ORDER BY ingress_id) FROM pepsi.queue WHERE ingress_id <= 3")
+	if want := "1:pending 2:failed 3:timeout"; got != want {
+		t.Errorf("after retry -reason: %s, want %s", got, want)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -123,7 +124,8 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 func (q *Queue) Retry(_ context.Context, p store.RetryParams) (int64, error) {
 	var n int64
 	for _, r := range q.rows {
-		if r == nil || !slices.Contains(p.Statuses, r.Status) || p.ID != 0 && r.ID != p.ID || p.Stage != "" && r.Stage != p.Stage {
+		if r == nil || !slices.Contains(p.Statuses, r.Status) || p.ID != 0 && r.ID != p.ID || p.Stage != "" && r.Stage != p.Stage ||
+			!strings.Contains(strings.ToLower(r.DispatchError), strings.ToLower(p.Reason)) {
 			continue
 		}
 		q.retry(r, p.To)

@@ -25,6 +25,7 @@ var statementTests = []struct {
 	{"CountPendingCountsUpToTheLimitAndNamesEveryStageAsked", testCountPending},
 	{"RetryMovesDispatchErrorIntoItsHistoryAndCanChangeTheStage", testRetryHistory},
 	{"RetrySelectsByIdStageAndStatusOnly", testRetrySelects},
+	{"RetrySelectsByReasonIgnoringCase", testRetryByReason},
 	{"PurgeDeletesFinishedRowsOlderThanTheCutoffInIdOrder", testPurge},
 	{"SchemaVersionIsTheLatestMigration", testSchemaVersion},
 	{"NotifyIngressSucceeds", testNotify},
@@ -166,6 +167,18 @@ func testRetrySelects(t *testing.T, h Harness) {
 	if _, ok := h.State(t, pending)["dispatch_error_history"]; ok {
 		t.Errorf("a pending row was retried: %v", h.State(t, pending))
 	}
+}
+
+func testRetryByReason(t *testing.T, h Harness) {
+	refused := failAt(t, h, "a", "smtp: Connection refused", core.Fail)
+	full := failAt(t, h, "a", "mailbox full", core.Fail)
+	both := []core.RowStatus{core.StatusFailed, core.StatusTimeout}
+	n, err := h.Retry(t.Context(), store.RetryParams{Statuses: both, Reason: "connection REFUSED"})
+	if err != nil || n != 1 {
+		t.Fatalf("Retry -reason 'connection REFUSED' = %d, %v; want 1 row", n, err)
+	}
+	wantRow(t, h, refused, "a", core.StatusPending)
+	wantRow(t, h, full, "a", core.StatusFailed)
 }
 
 func testPurge(t *testing.T, h Harness) {
