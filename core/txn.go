@@ -62,9 +62,8 @@ func verdictStatus(it Item) RowStatus {
 // pending anywhere, at any id.
 func (c *Core) lookAll() {
 	c.lookGen++
+	c.lookAbove()
 	for _, st := range c.stages {
-		st.dry = false
-		st.maybeMore = true
 		st.floor = 0
 	}
 }

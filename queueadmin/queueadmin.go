@@ -206,7 +206,7 @@ func retry(ctx context.Context, conn *pgx.Conn, f RetryFilter, dryRun bool) (int
 		}
 	}
 	if dryRun {
-		n, err := store.On(conn).CountSelected(ctx, store.Selection{ID: f.ID, Stage: f.Stage, Statuses: statuses, Reason: f.Reason})
+		n, err := store.On(conn).CountRetry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, Reason: f.Reason})
 		if err != nil {
 			return 0, fmt.Errorf("retry: %w", err)
 		}
@@ -361,9 +361,5 @@ func Discard(ctx context.Context, conn *pgx.Conn, sel Selection, note string, dr
 	if dryRun {
 		return q.CountSelected(ctx, sel)
 	}
-	n, err := q.Discard(ctx, store.DiscardParams{Selection: sel, DispatchError: DiscardedError(note)})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
+	return q.Discard(ctx, store.DiscardParams{Selection: sel, DispatchError: DiscardedError(note)})
 }

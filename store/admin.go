@@ -46,14 +46,14 @@ const showSQL = `SELECT stage, status, CASE WHEN isfinite(timeout) THEN timeout 
 	attempts, coalesce(dedup_key, '')
 FROM pepsi.queue WHERE ingress_id = $1`
 
-// retrySQL makes pending again the rows whose status is one of $3, with
-// ingress_id $1 (0: any) at stage $2 (empty: any), moving them to stage $4 (empty:
-// where they are) and keeping their dispatch_error in dispatch_error_history.
+// retrySQL makes pending again the rows selectWhere selects ($1 to $5; none
+// when $3 names no status), moving them to stage $6 (empty: where they are)
+// and keeping their dispatch_error in dispatch_error_history.
 // In SET, stage, status and state are the row's values before the update.
 const retrySQL = `WITH moved AS (
 	UPDATE pepsi.queue SET
 		status = 'pending',
-		stage = coalesce(nullif($4, ''), stage),
+		stage = coalesce(nullif($6, ''), stage),
 		timeout = NULL,
 		attempts = 0,
 		updated_at = now(),
@@ -62,8 +62,7 @@ const retrySQL = `WITH moved AS (
 				THEN state->'dispatch_error_history' ELSE '[]'::jsonb END
 			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
 				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
-	WHERE status = ANY($3) AND ($1::bigint = 0 OR ingress_id = $1) AND ($2 = '' OR stage = $2)
-	  AND ($5 = '' OR strpos(lower(state ->> 'dispatch_error'), lower($5)) > 0)
+	WHERE cardinality($3::text[]) > 0 AND ` + selectWhere + `
 	RETURNING 1)
 SELECT count(*) FROM moved`
 
@@ -249,13 +248,27 @@ type RetryParams struct {
 	Reason string
 }
 
+// selection is what p selects, as list, its count and discard select: a dry
+// run of a retry counts exactly the rows the retry would move.
+func (p RetryParams) selection() Selection {
+	return Selection{ID: p.ID, Stage: p.Stage, Statuses: p.Statuses, Reason: p.Reason}
+}
+
+// CountRetry counts the rows Retry would move with p, and changes nothing.
+func (s *PG) CountRetry(ctx context.Context, p RetryParams) (int64, error) {
+	if len(p.Statuses) == 0 {
+		return 0, nil
+	}
+	return s.CountSelected(ctx, p.selection())
+}
+
 // Retry makes the selected rows pending again (at their stage or at p.To),
 // moving state.dispatch_error into the array state.dispatch_error_history (one
 // entry per retry: error, status, stage, retried_at), with attempts back at
 // 0, and returns how many it moved. It does not notify: see NotifyIngress.
 func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 	var n int64
-	if err := s.db.QueryRow(ctx, retrySQL, p.ID, p.Stage, texts(p.Statuses), p.To, p.Reason).Scan(&n); err != nil {
+	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
 	return n, nil

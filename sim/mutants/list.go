@@ -260,7 +260,7 @@ var mutants = []mutant{
 	mut("rate-timer-forgotten", "rate-token-due", "no timer for the next token: a held stage waits for something else to happen",
 		"\t\t\tat(st.rate.nextToken())\n", ""),
 	mut("look-keeps-floors", "claim-floor", "a NOTIFY, the heartbeat or the database coming back does not make the claims look from the start",
-		"\t\tst.maybeMore = true\n\t\tst.floor = 0", "\t\tst.maybeMore = true"),
+		"\tc.lookAbove()\n\tfor _, st := range c.stages {\n\t\tst.floor = 0\n\t}", "\tc.lookAbove()"),
 	// INPUT = message: the line handed out is the row as it is now.
 	{name: "stale-message-line", rule: "message-lines", bug: "a message stage is handed the line first built for the message, not its row as it is now",
 		old: "\t\t\tm.line = line\n",
