@@ -65,8 +65,9 @@ const (
 	// for minutes) and while the gate cannot be taken. A row a producer
 	// committed then without a notification waits at most this long for a
 	// claim to be sent. It does not grow: a producer that holds its
-	// transaction open must not hold back the rows of the others for longer,
-	// and a look that finds nothing is one cheap claim.
+	// transaction open must not hold back the rows of the others for longer.
+	// The price is a claim every LookEvery for as long as that transaction
+	// stays open (docs/durability.md, "What the looks cost").
 	LookEvery = 10 * time.Millisecond
 )
 

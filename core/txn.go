@@ -436,8 +436,8 @@ func (c *Core) rest() {
 // open for minutes (a bulk import): the rows of every other such producer,
 // committed meanwhile, did not notify, and without these looks they would
 // wait for that one transaction, or for the heartbeat. Each look walks only
-// above the floors (lookAbove), so it costs what a claim of an empty stage
-// costs however many claimed rows left dead index entries. The pause does not
+// above the floors (lookAbove), so its cost does not grow with the dead index
+// entries that claimed rows left below them. The pause does not
 // grow with the wait (it once doubled up to a second, and a producer holding
 // its transaction a few hundred milliseconds then held back the others' rows
 // as long).
