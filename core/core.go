@@ -156,8 +156,13 @@ type stage struct {
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled
-	stuckReason   string    // the reason for a 0 that left the row running here
-	rate          *bucket   // RATE; nil for none
+	startErr      string    // how the last failed start failed (health.go)
+	// crashRun counts the workers that crashed in a row with no answer
+	// between, and crashErr says how the last one did (health.go).
+	crashRun    int
+	crashErr    string
+	stuckReason string  // the reason for a 0 that left the row running here
+	rate        *bucket // RATE; nil for none
 }
 
 // Core is the dispatcher state machine. Create it with New; drive it with Step.

@@ -45,8 +45,10 @@ func (c *Core) answer(e Answer) {
 	if len(w.queue) == 0 {
 		w.idleSince = c.now
 	}
-	// The program works: no cooldown holds the stage back any more.
+	// The program works: no cooldown holds the stage back any more, and
+	// its workers do not all crash.
 	st.cooldownStep, st.cooldownUntil = 0, time.Time{}
+	st.crashRun = 0
 	delete(c.startFails, head.id)
 
 	var fusedUS int64
@@ -141,6 +143,12 @@ func (c *Core) requeue(st *stage, ms []msg) {
 	}
 }
 
+// crashed counts a worker crash in the stage's run of them (health.go).
+func (st *stage) crashed(how string) {
+	st.crashRun++
+	st.crashErr = how
+}
+
 func (c *Core) removeWorker(w *worker) {
 	delete(c.workers, w.id)
 	st := w.stage
@@ -183,6 +191,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		return
 	case killProtocol:
 		c.stat(name).Crashes++
+		st.crashed(fmt.Sprintf("worker pid %d broke the protocol", w.pid))
 		if len(q) > 0 {
 			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: protoReason(name, w)})
 			q = q[1:]
@@ -204,6 +213,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		// A program that cannot start: not the message's fault, unless the same
 		// message keeps being at the head of such failures.
 		c.cooldown(st)
+		st.startErr = fmt.Sprintf("worker pid %d exited (%s) before answering anything", w.pid, how)
 		if len(q) > 0 {
 			head := q[0]
 			if len(c.startFails) >= startFailsMax {
@@ -222,6 +232,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 			name, w.pid, how, st.cooldownStep)
 		return
 	}
+	st.crashed(fmt.Sprintf("worker pid %d died (%s)", w.pid, how))
 	if len(q) == 0 {
 		c.logf(LevelError, "stage %s worker pid %d died unexpectedly (%s) holding no message", name, w.pid, how)
 		return
@@ -427,6 +438,7 @@ func (c *Core) spawnFailed(e SpawnFailed) {
 	}
 	c.removeWorker(w)
 	c.cooldown(w.stage)
+	w.stage.startErr = e.Err
 	if st := w.stage; len(st.workers) == 0 && len(st.backlog) > 0 {
 		// No worker can take the claimed rows before the cooldown ends: give
 		// them back, so the queue shows them pending (nothing runs them) just
