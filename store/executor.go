@@ -36,6 +36,10 @@ type Executor interface {
 	PurgeCutoff(ctx context.Context, olderThan time.Duration) (time.Time, error)
 	PurgeBatch(ctx context.Context, p PurgeParams) (PurgeResult, error)
 	SchemaVersion(ctx context.Context) (int, error)
+
+	List(ctx context.Context, p ListParams) ([]Listed, error)
+	CountSelected(ctx context.Context, sel Selection) (int64, error)
+	Discard(ctx context.Context, p DiscardParams) (int64, error)
 }
 
 // PostgreSQL's executor holds to the contract.

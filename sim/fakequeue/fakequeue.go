@@ -93,6 +93,8 @@ type Queue struct {
 	// updated is each row's updated_at (see Clock), kept beside Row so that
 	// rows compare by what the dispatcher and the stages wrote.
 	updated map[int64]time.Time
+	// created is each row's created_at (see Clock), set when it is inserted.
+	created map[int64]time.Time
 	// Dead counts the dead row versions left behind: one per change of a row,
 	// until Vacuum.
 	Dead int64
@@ -101,9 +103,11 @@ type Queue struct {
 	// the dispatcher, late or not at all. It runs inside Insert or Exec.
 	Notify func()
 	// Clock, if set, is the database server's clock, for what a statement
-	// stamps with now() that the dispatcher can read back (a retry's
-	// retried_at); without it those stamps are the zero time. The fake never
-	// reads the real clock.
+	// stamps with now() (a row's created_at and updated_at, a retry's
+	// retried_at) and what it compares with now() (a purge's cutoff, a
+	// selection's OlderThan: read once per statement, as now() is one
+	// instant). Without it every stamp is the zero time.
+	// The fake never reads the real clock.
 	Clock func() time.Time
 	// Observe, if set, is called for every change of a row, with the row before and
 	// after and who wrote it, so a simulator can check who moves what.
@@ -286,12 +290,17 @@ func (q *Queue) observe(by Writer, before Row, r *Row) {
 	}
 }
 
-// touch sets a row's updated_at to now (see Clock).
+// touch sets a row's updated_at to now (see Clock), and its created_at when
+// the row is new.
 func (q *Queue) touch(id int64) {
 	if q.updated == nil {
-		q.updated = map[int64]time.Time{}
+		q.updated, q.created = map[int64]time.Time{}, map[int64]time.Time{}
 	}
-	q.updated[id] = q.now()
+	now := q.now()
+	q.updated[id] = now
+	if _, ok := q.created[id]; !ok {
+		q.created[id] = now
+	}
 }
 
 // Vacuum removes the dead row versions.

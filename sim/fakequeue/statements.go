@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -101,14 +100,15 @@ func (q *Queue) CountPending(_ context.Context, stages []string, limit int64) (m
 	return out, nil
 }
 
-// Show reads one row, or returns store.ErrNotFound. The fake keeps no clock:
-// CreatedAt and UpdatedAt are zero.
+// Show reads one row, or returns store.ErrNotFound. CreatedAt and UpdatedAt
+// are by Clock.
 func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 	r := q.row(id)
 	if r == nil {
 		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
 	}
-	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts}
+	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts,
+		CreatedAt: q.created[id], UpdatedAt: q.updated[id]}
 	if !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t
@@ -122,10 +122,13 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 // Retry makes the rows p selects pending again, as pepsi-queue retry does.
 // It does not notify: see NotifyIngress.
 func (q *Queue) Retry(_ context.Context, p store.RetryParams) (int64, error) {
+	if len(p.Statuses) == 0 {
+		return 0, nil // retrySQL selects no status then, where a Selection would select any
+	}
+	sel := store.Selection{ID: p.ID, Stage: p.Stage, Statuses: p.Statuses, Reason: p.Reason}
 	var n int64
 	for _, r := range q.rows {
-		if r == nil || !slices.Contains(p.Statuses, r.Status) || p.ID != 0 && r.ID != p.ID || p.Stage != "" && r.Stage != p.Stage ||
-			!strings.Contains(strings.ToLower(r.DispatchError), strings.ToLower(p.Reason)) {
+		if r == nil || !q.selects(r, sel, time.Time{}) {
 			continue
 		}
 		q.retry(r, p.To)
@@ -201,6 +204,7 @@ func (q *Queue) PurgeBatch(_ context.Context, p store.PurgeParams) (store.PurgeR
 		r.Found, r.Last, r.Deleted = r.Found+1, id, r.Deleted+1
 		q.rows[id-1] = nil
 		delete(q.updated, id)
+		delete(q.created, id)
 		q.Dead++
 	}
 	return r, nil

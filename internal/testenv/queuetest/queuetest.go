@@ -47,14 +47,17 @@ type Harness interface {
 // microseconds, the precision PostgreSQL keeps.
 var base = time.Date(2030, time.March, 4, 5, 6, 7, 0, time.UTC)
 
+// conformanceTest is one test of the suite, named as its subtest.
+type conformanceTest struct {
+	name string
+	fn   func(t *testing.T, h Harness)
+}
+
 // Run runs every conformance test, each on a fresh harness from open. open is
 // called from within the subtest, so it may use t.Cleanup and t.Fatal. Subtests
 // run in parallel: harnesses must not share state.
 func Run(t *testing.T, open func(t *testing.T) Harness) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, h Harness)
-	}{
+	tests := []conformanceTest{
 		{"ExecOfNoCommandsAnswersNothing", testExecEmpty},
 		{"ExecAnswersEachCommandInOrderWithItsOp", testExecOrder},
 		{"CommandsOfOneExecSeeEachOthersEffects", testExecSeesOwnEffects},
@@ -106,7 +109,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	for _, tc := range append(tests, statementTests...) {
+	for _, tc := range slices.Concat(tests, statementTests, operatorTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, open(t))

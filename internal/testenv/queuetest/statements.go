@@ -15,10 +15,7 @@ import (
 // each method of store.Executor but Exec.
 
 // statementTests are the conformance tests of the methods other than Exec.
-var statementTests = []struct {
-	name string
-	fn   func(t *testing.T, h Harness)
-}{
+var statementTests = []conformanceTest{
 	{"EnqueueInsertsPendingRowsInOrderAndShowReadsThem", testEnqueueShow},
 	{"ShowOfAMissingRowIsErrNotFound", testShowMissing},
 	{"CountRowsCountsEachStageAndStatus", testCountRows},
