@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -55,28 +54,24 @@ func (t *lazyTx) ensure(ctx context.Context) error {
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(store.StageLockSQL, t.row.id)
+	store.QueueStageLock(b, t.row.ID)
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
-	var (
-		stage   string
-		status  core.RowStatus
-		version uint32
-	)
+	var locked store.StageLocked
 	_, err := br.Exec()
 	if err == nil {
-		err = br.QueryRow().Scan(&stage, &status, &version)
+		locked, err = store.ReadStageLock(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	switch {
-	case err == nil && (stage != t.row.stage || status != t.row.status || version != t.row.version):
+	case err == nil && (locked.Stage != t.row.Stage || locked.Status != t.row.Status || locked.Version != t.row.Version):
 		err = errRowChanged
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, store.ErrNotFound):
 		err = errRowChanged
 	case err != nil:
-		err = fmt.Errorf("lock message %d: %w", t.row.id, err)
+		err = fmt.Errorf("message %d: %w", t.row.ID, err)
 	}
 	if err != nil {
 		// Release the row, but stay inside a transaction (a new one, until

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
@@ -142,37 +141,25 @@ func (w *worker) closeBroken(ctx context.Context) {
 	_ = w.conn.Close(cctx)
 }
 
-// row is a queue row as a pass reads it.
-type row struct {
-	id             int64
-	stage          string
-	status         core.RowStatus
-	state, payload []byte
-	attempts       int
-	// version is the row version's xmin: a transition the library writes without
-	// a lock writes only over the version its handler was given.
-	version uint32
-}
+// row is a queue row as a pass reads it. Its Version guards a transition the
+// library writes without a lock: it writes only over the version its handler
+// was given.
+type row = store.StageRow
 
 // readBatch reads the rows of ids in one round trip. A missing id has no entry.
 func (w *worker) readBatch(ctx context.Context, ids []int64) (map[int64]row, error) {
 	if w.conn == nil {
 		return nil, errConnectionLost
 	}
-	rs, err := w.conn.Query(ctx, store.StageReadSQL, ids)
+	rows, err := store.On(w.conn).StageRead(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
-	defer rs.Close()
-	found := make(map[int64]row, len(ids))
-	for rs.Next() {
-		var x row
-		if err := rs.Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version); err != nil {
-			return nil, err
-		}
-		found[x.id] = x
+	found := make(map[int64]row, len(rows))
+	for _, x := range rows {
+		found[x.ID] = x
 	}
-	return found, rs.Err()
+	return found, nil
 }
 
 // serve answers every line of one batch of input, in order. The rows of all its
@@ -287,9 +274,14 @@ func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, e
 		}
 		return row{}, pgx.ErrNoRows
 	}
-	var x row
-	err := w.conn.QueryRow(ctx, store.StageReadOneSQL, id).Scan(&x.id, &x.stage, &x.status, &x.state, &x.payload, &x.attempts, &x.version)
-	return x, err
+	got, err := store.On(w.conn).StageRead(ctx, []int64{id})
+	switch {
+	case err != nil:
+		return row{}, err
+	case len(got) == 0:
+		return row{}, pgx.ErrNoRows
+	}
+	return got[0], nil
 }
 
 // pass runs one id. Its error is a database error; every other outcome is a
@@ -309,9 +301,9 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	}
 	tx := &lazyTx{w: w, row: &r}
 	defer tx.end(ctx)
-	m := &Message{ID: id, Stage: w.stage, Payload: r.payload, Attempts: r.attempts, Tx: tx}
+	m := &Message{ID: id, Stage: w.stage, Payload: r.Payload, Attempts: r.Attempts, Tx: tx}
 	var before map[string]json.RawMessage
-	if m.State, before, err = decodeState(r.state); err != nil {
+	if m.State, before, err = decodeState(r.State); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil
 	}
 	res, by, fused, bad := w.chain(ctx, m)
@@ -353,9 +345,9 @@ func (w *worker) runnable(ctx context.Context, id int64, rows map[int64]row) (r 
 		return r, false, nil
 	case err != nil:
 		return r, false, fmt.Errorf("read message %d: %w", id, err)
-	case r.status != core.StatusRunning || r.stage != w.stage:
+	case r.Status != core.StatusRunning || r.Stage != w.stage:
 		w.log.Warn("message is not running at this stage; answering 0 without running it",
-			"stage", w.stage, "id", id, "row_stage", r.stage, "row_status", r.status)
+			"stage", w.stage, "id", id, "row_stage", r.Stage, "row_status", r.Status)
 		return r, false, nil
 	}
 	return r, true, nil
@@ -458,7 +450,7 @@ func (w *worker) write(ctx context.Context, r *row, tx *lazyTx, t transition, st
 		if !moved {
 			// The row is locked by this transaction, so only the handler's own
 			// statements on m.Tx can have moved it: a stage bug, undone by rollback.
-			return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, r.id)), nil
+			return failure(fmt.Sprintf("%sthe handler moved message %d itself; return a Result instead of writing pepsi.queue", prefix, r.ID)), nil
 		}
 		return zero, nil
 	}
@@ -478,15 +470,12 @@ func (w *worker) write(ctx context.Context, r *row, tx *lazyTx, t transition, st
 // its own transaction, over the row version the handler was given only. moved
 // is false when that version is gone.
 func (w *worker) writeTransition(ctx context.Context, r *row, newStage string, newStatus core.RowStatus, timeout *time.Time, newState []byte) (moved bool, err error) {
-	_, err = w.conn.Exec(ctx, store.StageTransitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, &r.version)
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.As(err, &pgErr) && pgErr.Code == store.StageTransitionNoRow:
-		return false, nil
+	moved, err = store.On(w.conn).StageTransition(ctx, store.StageTransitionParams{
+		ID: r.ID, From: w.stage, Stage: newStage, Status: newStatus, Timeout: timeout, State: newState, Version: &r.Version})
+	if err != nil {
+		return false, fmt.Errorf("message %d: %w", r.ID, err)
 	}
-	return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
+	return moved, nil
 }
 
 // commitTx writes the transition in the transaction the handler opened and
@@ -496,25 +485,25 @@ func (w *worker) commitTx(ctx context.Context, r *row, newStage string, newStatu
 	b := &pgx.Batch{}
 	// The row is locked: no version guard (the handler may have changed the row
 	// in place; only moving it is a bug).
-	b.Queue(store.StageTransitionSQL, r.id, newStage, newStatus, timeout, newState, w.stage, nil)
+	store.QueueStageTransition(b, store.StageTransitionParams{
+		ID: r.ID, From: w.stage, Stage: newStage, Status: newStatus, Timeout: timeout, State: newState})
 	b.Queue(commitSQL)
 	br := w.conn.SendBatch(ctx, b)
 	// Close repeats the first error, already returned below.
 	defer br.Close() //nolint:errcheck // see above
-	if _, err := br.Exec(); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == store.StageTransitionNoRow {
-			return false, nil
+	if moved, err := store.ReadStageTransition(br); !moved || err != nil {
+		if err != nil {
+			err = fmt.Errorf("message %d: %w", r.ID, err)
 		}
-		return false, fmt.Errorf("write transition of message %d: %w", r.id, err)
+		return false, err
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return false, fmt.Errorf("commit message %d: %w", r.id, err)
+		return false, fmt.Errorf("commit message %d: %w", r.ID, err)
 	}
 	// A COMMIT of a transaction that had failed answers ROLLBACK without an error.
 	if tag.String() != "COMMIT" {
-		return false, fmt.Errorf("commit message %d: %w", r.id, pgx.ErrTxCommitRollback)
+		return false, fmt.Errorf("commit message %d: %w", r.ID, pgx.ErrTxCommitRollback)
 	}
 	return true, nil
 }

@@ -129,11 +129,7 @@ type Depth struct {
 // CountRows counts the rows per stage and status, in no order. It scans the
 // whole queue.
 func (s *PG) CountRows(ctx context.Context) ([]Depth, error) {
-	rows, err := s.db.Query(ctx, countSQL)
-	if err != nil {
-		return nil, fmt.Errorf("count rows: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Depth, error) {
+	return collect(ctx, s.db, "count rows", func(r pgx.CollectableRow) (Depth, error) {
 		var d Depth
 		var waitUS int64
 		err := r.Scan(&d.Stage, &d.Status, &d.Count, &waitUS)
@@ -141,11 +137,7 @@ func (s *PG) CountRows(ctx context.Context) ([]Depth, error) {
 			d.OldestWait = time.Duration(max(waitUS, 0)) * time.Microsecond
 		}
 		return d, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("count rows: %w", err)
-	}
-	return out, nil
+	}, countSQL)
 }
 
 // StageStats is one row of pepsi.stage_stats (see docs/pepsi-dispatch.1.md, "Statistics"): the
@@ -157,20 +149,12 @@ type StageStats struct {
 
 // ReadStageStats reads pepsi.stage_stats, by stage.
 func (s *PG) ReadStageStats(ctx context.Context) ([]StageStats, error) {
-	rows, err := s.db.Query(ctx, stageStatsSQL)
-	if err != nil {
-		return nil, fmt.Errorf("read stage_stats: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StageStats, error) {
+	return collect(ctx, s.db, "read stage_stats", func(r pgx.CollectableRow) (StageStats, error) {
 		var st StageStats
 		err := r.Scan(&st.Stage, &st.Processed, &st.Failed, &st.Timeouts, &st.Crashes, &st.ProcessingUS,
 			&st.GuardMisses, &st.Retries, &st.RateHeldUS, &st.UpdatedAt)
 		return st, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read stage_stats: %w", err)
-	}
-	return out, nil
+	}, stageStatsSQL)
 }
 
 // DispatchStats is the row of pepsi.dispatch_stats.

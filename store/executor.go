@@ -40,6 +40,10 @@ type Executor interface {
 	List(ctx context.Context, p ListParams) ([]Listed, error)
 	CountSelected(ctx context.Context, sel Selection) (int64, error)
 	Discard(ctx context.Context, p DiscardParams) (int64, error)
+
+	StageRead(ctx context.Context, ids []int64) ([]StageRow, error)
+	StageLock(ctx context.Context, id int64) (StageLocked, error)
+	StageTransition(ctx context.Context, p StageTransitionParams) (moved bool, err error)
 }
 
 // PostgreSQL's executor holds to the contract.

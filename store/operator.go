@@ -93,19 +93,11 @@ type Listed struct {
 
 // List reads one page of the selected messages, in ingress_id order.
 func (s *PG) List(ctx context.Context, p ListParams) ([]Listed, error) {
-	rows, err := s.db.Query(ctx, listSQL, append(p.Selection.args(), p.After, p.Limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Listed, error) {
+	return collect(ctx, s.db, "list", func(r pgx.CollectableRow) (Listed, error) {
 		var m Listed
 		err := r.Scan(&m.ID, &m.Stage, &m.Status, &m.DispatchError, &m.Attempts, &m.DedupKey, &m.CreatedAt, &m.UpdatedAt)
 		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
-	return out, nil
+	}, listSQL, append(p.Selection.args(), p.After, p.Limit)...)
 }
 
 // CountSelected counts the selected messages (pepsi-queue list -count, and

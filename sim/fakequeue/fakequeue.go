@@ -95,6 +95,9 @@ type Queue struct {
 	updated map[int64]time.Time
 	// created is each row's created_at (see Clock), set when it is inserted.
 	created map[int64]time.Time
+	// versions is each row's version (see StageRow.Version): a count of its
+	// changes.
+	versions map[int64]uint32
 	// Dead counts the dead row versions left behind: one per change of a row,
 	// until Vacuum.
 	Dead int64
@@ -291,11 +294,12 @@ func (q *Queue) observe(by Writer, before Row, r *Row) {
 }
 
 // touch sets a row's updated_at to now (see Clock), and its created_at when
-// the row is new.
+// the row is new, and counts a new version of it.
 func (q *Queue) touch(id int64) {
 	if q.updated == nil {
-		q.updated, q.created = map[int64]time.Time{}, map[int64]time.Time{}
+		q.updated, q.created, q.versions = map[int64]time.Time{}, map[int64]time.Time{}, map[int64]uint32{}
 	}
+	q.versions[id]++
 	now := q.now()
 	q.updated[id] = now
 	if _, ok := q.created[id]; !ok {
@@ -331,29 +335,6 @@ func (q *Queue) row(id int64) *Row {
 		return nil
 	}
 	return q.rows[id-1]
-}
-
-// StageWrite changes a row the way a stage program does, guarded by status
-// 'running' and stage from: advance (to != from, status "running"), or finish /
-// pause (status "done", "failed" or "paused" with timeout). It reports whether the
-// guard matched. The write is asynchronous: a Crash before the next Exec loses it.
-func (q *Queue) StageWrite(id int64, from, to string, status core.RowStatus, timeout time.Time) bool {
-	r := q.row(id)
-	if r == nil || r.Status != core.StatusRunning || r.Stage != from {
-		return false
-	}
-	before := *r
-	q.undo = append(q.undo, before)
-	if to != r.Stage {
-		r.Attempts = 0 // the schema's trigger (queue_attempts_reset) does it
-	}
-	r.Stage, r.Status = to, status
-	r.Timeout = time.Time{}
-	if status == core.StatusPaused {
-		r.Timeout = timeout
-	}
-	q.observe(ByStage, before, r)
-	return true
 }
 
 // CommitDuringResolve makes commit (a stage's write, such as StageWrite) land

@@ -205,6 +205,7 @@ func (q *Queue) PurgeBatch(_ context.Context, p store.PurgeParams) (store.PurgeR
 		q.rows[id-1] = nil
 		delete(q.updated, id)
 		delete(q.created, id)
+		delete(q.versions, id)
 		q.Dead++
 	}
 	return r, nil
