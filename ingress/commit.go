@@ -1,13 +1,10 @@
 package ingress
 
 import (
-	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -291,14 +288,6 @@ func flatten(batch []*request) (rows []store.IngressRow, pos [][]int) {
 	return rows, pos
 }
 
-// errVanished: a key's row was deleted between the insert that found it and
-// the look-up of its id. Nothing of the try is committed; it is tried again.
-var errVanished = errors.New("a key's row was deleted while it was looked up")
-
-// errBug marks an answer of the database that contradicts what the insert
-// statement promises.
-var errBug = errors.New("a bug")
-
 // insert commits rows in one transaction, trying again what is known to have
 // left nothing behind. perRequest says that the failure may be one request's
 // data, so the requests of a batch should be tried alone.
@@ -312,7 +301,7 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 		}
 		var pgErr *pgconn.PgError
 		isPg := errors.As(err, &pgErr)
-		retry := errors.Is(err, errVanished) || pgconn.SafeToRetry(err) ||
+		retry := errors.Is(err, store.ErrKeyVanished) || pgconn.SafeToRetry(err) ||
 			isPg && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 		if retry && attempt < attemptsMax {
 			c.log.Warn("commit failed; trying again", "rows", len(rows), "attempt", attempt, "err", err)
@@ -320,7 +309,7 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 			continue
 		}
 		switch {
-		case errors.Is(err, errBug), errors.Is(err, errVanished):
+		case errors.Is(err, store.ErrInsertAnswer), errors.Is(err, store.ErrKeyVanished):
 		case isPg && (len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23" || pgErr.Code[:2] == "54")):
 			c.log.Warn("the database refused a batch", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusBadRequest, Msg: "the database refused a message: " + pgErr.Message}, true
@@ -339,90 +328,5 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 func (c *committer) try(rows []store.IngressRow) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	pc, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	// A connection left inside a transaction (an error below) is closed on
-	// release, not reused: pgxpool keeps only idle ones.
-	defer pc.Release()
-	conn := pc.Conn()
-	got, lookedUp, open, err := store.On(conn).InsertIngress(ctx, rows)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := assign(rows, got, lookedUp)
-	if err != nil {
-		if open {
-			conn.Exec(ctx, rollbackSQL) //nolint:errcheck // the error that matters is err
-		}
-		return nil, err
-	}
-	if open {
-		tag, err := conn.Exec(ctx, commitSQL)
-		if err != nil {
-			return nil, fmt.Errorf("commit: %w", err)
-		}
-		if tag.String() != "COMMIT" {
-			return nil, fmt.Errorf("commit: the server rolled the transaction back (%s)", tag)
-		}
-	}
-	return ids, nil
+	return store.On(c.pool).InsertIngress(ctx, rows)
 }
-
-// assign gives each row its id: an inserted row the next of the inserted ids
-// in order (the identity hands them out in the order of the rows), a row whose
-// key was there already the id of the row holding it.
-func assign(rows []store.IngressRow, got []store.IngressFound, lookedUp map[string]int64) ([]int64, error) {
-	var inserted []store.IngressFound
-	existing := map[string]int64{}
-	for _, f := range got {
-		if f.Inserted {
-			inserted = append(inserted, f)
-		} else {
-			existing[*f.Key] = f.ID
-		}
-	}
-	slices.SortFunc(inserted, func(a, b store.IngressFound) int { return cmp.Compare(a.ID, b.ID) })
-	insertedKey := map[string]bool{}
-	for _, f := range inserted {
-		if f.Key != nil {
-			insertedKey[*f.Key] = true
-		}
-	}
-	ids := make([]int64, len(rows))
-	next := 0
-	for i, r := range rows {
-		if r.Key == nil || insertedKey[*r.Key] {
-			if next == len(inserted) {
-				return nil, fmt.Errorf("insert answered %d rows for more rows than that: %w", len(inserted), errBug)
-			}
-			f := inserted[next]
-			next++
-			if (f.Key == nil) != (r.Key == nil) || f.Key != nil && *f.Key != *r.Key {
-				return nil, fmt.Errorf("insert answered its rows out of order at row %d: %w", i+1, errBug)
-			}
-			ids[i] = f.ID
-			continue
-		}
-		id, ok := existing[*r.Key]
-		if !ok {
-			id, ok = lookedUp[*r.Key]
-		}
-		if !ok {
-			return nil, errVanished
-		}
-		ids[i] = id
-	}
-	if next != len(inserted) {
-		return nil, fmt.Errorf("insert answered %d rows, %d expected: %w", len(inserted), next, errBug)
-	}
-	return ids, nil
-}
-
-// commitSQL and rollbackSQL end a keyed batch's transaction, which
-// store.InsertIngress leaves open.
-const (
-	commitSQL   = "COMMIT"
-	rollbackSQL = "ROLLBACK"
-)

@@ -44,6 +44,8 @@ type Executor interface {
 	StageRead(ctx context.Context, ids []int64) ([]StageRow, error)
 	StageLock(ctx context.Context, id int64) (StageLocked, error)
 	StageTransition(ctx context.Context, p StageTransitionParams) (moved bool, err error)
+
+	InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, error)
 }
 
 // PostgreSQL's executor holds to the contract.

@@ -1,10 +1,14 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The statements of pepsi-ingress. Inserts go through pepsi.queue's
@@ -73,24 +77,34 @@ type IngressRow struct {
 	Key     *string // nil: no key
 }
 
-// IngressFound is a row of the queue: its id and its key, if any, and whether
-// this insert inserted it.
-type IngressFound struct {
+// ingressFound is a row of insertRows' answer: its id and its key, if any,
+// and whether this insert inserted it.
+type ingressFound struct {
 	ID       int64
 	Key      *string
 	Inserted bool
 }
 
-// InsertIngress runs insertRows and, when keys are missing from its answer,
-// lookupKeys. Rows without keys need nothing else: the one statement is the
-// transaction, committed when it returns (open says no). Rows with keys are
-// inserted in a transaction (BEGIN and the insert in one round trip) that is
-// left open, so that the look-up and the caller's checks happen before the
-// caller commits; the caller ends it either way.
+// ErrKeyVanished reports that a key's row was deleted between the insert that
+// found it and the look-up of its id. Nothing was committed: the insert may
+// be tried again.
+var ErrKeyVanished = errors.New("a key's row was deleted while it was looked up")
+
+// ErrInsertAnswer marks an answer of the database that contradicts what the
+// insert statement promises: a bug. Nothing was committed.
+var ErrInsertAnswer = errors.New("the insert answered what it cannot (a bug)")
+
+// InsertIngress inserts rows as pending messages in one transaction, in
+// order, but for a row whose key is in the queue already, and returns each
+// row's id: the one it was given, or the one of the row that holds its key.
+// Each key may stand in rows once.
 //
-// It must run on one connection, not a pool: the transaction it leaves open
-// is the connection's.
-func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) (got []IngressFound, lookedUp map[string]int64, open bool, err error) {
+// Rows without keys need one statement, its own transaction. Rows with keys
+// are inserted in a transaction (BEGIN, the key locks and the insert in one
+// round trip), then the keys the insert did not see are looked up, and the
+// ids checked, before it commits: it must not be given a transaction, and on
+// a pool it takes one connection for it.
+func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, error) {
 	stages := make([]string, len(rows))
 	payloads := make([][]byte, len(rows))
 	states := make([]string, len(rows))
@@ -100,34 +114,61 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) (got []Ingres
 		stages[i], payloads[i], states[i], keys[i] = r.Stage, r.Payload, r.State, r.Key
 		keyed = keyed || r.Key != nil
 	}
-	scan := func(r pgx.CollectableRow) (IngressFound, error) {
-		var f IngressFound
+	scan := func(r pgx.CollectableRow) (ingressFound, error) {
+		var f ingressFound
 		err := r.Scan(&f.ID, &f.Key, &f.Inserted)
 		return f, err
 	}
 	if !keyed {
-		res, err := s.db.Query(ctx, insertRows, stages, payloads, states, keys)
+		got, err := collect(ctx, s.db, "insert", scan, insertRows, stages, payloads, states, keys)
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("insert: %w", err)
+			return nil, err
 		}
-		got, err = pgx.CollectRows(res, scan)
-		if err != nil {
-			return nil, nil, false, fmt.Errorf("insert: %w", err)
-		}
-		return got, nil, false, nil
+		return assign(rows, got, nil)
 	}
+	db := s.db
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("insert: connect: %w", err)
+		}
+		// A connection left inside a transaction (a failed ROLLBACK) is
+		// closed on release, not reused: pgxpool keeps only idle ones.
+		defer c.Release()
+		db = c
+	}
+	ids, err := insertKeyed(ctx, db, rows, scan, stages, payloads, states, keys)
+	if err != nil {
+		db.Exec(ctx, rollbackSQL) //nolint:errcheck // the error that matters is err
+		return nil, err
+	}
+	tag, err := db.Exec(ctx, commitSQL)
+	if err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	if tag.String() != "COMMIT" {
+		return nil, fmt.Errorf("commit: the server rolled the transaction back (%s)", tag)
+	}
+	return ids, nil
+}
+
+// insertKeyed is InsertIngress of rows with keys up to its COMMIT, which it
+// leaves to the caller (and the ROLLBACK when it fails).
+func insertKeyed(ctx context.Context, db DB, rows []IngressRow, scan pgx.RowToFunc[ingressFound],
+	stages []string, payloads [][]byte, states []string, keys []*string) ([]int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
 	queueKeyLocks(b, keys)
 	b.Queue(insertRows, stages, payloads, states, keys)
-	br := s.db.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, b)
 	for range b.Len() - 1 {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
-			return nil, nil, true, fmt.Errorf("begin and lock the keys: %w", err)
+			return nil, fmt.Errorf("begin and lock the keys: %w", err)
 		}
 	}
 	res, err := br.Query()
+	var got []ingressFound
 	if err == nil {
 		got, err = pgx.CollectRows(res, scan)
 	}
@@ -135,13 +176,63 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) (got []Ingres
 		err = cerr
 	}
 	if err != nil {
-		return nil, nil, true, fmt.Errorf("insert: %w", err)
+		return nil, fmt.Errorf("insert: %w", err)
 	}
-	lookedUp, err = lookUpMissing(ctx, s.db, got, keys)
+	lookedUp, err := lookUpMissing(ctx, db, got, keys)
 	if err != nil {
-		return nil, nil, true, err
+		return nil, err
 	}
-	return got, lookedUp, true, nil
+	return assign(rows, got, lookedUp)
+}
+
+// assign gives each row its id: an inserted row the next of the inserted ids
+// in order (the identity hands them out in the order of the rows), a row whose
+// key was there already the id of the row holding it.
+func assign(rows []IngressRow, got []ingressFound, lookedUp map[string]int64) ([]int64, error) {
+	var inserted []ingressFound
+	existing := map[string]int64{}
+	for _, f := range got {
+		if f.Inserted {
+			inserted = append(inserted, f)
+		} else {
+			existing[*f.Key] = f.ID
+		}
+	}
+	slices.SortFunc(inserted, func(a, b ingressFound) int { return cmp.Compare(a.ID, b.ID) })
+	insertedKey := map[string]bool{}
+	for _, f := range inserted {
+		if f.Key != nil {
+			insertedKey[*f.Key] = true
+		}
+	}
+	ids := make([]int64, len(rows))
+	next := 0
+	for i, r := range rows {
+		if r.Key == nil || insertedKey[*r.Key] {
+			if next == len(inserted) {
+				return nil, fmt.Errorf("insert answered %d rows for more rows than that: %w", len(inserted), ErrInsertAnswer)
+			}
+			f := inserted[next]
+			next++
+			if (f.Key == nil) != (r.Key == nil) || f.Key != nil && *f.Key != *r.Key {
+				return nil, fmt.Errorf("insert answered its rows out of order at row %d: %w", i+1, ErrInsertAnswer)
+			}
+			ids[i] = f.ID
+			continue
+		}
+		id, ok := existing[*r.Key]
+		if !ok {
+			id, ok = lookedUp[*r.Key]
+		}
+		if !ok {
+			return nil, ErrKeyVanished
+		}
+		ids[i] = id
+	}
+	if next != len(inserted) {
+		return nil, fmt.Errorf("insert answered %d rows, %d expected: %w", len(inserted), next, ErrInsertAnswer)
+	}
+	return ids, nil
 }
 
 // queueKeyLocks queues on b the advisory locks of a keyed transaction: the
@@ -164,7 +255,7 @@ func queueKeyLocks(b *pgx.Batch, keys []*string) {
 
 // lookUpMissing finds the ids of the keys that the insert neither inserted
 // nor saw (rows committed while it waited for them); nil when there are none.
-func lookUpMissing(ctx context.Context, db DB, got []IngressFound, keys []*string) (map[string]int64, error) {
+func lookUpMissing(ctx context.Context, db DB, got []ingressFound, keys []*string) (map[string]int64, error) {
 	seen := map[string]bool{}
 	for _, f := range got {
 		if f.Key != nil {
@@ -231,7 +322,11 @@ func (s *PG) SchemaVersion(ctx context.Context) (int, error) {
 	return v, nil
 }
 
-// beginSQL opens a keyed batch's transaction (see InsertIngress): it stays
-// open until its caller has assigned the ids, then commits, or rolls back
-// when they cannot be.
-const beginSQL = "BEGIN"
+// beginSQL, commitSQL and rollbackSQL are a keyed insert's transaction
+// control (see InsertIngress): it stays open until the ids are assigned, then
+// commits, or rolls back when they cannot be.
+const (
+	beginSQL    = "BEGIN"
+	commitSQL   = "COMMIT"
+	rollbackSQL = "ROLLBACK"
+)

@@ -33,6 +33,8 @@ type Row struct {
 	// Payload is the payload column; NULL unless HasPayload.
 	Payload    string
 	HasPayload bool
+	// DedupKey is the producer's idempotency key, "" if none.
+	DedupKey string
 }
 
 // StateJSON is the whole state column as JSON text with sorted keys, as a
@@ -166,14 +168,8 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 // for {}) and payload (nil for NULL), in one producer transaction, and returns
 // its id.
 func (q *Queue) InsertMessage(stage, state string, payload []byte) int64 {
-	id := q.Insert(stage, 1)[0]
-	r := q.rows[id-1]
-	if state != "" && state != "{}" {
-		r.State = merge("", state)
-	}
-	if payload != nil {
-		r.Payload, r.HasPayload = string(payload), true
-	}
+	id := q.add(stage, state, payload, "")
+	q.notify()
 	return id
 }
 

@@ -36,7 +36,7 @@ func (q *Queue) List(_ context.Context, p store.ListParams) ([]store.Listed, err
 			continue
 		}
 		out = append(out, store.Listed{
-			ID: r.ID, Stage: r.Stage, Status: r.Status, DispatchError: r.DispatchError, Attempts: r.Attempts,
+			ID: r.ID, Stage: r.Stage, Status: r.Status, DispatchError: r.DispatchError, Attempts: r.Attempts, DedupKey: r.DedupKey,
 			CreatedAt: q.created[r.ID], UpdatedAt: q.updated[r.ID],
 		})
 	}

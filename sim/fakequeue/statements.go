@@ -26,16 +26,7 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 	}
 	var r store.EnqueueResult
 	for i, payload := range p.Payloads {
-		id := int64(len(q.rows) + 1)
-		row := &Row{ID: id, Stage: p.Stage, Status: core.StatusPending}
-		if s := p.States[i]; s != "" && s != "{}" {
-			row.State = merge("", s)
-		}
-		if payload != nil {
-			row.Payload, row.HasPayload = string(payload), true
-		}
-		q.rows = append(q.rows, row)
-		q.touch(id)
+		id := q.add(p.Stage, p.States[i], payload, "")
 		if r.Count == 0 {
 			r.First = id
 		}
@@ -45,6 +36,57 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 		q.notify()
 	}
 	return r, nil
+}
+
+// add appends a pending row at stage with state (a JSON object, "" for {}),
+// payload (nil for NULL) and key ("" for none), and returns its id. It does
+// not notify: the caller does, once per statement.
+func (q *Queue) add(stage, state string, payload []byte, key string) int64 {
+	id := int64(len(q.rows) + 1)
+	row := &Row{ID: id, Stage: stage, Status: core.StatusPending, DedupKey: key}
+	if state != "" && state != "{}" {
+		row.State = merge("", state)
+	}
+	if payload != nil {
+		row.Payload, row.HasPayload = string(payload), true
+	}
+	q.rows = append(q.rows, row)
+	q.touch(id)
+	return id
+}
+
+// InsertIngress inserts rows as pending rows in order, but for a row whose
+// key a row holds already, and returns each row's id: the one it was given,
+// or the holder's. It notifies once if it inserted any, as the insert
+// trigger does for one statement.
+func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int64, error) {
+	ids := make([]int64, len(rows))
+	inserted := false
+	for i, r := range rows {
+		key := ""
+		if r.Key != nil {
+			key = *r.Key
+			if id := q.holder(key); id != 0 {
+				ids[i] = id
+				continue
+			}
+		}
+		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key), true
+	}
+	if inserted {
+		q.notify()
+	}
+	return ids, nil
+}
+
+// holder is the id of the row that holds key, 0 if none does.
+func (q *Queue) holder(key string) int64 {
+	for _, r := range q.rows {
+		if r != nil && r.DedupKey == key {
+			return r.ID
+		}
+	}
+	return 0
 }
 
 // CountRows counts the rows per stage and status. The fake keeps no clock, so
@@ -108,7 +150,7 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
 	}
 	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts,
-		CreatedAt: q.created[id], UpdatedAt: q.updated[id]}
+		DedupKey: r.DedupKey, CreatedAt: q.created[id], UpdatedAt: q.updated[id]}
 	if !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t

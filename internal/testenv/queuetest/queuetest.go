@@ -109,7 +109,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	for _, tc := range slices.Concat(tests, statementTests, operatorTests, stageTests) {
+	for _, tc := range slices.Concat(tests, statementTests, operatorTests, stageTests, ingressTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, open(t))
