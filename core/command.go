@@ -10,7 +10,7 @@ import (
 // Command is one thing the core asks the shell to do. The set is closed: only
 // this package's types implement it, those of this file and Inspect and Vacuum
 // (vacuum.go). The shell executes the commands of one Step other than queue
-// commands in the order given. Queue commands (ResetOrphans, Resolve, Wake,
+// commands in the order given. Queue commands (ResetOrphans, Resolve, Release, Wake,
 // Claim, Flush) of one Step form one transaction: the shell gathers them and,
 // after every other command of the Step, runs them in the order given in a
 // single transaction, and answers each with its result event (same Op), all
@@ -83,6 +83,10 @@ type Item struct {
 	// state and payload (Outcome.Message), read as Cap.LineMax says.
 	Claim   bool
 	LineMax int
+	// Key is the message's order key ("" for none), as its claim read it: the
+	// core releases the key once the item is resolved (see Release). The
+	// statement itself does not use it.
+	Key string
 }
 
 func (it Item) String() string {
@@ -111,6 +115,9 @@ func (it Item) String() string {
 	if it.Epoch != "" {
 		s += "[epoch=" + it.Epoch + "]"
 	}
+	if it.Key != "" {
+		s += "[key=" + strconv.Quote(it.Key) + "]"
+	}
 	return s
 }
 
@@ -118,9 +125,15 @@ func (it Item) String() string {
 // core holds). Sent first at start-up, with Keep empty, and again after a Claim
 // whose result was lost, so rows it may have claimed are not stuck running. Answered
 // by OrphansReset. Precondition: the single-dispatcher lock is held.
+//
+// With ReleaseKeys (the start-up reset) it then also releases every key that
+// has blocked messages, as Release does: a stage's own commit of a key's last
+// pass may have been followed by a crash before the dispatcher released the
+// key, and nothing else would.
 type ResetOrphans struct {
-	Op   int64
-	Keep []int64
+	Op          int64
+	Keep        []int64
+	ReleaseKeys bool
 }
 
 // Resolve applies Items (see Item) in one statement. Answered by Resolved.
@@ -175,6 +188,21 @@ type Cap struct {
 	LineMax int
 }
 
+// Release hands each key in Keys to its oldest unfinished message
+// (docs/protocol.md, "Ordering per key"): if no worker holds a message of the
+// key, its oldest unfinished message becomes its head (blocked -> pending, or
+// paused while its timeout is still ahead) and any other of its messages that
+// is not blocked becomes blocked. The core sends it after every pass of a keyed
+// message, in the transaction that resolves it, after the Resolve (and the
+// start-up reset releases every key: ResetOrphans.ReleaseKeys). It never
+// waits for a producer: a key whose lock a producer holds (one may be inserting
+// a row of that key that this release would not see) is reported busy and
+// released again later. Answered by Released.
+type Release struct {
+	Op   int64
+	Keys []string
+}
+
 // Claim moves pending rows to running, for each stage up to its cap, in
 // ingress_id order, in one statement, and reports the stages where it found
 // more pending rows than its cap (Claimed.More). It also makes sure the crash sentinel holds a
@@ -188,10 +216,15 @@ type Cap struct {
 // stray tool, a stage's late commit), so a message is never held by two workers
 // at once and a stale answer never meets a newer pass. The core claims such a
 // row again once its holder is done with it (its resolve reports it pending).
+//
+// ExcludeKeys lists the order keys of the messages the core holds: the claim
+// never takes another message of such a key (at most one message of a key is
+// held at any moment; docs/protocol.md, "Ordering per key").
 type Claim struct {
-	Op      int64
-	Caps    []Cap
-	Exclude []int64
+	Op          int64
+	Caps        []Cap
+	Exclude     []int64
+	ExcludeKeys []string
 }
 
 // StageDelta is what one stage did since the last flush.
@@ -330,6 +363,7 @@ type Exit struct {
 func (ResetOrphans) isCommand() {}
 func (Resolve) isCommand()      {}
 func (Wake) isCommand()         {}
+func (Release) isCommand()      {}
 func (Claim) isCommand()        {}
 func (Flush) isCommand()        {}
 func (Spawn) isCommand()        {}
@@ -343,7 +377,7 @@ func (Busy) isCommand()         {}
 func (Exit) isCommand()         {}
 
 // QueueCommand is a command executed in the step's queue transaction (see
-// Command): ResetOrphans, Resolve, Wake, Claim and Flush. Each is answered by
+// Command): ResetOrphans, Resolve, Release, Wake, Claim and Flush. Each is answered by
 // one result event carrying its Op.
 type QueueCommand interface {
 	Command
@@ -353,6 +387,7 @@ type QueueCommand interface {
 func (c ResetOrphans) queueOp() int64 { return c.Op }
 func (c Resolve) queueOp() int64      { return c.Op }
 func (c Wake) queueOp() int64         { return c.Op }
+func (c Release) queueOp() int64      { return c.Op }
 func (c Claim) queueOp() int64        { return c.Op }
 func (c Flush) queueOp() int64        { return c.Op }
 
@@ -363,7 +398,11 @@ func IsQueue(c Command) bool {
 }
 
 func (c ResetOrphans) String() string {
-	return fmt.Sprintf("reset-orphans op=%d keep=%s", c.Op, formatIDs(c.Keep))
+	s := fmt.Sprintf("reset-orphans op=%d keep=%s", c.Op, formatIDs(c.Keep))
+	if c.ReleaseKeys {
+		s += " release-keys"
+	}
+	return s
 }
 func (c Resolve) String() string {
 	var b strings.Builder
@@ -396,7 +435,13 @@ func (c Claim) String() string {
 	if len(c.Exclude) > 0 {
 		b.WriteString(" exclude=" + formatIDs(c.Exclude))
 	}
+	if len(c.ExcludeKeys) > 0 {
+		b.WriteString(" exclude-keys=" + formatKeys(c.ExcludeKeys))
+	}
 	return b.String()
+}
+func (c Release) String() string {
+	return fmt.Sprintf("release op=%d keys=%s", c.Op, formatKeys(c.Keys))
 }
 func (c Flush) String() string {
 	var b strings.Builder
@@ -440,6 +485,14 @@ func (c Log) String() string      { return fmt.Sprintf("log %s %q", c.Level, c.M
 func (Rest) String() string       { return "rest" }
 func (Busy) String() string       { return "busy" }
 func (c Exit) String() string     { return fmt.Sprintf("exit %d", c.Code) }
+
+func formatKeys(keys []string) string {
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = strconv.Quote(k)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
 
 func formatIDs(ids []int64) string {
 	parts := make([]string, len(ids))

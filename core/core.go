@@ -152,7 +152,12 @@ type stage struct {
 	// Anything that may make older rows pending (a reset, a wake, a NOTIFY, the
 	// heartbeat, the database coming back) sets it to zero; a resolve lowers the
 	// claim in its own transaction below its items' ids (claimAfter).
-	floor         int64
+	floor int64
+	// headAt: the lowest id a Release of the outstanding transaction made
+	// pending here (a key's new head), which its claim may not have walked
+	// (it may sit below the floor); zero for none. Applied again after that
+	// claim's result (see released).
+	headAt        int64
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled
@@ -194,6 +199,8 @@ type Core struct {
 	// races: rows still running after their resolve (a commit raced it), by
 	// how many resolves in a row found them so (see raced).
 	races map[int64]int
+	// keys: ordering per key (orderkey.go).
+	keys orderKeys
 
 	epoch      string
 	nextPaused time.Time
@@ -252,6 +259,7 @@ func New(cfg *conf.Config) *Core {
 		startFails: map[int64]int{},
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
+		keys:       orderKeys{keyOf: map[int64]string{}, holder: map[string]int64{}, owed: map[string]bool{}},
 	}
 	for _, sc := range cfg.Stages {
 		st := &stage{cfg: sc, maxRuntime: cfg.Dispatch.RuntimeOf(sc), rate: newBucket(sc.Rate), stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
@@ -352,6 +360,8 @@ func (c *Core) apply(ev Event) {
 		c.resolved(e)
 	case Woken:
 		c.woken(e)
+	case Released:
+		c.released(e)
 	case OrphansReset:
 		c.orphansReset(e)
 	case Inspected:
@@ -432,6 +442,9 @@ func (c *Core) setTimer() {
 	}
 	if !c.lookAt.IsZero() && !queueBlocked {
 		at(c.lookAt)
+	}
+	if len(c.keys.owed) > 0 && !queueBlocked {
+		at(c.keys.owedAt)
 	}
 	if c.hasDeltas() && !queueBlocked {
 		at(c.lastFlush.Add(c.cfg.StatsInterval))

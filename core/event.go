@@ -115,6 +115,9 @@ type Row struct {
 	ID       int64
 	Stage    string
 	Attempts int
+	// Key is the row's order_key, "" for none (docs/protocol.md, "Ordering
+	// per key").
+	Key string
 	// Message is the row's state and payload, read only for a stage whose
 	// INPUT is message (Cap.LineMax > 0); nil for any other.
 	Message *Message
@@ -193,11 +196,37 @@ type Woken struct {
 	Err   string
 }
 
+// Head is a message a Release made (or found to be) its key's head: its key's
+// oldest unfinished message, which no worker holds, now pending or paused
+// (until Timeout; zero for no due time) at Stage.
+type Head struct {
+	Key     string
+	ID      int64
+	Stage   string
+	Status  RowStatus
+	Timeout time.Time
+}
+
+// Released is the result of a Release: the heads of the keys it released that
+// are not held (a key none of whose messages is unfinished has none), and the
+// keys it could not take because a producer held their lock (to be released
+// again). A non-empty Err means the transaction may or may not have committed.
+type Released struct {
+	Op    int64
+	Heads []Head
+	Busy  []string
+	Err   string
+}
+
 // OrphansReset is the result of a ResetOrphans: how many running rows became
 // pending.
+// With ResetOrphans.ReleaseKeys, Heads and Busy are the release's, as in
+// Released.
 type OrphansReset struct {
 	Op    int64
 	Count int
+	Heads []Head
+	Busy  []string
 	Err   string
 }
 
@@ -219,6 +248,7 @@ func (WorkerExited) isEvent()  {}
 func (Claimed) isEvent()       {}
 func (Resolved) isEvent()      {}
 func (Woken) isEvent()         {}
+func (Released) isEvent()      {}
 func (OrphansReset) isEvent()  {}
 func (Flushed) isEvent()       {}
 func (Resting) isEvent()       {}
@@ -283,6 +313,9 @@ func (e Claimed) String() string {
 		if r.Attempts != 0 {
 			fmt.Fprintf(&b, "#%d", r.Attempts)
 		}
+		if r.Key != "" {
+			fmt.Fprintf(&b, "[key=%q]", r.Key)
+		}
 		if r.Message != nil {
 			b.WriteString(r.Message.String())
 		}
@@ -338,11 +371,32 @@ func (e Woken) String() string {
 	}
 	return fmt.Sprintf("woken op=%d count=%d next=%s", e.Op, e.Count, formatTime(e.Next))
 }
+func (e Released) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("released op=%d err=%q", e.Op, e.Err)
+	}
+	return fmt.Sprintf("released op=%d", e.Op) + formatHeads(e.Heads, e.Busy)
+}
+
+// formatHeads is the text form of a release's result, "" for none.
+func formatHeads(heads []Head, busy []string) string {
+	var b strings.Builder
+	for _, h := range heads {
+		fmt.Fprintf(&b, " %q:%d@%s:%s", h.Key, h.ID, h.Stage, h.Status)
+		if !h.Timeout.IsZero() {
+			b.WriteString("(until " + formatTime(h.Timeout) + ")")
+		}
+	}
+	if len(busy) > 0 {
+		b.WriteString(" busy=" + formatKeys(busy))
+	}
+	return b.String()
+}
 func (e OrphansReset) String() string {
 	if e.Err != "" {
 		return fmt.Sprintf("orphans-reset op=%d err=%q", e.Op, e.Err)
 	}
-	return fmt.Sprintf("orphans-reset op=%d count=%d", e.Op, e.Count)
+	return fmt.Sprintf("orphans-reset op=%d count=%d", e.Op, e.Count) + formatHeads(e.Heads, e.Busy)
 }
 func (e Flushed) String() string {
 	if e.Err != "" {
@@ -361,7 +415,7 @@ func formatTime(t time.Time) string {
 }
 
 // queueResult is the result event of a queue command: OrphansReset, Resolved,
-// Woken, Claimed, Flushed. A non-empty error means the transaction failed.
+// Released, Woken, Claimed, Flushed. A non-empty error means the transaction failed.
 type queueResult interface {
 	Event
 	queueErr() string
@@ -370,5 +424,6 @@ type queueResult interface {
 func (e OrphansReset) queueErr() string { return e.Err }
 func (e Resolved) queueErr() string     { return e.Err }
 func (e Woken) queueErr() string        { return e.Err }
+func (e Released) queueErr() string     { return e.Err }
 func (e Claimed) queueErr() string      { return e.Err }
 func (e Flushed) queueErr() string      { return e.Err }

@@ -34,7 +34,7 @@ func (m *Message) String() string {
 // MessageLine builds the standard input line of an INPUT = message stage for r,
 // without the newline (docs/protocol.md, "Standard input"):
 //
-//	{"id":N,"stage":"S","attempts":A,"state":{…},"payload":"…"}
+//	{"id":N,"stage":"S","attempts":A,"order_key":"K","state":{…},"payload":"…"}
 //
 // payload is a JSON string when the payload is valid UTF-8, payload_base64
 // (standard base64) when it is not, and absent when it is NULL. It returns the
@@ -61,6 +61,10 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 	b.WriteString(strconv.Quote(r.Stage)) // stage names are letters, digits, '_' and '-'
 	b.WriteString(`,"attempts":`)
 	b.WriteString(strconv.Itoa(r.Attempts))
+	if r.Key != "" {
+		b.WriteString(`,"order_key":`)
+		writeJSONString(&b, []byte(r.Key))
+	}
 	b.WriteString(`,"state":`)
 	b.Write(state.Bytes())
 	switch {

@@ -60,7 +60,10 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 	yielded = map[string]int{}
 	var cand []int
 	for i, it := range items {
-		if it.Verdict == Move && c.byName[it.To] != nil && !c.unsure[it.ID] && c.races[it.ID] == 0 {
+		// A keyed message moves to pending and is claimed after its key's
+		// release (an operator may have made an older message of its key its
+		// head meanwhile): it never claims with its move.
+		if it.Verdict == Move && it.Key == "" && c.byName[it.To] != nil && !c.unsure[it.ID] && c.races[it.ID] == 0 {
 			cand = append(cand, i)
 		}
 	}

@@ -14,6 +14,10 @@ const (
 	StatusRunning RowStatus = "running"
 	// StatusPaused: waiting for its timeout, then pending again at its stage.
 	StatusPaused RowStatus = "paused"
+	// StatusBlocked: waiting behind an older unfinished message of its
+	// order key; the release that ends that message's turn makes it its key's
+	// head (docs/protocol.md, "Ordering per key").
+	StatusBlocked RowStatus = "blocked"
 	// StatusDone: finished.
 	StatusDone RowStatus = "done"
 	// StatusFailed: failed by its stage or by the dispatcher (state.dispatch_error).
@@ -25,7 +29,7 @@ const (
 // RowStatuses lists every status a row can have, in pipeline order: the order
 // the tools list them in.
 func RowStatuses() []RowStatus {
-	return []RowStatus{StatusPending, StatusRunning, StatusPaused, StatusDone, StatusFailed, StatusTimeout}
+	return []RowStatus{StatusPending, StatusRunning, StatusPaused, StatusBlocked, StatusDone, StatusFailed, StatusTimeout}
 }
 
 // Final reports whether a row with status s has left the pipeline.

@@ -101,7 +101,14 @@ func claimAfter(st *stage, txn []Command) int64 {
 }
 
 // owe queues an item for the next Resolve.
-func (c *Core) owe(it Item) { c.owed = append(c.owed, it) }
+// An item of a keyed message carries its key, for the release that follows
+// its resolve.
+func (c *Core) owe(it Item) {
+	if it.Key == "" {
+		it.Key = c.keys.keyOf[it.ID]
+	}
+	c.owed = append(c.owed, it)
+}
 
 func (c *Core) claimed(e Claimed) {
 	cmd := c.result(e.Op, e.Err).(Claim)
@@ -140,6 +147,13 @@ func (c *Core) claimed(e Claimed) {
 		got[r.Stage]++
 		reach[r.Stage] = max(reach[r.Stage], r.ID)
 		m := msg{id: r.ID, epoch: e.Epoch, attempts: r.Attempts}
+		if other, ok := c.holdKey(r.ID, r.Key); !ok {
+			// Two messages of one key pending at once: a writer outside the
+			// rules (the release that follows puts the key in order again).
+			c.logf(LevelWarn, "message %d: claimed while message %d of its order key %q is held; requeued unhanded", r.ID, other, r.Key)
+			c.owe(Item{ID: r.ID, Stage: st.cfg.Name, Verdict: Requeue, Key: r.Key})
+			continue
+		}
 		if c.shutdown > 0 {
 			c.requeue(st, []msg{m})
 			continue
@@ -171,6 +185,9 @@ func (c *Core) claimed(e Claimed) {
 			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage], more)
 		}
 	}
+	for _, st := range c.stages {
+		c.headPending(st)
+	}
 }
 
 // floorAfter is a stage's floor after a claim that looked above cp.After and
@@ -193,6 +210,7 @@ func (c *Core) resolved(e Resolved) {
 		return
 	}
 	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
+	defer c.forgetKeys(cmd.Items)
 	for i, o := range e.Outcomes {
 		it := cmd.Items[i]
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
@@ -250,6 +268,9 @@ func (c *Core) resolved(e Resolved) {
 			// or 'infinity') is never woken; it must not hide when another is.
 			c.nextPaused = earliest(c.nextPaused, o.Timeout)
 			c.txnPaused = earliest(c.txnPaused, o.Timeout)
+		case StatusBlocked:
+			// A keyed message an operator's retry put behind an older one of
+			// its key: the release that follows decides.
 		case "":
 			c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
 		default:
@@ -328,7 +349,7 @@ func (c *Core) queueWork() {
 		if !c.resetDone {
 			keep = nil
 		}
-		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep})
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone})
 		c.needReset = false
 		c.sweep = false
 	} else if c.sweep && c.shutdown == 0 {
@@ -343,9 +364,12 @@ func (c *Core) queueWork() {
 		// anywhere, which the moves would overtake: then no move claims.
 		yielded = c.claimMoves(c.owed, len(txn) > 0 || waking)
 		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed})
-		c.owed = nil
 		resolving = true
 	}
+	if rel, ok := c.releaseFor(c.owed, len(txn) > 0); ok {
+		txn = append(txn, rel)
+	}
+	c.owed = nil
 	if waking {
 		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.wakeKeep(txn)})
 		c.wakeDue = false
@@ -368,7 +392,7 @@ func (c *Core) queueWork() {
 		if len(caps) > 0 {
 			// What the core still holds once this transaction's resolve has run
 			// (every owed item is in it): the claim must not take it again.
-			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held()})
+			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys()})
 			c.claimGen = c.ingressGen
 			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now
@@ -511,6 +535,7 @@ func (c *Core) orphansReset(e OrphansReset) {
 	if e.Count > 0 {
 		c.lookAll() // the reset made rows pending at any stage, at any id
 	}
+	c.takeHeads(e.Heads, e.Busy)
 	if !c.resetDone {
 		c.resetDone = true
 		if e.Count > 0 {

@@ -325,10 +325,10 @@ func Count(ctx context.Context, conn *pgx.Conn, sel Selection) (int64, error) {
 }
 
 // Discardable lists the statuses Discard ends: a message waiting for the
-// dispatcher. A running one belongs to a worker, and a finished one has
-// already left the pipeline.
+// dispatcher, or behind an older message of its order key. A running one
+// belongs to a worker, and a finished one has already left the pipeline.
 func Discardable() []core.RowStatus {
-	return []core.RowStatus{core.StatusPending, core.StatusPaused}
+	return []core.RowStatus{core.StatusPending, core.StatusPaused, core.StatusBlocked}
 }
 
 // DiscardedError is the dispatch_error Discard writes: it names the operator's

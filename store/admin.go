@@ -48,7 +48,8 @@ FROM pepsi.queue WHERE ingress_id = $1`
 
 // retrySQL makes pending again the rows selectWhere selects ($1 to $5; none
 // when $3 names no status), moving them to stage $6 (empty: where they are)
-// and keeping their dispatch_error in dispatch_error_history.
+// and keeping their dispatch_error in dispatch_error_history, and returns
+// how many and the order keys among them (see releaseKeys).
 // In SET, stage, status and state are the row's values before the update.
 const retrySQL = `WITH moved AS (
 	UPDATE pepsi.queue SET
@@ -63,8 +64,8 @@ const retrySQL = `WITH moved AS (
 			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
 				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
 	WHERE cardinality($3::text[]) > 0 AND ` + selectWhere + `
-	RETURNING 1)
-SELECT count(*) FROM moved`
+	RETURNING order_key)
+SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM moved`
 
 // notifySQL wakes the dispatcher, at commit, for rows made pending.
 const notifySQL = `SELECT pg_notify('ingress', '')`
@@ -252,10 +253,35 @@ func (s *PG) CountRetry(ctx context.Context, p RetryParams) (int64, error) {
 // 0, and returns how many it moved. It does not notify: see NotifyIngress.
 func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 	var n int64
-	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&n); err != nil {
+	var keys []string
+	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&n, &keys); err != nil {
+		return 0, fmt.Errorf("retry: %w", err)
+	}
+	if err := s.releaseKeys(ctx, keys); err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
 	return n, nil
+}
+
+// operatorReleaseSQL hands each key of $1 to its oldest unfinished message
+// (pepsi.order_release, schema 12), waiting for the keys' locks: an operator's
+// tool may wait for a producer, the dispatcher never does.
+const operatorReleaseSQL = `SELECT count(*) FROM pepsi.order_release($1::text[], true)`
+
+// releaseKeys puts the order keys of rows an operator's retry or discard
+// changed in order again: a retried message older than its key's head is the
+// key's oldest again, and a discarded head hands its key on
+// (docs/protocol.md, "Ordering per key"). In the caller's transaction, if it
+// gave one, after its change.
+func (s *PG) releaseKeys(ctx context.Context, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	var n int64
+	if err := s.db.QueryRow(ctx, operatorReleaseSQL, keys).Scan(&n); err != nil {
+		return fmt.Errorf("release order keys: %w", err)
+	}
+	return nil
 }
 
 // NotifyIngress wakes the dispatcher at commit, for rows made pending by a

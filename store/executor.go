@@ -17,10 +17,11 @@ import (
 // (internal/testenv/queuetest) runs every method against both, so the
 // simulator cannot drift from reality.
 type Executor interface {
-	// Exec runs cmds (each one of core.ResetOrphans, core.Resolve, core.Wake,
-	// core.Claim, core.Flush) in order in one transaction and returns one result
-	// event per command, in the same order (core.OrphansReset, core.Resolved,
-	// core.Woken, core.Claimed, core.Flushed), each with the same Op. If the
+	// Exec runs cmds (each one of core.ResetOrphans, core.Resolve,
+	// core.Release, core.Wake, core.Claim, core.Flush) in order in one
+	// transaction and returns one result event per command, in the same order
+	// (core.OrphansReset, core.Resolved, core.Released, core.Woken,
+	// core.Claimed, core.Flushed), each with the same Op. If the
 	// transaction fails, every result carries the error text: the caller cannot know
 	// whether it committed, and the core is written for both.
 	Exec(ctx context.Context, cmds []core.Command) []core.Event

@@ -107,6 +107,13 @@ func (h *harness) InsertMessage(t *testing.T, stage, state string, payload []byt
 
 func (h *harness) BeginInsert(t *testing.T, stage string) (int64, func()) {
 	t.Helper()
+	return h.beginInsert(t, "INSERT INTO pepsi.queue (stage) VALUES ($1) RETURNING ingress_id", stage)
+}
+
+// beginInsert runs an INSERT … RETURNING ingress_id in a producer transaction
+// left open, and returns the id and the commit.
+func (h *harness) beginInsert(t *testing.T, sql string, args ...any) (int64, func()) {
+	t.Helper()
 	ctx := t.Context()
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
@@ -114,8 +121,8 @@ func (h *harness) BeginInsert(t *testing.T, stage string) (int64, func()) {
 	}
 	t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // a no-op once committed
 	var id int64
-	if err := tx.QueryRow(ctx, "INSERT INTO pepsi.queue (stage) VALUES ($1) RETURNING ingress_id", stage).Scan(&id); err != nil {
-		t.Fatalf("insert a row at %s: %v", stage, err)
+	if err := tx.QueryRow(ctx, sql, args...).Scan(&id); err != nil {
+		t.Fatalf("insert %v: %v", args, err)
 	}
 	return id, func() {
 		if err := tx.Commit(ctx); err != nil {
@@ -194,4 +201,25 @@ func (c *countingConn) Read(b []byte) (int, error) {
 		c.lastOut.Store(false)
 	}
 	return n, err
+}
+
+// TestQueueOrderKeys runs the conformance tests of ordering per key on
+// PostgreSQL.
+func TestQueueOrderKeys(t *testing.T) {
+	t.Parallel()
+	queuetest.RunOrderKeys(t, func(t *testing.T) queuetest.KeyedHarness { return newHarness(t) })
+}
+
+func (h *harness) InsertKeyed(t *testing.T, stage, key string) int64 {
+	t.Helper()
+	var id int64
+	if err := h.pool.QueryRow(t.Context(), "INSERT INTO pepsi.queue (stage, order_key) VALUES ($1, $2) RETURNING ingress_id", stage, key).Scan(&id); err != nil {
+		t.Fatalf("insert a row of key %q at %s: %v", key, stage, err)
+	}
+	return id
+}
+
+func (h *harness) BeginInsertKeyed(t *testing.T, stage, key string) (int64, func()) {
+	t.Helper()
+	return h.beginInsert(t, "INSERT INTO pepsi.queue (stage, order_key) VALUES ($1, $2) RETURNING ingress_id", stage, key)
 }

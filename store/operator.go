@@ -36,7 +36,8 @@ ORDER BY ingress_id LIMIT $7`
 const countSelectedSQL = `SELECT count(*) FROM pepsi.queue WHERE ` + selectWhere
 
 // discardSQL ends the selected rows failed, with state.dispatch_error $6, and
-// says how many. The caller passes only pending and paused in $3: the guard
+// says how many and the order keys among them (see releaseKeys). The caller
+// passes only pending, paused and blocked in $3: the guard
 // is re-checked on each row as it is updated (READ COMMITTED), so a row the
 // dispatcher claimed meanwhile (running, held by a worker) is left alone.
 const discardSQL = `WITH gone AS (
@@ -44,8 +45,8 @@ const discardSQL = `WITH gone AS (
 		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($6::text))
 		             ELSE jsonb_build_object('dispatch_error', $6::text, 'state', state) END
 	WHERE ` + selectWhere + `
-	RETURNING 1)
-SELECT count(*) FROM gone`
+	RETURNING order_key)
+SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM gone`
 
 // Selection picks messages for pepsi-queue's list and discard. Zero fields
 // select everything.
@@ -123,7 +124,11 @@ type DiscardParams struct {
 // p.DispatchError as their dispatch_error, and returns how many.
 func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 	var n int64
-	if err := s.db.QueryRow(ctx, discardSQL, append(p.Selection.args(), p.DispatchError)...).Scan(&n); err != nil {
+	var keys []string
+	if err := s.db.QueryRow(ctx, discardSQL, append(p.Selection.args(), p.DispatchError)...).Scan(&n, &keys); err != nil {
+		return 0, fmt.Errorf("discard: %w", err)
+	}
+	if err := s.releaseKeys(ctx, keys); err != nil {
 		return 0, fmt.Errorf("discard: %w", err)
 	}
 	return n, nil

@@ -187,8 +187,10 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 	// Autovacuum must not gather statistics behind the test's back.
 	for _, sql := range []string{
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
-		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 's' || (i %% 3) FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int) AS " + store.ClaimSQL,
+		// One row in 50 has an order key (100 keys): the keyed filter must
+		// not move the plan off the index either.
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 's' || (i %% 3), CASE WHEN i %% 50 = 0 THEN 'k' || (i %% 100) END FROM generate_series(1, %d) i", backlog),
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[]) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -208,7 +210,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, after := range []string{"{0,0,0}", "{0,1000,100000}"} {
 				// Excluded: rows the dispatcher holds, some of them pending.
-				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096", strings.Join(stages, ","), capEach, capEach, capEach, after)
+				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}'", strings.Join(stages, ","), capEach, capEach, capEach, after)
 				plan := explain(t, conn, mode, "claim", args)
 				where := fmt.Sprintf("%s, %s, floors %s:\n%s", stats, mode, after, plan)
 				checkClaimPlan(t, plan, len(stages), capEach, where)
@@ -232,7 +234,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int) AS " + store.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[]) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -240,7 +242,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	}
 	pages := func(after int64) float64 {
 		var blocks float64
-		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0", after))
+		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}'", after))
 		plan.walk(nil, func(n, _ *planNode) {
 			if n.IndexName == "queue_pending" {
 				blocks = n.SharedHit + n.SharedRead

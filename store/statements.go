@@ -33,6 +33,8 @@ func statementFor(c core.Command) statement {
 		return resolve(c)
 	case core.Wake:
 		return wake(c)
+	case core.Release:
+		return release(c)
 	case core.Flush:
 		return flush(c)
 	}
@@ -59,8 +61,13 @@ func resetOrphans(c core.ResetOrphans) statement {
 		keep = []int64{}
 	}
 	return statement{
-		name:  "reset orphans",
-		queue: func(b *pgx.Batch) { b.Queue(resetOrphansSQL, keep) },
+		name: "reset orphans",
+		queue: func(b *pgx.Batch) {
+			b.Queue(resetOrphansSQL, keep)
+			if c.ReleaseKeys {
+				b.Queue(releaseAllSQL)
+			}
+		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.OrphansReset{Op: c.Op}
 			var n int64
@@ -68,10 +75,72 @@ func resetOrphans(c core.ResetOrphans) statement {
 				return nil, err
 			}
 			ev.Count = int(n)
+			if c.ReleaseKeys {
+				heads, busy, err := readRelease(br)
+				if err != nil {
+					return nil, fmt.Errorf("release every key: %w", err)
+				}
+				ev.Heads, ev.Busy = heads, busy
+			}
 			return ev, nil
 		},
 		failed: func(err string) core.Event { return core.OrphansReset{Op: c.Op, Err: err} },
 	}
+}
+
+// releaseSQL hands each key of $1 to its oldest unfinished message, never
+// waiting for a producer's lock (pepsi.order_release, schema 12; core.Release).
+const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout FROM pepsi.order_release($1::text[], false)`
+
+// releaseAllSQL releases every key that has blocked messages: the start-up
+// reset's (core.ResetOrphans.ReleaseKeys). pepsi.order_blocked_keys finds them
+// with one index probe per key, not one per blocked message.
+const releaseAllSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout
+FROM pepsi.order_release(ARRAY(SELECT pepsi.order_blocked_keys()), false)`
+
+func release(c core.Release) statement {
+	return statement{
+		name:  "release",
+		queue: func(b *pgx.Batch) { b.Queue(releaseSQL, c.Keys) },
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			heads, busy, err := readRelease(br)
+			if err != nil {
+				return nil, err
+			}
+			return core.Released{Op: c.Op, Heads: heads, Busy: busy}, nil
+		},
+		failed: func(err string) core.Event { return core.Released{Op: c.Op, Err: err} },
+	}
+}
+
+// readRelease reads pepsi.order_release's answer: the keys' heads and the
+// keys it found busy.
+func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var isBusy bool
+		var id *int64
+		var stage, status *string
+		var timeout pgtype.Timestamptz
+		if err := rows.Scan(&key, &isBusy, &id, &stage, &status, &timeout); err != nil {
+			return nil, nil, err
+		}
+		if isBusy {
+			busy = append(busy, key)
+			continue
+		}
+		h := core.Head{Key: key, ID: *id, Stage: *stage, Status: core.RowStatus(*status)}
+		if timeout.Valid && timeout.InfinityModifier == pgtype.Finite {
+			h.Timeout = timeout.Time
+		}
+		heads = append(heads, h)
+	}
+	return heads, busy, rows.Err()
 }
 
 // claimSQL moves pending rows to running: per stage, the first $2[i] pending rows
@@ -107,6 +176,17 @@ func resetOrphans(c core.ResetOrphans) statement {
 // held ids 0.57 ms against 0.08 ms hashed (pgbench, generic plans). The ids
 // are never NULL, so NOT IN means what it says.
 //
+// $7 lists the order keys of the rows the dispatcher holds
+// (core.Claim.ExcludeKeys): a row of such a key is never taken, so at most one
+// message of a key is held at once. Normally no other row of such a key is
+// pending anyway (the key's younger messages are blocked, off this index); an
+// operator's retry of an older one can make one so, and it then waits here,
+// pending, for the held one's release. Hashed once per claim, as $4 is.
+// Nor is a keyed row taken while an older message of its key is unfinished
+// (two probes, one per partial index of schema 12, each stopping at the
+// key's first entry): the claim itself keeps a key's messages oldest first,
+// whatever a release that found the key busy has not yet put in order.
+//
 // Each stage's walk reads one row past its cap: when that row is there, the
 // stage has more pending rows than the claim took (core.Claimed.More), and the
 // statement answers a row with a NULL ingress_id naming the stage after the
@@ -127,6 +207,11 @@ WITH picked AS (
 		SELECT q.ingress_id FROM pepsi.queue q
 		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
 		  AND q.ingress_id NOT IN (SELECT unnest($4::bigint[]))
+		  AND (q.order_key IS NULL OR (q.order_key NOT IN (SELECT unnest($7::text[]))
+		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = q.order_key AND o.ingress_id < q.ingress_id
+		                       AND o.status IN ('pending', 'running', 'paused'))
+		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = q.order_key AND o.ingress_id < q.ingress_id
+		                       AND o.status = 'blocked')))
 		ORDER BY q.stage, q.ingress_id
 		LIMIT greatest(c.n, 0) + 1
 	) p
@@ -137,14 +222,14 @@ WITH picked AS (
 	WHERE u.ingress_id = ANY (ARRAY(SELECT p.ingress_id FROM picked p JOIN found f ON f.stage = p.stage
 	                                WHERE NOT (f.more AND p.ingress_id = f.peeked)))
 	  AND (u.status = 'pending') IS TRUE
-	RETURNING u.ingress_id, u.stage, u.attempts,
+	RETURNING u.ingress_id, u.stage, u.attempts, u.order_key,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN u.state::text END AS state,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN coalesce(octet_length(u.payload), -1) END AS payload_size,
 		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload
 )
-SELECT ingress_id, stage, attempts, state, payload_size, payload FROM claimed
+SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload FROM claimed
 UNION ALL
-SELECT NULL, stage, NULL, NULL, NULL, NULL FROM found WHERE more
+SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
 ORDER BY 1 NULLS LAST, 2`
 
 // ProducerKey is the advisory lock every producer transaction holds shared from
@@ -206,7 +291,11 @@ func claim(c core.Claim) statement {
 			if exclude == nil {
 				exclude = []int64{} // NULL would make "<> ALL" match nothing
 			}
-			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)))
+			excludeKeys := c.ExcludeKeys
+			if excludeKeys == nil {
+				excludeKeys = []string{} // NULL would make "NOT IN" match nothing
+			}
+			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.Claimed{Op: c.Op}
@@ -224,10 +313,10 @@ func claim(c core.Claim) statement {
 				var row core.Row
 				var id *int64
 				var attempts *int32
-				var state *string
+				var key, state *string
 				var size *int32
 				var payload []byte
-				if err := r.Scan(&id, &row.Stage, &attempts, &state, &size, &payload); err != nil {
+				if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload); err != nil {
 					return row, err
 				}
 				if id == nil {
@@ -236,6 +325,9 @@ func claim(c core.Claim) statement {
 				row.ID = *id
 				if attempts != nil {
 					row.Attempts = int(*attempts)
+				}
+				if key != nil {
+					row.Key = *key
 				}
 				if state != nil && size != nil {
 					row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}

@@ -202,9 +202,9 @@ func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
 	r := pq(t, "", env, "stats")
 	r.expect(t, "stats", 0, "DISPATCH: 11 stage passes, 2 messages left the pipeline", "")
 	for _, re := range []string{
-		`(?m)^deliver +0 +0 +0 +2 +0 +0 +-$`,
-		`(?m)^parse +3 +0 +0 +0 +0 +0 +\d+s$`,
-		`(?m)^total +3 +0 +0 +2 +0 +0$`,
+		`(?m)^deliver +0 +0 +0 +0 +2 +0 +0 +-$`,
+		`(?m)^parse +3 +0 +0 +0 +0 +0 +0 +\d+s$`,
+		`(?m)^total +3 +0 +0 +0 +2 +0 +0$`,
 		`(?m)^parse +4 +1 +0 +2 +3 +1.5s +2ms +\d+s ago$`,
 		// The names say what they count: a stage's own failures are not the dispatcher's.
 		`(?m)^stage +passes ok +failed by dispatcher +watchdog timeouts +worker crashes +retries +rate-held +mean pass +updated$`,
@@ -359,8 +359,8 @@ func TestStatsListsEveryConfiguredStageAndNeverForNoFlush(t *testing.T) {
 	r := pq(t, "", nil, "-c", cfg, "stats")
 	r.expect(t, "stats of an empty queue", 0, "messages left the pipeline (updated never)", "")
 	for _, re := range []string{
-		`(?m)^deliver +0 +0 +0 +0 +0 +0 +-$`,
-		`(?m)^parse +0 +0 +0 +0 +0 +0 +-$`,
+		`(?m)^deliver +0 +0 +0 +0 +0 +0 +0 +-$`,
+		`(?m)^parse +0 +0 +0 +0 +0 +0 +0 +-$`,
 		`(?m)^deliver +0 +0 +0 +0 +0 +0s +- +never$`,
 		`(?m)^parse +0 +0 +0 +0 +0 +0s +- +never$`,
 	} {

@@ -94,7 +94,7 @@ func TestTheHandMadePipelineWorksAsWritten(t *testing.T) {
 	// (The trap stops them if a line fails; "|| true" keeps a clean end's status.)
 	script = "set -e\ntrap 'kill %1 %2 2>/dev/null || true' EXIT\n" + script + `
 for i in $(seq 1 150); do
-	pepsi-queue -c pepsi.conf stats | grep -qE '^first +0 +0 +0 +2 +0 +0 ' && break
+	pepsi-queue -c pepsi.conf stats | grep -qE '^first +0 +0 +0 +0 +2 +0 +0 ' && break
 	sleep 0.2
 done
 pepsi-queue -c pepsi.conf stats
@@ -125,7 +125,7 @@ for p in $pids; do wait $p; done
 		t.Fatalf("docs/running.md's commands failed: %v\nscript:\n%s\noutput:\n%s", err, script, out)
 	}
 	if !strings.Contains(string(out), "enqueued 1") || !strings.Contains(string(out), `{"ids":[2]}`) ||
-		!regexp.MustCompile(`(?m)^first +0 +0 +0 +2 +0 +0 `).MatchString(string(out)) {
+		!regexp.MustCompile(`(?m)^first +0 +0 +0 +0 +2 +0 +0 `).MatchString(string(out)) {
 		t.Fatalf("docs/running.md's pipeline did not finish its two messages; output:\n%s", out)
 	}
 }

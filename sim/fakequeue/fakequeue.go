@@ -35,6 +35,8 @@ type Row struct {
 	HasPayload bool
 	// DedupKey is the producer's idempotency key, "" if none.
 	DedupKey string
+	// Key is the order_key column, "" for NULL (orderkey.go).
+	Key string
 }
 
 // StateJSON is the whole state column as JSON text with sorted keys, as a
@@ -87,6 +89,11 @@ type Queue struct {
 	// inFlight counts producer transactions between Reserve and Commit or
 	// Abort: ids taken, rows not yet there.
 	inFlight int
+	// keyLocks: the keys whose lock a producer in flight holds, with its
+	// reserved id; keyed: what each such producer's insert decided
+	// (orderkey.go).
+	keyLocks map[string]int64
+	keyed    map[int64]keyed
 	// Notified counts NOTIFY ingress sent (inserts and wakes).
 	Notified int
 	// racing holds the commits that land during the next resolve of a row
@@ -186,6 +193,7 @@ func (q *Queue) Reserve() int64 {
 // pending at stage, and the queue notifies.
 func (q *Queue) Commit(id int64, stage string) {
 	q.rows[id-1] = &Row{ID: id, Stage: stage, Status: core.StatusPending}
+	q.commitKeyed(q.rows[id-1])
 	q.touch(id)
 	q.inFlight--
 	q.notify()
@@ -200,19 +208,26 @@ func (q *Queue) CommitMessage(id int64, stage string, payload []byte) {
 }
 
 // Abort ends the producer transaction of a reserved id without its row.
-func (q *Queue) Abort(int64) { q.inFlight-- }
+func (q *Queue) Abort(id int64) {
+	q.abortKeyed(id)
+	q.inFlight--
+}
 
 // RetryAll is pepsi-queue retry -all of every failed or timed-out row that
 // skip does not exclude, followed by its NOTIFY (always, as pepsi-queue retry
 // does). It returns their ids.
 func (q *Queue) RetryAll(skip func(id int64) bool) []int64 {
 	var ids []int64
+	var keys []string
 	for _, r := range q.rows {
-		if r != nil && (r.Status == core.StatusFailed || r.Status == core.StatusTimeout) && !skip(r.ID) {
+		if r != nil && (r.Status == core.StatusFailed || r.Status == core.StatusTimeout) && !skip(r.ID) &&
+			(r.Key == "" || !q.KeyLocked(r.Key)) { // (the tool would wait for the producer: see release)
 			q.retry(r, "")
 			ids = append(ids, r.ID)
+			keys = append(keys, r.Key)
 		}
 	}
+	q.release(keys, true, ByOperator)
 	if len(ids) > 0 {
 		// The tool commits synchronously, as in Retry.
 		q.undo = nil
@@ -423,6 +438,8 @@ func failed(cmds []core.Command, err string, aborted bool) []core.Event {
 			out = append(out, core.Resolved{Op: c.Op, Err: err, Aborted: aborted})
 		case core.Wake:
 			out = append(out, core.Woken{Op: c.Op, Err: err})
+		case core.Release:
+			out = append(out, core.Released{Op: c.Op, Err: err})
 		case core.Claim:
 			out = append(out, core.Claimed{Op: c.Op, Err: err, Aborted: aborted})
 		case core.Flush:
@@ -506,6 +523,8 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 		return q.resolve(c)
 	case core.Wake:
 		return q.wake(c)
+	case core.Release:
+		return q.releaseCmd(c)
 	case core.Flush:
 		return q.flush(c)
 	}
@@ -523,7 +542,11 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 			n++
 		}
 	}
-	return core.OrphansReset{Op: c.Op, Count: n}
+	ev := core.OrphansReset{Op: c.Op, Count: n}
+	if c.ReleaseKeys {
+		ev.Heads, ev.Busy = q.release(q.blockedKeys(), false, ByRelease)
+	}
+	return ev
 }
 
 // claim takes up to each cap's N pending rows of its stage above its floor,
@@ -538,7 +561,7 @@ func (q *Queue) claim(c core.Claim) core.Event {
 	for _, cp := range c.Caps {
 		n := 0
 		for _, r := range q.rows {
-			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) {
+			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) && q.claimable(r, c.ExcludeKeys) {
 				if n >= cp.N {
 					more = append(more, cp.Stage) // one row past the cap: the stage has more
 					break
@@ -546,7 +569,7 @@ func (q *Queue) claim(c core.Claim) core.Event {
 				before := *r
 				r.Status = core.StatusRunning
 				q.observe(ByClaim, before, r)
-				row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts}
+				row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts, Key: r.Key}
 				if cp.LineMax > 0 {
 					row.Message = r.message(cp.LineMax)
 				}

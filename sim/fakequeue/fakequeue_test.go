@@ -13,14 +13,17 @@ import (
 // TestQueueConformance runs the suite store passes against PostgreSQL, so
 // the simulator's queue cannot drift from the real one.
 func TestQueueConformance(t *testing.T) {
-	queuetest.Run(t, func(t *testing.T) queuetest.Harness {
-		q := fakequeue.New()
-		// A clock that ticks a second at each reading, so that rows changed
-		// one after another have different updated_at, as on a server.
-		now := time.Date(2030, time.March, 4, 5, 6, 7, 0, time.UTC)
-		q.Clock = func() time.Time { now = now.Add(time.Second); return now }
-		return harness{q}
-	})
+	queuetest.Run(t, func(*testing.T) queuetest.Harness { return newHarness() })
+}
+
+// newHarness is a fresh fake queue with a clock that ticks a second at each
+// reading, so that rows changed one after another have different
+// updated_at, as on a server.
+func newHarness() harness {
+	q := fakequeue.New()
+	now := time.Date(2030, time.March, 4, 5, 6, 7, 0, time.UTC)
+	q.Clock = func() time.Time { now = now.Add(time.Second); return now }
+	return harness{q}
 }
 
 // harness adapts a fake queue to the suite: it plays the ingress side, a stage
@@ -102,4 +105,25 @@ func TestHooksReportNotificationsAndWhoChangedEachRow(t *testing.T) {
 	if notified != 2 || q.Notified != 2 {
 		t.Errorf("notifications = %d (counter %d), want 2: the insert and the wake", notified, q.Notified)
 	}
+}
+
+// TestQueueOrderKeys runs the conformance tests of ordering per key on the
+// fake.
+func TestQueueOrderKeys(t *testing.T) {
+	queuetest.RunOrderKeys(t, func(*testing.T) queuetest.KeyedHarness { return newHarness() })
+}
+
+func (h harness) InsertKeyed(t *testing.T, stage, key string) int64 {
+	id, commit := h.BeginInsertKeyed(t, stage, key)
+	commit()
+	return id
+}
+
+func (h harness) BeginInsertKeyed(t *testing.T, stage, key string) (int64, func()) {
+	t.Helper()
+	id, ok := h.ReserveKeyed(key)
+	if !ok {
+		t.Fatalf("insert a row of key %q: a producer holds the key's lock", key)
+	}
+	return id, func() { h.Commit(id, stage) }
 }

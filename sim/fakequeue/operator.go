@@ -60,15 +60,19 @@ func (q *Queue) CountSelected(_ context.Context, sel store.Selection) (int64, er
 func (q *Queue) Discard(_ context.Context, p store.DiscardParams) (int64, error) {
 	now := q.now()
 	var n int64
+	var keys []string
 	for _, r := range q.rows {
-		if r == nil || !q.selects(r, p.Selection, now) {
-			continue
+		if r == nil || !q.selects(r, p.Selection, now) || r.Key != "" && q.KeyLocked(r.Key) {
+			continue // (a keyed row whose lock a producer holds: the tool would wait, see release)
 		}
 		before := *r
 		r.Status, r.Timeout, r.DispatchError = core.StatusFailed, time.Time{}, p.DispatchError
 		q.observe(ByOperator, before, r)
+		keys = append(keys, r.Key)
 		n++
 	}
+	// A discarded head hands its key on.
+	q.release(keys, true, ByOperator)
 	if n > 0 {
 		q.undo = nil // the tool commits synchronously, as in Retry
 	}

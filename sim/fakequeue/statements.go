@@ -169,13 +169,19 @@ func (q *Queue) Retry(_ context.Context, p store.RetryParams) (int64, error) {
 	}
 	sel := store.Selection{ID: p.ID, Stage: p.Stage, Statuses: p.Statuses, Reason: p.Reason}
 	var n int64
+	var keys []string
 	for _, r := range q.rows {
 		if r == nil || !q.selects(r, sel, time.Time{}) {
 			continue
 		}
+		if r.Key != "" && q.KeyLocked(r.Key) {
+			continue // the tool would wait for the producer (see release)
+		}
 		q.retry(r, p.To)
+		keys = append(keys, r.Key)
 		n++
 	}
+	q.release(keys, true, ByOperator)
 	if n > 0 {
 		// The tool commits synchronously: the WAL up to its commit, stage
 		// writes before it included, survives a crash.

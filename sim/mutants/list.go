@@ -271,7 +271,7 @@ var mutants = []mutant{
 		}},
 	// Never two holders; no verdict from a stale answer.
 	mut("claim-includes-held", "never-two-holders", "a claim may take a row a worker still holds that a retry made pending again",
-		"Caps: caps, Exclude: c.held()}", "Caps: caps}"),
+		"Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys()}", "Caps: caps, ExcludeKeys: c.heldKeys()}"),
 	mut("raced-item-dropped", "flush-not-early", "a row still running after its resolve (a commit landed meanwhile) is let go at once",
 		"\"message %d changed while its resolve wrote it (a late commit of stage %s?): still running at %s, nothing written; resolving it again\", o.ID, it.Stage, o.Stage)\n\tc.owe(it)\n}",
 		"\"message %d changed while its resolve wrote it (a late commit of stage %s?): still running at %s, nothing written; resolving it again\", o.ID, it.Stage, o.Stage)\n}"),

@@ -48,9 +48,12 @@ type Harness interface {
 var base = time.Date(2030, time.March, 4, 5, 6, 7, 0, time.UTC)
 
 // conformanceTest is one test of the suite, named as its subtest.
-type conformanceTest struct {
+type conformanceTest = testCase[Harness]
+
+// testCase is one conformance test on a harness of type H.
+type testCase[H any] struct {
 	name string
-	fn   func(t *testing.T, h Harness)
+	fn   func(t *testing.T, h H)
 }
 
 // Run runs every conformance test, each on a fresh harness from open. open is
@@ -109,7 +112,12 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	for _, tc := range slices.Concat(tests, statementTests, operatorTests, stageTests, ingressTests) {
+	runAll(t, slices.Concat(tests, statementTests, operatorTests, stageTests, ingressTests), open)
+}
+
+// runAll runs each test in parallel on a fresh harness from open.
+func runAll[H any](t *testing.T, tests []testCase[H], open func(t *testing.T) H) {
+	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, open(t))

@@ -1,0 +1,164 @@
+// Ordering per key: which messages of a key the core holds, what it excludes
+// from claims, and when it releases a key (docs/protocol.md, "Ordering per key").
+
+package core
+
+import (
+	"slices"
+	"time"
+)
+
+// orderKeys is the core's part of ordering per key. The queue keeps every
+// message of a key blocked but its head (the oldest unfinished one); the core
+// decides the rest:
+//   - at most one message of a key is held at any moment: a claim never takes a
+//     message of a key the core holds (Claim.ExcludeKeys), and a claimed row of a
+//     key already held (only a writer outside the rules can make two of a key
+//     pending) is requeued at once, unhanded;
+//   - after every pass of a keyed message the core releases its key in the
+//     transaction that resolves the pass (Release), which hands the key to its
+//     oldest unfinished message: the next one once this one has finished, or an
+//     older one an operator retried meanwhile;
+//   - a key whose lock a producer held is released again every LookEvery until
+//     it is taken, so a key's next message never waits for the heartbeat;
+//   - at start-up, every key with blocked messages is released once, by the
+//     start-up reset (ResetOrphans.ReleaseKeys).
+type orderKeys struct {
+	// keyOf: the order key of each held keyed message, from its claim until its
+	// resolve's result (a message not in it has no key).
+	keyOf map[int64]string
+	// holder: the held message of each key in keyOf (keyOf inverted).
+	holder map[string]int64
+	// owed: keys to release that were busy (a producer held their lock), or
+	// whose release's transaction failed; due again at owedAt.
+	owed   map[string]bool
+	owedAt time.Time
+}
+
+// holdKey records that the core now holds message id of key (none: "").
+// It reports false, recording nothing, when another held message holds key.
+func (c *Core) holdKey(id int64, key string) (other int64, ok bool) {
+	if key == "" {
+		return 0, true
+	}
+	if h, held := c.keys.holder[key]; held && h != id {
+		return h, false
+	}
+	c.keys.keyOf[id] = key
+	c.keys.holder[key] = id
+	return 0, true
+}
+
+// heldKeys lists the keys of the messages the core holds (c.held()), sorted.
+func (c *Core) heldKeys() []string {
+	var keys []string
+	for _, id := range c.held() {
+		if k := c.keys.keyOf[id]; k != "" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
+// releaseFor is the Release the step's transaction carries, if any: the keys of
+// the items its resolve ends the passes of, and the owed keys (with any
+// transaction, or on their own once due).
+func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
+	var keys []string
+	for _, it := range items {
+		if it.Key != "" {
+			keys = append(keys, it.Key)
+		}
+	}
+	if len(c.keys.owed) > 0 && (others || len(keys) > 0 || !c.now.Before(c.keys.owedAt)) {
+		for k := range c.keys.owed {
+			keys = append(keys, k)
+		}
+		clear(c.keys.owed)
+	}
+	if len(keys) == 0 {
+		return Release{}, false
+	}
+	slices.Sort(keys)
+	return Release{Op: c.nextOpID(), Keys: slices.Compact(keys)}, true
+}
+
+// released takes a Release's result: a pending head is claimed like any
+// pending row of its stage (it may sit below the stage's floor), a paused
+// head's due time is woken at; a busy key is released again after LookEvery.
+func (c *Core) released(e Released) {
+	cmd := c.result(e.Op, e.Err).(Release)
+	if e.Err != "" {
+		// Applied or not, releasing again is harmless: owe every key again.
+		c.oweRelease(cmd.Keys)
+		return
+	}
+	c.takeHeads(e.Heads, e.Busy)
+}
+
+// takeHeads takes the heads and busy keys of a release (a Release's, or the
+// start-up reset's).
+func (c *Core) takeHeads(heads []Head, busy []string) {
+	for _, h := range heads {
+		switch h.Status {
+		case StatusPending:
+			if st := c.byName[h.Stage]; st != nil {
+				st.headAt = minHead(st.headAt, h.ID)
+				c.headPending(st)
+			}
+		case StatusPaused:
+			c.nextPaused = earliest(c.nextPaused, h.Timeout)
+		}
+	}
+	c.oweRelease(busy)
+}
+
+// headPending makes a stage claim again, from below its new head st.headAt
+// (see stage.headAt). Released calls it, and Claimed once more: the claim of
+// the same transaction ran after the release but may have looked above the
+// head, and its result must not end the look.
+func (c *Core) headPending(st *stage) {
+	if st.headAt == 0 {
+		return
+	}
+	st.maybeMore = true
+	st.dry = false
+	st.floor = min(st.floor, st.headAt-1)
+	if !slices.ContainsFunc(c.txn, func(cmd Command) bool { _, ok := cmd.(Claim); return ok }) {
+		st.headAt = 0
+	}
+}
+
+// minHead is the lower of two head ids, zero standing for none.
+func minHead(a, b int64) int64 {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
+}
+
+// oweRelease owes keys a release, due LookEvery from now.
+func (c *Core) oweRelease(keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	for _, k := range keys {
+		c.keys.owed[k] = true
+	}
+	c.keys.owedAt = c.now.Add(LookEvery)
+}
+
+// forgetKeys drops the keys of the resolved items that the core no longer
+// holds (every resolved item but those owed again).
+func (c *Core) forgetKeys(items []Item) {
+	for _, it := range items {
+		if it.Key == "" || slices.ContainsFunc(c.owed, func(o Item) bool { return o.ID == it.ID }) {
+			continue
+		}
+		delete(c.keys.keyOf, it.ID)
+		if c.keys.holder[it.Key] == it.ID {
+			delete(c.keys.holder, it.Key)
+		}
+	}
+}

@@ -1,0 +1,197 @@
+// The conformance tests of ordering per key (core.Release, the keyed claim,
+// the producer's insert and the operator's retry).
+
+package queuetest
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
+)
+
+// KeyedHarness is a Harness that can also insert rows with an order key.
+type KeyedHarness interface {
+	Harness
+	// InsertKeyed adds one row at stage with order key key, in a producer
+	// transaction of its own, and returns its id.
+	InsertKeyed(t *testing.T, stage, key string) int64
+	// BeginInsertKeyed is BeginInsert for a row with an order key: the
+	// producer holds the key's lock until commit. The test never begins a
+	// second one of the same key while one is open (it would wait).
+	BeginInsertKeyed(t *testing.T, stage, key string) (id int64, commit func())
+}
+
+// RunOrderKeys runs the conformance tests of ordering per key, each on a fresh
+// harness from open.
+func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
+	tests := []testCase[KeyedHarness]{
+		{"AKeyedRowBehindAnUnfinishedOneOfItsKeyIsInsertedBlocked", testKeyInsertBlocked},
+		{"ClaimTakesAKeysHeadAndNeverItsBlockedRows", testKeyClaimHead},
+		{"ClaimNeverTakesARowOfAnExcludedKey", testKeyClaimExcluded},
+		{"ClaimReadsTheOrderKey", testKeyClaimReadsKey},
+		{"ReleaseAfterTheHeadFinishedHandsTheKeyToTheNext", testKeyReleaseNext},
+		{"ReleaseOfAKeyAProducerHoldsIsBusy", testKeyReleaseBusy},
+		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
+		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
+		{"TheStartUpResetReleasesEveryKeyWithBlockedRows", testKeyResetReleases},
+	}
+	runAll(t, tests, open)
+}
+
+func release(t *testing.T, h Harness, keys ...string) core.Released {
+	t.Helper()
+	return exec(t, h, core.Release{Op: 42, Keys: keys}, func(e core.Released) (int64, string) { return e.Op, e.Err })
+}
+
+func testKeyInsertBlocked(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "k")
+	other := h.InsertKeyed(t, "a", "other")
+	plain := h.Insert(t, "a", 1)[0]
+	if !(a < b && b < other && other < plain) {
+		t.Fatalf("ids %d, %d, %d, %d: want them in insert order", a, b, other, plain)
+	}
+	wantRow(t, h, a, "a", core.StatusPending)
+	wantRow(t, h, b, "a", core.StatusBlocked)
+	wantRow(t, h, other, "a", core.StatusPending)
+	wantRow(t, h, plain, "a", core.StatusPending)
+}
+
+func testKeyClaimHead(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	h.InsertKeyed(t, "a", "k")
+	h.InsertKeyed(t, "a", "k")
+	plain := h.Insert(t, "a", 1)[0]
+	c := claim(t, h, core.Cap{Stage: "a", N: 10})
+	if got := ids(c.Rows); !slices.Equal(got, []int64{a, plain}) {
+		t.Fatalf("claim a:10 took %v, want [%d %d] (the key's head and the row without a key)", got, a, plain)
+	}
+	if len(c.More) != 0 {
+		t.Fatalf("claim found more rows at %v: blocked rows are not pending", c.More)
+	}
+}
+
+func testKeyClaimExcluded(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "j")
+	c := exec(t, h, core.Claim{Op: 42, Caps: []core.Cap{{Stage: "a", N: 10}}, ExcludeKeys: []string{"k"}},
+		func(e core.Claimed) (int64, string) { return e.Op, e.Err })
+	if got := ids(c.Rows); !slices.Equal(got, []int64{b}) {
+		t.Fatalf("claim excluding key k took %v, want [%d] (not %d, whose key is held)", got, b, a)
+	}
+	wantRow(t, h, a, "a", core.StatusPending)
+}
+
+func testKeyClaimReadsKey(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	plain := h.Insert(t, "a", 1)[0]
+	got := claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	want := []core.Row{{ID: a, Stage: "a", Key: "k"}, {ID: plain, Stage: "a"}}
+	if !slices.EqualFunc(got, want, func(x, y core.Row) bool { return x.ID == y.ID && x.Stage == y.Stage && x.Key == y.Key }) {
+		t.Fatalf("claim took %v, want %v with their keys", got, want)
+	}
+}
+
+func testKeyReleaseNext(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	resolve(t, h, core.Item{ID: a, Stage: "a", Verdict: core.Move, To: core.TargetDone})
+	r := release(t, h, "k", "nothing")
+	if len(r.Busy) != 0 || len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: b, Stage: "a", Status: core.StatusPending}) {
+		t.Fatalf("release [k nothing] = %v, want row %d the head of k, pending at a (and nothing for a key without rows)", r, b)
+	}
+	if got := ids(claimRows(t, h, core.Cap{Stage: "a", N: 10})); !slices.Equal(got, []int64{b}) {
+		t.Fatalf("claim after the release took %v, want [%d]", got, b)
+	}
+	// A release while the head is held hands nothing on.
+	if r := release(t, h, "k"); len(r.Heads) != 0 || len(r.Busy) != 0 {
+		t.Fatalf("release of a key whose head is held = %v, want nothing", r)
+	}
+}
+
+func testKeyReleaseBusy(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	b, commit := h.BeginInsertKeyed(t, "a", "k")
+	h.Stage(t, a, "a", "a", core.StatusDone, base)
+	if r := release(t, h, "k"); !slices.Equal(r.Busy, []string{"k"}) || len(r.Heads) != 0 {
+		t.Fatalf("release of a key a producer holds = %v, want it busy", r)
+	}
+	commit()
+	// The producer's row was inserted behind the unfinished head: blocked,
+	// until the release that is not busy.
+	wantRow(t, h, b, "a", core.StatusBlocked)
+	if r := release(t, h, "k"); len(r.Busy) != 0 || len(r.Heads) != 1 || r.Heads[0].ID != b {
+		t.Fatalf("release once the producer committed = %v, want row %d the head", r, b)
+	}
+	wantRow(t, h, b, "a", core.StatusPending)
+}
+
+// failHead inserts a keyed row, claims it and fails it, and returns its id.
+func failHead(t *testing.T, h KeyedHarness, key string) int64 {
+	t.Helper()
+	id := h.InsertKeyed(t, "a", key)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	resolve(t, h, core.Item{ID: id, Stage: "a", Verdict: core.Fail, Reason: "no"})
+	release(t, h, key)
+	return id
+}
+
+func testKeyRetryOlder(t *testing.T, h KeyedHarness) {
+	old := failHead(t, h, "k")
+	young := h.InsertKeyed(t, "a", "k")
+	wantRow(t, h, young, "a", core.StatusPending)
+	if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+	}
+	wantRow(t, h, old, "a", core.StatusPending)
+	wantRow(t, h, young, "a", core.StatusBlocked)
+	if got := ids(claimRows(t, h, core.Cap{Stage: "a", N: 10})); !slices.Equal(got, []int64{old}) {
+		t.Fatalf("claim after the retry took %v, want [%d] (the key's oldest)", got, old)
+	}
+}
+
+func testKeyRetryWhileHeld(t *testing.T, h KeyedHarness) {
+	old := failHead(t, h, "k")
+	young := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+	}
+	wantRow(t, h, old, "a", core.StatusBlocked) // a worker holds the younger one
+	resolve(t, h, move(young, "a", "b"))
+	r := release(t, h, "k")
+	if len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: old, Stage: "a", Status: core.StatusPending}) {
+		t.Fatalf("release after the younger one's pass = %v, want row %d the head", r, old)
+	}
+	wantRow(t, h, young, "b", core.StatusBlocked)
+	got := ids(claimRows(t, h, core.Cap{Stage: "a", N: 10}, core.Cap{Stage: "b", N: 10}))
+	if !slices.Equal(got, []int64{old}) {
+		t.Fatalf("claim took %v, want [%d] (the key's oldest, not the younger one it overtook)", got, old)
+	}
+}
+
+func testKeyResetReleases(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	// The stage finished the head itself, and no release followed (the
+	// dispatcher died first).
+	h.Stage(t, a, "a", "a", core.StatusDone, base)
+	r := exec(t, h, core.ResetOrphans{Op: 42, ReleaseKeys: true}, func(e core.OrphansReset) (int64, string) { return e.Op, e.Err })
+	if len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: b, Stage: "a", Status: core.StatusPending}) {
+		t.Fatalf("start-up reset = %v, want row %d the head of k", r, b)
+	}
+}
+
+// ids lists the ids of rows.
+func ids(rows []core.Row) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}

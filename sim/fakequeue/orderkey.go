@@ -1,0 +1,177 @@
+// Ordering per key in the fake: the keys' locks, the insert that blocks a row
+// behind its key, the release, and the claim's filter, as schema 12 does them
+// (store/migrations/0012_order_key.sql).
+
+package fakequeue
+
+import (
+	"slices"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// ByRelease is the dispatcher's or an operator's release of a key
+// (pepsi.order_release): it blocks and unblocks rows.
+const ByRelease Writer = "release"
+
+// keyed is what a producer transaction in flight decided for its keyed row at
+// insert: its key and its status (pending or blocked).
+type keyed struct {
+	key    string
+	status core.RowStatus
+}
+
+// unfinished reports whether status is one of a key's unfinished statuses.
+func unfinished(s core.RowStatus) bool {
+	return s == core.StatusPending || s == core.StatusRunning || s == core.StatusPaused || s == core.StatusBlocked
+}
+
+// keyRows lists the unfinished rows of key, oldest first.
+func (q *Queue) keyRows(key string) []*Row {
+	var rows []*Row
+	for _, r := range q.rows {
+		if r != nil && r.Key == key && unfinished(r.Status) {
+			rows = append(rows, r)
+		}
+	}
+	return rows
+}
+
+// KeyLocked reports whether a producer in flight holds key's lock. (The fake
+// gives every key a lock of its own; PostgreSQL shares one among the keys of
+// a hash bucket, which only makes a release busy more often.)
+func (q *Queue) KeyLocked(key string) bool {
+	_, ok := q.keyLocks[key]
+	return ok
+}
+
+// ReserveKeyed is Reserve for a row with an order key: the producer takes the
+// key's lock, then the id, and decides the row's status as the insert trigger
+// does (blocked when the key has an unfinished row). It reports false, and
+// does nothing, while another producer holds the key's lock: PostgreSQL would
+// make this insert wait for that transaction; the caller tries again later.
+func (q *Queue) ReserveKeyed(key string) (int64, bool) {
+	if q.KeyLocked(key) {
+		return 0, false
+	}
+	id := q.Reserve()
+	if q.keyLocks == nil {
+		q.keyLocks, q.keyed = map[string]int64{}, map[int64]keyed{}
+	}
+	q.keyLocks[key] = id
+	st := core.StatusPending
+	if len(q.keyRows(key)) > 0 {
+		st = core.StatusBlocked
+	}
+	q.keyed[id] = keyed{key: key, status: st}
+	return id, true
+}
+
+// commitKeyed gives a committed reserved row its key and status and lets its
+// key's lock go.
+func (q *Queue) commitKeyed(r *Row) {
+	k, ok := q.keyed[r.ID]
+	if !ok {
+		return
+	}
+	delete(q.keyed, r.ID)
+	delete(q.keyLocks, k.key)
+	r.Key, r.Status = k.key, k.status
+}
+
+// abortKeyed lets an aborted reserved row's key lock go.
+func (q *Queue) abortKeyed(id int64) {
+	if k, ok := q.keyed[id]; ok {
+		delete(q.keyed, id)
+		delete(q.keyLocks, k.key)
+	}
+}
+
+// claimable reports whether the claim may take pending row r: a keyed row
+// only when its key is not excluded (held) and no older row of its key is
+// unfinished.
+func (q *Queue) claimable(r *Row, excludeKeys []string) bool {
+	if r.Key == "" {
+		return true
+	}
+	if slices.Contains(excludeKeys, r.Key) {
+		return false
+	}
+	for _, o := range q.keyRows(r.Key) {
+		if o.ID < r.ID {
+			return false
+		}
+	}
+	return true
+}
+
+// release is pepsi.order_release: each key, in sorted order, is handed to
+// its oldest unfinished row unless a row of it is held, and every other row of
+// it that is not held waits blocked. A key a producer holds the lock of is
+// busy (wait false) or skipped (wait true: the caller, an operator's tool,
+// would have waited for that producer; the fake's synchronous tools cannot,
+// and release the key once it is free; see RetryAll).
+func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head, busy []string) {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		if k == "" {
+			continue
+		}
+		if q.KeyLocked(k) {
+			if !wait {
+				busy = append(busy, k)
+			}
+			continue
+		}
+		rows := q.keyRows(k)
+		if len(rows) == 0 {
+			continue
+		}
+		head := rows[0]
+		held := slices.ContainsFunc(rows[1:], func(r *Row) bool { return r.Status == core.StatusRunning })
+		for _, r := range rows {
+			if (r != head || held) && (r.Status == core.StatusPending || r.Status == core.StatusPaused) {
+				before := *r
+				if r.Status == core.StatusPending {
+					r.Timeout = time.Time{}
+				}
+				r.Status = core.StatusBlocked
+				q.observe(by, before, r)
+			}
+		}
+		if held {
+			continue
+		}
+		if head.Status == core.StatusBlocked {
+			before := *head
+			head.Status = core.StatusPending
+			if !head.Timeout.IsZero() && head.Timeout.After(q.now()) {
+				head.Status = core.StatusPaused
+			}
+			q.observe(by, before, head)
+		}
+		if head.Status == core.StatusPending || head.Status == core.StatusPaused {
+			heads = append(heads, core.Head{Key: k, ID: head.ID, Stage: head.Stage, Status: head.Status, Timeout: head.Timeout})
+		}
+	}
+	return heads, busy
+}
+
+// blockedKeys lists the keys that have blocked rows, sorted.
+func (q *Queue) blockedKeys() []string {
+	var keys []string
+	for _, r := range q.rows {
+		if r != nil && r.Status == core.StatusBlocked {
+			keys = append(keys, r.Key)
+		}
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
+func (q *Queue) releaseCmd(c core.Release) core.Event {
+	heads, busy := q.release(c.Keys, false, ByRelease)
+	return core.Released{Op: c.Op, Heads: heads, Busy: busy}
+}
