@@ -82,11 +82,11 @@ type Failure struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// By is "dispatcher" (state.dispatch_error), "stage" (state.error) or "".
 	By string `json:"by"`
-	// Reason is the reason given, cut to ReasonMax bytes.
+	// Reason is the reason given, cut to ReasonMax characters.
 	Reason string `json:"reason"`
 }
 
-// ReasonMax bounds the bytes of a failure reason read from the database.
+// ReasonMax bounds the characters of a failure reason read from the database.
 const ReasonMax = store.ReasonMax
 
 // FailuresMax is how many recent failures a Snapshot holds.
@@ -173,74 +173,53 @@ func (live liveStages) stage(name string) *StageLive {
 
 // readTx runs Read's queries in tx, filling s and live.
 func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error {
-	if err := tx.QueryRow(ctx, store.MonitorQueries["lock"]).Scan(&s.At, &s.DispatcherLocked); err != nil {
-		return fmt.Errorf("dispatcher lock: %w", err)
-	}
-	var (
-		name, status string
-		n, due, wait int64
-		age          float64
-	)
-	if err := each(ctx, tx, "pending", []any{&name, &n, &age}, func() {
-		l := live.stage(name)
-		l.Messages[core.StatusPending], l.OldestPendingSeconds = n, max(age, 0)
-	}); err != nil {
+	q := store.On(tx)
+	var err error
+	if s.At, s.DispatcherLocked, err = q.MonitorLock(ctx); err != nil {
 		return err
 	}
-	if err := each(ctx, tx, "running", []any{&name, &n}, func() { live.stage(name).Messages[core.StatusRunning] = n }); err != nil {
-		return err
-	}
-	if err := each(ctx, tx, "paused", []any{&name, &n, &due, &wait}, func() {
-		l := live.stage(name)
-		l.Messages[core.StatusPaused], l.PausedDue, l.RetryWaiting = n, due, wait
-	}); err != nil {
-		return err
-	}
-	if err := each(ctx, tx, "failed", []any{&name, &status, &n}, func() { live.stage(name).Messages[core.RowStatus(status)] = n }); err != nil {
-		return err
-	}
-	var f Failure
-	if err := each(ctx, tx, "failures", []any{&f.ID, &f.Stage, &f.Status, &f.UpdatedAt, &f.By, &f.Reason}, func() {
-		s.Failures = append(s.Failures, f)
-	}); err != nil {
-		return err
-	}
-	var st StageStats
-	var us, heldUS int64
-	if err := each(ctx, tx, "stage_stats", []any{&st.Stage, &st.PassesOK, &st.FailedByDispatcher, &st.WatchdogTimeouts,
-		&st.WorkerCrashes, &us, &st.Retries, &heldUS, &st.FlushedAt}, func() {
-		st.ProcessingSeconds = float64(us) / 1e6
-		st.RateHeldSeconds = float64(heldUS) / 1e6
-		s.Stages = append(s.Stages, st)
-		live.stage(st.Stage)
-	}); err != nil {
-		return err
-	}
-	t := &s.Table
-	if err := each(ctx, tx, "table", []any{&t.DeadTuples, &t.LiveTuples, &t.LastVacuum, &t.HorizonSeconds}, func() {}); err != nil {
-		return err
-	}
-	if t.LastVacuum.Unix() == 0 {
-		t.LastVacuum = time.Time{}
-	}
-	return each(ctx, tx, "dispatch_stats", []any{&s.StagePasses, &s.MessagesLeft, &s.FlushedAt}, func() {})
-}
-
-// each runs the query named name and calls f after scanning each row into dest.
-func each(ctx context.Context, tx pgx.Tx, name string, dest []any, f func()) error {
-	rows, err := tx.Query(ctx, store.MonitorQueries[name])
-	if err != nil {
-		return fmt.Errorf("query %s: %w", name, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := rows.Scan(dest...); err != nil {
-			return fmt.Errorf("query %s: %w", name, err)
+	for _, read := range []func(context.Context) ([]store.StageDepth, error){q.MonitorPending, q.MonitorRunning, q.MonitorPaused, q.MonitorFailed} {
+		depths, err := read(ctx)
+		if err != nil {
+			return err
 		}
-		f()
+		for _, d := range depths {
+			l := live.stage(d.Stage)
+			l.Messages[d.Status] = d.Count
+			switch d.Status {
+			case core.StatusPending:
+				l.OldestPendingSeconds = d.OldestWait.Seconds()
+			case core.StatusPaused:
+				l.PausedDue, l.RetryWaiting = d.Due, d.RetryWaiting
+			}
+		}
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("query %s: %w", name, err)
+	failures, err := q.MonitorFailures(ctx)
+	if err != nil {
+		return err
 	}
+	for _, f := range failures {
+		s.Failures = append(s.Failures, Failure{ID: f.ID, Stage: f.Stage, Status: string(f.Status), UpdatedAt: f.UpdatedAt, By: f.By, Reason: f.Reason})
+	}
+	stats, err := q.ReadStageStats(ctx)
+	if err != nil {
+		return err
+	}
+	for _, st := range stats {
+		s.Stages = append(s.Stages, StageStats{Stage: st.Stage, PassesOK: st.Processed, FailedByDispatcher: st.Failed,
+			WatchdogTimeouts: st.Timeouts, WorkerCrashes: st.Crashes, ProcessingSeconds: float64(st.ProcessingUS) / 1e6,
+			Retries: st.Retries, RateHeldSeconds: float64(st.RateHeldUS) / 1e6, FlushedAt: st.UpdatedAt})
+		live.stage(st.Stage)
+	}
+	t, err := q.MonitorTable(ctx)
+	if err != nil {
+		return err
+	}
+	s.Table = TableHealth{DeadTuples: t.DeadTuples, LiveTuples: t.LiveTuples, LastVacuum: t.LastVacuum, HorizonSeconds: t.Horizon.Seconds()}
+	d, err := q.ReadDispatchStats(ctx)
+	if err != nil {
+		return err
+	}
+	s.StagePasses, s.MessagesLeft, s.FlushedAt = d.StagePasses, d.MessagesLeft, d.UpdatedAt
 	return nil
 }

@@ -47,6 +47,14 @@ type Executor interface {
 	StageTransition(ctx context.Context, p StageTransitionParams) (moved bool, err error)
 
 	InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, error)
+
+	MonitorLock(ctx context.Context) (at time.Time, locked bool, err error)
+	MonitorPending(ctx context.Context) ([]StageDepth, error)
+	MonitorRunning(ctx context.Context) ([]StageDepth, error)
+	MonitorPaused(ctx context.Context) ([]StageDepth, error)
+	MonitorFailed(ctx context.Context) ([]StageDepth, error)
+	MonitorFailures(ctx context.Context) ([]Failure, error)
+	MonitorTable(ctx context.Context) (TableHealth, error)
 }
 
 // PostgreSQL's executor holds to the contract.

@@ -3,53 +3,182 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
-// The statements of pepsi-httpd (the monitor). They only read.
+// The statements of pepsi-httpd (the monitor). They only read; the
+// statistics tables are read with ReadStageStats and ReadDispatchStats.
 
-// ReasonMax bounds the bytes of a failure reason the monitor reads.
+// ReasonMax bounds the characters of a failure reason the monitor reads.
 const ReasonMax = 300
 
 // FailuresMax is how many recent failures the monitor reads.
 const FailuresMax = 20
 
-// MonitorQueries are the statements a read runs, by name, each bounded by a partial
-// index of pepsi.queue or by a small table. The EXPLAIN test checks that none
-// of them scans the queue sequentially.
-var MonitorQueries = map[string]string{
-	// The pending index (stage, ingress_id) answers the count; the head of each
-	// stage's queue is one more index probe.
-	"pending": `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - h.updated_at), 0)::float8
+// The statements pepsi-httpd reads with, each bounded by a partial index of
+// pepsi.queue or by a small table (the EXPLAIN test checks that none of
+// them scans the queue sequentially, through MonitorQueries).
+const (
+	// The pending index (stage, ingress_id) answers the count; the head of
+	// each stage's queue is one more index probe.
+	monitorPendingSQL = `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - h.updated_at), 0)::float8
 FROM (SELECT stage, count(*) AS n FROM pepsi.queue WHERE status = 'pending' GROUP BY stage) p
 CROSS JOIN LATERAL (SELECT q.updated_at FROM pepsi.queue q
-	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`,
+	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`
 	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
-	"running": `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`,
+	monitorRunningSQL = `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`
 	// Paused rows are few (the queue_paused index holds only them); attempts
 	// is read from their heap rows.
-	"paused": `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now()), count(*) FILTER (WHERE attempts > 0)
-FROM pepsi.queue WHERE status = 'paused' GROUP BY stage`,
+	monitorPausedSQL = `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now()), count(*) FILTER (WHERE attempts > 0)
+FROM pepsi.queue WHERE status = 'paused' GROUP BY stage`
 	// The queue_failed index (schema version 2) holds only these rows.
-	"failed": `SELECT stage, status, count(*) FROM pepsi.queue
-WHERE status IN ('failed', 'timeout') GROUP BY stage, status`,
-	"failures": `SELECT ingress_id, stage, status, updated_at,
-	CASE WHEN state ? 'dispatch_error' THEN 'dispatcher' WHEN state ? 'error' THEN 'stage' ELSE '' END,
-	left(coalesce(state->>'dispatch_error', state->>'error', ''), ` + fmt.Sprint(ReasonMax) + `)
-FROM pepsi.queue WHERE status IN ('failed', 'timeout') ORDER BY updated_at DESC LIMIT ` + fmt.Sprint(FailuresMax),
-	"stage_stats": `SELECT stage, processed, failed, timeouts, crashes, processing_us, retries, rate_held_us, updated_at
-FROM pepsi.stage_stats ORDER BY stage`,
-	"dispatch_stats": `SELECT stage_passes, messages_left, updated_at FROM pepsi.dispatch_stats`,
-	"table": `SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+	monitorFailedSQL = `SELECT stage, status, count(*) FROM pepsi.queue
+WHERE status IN ('failed', 'timeout') GROUP BY stage, status`
+	// The statistics collector's view of the table, and the oldest
+	// transaction that holds back what vacuum may remove.
+	monitorTableSQL = `SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
 	coalesce(greatest(s.last_vacuum, s.last_autovacuum), 'epoch'::timestamptz),
 	coalesce((SELECT extract(epoch FROM clock_timestamp() - min(a.xact_start)) FROM pg_stat_activity a
 	          WHERE a.backend_xmin IS NOT NULL AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()), 0)::float8
-	FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = 'pepsi.queue'::regclass`,
-	// pg_locks shows the lock to every role. classid and objid are the two
-	// halves of LockKey.
-	"lock": fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+	FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = 'pepsi.queue'::regclass`
+)
+
+// monitorFailuresSQL reads the latest failures. left() counts characters: a
+// reason is never cut inside one.
+var monitorFailuresSQL = `SELECT ingress_id, stage, status, updated_at,
+	CASE WHEN state ? 'dispatch_error' THEN 'dispatcher' WHEN state ? 'error' THEN 'stage' ELSE '' END,
+	left(coalesce(state->>'dispatch_error', state->>'error', ''), ` + fmt.Sprint(ReasonMax) + `)
+FROM pepsi.queue WHERE status IN ('failed', 'timeout') ORDER BY updated_at DESC LIMIT ` + fmt.Sprint(FailuresMax)
+
+// monitorLockSQL reads the server's clock and whether a session holds the
+// dispatcher's lock. pg_locks shows the lock to every role. classid and objid
+// are the two halves of LockKey.
+var monitorLockSQL = fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
 	AND classid = %d AND objid = %d AND objsubid = 1 AND granted
 	AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`,
-		LockKey>>32, LockKey&0xffffffff),
+	LockKey>>32, LockKey&0xffffffff)
+
+// MonitorQueries are the statements of the Monitor methods, by name, for the
+// EXPLAIN test.
+var MonitorQueries = map[string]string{
+	"pending":  monitorPendingSQL,
+	"running":  monitorRunningSQL,
+	"paused":   monitorPausedSQL,
+	"failed":   monitorFailedSQL,
+	"failures": monitorFailuresSQL,
+	"table":    monitorTableSQL,
+	"lock":     monitorLockSQL,
+}
+
+// StageDepth is what the monitor reads of one stage's rows in one status.
+type StageDepth struct {
+	Stage  string
+	Status core.RowStatus
+	Count  int64
+	// OldestWait, for pending rows only, is how long the head of the stage's
+	// pending queue (the next row it claims) has waited since its last change.
+	OldestWait time.Duration
+	// Due and RetryWaiting, for paused rows only, count those whose timeout
+	// has passed and those waiting out a retry (attempts > 0).
+	Due, RetryWaiting int64
+}
+
+// MonitorPending reads each stage's pending rows and the wait of its head.
+func (s *PG) MonitorPending(ctx context.Context) ([]StageDepth, error) {
+	return collect(ctx, s.db, "read pending", func(r pgx.CollectableRow) (StageDepth, error) {
+		d := StageDepth{Status: core.StatusPending}
+		var age float64
+		err := r.Scan(&d.Stage, &d.Count, &age)
+		d.OldestWait = time.Duration(max(age, 0) * float64(time.Second))
+		return d, err
+	}, monitorPendingSQL)
+}
+
+// MonitorRunning reads each stage's running rows.
+func (s *PG) MonitorRunning(ctx context.Context) ([]StageDepth, error) {
+	return collect(ctx, s.db, "read running", func(r pgx.CollectableRow) (StageDepth, error) {
+		d := StageDepth{Status: core.StatusRunning}
+		return d, r.Scan(&d.Stage, &d.Count)
+	}, monitorRunningSQL)
+}
+
+// MonitorPaused reads each stage's paused rows, those due and those waiting
+// out a retry.
+func (s *PG) MonitorPaused(ctx context.Context) ([]StageDepth, error) {
+	return collect(ctx, s.db, "read paused", func(r pgx.CollectableRow) (StageDepth, error) {
+		d := StageDepth{Status: core.StatusPaused}
+		return d, r.Scan(&d.Stage, &d.Count, &d.Due, &d.RetryWaiting)
+	}, monitorPausedSQL)
+}
+
+// MonitorFailed reads each stage's failed and timed-out rows.
+func (s *PG) MonitorFailed(ctx context.Context) ([]StageDepth, error) {
+	return collect(ctx, s.db, "read failed", func(r pgx.CollectableRow) (StageDepth, error) {
+		var d StageDepth
+		return d, r.Scan(&d.Stage, &d.Status, &d.Count)
+	}, monitorFailedSQL)
+}
+
+// Failure is one message that left the pipeline failed or timed out, as the
+// monitor reads it: never its payload.
+type Failure struct {
+	ID        int64
+	Stage     string
+	Status    core.RowStatus
+	UpdatedAt time.Time
+	// By is "dispatcher" (state.dispatch_error), "stage" (state.error) or "".
+	By string
+	// Reason is the reason given, cut to ReasonMax characters.
+	Reason string
+}
+
+// MonitorFailures reads the latest FailuresMax failed or timed-out rows,
+// newest first.
+func (s *PG) MonitorFailures(ctx context.Context) ([]Failure, error) {
+	return collect(ctx, s.db, "read failures", func(r pgx.CollectableRow) (Failure, error) {
+		var f Failure
+		return f, r.Scan(&f.ID, &f.Stage, &f.Status, &f.UpdatedAt, &f.By, &f.Reason)
+	}, monitorFailuresSQL)
+}
+
+// TableHealth is pepsi.queue's health as the statistics collector sees it.
+type TableHealth struct {
+	// DeadTuples and LiveTuples are the collector's estimates of the table's
+	// dead and live row versions.
+	DeadTuples, LiveTuples int64
+	// LastVacuum is the end of the last vacuum of the table, by anyone; zero
+	// if none since the statistics were reset.
+	LastVacuum time.Time
+	// Horizon is how long the oldest transaction holding back the xmin
+	// horizon has been open (0 if none is visible to this role).
+	Horizon time.Duration
+}
+
+// MonitorTable reads pepsi.queue's health.
+func (s *PG) MonitorTable(ctx context.Context) (TableHealth, error) {
+	var t TableHealth
+	var horizon float64
+	if err := s.db.QueryRow(ctx, monitorTableSQL).Scan(&t.DeadTuples, &t.LiveTuples, &t.LastVacuum, &horizon); err != nil {
+		return TableHealth{}, fmt.Errorf("read table health: %w", err)
+	}
+	if t.LastVacuum.Unix() == 0 {
+		t.LastVacuum = time.Time{}
+	}
+	t.Horizon = time.Duration(horizon * float64(time.Second))
+	return t, nil
+}
+
+// MonitorLock reads the server's clock and whether a session holds the
+// dispatcher's lock.
+func (s *PG) MonitorLock(ctx context.Context) (at time.Time, locked bool, err error) {
+	if err := s.db.QueryRow(ctx, monitorLockSQL).Scan(&at, &locked); err != nil {
+		return time.Time{}, false, fmt.Errorf("read the dispatcher lock: %w", err)
+	}
+	return at, locked, nil
 }
 
 // MonitorGrantsSQL is all pepsi-httpd needs, given to a role named pepsi_monitor:
