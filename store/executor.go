@@ -55,6 +55,7 @@ type Executor interface {
 	MonitorFailed(ctx context.Context) ([]StageDepth, error)
 	MonitorFailures(ctx context.Context) ([]Failure, error)
 	MonitorTable(ctx context.Context) (TableHealth, error)
+	FailedIndexExists(ctx context.Context) (bool, error)
 }
 
 // PostgreSQL's executor holds to the contract.

@@ -121,6 +121,10 @@ func (q *Queue) MonitorTable(context.Context) (store.TableHealth, error) {
 	return store.TableHealth{DeadTuples: q.Dead, LiveTuples: int64(len(q.Rows()))}, nil
 }
 
+// FailedIndexExists is true: the fake is always at the latest schema (see
+// SchemaVersion), whose queue_failed index bounds MonitorFailed.
+func (q *Queue) FailedIndexExists(context.Context) (bool, error) { return true, nil }
+
 // MonitorLock reads the clock (see Clock). The fake has no dispatcher lock:
 // no session holds it.
 func (q *Queue) MonitorLock(context.Context) (time.Time, bool, error) {

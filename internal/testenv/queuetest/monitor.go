@@ -20,6 +20,7 @@ var monitorTests = []conformanceTest{
 	{"MonitorFailuresReadsTheNewestFirstWithWhoFailedThemAndWhy", testMonitorFailures},
 	{"MonitorFailuresReadsAtMostFailuresMax", testMonitorFailuresMax},
 	{"MonitorTableAndLockRead", testMonitorTableLock},
+	{"TheFailedIndexExistsAtTheLatestSchema", testFailedIndex},
 }
 
 // Instants far before and after any clock a queue runs on.
@@ -128,5 +129,11 @@ func testMonitorTableLock(t *testing.T, h Harness) {
 	}
 	if at, locked, err := h.MonitorLock(t.Context()); err != nil || at.IsZero() || locked {
 		t.Errorf("MonitorLock = %v, %v, %v; want the clock, and no dispatcher holding the lock", at, locked, err)
+	}
+}
+
+func testFailedIndex(t *testing.T, h Harness) {
+	if ok, err := h.FailedIndexExists(t.Context()); err != nil || !ok {
+		t.Errorf("FailedIndexExists = %v, %v; want true", ok, err)
 	}
 }
