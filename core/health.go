@@ -8,8 +8,6 @@ package core
 import (
 	"fmt"
 	"time"
-
-	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
 // HealthState is what a stage's workers are doing, as an operator sees it.
@@ -64,8 +62,7 @@ func (c *Core) Health() []StageHealth {
 		switch {
 		case st.cooldownStep > 0:
 			h.State, h.Until = HealthCannotStart, st.cooldownUntil
-			h.Reason = fmt.Sprintf("program %s cannot start: %s; starts held back %s after each failure",
-				conf.Quote(st.cfg.Program), st.startErr, st.cooldownStep)
+			h.Reason = fmt.Sprintf("cannot start: %s; starts held back %s after each failure", st.startErr, st.cooldownStep)
 		case st.crashRun >= CrashingAfter:
 			h.State = HealthCrashing
 			h.Reason = fmt.Sprintf("%d workers crashed in a row with no answer between; last: %s", st.crashRun, st.crashErr)

@@ -67,7 +67,7 @@ func TestHealthOfAWorkerThatExitsAtStart(t *testing.T) {
 	w.at(time.Second)
 	w.exit(1, 2, "")
 	if h := healthOf(t, w, "b"); h.State != core.HealthCannotStart ||
-		!strings.Contains(h.Reason, "worker pid 1001 exited (exit status 2) before answering anything") {
+		!strings.Contains(h.Reason, "cannot start: program 'b': worker pid 1001 exited (exit status 2) before answering anything") {
 		t.Errorf("after a worker exited at start: %+v, want cannot_start with its exit status", h)
 	}
 }

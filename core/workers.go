@@ -213,7 +213,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		// A program that cannot start: not the message's fault, unless the same
 		// message keeps being at the head of such failures.
 		c.cooldown(st)
-		st.startErr = fmt.Sprintf("worker pid %d exited (%s) before answering anything", w.pid, how)
+		st.startErr = fmt.Sprintf("program %s: worker pid %d exited (%s) before answering anything", conf.Quote(st.cfg.Program), w.pid, how)
 		if len(q) > 0 {
 			head := q[0]
 			if len(c.startFails) >= startFailsMax {
