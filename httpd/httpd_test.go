@@ -33,9 +33,9 @@ const secretPayload = "SECRET-PAYLOAD-must-never-be-shown"
 // after a run: its rows per status and the statistics its dispatcher flushed.
 // The numbers are all different, so a value in the wrong place shows.
 const knownRun = `
-INSERT INTO pepsi.queue (stage, status, payload, state, timeout, updated_at)
-SELECT 'parse', 'pending', convert_to('` + secretPayload + `', 'UTF8'), '{}', NULL,
-	CASE WHEN g = 1 THEN now() - interval '90 seconds' ELSE now() END FROM generate_series(1, 7) g;
+INSERT INTO pepsi.queue (stage, status, payload, state, timeout, updated_at, ready_at)
+SELECT 'parse', 'pending', convert_to('` + secretPayload + `', 'UTF8'), '{}', NULL, t, t
+FROM generate_series(1, 7) g, LATERAL (SELECT CASE WHEN g = 1 THEN now() - interval '90 seconds' ELSE now() END AS t) a;
 INSERT INTO pepsi.queue (stage, status, payload) SELECT 'parse', 'running', convert_to('` + secretPayload + `', 'UTF8') FROM generate_series(1, 2);
 INSERT INTO pepsi.queue (stage, status, payload, timeout, attempts)
 	SELECT 'parse', 'paused', convert_to('` + secretPayload + `', 'UTF8'), now() + make_interval(secs => 3600 * (g - 1)), g - 1

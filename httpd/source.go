@@ -136,18 +136,24 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 }
 
 // errNoSchema: the database answers but has no PEPSI schema pepsi-httpd can read.
-var errNoSchema = errors.New("no PEPSI schema of version 2 or later (index pepsi.queue_failed is missing): run pepsi-queue migrate")
+var errNoSchema = fmt.Errorf("no PEPSI schema of version %d or later (index pepsi.queue_failed or table pepsi.stage_health is missing): run pepsi-queue migrate",
+	store.StageHealthVersion)
 
 // firstRead checks the schema, then reads, until both have once succeeded.
 // Without the index of schema version 2, counting failed messages would scan the
-// queue at every scrape. to_regclass needs no privilege.
+// queue at every scrape; without version 13 there is no stage health to read.
 func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
 	if !s.schemaOK.Load() {
-		indexed, err := store.On(s.pool).FailedIndexExists(ctx)
+		q := store.On(s.pool)
+		indexed, err := q.FailedIndexExists(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.where, err)
 		}
-		if !indexed {
+		health, err := q.StageHealthExists(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.where, err)
+		}
+		if !indexed || !health {
 			return nil, fmt.Errorf("%s: %w", s.where, errNoSchema)
 		}
 		s.schemaOK.Store(true)

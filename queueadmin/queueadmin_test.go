@@ -23,7 +23,7 @@ var ctx = context.Background()
 func setRow(t *testing.T, conn *pgx.Conn, id int64, stage, status, state string, age time.Duration) {
 	t.Helper()
 	_, err := conn.Exec(ctx, `UPDATE pepsi.queue SET stage = $2, status = $3, state = $4,
-		updated_at = now() - make_interval(secs => $5) WHERE ingress_id = $1`, id, stage, status, state, age.Seconds())
+		updated_at = now() - make_interval(secs => $5), ready_at = now() - make_interval(secs => $5) WHERE ingress_id = $1`, id, stage, status, state, age.Seconds())
 	if err != nil {
 		t.Fatalf("set row %d: %v", id, err)
 	}

@@ -26,9 +26,10 @@ const enqueueSQL = `WITH ins AS (
 SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0) FROM ins`
 
 // countSQL counts the rows per stage and status, with the oldest update of each
-// (in microseconds ago): for pending rows, the oldest wait.
+// (in microseconds ago): for pending rows, the oldest wait since a row was
+// last ready (ready_at; updated_at for rows made before schema version 13).
 const countSQL = `SELECT stage, status, count(*),
-	coalesce(extract(epoch FROM now() - min(updated_at)) * 1e6, 0)::bigint
+	coalesce(extract(epoch FROM now() - min(CASE WHEN status = 'pending' THEN coalesce(ready_at, updated_at) ELSE updated_at END)) * 1e6, 0)::bigint
 FROM pepsi.queue GROUP BY stage, status`
 
 // stageStatsSQL reads pepsi.stage_stats, the dispatcher's counts per stage.
@@ -123,7 +124,8 @@ type Depth struct {
 	Status core.RowStatus
 	Count  int64
 	// OldestWait, for pending rows only, is how long the longest-waiting one has
-	// been pending (since its last change).
+	// been ready (since it was made, moved, woken or retried; a claim given
+	// back does not count).
 	OldestWait time.Duration
 }
 

@@ -24,10 +24,12 @@ const FailuresMax = 20
 // them scans the queue sequentially, through MonitorQueries).
 const (
 	// The pending index (stage, ingress_id) answers the count; the head of
-	// each stage's queue is one more index probe.
-	monitorPendingSQL = `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - h.updated_at), 0)::float8
+	// each stage's queue is one more index probe. Its age is since it was
+	// last ready (ready_at, schema version 13; updated_at for older rows): a
+	// claim given back does not make it young again.
+	monitorPendingSQL = `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - coalesce(h.ready_at, h.updated_at)), 0)::float8
 FROM (SELECT stage, count(*) AS n FROM pepsi.queue WHERE status = 'pending' GROUP BY stage) p
-CROSS JOIN LATERAL (SELECT q.updated_at FROM pepsi.queue q
+CROSS JOIN LATERAL (SELECT q.ready_at, q.updated_at FROM pepsi.queue q
 	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`
 	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
 	monitorRunningSQL = `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`
@@ -72,6 +74,7 @@ var MonitorQueries = map[string]string{
 	"failures": monitorFailuresSQL,
 	"table":    monitorTableSQL,
 	"lock":     monitorLockSQL,
+	"health":   healthSQL,
 }
 
 // StageDepth is what the monitor reads of one stage's rows in one status.
@@ -80,7 +83,8 @@ type StageDepth struct {
 	Status core.RowStatus
 	Count  int64
 	// OldestWait, for pending rows only, is how long the head of the stage's
-	// pending queue (the next row it claims) has waited since its last change.
+	// pending queue (the next row it claims) has waited since it was last
+	// ready (a claim given back does not count).
 	OldestWait time.Duration
 	// Due and RetryWaiting, for paused rows only, count those whose timeout
 	// has passed and those waiting out a retry (attempts > 0).
@@ -185,8 +189,8 @@ func (s *PG) MonitorLock(ctx context.Context) (at time.Time, locked bool, err er
 // every column of the queue but payload, and the two statistics tables. The
 // database then guarantees that pepsi-httpd shows no payload and writes nothing.
 const MonitorGrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
-GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at) ON pepsi.queue TO pepsi_monitor;
-GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats TO pepsi_monitor;`
+GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at) ON pepsi.queue TO pepsi_monitor;
+GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats, pepsi.stage_health TO pepsi_monitor;`
 
 // failedIndexSQL says whether the queue_failed index of schema version 2
 // exists; to_regclass needs no privilege.

@@ -156,7 +156,7 @@ func httpGet(t *testing.T, u string) (int, string) {
 func TestADatabaseWithoutSchemaVersion2IsOneLineAndExit1(t *testing.T) {
 	t.Parallel()
 	code, stderr := runFor(t, "-database", pgtest.NewDatabase(t))
-	want := "no PEPSI schema of version 2 or later (index pepsi.queue_failed is missing): run pepsi-queue migrate\n"
+	want := "no PEPSI schema of version 13 or later (index pepsi.queue_failed or table pepsi.stage_health is missing): run pepsi-queue migrate\n"
 	if code != exitFailure || !strings.HasSuffix(stderr, want) || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("exit %d, stderr %q; want exit 1 and one line ending %q", code, stderr, want)
 	}
