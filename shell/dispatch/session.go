@@ -74,6 +74,11 @@ type session struct {
 	// step that took it has run (runTxn counts the turnaround from it).
 	txns     txnStats
 	resultAt time.Time
+	// health is the core's verdict on its stages last handed to the health
+	// writer (recordHealth), and healthOut the writer's mailbox: it holds the
+	// latest verdict not yet taken, never an older one.
+	health    []core.StageHealth
+	healthOut chan []core.StageHealth
 }
 
 // txnStats sums up a session's queue transactions: how long they took, how
@@ -157,6 +162,8 @@ func (s *session) run(ctx context.Context) sessionResult {
 	// events like a worker's.
 	s.gate = store.NewGate()
 	go s.gate.Run(s.ctx, s.pgcfg, s.log, s.offLoop)
+	s.healthOut = make(chan []core.StageHealth, 1)
+	go writeHealth(s.ctx, s.queue, s.log, s.healthOut)
 	return s.loop()
 }
 
@@ -308,6 +315,7 @@ func (s *session) loop() sessionResult {
 	pending := []core.Event{core.Start{Carry: s.carry, Seed: rand.Uint64(), Life: rand.Int64()}}
 	for {
 		cmds := s.core.Step(time.Now(), pending...)
+		s.recordHealth()
 		var exit *core.Exit
 		pending, exit = s.execute(cmds, pending[:0])
 		s.resultAt = time.Time{} // a later transaction was not this result's turn
