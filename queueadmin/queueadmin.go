@@ -109,10 +109,18 @@ type Stats struct {
 	Depth    []Depth
 	Stages   []StageStats
 	Dispatch DispatchStats
+	// Health is what the dispatcher recorded of its stages' workers.
+	Health Health
 }
 
+// Health is pepsi.stage_health, and whether a dispatcher holds the lock.
+type Health = store.Health
+
+// StageHealth is one row of pepsi.stage_health.
+type StageHealth = store.StageHealth
+
 // ReadStats reads counts per stage and status, the oldest pending wait per stage,
-// and both statistics tables, in one snapshot. It scans the whole queue.
+// both statistics tables and the stages' health, in one snapshot. It scans the whole queue.
 func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 	s := &Stats{}
 	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -131,7 +139,10 @@ func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 		if s.Stages, err = q.ReadStageStats(ctx); err != nil {
 			return err
 		}
-		s.Dispatch, err = q.ReadDispatchStats(ctx)
+		if s.Dispatch, err = q.ReadDispatchStats(ctx); err != nil {
+			return err
+		}
+		s.Health, err = q.ReadHealth(ctx)
 		return err
 	})
 	if err != nil {

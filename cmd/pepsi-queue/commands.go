@@ -277,6 +277,7 @@ EXAMPLE
 func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.Time) {
 	printDepth(w, s.Depth, configured)
 	printStageStats(w, s.Stages, configured, now)
+	printHealth(w, s.Health)
 	updated := time.Time{} // the row is made by migrate: its time means nothing until a flush
 	if s.Dispatch.FlushSeq > 0 {
 		updated = s.Dispatch.UpdatedAt
@@ -368,6 +369,37 @@ func printStageStats(w io.Writer, rows []queueadmin.StageStats, configured []str
 		fmt.Fprintln(w, "  failed by dispatcher: a non-zero answer, a worker crash or a protocol error (state.dispatch_error)")
 		fmt.Fprintln(w, "  retries: messages paused for a retry (answer 75); rate-held: how long the stage had work its RATE held back")
 	}
+}
+
+// printHealth prints the HEALTH table: what pepsi-dispatch recorded of each
+// stage's workers (pepsi.stage_health), times by the server's clock.
+func printHealth(w io.Writer, h queueadmin.Health) {
+	switch {
+	case len(h.Stages) == 0:
+		fmt.Fprintln(w, "\nHEALTH: none recorded (no pepsi-dispatch has run on this schema)")
+		return
+	case h.Current:
+		fmt.Fprintln(w, "\nHEALTH (recorded by pepsi-dispatch: pepsi.stage_health)")
+	default:
+		fmt.Fprintln(w, "\nHEALTH (as the last pepsi-dispatch left it: no dispatcher holds the lock, so nothing runs now)")
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "stage\tstate\tsince\treason\n")
+	for _, st := range h.Stages {
+		reason := st.Reason
+		if st.State == core.HealthCannotStart && !st.Until.IsZero() {
+			if left := st.Until.Sub(h.Now); left > 0 {
+				reason += fmt.Sprintf("; next try in %s", left.Round(time.Second))
+			} else {
+				reason += "; next try when a message waits"
+			}
+		}
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", st.Stage, st.State, ago(st.Since, h.Now), reason)
+	}
+	tw.Flush()
 }
 
 // ago says how long before now t was, or "never" for the zero time.

@@ -403,3 +403,43 @@ func TestErrorsNameTheDatabaseAndWhereItCameFrom(t *testing.T) {
 		t.Errorf("refused connection: stderr %q; want one line that says \"connection refused\" once", r.stderr)
 	}
 }
+
+// stats prints what pepsi-dispatch recorded of each stage's workers: the
+// state, since when, the reason and when a stage that cannot start tries
+// next, saying whether a dispatcher holds the lock (without one the rows are
+// what the last one left).
+func TestStatsShowsTheStagesHealth(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	env := []string{"PEPSI_DATABASE=" + url}
+	pq(t, "", env, "stats").expect(t, "stats before any dispatcher", 0, "HEALTH: none recorded", "")
+	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
+		INSERT INTO pepsi.stage_health (stage, state, reason, until, since) VALUES
+			('parse', 'cannot_start', 'program "/no/such" cannot start: exec: no such file; starts held back 4s after each failure', now() + interval '3 s', now() - interval '110 s'),
+			('deliver', 'ok', '', NULL, now() - interval '1 hour')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := store.TryLock(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := pq(t, "", env, "stats")
+	r.expect(t, "stats with a dispatcher", 0, "HEALTH (recorded by pepsi-dispatch: pepsi.stage_health)", "")
+	for _, re := range []string{
+		`(?m)^parse +cannot_start +1m5\ds ago +program "/no/such" cannot start: exec: no such file; starts held back 4s after each failure; next try in [23]s$`,
+		`(?m)^deliver +ok +1h0m\ds ago +-$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("stats output has no line matching %s:\n%s", re, r.stdout)
+		}
+	}
+	if err := lock.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pq(t, "", env, "stats").expect(t, "stats without a dispatcher", 0, "HEALTH (as the last pepsi-dispatch left it: no dispatcher holds the lock, so nothing runs now)", "")
+}
