@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet lint purity bench-core python bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private
+.PHONY: all build install man test vet lint purity bench-core python promtool bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private
 
 all: build
 
@@ -70,9 +70,14 @@ postgres-demo:
 chromium:
 	@.ci/chromium-up
 
+# Install Debian's prometheus package (for its promtool) when promtool is
+# missing, for the test of the example alerting rules.
+promtool:
+	@.ci/promtool-up
+
 # Files tests keep (t.ArtifactDir: the status page's screenshot) go to
 # test-artifacts/_artifacts/, ignored by git.
-test: postgres python chromium vet lint purity bench-core
+test: postgres python chromium promtool vet lint purity bench-core
 	@mkdir -p $(CURDIR)/test-artifacts
 	$(GO) test -race -count=1 -timeout 20m -artifacts -outputdir $(CURDIR)/test-artifacts ./...
 

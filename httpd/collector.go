@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // Metric descriptions. Each HELP says what the number counts and where it comes
@@ -67,6 +69,9 @@ var (
 		"When the last vacuum of pepsi.queue (pepsi-dispatch's, autovacuum's or a DBA's) ended; absent when none since the statistics were reset.", nil, nil)
 	descHorizon = prometheus.NewDesc("pepsi_xmin_horizon_age_seconds",
 		"How long the oldest transaction holding back the xmin horizon has been open: no vacuum removes dead rows younger than it.", nil, nil)
+	descHealth = prometheus.NewDesc("pepsi_stage_health",
+		"1 for the state pepsi-dispatch recorded of the stage's workers (pepsi.stage_health: ok, cannot_start, crashing, rate_held), 0 for the others; exported only while a dispatcher holds the lock.",
+		[]string{"stage", "state"}, nil)
 	descFlushed = prometheus.NewDesc("pepsi_dispatch_stats_flushed_timestamp_seconds",
 		"When pepsi-dispatch last flushed its statistics (Unix time).",
 		nil, nil)
@@ -88,7 +93,7 @@ func NewCollector(src *Source) *Collector { return &Collector{src: src} }
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descRetryWaiting, descLock, descDead, descLastVacuum, descHorizon,
 		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descRetries, descRateHeld, descStageFlushed,
-		descStagePasses, descMessagesLeft, descFlushed} {
+		descStagePasses, descMessagesLeft, descFlushed, descHealth} {
 		ch <- d
 	}
 }
@@ -145,7 +150,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descLastVacuum, unix(s.Table.LastVacuum))
 	}
 	gauge(descHorizon, s.Table.HorizonSeconds)
+	// A stopped dispatcher's record is stale: pepsi_dispatcher_lock_held 0
+	// says what is wrong then.
+	if s.DispatcherLocked {
+		for _, h := range s.Health {
+			for _, state := range healthStates {
+				gauge(descHealth, b2f(h.State == state), h.Stage, string(state))
+			}
+		}
+	}
 }
+
+// healthStates are the states pepsi_stage_health has a series for, each
+// stage every one of them, so that an alert sees a series from the start.
+var healthStates = []core.HealthState{core.HealthOK, core.HealthCannotStart, core.HealthCrashing, core.HealthRateHeld}
 
 func b2f(b bool) float64 {
 	if b {

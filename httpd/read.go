@@ -114,6 +114,29 @@ type Snapshot struct {
 	Failures []Failure `json:"failures"`
 	// Table is the queue table's health (what vacuum has to do).
 	Table TableHealth `json:"table"`
+	// Health is what the dispatcher recorded of each stage's workers
+	// (pepsi.stage_health), sorted by stage. It is current only while
+	// DispatcherLocked: otherwise it is what the last dispatcher left.
+	Health []StageHealth `json:"health"`
+}
+
+// StageHealth is what pepsi-dispatch recorded of one stage's workers
+// (core.Health): ok, cannot_start, crashing or rate_held, why, since when
+// and, for a stage that cannot start, when it tries next.
+type StageHealth struct {
+	Stage  string           `json:"stage"`
+	State  core.HealthState `json:"state"`
+	Reason string           `json:"reason"`
+	Since  time.Time        `json:"since"`
+	// Until is when the spawn cooldown of a stage that cannot start ends;
+	// absent for none.
+	Until *time.Time `json:"until,omitempty"`
+}
+
+// Unhealthy says the state is one an operator must act on: the stage's
+// program cannot start, or its workers keep crashing.
+func (h StageHealth) Unhealthy() bool {
+	return h.State == core.HealthCannotStart || h.State == core.HealthCrashing
 }
 
 // TableHealth is pepsi.queue's health as the statistics collector sees it.
@@ -221,5 +244,16 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 		return err
 	}
 	s.StagePasses, s.MessagesLeft, s.FlushedAt = d.StagePasses, d.MessagesLeft, d.UpdatedAt
+	health, err := q.ReadStageHealth(ctx)
+	if err != nil {
+		return err
+	}
+	for _, h := range health {
+		sh := StageHealth{Stage: h.Stage, State: h.State, Reason: h.Reason, Since: h.Since}
+		if !h.Until.IsZero() {
+			sh.Until = &h.Until
+		}
+		s.Health = append(s.Health, sh)
+	}
 	return nil
 }

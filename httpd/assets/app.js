@@ -46,9 +46,38 @@ function rate(history, stage) {
   return dt > 0 ? Math.max(b - a, 0) / dt : null;
 }
 
+// healthLabel is how the page names a stage_health state.
+const healthLabel = { ok: "ok", cannot_start: "cannot start", crashing: "crashing", rate_held: "held by its RATE" };
+
+// unhealthy says whether a stage_health state needs an operator.
+function unhealthy(h) {
+  return h.state === "cannot_start" || h.state === "crashing";
+}
+
+// healths returns what pepsi-dispatch recorded of each stage, by stage: only
+// while a dispatcher holds the lock, as the record is its own then.
+function healths(snap) {
+  const out = {};
+  if (snap.dispatcher_locked) for (const h of snap.health || []) out[h.stage] = h;
+  return out;
+}
+
+// healthReason says why a stage is unhealthy, since when and, for one whose
+// program cannot start, when it tries next (by the database's clock).
+function healthReason(h, at) {
+  const now = Date.parse(at);
+  let text = `${h.stage}: ${h.reason} (for ${duration((now - Date.parse(h.since)) / 1000)}`;
+  if (h.until) {
+    const left = (Date.parse(h.until) - now) / 1000;
+    text += left > 0 ? `; next try in ${duration(left)}` : "; next try when a message waits";
+  }
+  return text + ")";
+}
+
 function renderStages(snap, history) {
   const stats = {};
   for (const s of snap.stages || []) stats[s.stage] = s;
+  const health = healths(snap);
   const body = document.querySelector("#stages tbody");
   body.replaceChildren();
   for (const l of snap.live) {
@@ -58,6 +87,15 @@ function renderStages(snap, history) {
     const name = el("td", l.stage);
     name.style.borderLeft = "4px solid " + color(l.stage);
     tr.append(name);
+    const h = health[l.stage];
+    const state = el("td", h ? healthLabel[h.state] || h.state : "-", "health");
+    state.dataset.key = "health";
+    if (h) {
+      state.dataset.state = h.state;
+      if (h.reason) state.title = h.reason;
+      if (unhealthy(h)) tr.classList.add("unhealthy");
+    }
+    tr.append(state);
     const cells = [
       ["pending", l.messages.pending], ["running", l.messages.running], ["paused", l.messages.paused],
       ["retry_waiting", l.retry_waiting ?? 0],
@@ -78,6 +116,14 @@ function renderStages(snap, history) {
       tr.append(td);
     }
     body.append(tr);
+    if (h && unhealthy(h)) {
+      const why = el("tr", undefined, "health-reason");
+      why.dataset.stage = l.stage;
+      const td = el("td", healthReason(h, snap.at));
+      td.colSpan = tr.children.length;
+      why.append(td);
+      body.append(why);
+    }
   }
   document.getElementById("totals").textContent =
     `pepsi-dispatch counted ${snap.stage_passes} stage passes and ${snap.messages_left} messages that left the pipeline` +
@@ -198,8 +244,11 @@ function render(st) {
   if (!snap) return;
   const lock = document.getElementById("lock");
   if (st.ok) {
-    lock.textContent = snap.dispatcher_locked ? "dispatcher running" : "no dispatcher holds the lock";
-    lock.className = "badge " + (snap.dispatcher_locked ? "ok" : "bad");
+    const sick = Object.values(healths(snap)).filter(unhealthy);
+    lock.textContent = !snap.dispatcher_locked ? "no dispatcher holds the lock" :
+      sick.length === 0 ? "dispatcher running" :
+      "dispatcher running; " + sick.map(h => `stage ${h.stage} ${healthLabel[h.state]}`).join(", ");
+    lock.className = "badge " + (snap.dispatcher_locked && sick.length === 0 ? "ok" : "bad");
   } else {
     lock.textContent = "dispatcher: unknown";
     lock.className = "badge";
