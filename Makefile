@@ -70,6 +70,10 @@ postgres-demo:
 chromium:
 	@.ci/chromium-up
 
+# Install Debian's python3 when it is missing, for the example Python stage's test.
+python:
+	@.ci/python-up
+
 # Install Debian's prometheus package (for its promtool) when promtool is
 # missing, for the test of the example alerting rules.
 promtool:
