@@ -21,6 +21,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pepsi-pipeline/pepsi/ingress"
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
@@ -364,7 +365,7 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("# producers\nsecret-token-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := ingress.LoadTokens(tokens)
+	tok, err := bearer.LoadTokens(tokens)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +482,7 @@ func TestARefusedTokenIsWarnedOfAtMostEveryRefusedLogEvery(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("secret-token-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := ingress.LoadTokens(tokens)
+	tok, err := bearer.LoadTokens(tokens)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -70,7 +71,7 @@ type Options struct {
 	// InFlightMax bounds the requests handled at once.
 	InFlightMax int
 	// Tokens, when not nil, are the bearer tokens every request must present.
-	Tokens *Tokens
+	Tokens *bearer.Tokens
 	// RefusedLogEvery is how often, at most, a request refused for its token
 	// is logged at warn level (the others in between are counted in the next
 	// such line); default RefusedLogEveryDefault.

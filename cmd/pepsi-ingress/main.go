@@ -26,6 +26,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/ingress"
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
 	"github.com/pepsi-pipeline/pepsi/store"
@@ -194,7 +195,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 		return exitFailure
 	}
 	if c.ingress.TokensFile != "" {
-		tokens, err := ingress.LoadTokens(c.ingress.TokensFile)
+		tokens, err := bearer.LoadTokens(c.ingress.TokensFile)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -260,7 +261,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 
 // reload re-reads the tokens and the certificate; a file that fails to load
 // leaves what is in use as it was.
-func reload(log *slog.Logger, tokens *ingress.Tokens, cert *certificate) {
+func reload(log *slog.Logger, tokens *bearer.Tokens, cert *certificate) {
 	if tokens != nil {
 		if n, err := tokens.Reload(); err != nil {
 			log.Error("SIGHUP: tokens not reloaded; the old ones stay in use", "err", err)

@@ -1,4 +1,9 @@
-package ingress
+// Package bearer reads a tokens file (one bearer token per line, blank lines
+// and # comments ignored) and checks an Authorization header against it in
+// constant time: the TOKENS_FILE of pepsi-ingress and of pepsi-httpd's
+// actions. It must never keep or log a token in clear: it holds only their
+// SHA-256 digests.
+package bearer
 
 import (
 	"crypto/sha256"
@@ -14,7 +19,7 @@ import (
 // guessed.
 const TokenMin = 16
 
-// Tokens are the bearer tokens of TOKENS_FILE: one per line, blank lines and
+// Tokens are the bearer tokens of a TOKENS_FILE: one per line, blank lines and
 // lines starting with # ignored, blanks around a token removed, each of
 // TokenMin or more visible ASCII characters. They are kept as SHA-256 digests
 // and compared in constant time, so neither the comparison's time nor a
@@ -79,6 +84,12 @@ func (t *Tokens) Allow(header string) bool {
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
+	return t.Valid(tok)
+}
+
+// Valid reports whether tok (blanks around it ignored) is one of the tokens,
+// in the constant time Allow takes.
+func (t *Tokens) Valid(tok string) bool {
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 	match := 0
 	for _, s := range *t.set.Load() {

@@ -1,4 +1,4 @@
-package ingress_test
+package bearer_test
 
 import (
 	"os"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pepsi-pipeline/pepsi/ingress"
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 )
 
 func TestTokensAreReadOnePerLineAndReloaded(t *testing.T) {
@@ -17,7 +17,7 @@ func TestTokensAreReadOnePerLineAndReloaded(t *testing.T) {
 		}
 	}
 	write("# producer A\n  token-of-producer-a  \n\ntoken-of-producer-b\n")
-	tok, err := ingress.LoadTokens(file)
+	tok, err := bearer.LoadTokens(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestTokensAreReadOnePerLineAndReloaded(t *testing.T) {
 			t.Errorf("a failed Reload dropped the tokens in use")
 		}
 	}
-	if _, err := ingress.LoadTokens(filepath.Join(t.TempDir(), "missing")); err == nil {
+	if _, err := bearer.LoadTokens(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Errorf("LoadTokens of a missing file succeeded")
 	}
 }
