@@ -64,6 +64,18 @@ type Config struct {
 	Stages []Stage
 	// Ingress holds [pepsi-ingress].
 	Ingress Ingress
+	// Httpd holds [pepsi-httpd].
+	Httpd Httpd
+}
+
+// Httpd is the [pepsi-httpd] section: pepsi-httpd(8), the status page.
+type Httpd struct {
+	// Actions offers retry and discard on the page (key ACTIONS), to
+	// whoever signs in with a token of TokensFile.
+	Actions bool
+	// TokensFile holds the tokens that may act (key TOKENS_FILE), in
+	// pepsi-ingress's format; ACTIONS = on needs it.
+	TokensFile string
 }
 
 // Ingress is the [pepsi-ingress] section: pepsi-ingress(8), the front door over
@@ -296,7 +308,8 @@ type parser struct {
 	stageOrder []string       // names in the order of their sections, for errors
 	// seen is where each SECTION.KEY was set.
 	seen map[string]int
-	// ingressLine is where LISTEN, TLS_CERT and TLS_KEY were set, for Check's
+	// ingressLine is where LISTEN, TLS_CERT and TLS_KEY (and, as
+	// httpd.ACTIONS, [pepsi-httpd]'s ACTIONS) were set, for Check's
 	// errors.
 	ingressLine map[string]int
 	section     string // the section being read
@@ -315,12 +328,12 @@ func (p *parser) header(line string) error {
 	}
 	p.section = strings.TrimSpace(line[1 : len(line)-1])
 	switch {
-	case p.section == "pepsi", p.section == "pepsi-dispatch", p.section == "pepsi-ingress":
+	case p.section == "pepsi", p.section == "pepsi-dispatch", p.section == "pepsi-ingress", p.section == "pepsi-httpd":
 		return nil
 	case strings.HasPrefix(p.section, "stage-"):
 		return p.newStage(strings.TrimPrefix(p.section, "stage-"))
 	}
-	return p.bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch], [pepsi-ingress] or [stage-NAME])", p.section)
+	return p.bad("", "unknown section [%s] (want [pepsi], [pepsi-dispatch], [pepsi-ingress], [pepsi-httpd] or [stage-NAME])", p.section)
 }
 
 // newStage starts the stage of a [stage-NAME] section, with the defaults.
@@ -377,6 +390,12 @@ func (p *parser) setting(line string) error {
 		want = "LISTEN, TOKENS_FILE, TLS_CERT, TLS_KEY, MAX_BODY or MAX_PENDING"
 		if key == "LISTEN" || key == "TLS_CERT" || key == "TLS_KEY" {
 			p.ingressLine[key] = p.n
+		}
+	case "pepsi-httpd":
+		known, err = setHttpd(&p.c.Httpd, key, value)
+		want = "ACTIONS or TOKENS_FILE"
+		if key == "ACTIONS" {
+			p.ingressLine["httpd."+key] = p.n
 		}
 	default:
 		known, err = setStage(p.stages[strings.TrimPrefix(p.section, "stage-")], key, value)
@@ -441,6 +460,20 @@ func setIngress(in *Ingress, key, value string) (known bool, err error) {
 	return true, err
 }
 
+// setHttpd sets one key of [pepsi-httpd]; known is false for a key it does
+// not have.
+func setHttpd(h *Httpd, key, value string) (known bool, err error) {
+	switch key {
+	case "ACTIONS":
+		h.Actions, err = ParseOnOff(value)
+	case "TOKENS_FILE":
+		h.TokensFile, err = nonEmpty(value)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
 // setStage sets one key of a [stage-NAME]; known is false for a key it does
 // not have.
 func setStage(s *Stage, key, value string) (known bool, err error) {
@@ -495,6 +528,11 @@ func (p *parser) finish() (*Config, error) {
 	sort.Slice(c.Stages, func(i, j int) bool { return c.Stages[i].Name < c.Stages[j].Name })
 	if key, err := c.Ingress.Check(); err != nil {
 		return nil, &Error{File: p.file, Line: p.ingressLine[key], Key: key, Msg: err.Error()}
+	}
+	if c.Httpd.Actions && c.Httpd.TokensFile == "" {
+		// Actions without tokens would let anyone who reaches the page act.
+		return nil, &Error{File: p.file, Line: p.ingressLine["httpd.ACTIONS"], Key: "ACTIONS",
+			Msg: "on without TOKENS_FILE: the page's actions need the tokens that may use them; set TOKENS_FILE in [pepsi-httpd]"}
 	}
 	return c, nil
 }

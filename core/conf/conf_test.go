@@ -67,6 +67,19 @@ PROGRAM = deliver
 	}
 }
 
+// [pepsi-httpd]: the page's actions are off unless ACTIONS = on, which
+// comes with the tokens that may act.
+func TestParseReadsTheHttpdSection(t *testing.T) {
+	c, err := conf.Parse("f.conf", "[stage-a]\nPROGRAM = a\n")
+	if err != nil || c.Httpd.Actions || c.Httpd.TokensFile != "" {
+		t.Fatalf("no [pepsi-httpd]: %+v, %v; want actions off", c.Httpd, err)
+	}
+	c, err = conf.Parse("f.conf", "[pepsi-httpd]\nACTIONS = on\nTOKENS_FILE = /etc/pepsi/operators\n")
+	if err != nil || !c.Httpd.Actions || c.Httpd.TokensFile != "/etc/pepsi/operators" {
+		t.Fatalf("ACTIONS = on with TOKENS_FILE: %+v, %v", c.Httpd, err)
+	}
+}
+
 func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 	cases := []struct {
 		name, text, want string
@@ -104,6 +117,9 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad stage max runtime", "[stage-a]\nPROGRAM = a\n\nMAX_RUNTIME = forever\n", "f.conf:4: MAX_RUNTIME: 'forever' is not whole seconds"},
 		{"zero stage max runtime", "[stage-a]\nPROGRAM = a\nMAX_RUNTIME = 0\n", "f.conf:3: MAX_RUNTIME: '0' must be positive"},
 		{"small line max", "[pepsi-dispatch]\nLINE_MAX = 100\n", "f.conf:2: LINE_MAX: '100' is not a whole number of bytes from 1024 to 1073741824"},
+		{"httpd actions without tokens", "[pepsi-httpd]\n\nACTIONS = on\n", "f.conf:3: ACTIONS: on without TOKENS_FILE"},
+		{"httpd actions not a switch", "[pepsi-httpd]\nACTIONS = sometimes\n", "f.conf:2: ACTIONS: 'sometimes' is not on or off"},
+		{"httpd unknown key", "[pepsi-httpd]\nLISTEN = :80\n", "f.conf:2: LISTEN: unknown key in [pepsi-httpd] (want ACTIONS or TOKENS_FILE)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
