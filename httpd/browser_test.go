@@ -60,7 +60,7 @@ func TestThePageShowsAKnownRunAndDrawsItsCharts(t *testing.T) {
 	sctx, stopSampling := context.WithCancel(context.Background())
 	defer stopSampling()
 	go src.Sample(sctx)
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 
 	// The run goes on while the history fills: deliver's backlog drains and

@@ -48,7 +48,7 @@ func TestAStageWhoseProgramIsMissingShowsRedAndFiresTheAlert(t *testing.T) {
 	sctx, stopSampling := context.WithCancel(context.Background())
 	defer stopSampling()
 	go src.Sample(sctx)
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 
 	dctx, stop := context.WithCancel(context.Background())

@@ -141,7 +141,7 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := open(t, httpd.Options{Database: url, Stages: []string{"archive", "deliver", "parse"}})
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 	got := values(scrape(t, srv.URL))
 
@@ -246,7 +246,7 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 func TestStatusJSONListsTheLatestFailuresWithReasonsAndNoPayload(t *testing.T) {
 	t.Parallel()
 	src := open(t, httpd.Options{Database: newKnownRun(t)})
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 	code, body := get(t, srv.URL+"/api/status")
 	if code != http.StatusOK {
@@ -290,7 +290,7 @@ func TestConcurrentScrapesShareOneRead(t *testing.T) {
 	t.Parallel()
 	const cacheAge = 2 * time.Second
 	src := open(t, httpd.Options{Database: newKnownRun(t), CacheMaxAge: cacheAge})
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 	time.Sleep(cacheAge + 100*time.Millisecond) // Open's read is too old now
 	before := src.Reads()
@@ -316,7 +316,7 @@ func TestADatabaseThatGoesAwayShowsOnHealthzAndMetricsAndTheServerKeepsServing(t
 	t.Parallel()
 	url := newKnownRun(t)
 	src := open(t, httpd.Options{Database: url, CacheMaxAge: time.Millisecond})
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 	if code, body := get(t, srv.URL+"/healthz"); code != http.StatusOK {
 		t.Fatalf("healthz before: %d %s, want 200", code, body)
@@ -394,7 +394,7 @@ func TestStatusJSONOfAFreshPipelineHasAnEmptyListAndNoVacuum(t *testing.T) {
 	// A table whose statistics were never reset has no vacuum on record only if
 	// none ran: this database is new, and nothing vacuums it here.
 	src := open(t, httpd.Options{Database: url})
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 	code, body := get(t, srv.URL+"/api/status")
 	if code != http.StatusOK {

@@ -58,7 +58,7 @@ func TestMetricsFollowARealDispatcherThroughAKnownRun(t *testing.T) {
 	}
 
 	src := open(t, httpd.Options{Database: url, CacheMaxAge: time.Millisecond, Stages: []string{"check"}})
-	srv := httptest.NewServer(httpd.Handler(src))
+	srv := httptest.NewServer(httpd.Handler(src, nil))
 	defer srv.Close()
 	before := values(scrape(t, srv.URL))
 	if before[`pepsi_queue_messages{stage=check,status=pending}`] != 20 || before["pepsi_dispatcher_lock_held"] != 0 {

@@ -4,8 +4,10 @@
 // failures) and serves it as Prometheus metrics at /metrics, as JSON at
 // /api/status, as a live page at / and as a health check at /healthz.
 //
-// It must never write to the database (it works with a read-only role and every
-// transaction it opens is READ ONLY), never read or show a message's payload,
+// It must never write to the database itself (it works with a read-only role
+// and every transaction it opens is READ ONLY; the page's actions, with
+// ACTIONS = on, are the Actor's that the program gives it: actions.go), never
+// read or show a message's payload,
 // and never run a query whose cost grows with the finished messages kept in the
 // queue: every query walks one of the queue's partial indexes (see sql.go and
 // the EXPLAIN test). Scrapes that arrive together share one read.

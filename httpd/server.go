@@ -4,14 +4,19 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 //go:embed assets
@@ -30,11 +35,12 @@ const (
 )
 
 // NewServer returns an http.Server for addr that serves src: /metrics, /healthz,
-// /api/status and the page at /, with timeouts set.
-func NewServer(addr string, src *Source) *http.Server {
+// /api/status and the page at /, with timeouts set; and, when acts is not
+// nil, the page's actions.
+func NewServer(addr string, src *Source, acts *Actions) *http.Server {
 	return &http.Server{
 		Addr:              addr,
-		Handler:           Handler(src),
+		Handler:           Handler(src, acts),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
@@ -44,8 +50,10 @@ func NewServer(addr string, src *Source) *http.Server {
 }
 
 // Handler serves src's routes. /metrics also has the Go runtime's and the
-// process's own metrics (go_*, process_*) of pepsi-httpd.
-func Handler(src *Source) http.Handler {
+// process's own metrics (go_*, process_*) of pepsi-httpd. With acts, the
+// page offers retry and discard (docs/pepsi-httpd.8.md, "ACTIONS"); without,
+// it is read-only and no route acts.
+func Handler(src *Source, acts *Actions) http.Handler {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewCollector(src), collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -70,6 +78,14 @@ func Handler(src *Source) http.Handler {
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, status(r.Context(), src))
 	})
+	mux.HandleFunc("GET /api/messages/{id}", func(w http.ResponseWriter, r *http.Request) {
+		message(w, r, src, acts != nil)
+	})
+	if acts != nil {
+		acts.register(mux)
+	} else {
+		mux.HandleFunc("GET /api/session", readOnlySession)
+	}
 	mux.Handle("GET /", http.FileServerFS(static))
 	return secure(mux)
 }
@@ -101,9 +117,62 @@ func status(ctx context.Context, src *Source) Status {
 	return st
 }
 
-func writeJSON(w http.ResponseWriter, v any) {
+// Message is one message as the message page shows it (GET
+// /api/messages/ID): never its payload nor its state, only who failed it and
+// why, and the actions the page offers for it.
+type Message struct {
+	ID     int64          `json:"id"`
+	Stage  string         `json:"stage"`
+	Status core.RowStatus `json:"status"`
+	// Timeout is when a paused message is due; absent for none.
+	Timeout   *time.Time `json:"timeout,omitempty"`
+	Attempts  int        `json:"attempts"`
+	CreatedAt time.Time  `json:"created_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	By        string     `json:"by"`
+	Reason    string     `json:"reason"`
+	// Actions are those that apply to the message now, with ACTIONS = on:
+	// retry a failed or timed-out one, discard one that waits (pending,
+	// paused, blocked behind its key). Empty on a read-only page.
+	Actions []string `json:"actions"`
+}
+
+// message answers GET /api/messages/{id}.
+func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		writeJSONCode(w, http.StatusBadRequest, map[string]string{"error": "a message id is a positive whole number"})
+		return
+	}
+	m, err := src.Message(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeJSONCode(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no message %d", id)})
+		return
+	case err != nil:
+		writeJSONCode(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	out := Message{ID: m.ID, Stage: m.Stage, Status: m.Status, Timeout: m.Timeout, Attempts: m.Attempts,
+		CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, By: m.By, Reason: m.Reason, Actions: []string{}}
+	if actions {
+		switch m.Status {
+		case core.StatusFailed, core.StatusTimeout:
+			out.Actions = append(out.Actions, "retry")
+		case core.StatusPending, core.StatusPaused, core.StatusBlocked:
+			out.Actions = append(out.Actions, "discard")
+		}
+	}
+	writeJSON(w, out)
+}
+
+func writeJSON(w http.ResponseWriter, v any) { writeJSONCode(w, http.StatusOK, v) }
+
+// writeJSONCode answers v as JSON with status code.
+func writeJSONCode(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
 	if err := json.NewEncoder(w).Encode(v); err != nil {
 		// The client went away; nothing to tell it.
 		return

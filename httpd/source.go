@@ -165,6 +165,12 @@ func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
 	return snap, nil
 }
 
+// Message reads message id for the message page (store.ReadPageMessage),
+// on the read-only pool, or returns store.ErrNotFound.
+func (s *Source) Message(ctx context.Context, id int64) (store.PageMessage, error) {
+	return store.On(s.pool).ReadPageMessage(ctx, id)
+}
+
 // Close closes the database connections.
 func (s *Source) Close() { s.pool.Close() }
 

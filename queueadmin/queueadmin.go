@@ -360,6 +360,11 @@ func DiscardedError(note string) string {
 // discard skips it): each row is re-checked as it is written. With dryRun it
 // changes nothing and returns how many it would have ended.
 func Discard(ctx context.Context, conn *pgx.Conn, sel Selection, note string, dryRun bool) (int64, error) {
+	return discard(ctx, conn, sel, DiscardedError(note), dryRun)
+}
+
+// discard is Discard with the dispatch_error it writes.
+func discard(ctx context.Context, conn *pgx.Conn, sel Selection, dispatchError string, dryRun bool) (int64, error) {
 	if len(sel.Statuses) == 0 {
 		sel.Statuses = Discardable()
 	}
@@ -372,5 +377,45 @@ func Discard(ctx context.Context, conn *pgx.Conn, sel Selection, note string, dr
 	if dryRun {
 		return q.CountSelected(ctx, sel)
 	}
-	return q.Discard(ctx, store.DiscardParams{Selection: sel, DispatchError: DiscardedError(note)})
+	return q.Discard(ctx, store.DiscardParams{Selection: sel, DispatchError: dispatchError})
+}
+
+// PageActions are the actions pepsi-httpd's page offers on one message
+// (ACTIONS = on): Retry and Discard above, each on a connection of its own
+// to Database, so the page's writes are the guarded ones pepsi-queue makes.
+type PageActions struct {
+	// Database is a libpq URL or key=value string; empty means the PG*
+	// environment.
+	Database string
+}
+
+// PageDiscardedError is the dispatch_error of a message discarded on
+// pepsi-httpd's page: it names the page, as DiscardedError names
+// pepsi-queue.
+const PageDiscardedError = "discarded by an operator (on pepsi-httpd's page)"
+
+// Retry retries message id if it failed or timed out (with dryRun, counts
+// whether it would).
+func (p PageActions) Retry(ctx context.Context, id int64, dryRun bool) (int64, error) {
+	return p.with(ctx, func(conn *pgx.Conn) (int64, error) {
+		return retry(ctx, conn, RetryFilter{ID: id}, dryRun)
+	})
+}
+
+// Discard ends message id failed if it waits (pending, paused or blocked),
+// its reason naming the page (with dryRun, counts whether it would).
+func (p PageActions) Discard(ctx context.Context, id int64, dryRun bool) (int64, error) {
+	return p.with(ctx, func(conn *pgx.Conn) (int64, error) {
+		return discard(ctx, conn, Selection{ID: id}, PageDiscardedError, dryRun)
+	})
+}
+
+// with runs f on a new connection to p.Database.
+func (p PageActions) with(ctx context.Context, f func(*pgx.Conn) (int64, error)) (int64, error) {
+	conn, err := Connect(ctx, p.Database)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return f(conn)
 }

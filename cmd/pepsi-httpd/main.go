@@ -1,8 +1,10 @@
 // Command pepsi-httpd serves a PEPSI pipeline's state over HTTP: Prometheus
 // metrics at /metrics, a live page for operators at /, its data at /api/status
 // and a health check at /healthz. Its queries and handlers live in httpd;
-// this file parses flags, connects and serves. It never writes to the database
-// and never shows a message's payload. See docs/pepsi-httpd.8.md.
+// this file parses flags, connects and serves. It never shows a message's
+// payload, and never writes to the database but for the page's actions
+// (ACTIONS = on in [pepsi-httpd]), which are queueadmin's. See
+// docs/pepsi-httpd.8.md.
 package main
 
 import (
@@ -24,8 +26,10 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/httpd"
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 const usage = `pepsi-httpd: serve a PEPSI pipeline's state over HTTP.
@@ -39,6 +43,8 @@ Usage: pepsi-httpd [flags]
 
 It only reads the database (a read-only role is enough: see pepsi-httpd(8)) and
 never shows payloads. It listens on 127.0.0.1 unless -listen says otherwise.
+With ACTIONS = on and TOKENS_FILE in [pepsi-httpd] of the -c file, the page
+offers retry and discard to operators who sign in with a token.
 
 Every flag can also be set as a PEPSI_* environment variable (-listen as
 PEPSI_LISTEN, -database as PEPSI_DATABASE). The database is -database, else
@@ -118,46 +124,48 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	if err != nil {
 		return badFlag("%w", err)
 	}
-	var cdb string
-	var stages []string
+	cfg := &conf.Config{}
 	if *configFile != "" {
-		cdb, stages, err = readConfig(*configFile)
-		if err != nil {
+		if cfg, err = readConfig(*configFile); err != nil {
 			return bad("configuration: %v", err)
 		}
 	}
-	db, dbFrom := parsed.Database(log, *database, *configFile, cdb)
+	var stages []string
+	for _, s := range cfg.Stages {
+		stages = append(stages, s.Name)
+	}
+	db, dbFrom := parsed.Database(log, *database, *configFile, cfg.Database)
 	if _, err := pgx.ParseConfig(db); err != nil {
 		return bad("database connection string: %v", err)
+	}
+	var acts *httpd.Actions
+	if cfg.Httpd.Actions {
+		tokens, err := bearer.LoadTokens(cfg.Httpd.TokensFile)
+		if err != nil {
+			return bad("[pepsi-httpd] TOKENS_FILE: %v", err)
+		}
+		acts = httpd.NewActions(tokens, queueadmin.PageActions{Database: db}, log)
 	}
 	return serve(ctx, httpd.Options{
 		Database: db, Stages: stages, StatementTimeout: *stmtTimeout, CacheMaxAge: *cacheAge,
 		SampleInterval: *sample, HistoryMax: *history, Log: log,
-	}, *listen, dbFrom, stderr, ready)
+	}, acts, *listen, dbFrom, stderr, ready)
 }
 
-// readConfig reads the database and the stage names from the configuration
-// file.
-func readConfig(file string) (database string, stages []string, err error) {
+// readConfig reads the configuration file.
+func readConfig(file string) (*conf.Config, error) {
 	text, err := os.ReadFile(file)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	cfg, err := conf.Parse(file, string(text))
-	if err != nil {
-		return "", nil, err
-	}
-	for _, s := range cfg.Stages {
-		stages = append(stages, s.Name)
-	}
-	return cfg.Database, stages, nil
+	return conf.Parse(file, string(text))
 }
 
 // serve serves o's database on listen until ctx ends (then it lets requests
 // in flight finish for shutdownGrace), and returns the exit code. ready, if not
 // nil, is called with the address once the server listens.
 // dbFrom says where o.Database came from, for the start-up line.
-func serve(ctx context.Context, o httpd.Options, listen, dbFrom string, stderr io.Writer, ready func(addr string)) int {
+func serve(ctx context.Context, o httpd.Options, acts *httpd.Actions, listen, dbFrom string, stderr io.Writer, ready func(addr string)) int {
 	log := o.Log
 	src, err := httpd.Open(ctx, o)
 	if err != nil {
@@ -170,7 +178,7 @@ func serve(ctx context.Context, o httpd.Options, listen, dbFrom string, stderr i
 		fmt.Fprintf(stderr, "pepsi-httpd: %v\n", err)
 		return exitFailure
 	}
-	srv := httpd.NewServer(listen, src)
+	srv := httpd.NewServer(listen, src, acts)
 	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
@@ -179,7 +187,7 @@ func serve(ctx context.Context, o httpd.Options, listen, dbFrom string, stderr i
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("pepsi-httpd serving", "addr", "http://"+ln.Addr().String()+"/",
-		"database", cliflags.Redact(o.Database), "database_from", dbFrom)
+		"database", cliflags.Redact(o.Database), "database_from", dbFrom, "actions", acts != nil)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

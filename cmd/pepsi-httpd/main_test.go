@@ -34,12 +34,21 @@ func TestBadFlagsAndConfigurationAreOneLineAndExit2(t *testing.T) {
 	if err := os.WriteFile(badConf, []byte("[pepsi]\nDATABSE = x\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	shortTokens := filepath.Join(t.TempDir(), "operators")
+	actionsConf := filepath.Join(t.TempDir(), "pepsi.conf")
+	if err := os.WriteFile(shortTokens, []byte("too-short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(actionsConf, []byte("[pepsi-httpd]\nACTIONS = on\nTOKENS_FILE = "+shortTokens+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"-c", badConf}, "pepsi-httpd: configuration: " + badConf + ":2: "},
 		{[]string{"-database", "postgres://%zz"}, "pepsi-httpd: database connection string: "},
+		{[]string{"-c", actionsConf}, "pepsi-httpd: [pepsi-httpd] TOKENS_FILE: tokens: " + shortTokens + ":1: a token must be at least 16 characters long"},
 	} {
 		code, stderr := runFor(t, tc.args...)
 		if code != exitUsage || !strings.HasPrefix(stderr, tc.want) || strings.Count(stderr, "\n") != 1 {
@@ -230,6 +239,49 @@ func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
 		code := run(context.Background(), []string{args}, &stdout, &stderr, func(string) { t.Errorf("%s started serving", args) })
 		if code != exitOK || !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
 			t.Errorf("pepsi-httpd %s: exit %d, stdout %q, stderr %q; want 0 and %q on stdout only", args, code, stdout.String(), stderr.String(), want)
+		}
+	}
+}
+
+// With ACTIONS = on and a tokens file in [pepsi-httpd] of the -c file, the
+// page offers its actions (and says so at start); without, it does not.
+func TestActionsAreOnlyWhatTheConfigurationTurnsOn(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "operators")
+	if err := os.WriteFile(tokens, []byte("operator-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		section, want string
+	}{
+		{"", `{"actions":false,"signed_in":false}`},
+		{"[pepsi-httpd]\nACTIONS = off\nTOKENS_FILE = " + tokens + "\n", `{"actions":false,"signed_in":false}`},
+		{"[pepsi-httpd]\nACTIONS = on\nTOKENS_FILE = " + tokens + "\n", `{"actions":true,"signed_in":false}`},
+	} {
+		file := filepath.Join(t.TempDir(), "pepsi.conf")
+		if err := os.WriteFile(file, []byte("[pepsi]\nDATABASE = "+url+"\n"+tc.section), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		addr, done := make(chan string, 1), make(chan int, 1)
+		var stderr lockedbuf.Buffer
+		go func() {
+			done <- run(ctx, []string{"-c", file, "-listen", "127.0.0.1:0"}, io.Discard, &stderr, func(a string) { addr <- a })
+		}()
+		select {
+		case a := <-addr:
+			if code, body := httpGet(t, "http://"+a+"/api/session"); code != http.StatusOK || strings.TrimSpace(body) != tc.want {
+				t.Errorf("%q: GET /api/session: %d %s, want %s", tc.section, code, body, tc.want)
+			}
+		case code := <-done:
+			t.Fatalf("%q: pepsi-httpd exited %d before serving: %s", tc.section, code, stderr.String())
+		}
+		cancel()
+		<-done
+		if on := strings.Contains(tc.want, `"actions":true`); strings.Contains(stderr.String(), "actions=true") != on {
+			t.Errorf("%q: the start-up line %q does not say actions=%v", tc.section, stderr.String(), on)
 		}
 	}
 }

@@ -11,13 +11,6 @@ function color(stage) {
   return colorOf[stage];
 }
 
-function el(tag, text, cls) {
-  const e = document.createElement(tag);
-  if (text !== undefined) e.textContent = text;
-  if (cls) e.className = cls;
-  return e;
-}
-
 function duration(s) {
   if (s < 1) return s > 0 ? "<1s" : "-";
   if (s < 60) return Math.round(s) + "s";
@@ -134,18 +127,30 @@ function renderFailures(snap) {
   const body = document.querySelector("#failures tbody");
   body.replaceChildren();
   const fs = snap.failures || [];
+  const acting = session.signedIn;
+  document.getElementById("failures-action").hidden = !acting;
   if (fs.length === 0) {
     const tr = el("tr");
     const td = el("td", "none", "muted");
-    td.colSpan = 6;
+    td.colSpan = acting ? 7 : 6;
     tr.append(td);
     body.append(tr);
     return;
   }
   for (const f of fs) {
     const tr = el("tr");
-    tr.append(el("td", String(f.id), "num"), el("td", f.stage), el("td", f.status),
+    tr.dataset.id = String(f.id);
+    const id = el("td", undefined, "num");
+    const link = el("a", String(f.id));
+    link.href = "message.html?id=" + f.id;
+    id.append(link);
+    tr.append(id, el("td", f.stage), el("td", f.status),
       el("td", new Date(f.updated_at).toLocaleString()), el("td", f.by || "-"), el("td", f.reason, "reason"));
+    if (acting) {
+      const td = el("td");
+      td.append(actionButton("retry", f.id, `${f.status} at ${f.stage}`));
+      tr.append(td);
+    }
     body.append(tr);
   }
 }
@@ -261,6 +266,14 @@ function render(st) {
   document.body.dataset.reads = String(Number(document.body.dataset.reads || 0) + 1);
 }
 
+// pollTimer is the next poll's timer; refresh polls at once instead.
+let pollTimer = null;
+
+function refresh() {
+  clearTimeout(pollTimer);
+  poll();
+}
+
 async function poll() {
   try {
     const r = await fetch("api/status", { cache: "no-store" });
@@ -274,7 +287,8 @@ async function poll() {
     error.hidden = false;
     error.textContent = String(e);
   }
-  setTimeout(poll, pollMillis);
+  clearTimeout(pollTimer);
+  pollTimer = setTimeout(poll, pollMillis);
 }
 
-poll();
+loadSession().then(poll);

@@ -1,0 +1,315 @@
+package httpd
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
+)
+
+// Actor carries out an operator's action on one message for the page
+// (ACTIONS = on). pepsi-httpd gives it queueadmin's guarded writes, the ones
+// pepsi-queue retry and discard make, so this package never writes to the
+// database itself. With dryRun it counts what it would change and changes
+// nothing. Each returns how many messages it changed (0 or 1).
+type Actor interface {
+	Retry(ctx context.Context, id int64, dryRun bool) (int64, error)
+	Discard(ctx context.Context, id int64, dryRun bool) (int64, error)
+}
+
+// Sessions of the page's actions.
+const (
+	// sessionCookie holds a signed-in browser's session id: HttpOnly (no
+	// script reads it) and SameSite=Strict (no other site's page sends it).
+	sessionCookie = "pepsi_session"
+	// csrfHeader must carry the session's CSRF token on every action a
+	// session asks for: another site's page can neither read it nor set it.
+	csrfHeader = "X-CSRF-Token"
+	sessionTTL = 8 * time.Hour
+	// sessionsMax bounds the sessions kept: signing in again and again only
+	// pushes out the oldest.
+	sessionsMax = 1000
+	// actionTimeout bounds one action's database work.
+	actionTimeout = 15 * time.Second
+	// actionBodyMax bounds a request body of the actions' endpoints.
+	actionBodyMax = 4 << 10
+)
+
+// Actions are the page's actions: who may act (a bearer token of the tokens
+// file, or a browser session signed in with one), and the Actor that acts.
+type Actions struct {
+	tokens *bearer.Tokens
+	actor  Actor
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]session // by session id
+}
+
+// session is one signed-in browser.
+type session struct {
+	csrf    string
+	expires time.Time
+}
+
+// NewActions returns the actions of a page whose operators sign in with
+// tokens, carried out by actor; log receives each action and each refusal.
+func NewActions(tokens *bearer.Tokens, actor Actor, log *slog.Logger) *Actions {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Actions{tokens: tokens, actor: actor, log: log, sessions: map[string]session{}}
+}
+
+// sessionState is the answer of /api/session: whether the page offers
+// actions, and whether this browser may use them (with the CSRF token its
+// actions must carry).
+type sessionState struct {
+	Actions  bool   `json:"actions"`
+	SignedIn bool   `json:"signed_in"`
+	CSRF     string `json:"csrf,omitempty"`
+}
+
+// register adds the actions' routes to mux.
+func (a *Actions) register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /api/session", a.getSession)
+	mux.HandleFunc("POST /api/session", a.signIn)
+	mux.HandleFunc("DELETE /api/session", a.signOut)
+	mux.HandleFunc("POST /api/messages/{id}/{action}", a.act)
+}
+
+// readOnlySession answers /api/session when the page has no actions.
+func readOnlySession(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, sessionState{})
+}
+
+func (a *Actions) getSession(w http.ResponseWriter, r *http.Request) {
+	st := sessionState{Actions: true}
+	if s, ok := a.session(r); ok {
+		st.SignedIn, st.CSRF = true, s.csrf
+	}
+	writeJSON(w, st)
+}
+
+// signIn starts a session for a browser that gives a valid token, from the
+// page's own origin (so that no other site signs a browser in).
+func (a *Actions) signIn(w http.ResponseWriter, r *http.Request) {
+	if why := foreign(r); why != "" {
+		a.refuse(w, r, http.StatusForbidden, "sign-in", why)
+		return
+	}
+	var body struct {
+		Token string `json:"token"`
+	}
+	if err := decode(r, &body); err != nil {
+		a.refuse(w, r, http.StatusBadRequest, "sign-in", err.Error())
+		return
+	}
+	if !a.tokens.Valid(body.Token) {
+		a.refuse(w, r, http.StatusUnauthorized, "sign-in", "a token not in TOKENS_FILE")
+		return
+	}
+	id, s := a.newSession()
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", MaxAge: int(sessionTTL.Seconds()),
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	a.log.Info("page: an operator signed in", "remote", r.RemoteAddr)
+	writeJSON(w, sessionState{Actions: true, SignedIn: true, CSRF: s.csrf})
+}
+
+// signOut ends the browser's session; it is an action like the others, so
+// another site cannot sign an operator out either.
+func (a *Actions) signOut(w http.ResponseWriter, r *http.Request) {
+	_, id, ok := a.authorize(w, r, "sign-out")
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	delete(a.sessions, id)
+	a.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	writeJSON(w, sessionState{Actions: true})
+}
+
+// actionResult is the answer of an action: how many messages it changed,
+// or, for a dry run, would change.
+type actionResult struct {
+	Action string `json:"action"`
+	ID     int64  `json:"id"`
+	DryRun bool   `json:"dry_run"`
+	Count  int64  `json:"count"`
+}
+
+// act carries out POST /api/messages/{id}/retry or /discard, with
+// {"dry_run": true} to count only (the page's confirmation step asks that
+// first and says what the action would do).
+func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	if action != "retry" && action != "discard" {
+		a.refuse(w, r, http.StatusNotFound, action, "no such action (want retry or discard)")
+		return
+	}
+	who, _, ok := a.authorize(w, r, action)
+	if !ok {
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	var body struct {
+		DryRun bool `json:"dry_run"`
+	}
+	if err == nil && id <= 0 {
+		err = errors.New("a message id is a positive whole number")
+	}
+	if err == nil {
+		err = decode(r, &body)
+	}
+	if err != nil {
+		a.refuse(w, r, http.StatusBadRequest, action, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+	defer cancel()
+	do := a.actor.Retry
+	if action == "discard" {
+		do = a.actor.Discard
+	}
+	n, err := do(ctx, id, body.DryRun)
+	if err != nil {
+		a.log.Error("page: action failed", "action", action, "id", id, "dry_run", body.DryRun, "err", err)
+		writeJSONCode(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		return
+	}
+	level := slog.LevelInfo
+	if body.DryRun {
+		level = slog.LevelDebug
+	}
+	a.log.Log(ctx, level, "page: operator action", "action", action, "id", id, "dry_run", body.DryRun, "count", n, "by", who, "remote", r.RemoteAddr)
+	writeJSON(w, actionResult{Action: action, ID: id, DryRun: body.DryRun, Count: n})
+}
+
+// authorize lets through a request with a valid bearer token, or one of a
+// signed-in session from the page's own origin that carries the session's
+// CSRF token, and says who asked ("token" or "session") and the session's
+// id; otherwise it answers the refusal and returns false.
+func (a *Actions) authorize(w http.ResponseWriter, r *http.Request, what string) (who, id string, ok bool) {
+	if h := r.Header.Get("Authorization"); h != "" {
+		if !a.tokens.Allow(h) {
+			a.refuse(w, r, http.StatusUnauthorized, what, "an Authorization header without a token of TOKENS_FILE")
+			return "", "", false
+		}
+		return "token", "", true // no cookie: nothing another site could make a browser send
+	}
+	id, s, ok := a.lookup(r)
+	if !ok {
+		a.refuse(w, r, http.StatusUnauthorized, what, "no signed-in session and no bearer token")
+		return "", "", false
+	}
+	if why := foreign(r); why != "" {
+		a.refuse(w, r, http.StatusForbidden, what, why)
+		return "", "", false
+	}
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get(csrfHeader)), []byte(s.csrf)) != 1 {
+		a.refuse(w, r, http.StatusForbidden, what, "no "+csrfHeader+" header with the session's CSRF token")
+		return "", "", false
+	}
+	return "session", id, true
+}
+
+// foreign says why r may come from another site's page, or "" when it comes
+// from the page itself: a JSON body (another site's form cannot send one
+// without the browser asking this server first, which it never allows), an
+// Origin that is this server's, and, where the browser says it,
+// Sec-Fetch-Site same-origin.
+func foreign(r *http.Request) string {
+	if ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || ct != "application/json" {
+		return "a body that is not application/json"
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return "a request from another origin (" + o + ")"
+		}
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		return "a request from another site (Sec-Fetch-Site: " + site + ")"
+	}
+	return ""
+}
+
+// refuse answers a refused request and logs it (the token never).
+func (a *Actions) refuse(w http.ResponseWriter, r *http.Request, code int, what, why string) {
+	a.log.Warn("page: refused", "what", what, "why", why, "remote", r.RemoteAddr, "status", code)
+	writeJSONCode(w, code, map[string]string{"error": why})
+}
+
+// decode reads r's JSON body into v (an empty body leaves v as it is).
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, actionBodyMax))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return errors.New("the body is not the JSON object this endpoint takes: " + err.Error())
+	}
+	return nil
+}
+
+// newSession starts a session, forgetting the expired ones and, past
+// sessionsMax, the one that expires first.
+func (a *Actions) newSession() (string, session) {
+	id, s := randomToken(), session{csrf: randomToken(), expires: time.Now().Add(sessionTTL)}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	oldest := ""
+	for k, v := range a.sessions {
+		if now.After(v.expires) {
+			delete(a.sessions, k)
+		} else if oldest == "" || v.expires.Before(a.sessions[oldest].expires) {
+			oldest = k
+		}
+	}
+	if len(a.sessions) >= sessionsMax {
+		delete(a.sessions, oldest)
+	}
+	a.sessions[id] = s
+	return id, s
+}
+
+// session is r's signed-in session, if it has one.
+func (a *Actions) session(r *http.Request) (session, bool) {
+	_, s, ok := a.lookup(r)
+	return s, ok
+}
+
+// lookup finds r's session by its cookie.
+func (a *Actions) lookup(r *http.Request) (string, session, bool) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return "", session{}, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.sessions[c.Value]
+	if !ok || time.Now().After(s.expires) {
+		return "", session{}, false
+	}
+	return c.Value, s, true
+}
+
+// randomToken is 32 random bytes, URL-safe.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b)
+}

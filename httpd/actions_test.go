@@ -1,0 +1,225 @@
+package httpd_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/httpd"
+	"github.com/pepsi-pipeline/pepsi/internal/bearer"
+)
+
+// operatorToken is the one token of the tests' tokens file.
+const operatorToken = "operator-token-0123456789"
+
+// tokensFile writes a tokens file with operatorToken and loads it.
+func tokensFile(t *testing.T) *bearer.Tokens {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "operators")
+	if err := os.WriteFile(file, []byte("# the on-call operators\n"+operatorToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := bearer.LoadTokens(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokens
+}
+
+// fakeActor records the actions it is asked for and changes nothing.
+type fakeActor struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (f *fakeActor) Retry(_ context.Context, id int64, dryRun bool) (int64, error) {
+	return f.record("retry", id, dryRun), nil
+}
+
+func (f *fakeActor) Discard(_ context.Context, id int64, dryRun bool) (int64, error) {
+	return f.record("discard", id, dryRun), nil
+}
+
+func (f *fakeActor) record(action string, id int64, dryRun bool) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("%s %d dry=%v", action, id, dryRun))
+	return 1
+}
+
+func (f *fakeActor) taken() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.calls...)
+}
+
+// request is one request of a test client; jar, when not nil, keeps its
+// cookies.
+type request struct {
+	method, path, body string
+	header             map[string]string
+}
+
+// do sends req to base with client and returns the status and the body.
+func do(t *testing.T, client *http.Client, base string, req request) (int, string) {
+	t.Helper()
+	r, err := http.NewRequest(req.method, base+req.path, strings.NewReader(req.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range req.header {
+		r.Header.Set(k, v)
+	}
+	resp, err := client.Do(r)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.method, req.path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Every way an action can be forged is refused before the Actor is asked:
+// no credentials, a wrong bearer token, a session cookie no sign-in made, a
+// session without its CSRF token or with a wrong one, a request from another
+// origin or site, a body that is not JSON (what another site's form sends),
+// a sign-in with a wrong token or from another origin. A bearer token, or a
+// session from the page's origin with its CSRF token, acts; after sign-out
+// the session is gone.
+func TestForgedActionsAreRefused(t *testing.T) {
+	t.Parallel()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	actor := &fakeActor{}
+	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), actor, nil)))
+	defer srv.Close()
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	plain := &http.Client{}
+	json := map[string]string{"Content-Type": "application/json", "Origin": srv.URL}
+	with := func(extra map[string]string) map[string]string {
+		h := map[string]string{}
+		for k, v := range json {
+			h[k] = v
+		}
+		for k, v := range extra {
+			if v == "" {
+				delete(h, k)
+			} else {
+				h[k] = v
+			}
+		}
+		return h
+	}
+	retry := func(client *http.Client, h map[string]string) int {
+		code, _ := do(t, client, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": false}`, h})
+		return code
+	}
+
+	if code := retry(plain, json); code != http.StatusUnauthorized {
+		t.Errorf("no credentials: %d, want 401", code)
+	}
+	if code := retry(plain, with(map[string]string{"Authorization": "Bearer not-the-operator-token"})); code != http.StatusUnauthorized {
+		t.Errorf("a wrong bearer token: %d, want 401", code)
+	}
+	if code := retry(plain, with(map[string]string{"Cookie": "pepsi_session=made-up-session-id"})); code != http.StatusUnauthorized {
+		t.Errorf("a session cookie no sign-in made: %d, want 401", code)
+	}
+	if code, _ := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "not-the-operator-token"}`, json}); code != http.StatusUnauthorized {
+		t.Errorf("sign-in with a wrong token: %d, want 401", code)
+	}
+	if code, _ := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`,
+		with(map[string]string{"Origin": "http://evil.example"})}); code != http.StatusForbidden {
+		t.Errorf("sign-in from another origin: %d, want 403", code)
+	}
+	if len(actor.taken()) != 0 || len(jar.Cookies(must(url.Parse(srv.URL)))) != 0 {
+		t.Fatalf("refused requests acted (%v) or signed in", actor.taken())
+	}
+
+	code, body := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, json})
+	var st struct {
+		SignedIn bool   `json:"signed_in"`
+		CSRF     string `json:"csrf"`
+	}
+	if err := jsonUnmarshal(body, &st); code != http.StatusOK || err != nil || !st.SignedIn || st.CSRF == "" {
+		t.Fatalf("sign-in with the token: %d %s (%v), want signed in with a CSRF token", code, body, err)
+	}
+	csrf := map[string]string{"X-CSRF-Token": st.CSRF}
+	for name, h := range map[string]map[string]string{
+		"no CSRF token":              json,
+		"a wrong CSRF token":         with(map[string]string{"X-CSRF-Token": "not-" + st.CSRF}),
+		"another origin":             with(map[string]string{"X-CSRF-Token": st.CSRF, "Origin": "http://evil.example"}),
+		"another site":               with(map[string]string{"X-CSRF-Token": st.CSRF, "Origin": "", "Sec-Fetch-Site": "cross-site"}),
+		"a form's body, not JSON":    with(map[string]string{"X-CSRF-Token": st.CSRF, "Content-Type": "text/plain"}),
+		"another origin, no headers": with(map[string]string{"Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"}),
+	} {
+		if code := retry(browser, h); code != http.StatusForbidden {
+			t.Errorf("a session with %s: %d, want 403", name, code)
+		}
+	}
+	if calls := actor.taken(); len(calls) != 0 {
+		t.Fatalf("forged requests acted: %v", calls)
+	}
+
+	if code := retry(browser, with(csrf)); code != http.StatusOK {
+		t.Errorf("the session with its CSRF token from the page's origin: %d, want 200", code)
+	}
+	if code, _ := do(t, plain, srv.URL, request{"POST", "/api/messages/8/discard", `{"dry_run": true}`,
+		map[string]string{"Authorization": "Bearer " + operatorToken, "Content-Type": "application/json"}}); code != http.StatusOK {
+		t.Errorf("a valid bearer token: %d, want 200", code)
+	}
+	if want := []string{"retry 7 dry=false", "discard 8 dry=true"}; strings.Join(actor.taken(), ",") != strings.Join(want, ",") {
+		t.Errorf("acted %v, want %v", actor.taken(), want)
+	}
+	if code, _ := do(t, browser, srv.URL, request{"DELETE", "/api/session", "", with(csrf)}); code != http.StatusOK {
+		t.Errorf("sign-out: %d, want 200", code)
+	}
+	if code := retry(browser, with(csrf)); code != http.StatusUnauthorized {
+		t.Errorf("after sign-out: %d, want 401", code)
+	}
+}
+
+// Without ACTIONS the server has no route that acts and says so, and the
+// message page offers no action.
+func TestAReadOnlyServerHasNoActions(t *testing.T) {
+	t.Parallel()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	client := &http.Client{}
+	h := map[string]string{"Content-Type": "application/json", "Authorization": "Bearer " + operatorToken}
+	for _, req := range []request{
+		{"POST", "/api/messages/1/retry", `{}`, h},
+		{"POST", "/api/messages/1/discard", `{}`, h},
+		{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, h},
+	} {
+		if code, _ := do(t, client, srv.URL, req); code != http.StatusMethodNotAllowed && code != http.StatusNotFound {
+			t.Errorf("%s %s on a read-only server: %d, want 404 or 405", req.method, req.path, code)
+		}
+	}
+	if code, body := do(t, client, srv.URL, request{"GET", "/api/session", "", nil}); code != http.StatusOK || strings.TrimSpace(body) != `{"actions":false,"signed_in":false}` {
+		t.Errorf("GET /api/session: %d %s, want no actions", code, body)
+	}
+	code, body := do(t, client, srv.URL, request{"GET", "/api/messages/8", "", nil})
+	var m httpd.Message
+	if err := jsonUnmarshal(body, &m); code != http.StatusOK || err != nil || m.ID != 8 || len(m.Actions) != 0 {
+		t.Errorf("GET /api/messages/8: %d %s (%v), want the message and no actions", code, body, err)
+	}
+	if strings.Contains(body, secretPayload) {
+		t.Error("the message page's data shows the payload")
+	}
+	if code, _ := do(t, client, srv.URL, request{"GET", "/api/messages/999999", "", nil}); code != http.StatusNotFound {
+		t.Errorf("GET /api/messages/999999: %d, want 404", code)
+	}
+}
+
+func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }

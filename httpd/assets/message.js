@@ -1,0 +1,43 @@
+// The message page: one message (never its payload nor its state), and,
+// with ACTIONS = on and signed in, the action that applies to it now.
+"use strict";
+
+const messageID = new URLSearchParams(location.search).get("id") || "";
+
+async function refresh() {
+  const error = document.getElementById("error");
+  document.getElementById("title").textContent = "Message " + messageID;
+  try {
+    const r = await fetch("api/messages/" + encodeURIComponent(messageID), { cache: "no-store" });
+    const m = await r.json();
+    if (!r.ok) throw new Error(m.error || "pepsi-httpd answered " + r.status);
+    error.hidden = true;
+    render(m);
+  } catch (e) {
+    error.hidden = false;
+    error.textContent = String(e.message || e);
+  }
+}
+
+function render(m) {
+  const body = document.querySelector("#message tbody");
+  body.replaceChildren();
+  const rows = [
+    ["stage", m.stage], ["status", m.status], ["attempts", String(m.attempts)],
+    ["due", m.timeout ? new Date(m.timeout).toLocaleString() : "-"],
+    ["created", new Date(m.created_at).toLocaleString()], ["updated", new Date(m.updated_at).toLocaleString()],
+    ["failed by", m.by || "-"], ["reason", m.reason || "-"],
+  ];
+  for (const [k, v] of rows) {
+    const tr = el("tr");
+    tr.dataset.key = k;
+    tr.append(el("th", k), el("td", v, k === "reason" ? "reason" : ""));
+    body.append(tr);
+  }
+  const actions = document.getElementById("actions");
+  actions.replaceChildren();
+  if (!session.signedIn) return;
+  for (const a of m.actions || []) actions.append(actionButton(a, m.id, `${m.status} at ${m.stage}`));
+}
+
+loadSession().then(refresh);

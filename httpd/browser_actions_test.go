@@ -1,0 +1,201 @@
+package httpd_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/pepsi-pipeline/pepsi/httpd"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
+)
+
+// poll waits up to 20 s for the JavaScript expression cond to hold in the
+// page, and fails the test with what with says when it does not.
+func poll(t *testing.T, b context.Context, what, cond string) {
+	t.Helper()
+	if _, err := chromedp.Run(b, chromedp.Poll[bool](cond, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Fatalf("%s: %v\npage: %s", what, err, mustText(t, b, "body"))
+	}
+}
+
+// statusOf reads message id's status and dispatch_error.
+func statusOf(t *testing.T, url string, id int64) (status, reason string) {
+	t.Helper()
+	err := pgtest.Connect(t, url).QueryRow(ctx, `SELECT status, coalesce(state->>'dispatch_error', '') FROM pepsi.queue WHERE ingress_id = $1`, id).
+		Scan(&status, &reason)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status, reason
+}
+
+// idOf is the smallest id of a message at stage with status.
+func idOf(t *testing.T, url, stage, status string) int64 {
+	t.Helper()
+	var id int64
+	if err := pgtest.Connect(t, url).QueryRow(ctx, `SELECT min(ingress_id) FROM pepsi.queue WHERE stage = $1 AND status = $2`, stage, status).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// A read-only page (no ACTIONS) has no sign-in and no buttons, on the
+// failures list and on a message's page.
+func TestAReadOnlyPageHasNoButtons(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	src := open(t, httpd.Options{Database: url, CacheMaxAge: 50 * time.Millisecond})
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	failed := idOf(t, url, "deliver", "failed")
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the failures list", `document.querySelectorAll("#failures tbody tr[data-id]").length === 4 && document.body.dataset.reads >= 1`)
+	poll(t, b, "no buttons on the read-only page", noButtons+` && !document.getElementById("signin-form") && document.getElementById("failures-action").hidden`)
+	if err := chromedp.Do(b, chromedp.Navigate(fmt.Sprintf("%s/message.html?id=%d", srv.URL, failed))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the read-only message page", `document.querySelector('#message tr[data-key="status"] td')?.textContent === "failed" && `+noButtons)
+}
+
+// noButtons holds when the page has no button but those of its closed
+// confirmation dialog (which only an action opens).
+const noButtons = `!document.getElementById("confirm").open && [...document.querySelectorAll("button")].every(b => b.closest("dialog"))`
+
+// With ACTIONS: the page offers nothing until an operator signs in (a wrong
+// token is refused); then each failure has a retry button, whose
+// confirmation says what it would do and whose cancel changes nothing, and
+// whose confirm retries the message; a pending message's page discards it
+// after its confirmation. A request the page's script forges without the
+// CSRF token, or with a wrong one, is refused, and so is a cross-origin page
+// that posts to the actions with the operator's cookie: nothing changes.
+func TestThePageRetriesAndDiscardsAfterAConfirmationAndRefusesForgeries(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	src := open(t, httpd.Options{Database: url, CacheMaxAge: 50 * time.Millisecond})
+	var logs lockedbuf.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), queueadmin.PageActions{Database: url}, log)))
+	defer srv.Close()
+	failed, forged := idOf(t, url, "deliver", "failed"), idOf(t, url, "parse", "failed")
+	pending := idOf(t, url, "parse", "pending")
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the sign-in form and no buttons", `!!document.getElementById("signin-form") && document.querySelectorAll("#failures tbody tr[data-id]").length === 4 && document.querySelectorAll("button.action").length === 0`)
+	signIn := func(token string) {
+		t.Helper()
+		if err := chromedp.Do(b, chromedp.SetValue(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS("#signin-form button"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signIn("not-the-operator-token")
+	poll(t, b, "a wrong token refused", `document.getElementById("notice").textContent.startsWith("sign-in refused") && document.querySelectorAll("button.action").length === 0`)
+	signIn(operatorToken)
+	retryButton := fmt.Sprintf(`#failures button[data-action="retry"][data-id="%d"]`, failed)
+	poll(t, b, "retry buttons after signing in", `document.querySelectorAll("#failures button.action").length === 4 && !!document.querySelector('`+retryButton+`')`)
+
+	// Retry, cancelled at the confirmation: nothing changes.
+	click := func(sel string) {
+		t.Helper()
+		if _, err := chromedp.Run(b, chromedp.Click(chromedp.CSS(sel))); err != nil {
+			t.Fatalf("click %s: %v", sel, err)
+		}
+	}
+	click(retryButton)
+	poll(t, b, "the confirmation", fmt.Sprintf(`document.getElementById("confirm").open && document.getElementById("confirm-text").textContent.startsWith("Retry message %d (failed at deliver)? It will be made pending again")`, failed))
+	click("#confirm-no")
+	poll(t, b, "the cancel", fmt.Sprintf(`!document.getElementById("confirm").open && document.getElementById("notice").textContent === "retry of message %d cancelled"`, failed))
+	if status, _ := statusOf(t, url, failed); status != "failed" {
+		t.Fatalf("after a cancelled retry, message %d is %s, want still failed", failed, status)
+	}
+	click(retryButton)
+	poll(t, b, "the confirmation again", `document.getElementById("confirm").open`)
+	click("#confirm-yes")
+	poll(t, b, "the retry done", fmt.Sprintf(`document.getElementById("notice").textContent === "message %d: retry done"`, failed))
+	if status, _ := statusOf(t, url, failed); status != "pending" {
+		t.Errorf("after a confirmed retry, message %d is %s, want pending", failed, status)
+	}
+	shot(t, b, "status-page-actions.png")
+
+	// Forged by a script of the page itself: no CSRF token, a wrong one.
+	for name, headers := range map[string]string{
+		"no CSRF token":      `{"Content-Type": "application/json"}`,
+		"a wrong CSRF token": `{"Content-Type": "application/json", "X-CSRF-Token": "forged"}`,
+	} {
+		code, err := chromedp.Run(b, chromedp.Evaluate[int](fmt.Sprintf(`fetch("api/messages/%d/retry", {method: "POST", headers: %s, body: '{"dry_run": false}'}).then(r => r.status)`, forged, headers),
+			chromedp.EvalAwaitPromise))
+		if err != nil || code != http.StatusForbidden {
+			t.Errorf("a fetch with %s: %d (%v), want 403", name, code, err)
+		}
+	}
+	// Forged by another origin's page (another port of the same host: the
+	// same site, so the browser sends the session cookie), by a form and by
+	// a fetch.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		target := fmt.Sprintf("%s/api/messages/%d/retry", srv.URL, forged)
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<!doctype html><form id="f" method="POST" action="%s" enctype="text/plain"><input name='{"dry_run": false, "x": "' value='"}'></form>
+<script>fetch(%q, {method: "POST", credentials: "include", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body: '{"dry_run": false}'}).finally(() => { document.title = "sent"; document.getElementById("f").submit(); });</script>`, target, target)
+	}))
+	defer evil.Close()
+	refused := strings.Count(logs.String(), "page: refused")
+	if err := chromedp.Do(b, chromedp.Navigate(evil.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the other origin's two requests refused", func() bool { return strings.Count(logs.String(), "page: refused") >= refused+2 })
+	if status, _ := statusOf(t, url, forged); status != "failed" {
+		t.Errorf("after forged requests, message %d is %s, want still failed", forged, status)
+	}
+
+	// Discard from a pending message's page.
+	if err := chromedp.Do(b, chromedp.Navigate(fmt.Sprintf("%s/message.html?id=%d", srv.URL, pending))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the message page's discard button", `document.querySelector('#message tr[data-key="status"] td')?.textContent === "pending" && !!document.querySelector('#actions button[data-action="discard"]') && !document.querySelector('#actions button[data-action="retry"]')`)
+	click(`#actions button[data-action="discard"]`)
+	poll(t, b, "the discard's confirmation", fmt.Sprintf(`document.getElementById("confirm").open && document.getElementById("confirm-text").textContent.startsWith("Discard message %d (pending at parse)?")`, pending))
+	click("#confirm-yes")
+	poll(t, b, "the discarded message, now one to retry", `document.querySelector('#message tr[data-key="status"] td')?.textContent === "failed" && `+
+		`!!document.querySelector('#actions button[data-action="retry"]') && !document.querySelector('#actions button[data-action="discard"]')`)
+	if status, reason := statusOf(t, url, pending); status != "failed" || reason != queueadmin.PageDiscardedError {
+		t.Errorf("after a confirmed discard, message %d is %s (%q), want failed with %q", pending, status, reason, queueadmin.PageDiscardedError)
+	}
+	shot(t, b, "message-page-discarded.png")
+}
+
+// waitUntil waits up to 10 s for cond.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+	}
+}
+
+// shot keeps a screenshot of the page as a test artifact.
+func shot(t *testing.T, b context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(b, chromedp.FullScreenshot(100))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(t.ArtifactDir(), name), png, 0o644)
+	}
+	if err != nil {
+		t.Errorf("screenshot %s: %v", name, err)
+	}
+}
