@@ -388,9 +388,12 @@ func printHealth(w io.Writer, h queueadmin.Health) {
 	for _, st := range h.Stages {
 		reason := st.Reason
 		if st.State == core.HealthCannotStart && !st.Until.IsZero() {
-			if left := st.Until.Sub(h.Now); left > 0 {
+			switch left := st.Until.Sub(h.Now); {
+			case left >= time.Second:
 				reason += fmt.Sprintf("; next try in %s", left.Round(time.Second))
-			} else {
+			case left > 0:
+				reason += "; next try in under a second"
+			default:
 				reason += "; next try when a message waits"
 			}
 		}
