@@ -19,7 +19,7 @@ CREATE TABLE pepsi.stage_health (
 
 -- ready_at: when the row last became ready to be claimed at its stage:
 -- inserted, moved to another stage (by the dispatcher or by a stage's own
--- UPDATE), woken, retried. A claim and the requeue that gives a claimed row
+-- UPDATE), woken, released by its order key, retried. A claim and the requeue that gives a claimed row
 -- back (a worker that could not start, a crash's other messages, the
 -- start-up reset) keep it, so the age of the oldest pending message grows
 -- while a stage cannot run it, instead of starting again at every failed
@@ -30,8 +30,8 @@ ALTER TABLE pepsi.queue ALTER COLUMN ready_at SET DEFAULT now();
 
 -- The trigger sets ready_at in the updates that make a row ready anew: a
 -- row that stays pending or running at another stage (a move, a move that
--- claims), or that becomes pending or running from paused, failed, timeout
--- or done, unless the update sets ready_at itself. Its WHEN clause is
+-- claims), or that becomes pending or running from paused, blocked, failed,
+-- timeout or done, unless the update sets ready_at itself. Its WHEN clause is
 -- evaluated without calling the function, so a claim, a requeue or a pass to
 -- done or failed costs nothing more.
 CREATE FUNCTION pepsi.queue_ready_at() RETURNS trigger
