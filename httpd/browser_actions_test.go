@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
 	"github.com/pepsi-pipeline/pepsi/httpd"
@@ -132,15 +133,25 @@ func TestThePageRetriesAndDiscardsAfterAConfirmationAndRefusesForgeries(t *testi
 	}
 	shot(t, b, "status-page-actions.png")
 
-	// Forged by a script of the page itself: no CSRF token, a wrong one.
-	for name, headers := range map[string]string{
-		"no CSRF token":      `{"Content-Type": "application/json"}`,
-		"a wrong CSRF token": `{"Content-Type": "application/json", "X-CSRF-Token": "forged"}`,
+	// Forged by a script of the page itself, with the session's cookie: no
+	// CSRF token, a wrong one, a wrong bearer token.
+	for name, want := range map[string]struct {
+		headers string
+		code    int
+	}{
+		"no CSRF token":        {`{"Content-Type": "application/json"}`, http.StatusForbidden},
+		"a wrong CSRF token":   {`{"Content-Type": "application/json", "X-CSRF-Token": "forged"}`, http.StatusForbidden},
+		"a wrong bearer token": {`{"Content-Type": "application/json", "X-CSRF-Token": session.csrf, "Authorization": "Bearer not-the-operator-token"}`, http.StatusUnauthorized},
+		"its CSRF token, dry":  {`{"Content-Type": "application/json", "X-CSRF-Token": session.csrf}`, http.StatusOK},
 	} {
-		code, err := chromedp.Run(b, chromedp.Evaluate[int](fmt.Sprintf(`fetch("api/messages/%d/retry", {method: "POST", headers: %s, body: '{"dry_run": false}'}).then(r => r.status)`, forged, headers),
+		body := `{"dry_run": false}`
+		if want.code == http.StatusOK {
+			body = `{"dry_run": true}` // the control: the same fetch with the token gets through
+		}
+		code, err := chromedp.Run(b, chromedp.Evaluate[int](fmt.Sprintf(`fetch("api/messages/%d/retry", {method: "POST", headers: %s, body: '%s'}).then(r => r.status)`, forged, want.headers, body),
 			chromedp.EvalAwaitPromise))
-		if err != nil || code != http.StatusForbidden {
-			t.Errorf("a fetch with %s: %d (%v), want 403", name, code, err)
+		if err != nil || code != want.code {
+			t.Errorf("a fetch with %s: %d (%v), want %d", name, code, err, want.code)
 		}
 	}
 	// Forged by another origin's page (another port of the same host: the
@@ -176,6 +187,22 @@ func TestThePageRetriesAndDiscardsAfterAConfirmationAndRefusesForgeries(t *testi
 		t.Errorf("after a confirmed discard, message %d is %s (%q), want failed with %q", pending, status, reason, queueadmin.PageDiscardedError)
 	}
 	shot(t, b, "message-page-discarded.png")
+
+	// A session cookie that no sign-in made, under the signed-in page: its
+	// button's request is refused, and nothing changes.
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	forgedButton := fmt.Sprintf(`#failures button[data-action="retry"][data-id="%d"]`, forged)
+	poll(t, b, "the forged message's retry button", `!!document.querySelector('`+forgedButton+`')`)
+	if _, err := chromedp.Call(b, network.SetCookie, network.SetCookieParams{Name: "pepsi_session", Value: "forged-session-id", URL: srv.URL + "/"}); err != nil {
+		t.Fatal(err)
+	}
+	click(forgedButton)
+	poll(t, b, "the forged session refused", fmt.Sprintf(`document.getElementById("notice").textContent === "retry of message %d failed: no signed-in session and no bearer token"`, forged))
+	if status, _ := statusOf(t, url, forged); status != "failed" {
+		t.Errorf("after a forged session, message %d is %s, want still failed", forged, status)
+	}
 }
 
 // waitUntil waits up to 10 s for cond.
