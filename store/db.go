@@ -40,3 +40,22 @@ func collect[T any](ctx context.Context, db DB, what string, scan pgx.RowToFunc[
 	}
 	return out, nil
 }
+
+// collectMap runs sql with args on db, whose answer is rows of a text and a
+// bigint, and returns them as a map; what names the statement in its errors.
+func collectMap(ctx context.Context, db DB, what, sql string, args ...any) (map[string]int64, error) {
+	res, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	out := map[string]int64{}
+	var k string
+	var v int64
+	if _, err := pgx.ForEachRow(res, []any{&k, &v}, func() error {
+		out[k] = v
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}

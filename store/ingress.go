@@ -61,7 +61,7 @@ const keyLocksMax = 256
 
 // lookupKeys finds the rows that hold keys. In a statement of its own it sees
 // rows that a concurrent transaction committed while insertRows waited for it.
-const lookupKeys = `SELECT ingress_id, dedup_key FROM pepsi.queue WHERE dedup_key = ANY($1::text[])`
+const lookupKeys = `SELECT dedup_key, ingress_id FROM pepsi.queue WHERE dedup_key = ANY($1::text[])`
 
 // pendingCounts counts the pending rows of each stage, up to limit each: the
 // partial pending index answers it, and the limit bounds its cost.
@@ -271,40 +271,12 @@ func lookUpMissing(ctx context.Context, db DB, got []ingressFound, keys []*strin
 	if len(missing) == 0 {
 		return nil, nil
 	}
-	res, err := db.Query(ctx, lookupKeys, missing)
-	if err != nil {
-		return nil, fmt.Errorf("look up keys: %w", err)
-	}
-	lookedUp := map[string]int64{}
-	var id int64
-	var key string
-	_, err = pgx.ForEachRow(res, []any{&id, &key}, func() error {
-		lookedUp[key] = id
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("look up keys: %w", err)
-	}
-	return lookedUp, nil
+	return collectMap(ctx, db, "look up keys", lookupKeys, missing)
 }
 
 // CountPending counts the pending rows of each stage, at most limit each.
 func (s *PG) CountPending(ctx context.Context, stages []string, limit int64) (map[string]int64, error) {
-	res, err := s.db.Query(ctx, pendingCounts, stages, limit)
-	if err != nil {
-		return nil, fmt.Errorf("count pending: %w", err)
-	}
-	counts := map[string]int64{}
-	var stage string
-	var n int64
-	_, err = pgx.ForEachRow(res, []any{&stage, &n}, func() error {
-		counts[stage] = n
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("count pending: %w", err)
-	}
-	return counts, nil
+	return collectMap(ctx, s.db, "count pending", pendingCounts, stages, limit)
 }
 
 // schemaVersionSQL is the version of the schema the database is at: the

@@ -42,36 +42,31 @@ func mustExec(t testing.TB, h *harness, cmds []core.Command) []core.Event {
 	return evs
 }
 
-func errText(ev core.Event) string {
+// result is a queue result event's Op and error text.
+func result(ev core.Event) (op int64, err string) {
 	switch e := ev.(type) {
 	case core.OrphansReset:
-		return e.Err
+		return e.Op, e.Err
 	case core.Resolved:
-		return e.Err
+		return e.Op, e.Err
 	case core.Woken:
-		return e.Err
+		return e.Op, e.Err
 	case core.Claimed:
-		return e.Err
+		return e.Op, e.Err
 	case core.Flushed:
-		return e.Err
+		return e.Op, e.Err
 	}
 	panic(fmt.Sprintf("not a queue result: %T", ev))
 }
 
+func errText(ev core.Event) string {
+	_, err := result(ev)
+	return err
+}
+
 func opOf(ev core.Event) int64 {
-	switch e := ev.(type) {
-	case core.OrphansReset:
-		return e.Op
-	case core.Resolved:
-		return e.Op
-	case core.Woken:
-		return e.Op
-	case core.Claimed:
-		return e.Op
-	case core.Flushed:
-		return e.Op
-	}
-	panic(fmt.Sprintf("not a queue result: %T", ev))
+	op, _ := result(ev)
+	return op
 }
 
 func claimedIDs(ev core.Event) []int64 {

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,12 +54,7 @@ func main() {
 // run is the whole program; it returns the exit code. The help and the
 // version, asked for, go to stdout; everything else to stderr.
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("pepsi-dispatch", flag.ContinueOnError)
-	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := cliflags.NewFlagSet("pepsi-dispatch", usage, stdout)
 	var (
 		configFile = fs.String("c", "/etc/pepsi/pepsi.conf", "configuration `file` (pepsi.conf(5))")
 		database   = fs.String("database", "", "database `URL` or key=value string; overrides [pepsi] DATABASE")

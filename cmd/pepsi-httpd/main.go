@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,12 +77,7 @@ func main() {
 // version, asked for, go to stdout; everything else to stderr. ready, if not nil, is
 // called with the address once the server listens.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) int {
-	fs := flag.NewFlagSet("pepsi-httpd", flag.ContinueOnError)
-	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := cliflags.NewFlagSet("pepsi-httpd", usage, stdout)
 	var (
 		configFile  = fs.String("c", "", "pepsi.conf `FILE` (for [pepsi] DATABASE and the stage names)")
 		database    = fs.String("database", "", "PostgreSQL `URL` or key=value string; overrides [pepsi] DATABASE")

@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -95,12 +94,7 @@ type config struct {
 // version, asked for, go to stdout; everything else to stderr. hup delivers SIGHUP;
 // ready, if not nil, is called with the address once the server listens.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-chan os.Signal, ready func(addr string)) int {
-	fs := flag.NewFlagSet("pepsi-ingress", flag.ContinueOnError)
-	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := cliflags.NewFlagSet("pepsi-ingress", usage, stdout)
 	var (
 		configFile  = fs.String("c", "/etc/pepsi/pepsi.conf", "pepsi.conf `FILE`: the database, the stages and [pepsi-ingress]")
 		database    = fs.String("database", "", "PostgreSQL `URL` or key=value string; overrides [pepsi] DATABASE")

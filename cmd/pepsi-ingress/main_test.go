@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,36 +29,11 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// pepsi is the binary under test, built once per test run.
+var pepsi = gobuild.Once("cmd/pepsi-ingress")
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
-	os.Exit(code)
-}
-
-func binary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pepsi-ingress-test")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "pepsi-ingress")
-		buildErr = gobuild.Into(dir, "cmd/pepsi-ingress")
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
+// TestMain removes the built binary after the tests.
+func TestMain(m *testing.M) { pepsi.Main(m) }
 
 // writeConf writes a pepsi.conf for db with stage "a" and the given
 // [pepsi-ingress] lines.
@@ -84,7 +58,7 @@ type process struct {
 // launch starts the binary and waits until it serves.
 func launch(t *testing.T, args ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(binary(t), args...), log: &lockedbuf.Buffer{}, done: make(chan int, 1)}
+	p := &process{cmd: exec.Command(pepsi.Path(t), args...), log: &lockedbuf.Buffer{}, done: make(chan int, 1)}
 	pr, pw := io.Pipe()
 	p.cmd.Stderr = io.MultiWriter(pw, p.log)
 	if err := p.cmd.Start(); err != nil {

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,38 +20,11 @@ import (
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
-// The binary under test, built once per test run.
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// pepsi is the binary under test, built once per test run.
+var pepsi = gobuild.Once("cmd/pepsi-queue")
 
 // TestMain removes the built binary after the tests.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
-	os.Exit(code)
-}
-
-func binary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pepsi-queue-test")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "pepsi-queue")
-		buildErr = gobuild.Into(dir, "cmd/pepsi-queue")
-	})
-	if buildErr != nil {
-		t.Fatalf("build pepsi-queue: %v", buildErr)
-	}
-	return binPath
-}
+func TestMain(m *testing.M) { pepsi.Main(m) }
 
 // result is what one run of the binary did.
 type result struct {
@@ -66,7 +38,7 @@ func pq(t *testing.T, stdin string, env []string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd := exec.CommandContext(ctx, pepsi.Path(t), args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
 			cmd.Env = append(cmd.Env, kv)

@@ -78,7 +78,7 @@ func TestEnqueueFromDevNullSaysItReadNothing(t *testing.T) {
 	defer null.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), "-database", url, "enqueue", "-stage", "x")
+	cmd := exec.CommandContext(ctx, pepsi.Path(t), "-database", url, "enqueue", "-stage", "x")
 	var stdout, stderr strings.Builder
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, &stdout, &stderr
 	err = cmd.Run()

@@ -13,7 +13,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -75,12 +74,7 @@ type options struct {
 // parse reads the command line. The help and the version, asked for, go to
 // stdout; the help after a mistake (no PROGRAM) to stderr.
 func parse(args []string, stdout, stderr io.Writer) (options, error) {
-	fs := flag.NewFlagSet("pepsi-stage-check", flag.ContinueOnError)
-	fs.SetOutput(stdout) // only -h and -version write to it: cliflags.Parse
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := cliflags.NewFlagSet("pepsi-stage-check", usage, stdout)
 	var o options
 	input := fs.String("input", "message", "what the stage reads: message (INPUT = message: one JSON message per line) or id (one message id per line)")
 	fs.StringVar(&o.file, "messages", "", "NDJSON file of messages to feed, one JSON object per line as in the message line format (default: generated)")

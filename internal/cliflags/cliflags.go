@@ -35,6 +35,19 @@ type Parsed struct {
 // is a flag.ErrHelp, so a caller that stops quietly after help stops after it.
 var ErrVersion = fmt.Errorf("version printed: %w", flag.ErrHelp)
 
+// NewFlagSet returns the flag set of the program called name, whose help
+// prints usage and then the flags. Only -h and -version write to stdout (see
+// Parse); a mistake is Parse's error, for Fail.
+func NewFlagSet(name, usage string, stdout io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
 // Parse parses args into fs, then, when envPrefix is not empty, the environment:
 // -max-runtime from PREFIX_MAX_RUNTIME unless the command line gave it. Asked for
 // help (-h, -help), it prints fs.Usage to fs.Output() and returns flag.ErrHelp;

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,12 +13,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 )
 
 // The tests run real processes: the test binary itself, re-executed with
@@ -176,25 +175,14 @@ func (r *recorder) exit(t testing.TB, id core.WorkerID) core.WorkerExited {
 	return x
 }
 
-// syncBuffer is a bytes.Buffer safe for the pool's concurrent logging.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+// syncBuffer is a buffer safe for the pool's concurrent logging.
+type syncBuffer struct{ lockedbuf.Buffer }
 
 // records returns the JSON log records written so far.
 func (b *syncBuffer) records(t testing.TB) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var recs []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
 		if line == "" {
 			continue
 		}

@@ -8,7 +8,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -38,4 +41,43 @@ func Programs(t testing.TB, programs ...string) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// Binary is one program built at most once per test binary, for the tests of
+// a program that run it many times: its first Path builds it into a folder of
+// its own, which Main deletes after the tests.
+type Binary struct {
+	program string
+	once    sync.Once
+	dir     string
+	err     error
+}
+
+// Once returns program (see Into) to be built when a test first asks for it.
+func Once(program string) *Binary { return &Binary{program: program} }
+
+// Path returns the built program's path, building it first if no test has;
+// it fails t if the program does not build.
+func (b *Binary) Path(t testing.TB) string {
+	t.Helper()
+	name := path.Base(b.program)
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", name+"-test"); b.err == nil {
+			b.err = Into(b.dir, b.program)
+		}
+	})
+	if b.err != nil {
+		t.Fatalf("build %s: %v", name, b.err)
+	}
+	return filepath.Join(b.dir, name)
+}
+
+// Main runs m's tests, for TestMain, then deletes the built program (if a
+// test built it) and exits with the tests' status.
+func (b *Binary) Main(m *testing.M) {
+	code := m.Run()
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
+	os.Exit(code)
 }

@@ -78,6 +78,19 @@ func dial(t *testing.T, p *netfault.Proxy) (net.Conn, *bufio.Reader) {
 }
 
 // roundTrip writes line and reads the answer within timeout.
+// connected starts an echo server behind a proxy and a client of it, and
+// checks that a line makes the round trip: where each fault starts from.
+func connected(t *testing.T) (*echoServer, *netfault.Proxy, net.Conn, *bufio.Reader) {
+	t.Helper()
+	echo := startEcho(t)
+	p := startProxy(t, echo.ln.Addr().String())
+	c, r := dial(t, p)
+	if _, err := roundTrip(c, r, "before", waitMax); err != nil {
+		t.Fatal(err)
+	}
+	return echo, p, c, r
+}
+
 func roundTrip(c net.Conn, r *bufio.Reader, line string, timeout time.Duration) (string, error) {
 	if _, err := c.Write([]byte(line + "\n")); err != nil {
 		return "", err
@@ -108,12 +121,7 @@ func TestProxyForwardsBothWays(t *testing.T) {
 
 func TestResetAllResetsTheClientAndClosesTheServerSide(t *testing.T) {
 	t.Parallel()
-	echo := startEcho(t)
-	p := startProxy(t, echo.ln.Addr().String())
-	c, r := dial(t, p)
-	if _, err := roundTrip(c, r, "x", waitMax); err != nil {
-		t.Fatal(err)
-	}
+	echo, p, c, r := connected(t)
 	p.ResetAll()
 	if _, err := roundTrip(c, r, "y", waitMax); !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 		t.Errorf("after ResetAll the client got %v; want a connection reset", err)
@@ -132,12 +140,7 @@ func TestResetAllResetsTheClientAndClosesTheServerSide(t *testing.T) {
 // delivered when it heals.
 func TestBlackHoleHoldsBytesSilentlyUntilHealed(t *testing.T) {
 	t.Parallel()
-	echo := startEcho(t)
-	p := startProxy(t, echo.ln.Addr().String())
-	c, r := dial(t, p)
-	if _, err := roundTrip(c, r, "before", waitMax); err != nil {
-		t.Fatal(err)
-	}
+	echo, p, c, r := connected(t)
 	p.BlackHole()
 	_, err := roundTrip(c, r, "during", 300*time.Millisecond)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -168,12 +171,7 @@ func TestBlackHoleHoldsBytesSilentlyUntilHealed(t *testing.T) {
 // side ends now, the client learns it (by a reset) only when the network heals.
 func TestDropServerSidesEndsTheServerNowAndResetsTheClientOnHeal(t *testing.T) {
 	t.Parallel()
-	echo := startEcho(t)
-	p := startProxy(t, echo.ln.Addr().String())
-	c, r := dial(t, p)
-	if _, err := roundTrip(c, r, "x", waitMax); err != nil {
-		t.Fatal(err)
-	}
+	echo, p, c, r := connected(t)
 	p.BlackHole()
 	p.DropServerSides()
 	select {
