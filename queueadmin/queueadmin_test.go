@@ -46,10 +46,7 @@ func TestEnqueueInsertsPendingRowsInOrderAndNotifiesOnce(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
 	conn := pgtest.Connect(t, url)
-	listener := pgtest.Connect(t, url)
-	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
-		t.Fatal(err)
-	}
+	listener := pgtest.Listen(t, url)
 	pgtest.HoldGate(t, url) // a dispatcher waits for work: the insert notifies
 	msgs := []queueadmin.NewMessage{
 		{Payload: []byte("first")},
@@ -246,10 +243,7 @@ func TestRetryOfNothingDoesNotNotify(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
 	conn := pgtest.Connect(t, url)
-	listener := pgtest.Connect(t, url)
-	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
-		t.Fatal(err)
-	}
+	listener := pgtest.Listen(t, url)
 	if n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{ID: 12345}); err != nil || n != 0 {
 		t.Fatalf("Retry of a missing id = %d, %v; want 0, nil", n, err)
 	}

@@ -35,11 +35,8 @@ func notified(t *testing.T, conn *pgx.Conn, wait time.Duration) bool {
 func TestAnInsertNotifiesOnlyWhileTheDispatcherHoldsTheGate(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
-	listener := pgtest.Connect(t, url)
+	listener := pgtest.Listen(t, url)
 	writer := pgtest.Connect(t, url)
-	if _, err := listener.Exec(t.Context(), "LISTEN ingress"); err != nil {
-		t.Fatal(err)
-	}
 	insert := func() {
 		if _, err := writer.Exec(t.Context(), "INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 			t.Fatal(err)
@@ -74,10 +71,7 @@ func TestRestWaitsForProducersThatDidNotNotifyAndLaterOnesNotify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listener := pgtest.Connect(t, url)
-	if _, err := listener.Exec(t.Context(), "LISTEN ingress"); err != nil {
-		t.Fatal(err)
-	}
+	listener := pgtest.Listen(t, url)
 	slow := pgtest.Connect(t, url)
 	quick := pgtest.Connect(t, url)
 	if _, err := slow.Exec(t.Context(), "BEGIN; INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {

@@ -550,13 +550,10 @@ func TestRetryableOnlyForSerializationFailureAndDeadlock(t *testing.T) {
 func TestWakeNotifiesIngressOnlyWhenItWokeRows(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	listener := pgtest.Connect(t, h.url)
+	listener := pgtest.Listen(t, h.url)
 	other := pgtest.Connect(t, h.url)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
-		t.Fatal(err)
-	}
 	holdGate(t, h.url) // a dispatcher waits: inserts notify
 	ids := h.Insert(t, "a", 1)
 	if n, err := listener.WaitForNotification(ctx); err != nil || n.Payload != "" {

@@ -41,12 +41,9 @@ func TestMigrateIsIdempotent(t *testing.T) {
 func TestInsertNotifiesIngressOncePerStatement(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
-	listener := pgtest.Connect(t, url)
+	listener := pgtest.Listen(t, url)
 	writer := pgtest.Connect(t, url)
 	ctx := context.Background()
-	if _, err := listener.Exec(ctx, "LISTEN ingress"); err != nil {
-		t.Fatal(err)
-	}
 	pgtest.HoldGate(t, url) // a dispatcher waits for work: inserts notify
 	if _, err := writer.Exec(ctx, "INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 100)"); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@
 package cliflags
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,7 +16,9 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/peterbourgon/ff/v3"
 
@@ -34,6 +37,16 @@ type Parsed struct {
 // ErrVersion is what Parse returns after printing the version for -version. It
 // is a flag.ErrHelp, so a caller that stops quietly after help stops after it.
 var ErrVersion = fmt.Errorf("version printed: %w", flag.ErrHelp)
+
+// Main runs a program: run, with the command line's arguments and the
+// standard output and error, under a context that ends at the first SIGINT
+// or SIGTERM; then it exits with run's status.
+func Main(run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
 
 // NewFlagSet returns the flag set of the program called name, whose help
 // prints usage and then the flags. Only -h and -version write to stdout (see

@@ -29,10 +29,7 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 	)
 	d := e.start()
 	e.waitCounts(20*time.Second, map[string]int{"done": 5, "failed": 3})
-	waitFor(t, 10*time.Second, "statistics of 8 messages", func() (bool, string) {
-		_, left, _ := e.dispatchStats()
-		return left == 8, fmt.Sprintf("messages_left %d", left)
-	})
+	e.waitStatsOf(8)
 	d.stopClean()
 	for _, id := range ids[:5] {
 		want := "b"

@@ -3,7 +3,6 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 )
@@ -12,15 +11,7 @@ import (
 // database underneath. The library reruns a message whose connection broke, so
 // every message must end done however often the connections are cut.
 
-// libStages returns [stage-NAME] sections served by the stage library.
-func libStages(parallelism, queueLimit int, names ...string) string {
-	var b strings.Builder
-	for _, n := range names {
-		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = @BIN@/libstage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\n", n, parallelism, queueLimit)
-	}
-	return b.String()
-}
-
+// threeHops is a message's script through three stages.
 const threeHops = "a=advance:b;b=advance:c;c=done"
 
 // done counts finished messages, for waits; an error counts as none.
@@ -35,7 +26,7 @@ func (e *env) done() (int, string) {
 func TestBurstOfTenThousandMessagesThroughThreeStagesEndsDoneWithAgreeingStatistics(t *testing.T) {
 	t.Parallel()
 	const n = 10000
-	e := newEnv(t, "[pepsi-dispatch]\nSTATS_INTERVAL = 60\n"+libStages(3, 16, "a", "b", "c"))
+	e := newEnv(t, "[pepsi-dispatch]\nSTATS_INTERVAL = 60\n"+stagesOf("libstage", 3, 16, "a", "b", "c"))
 	e.insertN("a", threeHops, n)
 	start := time.Now()
 	d := e.start()
@@ -64,7 +55,7 @@ func TestBurstOfTenThousandMessagesThroughThreeStagesEndsDoneWithAgreeingStatist
 func TestMessagesSurviveCutDatabaseConnections(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	e := newEnv(t, libStages(2, 16, "a", "b", "c"))
+	e := newEnv(t, stagesOf("libstage", 2, 16, "a", "b", "c"))
 	e.insertN("a", threeHops, n)
 	d := e.start()
 	for _, at := range []int{300, 1500} {
@@ -93,7 +84,7 @@ func TestMessagesSurviveAPostgreSQLRestart(t *testing.T) {
 	t.Parallel()
 	const n = 2000
 	pg := startPrivatePostgres(t)
-	e := newEnvAt(t, pg.migrated(t), libStages(2, 16, "a", "b", "c"))
+	e := newEnvAt(t, pg.migrated(t), stagesOf("libstage", 2, 16, "a", "b", "c"))
 	d := e.start()
 	for i, mode := range []string{"immediate", "fast"} {
 		e.insertN("a", threeHops, n)
@@ -119,7 +110,7 @@ func TestMessagesSurviveAPostgreSQLRestart(t *testing.T) {
 func TestAQueueTransactionStuckPastItsTimeoutFailsAndIsRetried(t *testing.T) {
 	t.Parallel()
 	const n = 50
-	e := newEnv(t, libStages(1, 16, "a", "b", "c"))
+	e := newEnv(t, stagesOf("libstage", 1, 16, "a", "b", "c"))
 	e.txnTimeout = time.Second
 	e.insertN("a", threeHops, n)
 	// Someone holds the queue for 4 s: the dispatcher's first transaction waits

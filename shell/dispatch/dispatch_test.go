@@ -22,9 +22,15 @@ import (
 // stages returns [stage-NAME] sections of the raw test program with the given
 // PARALLELISM and QUEUE_LIMIT.
 func stages(parallelism, queueLimit int, names ...string) string {
+	return stagesOf("teststage", parallelism, queueLimit, names...)
+}
+
+// stagesOf returns [stage-NAME] sections that run program (one of the
+// test's binaries) with the given PARALLELISM and QUEUE_LIMIT.
+func stagesOf(program string, parallelism, queueLimit int, names ...string) string {
 	var b strings.Builder
 	for _, n := range names {
-		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = @BIN@/teststage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\n", n, parallelism, queueLimit)
+		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = @BIN@/%s\nPARALLELISM = %d\nQUEUE_LIMIT = %d\n", n, program, parallelism, queueLimit)
 	}
 	return b.String()
 }
@@ -142,10 +148,7 @@ func TestWorkerIsRecycledAfterMaxMessages(t *testing.T) {
 	e.insert("a", repeat("a=done", 9)...)
 	d := e.start()
 	e.waitCounts(20*time.Second, map[string]int{"done": 9})
-	waitFor(t, 10*time.Second, "statistics of 9 messages", func() (bool, string) {
-		_, left, _ := e.dispatchStats()
-		return left == 9, fmt.Sprintf("messages_left %d", left)
-	})
+	e.waitStatsOf(9)
 	d.stopClean()
 
 	got := map[int]int{}
@@ -264,10 +267,7 @@ func TestNonZeroAnswerFailsThatMessageAndTheWorkerLivesOn(t *testing.T) {
 	ids := e.insert("a", "a=done", "a=answer:7 bad input", "a=done", "a=done")
 	d := e.start()
 	e.waitCounts(10*time.Second, map[string]int{"done": 3, "failed": 1})
-	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
-		_, left, _ := e.dispatchStats()
-		return left == 4, fmt.Sprintf("messages_left %d", left)
-	})
+	e.waitStatsOf(4)
 	d.stopClean()
 	e.expectRow(ids[1], "failed", "a", "bad input")
 	pids := map[int]bool{}
@@ -302,10 +302,7 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 	b := e.insert("b", "b=done", "b=segv", "b=done")
 	d := e.start()
 	e.waitCounts(15*time.Second, map[string]int{"done": 5, "failed": 2})
-	waitFor(t, 10*time.Second, "statistics of 7 messages", func() (bool, string) {
-		_, left, _ := e.dispatchStats()
-		return left == 7, fmt.Sprintf("messages_left %d", left)
-	})
+	e.waitStatsOf(7)
 	d.stopClean()
 
 	e.expectRow(a[1], "failed", "a", "crashed (exit status 3)")
@@ -327,12 +324,7 @@ func TestCrashFailsTheHeadOfLineAndRequeuesTheRest(t *testing.T) {
 			t.Errorf("message %d was not in the pipeline of the crashed worker %d; the test proves nothing", ids[2], crashed)
 		}
 	}
-	st := e.stageStats()
-	for _, s := range []string{"a", "b"} {
-		if st[s].Crashes != 1 || st[s].Failed != 1 {
-			t.Errorf("stage_stats %s = %+v; want crashes 1, failed 1", s, st[s])
-		}
-	}
+	e.wantCrashes(1, "a", "b")
 }
 
 func TestProtocolErrorFailsTheHeadAndRequeuesTheRest(t *testing.T) {
@@ -360,10 +352,7 @@ func TestWatchdogTimesOutTheHeadAfterMaxRuntimeCountedFromWhenItReachedTheHead(t
 	ids := e.insert("a", "a=sleep:900+done", "a=sleep:900+done", "a=hang", "a=done")
 	d := e.start()
 	e.waitCounts(15*time.Second, map[string]int{"done": 3, "timeout": 1})
-	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
-		_, left, _ := e.dispatchStats()
-		return left == 4, fmt.Sprintf("messages_left %d", left)
-	})
+	e.waitStatsOf(4)
 	d.stopClean()
 	e.expectRow(ids[2], "timeout", "a", "no answer within MAX_RUNTIME 1.5s")
 	by := e.handledBy()
@@ -417,10 +406,7 @@ func TestRowAStageAlreadyAdvancedIsRequeuedNotFailedWhenItsWorkerDies(t *testing
 	p := e.insert("p", "p=done", "p=advance:b+print:garbage;b=done")
 	d := e.start()
 	e.waitCounts(15*time.Second, map[string]int{"done": 4})
-	waitFor(t, 10*time.Second, "statistics of 4 messages", func() (bool, string) {
-		_, left, _ := e.dispatchStats()
-		return left == 4, fmt.Sprintf("messages_left %d", left)
-	})
+	e.waitStatsOf(4)
 	d.stopClean()
 	for _, id := range []int64{a[1], p[1]} {
 		e.expectRow(id, "done", "b", "")
@@ -428,12 +414,7 @@ func TestRowAStageAlreadyAdvancedIsRequeuedNotFailedWhenItsWorkerDies(t *testing
 			t.Errorf("message %d passed stage b %d times; want once (requeued there after its worker died)", id, r.Passes["b"])
 		}
 	}
-	st := e.stageStats()
-	for _, s := range []string{"a", "p"} {
-		if st[s].Crashes != 1 || st[s].Failed != 0 {
-			t.Errorf("stage_stats %s = %+v; want crashes 1, failed 0", s, st[s])
-		}
-	}
+	e.wantCrashes(0, "a", "p")
 }
 
 // Feature: start-up / shutdown safety.

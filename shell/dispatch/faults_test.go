@@ -204,7 +204,7 @@ const slowTwoHops = "a=sleep:20+advance:b;b=sleep:20+done"
 func TestNetworkFaultsLoseNothingAndAreNoticedInBoundedTime(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(testSeed(t), 0))
-	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 2\n"+libStages(2, 8, "a", "b"))
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 2\n"+stagesOf("libstage", 2, 8, "a", "b"))
 	e.installWriteLog()
 	p := startProxy(t, e.url)
 	e.setWorkerDatabase(rewriteURL(t, e.url, p.Addr(), "application_name", "worker-A"))
@@ -273,7 +273,7 @@ func TestNetworkFaultsLoseNothingAndAreNoticedInBoundedTime(t *testing.T) {
 func TestStandbyTakesOverFromABlackHoledDispatcherAndNoMessageIsWrittenByBoth(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(testSeed(t), 0))
-	text := "[pepsi-dispatch]\nPOLL_INTERVAL = 2\n" + libStages(2, 8, "a", "b")
+	text := "[pepsi-dispatch]\nPOLL_INTERVAL = 2\n" + stagesOf("libstage", 2, 8, "a", "b")
 	e := newEnv(t, text)
 	e.installWriteLog()
 	p := startProxy(t, e.url)

@@ -426,6 +426,28 @@ func (e *env) stageStats() map[string]stageStats {
 	return m
 }
 
+// wantCrashes checks that each of stages counted one worker crash and
+// failed messages.
+func (e *env) wantCrashes(failed int64, stages ...string) {
+	e.t.Helper()
+	st := e.stageStats()
+	for _, s := range stages {
+		if st[s].Crashes != 1 || st[s].Failed != failed {
+			e.t.Errorf("stage_stats %s = %+v; want crashes 1, failed %d", s, st[s], failed)
+		}
+	}
+}
+
+// waitStatsOf waits until the dispatcher's statistics count n messages that
+// left the pipeline (a flush is asynchronous to the rows' last change).
+func (e *env) waitStatsOf(n int64) {
+	e.t.Helper()
+	waitFor(e.t, 10*time.Second, fmt.Sprintf("statistics of %d messages", n), func() (bool, string) {
+		_, left, _ := e.dispatchStats()
+		return left == n, fmt.Sprintf("messages_left %d", left)
+	})
+}
+
 // dispatchStats returns dispatch_stats' stage_passes, messages_left and flush_seq.
 func (e *env) dispatchStats() (passes, left, seq int64) {
 	e.t.Helper()

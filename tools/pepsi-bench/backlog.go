@@ -117,12 +117,8 @@ func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error
 	if err != nil {
 		return r, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			d.Kill()
-		}
-	}()
+	// Killed on an early return; once it has stopped, Kill does nothing.
+	defer d.Kill()
 	var samples []progressSample
 	record := func(at time.Time, passes int64) {
 		if n := len(samples); n == 0 || samples[n-1].at != at {
@@ -136,7 +132,6 @@ func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error
 	if err := conn.QueryRow(ctx, "SELECT max(updated_at) FROM pepsi.queue WHERE status = 'done'").Scan(&end); err != nil {
 		return r, fmt.Errorf("read the last done time: %w", err)
 	}
-	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, b.backlogN); err != nil {
 		return r, err
 	}

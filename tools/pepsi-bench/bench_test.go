@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,18 +29,14 @@ func buildBench(t *testing.T) string {
 func runBench(t *testing.T, bin string, args ...string) (string, int) {
 	t.Helper()
 	admin := pgtest.AdminURL(t)
-	u, err := url.Parse(pgtest.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := strings.TrimPrefix(u.Path, "/")
+	name := pgtest.NewDatabaseName(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	args = append(args, "-database", admin, "-db-name", name, "-timeout", "2m")
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pepsi-bench"), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	var exit *exec.ExitError
 	switch {
 	case err == nil:

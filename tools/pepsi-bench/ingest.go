@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // The ingest figure (issue 10): single-row INSERTs into pepsi.queue from
@@ -78,17 +76,11 @@ func (b *bench) ingest(ctx context.Context) error {
 	if b.ingestSeconds <= 0 || b.skipPgbench {
 		return nil
 	}
-	if err := b.freshDatabase(ctx); err != nil {
+	conn, err := b.migrated(ctx)
+	if err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, b.url)
-	if err != nil {
-		return fmt.Errorf("connect to the bench database: %w", err)
-	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := store.Migrate(ctx, conn); err != nil {
-		return fmt.Errorf("apply the schema: %w", err)
-	}
 	// The pipeline the dispatcher runs meanwhile: stages that answer their
 	// transitions, at the bench configuration.
 	confFile, err := b.writeConf(variant{mode: modeAnswer, cfg: b.benchConfig}, "60s", "ingest")
@@ -168,12 +160,8 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 	if err != nil {
 		return 0, 0, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped { // an early return: do not leave the dispatcher running
-			d.Kill()
-		}
-	}()
+	// Killed on an early return; once it has stopped, Kill does nothing.
+	defer d.Kill()
 	select {
 	case <-time.After(ingestSettle):
 	case <-ctx.Done():
@@ -206,7 +194,6 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'pending' AND stage = 'a' AND payload <> '\\x696e67657374'").Scan(&pending); err != nil {
 		return 0, 0, fmt.Errorf("count the backlog: %w", err)
 	}
-	stopped = true
 	if code, err := d.Stop(stopWait); err != nil || code != 0 {
 		return 0, 0, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.LogTail(logTailLines))
 	}

@@ -56,12 +56,8 @@ func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error
 	if err != nil {
 		return l, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			d.Kill()
-		}
-	}()
+	// Killed on an early return; once it has stopped, Kill does nothing.
+	defer d.Kill()
 	if err := b.waitDone(ctx, conn, d, v, latencyWarmup); err != nil {
 		return l, fmt.Errorf("warm-up: %w", err)
 	}
@@ -87,7 +83,6 @@ func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error
 	if err := b.waitDone(ctx, conn, d, v, latencyWarmup+total); err != nil {
 		return l, err
 	}
-	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, latencyWarmup+total); err != nil {
 		return l, err
 	}

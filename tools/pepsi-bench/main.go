@@ -38,12 +38,10 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/stage"
@@ -62,10 +60,7 @@ func main() {
 	case len(os.Args) > 1 && os.Args[1] == "worker":
 		stage.Main(handlers(), stage.WriteTransitions())
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	cliflags.Main(run)
 }
 
 // The pipeline's stages, in the order a message passes them.

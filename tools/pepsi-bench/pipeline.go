@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
-	"github.com/pepsi-pipeline/pepsi/store"
 	"github.com/pepsi-pipeline/pepsi/tools/internal/dispatchproc"
 )
 
@@ -81,16 +80,9 @@ func (b *bench) writeConf(v variant, statsInterval, tag string) (string, error) 
 // freshQueue makes a fresh bench database with the schema and n messages
 // enqueued at stage a, vacuumed and analysed, and returns a connection to it.
 func (b *bench) freshQueue(ctx context.Context, n int) (*pgx.Conn, error) {
-	if err := b.freshDatabase(ctx); err != nil {
-		return nil, err
-	}
-	conn, err := pgx.Connect(ctx, b.url)
+	conn, err := b.migrated(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("connect to the bench database: %w", err)
-	}
-	if _, err := store.Migrate(ctx, conn); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("apply the schema: %w", err)
+		return nil, err
 	}
 	// In slices, so that a backlog of a million rows is not one huge statement.
 	for done := 0; done < n; done += enqueueSlice {
@@ -150,12 +142,8 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	if err != nil {
 		return p, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped { // an early return: do not leave the dispatcher running
-			d.Kill()
-		}
-	}()
+	// Killed on an early return; once it has stopped, Kill does nothing.
+	defer d.Kill()
 	if err := b.wait(ctx, conn, d, v, b.n, nil); err != nil {
 		return p, err
 	}
@@ -167,7 +155,6 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	if b.payloadBytes > 0 {
 		p.rssPeakKiB = peakRSS(d.Pid())
 	}
-	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, b.n); err != nil {
 		return p, err
 	}

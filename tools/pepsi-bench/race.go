@@ -80,12 +80,8 @@ func (b *bench) runRace(ctx context.Context, v variant, seed uint64) (raceResult
 	if err != nil {
 		return r, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			d.Kill()
-		}
-	}()
+	// Killed on an early return; once it has stopped, Kill does nothing.
+	defer d.Kill()
 	if err := b.waitDone(ctx, conn, d, v, latencyWarmup); err != nil {
 		return r, fmt.Errorf("warm-up: %w", err)
 	}
@@ -96,7 +92,6 @@ func (b *bench) runRace(ctx context.Context, v variant, seed uint64) (raceResult
 	if err := b.waitDone(ctx, conn, d, v, latencyWarmup+len(commits)); err != nil {
 		return r, err
 	}
-	stopped = true
 	if err := b.stopAndVerify(ctx, conn, d, latencyWarmup+len(commits)); err != nil {
 		return r, err
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,11 +25,7 @@ func TestDemoRunsThePipelineToThePredictedEnd(t *testing.T) {
 	admin := pgtest.AdminURL(t)
 	// A database of this test's own (dropped when the test ends), which the demo
 	// drops and creates afresh by name.
-	u, err := url.Parse(pgtest.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := strings.TrimPrefix(u.Path, "/")
+	name := pgtest.NewDatabaseName(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,6 +117,17 @@ func NewDatabase(t testing.TB) string {
 	return u.String()
 }
 
+// NewDatabaseName is NewDatabase for a program that drops and creates its
+// database afresh by name (the demo, the bench): it returns the name.
+func NewDatabaseName(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
 // NewMigrated is NewDatabase with the PEPSI schema applied.
 func NewMigrated(t testing.TB) string {
 	t.Helper()
@@ -152,6 +164,17 @@ func redact(s string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// Listen opens a connection of its own to url, closed when the test ends,
+// that listens on the channel inserts notify (store.IngressChannel).
+func Listen(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	conn := Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "LISTEN "+store.IngressChannel); err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	return conn
 }
 
 // HoldGate takes the gate (store.GateKey) exclusively on a connection of its
