@@ -44,8 +44,7 @@ func enqueue(t *testing.T, conn *pgx.Conn, stage string, n int) queueadmin.Range
 
 func TestEnqueueInsertsPendingRowsInOrderAndNotifiesOnce(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	listener := pgtest.Listen(t, url)
 	pgtest.HoldGate(t, url) // a dispatcher waits for work: the insert notifies
 	msgs := []queueadmin.NewMessage{
@@ -158,8 +157,7 @@ func TestShowReportsTheRowOrNotFound(t *testing.T) {
 
 func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	listener := pgtest.Connect(t, url)
 	r := enqueue(t, conn, "parse", 5)
 	failedAtParse, timedOutAtDeliver, failedAtDeliver, done, running := r.First, r.First+1, r.First+2, r.First+3, r.First+4
@@ -241,8 +239,7 @@ func TestRetryRequeuesSelectedFailuresKeepsHistoryAndNotifies(t *testing.T) {
 
 func TestRetryOfNothingDoesNotNotify(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	listener := pgtest.Listen(t, url)
 	if n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{ID: 12345}); err != nil || n != 0 {
 		t.Fatalf("Retry of a missing id = %d, %v; want 0, nil", n, err)
@@ -314,8 +311,7 @@ func TestConnectNamesTheUnreachableHost(t *testing.T) {
 // still find its rows (the id filter once compared against an int4 parameter).
 func TestRetryByIDBeyondInt32(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	_, conn := pgtest.NewMigratedConn(t)
 	if _, err := conn.Exec(ctx, `ALTER TABLE pepsi.queue ALTER COLUMN ingress_id RESTART WITH 3000000000`); err != nil {
 		t.Fatal(err)
 	}

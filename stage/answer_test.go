@@ -18,8 +18,7 @@ import (
 // in one compact line whatever the strings hold.
 func TestStatePatchHoldsOnlyTheKeysTheHandlerChanged(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	id := insert(t, conn, "parse", "running", "x",
 		`{"keep": 1, "same": 2, "html": "a<b&c>", "change": "a", "nested": {"x": 1}}`)
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
@@ -43,8 +42,7 @@ func TestStatePatchHoldsOnlyTheKeysTheHandlerChanged(t *testing.T) {
 // transition written by the library, whole state included, and a bare 0.
 func TestDeletedStateKeyIsWrittenByTheLibrary(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	id := insert(t, conn, "parse", "running", "x", `{"drop": 1, "keep": 2}`)
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
 		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
@@ -67,8 +65,7 @@ func TestDeletedStateKeyIsWrittenByTheLibrary(t *testing.T) {
 // line longer than 32 KiB is not sent; the library writes the transition.
 func TestPatchTooLongForALineIsWrittenByTheLibrary(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "x")
 	big := strings.Repeat("x", 40<<10)
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
@@ -90,8 +87,7 @@ func TestPatchTooLongForALineIsWrittenByTheLibrary(t *testing.T) {
 // transaction, and a bare 0 (with the fused stages' times).
 func TestHandlerThatUsedTheTransactionHasEachTransitionWritten(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	until := time.Date(2031, 2, 3, 4, 5, 6, 0, time.UTC)
 	results := map[string]stage.Result{
 		"advance": stage.Advance("deliver"),
@@ -144,8 +140,7 @@ func TestHandlerThatUsedTheTransactionHasEachTransitionWritten(t *testing.T) {
 // the library write every transition itself and answer a bare 0.
 func TestWriteTransitionsWritesEveryTransitionAndAnswersZero(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "advance", "done", "pause")
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url, WriteTransitions: true,
 		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
@@ -181,8 +176,7 @@ func TestWriteTransitionsWritesEveryTransitionAndAnswersZero(t *testing.T) {
 // about a row no longer running at the stage).
 func TestRowsOfABatchAreReadOnceBeforeItsHandlersRun(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	operator := pgtest.Connect(t, url)
 	ids := insertRunning(t, conn, "parse", "first", "second")
 	rec := &recorder{}
@@ -216,8 +210,7 @@ func TestRowsOfABatchAreReadOnceBeforeItsHandlersRun(t *testing.T) {
 // hold the answers before it.
 func TestSlowHandlerDoesNotHoldTheAnswersBeforeIt(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "quick", "slow")
 	release := make(chan struct{})
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
@@ -242,8 +235,7 @@ func TestSlowHandlerDoesNotHoldTheAnswersBeforeIt(t *testing.T) {
 // The patch is valid JSON that decodes to the handler's values.
 func TestPatchDecodesToTheHandlersValues(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "x")
 	values := map[string]any{"s": "tab\tquote\"back\\slash\u2028", "n": 1.5, "l": []any{"a", nil, false}, "o": map[string]any{"k": "v"}}
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,

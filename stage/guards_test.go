@@ -20,8 +20,7 @@ import (
 // again and its writes would be doubled (or kept for a pass that answers 1).
 func TestStatementsOnTxConnAfterTheRowChangedDoNotCommit(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	operator := pgtest.Connect(t, url)
 	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (id bigint, run int)"); err != nil {
 		t.Fatal(err)
@@ -93,8 +92,7 @@ func TestFusedStageNameTheDispatcherCannotReadIsRefused(t *testing.T) {
 // after it.
 func TestRowsLeftOpenOnTxConnDoNotBreakTheNextMessages(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	operator := pgtest.Connect(t, url)
 	ids := insertRunning(t, conn, "parse", "leaky", "next")
 	runs := 0

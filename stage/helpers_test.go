@@ -154,6 +154,17 @@ func insertRunning(t *testing.T, conn *pgx.Conn, stageName string, payloads ...s
 	return ids
 }
 
+// wantRunningAtParse checks that the rows of ids are still running at stage
+// parse, because of why.
+func wantRunningAtParse(t *testing.T, conn *pgx.Conn, why string, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		if r := get(t, conn, id); r.Stage != "parse" || r.Status != "running" {
+			t.Errorf("row %d is %s at %s, want running at parse (%s)", id, r.Status, r.Stage, why)
+		}
+	}
+}
+
 // get reads a row; it fails the test if the row is missing.
 func get(t *testing.T, conn *pgx.Conn, id int64) row {
 	t.Helper()

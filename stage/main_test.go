@@ -101,8 +101,7 @@ func TestMainRejectsAMissingOrUnknownStage(t *testing.T) {
 
 func TestMainReadsTheDatabaseFromTheConfigurationAndServes(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "enrich", "a", "b")
 	file := writeConf(t, "[pepsi]\nDATABASE = "+url+"\n[stage-enrich]\nPROGRAM = x\n")
 
@@ -118,8 +117,7 @@ func TestMainReadsTheDatabaseFromTheConfigurationAndServes(t *testing.T) {
 
 func TestMainEnvironmentDatabaseOverridesTheConfiguration(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "a")
 	file := writeConf(t, "[pepsi]\nDATABASE = postgres://nobody@127.0.0.1:1/nothing\n")
 

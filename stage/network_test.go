@@ -15,8 +15,7 @@ import (
 // gives up on a silent server.
 func TestTheStagesConnectionBoundsASilentNetworkAsTheDispatchersDoes(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "enrich", "x")
 	var mu sync.Mutex
 	got := map[string]string{}

@@ -54,8 +54,7 @@ func idLines(ids []int64) string {
 
 func TestManyIDsInOneReadAreAnsweredInOrder(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "a", "b", "c", "d", "e", "f", "g", "h")
 	rec := &recorder{}
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
@@ -70,17 +69,12 @@ func TestManyIDsInOneReadAreAnsweredInOrder(t *testing.T) {
 	if got := rec.seen(); fmt.Sprint(got) != fmt.Sprint(ids) {
 		t.Errorf("handler saw ids %v, want %v in that order", got, ids)
 	}
-	for _, id := range ids {
-		if r := get(t, conn, id); r.Stage != "parse" || r.Status != "running" {
-			t.Errorf("row %d is %s at %s, want still running at parse (the dispatcher writes answered transitions)", id, r.Status, r.Stage)
-		}
-	}
+	wantRunningAtParse(t, conn, "the dispatcher writes answered transitions", ids...)
 }
 
 func TestIDsSplitAcrossReadsAreReassembled(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	// Enough rows that some ids have two digits and can be cut in the middle.
 	var payloads []string
 	for i := 0; i < 12; i++ {
@@ -107,8 +101,7 @@ func TestIDsSplitAcrossReadsAreReassembled(t *testing.T) {
 
 func TestEndOfInputFinishesWorkInFlightThenReturns(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "a", "b", "c", "d", "e")
 	// The last id has no newline: a final line without one still counts.
 	input := strings.TrimSuffix(idLines(ids), "\n")
@@ -130,8 +123,7 @@ func TestEndOfInputFinishesWorkInFlightThenReturns(t *testing.T) {
 
 func TestHandlerPanicIsAnsweredNonZeroAndTheWorkerLivesOn(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "boom", "fine")
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
 		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
@@ -163,8 +155,7 @@ func TestHandlerPanicIsAnsweredNonZeroAndTheWorkerLivesOn(t *testing.T) {
 // results a stage may not give are answered non-zero, Retry 75, nothing written.
 func TestEachResultIsAnsweredWithItsLine(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	results := map[string]func() stage.Result{
 		"advance":  func() stage.Result { return stage.Advance("enrich") },
 		"done":     stage.Done,
@@ -235,8 +226,7 @@ func TestEachResultIsAnsweredWithItsLine(t *testing.T) {
 
 func TestRowNotRunningAtThisStageIsAnsweredZeroAndLeftAlone(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	pending := insert(t, conn, "parse", "pending", "x", `{"k": 1}`)
 	elsewhere := insert(t, conn, "enrich", "running", "x", `{"k": 2}`)
 	done := insert(t, conn, "parse", "done", "x", `{"k": 3}`)
@@ -268,8 +258,7 @@ func TestRowNotRunningAtThisStageIsAnsweredZeroAndLeftAlone(t *testing.T) {
 
 func TestFusedStagesRunInThePassAndAreReported(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "enrich", "m")
 	mark := func(key, next string) stage.Handler {
 		return func(_ context.Context, m *stage.Message) stage.Result {
@@ -298,8 +287,7 @@ func TestFusedStagesRunInThePassAndAreReported(t *testing.T) {
 
 func TestFusedStageFailureUndoesTheWholePass(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "enrich", "m", "loop")
 	w := startWorker(t, stage.Options{Stage: "enrich", DB: url, Fused: []string{"tag", "enrich"},
 		Handlers: map[string]stage.Handler{
@@ -331,8 +319,7 @@ func TestFusedStageFailureUndoesTheWholePass(t *testing.T) {
 
 func TestFusedStageThatFinishesLeavesTheRowAtThePassStage(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "enrich", "fail", "pause", "done")
 	w := startWorker(t, stage.Options{Stage: "enrich", DB: url, Fused: []string{"tag"},
 		Handlers: map[string]stage.Handler{
@@ -377,8 +364,7 @@ func TestUnknownStageIsAConfigurationError(t *testing.T) {
 
 func TestLostConnectionIsReestablishedAndTheIDRunAgain(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	admin := pgtest.Connect(t, url)
 	ids := insertRunning(t, conn, "parse", "cut", "after", "cut twice")
 	var mu sync.Mutex
@@ -430,17 +416,12 @@ func TestLostConnectionIsReestablishedAndTheIDRunAgain(t *testing.T) {
 	if calls["cut"] != 2 || calls["after"] != 1 || calls["cut twice"] != 3 {
 		t.Errorf("handler calls = %v, want cut:2 (run again after the loss) after:1 \"cut twice\":3", calls)
 	}
-	for _, id := range ids {
-		if r := get(t, conn, id); r.Stage != "parse" || r.Status != "running" {
-			t.Errorf("row %d is %s at %s, want running at parse (nothing committed by the cut passes)", id, r.Status, r.Stage)
-		}
-	}
+	wantRunningAtParse(t, conn, "nothing committed by the cut passes", ids...)
 }
 
 func TestHandlerStatementsCommitWithTheTransition(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (id bigint, sync text)"); err != nil {
 		t.Fatal(err)
 	}
@@ -486,8 +467,7 @@ func TestHandlerStatementsCommitWithTheTransition(t *testing.T) {
 
 func TestStateNumbersSurviveExactly(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	state := `{"big": 9007199254740993, "frac": 0.1}`
 	ids := []int64{insert(t, conn, "parse", "running", "copy", state), insert(t, conn, "parse", "running", "fail", state)}
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
@@ -518,8 +498,7 @@ func TestStateNumbersSurviveExactly(t *testing.T) {
 
 func TestLineThatIsNotAnIDIsAnsweredNonZero(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "x")
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
 		Handlers: map[string]stage.Handler{"parse": advanceTo("enrich")}})
@@ -545,8 +524,7 @@ func TestLineThatIsNotAnIDIsAnsweredNonZero(t *testing.T) {
 
 func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (id bigint)"); err != nil {
 		t.Fatal(err)
 	}
@@ -572,9 +550,7 @@ func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {
 	if got := w.answer(); got != "0" {
 		t.Errorf("answer for the next message = %q, want \"0\" (the connection is usable again)", got)
 	}
-	if r := get(t, conn, ids[0]); r.Stage != "parse" || r.Status != "running" {
-		t.Errorf("row moved by its handler is %s at %s, want running at parse (the pass rolled back)", r.Status, r.Stage)
-	}
+	wantRunningAtParse(t, conn, "the pass that moved it itself rolled back", ids[0])
 	if r := get(t, conn, ids[1]); r.Stage != "enrich" || r.Status != "running" {
 		t.Errorf("next row is %s at %s, want running at enrich", r.Status, r.Stage)
 	}
@@ -596,8 +572,7 @@ func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {
 // runs again on the row as it is now.
 func TestRowChangedWhileTheHandlerRanIsRunAgainOnTheNewRow(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	operator := pgtest.Connect(t, url)
 	ids := insertRunning(t, conn, "parse", "first", "second")
 	var mu sync.Mutex
@@ -637,8 +612,7 @@ func TestRowChangedWhileTheHandlerRanIsRunAgainOnTheNewRow(t *testing.T) {
 
 func TestRowChangedBeforeTheHandlersFirstStatementIsRunAgain(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	operator := pgtest.Connect(t, url)
 	ids := insertRunning(t, conn, "parse", "x")
 	var errs []string
@@ -671,8 +645,7 @@ func TestRowChangedBeforeTheHandlersFirstStatementIsRunAgain(t *testing.T) {
 
 func TestMessageTransactionRefusesCommitAndRollbackButNestsSavepoints(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (what text)"); err != nil {
 		t.Fatal(err)
 	}
@@ -726,8 +699,7 @@ func TestMessageTransactionRefusesCommitAndRollbackButNestsSavepoints(t *testing
 
 func TestMissingIDInABatchIsAnsweredZero(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "x", "y")
 	missing := ids[1] + 1000
 	rec := &recorder{}
@@ -754,8 +726,7 @@ func TestMissingIDInABatchIsAnsweredZero(t *testing.T) {
 // of a single row (a pass that runs again) carry it.
 func TestIDModeHandlersSeeTheRetriesAlreadyHad(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "a", "b")
 	if _, err := conn.Exec(t.Context(), `UPDATE pepsi.queue SET attempts = ingress_id + 1 WHERE ingress_id = ANY($1)`, ids); err != nil {
 		t.Fatal(err)

@@ -36,6 +36,15 @@ func tryLock(t *testing.T, cfg *pgx.ConnConfig) *store.Lock {
 	return l
 }
 
+// lockedDB makes a fresh database whose dispatcher lock a session of the
+// test holds (first), and returns its URL and connection settings.
+func lockedDB(t *testing.T) (url string, cfg *pgx.ConnConfig, first *store.Lock) {
+	t.Helper()
+	url = pgtest.NewMigrated(t)
+	cfg = connConfig(t, url)
+	return url, cfg, tryLock(t, cfg)
+}
+
 // lockHolderPID is the backend pid pg_locks shows holding the dispatcher lock.
 func lockHolderPID(t *testing.T, conn *pgx.Conn) int32 {
 	t.Helper()
@@ -51,9 +60,7 @@ func lockHolderPID(t *testing.T, conn *pgx.Conn) int32 {
 
 func TestSecondTryLockFailsNamingTheHolder(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	cfg := connConfig(t, url)
-	tryLock(t, cfg)
+	url, cfg, _ := lockedDB(t)
 	holder := lockHolderPID(t, pgtest.Connect(t, url))
 
 	second, err := store.TryLock(t.Context(), cfg, nil)
@@ -98,9 +105,7 @@ func TestHeldErrorNamesTheDispatcherOnlyWhenItsApplicationNameSays(t *testing.T)
 
 func TestStandbyTakesTheLockWhenTheHolderReleasesIt(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	cfg := connConfig(t, url)
-	first := tryLock(t, cfg)
+	_, cfg, first := lockedDB(t)
 	standby := startStandby(t, cfg)
 	select {
 	case <-standby.done:
@@ -126,9 +131,7 @@ func TestStandbyTakesTheLockWhenTheHolderReleasesIt(t *testing.T) {
 // the lock.
 func TestLockLossIsReportedAndTheStandbyTakesOver(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	cfg := connConfig(t, url)
-	first := tryLock(t, cfg)
+	url, cfg, first := lockedDB(t)
 	observer := pgtest.Connect(t, url)
 	holder := lockHolderPID(t, observer)
 	standby := startStandby(t, cfg)
@@ -195,9 +198,7 @@ func awaitStandby(t *testing.T, s *standby) *store.Lock {
 
 func TestStandbyStopsWhenCancelled(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	cfg := connConfig(t, url)
-	tryLock(t, cfg)
+	url, cfg, _ := lockedDB(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -279,9 +280,7 @@ func TestStandbyWaitsInTheServerAndGetsTheLockWhenTheHolderDisconnects(t *testin
 // is released.
 func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	cfg := connConfig(t, url)
-	first := tryLock(t, cfg)
+	url, cfg, first := lockedDB(t)
 	observer := pgtest.Connect(t, url)
 	var logs lockedbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))

@@ -21,13 +21,7 @@ import (
 // buffer them: the line is cut at 64 KiB and is a protocol error.
 func TestMegabytesWithoutANewlineAreAProtocolErrorNotABuffer(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stages(1, 4, "a"))
-	ids := e.insert("a", "a=flood:8000000+hang", "a=done")
-	d := e.start()
-	e.waitCounts(30*time.Second, map[string]int{"done": 1, "failed": 1})
-	d.stopClean()
-	e.expectRow(ids[0], "failed", "a", "protocol error")
-	e.expectRow(ids[1], "done", "a", "")
+	failsThenDone(t, "a=flood:8000000+hang", "protocol error")
 }
 
 // A valid answer longer than 64 KiB (a transition with a large patch) is a
@@ -35,17 +29,10 @@ func TestMegabytesWithoutANewlineAreAProtocolErrorNotABuffer(t *testing.T) {
 // that is not JSON while the worker lives on.
 func TestAnAnswerLongerThan64KiBIsAProtocolError(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stages(1, 4, "a"))
-	big := `a=answer:0 >done {"x":"` + strings.Repeat("x", 70_000) + `"}`
-	ids := e.insert("a", big, "a=done")
-	d := e.start()
-	e.waitCounts(30*time.Second, map[string]int{"done": 1, "failed": 1})
-	d.stopClean()
-	e.expectRow(ids[0], "failed", "a", "protocol error: worker pid")
-	e.expectRow(ids[0], "failed", "a", "answered a line longer than 65536 bytes")
-	e.expectRow(ids[1], "done", "a", "")
-	if r := e.row(ids[0]); strings.Contains(r.Error, "not valid JSON") {
-		t.Errorf("message %d failed with %q; want a protocol error, not a patch", ids[0], r.Error)
+	e, id := failsThenDone(t, `a=answer:0 >done {"x":"`+strings.Repeat("x", 70_000)+`"}`, "protocol error: worker pid")
+	e.expectRow(id, "failed", "a", "answered a line longer than 65536 bytes")
+	if r := e.row(id); strings.Contains(r.Error, "not valid JSON") {
+		t.Errorf("message %d failed with %q; want a protocol error, not a patch", id, r.Error)
 	}
 }
 

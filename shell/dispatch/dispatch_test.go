@@ -284,13 +284,8 @@ func TestNonZeroAnswerFailsThatMessageAndTheWorkerLivesOn(t *testing.T) {
 
 func TestZeroAnswerThatLeavesTheRowRunningFailsItAsAStageBug(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, stages(1, 4, "a"))
-	ids := e.insert("a", "a=noop", "a=done")
-	d := e.start()
-	e.waitCounts(10*time.Second, map[string]int{"done": 1, "failed": 1})
-	d.stopClean()
-	e.expectRow(ids[0], "failed", "a", "answered 0 but left the message running")
-	if n := len(e.handledBy()[ids[0]]); n != 1 {
+	e, id := failsThenDone(t, "a=noop", "answered 0 but left the message running")
+	if n := len(e.handledBy()[id]); n != 1 {
 		t.Errorf("the stuck message ran %d times; want once (no loop)", n)
 	}
 }

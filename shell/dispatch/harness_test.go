@@ -426,6 +426,22 @@ func (e *env) stageStats() map[string]stageStats {
 	return m
 }
 
+// failsThenDone runs one worker of stage a on two messages, script and one
+// that is done at once, until the first has failed and the second is done,
+// and checks that the first failed with a reason containing reason. It
+// returns the environment, the dispatcher stopped, and the failed message.
+func failsThenDone(t *testing.T, script, reason string) (*env, int64) {
+	t.Helper()
+	e := newEnv(t, stages(1, 4, "a"))
+	ids := e.insert("a", script, "a=done")
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 1, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[0], "failed", "a", reason)
+	e.expectRow(ids[1], "done", "a", "")
+	return e, ids[0]
+}
+
 // wantCrashes checks that each of stages counted one worker crash and
 // failed messages.
 func (e *env) wantCrashes(failed int64, stages ...string) {

@@ -145,6 +145,14 @@ func NewMigrated(t testing.TB) string {
 	return u
 }
 
+// NewMigratedConn is NewMigrated and a connection to the database (see
+// Connect): where most tests start.
+func NewMigratedConn(t testing.TB) (url string, conn *pgx.Conn) {
+	t.Helper()
+	url = NewMigrated(t)
+	return url, Connect(t, url)
+}
+
 // Connect opens a connection to url that is closed when the test ends.
 func Connect(t testing.TB, url string) *pgx.Conn {
 	t.Helper()
