@@ -81,8 +81,11 @@ type Queue struct {
 	flushSeq int64           // flushes applied, ever (dispatch_stats.flush_seq)
 	marks    map[int64]int64 // per dispatcher life, the Seq of its last applied flush (stats_flushes)
 	stats    map[string]core.StageDelta
-	passes   int64
-	left     int64
+	// statsAt is when a flush last touched each stage's statistics, and
+	// (at "") the dispatcher's own: updated_at (see Clock).
+	statsAt map[string]time.Time
+	passes  int64
+	left    int64
 	// undo holds the before-images of stage writes not yet made durable by a
 	// dispatcher commit, newest last.
 	undo []Row
@@ -153,7 +156,9 @@ type Change struct {
 }
 
 // New returns an empty queue.
-func New() *Queue { return &Queue{stats: map[string]core.StageDelta{}, marks: map[int64]int64{}} }
+func New() *Queue {
+	return &Queue{stats: map[string]core.StageDelta{}, statsAt: map[string]time.Time{}, marks: map[int64]int64{}}
+}
 
 // Insert adds n pending rows at stage in one producer transaction and returns
 // their ids.
@@ -671,7 +676,10 @@ func (q *Queue) flush(c core.Flush) core.Event {
 		q.flushSeq++
 		q.passes += c.StagePasses
 		q.left += c.MessagesLeft
+		now := q.now()
+		q.statsAt[""] = now
 		for _, d := range c.Stages {
+			q.statsAt[d.Stage] = now
 			s := q.stats[d.Stage]
 			s.Stage = d.Stage
 			s.Add(d)

@@ -89,18 +89,28 @@ func (q *Queue) holder(key string) int64 {
 	return 0
 }
 
-// CountRows counts the rows per stage and status. The fake keeps no clock, so
-// OldestWait is always 0.
+// CountRows counts the rows per stage and status; for pending rows, how long
+// the one changed longest ago has waited (see Clock).
 func (q *Queue) CountRows(context.Context) ([]store.Depth, error) {
-	counts := map[[2]string]int64{}
+	now := q.now()
+	counts := map[[2]string]*store.Depth{}
 	for _, r := range q.rows {
-		if r != nil {
-			counts[[2]string{r.Stage, string(r.Status)}]++
+		if r == nil {
+			continue
+		}
+		d := counts[[2]string{r.Stage, string(r.Status)}]
+		if d == nil {
+			d = &store.Depth{Stage: r.Stage, Status: r.Status}
+			counts[[2]string{r.Stage, string(r.Status)}] = d
+		}
+		d.Count++
+		if r.Status == core.StatusPending {
+			d.OldestWait = max(d.OldestWait, now.Sub(q.updated[r.ID]))
 		}
 	}
 	out := make([]store.Depth, 0, len(counts))
-	for k, n := range counts {
-		out = append(out, store.Depth{Stage: k[0], Status: core.RowStatus(k[1]), Count: n})
+	for _, d := range counts {
+		out = append(out, *d)
 	}
 	slices.SortFunc(out, func(a, b store.Depth) int {
 		return cmp.Or(cmp.Compare(a.Stage, b.Stage), cmp.Compare(a.Status, b.Status))
@@ -108,21 +118,21 @@ func (q *Queue) CountRows(context.Context) ([]store.Depth, error) {
 	return out, nil
 }
 
-// ReadStageStats reads the statistics per stage, by stage. The fake keeps no
-// clock, so UpdatedAt is zero.
+// ReadStageStats reads the statistics per stage, by stage, with when a flush
+// last touched each (see Clock).
 func (q *Queue) ReadStageStats(context.Context) ([]store.StageStats, error) {
 	out := make([]store.StageStats, 0, len(q.stats))
 	for _, d := range q.stats {
-		out = append(out, store.StageStats{StageDelta: d})
+		out = append(out, store.StageStats{StageDelta: d, UpdatedAt: q.statsAt[d.Stage]})
 	}
 	slices.SortFunc(out, func(a, b store.StageStats) int { return cmp.Compare(a.Stage, b.Stage) })
 	return out, nil
 }
 
-// ReadDispatchStats reads the dispatcher's own statistics. The fake keeps no
-// clock, so UpdatedAt is zero.
+// ReadDispatchStats reads the dispatcher's own statistics, with when the last
+// flush touched them (see Clock; zero before the first).
 func (q *Queue) ReadDispatchStats(context.Context) (store.DispatchStats, error) {
-	return store.DispatchStats{StagePasses: q.passes, MessagesLeft: q.left, FlushSeq: q.flushSeq}, nil
+	return store.DispatchStats{StagePasses: q.passes, MessagesLeft: q.left, FlushSeq: q.flushSeq, UpdatedAt: q.statsAt[""]}, nil
 }
 
 // CountPending counts the pending rows of each of stages, at most limit each.

@@ -954,6 +954,7 @@ func testFlush(t *testing.T, h Harness) {
 		{Stage: "b", Processed: 4, ProcessingUS: 400},
 	}}
 	flush(t, h, first)
+	wantStamped(t, h)
 	wantStats(t, h, "after seq 1", map[string]core.StageDelta{
 		"a": {Stage: "a", Processed: 5, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1000},
 		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
@@ -1131,6 +1132,24 @@ func wantStats(t *testing.T, h Harness, when string, stages map[string]core.Stag
 		if g := gotStages[name]; g != w {
 			t.Errorf("%s: stage_stats[%s] = %s, want %s", when, name, deltaText(g), deltaText(w))
 		}
+	}
+}
+
+// wantStamped checks that the statistics rows say when a flush last
+// touched them.
+func wantStamped(t *testing.T, h Harness) {
+	t.Helper()
+	stages, err := h.ReadStageStats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range stages {
+		if st.UpdatedAt.IsZero() {
+			t.Errorf("stage_stats %s: no updated_at", st.Stage)
+		}
+	}
+	if d, err := h.ReadDispatchStats(t.Context()); err != nil || d.UpdatedAt.IsZero() {
+		t.Errorf("dispatch_stats = %+v, %v; want an updated_at", d, err)
 	}
 }
 

@@ -71,6 +71,7 @@ func testCountRows(t *testing.T, h Harness) {
 	h.Insert(t, "b", 1)
 	claimRows(t, h, core.Cap{Stage: "a", N: 1})
 	failAt(t, h, "c", "no", core.Fail)
+	time.Sleep(5 * time.Millisecond) // the pending rows have waited over a millisecond
 	depths, err := h.CountRows(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +79,9 @@ func testCountRows(t *testing.T, h Harness) {
 	got := map[string]int64{}
 	for _, d := range depths {
 		got[at(d.Stage, d.Status)] += d.Count
+		if pending := d.Status == core.StatusPending; pending != (d.OldestWait >= time.Millisecond) || d.OldestWait < 0 {
+			t.Errorf("CountRows: %s oldest wait %v; want a millisecond or more for pending rows only", at(d.Stage, d.Status), d.OldestWait)
+		}
 	}
 	want := map[string]int64{"a:pending": 2, "a:running": 1, "b:pending": 1, "c:failed": 1}
 	if !maps.Equal(got, want) {
