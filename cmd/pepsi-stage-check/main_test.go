@@ -22,6 +22,17 @@ func script(t *testing.T, name, text string) string {
 	return p
 }
 
+// wantCheckFails runs the check of the stage program at path and wants it to
+// fail (exit 1) with a report that contains each of wants.
+func wantCheckFails(t *testing.T, path string, wants ...string) {
+	t.Helper()
+	code, report := runCheck(t, path)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report, wants...)
+}
+
 // runCheck runs pepsi-stage-check with args and returns its exit code and report.
 func runCheck(t *testing.T, args ...string) (int, string) {
 	t.Helper()
@@ -57,11 +68,7 @@ func TestAnUnflushedStageIsNamedAsSuch(t *testing.T) {
 	// Its own buffered stdout, as Python's is on a pipe unless
 	// PYTHONUNBUFFERED is set (which would hide the bug here).
 	p := script(t, "unflushed.py", "#!/usr/bin/env python3\nimport sys\nout = open(1, 'w', buffering=8192)\nfor line in sys.stdin:\n    print('0 >done', file=out)\n")
-	code, report := runCheck(t, p)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
-	}
-	wantReport(t, report, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
+	wantCheckFails(t, p, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
 }
 
 // Proves: a Python stage that prints without flushing fails the check even
@@ -71,31 +78,19 @@ func TestAnUnflushedPythonStageFailsWhateverTheCallersPythonUnbuffered(t *testin
 	t.Setenv("PYTHONUNBUFFERED", "1")
 	t.Setenv("_STDBUF_O", "0")
 	p := script(t, "prints.py", "#!/usr/bin/env python3\nimport sys\nfor line in sys.stdin:\n    print('0 >done')\n")
-	code, report := runCheck(t, p)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
-	}
-	wantReport(t, report, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
+	wantCheckFails(t, p, "LATE: it came only after the end of input", "standard output is not flushed", "FAILED")
 }
 
 // Proves: a line on stdout before any input (a banner, a log) is reported.
 func TestALogLineOnStdoutIsReported(t *testing.T) {
 	p := script(t, "banner.sh", "#!/bin/sh\necho 'starting up'\nwhile read -r l; do echo '0 >done'; done\n")
-	code, report := runCheck(t, p)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
-	}
-	wantReport(t, report, `BEFORE ANY INPUT: "starting up"`, "stdout carries answers only", "FAILED")
+	wantCheckFails(t, p, `BEFORE ANY INPUT: "starting up"`, "stdout carries answers only", "FAILED")
 }
 
 // Proves: two answers for one message leave stray lines, and fail the check.
 func TestTwoAnswersForOneMessageAreStrayLines(t *testing.T) {
 	p := script(t, "twice.sh", "#!/bin/sh\nwhile read -r l; do echo '0 >done'; echo '0 >done'; done\n")
-	code, report := runCheck(t, p)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
-	}
-	wantReport(t, report, "STRAY LINE", "FAILED")
+	wantCheckFails(t, p, "STRAY LINE", "FAILED")
 }
 
 // Proves: bad answers are named per message: a line that is no status line, a
@@ -115,11 +110,7 @@ while read -r l; do
 	esac
 done
 `)
-	code, report := runCheck(t, p)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
-	}
-	wantReport(t, report,
+	wantCheckFails(t, p,
 		`message 1 (id 1): answer "processing message"`, "does not start with an integer code",
 		"INVALID for INPUT = message: a bare 0",
 		"INVALID transition:",

@@ -91,25 +91,22 @@ func ratioCell(rounds []round, f func(round) (num, den float64)) string {
 
 // ratioText formats ratios as "**1.23×** (1.10–1.30)": the median, then the
 // range when there is more than one.
-func ratioText(xs []float64) string {
-	switch len(xs) {
-	case 0:
-		return ""
-	case 1:
-		return fmt.Sprintf("**%.2f×**", xs[0])
-	}
-	return fmt.Sprintf("**%.2f×** (%.2f–%.2f)", median(xs), slices.Min(xs), slices.Max(xs))
-}
+func ratioText(xs []float64) string { return spreadText(xs, "%.2f", "**%s×**") }
 
 // microsCell formats CPU times in microseconds: the median and the range.
-func microsCell(xs []float64) string {
-	switch len(xs) {
-	case 0:
+func microsCell(xs []float64) string { return spreadText(xs, "%.0f", "%s µs") }
+
+// spreadText is xs's median, each number in format num and the median set in
+// text, then the range of xs when there is more than one; "" for none.
+func spreadText(xs []float64, num, text string) string {
+	if len(xs) == 0 {
 		return ""
-	case 1:
-		return fmt.Sprintf("%.0f µs", xs[0])
 	}
-	return fmt.Sprintf("%.0f µs (%.0f–%.0f)", median(xs), slices.Min(xs), slices.Max(xs))
+	out := fmt.Sprintf(text, fmt.Sprintf(num, median(xs)))
+	if len(xs) > 1 {
+		out += fmt.Sprintf(" (%s–%s)", fmt.Sprintf(num, slices.Min(xs)), fmt.Sprintf(num, slices.Max(xs)))
+	}
+	return out
 }
 
 func ranIn(rounds []round, v variant) bool {
