@@ -176,8 +176,7 @@ func TestWriteTransitionsWritesEveryTransitionAndAnswersZero(t *testing.T) {
 // about a row no longer running at the stage).
 func TestRowsOfABatchAreReadOnceBeforeItsHandlersRun(t *testing.T) {
 	t.Parallel()
-	url, conn := pgtest.NewMigratedConn(t)
-	operator := pgtest.Connect(t, url)
+	url, conn, operator := withOperator(t)
 	ids := insertRunning(t, conn, "parse", "first", "second")
 	rec := &recorder{}
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,

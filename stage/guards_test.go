@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core"
-	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 
@@ -20,8 +19,7 @@ import (
 // again and its writes would be doubled (or kept for a pass that answers 1).
 func TestStatementsOnTxConnAfterTheRowChangedDoNotCommit(t *testing.T) {
 	t.Parallel()
-	url, conn := pgtest.NewMigratedConn(t)
-	operator := pgtest.Connect(t, url)
+	url, conn, operator := withOperator(t)
 	if _, err := conn.Exec(context.Background(), "CREATE TABLE side (id bigint, run int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,8 +90,7 @@ func TestFusedStageNameTheDispatcherCannotReadIsRefused(t *testing.T) {
 // after it.
 func TestRowsLeftOpenOnTxConnDoNotBreakTheNextMessages(t *testing.T) {
 	t.Parallel()
-	url, conn := pgtest.NewMigratedConn(t)
-	operator := pgtest.Connect(t, url)
+	url, conn, operator := withOperator(t)
 	ids := insertRunning(t, conn, "parse", "leaky", "next")
 	runs := 0
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
 
@@ -152,6 +153,15 @@ func insertRunning(t *testing.T, conn *pgx.Conn, stageName string, payloads ...s
 		ids[i] = insert(t, conn, stageName, "running", p, "")
 	}
 	return ids
+}
+
+// withOperator makes a fresh migrated database and returns its URL, a
+// connection for the test and one for an operator who changes rows behind
+// the stage's back.
+func withOperator(t *testing.T) (url string, conn, operator *pgx.Conn) {
+	t.Helper()
+	url, conn = pgtest.NewMigratedConn(t)
+	return url, conn, pgtest.Connect(t, url)
 }
 
 // wantRunningAtParse checks that the rows of ids are still running at stage

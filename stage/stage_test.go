@@ -572,8 +572,7 @@ func TestHandlerThatMovesItsRowItselfIsAnsweredNonZeroAndUndone(t *testing.T) {
 // runs again on the row as it is now.
 func TestRowChangedWhileTheHandlerRanIsRunAgainOnTheNewRow(t *testing.T) {
 	t.Parallel()
-	url, conn := pgtest.NewMigratedConn(t)
-	operator := pgtest.Connect(t, url)
+	url, conn, operator := withOperator(t)
 	ids := insertRunning(t, conn, "parse", "first", "second")
 	var mu sync.Mutex
 	calls := map[int64]int{}
@@ -612,8 +611,7 @@ func TestRowChangedWhileTheHandlerRanIsRunAgainOnTheNewRow(t *testing.T) {
 
 func TestRowChangedBeforeTheHandlersFirstStatementIsRunAgain(t *testing.T) {
 	t.Parallel()
-	url, conn := pgtest.NewMigratedConn(t)
-	operator := pgtest.Connect(t, url)
+	url, conn, operator := withOperator(t)
 	ids := insertRunning(t, conn, "parse", "x")
 	var errs []string
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,

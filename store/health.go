@@ -106,16 +106,8 @@ func (s *PG) ReadStageHealth(ctx context.Context) ([]StageHealth, error) {
 // and ready_at.
 const StageHealthVersion = 13
 
-// stageHealthTableSQL says whether pepsi.stage_health exists; to_regclass
-// needs no privilege.
-const stageHealthTableSQL = `SELECT to_regclass('pepsi.stage_health') IS NOT NULL`
-
 // StageHealthExists says whether pepsi.stage_health (schema version 13)
 // exists: pepsi-httpd reads it, and ready_at beside it.
 func (s *PG) StageHealthExists(ctx context.Context) (bool, error) {
-	var ok bool
-	if err := s.db.QueryRow(ctx, stageHealthTableSQL).Scan(&ok); err != nil {
-		return false, fmt.Errorf("look for table pepsi.stage_health: %w", err)
-	}
-	return ok, nil
+	return s.relationExists(ctx, "pepsi.stage_health")
 }

@@ -192,16 +192,22 @@ const MonitorGrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
 GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at) ON pepsi.queue TO pepsi_monitor;
 GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats, pepsi.stage_health TO pepsi_monitor;`
 
-// failedIndexSQL says whether the queue_failed index of schema version 2
-// exists; to_regclass needs no privilege.
-const failedIndexSQL = `SELECT to_regclass('pepsi.queue_failed') IS NOT NULL`
-
 // FailedIndexExists says whether the queue_failed index of schema version 2
 // exists: without it, counting failed messages would scan the queue.
 func (s *PG) FailedIndexExists(ctx context.Context) (bool, error) {
-	var indexed bool
-	if err := s.db.QueryRow(ctx, failedIndexSQL).Scan(&indexed); err != nil {
-		return false, fmt.Errorf("look for index pepsi.queue_failed: %w", err)
+	return s.relationExists(ctx, "pepsi.queue_failed")
+}
+
+// relationExistsSQL says whether the table or index $1 exists; to_regclass
+// needs no privilege.
+const relationExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
+
+// relationExists says whether the table or index name exists, for a program
+// that must not read what a schema older than it lacks.
+func (s *PG) relationExists(ctx context.Context, name string) (bool, error) {
+	var ok bool
+	if err := s.db.QueryRow(ctx, relationExistsSQL, name).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look for %s: %w", name, err)
 	}
-	return indexed, nil
+	return ok, nil
 }

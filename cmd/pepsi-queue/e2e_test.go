@@ -56,6 +56,14 @@ func pq(t *testing.T, stdin string, env []string, args ...string) result {
 	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
 }
 
+// migratedEnv makes a fresh migrated database and returns its URL and the
+// environment that names it to pepsi-queue.
+func migratedEnv(t *testing.T) (url string, env []string) {
+	t.Helper()
+	url = pgtest.NewMigrated(t)
+	return url, []string{"PEPSI_DATABASE=" + url}
+}
+
 // expect fails the test unless r exited with code and its stdout and stderr
 // contain the given texts.
 func (r result) expect(t *testing.T, what string, code int, stdout, stderr string) {
@@ -105,8 +113,7 @@ func TestMigrateAppliesTheSchemaOnceThenHasNothingToDo(t *testing.T) {
 
 func TestEnqueueFromLinesSyntheticNDJSONAndPayload(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, "a\nb\n\nc\n", env, "enqueue", "-stage", "parse", "-batch", "2").
 		expect(t, "lines", 0, "enqueued 3 messages at stage parse: ids 1-3", "")
 	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "2500").
@@ -161,8 +168,7 @@ func TestEnqueueStoppedByBadInputReportsWhatWasCommitted(t *testing.T) {
 
 func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "5").expect(t, "enqueue", 0, "enqueued 5", "")
 	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
 		UPDATE pepsi.queue SET status = 'done', stage = 'deliver' WHERE ingress_id <= 2;
@@ -190,8 +196,7 @@ func TestStatsShowsCountsAndTheDispatcherStatistics(t *testing.T) {
 
 func TestShowPrintsOneMessage(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, `{"payload": "hello", "state": {"k": "v"}}`+"\n", env, "enqueue", "-stage", "parse", "-ndjson").expect(t, "enqueue", 0, "id 1", "")
 	r := pq(t, "", env, "show", "1")
 	r.expect(t, "show", 0, "stage     parse\nstatus    pending\nattempts  0\npayload   5 bytes\n", "")
@@ -226,8 +231,7 @@ func TestShowPrintsOneMessage(t *testing.T) {
 
 func TestRetryThenPurgeEndToEnd(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, "", env, "enqueue", "-stage", "parse", "-n", "6").expect(t, "enqueue", 0, "ids 1-6", "")
 	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
 		UPDATE pepsi.queue SET status = 'failed', state = '{"dispatch_error": "exit 3"}' WHERE ingress_id IN (1, 2);
@@ -382,8 +386,7 @@ func TestErrorsNameTheDatabaseAndWhereItCameFrom(t *testing.T) {
 // what the last one left).
 func TestStatsShowsTheStagesHealth(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, "", env, "stats").expect(t, "stats before any dispatcher", 0, "HEALTH: none recorded", "")
 	_, err := pgtest.Connect(t, url).Exec(context.Background(), `
 		INSERT INTO pepsi.stage_health (stage, state, reason, until, since) VALUES

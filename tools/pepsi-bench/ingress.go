@@ -834,16 +834,6 @@ func (b *bench) ingressLatency(ctx context.Context, s *ingressSettings) (latency
 	if err := b.waitDone(ctx, conn, d, v, latencyWarmup+total); err != nil {
 		return l, err
 	}
-	var p50, p99, mx float64
-	err = conn.QueryRow(ctx, `SELECT count(*),
-		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)),
-		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)),
-		max(extract(epoch FROM updated_at - created_at))
-		FROM pepsi.queue WHERE status = 'done' AND payload <> 'warm-up'`).Scan(&l.messages, &p50, &p99, &mx)
-	if err != nil {
-		return l, fmt.Errorf("read the latencies: %w", err)
-	}
-	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-	l.p50, l.p99, l.max = sec(p50), sec(p99), sec(mx)
-	return l, nil
+	err = l.read(ctx, conn, "status = 'done' AND payload <> 'warm-up'")
+	return l, err
 }

@@ -86,18 +86,26 @@ func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error
 	if err := b.stopAndVerify(ctx, conn, d, latencyWarmup+total); err != nil {
 		return l, err
 	}
-	var p50, p99, max float64
-	err = conn.QueryRow(ctx, `SELECT count(*),
+	err = l.read(ctx, conn, "ingress_id > $1", latencyWarmup)
+	return l, err
+}
+
+// read reads into l how many rows where selects (a condition on
+// pepsi.queue, with args) and the median, 99th percentile and longest of
+// their latencies: from created_at to their last change.
+func (l *latencyResult) read(ctx context.Context, conn *pgx.Conn, where string, args ...any) error {
+	var p50, p99, longest float64
+	err := conn.QueryRow(ctx, `SELECT count(*),
 		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)),
 		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)),
 		max(extract(epoch FROM updated_at - created_at))
-		FROM pepsi.queue WHERE ingress_id > $1`, latencyWarmup).Scan(&l.messages, &p50, &p99, &max)
+		FROM pepsi.queue WHERE `+where, args...).Scan(&l.messages, &p50, &p99, &longest)
 	if err != nil {
-		return l, fmt.Errorf("read the latencies: %w", err)
+		return fmt.Errorf("read the latencies: %w", err)
 	}
 	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-	l.p50, l.p99, l.max = sec(p50), sec(p99), sec(max)
-	return l, nil
+	l.p50, l.p99, l.max = sec(p50), sec(p99), sec(longest)
+	return nil
 }
 
 // waitDone polls until n rows are done. It counts the rows, which is cheap at
