@@ -56,6 +56,10 @@ type Executor interface {
 	MonitorFailures(ctx context.Context) ([]Failure, error)
 	MonitorTable(ctx context.Context) (TableHealth, error)
 	FailedIndexExists(ctx context.Context) (bool, error)
+
+	WriteHealth(ctx context.Context, hs []core.StageHealth) error
+	ReadStageHealth(ctx context.Context) ([]StageHealth, error)
+	StageHealthExists(ctx context.Context) (bool, error)
 }
 
 // PostgreSQL's executor holds to the contract.

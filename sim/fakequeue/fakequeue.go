@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Row is one message.
@@ -84,8 +85,10 @@ type Queue struct {
 	// statsAt is when a flush last touched each stage's statistics, and
 	// (at "") the dispatcher's own: updated_at (see Clock).
 	statsAt map[string]time.Time
-	passes  int64
-	left    int64
+	// health is pepsi.stage_health, by stage.
+	health map[string]store.StageHealth
+	passes int64
+	left   int64
 	// undo holds the before-images of stage writes not yet made durable by a
 	// dispatcher commit, newest last.
 	undo []Row
