@@ -24,6 +24,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/stagelog"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 )
 
@@ -352,19 +353,8 @@ func (e *env) scalar(query string, args ...any) int64 {
 	return n
 }
 
-// Record is one line the test stage program wrote (see internal/testenv/teststage).
-type Record struct {
-	At          time.Time `json:"at"`
-	PID         int       `json:"pid"`
-	Stage       string    `json:"stage"`
-	Ev          string    `json:"ev"`
-	Args        []string  `json:"args"`
-	Env         string    `json:"env"`
-	IDs         []int64   `json:"ids"`
-	Outstanding int       `json:"outstanding"`
-	ID          int64     `json:"id"`
-	Pass        int       `json:"pass"`
-}
+// Record is one line the test stage program wrote.
+type Record = stagelog.Record
 
 // records reads what the stage programs recorded so far, optionally only events
 // of kind ev.

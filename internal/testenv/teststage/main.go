@@ -83,23 +83,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/stagelog"
 	"github.com/pepsi-pipeline/pepsi/stage"
 	"github.com/pepsi-pipeline/pepsi/stage/relay"
 )
 
-// Record is one line of the record file. The tests decode the same shape.
-type Record struct {
-	At          time.Time `json:"at"`
-	PID         int       `json:"pid"`
-	Stage       string    `json:"stage"`
-	Ev          string    `json:"ev"`
-	Args        []string  `json:"args,omitempty"`
-	Env         string    `json:"env,omitempty"`
-	IDs         []int64   `json:"ids,omitempty"`
-	Outstanding int       `json:"outstanding,omitempty"`
-	ID          int64     `json:"id,omitempty"`
-	Pass        int       `json:"pass,omitempty"`
-}
+// Record is one line of the record file, as the tests read it.
+type Record = stagelog.Record
 
 var (
 	recordFile *os.File
