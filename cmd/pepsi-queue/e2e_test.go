@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/progrun"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -36,24 +34,9 @@ type result struct {
 // the PG* variables of the test's own environment are not passed on.
 func pq(t *testing.T, stdin string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, pepsi.Path(t), args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PEPSI_") && !strings.HasPrefix(kv, "PG") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		t.Fatalf("run pepsi-queue %q: %v", args, err)
-	}
-	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+	r := progrun.Run(t, progrun.Params{Path: pepsi.Path(t), Args: args, Stdin: stdin, Env: env,
+		Drop: []string{"PEPSI_", "PG"}, Timeout: 60 * time.Second})
+	return result{code: r.Code, stdout: r.Stdout, stderr: r.Stderr}
 }
 
 // migratedEnv makes a fresh migrated database and returns its URL and the

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/progrun"
 )
 
 // auditScript is the demo's last stage, a stage program in plain sh.
@@ -17,24 +14,9 @@ const auditScript = "../../testdata/stages/audit.sh"
 // runAudit runs the audit script as pepsi-dispatch would, with stdin as its input.
 func runAudit(t *testing.T, stdin string, env []string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, auditScript, args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PEPSI_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		t.Fatalf("run %s: %v", auditScript, err)
-	}
-	return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
+	r := progrun.Run(t, progrun.Params{Path: auditScript, Args: args, Stdin: stdin, Env: env,
+		Drop: []string{"PEPSI_"}, Timeout: 30 * time.Second})
+	return r.Code, r.Stdout, r.Stderr
 }
 
 // The script answers every id with the whole transition, for the dispatcher to
