@@ -60,6 +60,7 @@ type Executor interface {
 	WriteHealth(ctx context.Context, hs []core.StageHealth) error
 	ReadStageHealth(ctx context.Context) ([]StageHealth, error)
 	StageHealthExists(ctx context.Context) (bool, error)
+	ReadPageMessage(ctx context.Context, id int64) (PageMessage, error)
 }
 
 // PostgreSQL's executor holds to the contract.

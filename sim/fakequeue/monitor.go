@@ -86,18 +86,43 @@ func (q *Queue) MonitorFailures(context.Context) ([]store.Failure, error) {
 			continue
 		}
 		f := store.Failure{ID: r.ID, Stage: r.Stage, Status: r.Status, UpdatedAt: q.updated[r.ID]}
-		if r.DispatchError != "" {
-			f.By, f.Reason = "dispatcher", r.DispatchError
-		} else if reason, ok := stageError(r.State); ok {
-			f.By, f.Reason = "stage", reason
-		}
-		if runes := []rune(f.Reason); len(runes) > store.ReasonMax {
-			f.Reason = string(runes[:store.ReasonMax])
-		}
+		f.By, f.Reason = failedBy(r)
 		out = append(out, f)
 	}
 	slices.SortStableFunc(out, func(a, b store.Failure) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
 	return out[:min(len(out), store.FailuresMax)], nil
+}
+
+// failedBy is who gave r its reason, "dispatcher" (state.dispatch_error),
+// "stage" (state.error) or "", and the reason cut to store.ReasonMax
+// characters.
+func failedBy(r *Row) (by, reason string) {
+	if r.DispatchError != "" {
+		by, reason = "dispatcher", r.DispatchError
+	} else if text, ok := stageError(r.State); ok {
+		by, reason = "stage", text
+	}
+	if runes := []rune(reason); len(runes) > store.ReasonMax {
+		reason = string(runes[:store.ReasonMax])
+	}
+	return by, reason
+}
+
+// ReadPageMessage reads row id as pepsi-httpd's message page shows it, or
+// returns store.ErrNotFound.
+func (q *Queue) ReadPageMessage(_ context.Context, id int64) (store.PageMessage, error) {
+	r := q.row(id)
+	if r == nil {
+		return store.PageMessage{}, store.ErrNotFound
+	}
+	m := store.PageMessage{ID: id, Stage: r.Stage, Status: r.Status, Attempts: r.Attempts,
+		CreatedAt: q.created[id], UpdatedAt: q.updated[id]}
+	if r.Status == core.StatusPaused && !r.Timeout.IsZero() {
+		t := r.Timeout
+		m.Timeout = &t
+	}
+	m.By, m.Reason = failedBy(r)
+	return m, nil
 }
 
 // stageError is state.error as text (state->>'error'), and whether state

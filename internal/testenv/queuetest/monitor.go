@@ -2,6 +2,7 @@ package queuetest
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ var monitorTests = []conformanceTest{
 	{"MonitorFailuresReadsAtMostFailuresMax", testMonitorFailuresMax},
 	{"MonitorTableAndLockRead", testMonitorTableLock},
 	{"TheFailedIndexExistsAtTheLatestSchema", testFailedIndex},
+	{"ReadPageMessageReadsWhoFailedAMessageAndWhyButNeitherPayloadNorState", testPageMessage},
 }
 
 // Instants far before and after any clock a queue runs on.
@@ -135,5 +137,43 @@ func testMonitorTableLock(t *testing.T, h Harness) {
 func testFailedIndex(t *testing.T, h Harness) {
 	if ok, err := h.FailedIndexExists(t.Context()); err != nil || !ok {
 		t.Errorf("FailedIndexExists = %v, %v; want true", ok, err)
+	}
+}
+
+func testPageMessage(t *testing.T, h Harness) {
+	failed := failAt(t, h, "a", "smtp: refused", core.Fail)
+	paused := h.Insert(t, "b", 1)[0]
+	claimRows(t, h, core.Cap{Stage: "b", N: 1})
+	resolve(t, h, retryItem(paused, "b", farAhead, "busy"))
+	byStage := h.InsertMessage(t, "c", `{"k": 1}`, []byte("secret"))
+	claimRows(t, h, core.Cap{Stage: "c", N: 1})
+	if moved, err := h.StageTransition(t.Context(), store.StageTransitionParams{
+		ID: byStage, From: "c", Stage: "c", Status: core.StatusFailed, State: []byte(`{"error": "bad input"}`)}); err != nil || !moved {
+		t.Fatalf("stage failure of row %d: %v, %v", byStage, moved, err)
+	}
+	pending := h.Insert(t, "d", 1)[0]
+	for _, w := range []store.PageMessage{
+		{ID: failed, Stage: "a", Status: core.StatusFailed, By: "dispatcher", Reason: "smtp: refused"},
+		{ID: paused, Stage: "b", Status: core.StatusPaused, Attempts: 1, Timeout: &farAhead, By: "dispatcher", Reason: "busy"},
+		{ID: byStage, Stage: "c", Status: core.StatusFailed, By: "stage", Reason: "bad input"},
+		{ID: pending, Stage: "d", Status: core.StatusPending},
+	} {
+		m, err := h.ReadPageMessage(t.Context(), w.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.CreatedAt.IsZero() || m.UpdatedAt.Before(m.CreatedAt) {
+			t.Errorf("ReadPageMessage(%d): created_at %v, updated_at %v; want a time and a change no earlier", w.ID, m.CreatedAt, m.UpdatedAt)
+		}
+		if (m.Timeout == nil) != (w.Timeout == nil) || m.Timeout != nil && !m.Timeout.Equal(*w.Timeout) {
+			t.Errorf("ReadPageMessage(%d): timeout %v, want %v", w.ID, m.Timeout, w.Timeout)
+		}
+		m.CreatedAt, m.UpdatedAt, m.Timeout, w.Timeout = time.Time{}, time.Time{}, nil, nil
+		if m != w {
+			t.Errorf("ReadPageMessage(%d) = %+v, want %+v", w.ID, m, w)
+		}
+	}
+	if _, err := h.ReadPageMessage(t.Context(), 12345); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("ReadPageMessage of a missing row: err = %v, want store.ErrNotFound", err)
 	}
 }
