@@ -8,8 +8,9 @@ import (
 )
 
 // Executor is the contract of pepsi.queue: the dispatcher's batched step
-// (Exec) and the statements the operator's tools, pepsi-ingress and
-// pepsi-httpd run, one method each, with a params struct where a statement
+// (Exec) and the statements the operator's tools, pepsi-ingress,
+// pepsi-httpd, the stage library and the dispatcher's health record run,
+// one method each, with a params struct where a statement
 // takes more than one value, in the manner of River's riverdriver.Executor.
 // Two queues implement it: PostgreSQL (*Queue, whose statement methods run on
 // its pool; PG runs them on a connection or transaction of the caller's) and
