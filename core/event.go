@@ -220,11 +220,15 @@ type Released struct {
 
 // OrphansReset is the result of a ResetOrphans: how many running rows became
 // pending.
-// With ResetOrphans.ReleaseKeys, Heads and Busy are the release's, as in
-// Released.
+// Keys are the order keys of the rows it made pending: a running row no one
+// held (an orphan, or a row a lost claim took) may have kept an older
+// message of its key, which an operator retried meanwhile, waiting blocked,
+// so the core releases them. With ResetOrphans.ReleaseKeys, Heads and Busy
+// are the start-up release's, as in Released.
 type OrphansReset struct {
 	Op    int64
 	Count int
+	Keys  []string
 	Heads []Head
 	Busy  []string
 	Err   string
@@ -396,7 +400,11 @@ func (e OrphansReset) String() string {
 	if e.Err != "" {
 		return fmt.Sprintf("orphans-reset op=%d err=%q", e.Op, e.Err)
 	}
-	return fmt.Sprintf("orphans-reset op=%d count=%d", e.Op, e.Count) + formatHeads(e.Heads, e.Busy)
+	s := fmt.Sprintf("orphans-reset op=%d count=%d", e.Op, e.Count)
+	if len(e.Keys) > 0 {
+		s += " keys=" + formatKeys(e.Keys)
+	}
+	return s + formatHeads(e.Heads, e.Busy)
 }
 func (e Flushed) String() string {
 	if e.Err != "" {

@@ -60,10 +60,7 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 	yielded = map[string]int{}
 	var cand []int
 	for i, it := range items {
-		// A keyed message moves to pending and is claimed after its key's
-		// release (an operator may have made an older message of its key its
-		// head meanwhile): it never claims with its move.
-		if it.Verdict == Move && it.Key == "" && c.byName[it.To] != nil && !c.unsure[it.ID] && c.races[it.ID] == 0 {
+		if it.Verdict == Move && c.byName[it.To] != nil && !c.unsure[it.ID] && c.races[it.ID] == 0 {
 			cand = append(cand, i)
 		}
 	}
@@ -116,7 +113,11 @@ func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
 // movesBlocked names the stages to which no move of items may claim: one an
 // item gives a row back to (a requeue), or one a move goes to that may leave
 // its row pending there uncounted (a re-sent item whose first send may have
-// applied, a row a late commit changed). One pass, so that a resolve of n
+// applied, a row a late commit changed), or that a keyed message moves to: it
+// becomes pending there and its key's release decides whether it is the
+// key's next (an operator may have made an older message of its key the
+// head), so it never claims with its move, and no younger move may claim
+// past it (docs/protocol.md, "Ordering per key"). One pass, so that a resolve of n
 // items costs n, not n² (a stage of PARALLELISM 16 and QUEUE_LIMIT 1000 sends
 // resolves of thousands).
 func movesBlocked(items []Item, unsure map[int64]bool, races map[int64]int) map[string]bool {
@@ -125,7 +126,7 @@ func movesBlocked(items []Item, unsure map[int64]bool, races map[int64]int) map[
 		switch {
 		case it.Verdict == Requeue:
 			blocked[it.Stage] = true
-		case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0):
+		case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0 || it.Key != ""):
 			blocked[it.To] = true
 		}
 	}

@@ -21,8 +21,10 @@ import (
 //     older one an operator retried meanwhile;
 //   - a key whose lock a producer held is released again every LookEvery until
 //     it is taken, so a key's next message never waits for the heartbeat;
-//   - at start-up, every key with blocked messages is released once, by the
-//     start-up reset (ResetOrphans.ReleaseKeys).
+//   - the keys of the running rows a reset makes pending are released (an
+//     orphan may have held its key while an operator retried an older
+//     message of it); at start-up, and after a reset whose reply was lost,
+//     every key with blocked messages is (ResetOrphans.ReleaseKeys).
 type orderKeys struct {
 	// keyOf: the order key of each held keyed message, from its claim until its
 	// resolve's result (a message not in it has no key).
@@ -33,6 +35,10 @@ type orderKeys struct {
 	// whose release's transaction failed; due again at owedAt.
 	owed   map[string]bool
 	owedAt time.Time
+	// sweep: the next reset releases every key with blocked messages
+	// (ResetOrphans.ReleaseKeys), because a reset's reply, and with it the
+	// keys of the rows it made pending, was lost.
+	sweep bool
 }
 
 // holdKey records that the core now holds message id of key (none: "").
@@ -150,10 +156,11 @@ func (c *Core) oweRelease(keys []string) {
 }
 
 // forgetKeys drops the keys of the resolved items that the core no longer
-// holds (every resolved item but those owed again).
+// holds (not those owed again, nor those a move claimed).
 func (c *Core) forgetKeys(items []Item) {
+	held := c.held()
 	for _, it := range items {
-		if it.Key == "" || slices.ContainsFunc(c.owed, func(o Item) bool { return o.ID == it.ID }) {
+		if _, still := slices.BinarySearch(held, it.ID); it.Key == "" || still {
 			continue
 		}
 		delete(c.keys.keyOf, it.ID)

@@ -349,7 +349,7 @@ func (c *Core) queueWork() {
 		if !c.resetDone {
 			keep = nil
 		}
-		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone})
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone || c.keys.sweep})
 		c.needReset = false
 		c.sweep = false
 	} else if c.sweep && c.shutdown == 0 {
@@ -527,15 +527,26 @@ func earliest(a, b time.Time) time.Time {
 }
 
 func (c *Core) orphansReset(e OrphansReset) {
-	c.result(e.Op, e.Err)
+	cmd := c.result(e.Op, e.Err).(ResetOrphans)
 	if e.Err != "" {
 		c.needReset = true
+		// The reset may have committed, and the keys of the rows it made
+		// pending are lost with its reply: the next reset releases every key
+		// with blocked messages, as at start-up.
+		c.keys.sweep = true
 		return
+	}
+	if cmd.ReleaseKeys {
+		c.keys.sweep = false
 	}
 	if e.Count > 0 {
 		c.lookAll() // the reset made rows pending at any stage, at any id
 	}
 	c.takeHeads(e.Heads, e.Busy)
+	c.oweRelease(e.Keys)
+	if len(e.Keys) > 0 {
+		c.keys.owedAt = c.now // now, not after a pause: no producer was found busy
+	}
 	if !c.resetDone {
 		c.resetDone = true
 		if e.Count > 0 {

@@ -1120,8 +1120,15 @@ func (w *world) claimFloor(rl *rule, x crossing) {
 			if slices.Contains(c.Exclude, r.ID) {
 				continue // held: the core lowers the floor when its resolve reports it pending
 			}
+			if r.Key != "" && (slices.Contains(c.ExcludeKeys, r.Key) || w.olderUnfinished(r) ||
+				slices.ContainsFunc(x.claimRun.heads, func(h core.Head) bool { return h.ID == r.ID }) || slices.Contains(x.claimRun.busy, r.Key)) {
+				// Not the claim's to take, or a head its own transaction's
+				// release reported or left to a later release (busy): the core
+				// lowers the floor when a release reports it.
+				continue
+			}
 			if r.Status == core.StatusPending && r.Stage == cp.Stage {
-				w.broke(rl, "claim op=%d looks above %d at stage %s and passes over pending row %d", c.Op, cp.After, cp.Stage, r.ID)
+				w.broke(rl, "claim op=%d looks above %d at stage %s and passes over pending row %d%s", c.Op, cp.After, cp.Stage, r.ID, w.keyText(r.Key))
 				return
 			}
 		}

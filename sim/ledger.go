@@ -336,6 +336,8 @@ func (w *world) modelEvent(ev core.Event) {
 		if e.Count > 0 {
 			w.tellAll()
 		}
+	case core.Released:
+		w.modelReleased(e)
 	case core.OrphansReset:
 		w.modelReset(e)
 	case core.Flushed:
@@ -557,6 +559,7 @@ func (w *world) modelReset(e core.OrphansReset) {
 	if e.Count > 0 {
 		w.tellAll()
 	}
+	w.tellHeads(e.Heads)
 	if !w.resetSeen {
 		w.resetSeen = true
 		// The core takes on the carried deltas never sent; a carried flush

@@ -557,7 +557,7 @@ func (w *world) vanish(p *proc) {
 	p.dead = true
 }
 
-func sortedKeys[K ~int | ~int64, V any](m map[K]V) []K {
+func sortedKeys[K ~int | ~int64 | ~string, V any](m map[K]V) []K {
 	keys := make([]K, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

@@ -47,10 +47,13 @@ type took struct {
 	attempts int
 }
 
-// claimRun is a claim the fake queue runs, and when its transaction was sent.
+// claimRun is a claim the fake queue runs, when its transaction was sent,
+// and what the release before it in the transaction answered.
 type claimRun struct {
 	claim core.Claim
 	sent  time.Time
+	heads []core.Head // the key heads a release of the same transaction reported before it
+	busy  []string    // the keys such a release found busy
 }
 
 // moment is when a rule is checked: one or more of these.
@@ -122,15 +125,15 @@ func (w *world) checkAt(m moment, x crossing) {
 var rules = []*rule{
 	// At each command (rule rate also at each claim's result, and the rules of
 	// the rows a claim hands the core at each event).
-	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders,
-	ruleHandToReady, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
+	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders, ruleKeyHeldOnce,
+	ruleHandToReady, ruleKeyOnePerPipeline, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
 	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
 	// At each row change.
-	ruleClaimFloor, ruleOnlyClaimRuns, ruleAttempts, ruleWakeKeepsHanded, ruleNoStaleVerdict, ruleEpochGuard,
+	ruleClaimFloor, ruleOnlyClaimRuns, ruleKeyOldestFirst, ruleAttempts, ruleWakeKeepsHanded, ruleNoStaleVerdict, ruleEpochGuard,
 	// After each step.
 	ruleVacuumWhenDue, ruleProtocolErrorKills, ruleShutdownStops, ruleStageCapacity,
 	ruleSpawnWhenNeeded, rulePromptness,
@@ -138,7 +141,7 @@ var rules = []*rule{
 	ruleInspectDue, ruleGate, ruleFlushNotLate, ruleWakeDue, ruleStopGraceDue,
 	ruleWatchdogDue, ruleRecycleDue, ruleReapDue, ruleRateTokenDue, ruleCooldownEndDue,
 	// At the end.
-	ruleLiveness, ruleStatisticsExact,
+	ruleKeyNotStranded, ruleLiveness, ruleStatisticsExact,
 	// Whenever the world meets what it cannot reach if the core is right.
 	ruleWorldConsistent,
 }

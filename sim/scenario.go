@@ -77,6 +77,7 @@ type message struct {
 	last   int            // the stage that finishes it
 	end    core.RowStatus // what the last stage makes of it: done or failed
 	visits []visit        // visits[s-first] for each stage s in first..last
+	key    string         // its order key, "" for none (chooseKeys)
 }
 
 // visit is what one stage does with one message: a few troubled tries in the fault
@@ -207,6 +208,14 @@ type faults struct {
 	// (pepsi-queue retry, which always notifies) at these instants: rows pending
 	// again below the ids the claims have passed.
 	retries []time.Duration
+	// rawRetries: an operator's own SQL makes every failed message that has an
+	// order key pending again at these instants, with a NOTIFY but without
+	// the key's release pepsi-queue retry runs (fakequeue.RawRetry): two of a
+	// key may then be pending, or one pending while another is held.
+	rawRetries []time.Duration
+	// keyHold: a producer of a keyed message holds its transaction, and its
+	// key's lock, up to this much longer after its insert.
+	keyHold time.Duration
 	// strays: a mistaken tool makes the lowest pending row running at these
 	// instants (fakequeue.Stray): an orphan only the heartbeat's sweep resets.
 	strays []time.Duration
@@ -298,6 +307,7 @@ func choose(c chooser) *Scenario {
 	chooseStageRuntimes(c, sc)
 	chooseFractions(c, sc)
 	chooseArrivalOrder(c, sc)
+	chooseKeys(c, sc)
 	return sc
 }
 
@@ -523,6 +533,42 @@ func chooseFractions(c chooser, sc *Scenario) {
 	}
 }
 
+// chooseKeys chooses order keys (docs/protocol.md, "Ordering per key"): one
+// or two hot keys that most messages share, or many keys of a few messages
+// each, with some messages keyless. Messages of one key inserted close
+// together race for its lock (fakequeue.ReserveKeyed), a pause or a retry of
+// a key's head holds the key, and an operator's retry of an older message
+// of a key makes it the key's head again. Drawn last, so that older seeds
+// keep every earlier choice; and one scenario in three has them, so that the
+// others play as they did before this chapter.
+func chooseKeys(c chooser, sc *Scenario) {
+	if c.intn("keys", 0, 2) < 2 {
+		return
+	}
+	n := 1 + c.intn("keys.count", 0, 1)
+	if c.intn("keys.many", 0, 1) == 1 {
+		n = max(2, len(sc.messages)/2)
+	}
+	keyless := c.intn("keys.keyless_per_10", 0, 5)
+	for i := range sc.messages {
+		if c.intn("message.keyless", 0, 9) < keyless {
+			continue
+		}
+		sc.messages[i].key = fmt.Sprintf("k%d", c.intn("message.key", 0, n-1))
+	}
+	// Operators retry failed messages (some of them older than their key's
+	// head) and their own SQL does too; keyed producers hold their
+	// transactions (and so their key's lock) longer, so a release finds the
+	// key busy.
+	for range c.intn("keys.retries", 0, 6) {
+		sc.faults.retries = append(sc.faults.retries, millis(c.intn("retry.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
+	}
+	for range c.intn("raw_retries", 0, 6) {
+		sc.faults.rawRetries = append(sc.faults.rawRetries, millis(c.intn("raw_retry.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
+	}
+	sc.faults.keyHold = millis(c.intn("keys.hold_ms", 0, 500))
+}
+
 // chooseArrivalOrder chooses a stage s whose moves to the next stage arrive out
 // of ingress_id order while that stage's room runs out: s gets two or three
 // workers, the next stage room for one message (PARALLELISM 1, QUEUE_LIMIT 1),
@@ -731,6 +777,12 @@ func (sc *Scenario) writeFaults(b *strings.Builder) {
 	for _, at := range f.retries {
 		fmt.Fprintf(b, "# faults: an operator retries failed messages at %s\n", at)
 	}
+	if f.keyHold > 0 {
+		fmt.Fprintf(b, "# faults: producers of keyed messages hold their transactions up to %s longer\n", f.keyHold)
+	}
+	for _, at := range f.rawRetries {
+		fmt.Fprintf(b, "# faults: an operator's own SQL makes failed keyed messages pending, without their keys' release, at %s\n", at)
+	}
 	if f.retryEvery > 0 {
 		fmt.Fprintf(b, "# faults: an operator retries every failed message, held or not, every %s from %s to %s\n", f.retryEvery, f.retryLoop.from, f.retryLoop.to)
 	}
@@ -763,6 +815,9 @@ func (sc *Scenario) writeFaults(b *strings.Builder) {
 // writeMessage writes message i's route and visits as a trace comment.
 func (sc *Scenario) writeMessage(b *strings.Builder, i int, m message) {
 	fmt.Fprintf(b, "# message %d: at %s, %s..%s then %s:", i, m.at, sc.stages[m.first].name, sc.stages[m.last].name, m.end)
+	if m.key != "" {
+		fmt.Fprintf(b, " key=%q", m.key)
+	}
 	for j, v := range m.visits {
 		fmt.Fprintf(b, " %s{", sc.stages[m.first+j].name)
 		if v.answers {

@@ -146,6 +146,9 @@ type world struct {
 	// rHold draws which producers hold their transaction open long after
 	// their insert (a bulk import), so a Rest waits for them for seconds.
 	rHold *rand.Rand
+	// rKey draws how much longer a keyed message's producer holds its
+	// transaction (faults.keyHold).
+	rKey *rand.Rand
 	// rOrder draws the order of answers that reach the dispatcher at one
 	// instant (Scenario.shuffle).
 	rOrder *rand.Rand
@@ -230,6 +233,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rGate:   rand.New(rand.NewPCG(sc.WorldSeed, 7)),
 		rWrite:  rand.New(rand.NewPCG(sc.WorldSeed, 8)),
 		rHold:   rand.New(rand.NewPCG(sc.WorldSeed, 20)),
+		rKey:    rand.New(rand.NewPCG(sc.WorldSeed, 21)),
 		rOrder:  rand.New(rand.NewPCG(sc.WorldSeed, 9)),
 	}
 	w.retried = map[int64]time.Time{}
@@ -357,6 +361,9 @@ func (w *world) schedule() {
 	}
 	for _, at := range sc.faults.strays {
 		w.at(epoch.Add(at), 0, w.stray)
+	}
+	for _, at := range sc.faults.rawRetries {
+		w.at(epoch.Add(at), 0, w.rawRetry)
 	}
 	if f := sc.faults; f.retryEvery > 0 {
 		for at := f.retryLoop.from; at < f.retryLoop.to; at += f.retryEvery {
@@ -581,6 +588,23 @@ func (w *world) operatorRetry(inFlight bool) {
 	}
 }
 
+// rawRetry plays an operator's own SQL that makes the failed keyed messages
+// the dispatcher has seen fail pending again, with a NOTIFY, but without the
+// release of their keys (fakequeue.RawRetry).
+func (w *world) rawRetry() {
+	if w.dbDown() {
+		return
+	}
+	ids := w.q.RawRetry(func(id int64) bool { _, held := w.heldBy(id); return held })
+	if len(ids) > 0 {
+		w.note("an operator's own SQL makes failed keyed rows %v pending, without their keys' release", ids)
+	}
+	for _, id := range ids {
+		w.retried[id] = time.Time{}
+		delete(w.verdicts, id)
+	}
+}
+
 // stray plays a mistaken tool that makes a pending row running behind the
 // dispatcher's back (fakequeue.Stray). Not a row the dispatcher holds (one a
 // stage failed and an operator retried while its worker still has it): that
@@ -645,7 +669,21 @@ func (w *world) insert(i int) {
 	// The row's id is taken now, at the INSERT; the row appears at commit. A
 	// producer that commits later than one that inserted after it leaves a row
 	// behind ids a claim has already seen (Claimed.Settled is the core's guard).
-	id := w.q.Reserve()
+	// A keyed row takes its key's lock first, and waits while another
+	// producer of its key holds it.
+	var id int64
+	if key := w.sc.messages[i].key; key != "" {
+		var ok bool
+		if id, ok = w.q.ReserveKeyed(key); !ok {
+			if !notify {
+				w.unshare()
+			}
+			w.at(w.now.Add(time.Millisecond), 0, func() { w.insert(i) })
+			return
+		}
+	} else {
+		id = w.q.Reserve()
+	}
 	w.msgOf = append(w.msgOf, i)
 	w.insertedAt = append(w.insertedAt, time.Time{})
 	w.tries = append(w.tries, make([]int, len(w.sc.stages)))
@@ -661,6 +699,9 @@ func (w *world) insert(i int) {
 	}
 	if w.rHold.IntN(longHoldOdds) == 0 {
 		d = w.randDur(w.rHold, 100*time.Millisecond, 5*time.Second)
+	}
+	if w.sc.messages[i].key != "" && w.sc.faults.keyHold > 0 {
+		d += w.randDur(w.rKey, 0, w.sc.faults.keyHold)
 	}
 	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, notify) })
 }
@@ -1150,7 +1191,7 @@ func (w *world) exec(t *txn) []core.Event {
 		if c, ok := cmd.(core.Claim); ok && !w.lateExec {
 			res = append(res, w.q.Exec(context.Background(), t.cmds[from:i])...)
 			from = i
-			w.checkAt(atChange, crossing{claimRun: &claimRun{claim: c, sent: t.sent}})
+			w.checkAt(atChange, crossing{claimRun: releasedRun(c, t.sent, res)})
 		}
 	}
 	return append(res, w.q.Exec(context.Background(), t.cmds[from:])...)

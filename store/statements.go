@@ -42,17 +42,18 @@ func statementFor(c core.Command) statement {
 }
 
 // resetOrphansSQL makes every running row pending except the kept ones (the
-// queue_running partial index finds them), and forgets the flush marks of
+// queue_running partial index finds them), answers how many and their order
+// keys (core.OrphansReset.Keys), and forgets the flush marks of
 // dispatcher lives not heard of for 30 days (see flushSQL).
 const resetOrphansSQL = `
 WITH reset AS (
 	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
 	WHERE status = 'running' AND ingress_id <> ALL ($1::bigint[])
-	RETURNING 1
+	RETURNING order_key
 ), forgotten AS (
 	DELETE FROM pepsi.stats_flushes WHERE updated_at < now() - interval '30 days'
 )
-SELECT count(*) FROM reset`
+SELECT count(*), coalesce(array_agg(DISTINCT order_key ORDER BY order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM reset`
 
 func resetOrphans(c core.ResetOrphans) statement {
 	// A nil slice is sent as NULL, and "<> ALL (NULL)" matches nothing.
@@ -71,10 +72,13 @@ func resetOrphans(c core.ResetOrphans) statement {
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.OrphansReset{Op: c.Op}
 			var n int64
-			if err := br.QueryRow().Scan(&n); err != nil {
+			if err := br.QueryRow().Scan(&n, &ev.Keys); err != nil {
 				return nil, err
 			}
 			ev.Count = int(n)
+			if len(ev.Keys) == 0 {
+				ev.Keys = nil
+			}
 			if c.ReleaseKeys {
 				heads, busy, err := readRelease(br)
 				if err != nil {

@@ -542,15 +542,20 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 // reset makes every running row not kept pending.
 func (q *Queue) reset(c core.ResetOrphans) core.Event {
 	n := 0
+	var keys []string
 	for _, r := range q.rows {
 		if r != nil && r.Status == core.StatusRunning && !slices.Contains(c.Keep, r.ID) {
 			before := *r
 			r.Status = core.StatusPending
 			q.observe(ByReset, before, r)
 			n++
+			if r.Key != "" {
+				keys = append(keys, r.Key)
+			}
 		}
 	}
-	ev := core.OrphansReset{Op: c.Op, Count: n}
+	slices.Sort(keys)
+	ev := core.OrphansReset{Op: c.Op, Count: n, Keys: slices.Compact(keys)}
 	if c.ReleaseKeys {
 		ev.Heads, ev.Busy = q.release(q.blockedKeys(), false, ByRelease)
 	}

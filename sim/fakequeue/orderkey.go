@@ -175,3 +175,23 @@ func (q *Queue) releaseCmd(c core.Release) core.Event {
 	heads, busy := q.release(c.Keys, false, ByRelease)
 	return core.Released{Op: c.Op, Heads: heads, Busy: busy}
 }
+
+// RawRetry is an operator's own SQL (not pepsi-queue retry) that makes every
+// failed or timed-out row with an order key that skip does not exclude
+// pending again, with NOTIFY ingress, but without the release of its key:
+// two messages of a key may then be pending, or one pending while a worker
+// holds another. It returns their ids.
+func (q *Queue) RawRetry(skip func(id int64) bool) []int64 {
+	var ids []int64
+	for _, r := range q.rows {
+		if r != nil && r.Key != "" && (r.Status == core.StatusFailed || r.Status == core.StatusTimeout) && !skip(r.ID) {
+			q.retry(r, "")
+			ids = append(ids, r.ID)
+		}
+	}
+	if len(ids) > 0 {
+		q.undo = nil // the tool commits synchronously, as in Retry
+		q.notify()
+	}
+	return ids
+}

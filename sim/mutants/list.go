@@ -5,6 +5,18 @@ package main
 // anywhere in package core (see mutate and match.go), so a function that moves
 // to another file, is laid out anew or renames a local keeps its mutants.
 var mutants = []mutant{
+	mut("claim-ignores-held-keys", "key-held-once", "the claim may take a message of an order key the core holds (one an operator's own SQL made pending)",
+		"Exclude: c.held(), ExcludeKeys: c.heldKeys()}",
+		"Exclude: c.held()}"),
+	mut("no-release-after-pass", "key-not-stranded", "a keyed message's pass ends without its key's release, so the key's next message waits blocked",
+		"\t\tif it.Key != \"\" {\n\t\t\tkeys = append(keys, it.Key)\n\t\t}",
+		"\t\t_ = it"),
+	mut("busy-release-dropped", "key-not-stranded", "a key whose lock a producer held is never released again",
+		"\tc.oweRelease(busy)\n",
+		""),
+	mut("keyed-moves-claim", "key-oldest-first", "a keyed message's move claims at its target, though an older message of its key an operator retried is waiting",
+		"case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0 || it.Key != \"\"):",
+		"case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0):"),
 	mut("requeue-dropped-on-crash", "reset-keeps-held", "the messages behind a crashed worker's head are never requeued",
 		"c.requeue(st, q[1:])\n\tc.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d, requeued %d\"",
 		"c.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d, requeued %d\""),

@@ -83,6 +83,9 @@ type stageConfig struct {
 	parallelism, queueLimit, maxMessages int
 	// rate is every stage's RATE ("" for none).
 	rate string
+	// keyed: every message has an order key of its own (the keyed
+	// configuration), so each hop pays for ordering per key, and none waits.
+	keyed bool
 }
 
 // ratedRate is the RATE of the rated configuration: far above what any
@@ -97,6 +100,9 @@ func (c stageConfig) String() string {
 	s := fmt.Sprintf("%s (P=%d Q=%d MAX_MESSAGES=%d", c.name, c.parallelism, c.queueLimit, c.maxMessages)
 	if c.rate != "" {
 		s += " RATE=" + c.rate
+	}
+	if c.keyed {
+		s += ", an order key per message"
 	}
 	return s + ")"
 }

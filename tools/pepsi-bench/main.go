@@ -104,7 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
 	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT), message (INPUT = message: the stage parses each message and answers a patch from it), python (the same with a Python stage), relay1ms and relay10ms (message mode behind a TCP relay adding 1 or 10 ms per round trip); all but write need the 0 >TARGET protocol")
 	fs.IntVar(&b.payloadBytes, "payload-bytes", 0, "the size of each message's payload in bytes (0: \"message N\"); with -modes message it shows what INPUT = message costs the dispatcher (pepsi-dispatch's peak RSS is then reported)")
-	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000), rated (bench with RATE = "+ratedRate+" on every stage: far above its throughput, so it measures what RATE costs)")
+	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000), rated (bench with RATE = "+ratedRate+" on every stage: far above its throughput, so it measures what RATE costs), keyed (bench with every message under an order key of its own: what ordering per key costs)")
 	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
 	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
 	fs.IntVar(&b.latencySeconds, "latency-seconds", 10, "how long the latency run offers messages, per mode; 0: no latency run")
@@ -203,8 +203,9 @@ func parseModes(s string) ([]mode, error) {
 }
 
 // parseConfigs reads -configs: a comma-separated list of bench (the flags'
-// configuration), defaults (pepsi.conf's) and rated (bench with a RATE far
-// above its throughput), each at most once.
+// configuration), defaults (pepsi.conf's), rated (bench with a RATE far
+// above its throughput) and keyed (bench, every message with its own order
+// key), each at most once.
 func parseConfigs(s string, bench stageConfig) ([]stageConfig, error) {
 	var cs []stageConfig
 	for _, f := range strings.Split(s, ",") {
@@ -217,8 +218,11 @@ func parseConfigs(s string, bench stageConfig) ([]stageConfig, error) {
 		case "rated":
 			c = bench
 			c.name, c.rate = "rated", ratedRate
+		case "keyed":
+			c = bench
+			c.name, c.keyed = "keyed", true
 		default:
-			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults, rated or several (bench,defaults)", f)
+			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults, rated, keyed or several (bench,defaults)", f)
 		}
 		if slices.ContainsFunc(cs, func(x stageConfig) bool { return x.name == c.name }) {
 			return nil, fmt.Errorf("configuration %s twice", c.name)

@@ -79,17 +79,18 @@ func (b *bench) writeConf(v variant, statsInterval, tag string) (string, error) 
 
 // freshQueue makes a fresh bench database with the schema and n messages
 // enqueued at stage a, vacuumed and analysed, and returns a connection to it.
-func (b *bench) freshQueue(ctx context.Context, n int) (*pgx.Conn, error) {
+func (b *bench) freshQueue(ctx context.Context, n int, keyed bool) (*pgx.Conn, error) {
 	conn, err := b.migrated(ctx)
 	if err != nil {
 		return nil, err
 	}
 	// In slices, so that a backlog of a million rows is not one huge statement.
 	for done := 0; done < n; done += enqueueSlice {
-		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload)
-			SELECT $1, CASE WHEN $4::int > 0 THEN convert_to(repeat('x', $4::int), 'UTF8') ELSE convert_to('message ' || g, 'UTF8') END
+		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key)
+			SELECT $1, CASE WHEN $4::int > 0 THEN convert_to(repeat('x', $4::int), 'UTF8') ELSE convert_to('message ' || g, 'UTF8') END,
+				CASE WHEN $5 THEN 'k' || g END
 			FROM generate_series($2::int, $3::int) g`,
-			stageA, done+1, min(n, done+enqueueSlice), b.payloadBytes); err != nil {
+			stageA, done+1, min(n, done+enqueueSlice), b.payloadBytes, keyed); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("enqueue %d messages: %w", n, err)
 		}
@@ -116,7 +117,7 @@ const enqueueSlice = 100000
 // (answer-mode workers have none; write-mode workers recycle after
 // MAX_MESSAGES); else zero.
 func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeResult, err error) {
-	conn, err := b.freshQueue(ctx, b.n)
+	conn, err := b.freshQueue(ctx, b.n, v.cfg.keyed)
 	if err != nil {
 		return p, err
 	}

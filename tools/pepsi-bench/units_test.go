@@ -110,6 +110,11 @@ func TestModesAndConfigsAreParsedInOrder(t *testing.T) {
 	if cs, err := parseConfigs("bench,rated", cfg); err != nil || len(cs) != 2 || cs[1] != rated {
 		t.Errorf("parseConfigs(\"bench,rated\") = %v, %v; want bench and bench with RATE %s", cs, err, ratedRate)
 	}
+	keyed := cfg
+	keyed.name, keyed.keyed = "keyed", true
+	if cs, err := parseConfigs("keyed", cfg); err != nil || len(cs) != 1 || cs[0] != keyed {
+		t.Errorf("parseConfigs(\"keyed\") = %v, %v; want bench with an order key per message", cs, err)
+	}
 	b := &bench{url: "postgres://x"}
 	if text := b.confText(variant{mode: modeWrite, cfg: rated}, "60"); strings.Count(text, "RATE = "+ratedRate+"\n") != 3 {
 		t.Errorf("the rated configuration's pepsi.conf does not set RATE on its three stages:\n%s", text)

@@ -1,0 +1,144 @@
+package core_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// insertKeyed commits one producer transaction per key, in order, each
+// inserting a row of that key at stage, and returns their ids.
+func (w *world) insertKeyed(stage string, keys ...string) []int64 {
+	w.t.Helper()
+	var ids []int64
+	for _, k := range keys {
+		id, ok := w.q.ReserveKeyed(k)
+		if !ok {
+			w.t.Fatalf("key %q is locked by a producer", k)
+		}
+		w.q.Commit(id, stage)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// handed lists every id the commands hand to workers, in order.
+func handed(cmds []core.Command) []int64 {
+	var ids []int64
+	for _, x := range of[core.Write](cmds) {
+		ids = append(ids, x.IDs...)
+	}
+	return ids
+}
+
+// Proves: messages of one order key are handed one at a time, oldest first,
+// however much room the stage has (its QUEUE_LIMIT window included); a
+// message without a key, or of another key, is not held back; the key's next
+// message is handed once the one before is done, by the release that the
+// resolve of its pass carries in the same transaction.
+func TestMessagesOfOneKeyAreHandedOneAtATimeOldestFirst(t *testing.T) {
+	w := newWorld(t, threeStages)
+	k := w.insertKeyed("a", "k", "k", "k")
+	other := w.insertKeyed("a", "j")[0]
+	plain := w.q.Insert("a", 1)[0]
+	cmds := w.step(core.Start{})
+	if got, want := handed(cmds), []int64{k[0], other, plain}; !slices.Equal(sorted(got), sorted(want)) {
+		t.Fatalf("handed %v at start, want %v (the key's oldest, the other key's, the keyless one)", got, want)
+	}
+	w.wantRow(k[1], "a", core.StatusBlocked)
+	for i := range 2 {
+		cmds = w.doneThrough(k[i])
+		rel := one[core.Release](t, cmds)
+		if !slices.Contains(rel.Keys, "k") {
+			t.Fatalf("the resolve of message %d's pass carries no release of its key: %v", k[i], cmds)
+		}
+		// The next message of the key becomes its head and is handed in the
+		// step that follows the release.
+		if got := handed(append(cmds, w.step()...)); !slices.Equal(got, []int64{k[i+1]}) {
+			t.Fatalf("after message %d was done, handed %v, want [%d] (the key's next)", k[i], got, k[i+1])
+		}
+	}
+}
+
+// Proves: a pause (a 75 retry) of a key's head holds the key: its next message
+// stays blocked until the head, woken and passed again, is done.
+func TestARetryOfAKeysHeadHoldsTheKey(t *testing.T) {
+	w := newWorld(t, `
+[stage-a]
+PROGRAM = a
+PARALLELISM = 2
+QUEUE_LIMIT = 3
+RETRY_LIMIT = 2
+RETRY_DELAY = 1s
+`)
+	k := w.insertKeyed("a", "k", "k")
+	w.step(core.Start{})
+	w.answer(workerHolding(t, w, k[0]), "", "", "75 busy")
+	w.wantRow(k[0], "a", core.StatusPaused)
+	w.wantRow(k[1], "a", core.StatusBlocked)
+	cmds := w.tick(3 * time.Second)
+	if got := handed(cmds); !slices.Equal(got, []int64{k[0]}) {
+		t.Fatalf("after the retry's delay handed %v, want only the head %d again", got, k[0])
+	}
+	w.wantRow(k[1], "a", core.StatusBlocked)
+}
+
+// Proves: a release that finds its key's lock held by a producer in flight
+// (which may be inserting a row of that key the release cannot see) is made
+// again LookEvery later, not at the heartbeat, and then hands the key on.
+func TestABusyReleaseIsMadeAgainAfterALook(t *testing.T) {
+	w := newWorld(t, threeStages)
+	k := w.insertKeyed("a", "k")
+	w.step(core.Start{})
+	late, ok := w.q.ReserveKeyed("k") // a producer of the key, in flight
+	if !ok {
+		t.Fatal("key k is locked")
+	}
+	cmds := w.doneThrough(k[0])
+	if r := one[core.Release](t, cmds); !slices.Contains(r.Keys, "k") {
+		t.Fatalf("no release of k after its head was done: %v", cmds)
+	}
+	w.q.Commit(late, "a") // blocked: it was inserted behind the unfinished head
+	w.wantRow(late, "a", core.StatusBlocked)
+	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
+	if r := one[core.Release](t, cmds); !slices.Equal(r.Keys, []string{"k"}) {
+		t.Fatalf("the busy key was not released again after LookEvery: %v", cmds)
+	}
+	if got := handed(append(cmds, w.step()...)); !slices.Equal(got, []int64{late}) {
+		t.Fatalf("handed %v after the second release, want [%d]", got, late)
+	}
+}
+
+// doneThrough makes the worker that holds id answer "0 >done" for each
+// message of its pipeline up to id, and returns the commands of the last.
+func (w *world) doneThrough(id int64) []core.Command {
+	w.t.Helper()
+	wid := workerHolding(w.t, w, id)
+	for {
+		head := w.head(wid)
+		cmds := w.answer(wid, "", "", "0 >done")
+		if head == id {
+			return cmds
+		}
+	}
+}
+
+// workerHolding is the worker whose pipeline holds id.
+func workerHolding(t *testing.T, w *world, id int64) core.WorkerID {
+	t.Helper()
+	for wid, ids := range w.held {
+		if slices.Contains(ids, id) {
+			return wid
+		}
+	}
+	t.Fatalf("no worker holds message %d", id)
+	return 0
+}
+
+func sorted(ids []int64) []int64 {
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	return s
+}
