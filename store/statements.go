@@ -313,31 +313,7 @@ func claim(c core.Claim) statement {
 			if err != nil {
 				return nil, err
 			}
-			all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Row, error) {
-				var row core.Row
-				var id *int64
-				var attempts *int32
-				var key, state *string
-				var size *int32
-				var payload []byte
-				if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload); err != nil {
-					return row, err
-				}
-				if id == nil {
-					return row, nil // the stage has more pending rows: row.ID 0
-				}
-				row.ID = *id
-				if attempts != nil {
-					row.Attempts = int(*attempts)
-				}
-				if key != nil {
-					row.Key = *key
-				}
-				if state != nil && size != nil {
-					row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
-				}
-				return row, nil
-			})
+			all, err := pgx.CollectRows(rows, claimedRow)
 			if err != nil {
 				return nil, err
 			}
@@ -352,6 +328,34 @@ func claim(c core.Claim) statement {
 		},
 		failed: func(err string) core.Event { return core.Claimed{Op: c.Op, Err: err} },
 	}
+}
+
+// claimedRow reads one row of claimSQL's answer: a claimed row, or (ID 0) a
+// stage that has more pending rows than the claim took.
+func claimedRow(r pgx.CollectableRow) (core.Row, error) {
+	var row core.Row
+	var id *int64
+	var attempts *int32
+	var key, state *string
+	var size *int32
+	var payload []byte
+	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload); err != nil {
+		return row, err
+	}
+	if id == nil {
+		return row, nil // the stage has more pending rows: row.ID 0
+	}
+	row.ID = *id
+	if attempts != nil {
+		row.Attempts = int(*attempts)
+	}
+	if key != nil {
+		row.Key = *key
+	}
+	if state != nil && size != nil {
+		row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
+	}
+	return row, nil
 }
 
 // resolveSQL applies the Items of a Resolve in one statement (see core.Item and
