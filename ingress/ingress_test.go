@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -220,6 +221,39 @@ func TestAcceptedMessagesAreCommittedWithTheirIDsInOrder(t *testing.T) {
 	}
 }
 
+// TestAnOrderKeyIsStoredAndItsYoungerMessagesWaitBlocked: a message's
+// order_key is its row's; of one key's messages, in one request or in
+// several, the oldest is pending and the younger ones wait blocked behind
+// it, and the ids are answered in the order given.
+func TestAnOrderKeyIsStoredAndItsYoungerMessagesWaitBlocked(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "1", "order_key": "acct-9"}
+{"payload": "2", "order_key": "acct-7", "key": "d2"}
+{"payload": "3"}
+{"payload": "4", "order_key": "acct-9"}`)
+	b := f.post("application/json", "?stage=a", `{"payload": "5", "order_key": "acct-7"}`)
+	if a.code != http.StatusAccepted || len(a.ids) != 4 || b.code != http.StatusAccepted || len(b.ids) != 1 {
+		t.Fatalf("answers %+v, %+v; want 202s with 4 and 1 ids", a, b)
+	}
+	if !slices.IsSorted(append(a.ids, b.ids...)) {
+		t.Errorf("ids %v then %v; want them in the order given", a.ids, b.ids)
+	}
+	res, err := f.conn.Query(context.Background(), `SELECT convert_from(payload, 'UTF8'), status, coalesce(order_key, '') FROM pepsi.queue ORDER BY ingress_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(res, func(r pgx.CollectableRow) (string, error) {
+		var p, status, key string
+		err := r.Scan(&p, &status, &key)
+		return p + " " + status + " " + key, err
+	})
+	want := []string{"1 pending acct-9", "2 pending acct-7", "3 pending ", "4 blocked acct-9", "5 blocked acct-7"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("rows %q, %v; want %q", got, err, want)
+	}
+}
+
 func deref(rows []stored) []string {
 	var out []string
 	for _, r := range rows {
@@ -391,7 +425,7 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"oversized body", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 5000), auth, 413, "larger than 65536 bytes"},
 		{"too many messages", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 101), auth, 413, "line 101: more than 100 messages"},
 		{"bad base64", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload_base64\": \"not base64!\"}", auth, 400, "line 2: payload_base64: illegal base64"},
-		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want stage, payload or payload_base64, state and key)`},
+		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want payload or payload_base64, and optionally stage, state, key and order_key)`},
 		{"both payloads", "application/json", "?stage=a", `{"payload": "x", "payload_base64": "AA=="}`, auth, 400, "both payload and payload_base64"},
 		{"no payload", "application/json", "?stage=a", `{"state": {}}`, auth, 400, "no payload"},
 		{"state not an object", "application/json", "?stage=a", `{"payload": "x", "state": [1]}`, auth, 400, "is not a JSON object"},
@@ -400,6 +434,9 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"duplicate key in one body", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\", \"key\": \"k\"}\n{\"payload\": \"y\"}\n{\"payload\": \"z\", \"key\": \"k\"}", auth, 400, `line 3: key "k" already given on line 1`},
 		{"empty key", "application/json", "?stage=a", `{"payload": "x", "key": ""}`, auth, 400, "key is empty"},
 		{"long key", "application/json", "?stage=a", `{"payload": "x", "key": "` + strings.Repeat("k", 257) + `"}`, auth, 400, "key is 257 bytes long, at most 256"},
+		{"empty order key", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"x\", \"order_key\": \"\"}", auth, 400, "line 2: order_key is empty"},
+		{"long order key", "application/json", "?stage=a", `{"payload": "x", "order_key": "` + strings.Repeat("k", 201) + `"}`, auth, 400, "order_key is 201 bytes long, at most 200"},
+		{"order key not a string", "application/json", "?stage=a", `{"payload": "x", "order_key": ["a"]}`, auth, 400, "order_key: want a string, got a JSON array"},
 		{"key not a string", "application/json", "?stage=a", `{"payload": "x", "key": 17}`, auth, 400, "key: want a string, got a JSON number"},
 		{"unknown stage", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"x\", \"stage\": \"nope\"}", auth, 400, `line 2: stage "nope" is not configured`},
 		{"unknown stage parameter", "application/json", "?stage=nope", `{"payload": "x"}`, auth, 400, `body: stage "nope" is not configured`},

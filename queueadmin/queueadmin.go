@@ -57,6 +57,8 @@ type NewMessage struct {
 	Payload []byte
 	// State is the initial state, a JSON object; nil means {}.
 	State json.RawMessage
+	// OrderKey is the message's order key, "" for none.
+	OrderKey string
 }
 
 // Range describes the rows one Enqueue inserted.
@@ -67,7 +69,8 @@ type Range = store.EnqueueResult
 const EnqueueBatchMax = 10000
 
 // Enqueue inserts msgs as pending rows at stage, in order, in one statement (the
-// insert trigger notifies the dispatcher once).
+// insert trigger notifies the dispatcher once); a message whose order key
+// has an unfinished message waits blocked behind it.
 func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessage) (Range, error) {
 	if stage == "" {
 		return Range{}, errors.New("enqueue: no stage given")
@@ -80,8 +83,15 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 	}
 	payloads := make([][]byte, len(msgs))
 	states := make([]string, len(msgs))
+	var orderKeys []string // nil while no message has one
 	for i, m := range msgs {
 		payloads[i] = m.Payload
+		if m.OrderKey != "" {
+			if orderKeys == nil {
+				orderKeys = make([]string, len(msgs))
+			}
+			orderKeys[i] = m.OrderKey
+		}
 		if m.State != nil {
 			var obj map[string]json.RawMessage
 			if err := json.Unmarshal(m.State, &obj); err != nil || obj == nil {
@@ -90,7 +100,7 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 			states[i] = string(m.State)
 		}
 	}
-	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states})
+	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states, OrderKeys: orderKeys})
 }
 
 // Depth is how many rows of one stage have one status.

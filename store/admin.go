@@ -16,12 +16,16 @@ import (
 // check and loop over is queueadmin's; each statement is one method here.
 
 // enqueueSQL inserts one batch of messages at stage $1 (payloads $2, states $3,
-// empty for none) in their order and returns how many and their first and last id.
-const enqueueSQL = `WITH ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state)
-	SELECT $1, u.p, coalesce(nullif(u.s, '')::jsonb, '{}')
-	FROM unnest($2::bytea[], $3::text[]) WITH ORDINALITY AS u(p, s, n)
-	ORDER BY u.n
+// empty for none, order keys $4, empty for none; the array may be shorter)
+// in their order, their order keys locked first (orderKeysLocked), and
+// returns how many and their first and last id.
+const enqueueSQL = `WITH input AS (
+	SELECT * FROM unnest($2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(payload, state, order_key, n)
+), ins AS (
+	INSERT INTO pepsi.queue (stage, payload, state, order_key)
+	SELECT $1, payload, coalesce(nullif(state, '')::jsonb, '{}'), nullif(order_key, '') FROM input
+	WHERE ` + orderKeysLocked + `
+	ORDER BY n
 	RETURNING ingress_id)
 SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0) FROM ins`
 
@@ -42,10 +46,17 @@ const dispatchStatsSQL = `SELECT stage_passes, messages_left, updated_at, flush_
 
 // showSQL reads one message, by ingress_id. A timeout no time.Time holds
 // ('infinity', '-infinity': a stage may pause a row for good) comes as text.
-const showSQL = `SELECT stage, status, CASE WHEN isfinite(timeout) THEN timeout END,
-	CASE WHEN NOT isfinite(timeout) THEN timeout::text ELSE '' END, state, payload, created_at, updated_at,
-	attempts, coalesce(dedup_key, '')
-FROM pepsi.queue WHERE ingress_id = $1`
+// For a blocked message it reads the head of its order key too: the oldest
+// of the key's messages that is not blocked (one probe of queue_order_live).
+const showSQL = `SELECT q.stage, q.status, CASE WHEN isfinite(q.timeout) THEN q.timeout END,
+	CASE WHEN NOT isfinite(q.timeout) THEN q.timeout::text ELSE '' END, q.state, q.payload, q.created_at, q.updated_at,
+	q.attempts, coalesce(q.dedup_key, ''), coalesce(q.order_key, ''),
+	h.ingress_id, h.stage, h.status, CASE WHEN isfinite(h.timeout) THEN h.timeout END, h.attempts
+FROM pepsi.queue q
+LEFT JOIN LATERAL (SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts FROM pepsi.queue x
+	WHERE q.status = 'blocked' AND x.order_key = q.order_key AND x.status IN ('pending', 'running', 'paused')
+	ORDER BY x.ingress_id LIMIT 1) h ON true
+WHERE q.ingress_id = $1`
 
 // retrySQL makes pending again the rows selectWhere selects ($1 to $5; none
 // when $3 names no status), moving them to stage $6 (empty: where they are)
@@ -96,6 +107,9 @@ type EnqueueParams struct {
 	// States are their initial states as JSON objects ("" for {}), one per
 	// payload.
 	States []string
+	// OrderKeys are their order keys ("" for none), one per payload, or nil
+	// when none has one.
+	OrderKeys []string
 }
 
 // EnqueueResult describes the rows one Enqueue inserted.
@@ -103,7 +117,9 @@ type EnqueueResult struct {
 	// Count is how many rows were inserted.
 	Count int64
 	// First and Last are the smallest and largest ingress_id inserted. They are
-	// contiguous (Last-First+1 == Count) unless another writer inserted at once.
+	// contiguous (Last-First+1 == Count) unless another writer inserted at
+	// once, or rows had order keys (the insert trigger draws a keyed row's id
+	// anew under its key's lock, skipping the one drawn before).
 	First, Last int64
 }
 
@@ -111,7 +127,7 @@ type EnqueueResult struct {
 // statement (the insert trigger notifies the dispatcher once).
 func (s *PG) Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error) {
 	var r EnqueueResult
-	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States).Scan(&r.Count, &r.First, &r.Last)
+	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys).Scan(&r.Count, &r.First, &r.Last)
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}
@@ -204,14 +220,44 @@ type Message struct {
 	Attempts int
 	// DedupKey is the producer's idempotency key, "" if none.
 	DedupKey string
+	// OrderKey is the message's order key, "" if none.
+	OrderKey string
+	// Head, for a blocked message, is the message of its order key it waits
+	// behind: the oldest one that is not blocked. Nil when the message is
+	// not blocked, or when none is (its older messages finished, and the
+	// dispatcher has yet to hand it the key).
+	Head *KeyHead
+}
+
+// KeyHead is the message an order key's blocked messages wait behind.
+type KeyHead struct {
+	ID     int64
+	Stage  string
+	Status core.RowStatus
+	// Timeout is when a paused head is due again (nil when it has none, or
+	// none a time.Time holds).
+	Timeout *time.Time
+	// Attempts is its retries at its stage: a paused head with attempts
+	// waits for a retry (a 75 answer).
+	Attempts int
 }
 
 // Show reads the row with ingress_id id, or returns ErrNotFound.
 func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
 	m := &Message{ID: id}
+	var head struct {
+		id       *int64
+		stage    *string
+		status   *core.RowStatus
+		timeout  *time.Time
+		attempts *int
+	}
 	err := s.db.QueryRow(ctx, showSQL, id).
 		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt,
-			&m.Attempts, &m.DedupKey)
+			&m.Attempts, &m.DedupKey, &m.OrderKey, &head.id, &head.stage, &head.status, &head.timeout, &head.attempts)
+	if err == nil && head.id != nil {
+		m.Head = &KeyHead{ID: *head.id, Stage: *head.stage, Status: *head.status, Timeout: head.timeout, Attempts: *head.attempts}
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
 	}
@@ -267,8 +313,13 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 
 // operatorReleaseSQL hands each key of $1 to its oldest unfinished message
 // (pepsi.order_release, schema 12), waiting for the keys' locks: an operator's
-// tool may wait for a producer, the dispatcher never does.
-const operatorReleaseSQL = `SELECT count(*) FROM pepsi.order_release($1::text[], true)`
+// tool may wait for a producer, the dispatcher never does. It takes the locks
+// first in the producers' order (orderKeysLocked): pepsi.order_release takes
+// them in the order of the keys' text, and a producer holding one of two keys
+// it inserts would otherwise wait for the other while this waited for the
+// first.
+const operatorReleaseSQL = `WITH input AS (SELECT unnest($1::text[]) AS order_key)
+SELECT count(*) FROM pepsi.order_release($1::text[], true) WHERE ` + orderKeysLocked
 
 // releaseKeys puts the order keys of rows an operator's retry or discard
 // changed in order again: a retried message older than its key's head is the

@@ -20,11 +20,14 @@ import (
 // identity hands out ids in the order of the SELECT, so the ids, sorted, follow
 // the order of the rows inserted) and, for keys that were not inserted, the id
 // of the row that holds the key as far as this statement's snapshot sees.
+// Order keys ($5, "" for none) are locked first, in the order of their
+// buckets (orderKeysLocked).
 const insertRows = `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(stage, payload, state, key, n)
+	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(stage, payload, state, key, order_key, n)
 ), ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state, dedup_key)
-	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key FROM input ORDER BY n
+	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key)
+	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key, nullif(order_key, '') FROM input
+	WHERE ` + orderKeysLocked + ` ORDER BY n
 	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 	RETURNING ingress_id, dedup_key
 )
@@ -55,6 +58,22 @@ const (
 FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($1::text[]) AS k WHERE k IS NOT NULL ORDER BY h) s`
 )
 
+// orderKeysLocked is a condition, true, that takes the locks of the order
+// keys of the statement's rows (column order_key of its CTE input, "" for
+// none), in the order of their buckets, before
+// the statement it gates inserts a row: a condition without a column is
+// PostgreSQL's one-time filter, checked before the first row is read. The
+// insert trigger (schema 12) takes a keyed row's lock, waiting, as it
+// inserts the row; in the order of the rows, two statements that insert the
+// rows of two keys in opposite orders would deadlock, each holding one key and
+// waiting for the other (until the server's deadlock_timeout aborted one).
+// Taken first in one order for all, the trigger finds each lock held, and the
+// rows keep the order given, so their ids do too (and a key's rows keep it).
+// A transaction holds at most 1024 such locks, one per bucket.
+const orderKeysLocked = `(SELECT count(pg_advisory_xact_lock(1885696107, b))
+	FROM (SELECT DISTINCT pepsi.order_bucket(order_key) AS b FROM input
+	      WHERE order_key <> '' ORDER BY b) s) >= 0`
+
 // keyLocksMax bounds the key locks of one transaction; a batch with more
 // keys takes the gate alone, exclusively.
 const keyLocksMax = 256
@@ -75,6 +94,10 @@ type IngressRow struct {
 	Payload []byte
 	State   string  // "" means {}
 	Key     *string // nil: no key
+	// OrderKey is the message's order key, "" for none: a row whose key has
+	// an unfinished message is inserted blocked behind it
+	// (docs/protocol.md, "Ordering per key").
+	OrderKey string
 }
 
 // ingressFound is a row of insertRows' answer: its id and its key, if any,
@@ -109,9 +132,10 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 	payloads := make([][]byte, len(rows))
 	states := make([]string, len(rows))
 	keys := make([]*string, len(rows))
+	orderKeys := make([]string, len(rows))
 	keyed := false
 	for i, r := range rows {
-		stages[i], payloads[i], states[i], keys[i] = r.Stage, r.Payload, r.State, r.Key
+		stages[i], payloads[i], states[i], keys[i], orderKeys[i] = r.Stage, r.Payload, r.State, r.Key, r.OrderKey
 		keyed = keyed || r.Key != nil
 	}
 	scan := func(r pgx.CollectableRow) (ingressFound, error) {
@@ -120,7 +144,7 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 		return f, err
 	}
 	if !keyed {
-		got, err := collect(ctx, s.db, "insert", scan, insertRows, stages, payloads, states, keys)
+		got, err := collect(ctx, s.db, "insert", scan, insertRows, stages, payloads, states, keys, orderKeys)
 		if err != nil {
 			return nil, err
 		}
@@ -137,7 +161,7 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 		defer c.Release()
 		db = c
 	}
-	ids, err := insertKeyed(ctx, db, rows, scan, stages, payloads, states, keys)
+	ids, err := insertKeyed(ctx, db, rows, scan, stages, payloads, states, keys, orderKeys)
 	if err != nil {
 		db.Exec(ctx, rollbackSQL) //nolint:errcheck // the error that matters is err
 		return nil, err
@@ -155,11 +179,11 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 // insertKeyed is InsertIngress of rows with keys up to its COMMIT, which it
 // leaves to the caller (and the ROLLBACK when it fails).
 func insertKeyed(ctx context.Context, db DB, rows []IngressRow, scan pgx.RowToFunc[ingressFound],
-	stages []string, payloads [][]byte, states []string, keys []*string) ([]int64, error) {
+	stages []string, payloads [][]byte, states []string, keys []*string, orderKeys []string) ([]int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
 	queueKeyLocks(b, keys)
-	b.Queue(insertRows, stages, payloads, states, keys)
+	b.Queue(insertRows, stages, payloads, states, keys, orderKeys)
 	br := db.SendBatch(ctx, b)
 	for range b.Len() - 1 {
 		if _, err := br.Exec(); err != nil {

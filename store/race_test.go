@@ -51,7 +51,7 @@ func TestResolveOfARowALateCommitMovesWritesNothing(t *testing.T) {
 			item := core.Item{ID: id, Stage: "a", Verdict: core.TimeOut, Reason: "no answer within MAX_RUNTIME"}
 			done := make(chan []core.Event, 1)
 			go func() { done <- h.Exec(ctx, []core.Command{core.Resolve{Op: 2, Items: []core.Item{item}}}) }()
-			waitForLockWait(t, h)
+			waitForLockWaits(t, h, 1)
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -80,27 +80,6 @@ func TestResolveOfARowALateCommitMovesWritesNothing(t *testing.T) {
 				t.Fatalf("second outcome %v, want %s at %s, unmatched", o, tc.want, tc.to)
 			}
 		})
-	}
-}
-
-// waitForLockWait returns once a session of h's database waits for a lock.
-func waitForLockWait(t *testing.T, h *harness) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var n int
-		err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the resolve never waited on the row the stage's transaction holds")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -175,7 +154,7 @@ func TestCoreSurvivesALateCommitDuringItsResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	drive(func() {
-		waitForLockWait(t, h)
+		waitForLockWaits(t, h, 1)
 		if err := tx.Commit(ctx); err != nil {
 			t.Error(err)
 		}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -77,9 +78,10 @@ func enqueueCmd(a *app) *ffcli.Command {
 	ndjson := fs.Bool("ndjson", false, "read NDJSON objects from standard input instead of plain lines")
 	payload := fs.String("payload", "", "enqueue one message with this `TEXT` as its payload")
 	batch := fs.Int("batch", 1000, "messages per INSERT (and per commit), at most 10000")
+	orderKey := fs.String("order-key", "", "give every message this order `KEY` (an NDJSON line's order_key wins): they pass the pipeline one at a time, oldest first")
 	return &ffcli.Command{
 		Name:       "enqueue",
-		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [< input]",
+		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [< input]",
 		ShortHelp:  "add messages, pending at a stage",
 		LongHelp: `Adds messages to the queue as pending rows at -stage, in input order, and prints
 the range of ids they got. By default every non-empty line of standard input is
@@ -89,7 +91,10 @@ line is a JSON object:
   {"payload": {"any": "json"}}           a non-string payload is its JSON text
   {"payload_base64": "AAEC"}             binary payloads
   {"payload": "x", "state": {"k": 1}}    with an initial state object
-Messages are inserted in batches (one statement and one commit each; the
+  {"payload": "x", "order_key": "acct-9"} with an order key
+Messages that share an order key (-order-key, or a line's order_key: 1 to 200
+bytes) pass the pipeline one at a time, oldest first; a message whose key has
+an unfinished message waits, blocked, behind it. Messages are inserted in batches (one statement and one commit each; the
 dispatcher is woken once per batch), so a long input starts flowing at once. If
 it fails midway, what was already committed stays, and the error says how much.
 
@@ -97,7 +102,8 @@ EXAMPLES
   seq 1 1000 | pepsi-queue -c /etc/pepsi/pepsi.conf enqueue -stage parse
   pepsi-queue enqueue -stage parse -n 10000
   jq -c '{payload: .body, state: {source: "import"}}' dump.json | pepsi-queue enqueue -stage parse -ndjson
-  pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'`,
+  pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'
+  pepsi-queue enqueue -stage parse -order-key acct-9 -payload 'debit 12.50'`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("enqueue", args); err != nil {
@@ -109,6 +115,12 @@ EXAMPLES
 			src, err := enqueueSource(a, fs, *n, *ndjson, *payload)
 			if err != nil {
 				return err
+			}
+			if *orderKey != "" {
+				if err := msgjson.CheckOrderKey(*orderKey); err != nil {
+					return usagef("enqueue", "-order-key: %v", err)
+				}
+				src = keyed{source: src, key: *orderKey}
 			}
 			if *batch <= 0 || *batch > queueadmin.EnqueueBatchMax {
 				return usagef("enqueue", "-batch %d: want 1 to %d", *batch, queueadmin.EnqueueBatchMax)
@@ -225,7 +237,7 @@ func describeIDs(r queueadmin.Range) string {
 	}
 	s := fmt.Sprintf("ids %d-%d", r.First, r.Last)
 	if r.Last-r.First+1 != r.Count {
-		s += " (not contiguous: something else inserted at the same time)"
+		s += " (not contiguous: something else inserted at the same time, or messages with an order key skipped ids)"
 	}
 	return s
 }

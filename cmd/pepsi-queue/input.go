@@ -98,9 +98,25 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{}, io.EOF
 }
 
-// ndjsonMessage reads one NDJSON object (internal/msgjson, without stage and key:
-// -stage names the stage, and enqueue does not deduplicate).
+// ndjsonMessage reads one NDJSON object (internal/msgjson, with order_key but
+// without stage and key: -stage names the stage, and enqueue does not
+// deduplicate).
 func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
-	m, err := msgjson.Parse(text, msgjson.Fields{})
-	return queueadmin.NewMessage{Payload: m.Payload, State: m.State}, err
+	m, err := msgjson.Parse(text, msgjson.Fields{OrderKey: true})
+	return queueadmin.NewMessage{Payload: m.Payload, State: m.State, OrderKey: m.OrderKey}, err
+}
+
+// keyed gives src's messages order key key, but for a message that has its
+// own (an NDJSON line's order_key).
+type keyed struct {
+	source
+	key string
+}
+
+func (k keyed) next() (queueadmin.NewMessage, error) {
+	m, err := k.source.next()
+	if err == nil && m.OrderKey == "" {
+		m.OrderKey = k.key
+	}
+	return m, err
 }

@@ -6,12 +6,13 @@
 //	{"payload_base64": "AAEC"}                binary payloads
 //	{"payload": "x", "state": {"k": "v"}}     an initial state object
 //	{"stage": "parse", "key": "order-17"}     where Fields allow: the first stage, an idempotency key
+//	{"payload": "x", "order_key": "acct-9"}   where Fields allow: the message's order key
 //
 // and, with Fields.Line, the standard input line pepsi-dispatch hands an INPUT
 // = message stage (docs/protocol.md), which pepsi-stage-check reads from its
 // -messages file:
 //
-//	{"id": 42, "stage": "parse", "attempts": 0, "state": {…}, "payload": "…"}
+//	{"id": 42, "stage": "parse", "attempts": 0, "order_key": "acct-9", "state": {…}, "payload": "…"}
 //
 // It is one parser so that every program agrees on every field. It only parses:
 // it never checks that a stage is configured, and never does I/O.
@@ -31,6 +32,11 @@ import (
 // entries must stay far below a page.
 const KeyMax = 256
 
+// OrderKeyMax bounds an order key, in bytes, where a producer gives one
+// (Fields.OrderKey): the queue indexes it beside the id in two indexes, and
+// an entity's name (an account, a mailbox, a device) fits in far less.
+const OrderKeyMax = 200
+
 // DepthMax bounds the nesting of arrays and objects in one message (Fields.Limit
 // on): deeper JSON costs the decoder and jsonb stack for nothing a pipeline needs.
 const DepthMax = 64
@@ -41,6 +47,9 @@ type Message struct {
 	Stage string
 	// Key is the "key" field (the queue's dedup_key); "" when absent.
 	Key string
+	// OrderKey is the "order_key" field (the queue's order_key); "" when
+	// absent.
+	OrderKey string
 	// Payload is the message content.
 	Payload []byte
 	// State is the initial state, a JSON object; nil means {}.
@@ -57,26 +66,38 @@ type Fields struct {
 	Stage bool
 	// Key allows "key", a string of 1 to KeyMax bytes of UTF-8 without NUL.
 	Key bool
+	// OrderKey allows "order_key", a string of 1 to OrderKeyMax bytes of
+	// UTF-8 without NUL.
+	OrderKey bool
 	// Limit refuses nesting deeper than DepthMax.
 	Limit bool
 	// Line reads a message-mode input line: "id" (a positive integer) is
-	// required, "attempts" (0 or more) allowed, and the payload may be absent
-	// (a NULL payload, Message.Payload nil). Set Stage too to allow "stage".
+	// required, "attempts" (0 or more) and "order_key" allowed (the key of
+	// the row, of any length: a producer that is not PEPSI's may have
+	// written a longer one), and the payload may be absent (a NULL payload,
+	// Message.Payload nil). Set Stage too to allow "stage".
 	Line bool
 }
 
 func (f Fields) want() string {
-	switch {
-	case f.Line:
-		return "want id, stage, attempts, state, and payload or payload_base64"
-	case f.Stage && f.Key:
-		return "want stage, payload or payload_base64, state and key"
-	case f.Stage:
-		return "want stage, payload or payload_base64, and state"
-	case f.Key:
-		return "want payload or payload_base64, state and key"
+	if f.Line {
+		return "want id, stage, attempts, order_key, state, and payload or payload_base64"
 	}
-	return "want payload or payload_base64, and optionally state"
+	var opt []string
+	if f.Stage {
+		opt = append(opt, "stage")
+	}
+	opt = append(opt, "state")
+	if f.Key {
+		opt = append(opt, "key")
+	}
+	if f.OrderKey {
+		opt = append(opt, "order_key")
+	}
+	if len(opt) == 1 {
+		return "want payload or payload_base64, and optionally state"
+	}
+	return "want payload or payload_base64, and optionally " + strings.Join(opt[:len(opt)-1], ", ") + " and " + opt[len(opt)-1]
 }
 
 // Parse reads one JSON object, text, as a message.
@@ -92,6 +113,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 	var obj struct {
 		Stage         *string         `json:"stage"`
 		Key           *string         `json:"key"`
+		OrderKey      *string         `json:"order_key"`
 		Payload       json.RawMessage `json:"payload"`
 		PayloadBase64 *string         `json:"payload_base64"`
 		State         json.RawMessage `json:"state"`
@@ -125,6 +147,8 @@ func Parse(text []byte, f Fields) (Message, error) {
 		return m, fmt.Errorf(`unknown field "stage" (%s)`, f.want())
 	case obj.Key != nil && !f.Key:
 		return m, fmt.Errorf(`unknown field "key" (%s)`, f.want())
+	case obj.OrderKey != nil && !f.OrderKey && !f.Line:
+		return m, fmt.Errorf(`unknown field "order_key" (%s)`, f.want())
 	}
 	if err := m.line(f, obj.ID, obj.Attempts); err != nil {
 		return m, err
@@ -135,24 +159,47 @@ func Parse(text []byte, f Fields) (Message, error) {
 		}
 		m.Stage = *obj.Stage
 	}
-	if obj.Key != nil {
-		k := *obj.Key
-		switch {
-		case k == "":
-			return m, errors.New("key is empty; leave it out for a message without one")
-		case len(k) > KeyMax:
-			return m, fmt.Errorf("key is %d bytes long, at most %d", len(k), KeyMax)
-		case strings.IndexByte(k, 0) >= 0 || !utf8.ValidString(k) || strings.ContainsRune(k, utf8.RuneError):
-			return m, errors.New(`key holds \u0000 or invalid UTF-8`)
-		}
-		m.Key = k
-	}
 	var err error
+	if obj.Key != nil {
+		if m.Key, err = checkKey("key", *obj.Key, KeyMax); err != nil {
+			return m, err
+		}
+	}
+	if obj.OrderKey != nil {
+		most := OrderKeyMax
+		if f.Line {
+			most = len(*obj.OrderKey)
+		}
+		if m.OrderKey, err = checkKey("order_key", *obj.OrderKey, most); err != nil {
+			return m, err
+		}
+	}
 	if m.Payload, err = payload(obj.Payload, obj.PayloadBase64, f); err != nil {
 		return m, err
 	}
 	m.State, err = state(obj.State)
 	return m, err
+}
+
+// CheckOrderKey checks an order key a producer gives outside a message's
+// JSON (pepsi-queue enqueue -order-key) as Parse checks the field.
+func CheckOrderKey(k string) error {
+	_, err := checkKey("order_key", k, OrderKeyMax)
+	return err
+}
+
+// checkKey checks the value k of a key field called name: 1 to most bytes of
+// UTF-8 without NUL (PostgreSQL's text cannot hold one).
+func checkKey(name, k string, most int) (string, error) {
+	switch {
+	case k == "":
+		return "", fmt.Errorf("%s is empty; leave it out for a message without one", name)
+	case len(k) > most:
+		return "", fmt.Errorf("%s is %d bytes long, at most %d", name, len(k), most)
+	case strings.IndexByte(k, 0) >= 0 || !utf8.ValidString(k) || strings.ContainsRune(k, utf8.RuneError):
+		return "", fmt.Errorf(`%s holds \u0000 or invalid UTF-8`, name)
+	}
+	return k, nil
 }
 
 // state checks the state field: absent or null (nil), or a JSON object

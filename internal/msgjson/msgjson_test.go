@@ -21,6 +21,38 @@ func TestFieldsSayWhichOptionalFieldsAreTaken(t *testing.T) {
 	}
 }
 
+// Proves: order_key is taken only where Fields allow it (and always in a
+// line, which carries the row's key whatever its length), and a producer's
+// key is 1 to OrderKeyMax bytes of UTF-8 without NUL.
+func TestOrderKeyIsTakenWhereAllowedAndBounded(t *testing.T) {
+	text := []byte(`{"payload": "x", "order_key": "acct-9"}`)
+	if _, err := msgjson.Parse(text, msgjson.Fields{Key: true}); err == nil || !strings.Contains(err.Error(), `unknown field "order_key"`) {
+		t.Errorf("without OrderKey: %v; want order_key refused", err)
+	}
+	producer := msgjson.Fields{Stage: true, Key: true, OrderKey: true}
+	if m, err := msgjson.Parse(text, producer); err != nil || m.OrderKey != "acct-9" || m.Key != "" {
+		t.Errorf("with OrderKey: %+v, %v; want order key acct-9 (and no idempotency key)", m, err)
+	}
+	most := strings.Repeat("k", msgjson.OrderKeyMax)
+	if m, err := msgjson.Parse([]byte(`{"payload":"x","order_key":"`+most+`"}`), producer); err != nil || m.OrderKey != most {
+		t.Errorf("a key of OrderKeyMax bytes: %v; want it taken", err)
+	}
+	for text, want := range map[string]string{
+		`{"payload":"x","order_key":""}`:              "order_key is empty",
+		`{"payload":"x","order_key":"` + most + `k"}`: "order_key is 201 bytes long, at most 200",
+		`{"payload":"x","order_key":"a\u0000"}`:       `order_key holds \u0000`,
+		`{"payload":"x","order_key":7}`:               "order_key: want a string",
+	} {
+		if _, err := msgjson.Parse([]byte(text), producer); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%.60s: %v; want an error saying %q", text, err, want)
+		}
+	}
+	line := `{"id":42,"stage":"parse","attempts":0,"order_key":"` + most + most + `","state":{},"payload":"x"}`
+	if m, err := msgjson.Parse([]byte(line), msgjson.Fields{Line: true, Stage: true}); err != nil || m.OrderKey != most+most {
+		t.Errorf("a line with a long order key: %v; want the row's key, whatever its length", err)
+	}
+}
+
 func TestLimitRefusesDeepNestingOnly(t *testing.T) {
 	nest := func(n int) []byte {
 		return []byte(`{"payload": ` + strings.Repeat("[", n) + strings.Repeat("]", n) + `, "state": {"s": "[[[[{{{{"}}`)
@@ -61,7 +93,7 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 		`{"id":0,"payload":"x"}`:          `no positive "id"`,
 		`{"id":"1"}`:                      "id: want a int64",
 		`{"id":1,"attempts":-1}`:          "attempts is negative",
-		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, state, and payload or payload_base64)`,
+		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, order_key, state, and payload or payload_base64)`,
 		`{"id":1,"payload":"x","p":1}`:    `unknown field "p"`,
 		`{"id":1,"state":[1]}`:            "is not a JSON object",
 		`{"id":1,"payload":"x"} {"id":2}`: "more than one JSON value",

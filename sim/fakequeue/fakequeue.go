@@ -183,7 +183,7 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 // for {}) and payload (nil for NULL), in one producer transaction, and returns
 // its id.
 func (q *Queue) InsertMessage(stage, state string, payload []byte) int64 {
-	id := q.add(stage, state, payload, "")
+	id := q.add(stage, state, payload, "", "")
 	q.notify()
 	return id
 }

@@ -2,12 +2,14 @@ package fakequeue_test
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/queuetest"
 	"github.com/pepsi-pipeline/pepsi/sim/fakequeue"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // TestQueueConformance runs the suite store passes against PostgreSQL, so
@@ -126,4 +128,29 @@ func (h harness) BeginInsertKeyed(t *testing.T, stage, key string) (int64, func(
 		t.Fatalf("insert a row of key %q: a producer holds the key's lock", key)
 	}
 	return id, func() { h.Commit(id, stage) }
+}
+
+// TestASynchronousInsertOfAKeyAProducerHoldsChangesNothing: PostgreSQL's
+// Enqueue or InsertIngress of a row whose order key a producer in flight
+// holds would wait for that producer; the fake cannot wait, so it refuses
+// the whole statement, inserting nothing, and inserts once the producer
+// committed.
+func TestASynchronousInsertOfAKeyAProducerHoldsChangesNothing(t *testing.T) {
+	h := newHarness()
+	_, commit := h.BeginInsertKeyed(t, "a", "k")
+	p := store.EnqueueParams{Stage: "a", Payloads: make([][]byte, 2), States: make([]string, 2), OrderKeys: []string{"", "k"}}
+	if _, err := h.Enqueue(t.Context(), p); !errors.Is(err, fakequeue.ErrKeyLocked) {
+		t.Fatalf("Enqueue of a locked key: %v; want ErrKeyLocked", err)
+	}
+	rows := []store.IngressRow{{Stage: "a"}, {Stage: "a", OrderKey: "k"}}
+	if _, err := h.InsertIngress(t.Context(), rows); !errors.Is(err, fakequeue.ErrKeyLocked) {
+		t.Fatalf("InsertIngress of a locked key: %v; want ErrKeyLocked", err)
+	}
+	if n := len(h.Rows()); n != 0 {
+		t.Fatalf("%d rows after the refused inserts; want none", n)
+	}
+	commit()
+	if r, err := h.Enqueue(t.Context(), p); err != nil || r.Count != 2 {
+		t.Fatalf("Enqueue once the producer committed = %+v, %v; want 2 rows", r, err)
+	}
 }

@@ -5,10 +5,13 @@
 package fakequeue
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // ByRelease is the dispatcher's or an operator's release of a key
@@ -66,6 +69,23 @@ func (q *Queue) ReserveKeyed(key string) (int64, bool) {
 	}
 	q.keyed[id] = keyed{key: key, status: st}
 	return id, true
+}
+
+// ErrKeyLocked is the answer of a synchronous insert (Enqueue,
+// InsertIngress) of a row whose order key a producer in flight holds the
+// lock of: PostgreSQL's insert would wait for that producer to end, which the
+// single-threaded fake cannot; the caller commits that producer first.
+var ErrKeyLocked = errors.New("an order key's lock is held by a producer in flight (PostgreSQL would wait for it)")
+
+// orderKeysFree checks, before a synchronous insert changes anything, that
+// no producer in flight holds the lock of one of keys ("" for none).
+func (q *Queue) orderKeysFree(keys []string) error {
+	for _, k := range keys {
+		if k != "" && q.KeyLocked(k) {
+			return fmt.Errorf("order key %q: %w", k, ErrKeyLocked)
+		}
+	}
+	return nil
 }
 
 // commitKeyed gives a committed reserved row its key and status and lets its
@@ -157,6 +177,25 @@ func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head,
 		}
 	}
 	return heads, busy
+}
+
+// head is what blocked row r waits behind: the oldest row of its key that
+// is not blocked; nil for a row that is not blocked, or when none is.
+func (q *Queue) head(r *Row) *store.KeyHead {
+	if r.Status != core.StatusBlocked {
+		return nil
+	}
+	for _, h := range q.keyRows(r.Key) {
+		if h.Status != core.StatusBlocked {
+			kh := &store.KeyHead{ID: h.ID, Stage: h.Stage, Status: h.Status, Attempts: h.Attempts}
+			if !h.Timeout.IsZero() {
+				t := h.Timeout
+				kh.Timeout = &t
+			}
+			return kh
+		}
+	}
+	return nil
 }
 
 // blockedKeys lists the keys that have blocked rows, sorted.

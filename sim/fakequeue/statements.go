@@ -24,9 +24,17 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 	if len(p.States) != len(p.Payloads) {
 		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d states", len(p.Payloads), len(p.States))
 	}
+	if len(p.OrderKeys) > len(p.Payloads) {
+		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d order keys", len(p.Payloads), len(p.OrderKeys))
+	}
+	orderKeys := make([]string, len(p.Payloads))
+	copy(orderKeys, p.OrderKeys)
+	if err := q.orderKeysFree(orderKeys); err != nil {
+		return store.EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
+	}
 	var r store.EnqueueResult
 	for i, payload := range p.Payloads {
-		id := q.add(p.Stage, p.States[i], payload, "")
+		id := q.add(p.Stage, p.States[i], payload, "", orderKeys[i])
 		if r.Count == 0 {
 			r.First = id
 		}
@@ -39,11 +47,16 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 }
 
 // add appends a pending row at stage with state (a JSON object, "" for {}),
-// payload (nil for NULL) and key ("" for none), and returns its id. It does
-// not notify: the caller does, once per statement.
-func (q *Queue) add(stage, state string, payload []byte, key string) int64 {
+// payload (nil for NULL), key ("" for none) and order key ("" for none:
+// a row whose order key has an unfinished row is blocked, as the insert
+// trigger decides), and returns its id. It does not notify: the caller does,
+// once per statement.
+func (q *Queue) add(stage, state string, payload []byte, key, orderKey string) int64 {
 	id := int64(len(q.rows) + 1)
-	row := &Row{ID: id, Stage: stage, Status: core.StatusPending, DedupKey: key}
+	row := &Row{ID: id, Stage: stage, Status: core.StatusPending, DedupKey: key, Key: orderKey}
+	if orderKey != "" && len(q.keyRows(orderKey)) > 0 {
+		row.Status = core.StatusBlocked
+	}
 	if state != "" && state != "{}" {
 		row.State = merge("", state)
 	}
@@ -60,6 +73,13 @@ func (q *Queue) add(stage, state string, payload []byte, key string) int64 {
 // or the holder's. It notifies once if it inserted any, as the insert
 // trigger does for one statement.
 func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int64, error) {
+	orderKeys := make([]string, len(rows))
+	for i, r := range rows {
+		orderKeys[i] = r.OrderKey
+	}
+	if err := q.orderKeysFree(orderKeys); err != nil {
+		return nil, fmt.Errorf("insert: %w", err)
+	}
 	ids := make([]int64, len(rows))
 	inserted := false
 	for i, r := range rows {
@@ -71,7 +91,7 @@ func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int
 				continue
 			}
 		}
-		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key), true
+		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key, r.OrderKey), true
 	}
 	if inserted {
 		q.notify()
@@ -160,7 +180,7 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
 	}
 	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts,
-		DedupKey: r.DedupKey, CreatedAt: q.created[id], UpdatedAt: q.updated[id]}
+		DedupKey: r.DedupKey, OrderKey: r.Key, CreatedAt: q.created[id], UpdatedAt: q.updated[id], Head: q.head(r)}
 	if !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t

@@ -36,6 +36,9 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
 		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
 		{"TheStartUpResetReleasesEveryKeyWithBlockedRows", testKeyResetReleases},
+		{"EnqueueInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyEnqueue},
+		{"InsertIngressInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyInsertIngress},
+		{"ShowSaysWhatABlockedMessageWaitsBehind", testKeyShowHead},
 	}
 	runAll(t, tests, open)
 }
