@@ -84,7 +84,7 @@ func (w *worker) message(ctx context.Context, line string) string {
 		w.log.Error("input line is not a message", "stage", w.stage, "line", clip(line, 200), "err", err)
 		return failure(fmt.Sprintf("not a message (%v): %q", err, clip(line, 200)))
 	}
-	m := &Message{ID: in.ID, Stage: w.stage, Attempts: in.Attempts, Payload: in.Payload, Tx: &lazyTx{w: w, err: errNoDatabase}}
+	m := &Message{ID: in.ID, Stage: w.stage, Attempts: in.Attempts, OrderKey: in.OrderKey, Payload: in.Payload, Tx: &lazyTx{w: w, err: errNoDatabase}}
 	state := in.State
 	if len(state) == 0 {
 		state = json.RawMessage("{}")

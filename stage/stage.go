@@ -126,6 +126,11 @@ type Message struct {
 	// Attempts is the row's attempts column: how many times the message was
 	// retried at this stage so far (answers Retry, "75"), in either input mode.
 	Attempts int
+	// OrderKey is the message's order key ("" for none), in either input
+	// mode: the messages of one key reach their stages one at a time, oldest
+	// first (docs/protocol.md, "Ordering per key"), so a handler may apply
+	// them in order to the entity the key names.
+	OrderKey string
 	// Tx is the message's transaction: its first statement begins it and locks
 	// the row; statements run on it commit atomically with the transition, which
 	// the library then writes itself. Its Commit and Rollback refuse (the library

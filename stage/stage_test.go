@@ -720,22 +720,24 @@ func TestMissingIDInABatchIsAnsweredZero(t *testing.T) {
 }
 
 // A handler in id mode sees the row's attempts, as one in message mode does, so
-// that it can give up or back off by itself; both the batch read and the read
-// of a single row (a pass that runs again) carry it.
-func TestIDModeHandlersSeeTheRetriesAlreadyHad(t *testing.T) {
+// that it can give up or back off by itself, and its order key; both the
+// batch read and the read of a single row (a pass that runs again) carry
+// them.
+func TestIDModeHandlersSeeTheRetriesAlreadyHadAndTheOrderKey(t *testing.T) {
 	t.Parallel()
 	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "a", "b")
-	if _, err := conn.Exec(t.Context(), `UPDATE pepsi.queue SET attempts = ingress_id + 1 WHERE ingress_id = ANY($1)`, ids); err != nil {
+	if _, err := conn.Exec(t.Context(), `UPDATE pepsi.queue SET attempts = ingress_id + 1,
+		order_key = CASE WHEN ingress_id = $2 THEN 'acct-9' END WHERE ingress_id = ANY($1)`, ids, ids[0]); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	seen := map[int64]int{}
+	seen := map[int64]string{}
 	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
 		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
 			mu.Lock()
 			defer mu.Unlock()
-			seen[m.ID] = m.Attempts
+			seen[m.ID] = fmt.Sprintf("attempts %d, order key %q", m.Attempts, m.OrderKey)
 			return stage.Done()
 		}}})
 	w.send(idLines(ids))
@@ -744,9 +746,10 @@ func TestIDModeHandlersSeeTheRetriesAlreadyHad(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	for _, id := range ids {
-		if seen[id] != int(id)+1 {
-			t.Errorf("handler saw attempts %d for message %d, want %d (the row's column)", seen[id], id, id+1)
+	for i, id := range ids {
+		want := fmt.Sprintf("attempts %d, order key %q", id+1, []string{"acct-9", ""}[i])
+		if seen[id] != want {
+			t.Errorf("handler saw %s for message %d, want %s (the row's columns)", seen[id], id, want)
 		}
 	}
 }

@@ -26,7 +26,8 @@ const stageLockSQL = `SELECT stage, status, xmin FROM pepsi.queue WHERE ingress_
 // stageReadSQL reads the rows of a batch of ids in one statement, without a
 // lock: a row running at this stage is moved only by this worker (or by the
 // dispatcher when it answers), and every write is guarded.
-const stageReadSQL = `SELECT ingress_id, stage, status, state, payload, attempts, xmin FROM pepsi.queue WHERE ingress_id = ANY($1)`
+const stageReadSQL = `SELECT ingress_id, stage, status, state, payload, attempts, coalesce(order_key, ''), xmin
+FROM pepsi.queue WHERE ingress_id = ANY($1)`
 
 // stageTransitionSQL is every transition the library writes itself. The guard
 // makes sure the row is still running at the stage that handled it and, when
@@ -55,6 +56,8 @@ type StageRow struct {
 	State    []byte // the state column, a JSON object
 	Payload  []byte // nil for NULL
 	Attempts int
+	// OrderKey is the row's order key, "" for none.
+	OrderKey string
 	// Version is the row's version (PostgreSQL's xmin): every write of the
 	// row changes it, so a transition written without a lock can be guarded
 	// by the version its handler was given.
@@ -65,7 +68,7 @@ type StageRow struct {
 func (s *PG) StageRead(ctx context.Context, ids []int64) ([]StageRow, error) {
 	return collect(ctx, s.db, "read rows", func(r pgx.CollectableRow) (StageRow, error) {
 		var x StageRow
-		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.Version)
+		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.OrderKey, &x.Version)
 		return x, err
 	}, stageReadSQL, ids)
 }

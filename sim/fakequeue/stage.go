@@ -23,7 +23,8 @@ func (q *Queue) StageRead(_ context.Context, ids []int64) ([]store.StageRow, err
 		if r == nil {
 			continue
 		}
-		x := store.StageRow{ID: id, Stage: r.Stage, Status: r.Status, State: []byte(r.StateJSON()), Attempts: r.Attempts, Version: q.versions[id]}
+		x := store.StageRow{ID: id, Stage: r.Stage, Status: r.Status, State: []byte(r.StateJSON()), Attempts: r.Attempts, OrderKey: r.Key,
+			Version: q.versions[id]}
 		if r.HasPayload {
 			x.Payload = []byte(r.Payload)
 		}

@@ -39,6 +39,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"EnqueueInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyEnqueue},
 		{"InsertIngressInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyInsertIngress},
 		{"ShowSaysWhatABlockedMessageWaitsBehind", testKeyShowHead},
+		{"StageReadReadsTheOrderKey", testKeyStageRead},
 	}
 	runAll(t, tests, open)
 }

@@ -1,5 +1,6 @@
 // The conformance tests of the producers' order keys (Enqueue,
-// InsertIngress) and of what the operator's tools read of them.
+// InsertIngress) and of what the stage library and the operator's tools read
+// of them.
 
 package queuetest
 
@@ -106,5 +107,14 @@ func testKeyShowHead(t *testing.T, h KeyedHarness) {
 	resolve(t, h, core.Item{ID: head, Stage: "a", Verdict: core.Move, To: core.TargetDone})
 	if m, err := h.Show(t.Context(), waiting); err != nil || m.Head != nil || core.RowStatus(m.Status) != core.StatusBlocked {
 		t.Fatalf("Show(%d) after its head finished = %+v, %v; want it blocked, behind nothing", waiting, m, err)
+	}
+}
+
+func testKeyStageRead(t *testing.T, h KeyedHarness) {
+	keyed := h.InsertKeyed(t, "a", "acct-9")
+	plain := h.Insert(t, "a", 1)[0]
+	got := stageRead(t, h, keyed, plain)
+	if got[keyed].OrderKey != "acct-9" || got[plain].OrderKey != "" {
+		t.Errorf("StageRead order keys %q and %q; want acct-9 and none", got[keyed].OrderKey, got[plain].OrderKey)
 	}
 }
