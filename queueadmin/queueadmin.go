@@ -121,6 +121,9 @@ type Stats struct {
 	Dispatch DispatchStats
 	// Health is what the dispatcher recorded of its stages' workers.
 	Health Health
+	// Keys counts the messages waiting behind their order key, and their
+	// keys by what the head does.
+	Keys store.KeysWaiting
 }
 
 // Health is pepsi.stage_health, and whether a dispatcher holds the lock.
@@ -130,7 +133,8 @@ type Health = store.Health
 type StageHealth = store.StageHealth
 
 // ReadStats reads counts per stage and status, the oldest pending wait per stage,
-// both statistics tables and the stages' health, in one snapshot. It scans the whole queue.
+// the messages waiting behind their order key, both statistics tables and the
+// stages' health, in one snapshot. It scans the whole queue.
 func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 	s := &Stats{}
 	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -147,6 +151,9 @@ func ReadStats(ctx context.Context, conn *pgx.Conn) (*Stats, error) {
 			return slices.Index(order, a.Status) - slices.Index(order, b.Status)
 		})
 		if s.Stages, err = q.ReadStageStats(ctx); err != nil {
+			return err
+		}
+		if s.Keys, err = q.CountKeysWaiting(ctx); err != nil {
 			return err
 		}
 		if s.Dispatch, err = q.ReadDispatchStats(ctx); err != nil {

@@ -59,14 +59,14 @@ LEFT JOIN LATERAL (SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts
 WHERE q.ingress_id = $1`
 
 // retrySQL makes pending again the rows selectWhere selects ($1 to $5; none
-// when $3 names no status), moving them to stage $6 (empty: where they are)
+// when $3 names no status), moving them to stage $7 (empty: where they are)
 // and keeping their dispatch_error in dispatch_error_history, and returns
 // how many and the order keys among them (see releaseKeys).
 // In SET, stage, status and state are the row's values before the update.
 const retrySQL = `WITH moved AS (
 	UPDATE pepsi.queue SET
 		status = 'pending',
-		stage = coalesce(nullif($6, ''), stage),
+		stage = coalesce(nullif($7, ''), stage),
 		timeout = NULL,
 		attempts = 0,
 		updated_at = now(),
@@ -395,4 +395,46 @@ func texts(statuses []core.RowStatus) []string {
 		out[i] = string(s)
 	}
 	return out
+}
+
+// keysWaitingSQL counts the order keys that have blocked messages, and those
+// messages, and sorts the keys by what their head (the oldest of the key's
+// messages that is not blocked, one probe of queue_order_live each) is
+// doing. It walks the blocked messages once (queue_order_blocked), so its
+// cost grows with the backlogs, not with the finished messages kept.
+const keysWaitingSQL = `SELECT count(*), coalesce(sum(k.n), 0)::bigint,
+	count(*) FILTER (WHERE h.status = 'pending'),
+	count(*) FILTER (WHERE h.status = 'running'),
+	count(*) FILTER (WHERE h.status = 'paused' AND h.attempts = 0),
+	count(*) FILTER (WHERE h.status = 'paused' AND h.attempts > 0),
+	count(*) FILTER (WHERE h.status IS NULL)
+FROM (SELECT order_key, count(*) AS n FROM pepsi.queue WHERE status = 'blocked' GROUP BY order_key) k
+LEFT JOIN LATERAL (SELECT x.status, x.attempts FROM pepsi.queue x
+	WHERE x.order_key = k.order_key AND x.status IN ('pending', 'running', 'paused')
+	ORDER BY x.ingress_id LIMIT 1) h ON true`
+
+// KeysWaiting counts the messages that wait, blocked, behind their order
+// key's head, and their keys by what the head is doing.
+type KeysWaiting struct {
+	// Keys is how many order keys have blocked messages; Messages how many
+	// those are.
+	Keys, Messages int64
+	// Of Keys, those whose head is pending (waiting for a worker), running
+	// (a worker holds it), paused by its stage (attempts 0), paused for a
+	// retry (a 75 answer, attempts > 0), or none: every older message of the
+	// key finished, and the dispatcher's release that hands the key to the
+	// oldest blocked one is still to come (many of those for long means no
+	// dispatcher runs).
+	HeadPending, HeadRunning, HeadPaused, HeadRetrying, HeadNone int64
+}
+
+// CountKeysWaiting counts the messages waiting behind their order key and
+// their keys (pepsi-queue stats, pepsi-httpd).
+func (s *PG) CountKeysWaiting(ctx context.Context) (KeysWaiting, error) {
+	var w KeysWaiting
+	if err := s.db.QueryRow(ctx, keysWaitingSQL).Scan(&w.Keys, &w.Messages,
+		&w.HeadPending, &w.HeadRunning, &w.HeadPaused, &w.HeadRetrying, &w.HeadNone); err != nil {
+		return KeysWaiting{}, fmt.Errorf("count keys waiting: %w", err)
+	}
+	return w, nil
 }

@@ -42,6 +42,7 @@ type Executor interface {
 	List(ctx context.Context, p ListParams) ([]Listed, error)
 	CountSelected(ctx context.Context, sel Selection) (int64, error)
 	Discard(ctx context.Context, p DiscardParams) (int64, error)
+	CountKeysWaiting(ctx context.Context) (KeysWaiting, error)
 
 	StageRead(ctx context.Context, ids []int64) ([]StageRow, error)
 	StageLock(ctx context.Context, id int64) (StageLocked, error)

@@ -18,32 +18,34 @@ import (
 // run (discard -n) counts exactly the rows the discard would change: $1 one
 // ingress_id (0: any), $2 the stage (empty: any), $3 the statuses (empty: any),
 // $4 a text state.dispatch_error must contain, ignoring case (empty: any), $5
-// seconds since the last change the row must be older than (0: any).
+// seconds since the last change the row must be older than (0: any), $6 the
+// order key (empty: any).
 const selectWhere = `($1::bigint = 0 OR ingress_id = $1)
 	AND ($2 = '' OR stage = $2)
 	AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
 	AND ($4 = '' OR strpos(lower(state ->> 'dispatch_error'), lower($4)) > 0)
-	AND ($5::float8 = 0 OR updated_at < now() - make_interval(secs => $5::float8))`
+	AND ($5::float8 = 0 OR updated_at < now() - make_interval(secs => $5::float8))
+	AND ($6 = '' OR order_key = $6)`
 
-// listSQL reads the selected rows after ingress_id $6, in ingress_id order, at
-// most $7 of them: one page of pepsi-queue list.
+// listSQL reads the selected rows after ingress_id $7, in ingress_id order, at
+// most $8 of them: one page of pepsi-queue list.
 const listSQL = `SELECT ingress_id, stage, status, coalesce(state ->> 'dispatch_error', ''), attempts,
-	coalesce(dedup_key, ''), created_at, updated_at
-FROM pepsi.queue WHERE ` + selectWhere + ` AND ingress_id > $6
-ORDER BY ingress_id LIMIT $7`
+	coalesce(dedup_key, ''), coalesce(order_key, ''), created_at, updated_at
+FROM pepsi.queue WHERE ` + selectWhere + ` AND ingress_id > $7
+ORDER BY ingress_id LIMIT $8`
 
 // countSelectedSQL counts the selected rows.
 const countSelectedSQL = `SELECT count(*) FROM pepsi.queue WHERE ` + selectWhere
 
-// discardSQL ends the selected rows failed, with state.dispatch_error $6, and
+// discardSQL ends the selected rows failed, with state.dispatch_error $7, and
 // says how many and the order keys among them (see releaseKeys). The caller
 // passes only pending, paused and blocked in $3: the guard
 // is re-checked on each row as it is updated (READ COMMITTED), so a row the
 // dispatcher claimed meanwhile (running, held by a worker) is left alone.
 const discardSQL = `WITH gone AS (
 	UPDATE pepsi.queue SET status = 'failed', timeout = NULL, updated_at = now(),
-		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($6::text))
-		             ELSE jsonb_build_object('dispatch_error', $6::text, 'state', state) END
+		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($7::text))
+		             ELSE jsonb_build_object('dispatch_error', $7::text, 'state', state) END
 	WHERE ` + selectWhere + `
 	RETURNING order_key)
 SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM gone`
@@ -63,11 +65,13 @@ type Selection struct {
 	// OlderThan selects messages whose row has not changed for this long
 	// (updated_at, by the server's clock).
 	OlderThan time.Duration
+	// OrderKey selects the messages of one order key.
+	OrderKey string
 }
 
-// args are the statement arguments of s, $1 to $5 of selectWhere.
+// args are the statement arguments of s, $1 to $6 of selectWhere.
 func (s Selection) args() []any {
-	return []any{s.ID, s.Stage, texts(s.Statuses), s.Reason, s.OlderThan.Seconds()}
+	return []any{s.ID, s.Stage, texts(s.Statuses), s.Reason, s.OlderThan.Seconds(), s.OrderKey}
 }
 
 // ListParams is one page of a listing.
@@ -88,6 +92,7 @@ type Listed struct {
 	DispatchError string // state.dispatch_error, "" if none
 	Attempts      int
 	DedupKey      string // "" if none
+	OrderKey      string // "" if none
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 }
@@ -96,7 +101,7 @@ type Listed struct {
 func (s *PG) List(ctx context.Context, p ListParams) ([]Listed, error) {
 	return collect(ctx, s.db, "list", func(r pgx.CollectableRow) (Listed, error) {
 		var m Listed
-		err := r.Scan(&m.ID, &m.Stage, &m.Status, &m.DispatchError, &m.Attempts, &m.DedupKey, &m.CreatedAt, &m.UpdatedAt)
+		err := r.Scan(&m.ID, &m.Stage, &m.Status, &m.DispatchError, &m.Attempts, &m.DedupKey, &m.OrderKey, &m.CreatedAt, &m.UpdatedAt)
 		return m, err
 	}, listSQL, append(p.Selection.args(), p.After, p.Limit)...)
 }

@@ -288,6 +288,7 @@ EXAMPLE
 // so a stage that is missing is told from one that is empty.
 func printStats(w io.Writer, s *queueadmin.Stats, configured []string, now time.Time) {
 	printDepth(w, s.Depth, configured)
+	printKeys(w, s.Keys)
 	printStageStats(w, s.Stages, configured, now)
 	printHealth(w, s.Health)
 	updated := time.Time{} // the row is made by migrate: its time means nothing until a flush
@@ -348,6 +349,31 @@ func printDepth(w io.Writer, depth []queueadmin.Depth, configured []string) {
 	}
 	fmt.Fprintf(tw, "\n")
 	tw.Flush()
+}
+
+// printKeys prints the ORDER KEYS line: the messages waiting, blocked, behind
+// their order key's head, and what the heads do. A key behind a paused or
+// retrying head waits until that head's time comes; one behind no head
+// waits for a dispatcher to hand it on.
+func printKeys(w io.Writer, k store.KeysWaiting) {
+	if k.Keys == 0 {
+		fmt.Fprintln(w, "\nORDER KEYS: no message waits behind its order key")
+		return
+	}
+	fmt.Fprintf(w, "\nORDER KEYS: %s waiting behind the head of %s: %d behind a paused head, %d behind a head waiting for its retry, %d behind a running head, %d behind a pending head",
+		messages(k.Messages), plural(k.Keys, "key"), k.HeadPaused, k.HeadRetrying, k.HeadRunning, k.HeadPending)
+	if k.HeadNone > 0 {
+		fmt.Fprintf(w, ", %d whose older messages all finished (pepsi-dispatch hands them on)", k.HeadNone)
+	}
+	fmt.Fprintln(w)
+}
+
+// plural is "1 key" or "N keys".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // printStageStats prints the STAGES table: pepsi-dispatch's counts per stage,
@@ -431,11 +457,13 @@ func showCmd(a *app) *ffcli.Command {
 	return &ffcli.Command{
 		Name:       "show",
 		ShortUsage: "pepsi-queue [global flags] show [-payload] ID",
-		ShortHelp:  "one message: stage, status, timeout, state, payload size, times",
-		LongHelp: `Prints one message: where it is (stage, status, paused timeout), its state
-object (where stages keep their results and the dispatcher its dispatch_error),
-the size of its payload and when it was created and last changed. With -payload,
-prints only the payload bytes, for piping.
+		ShortHelp:  "one message: stage, status, timeout, order key, state, payload size, times",
+		LongHelp: `Prints one message: where it is (stage, status, paused timeout), its keys,
+its state object (where stages keep their results and the dispatcher its
+dispatch_error), the size of its payload and when it was created and last
+changed. A blocked message waits behind an older message of its order key:
+show says which, and what that one is doing. With -payload, prints only the
+payload bytes, for piping.
 
 EXAMPLES
   pepsi-queue show 42
@@ -493,6 +521,12 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	if m.DedupKey != "" {
 		fmt.Fprintf(tw, "key\t%s\n", m.DedupKey)
 	}
+	if m.OrderKey != "" {
+		fmt.Fprintf(tw, "order key\t%s\n", m.OrderKey)
+	}
+	if core.RowStatus(m.Status) == core.StatusBlocked {
+		fmt.Fprintf(tw, "waits\t%s\n", waitsBehind(m.Head, now))
+	}
 	fmt.Fprintf(tw, "payload\t%d bytes\n", len(m.Payload))
 	fmt.Fprintf(tw, "created\t%s\n", m.CreatedAt.Format(time.RFC3339Nano))
 	fmt.Fprintf(tw, "updated\t%s (%s ago)\n", m.UpdatedAt.Format(time.RFC3339Nano), now.Sub(m.UpdatedAt).Round(time.Millisecond))
@@ -503,6 +537,28 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 		pretty.Write(m.State)
 	}
 	fmt.Fprintf(w, "state\n%s\n", pretty.String())
+}
+
+// waitsBehind says what a blocked message waits behind: its order key's
+// head, and what that head is doing.
+func waitsBehind(h *store.KeyHead, now time.Time) string {
+	if h == nil {
+		return "behind no unfinished message of its order key: pepsi-dispatch hands it the key next"
+	}
+	doing := fmt.Sprintf("%s at %s", h.Status, h.Stage)
+	if h.Status == core.StatusPaused {
+		if h.Attempts > 0 {
+			doing = fmt.Sprintf("paused at %s for retry %d", h.Stage, h.Attempts)
+		}
+		if h.Timeout != nil {
+			rel := "due"
+			if d := h.Timeout.Sub(now).Round(time.Second); d > 0 {
+				rel = "in " + d.String()
+			}
+			doing += fmt.Sprintf(" until %s, %s", h.Timeout.Format(time.RFC3339), rel)
+		}
+	}
+	return fmt.Sprintf("behind message %d of its order key (%s)", h.ID, doing)
 }
 
 func retryCmd(a *app) *ffcli.Command {

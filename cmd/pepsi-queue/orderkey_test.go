@@ -33,3 +33,32 @@ func TestEnqueueGivesOrderKeys(t *testing.T) {
 		t.Errorf("%s rows after the refused enqueues; want 6", n)
 	}
 }
+
+// TestTheOperatorSeesWhatAKeyWaitsBehind: show says a blocked message's
+// order key and the head it waits behind (a paused one, with its time),
+// stats counts the key behind a paused head, and list -order-key lists the
+// key's messages, with their order_key in -json.
+func TestTheOperatorSeesWhatAKeyWaitsBehind(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	env := []string{"PEPSI_DATABASE=" + url}
+	pq(t, "a\nb\nc\n", env, "enqueue", "-stage", "parse", "-order-key", "acct-9").expect(t, "enqueue", 0, "enqueued 3 messages", "")
+	pq(t, "d\n", env, "enqueue", "-stage", "parse").expect(t, "enqueue without a key", 0, "enqueued 1 message", "")
+	ids := strings.Fields(scalar(t, url, `SELECT string_agg(ingress_id::text, ' ' ORDER BY ingress_id) FROM pepsi.queue WHERE order_key = 'acct-9'`))
+	// The head's stage paused it for an hour (and a margin) at deliver.
+	scalar(t, url, `UPDATE pepsi.queue SET stage = 'deliver', status = 'paused', timeout = now() + interval '1 hour 30 seconds'
+		WHERE ingress_id = `+ids[0]+` RETURNING 'ok'`)
+	pq(t, "", env, "show", ids[1]).expect(t, "show of a blocked message", 0,
+		"status     blocked\nattempts   0\norder key  acct-9\nwaits      behind message "+ids[0]+" of its order key (paused at deliver until ", "")
+	pq(t, "", env, "show", ids[1]).expect(t, "show of a blocked message", 0, ", in 1h0m", "")
+	pq(t, "", env, "show", ids[0]).expect(t, "show of the head", 0, "order key  acct-9\npayload", "")
+	pq(t, "", env, "stats").expect(t, "stats", 0,
+		"ORDER KEYS: 2 messages waiting behind the head of 1 key: 1 behind a paused head, 0 behind a head waiting for its retry, 0 behind a running head, 0 behind a pending head\n", "")
+	r := pq(t, "", env, "list", "-order-key", "acct-9", "-json")
+	r.expect(t, "list -order-key -json", 0, `"order_key":"acct-9"`, "")
+	if n := strings.Count(r.stdout, `"order_key":"acct-9"`); n != 3 {
+		t.Errorf("list -order-key acct-9 -json listed %d messages of the key:\n%s\nwant 3", n, r.stdout)
+	}
+	pq(t, "", env, "list", "-order-key", "acct-9", "-count").expect(t, "list -order-key -count", 0, "3\n", "")
+	pq(t, "", env, "discard", "-order-key", "acct-9", "-status", "blocked", "-n").expect(t, "discard -order-key -n", 0, "would discard 2 messages", "")
+}

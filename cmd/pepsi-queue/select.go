@@ -26,6 +26,7 @@ type selectFlags struct {
 	status    *string
 	reason    *string
 	olderThan *string
+	orderKey  *string
 }
 
 // addSelectFlags defines the filters on fs; verb says what the command does
@@ -37,13 +38,14 @@ func addSelectFlags(fs *flag.FlagSet, verb string) *selectFlags {
 		status:    fs.String("status", "", verb+" only messages with one of these `STATUSES` (comma-separated)"),
 		reason:    fs.String("reason", "", verb+" only messages whose dispatch_error contains this `TEXT` (ignoring case)"),
 		olderThan: fs.String("older-than", "", verb+" only messages unchanged for this `AGE`: 24h, 90m, 7d"),
+		orderKey:  fs.String("order-key", "", verb+" only the messages of this order `KEY`"),
 	}
 }
 
 // selection reads the filters, with allowed the statuses -status may name, and
 // checks -stage against the configuration when one is loaded.
 func (f *selectFlags) selection(a *app, cmd string, allowed []core.RowStatus) (queueadmin.Selection, error) {
-	sel := queueadmin.Selection{ID: *f.id, Stage: *f.stage, Reason: *f.reason}
+	sel := queueadmin.Selection{ID: *f.id, Stage: *f.stage, Reason: *f.reason, OrderKey: *f.orderKey}
 	if *f.id < 0 {
 		return sel, usagef(cmd, "-id %d is not a message id", *f.id)
 	}
@@ -73,7 +75,7 @@ func (f *selectFlags) selection(a *app, cmd string, allowed []core.RowStatus) (q
 
 // any says whether a filter other than the statuses is given.
 func (f *selectFlags) any() bool {
-	return *f.id != 0 || *f.stage != "" || *f.reason != "" || *f.olderThan != ""
+	return *f.id != 0 || *f.stage != "" || *f.reason != "" || *f.olderThan != "" || *f.orderKey != ""
 }
 
 func joinStatuses(list []core.RowStatus) string {
@@ -88,11 +90,11 @@ func listCmd(a *app) *ffcli.Command {
 	fs := newFlags("list")
 	sf := addSelectFlags(fs, "list")
 	limit := fs.Int("limit", 100, "list at most `N` messages (0: all)")
-	asJSON := fs.Bool("json", false, "one JSON object per line: id, stage, status, dispatch_error, attempts, key, created_at, updated_at")
+	asJSON := fs.Bool("json", false, "one JSON object per line: id, stage, status, dispatch_error, attempts, key, order_key, created_at, updated_at")
 	count := fs.Bool("count", false, "print only how many messages the filters select")
 	return &ffcli.Command{
 		Name:       "list",
-		ShortUsage: "pepsi-queue [global flags] list [-stage STAGE] [-status S,...] [-reason TEXT] [-older-than AGE] [-id ID] [-limit N] [-json | -count]",
+		ShortUsage: "pepsi-queue [global flags] list [-stage STAGE] [-status S,...] [-reason TEXT] [-older-than AGE] [-order-key KEY] [-id ID] [-limit N] [-json | -count]",
 		ShortHelp:  "list messages by stage, status, reason and age",
 		LongHelp: `Lists the messages the filters select, oldest first (by id): id, stage,
 status, attempts, age since the last change and state.dispatch_error (the
@@ -105,6 +107,7 @@ EXAMPLES
   pepsi-queue list -status failed                    failed messages
   pepsi-queue list -status failed -reason 'connection refused' -count
   pepsi-queue list -stage deliver -status paused -older-than 1h
+  pepsi-queue list -order-key acct-9                 one order key's messages, oldest first
   pepsi-queue list -status failed,timeout -limit 0 -json | jq .dispatch_error`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
@@ -143,6 +146,7 @@ type listedJSON struct {
 	DispatchError string    `json:"dispatch_error"`
 	Attempts      int       `json:"attempts"`
 	Key           string    `json:"key,omitempty"`
+	OrderKey      string    `json:"order_key,omitempty"`
 	CreatedAt     time.Time `json:"created_at"`
 	UpdatedAt     time.Time `json:"updated_at"`
 }
@@ -153,7 +157,7 @@ func printList(ctx context.Context, conn *pgx.Conn, w io.Writer, sel queueadmin.
 		enc := json.NewEncoder(w)
 		return queueadmin.List(ctx, conn, sel, limit, func(m queueadmin.Listed) error {
 			return enc.Encode(listedJSON{ID: m.ID, Stage: m.Stage, Status: string(m.Status), DispatchError: m.DispatchError,
-				Attempts: m.Attempts, Key: m.DedupKey, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt})
+				Attempts: m.Attempts, Key: m.DedupKey, OrderKey: m.OrderKey, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt})
 		})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -195,10 +199,11 @@ func discardCmd(a *app) *ffcli.Command {
 	dryRun := fs.Bool("n", false, "say how many messages would be discarded, and change nothing")
 	return &ffcli.Command{
 		Name:       "discard",
-		ShortUsage: "pepsi-queue [global flags] discard [-id ID] [-stage STAGE] [-status pending|paused] [-reason TEXT] [-older-than AGE] [-note TEXT] [-all] [-n]",
+		ShortUsage: "pepsi-queue [global flags] discard [-id ID] [-stage STAGE] [-status pending|paused|blocked] [-reason TEXT] [-older-than AGE] [-order-key KEY] [-note TEXT] [-all] [-n]",
 		ShortHelp:  "end pending or paused messages as failed, by hand",
-		LongHelp: `Ends the selected pending or paused messages (waiting for a stage, or for
-their retry or pause to end) as failed, their state.dispatch_error saying
+		LongHelp: `Ends the selected pending, paused or blocked messages (waiting for a stage,
+for their retry or pause to end, or behind an older message of their order
+key) as failed, their state.dispatch_error saying
 that an operator discarded them (with -note added). They are then finished
 like any failed message: pepsi-queue retry sends them round again, purge
 deletes them. A message a worker holds (running) is never touched, and one
@@ -211,7 +216,8 @@ required. -n says how many would be discarded and changes nothing.
 EXAMPLES
   pepsi-queue discard -id 42
   pepsi-queue discard -stage deliver -status paused -reason 'mailbox full' -n
-  pepsi-queue discard -stage import -older-than 2d -note 'stale import, ticket 881'`,
+  pepsi-queue discard -stage import -older-than 2d -note 'stale import, ticket 881'
+  pepsi-queue discard -order-key acct-9 -status blocked -note 'account closed'`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("discard", args); err != nil {
@@ -222,7 +228,7 @@ EXAMPLES
 				return err
 			}
 			if !sf.any() && *sf.status == "" && !*all {
-				return usagef("discard", "no filter given: use -id, -stage, -status, -reason or -older-than, or -all to discard every pending and paused message")
+				return usagef("discard", "no filter given: use -id, -stage, -status, -reason, -older-than or -order-key, or -all to discard every pending, paused and blocked message")
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
 				n, err := queueadmin.Discard(ctx, conn, sel, *note, *dryRun)

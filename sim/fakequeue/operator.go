@@ -21,7 +21,8 @@ func (q *Queue) selects(r *Row, sel store.Selection, now time.Time) bool {
 		(sel.Stage == "" || r.Stage == sel.Stage) &&
 		(len(sel.Statuses) == 0 || slices.Contains(sel.Statuses, r.Status)) &&
 		(sel.Reason == "" || r.DispatchError != "" && strings.Contains(strings.ToLower(r.DispatchError), strings.ToLower(sel.Reason))) &&
-		(sel.OlderThan == 0 || q.updated[r.ID].Before(now.Add(-sel.OlderThan)))
+		(sel.OlderThan == 0 || q.updated[r.ID].Before(now.Add(-sel.OlderThan))) &&
+		(sel.OrderKey == "" || r.Key == sel.OrderKey)
 }
 
 // List reads one page of the selected rows, in id order.
@@ -37,7 +38,7 @@ func (q *Queue) List(_ context.Context, p store.ListParams) ([]store.Listed, err
 		}
 		out = append(out, store.Listed{
 			ID: r.ID, Stage: r.Stage, Status: r.Status, DispatchError: r.DispatchError, Attempts: r.Attempts, DedupKey: r.DedupKey,
-			CreatedAt: q.created[r.ID], UpdatedAt: q.updated[r.ID],
+			OrderKey: r.Key, CreatedAt: q.created[r.ID], UpdatedAt: q.updated[r.ID],
 		})
 	}
 	return out, nil

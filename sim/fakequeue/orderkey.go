@@ -5,6 +5,7 @@
 package fakequeue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -196,6 +197,37 @@ func (q *Queue) head(r *Row) *store.KeyHead {
 		}
 	}
 	return nil
+}
+
+// CountKeysWaiting counts the blocked rows and their keys, by what each
+// key's head is doing, as store's keysWaitingSQL does.
+func (q *Queue) CountKeysWaiting(context.Context) (store.KeysWaiting, error) {
+	var w store.KeysWaiting
+	for _, k := range q.blockedKeys() {
+		rows := q.keyRows(k)
+		w.Keys++
+		var head *Row
+		for _, r := range rows {
+			if r.Status == core.StatusBlocked {
+				w.Messages++
+			} else if head == nil {
+				head = r
+			}
+		}
+		switch {
+		case head == nil:
+			w.HeadNone++
+		case head.Status == core.StatusPending:
+			w.HeadPending++
+		case head.Status == core.StatusRunning:
+			w.HeadRunning++
+		case head.Attempts == 0:
+			w.HeadPaused++
+		default:
+			w.HeadRetrying++
+		}
+	}
+	return w, nil
 }
 
 // blockedKeys lists the keys that have blocked rows, sorted.

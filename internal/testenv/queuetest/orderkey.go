@@ -40,6 +40,8 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"InsertIngressInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyInsertIngress},
 		{"ShowSaysWhatABlockedMessageWaitsBehind", testKeyShowHead},
 		{"StageReadReadsTheOrderKey", testKeyStageRead},
+		{"ListCountAndDiscardSelectByOrderKey", testKeySelect},
+		{"CountKeysWaitingSortsTheKeysByWhatTheirHeadDoes", testKeyCountWaiting},
 	}
 	runAll(t, tests, open)
 }

@@ -118,3 +118,59 @@ func testKeyStageRead(t *testing.T, h KeyedHarness) {
 		t.Errorf("StageRead order keys %q and %q; want acct-9 and none", got[keyed].OrderKey, got[plain].OrderKey)
 	}
 }
+
+func testKeySelect(t *testing.T, h KeyedHarness) {
+	head := failHead(t, h, "k")
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "k")
+	h.InsertKeyed(t, "a", "j")
+	h.Insert(t, "a", 1)
+	sel := store.Selection{OrderKey: "k"}
+	page, err := h.List(t.Context(), store.ListParams{Selection: sel, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, m := range page {
+		got = append(got, m.ID)
+		if m.OrderKey != "k" {
+			t.Errorf("List(order key k) read row %d with order key %q", m.ID, m.OrderKey)
+		}
+	}
+	if !slices.Equal(got, []int64{head, a, b}) {
+		t.Fatalf("List(order key k) = %v, want [%d %d %d] (its finished message too)", got, head, a, b)
+	}
+	blocked := store.Selection{OrderKey: "k", Statuses: []core.RowStatus{core.StatusBlocked}}
+	if n, err := h.CountSelected(t.Context(), blocked); err != nil || n != 1 {
+		t.Fatalf("CountSelected(k, blocked) = %d, %v; want 1", n, err)
+	}
+	if n, err := h.Discard(t.Context(), store.DiscardParams{Selection: blocked, DispatchError: "backlog dropped"}); err != nil || n != 1 {
+		t.Fatalf("Discard(k, blocked) = %d, %v; want 1", n, err)
+	}
+	wantRowError(t, h, b, "a", core.StatusFailed, "backlog dropped")
+	wantRow(t, h, a, "a", core.StatusPending) // the key's head, untouched
+}
+
+func testKeyCountWaiting(t *testing.T, h KeyedHarness) {
+	if w, err := h.CountKeysWaiting(t.Context()); err != nil || w != (store.KeysWaiting{}) {
+		t.Fatalf("CountKeysWaiting of an empty queue = %+v, %v; want zeros", w, err)
+	}
+	heads := map[string]int64{}
+	for _, k := range []string{"paused", "retrying", "running", "none", "alone"} {
+		heads[k] = h.InsertKeyed(t, "a", k)
+	}
+	for _, k := range []string{"paused", "paused", "retrying", "running", "none"} {
+		h.InsertKeyed(t, "a", k)
+	}
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	h.InsertKeyed(t, "a", "pending")
+	h.InsertKeyed(t, "a", "pending")
+	h.Stage(t, heads["paused"], "a", "a", core.StatusPaused, base.Add(time.Hour))
+	resolve(t, h, retryItem(heads["retrying"], "a", base.Add(time.Hour), "service down"))
+	// The stage finished this head itself; no release has run since.
+	h.Stage(t, heads["none"], "a", "a", core.StatusDone, base)
+	want := store.KeysWaiting{Keys: 5, Messages: 6, HeadPending: 1, HeadRunning: 1, HeadPaused: 1, HeadRetrying: 1, HeadNone: 1}
+	if w, err := h.CountKeysWaiting(t.Context()); err != nil || w != want {
+		t.Fatalf("CountKeysWaiting = %+v, %v; want %+v", w, err, want)
+	}
+}
