@@ -72,6 +72,9 @@ var (
 	descHealth = prometheus.NewDesc("pepsi_stage_health",
 		"1 for the state pepsi-dispatch recorded of the stage's workers (pepsi.stage_health: ok, cannot_start, crashing, rate_held), 0 for the others; exported only while a dispatcher holds the lock.",
 		[]string{"stage", "state"}, nil)
+	descKeysWaiting = prometheus.NewDesc("pepsi_queue_order_keys_waiting",
+		"Order keys with messages waiting (blocked) behind an older message of the key, their head, by what the head is doing: pending, running, paused (by its stage), retrying (paused after an answer 75), none (it finished; the dispatcher hands the key on next).",
+		[]string{"head"}, nil)
 	descFlushed = prometheus.NewDesc("pepsi_dispatch_stats_flushed_timestamp_seconds",
 		"When pepsi-dispatch last flushed its statistics (Unix time).",
 		nil, nil)
@@ -93,7 +96,7 @@ func NewCollector(src *Source) *Collector { return &Collector{src: src} }
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descRetryWaiting, descLock, descDead, descLastVacuum, descHorizon,
 		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descRetries, descRateHeld, descStageFlushed,
-		descStagePasses, descMessagesLeft, descFlushed, descHealth} {
+		descStagePasses, descMessagesLeft, descFlushed, descHealth, descKeysWaiting} {
 		ch <- d
 	}
 }
@@ -150,6 +153,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descLastVacuum, unix(s.Table.LastVacuum))
 	}
 	gauge(descHorizon, s.Table.HorizonSeconds)
+	k := s.OrderKeys
+	for head, n := range map[string]int64{"pending": k.HeadPending, "running": k.HeadRunning, "paused": k.HeadPaused,
+		"retrying": k.HeadRetrying, "none": k.HeadNone} {
+		gauge(descKeysWaiting, float64(n), head)
+	}
 	// A stopped dispatcher's record is stale: pepsi_dispatcher_lock_held 0
 	// says what is wrong then.
 	if s.DispatcherLocked {

@@ -202,6 +202,12 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		"pepsi_dispatch_stage_passes_total":                     70,
 		"pepsi_dispatch_messages_left_total":                    15,
 		"pepsi_dispatch_stats_flushed_timestamp_seconds":        float64(time.Date(2026, 11, 30, 10, 0, 5, 0, time.UTC).Unix()),
+		// No message has an order key.
+		`pepsi_queue_order_keys_waiting{head=pending}`:  0,
+		`pepsi_queue_order_keys_waiting{head=running}`:  0,
+		`pepsi_queue_order_keys_waiting{head=paused}`:   0,
+		`pepsi_queue_order_keys_waiting{head=retrying}`: 0,
+		`pepsi_queue_order_keys_waiting{head=none}`:     0,
 	}
 	// Ages and durations move with the clock: check them by range, then drop them.
 	for key, lo := range map[string]float64{

@@ -116,6 +116,8 @@ type Snapshot struct {
 	Failures []Failure `json:"failures"`
 	// Table is the queue table's health (what vacuum has to do).
 	Table TableHealth `json:"table"`
+	// OrderKeys counts the messages waiting behind their order key.
+	OrderKeys OrderKeys `json:"order_keys"`
 	// Health is what the dispatcher recorded of each stage's workers
 	// (pepsi.stage_health), sorted by stage. It is current only while
 	// DispatcherLocked: otherwise it is what the last dispatcher left.
@@ -139,6 +141,24 @@ type StageHealth struct {
 // program cannot start, or its workers keep crashing.
 func (h StageHealth) Unhealthy() bool {
 	return h.State == core.HealthCannotStart || h.State == core.HealthCrashing
+}
+
+// OrderKeys counts the messages waiting, blocked, behind an older message of
+// their order key, and their keys by what that message (the key's head) is
+// doing.
+type OrderKeys struct {
+	// Waiting is how many keys have blocked messages; Messages how many
+	// those are.
+	Waiting  int64 `json:"waiting"`
+	Messages int64 `json:"messages"`
+	// Of Waiting, the keys whose head is pending, running, paused by its
+	// stage, paused for a retry (an answer 75), or none (its older messages
+	// finished; the dispatcher hands the key on next).
+	HeadPending  int64 `json:"head_pending"`
+	HeadRunning  int64 `json:"head_running"`
+	HeadPaused   int64 `json:"head_paused"`
+	HeadRetrying int64 `json:"head_retrying"`
+	HeadNone     int64 `json:"head_none"`
 }
 
 // TableHealth is pepsi.queue's health as the statistics collector sees it.
@@ -203,7 +223,8 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 	if s.At, s.DispatcherLocked, err = q.MonitorLock(ctx); err != nil {
 		return err
 	}
-	for _, read := range []func(context.Context) ([]store.StageDepth, error){q.MonitorPending, q.MonitorRunning, q.MonitorPaused, q.MonitorFailed} {
+	for _, read := range []func(context.Context) ([]store.StageDepth, error){q.MonitorPending, q.MonitorRunning, q.MonitorPaused,
+		q.MonitorBlocked, q.MonitorFailed} {
 		depths, err := read(ctx)
 		if err != nil {
 			return err
@@ -219,6 +240,12 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 			}
 		}
 	}
+	k, err := q.CountKeysWaiting(ctx)
+	if err != nil {
+		return err
+	}
+	s.OrderKeys = OrderKeys{Waiting: k.Keys, Messages: k.Messages, HeadPending: k.HeadPending, HeadRunning: k.HeadRunning,
+		HeadPaused: k.HeadPaused, HeadRetrying: k.HeadRetrying, HeadNone: k.HeadNone}
 	failures, err := q.MonitorFailures(ctx)
 	if err != nil {
 		return err

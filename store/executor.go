@@ -54,6 +54,7 @@ type Executor interface {
 	MonitorPending(ctx context.Context) ([]StageDepth, error)
 	MonitorRunning(ctx context.Context) ([]StageDepth, error)
 	MonitorPaused(ctx context.Context) ([]StageDepth, error)
+	MonitorBlocked(ctx context.Context) ([]StageDepth, error)
 	MonitorFailed(ctx context.Context) ([]StageDepth, error)
 	MonitorFailures(ctx context.Context) ([]Failure, error)
 	MonitorTable(ctx context.Context) (TableHealth, error)

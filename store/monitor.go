@@ -37,6 +37,8 @@ CROSS JOIN LATERAL (SELECT q.ready_at, q.updated_at FROM pepsi.queue q
 	// is read from their heap rows.
 	monitorPausedSQL = `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now()), count(*) FILTER (WHERE attempts > 0)
 FROM pepsi.queue WHERE status = 'paused' GROUP BY stage`
+	// The queue_order_blocked index (schema version 12) holds only these rows.
+	monitorBlockedSQL = `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'blocked' GROUP BY stage`
 	// The queue_failed index (schema version 2) holds only these rows.
 	monitorFailedSQL = `SELECT stage, status, count(*) FROM pepsi.queue
 WHERE status IN ('failed', 'timeout') GROUP BY stage, status`
@@ -67,14 +69,17 @@ var monitorLockSQL = fmt.Sprintf(`SELECT now(), EXISTS (SELECT 1 FROM pg_locks W
 // MonitorQueries are the statements of the Monitor methods, by name, for the
 // EXPLAIN test.
 var MonitorQueries = map[string]string{
-	"pending":  monitorPendingSQL,
-	"running":  monitorRunningSQL,
-	"paused":   monitorPausedSQL,
-	"failed":   monitorFailedSQL,
-	"failures": monitorFailuresSQL,
-	"table":    monitorTableSQL,
-	"lock":     monitorLockSQL,
-	"health":   healthSQL,
+	"pending": monitorPendingSQL,
+	"running": monitorRunningSQL,
+	"paused":  monitorPausedSQL,
+	"blocked": monitorBlockedSQL,
+	"failed":  monitorFailedSQL,
+	// pepsi-httpd counts the keys waiting with CountKeysWaiting.
+	"keys_waiting": keysWaitingSQL,
+	"failures":     monitorFailuresSQL,
+	"table":        monitorTableSQL,
+	"lock":         monitorLockSQL,
+	"health":       healthSQL,
 }
 
 // StageDepth is what the monitor reads of one stage's rows in one status.
@@ -117,6 +122,15 @@ func (s *PG) MonitorPaused(ctx context.Context) ([]StageDepth, error) {
 		d := StageDepth{Status: core.StatusPaused}
 		return d, r.Scan(&d.Stage, &d.Count, &d.Due, &d.RetryWaiting)
 	}, monitorPausedSQL)
+}
+
+// MonitorBlocked reads each stage's blocked rows: messages waiting behind
+// an older message of their order key.
+func (s *PG) MonitorBlocked(ctx context.Context) ([]StageDepth, error) {
+	return collect(ctx, s.db, "read blocked", func(r pgx.CollectableRow) (StageDepth, error) {
+		d := StageDepth{Status: core.StatusBlocked}
+		return d, r.Scan(&d.Stage, &d.Count)
+	}, monitorBlockedSQL)
 }
 
 // MonitorFailed reads each stage's failed and timed-out rows.
@@ -189,7 +203,7 @@ func (s *PG) MonitorLock(ctx context.Context) (at time.Time, locked bool, err er
 // every column of the queue but payload, and the two statistics tables. The
 // database then guarantees that pepsi-httpd shows no payload and writes nothing.
 const MonitorGrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
-GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at) ON pepsi.queue TO pepsi_monitor;
+GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at, order_key) ON pepsi.queue TO pepsi_monitor;
 GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats, pepsi.stage_health TO pepsi_monitor;`
 
 // FailedIndexExists says whether the queue_failed index of schema version 2

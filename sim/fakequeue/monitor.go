@@ -51,6 +51,11 @@ func (q *Queue) MonitorPending(context.Context) ([]store.StageDepth, error) {
 	}), nil
 }
 
+// MonitorBlocked reads each stage's blocked rows.
+func (q *Queue) MonitorBlocked(context.Context) ([]store.StageDepth, error) {
+	return q.depths(core.StatusBlocked, nil), nil
+}
+
 // MonitorRunning reads each stage's running rows.
 func (q *Queue) MonitorRunning(context.Context) ([]store.StageDepth, error) {
 	return q.depths(core.StatusRunning, nil), nil

@@ -42,6 +42,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"StageReadReadsTheOrderKey", testKeyStageRead},
 		{"ListCountAndDiscardSelectByOrderKey", testKeySelect},
 		{"CountKeysWaitingSortsTheKeysByWhatTheirHeadDoes", testKeyCountWaiting},
+		{"MonitorBlockedCountsEachStagesBlockedRows", testKeyMonitorBlocked},
 	}
 	runAll(t, tests, open)
 }

@@ -6,6 +6,7 @@ package queuetest
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,5 +173,21 @@ func testKeyCountWaiting(t *testing.T, h KeyedHarness) {
 	want := store.KeysWaiting{Keys: 5, Messages: 6, HeadPending: 1, HeadRunning: 1, HeadPaused: 1, HeadRetrying: 1, HeadNone: 1}
 	if w, err := h.CountKeysWaiting(t.Context()); err != nil || w != want {
 		t.Fatalf("CountKeysWaiting = %+v, %v; want %+v", w, err, want)
+	}
+}
+
+func testKeyMonitorBlocked(t *testing.T, h KeyedHarness) {
+	h.InsertKeyed(t, "a", "k")
+	h.InsertKeyed(t, "a", "k")
+	h.InsertKeyed(t, "b", "k")
+	h.InsertKeyed(t, "b", "j")
+	got, err := h.MonitorBlocked(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(x, y store.StageDepth) int { return strings.Compare(x.Stage, y.Stage) })
+	want := []store.StageDepth{{Stage: "a", Status: core.StatusBlocked, Count: 1}, {Stage: "b", Status: core.StatusBlocked, Count: 1}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("MonitorBlocked = %+v, want %+v", got, want)
 	}
 }
