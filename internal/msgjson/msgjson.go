@@ -275,16 +275,16 @@ func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error)
 }
 
 // parsePlain reads the common shape of a message without reflection: one
-// object whose members are "stage", "key" and "payload", each at most once,
-// each a string of printable ASCII without escapes, payload present and
-// stage and key valid. It says false for anything else, which the decoder
+// object whose members are "stage", "key", "order_key" and "payload", each at
+// most once, each a string of printable ASCII without escapes, payload
+// present and stage and keys valid. It says false for anything else, which the decoder
 // then reads (and refuses with its reasons): it takes a subset of what the
 // decoder takes and answers the same message for it (FuzzPlainAgrees).
 // pepsi-ingress reads one message per request, so the decoder's reflection
 // and allocations were a tenth of its CPU per request.
 func parsePlain(text []byte, f Fields) (Message, bool) {
 	var m Message
-	var stage, key, payload []byte
+	var stage, key, orderKey, payload []byte
 	i := skipSpace(text, 0)
 	if i == len(text) || text[i] != '{' {
 		return m, false
@@ -310,6 +310,8 @@ func parsePlain(text []byte, f Fields) (Message, bool) {
 			stage = value
 		case string(name) == "key" && f.Key && key == nil && len(value) > 0 && len(value) <= KeyMax:
 			key = value
+		case string(name) == "order_key" && f.OrderKey && orderKey == nil && len(value) > 0 && len(value) <= OrderKeyMax:
+			orderKey = value
 		default:
 			return m, false
 		}
@@ -334,6 +336,9 @@ func parsePlain(text []byte, f Fields) (Message, bool) {
 	}
 	if key != nil {
 		m.Key = string(key)
+	}
+	if orderKey != nil {
+		m.OrderKey = string(orderKey)
 	}
 	return m, true
 }

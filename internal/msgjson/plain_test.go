@@ -10,9 +10,10 @@ import (
 func decode(t *testing.T, text []byte, f Fields) (Message, error) {
 	t.Helper()
 	var obj struct {
-		Stage   *string `json:"stage"`
-		Key     *string `json:"key"`
-		Payload *string `json:"payload"`
+		Stage    *string `json:"stage"`
+		Key      *string `json:"key"`
+		OrderKey *string `json:"order_key"`
+		Payload  *string `json:"payload"`
 	}
 	d := json.NewDecoder(bytes.NewReader(text))
 	d.DisallowUnknownFields()
@@ -25,6 +26,9 @@ func decode(t *testing.T, text []byte, f Fields) (Message, error) {
 	}
 	if obj.Key != nil {
 		m.Key = *obj.Key
+	}
+	if obj.OrderKey != nil {
+		m.OrderKey = *obj.OrderKey
 	}
 	if obj.Payload != nil {
 		m.Payload = []byte(*obj.Payload)
@@ -42,13 +46,14 @@ func FuzzPlainAgrees(f *testing.F) {
 		`{"payload": "x", "payload": "y"}`, `{"Payload": "x"}`, `{"payload": "\u0041"}`, `{"payload": "é"}`,
 		`{"stage": "", "payload": "x"}`, `{"key": "", "payload": "x"}`, `{"payload": "x"} x`, `{"payload": "x",}`,
 		`{"payload": "x", "state": {}}`, `{"stage": "a"}`, `{}`, "{\"payload\":\"x\"}\r\n", `{"payload": 1}`,
+		`{"payload": "x", "order_key": "acct-9"}`, `{"order_key": "", "payload": "x"}`, `{"payload": "x", "order_key": "a", "order_key": "b"}`,
 	} {
-		for _, fl := range []Fields{{}, {Stage: true, Key: true, Limit: true}} {
-			f.Add([]byte(s), fl.Stage, fl.Key)
+		for _, fl := range []Fields{{}, {Stage: true, Key: true, OrderKey: true, Limit: true}} {
+			f.Add([]byte(s), fl.Stage, fl.Key, fl.OrderKey)
 		}
 	}
-	f.Fuzz(func(t *testing.T, text []byte, stage, key bool) {
-		fl := Fields{Stage: stage, Key: key, Limit: true}
+	f.Fuzz(func(t *testing.T, text []byte, stage, key, orderKey bool) {
+		fl := Fields{Stage: stage, Key: key, OrderKey: orderKey, Limit: true}
 		m, ok := parsePlain(text, fl)
 		if !ok {
 			return
@@ -57,13 +62,13 @@ func FuzzPlainAgrees(f *testing.F) {
 		if err != nil {
 			t.Fatalf("plain path read %q as %+v; the decoder refuses it: %v", text, m, err)
 		}
-		if m.Stage != want.Stage || m.Key != want.Key || !bytes.Equal(m.Payload, want.Payload) || m.State != nil {
+		if m.Stage != want.Stage || m.Key != want.Key || m.OrderKey != want.OrderKey || !bytes.Equal(m.Payload, want.Payload) || m.State != nil {
 			t.Fatalf("plain path read %q as %+v; the decoder as %+v", text, m, want)
 		}
-		if m.Payload == nil || m.Stage != "" && !stage || m.Key != "" && !key {
+		if m.Payload == nil || m.Stage != "" && !stage || m.Key != "" && !key || m.OrderKey != "" && !orderKey {
 			t.Fatalf("plain path read %q as %+v with fields %+v", text, m, fl)
 		}
-		if got, err := Parse(text, fl); err != nil || got.Stage != m.Stage || got.Key != m.Key || !bytes.Equal(got.Payload, m.Payload) {
+		if got, err := Parse(text, fl); err != nil || got.Stage != m.Stage || got.Key != m.Key || got.OrderKey != m.OrderKey || !bytes.Equal(got.Payload, m.Payload) {
 			t.Fatalf("Parse(%q) = %+v, %v; want %+v", text, got, err, m)
 		}
 		before := append([]byte(nil), m.Payload...)
@@ -79,8 +84,8 @@ func FuzzPlainAgrees(f *testing.F) {
 // TestPlainPathTakesTheCommonShape checks that the plain path does read the
 // messages it is there for (else it would only cost time).
 func TestPlainPathTakesTheCommonShape(t *testing.T) {
-	for _, s := range []string{`{"stage": "a", "payload": "ingest"}`, `{"payload":"message 1","key":"order-1"}`} {
-		if _, ok := parsePlain([]byte(s), Fields{Stage: true, Key: true, Limit: true}); !ok {
+	for _, s := range []string{`{"stage": "a", "payload": "ingest"}`, `{"payload":"message 1","key":"order-1"}`, `{"payload":"debit 12.50","order_key":"acct-9"}`} {
+		if _, ok := parsePlain([]byte(s), Fields{Stage: true, Key: true, OrderKey: true, Limit: true}); !ok {
 			t.Errorf("%s: not read by the plain path", s)
 		}
 	}
