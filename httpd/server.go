@@ -131,10 +131,28 @@ type Message struct {
 	UpdatedAt time.Time  `json:"updated_at"`
 	By        string     `json:"by"`
 	Reason    string     `json:"reason"`
+	// OrderKey is the message's order key; absent for none.
+	OrderKey string `json:"order_key,omitempty"`
+	// WaitsBehind, for a blocked message, is the message of its order key
+	// it waits behind (the key's head) and what that one is doing; absent
+	// when none is (every older message of the key finished: the dispatcher
+	// hands the key on next).
+	WaitsBehind *KeyHead `json:"waits_behind,omitempty"`
 	// Actions are those that apply to the message now, with ACTIONS = on:
 	// retry a failed or timed-out one, discard one that waits (pending,
 	// paused, blocked behind its key). Empty on a read-only page.
 	Actions []string `json:"actions"`
+}
+
+// KeyHead is the message an order key's blocked messages wait behind.
+type KeyHead struct {
+	ID     int64          `json:"id"`
+	Stage  string         `json:"stage"`
+	Status core.RowStatus `json:"status"`
+	// Timeout is when a paused head is due; absent for none.
+	Timeout *time.Time `json:"timeout,omitempty"`
+	// Attempts above 0 on a paused head: it waits for a retry (answer 75).
+	Attempts int `json:"attempts"`
 }
 
 // message answers GET /api/messages/{id}.
@@ -154,7 +172,13 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 		return
 	}
 	out := Message{ID: m.ID, Stage: m.Stage, Status: m.Status, Timeout: m.Timeout, Attempts: m.Attempts,
-		CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, By: m.By, Reason: m.Reason, Actions: []string{}}
+		CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, By: m.By, Reason: m.Reason, OrderKey: m.OrderKey, Actions: []string{}}
+	if h := m.Head; h != nil {
+		out.WaitsBehind = &KeyHead{ID: h.ID, Stage: h.Stage, Status: h.Status, Timeout: h.Timeout, Attempts: h.Attempts}
+		if h.Status != core.StatusPaused {
+			out.WaitsBehind.Timeout = nil // a value left from its last pause: no due time
+		}
+	}
 	if actions {
 		switch m.Status {
 		case core.StatusFailed, core.StatusTimeout:

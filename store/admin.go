@@ -44,18 +44,47 @@ FROM pepsi.stage_stats ORDER BY stage`
 // dispatchStatsSQL reads pepsi.dispatch_stats, the dispatcher's own row.
 const dispatchStatsSQL = `SELECT stage_passes, messages_left, updated_at, flush_seq FROM pepsi.dispatch_stats`
 
-// showSQL reads one message, by ingress_id. A timeout no time.Time holds
-// ('infinity', '-infinity': a stage may pause a row for good) comes as text.
-// For a blocked message it reads the head of its order key too: the oldest
-// of the key's messages that is not blocked (one probe of queue_order_live).
+// keyHeadColumns, selected from pepsi.queue q joined by keyHeadJoin, are q's
+// order key and, when q is blocked, its key's head: the oldest of the key's messages
+// that is not blocked (one probe of queue_order_live), all NULL when there is
+// none (see keyHeadScan).
+const (
+	keyHeadColumns = `coalesce(q.order_key, ''), h.ingress_id, h.stage, h.status, CASE WHEN isfinite(h.timeout) THEN h.timeout END, h.attempts`
+	keyHeadJoin    = `LEFT JOIN LATERAL (SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts FROM pepsi.queue x
+	WHERE q.status = 'blocked' AND x.order_key = q.order_key AND x.status IN ('pending', 'running', 'paused')
+	ORDER BY x.ingress_id LIMIT 1) h ON true`
+)
+
+// keyHeadScan scans keyHeadColumns.
+type keyHeadScan struct {
+	orderKey string
+	id       *int64
+	stage    *string
+	status   *core.RowStatus
+	timeout  *time.Time
+	attempts *int
+}
+
+// dest are the scan's destinations, in keyHeadColumns' order.
+func (k *keyHeadScan) dest() []any {
+	return []any{&k.orderKey, &k.id, &k.stage, &k.status, &k.timeout, &k.attempts}
+}
+
+// head is the head scanned, nil for none.
+func (k *keyHeadScan) head() *KeyHead {
+	if k.id == nil {
+		return nil
+	}
+	return &KeyHead{ID: *k.id, Stage: *k.stage, Status: *k.status, Timeout: k.timeout, Attempts: *k.attempts}
+}
+
+// showSQL reads one message, by ingress_id, with its order key's head
+// (keyHeadColumns). A timeout no time.Time holds ('infinity', '-infinity': a
+// stage may pause a row for good) comes as text.
 const showSQL = `SELECT q.stage, q.status, CASE WHEN isfinite(q.timeout) THEN q.timeout END,
 	CASE WHEN NOT isfinite(q.timeout) THEN q.timeout::text ELSE '' END, q.state, q.payload, q.created_at, q.updated_at,
-	q.attempts, coalesce(q.dedup_key, ''), coalesce(q.order_key, ''),
-	h.ingress_id, h.stage, h.status, CASE WHEN isfinite(h.timeout) THEN h.timeout END, h.attempts
-FROM pepsi.queue q
-LEFT JOIN LATERAL (SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts FROM pepsi.queue x
-	WHERE q.status = 'blocked' AND x.order_key = q.order_key AND x.status IN ('pending', 'running', 'paused')
-	ORDER BY x.ingress_id LIMIT 1) h ON true
+	q.attempts, coalesce(q.dedup_key, ''), ` + keyHeadColumns + `
+FROM pepsi.queue q ` + keyHeadJoin + `
 WHERE q.ingress_id = $1`
 
 // retrySQL makes pending again the rows selectWhere selects ($1 to $5; none
@@ -245,19 +274,11 @@ type KeyHead struct {
 // Show reads the row with ingress_id id, or returns ErrNotFound.
 func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
 	m := &Message{ID: id}
-	var head struct {
-		id       *int64
-		stage    *string
-		status   *core.RowStatus
-		timeout  *time.Time
-		attempts *int
-	}
+	var k keyHeadScan
 	err := s.db.QueryRow(ctx, showSQL, id).
-		Scan(&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt,
-			&m.Attempts, &m.DedupKey, &m.OrderKey, &head.id, &head.stage, &head.status, &head.timeout, &head.attempts)
-	if err == nil && head.id != nil {
-		m.Head = &KeyHead{ID: *head.id, Stage: *head.stage, Status: *head.status, Timeout: head.timeout, Attempts: *head.attempts}
-	}
+		Scan(append([]any{&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt,
+			&m.Attempts, &m.DedupKey}, k.dest()...)...)
+	m.OrderKey, m.Head = k.orderKey, k.head()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)
 	}

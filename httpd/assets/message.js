@@ -27,6 +27,7 @@ function render(m) {
     ["due", m.timeout ? new Date(m.timeout).toLocaleString() : "-"],
     ["created", new Date(m.created_at).toLocaleString()], ["updated", new Date(m.updated_at).toLocaleString()],
     ["failed by", m.by || "-"], ["reason", m.reason || "-"],
+    ["order key", m.order_key || "-"],
   ];
   for (const [k, v] of rows) {
     const tr = el("tr");
@@ -34,10 +35,29 @@ function render(m) {
     tr.append(el("th", k), el("td", v, k === "reason" ? "reason" : ""));
     body.append(tr);
   }
+  if (m.status === "blocked") body.append(waitsBehind(m.waits_behind));
   const actions = document.getElementById("actions");
   actions.replaceChildren();
   if (!session.signedIn) return;
   for (const a of m.actions || []) actions.append(actionButton(a, m.id, `${m.status} at ${m.stage}`));
+}
+
+// waitsBehind is the row that says what a blocked message waits behind: its
+// order key's head, linked to its page, and what that message is doing.
+function waitsBehind(h) {
+  const tr = el("tr");
+  tr.dataset.key = "waits behind";
+  const td = el("td", h ? "" : "no unfinished message of its key: pepsi-dispatch hands it the key next");
+  if (h) {
+    const link = el("a", "message " + h.id);
+    link.href = "message.html?id=" + h.id;
+    let doing = `${h.status} at ${h.stage}`;
+    if (h.status === "paused" && h.attempts > 0) doing = `paused at ${h.stage} for retry ${h.attempts}`;
+    if (h.timeout) doing += " until " + new Date(h.timeout).toLocaleString();
+    td.append(link, ` (${doing})`);
+  }
+  tr.append(el("th", "waits behind"), td);
+  return tr;
 }
 
 loadSession().then(refresh);
