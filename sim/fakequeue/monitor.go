@@ -121,7 +121,7 @@ func (q *Queue) ReadPageMessage(_ context.Context, id int64) (store.PageMessage,
 		return store.PageMessage{}, store.ErrNotFound
 	}
 	m := store.PageMessage{ID: id, Stage: r.Stage, Status: r.Status, Attempts: r.Attempts,
-		CreatedAt: q.created[id], UpdatedAt: q.updated[id]}
+		CreatedAt: q.created[id], UpdatedAt: q.updated[id], OrderKey: r.Key, Head: q.head(r)}
 	if r.Status == core.StatusPaused && !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t

@@ -38,7 +38,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"TheStartUpResetReleasesEveryKeyWithBlockedRows", testKeyResetReleases},
 		{"EnqueueInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyEnqueue},
 		{"InsertIngressInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyInsertIngress},
-		{"ShowSaysWhatABlockedMessageWaitsBehind", testKeyShowHead},
+		{"ShowAndThePageSayWhatABlockedMessageWaitsBehind", testKeyShowHead},
 		{"StageReadReadsTheOrderKey", testKeyStageRead},
 		{"ListCountAndDiscardSelectByOrderKey", testKeySelect},
 		{"CountKeysWaitingSortsTheKeysByWhatTheirHeadDoes", testKeyCountWaiting},

@@ -101,6 +101,11 @@ func testKeyShowHead(t *testing.T, h KeyedHarness) {
 	if m, err := h.Show(t.Context(), head); err != nil || m.Head != nil || m.OrderKey != "k" {
 		t.Fatalf("Show(%d) of the head = %+v, %v; want order key k and nothing it waits behind", head, m, err)
 	}
+	// pepsi-httpd's message page reads the same.
+	if p, err := h.ReadPageMessage(t.Context(), waiting); err != nil || p.OrderKey != "k" || p.Head == nil || p.Head.ID != head ||
+		p.Head.Status != core.StatusPaused || p.Head.Attempts != 1 || p.Head.Timeout == nil || !p.Head.Timeout.Equal(until) {
+		t.Fatalf("ReadPageMessage(%d) = %+v, %v; want order key k, waiting behind %+v", waiting, p, err, m.Head)
+	}
 	// Once the head finished, the blocked message waits behind nothing: the
 	// dispatcher's release is next.
 	wakeAt(t, h, until)
