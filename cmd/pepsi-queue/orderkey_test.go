@@ -3,8 +3,6 @@ package main
 import (
 	"strings"
 	"testing"
-
-	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // TestEnqueueGivesOrderKeys: -order-key gives every message a key, an NDJSON
@@ -13,8 +11,7 @@ import (
 // inserts nothing.
 func TestEnqueueGivesOrderKeys(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, "a\nb\n", env, "enqueue", "-stage", "parse", "-order-key", "acct-9").
 		expect(t, "lines with -order-key", 0, "enqueued 2 messages at stage parse", "")
 	ndjson := `{"payload": "c", "order_key": "acct-7"}` + "\n" + `{"payload": "d"}` + "\n"
@@ -40,8 +37,7 @@ func TestEnqueueGivesOrderKeys(t *testing.T) {
 // key's messages, with their order_key in -json.
 func TestTheOperatorSeesWhatAKeyWaitsBehind(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewMigrated(t)
-	env := []string{"PEPSI_DATABASE=" + url}
+	url, env := migratedEnv(t)
 	pq(t, "a\nb\nc\n", env, "enqueue", "-stage", "parse", "-order-key", "acct-9").expect(t, "enqueue", 0, "enqueued 3 messages", "")
 	pq(t, "d\n", env, "enqueue", "-stage", "parse").expect(t, "enqueue without a key", 0, "enqueued 1 message", "")
 	ids := strings.Fields(scalar(t, url, `SELECT string_agg(ingress_id::text, ' ' ORDER BY ingress_id) FROM pepsi.queue WHERE order_key = 'acct-9'`))
