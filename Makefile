@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet lint purity bench-core python promtool bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private
+.PHONY: all build install man test vet lint purity bench-core python promtool bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private test-orderkey
 
 all: build
 
@@ -131,6 +131,13 @@ river-bench:
 
 demo: postgres-demo build
 	PATH=$(BIN):$$PATH $(BIN)/pepsi-demo
+
+# On demand, not in CI (minutes): the outside check of ordering per key
+# (shell/dispatch, TestOrderPerKeyFromOutside) with a hot key's backlog of
+# 20,000 messages; make test runs it with 1,500.
+ORDER_HOT ?= 20000
+test-orderkey: postgres python
+	PEPSI_TEST_ORDER_HOT=$(ORDER_HOT) $(GO) test -count=1 -timeout 60m -v -run '^TestOrderPerKeyFromOutside$$' ./shell/dispatch/
 
 # The simulator's long campaign: the real core against the fake world under
 # faults, 100000 seeds (go test ./sim runs a fixed budget). A failure prints its
