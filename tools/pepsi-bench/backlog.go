@@ -90,7 +90,7 @@ func (b *bench) runBacklogs(ctx context.Context) error {
 // the drain and after it.
 func (b *bench) runBacklog(ctx context.Context, v variant) (backlogResult, error) {
 	r := backlogResult{messages: b.backlogN}
-	conn, err := b.freshQueue(ctx, b.backlogN, false)
+	conn, err := b.freshQueue(ctx, b.backlogN, stageConfig{})
 	if err != nil {
 		return r, err
 	}

@@ -86,6 +86,14 @@ type stageConfig struct {
 	// keyed: every message has an order key of its own (the keyed
 	// configuration), so each hop pays for ordering per key, and none waits.
 	keyed bool
+	// keys, when above 0, is how many order keys the messages share, in turn
+	// (the keys configuration): each key's messages pass one at a time.
+	keys int
+	// keyBacklog, when above 0, is how many messages of one other key wait
+	// behind their head, which is paused for ever, enqueued before the
+	// measured messages (the backlogged configuration): what a key's backlog
+	// costs everyone else.
+	keyBacklog int
 }
 
 // ratedRate is the RATE of the rated configuration: far above what any
@@ -103,6 +111,12 @@ func (c stageConfig) String() string {
 	}
 	if c.keyed {
 		s += ", an order key per message"
+	}
+	if c.keys > 0 {
+		s += fmt.Sprintf(", the messages share %d order keys", c.keys)
+	}
+	if c.keyBacklog > 0 {
+		s += fmt.Sprintf(", beside one key's backlog of %d blocked messages", c.keyBacklog)
 	}
 	return s + ")"
 }
@@ -123,6 +137,8 @@ type bench struct {
 	clients        int
 	rounds         int
 	benchConfig    stageConfig
+	keys           int // the keys configuration's order keys (-keys)
+	keyBacklog     int // the backlogged configuration's backlog (-key-backlog)
 	modes          []mode
 	configs        []stageConfig
 	variants       []variant

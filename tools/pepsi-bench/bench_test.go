@@ -80,6 +80,29 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 	}
 }
 
+// TestKeyedConfigurationsRunBesideBench runs the configurations of ordering
+// per key: the messages sharing a few keys, and keyless messages beside one
+// key's backlog, which must still be waiting when the run ends (pepsi-bench
+// checks it and fails otherwise); each is set beside bench.
+func TestKeyedConfigurationsRunBesideBench(t *testing.T) {
+	t.Parallel()
+	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-modes", "answer", "-configs", "bench,keys,backlogged",
+		"-keys", "10", "-key-backlog", "1000", "-skip-pgbench", "-latency-seconds", "0", "-ingest-seconds", "0")
+	if code != 0 {
+		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^round 1: pipeline answer, keys \(P=2 Q=64 MAX_MESSAGES=100000, the messages share 10 order keys\): [0-9]+ hops/s`),
+		regexp.MustCompile(`(?m)^round 1: pipeline answer, backlogged \(P=2 Q=64 MAX_MESSAGES=100000, beside one key's backlog of 1000 blocked messages\): [0-9]+ hops/s`),
+		regexp.MustCompile(`(?m)^answer mode at keys ÷ at bench: \*\*[0-9.]+×\*\*$`),
+		regexp.MustCompile(`(?m)^answer mode at backlogged ÷ at bench: \*\*[0-9.]+×\*\*$`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("pepsi-bench output has no line matching %q; output:\n%s", want, out)
+		}
+	}
+}
+
 // TestAnswerModeIsMeasuredOrRefusedClearly runs library and answer mode
 // against the dispatcher of this tree: one that speaks the "0 >TARGET" protocol
 // drains the pipeline, with fewer than two row versions per hop (the

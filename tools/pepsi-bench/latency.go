@@ -42,7 +42,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // and its commit's WAL flush, is not in the figure.
 func (b *bench) runLatency(ctx context.Context, v variant) (latencyResult, error) {
 	var l latencyResult
-	conn, err := b.freshQueue(ctx, latencyWarmup, false)
+	conn, err := b.freshQueue(ctx, latencyWarmup, stageConfig{})
 	if err != nil {
 		return l, err
 	}

@@ -104,7 +104,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
 	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT), message (INPUT = message: the stage parses each message and answers a patch from it), python (the same with a Python stage), relay1ms and relay10ms (message mode behind a TCP relay adding 1 or 10 ms per round trip); all but write need the 0 >TARGET protocol")
 	fs.IntVar(&b.payloadBytes, "payload-bytes", 0, "the size of each message's payload in bytes (0: \"message N\"); with -modes message it shows what INPUT = message costs the dispatcher (pepsi-dispatch's peak RSS is then reported)")
-	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000), rated (bench with RATE = "+ratedRate+" on every stage: far above its throughput, so it measures what RATE costs), keyed (bench with every message under an order key of its own: what ordering per key costs)")
+	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000), rated (bench with RATE = "+ratedRate+" on every stage: far above its throughput, so it measures what RATE costs), keyed (bench with every message under an order key of its own: what ordering per key costs), keys (bench with the messages sharing -keys order keys in turn), backlogged (bench beside one key's backlog of -key-backlog messages waiting behind a paused head)")
+	fs.IntVar(&b.keys, "keys", 1000, "how many order keys the messages share in the keys configuration (-n 100000 -keys 1000: 100 messages per key)")
+	fs.IntVar(&b.keyBacklog, "key-backlog", 1000000, "how many messages of one key wait behind its paused head in the backlogged configuration")
 	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
 	fs.IntVar(&b.latencyRate, "latency-rate", 100, "messages per second offered in the latency run")
 	fs.IntVar(&b.latencySeconds, "latency-seconds", 10, "how long the latency run offers messages, per mode; 0: no latency run")
@@ -150,8 +152,9 @@ func (b *bench) settle(args []string, modes, configs string) error {
 	case len(args) > 0:
 		return fmt.Errorf("unexpected arguments %q (see -h)", args)
 	case b.n <= 0 || b.seconds <= 0 || b.clients <= 0 || b.rounds <= 0 || b.benchConfig.parallelism <= 0 ||
-		b.benchConfig.queueLimit <= 0 || b.benchConfig.maxMessages <= 0 || b.latencyRate <= 0 || b.backlogN <= 0:
-		return errors.New("-n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate and -backlog-n must be positive")
+		b.benchConfig.queueLimit <= 0 || b.benchConfig.maxMessages <= 0 || b.latencyRate <= 0 || b.backlogN <= 0 ||
+		b.keys <= 0 || b.keyBacklog <= 0:
+		return errors.New("-n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate, -backlog-n, -keys and -key-backlog must be positive")
 	case b.latencySeconds < 0:
 		return errors.New("-latency-seconds must not be negative")
 	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
@@ -167,7 +170,7 @@ func (b *bench) settle(args []string, modes, configs string) error {
 	if b.modes, err = parseModes(modes); err != nil {
 		return fmt.Errorf("-modes: %w", err)
 	}
-	if b.configs, err = parseConfigs(configs, b.benchConfig); err != nil {
+	if b.configs, err = parseConfigs(configs, b.benchConfig, b.keys, b.keyBacklog); err != nil {
 		return fmt.Errorf("-configs: %w", err)
 	}
 	for _, m := range b.modes {
@@ -204,26 +207,29 @@ func parseModes(s string) ([]mode, error) {
 
 // parseConfigs reads -configs: a comma-separated list of bench (the flags'
 // configuration), defaults (pepsi.conf's), rated (bench with a RATE far
-// above its throughput) and keyed (bench, every message with its own order
-// key), each at most once.
-func parseConfigs(s string, bench stageConfig) ([]stageConfig, error) {
+// above its throughput), keyed (bench, every message with its own order
+// key), keys (bench, the messages sharing keys order keys) and backlogged
+// (bench beside one key's backlog of keyBacklog messages), each at most once.
+func parseConfigs(s string, bench stageConfig, keys, keyBacklog int) ([]stageConfig, error) {
 	var cs []stageConfig
 	for _, f := range strings.Split(s, ",") {
-		var c stageConfig
-		switch strings.TrimSpace(f) {
+		c, name := bench, strings.TrimSpace(f)
+		switch name {
 		case "bench":
-			c = bench
 		case "defaults":
 			c = defaultsConfig
 		case "rated":
-			c = bench
-			c.name, c.rate = "rated", ratedRate
+			c.rate = ratedRate
 		case "keyed":
-			c = bench
-			c.name, c.keyed = "keyed", true
+			c.keyed = true
+		case "keys":
+			c.keys = keys
+		case "backlogged":
+			c.keyBacklog = keyBacklog
 		default:
-			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults, rated, keyed or several (bench,defaults)", f)
+			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults, rated, keyed, keys, backlogged or several (bench,defaults)", f)
 		}
+		c.name = name
 		if slices.ContainsFunc(cs, func(x stageConfig) bool { return x.name == c.name }) {
 			return nil, fmt.Errorf("configuration %s twice", c.name)
 		}

@@ -66,7 +66,7 @@ func (b *bench) runRaces(ctx context.Context) error {
 // (updated_at, the server's clock: the same machine's).
 func (b *bench) runRace(ctx context.Context, v variant, seed uint64) (raceResult, error) {
 	var r raceResult
-	conn, err := b.freshQueue(ctx, latencyWarmup, false)
+	conn, err := b.freshQueue(ctx, latencyWarmup, stageConfig{})
 	if err != nil {
 		return r, err
 	}

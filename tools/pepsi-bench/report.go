@@ -63,6 +63,34 @@ func (b *bench) table(rounds []round) string {
 			}
 		}
 	}
+	s.WriteString(b.besideBench(rounds))
+	return s.String()
+}
+
+// besideBench is how each mode at each other configuration compares with the
+// same mode at the bench configuration, round by round (the keyed, keys and
+// backlogged configurations' figures: docs/performance.md, "Ordering per
+// key"); "" without the bench configuration.
+func (b *bench) besideBench(rounds []round) string {
+	i := slices.IndexFunc(b.configs, func(c stageConfig) bool { return c.name == "bench" })
+	if i < 0 {
+		return ""
+	}
+	var s strings.Builder
+	sep := "\n"
+	for _, c := range b.configs {
+		if c.name == "bench" {
+			continue
+		}
+		for _, m := range b.modes {
+			plain, other := variant{m, b.configs[i]}, variant{m, c}
+			cell := ratioCell(rounds, func(r round) (float64, float64) { return r.pipes[other].hops, r.pipes[plain].hops })
+			if cell != "" {
+				fmt.Fprintf(&s, "%s%s mode at %s ÷ at bench: %s\n", sep, m, c.name, cell)
+				sep = ""
+			}
+		}
+	}
 	return s.String()
 }
 

@@ -101,19 +101,25 @@ func TestModesAndConfigsAreParsedInOrder(t *testing.T) {
 		t.Errorf("parseModes(\"answer, write,library\") = %v, %v; want [answer write library]", ms, err)
 	}
 	cfg := stageConfig{name: "bench", parallelism: 2, queueLimit: 64, maxMessages: 100000}
-	cs, err := parseConfigs("defaults,bench", cfg)
+	cs, err := parseConfigs("defaults,bench", cfg, 1000, 1000000)
 	if err != nil || len(cs) != 2 || cs[0] != defaultsConfig || cs[1] != cfg {
 		t.Errorf("parseConfigs(\"defaults,bench\") = %v, %v; want [defaults bench]", cs, err)
 	}
 	rated := cfg
 	rated.name, rated.rate = "rated", ratedRate
-	if cs, err := parseConfigs("bench,rated", cfg); err != nil || len(cs) != 2 || cs[1] != rated {
+	if cs, err := parseConfigs("bench,rated", cfg, 1000, 1000000); err != nil || len(cs) != 2 || cs[1] != rated {
 		t.Errorf("parseConfigs(\"bench,rated\") = %v, %v; want bench and bench with RATE %s", cs, err, ratedRate)
 	}
 	keyed := cfg
 	keyed.name, keyed.keyed = "keyed", true
-	if cs, err := parseConfigs("keyed", cfg); err != nil || len(cs) != 1 || cs[0] != keyed {
+	if cs, err := parseConfigs("keyed", cfg, 1000, 1000000); err != nil || len(cs) != 1 || cs[0] != keyed {
 		t.Errorf("parseConfigs(\"keyed\") = %v, %v; want bench with an order key per message", cs, err)
+	}
+	keys, backlogged := cfg, cfg
+	keys.name, keys.keys = "keys", 1000
+	backlogged.name, backlogged.keyBacklog = "backlogged", 1000000
+	if cs, err := parseConfigs("keys,backlogged", cfg, 1000, 1000000); err != nil || len(cs) != 2 || cs[0] != keys || cs[1] != backlogged {
+		t.Errorf("parseConfigs(\"keys,backlogged\") = %v, %v; want bench with 1000 keys and bench beside a backlog of 1000000", cs, err)
 	}
 	b := &bench{url: "postgres://x"}
 	if text := b.confText(variant{mode: modeWrite, cfg: rated}, "60"); strings.Count(text, "RATE = "+ratedRate+"\n") != 3 {
@@ -207,6 +213,35 @@ func TestTableHasEveryRowAndTheRatiosOfTheSameRounds(t *testing.T) {
 	}
 	if got := b.table(rounds); !strings.Contains(got, "| pipeline answer, bench (P=2 Q=64 MAX_MESSAGES=100000) | not measured: "+refusedShort) {
 		t.Errorf("a refused mode's row does not say it was not measured:\n%s", got)
+	}
+}
+
+func TestOtherConfigurationsAreSetBesideBenchRoundByRound(t *testing.T) {
+	t.Parallel()
+	cfg := stageConfig{name: "bench", parallelism: 2, queueLimit: 64, maxMessages: 100000}
+	keys, backlogged := cfg, cfg
+	keys.name, keys.keys = "keys", 1000
+	backlogged.name, backlogged.keyBacklog = "backlogged", 1000000
+	plain, k, bl := variant{modeAnswer, cfg}, variant{modeAnswer, keys}, variant{modeAnswer, backlogged}
+	b := &bench{configs: []stageConfig{cfg, keys, backlogged}, modes: []mode{modeAnswer}}
+	var rounds []round
+	for _, f := range []float64{1, 2, 4} {
+		// The rounds' ratios are 0.5, 0.5, 0.5 for keys and 0.9, 0.9, 0.9 for
+		// backlogged, whatever each round's speed: ratios of the same round.
+		rounds = append(rounds, round{pipes: map[variant]pipeResult{plain: {hops: 1000 * f}, k: {hops: 500 * f}, bl: {hops: 900 * f}}})
+	}
+	got := b.besideBench(rounds)
+	for _, want := range []string{
+		"answer mode at keys ÷ at bench: **0.50×** (0.50–0.50)",
+		"answer mode at backlogged ÷ at bench: **0.90×** (0.90–0.90)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("besideBench has no %q:\n%s", want, got)
+		}
+	}
+	b.configs = []stageConfig{keys, backlogged}
+	if got := b.besideBench(rounds); got != "" {
+		t.Errorf("besideBench without the bench configuration = %q; want nothing", got)
 	}
 }
 
