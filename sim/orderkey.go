@@ -77,8 +77,13 @@ func (w *world) keyOnePerPipeline(r *rule, x crossing) {
 
 func (w *world) keyOldestFirst(r *rule, x crossing) {
 	c := x.change
-	if c == nil || c.After.Key == "" || c.After.Status != core.StatusRunning || c.Before.Status == core.StatusRunning ||
+	if c == nil || c.After.Key == "" || c.After.Status != core.StatusRunning ||
 		(c.By != fakequeue.ByClaim && c.By != fakequeue.ByResolve) {
+		return
+	}
+	// A claim takes a row pending -> running; a move that claims, running at
+	// one stage -> running at the next.
+	if c.Before.Status == core.StatusRunning && c.Before.Stage == c.After.Stage {
 		return
 	}
 	for _, o := range w.q.Rows() {
@@ -168,4 +173,33 @@ func (w *world) keyText(key string) string {
 	}
 	b.WriteString(")")
 	return b.String()
+}
+
+// keyRetry plays an operator retrying (pepsi-queue retry, with its keys'
+// release) each failed keyed message older than a message of its key that a
+// worker holds: the retried one becomes its key's oldest again, behind a pass
+// still running, so the key's next must be it (rule key-oldest-first).
+func (w *world) keyRetry() {
+	if w.dbDown() {
+		return
+	}
+	ids := w.q.RetryAll(func(id int64) bool {
+		if _, held := w.heldBy(id); held {
+			return true
+		}
+		key := w.keyOf(id)
+		for younger := range w.holder {
+			if younger > id && key != "" && w.keyOf(younger) == key {
+				return false
+			}
+		}
+		return true
+	})
+	if len(ids) > 0 {
+		w.note("an operator retries failed keyed rows %v, each older than a held message of its key", ids)
+	}
+	for _, id := range ids {
+		w.retried[id] = time.Time{}
+		delete(w.verdicts, id)
+	}
 }

@@ -216,6 +216,11 @@ type faults struct {
 	// keyHold: a producer of a keyed message holds its transaction, and its
 	// key's lock, up to this much longer after its insert.
 	keyHold time.Duration
+	// keyRetryEvery: during the fault phase, an operator retries, this often,
+	// each failed keyed message that is older than a message of its key a
+	// worker holds at that moment (pepsi-queue retry -id): the older one is
+	// the key's oldest again, behind a pass that is still running.
+	keyRetryEvery time.Duration
 	// strays: a mistaken tool makes the lowest pending row running at these
 	// instants (fakequeue.Stray): an orphan only the heartbeat's sweep resets.
 	strays []time.Duration
@@ -567,6 +572,9 @@ func chooseKeys(c chooser, sc *Scenario) {
 		sc.faults.rawRetries = append(sc.faults.rawRetries, millis(c.intn("raw_retry.at_ms", 0, int(sc.faultPhase/time.Millisecond))))
 	}
 	sc.faults.keyHold = millis(c.intn("keys.hold_ms", 0, 500))
+	if n := c.intn("keys.retry_every_ms", 0, 2000); n >= 200 {
+		sc.faults.keyRetryEvery = millis(n)
+	}
 }
 
 // chooseArrivalOrder chooses a stage s whose moves to the next stage arrive out
@@ -776,6 +784,9 @@ func (sc *Scenario) writeFaults(b *strings.Builder) {
 	}
 	for _, at := range f.retries {
 		fmt.Fprintf(b, "# faults: an operator retries failed messages at %s\n", at)
+	}
+	if f.keyRetryEvery > 0 {
+		fmt.Fprintf(b, "# faults: an operator retries failed keyed messages older than a held one of their key every %s\n", f.keyRetryEvery)
 	}
 	if f.keyHold > 0 {
 		fmt.Fprintf(b, "# faults: producers of keyed messages hold their transactions up to %s longer\n", f.keyHold)

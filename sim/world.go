@@ -365,6 +365,11 @@ func (w *world) schedule() {
 	for _, at := range sc.faults.rawRetries {
 		w.at(epoch.Add(at), 0, w.rawRetry)
 	}
+	if every := sc.faults.keyRetryEvery; every > 0 {
+		for at := every; at < sc.faultPhase; at += every {
+			w.at(epoch.Add(at), 0, w.keyRetry)
+		}
+	}
 	if f := sc.faults; f.retryEvery > 0 {
 		for at := f.retryLoop.from; at < f.retryLoop.to; at += f.retryEvery {
 			w.at(epoch.Add(at), 0, func() { w.operatorRetry(true) })
