@@ -198,9 +198,14 @@ type Cap struct {
 // waits for a producer: a key whose lock a producer holds (one may be inserting
 // a row of that key that this release would not see) is reported busy and
 // released again later. Answered by Released.
+//
+// With All it also releases every key that has blocked messages: the core
+// sends it once ingress has settled past the start-up reset (see
+// OrphansReset.Seq).
 type Release struct {
 	Op   int64
 	Keys []string
+	All  bool
 }
 
 // Claim moves pending rows to running, for each stage up to its cap, in
@@ -441,7 +446,11 @@ func (c Claim) String() string {
 	return b.String()
 }
 func (c Release) String() string {
-	return fmt.Sprintf("release op=%d keys=%s", c.Op, formatKeys(c.Keys))
+	s := fmt.Sprintf("release op=%d keys=%s", c.Op, formatKeys(c.Keys))
+	if c.All {
+		s += " all"
+	}
+	return s
 }
 func (c Flush) String() string {
 	var b strings.Builder

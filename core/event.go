@@ -224,10 +224,15 @@ type Released struct {
 // held (an orphan, or a row a lost claim took) may have kept an older
 // message of its key, which an operator retried meanwhile, waiting blocked,
 // so the core releases them. With ResetOrphans.ReleaseKeys, Heads and Busy
-// are the start-up release's, as in Released.
+// are the start-up release's, as in Released, and Seq, when a producer held an
+// order key's lock as it ran, is the highest ingress_id taken then (else 0):
+// that producer may have inserted a row blocked behind a message that has
+// finished since, which the release could not see, so the core releases
+// every key once more when ingress has settled up to Seq (Claimed.Settled).
 type OrphansReset struct {
 	Op    int64
 	Count int
+	Seq   int64
 	Keys  []string
 	Heads []Head
 	Busy  []string
@@ -401,6 +406,9 @@ func (e OrphansReset) String() string {
 		return fmt.Sprintf("orphans-reset op=%d err=%q", e.Op, e.Err)
 	}
 	s := fmt.Sprintf("orphans-reset op=%d count=%d", e.Op, e.Count)
+	if e.Seq > 0 {
+		s += fmt.Sprintf(" seq=%d", e.Seq)
+	}
 	if len(e.Keys) > 0 {
 		s += " keys=" + formatKeys(e.Keys)
 	}

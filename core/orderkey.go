@@ -24,7 +24,10 @@ import (
 //   - the keys of the running rows a reset makes pending are released (an
 //     orphan may have held its key while an operator retried an older
 //     message of it); at start-up, and after a reset whose reply was lost,
-//     every key with blocked messages is (ResetOrphans.ReleaseKeys).
+//     every key with blocked messages is (ResetOrphans.ReleaseKeys), and once
+//     more when every producer then in flight has ended (Release.All): one of
+//     them may have inserted a row blocked behind a message that finished
+//     while the earlier dispatcher was dying, unseen by the first release.
 type orderKeys struct {
 	// keyOf: the order key of each held keyed message, from its claim until its
 	// resolve's result (a message not in it has no key).
@@ -39,6 +42,11 @@ type orderKeys struct {
 	// (ResetOrphans.ReleaseKeys), because a reset's reply, and with it the
 	// keys of the rows it made pending, was lost.
 	sweep bool
+	// allAt: once ingress has settled up to this id, every key with blocked
+	// messages is released once more (Release.All; see OrphansReset.Seq);
+	// all: that release is owed now.
+	allAt int64
+	all   bool
 }
 
 // holdKey records that the core now holds message id of key (none: "").
@@ -83,11 +91,16 @@ func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
 		}
 		clear(c.keys.owed)
 	}
-	if len(keys) == 0 {
+	if c.keys.allAt > 0 && c.settled >= c.keys.allAt {
+		c.keys.all, c.keys.allAt = true, 0
+	}
+	if len(keys) == 0 && !c.keys.all {
 		return Release{}, false
 	}
 	slices.Sort(keys)
-	return Release{Op: c.nextOpID(), Keys: slices.Compact(keys)}, true
+	all := c.keys.all
+	c.keys.all = false
+	return Release{Op: c.nextOpID(), Keys: slices.Compact(keys), All: all}, true
 }
 
 // released takes a Release's result: a pending head is claimed like any
@@ -98,6 +111,7 @@ func (c *Core) released(e Released) {
 	if e.Err != "" {
 		// Applied or not, releasing again is harmless: owe every key again.
 		c.oweRelease(cmd.Keys)
+		c.keys.all = c.keys.all || cmd.All
 		return
 	}
 	c.takeHeads(e.Heads, e.Busy)

@@ -538,6 +538,7 @@ func (c *Core) orphansReset(e OrphansReset) {
 	}
 	if cmd.ReleaseKeys {
 		c.keys.sweep = false
+		c.keys.allAt = e.Seq // (0: no id was ever taken, so no producer was in flight)
 	}
 	if e.Count > 0 {
 		c.lookAll() // the reset made rows pending at any stage, at any id

@@ -67,6 +67,7 @@ func resetOrphans(c core.ResetOrphans) statement {
 			b.Queue(resetOrphansSQL, keep)
 			if c.ReleaseKeys {
 				b.Queue(releaseAllSQL)
+				b.Queue(lastIDSQL)
 			}
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
@@ -85,6 +86,9 @@ func resetOrphans(c core.ResetOrphans) statement {
 					return nil, fmt.Errorf("release every key: %w", err)
 				}
 				ev.Heads, ev.Busy = heads, busy
+				if err := br.QueryRow().Scan(&ev.Seq); err != nil {
+					return nil, fmt.Errorf("last ingress_id: %w", err)
+				}
 			}
 			return ev, nil
 		},
@@ -102,10 +106,29 @@ const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout F
 const releaseAllSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout
 FROM pepsi.order_release(ARRAY(SELECT pepsi.order_blocked_keys()), false)`
 
+// lastIDSQL is the highest ingress_id the identity has handed out
+// (core.OrphansReset.Seq), if a producer holds an order key's lock (class
+// 1885696107, "pepk", schema 12): one in flight may be inserting a row the
+// start-up release could not see. Else 0: no release is owed later.
+const lastIDSQL = `SELECT CASE WHEN EXISTS (
+	SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885696107 AND objsubid = 2
+	  AND pid <> pg_backend_pid() AND granted
+	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+) THEN coalesce(pg_sequence_last_value(pg_get_serial_sequence('pepsi.queue', 'ingress_id')::regclass), 0) ELSE 0 END`
+
+// releaseWithAllSQL is releaseSQL for the keys of $1 and every key that has
+// blocked messages (core.Release.All).
+const releaseWithAllSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout
+FROM pepsi.order_release(ARRAY(SELECT unnest($1::text[]) UNION SELECT pepsi.order_blocked_keys()), false)`
+
 func release(c core.Release) statement {
+	sql := releaseSQL
+	if c.All {
+		sql = releaseWithAllSQL
+	}
 	return statement{
 		name:  "release",
-		queue: func(b *pgx.Batch) { b.Queue(releaseSQL, c.Keys) },
+		queue: func(b *pgx.Batch) { b.Queue(sql, c.Keys) },
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			heads, busy, err := readRelease(br)
 			if err != nil {

@@ -558,6 +558,9 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 	ev := core.OrphansReset{Op: c.Op, Count: n, Keys: slices.Compact(keys)}
 	if c.ReleaseKeys {
 		ev.Heads, ev.Busy = q.release(q.blockedKeys(), false, ByRelease)
+		if len(q.keyLocks) > 0 { // a keyed producer in flight (see core.OrphansReset.Seq)
+			ev.Seq = int64(len(q.rows)) // ids handed out, rows of producers in flight included
+		}
 	}
 	return ev
 }

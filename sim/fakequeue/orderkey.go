@@ -243,7 +243,11 @@ func (q *Queue) blockedKeys() []string {
 }
 
 func (q *Queue) releaseCmd(c core.Release) core.Event {
-	heads, busy := q.release(c.Keys, false, ByRelease)
+	keys := c.Keys
+	if c.All {
+		keys = append(slices.Clone(keys), q.blockedKeys()...)
+	}
+	heads, busy := q.release(keys, false, ByRelease)
 	return core.Released{Op: c.Op, Heads: heads, Busy: busy}
 }
 

@@ -141,7 +141,7 @@ var mutants = []mutant{
 	// Promptness: work the core was told of is claimed in that step.
 	// (Since moves claim, the first to suffer is a move that overtakes the
 	// rows the notification announced: rule move-claims.)
-	mut("ingress-during-claim-forgotten", "claim-yields-at-most-half", "a notification that came while a claim was outstanding is forgotten (the stage is asked for nothing while it has room and rows; before keyed scenarios, rule move-claims saw it first, as a move that claimed past those rows)",
+	mut("ingress-during-claim-forgotten", "move-claims", "a notification that came while a claim was outstanding is forgotten",
 		"st.maybeMore = more || c.ingressGen != c.claimGen",
 		"st.maybeMore = more"),
 	mut("cooldown-kept-after-answer", "spawn-when-needed", "a stage stays cooled down after its program answered",

@@ -36,6 +36,8 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
 		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
 		{"TheStartUpResetReleasesEveryKeyWithBlockedRows", testKeyResetReleases},
+		{"TheStartUpResetSaysHowFarIdsWentWhileAKeyedProducerIsInFlight", testKeyResetSeq},
+		{"ReleaseAllReleasesEveryKeyWithBlockedRows", testKeyReleaseAll},
 		{"EnqueueInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyEnqueue},
 		{"InsertIngressInsertsAKeyedRowBehindAnUnfinishedOneBlocked", testKeyInsertIngress},
 		{"ShowAndThePageSayWhatABlockedMessageWaitsBehind", testKeyShowHead},
@@ -191,6 +193,33 @@ func testKeyResetReleases(t *testing.T, h KeyedHarness) {
 	r := exec(t, h, core.ResetOrphans{Op: 42, ReleaseKeys: true}, func(e core.OrphansReset) (int64, string) { return e.Op, e.Err })
 	if len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: b, Stage: "a", Status: core.StatusPending}) {
 		t.Fatalf("start-up reset = %v, want row %d the head of k", r, b)
+	}
+}
+
+func testKeyResetSeq(t *testing.T, h KeyedHarness) {
+	startUp := func() core.OrphansReset {
+		return exec(t, h, core.ResetOrphans{Op: 42, ReleaseKeys: true}, func(e core.OrphansReset) (int64, string) { return e.Op, e.Err })
+	}
+	h.InsertKeyed(t, "a", "k")
+	if r := startUp(); r.Seq != 0 {
+		t.Fatalf("start-up reset with no producer in flight = %v, want seq 0 (nothing owed later)", r)
+	}
+	id, commit := h.BeginInsertKeyed(t, "a", "k")
+	r := startUp()
+	commit()
+	if r.Seq < id {
+		t.Fatalf("start-up reset while a producer of row %d is in flight = %v, want seq >= %d", id, r, id)
+	}
+}
+
+func testKeyReleaseAll(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	h.Stage(t, a, "a", "a", core.StatusDone, base)
+	r := exec(t, h, core.Release{Op: 42, All: true}, func(e core.Released) (int64, string) { return e.Op, e.Err })
+	if len(r.Heads) != 1 || r.Heads[0].ID != b {
+		t.Fatalf("release of every key = %v, want row %d the head of k", r, b)
 	}
 }
 
