@@ -111,6 +111,8 @@ func TestOrderPerKeyFromOutside(t *testing.T) {
 		}
 		hot = n
 	}
+	// The plan is the seed's and the backlog's: a replay needs both.
+	t.Logf("the hot key's backlog: %d messages (%s=%d)", hot, hotEnv, hot)
 	hotKey, others := keyedPlan(rand.New(rand.NewPCG(testSeed(t), 0)), hot)
 	program, err := filepath.Abs("testdata/keyedstage.py")
 	if err != nil {
