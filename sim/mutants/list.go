@@ -208,7 +208,7 @@ var mutants = []mutant{
 	// The gate: producers notify only while the dispatcher waits.
 	// (Since moves claim, the first to suffer is often a move that overtakes
 	// the rows the look would have found: rule move-claims.)
-	mut("rest-without-last-look", "move-claims", "the core takes the gate and sleeps without looking once more",
+	mut("rest-without-last-look", "promptness", "the core takes the gate and sleeps without looking once more (rows it was told of wait unclaimed; rule move-claims saw it first before the fake world drew order keys)",
 		"c.restRetry = 0\n\t}\n\tc.ingressGen++\n\tc.lookAll()\n}",
 		"c.restRetry = 0\n\t}\n\tc.ingressGen++\n}"),
 	mut("never-rests", "no-wait-for-heartbeat", "the core never declares itself waiting, so producers never notify",
