@@ -110,7 +110,7 @@ func (c *Core) released(e Released) {
 	cmd := c.result(e.Op, e.Err).(Release)
 	if e.Err != "" {
 		// Applied or not, releasing again is harmless: owe every key again.
-		c.oweRelease(cmd.Keys)
+		c.oweRelease(cmd.Keys, c.now.Add(LookEvery))
 		c.keys.all = c.keys.all || cmd.All
 		return
 	}
@@ -131,7 +131,7 @@ func (c *Core) takeHeads(heads []Head, busy []string) {
 			c.nextPaused = earliest(c.nextPaused, h.Timeout)
 		}
 	}
-	c.oweRelease(busy)
+	c.oweRelease(busy, c.now.Add(LookEvery))
 }
 
 // headPending makes a stage claim again, from below its new head st.headAt
@@ -158,15 +158,17 @@ func minHead(a, b int64) int64 {
 	return a
 }
 
-// oweRelease owes keys a release, due LookEvery from now.
-func (c *Core) oweRelease(keys []string) {
+// oweRelease owes keys a release, due at due: LookEvery from now for a key a
+// producer held (its lock is not free before that producer commits), now for
+// keys nothing held back.
+func (c *Core) oweRelease(keys []string, due time.Time) {
 	if len(keys) == 0 {
 		return
 	}
 	for _, k := range keys {
 		c.keys.owed[k] = true
 	}
-	c.keys.owedAt = c.now.Add(LookEvery)
+	c.keys.owedAt = due
 }
 
 // forgetKeys drops the keys of the resolved items that the core no longer

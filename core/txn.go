@@ -544,10 +544,7 @@ func (c *Core) orphansReset(e OrphansReset) {
 		c.lookAll() // the reset made rows pending at any stage, at any id
 	}
 	c.takeHeads(e.Heads, e.Busy)
-	c.oweRelease(e.Keys)
-	if len(e.Keys) > 0 {
-		c.keys.owedAt = c.now // now, not after a pause: no producer was found busy
-	}
+	c.oweRelease(e.Keys, c.now)
 	if !c.resetDone {
 		c.resetDone = true
 		if e.Count > 0 {

@@ -15,7 +15,7 @@ var mutants = []mutant{
 		"\t\tif it.Key != \"\" {\n\t\t\tkeys = append(keys, it.Key)\n\t\t}",
 		"\t\t_ = it"),
 	mut("busy-release-dropped", "key-not-stranded", "a key whose lock a producer held is never released again",
-		"\tc.oweRelease(busy)\n",
+		"\tc.oweRelease(busy, c.now.Add(LookEvery))\n",
 		""),
 	mut("keyed-moves-claim", "key-oldest-first", "a keyed message's move claims at its target, though an older message of its key an operator retried is waiting",
 		"case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0 || it.Key != \"\"):",
