@@ -225,11 +225,28 @@ type Release struct {
 // ExcludeKeys lists the order keys of the messages the core holds: the claim
 // never takes another message of such a key (at most one message of a key is
 // held at any moment; docs/protocol.md, "Ordering per key").
+//
+// Limits are the back-pressure limits to check (core/pressure.go): after
+// taking its rows, the claim reports each Limit's stage that has more than
+// Max messages pending above After (Claimed.Over). The check walks at most
+// Max + 1 entries of the pending index per stage, above After. A Claim may
+// have Limits and no Caps: it then only checks them.
 type Claim struct {
 	Op          int64
 	Caps        []Cap
 	Exclude     []int64
 	ExcludeKeys []string
+	Limits      []Limit
+}
+
+// Limit is a stage's MAX_PENDING, checked by a Claim (Claim.Limits). After
+// is the stage's claim floor as its Cap would have it (Cap.After): no row is
+// pending at or below it that the core could know of, so the count need not
+// walk the index entries below it, which are dead ones of claimed rows.
+type Limit struct {
+	Stage string
+	Max   int64
+	After int64
 }
 
 // StageDelta is what one stage did since the last flush.
@@ -442,6 +459,12 @@ func (c Claim) String() string {
 	}
 	if len(c.ExcludeKeys) > 0 {
 		b.WriteString(" exclude-keys=" + formatKeys(c.ExcludeKeys))
+	}
+	for _, l := range c.Limits {
+		fmt.Fprintf(&b, " limit %s<=%d", l.Stage, l.Max)
+		if l.After > 0 {
+			fmt.Fprintf(&b, ">%d", l.After)
+		}
 	}
 	return b.String()
 }

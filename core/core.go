@@ -168,6 +168,7 @@ type stage struct {
 	crashErr    string
 	stuckReason string  // the reason for a 0 that left the row running here
 	rate        *bucket // RATE; nil for none
+	pressure    pressure
 }
 
 // Core is the dispatcher state machine. Create it with New; drive it with Step.
@@ -201,6 +202,10 @@ type Core struct {
 	races map[int64]int
 	// keys: ordering per key (orderkey.go).
 	keys orderKeys
+	// checkDue: the heartbeat asks for a check of the MAX_PENDING limits even
+	// if no claim is otherwise sent (pressure.go): something other than the
+	// core's claims (an operator) may have brought a stage back under its.
+	checkDue bool
 
 	epoch      string
 	nextPaused time.Time

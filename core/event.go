@@ -145,6 +145,9 @@ type Claimed struct {
 	// cap. A stage not named was emptied, as far as the claim saw. A move
 	// that claims waits for an emptied stage (core/moveclaim.go).
 	More []string
+	// Over names the stages of Claim.Limits that had more than their Max
+	// messages pending once the claim had taken its rows.
+	Over []string
 	Err  string
 	// Aborted, with Err: the transaction certainly did not commit (it never
 	// reached the server, or the server answered an error before the COMMIT
@@ -316,6 +319,9 @@ func (e Claimed) String() string {
 	}
 	if len(e.More) > 0 {
 		fmt.Fprintf(&b, " more=%s", strings.Join(e.More, ","))
+	}
+	if len(e.Over) > 0 {
+		fmt.Fprintf(&b, " over=%s", strings.Join(e.Over, ","))
 	}
 	for _, r := range e.Rows {
 		fmt.Fprintf(&b, " %d@%s", r.ID, r.Stage)

@@ -1,7 +1,8 @@
 // Stage health: what a stage's workers are doing that an operator must see
 // and that only the core knows (a program that cannot start, workers that
-// keep crashing, a stage held by its RATE). The shell records it where
-// pepsi-httpd and pepsi-queue stats read it; the decision is taken here.
+// keep crashing, a stage held by its RATE or by back-pressure). The shell
+// records it where pepsi-httpd and pepsi-queue stats read it; the decision
+// is taken here.
 
 package core
 
@@ -25,6 +26,12 @@ const (
 	// crashed (died unexpectedly, or broke the protocol) with no answer
 	// between.
 	HealthCrashing HealthState = "crashing"
+	// HealthPressureHeld: nothing is claimed for the stage because a stage
+	// it feeds has more than its MAX_PENDING messages pending
+	// (back-pressure, core/pressure.go); its messages wait pending until
+	// that stage is back within its limit. Not a fault of its own; the
+	// reason names the stage and its limit.
+	HealthPressureHeld HealthState = "pressure_held"
 	// HealthRateHeld: at the core's last step the stage had messages to
 	// claim and room for them, but its RATE had no token: the rate, not the
 	// workers, sets its pace. Not a fault; an operator wants to know.
@@ -66,6 +73,10 @@ func (c *Core) Health() []StageHealth {
 		case st.crashRun >= CrashingAfter:
 			h.State = HealthCrashing
 			h.Reason = fmt.Sprintf("%d workers crashed in a row with no answer between; last: %s", st.crashRun, st.crashErr)
+		case c.heldBy(st) != nil:
+			t := c.heldBy(st)
+			h.State = HealthPressureHeld
+			h.Reason = fmt.Sprintf("held by back-pressure: stage %s, which it feeds, has more than its MAX_PENDING %d messages pending", t.cfg.Name, t.cfg.MaxPending)
 		case st.rate != nil && !st.rate.heldSince.IsZero():
 			h.State = HealthRateHeld
 			h.Reason = fmt.Sprintf("held by its RATE %g/s: it has messages to claim and room for them, but no token", st.cfg.Rate)

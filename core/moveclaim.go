@@ -22,6 +22,8 @@ import (
 //   - b has no RATE: its bucket counts the claims it sends and their results
 //     (see bucket), and a stage held by its rate gains nothing from a faster
 //     hop, so its rows go pending and its claims take them under the rate;
+//   - b is not held by back-pressure (core/pressure.go): a held stage claims
+//     nothing, by a move neither;
 //   - the core knows of every row pending at b (stage.dry: b's last claim
 //     emptied it and since then only the core's own resolves left rows
 //     pending there, stage.known of them), and b has room for the move beyond
@@ -43,8 +45,8 @@ import (
 // on do not claim: the target, another stage without a RATE, had no room for
 // them or was not known to be empty, or another item of the resolve blocked
 // it. The same transaction's claim of that stage yields as many of its slots
-// (see yieldedCap). Not counted: moves to a stage with a RATE, whose moves
-// never claim, so yielding to them would only halve the sender for good; a
+// (see yieldedCap). Not counted: moves to a stage with a RATE or held by
+// back-pressure, whose moves never claim, so yielding to them would only halve the sender for good; a
 // stage's moves to itself, whose queue its own claim drains; and items this
 // resolve decides nothing for (re-sent, raced, or a reset, a wake or a
 // shutdown in the transaction: then it returns nil).
@@ -69,7 +71,7 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 	for _, i := range cand {
 		st := c.byName[items[i].To]
 		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
-			if st.rate == nil && items[i].To != items[i].Stage {
+			if st.rate == nil && items[i].To != items[i].Stage && c.heldBy(st) == nil {
 				yielded[items[i].Stage]++
 			}
 			continue
@@ -104,7 +106,7 @@ func yieldedCap(n, yielded int) int {
 // mayClaimMoves reports whether moves to st may claim, given the stages the
 // other items of the same resolve block (see claimMoves, movesBlocked).
 func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
-	if st.rate != nil || !st.dry {
+	if st.rate != nil || !st.dry || c.heldBy(st) != nil {
 		return false
 	}
 	return !blocked[st.cfg.Name]

@@ -100,7 +100,7 @@ func (b *bucket) nextToken() time.Time {
 // rateHeld reports whether st is held back by its rate at now: it may have rows
 // to claim and room for them, but no token.
 func (c *Core) rateHeld(st *stage) bool {
-	return st.rate != nil && c.shutdown == 0 && st.maybeMore && c.capacity(st) > 0 && st.rate.tokens(c.now) == 0
+	return st.rate != nil && c.shutdown == 0 && st.maybeMore && c.capacity(st) > 0 && st.rate.tokens(c.now) == 0 && c.heldBy(st) == nil
 }
 
 // countRateHeld adds the time since the last step to the stages that were held

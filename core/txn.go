@@ -129,6 +129,7 @@ func (c *Core) claimed(e Claimed) {
 	}
 	c.epoch = e.Epoch
 	c.settled = max(c.settled, e.Settled)
+	c.checkedLimits(cmd.Limits, e.Over)
 	if len(e.Rows) > 0 {
 		// RestAfter counts from the last claim that found work.
 		c.lastClaim = c.now
@@ -231,6 +232,9 @@ func (c *Core) resolved(e Resolved) {
 		}
 		raced := c.races[o.ID] > 0
 		delete(c.races, o.ID)
+		if it.Verdict != Requeue && o.Stage != it.Stage && (o.Status == StatusPending || o.Status == StatusRunning) {
+			c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on (pressure.go)
+		}
 		if it.Verdict == Move && !o.Matched && !unsure && !raced {
 			// (After a lost reply the first send may have written it: no miss then.)
 			c.stat(it.Stage).GuardMisses++
@@ -380,6 +384,9 @@ func (c *Core) queueWork() {
 			// Fewer new rows where the stage's own moves found no room: a
 			// queue at their target then drains (see yieldedCap).
 			n := yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), yielded[st.cfg.Name])
+			if c.heldBy(st) != nil {
+				n = 0 // held by back-pressure (pressure.go)
+			}
 			if n > 0 && (st.maybeMore || resolving || waking) {
 				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
 				if st.cfg.Input == conf.InputMessage {
@@ -389,13 +396,15 @@ func (c *Core) queueWork() {
 				st.rate.take(c.now, n)
 			}
 		}
-		if len(caps) > 0 {
+		limits := c.limits(txn)
+		if len(caps) > 0 || (c.checkDue && c.anyOver()) {
 			// What the core still holds once this transaction's resolve has run
 			// (every owed item is in it): the claim must not take it again.
-			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys()})
+			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits})
 			c.claimGen = c.ingressGen
 			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now
+			c.checkDue = false
 		}
 	}
 	if f, ok := c.flushDue(idle); ok {

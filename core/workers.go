@@ -98,6 +98,7 @@ func (c *Core) answered(st *stage, head msg, t *Transition) {
 	}
 	c.stat(name).Processed++
 	c.passes++
+	c.learnFeeder(name, t.To)
 	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch}
 	if t.To == TargetPaused {
 		it.Until = c.now.Add(t.PauseFor)
@@ -264,6 +265,7 @@ func (c *Core) timers() {
 		c.lastPoll = c.now
 		c.wakeDue = true
 		c.sweep = c.resetDone
+		c.checkDue = true
 		c.lookAll()
 	}
 	c.lookUnwatched()

@@ -70,7 +70,7 @@ var (
 	descHorizon = prometheus.NewDesc("pepsi_xmin_horizon_age_seconds",
 		"How long the oldest transaction holding back the xmin horizon has been open: no vacuum removes dead rows younger than it.", nil, nil)
 	descHealth = prometheus.NewDesc("pepsi_stage_health",
-		"1 for the state pepsi-dispatch recorded of the stage's workers (pepsi.stage_health: ok, cannot_start, crashing, rate_held), 0 for the others; exported only while a dispatcher holds the lock.",
+		"1 for the state pepsi-dispatch recorded of the stage's workers (pepsi.stage_health: ok, cannot_start, crashing, pressure_held, rate_held), 0 for the others; exported only while a dispatcher holds the lock.",
 		[]string{"stage", "state"}, nil)
 	descKeysWaiting = prometheus.NewDesc("pepsi_queue_order_keys_waiting",
 		"Order keys with messages waiting (blocked) behind an older message of the key, their head, by what the head is doing: pending, running, paused (by its stage), retrying (paused after an answer 75), none (it finished; the dispatcher hands the key on next).",
@@ -171,7 +171,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // healthStates are the states pepsi_stage_health has a series for, each
 // stage every one of them, so that an alert sees a series from the start.
-var healthStates = []core.HealthState{core.HealthOK, core.HealthCannotStart, core.HealthCrashing, core.HealthRateHeld}
+var healthStates = []core.HealthState{core.HealthOK, core.HealthCannotStart, core.HealthCrashing, core.HealthPressureHeld, core.HealthRateHeld}
 
 func b2f(b bool) float64 {
 	if b {

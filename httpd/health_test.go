@@ -124,7 +124,7 @@ func TestAStageWhoseProgramIsMissingShowsRedAndFiresTheAlert(t *testing.T) {
 
 	// The rules as an operator deploys them, on the series as scraped.
 	var series strings.Builder
-	for _, state := range []core.HealthState{core.HealthOK, core.HealthCannotStart, core.HealthCrashing, core.HealthRateHeld} {
+	for _, state := range []core.HealthState{core.HealthOK, core.HealthCannotStart, core.HealthCrashing, core.HealthPressureHeld, core.HealthRateHeld} {
 		for _, stage := range []string{"parse", "deliver"} {
 			fmt.Fprintf(&series, "      - series: 'pepsi_stage_health{stage=%q,state=%q}'\n        values: '%gx10'\n", stage, state, health(got, stage, state))
 		}

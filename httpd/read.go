@@ -125,7 +125,8 @@ type Snapshot struct {
 }
 
 // StageHealth is what pepsi-dispatch recorded of one stage's workers
-// (core.Health): ok, cannot_start, crashing or rate_held, why, since when
+// (core.Health): ok, cannot_start, crashing, pressure_held or rate_held,
+// why, since when
 // and, for a stage that cannot start, when it tries next.
 type StageHealth struct {
 	Stage  string           `json:"stage"`

@@ -12,7 +12,8 @@ import (
 
 // statement is one queue command as SQL: what it adds to the step's batch, how
 // its results become the command's result event, and that event when the
-// transaction failed. Each command is one statement (a Claim three), so a step of
+// transaction failed. Each command is one statement (a Claim three, four
+// with limits to check), so a step of
 // any size is still one round trip.
 type statement struct {
 	name   string
@@ -259,6 +260,27 @@ UNION ALL
 SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
 ORDER BY 1 NULLS LAST, 2`
 
+// overSQL names the stages $1 that have more than $2 rows pending above
+// $3 (core.Claim.Limits, core.Claimed.Over), in the order given. It runs
+// after claimSQL in the same transaction, so it counts what that claim left
+// pending. Each count walks the pending index (queue_pending) above the
+// stage's floor and stops after $2 + 1 entries: a claim pays for a limit of
+// N at most N + 1 index entries, whatever the backlog (spelled as claimSQL's
+// walk is, for the same plan).
+const overSQL = `
+SELECT l.stage
+FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS l(stage, max, after, i)
+CROSS JOIN LATERAL (
+	SELECT count(*) AS n FROM (
+		SELECT 1 FROM pepsi.queue q
+		WHERE q.status = 'pending' AND q.stage >= l.stage AND q.stage <= l.stage AND q.ingress_id > l.after
+		ORDER BY q.stage, q.ingress_id
+		LIMIT l.max + 1
+	) s
+) c
+WHERE c.n > l.max
+ORDER BY l.i`
+
 // ProducerKey is the advisory lock every producer transaction holds shared from
 // its first insert into pepsi.queue to its end ("pepsprod"; schema 6's trigger
 // takes it before the insert takes any id). The SQL of the trigger spells the
@@ -300,6 +322,10 @@ func claim(c core.Claim) statement {
 	after := make([]int64, len(c.Caps))
 	messageStages := []string{} // never NULL: "= ANY (NULL)" is NULL, not false
 	lineMax := 0
+	limitStages, limitMax, limitAfter := make([]string, len(c.Limits)), make([]int64, len(c.Limits)), make([]int64, len(c.Limits))
+	for i, l := range c.Limits {
+		limitStages[i], limitMax[i], limitAfter[i] = l.Stage, max(l.Max, 0), max(l.After, 0)
+	}
 	for i, cp := range c.Caps {
 		stages[i] = cp.Stage
 		caps[i] = int32(min(max(cp.N, 0), 1<<30))
@@ -323,6 +349,9 @@ func claim(c core.Claim) statement {
 				excludeKeys = []string{} // NULL would make "NOT IN" match nothing
 			}
 			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys)
+			if len(c.Limits) > 0 {
+				b.Queue(overSQL, limitStages, limitMax, limitAfter)
+			}
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			ev := core.Claimed{Op: c.Op}
@@ -345,6 +374,15 @@ func claim(c core.Claim) statement {
 					ev.More = append(ev.More, r.Stage)
 				} else {
 					ev.Rows = append(ev.Rows, r)
+				}
+			}
+			if len(c.Limits) > 0 {
+				over, err := br.Query()
+				if err != nil {
+					return nil, fmt.Errorf("check MAX_PENDING: %w", err)
+				}
+				if ev.Over, err = pgx.CollectRows(over, pgx.RowTo[string]); err != nil {
+					return nil, fmt.Errorf("check MAX_PENDING: %w", err)
 				}
 			}
 			return ev, nil

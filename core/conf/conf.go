@@ -38,7 +38,8 @@ const (
 	DefaultIngressListen = "127.0.0.1:8180"
 	// DefaultIngressMaxBody bounds one request body of pepsi-ingress (16 MiB).
 	DefaultIngressMaxBody = 16 << 20
-	// ingressMaxBodyMax and ingressMaxPendingMax keep the values sane.
+	// ingressMaxBodyMax and ingressMaxPendingMax keep the values sane (the
+	// latter bounds a stage's MAX_PENDING too).
 	ingressMaxBodyMax    = 1 << 30
 	ingressMaxPendingMax = 1_000_000_000
 )
@@ -220,6 +221,22 @@ type Stage struct {
 	// extension). 0, the default, means the dispatcher's MAX_RUNTIME, which a
 	// command-line flag may still override; RuntimeOf resolves it.
 	MaxRuntime time.Duration
+	// MaxPending is the stage's back-pressure limit (key MAX_PENDING, a PEPSI
+	// extension; 0, the default, means none): while more than this many of
+	// its messages are pending, the dispatcher claims nothing for the stages
+	// that feed it, and pepsi-ingress refuses requests into it (503). It
+	// wins over [pepsi-ingress] MAX_PENDING for this stage.
+	MaxPending int64
+}
+
+// PendingLimitOf is the most messages pending at stage name past which
+// pepsi-ingress refuses requests into it: the stage's own MAX_PENDING, or
+// else [pepsi-ingress] MAX_PENDING; 0 for no limit.
+func (c *Config) PendingLimitOf(name string) int64 {
+	if s, ok := c.Stage(name); ok && s.MaxPending > 0 {
+		return s.MaxPending
+	}
+	return c.Ingress.MaxPending
 }
 
 // RuntimeOf is the watchdog of stage s under the dispatcher section d: the
@@ -498,6 +515,8 @@ func setStage(s *Stage, key, value string) (known bool, err error) {
 		s.Rate, err = ParseRate(value)
 	case "MAX_RUNTIME":
 		s.MaxRuntime, err = ParseDuration(value)
+	case "MAX_PENDING":
+		s.MaxPending, err = parseBounded(value, ingressMaxPendingMax)
 	default:
 		return false, nil
 	}

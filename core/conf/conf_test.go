@@ -316,3 +316,36 @@ func TestIsLoopbackKnowsTheLoopbackAddresses(t *testing.T) {
 		t.Errorf("an open listener with TOKENS_FILE: %v, %+v", err, c)
 	}
 }
+
+func TestAStagesOwnMaxPendingWinsOverIngresses(t *testing.T) {
+	c, err := conf.Parse("p.conf", `
+[pepsi-ingress]
+MAX_PENDING = 5000
+
+[stage-slow]
+PROGRAM = slow
+MAX_PENDING = 100
+
+[stage-plain]
+PROGRAM = plain
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, _ := c.Stage("slow")
+	plain, _ := c.Stage("plain")
+	if slow.MaxPending != 100 || plain.MaxPending != 0 {
+		t.Errorf("MAX_PENDING: slow %d, plain %d; want 100 and 0 (none)", slow.MaxPending, plain.MaxPending)
+	}
+	if got := c.PendingLimitOf("slow"); got != 100 {
+		t.Errorf("ingress limit of slow: %d, want its own 100", got)
+	}
+	if got := c.PendingLimitOf("plain"); got != 5000 {
+		t.Errorf("ingress limit of plain: %d, want [pepsi-ingress]'s 5000", got)
+	}
+	for _, bad := range []string{"0", "-1", "many", "1000000001"} {
+		if _, err := conf.Parse("p.conf", "[stage-s]\nPROGRAM = s\nMAX_PENDING = "+bad+"\n"); err == nil {
+			t.Errorf("MAX_PENDING = %s accepted", bad)
+		}
+	}
+}

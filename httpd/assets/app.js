@@ -40,7 +40,7 @@ function rate(history, stage) {
 }
 
 // healthLabel is how the page names a stage_health state.
-const healthLabel = { ok: "ok", cannot_start: "cannot start", crashing: "crashing", rate_held: "held by its RATE" };
+const healthLabel = { ok: "ok", cannot_start: "cannot start", crashing: "crashing", pressure_held: "held by back-pressure", rate_held: "held by its RATE" };
 
 // unhealthy says whether a stage_health state needs an operator.
 function unhealthy(h) {

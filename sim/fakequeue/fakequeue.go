@@ -566,7 +566,8 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 }
 
 // claim takes up to each cap's N pending rows of its stage above its floor,
-// the excluded ones aside, and names the stages where one more was there.
+// the excluded ones aside, and names the stages where one more was there;
+// then it names the stages of its limits with more than their Max pending.
 func (q *Queue) claim(c core.Claim) core.Event {
 	if q.epoch == "" {
 		q.epochN++
@@ -596,7 +597,25 @@ func (q *Queue) claim(c core.Claim) core.Event {
 	}
 	slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
 	slices.Sort(more)
-	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled(), More: more}
+	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled(), More: more, Over: q.over(c.Limits)}
+}
+
+// over names the stages of limits with more than their Max rows pending
+// above their After, in the order of limits.
+func (q *Queue) over(limits []core.Limit) []string {
+	var out []string
+	for _, l := range limits {
+		n := int64(0)
+		for _, r := range q.rows {
+			if r != nil && r.Status == core.StatusPending && r.Stage == l.Stage && r.ID > l.After {
+				n++
+			}
+		}
+		if n > l.Max {
+			out = append(out, l.Stage)
+		}
+	}
+	return out
 }
 
 // resolve writes each item under its guard (status running at the item's

@@ -1,0 +1,102 @@
+// Back-pressure between stages: while a stage has more than its MAX_PENDING
+// messages pending, the core claims nothing for the stages that feed it
+// (docs/protocol.md, "Back-pressure between stages").
+
+package core
+
+import (
+	"slices"
+	"strings"
+)
+
+// pressure is a stage's part in back-pressure.
+type pressure struct {
+	// feeds: the stages with a MAX_PENDING that this stage's passes sent
+	// messages to since the core started (learnFeeder), in the order learned.
+	feeds []*stage
+	// fed: another stage feeds this one (it is in some stage's feeds).
+	fed bool
+	// over: the last claim that checked this stage's MAX_PENDING found more
+	// messages pending there than that (Claimed.Over).
+	over bool
+}
+
+// learnFeeder notes that a pass of stage from sent a message to stage to: an
+// answered transition (0 >to), a stage's own advance to it seen in a resolve
+// outcome, or an emitted message. From then on, while to has more than its
+// MAX_PENDING messages pending, nothing is claimed for from. A stage feeding
+// itself, or a stage with no MAX_PENDING, changes nothing.
+func (c *Core) learnFeeder(from, to string) {
+	f, t := c.byName[from], c.byName[to]
+	if f == nil || t == nil || f == t || t.cfg.MaxPending <= 0 || slices.Contains(f.pressure.feeds, t) {
+		return
+	}
+	f.pressure.feeds = append(f.pressure.feeds, t)
+	t.pressure.fed = true
+	c.logf(LevelInfo, "stage %s feeds stage %s: no message is claimed for %s while %s has more than its MAX_PENDING %d pending",
+		from, to, from, to, t.cfg.MaxPending)
+}
+
+// heldBy is the stage whose back-pressure holds st (one it feeds that has
+// more than its MAX_PENDING messages pending), or nil when none does. A stage
+// over its own MAX_PENDING is never held, so a cycle of stages cannot stop
+// (it drains into the stages it feeds); nor is one during a shutdown, which
+// claims nothing anyway.
+func (c *Core) heldBy(st *stage) *stage {
+	if c.shutdown > 0 || st.pressure.over {
+		return nil
+	}
+	for _, t := range st.pressure.feeds {
+		if t.pressure.over {
+			return t
+		}
+	}
+	return nil
+}
+
+// limits are the MAX_PENDING a Claim sent after txn checks (Claim.Limits):
+// those of the stages that take part in back-pressure, as a stage fed by
+// another or as a feeder (whose own limit exempts it from being held), each
+// counted above the floor its claim would look above (claimAfter).
+func (c *Core) limits(txn []Command) []Limit {
+	var out []Limit
+	for _, st := range c.stages {
+		if st.cfg.MaxPending > 0 && (st.pressure.fed || len(st.pressure.feeds) > 0) {
+			out = append(out, Limit{Stage: st.cfg.Name, Max: st.cfg.MaxPending, After: claimAfter(st, txn)})
+		}
+	}
+	return out
+}
+
+// anyOver reports whether some stage was over its MAX_PENDING at its last
+// check.
+func (c *Core) anyOver() bool {
+	return slices.ContainsFunc(c.stages, func(st *stage) bool { return st.pressure.over })
+}
+
+// checkedLimits takes in what a claim found of the limits it checked, and
+// logs each stage that crossed its MAX_PENDING, either way, with the stages
+// its crossing holds or frees.
+func (c *Core) checkedLimits(limits []Limit, over []string) {
+	for _, l := range limits {
+		t := c.byName[l.Stage]
+		now := slices.Contains(over, l.Stage)
+		if now == t.pressure.over {
+			continue
+		}
+		t.pressure.over = now
+		var feeders []string
+		for _, f := range c.stages {
+			if slices.Contains(f.pressure.feeds, t) {
+				feeders = append(feeders, f.cfg.Name)
+			}
+		}
+		if now {
+			c.logf(LevelInfo, "stage %s has more than its MAX_PENDING %d messages pending: claims held for the stages that feed it (%s)",
+				l.Stage, l.Max, strings.Join(feeders, ", "))
+		} else {
+			c.logf(LevelInfo, "stage %s is back within its MAX_PENDING %d: claims resume for the stages that feed it (%s)",
+				l.Stage, l.Max, strings.Join(feeders, ", "))
+		}
+	}
+}
