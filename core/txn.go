@@ -232,7 +232,7 @@ func (c *Core) resolved(e Resolved) {
 		}
 		raced := c.races[o.ID] > 0
 		delete(c.races, o.ID)
-		if it.Verdict != Requeue && o.Stage != it.Stage && (o.Status == StatusPending || o.Status == StatusRunning) {
+		if it.Verdict != Requeue && o.Stage != it.Stage && o.Status == StatusPending {
 			c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on (pressure.go)
 		}
 		if it.Verdict == Move && !o.Matched && !unsure && !raced {

@@ -98,11 +98,11 @@ func (c *Core) answered(st *stage, head msg, t *Transition) {
 	}
 	c.stat(name).Processed++
 	c.passes++
-	c.learnFeeder(name, t.To)
 	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch}
 	if t.To == TargetPaused {
 		it.Until = c.now.Add(t.PauseFor)
 	}
+	c.learnFeeder(name, t.To)
 	c.owe(it)
 }
 

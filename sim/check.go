@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -52,7 +53,7 @@ func (w *world) checkGate(rl *rule, _ crossing) {
 			delete(w.unnotified, id)
 			continue
 		}
-		if w.coreDown || w.shut > 0 || w.coolingAt(s, w.now) || w.room(s, w.now) <= 0 || w.tokens(s, w.now) < 1 {
+		if _, held := w.pressureHeld(s); held || w.coreDown || w.shut > 0 || w.coolingAt(s, w.now) || w.room(s, w.now) <= 0 || w.tokens(s, w.now) < 1 {
 			w.unnotified[id] = w.now
 			continue
 		}
@@ -1138,11 +1139,15 @@ func (w *world) claimFloor(rl *rule, x crossing) {
 // claimOwed is the promptness rule: at instant at, the core was told that rows
 // may be pending at stage s (and has not since claimed the stage dry), rows
 // there were pending then, the stage has room, the database is up as far as the
-// core knows, no transaction is outstanding, no shutdown is under way and no
-// cooldown holds the stage back. Then the core must claim for s.
+// core knows, no transaction is outstanding, no shutdown is under way, no
+// cooldown holds the stage back and no back-pressure does (pressureHeld).
+// Then the core must claim for s.
 func (w *world) claimOwed(s int, at time.Time) bool {
 	if !w.told[s] || w.txnOut || w.coreDown || w.shut > 0 || w.coolingAt(s, at) || w.room(s, at) <= 0 || w.tokens(s, at) < 1 {
 		return false
+	}
+	if _, held := w.pressureHeld(s); held {
+		return false // rule pressure-held-only-while-over's
 	}
 	name := w.sc.stages[s].name
 	for _, r := range w.q.Rows() {
@@ -1488,4 +1493,105 @@ func formatSim(t time.Time) string {
 		return "-"
 	}
 	return t.Sub(epoch).String()
+}
+
+// ---- back-pressure (MAX_PENDING) ----
+
+// pressureHeld is the stage whose back-pressure holds stage s, as the
+// pressure rules derive it from what crossed (pressureState): a stage s fed
+// (its passes sent messages to it this life) whose last check found more than
+// its MAX_PENDING pending, unless s itself was over its own at its last
+// check, or a shutdown is under way. Derived here, not asked of the core.
+func (w *world) pressureHeld(s int) (int, bool) {
+	if w.shut > 0 || w.over[s] {
+		return 0, false
+	}
+	for _, t := range w.feeds[s] {
+		if w.over[t] {
+			return t, true
+		}
+	}
+	return 0, false
+}
+
+// inPressure reports whether stage s takes part in back-pressure: it has a
+// MAX_PENDING and a stage feeds it, or it feeds one.
+func (w *world) inPressure(s int) bool {
+	if w.cfg.Stages[s].MaxPending <= 0 {
+		return false
+	}
+	return len(w.feeds[s]) > 0 || slices.ContainsFunc(w.feeds, func(ts []int) bool { return slices.Contains(ts, s) })
+}
+
+// pressureHolds holds rule pressure-holds at each command.
+func (w *world) pressureHolds(r *rule, x crossing) {
+	switch c := x.cmd.(type) {
+	case core.Claim:
+		for s, st := range w.sc.stages {
+			max := w.cfg.Stages[s].MaxPending
+			if w.inPressure(s) && !slices.ContainsFunc(c.Limits, func(l core.Limit) bool { return l.Stage == st.name && l.Max == max }) {
+				w.broke(r, "claim op=%d does not check stage %s's MAX_PENDING %d, though back-pressure involves it (feeds %v)", c.Op, st.name, max, w.feeds)
+				return
+			}
+		}
+		for _, cp := range c.Caps {
+			s, ok := w.stageOf(cp.Stage)
+			if t, held := w.pressureHeld(s); ok && held && cp.N > 0 {
+				w.broke(r, "claim op=%d asks %d rows of stage %s, held: it feeds stage %s, which had more than its MAX_PENDING %d pending at its last check",
+					c.Op, cp.N, cp.Stage, w.sc.stages[t].name, w.cfg.Stages[t].MaxPending)
+				return
+			}
+		}
+	case core.Resolve:
+		for _, it := range c.Items {
+			s, ok := w.stageOf(it.To)
+			if t, held := w.pressureHeld(s); ok && held && it.Claim {
+				w.broke(r, "resolve item %s claims at stage %s, held: it feeds stage %s, which had more than its MAX_PENDING %d pending at its last check",
+					it, it.To, w.sc.stages[t].name, w.cfg.Stages[t].MaxPending)
+				return
+			}
+		}
+	}
+}
+
+// pressureOnlyWhileOver holds rule pressure-held-only-while-over after each
+// step: a stage that feeds others is owed its claim (rule promptness's
+// obligation, which a held stage is exempt from) unless pressureHeld.
+func (w *world) pressureOnlyWhileOver(r *rule, _ crossing) {
+	for s, st := range w.sc.stages {
+		if len(w.feeds[s]) == 0 || !w.stepFree || !w.claimOwed(s, w.now) {
+			continue
+		}
+		if !slices.ContainsFunc(w.claimCaps, func(c core.Cap) bool { return c.Stage == st.name }) {
+			var over []string
+			for _, t := range w.feeds[s] {
+				over = append(over, fmt.Sprintf("%s over %v", w.sc.stages[t].name, w.over[t]))
+			}
+			w.broke(r, "stage %s has pending rows the core was told of and room for %d, and the step claimed none, though no stage it feeds is over its MAX_PENDING at its last check or it is over its own (%s; %s over %v)",
+				st.name, w.room(s, w.now), strings.Join(over, ", "), st.name, w.over[s])
+			return
+		}
+	}
+}
+
+// pressureNeverStops holds rule pressure-never-stops at the end: a heal phase
+// that ran out of time must not end with a stage held by back-pressure while
+// messages wait there.
+func (w *world) pressureNeverStops(r *rule, x crossing) {
+	if !x.overdue {
+		return
+	}
+	for s, st := range w.sc.stages {
+		t, held := w.pressureHeld(s)
+		if !held {
+			continue
+		}
+		for _, row := range w.q.Rows() {
+			if row.Stage == st.name && row.Status == core.StatusPending {
+				w.broke(r, "%s after healing began, row %d waits pending at stage %s, held by back-pressure: stage %s had more than its MAX_PENDING %d pending at its last check",
+					w.deadline.Sub(w.healAt), row.ID, st.name, w.sc.stages[t].name, w.cfg.Stages[t].MaxPending)
+				return
+			}
+		}
+	}
 }

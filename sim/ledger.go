@@ -105,6 +105,7 @@ type model struct {
 	healthState
 	flushState
 	truthState
+	pressureState
 }
 
 // ledger is what the checker knows of the current core life: observable facts
@@ -214,6 +215,20 @@ type healthState struct {
 	vacuumedNow   bool // the step's commands include a Vacuum
 }
 
+// pressureState belongs to rules pressure-holds, pressure-held-only-while-over
+// and pressure-never-stops: what the core of this life learned of
+// back-pressure, as the checker derives it from what crossed. feeds: per
+// stage, the stages with a MAX_PENDING its passes sent messages to (an
+// answered transition, a pending row at another stage in a resolve's
+// outcome for an item that was not a requeue), as core.Core learns them;
+// over: per stage, whether the last claim that checked its MAX_PENDING found
+// more pending; limitsOut: the limits of the claim outstanding.
+type pressureState struct {
+	feeds     [][]int
+	over      []bool
+	limitsOut []core.Limit
+}
+
 // flushState belongs to rules flush-not-empty, flush-sequenced,
 // flush-not-early and flush-not-late.
 type flushState struct {
@@ -244,6 +259,7 @@ func (w *world) newLifeModel() {
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
 	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}
 	w.healthState = healthState{}
+	w.pressureState = pressureState{feeds: make([][]int, n), over: make([]bool, n)}
 	w.flushState = flushState{flushedAt: w.flushedAt, issued: &truth{stages: map[string]*core.StageDelta{}}}
 	w.verdicts = map[int64]core.RowStatus{}
 	t := &truth{stages: map[string]*core.StageDelta{}, carried: &truth{stages: map[string]*core.StageDelta{}}}
@@ -411,6 +427,13 @@ func (w *world) modelClaimed(e core.Claimed) {
 	w.txnResult(e.Err)
 	caps, told := w.claimCaps, w.toldInTxn
 	w.claimCaps, w.toldInTxn = nil, false
+	limits := w.limitsOut
+	w.limitsOut = nil
+	if e.Err == "" {
+		for _, l := range limits {
+			w.over[w.stageIndex(l.Stage)] = slices.Contains(e.Over, l.Stage)
+		}
+	}
 	if e.Err != "" {
 		// The claim may have taken its whole cap (unless it certainly
 		// aborted): the core counts it so.
@@ -496,6 +519,9 @@ func (w *world) modelResolved(e core.Resolved) {
 			return
 		}
 		ex := w.expects[o.ID]
+		if s, ok := w.stageOf(ex.stage); ok && ex.verdict != core.Requeue && o.Status == core.StatusPending && o.Stage != ex.stage {
+			w.learnFeed(s, o.Stage) // the pass sent its message on
+		}
 		if o.Status == core.StatusRunning && ex.claim && o.Matched {
 			if w.modelMovedClaimed(o); w.fail != nil {
 				return
@@ -651,6 +677,19 @@ func (w *world) modelAnswer(e core.Answer) {
 		t.passes++
 	}
 	w.expects[head] = w.expectAnswer(x, head, a)
+	if !a.bad && a.move != nil {
+		w.learnFeed(x.stage, a.move.To)
+	}
+}
+
+// learnFeed records that a pass of stage s sent a message to stage to (a name,
+// or a target that is no stage).
+func (w *world) learnFeed(s int, to string) {
+	t, ok := w.stageOf(to)
+	if !ok || t == s || w.cfg.Stages[t].MaxPending <= 0 || slices.Contains(w.feeds[s], t) {
+		return
+	}
+	w.feeds[s] = append(w.feeds[s], t)
 }
 
 // expectAnswer is how the core must resolve head, which worker x answered
@@ -879,6 +918,7 @@ func (w *world) bury(x *wmodel) {
 // stage with a RATE logs it.
 func (w *world) recordClaim(x core.Claim) {
 	w.claimCaps, w.toldInTxn = x.Caps, false
+	w.limitsOut = x.Limits
 	for _, id := range sortedKeys(w.unnotified) {
 		r, _ := w.q.Get(id)
 		for _, cp := range x.Caps {

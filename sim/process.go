@@ -329,7 +329,7 @@ func (w *world) answers(p *proc, id int64, a attempt) bool {
 	if !v.answers || !a.kind.answerable() {
 		return false
 	}
-	return a.kind == kPause || a.kind == kAgain || w.next(p, id) <= m.last || m.end == core.StatusDone
+	return a.kind == kPause || a.kind == kAgain || a.kind == kBack || w.next(p, id) <= m.last || m.end == core.StatusDone
 }
 
 // next is the stage the good pass moves the message to (past the last stage:
@@ -358,13 +358,15 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 		info.move.To, info.pauseFor = core.TargetPaused, a.pause
 	case a.kind == kAgain:
 		info.move.To = w.sc.stages[p.stage].name
+	case a.kind == kBack:
+		info.move.To = w.sc.stages[p.stage-1].name
 	case next > m.last:
 		info.move.To = core.TargetDone
 	default:
 		info.move.To = w.sc.stages[next].name
 	}
 	st := core.Status{Transition: &core.Transition{To: info.move.To, PauseFor: info.pauseFor}}
-	if a.kind != kPause && a.kind != kAgain && v.fuse && p.stage+1 <= m.last {
+	if a.kind != kPause && a.kind != kAgain && a.kind != kBack && v.fuse && p.stage+1 <= m.last {
 		st.Fused = []core.Fused{{Stage: w.sc.stages[p.stage+1].name, Micros: v.fusedUS}}
 		info.fused = st.Fused
 	}

@@ -130,18 +130,19 @@ var rules = []*rule{
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
 	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
+	rulePressureHolds,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
 	// At each row change.
 	ruleClaimFloor, ruleOnlyClaimRuns, ruleKeyOldestFirst, ruleAttempts, ruleWakeKeepsHanded, ruleNoStaleVerdict, ruleEpochGuard,
 	// After each step.
 	ruleVacuumWhenDue, ruleProtocolErrorKills, ruleShutdownStops, ruleStageCapacity,
-	ruleSpawnWhenNeeded, rulePromptness,
+	ruleSpawnWhenNeeded, rulePressureOnlyWhileOver, rulePromptness,
 	// At each deadline.
 	ruleInspectDue, ruleGate, ruleFlushNotLate, ruleWakeDue, ruleStopGraceDue,
 	ruleWatchdogDue, ruleRecycleDue, ruleReapDue, ruleRateTokenDue, ruleCooldownEndDue,
 	// At the end.
-	ruleKeyNotStranded, ruleLiveness, ruleStatisticsExact,
+	ruleKeyNotStranded, rulePressureNeverStops, ruleLiveness, ruleStatisticsExact,
 	// Whenever the world meets what it cannot reach if the core is right.
 	ruleWorldConsistent,
 }
@@ -353,6 +354,21 @@ var ruleRateTokenDue = &rule{name: "rate-token-due", when: atDeadline, check: (*
 
 var ruleCooldownEndDue = &rule{name: "cooldown-end-due", when: atDeadline, check: (*world).cooldownEndDue,
 	doc: "What a spawn cooldown held back (a spawn, a claim) is done when it ends."}
+
+var rulePressureHolds = &rule{name: "pressure-holds", when: atCommand, check: (*world).pressureHolds,
+	doc: "Back-pressure (MAX_PENDING) holds the stages that feed a full one: a claim checks the MAX_PENDING of every stage back-pressure involves " +
+		"(one with a limit that a stage fed this life, or that feeds one: Claim.Limits), and neither a claim nor a move that claims takes a row for a held stage: " +
+		"one whose passes sent messages this life to a stage whose last check found more than its MAX_PENDING pending, unless the stage itself was over its own limit at its last check. " +
+		"Who feeds whom and who is over are derived here from what crossed (answered transitions, resolve outcomes, claims' results), not asked of the core."}
+
+var rulePressureOnlyWhileOver = &rule{name: "pressure-held-only-while-over", when: afterStep, check: (*world).pressureOnlyWhileOver,
+	doc: "A held stage is held only while a stage it feeds is over its limit: a stage that feeds others is owed its claim by rule promptness's terms " +
+		"unless a stage it feeds was over its MAX_PENDING at its last check and it was not over its own (so a cycle of stages cannot stop), " +
+		"and so claims resume in the step whose claim found the full stage back within its limit."}
+
+var rulePressureNeverStops = &rule{name: "pressure-never-stops", when: atEnd, check: (*world).pressureNeverStops,
+	doc: "Back-pressure never stops the whole pipeline: once every fault has healed, no message still waits at a stage held by back-pressure when the heal phase's time runs out " +
+		"(the full stage drains, and a stage over its own limit is never held)."}
 
 var ruleLiveness = &rule{name: "liveness", when: atEnd, check: (*world).liveness,
 	doc: "After the heal phase every message is final within a bounded simulated time (a late claim's orphans included), and the queue holds every row inserted."}

@@ -63,6 +63,8 @@ type stageConf struct {
 	// maxRuntime is the stage's own MAX_RUNTIME; 0 leaves it out of the
 	// configuration, and the stage has the dispatcher's.
 	maxRuntime time.Duration
+	// maxPending is the stage's MAX_PENDING; 0 leaves it out (none).
+	maxPending int64
 }
 
 // rates are the RATE values a scenario's stages may have: below one message a
@@ -119,11 +121,12 @@ const (
 	kBadAnswer                  // answer a transition the dispatcher cannot write
 	kDoubleWrite                // commit the good transition and answer it too
 	kAgain                      // answer the stage itself as the target ("0 >a" at a): it runs again
+	kBack                       // answer the stage before as the target ("0 >a" at b): it goes back, a cycle of stages
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
 	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow", "-",
-	"bad-answer", "double-write", "again"}
+	"bad-answer", "double-write", "again", "back"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -141,7 +144,7 @@ func (k kind) writes() bool {
 // of writing it when its visit answers (visit.answers).
 func (k kind) answerable() bool {
 	switch k {
-	case kGood, kPause, kHang, kSlow, kAgain:
+	case kGood, kPause, kHang, kSlow, kAgain, kBack:
 		return true
 	}
 	return false
@@ -313,7 +316,32 @@ func choose(c chooser) *Scenario {
 	chooseFractions(c, sc)
 	chooseArrivalOrder(c, sc)
 	chooseKeys(c, sc)
+	choosePressure(c, sc)
 	return sc
+}
+
+// choosePressure chooses back-pressure: MAX_PENDING on some stages (small,
+// so that it is crossed), and visits whose first try answers the stage
+// before as its target, so that stages feed each other both ways (a cycle,
+// which back-pressure must not stop). One scenario in two has them, drawn
+// last: the others play as they did before this chapter.
+func choosePressure(c chooser, sc *Scenario) {
+	if c.intn("pressure", 0, 1) < 1 {
+		return
+	}
+	for i := range sc.stages {
+		if c.intn(sc.stages[i].name+".max_pending", 0, 2) > 0 {
+			sc.stages[i].maxPending = int64(c.intn(sc.stages[i].name+".max_pending_n", 1, 3))
+		}
+	}
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			if j > 0 && m.visits[j].answers && c.intn("visit.back", 0, 3) == 3 {
+				m.visits[j].trouble = append([]attempt{{kind: kBack, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, m.visits[j].trouble...)
+			}
+		}
+	}
 }
 
 // chooseConf chooses the stages and the dispatcher's timings.
@@ -753,6 +781,9 @@ func (sc *Scenario) Conf() string {
 		}
 		if st.maxRuntime > 0 {
 			fmt.Fprintf(&b, "MAX_RUNTIME = %s\n", st.maxRuntime)
+		}
+		if st.maxPending > 0 {
+			fmt.Fprintf(&b, "MAX_PENDING = %d\n", st.maxPending)
 		}
 	}
 	return b.String()
