@@ -20,12 +20,13 @@ func TestAShortClaimThatFoundMoreDoesNotEmptyItsStage(t *testing.T) {
 	}
 	c := core.New(cfg)
 	cmds := c.Step(epoch, core.Start{Life: 1})
-	reset, wake, claim := one[core.ResetOrphans](t, cmds), one[core.Wake](t, cmds), one[core.Claim](t, cmds)
+	keep, reset, wake, claim := one[core.KeepHistory](t, cmds), one[core.ResetOrphans](t, cmds), one[core.Wake](t, cmds), one[core.Claim](t, cmds)
 	capA := capsOf(claim)["a"]
 	if capA < 2 {
 		t.Fatalf("first claim %v: want a cap of at least 2 at stage a", claim)
 	}
 	cmds = c.Step(epoch,
+		core.HistoryKept{Op: keep.Op, Through: keep.Through},
 		core.OrphansReset{Op: reset.Op},
 		core.Woken{Op: wake.Op},
 		core.Claimed{Op: claim.Op, Epoch: "e1", Settled: 50, Rows: []core.Row{{ID: 7, Stage: "a"}}, More: []string{"a"}})

@@ -10,7 +10,7 @@ import (
 // Command is one thing the core asks the shell to do. The set is closed: only
 // this package's types implement it, those of this file and Inspect and Vacuum
 // (vacuum.go). The shell executes the commands of one Step other than queue
-// commands in the order given. Queue commands (ResetOrphans, Resolve, Release, Wake,
+// commands in the order given. Queue commands (KeepHistory, ResetOrphans, Resolve, Release, Wake,
 // Claim, Flush) of one Step form one transaction: the shell gathers them and,
 // after every other command of the Step, runs them in the order given in a
 // single transaction, and answers each with its result event (same Op), all
@@ -87,6 +87,26 @@ type Item struct {
 	// core releases the key once the item is resolved (see Release). The
 	// statement itself does not use it.
 	Key string
+
+	// The item's row in pepsi.history, written by the same statement, only
+	// for what it actually did: with History set (the stage's HISTORY is on),
+	// a row whose guard held or that is no longer running gets one row,
+	// Event (a Move that missed its guard records guard-miss instead, and a
+	// bare 0 that left the row running records failed); a row left running
+	// (a commit raced the statement) gets none, its item being owed again.
+	// HandedAt is when its line was handed to the worker (zero: never
+	// handed), At when its answer was read (or its worker's exit seen), PID
+	// the worker's, Attempts the row's attempts as claimed. Again marks an
+	// item sent again after a transaction whose reply was lost: it records
+	// nothing if that transaction already recorded its pass (same id, stage
+	// and At).
+	History  bool
+	Event    string
+	HandedAt time.Time
+	At       time.Time
+	PID      int
+	Attempts int
+	Again    bool
 }
 
 func (it Item) String() string {
@@ -118,6 +138,23 @@ func (it Item) String() string {
 	if it.Key != "" {
 		s += "[key=" + strconv.Quote(it.Key) + "]"
 	}
+	if it.History {
+		s += "{" + it.Event
+		if it.PID != 0 {
+			s += fmt.Sprintf(" pid=%d", it.PID)
+		}
+		if it.Attempts != 0 {
+			s += fmt.Sprintf(" attempts=%d", it.Attempts)
+		}
+		if !it.HandedAt.IsZero() {
+			s += " handed=" + formatTime(it.HandedAt)
+		}
+		s += " at=" + formatTime(it.At)
+		if it.Again {
+			s += " again"
+		}
+		s += "}"
+	}
 	return s
 }
 
@@ -130,10 +167,13 @@ func (it Item) String() string {
 // has blocked messages, as Release does: a stage's own commit of a key's last
 // pass may have been followed by a crash before the dispatcher released the
 // key, and nothing else would.
+//
+// Each row it resets gets a history row, reset, at Now.
 type ResetOrphans struct {
 	Op          int64
 	Keep        []int64
 	ReleaseKeys bool
+	Now         time.Time
 }
 
 // Resolve applies Items (see Item) in one statement. Answered by Resolved.
@@ -149,7 +189,7 @@ type Resolve struct {
 }
 
 // Wake makes paused rows whose timeout is at or before Now pending, except the
-// rows in Keep; a row that waited out a retry (attempts > 0) loses
+// rows in Keep, each with a history row, woken, at Now; a row that waited out a retry (attempts > 0) loses
 // state.dispatch_error, its retry's reason, in the same write. Answered by Woken, which also reports the earliest timeout of the
 // paused rows not in Keep.
 //
@@ -399,7 +439,7 @@ func (Busy) isCommand()         {}
 func (Exit) isCommand()         {}
 
 // QueueCommand is a command executed in the step's queue transaction (see
-// Command): ResetOrphans, Resolve, Release, Wake, Claim and Flush. Each is answered by
+// Command): KeepHistory, ResetOrphans, Resolve, Release, Wake, Claim and Flush. Each is answered by
 // one result event carrying its Op.
 type QueueCommand interface {
 	Command
@@ -420,7 +460,7 @@ func IsQueue(c Command) bool {
 }
 
 func (c ResetOrphans) String() string {
-	s := fmt.Sprintf("reset-orphans op=%d keep=%s", c.Op, formatIDs(c.Keep))
+	s := fmt.Sprintf("reset-orphans op=%d now=%s keep=%s", c.Op, formatTime(c.Now), formatIDs(c.Keep))
 	if c.ReleaseKeys {
 		s += " release-keys"
 	}

@@ -206,6 +206,8 @@ type Core struct {
 	// if no claim is otherwise sent (pressure.go): something other than the
 	// core's claims (an operator) may have brought a stage back under its.
 	checkDue bool
+	// hist: pepsi.history's passes and partitions (history.go).
+	hist history
 
 	epoch      string
 	nextPaused time.Time
@@ -265,6 +267,7 @@ func New(cfg *conf.Config) *Core {
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
 		keys:       orderKeys{keyOf: map[int64]string{}, holder: map[string]int64{}, owed: map[string]bool{}},
+		hist:       history{passes: map[int64]pass{}},
 	}
 	for _, sc := range cfg.Stages {
 		st := &stage{cfg: sc, maxRuntime: cfg.Dispatch.RuntimeOf(sc), rate: newBucket(sc.Rate), stuckReason: fmt.Sprintf("stage %s answered 0 but left the message running at %s (stage bug)", sc.Name, sc.Name)}
@@ -375,6 +378,8 @@ func (c *Core) apply(ev Event) {
 		c.vacuumed(e)
 	case Flushed:
 		c.flushed(e)
+	case HistoryKept:
+		c.historyKept(e)
 	default:
 		panic(fmt.Sprintf("core: unknown event %T", ev))
 	}
@@ -414,6 +419,7 @@ func (c *Core) setTimer() {
 		at(c.lastPoll.Add(c.cfg.PollInterval))
 		if !queueBlocked {
 			at(c.nextPaused)
+			at(c.hist.next)
 		}
 	}
 	for _, w := range c.workers {

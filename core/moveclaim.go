@@ -170,5 +170,6 @@ func (c *Core) movedClaimed(it Item, o Outcome) {
 			return
 		}
 	}
+	c.holdPass(o.ID, o.Attempts)
 	st.backlog = append(st.backlog, msg{id: o.ID, epoch: c.epoch, attempts: o.Attempts, line: line})
 }

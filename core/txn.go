@@ -104,6 +104,7 @@ func claimAfter(st *stage, txn []Command) int64 {
 // An item of a keyed message carries its key, for the release that follows
 // its resolve.
 func (c *Core) owe(it Item) {
+	c.recordPass(&it)
 	if it.Key == "" {
 		it.Key = c.keys.keyOf[it.ID]
 	}
@@ -148,6 +149,7 @@ func (c *Core) claimed(e Claimed) {
 		got[r.Stage]++
 		reach[r.Stage] = max(reach[r.Stage], r.ID)
 		m := msg{id: r.ID, epoch: e.Epoch, attempts: r.Attempts}
+		c.holdPass(r.ID, r.Attempts)
 		if other, ok := c.holdKey(r.ID, r.Key); !ok {
 			// Two messages of one key pending at once: a writer outside the
 			// rules (the release that follows puts the key in order again).
@@ -291,6 +293,11 @@ func (c *Core) resolved(e Resolved) {
 // rows running that no one holds, as a lost claim may.
 func (c *Core) resolveFailed(cmd Resolve, aborted bool) {
 	items, claimed := c.unclaimMoves(cmd.Items)
+	if !aborted {
+		for i := range items {
+			items[i].Again = true
+		}
+	}
 	c.owed = append(items, c.owed...)
 	if aborted {
 		return
@@ -336,13 +343,20 @@ func (c *Core) nextOpID() int64 {
 	return c.nextOp
 }
 
-// queueWork builds the step's transaction: reset, resolve, wake, claim, flush.
+// queueWork builds the step's transaction: the history's upkeep, reset,
+// resolve, wake, claim, flush.
 func (c *Core) queueWork() {
 	if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {
 		return
 	}
 	idle := c.idle() // before the owed items move into the transaction
 	var txn []Command
+	// The history's partitions first: every row the transaction writes then
+	// finds its day made.
+	if kh, ok := c.keepHistory(c.owed); ok {
+		txn = append(txn, kh)
+	}
+	upkeep := len(txn) // the commands before the reset
 	if c.needReset {
 		// Rows whose resolve may already have been applied are not kept: the
 		// lost transaction may have woken and claimed them again, and the re-sent
@@ -353,11 +367,11 @@ func (c *Core) queueWork() {
 		if !c.resetDone {
 			keep = nil
 		}
-		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone || c.keys.sweep})
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone || c.keys.sweep, Now: c.now})
 		c.needReset = false
 		c.sweep = false
 	} else if c.sweep && c.shutdown == 0 {
-		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: c.held()})
+		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: c.held(), Now: c.now})
 		c.sweep = false
 	}
 	resolving := false
@@ -366,11 +380,11 @@ func (c *Core) queueWork() {
 	if len(c.owed) > 0 {
 		// A reset or a wake in the same transaction may make rows pending
 		// anywhere, which the moves would overtake: then no move claims.
-		yielded = c.claimMoves(c.owed, len(txn) > 0 || waking)
+		yielded = c.claimMoves(c.owed, len(txn) > upkeep || waking)
 		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed})
 		resolving = true
 	}
-	if rel, ok := c.releaseFor(c.owed, len(txn) > 0); ok {
+	if rel, ok := c.releaseFor(c.owed, len(txn) > upkeep); ok {
 		txn = append(txn, rel)
 	}
 	c.owed = nil

@@ -194,7 +194,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.stat(name).Crashes++
 		st.crashed(fmt.Sprintf("worker pid %d broke the protocol", w.pid))
 		if len(q) > 0 {
-			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: protoReason(name, w)})
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: protoReason(name, w), Event: HistoryCrashed})
 			q = q[1:]
 		}
 		c.requeue(st, q)
@@ -223,7 +223,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 			c.startFails[head.id]++
 			if n := c.startFails[head.id]; n >= StartFailLimit {
 				delete(c.startFails, head.id)
-				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail,
+				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Event: HistoryCrashed,
 					Reason: fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)})
 				q = q[1:]
 			}
@@ -238,7 +238,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.logf(LevelError, "stage %s worker pid %d died unexpectedly (%s) holding no message", name, w.pid, how)
 		return
 	}
-	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail,
+	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Event: HistoryCrashed,
 		Reason: fmt.Sprintf("stage %s: worker pid %d crashed (%s) while handling the message", name, w.pid, how)})
 	c.requeue(st, q[1:])
 	c.logf(LevelError, "stage %s worker pid %d crashed (%s); failed message %d, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
@@ -357,6 +357,7 @@ func (c *Core) assign() {
 			for i := range st.backlog[:n] {
 				m := &st.backlog[i]
 				wr.IDs[i] = m.id
+				c.handPass(m.id, best)
 				if wr.Lines != nil {
 					wr.Lines[i], m.line = m.line, ""
 				}

@@ -105,8 +105,17 @@ const retrySQL = `WITH moved AS (
 			|| jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
 				'error', state->'dispatch_error', 'status', status, 'stage', stage, 'retried_at', now()))))
 	WHERE cardinality($3::text[]) > 0 AND ` + selectWhere + `
-	RETURNING order_key)
+	RETURNING ingress_id, stage, order_key, state->'dispatch_error_history'->-1 AS was),
+recorded AS (
+	INSERT INTO pepsi.history (ingress_id, stage, event, detail, at)
+	SELECT ingress_id, stage, 'retried', concat_ws(': ', (was->>'status') || ' at ' || (was->>'stage'), was->>'error'), now()
+	FROM moved)
 SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM moved`
+
+// historyTodaySQL makes today's partition of pepsi.history (UTC), for a tool
+// that writes history rows (schema 16's pepsi.history_day): the dispatcher
+// makes days ahead, but it may not have run for days.
+const historyTodaySQL = `SELECT pepsi.history_day((now() AT TIME ZONE 'UTC')::date, true)`
 
 // notifySQL wakes the dispatcher, at commit, for rows made pending.
 const notifySQL = `SELECT pg_notify('ingress', '')`
@@ -319,10 +328,15 @@ func (s *PG) CountRetry(ctx context.Context, p RetryParams) (int64, error) {
 // Retry makes the selected rows pending again (at their stage or at p.To),
 // moving state.dispatch_error into the array state.dispatch_error_history (one
 // entry per retry: error, status, stage, retried_at), with attempts back at
-// 0, and returns how many it moved. It does not notify: see NotifyIngress.
+// 0, and returns how many it moved. Each gets a history row, retried, whose
+// detail is what it was (status, stage, error). It does not notify: see
+// NotifyIngress.
 func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 	var n int64
 	var keys []string
+	if _, err := s.db.Exec(ctx, historyTodaySQL); err != nil {
+		return 0, fmt.Errorf("retry: make today's history partition: %w", err)
+	}
 	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&n, &keys); err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}

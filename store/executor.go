@@ -18,10 +18,10 @@ import (
 // (internal/testenv/queuetest) runs every method against both, so the
 // simulator cannot drift from reality.
 type Executor interface {
-	// Exec runs cmds (each one of core.ResetOrphans, core.Resolve,
+	// Exec runs cmds (each one of core.KeepHistory, core.ResetOrphans, core.Resolve,
 	// core.Release, core.Wake, core.Claim, core.Flush) in order in one
 	// transaction and returns one result event per command, in the same order
-	// (core.OrphansReset, core.Resolved, core.Released, core.Woken,
+	// (core.HistoryKept, core.OrphansReset, core.Resolved, core.Released, core.Woken,
 	// core.Claimed, core.Flushed), each with the same Op. If the
 	// transaction fails, every result carries the error text: the caller cannot know
 	// whether it committed, and the core is written for both.
@@ -64,6 +64,9 @@ type Executor interface {
 	ReadStageHealth(ctx context.Context) ([]StageHealth, error)
 	StageHealthExists(ctx context.Context) (bool, error)
 	ReadPageMessage(ctx context.Context, id int64) (PageMessage, error)
+
+	History(ctx context.Context, id int64) ([]HistoryRow, error)
+	HistoryPartitions(ctx context.Context) ([]time.Time, error)
 }
 
 // PostgreSQL's executor holds to the contract.

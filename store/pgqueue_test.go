@@ -55,6 +55,8 @@ func result(ev core.Event) (op int64, err string) {
 		return e.Op, e.Err
 	case core.Flushed:
 		return e.Op, e.Err
+	case core.HistoryKept:
+		return e.Op, e.Err
 	}
 	panic(fmt.Sprintf("not a queue result: %T", ev))
 }
@@ -316,7 +318,8 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
-		"PREPARE resolve(bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[]) AS "+store.ResolveSQL)
+		"PREPARE resolve(bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], "+
+			"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[]) AS "+store.ResolveSQL)
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -327,7 +330,8 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 		ids[i] = fmt.Sprint(churned + 1 + i)
 	}
 	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", items), ",") + "}'" }
-	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0")}, ", ")
+	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0"),
+		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false")}, ", ")
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "resolve", args)
 		blocks, lookups := 0.0, 0.0
@@ -372,7 +376,8 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		"INSERT INTO pepsi.queue (stage) SELECT 's' || (i % 3) FROM generate_series(1, 200000) i",
 		"UPDATE pepsi.queue SET status = 'running' WHERE ingress_id % 4000 = 0",
 		"UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01'::timestamptz + (ingress_id % 7) * interval '1 hour' WHERE ingress_id % 2000 = 1",
-		"PREPARE reset(bigint[]) AS " + store.ResetOrphansSQL,
+		"SELECT pepsi.history_day('2030-01-01', true)", // the day of the rows the reset and the wake record
+		"PREPARE reset(bigint[], timestamptz) AS " + store.ResetOrphansSQL,
 		"PREPARE wake(timestamptz, bigint[]) AS " + store.WakeSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
@@ -387,7 +392,7 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, c := range []struct{ name, args, index string }{
-				{"reset", "'{4000,8000}'", "queue_running"},
+				{"reset", "'{4000,8000}', '2030-01-01 03:30Z'", "queue_running"},
 				{"wake", "'2030-01-01 03:30Z', '{2001,4001}'", "queue_paused"},
 			} {
 				plan := explain(t, conn, mode, c.name, c.args)
@@ -570,8 +575,9 @@ func TestWakeNotifiesIngressOnlyWhenItWokeRows(t *testing.T) {
 		t.Fatalf("after a wake that woke nothing, first notification = %v, %v; want the marker (no notify from the wake)", n, err)
 	}
 
-	evs := mustExec(t, h, []core.Command{core.Wake{Op: 3, Now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}})
-	if w := evs[0].(core.Woken); w.Count != 1 {
+	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	evs := mustExec(t, h, []core.Command{core.KeepHistory{Op: 4, From: at, Now: at, Through: at}, core.Wake{Op: 3, Now: at}})
+	if w := evs[1].(core.Woken); w.Count != 1 {
 		t.Fatalf("wake = %v, want count 1", w)
 	}
 	if n, err := listener.WaitForNotification(ctx); err != nil || n.Payload != "" || n.Channel != "ingress" {

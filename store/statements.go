@@ -38,19 +38,25 @@ func statementFor(c core.Command) statement {
 		return release(c)
 	case core.Flush:
 		return flush(c)
+	case core.KeepHistory:
+		return keepHistory(c)
 	}
 	panic(fmt.Sprintf("store: %T (%v) is not a queue command", c, c))
 }
 
 // resetOrphansSQL makes every running row pending except the kept ones (the
 // queue_running partial index finds them), answers how many and their order
-// keys (core.OrphansReset.Keys), and forgets the flush marks of
+// keys (core.OrphansReset.Keys), records a reset in pepsi.history for each
+// at $2 (core.ResetOrphans.Now), and forgets the flush marks of
 // dispatcher lives not heard of for 30 days (see flushSQL).
 const resetOrphansSQL = `
 WITH reset AS (
 	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
 	WHERE status = 'running' AND ingress_id <> ALL ($1::bigint[])
-	RETURNING order_key
+	RETURNING ingress_id, stage, attempts, order_key
+), recorded AS (
+	INSERT INTO pepsi.history (ingress_id, stage, event, at, attempts)
+	SELECT ingress_id, stage, 'reset', $2, attempts FROM reset
 ), forgotten AS (
 	DELETE FROM pepsi.stats_flushes WHERE updated_at < now() - interval '30 days'
 )
@@ -65,7 +71,7 @@ func resetOrphans(c core.ResetOrphans) statement {
 	return statement{
 		name: "reset orphans",
 		queue: func(b *pgx.Batch) {
-			b.Queue(resetOrphansSQL, keep)
+			b.Queue(resetOrphansSQL, keep, c.Now)
 			if c.ReleaseKeys {
 				b.Queue(releaseAllSQL)
 				b.Queue(lastIDSQL)
@@ -441,6 +447,15 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 // statement moves the row to another stage (an answered advance, or the
 // requeue of a row its stage advanced).
 //
+// Each item with history on ($11, core.Item.History) records its pass in
+// pepsi.history in the same statement, only as it happened: a row the UPDATE
+// wrote, or one no longer running (the stage wrote its own transition), gets
+// one row, the item's event ($12), except that a move whose guard did not hold
+// is a guard-miss and a bare 0 that left the row running is failed; a row
+// still running after the statement (a late commit raced it) gets none (its
+// item is resolved again). An item sent again after a lost reply ($17)
+// records nothing if its pass is there already (same id, stage and at).
+//
 // It returns one row per item, in item order, with the row as it is after the
 // statement, and whether the guard matched; for a move that claimed, also its
 // attempts and, when the item's line_max ($10, core.Item.LineMax) is set, its
@@ -477,10 +492,12 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 const resolveSQL = `
 WITH item AS (
 	SELECT t.id, t.stage, t.verdict, t.reason, t.target, t.until, t.patch, t.claim, t.line_max, t.ord,
-	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok
+	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok,
+	       t.hist, t.event, t.handed_at, t.at, t.pid, t.attempts, t.again
 	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::text[],
-	            $9::bool[], $10::int[])
-	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, claim, line_max, ord)
+	            $9::bool[], $10::int[], $11::bool[], $12::text[], $13::timestamptz[], $14::timestamptz[], $15::int[], $16::int[], $17::bool[])
+	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, claim, line_max,
+	                          hist, event, handed_at, at, pid, attempts, again, ord)
 ), decided AS (
 	SELECT item.*, o.stage AS seen_stage, o.stage = item.stage AS matched,
 	       CASE
@@ -524,29 +541,57 @@ WITH item AS (
 		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN q.state::text END AS msg_state,
 		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
 		CASE WHEN d.matched AND d.claim AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload
+), result AS (
+	SELECT item.*,
+	       coalesce(u.stage, q.stage, '') AS now_stage,
+	       coalesce(u.status, q.status, '') AS now_status,
+	       CASE WHEN u.ingress_id IS NOT NULL THEN u.timeout ELSE q.timeout END AS now_timeout,
+	       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.error END, '') AS now_error,
+	       coalesce(u.matched, false) AS now_matched,
+	       u.ingress_id IS NOT NULL AS wrote,
+	       CASE WHEN u.claimed THEN u.attempts ELSE 0 END AS now_attempts,
+	       u.msg_state, u.payload_size, u.payload
+	FROM item
+	LEFT JOIN updated u ON u.ingress_id = item.id
+	LEFT JOIN LATERAL (
+		SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
+		FROM pepsi.queue q WHERE q.ingress_id = item.id AND u.ingress_id IS NULL
+		OFFSET 0
+	) q ON true
+), passes AS (
+	SELECT r.id, r.stage, r.handed_at, r.at, r.pid, r.attempts, r.target, r.reason, r.now_stage, r.now_status,
+	       CASE
+	           WHEN r.verdict = 'move' AND NOT (r.wrote AND r.now_matched) THEN 'guard-miss'
+	           WHEN r.verdict = 'answered' AND r.wrote AND r.now_matched AND r.now_status = 'failed' THEN 'failed'
+	           ELSE r.event
+	       END AS event
+	FROM result r
+	WHERE r.hist AND (r.wrote OR r.now_status NOT IN ('', 'running'))
+	  AND (NOT r.again OR NOT EXISTS (SELECT 1 FROM pepsi.history h
+	                                  WHERE h.ingress_id = r.id AND h.at = r.at AND h.stage = r.stage))
+), recorded AS (
+	INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts)
+	SELECT p.id, p.stage, p.event,
+	       CASE
+	           WHEN p.event = 'moved' THEN p.target
+	           WHEN p.event IN ('retry', 'failed', 'timeout', 'crashed') THEN p.reason
+	           WHEN p.event IN ('answered', 'guard-miss') THEN p.now_status || ' at ' || p.now_stage
+	           ELSE ''
+	       END,
+	       p.handed_at, p.at, p.pid, p.attempts
+	FROM passes p
 )
-SELECT item.id,
-       coalesce(u.stage, q.stage, ''),
-       coalesce(u.status, q.status, ''),
-       CASE WHEN u.ingress_id IS NOT NULL THEN u.timeout ELSE q.timeout END,
-       coalesce(CASE WHEN u.ingress_id IS NOT NULL THEN u.error ELSE q.error END, ''),
-       coalesce(u.matched, false),
-       CASE WHEN u.claimed THEN u.attempts ELSE 0 END,
-       u.msg_state, u.payload_size, u.payload
-FROM item
-LEFT JOIN updated u ON u.ingress_id = item.id
-LEFT JOIN LATERAL (
-	SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
-	FROM pepsi.queue q WHERE q.ingress_id = item.id AND u.ingress_id IS NULL
-	OFFSET 0
-) q ON true
-ORDER BY item.ord`
+SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload
+FROM result
+ORDER BY ord`
 
 func resolve(c core.Resolve) statement {
 	n := len(c.Items)
 	ids, stages, verdicts, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	targets, untils, patches := make([]string, n), make([]*time.Time, n), make([]string, n)
 	claims, lineMaxes := make([]bool, n), make([]int32, n)
+	hists, events, handed, ats := make([]bool, n), make([]string, n), make([]*time.Time, n), make([]*time.Time, n)
+	pids, attempts, agains := make([]*int32, n), make([]int32, n), make([]bool, n)
 	for i, it := range c.Items {
 		ids[i], stages[i], verdicts[i], reasons[i], epochs[i] = it.ID, it.Stage, string(it.Verdict), it.Reason, it.Epoch
 		targets[i], patches[i] = it.To, it.Patch
@@ -554,11 +599,26 @@ func resolve(c core.Resolve) statement {
 		if !it.Until.IsZero() {
 			untils[i] = &c.Items[i].Until
 		}
+		// An item with no At (never owed through the core) records nothing:
+		// its row would have no day to go to.
+		hists[i] = it.History && !it.At.IsZero()
+		events[i], attempts[i], agains[i] = it.Event, int32(it.Attempts), it.Again
+		if !it.HandedAt.IsZero() {
+			handed[i] = &c.Items[i].HandedAt
+		}
+		if !it.At.IsZero() {
+			ats[i] = &c.Items[i].At
+		}
+		if it.PID != 0 {
+			pid := int32(it.PID)
+			pids[i] = &pid
+		}
 	}
 	return statement{
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
-			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes)
+			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
+				hists, events, handed, ats, pids, attempts, agains)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
@@ -605,13 +665,17 @@ func resolve(c core.Resolve) statement {
 // in the statement's snapshot, which the "timeout > $1" excludes. A row that
 // waited out a retry (attempts > 0) loses state.dispatch_error, the retry's
 // reason, in the same write: it held while the row waited, and a message that
-// later succeeds, or fails for another reason, must not show it.
+// later succeeds, or fails for another reason, must not show it. Each woken
+// row gets a history row, woken, at $1.
 const wakeSQL = `
 WITH woken AS (
 	UPDATE pepsi.queue SET status = 'pending', updated_at = now(),
 		state = CASE WHEN attempts > 0 AND jsonb_typeof(state) = 'object' THEN state - 'dispatch_error' ELSE state END
 	WHERE status = 'paused' AND timeout <= $1 AND ingress_id <> ALL ($2::bigint[])
-	RETURNING 1
+	RETURNING ingress_id, stage, attempts
+), recorded AS (
+	INSERT INTO pepsi.history (ingress_id, stage, event, at, attempts)
+	SELECT ingress_id, stage, 'woken', $1, attempts FROM woken
 ), n AS (
 	SELECT count(*) AS n FROM woken
 )
@@ -780,3 +844,22 @@ ORDER BY s.stage`
 // unrunCountMax bounds how many pending messages of one stage nobody runs are
 // counted.
 const unrunCountMax = 100000
+
+// keepHistorySQL is the history's upkeep (core.KeepHistory; schema 16's
+// pepsi.history_keep).
+const keepHistorySQL = `SELECT pepsi.history_keep($1, $2, $3, $4)`
+
+func keepHistory(c core.KeepHistory) statement {
+	return statement{
+		name:  "keep history",
+		queue: func(b *pgx.Batch) { b.Queue(keepHistorySQL, c.From, c.Now, c.Through, c.DropBefore) },
+		read: func(br pgx.BatchResults) (core.Event, error) {
+			ev := core.HistoryKept{Op: c.Op}
+			if err := br.QueryRow().Scan(&ev.Through); err != nil {
+				return nil, err
+			}
+			return ev, nil
+		},
+		failed: func(err string) core.Event { return core.HistoryKept{Op: c.Op, Err: err} },
+	}
+}

@@ -21,6 +21,9 @@ const (
 	DefaultPollInterval  = 30 * time.Second
 	DefaultStatsInterval = 60 * time.Second
 	DefaultStopGrace     = 10 * time.Second
+	// DefaultHistoryKeep is HISTORY_KEEP: how long pepsi.history keeps its
+	// rows (7 days).
+	DefaultHistoryKeep = 7 * 24 * time.Hour
 	DefaultParallelism   = 4
 	DefaultQueueLimit    = 4
 	DefaultMaxMessages   = 1000
@@ -179,6 +182,10 @@ type Dispatch struct {
 	// stage; a message whose line would be longer fails with a reason that
 	// says so (key LINE_MAX, a PEPSI extension; default DefaultLineMax).
 	LineMax int
+	// HistoryKeep is how long pepsi.history keeps its rows (key HISTORY_KEEP;
+	// default DefaultHistoryKeep): the dispatcher drops the table's daily
+	// partitions wholly older than this. Zero means the default.
+	HistoryKeep time.Duration
 }
 
 // Input is what a stage reads on standard input (key INPUT, a PEPSI extension).
@@ -227,6 +234,9 @@ type Stage struct {
 	// that feed it, and pepsi-ingress refuses requests into it (503). It
 	// wins over [pepsi-ingress] MAX_PENDING for this stage.
 	MaxPending int64
+	// HistoryOff leaves this stage's passes out of pepsi.history (key HISTORY,
+	// on or off; default on).
+	HistoryOff bool
 }
 
 // PendingLimitOf is the most messages pending at stage name past which
@@ -288,6 +298,7 @@ func Parse(file, text string) (*Config, error) {
 			StopGrace:     DefaultStopGrace,
 			Vacuum:        true,
 			LineMax:       DefaultLineMax,
+			HistoryKeep:   DefaultHistoryKeep,
 			ConfigFile:    file,
 		}, Ingress: Ingress{Listen: DefaultIngressListen, MaxBody: DefaultIngressMaxBody}}}
 	sc := bufio.NewScanner(strings.NewReader(text))
@@ -392,7 +403,7 @@ func (p *parser) setting(line string) error {
 	p.seen[where] = p.n
 	var known bool
 	var err error
-	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT or MAX_RUNTIME"
+	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT, MAX_RUNTIME or HISTORY"
 	switch p.section {
 	case "pepsi":
 		known, want = key == "DATABASE", "DATABASE"
@@ -401,7 +412,7 @@ func (p *parser) setting(line string) error {
 		}
 	case "pepsi-dispatch":
 		known, err = setDispatch(&p.c.Dispatch, key, value)
-		want = "MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM or LINE_MAX"
+		want = "MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM, LINE_MAX or HISTORY_KEEP"
 	case "pepsi-ingress":
 		known, err = setIngress(&p.c.Ingress, key, value)
 		want = "LISTEN, TOKENS_FILE, TLS_CERT, TLS_KEY, MAX_BODY or MAX_PENDING"
@@ -446,6 +457,8 @@ func setDispatch(d *Dispatch, key, value string) (known bool, err error) {
 		d.Vacuum, err = ParseOnOff(value)
 	case "LINE_MAX":
 		d.LineMax, err = parseLineMax(value)
+	case "HISTORY_KEEP":
+		d.HistoryKeep, err = parseKeep(value)
 	default:
 		return false, nil
 	}
@@ -517,6 +530,10 @@ func setStage(s *Stage, key, value string) (known bool, err error) {
 		s.MaxRuntime, err = ParseDuration(value)
 	case "MAX_PENDING":
 		s.MaxPending, err = parseBounded(value, ingressMaxPendingMax)
+	case "HISTORY":
+		var on bool
+		on, err = ParseOnOff(value)
+		s.HistoryOff = !on
 	default:
 		return false, nil
 	}
@@ -583,6 +600,19 @@ func ParseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%s must be positive", Quote(s))
 	}
 	return d, nil
+}
+
+// parseKeep reads HISTORY_KEEP: whole days ("7d") or a duration as
+// ParseDuration reads it.
+func parseKeep(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n <= 0 || n > 3650 {
+			return 0, fmt.Errorf("%s is not a whole number of days from 1 to 3650", Quote(s))
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return ParseDuration(s)
 }
 
 func parsePositive(s string) (int, error) {

@@ -89,6 +89,10 @@ type Queue struct {
 	health map[string]store.StageHealth
 	passes int64
 	left   int64
+	// history is pepsi.history's rows in the order written, days its
+	// partitions (history.go).
+	history []store.HistoryRow
+	days    map[time.Time]bool
 	// undo holds the before-images of stage writes not yet made durable by a
 	// dispatcher commit, newest last.
 	undo []Row
@@ -452,6 +456,8 @@ func failed(cmds []core.Command, err string, aborted bool) []core.Event {
 			out = append(out, core.Claimed{Op: c.Op, Err: err, Aborted: aborted})
 		case core.Flush:
 			out = append(out, core.Flushed{Op: c.Op, Err: err})
+		case core.KeepHistory:
+			out = append(out, core.HistoryKept{Op: c.Op, Err: err})
 		default:
 			panic(fmt.Sprintf("fakequeue: %T is not a queue command", cmd))
 		}
@@ -535,6 +541,8 @@ func (q *Queue) apply(cmd core.Command) core.Event {
 		return q.releaseCmd(c)
 	case core.Flush:
 		return q.flush(c)
+	case core.KeepHistory:
+		return q.keepHistory(c)
 	}
 	panic(fmt.Sprintf("fakequeue: %T is not a queue command", cmd))
 }
@@ -548,6 +556,7 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 			before := *r
 			r.Status = core.StatusPending
 			q.observe(ByReset, before, r)
+			q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryReset, At: c.Now, Attempts: r.Attempts})
 			n++
 			if r.Key != "" {
 				keys = append(keys, r.Key)
@@ -630,6 +639,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			out = append(out, core.Outcome{ID: it.ID})
 			continue
 		}
+		wrote := false
 		if commit := q.racing[it.ID]; commit != nil {
 			// The statement read the row, then waited for a stage's commit
 			// on it; if that moved the row off what the statement saw, the
@@ -645,6 +655,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 		}
 		matched := r.Status == core.StatusRunning && r.Stage == it.Stage
 		if r.Status == core.StatusRunning {
+			wrote = true
 			before := *r
 			if matched {
 				q.write(r, it)
@@ -654,6 +665,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			}
 			q.observe(ByResolve, before, r)
 		}
+		q.recordPass(it, wrote, matched, r)
 		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
 		if r.Status == core.StatusPaused {
 			o.Timeout = r.Timeout
@@ -688,6 +700,7 @@ func (q *Queue) wake(c core.Wake) core.Event {
 				r.DispatchError = "" // the reason of the retry it waited out
 			}
 			q.observe(ByWake, before, r)
+			q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryWoken, At: c.Now, Attempts: r.Attempts})
 			n++
 		} else if next.IsZero() || r.Timeout.Before(next) {
 			next = r.Timeout

@@ -89,7 +89,7 @@ func TestHooksReportNotificationsAndWhoChangedEachRow(t *testing.T) {
 	q.StageWrite(ids[1], "a", "b", "running", time.Time{})
 	q.Crash() // loses both stage writes
 	q.StageWrite(ids[0], "a", "a", "paused", at)
-	q.Exec(t.Context(), []core.Command{core.Wake{Op: 2, Now: at}})
+	q.Exec(t.Context(), []core.Command{core.KeepHistory{Op: 2, From: at, Now: at, Through: at}, core.Wake{Op: 3, Now: at}})
 	want := []string{
 		"claim a:pending->a:running", "claim a:pending->a:running",
 		"stage a:running->a:paused", "stage a:running->b:running",

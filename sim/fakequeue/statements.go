@@ -254,6 +254,12 @@ func (q *Queue) retry(r *Row, to string) {
 		r.Stage = to
 	}
 	q.observe(ByOperator, before, r)
+	detail := string(before.Status) + " at " + before.Stage
+	if before.DispatchError != "" {
+		detail += ": " + before.DispatchError
+	}
+	q.makeDay(q.now()) // the tool makes today's partition first (historyTodaySQL)
+	q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryRetried, Detail: detail, At: q.now()})
 }
 
 // now is the server's clock, for retried_at: Clock, or the zero time when

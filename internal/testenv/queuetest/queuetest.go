@@ -112,7 +112,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	runAll(t, slices.Concat(tests, pressureTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests), open)
+	runAll(t, slices.Concat(tests, pressureTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests), open)
 }
 
 // runAll runs each test in parallel on a fresh harness from open.
@@ -1005,15 +1005,25 @@ func testFlushLives(t *testing.T, h Harness) {
 
 // exec runs one command and returns its result event, failing the test if the
 // queue answered with an error or a different Op.
+// The transaction first makes the history's days of the rows cmd may write,
+// as the core's upkeep does (core.KeepHistory), so that every row finds its
+// partition.
 func exec[E core.Event](t *testing.T, h Harness, cmd core.Command, op func(E) (int64, string)) E {
 	t.Helper()
-	evs := h.Exec(t.Context(), []core.Command{cmd})
-	if len(evs) != 1 {
-		t.Fatalf("Exec(%v) answered %d events, want 1: %v", cmd, len(evs), evs)
+	cmds := []core.Command{cmd}
+	if keep, ok := upkeepFor(cmd); ok {
+		cmds = []core.Command{keep, cmd}
 	}
-	ev, ok := evs[0].(E)
+	evs := h.Exec(t.Context(), cmds)
+	if len(evs) != len(cmds) {
+		t.Fatalf("Exec(%v) answered %d events, want %d: %v", cmds, len(evs), len(cmds), evs)
+	}
+	if err := core.QueueErr(evs[0]); err != "" {
+		t.Fatalf("Exec(%v) failed: %s", cmds, err)
+	}
+	ev, ok := evs[len(evs)-1].(E)
 	if !ok {
-		t.Fatalf("Exec(%v) answered %v (%T), want a %T", cmd, evs[0], evs[0], ev)
+		t.Fatalf("Exec(%v) answered %v (%T), want a %T", cmd, evs[len(evs)-1], evs[len(evs)-1], ev)
 	}
 	gotOp, err := op(ev)
 	if err != "" {
@@ -1023,6 +1033,30 @@ func exec[E core.Event](t *testing.T, h Harness, cmd core.Command, op func(E) (i
 		t.Fatalf("Exec(%v) answered op=%d, want op=42", cmd, gotOp)
 	}
 	return ev
+}
+
+// upkeepFor is the history's upkeep a transaction of cmd needs first: the
+// days of the rows it may write (a wake's and a reset's at Now, a resolve's at
+// its items' At).
+func upkeepFor(cmd core.Command) (core.KeepHistory, bool) {
+	var times []time.Time
+	switch c := cmd.(type) {
+	case core.Wake:
+		times = append(times, c.Now)
+	case core.ResetOrphans:
+		times = append(times, c.Now)
+	case core.Resolve:
+		for _, it := range c.Items {
+			if it.History && !it.At.IsZero() {
+				times = append(times, it.At)
+			}
+		}
+	}
+	if len(times) == 0 {
+		return core.KeepHistory{}, false
+	}
+	from, to := slices.MinFunc(times, time.Time.Compare), slices.MaxFunc(times, time.Time.Compare)
+	return core.KeepHistory{Op: 41, From: from, Now: to, Through: to}, true
 }
 
 func claim(t *testing.T, h Harness, caps ...core.Cap) core.Claimed {
@@ -1047,7 +1081,7 @@ func wakeAt(t *testing.T, h Harness, now time.Time) core.Woken {
 
 func resetOrphans(t *testing.T, h Harness, keep ...int64) core.OrphansReset {
 	t.Helper()
-	return exec(t, h, core.ResetOrphans{Op: 42, Keep: keep}, func(e core.OrphansReset) (int64, string) { return e.Op, e.Err })
+	return exec(t, h, core.ResetOrphans{Op: 42, Keep: keep, Now: base}, func(e core.OrphansReset) (int64, string) { return e.Op, e.Err })
 }
 
 func flush(t *testing.T, h Harness, f core.Flush) {

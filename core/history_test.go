@@ -1,0 +1,120 @@
+package core_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// historyStages: stage b keeps no history; a retries.
+const historyStages = `
+[pepsi-dispatch]
+MAX_RUNTIME = 300
+POLL_INTERVAL = 30
+HISTORY_KEEP = 2d
+[stage-a]
+PROGRAM = a
+PARALLELISM = 1
+QUEUE_LIMIT = 2
+RETRY_LIMIT = 3
+[stage-b]
+PROGRAM = b
+PARALLELISM = 1
+QUEUE_LIMIT = 1
+HISTORY = off
+`
+
+// Proves: each pass's item carries its history: its event, the worker's pid,
+// when its line was handed out and when its answer was read, and the row's
+// attempts as claimed; the fake writes one history row per pass, in the same
+// transaction, and a stage with HISTORY = off leaves its passes out. The
+// wake that ends a retry's pause records woken.
+func TestAPassCarriesItsHistory(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.start("a", 1)
+	w.at(2 * time.Second)
+	it := itemFor(t, w.answer(1, "", "", "75 busy"), 1)
+	if !it.History || it.Event != core.HistoryRetry || it.PID != 1001 || !it.HandedAt.Equal(epoch) || !it.At.Equal(epoch.Add(2*time.Second)) || it.Attempts != 0 {
+		t.Errorf("retry's item %v: want history retry, pid 1001, handed at 0s, answered at 2s, attempts 0", it)
+	}
+	w.tick(4 * time.Second) // due by 3.1 s: woken, claimed again, handed to w1
+	w.at(5 * time.Second)
+	it = itemFor(t, w.answer(1, "", "", "0 >b"), 1)
+	if it.Event != core.HistoryMoved || it.Attempts != 1 || !it.HandedAt.Equal(epoch.Add(4*time.Second)) {
+		t.Errorf("move's item %v: want history moved, attempts 1, handed at 4s", it)
+	}
+	it = itemFor(t, w.answer(2, "", "", "0 >done"), 1)
+	if it.History {
+		t.Errorf("item %v of stage b (HISTORY = off) carries history", it)
+	}
+	hist, err := w.q.History(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for _, h := range hist {
+		events = append(events, h.Event+"@"+h.Stage)
+	}
+	want := []string{"retry@a", "woken@a", "moved@a"}
+	if len(events) != len(want) || events[0] != want[0] || events[1] != want[1] || events[2] != want[2] {
+		t.Errorf("history of message 1: %v, want %v", events, want)
+	}
+	if h := hist[2]; h.Detail != "b" || h.WorkerPID != 1001 || h.HandedAt == nil || h.HandedAt.After(h.At) {
+		t.Errorf("moved row %+v: want detail b, pid 1001, handed at or before at", h)
+	}
+}
+
+// Proves: the head of a crashed worker records crashed, the messages behind it
+// requeued (never handed a line of their own answer: their handed_at is when
+// they were written, their pid the crashed worker's).
+func TestACrashRecordsCrashedAndRequeued(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.start("a", 2)
+	w.at(core.StartWindow) // a crash, not a program that cannot start
+	cmds := w.exit(1, 0, "SIGSEGV")
+	crashed, requeued := itemFor(t, cmds, 1), itemFor(t, cmds, 2)
+	if crashed.Event != core.HistoryCrashed || requeued.Event != core.HistoryRequeued || requeued.PID != 1001 {
+		t.Errorf("crash items %v, %v: want crashed, then requeued by pid 1001", crashed, requeued)
+	}
+}
+
+// Proves: the history's upkeep comes first in the first transaction, covering
+// now to HistoryAhead and dropping what HISTORY_KEEP no longer keeps; it
+// comes again every HistoryUpkeepEvery, and at once when now nears the end of
+// the days made; a failed upkeep is sent again.
+func TestHistoryUpkeep(t *testing.T) {
+	w := newWorld(t, historyStages)
+	cmds := w.start("a", 0)
+	var first core.Command
+	for _, c := range cmds {
+		if core.IsQueue(c) {
+			first = c
+			break
+		}
+	}
+	keep, ok := first.(core.KeepHistory)
+	if !ok {
+		t.Fatalf("first queue command %v, want keep-history", first)
+	}
+	if !keep.From.Equal(epoch) || !keep.Through.Equal(epoch.Add(core.HistoryAhead)) || !keep.DropBefore.Equal(epoch.Add(-48*time.Hour)) {
+		t.Errorf("upkeep %v: want from now through now+%s, dropping before now-2d", keep, core.HistoryAhead)
+	}
+	if n := len(of[core.KeepHistory](w.tick(30 * time.Minute))); n != 0 {
+		t.Errorf("%d upkeeps after 30 minutes, want none", n)
+	}
+	if n := len(of[core.KeepHistory](w.tick(core.HistoryUpkeepEvery))); n != 1 {
+		t.Errorf("%d upkeeps after %s, want one", n, core.HistoryUpkeepEvery)
+	}
+	w.failQueue = "server closed the connection unexpectedly"
+	w.tick(2 * core.HistoryUpkeepEvery)
+	w.failQueue = ""
+	if n := len(of[core.KeepHistory](w.step(core.DatabaseUp{}))); n != 1 {
+		t.Errorf("%d upkeeps after a failed one and the database back, want one", n)
+	}
+	days, _ := w.q.HistoryPartitions(context.Background())
+	if len(days) != 4 || !days[0].Equal(epoch) {
+		t.Errorf("days made %v: want 4 from %s", days, epoch)
+	}
+}
