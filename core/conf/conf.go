@@ -24,9 +24,9 @@ const (
 	// DefaultHistoryKeep is HISTORY_KEEP: how long pepsi.history keeps its
 	// rows (7 days).
 	DefaultHistoryKeep = 7 * 24 * time.Hour
-	DefaultParallelism   = 4
-	DefaultQueueLimit    = 4
-	DefaultMaxMessages   = 1000
+	DefaultParallelism = 4
+	DefaultQueueLimit  = 4
+	DefaultMaxMessages = 1000
 	// DefaultLineMax is LINE_MAX: the longest standard input line handed to an
 	// INPUT = message stage, in bytes (4 MiB).
 	DefaultLineMax = 4 << 20

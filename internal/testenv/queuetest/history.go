@@ -97,7 +97,7 @@ func testHistoryPasses(t *testing.T, h Harness) {
 func testHistoryGuardMiss(t *testing.T, h Harness) {
 	ids := h.Insert(t, "a", 5)
 	claimRows(t, h, core.Cap{Stage: "a", N: 5})
-	h.Stage(t, ids[0], "a", "a", core.StatusDone, time.Time{})   // wrote its own, then answered a transition
+	h.Stage(t, ids[0], "a", "a", core.StatusDone, time.Time{})    // wrote its own, then answered a transition
 	h.Stage(t, ids[1], "a", "c", core.StatusRunning, time.Time{}) // advanced itself, answered a transition
 	h.Stage(t, ids[2], "a", "b", core.StatusRunning, time.Time{}) // advanced itself, answered a bare 0
 	h.Stage(t, ids[3], "a", "a", core.StatusDone, time.Time{})    // finished itself, answered a bare 0
