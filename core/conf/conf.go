@@ -403,7 +403,7 @@ func (p *parser) setting(line string) error {
 	p.seen[where] = p.n
 	var known bool
 	var err error
-	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT, MAX_RUNTIME or HISTORY"
+	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT, MAX_RUNTIME, MAX_PENDING or HISTORY"
 	switch p.section {
 	case "pepsi":
 		known, want = key == "DATABASE", "DATABASE"
