@@ -183,9 +183,13 @@ type ResetOrphans struct {
 // exited. A commit of a stage's may still land meanwhile (one in flight when its
 // worker was killed): the statement then writes nothing to that row and reports
 // it running as it was, and the core resolves it again.
+//
+// Traces asks, as Claim.Traces does, for the trace context of every row its
+// items claim (Outcome.Trace).
 type Resolve struct {
-	Op    int64
-	Items []Item
+	Op     int64
+	Items  []Item
+	Traces bool
 }
 
 // Wake makes paused rows whose timeout is at or before Now pending, except the
@@ -271,12 +275,16 @@ type Release struct {
 // Max messages pending above After (Claimed.Over). The check walks at most
 // Max + 1 entries of the pending index per stage, above After. A Claim may
 // have Limits and no Caps: it then only checks them.
+//
+// Traces asks for every claimed row's trace context (Row.Trace, both parts),
+// whatever its stage's INPUT: the core reports passes (Pass, TracePasses).
 type Claim struct {
 	Op          int64
 	Caps        []Cap
 	Exclude     []int64
 	ExcludeKeys []string
 	Limits      []Limit
+	Traces      bool
 }
 
 // Limit is a stage's MAX_PENDING, checked by a Claim (Claim.Limits). After
@@ -358,6 +366,57 @@ type Write struct {
 	Lines  []string
 }
 
+// Pass reports that a pass ended, for the shell's traces: sent only when
+// the core was asked to (Core.TracePasses), as soon as the core knows how the
+// pass ended, whether or not its verdict is written yet. A pass is one
+// message handed to one worker of its stage, from Handed (the Write that
+// handed it) to Ended (its answer, or the exit of the worker that held it at
+// the head). The core keeps nothing of it after.
+type Pass struct {
+	ID    int64
+	Stage string
+	// PID is the worker's process id.
+	PID int
+	// Attempts is the row's attempts column when it was claimed: the
+	// retries it had had at this stage.
+	Attempts int
+	// Claimed is when the core took the claim of the message in (a claim's
+	// result, or a move that claimed it); Handed when its Write handed it to
+	// the worker; Ended when the pass ended.
+	Claimed, Handed, Ended time.Time
+	// Outcome is how the pass ended (PassOutcome); To is the target of an
+	// advance, Reason the reason of a failure or a retry.
+	Outcome PassOutcome
+	To      string
+	Reason  string
+	// Trace is the pass's trace context, as its claim read it.
+	Trace Trace
+}
+
+// PassOutcome is how a pass ended: the value of the span attribute
+// pepsi.outcome (docs/operations.md, "Traces").
+type PassOutcome string
+
+// The outcomes of a pass.
+const (
+	// PassAdvance: the stage answered a move to another stage (0 >STAGE).
+	PassAdvance PassOutcome = "advance"
+	// PassDone: the stage answered 0 >done.
+	PassDone PassOutcome = "done"
+	// PassPause: the stage answered 0 >paused:SECONDS.
+	PassPause PassOutcome = "pause"
+	// PassWritten: a bare 0: the stage wrote its transition itself.
+	PassWritten PassOutcome = "written"
+	// PassRetry: a 75 with retries left: paused for a retry.
+	PassRetry PassOutcome = "retry"
+	// PassFail: a failure the stage answered (or a transition it cannot have).
+	PassFail PassOutcome = "fail"
+	// PassTimeout: no answer within MAX_RUNTIME; the worker was killed.
+	PassTimeout PassOutcome = "timeout"
+	// PassCrash: the worker died or broke the protocol holding it at the head.
+	PassCrash PassOutcome = "crash"
+)
+
 // Stop closes a worker's standard input: it finishes what it was handed, answers,
 // and exits. The core kills it if it has not exited within its grace period.
 type Stop struct {
@@ -430,6 +489,7 @@ func (Claim) isCommand()        {}
 func (Flush) isCommand()        {}
 func (Spawn) isCommand()        {}
 func (Write) isCommand()        {}
+func (Pass) isCommand()         {}
 func (Stop) isCommand()         {}
 func (Kill) isCommand()         {}
 func (SetTimer) isCommand()     {}
@@ -549,6 +609,9 @@ func (c Write) String() string {
 		s += fmt.Sprintf(" (messages, %d bytes)", n)
 	}
 	return s
+}
+func (c Pass) String() string {
+	return fmt.Sprintf("pass %d stage=%s pid=%d outcome=%s", c.ID, c.Stage, c.PID, c.Outcome)
 }
 func (c Stop) String() string     { return fmt.Sprintf("stop %s", c.Worker) }
 func (c Kill) String() string     { return fmt.Sprintf("kill %s", c.Worker) }

@@ -103,11 +103,17 @@ const (
 // line is the standard input line of an INPUT = message stage, kept only while
 // the message is claimed and not yet handed out: Write takes it away, so the
 // core holds at most a stage's capacity of lines.
+//
+// trace is its trace context and claimed when the core took its claim in,
+// kept only while the core reports passes (TracePasses); when it was handed
+// out is its pass's (history.go).
 type msg struct {
 	id       int64
 	epoch    string
 	attempts int // the row's attempts column when it was claimed
 	line     string
+	trace    Trace
+	claimed  time.Time
 }
 
 type worker struct {
@@ -250,6 +256,10 @@ type Core struct {
 
 	rng uint64 // the pseudo-random source's state (random), seeded by Start
 
+	// tracePasses: claims read every row's trace context and the core reports
+	// each pass's end (TracePasses).
+	tracePasses bool
+
 	shutdown   int // 0 running, 1 graceful, 2 immediate
 	waitLogged bool
 	exited     bool
@@ -280,6 +290,12 @@ func New(cfg *conf.Config) *Core {
 	slices.SortFunc(c.stages, func(a, b *stage) int { return cmpString(a.cfg.Name, b.cfg.Name) })
 	return c
 }
+
+// TracePasses makes the core report the end of every pass (Pass) with the
+// trace context its claim read (Claim.Traces, Resolve.Traces), for a shell
+// that exports traces. Call it before the first Step. Without it the core
+// sends no Pass and keeps no trace context but the lines' own.
+func (c *Core) TracePasses() { c.tracePasses = true }
 
 // Step applies events at instant now and returns the commands to execute, in order.
 func (c *Core) Step(now time.Time, evs ...Event) []Command {

@@ -121,6 +121,20 @@ type Row struct {
 	// Message is the row's state and payload, read only for a stage whose
 	// INPUT is message (Cap.LineMax > 0); nil for any other.
 	Message *Message
+	// Trace is the row's trace context (docs/protocol.md, "Traces").
+	Trace Trace
+}
+
+// Trace is a claimed row's W3C trace context: the message's traceparent (the
+// column, which the claim of its first pass fills when it has none) and this
+// pass's, the same with the pass's own span id in place of its parent's
+// (the span id is computed by the claim: store's pepsi.pass_span). Pass is
+// read for a stage whose INPUT is message (its line carries it) and, like
+// Message, only when the core asked for traces (Claim.Traces); each is ""
+// when not read.
+type Trace struct {
+	Message string
+	Pass    string
 }
 
 // Claimed is the result of a Claim. Rows are running in the database and belong to
@@ -178,6 +192,9 @@ type Outcome struct {
 	Matched  bool
 	Attempts int
 	Message  *Message
+	// Trace is the row's trace context, read as a claim reads it, for a
+	// move that claimed (Item.Claim).
+	Trace Trace
 }
 
 // Resolved is the result of a Resolve: one Outcome per Item, in Item order.

@@ -34,8 +34,10 @@ func (m *Message) String() string {
 // MessageLine builds the standard input line of an INPUT = message stage for r,
 // without the newline (docs/protocol.md, "Standard input"):
 //
-//	{"id":N,"stage":"S","attempts":A,"order_key":"K","state":{…},"payload":"…"}
+//	{"id":N,"stage":"S","attempts":A,"order_key":"K","traceparent":"T","state":{…},"payload":"…"}
 //
+// order_key is there when the row has one, traceparent (the pass's:
+// Row.Trace.Pass) when the claim read one.
 // payload is a JSON string when the payload is valid UTF-8, payload_base64
 // (standard base64) when it is not, and absent when it is NULL. It returns the
 // reason the message cannot be handed over instead when the line would be longer
@@ -54,7 +56,7 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 	// One strings.Builder, sized once: the line is built in place, so a large
 	// payload is copied once (not encoded, copied and converted).
 	var b strings.Builder
-	b.Grow(80 + len(r.Stage) + state.Len() + len(m.Payload)*4/3 + 4)
+	b.Grow(80 + len(r.Stage) + len(r.Trace.Pass) + state.Len() + len(m.Payload)*4/3 + 4)
 	b.WriteString(`{"id":`)
 	b.WriteString(strconv.FormatInt(r.ID, 10))
 	b.WriteString(`,"stage":`)
@@ -64,6 +66,10 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 	if r.Key != "" {
 		b.WriteString(`,"order_key":`)
 		writeJSONString(&b, []byte(r.Key))
+	}
+	if r.Trace.Pass != "" {
+		b.WriteString(`,"traceparent":`)
+		writeJSONString(&b, []byte(r.Trace.Pass))
 	}
 	b.WriteString(`,"state":`)
 	b.Write(state.Bytes())

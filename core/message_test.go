@@ -35,7 +35,8 @@ PARALLELISM = 1
 
 // Proves: a message stage is handed each row itself, one compact JSON line per
 // id in id order (payload a string when UTF-8, payload_base64 when not, absent
-// when NULL), while an id stage is handed ids only.
+// when NULL; traceparent the pass's, which the claim read), while an id stage
+// is handed ids only.
 func TestAMessageStageIsHandedTheRowAndAnIDStageItsID(t *testing.T) {
 	w := newWorld(t, messageStages)
 	w.q.InsertMessage("parse", `{"from":"a@example.org","n":1}`, []byte("héllo \"world\"\n"))
@@ -53,9 +54,9 @@ func TestAMessageStageIsHandedTheRowAndAnIDStageItsID(t *testing.T) {
 		}
 	}
 	want := []string{
-		`{"id":1,"stage":"parse","attempts":0,"state":{"from":"a@example.org","n":1},"payload":"héllo \"world\"\n"}`,
-		`{"id":2,"stage":"parse","attempts":0,"state":{},"payload_base64":"//54"}`,
-		`{"id":3,"stage":"parse","attempts":0,"state":{}}`,
+		`{"id":1,"stage":"parse","attempts":0,"traceparent":"00-00000000000000000000000000000001-bc67466508c49862-01","state":{"from":"a@example.org","n":1},"payload":"héllo \"world\"\n"}`,
+		`{"id":2,"stage":"parse","attempts":0,"traceparent":"00-00000000000000000000000000000002-47e19a669d5a4e86-01","state":{},"payload_base64":"//54"}`,
+		`{"id":3,"stage":"parse","attempts":0,"traceparent":"00-00000000000000000000000000000003-915b8be05c3404fa-01","state":{}}`,
 	}
 	if !slices.Equal(parse.IDs, []int64{1, 2, 3}) || !slices.Equal(parse.Lines, want) {
 		t.Errorf("parse was handed %v\n%s\nwant %v\n%s", parse.IDs, strings.Join(parse.Lines, "\n"), []int64{1, 2, 3}, strings.Join(want, "\n"))
@@ -66,14 +67,18 @@ func TestAMessageStageIsHandedTheRowAndAnIDStageItsID(t *testing.T) {
 }
 
 // Proves: the line handed to the next message stage carries the state as the
-// previous stage's answered patch left it, not as it was claimed before.
+// previous stage's answered patch left it, not as it was claimed before, and
+// the message's trace id with a span id of its own pass.
 func TestTheNextMessageStageSeesTheStateThePatchWrote(t *testing.T) {
 	w := newWorld(t, messageStages)
 	w.q.InsertMessage("parse", `{"n":1}`, []byte("p"))
-	w.step(core.Start{})
+	first := one[core.Write](t, w.step(core.Start{}))
+	if !strings.Contains(first.Lines[0], `"traceparent":"00-00000000000000000000000000000001-bc67466508c49862-01"`) {
+		t.Fatalf("parse was handed %q, want the trace its claim gave it", first.Lines[0])
+	}
 	cmds := w.answer(1, "", "", `0 >enrich {"n":2,"subject":"hi"}`)
 	wr := one[core.Write](t, cmds)
-	want := `{"id":1,"stage":"enrich","attempts":0,"state":{"n":2,"subject":"hi"},"payload":"p"}`
+	want := `{"id":1,"stage":"enrich","attempts":0,"traceparent":"00-00000000000000000000000000000001-714c990bbd3b3a99-01","state":{"n":2,"subject":"hi"},"payload":"p"}`
 	if w.stageOf[wr.Worker] != "enrich" || len(wr.Lines) != 1 || wr.Lines[0] != want {
 		t.Errorf("enrich was handed %q, want %q", wr.Lines, want)
 	}

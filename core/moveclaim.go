@@ -164,12 +164,16 @@ func (c *Core) movedClaimed(it Item, o Outcome) {
 	var line string
 	if st.cfg.Input == conf.InputMessage {
 		var why string
-		line, why = MessageLine(Row{ID: o.ID, Stage: st.cfg.Name, Attempts: o.Attempts, Message: o.Message}, c.cfg.LineMax)
+		line, why = MessageLine(Row{ID: o.ID, Stage: st.cfg.Name, Attempts: o.Attempts, Message: o.Message, Trace: o.Trace}, c.cfg.LineMax)
 		if why != "" {
 			c.owe(Item{ID: o.ID, Stage: st.cfg.Name, Verdict: Fail, Reason: why})
 			return
 		}
 	}
 	c.holdPass(o.ID, o.Attempts)
-	st.backlog = append(st.backlog, msg{id: o.ID, epoch: c.epoch, attempts: o.Attempts, line: line})
+	m := msg{id: o.ID, epoch: c.epoch, attempts: o.Attempts, line: line}
+	if c.tracePasses {
+		m.trace, m.claimed = o.Trace, c.now
+	}
+	st.backlog = append(st.backlog, m)
 }

@@ -28,17 +28,20 @@ func RetryDelay(delay, max time.Duration, attempts int) time.Duration {
 	return min(d, max)
 }
 
-// retry owes what an answer "75 REASON" at stage st means for the head: a
+// retry owes what an answer "75 REASON" from worker w means for its head: a
 // Retry while it has retries left, its failure with the reason once it has had
 // RETRY_LIMIT of them.
-func (c *Core) retry(st *stage, head msg, reason string) {
+func (c *Core) retry(w *worker, head msg, reason string) {
+	st := w.stage
 	name := st.cfg.Name
 	if head.attempts >= st.cfg.RetryLimit {
+		c.passEnded(w, head, Pass{Outcome: PassFail, Reason: reason})
 		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: reason})
 		return
 	}
 	d := RetryDelay(st.cfg.RetryDelay, st.cfg.RetryDelayMax, head.attempts)
 	d += time.Duration(float64(d) * RetryJitter * c.random())
+	c.passEnded(w, head, Pass{Outcome: PassRetry, Reason: reason})
 	c.owe(Item{ID: head.id, Stage: name, Verdict: Retry, Reason: reason, Until: c.now.Add(d)})
 }
 

@@ -150,6 +150,9 @@ func (c *Core) claimed(e Claimed) {
 		reach[r.Stage] = max(reach[r.Stage], r.ID)
 		m := msg{id: r.ID, epoch: e.Epoch, attempts: r.Attempts}
 		c.holdPass(r.ID, r.Attempts)
+		if c.tracePasses {
+			m.trace, m.claimed = r.Trace, c.now
+		}
 		if other, ok := c.holdKey(r.ID, r.Key); !ok {
 			// Two messages of one key pending at once: a writer outside the
 			// rules (the release that follows puts the key in order again).
@@ -381,7 +384,7 @@ func (c *Core) queueWork() {
 		// A reset or a wake in the same transaction may make rows pending
 		// anywhere, which the moves would overtake: then no move claims.
 		yielded = c.claimMoves(c.owed, len(txn) > upkeep || waking)
-		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed})
+		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed, Traces: c.tracePasses})
 		resolving = true
 	}
 	if rel, ok := c.releaseFor(c.owed, len(txn) > upkeep); ok {
@@ -414,7 +417,7 @@ func (c *Core) queueWork() {
 		if len(caps) > 0 || (c.checkDue && c.anyOver()) {
 			// What the core still holds once this transaction's resolve has run
 			// (every owed item is in it): the claim must not take it again.
-			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits})
+			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits, Traces: c.tracePasses})
 			c.claimGen = c.ingressGen
 			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now

@@ -62,12 +62,13 @@ func (c *Core) answer(e Answer) {
 	d := c.stat(st.cfg.Name)
 	d.ProcessingUS += max(0, elapsed-fusedUS)
 	if t := s.Transition; s.Code == 0 && t != nil {
-		c.answered(st, head, t)
+		c.answered(w, head, t)
 		return
 	}
 	if s.Code == 0 {
 		d.Processed++
 		c.passes++
+		c.passEnded(w, head, Pass{Outcome: PassWritten})
 		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Answered, Epoch: head.epoch, Reason: st.stuckReason})
 		return
 	}
@@ -76,33 +77,53 @@ func (c *Core) answer(e Answer) {
 		reason = defaultReason(st.cfg.Name, s.Code)
 	}
 	if s.Code == RetryCode && st.cfg.RetryLimit > 0 {
-		c.retry(st, head, reason)
+		c.retry(w, head, reason)
 		return
 	}
+	c.passEnded(w, head, Pass{Outcome: PassFail, Reason: reason})
 	c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Fail, Reason: reason})
+}
+
+// passEnded reports the end of head's pass at worker w (Pass), when the core
+// reports passes; p says how it ended.
+func (c *Core) passEnded(w *worker, head msg, p Pass) {
+	if !c.tracePasses {
+		return
+	}
+	p.ID, p.Stage, p.PID, p.Attempts = head.id, w.stage.cfg.Name, w.pid, head.attempts
+	p.Claimed, p.Handed, p.Ended, p.Trace = head.claimed, c.hist.passes[head.id].handedAt, c.now, head.trace
+	c.emit(p)
 }
 
 // answered owes the write of a transition the stage answered, or, when the
 // dispatcher cannot write it (malformed, or a stage this dispatcher does not
 // run), the message's failure. A pass whose transition is written counts as
 // processed; one that fails counts as the failure it is.
-func (c *Core) answered(st *stage, head msg, t *Transition) {
-	name := st.cfg.Name
+func (c *Core) answered(w *worker, head msg, t *Transition) {
+	name := w.stage.cfg.Name
 	why := t.Invalid
 	if why == "" && t.To != TargetDone && t.To != TargetPaused && c.byName[t.To] == nil {
 		why = fmt.Sprintf("target %s is not a stage this dispatcher runs", conf.Quote(t.To))
 	}
 	if why != "" {
-		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: fmt.Sprintf("stage %s answered a transition it cannot have: %s", name, why)})
+		reason := fmt.Sprintf("stage %s answered a transition it cannot have: %s", name, why)
+		c.passEnded(w, head, Pass{Outcome: PassFail, Reason: reason})
+		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: reason})
 		return
 	}
 	c.stat(name).Processed++
 	c.passes++
 	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch}
-	if t.To == TargetPaused {
+	p := Pass{Outcome: PassAdvance, To: t.To}
+	switch t.To {
+	case TargetPaused:
 		it.Until = c.now.Add(t.PauseFor)
+		p = Pass{Outcome: PassPause}
+	case TargetDone:
+		p = Pass{Outcome: PassDone}
 	}
 	c.learnFeeder(name, t.To)
+	c.passEnded(w, head, p)
 	c.owe(it)
 }
 
@@ -184,6 +205,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	switch w.cause {
 	case killTimeout:
 		if len(q) > 0 && q[0].id == w.timedOut {
+			c.passEnded(w, q[0], Pass{Outcome: PassTimeout})
 			c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut,
 				Reason: fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, st.maxRuntime, w.pid)})
 			q = q[1:]
@@ -194,6 +216,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.stat(name).Crashes++
 		st.crashed(fmt.Sprintf("worker pid %d broke the protocol", w.pid))
 		if len(q) > 0 {
+			c.passEnded(w, q[0], Pass{Outcome: PassCrash, Reason: protoReason(name, w)})
 			c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Reason: protoReason(name, w), Event: HistoryCrashed})
 			q = q[1:]
 		}
@@ -223,8 +246,9 @@ func (c *Core) exitedWorker(e WorkerExited) {
 			c.startFails[head.id]++
 			if n := c.startFails[head.id]; n >= StartFailLimit {
 				delete(c.startFails, head.id)
-				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Event: HistoryCrashed,
-					Reason: fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)})
+				reason := fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)
+				c.passEnded(w, head, Pass{Outcome: PassCrash, Reason: reason})
+				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
 				q = q[1:]
 			}
 		}
@@ -238,8 +262,9 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.logf(LevelError, "stage %s worker pid %d died unexpectedly (%s) holding no message", name, w.pid, how)
 		return
 	}
-	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Event: HistoryCrashed,
-		Reason: fmt.Sprintf("stage %s: worker pid %d crashed (%s) while handling the message", name, w.pid, how)})
+	reason := fmt.Sprintf("stage %s: worker pid %d crashed (%s) while handling the message", name, w.pid, how)
+	c.passEnded(w, q[0], Pass{Outcome: PassCrash, Reason: reason})
+	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
 	c.requeue(st, q[1:])
 	c.logf(LevelError, "stage %s worker pid %d crashed (%s); failed message %d, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
 }

@@ -254,6 +254,31 @@ func TestAnOrderKeyIsStoredAndItsYoungerMessagesWaitBlocked(t *testing.T) {
 	}
 }
 
+// TestATraceparentIsTheFieldsElseTheRequestsHeader: a message's
+// traceparent field is its row's; the request's traceparent header is the
+// row's of every message without one; a message with neither has none (its
+// first claim gives it one).
+func TestATraceparentIsTheFieldsElseTheRequestsHeader(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	const field = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	const header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "1", "traceparent": "`+field+`"}
+{"payload": "2"}`, "traceparent", header, "tracestate", "congo=t61rcWkgMzE")
+	b := f.post("application/json", "?stage=a", `{"payload": "3"}`)
+	if a.code != http.StatusAccepted || len(a.ids) != 2 || b.code != http.StatusAccepted {
+		t.Fatalf("answers %+v, %+v; want 202s", a, b)
+	}
+	res, err := f.conn.Query(context.Background(), `SELECT coalesce(traceparent, '') FROM pepsi.queue ORDER BY ingress_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(res, pgx.RowTo[string])
+	if want := []string{field, header, ""}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("traceparents %q, %v; want %q", got, err, want)
+	}
+}
+
 func deref(rows []stored) []string {
 	var out []string
 	for _, r := range rows {
@@ -425,7 +450,7 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"oversized body", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 5000), auth, 413, "larger than 65536 bytes"},
 		{"too many messages", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 101), auth, 413, "line 101: more than 100 messages"},
 		{"bad base64", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload_base64\": \"not base64!\"}", auth, 400, "line 2: payload_base64: illegal base64"},
-		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want payload or payload_base64, and optionally stage, state, key and order_key)`},
+		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want payload or payload_base64, and optionally stage, state, key, order_key and traceparent)`},
 		{"both payloads", "application/json", "?stage=a", `{"payload": "x", "payload_base64": "AA=="}`, auth, 400, "both payload and payload_base64"},
 		{"no payload", "application/json", "?stage=a", `{"state": {}}`, auth, 400, "no payload"},
 		{"state not an object", "application/json", "?stage=a", `{"payload": "x", "state": [1]}`, auth, 400, "is not a JSON object"},
@@ -438,6 +463,11 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"long order key", "application/json", "?stage=a", `{"payload": "x", "order_key": "` + strings.Repeat("k", 201) + `"}`, auth, 400, "order_key is 201 bytes long, at most 200"},
 		{"order key not a string", "application/json", "?stage=a", `{"payload": "x", "order_key": ["a"]}`, auth, 400, "order_key: want a string, got a JSON array"},
 		{"key not a string", "application/json", "?stage=a", `{"payload": "x", "key": 17}`, auth, 400, "key: want a string, got a JSON number"},
+		{"upper-case traceparent", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"x\", \"traceparent\": \"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01\"}", auth, 400,
+			`line 2: traceparent "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01" holds 'B', not lower-case hex`},
+		{"zero trace id", "application/json", "?stage=a", `{"payload": "x", "traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}`, auth, 400, "all-zero trace id"},
+		{"bad traceparent header", "application/json", "?stage=a", `{"payload": "x"}`, append([]string{"traceparent", "01-abc"}, auth...), 400,
+			`header traceparent "01-abc" is not a W3C traceparent: want 00-<32 hex>-<16 hex>-<2 hex>`},
 		{"unknown stage", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"x\", \"stage\": \"nope\"}", auth, 400, `line 2: stage "nope" is not configured`},
 		{"unknown stage parameter", "application/json", "?stage=nope", `{"payload": "x"}`, auth, 400, `body: stage "nope" is not configured`},
 		{"no stage", "application/json", "", `{"payload": "x"}`, auth, 400, "no stage"},

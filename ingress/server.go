@@ -32,6 +32,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -337,6 +338,9 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status)
 	if st != nil {
 		return nil, st
 	}
+	if st := headerTrace(ctx, msgs); st != nil {
+		return nil, st
+	}
 	if s.o.MaxPending > 0 {
 		if counts := s.pending.Load(); counts != nil {
 			for _, m := range msgs {
@@ -348,6 +352,28 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status)
 		}
 	}
 	return s.c.commit(msgs)
+}
+
+// headerTrace gives the request's W3C traceparent header, if it has one, to
+// each of msgs that has no traceparent field (docs/pepsi-ingress.8.md). A
+// header that is not a version 00 traceparent is a 400, as a bad field is:
+// the producer asked for a trace it would not get. tracestate is not kept
+// (the queue has no column for it).
+func headerTrace(ctx *fasthttp.RequestCtx, msgs []msgjson.Message) *Status {
+	h := ctx.Request.Header.Peek("traceparent")
+	if h == nil {
+		return nil
+	}
+	tp := string(h)
+	if err := msgjson.CheckTraceParent(tp); err != nil {
+		return statusf(http.StatusBadRequest, "header %v; nothing of this request was committed", err)
+	}
+	for i := range msgs {
+		if msgs[i].TraceParent == "" {
+			msgs[i].TraceParent = tp
+		}
+	}
+	return nil
 }
 
 // readBody appends the body r to b: at most limit bytes (more is an

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -59,6 +60,9 @@ type NewMessage struct {
 	State json.RawMessage
 	// OrderKey is the message's order key, "" for none.
 	OrderKey string
+	// TraceParent is the message's W3C traceparent, "" for none (the
+	// dispatcher gives it one at its first pass).
+	TraceParent string
 }
 
 // Range describes the rows one Enqueue inserted.
@@ -83,9 +87,18 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 	}
 	payloads := make([][]byte, len(msgs))
 	states := make([]string, len(msgs))
-	var orderKeys []string // nil while no message has one
+	var orderKeys, traces []string // nil while no message has one
 	for i, m := range msgs {
 		payloads[i] = m.Payload
+		if m.TraceParent != "" {
+			if err := msgjson.CheckTraceParent(m.TraceParent); err != nil {
+				return Range{}, fmt.Errorf("enqueue: message %d: %w", i+1, err)
+			}
+			if traces == nil {
+				traces = make([]string, len(msgs))
+			}
+			traces[i] = m.TraceParent
+		}
 		if m.OrderKey != "" {
 			if orderKeys == nil {
 				orderKeys = make([]string, len(msgs))
@@ -100,7 +113,7 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 			states[i] = string(m.State)
 		}
 	}
-	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states, OrderKeys: orderKeys})
+	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states, OrderKeys: orderKeys, TraceParents: traces})
 }
 
 // Depth is how many rows of one stage have one status.

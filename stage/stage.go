@@ -131,6 +131,12 @@ type Message struct {
 	// first (docs/protocol.md, "Ordering per key"), so a handler may apply
 	// them in order to the entity the key names.
 	OrderKey string
+	// TraceParent is the W3C traceparent of this pass ("" for none), in
+	// either input mode: the message's trace id and the span id of this
+	// pass, which pepsi-dispatch exports as the span "process <stage>"
+	// (docs/protocol.md, "Traces"). The handler's context carries it too
+	// (SpanContext), so an application's own spans are children of the pass.
+	TraceParent string
 	// Tx is the message's transaction: its first statement begins it and locks
 	// the row; statements run on it commit atomically with the transition, which
 	// the library then writes itself. Its Commit and Rollback refuse (the library

@@ -301,7 +301,7 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	}
 	tx := &lazyTx{w: w, row: &r}
 	defer tx.end(ctx)
-	m := &Message{ID: id, Stage: w.stage, Payload: r.Payload, Attempts: r.Attempts, OrderKey: r.OrderKey, Tx: tx}
+	m := &Message{ID: id, Stage: w.stage, Payload: r.Payload, Attempts: r.Attempts, OrderKey: r.OrderKey, TraceParent: r.TraceParent, Tx: tx}
 	var before map[string]json.RawMessage
 	if m.State, before, err = decodeState(r.State); err != nil {
 		return failure(fmt.Sprintf("state of message %d: %v", id, err)), nil

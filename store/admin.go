@@ -20,10 +20,10 @@ import (
 // in their order, their order keys locked first (orderKeysLocked), and
 // returns how many and their first and last id.
 const enqueueSQL = `WITH input AS (
-	SELECT * FROM unnest($2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(payload, state, order_key, n)
+	SELECT * FROM unnest($2::bytea[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(payload, state, order_key, traceparent, n)
 ), ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state, order_key)
-	SELECT $1, payload, coalesce(nullif(state, '')::jsonb, '{}'), nullif(order_key, '') FROM input
+	INSERT INTO pepsi.queue (stage, payload, state, order_key, traceparent)
+	SELECT $1, payload, coalesce(nullif(state, '')::jsonb, '{}'), nullif(order_key, ''), nullif(traceparent, '') FROM input
 	WHERE ` + orderKeysLocked + `
 	ORDER BY n
 	RETURNING ingress_id)
@@ -83,7 +83,7 @@ func (k *keyHeadScan) head() *KeyHead {
 // stage may pause a row for good) comes as text.
 const showSQL = `SELECT q.stage, q.status, CASE WHEN isfinite(q.timeout) THEN q.timeout END,
 	CASE WHEN NOT isfinite(q.timeout) THEN q.timeout::text ELSE '' END, q.state, q.payload, q.created_at, q.updated_at,
-	q.attempts, coalesce(q.dedup_key, ''), ` + keyHeadColumns + `
+	q.attempts, coalesce(q.dedup_key, ''), coalesce(q.traceparent, ''), ` + keyHeadColumns + `
 FROM pepsi.queue q ` + keyHeadJoin + `
 WHERE q.ingress_id = $1`
 
@@ -148,6 +148,11 @@ type EnqueueParams struct {
 	// OrderKeys are their order keys ("" for none), one per payload, or nil
 	// when none has one.
 	OrderKeys []string
+	// TraceParents are their W3C traceparents ("" for none: the claim of
+	// their first pass gives them one), one per payload, or nil when none
+	// has one. The column's CHECK refuses one that is not
+	// 00-<32 hex>-<16 hex>-<2 hex>.
+	TraceParents []string
 }
 
 // EnqueueResult describes the rows one Enqueue inserted.
@@ -165,7 +170,7 @@ type EnqueueResult struct {
 // statement (the insert trigger notifies the dispatcher once).
 func (s *PG) Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error) {
 	var r EnqueueResult
-	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys).Scan(&r.Count, &r.First, &r.Last)
+	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys, p.TraceParents).Scan(&r.Count, &r.First, &r.Last)
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}
@@ -260,6 +265,9 @@ type Message struct {
 	DedupKey string
 	// OrderKey is the message's order key, "" if none.
 	OrderKey string
+	// TraceParent is the message's W3C traceparent, "" if none yet (its
+	// first pass gives it one).
+	TraceParent string
 	// Head, for a blocked message, is the message of its order key it waits
 	// behind: the oldest one that is not blocked. Nil when the message is
 	// not blocked, or when none is (its older messages finished, and the
@@ -286,7 +294,7 @@ func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
 	var k keyHeadScan
 	err := s.db.QueryRow(ctx, showSQL, id).
 		Scan(append([]any{&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt,
-			&m.Attempts, &m.DedupKey}, k.dest()...)...)
+			&m.Attempts, &m.DedupKey, &m.TraceParent}, k.dest()...)...)
 	m.OrderKey, m.Head = k.orderKey, k.head()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)

@@ -20,13 +20,14 @@ import (
 // identity hands out ids in the order of the SELECT, so the ids, sorted, follow
 // the order of the rows inserted) and, for keys that were not inserted, the id
 // of the row that holds the key as far as this statement's snapshot sees.
-// Order keys ($5, "" for none) are locked first, in the order of their
+// Traceparents are $6 ("" for none). Order keys ($5, "" for none) are locked first, in the order of their
 // buckets (orderKeysLocked).
 const insertRows = `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(stage, payload, state, key, order_key, n)
+	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::text[], $6::text[])
+		WITH ORDINALITY AS u(stage, payload, state, key, order_key, traceparent, n)
 ), ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key)
-	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key, nullif(order_key, '') FROM input
+	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, traceparent)
+	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key, nullif(order_key, ''), nullif(traceparent, '') FROM input
 	WHERE ` + orderKeysLocked + ` ORDER BY n
 	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 	RETURNING ingress_id, dedup_key
@@ -98,6 +99,9 @@ type IngressRow struct {
 	// an unfinished message is inserted blocked behind it
 	// (docs/protocol.md, "Ordering per key").
 	OrderKey string
+	// TraceParent is the message's W3C traceparent, "" for none (the
+	// claim of its first pass gives it one).
+	TraceParent string
 }
 
 // ingressFound is a row of insertRows' answer: its id and its key, if any,
@@ -133,9 +137,10 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 	states := make([]string, len(rows))
 	keys := make([]*string, len(rows))
 	orderKeys := make([]string, len(rows))
+	traces := make([]string, len(rows))
 	keyed := false
 	for i, r := range rows {
-		stages[i], payloads[i], states[i], keys[i], orderKeys[i] = r.Stage, r.Payload, r.State, r.Key, r.OrderKey
+		stages[i], payloads[i], states[i], keys[i], orderKeys[i], traces[i] = r.Stage, r.Payload, r.State, r.Key, r.OrderKey, r.TraceParent
 		keyed = keyed || r.Key != nil
 	}
 	scan := func(r pgx.CollectableRow) (ingressFound, error) {
@@ -144,7 +149,7 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 		return f, err
 	}
 	if !keyed {
-		got, err := collect(ctx, s.db, "insert", scan, insertRows, stages, payloads, states, keys, orderKeys)
+		got, err := collect(ctx, s.db, "insert", scan, insertRows, stages, payloads, states, keys, orderKeys, traces)
 		if err != nil {
 			return nil, err
 		}
@@ -161,7 +166,7 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 		defer c.Release()
 		db = c
 	}
-	ids, err := insertKeyed(ctx, db, rows, scan, stages, payloads, states, keys, orderKeys)
+	ids, err := insertKeyed(ctx, db, rows, scan, stages, payloads, states, keys, orderKeys, traces)
 	if err != nil {
 		db.Exec(ctx, rollbackSQL) //nolint:errcheck // the error that matters is err
 		return nil, err
@@ -179,11 +184,11 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 // insertKeyed is InsertIngress of rows with keys up to its COMMIT, which it
 // leaves to the caller (and the ROLLBACK when it fails).
 func insertKeyed(ctx context.Context, db DB, rows []IngressRow, scan pgx.RowToFunc[ingressFound],
-	stages []string, payloads [][]byte, states []string, keys []*string, orderKeys []string) ([]int64, error) {
+	stages []string, payloads [][]byte, states []string, keys []*string, orderKeys, traces []string) ([]int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
 	queueKeyLocks(b, keys)
-	b.Queue(insertRows, stages, payloads, states, keys, orderKeys)
+	b.Queue(insertRows, stages, payloads, states, keys, orderKeys, traces)
 	br := db.SendBatch(ctx, b)
 	for range b.Len() - 1 {
 		if _, err := br.Exec(); err != nil {

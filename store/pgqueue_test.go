@@ -207,7 +207,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, after := range []string{"{0,0,0}", "{0,1000,100000}"} {
 				// Excluded: rows the dispatcher holds, some of them pending.
-				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}'", strings.Join(stages, ","), capEach, capEach, capEach, after)
+				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true", strings.Join(stages, ","), capEach, capEach, capEach, after)
 				plan := explain(t, conn, mode, "claim", args)
 				where := fmt.Sprintf("%s, %s, floors %s:\n%s", stats, mode, after, plan)
 				checkClaimPlan(t, plan, len(stages), capEach, where)
@@ -239,7 +239,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	}
 	pages := func(after int64) float64 {
 		var blocks float64
-		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}'", after))
+		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true", after))
 		plan.walk(nil, func(n, _ *planNode) {
 			if n.IndexName == "queue_pending" {
 				blocks = n.SharedHit + n.SharedRead
@@ -331,7 +331,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", items), ",") + "}'" }
 	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0"),
-		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false")}, ", ")
+		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true"}, ", ")
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "resolve", args)
 		blocks, lookups := 0.0, 0.0

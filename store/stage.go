@@ -26,7 +26,11 @@ const stageLockSQL = `SELECT stage, status, xmin FROM pepsi.queue WHERE ingress_
 // stageReadSQL reads the rows of a batch of ids in one statement, without a
 // lock: a row running at this stage is moved only by this worker (or by the
 // dispatcher when it answers), and every write is guarded.
-const stageReadSQL = `SELECT ingress_id, stage, status, state, payload, attempts, coalesce(order_key, ''), xmin
+// It reads the traceparent of the pass a row is in (schema 17's
+// pepsi.pass_traceparent: what the dispatcher's claim computed from the
+// same row), for a row running at the stage that reads it.
+const stageReadSQL = `SELECT ingress_id, stage, status, state, payload, attempts, coalesce(order_key, ''), xmin,
+	coalesce(pepsi.pass_traceparent(traceparent, ingress_id, stage, updated_at), '')
 FROM pepsi.queue WHERE ingress_id = ANY($1)`
 
 // stageTransitionSQL is every transition the library writes itself. The guard
@@ -62,13 +66,17 @@ type StageRow struct {
 	// row changes it, so a transition written without a lock can be guarded
 	// by the version its handler was given.
 	Version uint32
+	// TraceParent is the W3C traceparent of the pass the row is in: the
+	// message's trace id, this pass's span id, as the line of an INPUT =
+	// message stage carries it; "" for a row with no trace context.
+	TraceParent string
 }
 
 // StageRead reads the rows of ids, in no order; an id with no row has none.
 func (s *PG) StageRead(ctx context.Context, ids []int64) ([]StageRow, error) {
 	return collect(ctx, s.db, "read rows", func(r pgx.CollectableRow) (StageRow, error) {
 		var x StageRow
-		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.OrderKey, &x.Version)
+		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.OrderKey, &x.Version, &x.TraceParent)
 		return x, err
 	}, stageReadSQL, ids)
 }

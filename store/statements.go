@@ -233,6 +233,15 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // dispatcher never holds it). The CASEs make every other stage's row cost what
 // it did: its payload is not even detoasted (octet_length of a toasted value
 // reads its header).
+//
+// Traces (docs/protocol.md, "Traces"; schema 17): the UPDATE gives a row
+// without a traceparent a fresh one (pepsi.fresh_traceparent), in the write
+// the claim makes anyway, so a message's first pass starts its trace at no
+// cost of a row version, and every later pass finds it. It returns each row's
+// pass traceparent (pepsi.pass_traceparent: the message's with the span id of
+// this pass, a hash of the claim's updated_at) for the stages in $5, whose
+// lines carry it, and, with $8 (core.Claim.Traces), for every stage, beside
+// the message's own.
 const claimSQL = `
 WITH picked AS (
 	SELECT c.stage, greatest(c.n, 0) AS n, p.ingress_id
@@ -252,18 +261,22 @@ WITH picked AS (
 ), found AS (
 	SELECT stage, count(*) > max(n) AS more, max(ingress_id) AS peeked FROM picked GROUP BY stage
 ), claimed AS (
-	UPDATE pepsi.queue u SET status = 'running', updated_at = now()
+	UPDATE pepsi.queue u SET status = 'running', updated_at = now(),
+		traceparent = coalesce(u.traceparent, pepsi.fresh_traceparent(u.ingress_id, u.stage, now()))
 	WHERE u.ingress_id = ANY (ARRAY(SELECT p.ingress_id FROM picked p JOIN found f ON f.stage = p.stage
 	                                WHERE NOT (f.more AND p.ingress_id = f.peeked)))
 	  AND (u.status = 'pending') IS TRUE
 	RETURNING u.ingress_id, u.stage, u.attempts, u.order_key,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN u.state::text END AS state,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN coalesce(octet_length(u.payload), -1) END AS payload_size,
-		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload
+		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload,
+		CASE WHEN $8::bool THEN u.traceparent END AS trace,
+		CASE WHEN $8::bool OR u.stage = ANY ($5::text[])
+		     THEN pepsi.pass_traceparent(u.traceparent, u.ingress_id, u.stage, u.updated_at) END AS pass_trace
 )
-SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload FROM claimed
+SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload, trace, pass_trace FROM claimed
 UNION ALL
-SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
+SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
 ORDER BY 1 NULLS LAST, 2`
 
 // overSQL names the stages $1 that have more than $2 rows pending above
@@ -354,7 +367,7 @@ func claim(c core.Claim) statement {
 			if excludeKeys == nil {
 				excludeKeys = []string{} // NULL would make "NOT IN" match nothing
 			}
-			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys)
+			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys, c.Traces)
 			if len(c.Limits) > 0 {
 				b.Queue(overSQL, limitStages, limitMax, limitAfter)
 			}
@@ -403,10 +416,10 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	var row core.Row
 	var id *int64
 	var attempts *int32
-	var key, state *string
+	var key, state, trace, passTrace *string
 	var size *int32
 	var payload []byte
-	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload); err != nil {
+	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload, &trace, &passTrace); err != nil {
 		return row, err
 	}
 	if id == nil {
@@ -422,7 +435,20 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	if state != nil && size != nil {
 		row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
 	}
+	row.Trace = readTrace(trace, passTrace)
 	return row, nil
+}
+
+// readTrace is the trace context a claim read, from its two columns.
+func readTrace(trace, pass *string) core.Trace {
+	var t core.Trace
+	if trace != nil {
+		t.Message = *trace
+	}
+	if pass != nil {
+		t.Pass = *pass
+	}
+	return t
 }
 
 // resolveSQL applies the Items of a Resolve in one statement (see core.Item and
@@ -458,6 +484,8 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 //
 // It returns one row per item, in item order, with the row as it is after the
 // statement, and whether the guard matched; for a move that claimed, also its
+// trace context as claimSQL reads it ($18, core.Resolve.Traces; a row
+// without a traceparent gets one here, as a claim gives it), its
 // attempts and, when the item's line_max ($10, core.Item.LineMax) is set, its
 // state (after the patch: RETURNING shows the new version) and payload, read
 // as claimSQL reads them for an INPUT = message stage. The UPDATE's effects are invisible to
@@ -533,6 +561,8 @@ WITH item AS (
 			WHEN d.verdict = 'move' AND d.target NOT IN ('done', 'paused') AND d.target <> q.stage THEN 0
 			ELSE q.attempts
 		END,
+		traceparent = CASE WHEN d.matched AND d.claim AND q.traceparent IS NULL
+			THEN pepsi.fresh_traceparent(q.ingress_id, d.target, now()) ELSE q.traceparent END,
 		updated_at = now()
 	FROM decided d
 	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
@@ -540,7 +570,10 @@ WITH item AS (
 		d.matched AND d.claim AS claimed, q.attempts,
 		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN q.state::text END AS msg_state,
 		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
-		CASE WHEN d.matched AND d.claim AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload
+		CASE WHEN d.matched AND d.claim AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload,
+		CASE WHEN d.matched AND d.claim AND $18::bool THEN q.traceparent END AS trace,
+		CASE WHEN d.matched AND d.claim AND (d.line_max > 0 OR $18::bool)
+		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace
 ), result AS (
 	SELECT item.*,
 	       coalesce(u.stage, q.stage, '') AS now_stage,
@@ -550,7 +583,7 @@ WITH item AS (
 	       coalesce(u.matched, false) AS now_matched,
 	       u.ingress_id IS NOT NULL AS wrote,
 	       CASE WHEN u.claimed THEN u.attempts ELSE 0 END AS now_attempts,
-	       u.msg_state, u.payload_size, u.payload
+	       u.msg_state, u.payload_size, u.payload, u.trace, u.pass_trace
 	FROM item
 	LEFT JOIN updated u ON u.ingress_id = item.id
 	LEFT JOIN LATERAL (
@@ -581,7 +614,7 @@ WITH item AS (
 	       p.handed_at, p.at, p.pid, p.attempts
 	FROM passes p
 )
-SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload
+SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, trace, pass_trace
 FROM result
 ORDER BY ord`
 
@@ -618,7 +651,7 @@ func resolve(c core.Resolve) statement {
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
 			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
-				hists, events, handed, ats, pids, attempts, agains)
+				hists, events, handed, ats, pids, attempts, agains, c.Traces)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
@@ -628,12 +661,13 @@ func resolve(c core.Resolve) statement {
 			outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Outcome, error) {
 				var o core.Outcome
 				var timeout pgtype.Timestamptz
-				var state *string
+				var state, trace, passTrace *string
 				var size *int32
 				var payload []byte
-				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload); err != nil {
+				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &trace, &passTrace); err != nil {
 					return o, err
 				}
+				o.Trace = readTrace(trace, passTrace)
 				if state != nil && size != nil {
 					o.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
 				}

@@ -37,7 +37,8 @@ Usage: pepsi-ingress [flags]
 
   POST /v1/messages   one JSON object (application/json) or one per line
                       (application/x-ndjson): {"stage", "payload" |
-                      "payload_base64", "state", "key", "order_key"};
+                      "payload_base64", "state", "key", "order_key",
+                      "traceparent"} (else the traceparent header);
                       202 {"ids":[...]} once committed
   GET /healthz        200 if the database answers, 503 if not
   GET /metrics        Prometheus metrics

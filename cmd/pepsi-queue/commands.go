@@ -79,9 +79,10 @@ func enqueueCmd(a *app) *ffcli.Command {
 	payload := fs.String("payload", "", "enqueue one message with this `TEXT` as its payload")
 	batch := fs.Int("batch", 1000, "messages per INSERT (and per commit), at most 10000")
 	orderKey := fs.String("order-key", "", "give every message this order `KEY` (an NDJSON line's order_key wins): they pass the pipeline one at a time, oldest first")
+	traceParent := fs.String("traceparent", "", "give every message this W3C `TRACEPARENT` (00-<32 hex>-<16 hex>-<2 hex>; an NDJSON line's traceparent wins): its passes join that trace")
 	return &ffcli.Command{
 		Name:       "enqueue",
-		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [< input]",
+		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [-traceparent TP] [< input]",
 		ShortHelp:  "add messages, pending at a stage",
 		LongHelp: `Adds messages to the queue as pending rows at -stage, in input order, and prints
 the range of ids they got. By default every non-empty line of standard input is
@@ -92,11 +93,15 @@ line is a JSON object:
   {"payload_base64": "AAEC"}             binary payloads
   {"payload": "x", "state": {"k": 1}}    with an initial state object
   {"payload": "x", "order_key": "acct-9"} with an order key
+  {"payload": "x", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+                                         with its W3C trace context
 Messages that share an order key (-order-key, or a line's order_key: 1 to 200
 bytes) pass the pipeline one at a time, oldest first; a message whose key has
 an unfinished message waits, blocked, behind it. Messages are inserted in batches (one statement and one commit each; the
 dispatcher is woken once per batch), so a long input starts flowing at once. If
 it fails midway, what was already committed stays, and the error says how much.
+A message without a traceparent (-traceparent, or a line's) gets a fresh trace
+at its first pass (docs/operations.md, "Traces").
 
 EXAMPLES
   seq 1 1000 | pepsi-queue -c /etc/pepsi/pepsi.conf enqueue -stage parse
@@ -121,6 +126,12 @@ EXAMPLES
 					return usagef("enqueue", "-order-key: %v", err)
 				}
 				src = keyed{source: src, key: *orderKey}
+			}
+			if *traceParent != "" {
+				if err := msgjson.CheckTraceParent(*traceParent); err != nil {
+					return usagef("enqueue", "-traceparent: %v", err)
+				}
+				src = traced{source: src, tp: *traceParent}
 			}
 			if *batch <= 0 || *batch > queueadmin.EnqueueBatchMax {
 				return usagef("enqueue", "-batch %d: want 1 to %d", *batch, queueadmin.EnqueueBatchMax)
@@ -520,6 +531,9 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	fmt.Fprintf(tw, "attempts\t%d\n", m.Attempts)
 	if m.DedupKey != "" {
 		fmt.Fprintf(tw, "key\t%s\n", m.DedupKey)
+	}
+	if m.TraceParent != "" {
+		fmt.Fprintf(tw, "traceparent\t%s\n", m.TraceParent)
 	}
 	if m.OrderKey != "" {
 		fmt.Fprintf(tw, "order key\t%s\n", m.OrderKey)

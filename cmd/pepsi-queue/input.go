@@ -98,12 +98,27 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{}, io.EOF
 }
 
-// ndjsonMessage reads one NDJSON object (internal/msgjson, with order_key but
-// without stage and key: -stage names the stage, and enqueue does not
-// deduplicate).
+// ndjsonMessage reads one NDJSON object (internal/msgjson, with order_key and
+// traceparent but without stage and key: -stage names the stage, and enqueue
+// does not deduplicate).
 func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
-	m, err := msgjson.Parse(text, msgjson.Fields{OrderKey: true})
-	return queueadmin.NewMessage{Payload: m.Payload, State: m.State, OrderKey: m.OrderKey}, err
+	m, err := msgjson.Parse(text, msgjson.Fields{OrderKey: true, TraceParent: true})
+	return queueadmin.NewMessage{Payload: m.Payload, State: m.State, OrderKey: m.OrderKey, TraceParent: m.TraceParent}, err
+}
+
+// traced gives src's messages traceparent tp, but for a message that has
+// its own (an NDJSON line's traceparent).
+type traced struct {
+	source
+	tp string
+}
+
+func (t traced) next() (queueadmin.NewMessage, error) {
+	m, err := t.source.next()
+	if err == nil && m.TraceParent == "" {
+		m.TraceParent = t.tp
+	}
+	return m, err
 }
 
 // keyed gives src's messages order key key, but for a message that has its

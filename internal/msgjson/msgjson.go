@@ -7,12 +7,13 @@
 //	{"payload": "x", "state": {"k": "v"}}     an initial state object
 //	{"stage": "parse", "key": "order-17"}     where Fields allow: the first stage, an idempotency key
 //	{"payload": "x", "order_key": "acct-9"}   where Fields allow: the message's order key
+//	{"payload": "x", "traceparent": "00-…"}   where Fields allow: its W3C trace context
 //
 // and, with Fields.Line, the standard input line pepsi-dispatch hands an INPUT
 // = message stage (docs/protocol.md), which pepsi-stage-check reads from its
 // -messages file:
 //
-//	{"id": 42, "stage": "parse", "attempts": 0, "order_key": "acct-9", "state": {…}, "payload": "…"}
+//	{"id": 42, "stage": "parse", "attempts": 0, "order_key": "acct-9", "traceparent": "00-…", "state": {…}, "payload": "…"}
 //
 // It is one parser so that every program agrees on every field. It only parses:
 // it never checks that a stage is configured, and never does I/O.
@@ -50,6 +51,9 @@ type Message struct {
 	// OrderKey is the "order_key" field (the queue's order_key); "" when
 	// absent.
 	OrderKey string
+	// TraceParent is the "traceparent" field (the queue's traceparent, or
+	// a line's: its pass's), checked by CheckTraceParent; "" when absent.
+	TraceParent string
 	// Payload is the message content.
 	Payload []byte
 	// State is the initial state, a JSON object; nil means {}.
@@ -69,19 +73,22 @@ type Fields struct {
 	// OrderKey allows "order_key", a string of 1 to OrderKeyMax bytes of
 	// UTF-8 without NUL.
 	OrderKey bool
+	// TraceParent allows "traceparent", a W3C traceparent
+	// (CheckTraceParent).
+	TraceParent bool
 	// Limit refuses nesting deeper than DepthMax.
 	Limit bool
 	// Line reads a message-mode input line: "id" (a positive integer) is
-	// required, "attempts" (0 or more) and "order_key" allowed (the key of
+	// required, "attempts" (0 or more), "order_key" (the key of
 	// the row, of any length: a producer that is not PEPSI's may have
-	// written a longer one), and the payload may be absent (a NULL payload,
+	// written a longer one) and "traceparent" allowed, and the payload may be absent (a NULL payload,
 	// Message.Payload nil). Set Stage too to allow "stage".
 	Line bool
 }
 
 func (f Fields) want() string {
 	if f.Line {
-		return "want id, stage, attempts, order_key, state, and payload or payload_base64"
+		return "want id, stage, attempts, order_key, traceparent, state, and payload or payload_base64"
 	}
 	var opt []string
 	if f.Stage {
@@ -93,6 +100,9 @@ func (f Fields) want() string {
 	}
 	if f.OrderKey {
 		opt = append(opt, "order_key")
+	}
+	if f.TraceParent {
+		opt = append(opt, "traceparent")
 	}
 	if len(opt) == 1 {
 		return "want payload or payload_base64, and optionally state"
@@ -114,6 +124,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 		Stage         *string         `json:"stage"`
 		Key           *string         `json:"key"`
 		OrderKey      *string         `json:"order_key"`
+		TraceParent   *string         `json:"traceparent"`
 		Payload       json.RawMessage `json:"payload"`
 		PayloadBase64 *string         `json:"payload_base64"`
 		State         json.RawMessage `json:"state"`
@@ -149,6 +160,8 @@ func Parse(text []byte, f Fields) (Message, error) {
 		return m, fmt.Errorf(`unknown field "key" (%s)`, f.want())
 	case obj.OrderKey != nil && !f.OrderKey && !f.Line:
 		return m, fmt.Errorf(`unknown field "order_key" (%s)`, f.want())
+	case obj.TraceParent != nil && !f.TraceParent && !f.Line:
+		return m, fmt.Errorf(`unknown field "traceparent" (%s)`, f.want())
 	}
 	if err := m.line(f, obj.ID, obj.Attempts); err != nil {
 		return m, err
@@ -174,6 +187,12 @@ func Parse(text []byte, f Fields) (Message, error) {
 			return m, err
 		}
 	}
+	if obj.TraceParent != nil {
+		if err := CheckTraceParent(*obj.TraceParent); err != nil {
+			return m, err
+		}
+		m.TraceParent = *obj.TraceParent
+	}
 	if m.Payload, err = payload(obj.Payload, obj.PayloadBase64, f); err != nil {
 		return m, err
 	}
@@ -186,6 +205,39 @@ func Parse(text []byte, f Fields) (Message, error) {
 func CheckOrderKey(k string) error {
 	_, err := checkKey("order_key", k, OrderKeyMax)
 	return err
+}
+
+// CheckTraceParent checks a W3C traceparent (Trace Context, version 00) as
+// the queue's traceparent column holds it: "00-<trace id>-<parent span
+// id>-<flags>", 32, 16 and 2 lower-case hex digits, the ids not all zero.
+// Its errors name the field and say what is wrong.
+func CheckTraceParent(tp string) error {
+	const want = "want 00-<32 hex>-<16 hex>-<2 hex>, lower case (W3C Trace Context)"
+	if len(tp) != 55 || tp[:3] != "00-" || tp[35] != '-' || tp[52] != '-' {
+		return fmt.Errorf("traceparent %s is not a W3C traceparent: %s", quoteClip(tp), want)
+	}
+	for _, part := range []string{tp[3:35], tp[36:52], tp[53:]} {
+		for i := 0; i < len(part); i++ {
+			if c := part[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return fmt.Errorf("traceparent %s holds %q, not lower-case hex: %s", quoteClip(tp), c, want)
+			}
+		}
+	}
+	if strings.Trim(tp[3:35], "0") == "" {
+		return fmt.Errorf("traceparent %s has an all-zero trace id, which W3C Trace Context makes invalid", quoteClip(tp))
+	}
+	if strings.Trim(tp[36:52], "0") == "" {
+		return fmt.Errorf("traceparent %s has an all-zero parent id, which W3C Trace Context makes invalid", quoteClip(tp))
+	}
+	return nil
+}
+
+// quoteClip quotes s for an error, clipped to 80 bytes.
+func quoteClip(s string) string {
+	if len(s) > 80 {
+		return fmt.Sprintf("%q…", s[:80])
+	}
+	return fmt.Sprintf("%q", s)
 }
 
 // checkKey checks the value k of a key field called name: 1 to most bytes of
@@ -275,7 +327,7 @@ func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error)
 }
 
 // parsePlain reads the common shape of a message without reflection: one
-// object whose members are "stage", "key", "order_key" and "payload", each at
+// object whose members are "stage", "key", "order_key", "traceparent" and "payload", each at
 // most once, each a string of printable ASCII without escapes, payload
 // present and stage and keys valid. It says false for anything else, which the decoder
 // then reads (and refuses with its reasons): it takes a subset of what the
@@ -284,7 +336,7 @@ func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error)
 // and allocations were a tenth of its CPU per request.
 func parsePlain(text []byte, f Fields) (Message, bool) {
 	var m Message
-	var stage, key, orderKey, payload []byte
+	var stage, key, orderKey, traceParent, payload []byte
 	i := skipSpace(text, 0)
 	if i == len(text) || text[i] != '{' {
 		return m, false
@@ -312,6 +364,8 @@ func parsePlain(text []byte, f Fields) (Message, bool) {
 			key = value
 		case string(name) == "order_key" && f.OrderKey && orderKey == nil && len(value) > 0 && len(value) <= OrderKeyMax:
 			orderKey = value
+		case string(name) == "traceparent" && f.TraceParent && traceParent == nil && CheckTraceParent(string(value)) == nil:
+			traceParent = value
 		default:
 			return m, false
 		}
@@ -336,6 +390,9 @@ func parsePlain(text []byte, f Fields) (Message, bool) {
 	}
 	if key != nil {
 		m.Key = string(key)
+	}
+	if traceParent != nil {
+		m.TraceParent = string(traceParent)
 	}
 	if orderKey != nil {
 		m.OrderKey = string(orderKey)

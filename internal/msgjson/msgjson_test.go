@@ -93,7 +93,7 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 		`{"id":0,"payload":"x"}`:          `no positive "id"`,
 		`{"id":"1"}`:                      "id: want a int64",
 		`{"id":1,"attempts":-1}`:          "attempts is negative",
-		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, order_key, state, and payload or payload_base64)`,
+		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, order_key, traceparent, state, and payload or payload_base64)`,
 		`{"id":1,"payload":"x","p":1}`:    `unknown field "p"`,
 		`{"id":1,"state":[1]}`:            "is not a JSON object",
 		`{"id":1,"payload":"x"} {"id":2}`: "more than one JSON value",

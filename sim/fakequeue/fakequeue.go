@@ -38,6 +38,9 @@ type Row struct {
 	DedupKey string
 	// Key is the order_key column, "" for NULL (orderkey.go).
 	Key string
+	// TraceParent is the traceparent column, "" for NULL; a claim gives a
+	// row without one a fresh one (trace.go).
+	TraceParent string
 }
 
 // StateJSON is the whole state column as JSON text with sorted keys, as a
@@ -594,11 +597,13 @@ func (q *Queue) claim(c core.Claim) core.Event {
 				}
 				before := *r
 				r.Status = core.StatusRunning
+				q.claimTrace(r)
 				q.observe(ByClaim, before, r)
 				row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts, Key: r.Key}
 				if cp.LineMax > 0 {
 					row.Message = r.message(cp.LineMax)
 				}
+				row.Trace = q.trace(r, c.Traces, cp.LineMax > 0)
 				rows = append(rows, row)
 				n++
 			}
@@ -659,6 +664,9 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			before := *r
 			if matched {
 				q.write(r, it)
+				if it.Claim {
+					q.claimTrace(r)
+				}
 			} else {
 				// Advanced by its stage: requeued there, with no retries yet.
 				r.Status, r.Attempts = core.StatusPending, 0
@@ -676,6 +684,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			if it.LineMax > 0 {
 				o.Message = r.message(it.LineMax)
 			}
+			o.Trace = q.trace(r, c.Traces, it.LineMax > 0)
 		}
 		out = append(out, o)
 	}

@@ -24,7 +24,7 @@ func (q *Queue) StageRead(_ context.Context, ids []int64) ([]store.StageRow, err
 			continue
 		}
 		x := store.StageRow{ID: id, Stage: r.Stage, Status: r.Status, State: []byte(r.StateJSON()), Attempts: r.Attempts, OrderKey: r.Key,
-			Version: q.versions[id]}
+			Version: q.versions[id], TraceParent: q.passTrace(r)}
 		if r.HasPayload {
 			x.Payload = []byte(r.Payload)
 		}

@@ -27,14 +27,23 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 	if len(p.OrderKeys) > len(p.Payloads) {
 		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d order keys", len(p.Payloads), len(p.OrderKeys))
 	}
+	if len(p.TraceParents) > len(p.Payloads) {
+		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d traceparents", len(p.Payloads), len(p.TraceParents))
+	}
 	orderKeys := make([]string, len(p.Payloads))
 	copy(orderKeys, p.OrderKeys)
+	traces := make([]string, len(p.Payloads))
+	copy(traces, p.TraceParents)
+	if err := checkTraces(traces); err != nil {
+		return store.EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
+	}
 	if err := q.orderKeysFree(orderKeys); err != nil {
 		return store.EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}
 	var r store.EnqueueResult
 	for i, payload := range p.Payloads {
 		id := q.add(p.Stage, p.States[i], payload, "", orderKeys[i])
+		q.rows[id-1].TraceParent = traces[i]
 		if r.Count == 0 {
 			r.First = id
 		}
@@ -74,8 +83,12 @@ func (q *Queue) add(stage, state string, payload []byte, key, orderKey string) i
 // trigger does for one statement.
 func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int64, error) {
 	orderKeys := make([]string, len(rows))
+	traces := make([]string, len(rows))
 	for i, r := range rows {
-		orderKeys[i] = r.OrderKey
+		orderKeys[i], traces[i] = r.OrderKey, r.TraceParent
+	}
+	if err := checkTraces(traces); err != nil {
+		return nil, fmt.Errorf("insert: %w", err)
 	}
 	if err := q.orderKeysFree(orderKeys); err != nil {
 		return nil, fmt.Errorf("insert: %w", err)
@@ -92,6 +105,7 @@ func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int
 			}
 		}
 		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key, r.OrderKey), true
+		q.rows[ids[i]-1].TraceParent = r.TraceParent
 	}
 	if inserted {
 		q.notify()
@@ -180,7 +194,7 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
 	}
 	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts,
-		DedupKey: r.DedupKey, OrderKey: r.Key, CreatedAt: q.created[id], UpdatedAt: q.updated[id], Head: q.head(r)}
+		DedupKey: r.DedupKey, OrderKey: r.Key, TraceParent: r.TraceParent, CreatedAt: q.created[id], UpdatedAt: q.updated[id], Head: q.head(r)}
 	if !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t

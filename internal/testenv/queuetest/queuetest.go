@@ -112,7 +112,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	runAll(t, slices.Concat(tests, pressureTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests), open)
+	runAll(t, slices.Concat(tests, pressureTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests), open)
 }
 
 // runAll runs each test in parallel on a fresh harness from open.
