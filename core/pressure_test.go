@@ -55,7 +55,8 @@ func (w *world) busyWorker(stage string) core.WorkerID {
 
 // Proves: once a stage's answers moved messages to b, nothing more is claimed
 // for it while b has more than its MAX_PENDING pending (a claim reports b
-// over its limit, Claimed.Over, and the stage's health says why it is held);
+// over its limit, Claimed.Over, and the stage's health and the snapshot say
+// why it is held);
 // b's pending count stays within MAX_PENDING plus what a held when the limit
 // was crossed; the claim whose rows bring b back within its limit is followed,
 // in the same step, by a claim for a; and every message finishes.
@@ -92,6 +93,9 @@ func TestAFullStageHoldsTheStageThatFeedsItUntilItIsBackWithinItsLimit(t *testin
 			held = true
 			if h.Reason == "" {
 				t.Errorf("a is held with no reason")
+			}
+			if s := w.c.Snapshot(); s.Stages[0].HeldBy != "b" || !s.Stages[1].OverMaxPending || s.Stages[1].MaxPending != 2 {
+				t.Errorf("snapshot %+v: want a held by b, b over its MAX_PENDING 2", s.Stages)
 			}
 		} else if wasHeld && waiting {
 			if capsOf(lastClaim(cmds))["a"] == 0 {

@@ -32,6 +32,14 @@ type StageSnapshot struct {
 	// CooldownUntil, when after At, is when the stage may spawn workers again
 	// after a program that could not start.
 	CooldownUntil time.Time
+	// MaxPending is the stage's MAX_PENDING (0 for none); OverMaxPending says
+	// the last claim that checked it found more messages pending
+	// (back-pressure, pressure.go).
+	MaxPending     int64
+	OverMaxPending bool
+	// HeldBy names the stage whose back-pressure holds this one (a stage it
+	// feeds that is over its MAX_PENDING); "" when none does.
+	HeldBy string
 }
 
 // Snapshot returns a copy of the live state. It changes nothing.
@@ -40,10 +48,15 @@ func (c *Core) Snapshot() Snapshot {
 	s.Stages = make([]StageSnapshot, 0, len(c.stages))
 	for _, st := range c.stages {
 		ss := StageSnapshot{
-			Stage:         st.cfg.Name,
-			Claimed:       len(st.backlog),
-			Capacity:      st.cfg.Parallelism * st.cfg.QueueLimit,
-			CooldownUntil: st.cooldownUntil,
+			Stage:          st.cfg.Name,
+			Claimed:        len(st.backlog),
+			Capacity:       st.cfg.Parallelism * st.cfg.QueueLimit,
+			CooldownUntil:  st.cooldownUntil,
+			MaxPending:     st.cfg.MaxPending,
+			OverMaxPending: st.pressure.over,
+		}
+		if t := c.heldBy(st); t != nil {
+			ss.HeldBy = t.cfg.Name
 		}
 		for _, w := range st.workers {
 			switch w.state {

@@ -122,6 +122,54 @@ func TestMaxPendingRefusesAStageTooFarBehindWith503(t *testing.T) {
 	})
 }
 
+// A stage's own MAX_PENDING wins over [pepsi-ingress]'s for that stage, lower
+// or higher; and a stage's own limit counts alone when [pepsi-ingress] has
+// none (the next test).
+func TestAStagesOwnMaxPendingWinsForItsStage(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) {
+		o.MaxPending = 3
+		o.StageMaxPending = map[string]int64{"a": 1, "b": 6}
+		o.PendingInterval = 50 * time.Millisecond
+	})
+	// b first: a count that finds a over its limit was read after b's commit.
+	for _, stage := range []string{"b", "a"} {
+		if a := f.post("application/x-ndjson", "?stage="+stage, strings.Repeat("{\"payload\": \"x\"}\n", 5)); a.code != 202 {
+			t.Fatalf("first request into %s: %+v; want 202 (the stage was empty)", stage, a)
+		}
+	}
+	var a answer
+	waitFor(t, "a 503 at a, over its own 1", func() bool {
+		a = f.post("application/json", "?stage=a", `{"payload": "y"}`)
+		return a.code == 503
+	})
+	if !strings.Contains(a.err, `stage "a" has more than 1 pending messages`) {
+		t.Errorf("answer %+v; want a's own limit named", a)
+	}
+	if b := f.post("application/json", "?stage=b", `{"payload": "y"}`); b.code != 202 {
+		t.Fatalf("b with 5 pending, over [pepsi-ingress]'s 3 but within its own 6: %+v; want 202", b)
+	}
+	waitFor(t, "a 503 at b, over its own 6", func() bool {
+		a = f.post("application/json", "?stage=b", `{"payload": "y"}`)
+		return a.code == 503
+	})
+	if !strings.Contains(a.err, `stage "b" has more than 6 pending messages`) {
+		t.Errorf("answer %+v; want b's own limit named", a)
+	}
+}
+
+func TestAStagesOwnMaxPendingCountsWithoutIngressOne(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", func(o *ingress.Options) {
+		o.StageMaxPending = map[string]int64{"a": 2}
+		o.PendingInterval = 50 * time.Millisecond
+	})
+	f.post("application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 3))
+	waitFor(t, "a 503 at a, over its own 2", func() bool {
+		return f.post("application/json", "?stage=a", `{"payload": "y"}`).code == 503
+	})
+}
+
 // proxied starts an ingress whose database connections go through a fault
 // proxy.
 func proxied(t *testing.T, change func(*ingress.Options)) (*fixture, *netfault.Proxy) {

@@ -60,7 +60,10 @@ type Options struct {
 	Limits Limits
 	// MaxPending, when positive, refuses (503) requests for a stage with more
 	// pending messages, as last counted (every PendingInterval).
+	// StageMaxPending holds the stages' own MAX_PENDING, which wins over
+	// MaxPending for their stage (conf.Config.PendingLimitOf).
 	MaxPending      int64
+	StageMaxPending map[string]int64
 	PendingInterval time.Duration
 	// BatchMax, BatchWait, BatchIdle and Committers shape the group commit;
 	// a BatchIdle of 0 has a batch commit as soon as no other is in flight,
@@ -142,7 +145,8 @@ func tokenProblem(header []byte) string {
 	return "a token not in TOKENS_FILE"
 }
 
-// New starts a Server's committers (and, with MaxPending, its pending counts).
+// New starts a Server's committers (and, with a MAX_PENDING, its pending
+// counts).
 // Close stops them.
 func New(o Options) *Server {
 	if o.BatchMax <= 0 {
@@ -172,11 +176,33 @@ func New(o Options) *Server {
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	if o.MaxPending > 0 {
+	if s.countUpTo() > 0 {
 		s.wg.Add(1)
 		go s.countPending(ctx)
 	}
 	return s
+}
+
+// limitOf is the MAX_PENDING of stage: its own, or else [pepsi-ingress]'s; 0
+// for none.
+func (s *Server) limitOf(stage string) int64 {
+	if n := s.o.StageMaxPending[stage]; n > 0 {
+		return n
+	}
+	return s.o.MaxPending
+}
+
+// countUpTo is how far the pending counts must go: one past the largest
+// limit of any stage (0 when no stage has one).
+func (s *Server) countUpTo() int64 {
+	var most int64
+	for _, st := range s.o.Stages {
+		most = max(most, s.limitOf(st))
+	}
+	if most == 0 {
+		return 0
+	}
+	return most + 1
 }
 
 // Handle serves the Server's routes; HTTPServer's server calls it.
@@ -341,13 +367,11 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status)
 	if st := headerTrace(ctx, msgs); st != nil {
 		return nil, st
 	}
-	if s.o.MaxPending > 0 {
-		if counts := s.pending.Load(); counts != nil {
-			for _, m := range msgs {
-				if n := (*counts)[m.Stage]; n > s.o.MaxPending {
-					return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
-						Msg: "stage " + strconv.Quote(m.Stage) + " has more than " + strconv.FormatInt(s.o.MaxPending, 10) + " pending messages (MAX_PENDING); nothing of this request was committed"}
-				}
+	if counts := s.pending.Load(); counts != nil {
+		for _, m := range msgs {
+			if limit := s.limitOf(m.Stage); limit > 0 && (*counts)[m.Stage] > limit {
+				return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
+					Msg: "stage " + strconv.Quote(m.Stage) + " has more than " + strconv.FormatInt(limit, 10) + " pending messages (MAX_PENDING); nothing of this request was committed"}
 			}
 		}
 	}
@@ -411,8 +435,8 @@ func readBody(b []byte, r io.Reader, length, limit int64) ([]byte, error) {
 	}
 }
 
-// countPending reads the pending counts of every stage, at most
-// MaxPending + 1 each, every PendingInterval. Failing, it forgets them: the
+// countPending reads the pending counts of every stage, at most one past the
+// largest MAX_PENDING each (countUpTo), every PendingInterval. Failing, it forgets them: the
 // commits then tell whether the database is there.
 func (s *Server) countPending(ctx context.Context) {
 	defer s.wg.Done()
@@ -420,7 +444,7 @@ func (s *Server) countPending(ctx context.Context) {
 	defer t.Stop()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, s.o.PendingInterval+time.Second)
-		counts, err := store.On(s.o.Pool).CountPending(qctx, s.o.Stages, s.o.MaxPending+1)
+		counts, err := store.On(s.o.Pool).CountPending(qctx, s.o.Stages, s.countUpTo())
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {

@@ -156,10 +156,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	db, dbFrom := parsed.Database(log, *database, *configFile, cfg.Database)
 	c := config{ingress: in, database: db, dbFrom: dbFrom, stages: stages, grace: *grace, configFile: *configFile,
 		timeouts: ingress.Timeouts{ReadHeader: *readHeader, Read: *readAll, Write: *write, Idle: *idle},
-		o: ingress.Options{Stages: stages, MaxPending: in.MaxPending, PendingInterval: *pendingEach,
+		o: ingress.Options{Stages: stages, MaxPending: in.MaxPending, StageMaxPending: stageLimits(cfg), PendingInterval: *pendingEach,
 			Limits:   ingress.Limits{Body: in.MaxBody, Line: *lineMax, Messages: *msgsMax},
 			BatchMax: *batchMax, BatchWait: *batchWait, BatchIdle: *batchIdle, Committers: *committers, InFlightMax: *inFlight, Log: log}}
 	return serve(ctx, c, log, stderr, hup, ready)
+}
+
+// stageLimits are the stages' own MAX_PENDING, by stage (those that have one).
+func stageLimits(cfg *conf.Config) map[string]int64 {
+	out := map[string]int64{}
+	for _, s := range cfg.Stages {
+		if s.MaxPending > 0 {
+			out[s.Name] = s.MaxPending
+		}
+	}
+	return out
 }
 
 // readConfig reads the configuration file and the names of its stages; a file

@@ -1,7 +1,7 @@
 // Package dispatchmetrics exports a running pepsi-dispatch's own live state as
 // Prometheus metrics (pepsi-dispatch -metrics-addr): its workers per stage and
-// state, the messages in flight and claimed, spawn cooldowns, whether it is
-// active, and the Go runtime's and the process's metrics. What is in the
+// state, the messages in flight and claimed, spawn cooldowns, back-pressure
+// (stages held, stages over their MAX_PENDING), whether it is active, and the Go runtime's and the process's metrics. What is in the
 // database (queue depths, the flushed statistics) is pepsi-httpd's to export.
 //
 // It must never change the dispatcher's state: it only asks the dispatcher's
@@ -48,6 +48,12 @@ var (
 	descCooldown = prometheus.NewDesc("pepsi_dispatcher_spawn_cooldown_seconds",
 		"Seconds until the stage may start workers again after a program that could not start; 0 when it may.",
 		[]string{"stage"}, nil)
+	descHeld = prometheus.NewDesc("pepsi_dispatcher_stage_pressure_held",
+		"1 while nothing is claimed for the stage because the stage named by 'by', which it feeds, has more than its MAX_PENDING messages pending (back-pressure); exported only for a held stage.",
+		[]string{"stage", "by"}, nil)
+	descOver = prometheus.NewDesc("pepsi_dispatcher_stage_over_max_pending",
+		"1 if the last claim that checked the stage's MAX_PENDING found more messages pending, else 0; exported only for a stage with a MAX_PENDING.",
+		[]string{"stage"}, nil)
 	descDBDown = prometheus.NewDesc("pepsi_dispatcher_database_down",
 		"1 while the dispatcher waits for the database to come back, else 0.",
 		nil, nil)
@@ -68,7 +74,7 @@ func NewCollector(asks chan<- chan<- core.Snapshot) *Collector { return &Collect
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descActive, descWorkers, descInFlight, descClaimed, descCapacity,
-		descCooldown, descDBDown, descShuttingDown} {
+		descCooldown, descHeld, descOver, descDBDown, descShuttingDown} {
 		ch <- d
 	}
 }
@@ -95,6 +101,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descClaimed, float64(st.Claimed), st.Stage)
 		gauge(descCapacity, float64(st.Capacity), st.Stage)
 		gauge(descCooldown, max(st.CooldownUntil.Sub(s.At).Seconds(), 0), st.Stage)
+		if st.HeldBy != "" {
+			gauge(descHeld, 1, st.Stage, st.HeldBy)
+		}
+		if st.MaxPending > 0 {
+			gauge(descOver, b2f(st.OverMaxPending), st.Stage)
+		}
 	}
 }
 
