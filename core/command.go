@@ -278,13 +278,26 @@ type Release struct {
 //
 // Traces asks for every claimed row's trace context (Row.Trace, both parts),
 // whatever its stage's INPUT: the core reports passes (Pass, TracePasses).
+//
+// Holds name, for each stage that feeds a stage of Limits, that stage: the
+// claim first checks the limits as the transaction stands before it (after
+// its resolve), and takes no row for a stage one of whose Holds' By is over
+// its limit then, unless the stage is over its own. So a claim sent before
+// the core knew a stage was over gives its feeders nothing more once the
+// same transaction's moves took it over.
 type Claim struct {
 	Op          int64
 	Caps        []Cap
 	Exclude     []int64
 	ExcludeKeys []string
 	Limits      []Limit
+	Holds       []Hold
 	Traces      bool
+}
+
+// Hold says Stage feeds By, for Claim.Holds.
+type Hold struct {
+	Stage, By string
 }
 
 // Limit is a stage's MAX_PENDING, checked by a Claim (Claim.Limits). After
@@ -565,6 +578,9 @@ func (c Claim) String() string {
 		if l.After > 0 {
 			fmt.Fprintf(&b, ">%d", l.After)
 		}
+	}
+	for _, h := range c.Holds {
+		fmt.Fprintf(&b, " hold %s<-%s", h.Stage, h.By)
 	}
 	return b.String()
 }

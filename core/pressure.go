@@ -68,6 +68,18 @@ func (c *Core) limits(txn []Command) []Limit {
 	return out
 }
 
+// holds are the Claim.Holds of a claim that checks limits: every stage that
+// feeds a stage with a MAX_PENDING, with that stage.
+func (c *Core) holds() []Hold {
+	var out []Hold
+	for _, st := range c.stages {
+		for _, t := range st.pressure.feeds {
+			out = append(out, Hold{Stage: st.cfg.Name, By: t.cfg.Name})
+		}
+	}
+	return out
+}
+
 // anyOver reports whether some stage was over its MAX_PENDING at its last
 // check.
 func (c *Core) anyOver() bool {

@@ -417,7 +417,7 @@ func (c *Core) queueWork() {
 		if len(caps) > 0 || (c.checkDue && c.anyOver()) {
 			// What the core still holds once this transaction's resolve has run
 			// (every owed item is in it): the claim must not take it again.
-			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits, Traces: c.tracePasses})
+			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits, Holds: c.holds(), Traces: c.tracePasses})
 			c.claimGen = c.ingressGen
 			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now

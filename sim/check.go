@@ -1534,6 +1534,15 @@ func (w *world) pressureHolds(r *rule, x crossing) {
 				return
 			}
 		}
+		for s, ts := range w.feeds {
+			for _, t := range ts {
+				if !slices.Contains(c.Holds, core.Hold{Stage: w.sc.stages[s].name, By: w.sc.stages[t].name}) {
+					w.broke(r, "claim op=%d does not hold stage %s by stage %s, which it feeds: a claim sent before the core knew %s was over would still give %s rows once its own transaction took %s over",
+						c.Op, w.sc.stages[s].name, w.sc.stages[t].name, w.sc.stages[t].name, w.sc.stages[s].name, w.sc.stages[t].name)
+					return
+				}
+			}
+		}
 		for _, cp := range c.Caps {
 			s, ok := w.stageOf(cp.Stage)
 			if t, held := w.pressureHeld(s); ok && held && cp.N > 0 {

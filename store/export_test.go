@@ -14,6 +14,7 @@ const (
 	ResetOrphansSQL = resetOrphansSQL
 	WakeSQL         = wakeSQL
 	ResolveSQL      = resolveSQL
+	OverSQL         = overSQL
 )
 
 // ListenTimed is Listen with the given health-check timing, for the tests of a

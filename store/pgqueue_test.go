@@ -187,7 +187,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		// One row in 50 has an order key (100 keys): the keyed filter must
 		// not move the plan off the index either.
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 's' || (i %% 3), CASE WHEN i %% 50 = 0 THEN 'k' || (i %% 100) END FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[]) AS " + store.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -207,7 +207,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, after := range []string{"{0,0,0}", "{0,1000,100000}"} {
 				// Excluded: rows the dispatcher holds, some of them pending.
-				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true", strings.Join(stages, ","), capEach, capEach, capEach, after)
+				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true, '{}', '{}', '{}', '{}', '{}'", strings.Join(stages, ","), capEach, capEach, capEach, after)
 				plan := explain(t, conn, mode, "claim", args)
 				where := fmt.Sprintf("%s, %s, floors %s:\n%s", stats, mode, after, plan)
 				checkClaimPlan(t, plan, len(stages), capEach, where)
@@ -231,7 +231,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[]) AS " + store.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -239,7 +239,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	}
 	pages := func(after int64) float64 {
 		var blocks float64
-		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true", after))
+		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true, '{}', '{}', '{}', '{}', '{}'", after))
 		plan.walk(nil, func(n, _ *planNode) {
 			if n.IndexName == "queue_pending" {
 				blocks = n.SharedHit + n.SharedRead
@@ -253,6 +253,48 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	t.Logf("index pages read: %g from the start, %g above the floor", from, above)
 	if from < 200 || above > 10 {
 		t.Errorf("a claim from the start of the range read %g index pages, one above the floor %g; want over 200 and at most 10", from, above)
+	}
+}
+
+// TestClaimLimitsCostTheirMax checks that a claim's back-pressure counts
+// (core.Claim.Limits) walk queue_pending and stop one past each limit, before
+// and after the claim, whatever the backlog: a limit of 100 behind 100,000
+// pending rows reads 101 index entries each time.
+func TestClaimLimitsCostTheirMax(t *testing.T) {
+	t.Parallel()
+	const backlog, limit = 100_000, 100
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	for _, sql := range []string{
+		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT CASE WHEN i %% 2 = 0 THEN 'f' ELSE 'x' END FROM generate_series(1, %d) i", backlog),
+		"ANALYZE pepsi.queue",
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimSQL,
+		"PREPARE over(text[], bigint[], bigint[]) AS " + store.OverSQL,
+	} {
+		if _, err := conn.Exec(t.Context(), sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	for _, c := range []struct{ name, args string }{
+		{"claim", fmt.Sprintf("'{f}', '{16}', '{0}', '{}', '{}', 0, '{}', false, '{x}', '{%d}', '{0}', '{f}', '{x}'", limit)},
+		{"over", fmt.Sprintf("'{x}', '{%d}', '{0}'", limit)},
+	} {
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			plan := explain(t, conn, mode, c.name, c.args)
+			counted := false
+			plan.walk(nil, func(n, _ *planNode) {
+				if n.RelationName == "queue" && strings.Contains(n.NodeType, "Seq Scan") {
+					t.Errorf("%s, %s: a %s on queue", c.name, mode, n.NodeType)
+				}
+				if n.IndexName == "queue_pending" && n.ActualLoops == 1 && n.ActualRows == limit+1 {
+					counted = true
+				}
+			})
+			if !counted {
+				t.Errorf("%s, %s: no walk of queue_pending that stops at %d rows:\n%v", c.name, mode, limit+1, plan)
+			}
+		}
 	}
 }
 
@@ -273,8 +315,8 @@ func checkClaimPlan(t *testing.T, plan *planNode, nStages, capEach int, where st
 		if n.NodeType == "Sort" && n.ActualRows > float64(nStages*(capEach+1)) {
 			t.Errorf("plan sorts %g rows, more than the %d claimed and the stages with more; %s", n.ActualRows, nStages*capEach, where)
 		}
-		if n.IndexName != "queue_pending" {
-			return
+		if n.IndexName != "queue_pending" || n.ActualLoops == 0 {
+			return // (the count of the limits, with none, never runs)
 		}
 		pendingScans++
 		parentType := "nothing"

@@ -242,10 +242,32 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // this pass, a hash of the claim's updated_at) for the stages in $5, whose
 // lines carry it, and, with $8 (core.Claim.Traces), for every stage, beside
 // the message's own.
+//
+// Back-pressure (core.Claim.Holds): a stage of $12 whose stage of $13 (at the
+// same index) has more pending rows than its limit ($9, $10 above $11: the
+// claim's Limits) as the transaction stands before this claim takes nothing,
+// unless it is over its own limit; its cap counts as 0 (its walk still peeks
+// one row, for More). The counts are overSQL's, and cost nothing without
+// limits.
 const claimSQL = `
-WITH picked AS (
-	SELECT c.stage, greatest(c.n, 0) AS n, p.ingress_id
+WITH over AS (
+	SELECT l.stage
+	FROM unnest($9::text[], $10::bigint[], $11::bigint[]) AS l(stage, max, after)
+	WHERE (SELECT count(*) FROM (
+		SELECT 1 FROM pepsi.queue q
+		WHERE q.status = 'pending' AND q.stage >= l.stage AND q.stage <= l.stage AND q.ingress_id > l.after
+		ORDER BY q.stage, q.ingress_id
+		LIMIT l.max + 1) s) > l.max
+), capped AS (
+	SELECT c.stage, c.after,
+		CASE WHEN c.stage NOT IN (SELECT stage FROM over) AND EXISTS (
+			SELECT 1 FROM unnest($12::text[], $13::text[]) AS h(stage, by)
+			WHERE h.stage = c.stage AND h.by IN (SELECT stage FROM over))
+		THEN 0 ELSE greatest(c.n, 0) END AS n
 	FROM unnest($1::text[], $2::int[], $3::bigint[]) AS c(stage, n, after)
+), picked AS (
+	SELECT c.stage, c.n, p.ingress_id
+	FROM capped c
 	CROSS JOIN LATERAL (
 		SELECT q.ingress_id FROM pepsi.queue q
 		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
@@ -256,7 +278,7 @@ WITH picked AS (
 		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = q.order_key AND o.ingress_id < q.ingress_id
 		                       AND o.status = 'blocked')))
 		ORDER BY q.stage, q.ingress_id
-		LIMIT greatest(c.n, 0) + 1
+		LIMIT c.n + 1
 	) p
 ), found AS (
 	SELECT stage, count(*) > max(n) AS more, max(ingress_id) AS peeked FROM picked GROUP BY stage
@@ -345,6 +367,10 @@ func claim(c core.Claim) statement {
 	for i, l := range c.Limits {
 		limitStages[i], limitMax[i], limitAfter[i] = l.Stage, max(l.Max, 0), max(l.After, 0)
 	}
+	holdStages, holdBy := make([]string, len(c.Holds)), make([]string, len(c.Holds))
+	for i, h := range c.Holds {
+		holdStages[i], holdBy[i] = h.Stage, h.By
+	}
 	for i, cp := range c.Caps {
 		stages[i] = cp.Stage
 		caps[i] = int32(min(max(cp.N, 0), 1<<30))
@@ -367,7 +393,8 @@ func claim(c core.Claim) statement {
 			if excludeKeys == nil {
 				excludeKeys = []string{} // NULL would make "NOT IN" match nothing
 			}
-			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys, c.Traces)
+			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys, c.Traces,
+				limitStages, limitMax, limitAfter, holdStages, holdBy)
 			if len(c.Limits) > 0 {
 				b.Queue(overSQL, limitStages, limitMax, limitAfter)
 			}

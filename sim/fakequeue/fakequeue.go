@@ -578,8 +578,9 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 }
 
 // claim takes up to each cap's N pending rows of its stage above its floor,
-// the excluded ones aside, and names the stages where one more was there;
-// then it names the stages of its limits with more than their Max pending.
+// the excluded ones aside (none for a stage its holds hold, as the limits
+// stand before it), and names the stages where one more was there; then it
+// names the stages of its limits with more than their Max pending.
 func (q *Queue) claim(c core.Claim) core.Event {
 	if q.epoch == "" {
 		q.epochN++
@@ -587,7 +588,11 @@ func (q *Queue) claim(c core.Claim) core.Event {
 	}
 	var rows []core.Row
 	var more []string
+	before := q.over(c.Limits)
 	for _, cp := range c.Caps {
+		if held(cp.Stage, c.Holds, before) {
+			cp.N = 0 // held by a stage its transaction took over its limit
+		}
 		n := 0
 		for _, r := range q.rows {
 			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) && q.claimable(r, c.ExcludeKeys) {
@@ -612,6 +617,15 @@ func (q *Queue) claim(c core.Claim) core.Event {
 	slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
 	slices.Sort(more)
 	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled(), More: more, Over: q.over(c.Limits)}
+}
+
+// held reports whether stage feeds a stage of over (holds) and is not in over
+// itself.
+func held(stage string, holds []core.Hold, over []string) bool {
+	if slices.Contains(over, stage) {
+		return false
+	}
+	return slices.ContainsFunc(holds, func(h core.Hold) bool { return h.Stage == stage && slices.Contains(over, h.By) })
 }
 
 // over names the stages of limits with more than their Max rows pending

@@ -250,6 +250,8 @@ var mutants = []mutant{
 		"if c.heldBy(st) != nil {\n\t\t\t\tn = 0", "if false {\n\t\t\t\tn = 0"),
 	mut("pressure-move-claims-past-hold", "pressure-holds", "a move to a held stage claims its row there: the held stage claims by moving",
 		"if st.rate != nil || !st.dry || c.heldBy(st) != nil {", "if st.rate != nil || !st.dry {"),
+	mut("pressure-holds-omitted", "pressure-holds", "claims do not say which stages feed which, so a claim gives a feeder rows although its own transaction's moves took the stage it feeds over its limit",
+		"Limits: limits, Holds: c.holds(),", "Limits: limits,"),
 	mut("pressure-limits-unchecked", "pressure-holds", "claims never check the MAX_PENDING limits, so no stage is ever found over its limit",
 		"limits := c.limits(txn)", "limits := []Limit(nil)"),
 	mut("pressure-never-released", "pressure-held-only-while-over", "a stage found over its limit stays so for the core: the stages that feed it are held for good",

@@ -16,6 +16,7 @@ var pressureTests = []conformanceTest{
 	{"ClaimCountsALimitAboveItsFloorOnly", testClaimOverFloor},
 	{"ClaimWithLimitsAndNoCapsOnlyChecks", testClaimOverOnly},
 	{"ClaimCountsWhatTheResolveBeforeItLeftPending", testClaimOverAfterResolve},
+	{"ClaimTakesNothingForAStageItsHoldsFindOverBeforeIt", testClaimHolds},
 }
 
 // claimLimits runs one Claim of caps checking limits.
@@ -94,5 +95,34 @@ func testClaimOverAfterResolve(t *testing.T, h Harness) {
 	// b: 1 + 2 moved = 3 pending, 1 claimed: 2 > 1.
 	if len(got.Rows) != 1 || !slices.Equal(got.Over, []string{"b"}) {
 		t.Fatalf("claim = %v, over %v; want one row and b over (2 left pending > 1)", got.Rows, got.Over)
+	}
+}
+
+// testClaimHolds: a cap of a stage whose Hold names a stage over its limit as
+// the transaction stands before the claim takes nothing (and the stage is
+// named in More, its rows still pending); a stage over its own limit is not
+// held; a stage within its limit before the claim does not hold, though the
+// claim's Over reports what it left.
+func testClaimHolds(t *testing.T, h Harness) {
+	f := h.Insert(t, "f", 2)
+	h.Insert(t, "x", 2)
+	hold := []core.Hold{{Stage: "f", By: "x"}}
+	got := exec(t, h, core.Claim{Op: 42, Caps: []core.Cap{{Stage: "f", N: 2}, {Stage: "x", N: 1}},
+		Limits: []core.Limit{{Stage: "x", Max: 1}}, Holds: hold}, func(e core.Claimed) (int64, string) { return e.Op, e.Err })
+	// x: 2 pending before (over 1): f held; x's own claim takes one, leaving 1.
+	if len(got.Rows) != 1 || got.Rows[0].Stage != "x" || !slices.Contains(got.More, "f") || len(got.Over) != 0 {
+		t.Fatalf("claim = %v, more %v, over %v; want x's row only, more at f (held), nothing over after", got.Rows, got.More, got.Over)
+	}
+	for _, id := range f {
+		if _, status, _, _, _ := h.Row(t, id); status != core.StatusPending {
+			t.Errorf("row %d of held stage f is %s, want pending", id, status)
+		}
+	}
+	// f over its own limit of 1: not held, whatever x is.
+	h.Insert(t, "x", 1)
+	got = exec(t, h, core.Claim{Op: 42, Caps: []core.Cap{{Stage: "f", N: 2}},
+		Limits: []core.Limit{{Stage: "f", Max: 1}, {Stage: "x", Max: 1}}, Holds: hold}, func(e core.Claimed) (int64, string) { return e.Op, e.Err })
+	if len(got.Rows) != 2 || !slices.Equal(got.Over, []string{"x"}) {
+		t.Fatalf("claim = %v, over %v; want f's 2 rows (over its own limit: never held), x over", got.Rows, got.Over)
 	}
 }
