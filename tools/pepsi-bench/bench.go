@@ -83,6 +83,9 @@ type stageConfig struct {
 	parallelism, queueLimit, maxMessages int
 	// rate is every stage's RATE ("" for none).
 	rate string
+	// maxPending is the MAX_PENDING of every stage but the first (0 for
+	// none): the pressured configuration.
+	maxPending int
 	// keyed: every message has an order key of its own (the keyed
 	// configuration), so each hop pays for ordering per key, and none waits.
 	keyed bool
@@ -100,6 +103,12 @@ type stageConfig struct {
 // pipeline here passes, so it never holds a stage back and the run measures
 // what the rate's bookkeeping costs.
 const ratedRate = "1000000"
+
+// pressuredMaxPending is the MAX_PENDING of the pressured configuration's
+// stages b and c: each claim checks both limits (walking up to 101 entries
+// of the pending index, twice), and a stage that falls behind by more holds
+// the one before it.
+const pressuredMaxPending = 100
 
 // defaultsConfig is pepsi.conf's defaults (docs/pepsi.conf.5.md).
 var defaultsConfig = stageConfig{name: "defaults", parallelism: 4, queueLimit: 4, maxMessages: 1000}

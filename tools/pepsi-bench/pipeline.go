@@ -63,6 +63,9 @@ func (b *bench) confText(v variant, statsInterval string) string {
 		if v.cfg.rate != "" {
 			text += "RATE = " + v.cfg.rate + "\n"
 		}
+		if v.cfg.maxPending > 0 && st != stageA {
+			text += "MAX_PENDING = " + strconv.Itoa(v.cfg.maxPending) + "\n"
+		}
 	}
 	return text
 }

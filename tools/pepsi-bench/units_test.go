@@ -125,6 +125,15 @@ func TestModesAndConfigsAreParsedInOrder(t *testing.T) {
 	if text := b.confText(variant{mode: modeWrite, cfg: rated}, "60"); strings.Count(text, "RATE = "+ratedRate+"\n") != 3 {
 		t.Errorf("the rated configuration's pepsi.conf does not set RATE on its three stages:\n%s", text)
 	}
+	pressured := cfg
+	pressured.name, pressured.maxPending = "pressured", pressuredMaxPending
+	if cs, err := parseConfigs("pressured", cfg, 1000, 1000000); err != nil || len(cs) != 1 || cs[0] != pressured {
+		t.Errorf("parseConfigs(\"pressured\") = %v, %v; want bench with MAX_PENDING %d", cs, err, pressuredMaxPending)
+	}
+	if text := b.confText(variant{mode: modeWrite, cfg: pressured}, "60"); strings.Count(text, "MAX_PENDING = 100\n") != 2 ||
+		strings.Index(text, "MAX_PENDING") < strings.Index(text, "[stage-"+stageB+"]") {
+		t.Errorf("the pressured configuration's pepsi.conf does not set MAX_PENDING on stages b and c only:\n%s", text)
+	}
 	for _, bad := range []string{"", "write,", "Write"} {
 		if _, err := parseModes(bad); err == nil {
 			t.Errorf("parseModes(%q) = nil error, want one", bad)
