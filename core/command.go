@@ -80,12 +80,14 @@ type Item struct {
 	// pending, and its Outcome reports it running and Matched; the core then
 	// holds it for To as if a Claim had returned it. LineMax is set with Claim
 	// when To's INPUT is message: the Outcome then also carries the row's
-	// state and payload (Outcome.Message), read as Cap.LineMax says.
+	// state and payload (Outcome.Message), read as Cap.LineMax says. A keyed
+	// message's move claims only if no older message of its key is
+	// unfinished; else it is written pending at To, as without Claim.
 	Claim   bool
 	LineMax int
 	// Key is the message's order key ("" for none), as its claim read it: the
-	// core releases the key once the item is resolved (see Release). The
-	// statement itself does not use it.
+	// release that follows the resolve needs it (see Release). The statement
+	// itself reads the row's own order_key (for Claim).
 	Key string
 
 	// The item's row in pepsi.history, written by the same statement, only
@@ -236,20 +238,33 @@ type Cap struct {
 // (docs/protocol.md, "Ordering per key"): if no worker holds a message of the
 // key, its oldest unfinished message becomes its head (blocked -> pending, or
 // paused while its timeout is still ahead) and any other of its messages that
-// is not blocked becomes blocked. The core sends it after every pass of a keyed
-// message, in the transaction that resolves it, after the Resolve (and the
-// start-up reset releases every key: ResetOrphans.ReleaseKeys). It never
-// waits for a producer: a key whose lock a producer holds (one may be inserting
-// a row of that key that this release would not see) is reported busy and
-// released again later. Answered by Released.
+// is not blocked becomes blocked. The core sends it in the transaction that
+// resolves a keyed message's pass, after the Resolve, for the key of a pass
+// that may have ended its message's turn (a failure, a timeout, a move to
+// done, a bare 0: Keys), and for the key of any other pass only if an older
+// message of the key is unfinished (Behind: an operator retried one while
+// this pass ran, and the key must go to it). So a message that only moves on
+// costs its key two index probes, not a release (the start-up reset releases
+// every key: ResetOrphans.ReleaseKeys). It never waits for a producer: a key
+// whose lock a producer holds (one may be inserting a row of that key that
+// this release would not see) is reported busy and released again later.
+// Answered by Released.
 //
 // With All it also releases every key that has blocked messages: the core
 // sends it once ingress has settled past the start-up reset (see
 // OrphansReset.Seq).
 type Release struct {
-	Op   int64
-	Keys []string
-	All  bool
+	Op     int64
+	Keys   []string
+	Behind []KeyAt
+	All    bool
+}
+
+// KeyAt is a message of an order key, for Release.Behind: its key is
+// released only if a message of the key older than ID is unfinished.
+type KeyAt struct {
+	Key string
+	ID  int64
 }
 
 // Claim moves pending rows to running, for each stage up to its cap, in
@@ -586,6 +601,16 @@ func (c Claim) String() string {
 }
 func (c Release) String() string {
 	s := fmt.Sprintf("release op=%d keys=%s", c.Op, formatKeys(c.Keys))
+	if len(c.Behind) > 0 {
+		s += " behind=["
+		for i, k := range c.Behind {
+			if i > 0 {
+				s += " "
+			}
+			s += fmt.Sprintf("%s@%d", strconv.Quote(k.Key), k.ID)
+		}
+		s += "]"
+	}
 	if c.All {
 		s += " all"
 	}

@@ -179,7 +179,8 @@ type Claimed struct {
 // Move: false is a guard miss).
 //
 // For an item with Claim that Matched, the row is running at the item's To
-// (moved and claimed in one write), and Attempts is its attempts column; with
+// (moved and claimed in one write; or pending there, unclaimed, for a keyed
+// message with an older message of its key unfinished), and Attempts is its attempts column; with
 // the item's LineMax, Message is its state (after the patch) and payload, read
 // as a Claim reads them (Row.Message). A running outcome that did not match is
 // a row a commit changed during the statement (see Resolve).

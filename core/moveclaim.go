@@ -115,20 +115,23 @@ func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
 // movesBlocked names the stages to which no move of items may claim: one an
 // item gives a row back to (a requeue), or one a move goes to that may leave
 // its row pending there uncounted (a re-sent item whose first send may have
-// applied, a row a late commit changed), or that a keyed message moves to: it
-// becomes pending there and its key's release decides whether it is the
-// key's next (an operator may have made an older message of its key the
-// head), so it never claims with its move, and no younger move may claim
-// past it (docs/protocol.md, "Ordering per key"). One pass, so that a resolve of n
+// applied, a row a late commit changed). One pass, so that a resolve of n
 // items costs n, not n² (a stage of PARALLELISM 16 and QUEUE_LIMIT 1000 sends
 // resolves of thousands).
+//
+// A keyed message's move claims like any other: the statement claims it only
+// if no older message of its key is unfinished (an operator may have retried
+// one), and otherwise leaves it pending, for the release that follows in the
+// same transaction to put behind the older one (Release.Behind); a younger
+// move may then claim past it, as a claim walks past a message waiting
+// behind its key (docs/protocol.md, "Ordering per key").
 func movesBlocked(items []Item, unsure map[int64]bool, races map[int64]int) map[string]bool {
 	blocked := map[string]bool{}
 	for _, it := range items {
 		switch {
 		case it.Verdict == Requeue:
 			blocked[it.Stage] = true
-		case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0 || it.Key != ""):
+		case it.Verdict == Move && (unsure[it.ID] || races[it.ID] > 0):
 			blocked[it.To] = true
 		}
 	}
@@ -164,7 +167,7 @@ func (c *Core) movedClaimed(it Item, o Outcome) {
 	var line string
 	if st.cfg.Input == conf.InputMessage {
 		var why string
-		line, why = MessageLine(Row{ID: o.ID, Stage: st.cfg.Name, Attempts: o.Attempts, Message: o.Message, Trace: o.Trace}, c.cfg.LineMax)
+		line, why = MessageLine(Row{ID: o.ID, Stage: st.cfg.Name, Attempts: o.Attempts, Key: it.Key, Message: o.Message, Trace: o.Trace}, c.cfg.LineMax)
 		if why != "" {
 			c.owe(Item{ID: o.ID, Stage: st.cfg.Name, Verdict: Fail, Reason: why})
 			return

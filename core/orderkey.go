@@ -15,10 +15,13 @@ import (
 //     message of a key the core holds (Claim.ExcludeKeys), and a claimed row of a
 //     key already held (only a writer outside the rules can make two of a key
 //     pending) is requeued at once, unhanded;
-//   - after every pass of a keyed message the core releases its key in the
-//     transaction that resolves the pass (Release), which hands the key to its
-//     oldest unfinished message: the next one once this one has finished, or an
-//     older one an operator retried meanwhile;
+//   - after a pass that may end a keyed message's turn (it failed, timed
+//     out, moved to done, or its stage wrote its own transition) the core
+//     releases its key in the transaction that resolves the pass (Release),
+//     which hands the key to its oldest unfinished message; after any other
+//     pass only if an older message of the key is unfinished (an operator
+//     retried it meanwhile: Release.Behind), so a message that moves on keeps
+//     its key without a release, and its move may claim at its target;
 //   - a key whose lock a producer held is released again every LookEvery until
 //     it is taken, so a key's next message never waits for the heartbeat;
 //   - the keys of the running rows a reset makes pending are released (an
@@ -76,16 +79,26 @@ func (c *Core) heldKeys() []string {
 }
 
 // releaseFor is the Release the step's transaction carries, if any: the keys of
-// the items its resolve ends the passes of, and the owed keys (with any
-// transaction, or on their own once due).
+// the items whose passes may have ended their messages' turns (endsTurn), the
+// keys of the other keyed items if an older message of theirs is unfinished
+// (Release.Behind), and the owed keys (with any transaction, or on their own
+// once due). The statement skips a Behind whose row is running (a move that
+// claimed it found no older message of its key unfinished, and a held key
+// cannot be handed on anyway), so what a keyed hop that moves and claims costs
+// is one look-up of its row.
 func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
 	var keys []string
+	var behind []KeyAt
 	for _, it := range items {
-		if it.Key != "" {
+		switch {
+		case it.Key == "":
+		case endsTurn(it):
 			keys = append(keys, it.Key)
+		default:
+			behind = append(behind, KeyAt{Key: it.Key, ID: it.ID})
 		}
 	}
-	if len(c.keys.owed) > 0 && (others || len(keys) > 0 || !c.now.Before(c.keys.owedAt)) {
+	if len(c.keys.owed) > 0 && (others || len(keys)+len(behind) > 0 || !c.now.Before(c.keys.owedAt)) {
 		for k := range c.keys.owed {
 			keys = append(keys, k)
 		}
@@ -94,13 +107,44 @@ func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
 	if c.keys.allAt > 0 && c.settled >= c.keys.allAt {
 		c.keys.all, c.keys.allAt = true, 0
 	}
-	if len(keys) == 0 && !c.keys.all {
+	if len(keys)+len(behind) == 0 && !c.keys.all {
 		return Release{}, false
 	}
 	slices.Sort(keys)
 	all := c.keys.all
 	c.keys.all = false
-	return Release{Op: c.nextOpID(), Keys: slices.Compact(keys), All: all}, true
+	return Release{Op: c.nextOpID(), Keys: slices.Compact(keys), Behind: behind, All: all}, true
+}
+
+// endsTurn reports whether item it may end its message's turn of its key: a
+// failure, a timeout, a move to done, or a bare 0 (the stage wrote its own
+// transition, which may have finished the row). Any other verdict leaves the
+// message unfinished, its key's oldest: its key needs no release unless an
+// operator made an older message unfinished again (Release.Behind), or its
+// resolve finds the row finished after all (see keyOutcome).
+func endsTurn(it Item) bool {
+	switch it.Verdict {
+	case Fail, TimeOut, Answered:
+		return true
+	case Move:
+		return it.To == TargetDone
+	}
+	return false
+}
+
+// keyOutcome takes the outcome of a keyed item whose key its transaction did
+// not release (see endsTurn): a row another writer finished while the item
+// was decided (a stage's late commit, a guard miss), or that vanished, owes
+// its key a release, now.
+func (c *Core) keyOutcome(it Item, o Outcome) {
+	if it.Key == "" || endsTurn(it) {
+		return
+	}
+	switch o.Status {
+	case StatusPending, StatusRunning, StatusPaused:
+		return
+	}
+	c.oweRelease([]string{it.Key}, c.now)
 }
 
 // released takes a Release's result: a pending head is claimed like any
@@ -110,7 +154,11 @@ func (c *Core) released(e Released) {
 	cmd := c.result(e.Op, e.Err).(Release)
 	if e.Err != "" {
 		// Applied or not, releasing again is harmless: owe every key again.
-		c.oweRelease(cmd.Keys, c.now.Add(LookEvery))
+		keys := slices.Clone(cmd.Keys)
+		for _, k := range cmd.Behind {
+			keys = append(keys, k.Key)
+		}
+		c.oweRelease(keys, c.now.Add(LookEvery))
 		c.keys.all = c.keys.all || cmd.All
 		return
 	}

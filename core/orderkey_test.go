@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // insertKeyed commits one producer transaction per key, in order, each
@@ -108,6 +109,71 @@ func TestABusyReleaseIsMadeAgainAfterALook(t *testing.T) {
 	}
 	if got := handed(append(cmds, w.step()...)); !slices.Equal(got, []int64{late}) {
 		t.Fatalf("handed %v after the second release, want [%d]", got, late)
+	}
+}
+
+// Proves: a keyed message that moves on keeps its key without a release: its
+// move claims at the next stage like any other (one write, no claim of its
+// own), its transaction's release only asks whether an older message of the
+// key is unfinished (Release.Behind, which the statement skips for a row that
+// is running: the move claimed it), and the key goes to its next
+// message once the message is done, by the release the resolve of that pass
+// carries.
+func TestAKeyedMoveClaimsAndKeepsItsKey(t *testing.T) {
+	w := newWorld(t, threeStages)
+	k := w.insertKeyed("a", "k", "k")
+	w.step(core.Start{})
+	cmds := w.answer(workerHolding(t, w, k[0]), "", "", "0 >b")
+	res := one[core.Resolve](t, cmds)
+	if len(res.Items) != 1 || !res.Items[0].Claim {
+		t.Fatalf("the keyed move to b does not claim: %v", res)
+	}
+	rel := one[core.Release](t, cmds)
+	if len(rel.Keys) != 0 || !slices.Equal(rel.Behind, []core.KeyAt{{Key: "k", ID: k[0]}}) {
+		t.Fatalf("the move's release is %v, want no key released and k asked about behind message %d", rel, k[0])
+	}
+	w.wantRow(k[0], "b", core.StatusRunning)
+	w.wantRow(k[1], "a", core.StatusBlocked)
+	if got := handed(append(cmds, w.step()...)); !slices.Equal(got, []int64{k[0]}) {
+		t.Fatalf("after the move handed %v, want [%d] at b (the key's next waits)", got, k[0])
+	}
+	cmds = w.doneThrough(k[0])
+	if rel := one[core.Release](t, cmds); !slices.Equal(rel.Keys, []string{"k"}) {
+		t.Fatalf("the done message's release is %v, want key k released", rel)
+	}
+	if got := handed(append(cmds, w.step()...)); !slices.Equal(got, []int64{k[1]}) {
+		t.Fatalf("after message %d was done, handed %v, want [%d]", k[0], got, k[1])
+	}
+}
+
+// Proves: an operator's retry of an older message of a key while a worker
+// holds a younger one makes the older one the key's next: the younger one's
+// move does not claim (the statement finds the older one unfinished and
+// leaves it pending), and the release in the same transaction, asked whether
+// an older message of the key is unfinished, hands the key to the older one,
+// which is handed before the younger one goes on.
+func TestAKeyedMoveYieldsToAnOlderMessageAnOperatorRetried(t *testing.T) {
+	w := newWorld(t, threeStages)
+	k := w.insertKeyed("a", "k", "k")
+	w.step(core.Start{})
+	w.answer(workerHolding(t, w, k[0]), "", "", "1 boom")
+	w.wantRow(k[0], "a", core.StatusFailed)
+	w.step()
+	w.wantRow(k[1], "a", core.StatusRunning)
+	if n, err := w.q.Retry(t.Context(), store.RetryParams{ID: k[0], Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("operator's retry of %d: %d rows, %v", k[0], n, err)
+	}
+	w.wantRow(k[0], "a", core.StatusBlocked) // behind the held younger one
+	cmds := w.answer(workerHolding(t, w, k[1]), "", "", "0 >b")
+	if res := one[core.Resolve](t, cmds); !res.Items[0].Claim {
+		t.Fatalf("the younger message's move does not try to claim: %v", res)
+	}
+	if rel := one[core.Release](t, cmds); !slices.Equal(rel.Behind, []core.KeyAt{{Key: "k", ID: k[1]}}) {
+		t.Fatalf("the move's release is %v, want k asked about behind message %d", rel, k[1])
+	}
+	w.wantRow(k[1], "b", core.StatusBlocked)
+	if got := handed(append(cmds, w.step()...)); !slices.Equal(got, []int64{k[0]}) {
+		t.Fatalf("handed %v, want the retried older message [%d] first", got, k[0])
 	}
 }
 

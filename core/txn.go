@@ -240,6 +240,7 @@ func (c *Core) resolved(e Resolved) {
 		if it.Verdict != Requeue && o.Stage != it.Stage && o.Status == StatusPending {
 			c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on (pressure.go)
 		}
+		c.keyOutcome(it, o)
 		if it.Verdict == Move && !o.Matched && !unsure && !raced {
 			// (After a lost reply the first send may have written it: no miss then.)
 			c.stat(it.Stage).GuardMisses++
@@ -278,8 +279,8 @@ func (c *Core) resolved(e Resolved) {
 			c.nextPaused = earliest(c.nextPaused, o.Timeout)
 			c.txnPaused = earliest(c.txnPaused, o.Timeout)
 		case StatusBlocked:
-			// A keyed message an operator's retry put behind an older one of
-			// its key: the release that follows decides.
+			// A keyed message a release put behind an older one of its key
+			// (keyOutcome owes the key a release, which decides).
 		case "":
 			c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
 		default:

@@ -575,9 +575,7 @@ func chooseFractions(c chooser, sc *Scenario) {
 // keep every earlier choice; and one scenario in three has them, so that the
 // others play as they did before this chapter.
 func chooseKeys(c chooser, sc *Scenario) {
-	if sc.shuffle || c.intn("keys", 0, 2) < 2 {
-		// (Not with the arrival-order chapter: a keyed move never claims, so
-		// keys would hide the order of moves that claim, which it draws.)
+	if c.intn("keys", 0, 2) < 2 {
 		return
 	}
 	n := 1 + c.intn("keys.count", 0, 1)

@@ -13,7 +13,7 @@ import (
 // statement is one queue command as SQL: what it adds to the step's batch, how
 // its results become the command's result event, and that event when the
 // transaction failed. Each command is one statement (a Claim three, four
-// with limits to check), so a step of
+// with limits to check; a Release two), so a step of
 // any size is still one round trip.
 type statement struct {
 	name   string
@@ -103,9 +103,45 @@ func resetOrphans(c core.ResetOrphans) statement {
 	}
 }
 
-// releaseSQL hands each key of $1 to its oldest unfinished message, never
-// waiting for a producer's lock (pepsi.order_release, schema 12; core.Release).
-const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout FROM pepsi.order_release($1::text[], false)`
+// releaseLockSQL tries the locks of the keys of a Release ($1 and $2) before
+// releaseSQL runs, in a statement of its own: releaseSQL's snapshot is then
+// taken with them held, so it sees every producer of those keys that held
+// the lock before, and none can insert a row of them until the transaction
+// ends. A key whose lock a producer holds is left to pepsi.order_release,
+// which reports it busy.
+const releaseLockSQL = `SELECT bool_and(pg_try_advisory_xact_lock(1885696107, x.b))
+FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM unnest($1::text[] || $2::text[]) AS u(k)) x`
+
+// releaseSQL hands keys to their oldest unfinished messages, never waiting
+// for a producer's lock (pepsi.order_release, schema 12; core.Release): each
+// key of $1 that has an unfinished message (a key whose last message just
+// finished has none, and needs nothing), and each key $2[i] that has an
+// unfinished message older than $3[i] (core.Release.Behind), unless row $3[i]
+// is running (a move claimed it: its key is held, nothing can be handed on;
+// the "IS TRUE" spelling keeps the planner on the primary key, as in
+// resolveSQL); and every key
+// whose lock a producer holds, which pepsi.order_release reports busy. So the
+// keys that need nothing cost two index probes each (one per partial index
+// of schema 12, each stopping at the key's first entry), not a release. With
+// releaseAll, also every key that has blocked messages (core.Release.All).
+const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout FROM pepsi.order_release(ARRAY(
+	SELECT u.k FROM unnest($1::text[]) AS u(k)
+	WHERE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(u.k))
+	   OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = u.k AND o.status IN ('pending', 'running', 'paused'))
+	   OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = u.k AND o.status = 'blocked')
+	UNION ALL
+	SELECT b.k FROM unnest($2::text[], $3::bigint[]) AS b(k, id)
+	WHERE NOT EXISTS (SELECT 1 FROM pepsi.queue r WHERE r.ingress_id = b.id AND (r.status = 'running') IS TRUE)
+	  AND (NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(b.k))
+	       OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = b.k AND o.ingress_id < b.id
+	                  AND o.status IN ('pending', 'running', 'paused'))
+	       OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = b.k AND o.ingress_id < b.id
+	                  AND o.status = 'blocked'))`
+
+// releaseAll ends releaseSQL for a Release with All.
+const releaseAll = `
+	UNION ALL
+	SELECT pepsi.order_blocked_keys()`
 
 // releaseAllSQL releases every key that has blocked messages: the start-up
 // reset's (core.ResetOrphans.ReleaseKeys). pepsi.order_blocked_keys finds them
@@ -123,20 +159,26 @@ const lastIDSQL = `SELECT CASE WHEN EXISTS (
 	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ) THEN coalesce(pg_sequence_last_value(pg_get_serial_sequence('pepsi.queue', 'ingress_id')::regclass), 0) ELSE 0 END`
 
-// releaseWithAllSQL is releaseSQL for the keys of $1 and every key that has
-// blocked messages (core.Release.All).
-const releaseWithAllSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout
-FROM pepsi.order_release(ARRAY(SELECT unnest($1::text[]) UNION SELECT pepsi.order_blocked_keys()), false)`
-
 func release(c core.Release) statement {
 	sql := releaseSQL
 	if c.All {
-		sql = releaseWithAllSQL
+		sql += releaseAll
+	}
+	sql += "\n), false)"
+	keys, ids := make([]string, len(c.Behind)), make([]int64, len(c.Behind))
+	for i, k := range c.Behind {
+		keys[i], ids[i] = k.Key, k.ID
 	}
 	return statement{
-		name:  "release",
-		queue: func(b *pgx.Batch) { b.Queue(sql, c.Keys) },
+		name: "release",
+		queue: func(b *pgx.Batch) {
+			b.Queue(releaseLockSQL, c.Keys, keys)
+			b.Queue(sql, c.Keys, keys, ids)
+		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
+			if _, err := br.Exec(); err != nil {
+				return nil, fmt.Errorf("lock the keys: %w", err)
+			}
 			heads, busy, err := readRelease(br)
 			if err != nil {
 				return nil, err
@@ -492,7 +534,10 @@ func readTrace(trace, pass *string) core.Trace {
 //     the item's timeout; the patch, if any, merged into state (state || patch);
 //     with the item's claim ($9, core.Item.Claim) running at the target stage
 //     instead of pending (a move that claims: the dispatcher holds it for that
-//     stage from here, and the hop costs one row version, not two);
+//     stage from here, and the hop costs one row version, not two), but a
+//     keyed row only if no older message of its key is unfinished (the two
+//     probes the claim makes: an operator may have retried one, which must go
+//     first; the release after the resolve then puts this one behind it);
 //   - retry (an answer 75 with retries left): paused with the item's timeout,
 //     attempts + 1, the reason in state.dispatch_error.
 //
@@ -559,7 +604,13 @@ WITH item AS (
 	           WHEN o.stage <> item.stage THEN 'pending'
 	           WHEN item.verdict = 'move' THEN
 	               CASE item.target WHEN 'done' THEN 'done' WHEN 'paused' THEN 'paused'
-	                   ELSE CASE WHEN item.claim THEN 'running' ELSE 'pending' END END
+	                   ELSE CASE WHEN NOT item.claim THEN 'pending'
+	                             WHEN o.order_key IS NULL THEN 'running'
+	                             WHEN EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key = o.order_key AND x.ingress_id < o.ingress_id
+	                                          AND x.status IN ('pending', 'running', 'paused'))
+	                               OR EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key = o.order_key AND x.ingress_id < o.ingress_id
+	                                          AND x.status = 'blocked') THEN 'pending'
+	                             ELSE 'running' END END
 	           WHEN item.verdict = 'fail' THEN 'failed'
 	           WHEN item.verdict = 'timeout' THEN 'timeout'
 	           WHEN item.verdict = 'answered' THEN CASE WHEN item.epoch_ok THEN 'failed' ELSE 'pending' END
@@ -588,18 +639,18 @@ WITH item AS (
 			WHEN d.verdict = 'move' AND d.target NOT IN ('done', 'paused') AND d.target <> q.stage THEN 0
 			ELSE q.attempts
 		END,
-		traceparent = CASE WHEN d.matched AND d.claim AND q.traceparent IS NULL
+		traceparent = CASE WHEN d.matched AND d.to_status = 'running' AND q.traceparent IS NULL
 			THEN pepsi.fresh_traceparent(q.ingress_id, d.target, now()) ELSE q.traceparent END,
 		updated_at = now()
 	FROM decided d
 	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
 	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched,
-		d.matched AND d.claim AS claimed, q.attempts,
-		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN q.state::text END AS msg_state,
-		CASE WHEN d.matched AND d.claim AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
-		CASE WHEN d.matched AND d.claim AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload,
-		CASE WHEN d.matched AND d.claim AND $18::bool THEN q.traceparent END AS trace,
-		CASE WHEN d.matched AND d.claim AND (d.line_max > 0 OR $18::bool)
+		d.matched AND d.to_status = 'running' AS claimed, q.attempts,
+		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.state::text END AS msg_state,
+		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
+		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload,
+		CASE WHEN d.matched AND d.to_status = 'running' AND $18::bool THEN q.traceparent END AS trace,
+		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool)
 		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace
 ), result AS (
 	SELECT item.*,

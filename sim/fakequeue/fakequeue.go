@@ -497,7 +497,7 @@ func (q *Queue) write(r *Row, it core.Item) {
 				r.Attempts = 0
 			}
 			r.Stage, r.Status = it.To, core.StatusPending
-			if it.Claim {
+			if it.Claim && !q.behindKey(r) {
 				r.Status = core.StatusRunning // a move that claims
 			}
 		}
@@ -649,7 +649,8 @@ func (q *Queue) over(limits []core.Limit) []string {
 // resolve writes each item under its guard (status running at the item's
 // stage), reporting every row as it is after, or as a racing commit left it.
 // A move with Claim that matches writes the row running at its target and
-// reports it as a claim would (its attempts, and its message with LineMax).
+// reports it as a claim would (its attempts, and its message with LineMax),
+// unless an older message of its key is unfinished: then it is pending there.
 func (q *Queue) resolve(c core.Resolve) core.Event {
 	out := make([]core.Outcome, 0, len(c.Items))
 	for _, it := range c.Items {
@@ -692,7 +693,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 		if r.Status == core.StatusPaused {
 			o.Timeout = r.Timeout
 		}
-		if matched && it.Claim {
+		if matched && it.Claim && r.Status == core.StatusRunning {
 			// Moved and claimed: read as a claim reads the row.
 			o.Attempts = r.Attempts
 			if it.LineMax > 0 {

@@ -116,15 +116,19 @@ func (q *Queue) claimable(r *Row, excludeKeys []string) bool {
 	if r.Key == "" {
 		return true
 	}
-	if slices.Contains(excludeKeys, r.Key) {
-		return false
-	}
-	for _, o := range q.keyRows(r.Key) {
-		if o.ID < r.ID {
-			return false
-		}
-	}
-	return true
+	return !slices.Contains(excludeKeys, r.Key) && !q.behindKey(r)
+}
+
+// behindKey reports whether keyed row r has an older unfinished row of its
+// key (a row with no key never has).
+func (q *Queue) behindKey(r *Row) bool {
+	return r.Key != "" && q.olderUnfinished(r.Key, r.ID)
+}
+
+// olderUnfinished reports whether a row of key older than id is unfinished.
+func (q *Queue) olderUnfinished(key string, id int64) bool {
+	rows := q.keyRows(key)
+	return len(rows) > 0 && rows[0].ID < id
 }
 
 // release is pepsi.order_release: each key, in sorted order, is handed to
@@ -243,7 +247,12 @@ func (q *Queue) blockedKeys() []string {
 }
 
 func (q *Queue) releaseCmd(c core.Release) core.Event {
-	keys := c.Keys
+	keys := slices.Clone(c.Keys)
+	for _, b := range c.Behind {
+		if r := q.row(b.ID); (r == nil || r.Status != core.StatusRunning) && q.olderUnfinished(b.Key, b.ID) {
+			keys = append(keys, b.Key)
+		}
+	}
 	if c.All {
 		keys = append(slices.Clone(keys), q.blockedKeys()...)
 	}

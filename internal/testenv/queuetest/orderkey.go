@@ -35,6 +35,9 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"ReleaseOfAKeyAProducerHoldsIsBusy", testKeyReleaseBusy},
 		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
 		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
+		{"AKeyedMoveClaimsOnlyWhenNoOlderMessageOfItsKeyIsUnfinished", testKeyMoveClaim},
+		{"ReleaseBehindReleasesAKeyOnlyWhenAnOlderMessageOfItIsUnfinished", testKeyReleaseBehind},
+		{"ReleaseReportsAHeadThatWasPendingAlready", testKeyReleaseReportsPendingHead},
 		{"TheStartUpResetReleasesEveryKeyWithBlockedRows", testKeyResetReleases},
 		{"TheStartUpResetSaysHowFarIdsWentWhileAKeyedProducerIsInFlight", testKeyResetSeq},
 		{"ReleaseAllReleasesEveryKeyWithBlockedRows", testKeyReleaseAll},
@@ -181,6 +184,60 @@ func testKeyRetryWhileHeld(t *testing.T, h KeyedHarness) {
 	if !slices.Equal(got, []int64{old}) {
 		t.Fatalf("claim took %v, want [%d] (the key's oldest, not the younger one it overtook)", got, old)
 	}
+}
+
+func testKeyMoveClaim(t *testing.T, h KeyedHarness) {
+	old := failHead(t, h, "k")
+	young := h.InsertKeyed(t, "a", "k")
+	other := h.InsertKeyed(t, "a", "j")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+	}
+	claiming := func(id int64) core.Item {
+		it := move(id, "a", "b")
+		it.Claim = true
+		return it
+	}
+	out := resolve(t, h, claiming(young), claiming(other))
+	if o := out[0]; o.Status != core.StatusPending || o.Stage != "b" || !o.Matched {
+		t.Fatalf("the move that claims of row %d, behind the retried older row %d of its key, = %+v; want pending at b, matched", young, old, o)
+	}
+	if o := out[1]; o.Status != core.StatusRunning || o.Stage != "b" || !o.Matched {
+		t.Fatalf("the move that claims of row %d, the oldest of its key, = %+v; want running at b, matched", other, o)
+	}
+}
+
+func testKeyReleaseBehind(t *testing.T, h KeyedHarness) {
+	old := failHead(t, h, "k")
+	young := h.InsertKeyed(t, "a", "k")
+	head := h.InsertKeyed(t, "a", "j")
+	next := h.InsertKeyed(t, "a", "j")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+	}
+	resolve(t, h, move(young, "a", "b"), move(head, "a", "b"))
+	r := exec(t, h, core.Release{Op: 42, Behind: []core.KeyAt{{Key: "k", ID: young}, {Key: "j", ID: head}}},
+		func(e core.Released) (int64, string) { return e.Op, e.Err })
+	if len(r.Busy) != 0 || len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: old, Stage: "a", Status: core.StatusPending}) {
+		t.Fatalf("release behind k@%d and j@%d = %v, want only k released, its retried row %d the head", young, head, r, old)
+	}
+	wantRow(t, h, young, "b", core.StatusBlocked)
+	wantRow(t, h, head, "b", core.StatusPending) // the oldest of j: nothing older, no release
+	wantRow(t, h, next, "a", core.StatusBlocked)
+}
+
+func testKeyReleaseReportsPendingHead(t *testing.T, h KeyedHarness) {
+	a := h.InsertKeyed(t, "a", "k")
+	b := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	resolve(t, h, core.Item{ID: a, Stage: "a", Verdict: core.Requeue})
+	r := release(t, h, "k")
+	if len(r.Busy) != 0 || len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: a, Stage: "a", Status: core.StatusPending}) {
+		t.Fatalf("release of k, its head %d pending already = %v; want the head reported (its claim may have stepped over it)", a, r)
+	}
+	wantRow(t, h, b, "a", core.StatusBlocked)
 }
 
 func testKeyResetReleases(t *testing.T, h KeyedHarness) {

@@ -1,0 +1,63 @@
+-- PEPSI schema, version 18: pepsi.order_release reports a key's head whenever
+-- nothing holds the key and its head is pending or paused, not only when the
+-- release itself unblocked it. The dispatcher's claims look above a floor
+-- (docs/durability.md, "Claims look above a floor") and step over a keyed row
+-- whose key it holds; a head that was already pending (made so by an
+-- operator's own SQL, or left pending by a move that found an older message
+-- of its key unfinished) could sit below that floor, and a release that
+-- reported nothing left it there until the next full look. Reported, the
+-- dispatcher lowers the floor below it. Nothing else changes.
+CREATE OR REPLACE FUNCTION pepsi.order_release(keys text[], wait boolean)
+RETURNS TABLE (order_key text, busy boolean, ingress_id bigint, stage text, status text, timeout timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+    head record;
+    held boolean;
+BEGIN
+    FOR k IN SELECT u.k FROM (SELECT DISTINCT u0.k FROM unnest(keys) AS u0(k) WHERE u0.k IS NOT NULL) u
+             ORDER BY pepsi.order_bucket(u.k), u.k LOOP
+        IF wait THEN
+            PERFORM pg_advisory_xact_lock(1885696107, pepsi.order_bucket(k));
+        ELSIF NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(k)) THEN
+            order_key := k; busy := true; ingress_id := NULL; stage := NULL; status := NULL; timeout := NULL;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        SELECT q.ingress_id, q.stage, q.status, q.timeout INTO head FROM (
+            (SELECT q1.ingress_id, q1.stage, q1.status, q1.timeout FROM pepsi.queue q1
+             WHERE q1.order_key = k AND q1.status IN ('pending', 'running', 'paused')
+             ORDER BY q1.ingress_id LIMIT 1)
+            UNION ALL
+            (SELECT q2.ingress_id, q2.stage, q2.status, q2.timeout FROM pepsi.queue q2
+             WHERE q2.order_key = k AND q2.status = 'blocked'
+             ORDER BY q2.ingress_id LIMIT 1)
+        ) q ORDER BY q.ingress_id LIMIT 1;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+        held := EXISTS (SELECT 1 FROM pepsi.queue q WHERE q.order_key = k
+                        AND q.status = 'running' AND q.ingress_id <> head.ingress_id);
+        -- Every message of the key that is neither the head nor held waits
+        -- blocked (normally there is none: this walks only live rows).
+        UPDATE pepsi.queue q SET status = 'blocked', updated_at = now(),
+               timeout = CASE WHEN q.status = 'paused' THEN q.timeout END
+        WHERE q.order_key = k AND q.status IN ('pending', 'paused')
+          AND (q.ingress_id <> head.ingress_id OR held);
+        IF held THEN
+            CONTINUE;
+        END IF;
+        IF head.status = 'blocked' THEN
+            RETURN QUERY
+            UPDATE pepsi.queue q SET updated_at = now(),
+                   status = CASE WHEN q.timeout > now() THEN 'paused' ELSE 'pending' END
+            WHERE q.ingress_id = head.ingress_id AND q.status = 'blocked'
+            RETURNING q.order_key, false, q.ingress_id, q.stage, q.status, q.timeout;
+        ELSIF head.status IN ('pending', 'paused') THEN
+            order_key := k; busy := false; ingress_id := head.ingress_id; stage := head.stage;
+            status := head.status; timeout := head.timeout;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END
+$$;
