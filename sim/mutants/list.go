@@ -321,7 +321,7 @@ var mutants = []mutant{
 	mut("look-backs-off", "no-wait-for-heartbeat", "while its Rest waits for the gate the core looks again after a pause that doubles up to RestRetryMax, so a producer holding its transaction open holds back the others' rows for up to a second",
 		"\tc.lookAbove()\n\tc.lookAt = c.now.Add(LookEvery)\n}", "\tc.lookAbove()\n\tc.lookAt = c.now.Add(min(RestRetryMax, max(LookEvery, 2*c.now.Sub(c.lastClaim))))\n}"),
 	// A move that claims (core/moveclaim.go).
-	mut("move-claim-without-room", "move-claims", "a move claims its row at the next stage whether or not the stage has room",
+	mut("move-claim-without-room", "claim-bounds", "a move claims its row at the next stage whether or not the stage has room (the stage then holds more than its capacity; rule move-claims saw it first before the history and back-pressure scenarios)",
 		"if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {", "if !c.mayClaimMoves(st, blocked) {"),
 	mut("move-claim-not-reserved", "claim-bounds", "the room a move that claims takes is not reserved: the same transaction's claim asks for it too",
 		"\t\tst.reserved++\n", ""),
