@@ -103,6 +103,20 @@ type history struct {
 	through, from, next time.Time
 }
 
+// hold is a message the core now holds, claimed (or moved and claimed) in
+// the claim of crash-sentinel epoch with the attempts and trace context that
+// claim read, and its line (INPUT = message; "" for none or not yet built):
+// its pass begins (holdPass), and its trace is kept while the core reports
+// passes (TracePasses).
+func (c *Core) hold(id int64, epoch string, attempts int, t Trace, line string) msg {
+	c.holdPass(id, attempts)
+	m := msg{id: id, epoch: epoch, attempts: attempts, line: line}
+	if c.tracePasses {
+		m.trace, m.claimed = t, c.now
+	}
+	return m
+}
+
 // holdPass notes a message the core now holds (claimed, or moved and
 // claimed), with the attempts its claim read.
 func (c *Core) holdPass(id int64, attempts int) {

@@ -173,10 +173,5 @@ func (c *Core) movedClaimed(it Item, o Outcome) {
 			return
 		}
 	}
-	c.holdPass(o.ID, o.Attempts)
-	m := msg{id: o.ID, epoch: c.epoch, attempts: o.Attempts, line: line}
-	if c.tracePasses {
-		m.trace, m.claimed = o.Trace, c.now
-	}
-	st.backlog = append(st.backlog, m)
+	st.backlog = append(st.backlog, c.hold(o.ID, c.epoch, o.Attempts, o.Trace, line))
 }

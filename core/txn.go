@@ -148,11 +148,7 @@ func (c *Core) claimed(e Claimed) {
 		assert(st != nil, "claimed row %d at unknown stage %q", r.ID, r.Stage)
 		got[r.Stage]++
 		reach[r.Stage] = max(reach[r.Stage], r.ID)
-		m := msg{id: r.ID, epoch: e.Epoch, attempts: r.Attempts}
-		c.holdPass(r.ID, r.Attempts)
-		if c.tracePasses {
-			m.trace, m.claimed = r.Trace, c.now
-		}
+		m := c.hold(r.ID, e.Epoch, r.Attempts, r.Trace, "")
 		if other, ok := c.holdKey(r.ID, r.Key); !ok {
 			// Two messages of one key pending at once: a writer outside the
 			// rules (the release that follows puts the key in order again).

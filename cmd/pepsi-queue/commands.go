@@ -20,7 +20,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/pepsi-pipeline/pepsi/core"
-	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -121,17 +120,8 @@ EXAMPLES
 			if err != nil {
 				return err
 			}
-			if *orderKey != "" {
-				if err := msgjson.CheckOrderKey(*orderKey); err != nil {
-					return usagef("enqueue", "-order-key: %v", err)
-				}
-				src = keyed{source: src, key: *orderKey}
-			}
-			if *traceParent != "" {
-				if err := msgjson.CheckTraceParent(*traceParent); err != nil {
-					return usagef("enqueue", "-traceparent: %v", err)
-				}
-				src = traced{source: src, tp: *traceParent}
+			if src, err = givenToAll(src, *orderKey, *traceParent); err != nil {
+				return err
 			}
 			if *batch <= 0 || *batch > queueadmin.EnqueueBatchMax {
 				return usagef("enqueue", "-batch %d: want 1 to %d", *batch, queueadmin.EnqueueBatchMax)

@@ -106,6 +106,25 @@ func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{Payload: m.Payload, State: m.State, OrderKey: m.OrderKey, TraceParent: m.TraceParent}, err
 }
 
+// givenToAll gives src's messages the order key and the traceparent given
+// by -order-key and -traceparent ("" for none), checked; a message's own
+// wins.
+func givenToAll(src source, orderKey, traceParent string) (source, error) {
+	if orderKey != "" {
+		if err := msgjson.CheckOrderKey(orderKey); err != nil {
+			return nil, usagef("enqueue", "-order-key: %v", err)
+		}
+		src = keyed{source: src, key: orderKey}
+	}
+	if traceParent != "" {
+		if err := msgjson.CheckTraceParent(traceParent); err != nil {
+			return nil, usagef("enqueue", "-traceparent: %v", err)
+		}
+		src = traced{source: src, tp: traceParent}
+	}
+	return src, nil
+}
+
 // traced gives src's messages traceparent tp, but for a message that has
 // its own (an NDJSON line's traceparent).
 type traced struct {

@@ -172,32 +172,42 @@ func Parse(text []byte, f Fields) (Message, error) {
 		}
 		m.Stage = *obj.Stage
 	}
+	if err := m.keys(f, obj.Key, obj.OrderKey, obj.TraceParent); err != nil {
+		return m, err
+	}
 	var err error
-	if obj.Key != nil {
-		if m.Key, err = checkKey("key", *obj.Key, KeyMax); err != nil {
-			return m, err
-		}
-	}
-	if obj.OrderKey != nil {
-		most := OrderKeyMax
-		if f.Line {
-			most = len(*obj.OrderKey)
-		}
-		if m.OrderKey, err = checkKey("order_key", *obj.OrderKey, most); err != nil {
-			return m, err
-		}
-	}
-	if obj.TraceParent != nil {
-		if err := CheckTraceParent(*obj.TraceParent); err != nil {
-			return m, err
-		}
-		m.TraceParent = *obj.TraceParent
-	}
 	if m.Payload, err = payload(obj.Payload, obj.PayloadBase64, f); err != nil {
 		return m, err
 	}
 	m.State, err = state(obj.State)
 	return m, err
+}
+
+// keys checks and sets the key, order key and traceparent fields (nil for
+// absent) of a message read with f.
+func (m *Message) keys(f Fields, key, orderKey, traceParent *string) error {
+	var err error
+	if key != nil {
+		if m.Key, err = checkKey("key", *key, KeyMax); err != nil {
+			return err
+		}
+	}
+	if orderKey != nil {
+		most := OrderKeyMax
+		if f.Line {
+			most = len(*orderKey)
+		}
+		if m.OrderKey, err = checkKey("order_key", *orderKey, most); err != nil {
+			return err
+		}
+	}
+	if traceParent != nil {
+		if err := CheckTraceParent(*traceParent); err != nil {
+			return err
+		}
+		m.TraceParent = *traceParent
+	}
+	return nil
 }
 
 // CheckOrderKey checks an order key a producer gives outside a message's

@@ -267,7 +267,7 @@ var mutants = []mutant{
 	mut("retry-limit-off-by-one", "item-verdict", "a message is retried RETRY_LIMIT + 1 times",
 		"if head.attempts >= st.cfg.RetryLimit {", "if head.attempts > st.cfg.RetryLimit {"),
 	mut("retry-attempts-not-claimed", "item-verdict", "the attempts a row was claimed with are dropped, so the limit is never reached",
-		"m := msg{id: r.ID, epoch: e.Epoch, attempts: r.Attempts}", "m := msg{id: r.ID, epoch: e.Epoch}"),
+		"m := msg{id: id, epoch: epoch, attempts: attempts, line: line}", "m := msg{id: id, epoch: epoch, line: line}"),
 	mut("retry-delay-not-doubled", "retry-backoff", "every retry waits RETRY_DELAY",
 		"for i := 0; i < attempts && d < max; i++ {", "for i := 0; i < 0 && d < max; i++ {"),
 	mut("retry-delay-uncapped", "retry-backoff", "the doubled delay ignores RETRY_DELAY_MAX",
