@@ -2,6 +2,8 @@ package ingress
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pepsi-pipeline/pepsi/internal/tracing"
 )
 
 // metrics are pepsi-ingress's Prometheus metrics, in a registry of their own
@@ -16,7 +18,7 @@ type metrics struct {
 	commitSeconds prometheus.Histogram
 }
 
-func newMetrics() *metrics {
+func newMetrics(traces *tracing.Exporter) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -45,5 +47,14 @@ func newMetrics() *metrics {
 	}
 	m.requests202 = m.requests.WithLabelValues("202")
 	m.reg.MustRegister(m.requests, m.accepted, m.batchMessages, m.batchRequests, m.commitSeconds)
+	if traces != nil {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pepsi_ingress_spans_dropped_total",
+			Help: "Spans of requests dropped because the trace exporter's queue was full (a collector slow or gone); only while tracing is on.",
+		}, func() float64 { return float64(traces.Dropped()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pepsi_ingress_span_export_errors_total",
+			Help: "Errors the trace exporter reported (failed exports); only while tracing is on.",
+		}, func() float64 { return float64(traces.Failed()) }))
+	}
 	return m
 }

@@ -33,6 +33,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/tracing"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -82,6 +83,10 @@ type Options struct {
 	RefusedLogEvery time.Duration
 	// Log gets one line per refused request (never a payload) and per fault.
 	Log *slog.Logger
+	// Traces, when not nil, exports a span per request to /v1/messages,
+	// whose traceparent the request's messages without one of their own
+	// take (docs/pepsi-ingress.8.md, TRACES). Nil: off.
+	Traces *tracing.Exporter
 }
 
 // Server handles pepsi-ingress's requests: POST /v1/messages, GET /healthz and
@@ -167,7 +172,7 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{o: o, known: map[string]bool{}, m: newMetrics(),
+	s := &Server{o: o, known: map[string]bool{}, m: newMetrics(o.Traces),
 		slots: make(chan struct{}, o.InFlightMax)}
 	for _, st := range o.Stages {
 		s.known[st] = true
@@ -256,9 +261,11 @@ func (s *Server) Close() {
 
 // messages is POST /v1/messages.
 func (s *Server) messages(ctx *fasthttp.RequestCtx) {
+	span := s.o.Traces.StartRequest(string(ctx.Request.Header.Peek("traceparent")), "POST", "/v1/messages")
 	body := bodies.Get().(*[]byte)
-	ids, st := s.take(ctx, body)
+	ids, st := s.take(ctx, body, span)
 	s.answer(ctx, ids, st)
+	span.End(ctx.Response.StatusCode(), len(ids))
 	// The messages may point into the body; nothing reads them once their
 	// commit is answered.
 	if cap(*body) <= bodyPooledMax {
@@ -326,7 +333,7 @@ func appendIDs(b []byte, ids []int64) []byte {
 }
 
 // take checks, reads and commits one request; it reads the body into *body.
-func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status) {
+func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte, span *tracing.Request) ([]int64, *Status) {
 	if !ctx.IsPost() {
 		return nil, statusf(http.StatusMethodNotAllowed, "want POST")
 	}
@@ -364,7 +371,7 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status)
 	if st != nil {
 		return nil, st
 	}
-	if st := headerTrace(ctx, msgs); st != nil {
+	if st := headerTrace(ctx, msgs, span.TraceParent()); st != nil {
 		return nil, st
 	}
 	if counts := s.pending.Load(); counts != nil {
@@ -379,18 +386,24 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte) ([]int64, *Status)
 }
 
 // headerTrace gives the request's W3C traceparent header, if it has one, to
-// each of msgs that has no traceparent field (docs/pepsi-ingress.8.md). A
-// header that is not a version 00 traceparent is a 400, as a bad field is:
-// the producer asked for a trace it would not get. tracestate is not kept
-// (the queue has no column for it).
-func headerTrace(ctx *fasthttp.RequestCtx, msgs []msgjson.Message) *Status {
+// each of msgs that has no traceparent field (docs/pepsi-ingress.8.md); or,
+// when the request has a span (spanTP, "" for none), the span's traceparent,
+// a child of the header. A header that is not a version 00 traceparent is a
+// 400, as a bad field is: the producer asked for a trace it would not get.
+// tracestate is not kept (the queue has no column for it).
+func headerTrace(ctx *fasthttp.RequestCtx, msgs []msgjson.Message, spanTP string) *Status {
 	h := ctx.Request.Header.Peek("traceparent")
-	if h == nil {
-		return nil
-	}
 	tp := string(h)
-	if err := msgjson.CheckTraceParent(tp); err != nil {
-		return statusf(http.StatusBadRequest, "header %v; nothing of this request was committed", err)
+	if h != nil {
+		if err := msgjson.CheckTraceParent(tp); err != nil {
+			return statusf(http.StatusBadRequest, "header %v; nothing of this request was committed", err)
+		}
+	}
+	if spanTP != "" {
+		tp = spanTP
+	}
+	if tp == "" {
+		return nil
 	}
 	for i := range msgs {
 		if msgs[i].TraceParent == "" {

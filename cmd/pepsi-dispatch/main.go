@@ -17,6 +17,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/internal/tracing"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
 	"github.com/pepsi-pipeline/pepsi/shell/dispatchmetrics"
 )
@@ -100,8 +101,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer stop(log)
 	}
 	opts := dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log}
+	traces, err := tracing.New(context.Background(), "pepsi-dispatch", log)
+	if err != nil {
+		log.Error("cannot export traces", "err", err)
+		return dispatch.ExitUsage
+	}
+	if traces != nil {
+		opts.Traces = traces
+		defer traces.Close()
+		log.Info("exporting traces (OpenTelemetry environment)", "service", "pepsi-dispatch")
+	}
 	if *metrics != "" {
-		asks, stopMetrics, err := serveMetrics(*metrics, log)
+		asks, stopMetrics, err := serveMetrics(*metrics, traces, log)
 		if err != nil {
 			log.Error("cannot serve metrics", "err", err)
 			return dispatch.ExitFatal
@@ -173,14 +184,18 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 // serveMetrics serves the dispatcher's live state as Prometheus metrics on
 // addr until stop is called. The collector asks the dispatcher through asks
 // (dispatch.Options.Snapshots).
-func serveMetrics(addr string, log *slog.Logger) (asks chan chan<- core.Snapshot, stop func(), err error) {
+func serveMetrics(addr string, traces *tracing.Exporter, log *slog.Logger) (asks chan chan<- core.Snapshot, stop func(), err error) {
 	ln, err := dispatchmetrics.Listen(addr)
 	if err != nil {
 		return nil, nil, err
 	}
 	asks = make(chan chan<- core.Snapshot)
 	ctx, stop := context.WithCancel(context.Background())
-	go dispatchmetrics.Serve(ctx, ln, dispatchmetrics.NewCollector(asks), log)
+	c := dispatchmetrics.NewCollector(asks)
+	if traces != nil {
+		c.Spans = traces
+	}
+	go dispatchmetrics.Serve(ctx, ln, c, log)
 	log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	return asks, stop, nil
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/internal/tracing"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -219,6 +220,14 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 		return fail("%s", oneLine(err))
 	}
 	defer pool.Close()
+	traces, err := tracing.New(ctx, "pepsi-ingress", log)
+	if err != nil {
+		return fail("traces: %v", err)
+	}
+	if traces != nil {
+		defer traces.Close()
+		c.o.Traces = traces
+	}
 	srv := ingress.New(c.o.WithPool(pool))
 	ln, err := net.Listen("tcp", c.ingress.Listen)
 	if err != nil {

@@ -68,6 +68,16 @@ type Options struct {
 	// WorkerEnv is the stage programs' base environment (default: the
 	// dispatcher's own). Tests use it to give workers a database address.
 	WorkerEnv []string
+	// Traces, if not nil, is handed every pass the core reports (core.Pass,
+	// which the core then sends: Core.TracePasses), from the loop: it must
+	// not wait (internal/tracing's exporter queues it, or drops it and
+	// counts). Nil: traces are off, and the core reports no pass.
+	Traces PassTracer
+}
+
+// PassTracer takes the passes the core reports, for traces.
+type PassTracer interface {
+	Pass(core.Pass)
 }
 
 // Run runs the dispatcher until it has shut down after a signal (or ctx ends,

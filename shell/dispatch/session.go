@@ -306,6 +306,9 @@ func (s *session) offLoop(ev core.Event) {
 // carries out the commands it answers, until the core exits or the lock is lost.
 func (s *session) loop() sessionResult {
 	s.core = core.New(s.o.Config)
+	if s.o.Traces != nil {
+		s.core.TracePasses()
+	}
 	s.timer = time.NewTimer(time.Hour)
 	s.timer.Stop()
 	// The seed of the core's jitter (retry delays) is random: nothing needs to
@@ -380,6 +383,8 @@ func (s *session) execute(cmds []core.Command, pending []core.Event) ([]core.Eve
 		case core.Rest, core.Busy:
 			s.log.Debug("gate", "command", cmd.String())
 			s.gate.Do(cmd)
+		case core.Pass:
+			s.o.Traces.Pass(x)
 		case core.Log:
 			s.log.Log(s.ctx, level(x.Level), x.Msg)
 		case core.Exit:

@@ -60,11 +60,27 @@ var (
 	descShuttingDown = prometheus.NewDesc("pepsi_dispatcher_shutting_down",
 		"1 once a shutdown has begun, else 0.",
 		nil, nil)
+	descSpansDropped = prometheus.NewDesc("pepsi_dispatch_spans_dropped_total",
+		"Spans of passes dropped because the trace exporter's queue was full (a collector slow or gone); only while tracing is on.",
+		nil, nil)
+	descSpanErrors = prometheus.NewDesc("pepsi_dispatch_span_export_errors_total",
+		"Errors the trace exporter reported (failed exports); only while tracing is on.",
+		nil, nil)
 )
 
 // Collector asks a dispatcher's loop for its state at each scrape.
 type Collector struct {
 	asks chan<- chan<- core.Snapshot
+	// Spans, if not nil, counts the trace exporter's dropped spans and
+	// failed exports (internal/tracing's Exporter), sent whether or not
+	// the loop answers.
+	Spans SpanCounter
+}
+
+// SpanCounter counts what a trace exporter could not export.
+type SpanCounter interface {
+	Dropped() uint64
+	Failed() uint64
 }
 
 // NewCollector returns a Collector that sends its requests on asks, the
@@ -74,7 +90,7 @@ func NewCollector(asks chan<- chan<- core.Snapshot) *Collector { return &Collect
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descActive, descWorkers, descInFlight, descClaimed, descCapacity,
-		descCooldown, descHeld, descOver, descDBDown, descShuttingDown} {
+		descCooldown, descHeld, descOver, descDBDown, descShuttingDown, descSpansDropped, descSpanErrors} {
 		ch <- d
 	}
 }
@@ -82,6 +98,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect asks for a snapshot and sends its metrics; without an answer within
 // askTimeout it sends only pepsi_dispatcher_active 0.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.Spans != nil {
+		ch <- prometheus.MustNewConstMetric(descSpansDropped, prometheus.CounterValue, float64(c.Spans.Dropped()))
+		ch <- prometheus.MustNewConstMetric(descSpanErrors, prometheus.CounterValue, float64(c.Spans.Failed()))
+	}
 	s, ok := c.ask()
 	if !ok {
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, 0)

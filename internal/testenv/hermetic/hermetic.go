@@ -3,7 +3,9 @@
 // test with a database has it), its init removes from the process environment
 // every PG* variable (libpq's and pgx's: PGHOST, PGPORT, PGSSLMODE, ...) and
 // every PEPSI_* variable except PEPSI_TEST_* (PEPSI_DATABASE, PEPSI_LOG_FORMAT,
-// PEPSI_MAX_RUNTIME, ...), before any test runs. Without it a PEPSI_DATABASE
+// PEPSI_MAX_RUNTIME, ...), and every OTEL_* variable (OpenTelemetry's: an
+// exported OTEL_EXPORTER_OTLP_ENDPOINT would make every program a test starts
+// export traces), before any test runs. Without it a PEPSI_DATABASE
 // the caller exported (as the README invites for the demo) would win over a
 // test's own database in every program and worker the test starts, and a
 // PGHOST would redirect what a URL leaves out.
@@ -44,12 +46,12 @@ func init() {
 }
 
 // foreign reports whether the variable called name is one a test must not
-// inherit from its caller: PG* or PEPSI_* but not PEPSI_TEST_*.
+// inherit from its caller: PG*, OTEL_* or PEPSI_* but not PEPSI_TEST_*.
 func foreign(name string) bool {
 	switch {
 	case strings.HasPrefix(name, "PEPSI_TEST_"):
 		return false
-	case strings.HasPrefix(name, "PEPSI_"), strings.HasPrefix(name, "PG"):
+	case strings.HasPrefix(name, "PEPSI_"), strings.HasPrefix(name, "PG"), strings.HasPrefix(name, "OTEL_"):
 		return true
 	}
 	return false

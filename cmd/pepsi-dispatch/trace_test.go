@@ -1,0 +1,348 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/otlpreceiver"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+)
+
+// filter is a stage of INPUT = message in sh: it keeps each line it reads in
+// DIR/lines-STAGE and answers the move to its next stage (a to b, b to done).
+const filter = `#!/bin/sh
+while IFS= read -r line; do
+	printf '%s\n' "$line" >> "@DIR@/lines-$PEPSI_STAGE"
+	case "$PEPSI_STAGE" in a) echo "0 >b" ;; *) echo "0 >done" ;; esac
+done
+`
+
+// pipeline writes the configuration of a two-stage pipeline of filters on
+// the database url into dir, and returns its file.
+func pipeline(t *testing.T, dir, url string) string {
+	t.Helper()
+	prog := filepath.Join(dir, "filter")
+	if err := os.WriteFile(prog, []byte(strings.ReplaceAll(filter, "@DIR@", dir)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "pepsi.conf")
+	text := fmt.Sprintf("[pepsi]\nDATABASE = %s\n[pepsi-dispatch]\nPOLL_INTERVAL = 1\n"+
+		"[stage-a]\nPROGRAM = %s\nINPUT = message\nQUEUE_LIMIT = 8\n[stage-b]\nPROGRAM = %s\nINPUT = message\nQUEUE_LIMIT = 8\n", url, prog, prog)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return conf
+}
+
+// daemon is a running program of the test; its standard error is in log.
+type daemon struct {
+	cmd  *exec.Cmd
+	log  *lockedbuf.Buffer
+	done chan struct{}
+}
+
+// run starts path with args and the extra environment env; it is killed
+// when the test ends, if it still runs. The line on its standard error that
+// contains ready, if not "", is waited for and returned.
+func run(t *testing.T, path string, env []string, ready string, args ...string) (*daemon, string) {
+	t.Helper()
+	d := &daemon{cmd: exec.Command(path, args...), log: &lockedbuf.Buffer{}, done: make(chan struct{})}
+	d.cmd.Env = append(os.Environ(), env...)
+	pr, pw := io.Pipe()
+	d.cmd.Stderr = io.MultiWriter(pw, d.log)
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		d.cmd.Wait()
+		pw.Close()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.done
+		if t.Failed() {
+			t.Logf("%s:\n%s", filepath.Base(path), d.log)
+		}
+	})
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if ready != "" && strings.Contains(sc.Text(), ready) {
+				select {
+				case found <- sc.Text():
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	if ready == "" {
+		return d, ""
+	}
+	select {
+	case line := <-found:
+		return d, line
+	case <-d.done:
+		t.Fatalf("%s exited before %q: %s", path, ready, d.log)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not log %q within 60 s: %s", path, ready, d.log)
+	}
+	return d, ""
+}
+
+// stop sends SIGTERM and waits for the exit.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no exit within 60 s of SIGTERM")
+	}
+}
+
+// waitDone waits until n rows of the queue at url are done.
+func waitDone(t *testing.T, url string, n int) {
+	t.Helper()
+	conn := pgtest.Connect(t, url)
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		var done int
+		if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM pepsi.queue WHERE status = 'done'").Scan(&done); err != nil {
+			t.Fatal(err)
+		}
+		if done == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages done after 120 s", done, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// lineTraces reads the traceparent of every line a stage's filter read, by
+// message id.
+func lineTraces(t *testing.T, dir, stage string) map[int64]string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join(dir, "lines-"+stage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(text)), "\n") {
+		var m struct {
+			ID          int64  `json:"id"`
+			TraceParent string `json:"traceparent"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		out[m.ID] = m.TraceParent
+	}
+	return out
+}
+
+// Proves, from outside, with the real programs, real stage processes, a real
+// PostgreSQL and a real OTLP/HTTP receiver: messages sent over pepsi-ingress
+// with a traceparent header keep its trace id (their parent is pepsi-ingress's
+// span of the request, a child of the header); a message with none (inserted
+// by SQL) is given a trace by its first claim; each stage's line carries the
+// message's trace id with a span id of its pass's own; and the receiver gets
+// a span "process <stage>" per pass, kind consumer, with that span id, the
+// message's traceparent as its parent and the messaging attributes.
+func TestPassesAreSpansOfTheMessagesTraceAtACollector(t *testing.T) {
+	t.Parallel()
+	bin := gobuild.Programs(t, "cmd/pepsi-dispatch", "cmd/pepsi-ingress")
+	url := pgtest.NewMigrated(t)
+	dir := t.TempDir()
+	conf := pipeline(t, dir, url)
+	recv := otlpreceiver.Start(t)
+	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL(), "OTEL_BSP_SCHEDULE_DELAY=50"}
+
+	_, line := run(t, filepath.Join(bin, "pepsi-ingress"), otel, "pepsi-ingress serving", "-c", conf, "-listen", "127.0.0.1:0")
+	_, rest, _ := strings.Cut(line, "addr=")
+	addr := strings.TrimSuffix(strings.Fields(rest)[0], "/v1/messages")
+	const header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	req, _ := http.NewRequest(http.MethodPost, addr+"/v1/messages?stage=a", strings.NewReader("{\"payload\": \"1\"}\n{\"payload\": \"2\"}\n"))
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.Header.Set("traceparent", header)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil || res.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST: %v %v", res, err)
+	}
+	res.Body.Close()
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) VALUES ('a', 'x')"); err != nil {
+		t.Fatal(err)
+	}
+	ingressSpan := recv.WaitFor(t, 60*time.Second, "pepsi-ingress's span", func(s []otlpreceiver.Span) bool { return len(s) >= 1 })[0]
+	if ingressSpan.Service != "pepsi-ingress" || ingressSpan.Name != "POST /v1/messages" || ingressSpan.Kind != "SPAN_KIND_SERVER" ||
+		ingressSpan.TraceID != header[3:35] || ingressSpan.ParentSpanID != header[36:52] || ingressSpan.Attributes["pepsi.messages"] != "2" {
+		t.Errorf("pepsi-ingress's span %v; want POST /v1/messages, a server span of the header's trace, its child, of 2 messages", ingressSpan)
+	}
+	rows := map[int64]string{}
+	for _, id := range []int64{1, 2, 3} {
+		var tp *string
+		if err := conn.QueryRow(context.Background(), "SELECT traceparent FROM pepsi.queue WHERE ingress_id = $1", id).Scan(&tp); err != nil {
+			t.Fatal(err)
+		}
+		if id < 3 && (tp == nil || *tp != "00-"+ingressSpan.TraceID+"-"+ingressSpan.SpanID+"-01") {
+			t.Errorf("message %d's traceparent %v; want pepsi-ingress's span's", id, tp)
+		}
+		if id == 3 && tp != nil {
+			t.Errorf("message 3's traceparent %q before its first pass; want none", *tp)
+		}
+	}
+
+	d, _ := run(t, filepath.Join(bin, "pepsi-dispatch"), append(otel, "OTEL_SERVICE_NAME=dispatch-under-test"), "exporting traces", "-c", conf, "-log-level", "debug")
+	waitDone(t, url, 3)
+	d.stop(t)
+	for _, id := range []int64{1, 2, 3} {
+		var tp string
+		if err := conn.QueryRow(context.Background(), "SELECT traceparent FROM pepsi.queue WHERE ingress_id = $1", id).Scan(&tp); err != nil {
+			t.Fatal(err)
+		}
+		rows[id] = tp
+	}
+	spans := recv.WaitFor(t, 60*time.Second, "a span per pass", func(s []otlpreceiver.Span) bool { return len(s) >= 1+6 })
+	byID := map[string]otlpreceiver.Span{}
+	for _, s := range spans {
+		byID[s.SpanID] = s
+	}
+	seen := map[string]bool{}
+	for _, stage := range []string{"a", "b"} {
+		lines := lineTraces(t, dir, stage)
+		for id := int64(1); id <= 3; id++ {
+			msg, pass := rows[id], lines[id]
+			if len(pass) != 55 || pass[:36] != msg[:36] || pass[52:] != msg[52:] {
+				t.Errorf("message %d at %s: line's traceparent %q; want the message's trace %s with a span of the pass", id, stage, pass, msg)
+				continue
+			}
+			if seen[pass[36:52]] {
+				t.Errorf("message %d at %s: span id %s is another pass's too", id, stage, pass[36:52])
+			}
+			seen[pass[36:52]] = true
+			s, ok := byID[pass[36:52]]
+			if !ok {
+				t.Errorf("message %d at %s: no span %s at the receiver", id, stage, pass[36:52])
+				continue
+			}
+			parent := msg[36:52]
+			if parent == s.SpanID {
+				parent = "" // the first pass of a trace its claim began is its root
+			}
+			want := map[string]string{"messaging.system": "pepsi", "messaging.destination.name": stage, "messaging.message.id": fmt.Sprint(id),
+				"pepsi.outcome": map[string]string{"a": "advance", "b": "done"}[stage], "pepsi.attempts": "0"}
+			for k, v := range want {
+				if s.Attributes[k] != v {
+					t.Errorf("span of message %d at %s: %s = %q, want %q", id, stage, k, s.Attributes[k], v)
+				}
+			}
+			if s.Name != "process "+stage || s.Kind != "SPAN_KIND_CONSUMER" || s.TraceID != msg[3:35] || s.ParentSpanID != parent ||
+				s.Service != "dispatch-under-test" || s.Attributes["pepsi.worker.pid"] == "" || s.End.Before(s.Start) {
+				t.Errorf("span of message %d at %s: %v; want process %s, consumer, trace %s, parent %q, a worker pid", id, stage, s, stage, msg[3:35], parent)
+			}
+		}
+	}
+	if rows[3][36:52] != lineTraces(t, dir, "a")[3][36:52] {
+		t.Errorf("message 3 (no traceparent given): its first pass %s is not the root of the trace its claim gave it, %s", lineTraces(t, dir, "a")[3], rows[3])
+	}
+}
+
+// Proves: a collector that takes the connection and never answers slows
+// nothing: every message of the pipeline is done, the dispatcher drops the
+// spans its bounded queues cannot hold and counts them (its metrics say how
+// many, and so does its log at exit), and it exits at SIGTERM within the
+// bound of its last export. The exporter's own timeout is an hour: had a
+// pass waited for it, the messages would never be done and the test would
+// fail on its 120 s bound, not on a measure of time.
+func TestADeadCollectorSlowsNothingAndItsSpansAreCounted(t *testing.T) {
+	t.Parallel()
+	bin := gobuild.Programs(t, "cmd/pepsi-dispatch")
+	url := pgtest.NewMigrated(t)
+	dir := t.TempDir()
+	conf := pipeline(t, dir, url)
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := dead.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // never read, never answered
+		}
+	}()
+	t.Cleanup(func() { dead.Close() })
+	const n = 3000
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) SELECT 'a', 'x' FROM generate_series(1, $1)", n); err != nil {
+		t.Fatal(err)
+	}
+	metrics := freeAddr(t)
+	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + dead.Addr().String(), "OTEL_EXPORTER_OTLP_TIMEOUT=3600000",
+		"OTEL_BSP_MAX_QUEUE_SIZE=16", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=16"}
+	d, _ := run(t, filepath.Join(bin, "pepsi-dispatch"), otel, "exporting traces", "-c", conf, "-metrics-addr", metrics)
+	waitDone(t, url, n)
+	dropped := scrape(t, "http://"+metrics+"/metrics", "pepsi_dispatch_spans_dropped_total")
+	// 2n passes; the queues hold 16 each (passes, ended spans, the batcher's)
+	// and one batch of 16 is with the exporter for ever.
+	if min := float64(2*n - 4*16); dropped < min {
+		t.Errorf("pepsi_dispatch_spans_dropped_total %v; want at least %v of the %d passes' spans dropped", dropped, min, 2*n)
+	}
+	d.stop(t)
+	if !strings.Contains(d.log.String(), "traces: spans dropped") {
+		t.Errorf("the dispatcher's log does not count the dropped spans at exit:\n%s", d.log)
+	}
+}
+
+// freeAddr is a loopback address with a free port.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// scrape reads one metric without labels from a Prometheus text page.
+func scrape(t *testing.T, url, name string) float64 {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	t.Fatalf("%s has no %s", url, name)
+	return 0
+}

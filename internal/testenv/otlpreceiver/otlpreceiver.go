@@ -1,0 +1,173 @@
+// Package otlpreceiver is an OpenTelemetry collector's trace receiver for
+// tests: an HTTP server that takes OTLP/HTTP export requests (protobuf, the
+// official go.opentelemetry.io/proto/otlp types) on /v1/traces, as a
+// collector's port 4318 does, and keeps the spans it got. It is test
+// infrastructure; no program of the product uses it.
+package otlpreceiver
+
+import (
+	"compress/gzip"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Span is one span the receiver got, its ids in hex, its attributes as text.
+type Span struct {
+	Service               string
+	TraceID, SpanID       string
+	ParentSpanID          string // "" for a root
+	Name, Kind            string // Kind as OTLP names it: SPAN_KIND_CONSUMER, ...
+	Start, End            time.Time
+	Attributes            map[string]string
+	Events                []string
+	StatusCode, StatusMsg string
+}
+
+func (s Span) String() string {
+	return fmt.Sprintf("%s %s trace=%s span=%s parent=%s %v", s.Service, s.Name, s.TraceID, s.SpanID, s.ParentSpanID, s.Attributes)
+}
+
+// Receiver is a running receiver.
+type Receiver struct {
+	srv   *httptest.Server
+	count bool
+	n     atomic.Int64
+	mu    sync.Mutex
+	spans []Span
+}
+
+// Start starts a receiver, closed when t ends.
+func Start(t testing.TB) *Receiver {
+	r := &Receiver{}
+	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// Counting starts a receiver that decodes every request as Start's does
+// but only counts the spans (Count), keeping none: for a benchmark, which
+// sends more spans than are worth keeping. Close stops it.
+func Counting() *Receiver {
+	r := &Receiver{count: true}
+	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	return r
+}
+
+// Close stops the receiver.
+func (r *Receiver) Close() { r.srv.Close() }
+
+// Count is how many spans the receiver got.
+func (r *Receiver) Count() int64 { return r.n.Load() }
+
+// URL is the receiver's base URL, for OTEL_EXPORTER_OTLP_ENDPOINT.
+func (r *Receiver) URL() string { return r.srv.URL }
+
+// Spans returns a copy of the spans received so far.
+func (r *Receiver) Spans() []Span {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Span(nil), r.spans...)
+}
+
+// WaitFor waits until cond holds of the spans received, and fails t if it
+// does not within timeout (a bound on a hang, not a measure).
+func (r *Receiver) WaitFor(t testing.TB, timeout time.Duration, what string, cond func([]Span) bool) []Span {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		spans := r.Spans()
+		if cond(spans) {
+			return spans
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the receiver did not get %s within %s; it got %d spans: %v", what, timeout, len(spans), spans)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != "/v1/traces" || req.Method != http.MethodPost {
+		http.Error(w, "want POST /v1/traces", http.StatusNotFound)
+		return
+	}
+	var body io.Reader = req.Body
+	if req.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(req.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = zr
+	}
+	b, err := io.ReadAll(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var ex coltracepb.ExportTraceServiceRequest
+	if err := proto.Unmarshal(b, &ex); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var got []Span
+	for _, rs := range ex.GetResourceSpans() {
+		if r.count {
+			for _, ss := range rs.GetScopeSpans() {
+				r.n.Add(int64(len(ss.GetSpans())))
+			}
+			continue
+		}
+		service := attrs(rs.GetResource().GetAttributes())["service.name"]
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				sp := Span{Service: service, TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
+					ParentSpanID: hex.EncodeToString(s.GetParentSpanId()), Name: s.GetName(), Kind: s.GetKind().String(),
+					Start: time.Unix(0, int64(s.GetStartTimeUnixNano())), End: time.Unix(0, int64(s.GetEndTimeUnixNano())),
+					Attributes: attrs(s.GetAttributes()), StatusCode: s.GetStatus().GetCode().String(), StatusMsg: s.GetStatus().GetMessage()}
+				for _, e := range s.GetEvents() {
+					sp.Events = append(sp.Events, e.GetName())
+				}
+				got = append(got, sp)
+			}
+		}
+	}
+	r.n.Add(int64(len(got)))
+	r.mu.Lock()
+	r.spans = append(r.spans, got...)
+	r.mu.Unlock()
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out) //nolint:errcheck // the exporter retries
+}
+
+// attrs renders OTLP attributes as text.
+func attrs(kvs []*commonpb.KeyValue) map[string]string {
+	m := map[string]string{}
+	for _, kv := range kvs {
+		v := kv.GetValue()
+		switch x := v.GetValue().(type) {
+		case *commonpb.AnyValue_StringValue:
+			m[kv.GetKey()] = x.StringValue
+		case *commonpb.AnyValue_IntValue:
+			m[kv.GetKey()] = strconv.FormatInt(x.IntValue, 10)
+		case *commonpb.AnyValue_BoolValue:
+			m[kv.GetKey()] = strconv.FormatBool(x.BoolValue)
+		default:
+			m[kv.GetKey()] = v.String()
+		}
+	}
+	return m
+}
