@@ -11,9 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/traceparent"
 )
 
 // messageLineMax bounds one input line in message mode: the most LINE_MAX
@@ -130,6 +133,11 @@ func (w *worker) message(ctx context.Context, line string) string {
 // produced it, the fused stages' times, and a failure line instead when the
 // fused stages loop.
 func (w *worker) chain(ctx context.Context, m *Message) (res Result, by string, fused []core.Fused, bad string) {
+	if sc, ok := traceparent.SpanContext(m.TraceParent); ok {
+		// The handler's context carries the pass's span context: an
+		// application's OpenTelemetry spans are children of the pass.
+		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+	}
 	res = w.call(ctx, w.stage, m)
 	by = w.stage
 	chain := []string{w.stage}

@@ -134,8 +134,9 @@ type Message struct {
 	// TraceParent is the W3C traceparent of this pass ("" for none), in
 	// either input mode: the message's trace id and the span id of this
 	// pass, which pepsi-dispatch exports as the span "process <stage>"
-	// (docs/protocol.md, "Traces"). The handler's context carries it too
-	// (SpanContext), so an application's own spans are children of the pass.
+	// (docs/protocol.md, "Traces"). The handler's context carries it too,
+	// as OpenTelemetry's remote span context (trace.SpanContextFromContext),
+	// so an application's own spans are children of the pass.
 	TraceParent string
 	// Tx is the message's transaction: its first statement begins it and locks
 	// the row; statements run on it commit atomically with the transition, which

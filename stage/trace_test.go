@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
@@ -65,5 +67,27 @@ func TestIDModeHandlersSeeThePassTraceparent(t *testing.T) {
 	defer mu.Unlock()
 	if got := fmt.Sprint(seen[ids[0]], seen[ids[1]]); got != fmt.Sprint(want, "") {
 		t.Errorf("handlers saw traceparents %q and %q; want %s and none", seen[ids[0]], seen[ids[1]], want)
+	}
+}
+
+// Proves: the handler's context carries its pass's span context, remote, so
+// an application's OpenTelemetry spans are children of the pass; a message
+// with no traceparent has none.
+func TestTheHandlersContextCarriesThePassSpanContext(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	var seen []trace.SpanContext
+	handlers := map[string]stage.Handler{"parse": func(ctx context.Context, m *stage.Message) stage.Result {
+		seen = append(seen, trace.SpanContextFromContext(ctx))
+		return stage.Done()
+	}}
+	input := `{"id":1,"stage":"parse","attempts":0,"traceparent":"` + tp + `","state":{},"payload":"x"}
+{"id":2,"stage":"parse","attempts":0,"state":{},"payload":"y"}
+`
+	runMessages(t, "parse", input, handlers)
+	if len(seen) != 2 || !seen[0].IsRemote() || seen[0].TraceID().String() != tp[3:35] || seen[0].SpanID().String() != tp[36:52] || !seen[0].IsSampled() {
+		t.Fatalf("handlers' span contexts %v; want the pass's %s, remote, then none", seen, tp)
+	}
+	if seen[1].IsValid() {
+		t.Errorf("a message without a traceparent: span context %v, want none", seen[1])
 	}
 }
