@@ -97,6 +97,14 @@ type stageConfig struct {
 	// measured messages (the backlogged configuration): what a key's backlog
 	// costs everyone else.
 	keyBacklog int
+	// traces, when not "", runs pepsi-dispatch exporting a span per pass,
+	// every pass sampled: "live" to an OTLP/HTTP receiver that answers (the
+	// traced configuration), "dead" to a collector that takes the
+	// connection and never answers (traced-dead).
+	traces string
+	// before runs the -dispatch-before binary, the build before a change,
+	// with the bench configuration (the before configuration).
+	before bool
 }
 
 // ratedRate is the RATE of the rated configuration: far above what any
@@ -160,6 +168,7 @@ type bench struct {
 	server         string
 	dbName         string
 	dispatch       string
+	dispatchBefore string
 	cpuProfile     string
 	skipPgbench    bool
 	keep           bool

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -195,7 +196,16 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 		defer stop()
 		b.dispatchEnv = env
 	}
-	d, err := b.startDispatcher(confFile, tag)
+	var spans func() string
+	if v.cfg.traces != "" {
+		env, count, stop, err := startCollector(v.cfg.traces)
+		if err != nil {
+			return p, fmt.Errorf("the trace collector: %w", err)
+		}
+		defer stop()
+		b.dispatchEnv, spans = append(b.dispatchEnv, env...), count
+	}
+	d, err := b.startDispatcherOf(v.cfg, confFile, tag)
 	if err != nil {
 		return p, err
 	}
@@ -209,11 +219,14 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 		return p, fmt.Errorf("read the last done time: %w", err)
 	}
 	backendCPU, backendsKnown := backendsCPU(ctx, conn)
-	if b.payloadBytes > 0 {
+	if b.payloadBytes > 0 || v.cfg.traces != "" {
 		p.rssPeakKiB = peakRSS(d.Pid())
 	}
 	if err := b.stopAndVerify(ctx, conn, d, b.n); err != nil {
 		return p, err
+	}
+	if spans != nil {
+		fmt.Fprintf(b.out, "  %s %s: %s; %s\n", v.cfg.name, tag, spans(), droppedSpans(filepath.Join(b.dir, "pepsi-dispatch."+tag+".log")))
 	}
 	if err := checkKeyBacklog(ctx, conn, v.cfg.keyBacklog); err != nil {
 		return p, err
@@ -377,6 +390,21 @@ func (b *bench) startDispatcher(confFile, tag string) (*dispatchproc.Process, er
 	}
 	return dispatchproc.Start(dispatchproc.Config{Binary: b.dispatch, Conf: confFile, Args: args,
 		Log: filepath.Join(b.dir, "pepsi-dispatch."+tag+".log"), Env: b.dispatchEnv})
+}
+
+// startDispatcherOf is startDispatcher with the binary of configuration c:
+// the -dispatch-before one for the before configuration.
+func (b *bench) startDispatcherOf(c stageConfig, confFile, tag string) (*dispatchproc.Process, error) {
+	if !c.before {
+		return b.startDispatcher(confFile, tag)
+	}
+	if b.dispatchBefore == "" {
+		return nil, errors.New("the before configuration needs -dispatch-before BINARY")
+	}
+	now := b.dispatch
+	defer func() { b.dispatch = now }()
+	b.dispatch = b.dispatchBefore
+	return b.startDispatcher(confFile, tag)
 }
 
 // logTailLines is how much of the dispatcher's log an error shows.

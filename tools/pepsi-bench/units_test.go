@@ -121,6 +121,13 @@ func TestModesAndConfigsAreParsedInOrder(t *testing.T) {
 	if cs, err := parseConfigs("keys,backlogged", cfg, 1000, 1000000); err != nil || len(cs) != 2 || cs[0] != keys || cs[1] != backlogged {
 		t.Errorf("parseConfigs(\"keys,backlogged\") = %v, %v; want bench with 1000 keys and bench beside a backlog of 1000000", cs, err)
 	}
+	traced, dead, before := cfg, cfg, cfg
+	traced.name, traced.traces = "traced", "live"
+	dead.name, dead.traces = "traced-dead", "dead"
+	before.name, before.before = "before", true
+	if cs, err := parseConfigs("traced,traced-dead,before", cfg, 1000, 1000000); err != nil || len(cs) != 3 || cs[0] != traced || cs[1] != dead || cs[2] != before {
+		t.Errorf("parseConfigs(\"traced,traced-dead,before\") = %v, %v; want bench exporting to a receiver, to a dead collector, and bench with the build before", cs, err)
+	}
 	b := &bench{url: "postgres://x"}
 	if text := b.confText(variant{mode: modeWrite, cfg: rated}, "60"); strings.Count(text, "RATE = "+ratedRate+"\n") != 3 {
 		t.Errorf("the rated configuration's pepsi.conf does not set RATE on its three stages:\n%s", text)
