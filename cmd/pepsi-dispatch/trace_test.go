@@ -279,28 +279,18 @@ func TestADeadCollectorSlowsNothingAndItsSpansAreCounted(t *testing.T) {
 	url := pgtest.NewMigrated(t)
 	dir := t.TempDir()
 	conf := pipeline(t, dir, url)
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	dead, stop, err := otlpreceiver.Silent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held []net.Conn
-	go func() {
-		for {
-			c, err := dead.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c) // never read, never answered
-		}
-	}()
-	t.Cleanup(func() { dead.Close() })
+	t.Cleanup(stop)
 	const n = 3000
 	conn := pgtest.Connect(t, url)
 	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) SELECT 'a', 'x' FROM generate_series(1, $1)", n); err != nil {
 		t.Fatal(err)
 	}
 	metrics := freeAddr(t)
-	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + dead.Addr().String(), "OTEL_EXPORTER_OTLP_TIMEOUT=3600000",
+	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + dead, "OTEL_EXPORTER_OTLP_TIMEOUT=3600000",
 		"OTEL_BSP_MAX_QUEUE_SIZE=16", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=16"}
 	d, _ := run(t, filepath.Join(bin, "pepsi-dispatch"), otel, "exporting traces", "-c", conf, "-metrics-addr", metrics)
 	waitDone(t, url, n)

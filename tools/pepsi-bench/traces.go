@@ -2,10 +2,8 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"regexp"
-	"sync"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/otlpreceiver"
 )
@@ -24,32 +22,11 @@ func startCollector(kind string) (env []string, got func() string, stop func(), 
 		return append(env, "OTEL_EXPORTER_OTLP_ENDPOINT="+r.URL()),
 			func() string { return fmt.Sprintf("the receiver got %d spans", r.Count()) }, r.Close, nil
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	url, stop, err := otlpreceiver.Silent()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	var mu sync.Mutex
-	var held []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // never read, never answered
-			mu.Unlock()
-		}
-	}()
-	stop = func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}
-	return append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+ln.Addr().String()),
+	return append(env, "OTEL_EXPORTER_OTLP_ENDPOINT="+url),
 		func() string { return "the collector answered nothing" }, stop, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -170,4 +171,36 @@ func attrs(kvs []*commonpb.KeyValue) map[string]string {
 		}
 	}
 	return m
+}
+
+// Silent listens on a loopback port as a collector that has stopped
+// answering: it takes each connection and never reads from it nor answers.
+// It returns the collector's base URL, for OTEL_EXPORTER_OTLP_ENDPOINT, and
+// how to stop it (its connections closed).
+func Silent() (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	return "http://" + ln.Addr().String(), func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}, nil
 }
