@@ -79,6 +79,8 @@ func (w *benchWorld) feed(cmds []core.Command) {
 			w.pending = append(w.pending, core.Woken{Op: x.Op})
 		case core.Flush:
 			w.pending = append(w.pending, core.Flushed{Op: x.Op})
+		case core.KeepHistory:
+			w.pending = append(w.pending, core.HistoryKept{Op: x.Op, Through: x.Through})
 		case core.Claim:
 			res := core.Claimed{Op: x.Op, Epoch: "e"}
 			for _, cp := range x.Caps {
