@@ -226,3 +226,58 @@ func shot(t *testing.T, b context.Context, name string) {
 		t.Errorf("screenshot %s: %v", name, err)
 	}
 }
+
+// A message's page shows its history: each pass with its stage, wait,
+// duration, worker and outcome, and the transitions between; the page is
+// opened from the failures list. /api/messages/ID carries the same rows.
+func TestTheMessagePageShowsItsHistory(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	failed := idOf(t, url, "deliver", "failed")
+	if _, err := pgtest.Connect(t, url).Exec(ctx, `INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts) VALUES
+		($1, 'parse', 'moved', 'deliver', now() - interval '10 s', now() - interval '9 s', 4241, 0),
+		($1, 'deliver', 'retry', 'smtp: busy', now() - interval '8 s', now() - interval '7 s', 4242, 0),
+		($1, 'deliver', 'woken', '', NULL, now() - interval '5 s', NULL, 1),
+		($1, 'deliver', 'failed', 'smtp: refused', now() - interval '3 s', now() - interval '500 ms', 4242, 1)`, failed); err != nil {
+		t.Fatal(err)
+	}
+	src := open(t, httpd.Options{Database: url, CacheMaxAge: 50 * time.Millisecond})
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	code, body := get(t, fmt.Sprintf("%s/api/messages/%d", srv.URL, failed))
+	if code != http.StatusOK || !strings.Contains(body, `"event":"failed","detail":"smtp: refused"`) || !strings.Contains(body, `"worker_pid":4242`) {
+		t.Errorf("GET /api/messages/%d: %d %s; want its history", failed, code, body)
+	}
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the failures list", `document.querySelectorAll("#failures tbody tr[data-id]").length === 4`)
+	link := fmt.Sprintf(`#failures tbody tr[data-id="%d"] a`, failed)
+	href, err := chromedp.Run(b, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).href`, link)))
+	if err != nil {
+		t.Fatalf("the failure's link: %v\npage: %s", err, mustText(t, b, "body"))
+	}
+	if err := chromedp.Do(b, chromedp.Navigate(href)); err != nil { // the link, followed
+		t.Fatal(err)
+	}
+	poll(t, b, "the message's history", `document.querySelectorAll("#history tbody tr").length === 4 && document.getElementById("history-none").hidden`)
+	last := mustText(t, b, `#history tbody tr[data-event="failed"]`)
+	for _, want := range []string{"deliver", "2.50 s", "pid 4242", "failed: smtp: refused"} {
+		if !strings.Contains(last, want) {
+			t.Errorf("the failed pass's row %q lacks %q", last, want)
+		}
+	}
+	if woken := mustText(t, b, `#history tbody tr[data-event="woken"]`); !strings.Contains(woken, "woken") {
+		t.Errorf("the wake's row %q", woken)
+	}
+	shot, err := chromedp.Run(b, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	path := filepath.Join(t.ArtifactDir(), "message-history.png")
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+}

@@ -119,7 +119,7 @@ func status(ctx context.Context, src *Source) Status {
 
 // Message is one message as the message page shows it (GET
 // /api/messages/ID): never its payload nor its state, only who failed it and
-// why, and the actions the page offers for it.
+// why, its history, and the actions the page offers for it.
 type Message struct {
 	ID     int64          `json:"id"`
 	Stage  string         `json:"stage"`
@@ -142,6 +142,24 @@ type Message struct {
 	// retry a failed or timed-out one, discard one that waits (pending,
 	// paused, blocked behind its key). Empty on a read-only page.
 	Actions []string `json:"actions"`
+	// History is what happened to it (pepsi.history), oldest first; empty
+	// when nothing is kept. HistoryError says why it could not be read (a
+	// monitoring role without SELECT on pepsi.history), the rest still shown.
+	History      []HistoryEvent `json:"history"`
+	HistoryError string         `json:"history_error,omitempty"`
+}
+
+// HistoryEvent is one row of a message's history (docs/operations.md,
+// "History"): a pass of a stage (handed_at and worker_pid set) or a
+// transition without a pass (woken, reset, retried).
+type HistoryEvent struct {
+	Stage     string     `json:"stage"`
+	Event     string     `json:"event"`
+	Detail    string     `json:"detail,omitempty"`
+	HandedAt  *time.Time `json:"handed_at,omitempty"`
+	At        time.Time  `json:"at"`
+	WorkerPID int        `json:"worker_pid,omitempty"`
+	Attempts  int        `json:"attempts"`
 }
 
 // KeyHead is the message an order key's blocked messages wait behind.
@@ -178,6 +196,15 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 		if h.Status != core.StatusPaused {
 			out.WaitsBehind.Timeout = nil // a value left from its last pause: no due time
 		}
+	}
+	out.History = []HistoryEvent{}
+	hist, err := src.MessageHistory(r.Context(), id)
+	if err != nil {
+		out.HistoryError = err.Error()
+	}
+	for _, h := range hist {
+		out.History = append(out.History, HistoryEvent{Stage: h.Stage, Event: h.Event, Detail: h.Detail, HandedAt: h.HandedAt,
+			At: h.At, WorkerPID: h.WorkerPID, Attempts: h.Attempts})
 	}
 	if actions {
 		switch m.Status {

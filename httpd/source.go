@@ -171,6 +171,11 @@ func (s *Source) Message(ctx context.Context, id int64) (store.PageMessage, erro
 	return store.On(s.pool).ReadPageMessage(ctx, id)
 }
 
+// MessageHistory reads message id's history (pepsi.history), oldest first.
+func (s *Source) MessageHistory(ctx context.Context, id int64) ([]store.HistoryRow, error) {
+	return store.On(s.pool).History(ctx, id)
+}
+
 // Close closes the database connections.
 func (s *Source) Close() { s.pool.Close() }
 

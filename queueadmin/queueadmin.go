@@ -203,6 +203,14 @@ func Show(ctx context.Context, conn *pgx.Conn, id int64) (*Message, error) {
 	return store.On(conn).Show(ctx, id)
 }
 
+// HistoryRow is one event of a message's history (pepsi.history).
+type HistoryRow = store.HistoryRow
+
+// History reads message id's history, oldest first.
+func History(ctx context.Context, conn *pgx.Conn, id int64) ([]HistoryRow, error) {
+	return store.On(conn).History(ctx, id)
+}
+
 // RetryFilter selects the finished-but-unsuccessful messages Retry sends round
 // again. Zero fields select everything: ID 0 any id, Stage "" any stage.
 type RetryFilter struct {

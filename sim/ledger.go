@@ -62,6 +62,7 @@ type expect struct {
 	claim              bool // its item, in the outstanding transaction, claims its row at its target (core.Item.Claim)
 	unsure             bool // its item was in a transaction whose reply was lost
 	raced              bool // a resolve of it found the row still running (a commit landed meanwhile)
+	crash              bool // failed as the head of a worker that crashed, broke the protocol or could not start (history: crashed)
 }
 
 // truth is what one core life did, counted from the world.
@@ -741,6 +742,12 @@ func (w *world) modelExit(e core.WorkerExited) {
 			w.expects[id] = &expect{verdict: verdict, why: why, stage: stage}
 		}
 	}
+	crashed := func(ids []int64, why string) {
+		owe(ids, core.Fail, why)
+		for _, id := range ids {
+			w.expects[id].crash = true
+		}
+	}
 	switch x.cause {
 	case causeTimeout:
 		if len(q) > 0 && q[0] == x.timedOut {
@@ -752,7 +759,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 	case causeProtocol:
 		w.truth().stage(stage).Crashes++
 		if len(q) > 0 {
-			owe(q[:1], core.Fail, "head of a worker that broke the protocol")
+			crashed(q[:1], "head of a worker that broke the protocol")
 			q = q[1:]
 		}
 		owe(q, core.Requeue, "behind the head of a worker that broke the protocol")
@@ -771,7 +778,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 			w.startFails[q[0]]++
 			if w.startFails[q[0]] >= core.StartFailLimit {
 				delete(w.startFails, q[0])
-				owe(q[:1], core.Fail, fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
+				crashed(q[:1], fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
 				q = q[1:]
 			}
 		}
@@ -779,7 +786,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 		return
 	}
 	if len(q) > 0 {
-		owe(q[:1], core.Fail, "head of a crashed worker")
+		crashed(q[:1], "head of a crashed worker")
 		owe(q[1:], core.Requeue, "behind the head of a crashed worker")
 	}
 }

@@ -129,7 +129,7 @@ var rules = []*rule{
 	ruleHandToReady, ruleKeyOnePerPipeline, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
-	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
+	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleHistoryItem, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
 	rulePressureHolds,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
@@ -142,7 +142,7 @@ var rules = []*rule{
 	ruleInspectDue, ruleGate, ruleFlushNotLate, ruleWakeDue, ruleStopGraceDue,
 	ruleWatchdogDue, ruleRecycleDue, ruleReapDue, ruleRateTokenDue, ruleCooldownEndDue,
 	// At the end.
-	ruleKeyNotStranded, rulePressureNeverStops, ruleLiveness, ruleStatisticsExact,
+	ruleKeyNotStranded, rulePressureNeverStops, ruleLiveness, ruleStatisticsExact, ruleHistoryOnce,
 	// Whenever the world meets what it cannot reach if the core is right.
 	ruleWorldConsistent,
 }

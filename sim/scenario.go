@@ -65,6 +65,8 @@ type stageConf struct {
 	maxRuntime time.Duration
 	// maxPending is the stage's MAX_PENDING; 0 leaves it out (none).
 	maxPending int64
+	// historyOff is HISTORY = off: the stage's passes leave no history.
+	historyOff bool
 }
 
 // rates are the RATE values a scenario's stages may have: below one message a
@@ -317,7 +319,16 @@ func choose(c chooser) *Scenario {
 	chooseArrivalOrder(c, sc)
 	chooseKeys(c, sc)
 	choosePressure(c, sc)
+	chooseHistory(c, sc)
 	return sc
+}
+
+// chooseHistory turns HISTORY off at some stages (one in four), drawn
+// last: every earlier choice of a seed stays as it was.
+func chooseHistory(c chooser, sc *Scenario) {
+	for i := range sc.stages {
+		sc.stages[i].historyOff = c.intn(sc.stages[i].name+".history_off", 0, 3) == 3
+	}
 }
 
 // choosePressure chooses back-pressure: MAX_PENDING on some stages (small,
@@ -779,6 +790,9 @@ func (sc *Scenario) Conf() string {
 		}
 		if st.maxRuntime > 0 {
 			fmt.Fprintf(&b, "MAX_RUNTIME = %s\n", st.maxRuntime)
+		}
+		if st.historyOff {
+			b.WriteString("HISTORY = off\n")
 		}
 		if st.maxPending > 0 {
 			fmt.Fprintf(&b, "MAX_PENDING = %d\n", st.maxPending)

@@ -458,11 +458,12 @@ func showCmd(a *app) *ffcli.Command {
 	return &ffcli.Command{
 		Name:       "show",
 		ShortUsage: "pepsi-queue [global flags] show [-payload] ID",
-		ShortHelp:  "one message: stage, status, timeout, order key, state, payload size, times",
+		ShortHelp:  "one message: stage, status, timeout, order key, state, payload size, times, timeline",
 		LongHelp: `Prints one message: where it is (stage, status, paused timeout), its keys,
 its state object (where stages keep their results and the dispatcher its
 dispatch_error), the size of its payload and when it was created and last
-changed. A blocked message waits behind an older message of its order key:
+changed, then its timeline (as history prints it): each pass with its stage,
+the wait before it, how long it took, the worker and the outcome. A blocked message waits behind an older message of its order key:
 show says which, and what that one is doing. With -payload, prints only the
 payload bytes, for piping.
 
@@ -490,7 +491,15 @@ EXAMPLES
 					_, err := a.stdout.Write(m.Payload)
 					return err
 				}
+				hist, err := queueadmin.History(ctx, conn, id)
+				if err != nil {
+					return err
+				}
 				printMessage(a.stdout, m, time.Now())
+				if len(hist) > 0 {
+					fmt.Fprintf(a.stdout, "history\n")
+					printHistory(a.stdout, hist, m.CreatedAt)
+				}
 				return nil
 			})
 		},
@@ -715,4 +724,114 @@ func parseAge(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q must be positive", s)
 	}
 	return d, nil
+}
+
+func historyCmd(a *app) *ffcli.Command {
+	fs := newFlags("history")
+	asJSON := fs.Bool("json", false, "one JSON object per event, oldest first")
+	return &ffcli.Command{
+		Name:       "history",
+		ShortUsage: "pepsi-queue [global flags] history [-json] ID",
+		ShortHelp:  "what happened to one message: every pass and transition, oldest first",
+		LongHelp: `Prints one message's history from pepsi.history, oldest first: each pass of
+a stage with when its line was handed to the worker, the wait before it
+(since the event before, or since the message was made), how long the pass
+took (handed to answered), the worker's pid, the attempts and the outcome
+(moved, done, paused, retry, failed, timeout, crashed, requeued, guard-miss,
+answered), and the transitions without a pass (woken, reset, and retried by
+an operator). Rows older than HISTORY_KEEP are gone; a stage with
+HISTORY = off records no passes. With -json, one object per line: id,
+stage, event, detail, handed_at, at, worker_pid, attempts.
+
+EXAMPLES
+  pepsi-queue history 42
+  pepsi-queue history -json 42 | jq -r 'select(.event == "failed") | .detail'`,
+		FlagSet: fs,
+		Exec: func(ctx context.Context, args []string) error {
+			if len(args) != 1 {
+				return usagef("history", "want exactly one message id, got %d arguments", len(args))
+			}
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id <= 0 {
+				return usagef("history", "%q is not a message id (a positive whole number)", args[0])
+			}
+			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				hist, err := queueadmin.History(ctx, conn, id)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					enc := json.NewEncoder(a.stdout)
+					for _, h := range hist {
+						if err := enc.Encode(historyJSON(h)); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				created := time.Time{}
+				m, err := queueadmin.Show(ctx, conn, id)
+				switch {
+				case err == nil:
+					created = m.CreatedAt
+				case !errors.Is(err, queueadmin.ErrNotFound):
+					return err
+				}
+				if len(hist) == 0 {
+					if m == nil {
+						return fmt.Errorf("message %d does not exist and has no history", id)
+					}
+					fmt.Fprintf(a.stdout, "message %d has no history (kept HISTORY_KEEP; none for stages with HISTORY = off)\n", id)
+					return nil
+				}
+				printHistory(a.stdout, hist, created)
+				return nil
+			})
+		},
+	}
+}
+
+// historyEvent is one event of pepsi-queue history -json.
+type historyEvent struct {
+	ID        int64      `json:"id"`
+	Stage     string     `json:"stage"`
+	Event     string     `json:"event"`
+	Detail    string     `json:"detail,omitempty"`
+	HandedAt  *time.Time `json:"handed_at,omitempty"`
+	At        time.Time  `json:"at"`
+	WorkerPID int        `json:"worker_pid,omitempty"`
+	Attempts  int        `json:"attempts"`
+}
+
+func historyJSON(h queueadmin.HistoryRow) historyEvent {
+	return historyEvent{ID: h.ID, Stage: h.Stage, Event: h.Event, Detail: h.Detail, HandedAt: h.HandedAt, At: h.At,
+		WorkerPID: h.WorkerPID, Attempts: h.Attempts}
+}
+
+// printHistory prints a message's history as a timeline: each event's time,
+// stage, the wait before a pass (since the event before it, or since created
+// for the first), how long the pass took, the worker, attempts and outcome.
+func printHistory(w io.Writer, hist []queueadmin.HistoryRow, created time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "AT\tSTAGE\tWAITED\tTOOK\tWORKER\tATTEMPTS\tEVENT\n")
+	prev := created
+	for _, h := range hist {
+		waited, took, worker := "-", "-", "-"
+		if h.HandedAt != nil {
+			if !prev.IsZero() {
+				waited = h.HandedAt.Sub(prev).Round(time.Microsecond).String()
+			}
+			took = h.At.Sub(*h.HandedAt).Round(time.Microsecond).String()
+		}
+		if h.WorkerPID != 0 {
+			worker = fmt.Sprintf("pid %d", h.WorkerPID)
+		}
+		event := h.Event
+		if h.Detail != "" {
+			event += ": " + h.Detail
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.At.Format(time.RFC3339Nano), h.Stage, waited, took, worker, h.Attempts, event)
+		prev = h.At
+	}
+	tw.Flush()
 }

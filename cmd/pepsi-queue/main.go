@@ -122,7 +122,7 @@ func newRoot(a *app, parseOut io.Writer) *ffcli.Command {
 		},
 	}
 	root.Subcommands = []*ffcli.Command{
-		migrateCmd(a), enqueueCmd(a), statsCmd(a), showCmd(a), listCmd(a), retryCmd(a), discardCmd(a), purgeCmd(a),
+		migrateCmd(a), enqueueCmd(a), statsCmd(a), showCmd(a), historyCmd(a), listCmd(a), retryCmd(a), discardCmd(a), purgeCmd(a),
 	}
 	for _, sub := range root.Subcommands {
 		sub.FlagSet.SetOutput(parseOut)

@@ -36,10 +36,47 @@ function render(m) {
     body.append(tr);
   }
   if (m.status === "blocked") body.append(waitsBehind(m.waits_behind));
+  renderHistory(m);
   const actions = document.getElementById("actions");
   actions.replaceChildren();
   if (!session.signedIn) return;
   for (const a of m.actions || []) actions.append(actionButton(a, m.id, `${m.status} at ${m.stage}`));
+}
+
+// renderHistory fills the history table: each event with the wait before a
+// pass (since the event before it, or since the message was made) and how
+// long the pass took (handed out to answered).
+function renderHistory(m) {
+  const body = document.querySelector("#history tbody");
+  body.replaceChildren();
+  const none = document.getElementById("history-none");
+  none.hidden = m.history.length > 0;
+  if (m.history_error) {
+    none.hidden = false;
+    none.textContent = "History unreadable: " + m.history_error;
+  }
+  let prev = new Date(m.created_at);
+  for (const h of m.history) {
+    const at = new Date(h.at);
+    let waited = "-", took = "-";
+    if (h.handed_at) {
+      const handed = new Date(h.handed_at);
+      waited = seconds(handed - prev);
+      took = seconds(at - handed);
+    }
+    const tr = el("tr");
+    tr.dataset.event = h.event;
+    tr.append(el("td", at.toLocaleString()), el("td", h.stage), el("td", waited), el("td", took),
+      el("td", h.worker_pid ? "pid " + h.worker_pid : "-"), el("td", String(h.attempts)),
+      el("td", h.detail ? `${h.event}: ${h.detail}` : h.event, "reason"));
+    body.append(tr);
+    prev = at;
+  }
+}
+
+// seconds writes a duration of ms milliseconds.
+function seconds(ms) {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
 }
 
 // waitsBehind is the row that says what a blocked message waits behind: its

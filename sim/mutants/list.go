@@ -340,4 +340,13 @@ var mutants = []mutant{
 	{name: "move-claim-resent-claiming", rule: "move-claims", bug: "a move owed again (its reply lost, or its row changed by a racing commit) is re-sent still claiming, on a row it may have moved already",
 		old: "items[i].Claim, items[i].LineMax = false, 0\n\t}\n\tif c.shutdown > 0 || noClaims {", new: "_ = items[i]\n\t}\n\tif c.shutdown > 0 || noClaims {",
 		more: []patch{{"items[i].Claim, items[i].LineMax = false, 0\n\t\t\tclaimed = true", "claimed = true"}}},
+	// History (core/history.go).
+	mut("history-again-dropped", "history-once", "an item sent again after a lost reply is not marked Again, so a pass the first send recorded is recorded twice",
+		"\t\t\titems[i].Again = true\n", "\t\t\t_ = items[i]\n"),
+	mut("history-off-ignored", "history-item", "a stage with HISTORY = off records its passes all the same",
+		"it.History = !st.cfg.HistoryOff", "it.History = true"),
+	mut("history-crash-recorded-as-failed", "history-item", "the head of a crashed worker records failed, not crashed",
+		"Verdict: Fail, Event: HistoryCrashed,\n\t\tReason: fmt.Sprintf(\"stage %s: worker pid %d crashed (%s) while handling the message\"", "Verdict: Fail,\n\t\tReason: fmt.Sprintf(\"stage %s: worker pid %d crashed (%s) while handling the message\""),
+	mut("history-without-upkeep", "world-consistent", "the history's days are never made: the first row the queue records has no partition to go to (a panic of the fake, an error of PostgreSQL that fails every step)",
+		"\tif kh, ok := c.keepHistory(c.owed); ok {\n", "\tif kh, ok := c.keepHistory(c.owed); ok && false {\n"),
 }
