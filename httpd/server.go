@@ -145,21 +145,8 @@ type Message struct {
 	// History is what happened to it (pepsi.history), oldest first; empty
 	// when nothing is kept. HistoryError says why it could not be read (a
 	// monitoring role without SELECT on pepsi.history), the rest still shown.
-	History      []HistoryEvent `json:"history"`
-	HistoryError string         `json:"history_error,omitempty"`
-}
-
-// HistoryEvent is one row of a message's history (docs/operations.md,
-// "History"): a pass of a stage (handed_at and worker_pid set) or a
-// transition without a pass (woken, reset, retried).
-type HistoryEvent struct {
-	Stage     string     `json:"stage"`
-	Event     string     `json:"event"`
-	Detail    string     `json:"detail,omitempty"`
-	HandedAt  *time.Time `json:"handed_at,omitempty"`
-	At        time.Time  `json:"at"`
-	WorkerPID int        `json:"worker_pid,omitempty"`
-	Attempts  int        `json:"attempts"`
+	History      []store.HistoryRow `json:"history"`
+	HistoryError string             `json:"history_error,omitempty"`
 }
 
 // KeyHead is the message an order key's blocked messages wait behind.
@@ -197,14 +184,12 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 			out.WaitsBehind.Timeout = nil // a value left from its last pause: no due time
 		}
 	}
-	out.History = []HistoryEvent{}
-	hist, err := src.MessageHistory(r.Context(), id)
+	out.History, err = src.MessageHistory(r.Context(), id)
 	if err != nil {
 		out.HistoryError = err.Error()
 	}
-	for _, h := range hist {
-		out.History = append(out.History, HistoryEvent{Stage: h.Stage, Event: h.Event, Detail: h.Detail, HandedAt: h.HandedAt,
-			At: h.At, WorkerPID: h.WorkerPID, Attempts: h.Attempts})
+	if out.History == nil {
+		out.History = []store.HistoryRow{}
 	}
 	if actions {
 		switch m.Status {

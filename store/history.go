@@ -8,23 +8,24 @@ import (
 )
 
 // HistoryRow is one row of pepsi.history: one event of one message
-// (docs/operations.md, "History").
+// (docs/operations.md, "History"). Its JSON form is pepsi-queue history
+// -json's and pepsi-httpd's (/api/messages/ID).
 type HistoryRow struct {
-	ID    int64
-	Stage string
+	ID    int64  `json:"id"`
+	Stage string `json:"stage"`
 	// Event is a pass's outcome (core.HistoryMoved and the rest) or a
 	// transition without a pass (woken, reset, retried).
-	Event  string
-	Detail string
+	Event  string `json:"event"`
+	Detail string `json:"detail,omitempty"`
 	// HandedAt is when the pass's line was written to its worker; nil for a
 	// transition without a pass, or a message requeued before it was handed.
-	HandedAt *time.Time
+	HandedAt *time.Time `json:"handed_at,omitempty"`
 	// At is when the event happened (a pass: when its answer was read).
-	At time.Time
+	At time.Time `json:"at"`
 	// WorkerPID is the pass's worker; 0 for none.
-	WorkerPID int
+	WorkerPID int `json:"worker_pid,omitempty"`
 	// Attempts is the message's attempts at the event.
-	Attempts int
+	Attempts int `json:"attempts"`
 }
 
 // historySQL reads one message's history in the order it happened. Each

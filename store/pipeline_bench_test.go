@@ -30,7 +30,9 @@ import (
 // move to stage b or c straight to running there (core.Item.Claim, a move
 // that claims, as the dispatcher does when the stage has room): the rows the
 // resolve claims join those the claim took, and the hop costs one row version
-// instead of two.
+// instead of two. The "+history" variants record each pass in pepsi.history
+// (core.Item.History), as every stage with HISTORY = on does: beside the
+// others, what the history costs a hop.
 //
 // It reports per hop (one resolved item): the wall time of the serial steps
 // (ns/hop), the buffers the backend touched (buffers/hop, from
@@ -41,19 +43,24 @@ import (
 func BenchmarkPipelineStep(b *testing.B) {
 	for _, moveClaims := range []bool{false, true} {
 		for _, message := range []bool{false, true} {
-			name := "answer"
-			if message {
-				name = "message"
+			for _, history := range []bool{false, true} {
+				name := "answer"
+				if message {
+					name = "message"
+				}
+				if moveClaims {
+					name += "+claim"
+				}
+				if history {
+					name += "+history"
+				}
+				b.Run(name, func(b *testing.B) { benchPipeline(b, message, moveClaims, history) })
 			}
-			if moveClaims {
-				name += "+claim"
-			}
-			b.Run(name, func(b *testing.B) { benchPipeline(b, message, moveClaims) })
 		}
 	}
 }
 
-func benchPipeline(b *testing.B, message, moveClaims bool) {
+func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 	const capEach, refill = 64, 20000
 	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
@@ -78,6 +85,9 @@ func benchPipeline(b *testing.B, message, moveClaims bool) {
 		}
 	}
 	fill()
+	if _, err := pool.Exec(ctx, "SELECT pepsi.history_keep(now(), now(), now() + interval '1 day', now() - interval '7 days')"); err != nil {
+		b.Fatal(err)
+	}
 	lineMax := 0
 	if message {
 		lineMax = 4 << 20
@@ -96,6 +106,10 @@ func benchPipeline(b *testing.B, message, moveClaims bool) {
 				}
 				if moveClaims && items[i].To != core.TargetDone {
 					items[i].Claim, items[i].LineMax = true, lineMax
+				}
+				if history {
+					now := time.Now()
+					items[i].History, items[i].Event, items[i].HandedAt, items[i].At, items[i].PID = true, core.HistoryMoved, now, now, 4242
 				}
 			}
 			op++

@@ -763,7 +763,7 @@ EXAMPLES
 				if *asJSON {
 					enc := json.NewEncoder(a.stdout)
 					for _, h := range hist {
-						if err := enc.Encode(historyJSON(h)); err != nil {
+						if err := enc.Encode(h); err != nil {
 							return err
 						}
 					}
@@ -789,23 +789,6 @@ EXAMPLES
 			})
 		},
 	}
-}
-
-// historyEvent is one event of pepsi-queue history -json.
-type historyEvent struct {
-	ID        int64      `json:"id"`
-	Stage     string     `json:"stage"`
-	Event     string     `json:"event"`
-	Detail    string     `json:"detail,omitempty"`
-	HandedAt  *time.Time `json:"handed_at,omitempty"`
-	At        time.Time  `json:"at"`
-	WorkerPID int        `json:"worker_pid,omitempty"`
-	Attempts  int        `json:"attempts"`
-}
-
-func historyJSON(h queueadmin.HistoryRow) historyEvent {
-	return historyEvent{ID: h.ID, Stage: h.Stage, Event: h.Event, Detail: h.Detail, HandedAt: h.HandedAt, At: h.At,
-		WorkerPID: h.WorkerPID, Attempts: h.Attempts}
 }
 
 // printHistory prints a message's history as a timeline: each event's time,

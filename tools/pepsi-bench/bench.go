@@ -105,6 +105,9 @@ type stageConfig struct {
 	// before runs the -dispatch-before binary, the build before a change,
 	// with the bench configuration (the before configuration).
 	before bool
+	// historyOff: every stage has HISTORY = off (the unrecorded
+	// configuration), so the run shows what pepsi.history costs.
+	historyOff bool
 }
 
 // ratedRate is the RATE of the rated configuration: far above what any
@@ -134,6 +137,9 @@ func (c stageConfig) String() string {
 	}
 	if c.keyBacklog > 0 {
 		s += fmt.Sprintf(", beside one key's backlog of %d blocked messages", c.keyBacklog)
+	}
+	if c.historyOff {
+		s += ", HISTORY = off"
 	}
 	return s + ")"
 }
@@ -165,6 +171,8 @@ type bench struct {
 	backlog        bool
 	raceRuns       bool // -race: the racing producers' latency instead of the rounds
 	backlogN       int
+	// historyRows: the history figure's size (-history; 0: none).
+	historyRows int
 	server         string
 	dbName         string
 	dispatch       string
@@ -251,6 +259,9 @@ func (b *bench) run(ctx context.Context) error {
 			keep = true
 		}
 		return err
+	}
+	if b.historyRows > 0 {
+		return b.runHistory(ctx)
 	}
 	if b.backlog {
 		err := b.runBacklogs(ctx)
@@ -362,7 +373,7 @@ func (b *bench) prepare() error {
 	if b.dispatch, err = dispatchproc.Find(b.dispatch); err != nil {
 		return err
 	}
-	if !b.skipPgbench && !b.backlog && !b.raceRuns {
+	if !b.skipPgbench && !b.backlog && !b.raceRuns && b.historyRows == 0 {
 		if b.pgbench, err = findPgbench(); err != nil {
 			return err
 		}

@@ -67,6 +67,9 @@ func (b *bench) confText(v variant, statsInterval string) string {
 		if v.cfg.maxPending > 0 && st != stageA {
 			text += "MAX_PENDING = " + strconv.Itoa(v.cfg.maxPending) + "\n"
 		}
+		if v.cfg.historyOff {
+			text += "HISTORY = off\n"
+		}
 	}
 	return text
 }
