@@ -346,7 +346,7 @@ var mutants = []mutant{
 	mut("history-off-ignored", "history-item", "a stage with HISTORY = off records its passes all the same",
 		"it.History = !st.cfg.HistoryOff", "it.History = true"),
 	mut("history-crash-recorded-as-failed", "history-item", "the head of a crashed worker records failed, not crashed",
-		"Verdict: Fail, Event: HistoryCrashed,\n\t\tReason: fmt.Sprintf(\"stage %s: worker pid %d crashed (%s) while handling the message\"", "Verdict: Fail,\n\t\tReason: fmt.Sprintf(\"stage %s: worker pid %d crashed (%s) while handling the message\""),
+		"Verdict: Fail, Event: HistoryCrashed, Reason: reason})\n\tc.requeue(st, q[1:])", "Verdict: Fail, Reason: reason})\n\tc.requeue(st, q[1:])"),
 	mut("history-without-upkeep", "world-consistent", "the history's days are never made: the first row the queue records has no partition to go to (a panic of the fake, an error of PostgreSQL that fails every step)",
 		"\tif kh, ok := c.keepHistory(c.owed); ok {\n", "\tif kh, ok := c.keepHistory(c.owed); ok && false {\n"),
 }
