@@ -172,7 +172,7 @@ type bench struct {
 	raceRuns       bool // -race: the racing producers' latency instead of the rounds
 	backlogN       int
 	// historyRows: the history figure's size (-history; 0: none).
-	historyRows int
+	historyRows    int
 	server         string
 	dbName         string
 	dispatch       string
