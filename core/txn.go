@@ -243,47 +243,54 @@ func (c *Core) resolved(e Resolved) {
 			c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
 				o.ID, it.Stage, o.Status, o.Stage)
 		}
-		switch o.Status {
-		case StatusPending:
-			if st := c.byName[o.Stage]; st != nil {
-				st.maybeMore = true
-				st.known++ // (counted while the stage is dry: see stage.dry)
-				// The transaction's own claim looked below it (claimAfter), but
-				// a later claim of this stage must too, if that one did not.
-				st.floor = min(st.floor, o.ID-1)
-			} else {
-				c.logf(LevelWarn, "message %d is pending at stage %s, which this dispatcher does not run", o.ID, conf.Quote(o.Stage))
-			}
-		case StatusDone:
-			c.left++
-		case StatusFailed, StatusTimeout:
-			c.left++
-			if o.Status == verdictStatus(it) && o.Error == it.Reason {
-				if o.Status == StatusFailed {
-					c.stat(it.Stage).Failed++
-				} else {
-					c.stat(it.Stage).Timeouts++
-				}
-				c.logf(LevelWarn, "message %d %s: %s", o.ID, o.Status, o.Error)
-			}
-		case StatusPaused:
-			if it.Verdict == Retry && o.Matched {
-				c.stat(it.Stage).Retries++
-			}
-			// A row with no due time (a stage paused it with a NULL timeout,
-			// or 'infinity') is never woken; it must not hide when another is.
-			c.nextPaused = earliest(c.nextPaused, o.Timeout)
-			c.txnPaused = earliest(c.txnPaused, o.Timeout)
-		case StatusBlocked:
-			// A keyed message a release put behind an older one of its key
-			// (keyOutcome owes the key a release, which decides).
-		case "":
-			c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
-		default:
-			// The schema allows no other status; a future one must not stop
-			// the dispatcher, and the row is not running, so nobody loses it.
-			c.logf(LevelWarn, "message %d is %s at stage %s after its resolve, a status this dispatcher does not know", o.ID, conf.Quote(string(o.Status)), conf.Quote(o.Stage))
+		c.outcome(it, o)
+	}
+}
+
+// outcome takes what a resolved item's row became, once it is no longer
+// running: where it is pending now, a message that left the pipeline, a
+// pause's due time.
+func (c *Core) outcome(it Item, o Outcome) {
+	switch o.Status {
+	case StatusPending:
+		if st := c.byName[o.Stage]; st != nil {
+			st.maybeMore = true
+			st.known++ // (counted while the stage is dry: see stage.dry)
+			// The transaction's own claim looked below it (claimAfter), but
+			// a later claim of this stage must too, if that one did not.
+			st.floor = min(st.floor, o.ID-1)
+		} else {
+			c.logf(LevelWarn, "message %d is pending at stage %s, which this dispatcher does not run", o.ID, conf.Quote(o.Stage))
 		}
+	case StatusDone:
+		c.left++
+	case StatusFailed, StatusTimeout:
+		c.left++
+		if o.Status == verdictStatus(it) && o.Error == it.Reason {
+			if o.Status == StatusFailed {
+				c.stat(it.Stage).Failed++
+			} else {
+				c.stat(it.Stage).Timeouts++
+			}
+			c.logf(LevelWarn, "message %d %s: %s", o.ID, o.Status, o.Error)
+		}
+	case StatusPaused:
+		if it.Verdict == Retry && o.Matched {
+			c.stat(it.Stage).Retries++
+		}
+		// A row with no due time (a stage paused it with a NULL timeout,
+		// or 'infinity') is never woken; it must not hide when another is.
+		c.nextPaused = earliest(c.nextPaused, o.Timeout)
+		c.txnPaused = earliest(c.txnPaused, o.Timeout)
+	case StatusBlocked:
+		// A keyed message a release put behind an older one of its key
+		// (keyOutcome owes the key a release, which decides).
+	case "":
+		c.logf(LevelWarn, "message %d disappeared from the queue while stage %s held it", o.ID, it.Stage)
+	default:
+		// The schema allows no other status; a future one must not stop
+		// the dispatcher, and the row is not running, so nobody loses it.
+		c.logf(LevelWarn, "message %d is %s at stage %s after its resolve, a status this dispatcher does not know", o.ID, conf.Quote(string(o.Status)), conf.Quote(o.Stage))
 	}
 }
 
@@ -357,22 +364,8 @@ func (c *Core) queueWork() {
 		txn = append(txn, kh)
 	}
 	upkeep := len(txn) // the commands before the reset
-	if c.needReset {
-		// Rows whose resolve may already have been applied are not kept: the
-		// lost transaction may have woken and claimed them again, and the re-sent
-		// item would then fail a row that is running only because of that claim.
-		// Reset, such a row is left alone by the re-sent item and runs again; at
-		// worst a verdict becomes a retry.
-		keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })
-		if !c.resetDone {
-			keep = nil
-		}
-		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone || c.keys.sweep, Now: c.now})
-		c.needReset = false
-		c.sweep = false
-	} else if c.sweep && c.shutdown == 0 {
-		txn = append(txn, ResetOrphans{Op: c.nextOpID(), Keep: c.held(), Now: c.now})
-		c.sweep = false
+	if reset, ok := c.resetFor(); ok {
+		txn = append(txn, reset)
 	}
 	resolving := false
 	waking := c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused)))
@@ -430,6 +423,31 @@ func (c *Core) queueWork() {
 	}
 	c.txn = txn
 	c.txnPaused = time.Time{}
+}
+
+// resetFor is the reset the step's transaction begins with (after the
+// history's upkeep), if one is due: the start-up reset or one after a lost
+// claim (needReset), or the heartbeat's sweep.
+func (c *Core) resetFor() (ResetOrphans, bool) {
+	if c.needReset {
+		// Rows whose resolve may already have been applied are not kept: the
+		// lost transaction may have woken and claimed them again, and the re-sent
+		// item would then fail a row that is running only because of that claim.
+		// Reset, such a row is left alone by the re-sent item and runs again; at
+		// worst a verdict becomes a retry.
+		keep := slices.DeleteFunc(c.held(), func(id int64) bool { return c.unsure[id] })
+		if !c.resetDone {
+			keep = nil
+		}
+		c.needReset = false
+		c.sweep = false
+		return ResetOrphans{Op: c.nextOpID(), Keep: keep, ReleaseKeys: !c.resetDone || c.keys.sweep, Now: c.now}, true
+	}
+	if c.sweep && c.shutdown == 0 {
+		c.sweep = false
+		return ResetOrphans{Op: c.nextOpID(), Keep: c.held(), Now: c.now}, true
+	}
+	return ResetOrphans{}, false
 }
 
 // wakeKeep lists the rows a wake sent after txn must leave paused: those

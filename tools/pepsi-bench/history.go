@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -36,35 +38,12 @@ func (b *bench) runHistory(ctx context.Context) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows := b.historyRows
 	messages := rows / historyEventsPerMessage
-	perDay := (messages + historyDays - 1) / historyDays
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	first := today.AddDate(0, 0, -historyDays+1)
 	fmt.Fprintf(b.out, "pepsi-bench -history: %d rows (%d messages of %d events) over %d daily partitions\n", messages*historyEventsPerMessage, messages, historyEventsPerMessage, historyDays)
 	start := time.Now()
-	for d := 0; d < historyDays; d++ {
-		day := first.AddDate(0, 0, d)
-		if _, err := conn.Exec(ctx, `SELECT pepsi.history_day($1::date, true)`, day.Format("2006-01-02")); err != nil {
-			return fmt.Errorf("make the partition of %s: %w", day.Format("2006-01-02"), err)
-		}
-		lo, hi := int64(d*perDay+1), int64(min((d+1)*perDay, messages))
-		for from := lo; from <= hi; from += enqueueSlice {
-			// A message's events are seconds apart within its day.
-			if _, err := conn.Exec(ctx, `INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts)
-				SELECT g, (ARRAY['a', 'a', 'a', 'b', 'c'])[e], (ARRAY['retry', 'woken', 'moved', 'moved', 'done'])[e],
-				       (ARRAY['busy', '', 'b', 'c', ''])[e],
-				       CASE WHEN e <> 2 THEN $1::timestamptz + (g - $2) * interval '1 ms' + e * interval '1 s' - interval '10 ms' END,
-				       $1::timestamptz + (g - $2) * interval '1 ms' + e * interval '1 s', CASE WHEN e <> 2 THEN 4000 + (g % 8)::int END,
-				       CASE WHEN e = 3 THEN 1 ELSE 0 END
-				FROM generate_series($3::bigint, $4::bigint) g, generate_series(1, $5) e`,
-				day.Add(time.Hour), lo, from, min(from+enqueueSlice-1, hi), historyEventsPerMessage); err != nil {
-				return fmt.Errorf("fill the history: %w", err)
-			}
-		}
-	}
-	for _, sql := range []string{"ANALYZE pepsi.history", "CHECKPOINT"} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			return fmt.Errorf("%s: %w", sql, err)
-		}
+	if err := fillHistory(ctx, conn, messages, first); err != nil {
+		return err
 	}
 	fmt.Fprintf(b.out, "  filled in %s\n", time.Since(start).Round(time.Second))
 
@@ -108,5 +87,37 @@ func (b *bench) runHistory(ctx context.Context) error {
 	}
 	fmt.Fprintf(b.out, "  the upkeep that dropped the oldest day (%d rows): %s; rows of that day left: %d; dead rows in the history's partitions: %d\n",
 		oldRows, dropped.Round(time.Microsecond), left, dead)
+	return nil
+}
+
+// fillHistory fills the history with messages' events, historyDays days of
+// them from first, each day in its partition, and analyses it.
+func fillHistory(ctx context.Context, conn *pgx.Conn, messages int, first time.Time) error {
+	perDay := (messages + historyDays - 1) / historyDays
+	for d := 0; d < historyDays; d++ {
+		day := first.AddDate(0, 0, d)
+		if _, err := conn.Exec(ctx, `SELECT pepsi.history_day($1::date, true)`, day.Format("2006-01-02")); err != nil {
+			return fmt.Errorf("make the partition of %s: %w", day.Format("2006-01-02"), err)
+		}
+		lo, hi := int64(d*perDay+1), int64(min((d+1)*perDay, messages))
+		for from := lo; from <= hi; from += enqueueSlice {
+			// A message's events are seconds apart within its day.
+			if _, err := conn.Exec(ctx, `INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts)
+				SELECT g, (ARRAY['a', 'a', 'a', 'b', 'c'])[e], (ARRAY['retry', 'woken', 'moved', 'moved', 'done'])[e],
+				       (ARRAY['busy', '', 'b', 'c', ''])[e],
+				       CASE WHEN e <> 2 THEN $1::timestamptz + (g - $2) * interval '1 ms' + e * interval '1 s' - interval '10 ms' END,
+				       $1::timestamptz + (g - $2) * interval '1 ms' + e * interval '1 s', CASE WHEN e <> 2 THEN 4000 + (g % 8)::int END,
+				       CASE WHEN e = 3 THEN 1 ELSE 0 END
+				FROM generate_series($3::bigint, $4::bigint) g, generate_series(1, $5) e`,
+				day.Add(time.Hour), lo, from, min(from+enqueueSlice-1, hi), historyEventsPerMessage); err != nil {
+				return fmt.Errorf("fill the history: %w", err)
+			}
+		}
+	}
+	for _, sql := range []string{"ANALYZE pepsi.history", "CHECKPOINT"} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+	}
 	return nil
 }
