@@ -801,7 +801,9 @@ func printHistory(w io.Writer, hist []queueadmin.HistoryRow, created time.Time) 
 	for _, h := range hist {
 		waited, took, worker := "-", "-", "-"
 		if h.HandedAt != nil {
-			if !prev.IsZero() {
+			// (A wait below zero is two clocks apart: the dispatcher's
+			// stamps a pass, the database's the message's creation.)
+			if !prev.IsZero() && !h.HandedAt.Before(prev) {
 				waited = h.HandedAt.Sub(prev).Round(time.Microsecond).String()
 			}
 			took = h.At.Sub(*h.HandedAt).Round(time.Microsecond).String()

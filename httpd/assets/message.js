@@ -61,7 +61,9 @@ function renderHistory(m) {
     let waited = "-", took = "-";
     if (h.handed_at) {
       const handed = new Date(h.handed_at);
-      waited = seconds(handed - prev);
+      // (A wait below zero is two clocks apart: the dispatcher's stamps a
+      // pass, the database's the message's creation.)
+      if (handed >= prev) waited = seconds(handed - prev);
       took = seconds(at - handed);
     }
     const tr = el("tr");
