@@ -109,6 +109,14 @@ type Item struct {
 	PID      int
 	Attempts int
 	Again    bool
+	// Emits are set only on a Move: the messages the pass emitted, in order.
+	// The statement inserts them pending at their stages, with parent_id ID,
+	// in the same transaction and only if the item's guard matched (the row
+	// was still running at Stage), so they exist exactly when the pass's
+	// transition committed; a key (Emit.Key) already in the queue inserts
+	// nothing, and an order key goes through the queue's insert rules as any
+	// producer's. They are held only until then (see core/emit.go).
+	Emits []Emit
 }
 
 func (it Item) String() string {
@@ -156,6 +164,9 @@ func (it Item) String() string {
 			s += " again"
 		}
 		s += "}"
+	}
+	if len(it.Emits) > 0 {
+		s += fmt.Sprintf("+emits%v", it.Emits)
 	}
 	return s
 }
@@ -342,6 +353,14 @@ type StageDelta struct {
 	// RateHeldUS is how long, in microseconds, the stage had work it could
 	// have claimed but its RATE had no token for it.
 	RateHeldUS int64
+	// Emitted counts the messages the stage's passes emitted whose
+	// transition was written (the guard matched), children with a key
+	// already in the queue included.
+	Emitted int64
+	// EmitsDropped counts the messages the stage's passes emitted that
+	// inserted nothing: emitted before an answer other than a transition
+	// the dispatcher writes, or before a guard miss.
+	EmitsDropped int64
 }
 
 func (d StageDelta) zero() bool { return d == StageDelta{Stage: d.Stage} }
@@ -356,6 +375,8 @@ func (d *StageDelta) Add(o StageDelta) {
 	d.GuardMisses += o.GuardMisses
 	d.Retries += o.Retries
 	d.RateHeldUS += o.RateHeldUS
+	d.Emitted += o.Emitted
+	d.EmitsDropped += o.EmitsDropped
 }
 
 // Flush adds statistics deltas to stage_stats and dispatch_stats in one
@@ -634,6 +655,12 @@ func (c Flush) String() string {
 		}
 		if d.RateHeldUS != 0 {
 			fmt.Fprintf(&b, " rate-held-us=%d", d.RateHeldUS)
+		}
+		if d.Emitted != 0 {
+			fmt.Fprintf(&b, " emitted=%d", d.Emitted)
+		}
+		if d.EmitsDropped != 0 {
+			fmt.Fprintf(&b, " emits-dropped=%d", d.EmitsDropped)
 		}
 		b.WriteString("}")
 	}

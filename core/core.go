@@ -132,6 +132,10 @@ type worker struct {
 	timedOut  int64  // killTimeout: the head that timed out
 	protoLine string // killProtocol: what it said (its first 200 bytes)
 	protoHow  int    // killProtocol: how (protoLine, protoCut, protoFirst)
+	// emits: the emit lines of the head's pass so far (emit.go), at most
+	// EMIT_MAX; emitErr, when set, why the head fails at its answer.
+	emits   []Emit
+	emitErr string
 }
 
 type stage struct {
@@ -175,6 +179,10 @@ type stage struct {
 	stuckReason string  // the reason for a 0 that left the row running here
 	rate        *bucket // RATE; nil for none
 	pressure    pressure
+	// emitDrops counts the emits that inserted nothing since emitLogAt was
+	// last set, when they were last logged (emitsDropped).
+	emitDrops int64
+	emitLogAt time.Time
 }
 
 // Core is the dispatcher state machine. Create it with New; drive it with Step.

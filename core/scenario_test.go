@@ -964,7 +964,7 @@ func TestLostResolveReplyIsResentSafely(t *testing.T) {
 	if !again.Again {
 		t.Errorf("re-sent item %v is not marked again (its pass may be recorded already)", again)
 	}
-	if again.Again = false; again != lost {
+	if again.Again = false; again.String() != lost.String() {
 		t.Errorf("re-sent item %v, want the lost one unchanged but for Again: %v", again, lost)
 	}
 	w.wantRow(1, "b", core.StatusRunning) // resent: left alone, then claimed for b

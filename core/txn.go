@@ -221,6 +221,9 @@ func (c *Core) resolved(e Resolved) {
 		if it.Claim {
 			c.byName[it.To].reserved--
 		}
+		if o.Matched && it.Verdict == Move {
+			c.emitted(it)
+		}
 		if o.Status == StatusRunning && it.Claim && o.Matched {
 			// Moved and claimed: not a race, the row is this core's at To.
 			delete(c.races, o.ID)
@@ -242,6 +245,7 @@ func (c *Core) resolved(e Resolved) {
 			c.stat(it.Stage).GuardMisses++
 			c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
 				o.ID, it.Stage, o.Status, o.Stage)
+			c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "missed its guard")
 		}
 		c.outcome(it, o)
 	}
@@ -291,6 +295,22 @@ func (c *Core) outcome(it Item, o Outcome) {
 		// The schema allows no other status; a future one must not stop
 		// the dispatcher, and the row is not running, so nobody loses it.
 		c.logf(LevelWarn, "message %d is %s at stage %s after its resolve, a status this dispatcher does not know", o.ID, conf.Quote(string(o.Status)), conf.Quote(o.Stage))
+	}
+}
+
+// emitted takes in the children a matched move inserted (Item.Emits): they
+// are pending at their stages (or blocked behind their order key, or not
+// there at all when their key was known), rows the core did not count, so
+// each such stage may have more and is no longer known to be dry.
+func (c *Core) emitted(it Item) {
+	if len(it.Emits) == 0 {
+		return
+	}
+	c.stat(it.Stage).Emitted += int64(len(it.Emits))
+	for _, e := range it.Emits {
+		if st := c.byName[e.Stage]; st != nil {
+			st.maybeMore, st.dry = true, false
+		}
 	}
 }
 

@@ -24,6 +24,10 @@ func (c *Core) answer(e Answer) {
 		c.protocolError(w, e.Line, "an answer with no message outstanding")
 		return
 	}
+	if IsEmitLine(e.Line) {
+		c.emitLine(w, e)
+		return
+	}
 	if e.Cut {
 		w.protoHow = protoCut
 		c.protocolError(w, e.Line, fmt.Sprintf("a line longer than %d bytes", AnswerMax))
@@ -40,6 +44,7 @@ func (c *Core) answer(e Answer) {
 	head := w.queue[0]
 	w.queue = w.queue[1:]
 	w.answered++
+	emits, emitErr := w.takeEmits()
 	elapsed := c.now.Sub(w.headSince).Microseconds()
 	w.headSince = c.now
 	if len(w.queue) == 0 {
@@ -51,20 +56,19 @@ func (c *Core) answer(e Answer) {
 	st.crashRun = 0
 	delete(c.startFails, head.id)
 
-	var fusedUS int64
-	for _, f := range s.Fused {
-		d := c.stat(f.Stage)
-		d.Processed++
-		d.ProcessingUS += f.Micros
-		fusedUS += f.Micros
-	}
-	c.passes += int64(len(s.Fused))
-	d := c.stat(st.cfg.Name)
-	d.ProcessingUS += max(0, elapsed-fusedUS)
-	if t := s.Transition; s.Code == 0 && t != nil {
-		c.answered(w, head, t)
+	d := c.creditPass(st, s.Fused, elapsed)
+	if emitErr != "" {
+		// Its emits cannot be inserted as the stage meant them: the message
+		// fails, whatever the answer said, and the worker lives on.
+		c.passEnded(w, head, Pass{Outcome: PassFail, Reason: emitErr})
+		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Fail, Reason: emitErr})
 		return
 	}
+	if t := s.Transition; s.Code == 0 && t != nil {
+		c.answered(w, head, t, emits)
+		return
+	}
+	c.emitsDropped(st, len(emits), head.id, fmt.Sprintf("answered %s", conf.Quote(clip(e.Line, 100))))
 	if s.Code == 0 {
 		d.Processed++
 		c.passes++
@@ -84,6 +88,22 @@ func (c *Core) answer(e Answer) {
 	c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Fail, Reason: reason})
 }
 
+// creditPass credits a pass that took elapsed microseconds at stage st, the
+// stages fused into it included, and returns st's statistics.
+func (c *Core) creditPass(st *stage, fused []Fused, elapsed int64) *StageDelta {
+	var fusedUS int64
+	for _, f := range fused {
+		d := c.stat(f.Stage)
+		d.Processed++
+		d.ProcessingUS += f.Micros
+		fusedUS += f.Micros
+	}
+	c.passes += int64(len(fused))
+	d := c.stat(st.cfg.Name)
+	d.ProcessingUS += max(0, elapsed-fusedUS)
+	return d
+}
+
 // passEnded reports the end of head's pass at worker w (Pass), when the core
 // reports passes; p says how it ended.
 func (c *Core) passEnded(w *worker, head msg, p Pass) {
@@ -99,13 +119,17 @@ func (c *Core) passEnded(w *worker, head msg, p Pass) {
 // dispatcher cannot write it (malformed, or a stage this dispatcher does not
 // run), the message's failure. A pass whose transition is written counts as
 // processed; one that fails counts as the failure it is.
-func (c *Core) answered(w *worker, head msg, t *Transition) {
+//
+// The pass's emits ride the item of a transition it can write (Item.Emits);
+// those of one it cannot are dropped with the failure.
+func (c *Core) answered(w *worker, head msg, t *Transition, emits []Emit) {
 	name := w.stage.cfg.Name
 	why := t.Invalid
 	if why == "" && t.To != TargetDone && t.To != TargetPaused && c.byName[t.To] == nil {
 		why = fmt.Sprintf("target %s is not a stage this dispatcher runs", conf.Quote(t.To))
 	}
 	if why != "" {
+		c.emitsDropped(w.stage, len(emits), head.id, "answered a transition it cannot have")
 		reason := fmt.Sprintf("stage %s answered a transition it cannot have: %s", name, why)
 		c.passEnded(w, head, Pass{Outcome: PassFail, Reason: reason})
 		c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Reason: reason})
@@ -113,7 +137,7 @@ func (c *Core) answered(w *worker, head msg, t *Transition) {
 	}
 	c.stat(name).Processed++
 	c.passes++
-	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch}
+	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch, Emits: emits}
 	p := Pass{Outcome: PassAdvance, To: t.To}
 	switch t.To {
 	case TargetPaused:
@@ -123,6 +147,9 @@ func (c *Core) answered(w *worker, head msg, t *Transition) {
 		p = Pass{Outcome: PassDone}
 	}
 	c.learnFeeder(name, t.To)
+	for _, e := range emits {
+		c.learnFeeder(name, e.Stage) // its emits feed their stages too
+	}
 	c.passEnded(w, head, p)
 	c.owe(it)
 }

@@ -170,7 +170,7 @@ var (
 		"0 >a%b", `0 >done {"n":1}x`, `0 >done {"x":"\udc00"}`, "0 >paused", "0 >done [1,2,3]", `0 >done "x"`, "0 >done 42", "0 >done {"}
 	// malformedLines must each be rejected by the protocol (docs/protocol.md:
 	// "anything else is a protocol error").
-	malformedLines = []string{"OK", "", "0 fused", "0 b:", "+0", "0 a:-1", "zero", "0x1 hex", " 0", "0 :5", "1.5 half"}
+	malformedLines = []string{"OK", "", "0 fused", "0 b:", "0 +0", "0 a:-1", "zero", "0x1 hex", " 0", "0 :5", "1.5 half"}
 )
 
 type faults struct {

@@ -38,7 +38,7 @@ FROM pepsi.queue GROUP BY stage, status`
 
 // stageStatsSQL reads pepsi.stage_stats, the dispatcher's counts per stage.
 const stageStatsSQL = `SELECT stage, processed, failed, timeouts, crashes, processing_us,
-	guard_misses, retries, rate_held_us, updated_at
+	guard_misses, retries, rate_held_us, emitted, emits_dropped, updated_at
 FROM pepsi.stage_stats ORDER BY stage`
 
 // dispatchStatsSQL reads pepsi.dispatch_stats, the dispatcher's own row.
@@ -79,11 +79,14 @@ func (k *keyHeadScan) head() *KeyHead {
 }
 
 // showSQL reads one message, by ingress_id, with its order key's head
-// (keyHeadColumns). A timeout no time.Time holds ('infinity', '-infinity': a
-// stage may pause a row for good) comes as text.
+// (keyHeadColumns), its parent (parent_id, 0 for none) and how many children
+// it has (the messages whose parent it is: the queue_parent index). A
+// timeout no time.Time holds ('infinity', '-infinity': a stage may pause a
+// row for good) comes as text.
 const showSQL = `SELECT q.stage, q.status, CASE WHEN isfinite(q.timeout) THEN q.timeout END,
 	CASE WHEN NOT isfinite(q.timeout) THEN q.timeout::text ELSE '' END, q.state, q.payload, q.created_at, q.updated_at,
-	q.attempts, coalesce(q.dedup_key, ''), coalesce(q.traceparent, ''), ` + keyHeadColumns + `
+	q.attempts, coalesce(q.dedup_key, ''), coalesce(q.traceparent, ''), coalesce(q.parent_id, 0),
+	(SELECT count(*) FROM pepsi.queue c WHERE c.parent_id = q.ingress_id), ` + keyHeadColumns + `
 FROM pepsi.queue q ` + keyHeadJoin + `
 WHERE q.ingress_id = $1`
 
@@ -214,7 +217,7 @@ func (s *PG) ReadStageStats(ctx context.Context) ([]StageStats, error) {
 	return collect(ctx, s.db, "read stage_stats", func(r pgx.CollectableRow) (StageStats, error) {
 		var st StageStats
 		err := r.Scan(&st.Stage, &st.Processed, &st.Failed, &st.Timeouts, &st.Crashes, &st.ProcessingUS,
-			&st.GuardMisses, &st.Retries, &st.RateHeldUS, &st.UpdatedAt)
+			&st.GuardMisses, &st.Retries, &st.RateHeldUS, &st.Emitted, &st.EmitsDropped, &st.UpdatedAt)
 		return st, err
 	}, stageStatsSQL)
 }
@@ -273,6 +276,12 @@ type Message struct {
 	// not blocked, or when none is (its older messages finished, and the
 	// dispatcher has yet to hand it the key).
 	Head *KeyHead
+	// ParentID is, for a message a stage emitted, the id of the message
+	// whose pass emitted it; 0 for none.
+	ParentID int64
+	// Children counts the messages this one's passes emitted that are in
+	// the queue.
+	Children int64
 }
 
 // KeyHead is the message an order key's blocked messages wait behind.
@@ -294,7 +303,7 @@ func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
 	var k keyHeadScan
 	err := s.db.QueryRow(ctx, showSQL, id).
 		Scan(append([]any{&m.Stage, &m.Status, &m.Timeout, &m.TimeoutText, (*[]byte)(&m.State), &m.Payload, &m.CreatedAt, &m.UpdatedAt,
-			&m.Attempts, &m.DedupKey, &m.TraceParent}, k.dest()...)...)
+			&m.Attempts, &m.DedupKey, &m.TraceParent, &m.ParentID, &m.Children}, k.dest()...)...)
 	m.OrderKey, m.Head = k.orderKey, k.head()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("show message %d: %w", id, ErrNotFound)

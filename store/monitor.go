@@ -204,7 +204,7 @@ func (s *PG) MonitorLock(ctx context.Context) (at time.Time, locked bool, err er
 // and the history. The
 // database then guarantees that pepsi-httpd shows no payload and writes nothing.
 const MonitorGrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
-GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at, order_key) ON pepsi.queue TO pepsi_monitor;
+GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at, order_key, parent_id) ON pepsi.queue TO pepsi_monitor;
 GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats, pepsi.stage_health, pepsi.history TO pepsi_monitor;`
 
 // FailedIndexExists says whether the queue_failed index of schema version 2

@@ -586,6 +586,18 @@ func readTrace(trace, pass *string) core.Trace {
 // would cost the queue's history, not its items (checked by
 // TestResolvePlanCostsItsItems, which saw 40,000 buffers per resolve of 128).
 //
+// A move's emits (core.Item.Emits, $19 to $24: per child its item's ordinal,
+// stage, payload, state, key and order key) are inserted pending at their
+// stages with parent_id the item's id by the "children" INSERT of the same
+// statement, only for an item whose UPDATE matched its guard: they exist
+// exactly when the transition does. A child whose key is in the queue already
+// inserts nothing (ON CONFLICT DO NOTHING); a keyed child goes through the
+// order-key trigger as any producer's row (it waits for its key's lock, taken
+// here bucket by bucket in sorted order as pepsi-ingress takes them, so the
+// two cannot deadlock over buckets), and the release that follows the resolve
+// sorts its key out. Children are inserted in the order the stage emitted
+// them, so their ingress_ids follow that order.
+//
 // A stage owns state; if it stored something other than a JSON object there, the
 // reason or patch cannot be set inside it, and failing the whole step over it
 // would stop the dispatcher, so such a state is wrapped as {"state": <old>, …}.
@@ -645,13 +657,26 @@ WITH item AS (
 	FROM decided d
 	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
 	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched,
-		d.matched AND d.to_status = 'running' AS claimed, q.attempts,
+		d.matched AND d.to_status = 'running' AS claimed, q.attempts, d.ord, d.matched AND d.verdict = 'move' AS moved,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.state::text END AS msg_state,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload,
 		CASE WHEN d.matched AND d.to_status = 'running' AND $18::bool THEN q.traceparent END AS trace,
 		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool)
 		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace
+), child AS (
+	SELECT * FROM unnest($19::bigint[], $20::text[], $21::bytea[], $22::text[], $23::text[], $24::text[])
+	     WITH ORDINALITY AS c(ord, stage, payload, state, key, order_key, n)
+), children AS (
+	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, parent_id)
+	SELECT c.stage, c.payload, coalesce(nullif(c.state, '')::jsonb, '{}'), nullif(c.key, ''), nullif(c.order_key, ''), u.ingress_id
+	FROM child c JOIN updated u ON u.ord = c.ord AND u.moved
+	WHERE (SELECT count(pg_advisory_xact_lock(1885696107, b))
+	       FROM (SELECT DISTINCT pepsi.order_bucket(k.order_key) AS b FROM child k
+	             WHERE k.order_key <> '' ORDER BY b) s) >= 0
+	ORDER BY c.n
+	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+	RETURNING 1
 ), result AS (
 	SELECT item.*,
 	       coalesce(u.stage, q.stage, '') AS now_stage,
@@ -696,6 +721,19 @@ SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attem
 FROM result
 ORDER BY ord`
 
+// emitArgs are the children of items' moves as resolveSQL's $19 to $24: per
+// child its item's ordinal (from 1), stage, payload, state, key and order key.
+func emitArgs(items []core.Item) (ords []int64, stages []string, payloads [][]byte, states, keys, orderKeys []string) {
+	for i, it := range items {
+		for _, e := range it.Emits {
+			ords = append(ords, int64(i+1)) // WITH ORDINALITY counts from 1
+			stages, payloads, states = append(stages, e.Stage), append(payloads, e.Payload), append(states, e.State)
+			keys, orderKeys = append(keys, e.Key), append(orderKeys, e.OrderKey)
+		}
+	}
+	return ords, stages, payloads, states, keys, orderKeys
+}
+
 func resolve(c core.Resolve) statement {
 	n := len(c.Items)
 	ids, stages, verdicts, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -703,6 +741,7 @@ func resolve(c core.Resolve) statement {
 	claims, lineMaxes := make([]bool, n), make([]int32, n)
 	hists, events, handed, ats := make([]bool, n), make([]string, n), make([]*time.Time, n), make([]*time.Time, n)
 	pids, attempts, agains := make([]*int32, n), make([]int32, n), make([]bool, n)
+	cOrd, cStage, cPayload, cState, cKey, cOrderKey := emitArgs(c.Items)
 	for i, it := range c.Items {
 		ids[i], stages[i], verdicts[i], reasons[i], epochs[i] = it.ID, it.Stage, string(it.Verdict), it.Reason, it.Epoch
 		targets[i], patches[i] = it.To, it.Patch
@@ -729,7 +768,7 @@ func resolve(c core.Resolve) statement {
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
 			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
-				hists, events, handed, ats, pids, attempts, agains, c.Traces)
+				hists, events, handed, ats, pids, attempts, agains, c.Traces, cOrd, cStage, cPayload, cState, cKey, cOrderKey)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
@@ -859,11 +898,13 @@ WITH marked AS (
 		updated_at = EXCLUDED.updated_at
 	RETURNING 1
 )
-INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us, updated_at)
+INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us,
+	emitted, emits_dropped, updated_at)
 SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), sum(x.guard_misses),
-       sum(x.retries), sum(x.rate_held_us), now()
-FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
-     AS x(stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us)
+       sum(x.retries), sum(x.rate_held_us), sum(x.emitted), sum(x.emits_dropped), now()
+FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[],
+            $14::bigint[], $15::bigint[])
+     AS x(stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us, emitted, emits_dropped)
 WHERE EXISTS (SELECT 1 FROM applied)
 GROUP BY x.stage
 ON CONFLICT (stage) DO UPDATE SET
@@ -875,22 +916,25 @@ ON CONFLICT (stage) DO UPDATE SET
 	guard_misses = s.guard_misses + EXCLUDED.guard_misses,
 	retries = s.retries + EXCLUDED.retries,
 	rate_held_us = s.rate_held_us + EXCLUDED.rate_held_us,
+	emitted = s.emitted + EXCLUDED.emitted,
+	emits_dropped = s.emits_dropped + EXCLUDED.emits_dropped,
 	updated_at = EXCLUDED.updated_at`
 
 func flush(c core.Flush) statement {
 	n := len(c.Stages)
 	stages := make([]string, n)
 	processed, failed, timeouts, crashes, us, misses := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
-	retries, held := make([]int64, n), make([]int64, n)
+	retries, held, emitted, dropped := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	for i, d := range c.Stages {
 		stages[i] = d.Stage
 		processed[i], failed[i], timeouts[i], crashes[i], us[i], misses[i] = d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS, d.GuardMisses
-		retries[i], held[i] = d.Retries, d.RateHeldUS
+		retries[i], held[i], emitted[i], dropped[i] = d.Retries, d.RateHeldUS, d.Emitted, d.EmitsDropped
 	}
 	return statement{
 		name: "flush",
 		queue: func(b *pgx.Batch) {
-			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses, retries, held, c.Life)
+			b.Queue(flushSQL, c.StagePasses, c.MessagesLeft, c.Seq, stages, processed, failed, timeouts, crashes, us, misses, retries, held, c.Life,
+				emitted, dropped)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			if _, err := br.Exec(); err != nil {

@@ -56,6 +56,12 @@ const (
 	// message every 1000 s).
 	RateMin = 0.001
 	RateMax = 1_000_000
+	// DefaultEmitMax is EMIT_MAX: the most messages one pass of a stage may
+	// emit (docs/protocol.md, "Emitting messages").
+	DefaultEmitMax = 1000
+	// EmitMaxMax bounds EMIT_MAX: the dispatcher holds a pass's emits until
+	// its transaction, up to EMIT_MAX lines of at most 64 KiB each per worker.
+	EmitMaxMax = 100_000
 )
 
 // Config is a parsed pepsi.conf.
@@ -237,6 +243,10 @@ type Stage struct {
 	// HistoryOff leaves this stage's passes out of pepsi.history (key HISTORY,
 	// on or off; default on).
 	HistoryOff bool
+	// EmitMax is the most messages one pass of this stage may emit (emit
+	// lines before its answer); a pass that emits more fails its message
+	// (key EMIT_MAX, a PEPSI extension; default DefaultEmitMax).
+	EmitMax int
 }
 
 // PendingLimitOf is the most messages pending at stage name past which
@@ -380,7 +390,7 @@ func (p *parser) newStage(name string) error {
 	}
 	p.stages[name] = &Stage{Name: name, Parallelism: DefaultParallelism,
 		QueueLimit: DefaultQueueLimit, MaxMessages: DefaultMaxMessages,
-		RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax, Input: InputID}
+		RetryDelay: DefaultRetryDelay, RetryDelayMax: DefaultRetryDelayMax, Input: InputID, EmitMax: DefaultEmitMax}
 	p.stageLine[name] = p.n
 	p.stageOrder = append(p.stageOrder, name)
 	return nil
@@ -403,7 +413,7 @@ func (p *parser) setting(line string) error {
 	p.seen[where] = p.n
 	var known bool
 	var err error
-	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT, MAX_RUNTIME, MAX_PENDING or HISTORY"
+	want := "PROGRAM, PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES, RETRY_LIMIT, RETRY_DELAY, RETRY_DELAY_MAX, RATE, INPUT, MAX_RUNTIME, MAX_PENDING, HISTORY or EMIT_MAX"
 	switch p.section {
 	case "pepsi":
 		known, want = key == "DATABASE", "DATABASE"
@@ -534,6 +544,8 @@ func setStage(s *Stage, key, value string) (known bool, err error) {
 		var on bool
 		on, err = ParseOnOff(value)
 		s.HistoryOff = !on
+	case "EMIT_MAX":
+		s.EmitMax, err = parseEmitMax(value)
 	default:
 		return false, nil
 	}
@@ -622,6 +634,16 @@ func parsePositive(s string) (int, error) {
 	}
 	if n > 1_000_000 {
 		return 0, fmt.Errorf("%s is larger than 1000000", Quote(s))
+	}
+	return n, nil
+}
+
+// parseEmitMax reads EMIT_MAX: a whole number from 0 (the stage emits
+// nothing) to EmitMaxMax.
+func parseEmitMax(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > EmitMaxMax {
+		return 0, fmt.Errorf("%s is not a whole number from 0 to %d", Quote(s), EmitMaxMax)
 	}
 	return n, nil
 }

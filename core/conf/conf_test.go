@@ -108,6 +108,8 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"retry delay above default max", "[stage-a]\nPROGRAM = a\nRETRY_DELAY = 10m\n", "f.conf:3: RETRY_DELAY: RETRY_DELAY_MAX 5m0s is below RETRY_DELAY 10m0s"},
 		{"zero rate", "[stage-a]\nPROGRAM = a\nRATE = 0\n", "f.conf:3: RATE: '0' is not a positive decimal number"},
 		{"word rate", "[stage-a]\nPROGRAM = a\nRATE = fast\n", "f.conf:3: RATE: 'fast' is not a positive decimal number"},
+		{"negative emit max", "[stage-a]\nPROGRAM = a\nEMIT_MAX = -1\n", "f.conf:3: EMIT_MAX: '-1' is not a whole number from 0 to 100000"},
+		{"emit max too large", "[stage-a]\nPROGRAM = a\nEMIT_MAX = 100001\n", "f.conf:3: EMIT_MAX: '100001' is not a whole number from 0 to 100000"},
 		{"negative rate", "[stage-a]\nPROGRAM = a\nRATE = -5\n", "f.conf:3: RATE: '-5' is not a positive decimal number"},
 		{"exponent rate", "[stage-a]\nPROGRAM = a\nRATE = 1e3\n", "f.conf:3: RATE: '1e3' is not a positive decimal number"},
 		{"infinite rate", "[stage-a]\nPROGRAM = a\nRATE = Inf\n", "f.conf:3: RATE: 'Inf' is not a positive decimal number"},
@@ -142,6 +144,7 @@ RETRY_LIMIT = 5
 RETRY_DELAY = 250ms
 RETRY_DELAY_MAX = 1m
 RATE = 2.5
+EMIT_MAX = 7
 
 [stage-plain]
 PROGRAM = plain
@@ -150,11 +153,11 @@ PROGRAM = plain
 		t.Fatal(err)
 	}
 	call, _ := c.Stage("call")
-	if call.RetryLimit != 5 || call.RetryDelay != 250*time.Millisecond || call.RetryDelayMax != time.Minute || call.Rate != 2.5 {
+	if call.RetryLimit != 5 || call.RetryDelay != 250*time.Millisecond || call.RetryDelayMax != time.Minute || call.Rate != 2.5 || call.EmitMax != 7 {
 		t.Errorf("call: %+v", call)
 	}
 	plain, _ := c.Stage("plain")
-	if plain.RetryLimit != 0 || plain.RetryDelay != time.Second || plain.RetryDelayMax != 300*time.Second || plain.Rate != 0 {
+	if plain.RetryLimit != 0 || plain.RetryDelay != time.Second || plain.RetryDelayMax != 300*time.Second || plain.Rate != 0 || plain.EmitMax != conf.DefaultEmitMax {
 		t.Errorf("defaults: %+v", plain)
 	}
 	for _, in := range []string{"50", "0.5", ".25", "1000000"} {

@@ -41,6 +41,9 @@ type Row struct {
 	// TraceParent is the traceparent column, "" for NULL; a claim gives a
 	// row without one a fresh one (trace.go).
 	TraceParent string
+	// ParentID is the parent_id column, 0 for NULL: for a message a stage
+	// emitted, the id of the message whose pass emitted it.
+	ParentID int64
 }
 
 // StateJSON is the whole state column as JSON text with sorted keys, as a
@@ -137,6 +140,9 @@ type Queue struct {
 	// Observe, if set, is called for every change of a row, with the row before and
 	// after and who wrote it, so a simulator can check who moves what.
 	Observe func(Change)
+	// Inserted, if set, is called for every child a resolve inserts (a
+	// message a stage emitted), as it is inserted.
+	Inserted func(Row)
 }
 
 // Writer names who changed a row: a dispatcher command, a stage program, or a
@@ -418,11 +424,51 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 			commit()
 		}
 	}
+	if err := q.orderKeysFree(emittedKeys(cmds)); err != nil {
+		// PostgreSQL's insert of the child would wait for that producer;
+		// the single-threaded fake cannot, so the transaction fails before
+		// it changes anything, as a lock timeout would end it.
+		return Aborted(cmds, fmt.Sprintf("resolve: a child's %v", err))
+	}
 	out := make([]core.Event, 0, len(cmds))
 	for _, cmd := range cmds {
 		out = append(out, q.apply(cmd))
 	}
 	return out
+}
+
+// emittedKeys lists the order keys of the children cmds' resolves emit.
+func emittedKeys(cmds []core.Command) []string {
+	var keys []string
+	for _, cmd := range cmds {
+		if r, ok := cmd.(core.Resolve); ok {
+			for _, it := range r.Items {
+				for _, e := range it.Emits {
+					keys = append(keys, e.OrderKey)
+				}
+			}
+		}
+	}
+	return keys
+}
+
+// insertChildren inserts the children of a move whose guard matched, as
+// resolveSQL does: pending at their stages (blocked behind their order key
+// as any insert), parent_id the moved row's id, in order; a child whose key
+// a row holds already inserts nothing. No NOTIFY: the dispatcher that wrote
+// them learns of them from the outcome.
+func (q *Queue) insertChildren(parent int64, emits []core.Emit) {
+	for _, e := range emits {
+		if e.Key != "" && q.holder(e.Key) != 0 {
+			continue
+		}
+		id := q.add(e.Stage, e.State, e.Payload, e.Key, e.OrderKey)
+		r := q.rows[id-1]
+		r.ParentID = parent
+		if q.Inserted != nil {
+			q.Inserted(*r)
+		}
+	}
 }
 
 // resolves reports whether cmds resolve row id.
@@ -687,6 +733,9 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 				r.Status, r.Attempts = core.StatusPending, 0
 			}
 			q.observe(ByResolve, before, r)
+			if matched && it.Verdict == core.Move {
+				q.insertChildren(r.ID, it.Emits) // (after the parent's change is observed)
+			}
 		}
 		q.recordPass(it, wrote, matched, r)
 		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}

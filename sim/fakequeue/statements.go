@@ -194,7 +194,13 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 		return nil, fmt.Errorf("show message %d: %w", id, store.ErrNotFound)
 	}
 	m := &store.Message{ID: id, Stage: r.Stage, Status: string(r.Status), State: json.RawMessage(r.StateJSON()), Attempts: r.Attempts,
-		DedupKey: r.DedupKey, OrderKey: r.Key, TraceParent: r.TraceParent, CreatedAt: q.created[id], UpdatedAt: q.updated[id], Head: q.head(r)}
+		DedupKey: r.DedupKey, OrderKey: r.Key, TraceParent: r.TraceParent, CreatedAt: q.created[id], UpdatedAt: q.updated[id], Head: q.head(r),
+		ParentID: r.ParentID}
+	for _, c := range q.rows {
+		if c != nil && c.ParentID == id {
+			m.Children++
+		}
+	}
 	if !r.Timeout.IsZero() {
 		t := r.Timeout
 		m.Timeout = &t

@@ -48,6 +48,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"ListCountAndDiscardSelectByOrderKey", testKeySelect},
 		{"CountKeysWaitingSortsTheKeysByWhatTheirHeadDoes", testKeyCountWaiting},
 		{"MonitorBlockedCountsEachStagesBlockedRows", testKeyMonitorBlocked},
+		{"AnEmittedOrderKeyWaitsBehindItsKeysUnfinishedMessage", testKeyEmitted},
 	}
 	runAll(t, tests, open)
 }

@@ -112,7 +112,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	runAll(t, slices.Concat(tests, pressureTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests), open)
+	runAll(t, slices.Concat(tests, pressureTests, emitTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests), open)
 }
 
 // runAll runs each test in parallel on a fresh harness from open.
@@ -968,13 +968,13 @@ func testFlush(t *testing.T, h Harness) {
 
 	flush(t, h, core.Flush{Life: 5, Seq: 2, StagePasses: 1, MessagesLeft: 1, Stages: []core.StageDelta{
 		{Stage: "a", Processed: 1, ProcessingUS: 50, Retries: 2},
-		{Stage: "c", Crashes: 1, GuardMisses: 4, RateHeldUS: 7000},
-		{Stage: "c", Retries: 1, RateHeldUS: 500},
+		{Stage: "c", Crashes: 1, GuardMisses: 4, RateHeldUS: 7000, Emitted: 3},
+		{Stage: "c", Retries: 1, RateHeldUS: 500, Emitted: 2, EmitsDropped: 6},
 	}})
 	want := map[string]core.StageDelta{
 		"a": {Stage: "a", Processed: 6, Failed: 1, Timeouts: 2, Crashes: 3, ProcessingUS: 1050, Retries: 2},
 		"b": {Stage: "b", Processed: 4, ProcessingUS: 400},
-		"c": {Stage: "c", Crashes: 1, GuardMisses: 4, Retries: 1, RateHeldUS: 7500},
+		"c": {Stage: "c", Crashes: 1, GuardMisses: 4, Retries: 1, RateHeldUS: 7500, Emitted: 5, EmitsDropped: 6},
 	}
 	wantStats(t, h, "after seq 2", want, 11, 4, 2)
 
@@ -1188,6 +1188,6 @@ func wantStamped(t *testing.T, h Harness) {
 }
 
 func deltaText(d core.StageDelta) string {
-	return fmt.Sprintf("{stage=%q processed=%d failed=%d timeouts=%d crashes=%d us=%d guard-misses=%d retries=%d rate-held-us=%d}",
-		d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS, d.GuardMisses, d.Retries, d.RateHeldUS)
+	return fmt.Sprintf("{stage=%q processed=%d failed=%d timeouts=%d crashes=%d us=%d guard-misses=%d retries=%d rate-held-us=%d emitted=%d emits-dropped=%d}",
+		d.Stage, d.Processed, d.Failed, d.Timeouts, d.Crashes, d.ProcessingUS, d.GuardMisses, d.Retries, d.RateHeldUS, d.Emitted, d.EmitsDropped)
 }

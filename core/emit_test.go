@@ -1,0 +1,195 @@
+package core_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// emitStages: a splits into b and c; a may emit at most 2 messages a pass.
+const emitStages = `
+[pepsi-dispatch]
+MAX_RUNTIME = 300
+WORKER_IDLE_TIMEOUT = 5
+POLL_INTERVAL = 30
+STATS_INTERVAL = 60
+[stage-a]
+PROGRAM = a
+PARALLELISM = 1
+QUEUE_LIMIT = 4
+EMIT_MAX = 2
+[stage-b]
+PROGRAM = b
+PARALLELISM = 1
+QUEUE_LIMIT = 4
+[stage-c]
+PROGRAM = c
+PARALLELISM = 1
+QUEUE_LIMIT = 4
+`
+
+// emit makes worker wid write an emit line for its head message.
+func (w *world) emit(wid core.WorkerID, line string) []core.Command {
+	w.t.Helper()
+	return w.step(core.Answer{Worker: wid, Line: line})
+}
+
+// childrenOf lists the rows of the fake queue whose parent is id.
+func (w *world) childrenOf(id int64) []string {
+	var out []string
+	for _, r := range w.q.Rows() {
+		if r.ParentID == id {
+			out = append(out, r.Stage+":"+string(r.Status)+":"+r.Payload)
+		}
+	}
+	return out
+}
+
+// Proves: the emit lines before an answered transition ride its item and are
+// inserted with it, parent_id the answered message, in the order emitted; the
+// stage's stats count them as emitted; and the worker goes on with its next
+// message without them.
+func TestEmitsRideTheAnsweredTransitionAndAreInsertedWithIt(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 2)
+	w.emit(1, `+{"stage":"c","payload":"row 1"}`)
+	w.emit(1, `+{"stage":"b","payload":"row 2","state":{"n":2}}`)
+	cmds := answerMove(w, 1, "0 >done")
+	it := itemFor(t, cmds, 1)
+	if len(it.Emits) != 2 || it.Emits[0].Stage != "c" || string(it.Emits[1].Payload) != "row 2" || it.Emits[1].State != `{"n":2}` {
+		t.Fatalf("item %v, want the two emits in order", it)
+	}
+	if got := w.childrenOf(1); strings.Join(got, " ") != "c:running:row 1 b:running:row 2" {
+		t.Errorf("children of 1 = %v, want row 1 at c and row 2 at b, claimed", got)
+	}
+	if it := itemFor(t, answerMove(w, 1, "0 >done"), 2); len(it.Emits) != 0 {
+		t.Errorf("the next message's item %v carries emits of the last pass", it)
+	}
+	flushAll(w)
+	stages, _, _, _ := w.q.Stats()
+	if stages["a"].Emitted != 2 || stages["a"].EmitsDropped != 0 {
+		t.Errorf("stats of a %+v, want 2 emitted, none dropped", stages["a"])
+	}
+}
+
+// Proves: emits before a bare 0, a failure, a retry or a guard miss insert
+// nothing; they are counted as dropped and logged at most once per stage a
+// minute.
+func TestEmitsBeforeAnyOtherAnswerOrAGuardMissInsertNothing(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 3)
+	var logs []string
+	collect := func(cmds []core.Command) {
+		for _, l := range of[core.Log](cmds) {
+			if strings.Contains(l.Msg, "inserted nothing") {
+				logs = append(logs, l.Msg)
+			}
+		}
+	}
+	w.emit(1, `+{"stage":"c","payload":"x"}`)
+	collect(w.answer(1, "b", core.StatusRunning, "0"))
+	w.emit(1, `+{"stage":"c","payload":"y"}`)
+	collect(w.answer(1, "", "", "1 boom"))
+	// The stage finished the row itself and answered a transition too.
+	w.emit(1, `+{"stage":"c","payload":"z"}`)
+	w.emit(1, `+{"stage":"b","payload":"z2"}`)
+	collect(w.answer(1, "a", core.StatusDone, "0 >b"))
+	for id := int64(1); id <= 3; id++ {
+		if got := w.childrenOf(id); len(got) != 0 {
+			t.Errorf("children of %d = %v, want none", id, got)
+		}
+	}
+	if len(logs) != 1 {
+		t.Errorf("logged %d times within a minute, want once: %q", len(logs), logs)
+	}
+	flushAll(w)
+	stages, _, _, _ := w.q.Stats()
+	if stages["a"].EmitsDropped != 4 || stages["a"].Emitted != 0 {
+		t.Errorf("stats of a %+v, want 4 dropped, none emitted", stages["a"])
+	}
+}
+
+// Proves: a malformed emit line, one naming a stage the dispatcher does not
+// run, one longer than AnswerMax and more than EMIT_MAX emits each fail
+// their message with a reason that says so, insert nothing, and the worker
+// lives on (no protocol error).
+func TestABadEmitFailsItsMessageAndTheWorkerLives(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 4)
+	cases := []struct {
+		lines []string
+		cut   bool
+		why   string
+	}{
+		{[]string{`+{"stage":"c","payload":"x"`}, false, "emit line 1 is malformed"},
+		{[]string{`+{"stage":"c","payload":"x"}`, `+{"stage":"nowhere","payload":"x"}`}, false, "emit line 2 names stage 'nowhere'"},
+		{[]string{`+{"stage":"c","payload":"` + strings.Repeat("x", 100)}, true, "emit line 1 is longer than 65536 bytes"},
+		{[]string{`+{"stage":"c","payload":"1"}`, `+{"stage":"c","payload":"2"}`, `+{"stage":"c","payload":"3"}`}, false, "more than EMIT_MAX (2)"},
+	}
+	for i, tc := range cases {
+		id := w.head(1)
+		for _, l := range tc.lines {
+			w.step(core.Answer{Worker: 1, Line: l, Cut: tc.cut})
+		}
+		cmds := answerMove(w, 1, "0 >b")
+		if len(of[core.Kill](cmds)) > 0 {
+			t.Fatalf("case %d: the worker was killed:\n%s", i, list(cmds))
+		}
+		it := itemFor(t, cmds, id)
+		if it.Verdict != core.Fail || !strings.Contains(it.Reason, tc.why) || len(it.Emits) != 0 {
+			t.Errorf("case %d: item %v, want a failure saying %q", i, it, tc.why)
+		}
+		if got := w.childrenOf(id); len(got) != 0 {
+			t.Errorf("case %d: children %v, want none", i, got)
+		}
+	}
+}
+
+// Proves: an emit line with no message outstanding is a protocol error, as
+// any answer would be.
+func TestAnEmitWithNoMessageOutstandingIsAProtocolError(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 1)
+	answerMove(w, 1, "0 >done")
+	if cmds := w.emit(1, `+{"stage":"c","payload":"late"}`); len(of[core.Kill](cmds)) != 1 {
+		t.Fatalf("no kill for an emit after the last answer:\n%s", list(cmds))
+	}
+}
+
+// Proves: ParseEmit reads what Emit.Line writes, and refuses what
+// PostgreSQL would refuse or the protocol does not allow, saying why.
+func TestParseEmit(t *testing.T) {
+	for _, e := range []core.Emit{
+		{Stage: "b", Payload: []byte("plain")},
+		{Stage: "b", Payload: []byte{0xff, 0, 1}, State: `{"a":[1,{"b":null}]}`, Key: "k-1", OrderKey: "acct 9"},
+		{Stage: "b", Payload: []byte{}},
+		{Stage: "b", Payload: []byte("quote \" and \n newline")},
+	} {
+		got, err := core.ParseEmit(e.Line())
+		if err != nil || got.String() != e.String() || string(got.Payload) != string(e.Payload) {
+			t.Errorf("ParseEmit(%s) = %v, %v; want %v", e.Line(), got, err, e)
+		}
+	}
+	if e, err := core.ParseEmit(`+{"stage":"b","payload":{"x":[1, 2]}}`); err != nil || string(e.Payload) != `{"x":[1,2]}` {
+		t.Errorf("a JSON payload = %q, %v; want its compact text", e.Payload, err)
+	}
+	for line, why := range map[string]string{
+		`{"stage":"b","payload":"x"}`: "no '+'",
+		`+{"payload":"x"}`:            `no "stage"`,
+		`+{"stage":"b"}`:              "no payload",
+		`+{"stage":"b","payload":"x","payload_base64":"eA=="}`:                               "both payload and payload_base64",
+		`+{"stage":"b","payload":"x","extra":1}`:                                             `unknown field "extra"`,
+		`+{"stage":"b","payload":"x","state":[1]}`:                                           "state: not a JSON object",
+		`+{"stage":"b","payload":"x","state":{"a":"\u0000"}}`:                                `state: \u0000 in a string`,
+		`+{"stage":"b","payload":"x","key":""}`:                                              "key is empty",
+		`+{"stage":"b","payload":"x","order_key":"a\u0000"}`:                                 `order_key holds \u0000`,
+		`+{"stage":"b","payload":"x"} {}`:                                                    "more than one JSON value",
+		`+[1]`:                                                                               "not a JSON object",
+		`+{"stage":"b","payload":` + strings.Repeat("[", 65) + strings.Repeat("]", 65) + `}`: "nested more than 64 deep",
+	} {
+		if _, err := core.ParseEmit(line); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("ParseEmit(%s) = %v, want an error saying %q", line, err, why)
+		}
+	}
+}

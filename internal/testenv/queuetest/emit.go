@@ -1,0 +1,216 @@
+// The conformance tests of emitted messages (core.Item.Emits): children are
+// inserted with the move that answered them, and only if its guard matched.
+
+package queuetest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
+)
+
+// emitTests run on every Harness.
+var emitTests = []conformanceTest{
+	{"AMovesEmitsAreInsertedPendingWithTheirParentInOrder", testEmitInserted},
+	{"AGuardMissInsertsNoneOfItsEmits", testEmitGuardMiss},
+	{"MovesToDoneToPausedAndMovesThatClaimInsertTheirEmits", testEmitTargets},
+	{"AnEmittedKeyAlreadyInTheQueueInsertsNothing", testEmitDedup},
+	{"AResolveSentAgainAfterItsCommitInsertsNoSecondChildren", testEmitResent},
+}
+
+// move with emits.
+func moveEmitting(id int64, stage, to string, emits ...core.Emit) core.Item {
+	it := move(id, stage, to)
+	it.Emits = emits
+	return it
+}
+
+// show reads one message as pepsi-queue show does.
+func show(t *testing.T, h Harness, id int64) *store.Message {
+	t.Helper()
+	m, err := h.Show(t.Context(), id)
+	if err != nil {
+		t.Fatalf("show %d: %v", id, err)
+	}
+	return m
+}
+
+// childrenAfter lists the messages whose parent is parent among the ids
+// after `after` up to after+span (a child a key kept out may have taken an id
+// and left a gap).
+func childrenAfter(t *testing.T, h Harness, parent, after int64, span int) []*store.Message {
+	t.Helper()
+	var out []*store.Message
+	for id := after + 1; id <= after+int64(span); id++ {
+		m, err := h.Show(t.Context(), id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("show %d: %v", id, err)
+		}
+		if m.ParentID == parent {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func childText(m *store.Message) string {
+	return fmt.Sprintf("{%s:%s payload=%q state=%s key=%q order_key=%q parent=%d}", m.Stage, m.Status, m.Payload, m.State, m.DedupKey, m.OrderKey, m.ParentID)
+}
+
+func testEmitInserted(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	got := resolve(t, h,
+		moveEmitting(ids[0], "a", "b",
+			core.Emit{Stage: "c", Payload: []byte("row 1")},
+			core.Emit{Stage: "b", Payload: []byte{0xff, 0}, State: `{"n":2,"s":"é"}`},
+			core.Emit{Stage: "c", Payload: []byte{}}),
+		move(ids[1], "a", "b"))
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "b", Status: core.StatusPending, Matched: true},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending, Matched: true},
+	})
+	kids := childrenAfter(t, h, ids[0], ids[1], 6)
+	if len(kids) != 3 {
+		t.Fatalf("children of %d: %d, want 3", ids[0], len(kids))
+	}
+	want := []struct {
+		stage, payload, state string
+	}{{"c", "row 1", "map[]"}, {"b", "\xff\x00", "map[n:2 s:é]"}, {"c", "", "map[]"}}
+	for i, k := range kids {
+		var state map[string]any
+		if err := json.Unmarshal(k.State, &state); err != nil {
+			t.Fatalf("child %d: state %s: %v", i, k.State, err)
+		}
+		w := want[i]
+		if k.Stage != w.stage || core.RowStatus(k.Status) != core.StatusPending || string(k.Payload) != w.payload ||
+			fmt.Sprint(state) != w.state || k.ParentID != ids[0] || k.DedupKey != "" || k.OrderKey != "" {
+			t.Errorf("child %d = %s, want pending at %s, payload %q, state %s, parent %d", i, childText(k), w.stage, w.payload, w.state, ids[0])
+		}
+		if i > 0 && k.ID <= kids[i-1].ID {
+			t.Errorf("child %d has id %d, not after child %d's %d: not in the order emitted", i, k.ID, i-1, kids[i-1].ID)
+		}
+	}
+	if m := show(t, h, ids[0]); m.Children != 3 || m.ParentID != 0 {
+		t.Errorf("show %d: children %d parent %d, want 3 children and no parent", ids[0], m.Children, m.ParentID)
+	}
+	if m := show(t, h, ids[1]); m.Children != 0 {
+		t.Errorf("show %d: %d children, want none", ids[1], m.Children)
+	}
+	// Pending at their stages: the claim takes them, with their message.
+	rows := claimRows(t, h, core.Cap{Stage: "c", N: 5, LineMax: 1 << 10})
+	if len(rows) != 2 || rows[0].ID != kids[0].ID || rows[1].ID != kids[2].ID || string(rows[0].Message.Payload) != "row 1" {
+		t.Errorf("claim at c = %v, want children %d and %d", rows, kids[0].ID, kids[2].ID)
+	}
+}
+
+func testEmitGuardMiss(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	// The stage moved its row itself, then answered a transition with emits:
+	// the transition is not written, and neither are its children.
+	h.Stage(t, ids[0], "a", "c", core.StatusRunning, time.Time{})
+	h.Stage(t, ids[1], "a", "a", core.StatusDone, time.Time{})
+	got := resolve(t, h,
+		moveEmitting(ids[0], "a", "b", core.Emit{Stage: "b", Payload: []byte("x")}),
+		moveEmitting(ids[1], "a", core.TargetDone, core.Emit{Stage: "b", Payload: []byte("y")}))
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "c", Status: core.StatusPending},
+		{ID: ids[1], Stage: "a", Status: core.StatusDone},
+	})
+	for _, id := range ids {
+		if m := show(t, h, id); m.Children != 0 {
+			t.Errorf("show %d after a guard miss: %d children, want none", id, m.Children)
+		}
+	}
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 5}); len(rows) != 0 {
+		t.Errorf("claim at b after guard misses = %v, want nothing: no child may exist", rows)
+	}
+}
+
+func testEmitTargets(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	paused := moveEmitting(ids[1], "a", core.TargetPaused, core.Emit{Stage: "c", Payload: []byte("p")})
+	paused.Until = base.Add(time.Hour)
+	claimed := moveEmitting(ids[2], "a", "b", core.Emit{Stage: "c", Payload: []byte("m")})
+	claimed.Claim = true
+	got := resolve(t, h, moveEmitting(ids[0], "a", core.TargetDone, core.Emit{Stage: "c", Payload: []byte("d")}), paused, claimed)
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: core.StatusDone, Matched: true},
+		{ID: ids[1], Stage: "a", Status: core.StatusPaused, Timeout: base.Add(time.Hour), Matched: true},
+		{ID: ids[2], Stage: "b", Status: core.StatusRunning, Matched: true},
+	})
+	for i, id := range ids {
+		kids := childrenAfter(t, h, id, ids[2], 6)
+		want := []string{"d", "p", "m"}[i]
+		if len(kids) != 1 || string(kids[0].Payload) != want || kids[0].Stage != "c" || core.RowStatus(kids[0].Status) != core.StatusPending {
+			t.Errorf("children of %d = %d %v; want one pending at c with payload %q", id, len(kids), kids, want)
+		}
+	}
+}
+
+func testEmitDedup(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	known := insertIngress(t, h, store.IngressRow{Stage: "b", Payload: []byte("first"), Key: key("k1")})[0]
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	resolve(t, h, moveEmitting(ids[0], "a", core.TargetDone,
+		core.Emit{Stage: "c", Payload: []byte("dup"), Key: "k1"},
+		core.Emit{Stage: "c", Payload: []byte("new"), Key: "k2"},
+		core.Emit{Stage: "c", Payload: []byte("twice"), Key: "k2"},
+		core.Emit{Stage: "c", Payload: []byte("plain")}))
+	kids := childrenAfter(t, h, ids[0], known, 8)
+	if len(kids) != 2 || string(kids[0].Payload) != "new" || kids[0].DedupKey != "k2" || string(kids[1].Payload) != "plain" {
+		texts := make([]string, len(kids))
+		for i, k := range kids {
+			texts[i] = childText(k)
+		}
+		t.Fatalf("children = %v; want k2's first (new) and the unkeyed one: a key in the queue, or given twice, inserts once", texts)
+	}
+	if m := show(t, h, known); string(m.Payload) != "first" || m.ParentID != 0 {
+		t.Errorf("the key's first row became %s, want it untouched", childText(m))
+	}
+}
+
+func testEmitResent(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	it := moveEmitting(ids[0], "a", "b", core.Emit{Stage: "c", Payload: []byte("once")})
+	resolve(t, h, it)
+	// Its reply was lost: the core sends it again. The row is pending at b
+	// now, so the guard misses and nothing more is inserted.
+	got := resolve(t, h, it)
+	wantOutcomes(t, got, []core.Outcome{{ID: ids[0], Stage: "b", Status: core.StatusPending}})
+	if m := show(t, h, ids[0]); m.Children != 1 {
+		t.Errorf("show %d after the resolve was sent twice: %d children, want 1", ids[0], m.Children)
+	}
+}
+
+// testKeyEmitted: an emitted message's order key goes through the insert's
+// rules: behind an unfinished message of its key it waits blocked.
+func testKeyEmitted(t *testing.T, h KeyedHarness) {
+	head := h.InsertKeyed(t, "b", "k")
+	ids := h.Insert(t, "a", 1)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1})
+	resolve(t, h, moveEmitting(ids[0], "a", core.TargetDone,
+		core.Emit{Stage: "b", Payload: []byte("behind"), OrderKey: "k"},
+		core.Emit{Stage: "b", Payload: []byte("alone"), OrderKey: "fresh"}))
+	kids := childrenAfter(t, h, ids[0], ids[0], 4)
+	if len(kids) != 2 {
+		t.Fatalf("%d children, want 2", len(kids))
+	}
+	if kids[0].OrderKey != "k" || core.RowStatus(kids[0].Status) != core.StatusBlocked || kids[0].Head == nil || kids[0].Head.ID != head {
+		t.Errorf("child of key k = %s head %+v; want blocked behind %d", childText(kids[0]), kids[0].Head, head)
+	}
+	if kids[1].OrderKey != "fresh" || core.RowStatus(kids[1].Status) != core.StatusPending {
+		t.Errorf("child of a key of its own = %s; want pending", childText(kids[1]))
+	}
+}
