@@ -361,7 +361,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
 		"PREPARE resolve(bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], "+
-			"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[]) AS "+store.ResolveSQL)
+			"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool, bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveSQL)
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -373,7 +373,8 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", items), ",") + "}'" }
 	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0"),
-		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true"}, ", ")
+		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true",
+		"'{}'", "'{}'", "'{}'", "'{}'", "'{}'", "'{}'"}, ", ") // no emits
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "resolve", args)
 		blocks, lookups := 0.0, 0.0
