@@ -150,38 +150,43 @@ func ParseEmit(line string) (Emit, error) {
 	if d.More() {
 		return Emit{}, errors.New("more than one JSON value on the line")
 	}
+	return emitOf(obj.Stage, obj.Key, obj.OrderKey, obj.Payload, obj.PayloadBase64, obj.State)
+}
+
+// emitOf checks and takes the decoded fields of an emit line (see ParseEmit).
+func emitOf(stage, key, orderKey *string, payload json.RawMessage, payloadBase64 *string, state json.RawMessage) (Emit, error) {
 	var e Emit
-	if obj.Stage == nil || *obj.Stage == "" {
+	if stage == nil || *stage == "" {
 		return e, errors.New(`no "stage"`)
 	}
-	e.Stage = *obj.Stage
+	e.Stage = *stage
 	var err error
-	if obj.Key != nil {
-		if e.Key, err = emitKey("key", *obj.Key, EmitKeyMax); err != nil {
+	if key != nil {
+		if e.Key, err = emitKey("key", *key, EmitKeyMax); err != nil {
 			return e, err
 		}
 	}
-	if obj.OrderKey != nil {
-		if e.OrderKey, err = emitKey("order_key", *obj.OrderKey, EmitOrderKeyMax); err != nil {
+	if orderKey != nil {
+		if e.OrderKey, err = emitKey("order_key", *orderKey, EmitOrderKeyMax); err != nil {
 			return e, err
 		}
 	}
 	switch {
-	case obj.Payload != nil && obj.PayloadBase64 != nil:
+	case payload != nil && payloadBase64 != nil:
 		return e, errors.New("both payload and payload_base64 given; want one")
-	case obj.PayloadBase64 != nil:
-		if e.Payload, err = base64.StdEncoding.DecodeString(*obj.PayloadBase64); err != nil {
+	case payloadBase64 != nil:
+		if e.Payload, err = base64.StdEncoding.DecodeString(*payloadBase64); err != nil {
 			return e, fmt.Errorf("payload_base64: %w", err)
 		}
-	case len(obj.Payload) > 0 && obj.Payload[0] == '"':
+	case len(payload) > 0 && payload[0] == '"':
 		var s string
-		if err := json.Unmarshal(obj.Payload, &s); err != nil {
+		if err := json.Unmarshal(payload, &s); err != nil {
 			return e, fmt.Errorf("payload: %w", err)
 		}
 		e.Payload = []byte(s)
-	case obj.Payload != nil:
+	case payload != nil:
 		var compact bytes.Buffer
-		if err := json.Compact(&compact, obj.Payload); err != nil {
+		if err := json.Compact(&compact, payload); err != nil {
 			return e, fmt.Errorf("payload: %w", err)
 		}
 		e.Payload = compact.Bytes()
@@ -191,9 +196,9 @@ func ParseEmit(line string) (Emit, error) {
 	if e.Payload == nil {
 		e.Payload = []byte{}
 	}
-	if len(obj.State) > 0 && string(obj.State) != "null" {
+	if len(state) > 0 && string(state) != "null" {
 		var compact bytes.Buffer
-		if err := json.Compact(&compact, obj.State); err != nil {
+		if err := json.Compact(&compact, state); err != nil {
 			return e, fmt.Errorf("state: %w", err)
 		}
 		if why := checkPatch(compact.String()); why != "" {

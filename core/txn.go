@@ -221,9 +221,7 @@ func (c *Core) resolved(e Resolved) {
 		if it.Claim {
 			c.byName[it.To].reserved--
 		}
-		if o.Matched && it.Verdict == Move {
-			c.emitted(it)
-		}
+		c.emitted(it, o)
 		if o.Status == StatusRunning && it.Claim && o.Matched {
 			// Moved and claimed: not a race, the row is this core's at To.
 			delete(c.races, o.ID)
@@ -242,10 +240,7 @@ func (c *Core) resolved(e Resolved) {
 		c.keyOutcome(it, o)
 		if it.Verdict == Move && !o.Matched && !unsure && !raced {
 			// (After a lost reply the first send may have written it: no miss then.)
-			c.stat(it.Stage).GuardMisses++
-			c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
-				o.ID, it.Stage, o.Status, o.Stage)
-			c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "missed its guard")
+			c.guardMissed(it, o)
 		}
 		c.outcome(it, o)
 	}
@@ -298,12 +293,22 @@ func (c *Core) outcome(it Item, o Outcome) {
 	}
 }
 
-// emitted takes in the children a matched move inserted (Item.Emits): they
+// guardMissed counts and logs a move whose row was no longer running at its
+// stage: nothing was written, its emits inserted nothing.
+func (c *Core) guardMissed(it Item, o Outcome) {
+	c.stat(it.Stage).GuardMisses++
+	c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
+		o.ID, it.Stage, o.Status, o.Stage)
+	c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "missed its guard")
+}
+
+// emitted takes in the children a matched move inserted (Item.Emits, when
+// its Outcome o Matched): they
 // are pending at their stages (or blocked behind their order key, or not
 // there at all when their key was known), rows the core did not count, so
 // each such stage may have more and is no longer known to be dry.
-func (c *Core) emitted(it Item) {
-	if len(it.Emits) == 0 {
+func (c *Core) emitted(it Item, o Outcome) {
+	if len(it.Emits) == 0 || !o.Matched || it.Verdict != Move {
 		return
 	}
 	c.stat(it.Stage).Emitted += int64(len(it.Emits))

@@ -1403,8 +1403,8 @@ func (w *world) liveness(r *rule, x crossing) {
 		return
 	}
 	rows := w.q.Rows()
-	if len(rows) != w.inserted {
-		w.broke(r, "%d rows in the queue, %d inserted", len(rows), w.inserted)
+	if len(rows) != w.inserted+w.childrenIn {
+		w.broke(r, "%d rows in the queue, %d inserted and %d emitted", len(rows), w.inserted, w.childrenIn)
 		return
 	}
 	for _, row := range rows {

@@ -44,6 +44,8 @@ type wmodel struct {
 	headSince time.Time    // when queue[0] became the head, as the core saw it
 	idleSince time.Time    // when it last had nothing to do
 	answers   []answerInfo // lines written, not yet delivered
+	emits     []answerInfo // emit lines the core took for its head's pass (emit.go)
+	pass      string       // the pass of the last status line it answered (emit.go; "" for none that emitted)
 }
 
 // expect is how the core must resolve a message it no longer hands to a worker.
@@ -55,6 +57,8 @@ type expect struct {
 	reason  string     // a non-zero answer's reason ("" when the line had none)
 	answer  bool       // answered 0: failing it is right only if the stage did not write
 	move    *core.Item // answered a transition: the To, Until and Patch the item must carry
+	emits   int        // answered a transition: the messages its pass emitted (emit.go)
+	pass    string     // answered: the pass that emitted before the answer (emit.go), "" for none
 	// retryFrom and retryTo bound a Retry's timeout: [delay, delay × (1 +
 	// core.RetryJitter)) after the answer.
 	retryFrom, retryTo time.Time
@@ -523,6 +527,9 @@ func (w *world) modelResolved(e core.Resolved) {
 		if s, ok := w.stageOf(ex.stage); ok && ex.verdict != core.Requeue && o.Status == core.StatusPending && o.Stage != ex.stage {
 			w.learnFeed(s, o.Stage) // the pass sent its message on
 		}
+		if ex.verdict == core.Move && o.Matched {
+			w.truth().stage(ex.stage).Emitted += int64(ex.emits)
+		}
 		if o.Status == core.StatusRunning && ex.claim && o.Matched {
 			if w.modelMovedClaimed(o); w.fail != nil {
 				return
@@ -549,6 +556,7 @@ func (w *world) modelResolved(e core.Resolved) {
 			// The row was no longer running at the stage: a guard miss (unless
 			// an earlier send, whose reply was lost, wrote it).
 			w.truth().stage(ex.stage).GuardMisses++
+			w.truth().stage(ex.stage).EmitsDropped += int64(ex.emits)
 		}
 		if o.Status == core.StatusPending {
 			if s, ok := w.stageOf(o.Stage); ok {
@@ -639,7 +647,14 @@ func (w *world) modelAnswer(e core.Answer) {
 	if x.proto {
 		return // the core ignores a worker after its protocol error
 	}
+	if a.emit {
+		w.modelEmit(x, a)
+		return
+	}
 	if len(x.queue) == 0 || a.malformed {
+		if len(x.queue) > 0 {
+			w.modelPass(x, x.queue[0], a) // its emits die with the worker
+		}
 		// A line with nothing outstanding, or no status line, is a protocol
 		// error: the core must kill the worker in this step, even if it had
 		// already killed it for another reason: the line decides how its head
@@ -663,6 +678,8 @@ func (w *world) modelAnswer(e core.Answer) {
 	w.cool[x.stage] = cooldown{} // the program works: its cooldown ends
 	delete(w.startFails, head)
 
+	x.pass = ""
+	badEmit, emits := w.modelPass(x, head, a)
 	t := w.truth()
 	var fusedUS int64
 	for _, f := range a.fused {
@@ -673,11 +690,17 @@ func (w *world) modelAnswer(e core.Answer) {
 	}
 	t.stage(stage).ProcessingUS += max(0, elapsed-fusedUS)
 	t.passes += int64(len(a.fused))
+	if badEmit {
+		// An emit line it must refuse fails the message, whatever the answer.
+		w.expects[head] = &expect{verdict: core.Fail, why: "an emit line the dispatcher must refuse", stage: stage, pass: x.pass}
+		return
+	}
 	if !a.bad && (a.move != nil || a.code == 0) {
 		t.stage(stage).Processed++
 		t.passes++
 	}
 	w.expects[head] = w.expectAnswer(x, head, a)
+	w.expects[head].emits, w.expects[head].pass = emits, x.pass
 	if !a.bad && a.move != nil {
 		w.learnFeed(x.stage, a.move.To)
 	}

@@ -468,14 +468,19 @@ var crashCodes = []struct {
 
 // answerInfo is what the world knows about a line it made a worker write.
 type answerInfo struct {
-	line      string
-	malformed bool
-	code      int
-	reason    string
-	fused     []core.Fused
-	bad       bool          // a transition the dispatcher cannot write
-	move      *core.Item    // an answered transition: its To and Patch
-	pauseFor  time.Duration // with To paused
+	line string
+	// emit: an emit line ("+{…}") of the head's pass, not a status line;
+	// emitBad: one the dispatcher must refuse (its message fails); pass:
+	// the pass it belongs to (emitPass).
+	emit, emitBad bool
+	pass          string
+	malformed     bool
+	code          int
+	reason        string
+	fused         []core.Fused
+	bad           bool          // a transition the dispatcher cannot write
+	move          *core.Item    // an answered transition: its To and Patch
+	pauseFor      time.Duration // with To paused
 }
 
 // parseFailLine splits one of failLines (the world's own, so it knows the shape).
@@ -491,6 +496,9 @@ func parseFailLine(line string) answerInfo {
 // answer writes a status line; it reaches the core after the pipe's latency,
 // after everything the process wrote before.
 func (w *world) answer(p *proc, a answerInfo) {
+	if p.busy {
+		w.emitLines(p, p.cur, a)
+	}
 	t := w.outTime(p)
 	w.queueAnswer(p.id, a)
 	w.at(t, p.life, w.deliver(core.Answer{Worker: p.id, Line: a.line}))

@@ -128,7 +128,7 @@ var rules = []*rule{
 	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders, ruleKeyHeldOnce,
 	ruleHandToReady, ruleKeyOnePerPipeline, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
-	ruleWatchdog, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
+	ruleWatchdog, ruleChildrenOnce, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
 	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleHistoryItem, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
 	rulePressureHolds,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,

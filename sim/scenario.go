@@ -43,6 +43,13 @@ type Scenario struct {
 	// shuffle: answers of several workers that reach the dispatcher at one
 	// instant come in an order the world draws (chooseArrivalOrder).
 	shuffle bool
+	// produced: messages[:produced] are the producers' messages; the rest
+	// are the templates of emitted messages, one per stage (chooseEmits):
+	// what a child does at the stage it was emitted to.
+	produced int
+	// emitMax is every stage's EMIT_MAX when stages emit (0: they do not,
+	// and the configuration leaves it out).
+	emitMax int
 }
 
 type stageConf struct {
@@ -98,6 +105,9 @@ type visit struct {
 	fusedUS            int64 // the fused stage's reported time
 	latency            time.Duration
 	trouble            []attempt
+	// emits: every try of the visit writes this many emit lines to stage
+	// emitTo before its status line (chooseEmits).
+	emits, emitTo int
 	// lag: a stage that writes its transition itself answers this long after
 	// its commit (a worker descheduled between COMMIT and its write), so the
 	// row may be moved by others meanwhile (an operator's retry of a failed one).
@@ -124,11 +134,12 @@ const (
 	kDoubleWrite                // commit the good transition and answer it too
 	kAgain                      // answer the stage itself as the target ("0 >a" at a): it runs again
 	kBack                       // answer the stage before as the target ("0 >a" at b): it goes back, a cycle of stages
+	kBadEmit                    // write an emit line the dispatcher must refuse (line), then answer the good transition
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
 	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow", "-",
-	"bad-answer", "double-write", "again", "back"}
+	"bad-answer", "double-write", "again", "back", "bad-emit"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -146,7 +157,7 @@ func (k kind) writes() bool {
 // of writing it when its visit answers (visit.answers).
 func (k kind) answerable() bool {
 	switch k {
-	case kGood, kPause, kHang, kSlow, kAgain, kBack:
+	case kGood, kPause, kHang, kSlow, kAgain, kBack, kBadEmit:
 		return true
 	}
 	return false
@@ -171,6 +182,10 @@ var (
 	// malformedLines must each be rejected by the protocol (docs/protocol.md:
 	// "anything else is a protocol error").
 	malformedLines = []string{"OK", "", "0 fused", "0 b:", "0 +0", "0 a:-1", "zero", "0x1 hex", " 0", "0 :5", "1.5 half"}
+	// badEmits are emit lines the dispatcher must refuse, failing their
+	// message (the worker lives on); "" stands for one emit line more than
+	// EMIT_MAX, "zz" is never a stage.
+	badEmits = []string{"", `+{"stage":"zz","payload":"x"}`, `+{"stage":"a"}`, `+{"stage":"a","payload":"x"`, `+{"stage":"a","payload":"x","state":[1]}`, "+"}
 )
 
 type faults struct {
@@ -320,6 +335,7 @@ func choose(c chooser) *Scenario {
 	chooseKeys(c, sc)
 	choosePressure(c, sc)
 	chooseHistory(c, sc)
+	chooseEmits(c, sc)
 	return sc
 }
 
@@ -328,6 +344,44 @@ func choose(c chooser) *Scenario {
 func chooseHistory(c chooser, sc *Scenario) {
 	for i := range sc.stages {
 		sc.stages[i].historyOff = c.intn(sc.stages[i].name+".history_off", 0, 3) == 3
+	}
+}
+
+// chooseEmits chooses stages that emit messages: one scenario in two, some
+// visits that answer their transitions have every try write emit lines
+// first (none, some, or EMIT_MAX), to one of the stages, and some have a
+// first try whose emit line the dispatcher must refuse. Every emitted
+// message is then a message of its own at the stage it was emitted to,
+// whose one pass finishes it (the templates after messages[:produced]).
+// Drawn last: the other scenarios play as they did before this chapter.
+func chooseEmits(c chooser, sc *Scenario) {
+	sc.produced = len(sc.messages)
+	if c.intn("emits", 0, 1) < 1 {
+		return
+	}
+	sc.emitMax = 3
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			v := &m.visits[j]
+			if !v.answers {
+				continue
+			}
+			switch c.intn("visit.emits", 0, 4) {
+			case 1, 2:
+				v.emits, v.emitTo = c.intn("visit.emits_n", 1, sc.emitMax), c.intn("visit.emit_to", 0, len(sc.stages)-1)
+			case 3:
+				v.emits, v.emitTo = sc.emitMax, c.intn("visit.emit_to", 0, len(sc.stages)-1)
+			case 4:
+				v.emits, v.emitTo = 1, c.intn("visit.emit_to", 0, len(sc.stages)-1)
+				v.trouble = append([]attempt{{kind: kBadEmit, latency: millis(c.intn("try.latency_ms", 1, 3000)),
+					line: badEmits[c.intn("try.bad_emit", 0, len(badEmits)-1)]}}, v.trouble...)
+			}
+		}
+	}
+	for s := range sc.stages {
+		sc.messages = append(sc.messages, message{first: s, last: s, end: core.StatusDone,
+			visits: []visit{{answers: true, latency: time.Millisecond}}})
 	}
 }
 
@@ -797,6 +851,9 @@ func (sc *Scenario) Conf() string {
 		if st.maxPending > 0 {
 			fmt.Fprintf(&b, "MAX_PENDING = %d\n", st.maxPending)
 		}
+		if sc.emitMax > 0 {
+			fmt.Fprintf(&b, "EMIT_MAX = %d\n", sc.emitMax)
+		}
 	}
 	return b.String()
 }
@@ -812,6 +869,9 @@ func (sc *Scenario) String() string {
 	fmt.Fprintf(&b, "# queue: autovacuum %v, %d dead row versions per row change\n", sc.autovacuum, sc.deadScale)
 	sc.writeFaults(&b)
 	for i, m := range sc.messages {
+		if i == sc.produced {
+			b.WriteString("# the messages stages emit, by the stage they are emitted to:\n")
+		}
 		sc.writeMessage(&b, i, m)
 	}
 	return b.String()
@@ -891,10 +951,13 @@ func (sc *Scenario) writeMessage(b *strings.Builder, i int, m message) {
 			if a.pause > 0 {
 				fmt.Fprintf(b, " for %s", a.pause)
 			}
-			if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter || a.kind == kBadAnswer {
+			if a.line != "" || a.kind == kMalformed || a.kind == kMalformedAfter || a.kind == kBadAnswer || a.kind == kBadEmit {
 				fmt.Fprintf(b, " %q", a.line)
 			}
 			b.WriteString(", ")
+		}
+		if v.emits > 0 {
+			fmt.Fprintf(b, "each try emits %d to %s, ", v.emits, sc.stages[v.emitTo].name)
 		}
 		fmt.Fprintf(b, "good %s", v.latency)
 		if v.fuse {

@@ -190,6 +190,13 @@ type world struct {
 	tries      [][]int
 	wrote      []bool // the current or last try of the row committed a transition
 	inserted   int
+	// The passes that emitted messages, by passKey; the last of each
+	// message; and, while a transaction runs, the pass each of its resolve
+	// items writes (emit.go).
+	passes     map[string]*emitPass
+	childrenIn int // the rows the fake queue inserted as children
+	lastPass   map[int64]string
+	resolving  map[int64]string
 
 	model
 
@@ -245,7 +252,9 @@ func newWorld(sc *Scenario, opt Options) *world {
 	w.q.Observe = func(c fakequeue.Change) {
 		w.observe(c)
 		w.watchLongPause(c)
+		w.observeResolved(c)
 	}
+	w.q.Inserted = w.childInserted
 	return w
 }
 
@@ -324,7 +333,7 @@ func (w *world) run() {
 // deadline on the world's clock.
 func (w *world) schedule() {
 	sc := w.sc
-	for i, m := range sc.messages {
+	for i, m := range sc.messages[:sc.produced] {
 		if m.at == 0 {
 			w.insert(i)
 		} else {
@@ -397,6 +406,8 @@ func (w *world) healBound() time.Duration {
 	for _, m := range sc.messages {
 		for _, v := range m.visits {
 			work += v.latency + 100*time.Millisecond
+			// Each pass that commits may emit messages, each a pass of its own.
+			work += time.Duration(v.emits*(1+len(v.trouble))) * 150 * time.Millisecond
 		}
 	}
 	// A message may wait out its longest retry delay (and its jitter) after the
@@ -453,7 +464,7 @@ func (w *world) finished() bool {
 // quiescent: every message is inserted and final, the core holds nothing and no
 // queue transaction is outstanding.
 func (w *world) quiescent() bool {
-	if !w.running || w.inserted < len(w.sc.messages) || w.txn != nil || w.txnOut || !w.nothingHeld() {
+	if !w.running || w.inserted < w.sc.produced || w.txn != nil || w.txnOut || !w.nothingHeld() {
 		return false
 	}
 	for _, r := range w.q.Rows() {
@@ -475,8 +486,8 @@ func (w *world) unfinished() string {
 			parts = append(parts, s)
 		}
 	}
-	if w.inserted < len(w.sc.messages) {
-		parts = append(parts, fmt.Sprintf("%d not inserted", len(w.sc.messages)-w.inserted))
+	if w.inserted < w.sc.produced {
+		parts = append(parts, fmt.Sprintf("%d not inserted", w.sc.produced-w.inserted))
 	}
 	if len(parts) == 0 {
 		parts = append(parts, "(every row is final, but the core still holds or owes messages: "+w.heldText()+")")
@@ -1190,6 +1201,7 @@ func (w *world) vacuum(x core.Vacuum) {
 func (w *world) exec(t *txn) []core.Event {
 	t.applied = true
 	w.execLife = t.life
+	w.resolvingPasses(t.cmds)
 	var res []core.Event
 	from := 0
 	for i, cmd := range t.cmds {
