@@ -229,7 +229,7 @@ var mutants = []mutant{
 	mut("lost-gate-ignored", "no-wait-for-heartbeat", "a gate whose connection died still counts as held",
 		"func (c *Core) restLost() {\n\tif c.gate == gateResting {", "func (c *Core) restLost() {\n\tif false {"),
 	mut("fused-passes-dropped", "flush-not-late", "stages fused into a pass are not counted in stage_passes",
-		"\tc.passes += int64(len(s.Fused))\n", ""),
+		"\tc.passes += int64(len(fused))\n", ""),
 	// Keeping the queue vacuumed.
 	mut("inspect-timer-forgotten", "inspect-due", "no timer for the next inspection: the queue's health is read late",
 		"\tat(c.inspectAt())\n", ""),
