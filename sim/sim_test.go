@@ -185,10 +185,11 @@ func TestRules(t *testing.T) {
 // their transactions open for seconds and the fake world began drawing pauses
 // of a fraction of a second and the order of answers at one instant; seeds 56
 // and 57 took the places of 7 and 24, whose worlds began drawing order keys;
-// seed 7 took the place of 2, whose world began drawing emitted messages.
+// seed 14 took the place of 48 when the worlds began drawing emitted
+// messages (after history's chapter).
 // The counts above are from before that.)
 func TestTheCheckerCatchesALateTransactionOutlivingItsDoubt(t *testing.T) {
-	for _, seed := range []uint64{7, 48, 56, 57} {
+	for _, seed := range []uint64{2, 14, 56, 57} {
 		res := sim.Run(sim.NewScenario(seed), sim.Options{LateOutlivesDoubt: true})
 		if res.Failure == nil || res.Failure.Rule != "no-stale-verdict" {
 			t.Errorf("seed %d with a late transaction outliving its doubt: %v; want rule no-stale-verdict broken", seed, res.Failure)
