@@ -537,6 +537,7 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	if m.OrderKey != "" {
 		fmt.Fprintf(tw, "order key\t%s\n", m.OrderKey)
 	}
+	printLineage(tw, m)
 	if core.RowStatus(m.Status) == core.StatusBlocked {
 		fmt.Fprintf(tw, "waits\t%s\n", waitsBehind(m.Head, now))
 	}
@@ -785,9 +786,26 @@ EXAMPLES
 					return nil
 				}
 				printHistory(a.stdout, hist, created)
+				if m != nil && (m.ParentID != 0 || m.Children != 0) {
+					tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+					printLineage(tw, m)
+					return tw.Flush()
+				}
 				return nil
 			})
 		},
+	}
+}
+
+// printLineage names the message whose pass emitted m (docs/protocol.md,
+// "Emitting messages") and counts the messages m's passes emitted, if any:
+// each is a message of its own, with its own history.
+func printLineage(tw io.Writer, m *queueadmin.Message) {
+	if m.ParentID != 0 {
+		fmt.Fprintf(tw, "parent\t%d (emitted by its pass; pepsi-queue history %d)\n", m.ParentID, m.ParentID)
+	}
+	if m.Children != 0 {
+		fmt.Fprintf(tw, "children\t%d (messages its passes emitted)\n", m.Children)
 	}
 }
 
