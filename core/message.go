@@ -25,6 +25,9 @@ type Message struct {
 	// claim reports it even for a payload it did not read, so the core can say
 	// how large the message was.
 	PayloadSize int
+	// ParentID is the parent_id column: for a message a stage's pass emitted,
+	// the id of the message whose pass emitted it; 0 for none.
+	ParentID int64
 }
 
 func (m *Message) String() string {
@@ -66,6 +69,10 @@ func MessageLine(r Row, lineMax int) (line, why string) {
 	if r.Key != "" {
 		b.WriteString(`,"order_key":`)
 		writeJSONString(&b, []byte(r.Key))
+	}
+	if m.ParentID != 0 {
+		b.WriteString(`,"parent_id":`)
+		b.WriteString(strconv.FormatInt(m.ParentID, 10))
 	}
 	if r.Trace.Pass != "" {
 		b.WriteString(`,"traceparent":`)

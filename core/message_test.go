@@ -153,6 +153,21 @@ func TestMessageLineDecodesToTheRow(t *testing.T) {
 	}
 }
 
+// Proves: the line of a message a stage's pass emitted carries its parent_id
+// (and the line of any other message none), so a stage sees where its message
+// came from without a database.
+func TestMessageLineCarriesTheParentOfAnEmittedMessage(t *testing.T) {
+	m := &core.Message{State: `{}`, Payload: []byte("row 2"), PayloadSize: 5, ParentID: 812345}
+	line, why := core.MessageLine(core.Row{ID: 9, Stage: "s", Message: m}, 1<<20)
+	if why != "" || !strings.Contains(line, `"parent_id":812345,`) {
+		t.Errorf("line %q (%s) lacks \"parent_id\":812345", line, why)
+	}
+	m.ParentID = 0
+	if line, _ := core.MessageLine(core.Row{ID: 9, Stage: "s", Message: m}, 1<<20); strings.Contains(line, "parent_id") {
+		t.Errorf("line %q of a message no pass emitted names a parent", line)
+	}
+}
+
 // Proves: a message stage's bare "0" (which says the stage wrote its own
 // transition, which it cannot) fails the message with a reason that says so,
 // and the worker lives on.

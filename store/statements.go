@@ -334,13 +334,14 @@ WITH over AS (
 		CASE WHEN u.stage = ANY ($5::text[]) THEN u.state::text END AS state,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN coalesce(octet_length(u.payload), -1) END AS payload_size,
 		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload,
+		CASE WHEN u.stage = ANY ($5::text[]) THEN u.parent_id END AS parent_id,
 		CASE WHEN $8::bool THEN u.traceparent END AS trace,
 		CASE WHEN $8::bool OR u.stage = ANY ($5::text[])
 		     THEN pepsi.pass_traceparent(u.traceparent, u.ingress_id, u.stage, u.updated_at) END AS pass_trace
 )
-SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload, trace, pass_trace FROM claimed
+SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload, parent_id, trace, pass_trace FROM claimed
 UNION ALL
-SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
+SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
 ORDER BY 1 NULLS LAST, 2`
 
 // overSQL names the stages $1 that have more than $2 rows pending above
@@ -488,7 +489,8 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	var key, state, trace, passTrace *string
 	var size *int32
 	var payload []byte
-	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload, &trace, &passTrace); err != nil {
+	var parent *int64
+	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload, &parent, &trace, &passTrace); err != nil {
 		return row, err
 	}
 	if id == nil {
@@ -503,6 +505,9 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	}
 	if state != nil && size != nil {
 		row.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
+		if parent != nil {
+			row.Message.ParentID = *parent
+		}
 	}
 	row.Trace = readTrace(trace, passTrace)
 	return row, nil
@@ -661,6 +666,7 @@ WITH item AS (
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.state::text END AS msg_state,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN coalesce(octet_length(q.payload), -1) END AS payload_size,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload,
+		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.parent_id END AS msg_parent,
 		CASE WHEN d.matched AND d.to_status = 'running' AND $18::bool THEN q.traceparent END AS trace,
 		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool)
 		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace
@@ -686,7 +692,7 @@ WITH item AS (
 	       coalesce(u.matched, false) AS now_matched,
 	       u.ingress_id IS NOT NULL AS wrote,
 	       CASE WHEN u.claimed THEN u.attempts ELSE 0 END AS now_attempts,
-	       u.msg_state, u.payload_size, u.payload, u.trace, u.pass_trace
+	       u.msg_state, u.payload_size, u.payload, u.msg_parent, u.trace, u.pass_trace
 	FROM item
 	LEFT JOIN updated u ON u.ingress_id = item.id
 	LEFT JOIN LATERAL (
@@ -717,7 +723,7 @@ WITH item AS (
 	       p.handed_at, p.at, p.pid, p.attempts
 	FROM passes p
 )
-SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, trace, pass_trace
+SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_trace
 FROM result
 ORDER BY ord`
 
@@ -781,12 +787,16 @@ func resolve(c core.Resolve) statement {
 				var state, trace, passTrace *string
 				var size *int32
 				var payload []byte
-				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &trace, &passTrace); err != nil {
+				var parent *int64
+				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passTrace); err != nil {
 					return o, err
 				}
 				o.Trace = readTrace(trace, passTrace)
 				if state != nil && size != nil {
 					o.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
+					if parent != nil {
+						o.Message.ParentID = *parent
+					}
 				}
 				// The timeout column keeps its last value after a wake; it means
 				// something only while the row is paused.

@@ -70,7 +70,7 @@ func (r Row) StateJSON() string {
 // message is what a claim for an INPUT = message stage reads of r: its state,
 // and its payload unless it is longer than lineMax bytes.
 func (r Row) message(lineMax int) *core.Message {
-	m := &core.Message{State: r.StateJSON(), PayloadSize: -1}
+	m := &core.Message{State: r.StateJSON(), PayloadSize: -1, ParentID: r.ParentID}
 	if r.HasPayload {
 		m.PayloadSize = len(r.Payload)
 		if len(r.Payload) <= lineMax {

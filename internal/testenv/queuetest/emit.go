@@ -108,7 +108,29 @@ func testEmitInserted(t *testing.T, h Harness) {
 	// Pending at their stages: the claim takes them, with their message.
 	rows := claimRows(t, h, core.Cap{Stage: "c", N: 5, LineMax: 1 << 10})
 	if len(rows) != 2 || rows[0].ID != kids[0].ID || rows[1].ID != kids[2].ID || string(rows[0].Message.Payload) != "row 1" {
-		t.Errorf("claim at c = %v, want children %d and %d", rows, kids[0].ID, kids[2].ID)
+		t.Fatalf("claim at c = %v, want children %d and %d", rows, kids[0].ID, kids[2].ID)
+	}
+	// The claim reads a message stage's parent_id for its line.
+	for _, r := range rows {
+		if r.Message.ParentID != ids[0] {
+			t.Errorf("claim at c read row %d's parent as %d, want %d", r.ID, r.Message.ParentID, ids[0])
+		}
+	}
+	// A message no pass emitted has none; a move that claims reads it too.
+	rows = claimRows(t, h, core.Cap{Stage: "b", N: 5, LineMax: 1 << 10})
+	if len(rows) != 3 {
+		t.Fatalf("claim at b = %v, want %d, %d and child %d", rows, ids[0], ids[1], kids[1].ID)
+	}
+	for _, r := range rows {
+		if want := map[bool]int64{true: ids[0]}[r.ID == kids[1].ID]; r.Message.ParentID != want {
+			t.Errorf("claim at b read row %d's parent as %d, want %d", r.ID, r.Message.ParentID, want)
+		}
+	}
+	claiming := move(kids[1].ID, "b", "c")
+	claiming.Claim, claiming.LineMax = true, 1<<10
+	out := resolve(t, h, claiming)
+	if o := out[0]; o.Status != core.StatusRunning || o.Message == nil || o.Message.ParentID != ids[0] {
+		t.Errorf("the move that claims child %d at c = %+v, want it running with its message and parent %d", kids[1].ID, o, ids[0])
 	}
 }
 
