@@ -47,6 +47,8 @@
 //	stderr:TEXT   write TEXT to standard error
 //	exit:N        exit with status N at once (before or after a commit above)
 //	segv          die by SIGSEGV at once
+//	emit:S:N      write N emit lines before the answer, each a message at stage
+//	              S with payload "ID/I" (docs/protocol.md, "Emitting messages")
 //	noop          do nothing (with no transition: answer 0, leave the row running)
 //	flood:BYTES   write BYTES bytes of "x" to standard output, no newline
 //	closeout      close standard output (the process lives on)
@@ -82,6 +84,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/stagelog"
 	"github.com/pepsi-pipeline/pepsi/stage"
@@ -436,6 +439,17 @@ func act(id int64, op, answer string) (string, error) {
 		os.Exit(n)
 	case "segv":
 		segv()
+	case "emit":
+		// emit:STAGE:N writes N emit lines before the answer, each a message
+		// at STAGE whose payload names its parent and its place.
+		to, count, _ := strings.Cut(arg, ":")
+		n, _ := strconv.Atoi(count)
+		for i := range n {
+			e := core.Emit{Stage: to, Payload: []byte(fmt.Sprintf("%d/%d", id, i))}
+			if _, err := os.Stdout.WriteString(e.Line() + "\n"); err != nil {
+				return "", err
+			}
+		}
 	case "noop":
 	case "flood":
 		n, _ := strconv.Atoi(arg)

@@ -1,0 +1,90 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Emit lines checked from outside (docs/protocol.md, "Emitting messages"):
+// the real dispatcher on PostgreSQL, a stage that emits three messages per
+// pass, and the dispatcher killed with SIGKILL mid-run.
+
+// emitConf: split (teststage) emits, its children are finished by collect,
+// an INPUT = message filter that answers 0 >done.
+const emitConf = `[pepsi-dispatch]
+POLL_INTERVAL = 30
+[stage-split]
+PROGRAM = @BIN@/teststage
+PARALLELISM = 2
+QUEUE_LIMIT = 4
+EMIT_MAX = 3
+[stage-collect]
+PROGRAM = @BIN@/filterstage
+PARALLELISM = 2
+QUEUE_LIMIT = 8
+INPUT = message
+`
+
+// TestEmittedChildrenExistOnceForEachCommittedPassThroughASIGKILL: 300
+// messages each emit three children before "0 >done". The dispatcher is
+// killed with SIGKILL while it works and a new one finishes the run: every
+// parent ends done with exactly its three children (none lost with the dead
+// dispatcher's last transaction, none twice when a pass it never committed
+// ran again), every child names its parent, and no worker crashed. A
+// message that emits a fourth child (EMIT_MAX = 3), or one at a stage the
+// dispatcher does not run, fails with a reason that says so and leaves no
+// child; the worker lives on.
+func TestEmittedChildrenExistOnceForEachCommittedPassThroughASIGKILL(t *testing.T) {
+	t.Parallel()
+	const n, each = 300, 3
+	e := newEnv(t, emitConf)
+	e.insertN("split", fmt.Sprintf("split=sleep:5+emit:collect:%d+answer:0 >done", each), n)
+	over := e.insert("split", "split=emit:collect:4+answer:0 >done", "split=emit:nowhere:1+answer:0 >done")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd, out := command(ctx, "-c", e.conf, "-log-format", "json")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	waitFor(t, 60*time.Second, "a third of the parents done", func() (bool, string) {
+		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'split' AND status = 'done'`)
+		return k >= n/3, fmt.Sprintf("%d done", k)
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'split' AND status = 'done'`); k >= n {
+		t.Fatalf("all %d parents were done before the kill: the test killed nothing mid-run", k)
+	}
+	d := e.start()
+	e.waitCounts(90*time.Second, map[string]int{"done": n * (1 + each), "failed": 2})
+	d.stopClean()
+
+	if k := e.scalar(`SELECT count(*) FROM (SELECT p.ingress_id FROM pepsi.queue p
+		LEFT JOIN pepsi.queue c ON c.parent_id = p.ingress_id
+		WHERE p.stage = 'split' AND p.status = 'done' GROUP BY p.ingress_id HAVING count(c.ingress_id) <> $1) x`, each); k != 0 {
+		t.Errorf("%d done parents have other than %d children\n%s", k, each, out)
+	}
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue c WHERE c.stage = 'collect'
+		AND (c.parent_id IS NULL OR convert_from(c.payload, 'UTF8') NOT LIKE c.parent_id || '/%')`); k != 0 {
+		t.Errorf("%d children do not name the parent whose pass emitted them", k)
+	}
+	if k := e.scalar(`SELECT count(*) FROM (SELECT parent_id, payload FROM pepsi.queue WHERE parent_id IS NOT NULL
+		GROUP BY 1, 2 HAVING count(*) > 1) x`); k != 0 {
+		t.Errorf("%d children were inserted more than once", k)
+	}
+	e.expectRow(over[0], "failed", "split", "EMIT_MAX")
+	e.expectRow(over[1], "failed", "split", "which this dispatcher does not run")
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = ANY ($1)`, over); k != 0 {
+		t.Errorf("the messages whose emits were refused left %d children", k)
+	}
+	if st := e.stageStats()["split"]; st.Crashes != 0 {
+		t.Errorf("split's workers crashed %d times; a bad emit must fail its message, not the worker", st.Crashes)
+	}
+}
