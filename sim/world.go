@@ -1148,13 +1148,15 @@ func (w *world) endLate() {
 	}
 }
 
-// commitLate commits the late transaction, if it has not committed yet.
+// commitLate commits the late transaction, if it has not committed yet (a
+// dispatcher that crashed may have seen it commit already: endLife; a
+// transaction commits once).
 func (w *world) commitLate() {
 	t := w.late
-	if t == nil {
+	w.late = nil
+	if t == nil || t.applied {
 		return
 	}
-	w.late = nil
 	w.note("the transaction whose reply was lost commits now")
 	w.lateExec = true
 	w.exec(t)
