@@ -394,6 +394,16 @@ func choosePressure(c chooser, sc *Scenario) {
 	if c.intn("pressure", 0, 1) < 1 {
 		return
 	}
+	if len(sc.faults.rawRetries) > 0 {
+		// Not with an operator's own SQL that makes keyed messages pending
+		// without their keys' release: such a message, behind an older one of
+		// its key, counts toward its stage's MAX_PENDING while no claim may
+		// take it, and when the older one waits at a stage that feeds it,
+		// back-pressure holds that stage for good (a known gap,
+		// docs/protocol.md, "Back-pressure between stages"; rule
+		// pressure-never-stops found it).
+		return
+	}
 	for i := range sc.stages {
 		if c.intn(sc.stages[i].name+".max_pending", 0, 2) > 0 {
 			sc.stages[i].maxPending = int64(c.intn(sc.stages[i].name+".max_pending_n", 1, 3))

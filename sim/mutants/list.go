@@ -269,7 +269,7 @@ var mutants = []mutant{
 		"limits := c.limits(txn)", "limits := []Limit(nil)"),
 	mut("pressure-never-released", "pressure-held-only-while-over", "a stage found over its limit stays so for the core: the stages that feed it are held for good",
 		"t.pressure.over = now\n", "t.pressure.over = t.pressure.over || now\n"),
-	mut("pressure-held-by-own-limit", "pressure-held-only-while-over", "a stage over its own MAX_PENDING is held too, so a cycle of full stages stops",
+	mut("pressure-held-by-own-limit", "claim-yields-at-most-half", "a stage over its own MAX_PENDING is held too, so a cycle of full stages stops (its claim takes nothing where it had room; rule pressure-held-only-while-over saw it first before the emit scenarios)",
 		"if c.shutdown > 0 || st.pressure.over {", "if c.shutdown > 0 {"),
 	mut("pressure-feeder-forgotten", "pressure-holds", "a stage's own advance seen in a resolve outcome does not make it a feeder",
 		"c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on", "_ = o // the pass sent its message on"),
