@@ -121,7 +121,7 @@ func ParseEmit(line string) (Emit, error) {
 	if !ok {
 		return Emit{}, errors.New("not an emit line (no '+')")
 	}
-	if d := jsonDepth(text); d > emitDepthMax {
+	if d := JSONDepth(text); d > emitDepthMax {
 		return Emit{}, fmt.Errorf("nested more than %d deep", emitDepthMax)
 	}
 	var obj struct {
@@ -224,9 +224,10 @@ func emitKey(name, k string, most int) (string, error) {
 	return k, nil
 }
 
-// jsonDepth is the deepest nesting of arrays and objects in text, read as
-// JSON (strings skipped); malformed text is the decoder's to refuse.
-func jsonDepth(text string) int {
+// JSONDepth is the deepest nesting of arrays and objects in text, read as
+// JSON (strings skipped); malformed text is the decoder's to refuse. Emit
+// lines and pepsi-ingress's messages (internal/msgjson) bound it alike.
+func JSONDepth[T ~string | ~[]byte](text T) int {
 	d, most, inString, escaped := 0, 0, false, false
 	for i := 0; i < len(text); i++ {
 		switch c := text[i]; {

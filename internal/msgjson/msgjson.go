@@ -27,6 +27,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // KeyMax bounds a key, in bytes: it is stored in a unique btree index, whose
@@ -116,7 +118,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 		return m, nil
 	}
 	if f.Limit {
-		if d := depth(text); d > DepthMax {
+		if d := core.JSONDepth(text); d > DepthMax {
 			return Message{}, fmt.Errorf("nested more than %d deep", DepthMax)
 		}
 	}
@@ -435,33 +437,6 @@ func skipSpace(text []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// depth is the deepest nesting of arrays and objects in text, read as JSON
-// (strings skipped); malformed text is the decoder's to refuse.
-func depth(text []byte) int {
-	d, most, inString, escaped := 0, 0, false, false
-	for _, c := range text {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
-			d++
-			most = max(most, d)
-		case c == '}' || c == ']':
-			d--
-		}
-	}
-	return most
 }
 
 // HasNUL reports whether a decoded JSON value holds a NUL character in a key or
