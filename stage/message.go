@@ -77,7 +77,9 @@ func readLine(r *bufio.Reader, max int) (string, error) {
 // message handles one input line of message mode and returns its answer. The
 // handler's transition goes on the line with its state changes as the patch;
 // what only a database could write (Failed, a deleted state key, Message.Tx)
-// is answered as this message's failure with a reason saying why.
+// is answered as this message's failure with a reason saying why. The
+// messages the handler emitted go out before the status line of a
+// transition, and with no other answer.
 func (w *worker) message(ctx context.Context, line string) string {
 	// The line is read by the one parser of message lines that pepsi-queue,
 	// pepsi-ingress and pepsi-stage-check use too (docs/protocol.md,
@@ -113,6 +115,9 @@ func (w *worker) message(ctx context.Context, line string) string {
 	if move == nil { // Failed: only a database can set state.error
 		return failure(t.reason)
 	}
+	if bad := m.emitsBlock(prefix, ""); bad != "" {
+		return bad
+	}
 	patch, deleted, err := statePatch(before, m.State)
 	switch {
 	case err != nil:
@@ -125,7 +130,7 @@ func (w *worker) message(ctx context.Context, line string) string {
 	if len(out) > answerMax {
 		return failure(fmt.Sprintf("%sthe state patch makes the answer %d bytes, over the %d a line may carry (use INPUT = id)", prefix, len(out), answerMax))
 	}
-	return out
+	return m.withEmits(out)
 }
 
 // chain runs the stage's handler and, while it advances to a fused stage, that

@@ -31,6 +31,26 @@
 // (state || patch): "0 >deliver tag:153 {"region":"eu"}". Such a pass costs no
 // round trip of its own; a batch of ids costs one.
 //
+// # Emitting messages
+//
+// A handler may emit new messages, for example one per row of an uploaded
+// file, with Message.Emit:
+//
+//	for _, row := range rows {
+//		if err := m.Emit(stage.Emit{Stage: "row", Payload: row}); err != nil {
+//			return stage.Error(err.Error())
+//		}
+//	}
+//	return stage.Done()
+//
+// The library writes them as emit lines ("+{"stage":"row","payload":…}")
+// before the status line, and the dispatcher inserts them, with parent_id,
+// in the transaction that writes the answered transition: they exist exactly
+// when the pass committed (docs/protocol.md, "Emitting messages"). They ride
+// only Advance, Done and Pause; with Failed, Error or Retry nothing is
+// emitted, and a transition the library must write itself (below) fails the
+// message rather than lose or orphan its children. Both input modes emit.
+//
 // # Transitions the library writes itself
 //
 // Some transitions cannot go on the line, and the library writes them itself, in
@@ -143,6 +163,9 @@ type Message struct {
 	// the library then writes itself. Its Commit and Rollback refuse (the library
 	// ends it); Begin makes a savepoint.
 	Tx pgx.Tx
+
+	// emitted holds what Emit collected in this pass.
+	emitted emitted
 }
 
 // Options configure Run. Main fills them from the command line, the environment

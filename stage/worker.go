@@ -293,7 +293,9 @@ func (w *worker) read(ctx context.Context, id int64, rows map[int64]row) (row, e
 // only when it cannot go on the line: Failed (there is no target for it), a
 // deleted state key, a patch too long for a line, Options.WriteTransitions; and
 // when the handler used Message.Tx, whose statements must commit with it (see
-// lazyTx). It then answers a bare 0.
+// lazyTx). It then answers a bare 0. The messages the handler emitted
+// (Message.Emit) go out before an answered transition only; a transition
+// the library writes itself cannot carry them (see Message.Emit).
 func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string, error) {
 	r, run, err := w.runnable(ctx, id, rows)
 	if !run {
@@ -321,14 +323,30 @@ func (w *worker) pass(ctx context.Context, id int64, rows map[int64]row) (string
 	if bad != "" {
 		return bad, nil
 	}
-	if t.answer != nil && !w.writeAll && !tx.begun() && tx.err == nil {
+	if t.answer == nil { // Failed: the library writes it; a failed pass emits nothing
+		return w.write(ctx, &r, tx, t, m.State, fused, prefix)
+	}
+	if bad := m.emitsBlock(prefix, ""); bad != "" {
+		return bad, nil
+	}
+	why := ""
+	switch {
+	case w.writeAll:
+		why = "this program writes every transition itself (WriteTransitions)"
+	case tx.begun():
+		why = "the handler used Message.Tx"
+	case tx.err == nil:
 		line, bad := answerLine(t.answer, fused, before, m.State, prefix)
 		if bad != "" {
 			return bad, nil
 		}
 		if line != "" {
-			return line, nil
+			return m.withEmits(line), nil
 		}
+		why = "the handler deleted a state key or changed more of it than a line carries"
+	}
+	if bad := m.emitsBlock(prefix, why); bad != "" {
+		return bad, nil
 	}
 	return w.write(ctx, &r, tx, t, m.State, fused, prefix)
 }

@@ -88,3 +88,64 @@ func TestEmittedChildrenExistOnceForEachCommittedPassThroughASIGKILL(t *testing.
 		t.Errorf("split's workers crashed %d times; a bad emit must fail its message, not the worker", st.Crashes)
 	}
 }
+
+// TestTheStageLibraryEmitsThroughTheDispatcherInBothInputModes: a stage built
+// with the Go stage library (teststage's libstage personality, whose emit op
+// calls Message.Emit) emits three children per message before Done, as an
+// INPUT = id and as an INPUT = message stage. Every parent ends done with
+// exactly its three children, each at collect with parent_id naming it and
+// finished there. A handler that emits and then fails (Failed, or Error)
+// leaves no child, and since the library writes no emit line for it, the
+// dispatcher counts no emit as dropped.
+func TestTheStageLibraryEmitsThroughTheDispatcherInBothInputModes(t *testing.T) {
+	t.Parallel()
+	const n, each = 40, 3
+	e := newEnv(t, `[pepsi-dispatch]
+POLL_INTERVAL = 30
+[stage-splitid]
+PROGRAM = @BIN@/libstage
+PARALLELISM = 2
+QUEUE_LIMIT = 4
+[stage-splitmsg]
+PROGRAM = @BIN@/libstage
+INPUT = message
+PARALLELISM = 2
+QUEUE_LIMIT = 4
+[stage-collect]
+PROGRAM = @BIN@/filterstage
+PARALLELISM = 2
+QUEUE_LIMIT = 8
+INPUT = message
+`)
+	var failing []int64
+	for _, st := range []string{"splitid", "splitmsg"} {
+		e.insertN(st, fmt.Sprintf("%s=emit:collect:%d+done", st, each), n)
+		failing = append(failing, e.insert(st, st+"=emit:collect:2+failed", st+"=emit:collect:2+answer:1 broken")...)
+	}
+	d := e.start()
+	e.waitCounts(60*time.Second, map[string]int{"done": 2 * n * (1 + each), "failed": len(failing)})
+	d.stopClean()
+
+	if k := e.scalar(`SELECT count(*) FROM (SELECT p.ingress_id FROM pepsi.queue p
+		LEFT JOIN pepsi.queue c ON c.parent_id = p.ingress_id
+		WHERE p.stage IN ('splitid', 'splitmsg') AND p.status = 'done'
+		GROUP BY p.ingress_id HAVING count(c.ingress_id) <> $1) x`, each); k != 0 {
+		t.Errorf("%d done parents have other than %d children", k, each)
+	}
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue c JOIN pepsi.queue p ON p.ingress_id = c.parent_id
+		WHERE c.stage = 'collect' AND c.status = 'done' AND convert_from(c.payload, 'UTF8') LIKE c.parent_id || '/%'
+		  AND p.stage = $1`, "splitmsg"); k != n*each {
+		t.Errorf("%d children of the INPUT = message stage are done at collect naming their parent, want %d", k, n*each)
+	}
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = ANY ($1)`, failing); k != 0 {
+		t.Errorf("the messages whose handler failed after emitting left %d children", k)
+	}
+	var emitted, dropped int64
+	if err := e.db.QueryRow(context.Background(), `SELECT coalesce(sum(emitted), 0), coalesce(sum(emits_dropped), 0)
+		FROM pepsi.stage_stats WHERE stage IN ('splitid', 'splitmsg')`).Scan(&emitted, &dropped); err != nil {
+		t.Fatal(err)
+	}
+	if emitted != 2*n*each || dropped != 0 {
+		t.Errorf("stage_stats: emitted %d, emits_dropped %d; want %d and 0 (a failed handler's emits are never written)", emitted, dropped, 2*n*each)
+	}
+}

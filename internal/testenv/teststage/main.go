@@ -54,7 +54,8 @@
 //	closeout      close standard output (the process lives on)
 //
 // The libstage personality understands advance, done, failed, pause, sleep,
-// exit and answer (as stage.Error with the LINE's text after its code).
+// exit, emit (through Message.Emit) and answer (as stage.Error with the
+// LINE's text after its code). It serves INPUT = message stages too.
 //
 // # Record
 //
@@ -522,6 +523,14 @@ func libHandler(_ context.Context, m *stage.Message) stage.Result {
 		case "exit":
 			n, _ := strconv.Atoi(arg)
 			os.Exit(n)
+		case "emit":
+			to, count, _ := strings.Cut(arg, ":")
+			n, _ := strconv.Atoi(count)
+			for i := range n {
+				if err := m.Emit(stage.Emit{Stage: to, Payload: []byte(fmt.Sprintf("%d/%d", m.ID, i))}); err != nil {
+					return stage.Error(err.Error())
+				}
+			}
 		default:
 			return stage.Error("teststage: op " + op + " is not for libstage")
 		}
