@@ -4,6 +4,9 @@
 // -queue-limit unanswered as pepsi-dispatch does), and reports for each
 // the answer, whether it parses as a status line, and how long it took; then
 // lines nobody asked for, and how the program ended at the end of its input.
+// Emit lines ("+{…}") before an answer belong to its message: each is read
+// by the dispatcher's own reader, and emits before an answer that inserts
+// none of them are named.
 // It exits 0 only when every answer is valid. See docs/pepsi-stage-check.1.md.
 //
 // It never connects to a database and never writes anything but its report.
@@ -61,6 +64,7 @@ type options struct {
 	count      int
 	stage      string
 	queueLimit int
+	emitMax    int
 	answerWait time.Duration
 	exitWait   time.Duration
 	argv       []string
@@ -76,6 +80,7 @@ func parse(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.count, "n", 5, "how many messages to generate when -messages is not given")
 	fs.StringVar(&o.stage, "stage", "check", "the stage name: PEPSI_STAGE, and the stage of generated messages")
 	fs.IntVar(&o.queueLimit, "queue-limit", 1, "how many messages the program may hold unanswered, as QUEUE_LIMIT in pepsi.conf: more are written only as answers come (1: one at a time, each answer timed alone)")
+	fs.IntVar(&o.emitMax, "emit-max", conf.DefaultEmitMax, "the stage's EMIT_MAX in pepsi.conf: the most emit lines one message may have")
 	fs.DurationVar(&o.answerWait, "answer-wait", 2*time.Second, "how long to wait for each answer before calling it missing")
 	fs.DurationVar(&o.exitWait, "exit-wait", 5*time.Second, "how long the program may take to exit after the end of its input")
 	if _, err := cliflags.Parse(fs, args, ""); err != nil {
@@ -92,6 +97,9 @@ func parse(args []string, stdout, stderr io.Writer) (options, error) {
 	}
 	if o.count < 1 || o.queueLimit < 1 || o.answerWait <= 0 || o.exitWait <= 0 {
 		return o, errors.New("-n, -queue-limit, -answer-wait and -exit-wait must be positive")
+	}
+	if o.emitMax < 0 || o.emitMax > conf.EmitMaxMax {
+		return o, fmt.Errorf("-emit-max %d: want 0 to %d, as EMIT_MAX", o.emitMax, conf.EmitMaxMax)
 	}
 	if !conf.ValidStageName(o.stage) {
 		return o, fmt.Errorf("-stage %q is not a stage name", o.stage)
@@ -231,6 +239,9 @@ type output struct {
 type result struct {
 	in      input
 	answer  *output
+	emits   []output      // its emit lines, the first emitMax+1 of them
+	nEmits  int           // how many emit lines came before its answer
+	dropped int           // emit lines valid but before an answer that inserts none
 	sent    time.Time     // when it was written
 	wait    time.Duration // from writing the input to its answer
 	late    bool          // the answer came only after the end of input
@@ -246,6 +257,15 @@ type report struct {
 	stray   []output // lines beyond the inputs
 	exit    string
 	exitOK  bool
+}
+
+// dropped counts the valid emit lines that insert nothing.
+func (r *report) dropped() int {
+	n := 0
+	for _, x := range r.results {
+		n += x.dropped
+	}
+	return n
 }
 
 func (r *report) ok() bool {
@@ -388,12 +408,19 @@ func (f *feeder) notRead(inputs []input, why string) {
 }
 
 // answered gives line l to the oldest unanswered input, or calls it stray.
+// An emit line belongs to that input too, and leaves it unanswered.
 func (f *feeder) answered(l output, late bool) {
 	if len(f.pending) == 0 {
 		f.rep.stray = append(f.rep.stray, l)
 		return
 	}
 	x := &f.rep.results[f.pending[0]]
+	if core.IsEmitLine(l.line) {
+		if x.nEmits++; len(x.emits) <= f.o.emitMax { // bounded: one past the limit tells enough
+			x.emits = append(x.emits, l)
+		}
+		return
+	}
 	if len(f.pending) <= f.open {
 		f.open-- // it was still within its wait
 	}
@@ -458,6 +485,10 @@ func (x *result) judge(o options) {
 		x.verdict = fmt.Sprintf("LATE: it came only after the end of input, not within %s: likely cause: standard output is not flushed after each answer", o.answerWait)
 		return
 	}
+	if bad := x.badEmit(o); bad != "" {
+		x.verdict = bad
+		return
+	}
 	x.valid = true
 	switch t := st.Transition; {
 	case st.Code != 0:
@@ -486,6 +517,53 @@ func (x *result) judge(o options) {
 	if len(st.Fused) > 0 {
 		x.verdict += fmt.Sprintf(", %d fused stage(s)", len(st.Fused))
 	}
+	x.judgeEmits(st)
+}
+
+// badEmit is the verdict on the first emit line the dispatcher would fail
+// the message for (read by its own reader), or "". Whether the stage an emit
+// names is configured is the dispatcher's to check.
+func (x *result) badEmit(o options) string {
+	const fails = ": pepsi-dispatch fails the message, and inserts none of its emits"
+	if x.nEmits > o.emitMax {
+		return fmt.Sprintf("INVALID: %d emit lines, more than -emit-max (EMIT_MAX) %d%s", x.nEmits, o.emitMax, fails)
+	}
+	for i, e := range x.emits {
+		if e.long {
+			return fmt.Sprintf("INVALID emit line %d: longer than %d bytes%s", i+1, answerLineMax, fails)
+		}
+		if _, err := core.ParseEmit(e.line); err != nil {
+			return fmt.Sprintf("INVALID emit line %d: %q: %v%s", i+1, clip(e.line), err, fails)
+		}
+	}
+	return ""
+}
+
+// judgeEmits adds a valid answer's emits to its verdict: the messages they
+// make, or, before an answer the dispatcher does not write (a bare 0, a
+// failure, a retry), that they insert nothing.
+func (x *result) judgeEmits(st core.Status) {
+	if x.nEmits == 0 {
+		return
+	}
+	if st.Code != 0 || st.Transition == nil {
+		x.dropped = x.nEmits
+		x.verdict += fmt.Sprintf("; but its %d emit line(s) insert nothing: emits count only before an answered transition (0 >TARGET); pepsi-dispatch counts them in emits_dropped", x.nEmits)
+		return
+	}
+	per := map[string]int{}
+	var order []string
+	for _, e := range x.emits {
+		em, _ := core.ParseEmit(e.line) // badEmit read them all
+		if per[em.Stage]++; per[em.Stage] == 1 {
+			order = append(order, em.Stage)
+		}
+	}
+	var to []string
+	for _, stage := range order {
+		to = append(to, fmt.Sprintf("%d to %s", per[stage], stage))
+	}
+	x.verdict += fmt.Sprintf(", emits %d message(s): %s", x.nEmits, strings.Join(to, ", "))
 }
 
 func (r *report) print(w io.Writer) {
@@ -510,7 +588,14 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintln(w, x.verdict)
 	}
 	for _, l := range r.stray {
+		if core.IsEmitLine(l.line) {
+			fmt.Fprintf(w, "STRAY LINE: %q: an emit line after the last answer (emit lines go before the answer of the message that emits them)\n", clip(l.line))
+			continue
+		}
 		fmt.Fprintf(w, "STRAY LINE: %q: more lines than messages (a log line on stdout, or two answers for one message?)\n", clip(l.line))
+	}
+	if n := r.dropped(); n > 0 {
+		fmt.Fprintf(w, "NOTE: %d emit line(s) came before an answer that is no transition (a bare 0, a failure, a retry): valid, but pepsi-dispatch inserts none of them\n", n)
 	}
 	fmt.Fprintln(w, "end of input:", r.exit)
 	if r.ok() {

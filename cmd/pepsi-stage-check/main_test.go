@@ -51,15 +51,55 @@ func wantReport(t *testing.T, report string, parts ...string) {
 	}
 }
 
-// Proves: the example stages pass, in message mode, with generated messages.
+// Proves: the example stages pass, in message mode, with generated messages,
+// those that emit included, whose emits are reported with their answers.
 func TestTheExampleStagesPass(t *testing.T) {
-	for _, p := range []string{"../../examples/stages/words.py", "../../examples/stages/finish.sh"} {
+	for _, p := range []string{"../../examples/stages/words.py", "../../examples/stages/finish.sh",
+		"../../examples/stages/split_csv.py", "../../examples/stages/fanout.sh"} {
 		code, report := runCheck(t, p)
 		if code != 0 {
 			t.Errorf("%s: exit %d, want 0", p, code)
 		}
 		wantReport(t, report, "message 5 (id 5): answer", "exit status 0", "OK: every answer is valid")
+		switch filepath.Base(p) {
+		case "split_csv.py":
+			wantReport(t, report, "message 1 (id 1): answer \"0 >done {\\\"rows\\\":1}\"", "emits 1 message(s): 1 to row")
+		case "fanout.sh":
+			wantReport(t, report, "valid: finish (done), emits 2 message(s): 2 to deliver")
+		}
 	}
+}
+
+// Proves: emit lines are checked with the answer they come before: valid ones
+// are counted per stage; a malformed one, or more than -emit-max, makes the
+// answer INVALID (the dispatcher fails that message) and fails the check;
+// emits before a failure or a bare 0 are valid but named as inserting
+// nothing; an emit line after the last answer is a stray line.
+func TestEmitLinesAreCheckedWithTheirAnswer(t *testing.T) {
+	p := script(t, "emits.sh", `#!/bin/sh
+n=0
+while read -r l; do
+	n=$((n+1))
+	case $n in
+	1) echo '+{"stage":"row","payload":"a"}'; echo '+{"stage":"log","payload_base64":"/w=="}'; echo '+{"stage":"row","payload":"b"}'; echo '0 >done' ;;
+	2) echo '+{"stage":"row","payload":"a","nope":1}'; echo '0 >done' ;;
+	3) echo '+{"stage":"row","payload":"a"}'; echo '7 cannot split' ;;
+	4) for i in 1 2 3 4; do echo '+{"stage":"row"}'; done; echo '0 >next' ;;
+	*) echo '0 >done'; echo '+{"stage":"row","payload":"late"}' ;;
+	esac
+done
+`)
+	code, report := runCheck(t, "-emit-max", "3", p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report,
+		`message 1 (id 1): answer "0 >done"`, "valid: finish (done), emits 3 message(s): 2 to row, 1 to log",
+		"message 2 (id 2): answer \"0 >done\"", "INVALID emit line 1:", "unknown field",
+		`valid: the message fails (code 7, reason "cannot split"); but its 1 emit line(s) insert nothing`,
+		"INVALID: 4 emit lines, more than -emit-max (EMIT_MAX) 3",
+		`STRAY LINE: "+{\"stage\":\"row\",\"payload\":\"late\"}": an emit line after the last answer`,
+		"NOTE: 1 emit line(s) came before an answer that is no transition", "FAILED")
 }
 
 // Proves: a stage that does not flush its answers shows as answers that came
