@@ -2,23 +2,27 @@ package httpd_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // poll waits up to 20 s for the JavaScript expression cond to hold in the
@@ -228,17 +232,40 @@ func shot(t *testing.T, b context.Context, name string) {
 }
 
 // A message's page shows its history: each pass with its stage, wait,
-// duration, worker and outcome, and the transitions between; the page is
-// opened from the failures list. /api/messages/ID carries the same rows.
+// duration, worker and outcome, and the transitions between; its payload's
+// size; the message whose pass emitted it, linked, and the messages its
+// passes emitted, counted, the first store.ChildrenMax of them linked. The
+// page is opened from the failures list, the parent's from the link.
+// /api/messages/ID carries the same.
 func TestTheMessagePageShowsItsHistory(t *testing.T) {
 	t.Parallel()
 	url := newKnownRun(t)
 	failed := idOf(t, url, "deliver", "failed")
-	if _, err := pgtest.Connect(t, url).Exec(ctx, `INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts) VALUES
+	owner := pgtest.Connect(t, url)
+	if _, err := owner.Exec(ctx, `INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts) VALUES
 		($1, 'parse', 'moved', 'deliver', now() - interval '10 s', now() - interval '9 s', 4241, 0),
 		($1, 'deliver', 'retry', 'smtp: busy', now() - interval '8 s', now() - interval '7 s', 4242, 0),
 		($1, 'deliver', 'woken', '', NULL, now() - interval '5 s', NULL, 1),
 		($1, 'deliver', 'failed', 'smtp: refused', now() - interval '3 s', now() - interval '500 ms', 4242, 1)`, failed); err != nil {
+		t.Fatal(err)
+	}
+	// Its parent, done, and children: two more than the page lists.
+	var parent int64
+	if err := owner.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, status, payload) VALUES ('parse', 'done', 'x') RETURNING ingress_id`).Scan(&parent); err != nil {
+		t.Fatal(err)
+	}
+	children := store.ChildrenMax + 2
+	rows, err := owner.Query(ctx, `INSERT INTO pepsi.queue (stage, status, payload, parent_id)
+		SELECT 'notify', 'pending', 'x', $1 FROM generate_series(1, $2) RETURNING ingress_id`, failed, children)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(kids)
+	if _, err := owner.Exec(ctx, `UPDATE pepsi.queue SET parent_id = $2, payload = convert_to(repeat('p', 1536), 'UTF8') WHERE ingress_id = $1`, failed, parent); err != nil {
 		t.Fatal(err)
 	}
 	src := open(t, httpd.Options{Database: url, CacheMaxAge: 50 * time.Millisecond})
@@ -247,6 +274,18 @@ func TestTheMessagePageShowsItsHistory(t *testing.T) {
 	code, body := get(t, fmt.Sprintf("%s/api/messages/%d", srv.URL, failed))
 	if code != http.StatusOK || !strings.Contains(body, `"event":"failed","detail":"smtp: refused"`) || !strings.Contains(body, `"worker_pid":4242`) {
 		t.Errorf("GET /api/messages/%d: %d %s; want its history", failed, code, body)
+	}
+	var m httpd.Message
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatalf("GET /api/messages/%d: %v: %s", failed, err, body)
+	}
+	if m.PayloadSize == nil || *m.PayloadSize != 1536 || m.PayloadSizeError != "" || m.ParentID != parent || m.Children != int64(children) ||
+		!slices.Equal(m.FirstChildren, kids[:store.ChildrenMax]) {
+		t.Errorf("GET /api/messages/%d: payload size %v (%q), parent %d, %d children, first %v; want 1536, %d, %d, %v",
+			failed, m.PayloadSize, m.PayloadSizeError, m.ParentID, m.Children, m.FirstChildren, parent, children, kids[:store.ChildrenMax])
+	}
+	if strings.Contains(body, "ppppp") {
+		t.Errorf("GET /api/messages/%d shows the payload: %s", failed, body)
 	}
 	b := browser(t)
 	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/")); err != nil {
@@ -271,6 +310,24 @@ func TestTheMessagePageShowsItsHistory(t *testing.T) {
 	if woken := mustText(t, b, `#history tbody tr[data-event="woken"]`); !strings.Contains(woken, "woken") {
 		t.Errorf("the wake's row %q", woken)
 	}
+	if size := mustText(t, b, `#message tr[data-key="payload size"] td`); size != "1,536 bytes (1.5 KiB)" {
+		t.Errorf("the payload size row %q, want 1,536 bytes (1.5 KiB)", size)
+	}
+	if got := mustText(t, b, `#message tr[data-key="children"] td`); !strings.HasPrefix(got, fmt.Sprintf("%d: message %d, ", children, kids[0])) ||
+		!strings.HasSuffix(got, fmt.Sprintf("message %d, and 2 more", kids[store.ChildrenMax-1])) {
+		t.Errorf("the children row %q, want %d, the first %d linked, and 2 more", got, children, store.ChildrenMax)
+	}
+	hrefs, err := chromedp.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#message tr[data-key="children"] a')].map(a => a.getAttribute("href"))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, k := range kids[:store.ChildrenMax] {
+		want = append(want, fmt.Sprintf("message.html?id=%d", k))
+	}
+	if !slices.Equal(hrefs, want) {
+		t.Errorf("the children's links %v, want %v", hrefs, want)
+	}
 	shot, err := chromedp.Run(b, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
@@ -280,4 +337,27 @@ func TestTheMessagePageShowsItsHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", path)
+	// The parent's link, followed, opens the parent's page, which lists this
+	// message as its one child.
+	href, err = chromedp.Run(b, chromedp.Evaluate[string](`document.querySelector('#message tr[data-key="parent"] a').href`))
+	if err != nil {
+		t.Fatalf("the parent's link: %v\npage: %s", err, mustText(t, b, "body"))
+	}
+	if err := chromedp.Do(b, chromedp.Navigate(href)); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the parent's page", fmt.Sprintf(`location.search === "?id=%d" && document.querySelector('#message tr[data-key="status"] td')?.textContent === "done"`, parent))
+	if got := mustText(t, b, `#message tr[data-key="children"] td`); got != fmt.Sprintf("1: message %d", failed) {
+		t.Errorf("the parent's children row %q, want 1: message %d", got, failed)
+	}
+	if got := mustText(t, b, `#message tr[data-key="parent"] td`); got != "-" {
+		t.Errorf("the parent's own parent row %q, want -", got)
+	}
+	shot2, err := chromedp.Run(b, chromedp.FullScreenshot(100))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(t.ArtifactDir(), "message-parent.png"), shot2, 0o644)
+	}
+	if err != nil {
+		t.Errorf("screenshot of the parent's page: %v", err)
+	}
 }

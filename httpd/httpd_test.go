@@ -385,6 +385,20 @@ func TestAReadOnlyRoleWithoutThePayloadColumnIsEnough(t *testing.T) {
 	if len(snap.Live) != 2 || snap.StagePasses != 70 {
 		t.Errorf("read as %s: %d stages, %d passes; want 2, 70", role, len(snap.Live), snap.StagePasses)
 	}
+	// A message's page as that role: its payload's size (through
+	// pepsi.payload_size), its history, its parent and children, every part
+	// readable.
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	failed := idOf(t, url, "deliver", "failed")
+	code, body := get(t, fmt.Sprintf("%s/api/messages/%d", srv.URL, failed))
+	var m httpd.Message
+	if err := json.Unmarshal([]byte(body), &m); err != nil || code != http.StatusOK {
+		t.Fatalf("GET /api/messages/%d as %s: %d %v %s", failed, role, code, err, body)
+	}
+	if m.PayloadSize == nil || *m.PayloadSize != 1 || m.PayloadSizeError != "" || m.HistoryError != "" || m.FirstChildren == nil {
+		t.Errorf("GET /api/messages/%d as %s: %s; want payload_size 1, its history and children readable", failed, role, body)
+	}
 	// And the role could not have read a payload, nor written anything.
 	c := pgtest.Connect(t, roleURL)
 	if _, err := c.Exec(ctx, "SELECT payload FROM pepsi.queue LIMIT 1"); err == nil {

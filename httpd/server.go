@@ -119,7 +119,8 @@ func status(ctx context.Context, src *Source) Status {
 
 // Message is one message as the message page shows it (GET
 // /api/messages/ID): never its payload nor its state, only who failed it and
-// why, its history, and the actions the page offers for it.
+// why, its payload's size, its history, its parent and children, and the
+// actions the page offers for it.
 type Message struct {
 	ID     int64          `json:"id"`
 	Stage  string         `json:"stage"`
@@ -147,6 +148,18 @@ type Message struct {
 	// monitoring role without SELECT on pepsi.history), the rest still shown.
 	History      []store.HistoryRow `json:"history"`
 	HistoryError string             `json:"history_error,omitempty"`
+	// PayloadSize is its payload's size in bytes, null for a message without
+	// a payload (the bytes are never read: pepsi.payload_size).
+	// PayloadSizeError says why it could not be read (a monitoring role not
+	// granted EXECUTE on pepsi.payload_size), the rest still shown.
+	PayloadSize      *int64 `json:"payload_size"`
+	PayloadSizeError string `json:"payload_size_error,omitempty"`
+	// ParentID is the message whose pass emitted this one; absent for none.
+	ParentID int64 `json:"parent_id,omitempty"`
+	// Children counts the messages its passes emitted; FirstChildren are
+	// the ids of the first store.ChildrenMax of them, oldest first.
+	Children      int64   `json:"children"`
+	FirstChildren []int64 `json:"first_children"`
 }
 
 // KeyHead is the message an order key's blocked messages wait behind.
@@ -177,7 +190,11 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 		return
 	}
 	out := Message{ID: m.ID, Stage: m.Stage, Status: m.Status, Timeout: m.Timeout, Attempts: m.Attempts,
-		CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, By: m.By, Reason: m.Reason, OrderKey: m.OrderKey, Actions: []string{}}
+		CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, By: m.By, Reason: m.Reason, OrderKey: m.OrderKey, Actions: []string{},
+		ParentID: m.ParentID, Children: m.Children, FirstChildren: m.FirstChildren}
+	if out.FirstChildren == nil {
+		out.FirstChildren = []int64{}
+	}
 	if h := m.Head; h != nil {
 		out.WaitsBehind = &KeyHead{ID: h.ID, Stage: h.Stage, Status: h.Status, Timeout: h.Timeout, Attempts: h.Attempts}
 		if h.Status != core.StatusPaused {
@@ -190,6 +207,10 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 	}
 	if out.History == nil {
 		out.History = []store.HistoryRow{}
+	}
+	out.PayloadSize, err = src.PayloadSize(r.Context(), id)
+	if err != nil {
+		out.PayloadSizeError = err.Error()
 	}
 	if actions {
 		switch m.Status {

@@ -171,6 +171,13 @@ func (s *Source) Message(ctx context.Context, id int64) (store.PageMessage, erro
 	return store.On(s.pool).ReadPageMessage(ctx, id)
 }
 
+// PayloadSize reads message id's payload size in bytes (nil for none), on
+// the read-only pool, through pepsi.payload_size: the monitoring role reads
+// no payload.
+func (s *Source) PayloadSize(ctx context.Context, id int64) (*int64, error) {
+	return store.On(s.pool).PayloadSize(ctx, id)
+}
+
 // MessageHistory reads message id's history (pepsi.history), oldest first.
 func (s *Source) MessageHistory(ctx context.Context, id int64) ([]store.HistoryRow, error) {
 	return store.On(s.pool).History(ctx, id)

@@ -17,6 +17,10 @@ const (
 	OverSQL         = overSQL
 )
 
+// PageMessageSQL is pepsi-httpd's read of one message, for the test that
+// EXPLAINs it.
+var PageMessageSQL = pageMessageSQL
+
 // ListenTimed is Listen with the given health-check timing, for the tests of a
 // silent network partition.
 func ListenTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger, handle func(Notice), idleCheck, checkTimeout time.Duration) error {

@@ -201,11 +201,12 @@ func (s *PG) MonitorLock(ctx context.Context) (at time.Time, locked bool, err er
 
 // MonitorGrantsSQL is all pepsi-httpd needs, given to a role named pepsi_monitor:
 // every column of the queue but payload, the statistics and health tables,
-// and the history. The
+// the history, and a payload's size (pepsi.payload_size, not the payload). The
 // database then guarantees that pepsi-httpd shows no payload and writes nothing.
 const MonitorGrantsSQL = `GRANT USAGE ON SCHEMA pepsi TO pepsi_monitor;
 GRANT SELECT (ingress_id, stage, status, timeout, state, attempts, created_at, updated_at, ready_at, order_key, parent_id) ON pepsi.queue TO pepsi_monitor;
-GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats, pepsi.stage_health, pepsi.history TO pepsi_monitor;`
+GRANT SELECT ON pepsi.stage_stats, pepsi.dispatch_stats, pepsi.stage_health, pepsi.history TO pepsi_monitor;
+GRANT EXECUTE ON FUNCTION pepsi.payload_size(bigint) TO pepsi_monitor;`
 
 // FailedIndexExists says whether the queue_failed index of schema version 2
 // exists: without it, counting failed messages would scan the queue.

@@ -28,6 +28,7 @@ function render(m) {
     ["created", new Date(m.created_at).toLocaleString()], ["updated", new Date(m.updated_at).toLocaleString()],
     ["failed by", m.by || "-"], ["reason", m.reason || "-"],
     ["order key", m.order_key || "-"],
+    ["payload size", m.payload_size_error ? "unreadable: " + m.payload_size_error : bytes(m.payload_size)],
   ];
   for (const [k, v] of rows) {
     const tr = el("tr");
@@ -36,6 +37,7 @@ function render(m) {
     body.append(tr);
   }
   if (m.status === "blocked") body.append(waitsBehind(m.waits_behind));
+  body.append(lineage(m));
   renderHistory(m);
   const actions = document.getElementById("actions");
   actions.replaceChildren();
@@ -81,6 +83,45 @@ function seconds(ms) {
   return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
 }
 
+// bytes writes a payload size: none (null), or bytes, with KiB or MiB
+// beside them from 1 KiB on.
+function bytes(n) {
+  if (n === null || n === undefined) return "no payload";
+  const exact = `${n.toLocaleString("en")} ${n === 1 ? "byte" : "bytes"}`;
+  if (n < 1024) return exact;
+  return n < 1048576 ? `${exact} (${(n / 1024).toFixed(1)} KiB)` : `${exact} (${(n / 1048576).toFixed(1)} MiB)`;
+}
+
+// link is a link to message id's page.
+function link(id) {
+  const a = el("a", "message " + id);
+  a.href = "message.html?id=" + id;
+  return a;
+}
+
+// lineage is the rows that name the message whose pass emitted this one
+// (linked to its page) and the messages this one's passes emitted: how many,
+// and the first of them (the API lists a bounded number), each linked.
+function lineage(m) {
+  const parent = el("tr");
+  parent.dataset.key = "parent";
+  const ptd = el("td", m.parent_id ? "" : "-");
+  if (m.parent_id) ptd.append(link(m.parent_id), " (its pass emitted this message)");
+  parent.append(el("th", "parent"), ptd);
+  const children = el("tr");
+  children.dataset.key = "children";
+  const ctd = el("td", m.children ? "" : "none");
+  if (m.children) {
+    ctd.append(`${m.children}: `);
+    m.first_children.forEach((id, i) => ctd.append(...(i ? [", "] : []), link(id)));
+    if (m.children > m.first_children.length) ctd.append(`, and ${m.children - m.first_children.length} more`);
+  }
+  children.append(el("th", "children"), ctd);
+  const frag = document.createDocumentFragment();
+  frag.append(parent, children);
+  return frag;
+}
+
 // waitsBehind is the row that says what a blocked message waits behind: its
 // order key's head, linked to its page, and what that message is doing.
 function waitsBehind(h) {
@@ -88,12 +129,10 @@ function waitsBehind(h) {
   tr.dataset.key = "waits behind";
   const td = el("td", h ? "" : "no unfinished message of its key: pepsi-dispatch hands it the key next");
   if (h) {
-    const link = el("a", "message " + h.id);
-    link.href = "message.html?id=" + h.id;
     let doing = `${h.status} at ${h.stage}`;
     if (h.status === "paused" && h.attempts > 0) doing = `paused at ${h.stage} for retry ${h.attempts}`;
     if (h.timeout) doing += " until " + new Date(h.timeout).toLocaleString();
-    td.append(link, ` (${doing})`);
+    td.append(link(h.id), ` (${doing})`);
   }
   tr.append(el("th", "waits behind"), td);
   return tr;

@@ -127,6 +127,15 @@ func (q *Queue) ReadPageMessage(_ context.Context, id int64) (store.PageMessage,
 		m.Timeout = &t
 	}
 	m.By, m.Reason = failedBy(r)
+	m.ParentID = r.ParentID
+	for _, c := range q.rows { // by id: oldest first
+		if c != nil && c.ParentID == id {
+			m.Children++
+			if len(m.FirstChildren) < store.ChildrenMax {
+				m.FirstChildren = append(m.FirstChildren, c.ID)
+			}
+		}
+	}
 	return m, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -104,6 +105,16 @@ func testEmitInserted(t *testing.T, h Harness) {
 	}
 	if m := show(t, h, ids[1]); m.Children != 0 {
 		t.Errorf("show %d: %d children, want none", ids[1], m.Children)
+	}
+	// pepsi-httpd's message page names them too: the parent's children, oldest
+	// first, and a child's parent.
+	if p, err := h.ReadPageMessage(t.Context(), ids[0]); err != nil || p.ParentID != 0 || p.Children != 3 ||
+		!slices.Equal(p.FirstChildren, []int64{kids[0].ID, kids[1].ID, kids[2].ID}) {
+		t.Errorf("ReadPageMessage(%d): parent %d, %d children %v, %v; want none, 3: %d, %d, %d", ids[0], p.ParentID, p.Children, p.FirstChildren, err,
+			kids[0].ID, kids[1].ID, kids[2].ID)
+	}
+	if p, err := h.ReadPageMessage(t.Context(), kids[1].ID); err != nil || p.ParentID != ids[0] || p.Children != 0 || len(p.FirstChildren) != 0 {
+		t.Errorf("ReadPageMessage(%d): parent %d, %d children %v, %v; want parent %d, no children", kids[1].ID, p.ParentID, p.Children, p.FirstChildren, err, ids[0])
 	}
 	// Pending at their stages: the claim takes them, with their message.
 	rows := claimRows(t, h, core.Cap{Stage: "c", N: 5, LineMax: 1 << 10})
