@@ -601,7 +601,11 @@ func readTrace(trace, pass *string) core.Trace {
 // here bucket by bucket in sorted order as pepsi-ingress takes them, so the
 // two cannot deadlock over buckets), and the release that follows the resolve
 // sorts its key out. Children are inserted in the order the stage emitted
-// them, so their ingress_ids follow that order.
+// them, so their ingress_ids follow that order. A child's traceparent is the
+// emitting pass's, so it is a child of that pass's span: computed from the
+// parent row as the statement's snapshot saw it ("decided"'s seen_*), since
+// the UPDATE changes its updated_at, from which pepsi.pass_span hashes the
+// pass (and a move that claims its stage too).
 //
 // A stage owns state; if it stored something other than a JSON object there, the
 // reason or patch cannot be set inside it, and failing the whole step over it
@@ -616,7 +620,7 @@ WITH item AS (
 	     WITH ORDINALITY AS t(id, stage, verdict, reason, epoch, target, until, patch, claim, line_max,
 	                          hist, event, handed_at, at, pid, attempts, again, ord)
 ), decided AS (
-	SELECT item.*, o.stage AS seen_stage, o.stage = item.stage AS matched,
+	SELECT item.*, o.stage AS seen_stage, o.stage = item.stage AS matched, o.traceparent AS seen_trace, o.updated_at AS seen_at,
 	       CASE
 	           WHEN o.stage <> item.stage THEN 'pending'
 	           WHEN item.verdict = 'move' THEN
@@ -669,13 +673,15 @@ WITH item AS (
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.parent_id END AS msg_parent,
 		CASE WHEN d.matched AND d.to_status = 'running' AND $18::bool THEN q.traceparent END AS trace,
 		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool)
-		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace
+		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace,
+		d.seen_stage, d.seen_trace, d.seen_at
 ), child AS (
 	SELECT * FROM unnest($19::bigint[], $20::text[], $21::bytea[], $22::text[], $23::text[], $24::text[])
 	     WITH ORDINALITY AS c(ord, stage, payload, state, key, order_key, n)
 ), children AS (
-	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, parent_id)
-	SELECT c.stage, c.payload, coalesce(nullif(c.state, '')::jsonb, '{}'), nullif(c.key, ''), nullif(c.order_key, ''), u.ingress_id
+	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, parent_id, traceparent)
+	SELECT c.stage, c.payload, coalesce(nullif(c.state, '')::jsonb, '{}'), nullif(c.key, ''), nullif(c.order_key, ''), u.ingress_id,
+	       pepsi.pass_traceparent(u.seen_trace, u.ingress_id, u.seen_stage, u.seen_at)
 	FROM child c JOIN updated u ON u.ord = c.ord AND u.moved
 	WHERE (SELECT count(pg_advisory_xact_lock(1885696107, b))
 	       FROM (SELECT DISTINCT pepsi.order_bucket(k.order_key) AS b FROM child k

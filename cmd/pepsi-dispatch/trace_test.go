@@ -35,8 +35,15 @@ done
 // the database url into dir, and returns its file.
 func pipeline(t *testing.T, dir, url string) string {
 	t.Helper()
+	return pipelineOf(t, dir, url, filter)
+}
+
+// pipelineOf is pipeline with script (@DIR@ standing for dir) as the
+// program of both stages.
+func pipelineOf(t *testing.T, dir, url, script string) string {
+	t.Helper()
 	prog := filepath.Join(dir, "filter")
-	if err := os.WriteFile(prog, []byte(strings.ReplaceAll(filter, "@DIR@", dir)), 0o700); err != nil {
+	if err := os.WriteFile(prog, []byte(strings.ReplaceAll(script, "@DIR@", dir)), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "pepsi.conf")
@@ -335,4 +342,77 @@ func scrape(t *testing.T, url, name string) float64 {
 	}
 	t.Fatalf("%s has no %s", url, name)
 	return 0
+}
+
+// splitter is a stage of INPUT = message in sh: at stage a it emits two
+// messages to stage b, then finishes its message; at b it finishes it.
+const splitter = `#!/bin/sh
+while IFS= read -r line; do
+	case "$PEPSI_STAGE" in
+	a) echo '+{"stage":"b","payload":"1"}'; echo '+{"stage":"b","payload":"2"}'; echo "0 >done" ;;
+	*) echo "0 >done" ;;
+	esac
+done
+`
+
+// Proves, from outside, with a real receiver: a message a pass emitted is a
+// child of that pass in the trace. Its traceparent has the emitting
+// message's trace id and, as its parent span id, the span id of the pass
+// that emitted it, which is the span pepsi-dispatch exported as "process a"
+// for that message; the child's own pass "process b" is that span's child.
+func TestAnEmittedMessageIsAChildOfItsEmittingPassAtACollector(t *testing.T) {
+	t.Parallel()
+	bin := gobuild.Programs(t, "cmd/pepsi-dispatch")
+	url := pgtest.NewMigrated(t)
+	conf := pipelineOf(t, t.TempDir(), url, splitter)
+	recv := otlpreceiver.Start(t)
+	conn := pgtest.Connect(t, url)
+	const header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	// One parent with a producer's traceparent, one whose first claim gives it one.
+	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload, traceparent) VALUES ('a', 'x', $1), ('a', 'y', NULL)", header); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := run(t, filepath.Join(bin, "pepsi-dispatch"), []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL(), "OTEL_BSP_SCHEDULE_DELAY=50"},
+		"exporting traces", "-c", conf)
+	waitDone(t, url, 6)
+	d.stop(t)
+	spans := recv.WaitFor(t, 60*time.Second, "a span per pass", func(s []otlpreceiver.Span) bool { return len(s) >= 6 })
+	pass := map[string]otlpreceiver.Span{} // by stage and message id
+	for _, s := range spans {
+		pass[s.Name+" "+s.Attributes["messaging.message.id"]] = s
+	}
+	rows, err := conn.Query(context.Background(), "SELECT ingress_id, parent_id, traceparent FROM pepsi.queue WHERE parent_id IS NOT NULL ORDER BY ingress_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var id, parent int64
+		var tp string
+		if err := rows.Scan(&id, &parent, &tp); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		emitting, ok := pass[fmt.Sprintf("process a %d", parent)]
+		if !ok {
+			t.Errorf("child %d: no span of its parent %d's pass at a", id, parent)
+			continue
+		}
+		if want := "00-" + emitting.TraceID + "-" + emitting.SpanID + "-01"; tp != want {
+			t.Errorf("child %d of %d: traceparent %s, want the emitting pass's %s", id, parent, tp, want)
+		}
+		own := pass[fmt.Sprintf("process b %d", id)]
+		if own.TraceID != emitting.TraceID || own.ParentSpanID != emitting.SpanID {
+			t.Errorf("child %d's pass %v; want a child of its emitting pass %v", id, own, emitting)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 {
+		t.Errorf("%d children, want 4", n)
+	}
+	if s := pass["process a 1"]; s.TraceID != header[3:35] {
+		t.Errorf("the producer's message's pass %v; want it in the producer's trace", s)
+	}
 }

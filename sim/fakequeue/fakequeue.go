@@ -455,16 +455,17 @@ func emittedKeys(cmds []core.Command) []string {
 // insertChildren inserts the children of a move whose guard matched, as
 // resolveSQL does: pending at their stages (blocked behind their order key
 // as any insert), parent_id the moved row's id, in order; a child whose key
-// a row holds already inserts nothing. No NOTIFY: the dispatcher that wrote
-// them learns of them from the outcome.
-func (q *Queue) insertChildren(parent int64, emits []core.Emit) {
+// a row holds already inserts nothing; each child's traceparent is trace,
+// the emitting pass's. No NOTIFY: the dispatcher that wrote them learns of
+// them from the outcome.
+func (q *Queue) insertChildren(parent int64, trace string, emits []core.Emit) {
 	for _, e := range emits {
 		if e.Key != "" && q.holder(e.Key) != 0 {
 			continue
 		}
 		id := q.add(e.Stage, e.State, e.Payload, e.Key, e.OrderKey)
 		r := q.rows[id-1]
-		r.ParentID = parent
+		r.ParentID, r.TraceParent = parent, trace
 		if q.Inserted != nil {
 			q.Inserted(*r)
 		}
@@ -723,6 +724,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 		if r.Status == core.StatusRunning {
 			wrote = true
 			before := *r
+			pass := q.passTrace(r) // the emitting pass's, before the write changes the row's version
 			if matched {
 				q.write(r, it)
 				if it.Claim {
@@ -734,7 +736,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			}
 			q.observe(ByResolve, before, r)
 			if matched && it.Verdict == core.Move {
-				q.insertChildren(r.ID, it.Emits) // (after the parent's change is observed)
+				q.insertChildren(r.ID, pass, it.Emits) // (after the parent's change is observed)
 			}
 		}
 		q.recordPass(it, wrote, matched, r)

@@ -19,6 +19,7 @@ var traceTests = []conformanceTest{
 	{"EveryPassOfAMessageHasItsOwnSpanInTheMessagesTrace", testTracePasses},
 	{"AClaimWithoutTracesReadsThePassTraceForMessageStagesOnly", testTraceMessageStagesOnly},
 	{"ProducersRefuseATraceparentThatIsNotW3C", testTraceRefused},
+	{"AnEmittedMessageIsAChildOfThePassThatEmittedIt", testTraceEmitted},
 }
 
 // producerTrace is a traceparent a producer gives (W3C Trace Context's example).
@@ -153,5 +154,47 @@ func testTraceRefused(t *testing.T, h Harness) {
 	}
 	if got := shownTrace(t, h, ids[1]); got != "" {
 		t.Errorf("Enqueue stored traceparent %q for a message without one, want none", got)
+	}
+}
+
+func testTraceEmitted(t *testing.T, h Harness) {
+	ids := insertIngress(t, h, store.IngressRow{Stage: "a", TraceParent: producerTrace}, store.IngressRow{Stage: "a"})
+	rows := claimTraced(t, h, core.Cap{Stage: "a", N: 2})
+	if len(rows) != 2 {
+		t.Fatalf("claim took %v, want rows %v", rows, ids)
+	}
+	// The first answer's move claims its next stage: a new pass, whose span
+	// the children must not take (the resolve rewrites the row the emitting
+	// pass's span is computed from).
+	claiming := moveEmitting(ids[0], "a", "b", core.Emit{Stage: "c", Payload: []byte("1")}, core.Emit{Stage: "c", Payload: []byte("2")})
+	claiming.Claim = true
+	out := exec(t, h, core.Resolve{Op: 42, Items: []core.Item{claiming, moveEmitting(ids[1], "a", core.TargetDone, core.Emit{Stage: "c"})}, Traces: true},
+		func(e core.Resolved) (int64, string) { return e.Op, e.Err }).Outcomes
+	if out[0].Status != core.StatusRunning || out[0].Trace.Pass == "" || out[0].Trace.Pass == rows[0].Trace.Pass {
+		t.Fatalf("the move that claims = %+v; want it running at b in a pass of its own", out[0])
+	}
+	for i, id := range ids {
+		kids := childrenAfter(t, h, id, ids[1], 4)
+		if len(kids) != 2-i {
+			t.Fatalf("children of %d: %d, want %d", id, len(kids), 2-i)
+		}
+		for _, k := range kids {
+			if k.TraceParent != rows[i].Trace.Pass {
+				t.Errorf("child %d of %d has traceparent %q, want its emitting pass's %q (parent's message trace %q)", k.ID, id, k.TraceParent, rows[i].Trace.Pass, rows[i].Trace.Message)
+			}
+		}
+	}
+	// A child's own passes are spans of the parent's trace, children of the
+	// emitting pass.
+	kids := claimTraced(t, h, core.Cap{Stage: "c", N: 3})
+	if len(kids) != 3 {
+		t.Fatalf("claim at c took %v, want the three children", kids)
+	}
+	if kids[0].Trace.Message != rows[0].Trace.Pass {
+		t.Errorf("claim of child %d read traceparent %q, want %q", kids[0].ID, kids[0].Trace.Message, rows[0].Trace.Pass)
+	}
+	wantPassOf(t, "child's first pass", rows[0].Trace.Pass, kids[0].Trace.Pass)
+	if kids[0].Trace.Pass == kids[1].Trace.Pass {
+		t.Errorf("two children's passes share the span %s", kids[0].Trace.Pass)
 	}
 }
