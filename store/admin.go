@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -20,14 +21,15 @@ import (
 // in their order, their order keys locked first (orderKeysLocked), and
 // returns how many and their first and last id.
 const enqueueSQL = `WITH input AS (
-	SELECT * FROM unnest($2::bytea[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(payload, state, order_key, traceparent, n)
+	SELECT * FROM unnest($2::bytea[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) WITH ORDINALITY AS u(payload, state, order_key, traceparent, not_before, n)
 ), ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state, order_key, traceparent)
-	SELECT $1, payload, coalesce(nullif(state, '')::jsonb, '{}'), nullif(order_key, ''), nullif(traceparent, '') FROM input
+	INSERT INTO pepsi.queue (stage, payload, state, order_key, traceparent, status, timeout)
+	SELECT $1, payload, coalesce(nullif(state, '')::jsonb, '{}'), nullif(order_key, ''), nullif(traceparent, ''),
+		` + scheduledStatus + ` FROM input
 	WHERE ` + orderKeysLocked + `
 	ORDER BY n
-	RETURNING ingress_id)
-SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0) FROM ins`
+	RETURNING ingress_id, status)
+SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0), count(*) FILTER (WHERE ` + scheduledNotify + `) FROM ins`
 
 // countSQL counts the rows per stage and status, with the oldest update of each
 // (in microseconds ago): for pending rows, the oldest wait since a row was
@@ -156,6 +158,10 @@ type EnqueueParams struct {
 	// has one. The column's CHECK refuses one that is not
 	// 00-<32 hex>-<16 hex>-<2 hex>.
 	TraceParents []string
+	// NotBefore schedules them: each is inserted paused until its time (zero
+	// for none: pending), one per payload, or nil when none is scheduled
+	// (IngressRow.NotBefore).
+	NotBefore []time.Time
 }
 
 // EnqueueResult describes the rows one Enqueue inserted.
@@ -167,13 +173,23 @@ type EnqueueResult struct {
 	// once, or rows had order keys (the insert trigger draws a keyed row's id
 	// anew under its key's lock, skipping the one drawn before).
 	First, Last int64
+	// Scheduled is how many of them were inserted paused, until their
+	// NotBefore.
+	Scheduled int64
 }
 
 // Enqueue inserts p's messages as pending rows at p.Stage, in order, in one
 // statement (the insert trigger notifies the dispatcher once).
 func (s *PG) Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error) {
 	var r EnqueueResult
-	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys, p.TraceParents).Scan(&r.Count, &r.First, &r.Last)
+	var notBefore []pgtype.Timestamptz
+	if p.NotBefore != nil {
+		notBefore = make([]pgtype.Timestamptz, len(p.Payloads))
+		for i, t := range p.NotBefore {
+			notBefore[i] = pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+		}
+	}
+	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys, p.TraceParents, notBefore).Scan(&r.Count, &r.First, &r.Last, &r.Scheduled)
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -20,22 +22,42 @@ import (
 // identity hands out ids in the order of the SELECT, so the ids, sorted, follow
 // the order of the rows inserted) and, for keys that were not inserted, the id
 // of the row that holds the key as far as this statement's snapshot sees.
-// Traceparents are $6 ("" for none). Order keys ($5, "" for none) are locked first, in the order of their
+// Traceparents are $6 ("" for none), not_before times $7 (NULL for none:
+// scheduledStatus). Order keys ($5, "" for none) are locked first, in the order of their
 // buckets (orderKeysLocked).
 const insertRows = `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::text[], $6::text[])
-		WITH ORDINALITY AS u(stage, payload, state, key, order_key, traceparent, n)
+	SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[])
+		WITH ORDINALITY AS u(stage, payload, state, key, order_key, traceparent, not_before, n)
 ), ins AS (
-	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, traceparent)
-	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key, nullif(order_key, ''), nullif(traceparent, '') FROM input
+	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, traceparent, status, timeout)
+	SELECT stage, payload, coalesce(nullif(state, '')::jsonb, '{}'), key, nullif(order_key, ''), nullif(traceparent, ''),
+		` + scheduledStatus + ` FROM input
 	WHERE ` + orderKeysLocked + ` ORDER BY n
 	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-	RETURNING ingress_id, dedup_key
+	RETURNING ingress_id, dedup_key, status
 )
-SELECT ingress_id, dedup_key, true FROM ins
+SELECT ingress_id, dedup_key, true, ` + scheduledNotify + ` FROM ins
 UNION ALL
-SELECT q.ingress_id, q.dedup_key, false FROM pepsi.queue q
+SELECT q.ingress_id, q.dedup_key, false, false FROM pepsi.queue q
 WHERE q.dedup_key = ANY($4::text[]) AND q.dedup_key IS NOT NULL`
+
+// scheduledStatus is the status and timeout of a row inserted from an input
+// with a not_before column: paused until then (a scheduled message), or
+// pending when it has none or it is not ahead of the server's clock. A keyed
+// row the insert trigger blocks behind its key keeps that timeout for when it
+// becomes its key's head (schema 12).
+const scheduledStatus = `CASE WHEN not_before > now() THEN 'paused' ELSE 'pending' END,
+		CASE WHEN not_before > now() THEN not_before END`
+
+// scheduledNotify, a column of an insert's answer (from ins, with its
+// status), notifies ingress for a row inserted paused, and is true for it.
+// Such a row wakes the dispatcher always, not only while it waits (as the
+// insert trigger's notifications do): a busy dispatcher learns of paused
+// rows only from its own writes and its wakes, so without the notification a
+// scheduled message could wait for the heartbeat (POLL_INTERVAL) past its
+// time. Notifications with the same payload in one transaction are one,
+// delivered at commit.
+const scheduledNotify = `CASE WHEN ins.status = 'paused' THEN pg_notify('ingress', '') IS NOT NULL ELSE false END`
 
 // Keyed batches take advisory locks before they insert. Two transactions
 // that insert the same keys in different orders would otherwise deadlock on
@@ -102,6 +124,10 @@ type IngressRow struct {
 	// TraceParent is the message's W3C traceparent, "" for none (the
 	// claim of its first pass gives it one).
 	TraceParent string
+	// NotBefore, when not zero, schedules the message: it is inserted
+	// paused until then, so it is first claimed at that time (or pending, if
+	// that is not ahead of the server's clock).
+	NotBefore time.Time
 }
 
 // ingressFound is a row of insertRows' answer: its id and its key, if any,
@@ -132,24 +158,15 @@ var ErrInsertAnswer = errors.New("the insert answered what it cannot (a bug)")
 // ids checked, before it commits: it must not be given a transaction, and on
 // a pool it takes one connection for it.
 func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, error) {
-	stages := make([]string, len(rows))
-	payloads := make([][]byte, len(rows))
-	states := make([]string, len(rows))
-	keys := make([]*string, len(rows))
-	orderKeys := make([]string, len(rows))
-	traces := make([]string, len(rows))
-	keyed := false
-	for i, r := range rows {
-		stages[i], payloads[i], states[i], keys[i], orderKeys[i], traces[i] = r.Stage, r.Payload, r.State, r.Key, r.OrderKey, r.TraceParent
-		keyed = keyed || r.Key != nil
-	}
+	cols := ingressColumnsOf(rows)
 	scan := func(r pgx.CollectableRow) (ingressFound, error) {
 		var f ingressFound
-		err := r.Scan(&f.ID, &f.Key, &f.Inserted)
+		var scheduled bool // the notification is what matters
+		err := r.Scan(&f.ID, &f.Key, &f.Inserted, &scheduled)
 		return f, err
 	}
-	if !keyed {
-		got, err := collect(ctx, s.db, "insert", scan, insertRows, stages, payloads, states, keys, orderKeys, traces)
+	if !cols.keyed {
+		got, err := collect(ctx, s.db, "insert", scan, insertRows, cols.args()...)
 		if err != nil {
 			return nil, err
 		}
@@ -166,7 +183,7 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 		defer c.Release()
 		db = c
 	}
-	ids, err := insertKeyed(ctx, db, rows, scan, stages, payloads, states, keys, orderKeys, traces)
+	ids, err := insertKeyed(ctx, db, rows, scan, cols)
 	if err != nil {
 		db.Exec(ctx, rollbackSQL) //nolint:errcheck // the error that matters is err
 		return nil, err
@@ -181,14 +198,43 @@ func (s *PG) InsertIngress(ctx context.Context, rows []IngressRow) ([]int64, err
 	return ids, nil
 }
 
+// ingressColumns are rows as insertRows takes them, a column each, and
+// whether any row has a key.
+type ingressColumns struct {
+	stages    []string
+	payloads  [][]byte
+	states    []string
+	keys      []*string
+	orderKeys []string
+	traces    []string
+	notBefore []pgtype.Timestamptz
+	keyed     bool
+}
+
+func ingressColumnsOf(rows []IngressRow) ingressColumns {
+	n := len(rows)
+	c := ingressColumns{stages: make([]string, n), payloads: make([][]byte, n), states: make([]string, n),
+		keys: make([]*string, n), orderKeys: make([]string, n), traces: make([]string, n), notBefore: make([]pgtype.Timestamptz, n)}
+	for i, r := range rows {
+		c.stages[i], c.payloads[i], c.states[i], c.keys[i], c.orderKeys[i], c.traces[i] = r.Stage, r.Payload, r.State, r.Key, r.OrderKey, r.TraceParent
+		c.notBefore[i] = pgtype.Timestamptz{Time: r.NotBefore, Valid: !r.NotBefore.IsZero()}
+		c.keyed = c.keyed || r.Key != nil
+	}
+	return c
+}
+
+// args are insertRows' arguments.
+func (c ingressColumns) args() []any {
+	return []any{c.stages, c.payloads, c.states, c.keys, c.orderKeys, c.traces, c.notBefore}
+}
+
 // insertKeyed is InsertIngress of rows with keys up to its COMMIT, which it
 // leaves to the caller (and the ROLLBACK when it fails).
-func insertKeyed(ctx context.Context, db DB, rows []IngressRow, scan pgx.RowToFunc[ingressFound],
-	stages []string, payloads [][]byte, states []string, keys []*string, orderKeys, traces []string) ([]int64, error) {
+func insertKeyed(ctx context.Context, db DB, rows []IngressRow, scan pgx.RowToFunc[ingressFound], cols ingressColumns) ([]int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
-	queueKeyLocks(b, keys)
-	b.Queue(insertRows, stages, payloads, states, keys, orderKeys, traces)
+	queueKeyLocks(b, cols.keys)
+	b.Queue(insertRows, cols.args()...)
 	br := db.SendBatch(ctx, b)
 	for range b.Len() - 1 {
 		if _, err := br.Exec(); err != nil {
@@ -207,7 +253,7 @@ func insertKeyed(ctx context.Context, db DB, rows []IngressRow, scan pgx.RowToFu
 	if err != nil {
 		return nil, fmt.Errorf("insert: %w", err)
 	}
-	lookedUp, err := lookUpMissing(ctx, db, got, keys)
+	lookedUp, err := lookUpMissing(ctx, db, got, cols.keys)
 	if err != nil {
 		return nil, err
 	}

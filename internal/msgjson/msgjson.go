@@ -8,6 +8,7 @@
 //	{"stage": "parse", "key": "order-17"}     where Fields allow: the first stage, an idempotency key
 //	{"payload": "x", "order_key": "acct-9"}   where Fields allow: the message's order key
 //	{"payload": "x", "traceparent": "00-…"}   where Fields allow: its W3C trace context
+//	{"payload": "x", "not_before": "2026-12-24T18:00:00Z"}   where Fields allow: when it is first due
 //
 // and, with Fields.Line, the standard input line pepsi-dispatch hands an INPUT
 // = message stage (docs/protocol.md), which pepsi-stage-check reads from its
@@ -26,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -56,6 +58,9 @@ type Message struct {
 	// TraceParent is the "traceparent" field (the queue's traceparent, or
 	// a line's: its pass's), checked by CheckTraceParent; "" when absent.
 	TraceParent string
+	// NotBefore is the "not_before" field, an RFC 3339 time: the message is
+	// inserted paused until then (a scheduled message); zero when absent.
+	NotBefore time.Time
 	// Payload is the message content.
 	Payload []byte
 	// State is the initial state, a JSON object; nil means {}.
@@ -78,6 +83,8 @@ type Fields struct {
 	// TraceParent allows "traceparent", a W3C traceparent
 	// (CheckTraceParent).
 	TraceParent bool
+	// NotBefore allows "not_before", an RFC 3339 time (CheckNotBefore).
+	NotBefore bool
 	// Limit refuses nesting deeper than DepthMax.
 	Limit bool
 	// Line reads a message-mode input line: "id" (a positive integer) is
@@ -106,6 +113,9 @@ func (f Fields) want() string {
 	if f.TraceParent {
 		opt = append(opt, "traceparent")
 	}
+	if f.NotBefore {
+		opt = append(opt, "not_before")
+	}
 	if len(opt) == 1 {
 		return "want payload or payload_base64, and optionally state"
 	}
@@ -127,6 +137,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 		Key           *string         `json:"key"`
 		OrderKey      *string         `json:"order_key"`
 		TraceParent   *string         `json:"traceparent"`
+		NotBefore     *string         `json:"not_before"`
 		Payload       json.RawMessage `json:"payload"`
 		PayloadBase64 *string         `json:"payload_base64"`
 		State         json.RawMessage `json:"state"`
@@ -164,6 +175,8 @@ func Parse(text []byte, f Fields) (Message, error) {
 		return m, fmt.Errorf(`unknown field "order_key" (%s)`, f.want())
 	case obj.TraceParent != nil && !f.TraceParent && !f.Line:
 		return m, fmt.Errorf(`unknown field "traceparent" (%s)`, f.want())
+	case obj.NotBefore != nil && !f.NotBefore:
+		return m, fmt.Errorf(`unknown field "not_before" (%s)`, f.want())
 	}
 	if err := m.line(f, obj.ID, obj.Attempts); err != nil {
 		return m, err
@@ -178,6 +191,11 @@ func Parse(text []byte, f Fields) (Message, error) {
 		return m, err
 	}
 	var err error
+	if obj.NotBefore != nil {
+		if m.NotBefore, err = CheckNotBefore(*obj.NotBefore); err != nil {
+			return m, err
+		}
+	}
 	if m.Payload, err = payload(obj.Payload, obj.PayloadBase64, f); err != nil {
 		return m, err
 	}
@@ -217,6 +235,20 @@ func (m *Message) keys(f Fields, key, orderKey, traceParent *string) error {
 func CheckOrderKey(k string) error {
 	_, err := checkKey("order_key", k, OrderKeyMax)
 	return err
+}
+
+// CheckNotBefore reads a scheduled message's not_before, an RFC 3339 time
+// with its offset ("2026-12-24T18:00:00Z", "2026-12-24T19:00:00.5+01:00").
+// Its errors name the field and say what is wanted.
+func CheckNotBefore(text string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, text)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("not_before %s is not an RFC 3339 time: want e.g. 2026-12-24T18:00:00Z", quoteClip(text))
+	}
+	if t.Year() < 1 || t.Year() > 9999 {
+		return time.Time{}, fmt.Errorf("not_before %s is out of range (years 1 to 9999)", quoteClip(text))
+	}
+	return t, nil
 }
 
 // CheckTraceParent checks a W3C traceparent (Trace Context, version 00) as

@@ -196,7 +196,7 @@ func (q *Queue) Insert(stage string, n int) []int64 {
 // for {}) and payload (nil for NULL), in one producer transaction, and returns
 // its id.
 func (q *Queue) InsertMessage(stage, state string, payload []byte) int64 {
-	id := q.add(stage, state, payload, "", "")
+	id := q.add(stage, state, payload, "", "", time.Time{})
 	q.notify()
 	return id
 }
@@ -463,7 +463,7 @@ func (q *Queue) insertChildren(parent int64, trace string, emits []core.Emit) {
 		if e.Key != "" && q.holder(e.Key) != 0 {
 			continue
 		}
-		id := q.add(e.Stage, e.State, e.Payload, e.Key, e.OrderKey)
+		id := q.add(e.Stage, e.State, e.Payload, e.Key, e.OrderKey, time.Time{})
 		r := q.rows[id-1]
 		r.ParentID, r.TraceParent = parent, trace
 		if q.Inserted != nil {

@@ -18,8 +18,9 @@ import (
 
 var _ store.Executor = (*Queue)(nil)
 
-// Enqueue inserts p's messages as pending rows at p.Stage, in order, and
-// notifies once, as the insert trigger does for one statement.
+// Enqueue inserts p's messages as pending rows (paused until NotBefore for
+// those scheduled) at p.Stage, in order, and notifies once, as the insert
+// trigger does for one statement.
 func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.EnqueueResult, error) {
 	if len(p.States) != len(p.Payloads) {
 		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d states", len(p.Payloads), len(p.States))
@@ -40,10 +41,18 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 	if err := q.orderKeysFree(orderKeys); err != nil {
 		return store.EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}
+	if len(p.NotBefore) > len(p.Payloads) {
+		return store.EnqueueResult{}, fmt.Errorf("enqueue: %d payloads, %d not_before times", len(p.Payloads), len(p.NotBefore))
+	}
+	notBefore := make([]time.Time, len(p.Payloads))
+	copy(notBefore, p.NotBefore)
 	var r store.EnqueueResult
 	for i, payload := range p.Payloads {
-		id := q.add(p.Stage, p.States[i], payload, "", orderKeys[i])
+		id := q.add(p.Stage, p.States[i], payload, "", orderKeys[i], notBefore[i])
 		q.rows[id-1].TraceParent = traces[i]
+		if q.rows[id-1].Status == core.StatusPaused {
+			r.Scheduled++
+		}
 		if r.Count == 0 {
 			r.First = id
 		}
@@ -58,11 +67,15 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 // add appends a pending row at stage with state (a JSON object, "" for {}),
 // payload (nil for NULL), key ("" for none) and order key ("" for none:
 // a row whose order key has an unfinished row is blocked, as the insert
-// trigger decides), and returns its id. It does not notify: the caller does,
-// once per statement.
-func (q *Queue) add(stage, state string, payload []byte, key, orderKey string) int64 {
+// trigger decides), and returns its id; a notBefore ahead of the clock
+// inserts it paused until then (a blocked row keeps it for when it becomes
+// its key's head). It does not notify: the caller does, once per statement.
+func (q *Queue) add(stage, state string, payload []byte, key, orderKey string, notBefore time.Time) int64 {
 	id := int64(len(q.rows) + 1)
 	row := &Row{ID: id, Stage: stage, Status: core.StatusPending, DedupKey: key, Key: orderKey}
+	if notBefore.After(q.now()) {
+		row.Status, row.Timeout = core.StatusPaused, notBefore
+	}
 	if orderKey != "" && len(q.keyRows(orderKey)) > 0 {
 		row.Status = core.StatusBlocked
 	}
@@ -104,7 +117,7 @@ func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int
 				continue
 			}
 		}
-		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key, r.OrderKey), true
+		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key, r.OrderKey, r.NotBefore), true
 		q.rows[ids[i]-1].TraceParent = r.TraceParent
 	}
 	if inserted {

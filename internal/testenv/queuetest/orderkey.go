@@ -49,6 +49,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"CountKeysWaitingSortsTheKeysByWhatTheirHeadDoes", testKeyCountWaiting},
 		{"MonitorBlockedCountsEachStagesBlockedRows", testKeyMonitorBlocked},
 		{"AnEmittedOrderKeyWaitsBehindItsKeysUnfinishedMessage", testKeyEmitted},
+		{"AScheduledKeyedMessageWaitsBlockedBehindItsKeyThenPausedUntilItsTime", testKeyScheduled},
 	}
 	runAll(t, tests, open)
 }

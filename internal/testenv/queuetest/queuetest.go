@@ -112,7 +112,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 	}
-	runAll(t, slices.Concat(tests, pressureTests, emitTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests), open)
+	runAll(t, slices.Concat(tests, pressureTests, emitTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests, scheduledTests), open)
 }
 
 // runAll runs each test in parallel on a fresh harness from open.
