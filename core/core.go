@@ -369,6 +369,12 @@ func (c *Core) apply(ev Event) {
 	case Ingress:
 		c.ingressGen++
 		c.lookAll()
+		// A producer may have inserted a scheduled message, paused until its
+		// not_before, earlier than any pause the core knows of (those of its
+		// own writes and its last wake): the next transaction wakes, and so
+		// learns the earliest due time again (Woken.Next). Such an insert
+		// notifies even while the core is busy.
+		c.wakeDue = true
 	case Resting:
 		c.resting(e)
 	case RestLost:

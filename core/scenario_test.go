@@ -1,12 +1,14 @@
 package core_test
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Feature: event-driven, batched claiming.
@@ -548,6 +550,38 @@ PROGRAM = a
 	if !last.At.Equal(epoch.Add(61 * time.Second)) {
 		t.Errorf("last timer %v, want the paused timeout at 61s", last.At.Sub(epoch))
 	}
+}
+
+// Proves: a scheduled message a producer inserted paused (not_before), due
+// before any pause the core knew of, is woken at its time, not at the
+// heartbeat: the core learns its time from the wake that follows the
+// producer's notification.
+func TestAScheduledMessageIsWokenAtItsTimeNotAtTheHeartbeat(t *testing.T) {
+	w := newWorld(t, `
+[pepsi-dispatch]
+POLL_INTERVAL = 1h
+[stage-a]
+PROGRAM = a
+`)
+	w.step(core.Start{})
+	w.settle()
+	w.at(time.Second)
+	due := epoch.Add(50 * time.Second)
+	ids, err := w.q.InsertIngress(context.Background(), []store.IngressRow{{Stage: "a", NotBefore: due}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.wantRow(ids[0], "a", core.StatusPaused)
+	cmds := w.step(core.Ingress{})
+	cmds = append(cmds, w.settle()...)
+	if at := lastTimer(t, cmds); !at.Equal(due) {
+		t.Fatalf("timer after the producer's notification at %s, want the scheduled time, 50s", at.Sub(epoch))
+	}
+	cmds = w.tick(50 * time.Second)
+	if wake := one[core.Wake](t, cmds); !wake.Now.Equal(due) {
+		t.Errorf("wake at %v, want 50s", wake.Now.Sub(epoch))
+	}
+	w.wantRow(ids[0], "a", core.StatusRunning)
 }
 
 // Feature: crash and watchdog recovery.

@@ -928,7 +928,7 @@ func (w *world) wakeDue(rl *rule, _ crossing) {
 	}
 	for id := int64(1); id <= int64(len(w.msgOf)); id++ {
 		r, _ := w.q.Get(id)
-		if _, held := w.heldBy(id); r.Status == core.StatusPaused && r.Timeout.Before(w.now) && !held {
+		if _, held := w.heldBy(id); r.Status == core.StatusPaused && r.Timeout.Before(w.now) && !held && !w.unseen[id] {
 			w.broke(rl, "row %d is paused until %s, %s ago, and no wake is outstanding", id, r.Timeout.Sub(epoch), w.now.Sub(r.Timeout))
 			return
 		}

@@ -105,6 +105,7 @@ type model struct {
 	rowFacts
 	promptState
 	gateState
+	wakeState
 	rateState
 	coolState
 	healthState
@@ -188,6 +189,20 @@ type gateState struct {
 	unnotified map[int64]time.Time
 }
 
+// wakeState belongs to rule wake-due.
+type wakeState struct {
+	// unseen: rows a producer inserted scheduled (paused until their
+	// not_before) whose time the core cannot know yet: no notification sent
+	// after their commit has reached it (it may have been lost), and it had
+	// no other reason to wake since (its start, the heartbeat, the database
+	// coming back).
+	unseen map[int64]bool
+}
+
+// wakeComing records that the core's next transaction wakes, after every
+// commit so far: every scheduled row's time is known to it from then on.
+func (w *world) wakeComing() { clear(w.unseen) }
+
 // rateState belongs to rules rate and rate-token-due.
 type rateState struct {
 	// rateLog: per stage with a RATE, the claims this life sent for it: when,
@@ -261,6 +276,7 @@ func (w *world) newLifeModel() {
 	}
 	w.promptState = promptState{told: make([]bool, n), toldLook: make([]bool, n), ownPending: make([]int, n), lastPoll: w.lastPoll}
 	w.gateState = gateState{unnotified: map[int64]time.Time{}}
+	w.wakeState = wakeState{unseen: map[int64]bool{}}
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
 	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}
 	w.healthState = healthState{}
@@ -311,6 +327,7 @@ func (w *world) modelEvent(ev core.Event) {
 		w.lastPoll = w.now
 		w.inspectSent = w.now
 		w.tellAll()
+		w.wakeComing()
 	case core.Inspected:
 		w.inspectOut = false
 		if e.Err == "" {
@@ -321,6 +338,7 @@ func (w *world) modelEvent(ev core.Event) {
 		w.vacuumOut = false
 	case core.Ingress:
 		w.tellAll()
+		w.wakeComing()
 		if w.claimCaps != nil {
 			// Rows may have come after the outstanding claim looked.
 			w.toldInTxn = true
@@ -385,6 +403,7 @@ func (w *world) modelDatabaseUp() {
 		// fresh MAX_RUNTIME (core.Core's documented rule).
 		w.coreDown = false
 		w.tellAll()
+		w.wakeComing()
 		for _, x := range w.alive {
 			if len(x.queue) > 0 {
 				x.headSince = w.now

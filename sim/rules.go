@@ -335,7 +335,7 @@ var ruleFlushNotLate = &rule{name: "flush-not-late", when: atDeadline, check: (*
 	doc: "Statistics are flushed by STATS_INTERVAL, or core.IdleFlushMin after the core went idle, unless a transaction is outstanding or the core knows the database is down."}
 
 var ruleWakeDue = &rule{name: "wake-due", when: atDeadline, check: (*world).wakeDue,
-	doc: "A paused row the core can know of (it learns timeouts from Woken and Resolved) is woken at its timeout, not at the next heartbeat."}
+	doc: "A paused row the core can know of (it learns timeouts from Woken and Resolved; a scheduled row's from the wake after a notification sent since its commit) is woken at its timeout, not at the next heartbeat."}
 
 var ruleStopGraceDue = &rule{name: "stop-grace-due", when: atDeadline, check: (*world).stopGraceDue,
 	doc: "A stopped worker is gone or killed by STOP_GRACE."}

@@ -89,6 +89,9 @@ type message struct {
 	end    core.RowStatus // what the last stage makes of it: done or failed
 	visits []visit        // visits[s-first] for each stage s in first..last
 	key    string         // its order key, "" for none (chooseKeys)
+	// notBefore schedules it: its producer inserts it paused until this
+	// long after its commit (not_before), 0 for not (chooseSchedules).
+	notBefore time.Duration
 }
 
 // visit is what one stage does with one message: a few troubled tries in the fault
@@ -336,7 +339,26 @@ func choose(c chooser) *Scenario {
 	choosePressure(c, sc)
 	chooseHistory(c, sc)
 	chooseEmits(c, sc)
+	chooseSchedules(c, sc)
 	return sc
+}
+
+// chooseSchedules chooses scheduled messages (not_before): one scenario in
+// three, some of the producers' messages are inserted paused until a time
+// 1 ms to 3 s after their commit, with a notification whatever the gate
+// says, as pepsi-ingress and pepsi-queue enqueue do. The core learns their
+// time only from the wake the notification leads to (rule wake-due). Drawn
+// last: the other scenarios play as they did before this chapter.
+func chooseSchedules(c chooser, sc *Scenario) {
+	if c.intn("schedules", 0, 2) < 2 {
+		return
+	}
+	share := c.intn("schedules.per_10", 1, 10)
+	for i := range sc.messages[:sc.produced] {
+		if c.intn("message.scheduled", 0, 9) < share {
+			sc.messages[i].notBefore = millis(c.intn("message.not_before_ms", 1, 3000))
+		}
+	}
 }
 
 // chooseHistory turns HISTORY off at some stages (one in four), drawn
@@ -943,6 +965,9 @@ func (sc *Scenario) writeMessage(b *strings.Builder, i int, m message) {
 	fmt.Fprintf(b, "# message %d: at %s, %s..%s then %s:", i, m.at, sc.stages[m.first].name, sc.stages[m.last].name, m.end)
 	if m.key != "" {
 		fmt.Fprintf(b, " key=%q", m.key)
+	}
+	if m.notBefore > 0 {
+		fmt.Fprintf(b, " not-before=+%s", m.notBefore)
 	}
 	for j, v := range m.visits {
 		fmt.Fprintf(b, " %s{", sc.stages[m.first+j].name)

@@ -678,7 +678,9 @@ func (w *world) insert(i int) {
 		w.at(w.upAt(), 0, func() { w.insert(i) })
 		return
 	}
-	notify := w.gateHeld || w.gateWant
+	// A scheduled message's insert notifies whatever the gate says (its
+	// not_before is a pause the dispatcher cannot otherwise know of).
+	notify := w.gateHeld || w.gateWant || w.sc.messages[i].notBefore > 0
 	if !notify {
 		w.sharers++
 	}
@@ -755,11 +757,22 @@ func (w *world) commitInsert(i int, id int64, notify bool) {
 		w.at(w.upAt(), 0, func() { w.insert(i) })
 		return
 	}
+	var notBefore time.Time
+	if m.notBefore > 0 {
+		notBefore = w.now.Add(m.notBefore)
+	}
 	w.quiet = !notify
-	w.q.CommitMessage(id, w.sc.stages[m.first].name, payloadOf(i))
+	w.q.CommitMessage(id, w.sc.stages[m.first].name, payloadOf(i), notBefore)
 	w.quiet = false
 	w.inserted++
 	w.insertedAt[id-1] = w.now
+	if !notBefore.IsZero() && w.running {
+		w.unseen[id] = true
+	}
+	if !notBefore.IsZero() {
+		w.note("ingress inserts message %d as row %d at %s, scheduled: paused until %s (NOTIFY ingress)", i, id, w.sc.stages[m.first].name, notBefore.Sub(epoch))
+		return
+	}
 	if notify {
 		w.note("ingress inserts message %d as row %d at %s", i, id, w.sc.stages[m.first].name)
 		return
@@ -973,6 +986,7 @@ func (w *world) step() {
 		// The heartbeat: the core looks for work at every stage.
 		w.lastPoll = w.now
 		w.tellAll()
+		w.wakeComing()
 	}
 	for _, ev := range evs {
 		w.modelEvent(ev)

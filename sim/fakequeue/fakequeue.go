@@ -213,16 +213,32 @@ func (q *Queue) Reserve() int64 {
 // Commit ends the producer transaction of a reserved id: its row appears,
 // pending at stage, and the queue notifies.
 func (q *Queue) Commit(id int64, stage string) {
-	q.rows[id-1] = &Row{ID: id, Stage: stage, Status: core.StatusPending}
-	q.commitKeyed(q.rows[id-1])
+	q.commit(id, stage, time.Time{})
+}
+
+// commit is Commit of a row scheduled until notBefore (zero for none): paused
+// until then if it is ahead of the clock (see Clock), as an insert with
+// not_before does; a blocked keyed row keeps the time for when it becomes its
+// key's head.
+func (q *Queue) commit(id int64, stage string, notBefore time.Time) {
+	r := &Row{ID: id, Stage: stage, Status: core.StatusPending}
+	q.rows[id-1] = r
+	q.commitKeyed(r)
+	if notBefore.After(q.now()) {
+		r.Timeout = notBefore
+		if r.Status == core.StatusPending {
+			r.Status = core.StatusPaused
+		}
+	}
 	q.touch(id)
 	q.inFlight--
 	q.notify()
 }
 
-// CommitMessage is Commit for a row with a payload (nil for NULL).
-func (q *Queue) CommitMessage(id int64, stage string, payload []byte) {
-	q.Commit(id, stage)
+// CommitMessage is Commit for a row with a payload (nil for NULL), scheduled
+// until notBefore (zero for none: see commit).
+func (q *Queue) CommitMessage(id int64, stage string, payload []byte, notBefore time.Time) {
+	q.commit(id, stage, notBefore)
 	if payload != nil {
 		q.rows[id-1].Payload, q.rows[id-1].HasPayload = string(payload), true
 	}

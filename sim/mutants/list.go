@@ -6,8 +6,11 @@ package main
 // to another file, is laid out anew or renames a local keeps its mutants.
 var mutants = []mutant{
 	mut("ingress-ignored", "promptness", "a NOTIFY on the ingress channel makes the core look nowhere: rows committed since wait for the next claim another event asks for",
-		"\t\tc.ingressGen++\n\t\tc.lookAll()\n\tcase Resting:",
-		"\t\tc.ingressGen++\n\tcase Resting:"),
+		"\t\tc.ingressGen++\n\t\tc.lookAll()\n\t\tc.wakeDue = true\n\tcase Resting:",
+		"\t\tc.ingressGen++\n\t\tc.wakeDue = true\n\tcase Resting:"),
+	mut("ingress-does-not-wake", "wake-due", "a NOTIFY makes the core look for pending rows but not wake: a scheduled message a producer inserted (paused until its not_before) earlier than any pause the core knows of waits for the heartbeat",
+		"\t\tc.lookAll()\n\t\tc.wakeDue = true\n\tcase Resting:",
+		"\t\tc.lookAll()\n\tcase Resting:"),
 	mut("claim-ignores-held-keys", "key-held-once", "the claim may take a message of an order key the core holds (one an operator's own SQL made pending)",
 		"Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits,",
 		"Exclude: c.held(), Limits: limits,"),
