@@ -46,7 +46,7 @@ func statusf(code int, format string, args ...any) *Status {
 }
 
 // fields are the fields a message over HTTP may have.
-var fields = msgjson.Fields{Stage: true, Key: true, OrderKey: true, TraceParent: true, Limit: true}
+var fields = msgjson.Fields{Stage: true, Key: true, OrderKey: true, TraceParent: true, NotBefore: true, Limit: true}
 
 // ParseBody reads a request body of contentType (its media type decides JSON or
 // NDJSON) into messages, each with its stage: its own "stage" field, else

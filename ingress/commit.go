@@ -277,7 +277,7 @@ func flatten(batch []*request) (rows []store.IngressRow, pos [][]int) {
 				}
 				byKey[m.Key] = len(rows)
 			}
-			rw := store.IngressRow{Stage: m.Stage, Payload: m.Payload, State: string(m.State), OrderKey: m.OrderKey, TraceParent: m.TraceParent}
+			rw := store.IngressRow{Stage: m.Stage, Payload: m.Payload, State: string(m.State), OrderKey: m.OrderKey, TraceParent: m.TraceParent, NotBefore: m.NotBefore}
 			if m.Key != "" {
 				rw.Key = &m.Key
 			}

@@ -254,6 +254,34 @@ func TestAnOrderKeyIsStoredAndItsYoungerMessagesWaitBlocked(t *testing.T) {
 	}
 }
 
+// TestANotBeforeSchedulesTheMessage: a message's not_before (RFC 3339)
+// inserts it paused until then; one whose time has passed is pending at
+// once; a message without one is pending.
+func TestANotBeforeSchedulesTheMessage(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "1", "not_before": "2100-01-02T03:04:05.25Z"}
+{"payload": "2", "not_before": "2001-01-01T00:00:00+01:00"}
+{"payload": "3"}`)
+	if a.code != http.StatusAccepted || len(a.ids) != 3 {
+		t.Fatalf("answer %+v; want 202 with 3 ids", a)
+	}
+	res, err := f.conn.Query(context.Background(), `SELECT convert_from(payload, 'UTF8'), status,
+		coalesce(to_char(timeout AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS'), '-') FROM pepsi.queue ORDER BY ingress_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(res, func(r pgx.CollectableRow) (string, error) {
+		var p, status, timeout string
+		err := r.Scan(&p, &status, &timeout)
+		return p + " " + status + " " + timeout, err
+	})
+	want := []string{"1 paused 2100-01-02T03:04:05.250", "2 pending -", "3 pending -"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("rows %q, %v; want %q", got, err, want)
+	}
+}
+
 // TestATraceparentIsTheFieldsElseTheRequestsHeader: a message's
 // traceparent field is its row's; the request's traceparent header is the
 // row's of every message without one; a message with neither has none (its
@@ -450,7 +478,10 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"oversized body", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 5000), auth, 413, "larger than 65536 bytes"},
 		{"too many messages", "application/x-ndjson", "?stage=a", strings.Repeat("{\"payload\": \"x\"}\n", 101), auth, 413, "line 101: more than 100 messages"},
 		{"bad base64", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload_base64\": \"not base64!\"}", auth, 400, "line 2: payload_base64: illegal base64"},
-		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want payload or payload_base64, and optionally stage, state, key, order_key and traceparent)`},
+		{"unknown field", "application/x-ndjson", "?stage=a", `{"payload": "x", "priority": 1}`, auth, 400, `line 1: unknown field "priority" (want payload or payload_base64, and optionally stage, state, key, order_key, traceparent and not_before)`},
+		{"bad not_before", "application/json", "?stage=a", `{"payload": "x", "not_before": "next tuesday"}`, auth, 400, `not_before "next tuesday" is not an RFC 3339 time`},
+		{"not_before without an offset", "application/json", "?stage=a", `{"payload": "x", "not_before": "2100-01-02T03:04:05"}`, auth, 400, `not_before "2100-01-02T03:04:05" is not an RFC 3339 time`},
+		{"not_before not a string", "application/json", "?stage=a", `{"payload": "x", "not_before": 1767225600}`, auth, 400, "not_before: want a string, got a JSON number"},
 		{"both payloads", "application/json", "?stage=a", `{"payload": "x", "payload_base64": "AA=="}`, auth, 400, "both payload and payload_base64"},
 		{"no payload", "application/json", "?stage=a", `{"state": {}}`, auth, 400, "no payload"},
 		{"state not an object", "application/json", "?stage=a", `{"payload": "x", "state": [1]}`, auth, 400, "is not a JSON object"},

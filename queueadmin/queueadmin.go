@@ -63,6 +63,10 @@ type NewMessage struct {
 	// TraceParent is the message's W3C traceparent, "" for none (the
 	// dispatcher gives it one at its first pass).
 	TraceParent string
+	// NotBefore, when not zero, schedules the message: it is inserted paused
+	// until then and first claimed at that time (pending at once when that is
+	// not ahead of the server's clock).
+	NotBefore time.Time
 }
 
 // Range describes the rows one Enqueue inserted.
@@ -74,7 +78,8 @@ const EnqueueBatchMax = 10000
 
 // Enqueue inserts msgs as pending rows at stage, in order, in one statement (the
 // insert trigger notifies the dispatcher once); a message whose order key
-// has an unfinished message waits blocked behind it.
+// has an unfinished message waits blocked behind it, and a scheduled one
+// (NotBefore) paused until its time.
 func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessage) (Range, error) {
 	if stage == "" {
 		return Range{}, errors.New("enqueue: no stage given")
@@ -88,8 +93,15 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 	payloads := make([][]byte, len(msgs))
 	states := make([]string, len(msgs))
 	var orderKeys, traces []string // nil while no message has one
+	var notBefore []time.Time
 	for i, m := range msgs {
 		payloads[i] = m.Payload
+		if !m.NotBefore.IsZero() {
+			if notBefore == nil {
+				notBefore = make([]time.Time, len(msgs))
+			}
+			notBefore[i] = m.NotBefore
+		}
 		if m.TraceParent != "" {
 			if err := msgjson.CheckTraceParent(m.TraceParent); err != nil {
 				return Range{}, fmt.Errorf("enqueue: message %d: %w", i+1, err)
@@ -113,7 +125,7 @@ func Enqueue(ctx context.Context, conn *pgx.Conn, stage string, msgs []NewMessag
 			states[i] = string(m.State)
 		}
 	}
-	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states, OrderKeys: orderKeys, TraceParents: traces})
+	return store.On(conn).Enqueue(ctx, store.EnqueueParams{Stage: stage, Payloads: payloads, States: states, OrderKeys: orderKeys, TraceParents: traces, NotBefore: notBefore})
 }
 
 // Depth is how many rows of one stage have one status.

@@ -61,6 +61,43 @@ func TestAnInsertNotifiesOnlyWhileTheDispatcherHoldsTheGate(t *testing.T) {
 	}
 }
 
+// A scheduled message's insert notifies ingress even while no dispatcher
+// waits: a busy dispatcher learns of paused rows only from its own writes and
+// wakes, so without the notification the message could wait for the
+// heartbeat past its time. Unscheduled and already-due inserts stay silent.
+func TestAScheduledInsertNotifiesWhetherTheDispatcherWaitsOrNot(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	listener := pgtest.Listen(t, url)
+	q := store.On(pgtest.Connect(t, url))
+	insert := func(rows ...store.IngressRow) {
+		t.Helper()
+		if _, err := q.InsertIngress(t.Context(), rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(store.IngressRow{Stage: "a"}, store.IngressRow{Stage: "a", NotBefore: time.Now().Add(-time.Hour)})
+	if notified(t, listener, 300*time.Millisecond) {
+		t.Errorf("an insert of messages due at once notified ingress while no dispatcher waits; want no NOTIFY")
+	}
+	insert(store.IngressRow{Stage: "a"}, store.IngressRow{Stage: "a", NotBefore: time.Now().Add(time.Hour)})
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("an insert with a scheduled message did not notify ingress while no dispatcher waits")
+	}
+	key := "k1" // the keyed path: its own transaction
+	insert(store.IngressRow{Stage: "a", Key: &key, NotBefore: time.Now().Add(time.Hour)})
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("a keyed insert of a scheduled message did not notify ingress while no dispatcher waits")
+	}
+	if _, err := q.Enqueue(t.Context(), store.EnqueueParams{Stage: "a", Payloads: make([][]byte, 1), States: make([]string, 1),
+		NotBefore: []time.Time{time.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("an enqueue of a scheduled message did not notify ingress while no dispatcher waits")
+	}
+}
+
 // The handshake: taking the gate waits for every producer that found it free
 // (and so will not notify) to commit; a producer that comes while the request
 // waits cannot take the gate shared, and notifies.

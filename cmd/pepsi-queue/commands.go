@@ -79,9 +79,10 @@ func enqueueCmd(a *app) *ffcli.Command {
 	batch := fs.Int("batch", 1000, "messages per INSERT (and per commit), at most 10000")
 	orderKey := fs.String("order-key", "", "give every message this order `KEY` (an NDJSON line's order_key wins): they pass the pipeline one at a time, oldest first")
 	traceParent := fs.String("traceparent", "", "give every message this W3C `TRACEPARENT` (00-<32 hex>-<16 hex>-<2 hex>; an NDJSON line's traceparent wins): its passes join that trace")
+	notBefore := fs.String("not-before", "", "schedule every message: paused until `TIME`, an RFC 3339 time (2026-12-24T18:00:00Z) or a duration from now (90s, 2h); an NDJSON line's not_before wins")
 	return &ffcli.Command{
 		Name:       "enqueue",
-		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [-traceparent TP] [< input]",
+		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [-traceparent TP] [-not-before TIME] [< input]",
 		ShortHelp:  "add messages, pending at a stage",
 		LongHelp: `Adds messages to the queue as pending rows at -stage, in input order, and prints
 the range of ids they got. By default every non-empty line of standard input is
@@ -94,20 +95,28 @@ line is a JSON object:
   {"payload": "x", "order_key": "acct-9"} with an order key
   {"payload": "x", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
                                          with its W3C trace context
+  {"payload": "x", "not_before": "2026-12-24T18:00:00Z"}
+                                         scheduled: first handled at that time
 Messages that share an order key (-order-key, or a line's order_key: 1 to 200
 bytes) pass the pipeline one at a time, oldest first; a message whose key has
 an unfinished message waits, blocked, behind it. Messages are inserted in batches (one statement and one commit each; the
 dispatcher is woken once per batch), so a long input starts flowing at once. If
 it fails midway, what was already committed stays, and the error says how much.
 A message without a traceparent (-traceparent, or a line's) gets a fresh trace
-at its first pass (docs/operations.md, "Traces").
+at its first pass (docs/operations.md, "Traces"). A scheduled message
+(-not-before, or a line's not_before) is inserted paused until its time and
+is first claimed then, within the dispatcher's timer precision; one whose time
+is not ahead of the database server's clock is pending at once. One that
+shares an order key holds its key until then (docs/protocol.md, "Scheduled
+messages").
 
 EXAMPLES
   seq 1 1000 | pepsi-queue -c /etc/pepsi/pepsi.conf enqueue -stage parse
   pepsi-queue enqueue -stage parse -n 10000
   jq -c '{payload: .body, state: {source: "import"}}' dump.json | pepsi-queue enqueue -stage parse -ndjson
   pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'
-  pepsi-queue enqueue -stage parse -order-key acct-9 -payload 'debit 12.50'`,
+  pepsi-queue enqueue -stage parse -order-key acct-9 -payload 'debit 12.50'
+  pepsi-queue enqueue -stage remind -not-before 24h -payload 'cart 812 abandoned?'`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("enqueue", args); err != nil {
@@ -120,7 +129,13 @@ EXAMPLES
 			if err != nil {
 				return err
 			}
-			if src, err = givenToAll(src, *orderKey, *traceParent); err != nil {
+			var at time.Time
+			if *notBefore != "" {
+				if at, err = notBeforeOf(*notBefore, time.Now()); err != nil {
+					return err
+				}
+			}
+			if src, err = givenToAll(src, *orderKey, *traceParent, at); err != nil {
 				return err
 			}
 			if *batch <= 0 || *batch > queueadmin.EnqueueBatchMax {
@@ -145,6 +160,9 @@ EXAMPLES
 					return err
 				}
 				fmt.Fprintf(a.stdout, "enqueued %s at stage %s: %s\n", messages(total.Count), *stage, describeIDs(total))
+				if total.Scheduled > 0 {
+					fmt.Fprintf(a.stdout, "%s of them scheduled: paused until their not_before\n", messages(total.Scheduled))
+				}
 				return nil
 			})
 		},
@@ -204,6 +222,7 @@ func enqueueAll(ctx context.Context, conn *pgx.Conn, stage string, src source, b
 		}
 		total.First, total.Last = min(total.First, r.First), max(total.Last, r.Last)
 		total.Count += r.Count
+		total.Scheduled += r.Scheduled
 		msgs = msgs[:0]
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
@@ -98,18 +99,37 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{}, io.EOF
 }
 
-// ndjsonMessage reads one NDJSON object (internal/msgjson, with order_key and
-// traceparent but without stage and key: -stage names the stage, and enqueue
-// does not deduplicate).
+// ndjsonMessage reads one NDJSON object (internal/msgjson, with order_key,
+// traceparent and not_before but without stage and key: -stage names the
+// stage, and enqueue does not deduplicate).
 func ndjsonMessage(text []byte) (queueadmin.NewMessage, error) {
-	m, err := msgjson.Parse(text, msgjson.Fields{OrderKey: true, TraceParent: true})
-	return queueadmin.NewMessage{Payload: m.Payload, State: m.State, OrderKey: m.OrderKey, TraceParent: m.TraceParent}, err
+	m, err := msgjson.Parse(text, msgjson.Fields{OrderKey: true, TraceParent: true, NotBefore: true})
+	return queueadmin.NewMessage{Payload: m.Payload, State: m.State, OrderKey: m.OrderKey, TraceParent: m.TraceParent, NotBefore: m.NotBefore}, err
 }
 
-// givenToAll gives src's messages the order key and the traceparent given
-// by -order-key and -traceparent ("" for none), checked; a message's own
-// wins.
-func givenToAll(src source, orderKey, traceParent string) (source, error) {
+// notBeforeOf reads -not-before: an RFC 3339 time, or a duration from now
+// ("90s", "2h").
+func notBeforeOf(text string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(text); err == nil {
+		if d < 0 {
+			return time.Time{}, usagef("enqueue", "-not-before %s: a duration must not be negative", text)
+		}
+		return now.Add(d), nil
+	}
+	t, err := msgjson.CheckNotBefore(text)
+	if err != nil {
+		return time.Time{}, usagef("enqueue", "-not-before: %v, or a duration from now such as 90s or 2h", err)
+	}
+	return t, nil
+}
+
+// givenToAll gives src's messages the order key, the traceparent and the
+// time given by -order-key, -traceparent ("" for none) and -not-before
+// (zero for none), checked; a message's own wins.
+func givenToAll(src source, orderKey, traceParent string, notBefore time.Time) (source, error) {
+	if !notBefore.IsZero() {
+		src = scheduled{source: src, at: notBefore}
+	}
 	if orderKey != "" {
 		if err := msgjson.CheckOrderKey(orderKey); err != nil {
 			return nil, usagef("enqueue", "-order-key: %v", err)
@@ -123,6 +143,21 @@ func givenToAll(src source, orderKey, traceParent string) (source, error) {
 		src = traced{source: src, tp: traceParent}
 	}
 	return src, nil
+}
+
+// scheduled gives src's messages not_before at, but for a message that has
+// its own (an NDJSON line's not_before).
+type scheduled struct {
+	source
+	at time.Time
+}
+
+func (s scheduled) next() (queueadmin.NewMessage, error) {
+	m, err := s.source.next()
+	if err == nil && m.NotBefore.IsZero() {
+		m.NotBefore = s.at
+	}
+	return m, err
 }
 
 // traced gives src's messages traceparent tp, but for a message that has

@@ -19,7 +19,7 @@ func TestNDJSONLinesBecomePayloadsAndStates(t *testing.T) {
 		{line: `{"payload_base64": "AAH/"}`, payload: "\x00\x01\xff"},
 		{line: `{"payload": "x", "state": {"source": "import"}}`, payload: "x", state: `{"source": "import"}`},
 		{line: `{"payload": "x", "state": null}`, payload: "x"},
-		{line: `{"payload": "x", "stage": "parse"}`, err: `unknown field "stage" (want payload or payload_base64, and optionally state, order_key and traceparent)`},
+		{line: `{"payload": "x", "stage": "parse"}`, err: `unknown field "stage" (want payload or payload_base64, and optionally state, order_key, traceparent and not_before)`},
 		{line: `{"state": {}}`, err: "no payload"},
 		{line: `{"payload": "x", "payload_base64": "AA=="}`, err: "both payload and payload_base64"},
 		{line: `{"payload": "x", "state": [1]}`, err: "not a JSON object"},
