@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,6 +52,31 @@ func main() {
 		runtime.GOMAXPROCS(1)
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// tracesGCPercent is the garbage collector's GOGC while traces are
+// exported: each span leaves about 6 KB of garbage behind, and the
+// dispatcher's heap is small, so at the default 100 it would be collected
+// over and over. The exporter's queues bound what it holds, so the heap
+// stays bounded at four times the live data.
+const tracesGCPercent = 400
+
+// tuneForTraces gives the span exporter a processor beside the loop's, and
+// the collector tracesGCPercent, unless GOMAXPROCS or GOGC in the
+// environment say otherwise; it returns what it left them at. Making,
+// encoding and sending a span costs about 20 µs of CPU (internal/tracing's
+// BenchmarkPassSpans): on the loop's one processor that work delays the
+// loop's every answer (docs/performance.md, "Traces").
+func tuneForTraces() (procs int, gogc string) {
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		runtime.GOMAXPROCS(min(2, runtime.NumCPU()))
+	}
+	gogc, set := os.LookupEnv("GOGC")
+	if !set {
+		debug.SetGCPercent(tracesGCPercent)
+		gogc = strconv.Itoa(tracesGCPercent)
+	}
+	return runtime.GOMAXPROCS(0), gogc
 }
 
 // run is the whole program; it returns the exit code. The help and the
@@ -109,7 +136,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if traces != nil {
 		opts.Traces = traces
 		defer traces.Close()
-		log.Info("exporting traces (OpenTelemetry environment)", "service", "pepsi-dispatch")
+		procs, gc := tuneForTraces()
+		log.Info("exporting traces (OpenTelemetry environment)", "service", "pepsi-dispatch", "gomaxprocs", procs, "gogc", gc)
 	}
 	if *metrics != "" {
 		asks, stopMetrics, err := serveMetrics(*metrics, traces, log)

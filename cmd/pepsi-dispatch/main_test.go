@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -78,5 +80,30 @@ func TestAnApplicationNamePostgreSQLWouldCutIsRefused(t *testing.T) {
 	if code := run([]string{"-c", file}, io.Discard, &stderr); code != dispatch.ExitUsage ||
 		!strings.Contains(stderr.String(), "is 64 bytes; PostgreSQL keeps at most 63") {
 		t.Errorf("a 64-byte application_name: exit %d, stderr %q; want %d and the reason", code, stderr.String(), dispatch.ExitUsage)
+	}
+}
+
+// Proves: with traces on, the dispatcher gives the exporter a processor
+// beside the loop's and collects less often, unless GOMAXPROCS or GOGC in
+// the environment say otherwise.
+func TestTracesGetAProcessorOfTheirOwnUnlessTheEnvironmentSays(t *testing.T) {
+	procs, gc := runtime.GOMAXPROCS(0), debug.SetGCPercent(100)
+	t.Cleanup(func() { runtime.GOMAXPROCS(procs); debug.SetGCPercent(gc) })
+	for _, k := range []string{"GOMAXPROCS", "GOGC"} {
+		if v, set := os.LookupEnv(k); set {
+			os.Unsetenv(k)
+			t.Cleanup(func() { os.Setenv(k, v) })
+		}
+	}
+	runtime.GOMAXPROCS(1)
+	if p, g := tuneForTraces(); p != min(2, runtime.NumCPU()) || g != "400" || debug.SetGCPercent(100) != tracesGCPercent {
+		t.Errorf("tuneForTraces() = %d processors, GOGC %s; want %d and 400", p, g, min(2, runtime.NumCPU()))
+	}
+	t.Setenv("GOMAXPROCS", "1")
+	t.Setenv("GOGC", "50")
+	runtime.GOMAXPROCS(1)
+	debug.SetGCPercent(50)
+	if p, g := tuneForTraces(); p != 1 || g != "50" || debug.SetGCPercent(50) != 50 {
+		t.Errorf("tuneForTraces() with GOMAXPROCS=1 GOGC=50 = %d processors, GOGC %s; want the environment's", p, g)
 	}
 }

@@ -68,6 +68,10 @@ type Exporter struct {
 	passes chan core.Pass
 	spans  *queueing
 	log    *slog.Logger
+	// attrs and names belong to makePasses: a span's attributes, and each
+	// stage's span name, made once (at most namesMax stages).
+	attrs []attribute.KeyValue
+	names map[string]string
 
 	dropped atomic.Uint64
 	failed  atomic.Uint64
@@ -102,7 +106,7 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 		return nil, fmt.Errorf("OpenTelemetry resource: %w", err)
 	}
 	size := queueSize(os.Getenv)
-	e := &Exporter{passes: make(chan core.Pass, size), log: log, done: make(chan struct{})}
+	e := &Exporter{passes: make(chan core.Pass, size), log: log, done: make(chan struct{}), names: map[string]string{}}
 	// The batcher may wait for the exporter (WithBlocking): only its feeder
 	// does, never a caller, which the queue in front of it keeps from it.
 	e.spans = newQueueing(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithBlocking()), size, &e.dropped)
@@ -112,6 +116,9 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 	go e.makePasses()
 	return e, nil
 }
+
+// namesMax bounds the span names an exporter keeps, one per stage.
+const namesMax = 1024
 
 // lastFailLog rate-limits the log of failed exports.
 var lastFailLog atomic.Int64
@@ -192,10 +199,17 @@ func (e *Exporter) Pass(p core.Pass) {
 	}
 }
 
-// makePasses makes the span of each queued pass.
+// makePasses makes the span of each queued pass, but drops (and counts) a
+// pass whose span would find the spans' queue full: with a collector that
+// is slow or gone, making it would cost the CPU a span costs and end in the
+// same drop.
 func (e *Exporter) makePasses() {
 	defer close(e.done)
 	for p := range e.passes {
+		if e.spans.full() {
+			e.dropped.Add(1)
+			continue
+		}
 		e.passSpan(p)
 	}
 }
@@ -215,7 +229,9 @@ func (e *Exporter) passSpan(p core.Pass) {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
 	}
 	ctx = context.WithValue(ctx, idsKey{}, fixedIDs{trace: pass.TraceID(), span: pass.SpanID()})
-	attrs := []attribute.KeyValue{
+	// The SDK copies the attributes, so one buffer serves every span (only
+	// makePasses calls this).
+	attrs := append(e.attrs[:0],
 		attribute.String("messaging.system", "pepsi"),
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("messaging.destination.name", p.Stage),
@@ -223,11 +239,19 @@ func (e *Exporter) passSpan(p core.Pass) {
 		attribute.String("pepsi.outcome", string(p.Outcome)),
 		attribute.Int("pepsi.attempts", p.Attempts),
 		attribute.Int("pepsi.worker.pid", p.PID),
-	}
+	)
 	if p.To != "" {
 		attrs = append(attrs, attribute.String("pepsi.target", p.To))
 	}
-	_, span := e.tracer.Start(ctx, "process "+p.Stage, trace.WithSpanKind(trace.SpanKindConsumer),
+	e.attrs = attrs
+	name, ok := e.names[p.Stage]
+	if !ok && len(e.names) < namesMax {
+		name = "process " + p.Stage
+		e.names[p.Stage] = name
+	} else if !ok {
+		name = "process " + p.Stage
+	}
+	_, span := e.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(p.Handed), trace.WithAttributes(attrs...))
 	if !p.Claimed.IsZero() {
 		// The wait in the dispatcher: claimed, held until a worker had room.
@@ -350,6 +374,9 @@ func newQueueing(next sdktrace.SpanProcessor, size int, dropped *atomic.Uint64) 
 }
 
 func (q *queueing) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+
+// full reports whether an ended span would be dropped now.
+func (q *queueing) full() bool { return len(q.ch) == cap(q.ch) }
 
 func (q *queueing) OnEnd(s sdktrace.ReadOnlySpan) {
 	defer func() {

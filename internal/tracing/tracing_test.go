@@ -1,7 +1,13 @@
 package tracing
 
 import (
+	"context"
+	"log/slog"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -43,4 +49,52 @@ func TestANilExporterIsOff(t *testing.T) {
 	}
 	r.End(202, 1)
 	e.Close()
+}
+
+// stuck is a span processor whose OnEnd never returns until release is
+// closed: a batcher waiting for a collector that is gone.
+type stuck struct{ release chan struct{} }
+
+func (s stuck) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (s stuck) OnEnd(sdktrace.ReadOnlySpan)                     { <-s.release }
+func (s stuck) Shutdown(context.Context) error                  { return nil }
+func (s stuck) ForceFlush(context.Context) error                { return nil }
+
+// ended counts the spans that were made (ended), whatever became of them.
+type ended struct{ n atomic.Int64 }
+
+func (c *ended) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (c *ended) OnEnd(sdktrace.ReadOnlySpan)                     { c.n.Add(1) }
+func (c *ended) Shutdown(context.Context) error                  { return nil }
+func (c *ended) ForceFlush(context.Context) error                { return nil }
+
+// Proves: while the spans' queue is full (a collector that is gone), passes
+// are dropped and counted before their spans are made, so a dead collector
+// does not cost a span's CPU per pass.
+func TestPassesAreDroppedBeforeTheirSpansAreMadeWhileTheQueueIsFull(t *testing.T) {
+	const passes, queue = 100, 4
+	blocked := stuck{release: make(chan struct{})}
+	made := &ended{}
+	e := &Exporter{passes: make(chan core.Pass, passes), names: map[string]string{}, done: make(chan struct{}),
+		log: slog.New(slog.DiscardHandler)}
+	e.spans = newQueueing(blocked, queue, &e.dropped)
+	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(e.spans), sdktrace.WithSpanProcessor(made), sdktrace.WithIDGenerator(ids{}))
+	e.tracer = e.tp.Tracer("test")
+	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	for i := range passes {
+		e.Pass(core.Pass{ID: int64(i + 1), Stage: "a", Outcome: core.PassDone, Handed: t0, Ended: t0.Add(time.Millisecond),
+			Trace: core.Trace{Pass: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}})
+	}
+	go e.makePasses()
+	close(e.passes)
+	<-e.done
+	// At most: one span with the stuck batcher, the queue's, and one more
+	// that raced the queue filling.
+	if n := made.n.Load(); n > queue+2 {
+		t.Errorf("%d spans made for %d passes with a queue of %d in front of a stuck batcher; want at most %d", n, passes, queue, queue+2)
+	}
+	if d, n := e.Dropped(), made.n.Load(); int64(d) < passes-n {
+		t.Errorf("%d passes dropped and %d spans made; want every pass not queued counted as dropped", d, n)
+	}
+	close(blocked.release)
 }
