@@ -378,11 +378,19 @@ const ProducerKey int64 = 0x7065707370726f64
 // still held it, so none did: every row up to that id is committed or gone, and
 // the claim that follows, with a later snapshot, sees all of them. $1 and $2 are
 // the key's high and low halves, as pg_locks shows an advisory lock on a bigint.
+// The dispatcher's own transaction holds the lock too once its resolve has
+// inserted emitted messages (resolveSQL's "children"): those rows are its own,
+// which its claim sees, not a producer's that may commit later, so its own
+// backend does not count. Counted, a step that emits would report nothing
+// settled, and the claim floors would stop rising for as long as stages emit
+// (every claim walking the index entries of all the rows claimed since). IS
+// DISTINCT FROM: a prepared transaction's lock has no pid, and counts.
 const settledSQL = `
 SELECT CASE WHEN EXISTS (
 	SELECT 1 FROM pg_locks
 	WHERE locktype = 'advisory' AND classid = $1::oid AND objid = $2::oid AND objsubid = 1
 	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND pid IS DISTINCT FROM pg_backend_pid()
 ) THEN 0 ELSE (SELECT coalesce(max(ingress_id), 0) FROM pepsi.queue) END`
 
 // epochSQL makes sure the crash sentinel holds a token and returns it. A plain

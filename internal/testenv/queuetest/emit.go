@@ -22,6 +22,7 @@ var emitTests = []conformanceTest{
 	{"MovesToDoneToPausedAndMovesThatClaimInsertTheirEmits", testEmitTargets},
 	{"AnEmittedKeyAlreadyInTheQueueInsertsNothing", testEmitDedup},
 	{"AResolveSentAgainAfterItsCommitInsertsNoSecondChildren", testEmitResent},
+	{"AClaimAfterAResolveThatEmitsInItsTransactionReportsIngressSettled", testEmitSettled},
 }
 
 // move with emits.
@@ -245,5 +246,33 @@ func testKeyEmitted(t *testing.T, h KeyedHarness) {
 	}
 	if kids[1].OrderKey != "fresh" || core.RowStatus(kids[1].Status) != core.StatusPending {
 		t.Errorf("child of a key of its own = %s; want pending", childText(kids[1]))
+	}
+}
+
+// The children a resolve inserts are the dispatcher's own rows, visible to
+// the claim that follows in its transaction: they are no producer
+// mid-transaction, so the claim still reports ingress settled (else the
+// claim floors would stop rising while stages emit, and every claim would
+// walk the index entries of all the rows claimed since).
+func testEmitSettled(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	evs := h.Exec(t.Context(), []core.Command{
+		core.Resolve{Op: 1, Items: []core.Item{moveEmitting(ids[0], "a", core.TargetDone, core.Emit{Stage: "c", Payload: []byte("x")}, core.Emit{Stage: "c", Payload: []byte("y")})}},
+		core.Claim{Op: 2, Caps: []core.Cap{{Stage: "c", N: 1}}},
+	})
+	if len(evs) != 2 {
+		t.Fatalf("events %v, want a resolve's and a claim's", evs)
+	}
+	c, ok := evs[1].(core.Claimed)
+	if !ok || c.Err != "" {
+		t.Fatalf("claim after the resolve: %v", evs[1])
+	}
+	kids := childrenAfter(t, h, ids[0], ids[1], 4)
+	if len(kids) != 2 || len(c.Rows) != 1 || c.Rows[0].ID != kids[0].ID {
+		t.Fatalf("claim at c took %v; want the first of the children %v", c.Rows, kids)
+	}
+	if c.Settled != kids[1].ID {
+		t.Errorf("claim in the transaction of a resolve that emitted reported settled=%d, want %d (the newest row, its own child)", c.Settled, kids[1].ID)
 	}
 }
