@@ -172,7 +172,9 @@ type bench struct {
 	raceRuns       bool // -race: the racing producers' latency instead of the rounds
 	backlogN       int
 	// historyRows: the history figure's size (-history; 0: none).
-	historyRows    int
+	historyRows int
+	// splitN: the split figure's messages (-split; 0: none).
+	splitN         int
 	server         string
 	dbName         string
 	dispatch       string
@@ -262,6 +264,13 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.historyRows > 0 {
 		return b.runHistory(ctx)
+	}
+	if b.splitN > 0 {
+		if err := b.runSplits(ctx); err != nil {
+			keep = true
+			return err
+		}
+		return nil
 	}
 	if b.backlog {
 		err := b.runBacklogs(ctx)

@@ -55,6 +55,8 @@ func main() {
 		runMessageWorker()
 	case filepath.Base(os.Args[0]) == relayProgram:
 		runRelayWorker()
+	case filepath.Base(os.Args[0]) == splitProgram:
+		runSplitWorker()
 	case filepath.Base(os.Args[0]) == libraryProgram:
 		stage.Main(handlers()) // answers its transitions
 	case len(os.Args) > 1 && os.Args[1] == "worker":
@@ -114,6 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&b.raceRuns, "race", false, "instead of the rounds: -rounds runs per mode of three producers that each hold their one-message transaction open 0–20 ms and pause 0–600 ms, for -latency-seconds each; report commit → done per run")
 	fs.IntVar(&b.backlogN, "backlog-n", 1000000, "messages in the -backlog drain")
 	fs.IntVar(&b.historyRows, "history", 0, "instead of the rounds: fill pepsi.history with this many `rows` over 7 daily partitions; report what pepsi-queue history's read of one message takes and what dropping a day's partition takes; 0: no history figure")
+	fs.IntVar(&b.splitN, "split", 0, "instead of the rounds: the split figure, -rounds times: this many `messages` at stage a, each split into 10 messages emitted to stage b (which answers 0 >done), beside pgbench's single-row INSERTs into pepsi.queue; report emitted messages/s and the ratio; 0: no split figure")
 	fs.StringVar(&b.server, "database", server, "admin `URL` of the PostgreSQL server (default: PEPSI_TEST_DATABASE_URL); the bench creates its own database there")
 	fs.StringVar(&b.dbName, "db-name", "pepsi_bench", "`NAME` of the bench's database, dropped and created afresh each round")
 	fs.StringVar(&b.dispatch, "dispatch", "", "the pepsi-dispatch `binary` (default: next to pepsi-bench, else on PATH)")
@@ -159,6 +162,8 @@ func (b *bench) settle(args []string, modes, configs string) error {
 		return errors.New("-n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate, -backlog-n, -keys and -key-backlog must be positive")
 	case b.latencySeconds < 0:
 		return errors.New("-latency-seconds must not be negative")
+	case b.splitN < 0 || b.splitN > 0 && b.skipPgbench:
+		return errors.New("-split must not be negative, and measures beside pgbench (no -skip-pgbench)")
 	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
 		return fmt.Errorf("-db-name %q: want lower-case letters, digits and '_'", b.dbName)
 	}
@@ -184,6 +189,9 @@ func (b *bench) settle(args []string, modes, configs string) error {
 		n := b.n
 		if b.backlog {
 			n = b.backlogN
+		}
+		if b.splitN > 0 {
+			n = (1 + splitChildren) * b.splitN
 		}
 		b.timeout = pipelineTimeoutBase + pipelineTimeoutPerMessage*timeDuration(n)
 	}

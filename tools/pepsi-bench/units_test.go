@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // chunkReader hands out its chunks one Read at a time, as a pipe does when the
@@ -287,5 +289,33 @@ func TestBatchesCutWholeLines(t *testing.T) {
 	}
 	if got := batches([]byte("a\nb"), 5); len(got) != 1 || string(got[0]) != "a\nb" {
 		t.Errorf("batches without a final newline = %q, want one body \"a\\nb\"", got)
+	}
+}
+
+// Proves: the split figure's stage program answers each message at a with
+// its emit lines, read back by the dispatcher's parser as messages to b,
+// before "0 >done", and each message at b with "0 >done"; another stage is
+// refused.
+func TestSplitProgramEmitsTenChildrenBeforeItsAnswer(t *testing.T) {
+	t.Parallel()
+	var out, errs bytes.Buffer
+	if code := splitMain(strings.NewReader("1\n2\n"), &out, &errs, stageA); code != 0 {
+		t.Fatalf("split at a: exit %d: %s", code, errs.String())
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2*(splitChildren+1) || lines[splitChildren] != "0 >done" || lines[2*splitChildren+1] != "0 >done" {
+		t.Fatalf("split at a wrote %q; want %d emit lines then 0 >done, twice", lines, splitChildren)
+	}
+	for _, l := range lines[:splitChildren] {
+		if e, err := core.ParseEmit(l); err != nil || e.Stage != stageB {
+			t.Errorf("emit line %q: %v, stage %q; want a message to b", l, err, e.Stage)
+		}
+	}
+	out.Reset()
+	if code := splitMain(strings.NewReader("7\n"), &out, &errs, stageB); code != 0 || out.String() != "0 >done\n" {
+		t.Errorf("split at b: exit %d, %q; want 0 >done", code, out.String())
+	}
+	if code := splitMain(strings.NewReader("7\n"), &out, &errs, stageC); code != 2 {
+		t.Errorf("split at c: exit %d, want 2", code)
 	}
 }
