@@ -220,11 +220,20 @@ type Resolve struct {
 // and its item is owed again; woken and claimed in the same transaction, the row
 // would be held twice (as the owed item and as the claimed row). A row the
 // resolve itself pauses, due at once, is woken by the next Wake.
+//
+// One Wake wakes at most WakeMax rows, those due first; when it found that
+// many, its Woken.Next is Now, so the next transaction wakes again.
 type Wake struct {
 	Op   int64
 	Now  time.Time
 	Keep []int64
 }
+
+// WakeMax bounds the rows one Wake makes pending (and records in the
+// history): scheduled messages may fall due by the hundred thousand at one
+// instant (pepsi-queue enqueue -not-before 2h), and one statement waking
+// them all would hold up every other write of its transaction for seconds.
+const WakeMax = 2000
 
 // Cap is how many pending rows of Stage one Claim may take, and where it starts
 // looking: only rows with an ingress_id above After. After is the stage's claim

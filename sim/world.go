@@ -678,10 +678,10 @@ func (w *world) insert(i int) {
 		w.at(w.upAt(), 0, func() { w.insert(i) })
 		return
 	}
-	// A scheduled message's insert notifies whatever the gate says (its
-	// not_before is a pause the dispatcher cannot otherwise know of).
-	notify := w.gateHeld || w.gateWant || w.sc.messages[i].notBefore > 0
-	if !notify {
+	// While the gate is free the trigger holds it shared until commit, and
+	// does not notify.
+	shared := !w.gateHeld && !w.gateWant
+	if shared {
 		w.sharers++
 	}
 	// The row's id is taken now, at the INSERT; the row appears at commit. A
@@ -693,7 +693,7 @@ func (w *world) insert(i int) {
 	if key := w.sc.messages[i].key; key != "" {
 		var ok bool
 		if id, ok = w.q.ReserveKeyed(key); !ok {
-			if !notify {
+			if shared {
 				w.unshare()
 			}
 			w.at(w.now.Add(time.Millisecond), 0, func() { w.insert(i) })
@@ -721,7 +721,11 @@ func (w *world) insert(i int) {
 	if w.sc.messages[i].key != "" && w.sc.faults.keyHold > 0 {
 		d += w.randDur(w.rKey, 0, w.sc.faults.keyHold)
 	}
-	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, notify) })
+	// A scheduled message inserted paused notifies whatever the gate says
+	// (its not_before is a pause the dispatcher cannot otherwise know of);
+	// one blocked behind its key does not (its key's release reports it).
+	notify := !shared || (w.sc.messages[i].notBefore > 0 && !w.q.ReservedBlocked(id))
+	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, shared, notify) })
 }
 
 // longHoldOdds: one producer transaction in this many stays open 0.1–5 s
@@ -746,8 +750,8 @@ func payloadOf(i int) []byte {
 // the row becomes visible, the NOTIFY (if the trigger sent one) is delivered,
 // and the shared hold on the gate ends. With the database down the transaction
 // is lost, its id unused, and the producer tries again.
-func (w *world) commitInsert(i int, id int64, notify bool) {
-	if !notify {
+func (w *world) commitInsert(i int, id int64, shared, notify bool) {
+	if shared {
 		w.unshare()
 	}
 	m := w.sc.messages[i]
@@ -766,7 +770,7 @@ func (w *world) commitInsert(i int, id int64, notify bool) {
 	w.quiet = false
 	w.inserted++
 	w.insertedAt[id-1] = w.now
-	if !notBefore.IsZero() && w.running {
+	if r, _ := w.q.Get(id); r.Status == core.StatusPaused && w.running {
 		w.unseen[id] = true
 	}
 	if !notBefore.IsZero() {

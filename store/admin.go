@@ -28,8 +28,9 @@ const enqueueSQL = `WITH input AS (
 		` + scheduledStatus + ` FROM input
 	WHERE ` + orderKeysLocked + `
 	ORDER BY n
-	RETURNING ingress_id, status)
-SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0), count(*) FILTER (WHERE ` + scheduledNotify + `) FROM ins`
+	RETURNING ingress_id, status, timeout)
+SELECT count(*), coalesce(min(ingress_id), 0), coalesce(max(ingress_id), 0), count(*) FILTER (WHERE timeout IS NOT NULL),
+	coalesce(bool_or(` + scheduledNotify + `), false) FROM ins`
 
 // countSQL counts the rows per stage and status, with the oldest update of each
 // (in microseconds ago): for pending rows, the oldest wait since a row was
@@ -173,23 +174,25 @@ type EnqueueResult struct {
 	// once, or rows had order keys (the insert trigger draws a keyed row's id
 	// anew under its key's lock, skipping the one drawn before).
 	First, Last int64
-	// Scheduled is how many of them were inserted paused, until their
-	// NotBefore.
+	// Scheduled is how many of them wait for their NotBefore: paused until
+	// then, or blocked behind their order key and paused until then once
+	// they are its head.
 	Scheduled int64
 }
 
-// Enqueue inserts p's messages as pending rows at p.Stage, in order, in one
-// statement (the insert trigger notifies the dispatcher once).
+// Enqueue inserts p's messages at p.Stage, in order, in one statement:
+// pending, paused until their NotBefore, or blocked behind their order key
+// (the insert trigger notifies the dispatcher once).
 func (s *PG) Enqueue(ctx context.Context, p EnqueueParams) (EnqueueResult, error) {
 	var r EnqueueResult
 	var notBefore []pgtype.Timestamptz
 	if p.NotBefore != nil {
 		notBefore = make([]pgtype.Timestamptz, len(p.Payloads))
 		for i, t := range p.NotBefore {
-			notBefore[i] = pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+			notBefore[i] = orNull(t)
 		}
 	}
-	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys, p.TraceParents, notBefore).Scan(&r.Count, &r.First, &r.Last, &r.Scheduled)
+	err := s.db.QueryRow(ctx, enqueueSQL, p.Stage, p.Payloads, p.States, p.OrderKeys, p.TraceParents, notBefore).Scan(&r.Count, &r.First, &r.Last, &r.Scheduled, new(bool))
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}
@@ -385,9 +388,13 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 // first in the producers' order (orderKeysLocked): pepsi.order_release takes
 // them in the order of the keys' text, and a producer holding one of two keys
 // it inserts would otherwise wait for the other while this waited for the
-// first.
-const operatorReleaseSQL = `WITH input AS (SELECT unnest($1::text[]) AS order_key)
-SELECT count(*) FROM pepsi.order_release($1::text[], true) WHERE ` + orderKeysLocked
+// first. When a key is handed to a message (blocked -> pending, or paused
+// for a scheduled one), it notifies ingress at commit, as every tool that
+// makes rows pending does: a resting dispatcher would otherwise find the
+// message only at its heartbeat.
+const operatorReleaseSQL = `WITH input AS (SELECT unnest($1::text[]) AS order_key),
+released AS (SELECT * FROM pepsi.order_release($1::text[], true) WHERE ` + orderKeysLocked + `)
+SELECT count(*), CASE WHEN bool_or(NOT busy) THEN (SELECT true FROM pg_notify('ingress', '')) ELSE false END FROM released`
 
 // releaseKeys puts the order keys of rows an operator's retry or discard
 // changed in order again: a retried message older than its key's head is the
@@ -399,7 +406,8 @@ func (s *PG) releaseKeys(ctx context.Context, keys []string) error {
 		return nil
 	}
 	var n int64
-	if err := s.db.QueryRow(ctx, operatorReleaseSQL, keys).Scan(&n); err != nil {
+	var notified bool
+	if err := s.db.QueryRow(ctx, operatorReleaseSQL, keys).Scan(&n, &notified); err != nil {
 		return fmt.Errorf("release order keys: %w", err)
 	}
 	return nil

@@ -160,3 +160,23 @@ func TestRestWaitsForProducersThatDidNotNotifyAndLaterOnesNotify(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A discard that hands an order key to its next message notifies ingress,
+// as every tool that makes rows pending does, whether a dispatcher waits or
+// not.
+func TestADiscardThatHandsAKeyOnNotifies(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	q := store.On(pgtest.Connect(t, url))
+	ids, err := q.InsertIngress(t.Context(), []store.IngressRow{{Stage: "a", OrderKey: "k"}, {Stage: "a", OrderKey: "k"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := pgtest.Listen(t, url)
+	if n, err := q.Discard(t.Context(), store.DiscardParams{Selection: store.Selection{ID: ids[0]}, DispatchError: "discarded"}); err != nil || n != 1 {
+		t.Fatalf("Discard of the key's head = %d, %v; want 1", n, err)
+	}
+	if !notified(t, listener, 5*time.Second) {
+		t.Errorf("a discard that made message %d its key's head (pending) did not notify ingress", ids[1])
+	}
+}

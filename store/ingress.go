@@ -217,10 +217,16 @@ func ingressColumnsOf(rows []IngressRow) ingressColumns {
 		keys: make([]*string, n), orderKeys: make([]string, n), traces: make([]string, n), notBefore: make([]pgtype.Timestamptz, n)}
 	for i, r := range rows {
 		c.stages[i], c.payloads[i], c.states[i], c.keys[i], c.orderKeys[i], c.traces[i] = r.Stage, r.Payload, r.State, r.Key, r.OrderKey, r.TraceParent
-		c.notBefore[i] = pgtype.Timestamptz{Time: r.NotBefore, Valid: !r.NotBefore.IsZero()}
+		c.notBefore[i] = orNull(r.NotBefore)
 		c.keyed = c.keyed || r.Key != nil
 	}
 	return c
+}
+
+// orNull is t as a timestamptz parameter, NULL for the zero time (no
+// not_before).
+func orNull(t time.Time) pgtype.Timestamptz {
+	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
 }
 
 // args are insertRows' arguments.

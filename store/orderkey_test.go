@@ -194,24 +194,13 @@ func operatorAndProducer(t *testing.T, operator func(ctx context.Context, h *har
 // TestSchema14GrantsTheOrderKeyToAnExistingMonitorRole: a pepsi_monitor
 // role made with the grants pepsi-httpd(8) gave before version 14 may read
 // order_key once the schema is migrated, as pepsi-httpd's count of the keys
-// waiting needs. (The role is the server's, not the database's: the test
-// makes it only when it is missing, and drops only one it made.)
+// waiting needs. (The role is the server's, not the database's:
+// pgtest.MonitorRole makes it when it is missing, and leaves it.)
 func TestSchema14GrantsTheOrderKeyToAnExistingMonitorRole(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
 	ctx := t.Context()
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pepsi_monitor')`).Scan(&exists); err != nil {
-		t.Fatal(err)
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, `CREATE ROLE pepsi_monitor`); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			conn.Exec(context.Background(), `DROP OWNED BY pepsi_monitor; DROP ROLE pepsi_monitor`) //nolint:errcheck // best effort: roles outlive databases
-		})
-	}
+	pgtest.MonitorRole(t, conn)
 	if _, err := store.MigrateTo(ctx, conn, 13); err != nil {
 		t.Fatal(err)
 	}

@@ -119,24 +119,13 @@ func TestThePageMessageReadsChildrenThroughTheParentIndex(t *testing.T) {
 }
 
 // Schema 20 lets pepsi_monitor, and no other role, learn a payload's size
-// (pepsi.payload_size), and not its bytes. (The role is the server's: the
-// test makes it only when it is missing, and drops only one it made.)
+// (pepsi.payload_size), and not its bytes. (The role is the server's:
+// pgtest.MonitorRole makes it when it is missing, and leaves it.)
 func TestSchema20GrantsThePayloadSizeToTheMonitorRoleAlone(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
 	ctx := t.Context()
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pepsi_monitor')`).Scan(&exists); err != nil {
-		t.Fatal(err)
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, `CREATE ROLE pepsi_monitor`); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			conn.Exec(context.Background(), `DROP OWNED BY pepsi_monitor; DROP ROLE pepsi_monitor`) //nolint:errcheck // best effort: roles outlive databases
-		})
-	}
+	pgtest.MonitorRole(t, conn)
 	other := fmt.Sprintf("pepsi_other_%d", time.Now().UnixNano()%1e9)
 	if _, err := conn.Exec(ctx, "CREATE ROLE "+other+"; GRANT USAGE ON SCHEMA public TO "+other); err != nil {
 		t.Fatal(err)

@@ -421,7 +421,7 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		"UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01'::timestamptz + (ingress_id % 7) * interval '1 hour' WHERE ingress_id % 2000 = 1",
 		"SELECT pepsi.history_day('2030-01-01', true)", // the day of the rows the reset and the wake record
 		"PREPARE reset(bigint[], timestamptz) AS " + store.ResetOrphansSQL,
-		"PREPARE wake(timestamptz, bigint[]) AS " + store.WakeSQL,
+		"PREPARE wake(timestamptz, bigint[], int) AS " + store.WakeSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -436,7 +436,7 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, c := range []struct{ name, args, index string }{
 				{"reset", "'{4000,8000}', '2030-01-01 03:30Z'", "queue_running"},
-				{"wake", "'2030-01-01 03:30Z', '{2001,4001}'", "queue_paused"},
+				{"wake", "'2030-01-01 03:30Z', '{2001,4001}', 2000", "queue_paused"},
 			} {
 				plan := explain(t, conn, mode, c.name, c.args)
 				used := false

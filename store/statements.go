@@ -841,13 +841,20 @@ func resolve(c core.Resolve) statement {
 // waited out a retry (attempts > 0) loses state.dispatch_error, the retry's
 // reason, in the same write: it held while the row waited, and a message that
 // later succeeds, or fails for another reason, must not show it. Each woken
-// row gets a history row, woken, at $1.
+// row gets a history row, woken, at $1. It wakes at most $3 (core.WakeMax)
+// rows, those due first; when it found that many due it reports $1 as the
+// earliest timeout, so the core wakes again in its next transaction.
 const wakeSQL = `
-WITH woken AS (
-	UPDATE pepsi.queue SET status = 'pending', updated_at = now(),
-		state = CASE WHEN attempts > 0 AND jsonb_typeof(state) = 'object' THEN state - 'dispatch_error' ELSE state END
+WITH due AS (
+	SELECT ingress_id FROM pepsi.queue
 	WHERE status = 'paused' AND timeout <= $1 AND ingress_id <> ALL ($2::bigint[])
-	RETURNING ingress_id, stage, attempts
+	ORDER BY timeout LIMIT $3
+), woken AS (
+	UPDATE pepsi.queue q SET status = 'pending', updated_at = now(),
+		state = CASE WHEN q.attempts > 0 AND jsonb_typeof(q.state) = 'object' THEN q.state - 'dispatch_error' ELSE q.state END
+	FROM due
+	WHERE q.ingress_id = due.ingress_id AND q.status = 'paused' AND q.timeout <= $1
+	RETURNING q.ingress_id, q.stage, q.attempts
 ), recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, at, attempts)
 	SELECT ingress_id, stage, 'woken', $1, attempts FROM woken
@@ -855,8 +862,9 @@ WITH woken AS (
 	SELECT count(*) AS n FROM woken
 )
 SELECT n.n,
-       (SELECT min(timeout) FROM pepsi.queue
-        WHERE status = 'paused' AND timeout > $1 AND ingress_id <> ALL ($2::bigint[])),
+       CASE WHEN (SELECT count(*) FROM due) >= $3 THEN $1::timestamptz
+       ELSE (SELECT min(timeout) FROM pepsi.queue
+             WHERE status = 'paused' AND timeout > $1 AND ingress_id <> ALL ($2::bigint[])) END,
        CASE WHEN n.n > 0 THEN (SELECT true FROM pg_notify('ingress', '')) ELSE false END
 FROM n`
 
@@ -883,7 +891,7 @@ func wake(c core.Wake) statement {
 			if keep == nil {
 				keep = []int64{} // NULL would make "<> ALL" match nothing
 			}
-			b.Queue(wakeSQL, c.Now, keep)
+			b.Queue(wakeSQL, c.Now, keep, core.WakeMax)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			var n int64

@@ -58,13 +58,13 @@ func main() {
 // exported: each span leaves about 6 KB of garbage behind, and the
 // dispatcher's heap is small, so at the default 100 it would be collected
 // over and over. The exporter's queues bound what it holds, so the heap
-// stays bounded at four times the live data.
+// stays bounded at five times the live data (GOGC 400).
 const tracesGCPercent = 400
 
 // tuneForTraces gives the span exporter a processor beside the loop's, and
 // the collector tracesGCPercent, unless GOMAXPROCS or GOGC in the
 // environment say otherwise; it returns what it left them at. Making,
-// encoding and sending a span costs about 20 µs of CPU (internal/tracing's
+// encoding and sending a span costs 10-20 µs of CPU (internal/tracing's
 // BenchmarkPassSpans): on the loop's one processor that work delays the
 // loop's every answer (docs/performance.md, "Traces").
 func tuneForTraces() (procs int, gogc string) {

@@ -70,22 +70,9 @@ EXAMPLE
 	}
 }
 
-func enqueueCmd(a *app) *ffcli.Command {
-	fs := newFlags("enqueue")
-	stage := fs.String("stage", "", "the `STAGE` the messages start at (required)")
-	n := fs.Int("n", 0, "enqueue `N` synthetic messages (\"synthetic message 1\", ...)")
-	ndjson := fs.Bool("ndjson", false, "read NDJSON objects from standard input instead of plain lines")
-	payload := fs.String("payload", "", "enqueue one message with this `TEXT` as its payload")
-	batch := fs.Int("batch", 1000, "messages per INSERT (and per commit), at most 10000")
-	orderKey := fs.String("order-key", "", "give every message this order `KEY` (an NDJSON line's order_key wins): they pass the pipeline one at a time, oldest first")
-	traceParent := fs.String("traceparent", "", "give every message this W3C `TRACEPARENT` (00-<32 hex>-<16 hex>-<2 hex>; an NDJSON line's traceparent wins): its passes join that trace")
-	notBefore := fs.String("not-before", "", "schedule every message: paused until `TIME`, an RFC 3339 time (2026-12-24T18:00:00Z) or a duration from now (90s, 2h); an NDJSON line's not_before wins")
-	return &ffcli.Command{
-		Name:       "enqueue",
-		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [-traceparent TP] [-not-before TIME] [< input]",
-		ShortHelp:  "add messages, pending at a stage",
-		LongHelp: `Adds messages to the queue as pending rows at -stage, in input order, and prints
-the range of ids they got. By default every non-empty line of standard input is
+// enqueueHelp is enqueue's long help.
+const enqueueHelp = `Adds messages to the queue at -stage (pending, or paused when scheduled), in
+input order, and prints the range of ids they got. By default every non-empty line of standard input is
 one message (the line without its newline is the payload). With -ndjson every
 line is a JSON object:
   {"payload": "text"}                    the string's bytes
@@ -106,7 +93,8 @@ A message without a traceparent (-traceparent, or a line's) gets a fresh trace
 at its first pass (docs/operations.md, "Traces"). A scheduled message
 (-not-before, or a line's not_before) is inserted paused until its time and
 is first claimed then, within the dispatcher's timer precision; one whose time
-is not ahead of the database server's clock is pending at once. One that
+is not ahead of the database server's clock is pending at once. A duration
+(-not-before 90s) counts from this machine's clock. One that
 shares an order key holds its key until then (docs/protocol.md, "Scheduled
 messages").
 
@@ -116,8 +104,24 @@ EXAMPLES
   jq -c '{payload: .body, state: {source: "import"}}' dump.json | pepsi-queue enqueue -stage parse -ndjson
   pepsi-queue enqueue -stage parse -payload 'order=1 amount=12.50'
   pepsi-queue enqueue -stage parse -order-key acct-9 -payload 'debit 12.50'
-  pepsi-queue enqueue -stage remind -not-before 24h -payload 'cart 812 abandoned?'`,
-		FlagSet: fs,
+  pepsi-queue enqueue -stage remind -not-before 24h -payload 'cart 812 abandoned?'`
+
+func enqueueCmd(a *app) *ffcli.Command {
+	fs := newFlags("enqueue")
+	stage := fs.String("stage", "", "the `STAGE` the messages start at (required)")
+	n := fs.Int("n", 0, "enqueue `N` synthetic messages (\"synthetic message 1\", ...)")
+	ndjson := fs.Bool("ndjson", false, "read NDJSON objects from standard input instead of plain lines")
+	payload := fs.String("payload", "", "enqueue one message with this `TEXT` as its payload")
+	batch := fs.Int("batch", 1000, "messages per INSERT (and per commit), at most 10000")
+	orderKey := fs.String("order-key", "", "give every message this order `KEY` (an NDJSON line's order_key wins): they pass the pipeline one at a time, oldest first")
+	traceParent := fs.String("traceparent", "", "give every message this W3C `TRACEPARENT` (00-<32 hex>-<16 hex>-<2 hex>; an NDJSON line's traceparent wins): its passes join that trace")
+	notBefore := fs.String("not-before", "", "schedule every message: paused until `TIME`, an RFC 3339 time (2026-12-24T18:00:00Z) or a duration from now (90s, 2h); an NDJSON line's not_before wins")
+	return &ffcli.Command{
+		Name:       "enqueue",
+		ShortUsage: "pepsi-queue [global flags] enqueue -stage STAGE [-n N | -ndjson | -payload TEXT] [-order-key KEY] [-traceparent TP] [-not-before TIME] [< input]",
+		ShortHelp:  "add messages at a stage",
+		LongHelp:   enqueueHelp,
+		FlagSet:    fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("enqueue", args); err != nil {
 				return err

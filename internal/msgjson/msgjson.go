@@ -238,7 +238,8 @@ func CheckOrderKey(k string) error {
 }
 
 // CheckNotBefore reads a scheduled message's not_before, an RFC 3339 time
-// with its offset ("2026-12-24T18:00:00Z", "2026-12-24T19:00:00.5+01:00").
+// with its offset ("2026-12-24T18:00:00Z", "2026-12-24T19:00:00.5+01:00"),
+// rounded up to a whole microsecond.
 // Its errors name the field and say what is wanted.
 func CheckNotBefore(text string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, text)
@@ -247,6 +248,11 @@ func CheckNotBefore(text string) (time.Time, error) {
 	}
 	if t.Year() < 1 || t.Year() > 9999 {
 		return time.Time{}, fmt.Errorf("not_before %s is out of range (years 1 to 9999)", quoteClip(text))
+	}
+	// PostgreSQL keeps microseconds: a finer time is rounded up, never
+	// down, so the message is never due before it.
+	if t.Nanosecond()%1000 != 0 {
+		t = t.Truncate(time.Microsecond).Add(time.Microsecond)
 	}
 	return t, nil
 }

@@ -3,6 +3,7 @@ package msgjson_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
 )
@@ -106,5 +107,25 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 		if _, err := msgjson.Parse([]byte(text), msgjson.Fields{}); err == nil || !strings.Contains(err.Error(), "unknown field") {
 			t.Errorf("%s without Line: %v; want an unknown field", text, err)
 		}
+	}
+}
+
+// Proves: not_before is read with its offset, and a time finer than the
+// microsecond PostgreSQL keeps is rounded up, so the message is never due
+// before it; a time without an offset is refused.
+func TestNotBeforeIsReadWithItsOffsetAndRoundedUpToAMicrosecond(t *testing.T) {
+	for _, tc := range []struct{ text, want string }{
+		{"2026-12-24T18:00:00Z", "2026-12-24T18:00:00Z"},
+		{"2026-12-24T19:00:00.5+01:00", "2026-12-24T18:00:00.5Z"},
+		{"2026-12-24T18:00:00.0000001Z", "2026-12-24T18:00:00.000001Z"},
+		{"2026-12-24T18:00:00.000001999Z", "2026-12-24T18:00:00.000002Z"},
+	} {
+		got, err := msgjson.CheckNotBefore(tc.text)
+		if err != nil || got.UTC().Format(time.RFC3339Nano) != tc.want {
+			t.Errorf("CheckNotBefore(%q) = %v, %v; want %s", tc.text, got.UTC().Format(time.RFC3339Nano), err, tc.want)
+		}
+	}
+	if _, err := msgjson.CheckNotBefore("2026-12-24T18:00:00"); err == nil {
+		t.Errorf("CheckNotBefore of a time without an offset: no error")
 	}
 }

@@ -37,15 +37,18 @@ PARALLELISM = 4
 		}
 		return ids[0], at
 	}
-	e.insertN("a", "a=sleep:5+answer:0 >done", 600) // about a second of work for four workers
-	waitFor(t, 30*time.Second, "the dispatcher busy with the stream", func() (bool, string) {
+	e.insertN("a", "a=sleep:5+answer:0 >done", 2000) // several seconds of work for four workers
+	// Busy: claiming the stream, with the gate free (so the insert trigger
+	// does not notify; only the scheduled insert's own notification tells).
+	waitFor(t, 30*time.Second, "the dispatcher busy with the stream, the gate free", func() (bool, string) {
 		n := e.scalar("SELECT count(*) FROM pepsi.queue WHERE status = 'done'")
-		return n >= 100, fmt.Sprintf("%d done", n)
+		gate := e.scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND (classid::bigint << 32 | objid::bigint) = $1", store.GateKey)
+		return n >= 100 && gate == 0, fmt.Sprintf("%d done, gate asked for or held %d times", n, gate)
 	})
-	busy, busyAt := schedule(1500 * time.Millisecond)
-	e.waitCounts(30*time.Second, map[string]int{"done": 601})
-	idle, idleAt := schedule(time.Second)
-	e.waitCounts(30*time.Second, map[string]int{"done": 602})
+	busy, busyAt := schedule(3 * time.Second)
+	e.waitCounts(30*time.Second, map[string]int{"done": 2001})
+	idle, idleAt := schedule(3 * time.Second)
+	e.waitCounts(30*time.Second, map[string]int{"done": 2002})
 	d.stopClean()
 	for _, m := range []struct {
 		name string

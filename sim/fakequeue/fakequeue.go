@@ -775,7 +775,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 
 // wake makes the paused rows due by c.Now pending, the kept ones aside.
 func (q *Queue) wake(c core.Wake) core.Event {
-	n := 0
+	var due []*Row
 	var next time.Time
 	for _, r := range q.rows {
 		// A row paused with no due time (a NULL timeout) is never due, as
@@ -784,23 +784,32 @@ func (q *Queue) wake(c core.Wake) core.Event {
 			continue
 		}
 		if !r.Timeout.After(c.Now) {
-			before := *r
-			r.Status = core.StatusPending
-			r.Timeout = time.Time{}
-			if r.Attempts > 0 {
-				r.DispatchError = "" // the reason of the retry it waited out
-			}
-			q.observe(ByWake, before, r)
-			q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryWoken, At: c.Now, Attempts: r.Attempts})
-			n++
+			due = append(due, r)
 		} else if next.IsZero() || r.Timeout.Before(next) {
 			next = r.Timeout
 		}
 	}
-	if n > 0 {
+	// The first core.WakeMax due, as PostgreSQL's ORDER BY timeout LIMIT
+	// takes them (its order among equal timeouts is its own; the suite
+	// promises none).
+	slices.SortStableFunc(due, func(a, b *Row) int { return a.Timeout.Compare(b.Timeout) })
+	if len(due) >= core.WakeMax {
+		due, next = due[:core.WakeMax], c.Now
+	}
+	for _, r := range due {
+		before := *r
+		r.Status = core.StatusPending
+		r.Timeout = time.Time{}
+		if r.Attempts > 0 {
+			r.DispatchError = "" // the reason of the retry it waited out
+		}
+		q.observe(ByWake, before, r)
+		q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryWoken, At: c.Now, Attempts: r.Attempts})
+	}
+	if len(due) > 0 {
 		q.notify()
 	}
-	return core.Woken{Op: c.Op, Count: n, Next: next}
+	return core.Woken{Op: c.Op, Count: len(due), Next: next}
 }
 
 // flush applies a statistics flush once per (life, seq).

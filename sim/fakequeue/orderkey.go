@@ -72,6 +72,14 @@ func (q *Queue) ReserveKeyed(key string) (int64, bool) {
 	return id, true
 }
 
+// ReservedBlocked reports whether the keyed row a producer reserved (and
+// has not committed) will be blocked behind its key, as the insert trigger
+// decided at its insert.
+func (q *Queue) ReservedBlocked(id int64) bool {
+	k, ok := q.keyed[id]
+	return ok && k.status == core.StatusBlocked
+}
+
 // ErrKeyLocked is the answer of a synchronous insert (Enqueue,
 // InsertIngress) of a row whose order key a producer in flight holds the
 // lock of: PostgreSQL's insert would wait for that producer to end, which the

@@ -50,8 +50,8 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 	for i, payload := range p.Payloads {
 		id := q.add(p.Stage, p.States[i], payload, "", orderKeys[i], notBefore[i])
 		q.rows[id-1].TraceParent = traces[i]
-		if q.rows[id-1].Status == core.StatusPaused {
-			r.Scheduled++
+		if !q.rows[id-1].Timeout.IsZero() {
+			r.Scheduled++ // paused, or blocked until its key's turn, then paused
 		}
 		if r.Count == 0 {
 			r.First = id

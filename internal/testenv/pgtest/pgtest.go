@@ -195,3 +195,22 @@ func HoldGate(t testing.TB, url string) {
 		t.Fatalf("take the gate: %v", err)
 	}
 }
+
+// MonitorRole makes sure the server has the role pepsi_monitor, which the
+// schema's migrations grant to when it exists (pepsi-httpd(8)), and leaves
+// it there: it is the server's, not a database's, and while one test drops
+// it another test's migration, in its own database, may be granting to it.
+// Tests that make it at once both succeed.
+func MonitorRole(t testing.TB, conn *pgx.Conn) {
+	t.Helper()
+	_, err := conn.Exec(t.Context(), `DO $$ BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pepsi_monitor') THEN
+		CREATE ROLE pepsi_monitor;
+	END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+	NULL; -- another test made it meanwhile
+END $$`)
+	if err != nil {
+		t.Fatalf("make the role pepsi_monitor: %v", err)
+	}
+}

@@ -22,6 +22,7 @@ var (
 var scheduledTests = []conformanceTest{
 	{"InsertIngressInsertsAScheduledMessagePausedUntilItsTime", testInsertIngressScheduled},
 	{"EnqueueInsertsScheduledMessagesPausedUntilTheirTime", testEnqueueScheduled},
+	{"AWakeWakesAtMostWakeMaxRowsTheFirstDueAndSaysMoreAreDue", testWakeBounded},
 }
 
 // wantPausedUntil fails the test unless row id is paused at stage until at.
@@ -84,11 +85,44 @@ func testKeyScheduled(t *testing.T, h KeyedHarness) {
 	// first of its key is paused until its time, and holds the key till then.
 	wantOrderKey(t, h, got[0], "k", core.StatusBlocked)
 	wantPausedUntil(t, h, got[1], "a", notBeforeAhead)
+	// Enqueue counts a scheduled message blocked behind its key as
+	// scheduled: it will be paused until its time once it is the head.
+	r, err := h.Enqueue(t.Context(), store.EnqueueParams{Stage: "a", Payloads: make([][]byte, 1), States: make([]string, 1),
+		OrderKeys: []string{"k"}, NotBefore: []time.Time{notBeforeAhead}})
+	if err != nil || r.Count != 1 || r.Scheduled != 1 {
+		t.Fatalf("Enqueue of a scheduled message behind its key = %+v, %v; want 1 row, 1 scheduled", r, err)
+	}
+	wantOrderKey(t, h, r.First, "k", core.StatusBlocked)
 	claimRows(t, h, core.Cap{Stage: "a", N: 10})
 	resolve(t, h, core.Item{ID: head, Stage: "a", Verdict: core.Move, To: core.TargetDone})
-	r := release(t, h, "k")
-	if len(r.Heads) != 1 || r.Heads[0].ID != got[0] || r.Heads[0].Status != core.StatusPaused || !r.Heads[0].Timeout.Equal(notBeforeAhead) {
-		t.Fatalf("release of k once its head is done = %+v; want row %d its head, paused until %v", r, got[0], notBeforeAhead)
+	rel := release(t, h, "k")
+	if len(rel.Heads) != 1 || rel.Heads[0].ID != got[0] || rel.Heads[0].Status != core.StatusPaused || !rel.Heads[0].Timeout.Equal(notBeforeAhead) {
+		t.Fatalf("release of k once its head is done = %+v; want row %d its head, paused until %v", rel, got[0], notBeforeAhead)
 	}
 	wantPausedUntil(t, h, got[0], "a", notBeforeAhead)
+}
+
+func testWakeBounded(t *testing.T, h Harness) {
+	const more = 3
+	n := core.WakeMax + more
+	notBefore := make([]time.Time, n)
+	for i := range notBefore {
+		notBefore[i] = notBeforeAhead
+	}
+	notBefore[0] = notBeforeAhead.Add(-time.Minute) // due first
+	if _, err := h.Enqueue(t.Context(), store.EnqueueParams{Stage: "a", Payloads: make([][]byte, n), States: make([]string, n), NotBefore: notBefore}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := h.List(t.Context(), store.ListParams{Selection: store.Selection{Stage: "a"}, Limit: 1})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("List = %v, %v", first, err)
+	}
+	w := wakeAt(t, h, notBeforeAhead)
+	if w.Count != core.WakeMax || !w.Next.Equal(notBeforeAhead) {
+		t.Fatalf("wake of %d due rows = %+v; want core.WakeMax (%d) woken and the next due now, %v", n, w, core.WakeMax, notBeforeAhead)
+	}
+	wantRow(t, h, first[0].ID, "a", core.StatusPending) // the one due first is among them
+	if w := wakeAt(t, h, notBeforeAhead); w.Count != more || !w.Next.IsZero() {
+		t.Fatalf("the next wake = %+v; want the %d left woken and nothing more due", w, more)
+	}
 }
