@@ -171,6 +171,9 @@ type bench struct {
 	backlog        bool
 	raceRuns       bool // -race: the racing producers' latency instead of the rounds
 	backlogN       int
+	// backlogConfigs are the configurations a -backlog drain runs at, one
+	// drain each, side by side (-backlog-configs: bench alone by default).
+	backlogConfigs []stageConfig
 	// historyRows: the history figure's size (-history; 0: none).
 	historyRows int
 	// splitN: the split figure's messages (-split; 0: none).

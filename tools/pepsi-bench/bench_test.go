@@ -103,6 +103,31 @@ func TestKeyedConfigurationsRunBesideBench(t *testing.T) {
 	}
 }
 
+// TestABacklogDrainsAtEachOfItsConfigurations drains a small backlog with
+// history on (bench) and then with HISTORY = off (unrecorded): each reports
+// the first and the last tenth's rates and their ratio, and what it left in
+// pepsi.history (a row per pass, or none).
+func TestABacklogDrainsAtEachOfItsConfigurations(t *testing.T) {
+	t.Parallel()
+	out, code := runBench(t, buildBench(t), "-backlog", "-backlog-n", "2000", "-backlog-configs", "bench,unrecorded", "-modes", "answer")
+	if code != 0 {
+		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
+	}
+	rates := `2000 messages \(6000 hops\) in [0-9.]+ s = [0-9]+ hops/s; first tenth [0-9]+ hops/s, last tenth [0-9]+ hops/s \(last/first [0-9.]+\); ` +
+		`.*; CPU per hop \(dispatcher, workers, backends\) first tenth [0-9]+ µs, last tenth [0-9]+ µs \(last/first [0-9.]+\)`
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^backlog, pipeline answer, bench \(P=2 Q=64 MAX_MESSAGES=100000\): ` + rates + `.*; pepsi.history after: 6000 rows, table [0-9.]+ MB`),
+		regexp.MustCompile(`(?m)^backlog, pipeline answer, unrecorded \(P=2 Q=64 MAX_MESSAGES=100000, HISTORY = off\): ` + rates + `.*; pepsi.history after: 0 rows, `),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("pepsi-bench output has no line matching %q; output:\n%s", want, out)
+		}
+	}
+	if out, code := runBench(t, buildBench(t), "-backlog", "-backlog-configs", "keyed"); code != 2 || !strings.Contains(out, "keyed is not measured by a drain") {
+		t.Errorf("-backlog-configs keyed: exit %d, %s; want 2 and why", code, out)
+	}
+}
+
 // TestAnswerModeIsMeasuredOrRefusedClearly runs library and answer mode
 // against the dispatcher of this tree: one that speaks the "0 >TARGET" protocol
 // drains the pipeline, with fewer than two row versions per hop (the

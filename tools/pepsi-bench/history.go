@@ -47,25 +47,33 @@ func (b *bench) runHistory(ctx context.Context) error {
 	}
 	fmt.Fprintf(b.out, "  filled in %s\n", time.Since(start).Round(time.Second))
 
-	// pepsi-queue history's statement, on random messages of every day.
+	// pepsi-queue history's statement, on random messages of every day: each
+	// message's first read finds its pages outside shared buffers (the fill
+	// wrote far more than they hold; the operating system's cache may still
+	// have them), the second read of the same messages finds them there.
 	q := store.On(conn)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	var took []time.Duration
-	for range historyLookups {
-		id := 1 + rng.Int64N(int64(messages))
-		t0 := time.Now()
-		hist, err := q.History(ctx, id)
-		if err != nil {
-			return fmt.Errorf("history of %d: %w", id, err)
-		}
-		took = append(took, time.Since(t0))
-		if len(hist) != historyEventsPerMessage {
-			return fmt.Errorf("history of %d: %d rows, want %d", id, len(hist), historyEventsPerMessage)
-		}
+	ids := make([]int64, historyLookups)
+	for i := range ids {
+		ids[i] = 1 + rng.Int64N(int64(messages))
 	}
-	slices.Sort(took)
-	fmt.Fprintf(b.out, "  pepsi-queue history's read of one message (%d random messages): median %s, p99 %s, max %s\n",
-		historyLookups, took[len(took)/2].Round(time.Microsecond), took[len(took)*99/100].Round(time.Microsecond), took[len(took)-1].Round(time.Microsecond))
+	for _, pass := range []string{"first read", "read again"} {
+		var took []time.Duration
+		for _, id := range ids {
+			t0 := time.Now()
+			hist, err := q.History(ctx, id)
+			if err != nil {
+				return fmt.Errorf("history of %d: %w", id, err)
+			}
+			took = append(took, time.Since(t0))
+			if len(hist) != historyEventsPerMessage {
+				return fmt.Errorf("history of %d: %d rows, want %d", id, len(hist), historyEventsPerMessage)
+			}
+		}
+		slices.Sort(took)
+		fmt.Fprintf(b.out, "  pepsi-queue history's read of one message (%d random messages, %s): median %s, p99 %s, max %s\n",
+			historyLookups, pass, took[len(took)/2].Round(time.Microsecond), took[len(took)*99/100].Round(time.Microsecond), took[len(took)-1].Round(time.Microsecond))
+	}
 
 	// The dispatcher's upkeep, dropping the oldest day.
 	var oldRows int64

@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		server = defaultServer
 	}
 	b := &bench{out: stdout}
-	var modes, configs string
+	var modes, configs, backlogConfigs string
 	fs.IntVar(&b.n, "n", 20000, "messages enqueued per pipeline run (each makes 3 hops; River drains 3 × n jobs)")
 	fs.IntVar(&b.seconds, "seconds", 10, "how long pgbench runs per round")
 	fs.IntVar(&b.clients, "clients", 16, "pgbench clients (-c)")
@@ -115,6 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&b.backlog, "backlog", false, "instead of the rounds: drain -backlog-n messages per mode at the bench configuration; report hops/s over the first and last tenth and the queue's sizes")
 	fs.BoolVar(&b.raceRuns, "race", false, "instead of the rounds: -rounds runs per mode of three producers that each hold their one-message transaction open 0–20 ms and pause 0–600 ms, for -latency-seconds each; report commit → done per run")
 	fs.IntVar(&b.backlogN, "backlog-n", 1000000, "messages in the -backlog drain")
+	fs.StringVar(&backlogConfigs, "backlog-configs", "bench", "the `configurations` of -backlog, a drain at each, one after the other (as -configs; bench,unrecorded: history on beside HISTORY = off)")
 	fs.IntVar(&b.historyRows, "history", 0, "instead of the rounds: fill pepsi.history with this many `rows` over 7 daily partitions; report what pepsi-queue history's read of one message takes and what dropping a day's partition takes; 0: no history figure")
 	fs.IntVar(&b.splitN, "split", 0, "instead of the rounds: the split figure, -rounds times: this many `messages` at stage a, each split into 10 messages emitted to stage b (which answers 0 >done), beside pgbench's single-row INSERTs into pepsi.queue; report emitted messages/s and the ratio; 0: no split figure")
 	fs.StringVar(&b.server, "database", server, "admin `URL` of the PostgreSQL server (default: PEPSI_TEST_DATABASE_URL); the bench creates its own database there")
@@ -134,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if _, err := cliflags.Parse(fs, args, "PEPSI_BENCH"); err != nil {
 		return cliflags.Fail(stderr, "pepsi-bench", err)
 	}
-	if err := b.settle(fs.Args(), modes, configs); err != nil {
+	if err := b.settle(fs.Args(), modes, configs, backlogConfigs); err != nil {
 		fmt.Fprintf(stderr, "pepsi-bench: %v\n", err)
 		return 2
 	}
@@ -150,9 +151,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // settle checks the flags (args is what follows them on the command line,
-// modes and configs the values of -modes and -configs) and works out what they
-// leave open: the variants to measure and the pipeline's timeout.
-func (b *bench) settle(args []string, modes, configs string) error {
+// modes, configs and backlogConfigs the values of -modes, -configs and
+// -backlog-configs) and works out what they leave open: the variants to
+// measure and the pipeline's timeout.
+func (b *bench) settle(args []string, modes, configs, backlogConfigs string) error {
 	switch {
 	case len(args) > 0:
 		return fmt.Errorf("unexpected arguments %q (see -h)", args)
@@ -179,6 +181,16 @@ func (b *bench) settle(args []string, modes, configs string) error {
 	}
 	if b.configs, err = parseConfigs(configs, b.benchConfig, b.keys, b.keyBacklog); err != nil {
 		return fmt.Errorf("-configs: %w", err)
+	}
+	if b.backlogConfigs, err = parseConfigs(backlogConfigs, b.benchConfig, b.keys, b.keyBacklog); err != nil {
+		return fmt.Errorf("-backlog-configs: %w", err)
+	}
+	for _, c := range b.backlogConfigs {
+		// A drain enqueues keyless messages and starts no collector: only the
+		// configurations that are the dispatcher's and its stages' settings.
+		if c.keyed || c.keys > 0 || c.keyBacklog > 0 || c.traces != "" {
+			return fmt.Errorf("-backlog-configs: %s is not measured by a drain: want bench, defaults, rated, pressured, before or unrecorded", c.name)
+		}
 	}
 	for _, m := range b.modes {
 		for _, c := range b.configs {

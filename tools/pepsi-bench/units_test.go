@@ -187,6 +187,26 @@ func TestTenthRatesInterpolateBetweenFlushes(t *testing.T) {
 	}
 }
 
+// The CPU per hop of a tenth is the CPU taken across it over the passes made
+// in it, each interpolated between its own samples.
+func TestTenthCPUInterpolatesBetweenSamples(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	// 100 s drain of 3000 passes, 30/s throughout; 10 µs per hop for the
+	// first 50 s, 20 µs after (read at other times than the flushes).
+	samples := []progressSample{{at(5), 150}, {at(20), 600}, {at(80), 2400}, {at(95), 2850}}
+	cpu := []progressSample{{at(0), 0}, {at(7), 2100}, {at(50), 15000}, {at(88), 37800}, {at(101), 45600}}
+	first, last := tenthCPU(cpu, samples, t0, at(100), 3000)
+	if first != 10 || last != 20 {
+		t.Errorf("tenthCPU = %v, %v µs per hop; want 10 and 20", first, last)
+	}
+	// No CPU read after the last tenth (the server is elsewhere): unknown.
+	if _, last := tenthCPU(cpu[:4], samples, t0, at(100), 3000); last != 0 {
+		t.Errorf("tenthCPU without a read after the drain: last %v, want 0", last)
+	}
+}
+
 func TestRatiosAreMediansWithTheirRange(t *testing.T) {
 	t.Parallel()
 	if got := ratioText([]float64{1.5, 0.9, 1.2}); got != "**1.20×** (0.90–1.50)" {
