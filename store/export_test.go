@@ -10,11 +10,12 @@ import (
 
 // The statements, for the tests that EXPLAIN them.
 const (
-	ClaimSQL        = claimSQL
-	ResetOrphansSQL = resetOrphansSQL
-	WakeSQL         = wakeSQL
-	ResolveSQL      = resolveSQL
-	OverSQL         = overSQL
+	ClaimSQL          = claimSQL
+	ResetOrphansSQL   = resetOrphansSQL
+	WakeSQL           = wakeSQL
+	ResolveSQL        = resolveSQL
+	ResolveNoEmitsSQL = resolveNoEmitsSQL
+	OverSQL           = overSQL
 )
 
 // PageMessageSQL is pepsi-httpd's read of one message, for the test that

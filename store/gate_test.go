@@ -180,3 +180,54 @@ func TestADiscardThatHandsAKeyOnNotifies(t *testing.T) {
 		t.Errorf("a discard that made message %d its key's head (pending) did not notify ingress", ids[1])
 	}
 }
+
+// A resolve is no producer unless it emits: while the dispatcher rests (the
+// gate held), a resolve without emits must not NOTIFY, for a NOTIFY takes
+// PostgreSQL's notification lock at COMMIT, which every notifying commit of
+// the cluster shares and holds across its WAL flush: the resting dispatcher's
+// every hop would queue behind the producers' commits and they behind it, and
+// it would wake itself for nothing (the race of docs/performance.md, "A
+// producer racing the rest"). A resolve that emits inserts rows pending, as
+// any producer, and notifies. Notifications arrive in commit order, so a
+// marker notified after the resolve's commit must be the first one heard.
+func TestAResolveNotifiesOnlyIfItEmits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 2)
+	if evs := h.Exec(t.Context(), []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 2}}}}); len(evs) != 1 || len(evs[0].(core.Claimed).Rows) != 2 {
+		t.Fatalf("claim answered %v, want both rows", evs)
+	}
+	holdGate(t, h.url)
+	listener := pgtest.Listen(t, h.url)
+	marker := pgtest.Connect(t, h.url)
+	firstHeard := func(items ...core.Item) string {
+		t.Helper()
+		evs := h.Exec(t.Context(), []core.Command{core.Resolve{Op: 2, Items: items}})
+		if len(evs) != 1 || core.QueueErr(evs[0]) != "" {
+			t.Fatalf("resolve answered %v", evs)
+		}
+		if _, err := marker.Exec(t.Context(), "SELECT pg_notify($1, 'marker')", store.IngressChannel); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("no notification, not even the marker: %v", err)
+		}
+		if n.Payload == "" {
+			// The resolve's: the marker follows it.
+			if _, err := listener.WaitForNotification(ctx); err != nil {
+				t.Fatalf("no marker after the resolve's notification: %v", err)
+			}
+		}
+		return n.Payload
+	}
+	if got := firstHeard(core.Item{ID: ids[0], Stage: "a", Verdict: core.Move, To: "b"}); got != "marker" {
+		t.Errorf("a resolve without emits notified ingress while the dispatcher held the gate; want no NOTIFY")
+	}
+	emitting := core.Item{ID: ids[1], Stage: "a", Verdict: core.Move, To: "b", Emits: []core.Emit{{Stage: "c", Payload: []byte("child")}}}
+	if got := firstHeard(emitting); got != "" {
+		t.Errorf("a resolve whose move emits a child did not notify ingress while the dispatcher held the gate")
+	}
+}

@@ -618,7 +618,7 @@ func readTrace(trace, pass *string) core.Trace {
 // A stage owns state; if it stored something other than a JSON object there, the
 // reason or patch cannot be set inside it, and failing the whole step over it
 // would stop the dispatcher, so such a state is wrapped as {"state": <old>, …}.
-const resolveSQL = `
+const resolveHeadSQL = `
 WITH item AS (
 	SELECT t.id, t.stage, t.verdict, t.reason, t.target, t.until, t.patch, t.claim, t.line_max, t.ord,
 	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok,
@@ -683,7 +683,10 @@ WITH item AS (
 		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool)
 		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace,
 		d.seen_stage, d.seen_trace, d.seen_at
-), child AS (
+)`
+
+// resolveChildrenSQL is resolveSQL's part that inserts a move's emits.
+const resolveChildrenSQL = `, child AS (
 	SELECT * FROM unnest($19::bigint[], $20::text[], $21::bytea[], $22::text[], $23::text[], $24::text[])
 	     WITH ORDINALITY AS c(ord, stage, payload, state, key, order_key, n)
 ), children AS (
@@ -697,7 +700,11 @@ WITH item AS (
 	ORDER BY c.n
 	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 	RETURNING 1
-), result AS (
+)`
+
+// resolveTailSQL is resolveSQL's part after the children: what it reports
+// and the history it records.
+const resolveTailSQL = `, result AS (
 	SELECT item.*,
 	       coalesce(u.stage, q.stage, '') AS now_stage,
 	       coalesce(u.status, q.status, '') AS now_status,
@@ -740,6 +747,23 @@ WITH item AS (
 SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_trace
 FROM result
 ORDER BY ord`
+
+// resolveSQL is the resolve of items of which some emit (see above);
+// resolveNoEmitsSQL the same without the children's INSERT, for a resolve
+// whose items emit nothing (nearly all), and so without its $19 to $24. An
+// INSERT fires the queue's statement triggers even when it inserts no row:
+// the resolve would take ProducerKey (a claim after it in the same
+// transaction would see a producer mid-transaction and report nothing
+// settled) and, while the dispatcher rests, NOTIFY. A notifying COMMIT takes
+// PostgreSQL's notification lock, which every notifying commit of the
+// cluster shares and holds across its WAL flush: each hop of the resting
+// dispatcher would queue behind producers' commits, theirs behind it, and it
+// would wake itself for nothing (docs/performance.md, "A producer racing
+// the rest").
+const (
+	resolveSQL        = resolveHeadSQL + resolveChildrenSQL + resolveTailSQL
+	resolveNoEmitsSQL = resolveHeadSQL + resolveTailSQL
+)
 
 // emitArgs are the children of items' moves as resolveSQL's $19 to $24: per
 // child its item's ordinal (from 1), stage, payload, state, key and order key.
@@ -787,6 +811,11 @@ func resolve(c core.Resolve) statement {
 	return statement{
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
+			if len(cOrd) == 0 {
+				b.Queue(resolveNoEmitsSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
+					hists, events, handed, ats, pids, attempts, agains, c.Traces)
+				return
+			}
 			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
 				hists, events, handed, ats, pids, attempts, agains, c.Traces, cOrd, cStage, cPayload, cState, cKey, cOrderKey)
 		},
