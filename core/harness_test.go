@@ -54,6 +54,9 @@ type world struct {
 	loseReplies bool
 	// timer: the core's last SetTimer, as unwatched follows it.
 	timer time.Time
+	// replyAfter: each queue transaction's reply arrives this long after
+	// the transaction was sent (the clock moves on by as much).
+	replyAfter time.Duration
 }
 
 func newWorld(t *testing.T, config string) *world {
@@ -128,6 +131,7 @@ func (w *world) step(evs ...core.Event) []core.Command {
 			default:
 				w.pending = append(w.pending, w.q.Exec(context.Background(), txn)...)
 			}
+			w.now = w.now.Add(w.replyAfter)
 		}
 		issued = append(issued, cmds...)
 	}

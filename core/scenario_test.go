@@ -104,6 +104,42 @@ func TestAnIdleCoreRestsAndLooksOnceMoreBeforeItReliesOnNotifications(t *testing
 	w.wantRow(1, "a", core.StatusRunning)
 }
 
+// Proves: a move that claims at its target is a claim that found work, like a
+// claim's rows: RestAfter counts from its reply, however long its transaction
+// took. A message whose stages answer promptly goes through them without a
+// Rest and a last look between its hops (each a transaction the next hop's
+// resolve would wait for, while producers' commits notify); once its last
+// hop's reply finds nothing more, the core rests.
+func TestAMoveThatClaimsCountsAsWorkFoundForRestAfter(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 1)
+	w.replyAfter = 2 * core.RestAfter // every transaction outlasts RestAfter
+	for _, hop := range []struct{ from, line string }{{"a", "0 >b"}, {"b", "0 >c"}} {
+		w.now = w.now.Add(core.RestAfter / 2) // the stage answers promptly
+		cmds := answerMove(w, workerAt(t, w, hop.from), hop.line)
+		if it := items(cmds)[0]; !it.Claim {
+			t.Fatalf("%s at %s: item %v does not claim", hop.line, hop.from, it)
+		}
+		none[core.Rest](t, cmds, hop.line+" at "+hop.from+": the move claimed, and RestAfter has not passed since its reply")
+	}
+	w.now = w.now.Add(core.RestAfter / 2)
+	cmds := answerMove(w, workerAt(t, w, "c"), "0 >done")
+	one[core.Rest](t, cmds)
+	w.wantRow(1, "c", core.StatusDone)
+}
+
+// workerAt is the worker of stage that holds a message.
+func workerAt(t *testing.T, w *world, stage string) core.WorkerID {
+	t.Helper()
+	for wid, ids := range w.held {
+		if w.stageOf[wid] == stage && len(ids) > 0 {
+			return wid
+		}
+	}
+	t.Fatalf("no worker of %s holds a message", stage)
+	return 0
+}
+
 // Proves: a core whose last look after taking the gate finds nothing stays
 // resting (no Busy, no second Rest), and a notification that brings work makes
 // it busy again.

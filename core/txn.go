@@ -224,7 +224,12 @@ func (c *Core) resolved(e Resolved) {
 		c.emitted(it, o)
 		if o.Status == StatusRunning && it.Claim && o.Matched {
 			// Moved and claimed: not a race, the row is this core's at To.
+			// A claim that found work, as a claim's rows are: RestAfter
+			// counts from here, so a message whose stages answer promptly
+			// goes through them without a Rest and a last look between its
+			// hops, each a transaction its next resolve would wait for.
 			delete(c.races, o.ID)
+			c.lastClaim = c.now
 			c.movedClaimed(it, o)
 			continue
 		}
