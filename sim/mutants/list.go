@@ -327,8 +327,11 @@ var mutants = []mutant{
 		"\tif st.cooldownStep > 0 && st.cooldownAt.Equal(c.now) {\n\t\treturn\n\t}\n", ""),
 	mut("patch-must-start-with-brace", "watchdog", "a patch that is JSON but not an object (\"0 >b [1]\") is a protocol error",
 		"return strings.ContainsRune(\"{[\\\"\", rune(f[0])) || json.Valid([]byte(f))", "return f[0] == '{'"),
+	// (Not by never running lookUnwatched: its lookAt, left in the past,
+	// asks for a timer at every instant, and rules reap-due and wake-due
+	// fired first.)
 	mut("no-look-while-asking", "no-wait-for-heartbeat", "while the gate's Rest is outstanding the core never looks again: rows committed without NOTIFY, and a rated stage's next token, wait for the gate",
-		"if c.lookAt.IsZero() || c.now.Before(c.lookAt) {", "if true {"),
+		"c.gate = gateAsking\n\t\tc.lookAt = c.now.Add(LookEvery)", "c.gate = gateAsking"),
 	mut("no-look-while-the-gate-fails", "no-wait-for-heartbeat", "while the gate cannot be taken the core looks only when it asks for the gate again, after a pause that doubles up to RestRetryMax",
 		"if c.lookAt.IsZero() || c.now.Before(c.lookAt) {", "if c.gate != gateAsking || c.lookAt.IsZero() || c.now.Before(c.lookAt) {"),
 	mut("look-backs-off", "no-wait-for-heartbeat", "while its Rest waits for the gate the core looks again after a pause that doubles up to RestRetryMax, so a producer holding its transaction open holds back the others' rows for up to a second",
