@@ -49,7 +49,8 @@ const (
 	startFailsMax = 10000
 	// RestAfter: the core declares itself waiting (Rest) once it has had nothing
 	// to claim, nothing to write and no transaction outstanding for this long
-	// since its last claim. Until then producers do not notify, and a row they
+	// since its last claim (sent, or answered with work: a claim's rows, or a
+	// move that claimed its row at the next stage). Until then producers do not notify, and a row they
 	// commit waits at most this long (plus the rest handshake) for the last
 	// look; a pipeline that claims more often than this never makes a producer
 	// notify.
