@@ -156,7 +156,7 @@ type EnqueueParams struct {
 	OrderKeys []string
 	// TraceParents are their W3C traceparents ("" for none: the claim of
 	// their first pass gives them one), one per payload, or nil when none
-	// has one. The column's CHECK refuses one that is not
+	// has one. The column's check (schema 21) refuses one that is not
 	// 00-<32 hex>-<16 hex>-<2 hex>.
 	TraceParents []string
 	// NotBefore schedules them: each is inserted paused until its time (zero

@@ -2,7 +2,11 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/store"
@@ -121,5 +125,45 @@ func TestDedupKeyIsUniqueWhereSet(t *testing.T) {
 	}
 	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage, dedup_key) VALUES ('a', 'k1')"); err == nil {
 		t.Fatal("a plain second insert of key k1 succeeded; want a unique violation")
+	}
+}
+
+// Schema 21 checks a traceparent when an INSERT gives one or an UPDATE
+// changes it, as schema 17's CHECK did (SQLSTATE 23514, naming
+// queue_traceparent_check), and no longer at every update of its row: an
+// update that leaves it alone does not run the check (a row whose value the
+// check refuses, written before it, is updated).
+func TestSchema21ChecksATraceparentWhenItIsWritten(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	ctx := t.Context()
+	const good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	refused := func(what, sql string, args ...any) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql, args...)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "queue_traceparent_check" {
+			t.Errorf("%s: %v; want check_violation of queue_traceparent_check", what, err)
+		}
+	}
+	refused("an insert of an upper-case traceparent", `INSERT INTO pepsi.queue (stage, traceparent) VALUES ('a', upper($1))`, good)
+	refused("an insert of a traceparent of version 01", `INSERT INTO pepsi.queue (stage, traceparent) VALUES ('a', '01' || substr($1, 3))`, good)
+	var id int64
+	if err := conn.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, traceparent) VALUES ('a', $1) RETURNING ingress_id`, good).Scan(&id); err != nil {
+		t.Fatalf("an insert of a good traceparent: %v", err)
+	}
+	refused("an update to a bad traceparent", `UPDATE pepsi.queue SET traceparent = 'x' WHERE ingress_id = $1`, id)
+	if _, err := conn.Exec(ctx, `UPDATE pepsi.queue SET traceparent = coalesce(traceparent, 'x'), status = 'running' WHERE ingress_id = $1`, id); err != nil {
+		t.Errorf("an update that keeps a good traceparent (as a claim does): %v", err)
+	}
+	// A value the check refuses, written with the triggers off (as by a
+	// restore of old data), does not fail the updates that leave it alone.
+	if _, err := conn.Exec(ctx, `ALTER TABLE pepsi.queue DISABLE TRIGGER queue_traceparent_update;
+		UPDATE pepsi.queue SET traceparent = 'legacy' WHERE ingress_id = `+strconv.FormatInt(id, 10)+`;
+		ALTER TABLE pepsi.queue ENABLE TRIGGER queue_traceparent_update`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id = $1`, id); err != nil {
+		t.Errorf("an update that leaves the traceparent alone ran its check: %v", err)
 	}
 }

@@ -55,10 +55,11 @@ func passSpan(traceID string, id int64, stage string, version uint32) string {
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
-// traceCheck is the column's CHECK (queue_traceparent_check).
+// traceCheck is the column's check (queue_traceparent_check, schema 21's
+// triggers: when a traceparent is written).
 var traceCheck = regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
 
-// checkTraces refuses, as the column's CHECK does, a traceparent ("" for
+// checkTraces refuses, as the column's check does, a traceparent ("" for
 // none) that is not 00-<32 hex>-<16 hex>-<2 hex>.
 func checkTraces(traces []string) error {
 	for _, t := range traces {
