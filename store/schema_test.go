@@ -1,10 +1,13 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -165,5 +168,64 @@ func TestSchema21ChecksATraceparentWhenItIsWritten(t *testing.T) {
 	}
 	if _, err := conn.Exec(ctx, `UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id = $1`, id); err != nil {
 		t.Errorf("an update that leaves the traceparent alone ran its check: %v", err)
+	}
+}
+
+// pepsi.traceparent_ok (schema 21) says of every string what the regular
+// expression of W3C Trace Context version 00 says: checked on valid
+// traceparents and on each of them with one byte changed, cut or doubled
+// (seeded; the seed is printed).
+func TestTraceparentOkAgreesWithTheRegularExpression(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	seed := pgtest.Seed(t, "./store/")
+	r := rand.New(rand.NewPCG(seed, 0))
+	const hex, other = "0123456789abcdef", "-ABCFgz0\\ é\x00x"
+	var cases []string
+	for range 400 {
+		b := []byte("00-")
+		for i := range 52 {
+			if i == 32 || i == 48 {
+				b = append(b, '-')
+				continue
+			}
+			b = append(b, hex[r.IntN(16)])
+		}
+		cases = append(cases, string(b))
+		for range 5 {
+			m := []byte(string(b))
+			p := r.IntN(len(m))
+			switch r.IntN(4) {
+			case 0:
+				m[p] = other[r.IntN(len(other))]
+			case 1:
+				m[p] = hex[r.IntN(16)]
+			case 2:
+				m = append(m[:p], m[p+1:]...)
+			default:
+				m = append(m[:p], append([]byte{m[p]}, m[p:]...)...)
+			}
+			if utf8.Valid(m) && !bytes.Contains(m, []byte{0}) {
+				cases = append(cases, string(m))
+			}
+		}
+	}
+	rows, err := conn.Query(t.Context(), `SELECT tp, pepsi.traceparent_ok(tp), tp ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+		FROM unnest($1::text[]) AS u(tp)
+		WHERE pepsi.traceparent_ok(tp) IS DISTINCT FROM (tp ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$')`, cases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tp string
+		var ok, re bool
+		if err := rows.Scan(&tp, &ok, &re); err != nil {
+			t.Fatal(err)
+		}
+		t.Errorf("%q: traceparent_ok %v, the regular expression %v (seed %d)", tp, ok, re, seed)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/writelog"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -24,19 +25,8 @@ import (
 // connections, and the standby race. Every queue write is logged by a trigger,
 // so the tests can check who wrote which message and when.
 
-// testSeed returns a seed for a randomized test, from PEPSI_TEST_SEED if set,
-// and logs it with the command that replays it.
-func testSeed(t *testing.T) uint64 {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("PEPSI_TEST_SEED"); s != "" {
-		if _, err := fmt.Sscan(s, &seed); err != nil {
-			t.Fatalf("PEPSI_TEST_SEED=%q: %v", s, err)
-		}
-	}
-	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run '^%s$' ./shell/dispatch/)", seed, seed, t.Name())
-	return seed
-}
+// testSeed returns a seed for a randomized test (pgtest.Seed).
+func testSeed(t *testing.T) uint64 { return pgtest.Seed(t, "./shell/dispatch/") }
 
 // startProxy starts a netfault proxy in front of the server of dbURL.
 func startProxy(t *testing.T, dbURL string) *netfault.Proxy {

@@ -214,3 +214,18 @@ END $$`)
 		t.Fatalf("make the role pepsi_monitor: %v", err)
 	}
 }
+
+// Seed returns the seed of a randomized test, from PEPSI_TEST_SEED if set,
+// and logs it with the command that replays it (pkg is the test's package,
+// as go test names it: ./store/).
+func Seed(t testing.TB, pkg string) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("PEPSI_TEST_SEED"); s != "" {
+		if _, err := fmt.Sscan(s, &seed); err != nil {
+			t.Fatalf("PEPSI_TEST_SEED=%q: %v", s, err)
+		}
+	}
+	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run '^%s$' %s)", seed, seed, t.Name(), pkg)
+	return seed
+}
