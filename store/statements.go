@@ -824,30 +824,7 @@ func resolve(c core.Resolve) statement {
 			if err != nil {
 				return nil, err
 			}
-			outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Outcome, error) {
-				var o core.Outcome
-				var timeout pgtype.Timestamptz
-				var state, trace, passTrace *string
-				var size *int32
-				var payload []byte
-				var parent *int64
-				if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passTrace); err != nil {
-					return o, err
-				}
-				o.Trace = readTrace(trace, passTrace)
-				if state != nil && size != nil {
-					o.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
-					if parent != nil {
-						o.Message.ParentID = *parent
-					}
-				}
-				// The timeout column keeps its last value after a wake; it means
-				// something only while the row is paused.
-				if o.Status == "paused" {
-					o.Timeout = dueAt(timeout)
-				}
-				return o, nil
-			})
+			outcomes, err := pgx.CollectRows(rows, resolvedRow)
 			if err != nil {
 				return nil, err
 			}
@@ -858,6 +835,32 @@ func resolve(c core.Resolve) statement {
 		},
 		failed: func(err string) core.Event { return core.Resolved{Op: c.Op, Err: err} },
 	}
+}
+
+// resolvedRow reads one row of resolveSQL's answer: an item's outcome.
+func resolvedRow(r pgx.CollectableRow) (core.Outcome, error) {
+	var o core.Outcome
+	var timeout pgtype.Timestamptz
+	var state, trace, passTrace *string
+	var size *int32
+	var payload []byte
+	var parent *int64
+	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passTrace); err != nil {
+		return o, err
+	}
+	o.Trace = readTrace(trace, passTrace)
+	if state != nil && size != nil {
+		o.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
+		if parent != nil {
+			o.Message.ParentID = *parent
+		}
+	}
+	// The timeout column keeps its last value after a wake; it means
+	// something only while the row is paused.
+	if o.Status == "paused" {
+		o.Timeout = dueAt(timeout)
+	}
+	return o, nil
 }
 
 // wakeSQL makes due paused rows pending (the queue_paused partial index finds
