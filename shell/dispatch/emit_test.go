@@ -59,6 +59,13 @@ func TestEmittedChildrenExistOnceForEachCommittedPassThroughASIGKILL(t *testing.
 		t.Fatal(err)
 	}
 	<-exited
+	// Its sessions end once the server notices its sockets closed; until
+	// then its backend holds the dispatcher lock, and a new dispatcher
+	// refuses to start (one per database), as it must.
+	waitFor(t, 30*time.Second, "the killed dispatcher's backends to go", func() (bool, string) {
+		k := e.scalar(`SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pepsi-dispatch%' AND datname = current_database()`)
+		return k == 0, fmt.Sprintf("%d backends", k)
+	})
 	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'split' AND status = 'done'`); k >= n {
 		t.Fatalf("all %d parents were done before the kill: the test killed nothing mid-run", k)
 	}
