@@ -216,6 +216,19 @@ func (q *Queue) Commit(id int64, stage string) {
 	q.commit(id, stage, time.Time{})
 }
 
+// schedule applies a new row's not_before (zero for none), as the insert
+// does once the trigger has decided whether the row is blocked: a time ahead
+// of the clock (see Clock) pauses a pending row until then, and a blocked
+// row keeps it for when it becomes its key's head.
+func (q *Queue) schedule(r *Row, notBefore time.Time) {
+	if notBefore.After(q.now()) {
+		r.Timeout = notBefore
+		if r.Status == core.StatusPending {
+			r.Status = core.StatusPaused
+		}
+	}
+}
+
 // commit is Commit of a row scheduled until notBefore (zero for none): paused
 // until then if it is ahead of the clock (see Clock), as an insert with
 // not_before does; a blocked keyed row keeps the time for when it becomes its
@@ -224,12 +237,7 @@ func (q *Queue) commit(id int64, stage string, notBefore time.Time) {
 	r := &Row{ID: id, Stage: stage, Status: core.StatusPending}
 	q.rows[id-1] = r
 	q.commitKeyed(r)
-	if notBefore.After(q.now()) {
-		r.Timeout = notBefore
-		if r.Status == core.StatusPending {
-			r.Status = core.StatusPaused
-		}
-	}
+	q.schedule(r, notBefore)
 	q.touch(id)
 	q.inFlight--
 	q.notify()

@@ -73,12 +73,10 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 func (q *Queue) add(stage, state string, payload []byte, key, orderKey string, notBefore time.Time) int64 {
 	id := int64(len(q.rows) + 1)
 	row := &Row{ID: id, Stage: stage, Status: core.StatusPending, DedupKey: key, Key: orderKey}
-	if notBefore.After(q.now()) {
-		row.Status, row.Timeout = core.StatusPaused, notBefore
-	}
 	if orderKey != "" && len(q.keyRows(orderKey)) > 0 {
 		row.Status = core.StatusBlocked
 	}
+	q.schedule(row, notBefore)
 	if state != "" && state != "{}" {
 		row.State = merge("", state)
 	}

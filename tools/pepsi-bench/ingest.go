@@ -181,14 +181,7 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 			<-notified
 		}()
 	}
-	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(b.ingestSeconds), "-f", script, b.url}
-	cmd := exec.CommandContext(ctx, b.pgbench, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return 0, 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out.Bytes())
-	}
-	if tps, err = parseTPS(out.Bytes()); err != nil {
+	if tps, err = b.pgbenchTPS(ctx, script, b.ingestSeconds); err != nil {
 		return 0, 0, err
 	}
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'pending' AND stage = 'a' AND payload <> '\\x696e67657374'").Scan(&pending); err != nil {
@@ -198,4 +191,17 @@ func (b *bench) ingestRun(ctx context.Context, conn *pgx.Conn, confFile, script 
 		return 0, 0, fmt.Errorf("pepsi-dispatch exited with status %d after SIGTERM (want 0): %v\n%s", code, err, d.LogTail(logTailLines))
 	}
 	return tps, pending, nil
+}
+
+// pgbenchTPS runs script with pgbench from b.clients clients for seconds on
+// b.url, and returns its transactions per second.
+func (b *bench) pgbenchTPS(ctx context.Context, script string, seconds int) (float64, error) {
+	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(seconds), "-f", script, b.url}
+	cmd := exec.CommandContext(ctx, b.pgbench, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out.Bytes())
+	}
+	return parseTPS(out.Bytes())
 }

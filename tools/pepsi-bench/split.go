@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -130,14 +128,7 @@ func (b *bench) queueInserts(ctx context.Context, script string) (float64, error
 		return 0, err
 	}
 	conn.Close(context.WithoutCancel(ctx))
-	args := []string{"-n", "-c", strconv.Itoa(b.clients), "-j", "2", "-T", strconv.Itoa(b.seconds), "-f", script, b.url}
-	cmd := exec.CommandContext(ctx, b.pgbench, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("%s %s: %w\n%s", b.pgbench, strings.Join(args, " "), err, out.Bytes())
-	}
-	return parseTPS(out.Bytes())
+	return b.pgbenchTPS(ctx, script, b.seconds)
 }
 
 // runSplit enqueues b.splitN messages at stage a on a fresh database, runs
