@@ -128,7 +128,8 @@ type Row struct {
 // Trace is a claimed row's W3C trace context: the message's traceparent (the
 // column, which the claim of its first pass fills when it has none) and this
 // pass's, the same with the pass's own span id in place of its parent's
-// (the span id is computed by the claim: store's pepsi.pass_span). Pass is
+// (the span id is pepsi.pass_span's, of the row's id and the claim's instant,
+// which store computes with internal/traceparent). Pass is
 // read for a stage whose INPUT is message (its line carries it) and, like
 // Message, only when the core asked for traces (Claim.Traces); each is ""
 // when not read.

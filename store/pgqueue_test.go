@@ -187,7 +187,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		// One row in 50 has an order key (100 keys): the keyed filter must
 		// not move the plan off the index either.
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 's' || (i %% 3), CASE WHEN i %% 50 = 0 THEN 'k' || (i %% 100) END FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -207,7 +207,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, after := range []string{"{0,0,0}", "{0,1000,100000}"} {
 				// Excluded: rows the dispatcher holds, some of them pending.
-				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true, '{}', '{}', '{}', '{}', '{}'", strings.Join(stages, ","), capEach, capEach, capEach, after)
+				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true, '{}', '{}', '{}', '{}', '{}', 7", strings.Join(stages, ","), capEach, capEach, capEach, after)
 				plan := explain(t, conn, mode, "claim", args)
 				where := fmt.Sprintf("%s, %s, floors %s:\n%s", stats, mode, after, plan)
 				checkClaimPlan(t, plan, len(stages), capEach, where)
@@ -231,7 +231,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
@@ -239,7 +239,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	}
 	pages := func(after int64) float64 {
 		var blocks float64
-		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true, '{}', '{}', '{}', '{}', '{}'", after))
+		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true, '{}', '{}', '{}', '{}', '{}', 7", after))
 		plan.walk(nil, func(n, _ *planNode) {
 			if n.IndexName == "queue_pending" {
 				blocks = n.SharedHit + n.SharedRead
@@ -269,7 +269,7 @@ func TestClaimLimitsCostTheirMax(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT CASE WHEN i %% 2 = 0 THEN 'f' ELSE 'x' END FROM generate_series(1, %d) i", backlog),
 		"ANALYZE pepsi.queue",
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimSQL,
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL,
 		"PREPARE over(text[], bigint[], bigint[]) AS " + store.OverSQL,
 	} {
 		if _, err := conn.Exec(t.Context(), sql); err != nil {
@@ -277,7 +277,7 @@ func TestClaimLimitsCostTheirMax(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ name, args string }{
-		{"claim", fmt.Sprintf("'{f}', '{16}', '{0}', '{}', '{}', 0, '{}', false, '{x}', '{%d}', '{0}', '{f}', '{x}'", limit)},
+		{"claim", fmt.Sprintf("'{f}', '{16}', '{0}', '{}', '{}', 0, '{}', false, '{x}', '{%d}', '{0}', '{f}', '{x}', 7", limit)},
 		{"over", fmt.Sprintf("'{x}', '{%d}', '{0}'", limit)},
 	} {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
@@ -360,7 +360,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	// Both statements: with the emits' INSERT (given none) and without it.
 	const params = "bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], " +
-		"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool"
+		"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool, bigint"
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
 		"PREPARE resolve("+params+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveSQL,
@@ -376,7 +376,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", items), ",") + "}'" }
 	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0"),
-		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true"}, ", ")
+		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true", "7"}, ", ")
 	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}'"
 	for _, run := range []struct{ stmt, mode, args string }{
 		{"resolve", "force_custom_plan", args + noEmits},

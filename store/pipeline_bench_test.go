@@ -69,6 +69,9 @@ func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 		b.Fatal(err)
 	}
 	cfg.MaxConns = 1 // one backend, as the dispatcher's steps run one at a time
+	// Generic plans, as pepsi-dispatch's sessions use (shell/dispatch): a
+	// custom plan would add the claim's planning to every step.
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)

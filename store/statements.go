@@ -2,12 +2,14 @@ package store
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/traceparent"
 )
 
 // statement is one queue command as SQL: what it adds to the step's batch, how
@@ -276,14 +278,15 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // it did: its payload is not even detoasted (octet_length of a toasted value
 // reads its header).
 //
-// Traces (docs/protocol.md, "Traces"; schema 17): the UPDATE gives a row
-// without a traceparent a fresh one (pepsi.fresh_traceparent), in the write
-// the claim makes anyway, so a message's first pass starts its trace at no
-// cost of a row version, and every later pass finds it. It returns each row's
-// pass traceparent (pepsi.pass_traceparent: the message's with the span id of
-// this pass, a hash of the claim's updated_at) for the stages in $5, whose
-// lines carry it, and, with $8 (core.Claim.Traces), for every stage, beside
-// the message's own.
+// Traces (docs/protocol.md, "Traces"; schemas 17 and 22): the UPDATE gives a
+// row without a traceparent a fresh one (pepsi.fresh_traceparent, its trace
+// id hashed from the row's id and $14, a random seed per statement), in the
+// write the claim makes anyway, so a message's first pass starts its trace at
+// no cost of a row version, and every later pass finds it. For the stages in
+// $5, whose lines carry the pass's traceparent, and, with $8
+// (core.Claim.Traces), for every stage, it returns the message's traceparent
+// and the claim's updated_at, from which readTrace makes the pass's
+// (pepsi.pass_traceparent's value, computed off this backend).
 //
 // Back-pressure (core.Claim.Holds): a stage of $12 whose stage of $13 (at the
 // same index) has more pending rows than its limit ($9, $10 above $11: the
@@ -326,7 +329,7 @@ WITH over AS (
 	SELECT stage, count(*) > max(n) AS more, max(ingress_id) AS peeked FROM picked GROUP BY stage
 ), claimed AS (
 	UPDATE pepsi.queue u SET status = 'running', updated_at = now(),
-		traceparent = coalesce(u.traceparent, pepsi.fresh_traceparent(u.ingress_id, u.stage, now()))
+		traceparent = coalesce(u.traceparent, pepsi.fresh_traceparent(u.ingress_id, $14::bigint, now()))
 	WHERE u.ingress_id = ANY (ARRAY(SELECT p.ingress_id FROM picked p JOIN found f ON f.stage = p.stage
 	                                WHERE NOT (f.more AND p.ingress_id = f.peeked)))
 	  AND (u.status = 'pending') IS TRUE
@@ -336,12 +339,11 @@ WITH over AS (
 		CASE WHEN u.stage = ANY ($5::text[]) AND octet_length(u.payload) <= $6::int THEN u.payload END AS payload,
 		CASE WHEN u.stage = ANY ($5::text[]) THEN u.parent_id END AS parent_id,
 		CASE WHEN $8::bool THEN u.traceparent END AS trace,
-		CASE WHEN $8::bool OR u.stage = ANY ($5::text[])
-		     THEN pepsi.pass_traceparent(u.traceparent, u.ingress_id, u.stage, u.updated_at) END AS pass_trace
+		CASE WHEN $8::bool OR u.stage = ANY ($5::text[]) THEN u.traceparent END AS pass_of, u.updated_at AS claimed_at
 )
-SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload, parent_id, trace, pass_trace FROM claimed
+SELECT ingress_id, stage, attempts, order_key, state, payload_size, payload, parent_id, trace, pass_of, claimed_at FROM claimed
 UNION ALL
-SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
+SELECT NULL, stage, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM found WHERE more
 ORDER BY 1 NULLS LAST, 2`
 
 // overSQL names the stages $1 that have more than $2 rows pending above
@@ -445,7 +447,7 @@ func claim(c core.Claim) statement {
 				excludeKeys = []string{} // NULL would make "NOT IN" match nothing
 			}
 			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys, c.Traces,
-				limitStages, limitMax, limitAfter, holdStages, holdBy)
+				limitStages, limitMax, limitAfter, holdStages, holdBy, traceSeed())
 			if len(c.Limits) > 0 {
 				b.Queue(overSQL, limitStages, limitMax, limitAfter)
 			}
@@ -494,11 +496,12 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	var row core.Row
 	var id *int64
 	var attempts *int32
-	var key, state, trace, passTrace *string
+	var key, state, trace, passOf *string
 	var size *int32
 	var payload []byte
 	var parent *int64
-	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload, &parent, &trace, &passTrace); err != nil {
+	var claimedAt *time.Time
+	if err := r.Scan(&id, &row.Stage, &attempts, &key, &state, &size, &payload, &parent, &trace, &passOf, &claimedAt); err != nil {
 		return row, err
 	}
 	if id == nil {
@@ -517,20 +520,31 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 			row.Message.ParentID = *parent
 		}
 	}
-	row.Trace = readTrace(trace, passTrace)
+	row.Trace = readTrace(row.ID, trace, passOf, claimedAt)
 	return row, nil
 }
 
-// readTrace is the trace context a claim read, from its two columns.
-func readTrace(trace, pass *string) core.Trace {
+// readTrace is the trace context a claim of row id read: the message's
+// traceparent (trace, read when the core asked for traces) and the pass's,
+// made here from passOf, the message's traceparent read for it, and the
+// claim's updated_at (traceparent.Pass: the span id pepsi.pass_span would
+// give, computed off the backend whose time bounds hops/s; schema 22).
+func readTrace(id int64, trace, passOf *string, claimedAt *time.Time) core.Trace {
 	var t core.Trace
 	if trace != nil {
 		t.Message = *trace
 	}
-	if pass != nil {
-		t.Pass = *pass
+	if passOf != nil && claimedAt != nil {
+		t.Pass = traceparent.Pass(*passOf, id, *claimedAt)
 	}
 	return t
+}
+
+// traceSeed is the random seed of one statement's fresh trace ids
+// (pepsi.fresh_traceparent, schema 22): with it a trace id is two 64-bit
+// hashes of the message's id, so the backend draws no randomness per row.
+func traceSeed() int64 {
+	return int64(rand.Uint64())
 }
 
 // resolveSQL applies the Items of a Resolve in one statement (see core.Item and
@@ -570,7 +584,7 @@ func readTrace(trace, pass *string) core.Trace {
 // It returns one row per item, in item order, with the row as it is after the
 // statement, and whether the guard matched; for a move that claimed, also its
 // trace context as claimSQL reads it ($18, core.Resolve.Traces; a row
-// without a traceparent gets one here, as a claim gives it), its
+// without a traceparent gets one here, as a claim gives it, with $19 its seed), its
 // attempts and, when the item's line_max ($10, core.Item.LineMax) is set, its
 // state (after the patch: RETURNING shows the new version) and payload, read
 // as claimSQL reads them for an INPUT = message stage. The UPDATE's effects are invisible to
@@ -599,7 +613,7 @@ func readTrace(trace, pass *string) core.Trace {
 // would cost the queue's history, not its items (checked by
 // TestResolvePlanCostsItsItems, which saw 40,000 buffers per resolve of 128).
 //
-// A move's emits (core.Item.Emits, $19 to $24: per child its item's ordinal,
+// A move's emits (core.Item.Emits, $20 to $25: per child its item's ordinal,
 // stage, payload, state, key and order key) are inserted pending at their
 // stages with parent_id the item's id by the "children" INSERT of the same
 // statement, only for an item whose UPDATE matched its guard: they exist
@@ -669,7 +683,7 @@ WITH item AS (
 			ELSE q.attempts
 		END,
 		traceparent = CASE WHEN d.matched AND d.to_status = 'running' AND q.traceparent IS NULL
-			THEN pepsi.fresh_traceparent(q.ingress_id, d.target, now()) ELSE q.traceparent END,
+			THEN pepsi.fresh_traceparent(q.ingress_id, $19::bigint, now()) ELSE q.traceparent END,
 		updated_at = now()
 	FROM decided d
 	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
@@ -680,14 +694,14 @@ WITH item AS (
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 AND octet_length(q.payload) <= d.line_max THEN q.payload END AS payload,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.parent_id END AS msg_parent,
 		CASE WHEN d.matched AND d.to_status = 'running' AND $18::bool THEN q.traceparent END AS trace,
-		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool)
-		     THEN pepsi.pass_traceparent(q.traceparent, q.ingress_id, q.stage, q.updated_at) END AS pass_trace,
+		CASE WHEN d.matched AND d.to_status = 'running' AND (d.line_max > 0 OR $18::bool) THEN q.traceparent END AS pass_of,
+		q.updated_at AS claimed_at,
 		d.seen_stage, d.seen_trace, d.seen_at
 )`
 
 // resolveChildrenSQL is resolveSQL's part that inserts a move's emits.
 const resolveChildrenSQL = `, child AS (
-	SELECT * FROM unnest($19::bigint[], $20::text[], $21::bytea[], $22::text[], $23::text[], $24::text[])
+	SELECT * FROM unnest($20::bigint[], $21::text[], $22::bytea[], $23::text[], $24::text[], $25::text[])
 	     WITH ORDINALITY AS c(ord, stage, payload, state, key, order_key, n)
 ), children AS (
 	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, parent_id, traceparent)
@@ -713,7 +727,7 @@ const resolveTailSQL = `, result AS (
 	       coalesce(u.matched, false) AS now_matched,
 	       u.ingress_id IS NOT NULL AS wrote,
 	       CASE WHEN u.claimed THEN u.attempts ELSE 0 END AS now_attempts,
-	       u.msg_state, u.payload_size, u.payload, u.msg_parent, u.trace, u.pass_trace
+	       u.msg_state, u.payload_size, u.payload, u.msg_parent, u.trace, u.pass_of, u.claimed_at
 	FROM item
 	LEFT JOIN updated u ON u.ingress_id = item.id
 	LEFT JOIN LATERAL (
@@ -744,13 +758,13 @@ const resolveTailSQL = `, result AS (
 	       p.handed_at, p.at, p.pid, p.attempts
 	FROM passes p
 )
-SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_trace
+SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at
 FROM result
 ORDER BY ord`
 
 // resolveSQL is the resolve of items of which some emit (see above);
 // resolveNoEmitsSQL the same without the children's INSERT, for a resolve
-// whose items emit nothing (nearly all), and so without its $19 to $24. An
+// whose items emit nothing (nearly all), and so without its $20 to $25. An
 // INSERT fires the queue's statement triggers even when it inserts no row:
 // the resolve would take ProducerKey (a claim after it in the same
 // transaction would see a producer mid-transaction and report nothing
@@ -765,7 +779,7 @@ const (
 	resolveNoEmitsSQL = resolveHeadSQL + resolveTailSQL
 )
 
-// emitArgs are the children of items' moves as resolveSQL's $19 to $24: per
+// emitArgs are the children of items' moves as resolveSQL's $20 to $25: per
 // child its item's ordinal (from 1), stage, payload, state, key and order key.
 func emitArgs(items []core.Item) (ords []int64, stages []string, payloads [][]byte, states, keys, orderKeys []string) {
 	for i, it := range items {
@@ -813,11 +827,11 @@ func resolve(c core.Resolve) statement {
 		queue: func(b *pgx.Batch) {
 			if len(cOrd) == 0 {
 				b.Queue(resolveNoEmitsSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
-					hists, events, handed, ats, pids, attempts, agains, c.Traces)
+					hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed())
 				return
 			}
 			b.Queue(resolveSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
-				hists, events, handed, ats, pids, attempts, agains, c.Traces, cOrd, cStage, cPayload, cState, cKey, cOrderKey)
+				hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed(), cOrd, cStage, cPayload, cState, cKey, cOrderKey)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
@@ -841,14 +855,15 @@ func resolve(c core.Resolve) statement {
 func resolvedRow(r pgx.CollectableRow) (core.Outcome, error) {
 	var o core.Outcome
 	var timeout pgtype.Timestamptz
-	var state, trace, passTrace *string
+	var state, trace, passOf *string
 	var size *int32
 	var payload []byte
 	var parent *int64
-	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passTrace); err != nil {
+	var claimedAt *time.Time
+	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passOf, &claimedAt); err != nil {
 		return o, err
 	}
-	o.Trace = readTrace(trace, passTrace)
+	o.Trace = readTrace(o.ID, trace, passOf, claimedAt)
 	if state != nil && size != nil {
 		o.Message = &core.Message{State: *state, Payload: payload, PayloadSize: int(*size)}
 		if parent != nil {
