@@ -9,6 +9,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
@@ -227,5 +228,44 @@ func TestTraceparentOkAgreesWithTheRegularExpression(t *testing.T) {
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Proves: no migration takes away a function an earlier schema made, nor
+// changes what it takes or returns. A dispatcher or stage built for an older
+// schema keeps working on a newer one until it is restarted
+// (docs/operations.md, "Upgrading"), and they call these functions by name and
+// signature (schema 22 once dropped one an older dispatcher's claim called).
+func TestMigrationsKeepEveryEarlierFunction(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
+	ctx := context.Background()
+	const functionsSQL = `SELECT p.oid::regprocedure::text || ' returns ' || pg_get_function_result(p.oid)
+		FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace ORDER BY 1`
+	have := map[string]int{}
+	for v := 1; v <= store.Latest(); v++ {
+		if _, err := store.MigrateTo(ctx, conn, v); err != nil {
+			t.Fatalf("migrate to %d: %v", v, err)
+		}
+		rows, err := conn.Query(ctx, functionsSQL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := map[string]bool{}
+		for _, f := range now {
+			kept[f] = true
+			if _, ok := have[f]; !ok {
+				have[f] = v
+			}
+		}
+		for f, since := range have {
+			if !kept[f] {
+				t.Errorf("schema %d has no %s, which schema %d made", v, f, since)
+			}
+		}
 	}
 }

@@ -28,8 +28,10 @@ RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
                        hashint8extended(id >> 32, hashint8extended(id, 0))))), 16, '0')
 $$;
 
-DROP FUNCTION IF EXISTS pepsi.fresh_traceparent(bigint, text, timestamptz);
-
+-- Schema 17's pepsi.fresh_traceparent(id, stage, claimed_at) stays: a
+-- dispatcher older than this schema calls it until it is restarted
+-- (docs/operations.md, "Upgrading": an older dispatcher keeps working on a
+-- newer schema). It now makes its parent span with the new pepsi.pass_span.
 CREATE FUNCTION pepsi.fresh_traceparent(id bigint, seed bigint, claimed_at timestamptz)
 RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT '00-' || lpad(to_hex(hashint8extended(id >> 32, hashint8extended(id, seed))), 16, '0')
