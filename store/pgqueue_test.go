@@ -336,6 +336,24 @@ func checkClaimPlan(t *testing.T, plan *planNode, nStages, capEach int, where st
 	}
 }
 
+// resolveParams are the types of resolveSQL's parameters without the emits'
+// ($1 to $19), for PREPARE.
+const resolveParams = "bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], " +
+	"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool, bigint"
+
+// moveClaimArgs are resolveSQL's arguments without the emits for n items, ids
+// first to first+n-1, each a move from stage a to b that claims its row there,
+// as EXECUTE's argument list.
+func moveClaimArgs(first, n int) string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprint(first + i)
+	}
+	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", n), ",") + "}'" }
+	return strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0"),
+		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true", "7"}, ", ")
+}
+
 // TestResolvePlanCostsItsItems checks that a resolve looks its items' rows up by
 // id, whatever the planner believes: statistics taken on a fresh backlog say no
 // row is running, and the queue_running index holds a dead entry for every
@@ -359,24 +377,16 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 			fmt.Sprintf("UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id <= %d", churned))
 	}
 	// Both statements: with the emits' INSERT (given none) and without it.
-	const params = "bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], " +
-		"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool, bigint"
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
-		"PREPARE resolve("+params+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveSQL,
-		"PREPARE resolve_no_emits("+params+") AS "+store.ResolveNoEmitsSQL)
+		"PREPARE resolve("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveSQL,
+		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL)
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%.60s: %v", sql, err)
 		}
 	}
-	ids := make([]string, items)
-	for i := range ids {
-		ids[i] = fmt.Sprint(churned + 1 + i)
-	}
-	each := func(v string) string { return "'{" + strings.TrimSuffix(strings.Repeat(v+",", items), ",") + "}'" }
-	args := strings.Join([]string{"'{" + strings.Join(ids, ",") + "}'", each("a"), each("move"), each(`""`), each(`""`), each("b"), each("NULL"), each(`""`), each("true"), each("0"),
-		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true", "7"}, ", ")
+	args := moveClaimArgs(churned+1, items)
 	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}'"
 	for _, run := range []struct{ stmt, mode, args string }{
 		{"resolve", "force_custom_plan", args + noEmits},
@@ -414,6 +424,45 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 			t.Errorf("resolve of %d items read %g buffers; want at most 10000; %s:\n%s", items, blocks, mode, plan)
 		}
 		t.Logf("%s: resolve of %d items read %g buffers", mode, items, blocks)
+	}
+}
+
+// TestKeyedMoveProbesItsKeyOnce checks that a resolve decides each keyed move
+// that claims once: it asks each order-key index once per item whether an
+// older message of the item's key is unfinished. The decision was once made
+// anew for every use of it in the UPDATE's SET and RETURNING, eleven probes of
+// each index per item, which made ordering per key cost more than the rest of
+// the hop.
+func TestKeyedMoveProbesItsKeyOnce(t *testing.T) {
+	t.Parallel()
+	const items = 128
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	for _, sql := range []string{
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'k' || g FROM generate_series(1, %d) g", items),
+		"UPDATE pepsi.queue SET status = 'running'",
+		"VACUUM ANALYZE pepsi.queue",
+		"PREPARE resolve_no_emits(" + resolveParams + ") AS " + store.ResolveNoEmitsSQL,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	args := moveClaimArgs(1, items)
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		plan := explain(t, conn, mode, "resolve_no_emits", args)
+		probes := map[string]float64{}
+		plan.walk(nil, func(n, _ *planNode) {
+			if strings.HasPrefix(n.IndexName, "queue_order_") {
+				probes[n.IndexName] += n.ActualLoops
+			}
+		})
+		for _, index := range []string{"queue_order_live", "queue_order_blocked"} {
+			if probes[index] == 0 || probes[index] > items {
+				t.Errorf("resolve of %d keyed moves that claim probed %s %g times; want 1 to %d (once per item); %s:\n%s", items, index, probes[index], items, mode, plan)
+			}
+		}
 	}
 }
 
