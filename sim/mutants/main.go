@@ -7,18 +7,31 @@
 // killed it and how long it took. Every mutant must be killed, and by the rule
 // it names (a rule of the checker: pepsi-sim -rules lists them). One that
 // survives means the simulator must get stronger (not the mutant weaker); one
-// killed by another rule means the rule meant to catch it does not, or the
+// killed only by other rules means the rule meant to catch it does not, or the
 // mutant names the wrong one.
+//
+// A mutated core may break more than one rule, and which fires first depends
+// on the seeds' draws, which change whenever the fake world grows. So a
+// campaign that stops on a seed that broke another rule does not decide the
+// verdict: it goes on from the next seed (pepsi-sim -start), within the same
+// budget (seeds 1..-runs, -max-time of wall time in all), until the mutant's
+// own rule fires (KILLED, naming the other rules that fired first and their
+// seeds) or the budget is spent (WRONGRULE, naming the rules that did fire).
 //
 //	go run ./sim/mutants                 every mutant
 //	go run ./sim/mutants -only 'flush'   those whose name matches
+//	go run ./sim/mutants -only 'flush' -runs 1 -keep /tmp/m
+//
+// The last keeps what it builds: each chosen mutant's pepsi-sim in
+// /tmp/m/NAME/, the real core's in /tmp/m/, to replay a seed or run a
+// campaign against a mutant by hand (a stale regression seed needs a new one).
 //
 // Run it from the module root (make mutants does). It exits 1 if a mutant
 // survives, a patch no longer applies (the core changed under it: update the
 // patch; checked for every mutant before any campaign runs), a mutant names no
-// rule of the checker, a mutant does not compile, a mutant dies by another rule
-// than its own, or a regression seed kept for a bug no longer finds that bug
-// when the bug is planted again.
+// rule of the checker, a mutant does not compile, a mutant's own rule never
+// fires within the budget though other rules do, or a regression seed kept
+// for a bug no longer finds that bug when the bug is planted again.
 package main
 
 import (
@@ -64,6 +77,7 @@ type options struct {
 	maxTime time.Duration
 	workers int
 	only    string
+	keep    string
 }
 
 func main() {
@@ -72,6 +86,7 @@ func main() {
 	flag.DurationVar(&o.maxTime, "max-time", 90*time.Second, "wall time each mutant's campaign may take")
 	flag.IntVar(&o.workers, "workers", 2, "scenarios run at once")
 	flag.StringVar(&o.only, "only", "", "run only mutants whose name matches this regular expression")
+	flag.StringVar(&o.keep, "keep", "", "build into this directory, each mutant's pepsi-sim in NAME/, and keep it")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "mutants:", err)
@@ -160,17 +175,19 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("-only: %w", err)
 	}
-	tmp, err := os.MkdirTemp("", "pepsi-mutants-")
-	if err != nil {
-		return fmt.Errorf("temp dir: %w", err)
+	tmp := o.keep
+	if tmp == "" {
+		if tmp, err = os.MkdirTemp("", "pepsi-mutants-"); err != nil {
+			return fmt.Errorf("temp dir: %w", err)
+		}
+		defer os.RemoveAll(tmp)
 	}
-	defer os.RemoveAll(tmp)
 
 	if err := baseline(root, tmp, src, order, o); err != nil {
 		return err
 	}
 	var survived, broken []string
-	for i, m := range mutants {
+	for _, m := range mutants {
 		if !only.MatchString(m.name) {
 			continue
 		}
@@ -178,7 +195,7 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		bin, out, err := buildMutant(root, filepath.Join(tmp, strconv.Itoa(i)), changed)
+		bin, out, err := buildMutant(root, filepath.Join(tmp, m.name), changed)
 		if err != nil {
 			fmt.Printf("NOBUILD   %-30s %v\n%s\n", m.name, err, out)
 			broken = append(broken, m.name)
@@ -247,11 +264,11 @@ func baseline(root, tmp string, src map[string][]byte, order []string, o options
 		return err
 	}
 	fmt.Printf("baseline: the unmutated core must pass the same campaign (%d seeds or %s)\n", o.runs, o.maxTime)
-	r := campaign(base, o)
+	r := campaign(base, o.workers, 1, o.runs, o.maxTime)
 	if r.err != nil || r.failed {
 		return fmt.Errorf("the unmutated core fails the campaign; fix that first:\n%s", r.out)
 	}
-	fmt.Printf("baseline passed: %s\n\n", r.summary)
+	fmt.Printf("baseline passed: %d scenarios in %.1fs\n\n", r.scenarios, r.wall.Seconds())
 	return nil
 }
 
@@ -283,24 +300,25 @@ func buildMutant(root, dir string, changed map[string][]byte) (string, []byte, e
 	return bin, out, err
 }
 
-// judge runs m's campaign against its binary and prints the verdict: killed
+// judge hunts m's own rule with its binary and prints the verdict: killed
 // reports whether the simulator caught it, ok whether it was caught as it
 // must be (by its own rule, without error) and its regression seeds still
 // find it.
 func judge(m mutant, bin string, o options) (killed, ok bool) {
-	r := campaign(bin, o)
+	h := hunt(m.rule, bin, o)
+	r := h.last
 	killed, ok = true, true
 	switch {
 	case r.err != nil:
 		fmt.Printf("ERROR     %-30s %v\n", m.name, r.err)
 		ok = false
-	case r.failed && r.rule != m.rule:
-		fmt.Printf("WRONGRULE %-30s %s in %.1fs by rule %s, not %s: %s\n", m.name, r.seed, r.wall.Seconds(), r.rule, m.rule, r.why)
+	case r.failed && r.rule == m.rule:
+		fmt.Printf("KILLED    %-30s seed %d in %.1fs (%d scenarios)%s: %s\n", m.name, r.seed, h.wall.Seconds(), h.scenarios, h.first(), r.why)
+	case len(h.others) > 0:
+		fmt.Printf("WRONGRULE %-30s never by rule %s in %d scenarios, %.1fs; fired: %s\n", m.name, m.rule, h.scenarios, h.wall.Seconds(), h.fired())
 		ok = false
-	case r.failed:
-		fmt.Printf("KILLED    %-30s %s in %.1fs (%s): %s\n", m.name, r.seed, r.wall.Seconds(), r.summary, r.why)
 	default:
-		fmt.Printf("SURVIVED  %-30s %s — %s\n", m.name, r.summary, m.bug)
+		fmt.Printf("SURVIVED  %-30s %d scenarios in %.1fs — %s\n", m.name, h.scenarios, h.wall.Seconds(), m.bug)
 		killed = false
 	}
 	for _, seed := range m.regress {
@@ -310,6 +328,77 @@ func judge(m mutant, bin string, o options) (killed, ok bool) {
 		}
 	}
 	return killed, ok
+}
+
+// hunted is what a hunt for one rule found: its last campaign's outcome (a
+// failure by the rule, when it fired), the failures by other rules before
+// it, and the scenarios and wall time of all its campaigns together.
+type hunted struct {
+	last      outcome
+	others    []outcome
+	scenarios int
+	wall      time.Duration
+}
+
+// hunt runs the campaign over seeds 1.. and, each time it stops on a seed
+// that broke another rule than rule, runs it again from the next seed, until
+// rule fires, the campaign passes or fails otherwise, or the budget is spent:
+// seeds 1..o.runs and o.maxTime of wall time for all the campaigns together.
+// pepsi-sim's workers take seeds in order and it reports the lowest failing
+// one, every seed below it having passed, so going on after it skips none.
+func hunt(rule, bin string, o options) hunted {
+	var h hunted
+	began := time.Now()
+	for start := 1; ; {
+		left := o.maxTime - time.Since(began)
+		if start > o.runs || left <= 0 {
+			break
+		}
+		h.last = campaign(bin, o.workers, start, o.runs-start+1, left)
+		h.scenarios += h.last.scenarios
+		if h.last.err != nil || !h.last.failed || h.last.rule == rule {
+			break
+		}
+		h.others = append(h.others, h.last)
+		start = int(h.last.seed) + 1
+	}
+	h.wall = time.Since(began)
+	return h
+}
+
+// first names the other rules that fired before the hunted one, if any.
+func (h hunted) first() string {
+	if len(h.others) == 0 {
+		return ""
+	}
+	return "; first " + h.fired()
+}
+
+// fired names the other rules that fired, each with its first seeds and how
+// many seeds in all broke it, in the order they first fired.
+func (h hunted) fired() string {
+	var order []string
+	seeds := map[string][]string{}
+	for _, r := range h.others {
+		if seeds[r.rule] == nil {
+			order = append(order, r.rule)
+		}
+		seeds[r.rule] = append(seeds[r.rule], strconv.FormatUint(r.seed, 10))
+	}
+	var parts []string
+	for _, rule := range order {
+		s := seeds[rule]
+		list := strings.Join(s[:min(3, len(s))], ", ")
+		if len(s) > 3 {
+			list += fmt.Sprintf(" and %d more", len(s)-3)
+		}
+		word := "seed"
+		if len(s) > 1 {
+			word = "seeds"
+		}
+		parts = append(parts, fmt.Sprintf("%s at %s %s", rule, word, list))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func goBuild(root, overlay, out string) ([]byte, error) {
@@ -323,43 +412,47 @@ func goBuild(root, overlay, out string) ([]byte, error) {
 }
 
 type outcome struct {
-	failed  bool
-	seed    string
-	rule    string
-	why     string
-	summary string
-	wall    time.Duration
-	out     string
-	err     error
+	failed    bool
+	seed      uint64
+	rule      string
+	why       string
+	scenarios int
+	wall      time.Duration
+	out       string
+	err       error
 }
 
 var (
-	seedRe    = regexp.MustCompile(`(?m)^seed (\d+); replay`)
-	whyRe     = regexp.MustCompile(`(?m)^simulation failed at step \d+, [^:]+: (.*)$`)
-	ruleRe    = regexp.MustCompile(`(?m)^simulation failed at step \d+, [^:]+: rule ([a-z0-9-]+):`)
-	summaryRe = regexp.MustCompile(`(?m)^(\d+) scenarios in [^:]*`)
+	seedRe      = regexp.MustCompile(`(?m)^seed (\d+); replay`)
+	whyRe       = regexp.MustCompile(`(?m)^simulation failed at step \d+, [^:]+: (.*)$`)
+	ruleRe      = regexp.MustCompile(`(?m)^simulation failed at step \d+, [^:]+: rule ([a-z0-9-]+):`)
+	scenariosRe = regexp.MustCompile(`(?m)^(\d+) scenarios in `)
 )
 
-// campaign runs pepsi-sim over seeds 1.. and reads what it found.
-func campaign(bin string, o options) outcome {
-	ctx, cancel := context.WithTimeout(context.Background(), o.maxTime+time.Minute)
+// campaign runs pepsi-sim over runs seeds from start, for at most maxTime,
+// and reads what it found.
+func campaign(bin string, workers, start, runs int, maxTime time.Duration) outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), maxTime+time.Minute)
 	defer cancel()
 	began := time.Now()
-	cmd := exec.CommandContext(ctx, bin, "-runs", strconv.Itoa(o.runs), "-start", "1",
-		"-workers", strconv.Itoa(o.workers), "-max-time", o.maxTime.String(), "-q")
+	cmd := exec.CommandContext(ctx, bin, "-runs", strconv.Itoa(runs), "-start", strconv.Itoa(start),
+		"-workers", strconv.Itoa(workers), "-max-time", maxTime.String(), "-q")
 	out, err := cmd.CombinedOutput()
 	r := outcome{wall: time.Since(began), out: string(out)}
-	if m := summaryRe.FindStringSubmatch(r.out); m != nil {
-		r.summary = m[0]
+	if m := scenariosRe.FindStringSubmatch(r.out); m != nil {
+		r.scenarios, _ = strconv.Atoi(m[1])
 	}
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
 	case errors.As(err, &exit) && exit.ExitCode() == 1:
 		r.failed = true
-		if m := seedRe.FindStringSubmatch(r.out); m != nil {
-			r.seed = "seed " + m[1]
+		m := seedRe.FindStringSubmatch(r.out)
+		if m == nil {
+			r.err = fmt.Errorf("a failure without its seed: %s", clip(strings.TrimSpace(r.out), 500))
+			break
 		}
+		r.seed, _ = strconv.ParseUint(m[1], 10, 64)
 		if m := whyRe.FindStringSubmatch(r.out); m != nil {
 			r.why = clip(m[1], 160)
 		}
