@@ -504,8 +504,15 @@ func (w *world) answer(p *proc, a answerInfo) {
 	w.at(t, p.life, w.deliver(core.Answer{Worker: p.id, Line: a.line}))
 }
 
+// outTime is when what p writes now reaches the dispatcher: after the pipe's
+// latency, which the workers of the arrival chapter's stage do not have, so
+// that their answers written at one instant reach it at one instant
+// (chooseArrivalOrder); and never before p's earlier output.
 func (w *world) outTime(p *proc) time.Time {
-	t := w.now.Add(w.randDur(w.rProc, 0, 5*time.Millisecond))
+	t := w.now
+	if !w.sc.shuffle || p.stage != w.sc.arrivalStage {
+		t = t.Add(w.randDur(w.rProc, 0, 5*time.Millisecond))
+	}
 	if t.Before(p.outAt) {
 		t = p.outAt
 	}

@@ -41,8 +41,10 @@ type Scenario struct {
 	autovacuum bool
 	deadScale  int64
 	// shuffle: answers of several workers that reach the dispatcher at one
-	// instant come in an order the world draws (chooseArrivalOrder).
-	shuffle bool
+	// instant come in an order the world draws (chooseArrivalOrder), and
+	// arrivalStage is the stage whose moves to the next arrive at one instant.
+	shuffle      bool
+	arrivalStage int
 	// produced: messages[:produced] are the producers' messages; the rest
 	// are the templates of emitted messages, one per stage (chooseEmits):
 	// what a child does at the stage it was emitted to.
@@ -704,33 +706,45 @@ func chooseKeys(c chooser, sc *Scenario) {
 
 // chooseArrivalOrder chooses a stage s whose moves to the next stage arrive out
 // of ingress_id order while that stage's room runs out: s gets two or three
-// workers, the next stage room for one message (PARALLELISM 1, QUEUE_LIMIT 1),
-// every message through both is inserted at the start and answers its move
-// out of s after the same drawn time, so that several of s's workers answer
-// at one instant; and answers that reach the dispatcher at one instant come in
-// an order the world draws (world.arrivals), not in the order they were
-// handed out. The moves of one resolve then find the next stage's room run
-// out among them in every order (rule move-claims-oldest-first). Drawn last,
-// so that older seeds keep every earlier choice; and one scenario in four
-// with two stages or more has them, so that the others play as they did
-// before this chapter.
+// workers of one message each (QUEUE_LIMIT 1) and no RATE (its claims would
+// hand its messages out one token apart), the next stage room for one message
+// (PARALLELISM 1, QUEUE_LIMIT 1) and no RATE (a move never claims at a stage
+// with one); every message through both is inserted at the start and answers
+// its move out of s after the same drawn time, without the troubled tries
+// drawn before, so that several of s's workers answer at one instant (their
+// pipes add no latency of their own, world.outTime); and answers that reach
+// the dispatcher at one instant come in an order the world draws
+// (world.arrivals), not in the order they were handed out. A message that
+// would start at the next stage starts at s instead, so that the next stage
+// is empty when the moves come. The moves of one resolve then find the next
+// stage's room run out among them in every order (rule
+// move-claims-oldest-first). Drawn after the chapters before it, so that
+// older seeds keep every earlier choice; and one scenario in four with two
+// stages or more has them, so that the others play as they did before this
+// chapter.
 func chooseArrivalOrder(c chooser, sc *Scenario) {
 	if len(sc.stages) < 2 || c.intn("arrival_order", 0, 3) < 3 {
 		return
 	}
 	sc.shuffle = true
 	s := c.intn("arrival.stage", 0, len(sc.stages)-2)
+	sc.arrivalStage = s
 	sc.stages[s].parallelism = c.intn("arrival.parallelism", 2, 3)
-	sc.stages[s+1].parallelism, sc.stages[s+1].queueLimit = 1, 1
+	sc.stages[s].queueLimit, sc.stages[s].rate = 1, ""
+	sc.stages[s+1].parallelism, sc.stages[s+1].queueLimit, sc.stages[s+1].rate = 1, 1, ""
 	latency := millis(c.intn("arrival.latency_ms", 1, 500))
 	for i := range sc.messages {
 		m := &sc.messages[i]
+		if m.first == s+1 {
+			m.first = s
+			m.visits = append([]visit{{}}, m.visits...)
+		}
 		if m.first > s || m.last <= s {
 			continue
 		}
 		m.at = 0
 		v := &m.visits[s-m.first]
-		v.answers, v.fuse, v.latency = true, false, latency
+		v.answers, v.fuse, v.latency, v.trouble = true, false, latency, nil
 	}
 }
 

@@ -188,10 +188,12 @@ func TestRules(t *testing.T) {
 // seed 14 took the place of 48 when the worlds began drawing emitted
 // messages (after history's chapter); seeds 17, 26 and 27 took the places
 // of 2, 14 and 57, which no longer broke it on main at 9cbfca8 (2 broke
-// hand-claimed-rows, 14 world-consistent, 57 none).
+// hand-claimed-rows, 14 world-consistent, 57 none); seed 60 took the place
+// of 17 when the arrival chapter's scenarios began keeping their situation
+// from the chapters drawn after it (17 then broke world-consistent).
 // The counts above are from before that.)
 func TestTheCheckerCatchesALateTransactionOutlivingItsDoubt(t *testing.T) {
-	for _, seed := range []uint64{17, 26, 27, 56} {
+	for _, seed := range []uint64{26, 27, 56, 60} {
 		res := sim.Run(sim.NewScenario(seed), sim.Options{LateOutlivesDoubt: true})
 		if res.Failure == nil || res.Failure.Rule != "no-stale-verdict" {
 			t.Errorf("seed %d with a late transaction outliving its doubt: %v; want rule no-stale-verdict broken", seed, res.Failure)
