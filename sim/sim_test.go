@@ -190,10 +190,13 @@ func TestRules(t *testing.T) {
 // of 2, 14 and 57, which no longer broke it on main at 9cbfca8 (2 broke
 // hand-claimed-rows, 14 world-consistent, 57 none); seed 60 took the place
 // of 17 when the arrival chapter's scenarios began keeping their situation
-// from the chapters drawn after it (17 then broke world-consistent).
+// from the chapters drawn after it (17 then broke world-consistent); seed 65
+// took the place of 27 when scenarios with an operator's own SQL on keyed
+// messages stopped drawing stages that answer and write their own transition
+// (27 then broke world-consistent).
 // The counts above are from before that.)
 func TestTheCheckerCatchesALateTransactionOutlivingItsDoubt(t *testing.T) {
-	for _, seed := range []uint64{26, 27, 56, 60} {
+	for _, seed := range []uint64{26, 56, 60, 65} {
 		res := sim.Run(sim.NewScenario(seed), sim.Options{LateOutlivesDoubt: true})
 		if res.Failure == nil || res.Failure.Rule != "no-stale-verdict" {
 			t.Errorf("seed %d with a late transaction outliving its doubt: %v; want rule no-stale-verdict broken", seed, res.Failure)
