@@ -258,7 +258,10 @@ type Core struct {
 	// lookAt: while the core relies on itself to find rows committed without
 	// a notification (its Rest waits for the gate, or the gate could not be
 	// taken), when it looks next (see lookUnwatched); zero otherwise.
-	lookAt      time.Time
+	lookAt time.Time
+	// lookedAt: when the core last sent a claim that looked at every stage
+	// with room; while busy it looks again LookEvery after (see queueWork).
+	lookedAt    time.Time
 	lastClaim   time.Time
 	restRetryAt time.Time
 	restRetry   time.Duration

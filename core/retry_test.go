@@ -143,3 +143,60 @@ func TestARowPausedWithoutADueTimeDoesNotHideAnotherRowsDueTime(t *testing.T) {
 		t.Errorf("no wake when row 1 fell due, 10 s in (the heartbeat comes at 30 s):\n%s", list(w.all))
 	}
 }
+
+// Proves: the dispatcher counts a failure as its own only when its write
+// matched its guard. A message an operator's own SQL made pending while it
+// waited out its second retry keeps that retry's reason; its stage then
+// wrote `failed` itself and answered 75 with the same text, past
+// RETRY_LIMIT: the dispatcher's fail is a guard miss, not one of its
+// failures, although the row carries the fail's reason (the core once took
+// the reason for its own write and counted it: found by the simulator, rule
+// flush-not-late). After a lost reply the reason is all the core has, so it
+// counts such a row then (docs/pepsi-dispatch.1.md, "Statistics").
+func TestAStagesOwnFailureOverAnEarlierRetrysReasonIsNotTheDispatchers(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		t.Run(map[bool]string{false: "reply", true: "lost-reply"}[lost], func(t *testing.T) {
+			w := newWorld(t, retryStage)
+			w.q.Insert("a", 1)
+			w.step(core.Start{Seed: 7})
+			wid := core.WorkerID(1)
+			it := itemFor(t, w.answer(wid, "", "", "75 service down"), 1)
+			w.settle()
+			cmds := w.tick(it.Until.Sub(epoch)) // the wake clears the reason
+			if ws := of[core.Write](cmds); len(ws) == 1 {
+				wid = ws[0].Worker
+			} else {
+				wid = workersOf(cmds)[0]
+				w.step()
+			}
+			itemFor(t, w.answer(wid, "", "", "75 service down"), 1)
+			w.settle()
+			if !w.q.Unpause(1) { // an operator's UPDATE … SET status = 'pending'
+				t.Fatal("message 1 is not paused after its second retry")
+			}
+			w.step(core.Ingress{})
+			w.wantRow(1, "a", core.StatusRunning)
+			w.step()
+			w.loseReplies = lost
+			cmds = w.answer(wid, "a", core.StatusFailed, "75 service down")
+			if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || it.Reason != "service down" {
+				t.Fatalf("third 75 with RETRY_LIMIT 2: item %s, want the message failed with its reason", it)
+			}
+			w.loseReplies = false
+			w.at(w.now.Sub(epoch) + time.Second)
+			w.step(core.DatabaseUp{})
+			if r := w.row(1); r.Status != core.StatusFailed || r.DispatchError != "service down" {
+				t.Fatalf("row %+v, want failed with the retry's reason", r)
+			}
+			flushAll(w)
+			st, _, _, _ := w.q.Stats()
+			want := int64(0)
+			if lost {
+				want = 1
+			}
+			if st["a"].Failed != want || st["a"].Retries != 2 {
+				t.Errorf("stats for a: %+v, want %d failed and 2 retries", st["a"], want)
+			}
+		})
+	}
+}

@@ -68,6 +68,17 @@ func (c *Core) lookAll() {
 	}
 }
 
+// anyMaybeMore reports whether some stage may have pending rows the core
+// would claim.
+func (c *Core) anyMaybeMore() bool {
+	for _, st := range c.stages {
+		if st.maybeMore {
+			return true
+		}
+	}
+	return false
+}
+
 // lookAbove makes the next claim cover every stage, each above its floor. It
 // is the look for rows producers committed without notifying: such a row is
 // above every floor, since a floor rises only to an id that had settled (no
@@ -247,14 +258,15 @@ func (c *Core) resolved(e Resolved) {
 			// (After a lost reply the first send may have written it: no miss then.)
 			c.guardMissed(it, o)
 		}
-		c.outcome(it, o)
+		c.outcome(it, o, unsure)
 	}
 }
 
 // outcome takes what a resolved item's row became, once it is no longer
 // running: where it is pending now, a message that left the pipeline, a
-// pause's due time.
-func (c *Core) outcome(it Item, o Outcome) {
+// pause's due time. unsure: the item was in a transaction whose reply was
+// lost, which may have written it.
+func (c *Core) outcome(it Item, o Outcome, unsure bool) {
 	switch o.Status {
 	case StatusPending:
 		if st := c.byName[o.Stage]; st != nil {
@@ -270,7 +282,14 @@ func (c *Core) outcome(it Item, o Outcome) {
 		c.left++
 	case StatusFailed, StatusTimeout:
 		c.left++
-		if o.Status == verdictStatus(it) && o.Error == it.Reason {
+		// The core's own verdict counts once: the write this send matched,
+		// or, after a lost reply, the one the lost send may have made,
+		// known only by the reason it left. A stage that wrote the status
+		// itself over an earlier retry's reason of the same text is then
+		// counted too: the row cannot tell them apart (docs/pepsi-dispatch.1.md,
+		// "Statistics"). Without the lost reply the guard says exactly, and
+		// an earlier retry's reason is no longer taken for this verdict.
+		if o.Status == verdictStatus(it) && (o.Matched || unsure && o.Error == it.Reason) {
 			if o.Status == StatusFailed {
 				c.stat(it.Stage).Failed++
 			} else {
@@ -416,6 +435,17 @@ func (c *Core) queueWork() {
 		c.wakeDue = false
 	}
 	if c.shutdown == 0 {
+		// While the core counts as busy no producer notifies it, and a row
+		// committed meanwhile at a stage it claimed dry waits for its next
+		// look. A core kept busy by transactions that claim no such stage (a
+		// release, a rated stage's claim, a flush after a 40001 retry) would
+		// not rest, so would not look, for as long as they last: it looks by
+		// itself, with the transaction it sends anyway, at least every
+		// LookEvery.
+		if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || c.anyMaybeMore()) {
+			c.lookAbove()
+		}
+		covers := true // the claim looks at every stage with room
 		var caps []Cap
 		for _, st := range c.stages {
 			// Fewer new rows where the stage's own moves found no room: a
@@ -423,6 +453,9 @@ func (c *Core) queueWork() {
 			n := yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), yielded[st.cfg.Name])
 			if c.heldBy(st) != nil {
 				n = 0 // held by back-pressure (pressure.go)
+			}
+			if n > 0 && !(st.maybeMore || resolving || waking) {
+				covers = false
 			}
 			if n > 0 && (st.maybeMore || resolving || waking) {
 				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
@@ -441,6 +474,9 @@ func (c *Core) queueWork() {
 			c.claimGen = c.ingressGen
 			c.claimLookGen = c.lookGen
 			c.lastClaim = c.now
+			if covers {
+				c.lookedAt = c.now
+			}
 			c.checkDue = false
 		}
 	}

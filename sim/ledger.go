@@ -62,11 +62,13 @@ type expect struct {
 	// retryFrom and retryTo bound a Retry's timeout: [delay, delay × (1 +
 	// core.RetryJitter)) after the answer.
 	retryFrom, retryTo time.Time
-	sent               bool // its item is in the outstanding transaction
-	claim              bool // its item, in the outstanding transaction, claims its row at its target (core.Item.Claim)
-	unsure             bool // its item was in a transaction whose reply was lost
-	raced              bool // a resolve of it found the row still running (a commit landed meanwhile)
-	crash              bool // failed as the head of a worker that crashed, broke the protocol or could not start (history: crashed)
+	sent               bool           // its item is in the outstanding transaction
+	claim              bool           // its item, in the outstanding transaction, claims its row at its target (core.Item.Claim)
+	unsure             bool           // its item was in a transaction whose reply was lost
+	sentReason         string         // the reason of its item as the core last sent it
+	sentStatus         core.RowStatus // the status its item writes, if it fails or times out the row
+	raced              bool           // a resolve of it found the row still running (a commit landed meanwhile)
+	crash              bool           // failed as the head of a worker that crashed, broke the protocol or could not start (history: crashed)
 }
 
 // truth is what one core life did, counted from the world.
@@ -583,7 +585,16 @@ func (w *world) modelResolved(e core.Resolved) {
 				w.ownPending[s]++
 			}
 		}
-		if v, ok := w.verdicts[o.ID]; ok {
+		v, ok := w.verdicts[o.ID]
+		if !ok && ex.unsure && !o.Matched && ex.sentStatus != "" && o.Status == ex.sentStatus && o.Error == ex.sentReason {
+			// The lost send did not write it: the stage wrote the status
+			// itself, and the row's reason, left by an earlier retry, is
+			// this verdict's. Nothing the core can read tells the two apart,
+			// so it counts the verdict as its own (docs/protocol.md,
+			// "Statistics"); the truth counts what the core can know.
+			v, ok = o.Status, true
+		}
+		if ok {
 			// The core learns now that its resolve failed or timed out the row.
 			delete(w.verdicts, o.ID)
 			if v == core.StatusFailed {
@@ -919,7 +930,14 @@ func (w *world) recordCommand(cmd core.Command) {
 				delete(w.backlog, it.ID)
 			}
 			if ex := w.expects[it.ID]; ex != nil {
-				ex.sent, ex.claim = true, it.Claim
+				ex.sent, ex.claim, ex.sentReason = true, it.Claim, it.Reason
+				ex.sentStatus = ""
+				switch it.Verdict {
+				case core.Fail, core.Answered:
+					ex.sentStatus = core.StatusFailed
+				case core.TimeOut:
+					ex.sentStatus = core.StatusTimeout
+				}
 				if it.Claim {
 					w.movesOut[it.To]++
 				}
