@@ -112,6 +112,34 @@ func TestABusyReleaseIsMadeAgainAfterALook(t *testing.T) {
 	}
 }
 
+// Proves: a busy core whose transactions claim at only some stages (here a
+// key's release, made again after LookEvery) looks at every stage with room
+// with the next one it sends once LookEvery has passed since it last did: a
+// row committed meanwhile without a notification (the core counted as busy)
+// is claimed by that transaction, not left for a rest that a run of such
+// transactions would put off (rule no-wait-for-heartbeat: a release retried
+// on 40001 and a rated stage's claim once kept such a row 363 ms).
+func TestABusyCoreLooksWithTheTransactionsItSends(t *testing.T) {
+	w := newWorld(t, threeStages)
+	k := w.insertKeyed("a", "k")
+	w.step(core.Start{})
+	late, ok := w.q.ReserveKeyed("k") // a producer of the key, in flight
+	if !ok {
+		t.Fatal("key k is locked")
+	}
+	w.doneThrough(k[0])
+	w.q.Commit(late, "a")
+	quiet := w.q.Insert("b", 1) // committed without NOTIFY
+	cmds := w.tick(w.now.Sub(epoch) + core.LookEvery)
+	rel, claim := one[core.Release](t, cmds), of[core.Claim](cmds)[0]
+	if !slices.Equal(rel.Keys, []string{"k"}) || !slices.ContainsFunc(claim.Caps, func(c core.Cap) bool { return c.Stage == "b" }) {
+		t.Fatalf("the transaction after LookEvery does not look at stage b: %v", cmds)
+	}
+	if got := handed(append(cmds, w.step()...)); !slices.Contains(got, quiet[0]) {
+		t.Fatalf("handed %v, want the quiet row %d among them", got, quiet[0])
+	}
+}
+
 // Proves: a keyed message that moves on keeps its key without a release: its
 // move claims at the next stage like any other (one write, no claim of its
 // own), its transaction's release only asks whether an older message of the
