@@ -435,49 +435,8 @@ func (c *Core) queueWork() {
 		c.wakeDue = false
 	}
 	if c.shutdown == 0 {
-		// While the core counts as busy no producer notifies it, and a row
-		// committed meanwhile at a stage it claimed dry waits for its next
-		// look. A core kept busy by transactions that claim no such stage (a
-		// release, a rated stage's claim, a flush after a 40001 retry) would
-		// not rest, so would not look, for as long as they last: it looks by
-		// itself, with the transaction it sends anyway, at least every
-		// LookEvery.
-		if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || c.anyMaybeMore()) {
-			c.lookAbove()
-		}
-		covers := true // the claim looks at every stage with room
-		var caps []Cap
-		for _, st := range c.stages {
-			// Fewer new rows where the stage's own moves found no room: a
-			// queue at their target then drains (see yieldedCap).
-			n := yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), yielded[st.cfg.Name])
-			if c.heldBy(st) != nil {
-				n = 0 // held by back-pressure (pressure.go)
-			}
-			if n > 0 && !(st.maybeMore || resolving || waking) {
-				covers = false
-			}
-			if n > 0 && (st.maybeMore || resolving || waking) {
-				cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
-				if st.cfg.Input == conf.InputMessage {
-					cp.LineMax = c.cfg.LineMax
-				}
-				caps = append(caps, cp)
-				st.rate.take(c.now, n)
-			}
-		}
-		limits := c.limits(txn)
-		if len(caps) > 0 || (c.checkDue && c.anyOver()) {
-			// What the core still holds once this transaction's resolve has run
-			// (every owed item is in it): the claim must not take it again.
-			txn = append(txn, Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits, Holds: c.holds(), Traces: c.tracePasses})
-			c.claimGen = c.ingressGen
-			c.claimLookGen = c.lookGen
-			c.lastClaim = c.now
-			if covers {
-				c.lookedAt = c.now
-			}
-			c.checkDue = false
+		if claim, ok := c.claimFor(txn, yielded, resolving || waking); ok {
+			txn = append(txn, claim)
 		}
 	}
 	if f, ok := c.flushDue(idle); ok {
@@ -489,6 +448,61 @@ func (c *Core) queueWork() {
 	}
 	c.txn = txn
 	c.txnPaused = time.Time{}
+}
+
+// claimFor is the claim the step's transaction ends with, if any: at every
+// stage with room that may have pending rows, or at every stage with room
+// when the transaction resolves or wakes (all claims after them look at
+// every stage), or when a look is due.
+func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim, bool) {
+	// While the core counts as busy no producer notifies it, and a row
+	// committed meanwhile at a stage it claimed dry waits for its next
+	// look. A core kept busy by transactions that claim no such stage (a
+	// release, a rated stage's claim, a flush after a 40001 retry) would
+	// not rest, so would not look, for as long as they last: it looks by
+	// itself, with the transaction it sends anyway, at least every
+	// LookEvery.
+	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || c.anyMaybeMore()) {
+		c.lookAbove()
+	}
+	covers := true // the claim looks at every stage with room
+	var caps []Cap
+	for _, st := range c.stages {
+		// Fewer new rows where the stage's own moves found no room: a
+		// queue at their target then drains (see yieldedCap).
+		n := yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), yielded[st.cfg.Name])
+		if c.heldBy(st) != nil {
+			n = 0 // held by back-pressure (pressure.go)
+		}
+		if n <= 0 {
+			continue
+		}
+		if !st.maybeMore && !all {
+			covers = false
+			continue
+		}
+		cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
+		if st.cfg.Input == conf.InputMessage {
+			cp.LineMax = c.cfg.LineMax
+		}
+		caps = append(caps, cp)
+		st.rate.take(c.now, n)
+	}
+	limits := c.limits(txn)
+	if len(caps) == 0 && !(c.checkDue && c.anyOver()) {
+		return Claim{}, false
+	}
+	// What the core still holds once this transaction's resolve has run
+	// (every owed item is in it): the claim must not take it again.
+	claim := Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits, Holds: c.holds(), Traces: c.tracePasses}
+	c.claimGen = c.ingressGen
+	c.claimLookGen = c.lookGen
+	c.lastClaim = c.now
+	if covers {
+		c.lookedAt = c.now
+	}
+	c.checkDue = false
+	return claim, true
 }
 
 // resetFor is the reset the step's transaction begins with (after the
