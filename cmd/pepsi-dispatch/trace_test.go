@@ -416,3 +416,39 @@ func TestAnEmittedMessageIsAChildOfItsEmittingPassAtACollector(t *testing.T) {
 		t.Errorf("the producer's message's pass %v; want it in the producer's trace", s)
 	}
 }
+
+// Proves: OTEL_EXPORTER_OTLP_PROTOCOL=grpc exports the passes' spans over
+// OTLP/gRPC (a collector's port 4317), to a real gRPC trace service; a
+// protocol the OpenTelemetry Go exporters do not speak (http/json) is
+// refused at start with exit status 2 and a line that names it.
+func TestSpansGoOverGRPCWhenTheProtocolSaysSo(t *testing.T) {
+	t.Parallel()
+	bin := gobuild.Programs(t, "cmd/pepsi-dispatch")
+	url := pgtest.NewMigrated(t)
+	dir := t.TempDir()
+	conf := pipeline(t, dir, url)
+	recv := otlpreceiver.StartGRPC(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) VALUES ('a', 'x')"); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := run(t, filepath.Join(bin, "pepsi-dispatch"), []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL(),
+		"OTEL_EXPORTER_OTLP_PROTOCOL=grpc", "OTEL_BSP_SCHEDULE_DELAY=50"}, "exporting traces", "-c", conf)
+	waitDone(t, url, 1)
+	d.stop(t)
+	spans := recv.WaitFor(t, 60*time.Second, "a span per pass over gRPC", func(s []otlpreceiver.Span) bool { return len(s) >= 2 })
+	names := map[string]bool{}
+	for _, s := range spans {
+		names[s.Name] = s.Kind == "SPAN_KIND_CONSUMER" && s.Attributes["messaging.message.id"] == "1"
+	}
+	if len(spans) != 2 || !names["process a"] || !names["process b"] {
+		t.Errorf("spans over gRPC %v; want process a and process b, consumer spans of message 1", spans)
+	}
+
+	refused := exec.Command(filepath.Join(bin, "pepsi-dispatch"), "-c", conf)
+	refused.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL=http/json")
+	out, err := refused.CombinedOutput()
+	if code := refused.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "OTEL_EXPORTER_OTLP_PROTOCOL=http/json") {
+		t.Errorf("pepsi-dispatch with OTEL_EXPORTER_OTLP_PROTOCOL=http/json: exit %d, %v, %s; want exit status 2 naming the protocol", code, err, out)
+	}
+}

@@ -1,5 +1,5 @@
 // Package tracing exports PEPSI's spans with the OpenTelemetry Go SDK over
-// OTLP/HTTP (docs/operations.md, "Traces"): one span per pass for
+// OTLP, HTTP with protobuf or gRPC (docs/operations.md, "Traces"): one span per pass for
 // pepsi-dispatch (core.Pass), one per request for pepsi-ingress.
 //
 // It is configured by the standard OpenTelemetry environment only, and is
@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -82,23 +83,15 @@ type Exporter struct {
 // New returns an exporter configured by the process's OpenTelemetry
 // environment, for the service called service unless OTEL_SERVICE_NAME
 // names another, or nil when Enabled says traces are off. It refuses an
-// OTEL_EXPORTER_OTLP_PROTOCOL other than http/protobuf (the only one it
-// speaks: docs/operations.md, "Traces", says why).
+// OTEL_EXPORTER_OTLP_PROTOCOL other than http/protobuf and grpc
+// (newExporter).
 func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, error) {
 	if !Enabled(os.Getenv) {
 		return nil, nil
 	}
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if p := os.Getenv(k); p != "" {
-			if p != "http/protobuf" {
-				return nil, fmt.Errorf("%s=%s: PEPSI exports OTLP over HTTP with protobuf only (http/protobuf; a collector's port 4318)", k, p)
-			}
-			break
-		}
-	}
-	exp, err := otlptracehttp.New(ctx)
+	exp, err := newExporter(ctx, os.Getenv)
 	if err != nil {
-		return nil, fmt.Errorf("OTLP exporter: %w", err)
+		return nil, err
 	}
 	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", service)),
 		resource.WithFromEnv(), resource.WithTelemetrySDK())
@@ -115,6 +108,37 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(e.exportFailed))
 	go e.makePasses()
 	return e, nil
+}
+
+// newExporter returns the OTLP exporter getenv's protocol names:
+// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL,
+// http/protobuf (a collector's port 4318) when neither is set, as the
+// specification's default; grpc (port 4317) when named. The SDK's Go
+// exporters speak no http/json, so that value is refused, as any other,
+// rather than exporting in a protocol the operator did not ask for.
+func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
+	key, protocol := "", "http/protobuf"
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p := getenv(k); p != "" {
+			key, protocol = k, p
+			break
+		}
+	}
+	var exp sdktrace.SpanExporter
+	var err error
+	switch protocol {
+	case "http/protobuf":
+		exp, err = otlptracehttp.New(ctx)
+	case "grpc":
+		exp, err = otlptracegrpc.New(ctx)
+	default:
+		return nil, fmt.Errorf("%s=%s: PEPSI exports OTLP over http/protobuf (a collector's port 4318, the default) or grpc (port 4317); "+
+			"the OpenTelemetry Go exporters speak no other", key, protocol)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("OTLP exporter (%s): %w", protocol, err)
+	}
+	return exp, nil
 }
 
 // namesMax bounds the span names an exporter keeps, one per stage.

@@ -1,12 +1,14 @@
 // Package otlpreceiver is an OpenTelemetry collector's trace receiver for
 // tests: an HTTP server that takes OTLP/HTTP export requests (protobuf, the
 // official go.opentelemetry.io/proto/otlp types) on /v1/traces, as a
-// collector's port 4318 does, and keeps the spans it got. It is test
+// collector's port 4318 does, or a gRPC server of the trace service, as its
+// port 4317 does, and keeps the spans it got. It is test
 // infrastructure; no program of the product uses it.
 package otlpreceiver
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -21,6 +23,7 @@ import (
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -42,7 +45,8 @@ func (s Span) String() string {
 
 // Receiver is a running receiver.
 type Receiver struct {
-	srv   *httptest.Server
+	srv   *httptest.Server // nil for a gRPC receiver
+	url   string           // a gRPC receiver's
 	count bool
 	n     atomic.Int64
 	mu    sync.Mutex
@@ -66,6 +70,34 @@ func Counting() *Receiver {
 	return r
 }
 
+// StartGRPC starts a receiver that takes OTLP over gRPC, as a collector's
+// port 4317 does, closed when t ends. Its URL has the scheme http: a
+// connection without TLS, as the exporter reads it.
+func StartGRPC(t testing.TB) *Receiver {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("gRPC receiver: %v", err)
+	}
+	r := &Receiver{url: "http://" + ln.Addr().String()}
+	srv := grpc.NewServer()
+	coltracepb.RegisterTraceServiceServer(srv, grpcTraces{r: r})
+	go srv.Serve(ln) //nolint:errcheck // ends with Stop
+	t.Cleanup(srv.Stop)
+	return r
+}
+
+// grpcTraces is the receiver's gRPC trace service.
+type grpcTraces struct {
+	coltracepb.UnimplementedTraceServiceServer
+	r *Receiver
+}
+
+func (g grpcTraces) Export(_ context.Context, ex *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	g.r.take(ex)
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
 // Close stops the receiver.
 func (r *Receiver) Close() { r.srv.Close() }
 
@@ -73,7 +105,12 @@ func (r *Receiver) Close() { r.srv.Close() }
 func (r *Receiver) Count() int64 { return r.n.Load() }
 
 // URL is the receiver's base URL, for OTEL_EXPORTER_OTLP_ENDPOINT.
-func (r *Receiver) URL() string { return r.srv.URL }
+func (r *Receiver) URL() string {
+	if r.url != "" {
+		return r.url
+	}
+	return r.srv.URL
+}
 
 // Spans returns a copy of the spans received so far.
 func (r *Receiver) Spans() []Span {
@@ -123,6 +160,14 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	r.take(&ex)
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out) //nolint:errcheck // the exporter retries
+}
+
+// take keeps (or counts) the spans of one export request.
+func (r *Receiver) take(ex *coltracepb.ExportTraceServiceRequest) {
 	var got []Span
 	for _, rs := range ex.GetResourceSpans() {
 		if r.count {
@@ -149,9 +194,6 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	r.spans = append(r.spans, got...)
 	r.mu.Unlock()
-	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	w.Write(out) //nolint:errcheck // the exporter retries
 }
 
 // attrs renders OTLP attributes as text.
