@@ -86,18 +86,27 @@ RETRY_DELAY = 1s
 	w.wantRow(k[1], "a", core.StatusBlocked)
 }
 
-// Proves: a release that finds its key's lock held by a producer in flight
-// (which may be inserting a row of that key the release cannot see) is made
-// again LookEvery later, not at the heartbeat, and then hands the key on.
-func TestABusyReleaseIsMadeAgainAfterALook(t *testing.T) {
-	w := newWorld(t, threeStages)
+// busyKeyDone starts a core over one message of key "k" at stage a, lets a
+// producer of the key begin an insert (late, in flight), and runs the
+// message through to done: the release that follows finds the key's lock
+// held.
+func busyKeyDone(t *testing.T) (w *world, late int64, cmds []core.Command) {
+	t.Helper()
+	w = newWorld(t, threeStages)
 	k := w.insertKeyed("a", "k")
 	w.step(core.Start{})
 	late, ok := w.q.ReserveKeyed("k") // a producer of the key, in flight
 	if !ok {
 		t.Fatal("key k is locked")
 	}
-	cmds := w.doneThrough(k[0])
+	return w, late, w.doneThrough(k[0])
+}
+
+// Proves: a release that finds its key's lock held by a producer in flight
+// (which may be inserting a row of that key the release cannot see) is made
+// again LookEvery later, not at the heartbeat, and then hands the key on.
+func TestABusyReleaseIsMadeAgainAfterALook(t *testing.T) {
+	w, late, cmds := busyKeyDone(t)
 	if r := one[core.Release](t, cmds); !slices.Contains(r.Keys, "k") {
 		t.Fatalf("no release of k after its head was done: %v", cmds)
 	}
@@ -120,14 +129,7 @@ func TestABusyReleaseIsMadeAgainAfterALook(t *testing.T) {
 // transactions would put off (rule no-wait-for-heartbeat: a release retried
 // on 40001 and a rated stage's claim once kept such a row 363 ms).
 func TestABusyCoreLooksWithTheTransactionsItSends(t *testing.T) {
-	w := newWorld(t, threeStages)
-	k := w.insertKeyed("a", "k")
-	w.step(core.Start{})
-	late, ok := w.q.ReserveKeyed("k") // a producer of the key, in flight
-	if !ok {
-		t.Fatal("key k is locked")
-	}
-	w.doneThrough(k[0])
+	w, late, _ := busyKeyDone(t)
 	w.q.Commit(late, "a")
 	quiet := w.q.Insert("b", 1) // committed without NOTIFY
 	cmds := w.tick(w.now.Sub(epoch) + core.LookEvery)
