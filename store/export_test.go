@@ -10,12 +10,13 @@ import (
 
 // The statements, for the tests that EXPLAIN them.
 const (
-	ClaimSQL          = claimSQL
-	ResetOrphansSQL   = resetOrphansSQL
-	WakeSQL           = wakeSQL
-	ResolveSQL        = resolveSQL
-	ResolveNoEmitsSQL = resolveNoEmitsSQL
-	OverSQL           = overSQL
+	ClaimSQL               = claimSQL
+	ResetOrphansSQL        = resetOrphansSQL
+	WakeSQL                = wakeSQL
+	ResolveSQL             = resolveSQL
+	ResolveNoEmitsSQL      = resolveNoEmitsSQL
+	ResolveKeylessEmitsSQL = resolveKeylessEmitsSQL
+	OverSQL                = overSQL
 )
 
 // PageMessageSQL is pepsi-httpd's read of one message, for the test that

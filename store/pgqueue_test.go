@@ -376,10 +376,12 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 			fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", churned),
 			fmt.Sprintf("UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id <= %d", churned))
 	}
-	// Both statements: with the emits' INSERT (given none) and without it.
+	// The three statements: with the emits' INSERT, keyed or not (given
+	// none), and without it.
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
 		"PREPARE resolve("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveSQL,
+		"PREPARE resolve_keyless("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveKeylessEmitsSQL,
 		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL)
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
@@ -391,6 +393,8 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	for _, run := range []struct{ stmt, mode, args string }{
 		{"resolve", "force_custom_plan", args + noEmits},
 		{"resolve", "force_generic_plan", args + noEmits},
+		{"resolve_keyless", "force_custom_plan", args + noEmits},
+		{"resolve_keyless", "force_generic_plan", args + noEmits},
 		{"resolve_no_emits", "force_custom_plan", args},
 		{"resolve_no_emits", "force_generic_plan", args},
 	} {
