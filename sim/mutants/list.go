@@ -104,7 +104,7 @@ var mutants = []mutant{
 		old:     "len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset) {",
 		new:     "len(c.resendFlushes) > 0 || c.hasDeltas()) {",
 		more:    []patch{{"len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset {\n\t\tcode = 1", "len(c.resendFlushes) > 0 || c.hasDeltas() {\n\t\tcode = 1"}},
-		regress: []uint64{9}},
+		regress: []uint64{47}},
 	mut("exit-code-ignores-reset", "exit", "a shutdown that cannot reset a lost claim's rows still exits 0",
 		"len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset {\n\t\tcode = 1",
 		"len(c.resendFlushes) > 0 || c.hasDeltas() {\n\t\tcode = 1"),
@@ -126,7 +126,7 @@ var mutants = []mutant{
 	{name: "wake-takes-held-rows", rule: "wake-keeps-handed", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
 		old: "keep := c.handed()", new: "var keep []int64", regress: []uint64{48}},
 	{name: "wake-takes-resolved-rows", rule: "never-two-holders", bug: "a wake does not keep the rows of its own transaction's resolve: a row whose stage's own commit (pausing it, due at once) raced the resolve is woken and claimed while its item is owed again",
-		old: "\t\t\tfor _, it := range r.Items {\n\t\t\t\tkeep = append(keep, it.ID)\n\t\t\t}\n", new: "\t\t\t_ = r\n", regress: []uint64{3479}},
+		old: "\t\t\tfor _, it := range r.Items {\n\t\t\t\tkeep = append(keep, it.ID)\n\t\t\t}\n", new: "\t\t\t_ = r\n", regress: []uint64{9939}},
 
 	// Timers the core must ask for: without one it acts late, at the next
 	// unrelated event (the checker's deadlines run whenever the clock moves).

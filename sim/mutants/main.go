@@ -17,6 +17,11 @@
 // budget (seeds 1..-runs, -max-time of wall time in all), until the mutant's
 // own rule fires (KILLED, naming the other rules that fired first and their
 // seeds) or the budget is spent (WRONGRULE, naming the rules that did fire).
+// A mutant the campaign does not reach is KILLED all the same when one of its
+// regression seeds (testdata/sim/seeds.txt, which go test ./sim runs on every
+// change) breaks its own rule: the simulator catches the bug, and the line
+// says the campaign did not; the seeds' draws decide how far a campaign
+// reaches.
 //
 //	go run ./sim/mutants                 every mutant
 //	go run ./sim/mutants -only 'flush'   those whose name matches
@@ -314,6 +319,13 @@ func judge(m mutant, bin string, o options) (killed, ok bool) {
 		ok = false
 	case r.failed && r.rule == m.rule:
 		fmt.Printf("KILLED    %-30s seed %d in %.1fs (%d scenarios)%s: %s\n", m.name, r.seed, h.wall.Seconds(), h.scenarios, h.first(), r.why)
+	case regressKill(m, bin) != nil:
+		// The seeds go test ./sim runs on every change kill it by its own
+		// rule: the simulator catches the bug, though a campaign of the
+		// budget, from seed 1, no longer reaches its situation.
+		k := regressKill(m, bin)
+		fmt.Printf("KILLED    %-30s by regression seed %d (go test ./sim runs it; the campaign's %d scenarios in %.1fs did not reach it)%s: %s\n",
+			m.name, k.seed, h.scenarios, h.wall.Seconds(), h.first(), k.why)
 	case len(h.others) > 0:
 		fmt.Printf("WRONGRULE %-30s never by rule %s in %d scenarios, %.1fs; fired: %s\n", m.name, m.rule, h.scenarios, h.wall.Seconds(), h.fired())
 		ok = false
@@ -328,6 +340,17 @@ func judge(m mutant, bin string, o options) (killed, ok bool) {
 		}
 	}
 	return killed, ok
+}
+
+// regressKill is the first of m's regression seeds that breaks m's own rule
+// with the mutated core bin, or nil.
+func regressKill(m mutant, bin string) *outcome {
+	for _, seed := range m.regress {
+		if r := campaign(bin, 1, int(seed), 1, time.Minute); r.err == nil && r.failed && r.rule == m.rule {
+			return &r
+		}
+	}
+	return nil
 }
 
 // hunted is what a hunt for one rule found: its last campaign's outcome (a
