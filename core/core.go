@@ -260,7 +260,7 @@ type Core struct {
 	// taken), when it looks next (see lookUnwatched); zero otherwise.
 	lookAt time.Time
 	// lookedAt: when the core last sent a claim that looked at every stage
-	// with room; while busy it looks again LookEvery after (see queueWork).
+	// with room; while busy it looks again LookEvery after (see claimFor).
 	lookedAt    time.Time
 	lastClaim   time.Time
 	restRetryAt time.Time

@@ -458,10 +458,12 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim,
 	// While the core counts as busy no producer notifies it, and a row
 	// committed meanwhile at a stage it claimed dry waits for its next
 	// look. A core kept busy by transactions that claim no such stage (a
-	// release, a rated stage's claim, a flush after a 40001 retry) would
-	// not rest, so would not look, for as long as they last: it looks by
-	// itself, with the transaction it sends anyway, at least every
-	// LookEvery.
+	// key's release, a rated stage's claim; each as long as a 40001 retry
+	// makes it) would not rest, so would not look, for as long as they
+	// last: it looks by itself, with the transaction it sends anyway, at
+	// least every LookEvery. (A transaction of statistics alone is sent
+	// after this, at most every STATS_INTERVAL or IdleFlushMin: one
+	// transaction in flight, which the bound allows.)
 	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || c.anyMaybeMore()) {
 		c.lookAbove()
 	}
