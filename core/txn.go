@@ -68,17 +68,6 @@ func (c *Core) lookAll() {
 	}
 }
 
-// anyMaybeMore reports whether some stage may have pending rows the core
-// would claim.
-func (c *Core) anyMaybeMore() bool {
-	for _, st := range c.stages {
-		if st.maybeMore {
-			return true
-		}
-	}
-	return false
-}
-
 // lookAbove makes the next claim cover every stage, each above its floor. It
 // is the look for rows producers committed without notifying: such a row is
 // above every floor, since a floor rises only to an id that had settled (no
@@ -464,7 +453,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim,
 	// least every LookEvery. (A transaction of statistics alone is sent
 	// after this, at most every STATS_INTERVAL or IdleFlushMin: one
 	// transaction in flight, which the bound allows.)
-	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || c.anyMaybeMore()) {
+	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || slices.ContainsFunc(c.stages, func(st *stage) bool { return st.maybeMore })) {
 		c.lookAbove()
 	}
 	covers := true // the claim looks at every stage with room

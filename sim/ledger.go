@@ -590,7 +590,7 @@ func (w *world) modelResolved(e core.Resolved) {
 			// The lost send did not write it: the stage wrote the status
 			// itself, and the row's reason, left by an earlier retry, is
 			// this verdict's. Nothing the core can read tells the two apart,
-			// so it counts the verdict as its own (docs/protocol.md,
+			// so it counts the verdict as its own (docs/pepsi-dispatch.1.md,
 			// "Statistics"); the truth counts what the core can know.
 			v, ok = o.Status, true
 		}

@@ -313,19 +313,22 @@ func judge(m mutant, bin string, o options) (killed, ok bool) {
 	h := hunt(m.rule, bin, o)
 	r := h.last
 	killed, ok = true, true
+	var byRegress *outcome
+	if r.err == nil && !(r.failed && r.rule == m.rule) {
+		byRegress = regressKill(m, bin)
+	}
 	switch {
 	case r.err != nil:
 		fmt.Printf("ERROR     %-30s %v\n", m.name, r.err)
 		ok = false
 	case r.failed && r.rule == m.rule:
 		fmt.Printf("KILLED    %-30s seed %d in %.1fs (%d scenarios)%s: %s\n", m.name, r.seed, h.wall.Seconds(), h.scenarios, h.first(), r.why)
-	case regressKill(m, bin) != nil:
+	case byRegress != nil:
 		// The seeds go test ./sim runs on every change kill it by its own
 		// rule: the simulator catches the bug, though a campaign of the
 		// budget, from seed 1, no longer reaches its situation.
-		k := regressKill(m, bin)
 		fmt.Printf("KILLED    %-30s by regression seed %d (go test ./sim runs it; the campaign's %d scenarios in %.1fs did not reach it)%s: %s\n",
-			m.name, k.seed, h.scenarios, h.wall.Seconds(), h.first(), k.why)
+			m.name, byRegress.seed, h.scenarios, h.wall.Seconds(), h.first(), byRegress.why)
 	case len(h.others) > 0:
 		fmt.Printf("WRONGRULE %-30s never by rule %s in %d scenarios, %.1fs; fired: %s\n", m.name, m.rule, h.scenarios, h.wall.Seconds(), h.fired())
 		ok = false

@@ -47,6 +47,7 @@ func (s Span) String() string {
 type Receiver struct {
 	srv   *httptest.Server // nil for a gRPC receiver
 	url   string           // a gRPC receiver's
+	stop  func()           // closes the server, either kind
 	count bool
 	n     atomic.Int64
 	mu    sync.Mutex
@@ -79,11 +80,11 @@ func StartGRPC(t testing.TB) *Receiver {
 	if err != nil {
 		t.Fatalf("gRPC receiver: %v", err)
 	}
-	r := &Receiver{url: "http://" + ln.Addr().String()}
 	srv := grpc.NewServer()
+	r := &Receiver{url: "http://" + ln.Addr().String(), stop: srv.Stop}
 	coltracepb.RegisterTraceServiceServer(srv, grpcTraces{r: r})
 	go srv.Serve(ln) //nolint:errcheck // ends with Stop
-	t.Cleanup(srv.Stop)
+	t.Cleanup(r.Close)
 	return r
 }
 
@@ -99,7 +100,13 @@ func (g grpcTraces) Export(_ context.Context, ex *coltracepb.ExportTraceServiceR
 }
 
 // Close stops the receiver.
-func (r *Receiver) Close() { r.srv.Close() }
+func (r *Receiver) Close() {
+	if r.stop != nil {
+		r.stop()
+		return
+	}
+	r.srv.Close()
+}
 
 // Count is how many spans the receiver got.
 func (r *Receiver) Count() int64 { return r.n.Load() }
