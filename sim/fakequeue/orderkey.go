@@ -182,6 +182,8 @@ func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head,
 			head.Status = core.StatusPending
 			if !head.Timeout.IsZero() && head.Timeout.After(q.now()) {
 				head.Status = core.StatusPaused
+			} else if head.Attempts > 0 {
+				head.DispatchError = "" // the reason of the retry whose wait this ends, as the wake does
 			}
 			q.observe(by, before, head)
 		}

@@ -35,6 +35,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"ReleaseOfAKeyAProducerHoldsIsBusy", testKeyReleaseBusy},
 		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
 		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
+		{"AReleaseThatEndsARetrysWaitClearsItsReason", testKeyReleaseEndsRetry},
 		{"AKeyedMoveClaimsOnlyWhenNoOlderMessageOfItsKeyIsUnfinished", testKeyMoveClaim},
 		{"ReleaseBehindReleasesAKeyOnlyWhenAnOlderMessageOfItIsUnfinished", testKeyReleaseBehind},
 		{"ReleaseReportsAHeadThatWasPendingAlready", testKeyReleaseReportsPendingHead},
@@ -186,6 +187,30 @@ func testKeyRetryWhileHeld(t *testing.T, h KeyedHarness) {
 	if !slices.Equal(got, []int64{old}) {
 		t.Fatalf("claim took %v, want [%d] (the key's oldest, not the younger one it overtook)", got, old)
 	}
+}
+
+// testKeyReleaseEndsRetry: a message waiting out a 75 retry is put behind
+// an older message of its key that an operator retried; once that one is
+// done, the release that makes it pending again ends its retry's wait, as the
+// wake does, and so takes the retry's reason out of state.dispatch_error: a
+// message that later succeeds, or fails for another reason, must not show it.
+func testKeyReleaseEndsRetry(t *testing.T, h KeyedHarness) {
+	old := failHead(t, h, "k")
+	young := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	resolve(t, h, retryItem(young, "a", notBeforeBehind, "busy"))
+	wantRowError(t, h, young, "a", core.StatusPaused, "busy")
+	if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+	}
+	wantRowError(t, h, young, "a", core.StatusBlocked, "busy") // behind the key's oldest again
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	resolve(t, h, core.Item{ID: old, Stage: "a", Verdict: core.Move, To: core.TargetDone})
+	r := release(t, h, "k")
+	if len(r.Heads) != 1 || r.Heads[0].ID != young || r.Heads[0].Status != core.StatusPending {
+		t.Fatalf("release once the retried older row is done = %+v; want row %d the head, pending (its retry was due)", r, young)
+	}
+	wantRowError(t, h, young, "a", core.StatusPending, "")
 }
 
 func testKeyMoveClaim(t *testing.T, h KeyedHarness) {
