@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -629,11 +630,21 @@ func chooseStageRuntimes(c chooser, sc *Scenario) {
 				case kHang:
 					a.latency = own + (a.latency - sc.maxRuntime)
 				case kSlow:
-					a.latency = a.latency * own / sc.maxRuntime
+					a.latency = scaled(a.latency, own, sc.maxRuntime)
 				}
 			}
 		}
 	}
+}
+
+// scaled is d × num ÷ den, in 128 bits: d × num overflows a Duration once
+// both reach a few seconds (a slow pass of 1 s at a stage whose MAX_RUNTIME is
+// 10 s), and the pass it scaled then answered at once. d < den, so the
+// quotient is below num.
+func scaled(d, num, den time.Duration) time.Duration {
+	hi, lo := bits.Mul64(uint64(d), uint64(num))
+	q, _ := bits.Div64(hi, lo, uint64(den))
+	return time.Duration(q)
 }
 
 // chooseFractions chooses pauses of a fraction of a second: a try that pauses
