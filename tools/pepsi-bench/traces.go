@@ -9,7 +9,8 @@ import (
 )
 
 // startCollector starts what the traced configurations export to: "live", an
-// OTLP/HTTP receiver that decodes every request and counts its spans; "dead",
+// OTLP/HTTP receiver that counts the spans of every request (walking its
+// protobuf wire format, otlpreceiver.Counting); "dead",
 // a listener that takes each connection and never reads nor answers. It
 // returns the dispatcher's OpenTelemetry environment (every pass sampled, the
 // exporter's own timeout an hour, so that nothing but the queues' bounds
