@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"strconv"
@@ -169,6 +170,47 @@ func TestSchema21ChecksATraceparentWhenItIsWritten(t *testing.T) {
 	}
 	if _, err := conn.Exec(ctx, `UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id = $1`, id); err != nil {
 		t.Errorf("an update that leaves the traceparent alone ran its check: %v", err)
+	}
+}
+
+// Schema 25 leaves the check of a traceparent out of the rows the
+// dispatcher inserts for emits (a parent_id set: their traceparent is their
+// parent's pass's, made from one checked before), and keeps it for every row
+// a producer inserts. Counted by EXPLAIN ANALYZE, which lists a trigger with
+// the rows it was called for.
+func TestSchema25ChecksAProducersTraceparentNotAnEmittedChilds(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	const good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	checks := func(parent string) int {
+		t.Helper()
+		var plan string
+		err := conn.QueryRow(t.Context(), `EXPLAIN (ANALYZE, FORMAT JSON) INSERT INTO pepsi.queue (stage, parent_id, traceparent)
+			SELECT 'b', `+parent+`, pepsi.pass_traceparent($1, g, 'a', now()) FROM generate_series(1, 10) g`, good).Scan(&plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []struct {
+			Triggers []struct {
+				Name  string `json:"Trigger Name"`
+				Calls int    `json:"Calls"`
+			}
+		}
+		if err := json.Unmarshal([]byte(plan), &out); err != nil || len(out) != 1 {
+			t.Fatalf("EXPLAIN's JSON %s: %v", plan, err)
+		}
+		for _, tr := range out[0].Triggers {
+			if tr.Name == "queue_traceparent_insert" {
+				return tr.Calls
+			}
+		}
+		return 0
+	}
+	if n := checks("NULL"); n != 10 {
+		t.Errorf("10 rows a producer inserts with a traceparent ran its check %d times; want 10", n)
+	}
+	if n := checks("1"); n != 0 {
+		t.Errorf("10 emitted rows (parent_id set) ran the traceparent's check %d times; want none", n)
 	}
 }
 
