@@ -81,12 +81,13 @@ func TestBenchMeasuresBothSidesAndChecksThePipeline(t *testing.T) {
 }
 
 // TestKeyedConfigurationsRunBesideBench runs the configurations of ordering
-// per key: the messages sharing a few keys, and keyless messages beside one
-// key's backlog, which must still be waiting when the run ends (pepsi-bench
-// checks it and fails otherwise); each is set beside bench.
+// per key: the messages sharing a few keys, and keyless messages, or messages
+// with keys of their own, beside one key's backlog, which must still be
+// waiting when the run ends (pepsi-bench checks it and fails otherwise); each
+// is set beside bench, and the keyed messages beside the backlog beside keyed.
 func TestKeyedConfigurationsRunBesideBench(t *testing.T) {
 	t.Parallel()
-	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-modes", "answer", "-configs", "bench,keys,backlogged",
+	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-modes", "answer", "-configs", "bench,keys,backlogged,keyed,backlogged-keyed",
 		"-keys", "10", "-key-backlog", "1000", "-skip-pgbench", "-latency-seconds", "0", "-ingest-seconds", "0")
 	if code != 0 {
 		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
@@ -96,6 +97,8 @@ func TestKeyedConfigurationsRunBesideBench(t *testing.T) {
 		regexp.MustCompile(`(?m)^round 1: pipeline answer, backlogged \(P=2 Q=64 MAX_MESSAGES=100000, beside one key's backlog of 1000 blocked messages\): [0-9]+ hops/s`),
 		regexp.MustCompile(`(?m)^answer mode at keys ÷ at bench: \*\*[0-9.]+×\*\*$`),
 		regexp.MustCompile(`(?m)^answer mode at backlogged ÷ at bench: \*\*[0-9.]+×\*\*$`),
+		regexp.MustCompile(`(?m)^round 1: pipeline answer, backlogged-keyed \(P=2 Q=64 MAX_MESSAGES=100000, an order key per message, beside one key's backlog of 1000 blocked messages\): [0-9]+ hops/s`),
+		regexp.MustCompile(`(?m)^answer mode at backlogged-keyed ÷ at keyed: \*\*[0-9.]+×\*\*$`),
 	} {
 		if !want.MatchString(out) {
 			t.Errorf("pepsi-bench output has no line matching %q; output:\n%s", want, out)

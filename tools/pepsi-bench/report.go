@@ -70,24 +70,33 @@ func (b *bench) table(rounds []round) string {
 // besideBench is how each mode at each other configuration compares with the
 // same mode at the bench configuration, round by round (the keyed, keys and
 // backlogged configurations' figures: docs/performance.md, "Ordering per
-// key"); "" without the bench configuration.
+// key"), and backlogged-keyed with keyed as well (messages with keys of
+// their own beside one key's backlog, against the same without it); "" without
+// the bench configuration.
 func (b *bench) besideBench(rounds []round) string {
 	i := slices.IndexFunc(b.configs, func(c stageConfig) bool { return c.name == "bench" })
 	if i < 0 {
 		return ""
 	}
+	keyed := slices.IndexFunc(b.configs, func(c stageConfig) bool { return c.name == "keyed" })
 	var s strings.Builder
 	sep := "\n"
+	beside := func(m mode, c stageConfig, base int) {
+		plain, other := variant{m, b.configs[base]}, variant{m, c}
+		cell := ratioCell(rounds, func(r round) (float64, float64) { return r.pipes[other].hops, r.pipes[plain].hops })
+		if cell != "" {
+			fmt.Fprintf(&s, "%s%s mode at %s ÷ at %s: %s\n", sep, m, c.name, b.configs[base].name, cell)
+			sep = ""
+		}
+	}
 	for _, c := range b.configs {
 		if c.name == "bench" {
 			continue
 		}
 		for _, m := range b.modes {
-			plain, other := variant{m, b.configs[i]}, variant{m, c}
-			cell := ratioCell(rounds, func(r round) (float64, float64) { return r.pipes[other].hops, r.pipes[plain].hops })
-			if cell != "" {
-				fmt.Fprintf(&s, "%s%s mode at %s ÷ at bench: %s\n", sep, m, c.name, cell)
-				sep = ""
+			beside(m, c, i)
+			if c.keyed && c.keyBacklog > 0 && keyed >= 0 {
+				beside(m, c, keyed)
 			}
 		}
 	}
