@@ -17,7 +17,12 @@ const (
 	ResolveNoEmitsSQL      = resolveNoEmitsSQL
 	ResolveKeylessEmitsSQL = resolveKeylessEmitsSQL
 	OverSQL                = overSQL
+	ReleaseLockSQL         = releaseLockSQL
 )
+
+// ReleaseSQL is the release statement without releaseAll, for the test that
+// EXPLAINs it.
+var ReleaseSQL = releaseStatement(false)
 
 // PageMessageSQL is pepsi-httpd's read of one message, for the test that
 // EXPLAINs it.

@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,5 +215,87 @@ func TestSchema14GrantsTheOrderKeyToAnExistingMonitorRole(t *testing.T) {
 	var may bool
 	if err := conn.QueryRow(ctx, `SELECT has_column_privilege('pepsi_monitor', 'pepsi.queue', 'order_key', 'SELECT')`).Scan(&may); err != nil || !may {
 		t.Errorf("pepsi_monitor may read order_key after schema 14: %v, %v; want true", may, err)
+	}
+}
+
+// TestReleaseCostsItsKeysNotABacklog checks that the release after a
+// transaction's keyed passes costs its keys, not the messages that wait
+// behind other keys, whatever the statistics the plan was made from: they
+// are taken while no message is blocked (a fresh queue), and then one key's
+// backlog of 50,000 arrives, with 20,000 pending keyed messages. Every read
+// of an order-key index must be a probe of a key the release names (no
+// hashed subplan reading a whole index), and a key whose move claimed its row
+// (a Behind entry whose row is running) must cost neither a probe nor a lock.
+func TestReleaseCostsItsKeysNotABacklog(t *testing.T) {
+	t.Parallel()
+	const backlog, claimed = 50000, 100
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	for _, sql := range []string{
+		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'k' || g FROM generate_series(1, 1000) g",
+		"UPDATE pepsi.queue SET status = 'done'",
+		"VACUUM ANALYZE pepsi.queue",
+		"PREPARE release(text[], text[], bigint[]) AS " + store.ReleaseSQL,
+		"PREPARE release_lock(text[], text[], bigint[]) AS " + store.ReleaseLockSQL,
+		// After the statistics: the rows of the moves that claimed, a
+		// paused head with its key's backlog behind it, and many keys'
+		// pending messages.
+		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running', stage = 'b' WHERE order_key IN (SELECT 'k' || g FROM generate_series(1, %d) g)", claimed),
+		"INSERT INTO pepsi.queue (stage, order_key, status, timeout) VALUES ('a', 'hot', 'paused', 'infinity')",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'hot' FROM generate_series(1, %d)", backlog),
+		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'p' || g FROM generate_series(1, 20000) g",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	var blocked int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'blocked'").Scan(&blocked); err != nil || blocked != backlog {
+		t.Fatalf("%d blocked messages (%v); want the backlog's %d", blocked, err, backlog)
+	}
+	// Three finished keys, and the Behind entries of the claimed moves.
+	var behindKeys, behindIDs string
+	if err := conn.QueryRow(ctx, `SELECT array_agg(order_key ORDER BY ingress_id)::text, array_agg(ingress_id ORDER BY ingress_id)::text
+		FROM pepsi.queue WHERE status = 'running'`).Scan(&behindKeys, &behindIDs); err != nil {
+		t.Fatal(err)
+	}
+	args := "'{k901,k902,k903}', '" + behindKeys + "', '" + behindIDs + "'"
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		plan := explain(t, conn, mode, "release", args)
+		var probes, read float64
+		plan.walk(nil, func(n, _ *planNode) {
+			if strings.HasPrefix(n.IndexName, "queue_order_") {
+				probes += n.ActualLoops
+				read += n.ActualRows * n.ActualLoops
+				if n.IndexCond == "" {
+					t.Errorf("%s: %s read with no index condition (the whole index); want a probe per key:\n%s", mode, n.IndexName, plan)
+				}
+			}
+		})
+		if probes > 6 || read > 0 {
+			t.Errorf("%s: the release of 3 finished keys and %d claimed moves probed the order-key indexes %g times and read %g entries; want at most 6 probes (two per finished key) and none read:\n%s",
+				mode, claimed, probes, read, plan)
+		}
+	}
+	// The lock statement locks the finished keys' buckets, not the claimed
+	// moves'.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // only the locks it takes matter
+	if _, err := tx.Exec(ctx, "EXECUTE release_lock("+args+")"); err != nil {
+		t.Fatal(err)
+	}
+	var locks, want int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885696107 AND pid = pg_backend_pid()`).Scan(&locks); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(DISTINCT pepsi.order_bucket(k)) FROM unnest('{k901,k902,k903}'::text[]) k`).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	if locks != want {
+		t.Errorf("the release's lock statement took %d key locks; want %d, the finished keys' buckets (none for the %d claimed moves)", locks, want, claimed)
 	}
 }
