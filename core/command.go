@@ -110,7 +110,8 @@ type Item struct {
 	Attempts int
 	Again    bool
 	// Emits are set only on a Move: the messages the pass emitted, in order.
-	// The statement inserts them pending at their stages, with parent_id ID,
+	// The statement inserts them pending at their stages (running, for an
+	// emit that claims: Emit.Claim), with parent_id ID,
 	// in the same transaction and only if the item's guard matched (the row
 	// was still running at Stage), so they exist exactly when the pass's
 	// transition committed; a key (Emit.Key) already in the queue inserts

@@ -56,6 +56,11 @@ type Emit struct {
 	Key string
 	// OrderKey is the order_key, "" for none.
 	OrderKey string
+	// Claim is decided by the core as the resolve is built (claimEmits): the
+	// child is inserted running at Stage, held by the core as if a claim had
+	// returned it (Outcome.Children), instead of pending there. It saves
+	// the child's pending row version and its claim.
+	Claim bool
 }
 
 func (e Emit) String() string {
@@ -68,6 +73,9 @@ func (e Emit) String() string {
 	}
 	if e.OrderKey != "" {
 		s += " order_key=" + strconv.Quote(e.OrderKey)
+	}
+	if e.Claim {
+		s += " claim"
 	}
 	return s + ")"
 }

@@ -197,6 +197,20 @@ type Outcome struct {
 	// Trace is the row's trace context, read as a claim reads it, for a
 	// move that claimed (Item.Claim).
 	Trace Trace
+	// Children are the children of a matched move that its resolve inserted
+	// running (Emit.Claim), in the order emitted: the core holds them as if
+	// a claim had returned them. A child whose Emit had Claim and that is
+	// not here was inserted pending.
+	Children []Child
+}
+
+// Child is a message a resolve inserted running at Stage for an emit that
+// claims (Emit.Claim), read as a claim reads a row of an INPUT = id stage:
+// its attempts are 0.
+type Child struct {
+	ID    int64
+	Stage string
+	Trace Trace
 }
 
 // Resolved is the result of a Resolve: one Outcome per Item, in Item order.
@@ -395,6 +409,9 @@ func (o Outcome) String() string {
 	}
 	if o.Message != nil {
 		s += o.Message.String()
+	}
+	for _, ch := range o.Children {
+		s += fmt.Sprintf("+%d@%s:running", ch.ID, ch.Stage)
 	}
 	return s
 }

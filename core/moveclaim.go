@@ -55,6 +55,7 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 		// Decided anew for each send: an item owed again (a raced one) may
 		// carry the claim of its last send.
 		items[i].Claim, items[i].LineMax = false, 0
+		dropEmitClaims(&items[i])
 	}
 	if c.shutdown > 0 || noClaims {
 		return nil
@@ -82,7 +83,69 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 		}
 		st.reserved++
 	}
+	c.claimEmits(items, blocked)
 	return yielded
+}
+
+// claimEmits decides, after the moves, which emits of items' moves are
+// inserted running at their stage (Emit.Claim) instead of pending: the
+// child's claim made by its insert, one row version and its claim saved per
+// child. A child claims on the moves' terms (see claimMoves: no shutdown,
+// reset or wake in the transaction, a stage without a RATE, not held by
+// back-pressure, known dry, with room beyond its known pending rows and
+// what is reserved, the moves' claims first, and no other item blocking
+// it), and also only when
+//   - its stage has INPUT = id: an INPUT = message line is read from the
+//     row, which the insert does not return;
+//   - it has neither a key nor an order key: a key seen before inserts
+//     nothing, and a keyed child may have to wait behind its key;
+//   - its item is not sent again (unsure or raced): the first send may have
+//     inserted the children already.
+//
+// They are decided in the order their item's children are inserted
+// (emitArgs: item order, then emit order), so where a stage's room runs out
+// the children left pending there are younger than the ones claimed. A
+// child marked Claim that the statement finds it cannot claim (its parent's
+// pass had no trace context to give it) is inserted pending and reported
+// as one (Outcome.Children lists only the running ones).
+func (c *Core) claimEmits(items []Item, blocked map[string]bool) {
+	for i := range items {
+		it := &items[i]
+		if it.Verdict != Move || len(it.Emits) == 0 || c.unsure[it.ID] || c.races[it.ID] > 0 {
+			continue
+		}
+		cloned := false
+		for j, e := range it.Emits {
+			st := c.byName[e.Stage]
+			if st == nil || e.Key != "" || e.OrderKey != "" || st.cfg.Input != conf.InputID ||
+				!c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
+				continue
+			}
+			if !cloned {
+				// Its own emits, not shared with an earlier send's command.
+				it.Emits, cloned = slices.Clone(it.Emits), true
+			}
+			// The child's room is reserved until its resolve's result.
+			it.Emits[j].Claim, st.reserved = true, st.reserved+1
+		}
+	}
+}
+
+// dropEmitClaims takes the claims off it's emits (Emit.Claim), on a copy of
+// them (the command that carried them keeps its own), and returns the stages
+// of the emits that had one.
+func dropEmitClaims(it *Item) (stages []string) {
+	for j, e := range it.Emits {
+		if !e.Claim {
+			continue
+		}
+		if stages == nil {
+			it.Emits = slices.Clone(it.Emits)
+		}
+		it.Emits[j].Claim = false
+		stages = append(stages, e.Stage)
+	}
+	return stages
 }
 
 // yieldedCap is a stage's claim cap n (its room, within its RATE) less the
@@ -148,6 +211,10 @@ func (c *Core) unclaimMoves(sent []Item) (items []Item, claimed bool) {
 			c.byName[items[i].To].reserved--
 			items[i].Claim, items[i].LineMax = false, 0
 			claimed = true
+		}
+		for _, stage := range dropEmitClaims(&items[i]) {
+			c.byName[stage].reserved--
+			claimed = true // its children may be running, held by no one
 		}
 	}
 	return items, claimed

@@ -221,7 +221,13 @@ func (c *Core) resolved(e Resolved) {
 		if it.Claim {
 			c.byName[it.To].reserved--
 		}
+		for _, e := range it.Emits {
+			if e.Claim {
+				c.byName[e.Stage].reserved--
+			}
+		}
 		c.emitted(it, o)
+		c.childrenClaimed(it, o)
 		if o.Status == StatusRunning && it.Claim && o.Matched {
 			// Moved and claimed: not a race, the row is this core's at To.
 			// A claim that found work, as a claim's rows are: RestAfter
@@ -316,19 +322,55 @@ func (c *Core) guardMissed(it Item, o Outcome) {
 }
 
 // emitted takes in the children a matched move inserted (Item.Emits, when
-// its Outcome o Matched): they
-// are pending at their stages (or blocked behind their order key, or not
-// there at all when their key was known), rows the core did not count, so
-// each such stage may have more and is no longer known to be dry.
+// its Outcome o Matched): but for those inserted running (Outcome.Children,
+// see childrenClaimed) they are pending at their stages (or blocked behind
+// their order key, or not there at all when their key was known), rows the
+// core did not count, so each such stage may have more and is no longer
+// known to be dry.
 func (c *Core) emitted(it Item, o Outcome) {
 	if len(it.Emits) == 0 || !o.Matched || it.Verdict != Move {
 		return
 	}
 	c.stat(it.Stage).Emitted += int64(len(it.Emits))
+	running := map[string]int{} // per stage, the children inserted running
+	for _, ch := range o.Children {
+		running[ch.Stage]++
+	}
 	for _, e := range it.Emits {
+		if e.Claim && running[e.Stage] > 0 {
+			running[e.Stage]--
+			continue
+		}
 		if st := c.byName[e.Stage]; st != nil {
 			st.maybeMore, st.dry = true, false
 		}
+	}
+}
+
+// childrenClaimed takes in the children a matched move's resolve inserted
+// running (Outcome.Children): the core holds each for its stage exactly as
+// if a claim had returned it, as a move that claims (movedClaimed).
+func (c *Core) childrenClaimed(it Item, o Outcome) {
+	if len(o.Children) == 0 {
+		return
+	}
+	claims := 0
+	for _, e := range it.Emits {
+		if e.Claim {
+			claims++
+		}
+	}
+	assert(o.Matched && it.Verdict == Move && len(o.Children) <= claims,
+		"resolve of message %d returned %d children running for %d emits that claim (matched %v)", it.ID, len(o.Children), claims, o.Matched)
+	c.lastClaim = c.now
+	for _, ch := range o.Children {
+		st := c.byName[ch.Stage]
+		assert(st != nil, "child %d running at unknown stage %q", ch.ID, ch.Stage)
+		if c.shutdown > 0 {
+			c.requeue(st, []msg{{id: ch.ID}})
+			continue
+		}
+		st.backlog = append(st.backlog, c.hold(ch.ID, c.epoch, 0, ch.Trace, ""))
 	}
 }
 

@@ -114,25 +114,42 @@ func (w *world) claimBounds(r *rule, x crossing) {
 	case core.Resolve:
 		claiming := map[string]int{}
 		for _, it := range c.Items {
-			if !it.Claim {
-				continue
+			var at []string // the stages its move and its emits claim at
+			if it.Claim {
+				at = append(at, it.To)
 			}
-			if w.shut > 0 {
-				w.broke(r, "resolve item %s claims during a shutdown", it)
-				return
+			for _, e := range it.Emits {
+				if e.Claim {
+					at = append(at, e.Stage)
+				}
 			}
-			s, ok := w.stageOf(it.To)
-			if !ok {
-				continue // rule move-claims's
-			}
-			claiming[it.To]++
-			st := w.sc.stages[s]
-			if held, limit := w.heldAt(it.To), st.parallelism*st.queueLimit; held+claiming[it.To] > limit {
-				w.broke(r, "resolve item %s claims at stage %s, which holds %d and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
-					it, it.To, held, claiming[it.To], limit)
-				return
+			for _, stage := range at {
+				if w.shut > 0 {
+					w.broke(r, "resolve item %s claims during a shutdown", it)
+					return
+				}
+				s, ok := w.stageOf(stage)
+				if !ok {
+					continue // rule move-claims's
+				}
+				claiming[stage]++
+				st := w.sc.stages[s]
+				if held, limit := w.heldAt(stage), st.parallelism*st.queueLimit; held+claiming[stage] > limit {
+					w.broke(r, "resolve item %s claims at stage %s, which holds %d and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
+						it, stage, held, claiming[stage], limit)
+					return
+				}
 			}
 		}
+	}
+}
+
+// resetAfterLoss holds the step's transaction, once its commands are
+// recorded (a ResetOrphans among them clears resetOwed), to the reset a lost
+// transaction owes.
+func (w *world) resetAfterLoss(r *rule, x crossing) {
+	if w.resetOwed {
+		w.broke(r, "the transaction after a lost reply that may have left rows running (a claim, or a move or an emit that claims) resets no orphans: %v", x.step)
 	}
 }
 
@@ -152,7 +169,7 @@ func (w *world) claimYieldsHalf(r *rule, _ crossing) {
 		// The claim is recorded: its own N is already off the bucket.
 		room := min(w.room(s, w.now)-w.movesOut[st.name], w.tokens(s, w.now)+n)
 		if n < room-room/2 {
-			w.broke(r, "the transaction asks %d rows of stage %s, which has room for %d (moves of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
+			w.broke(r, "the transaction asks %d rows of stage %s, which has room for %d (moves and emits of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
 				n, st.name, room)
 			return
 		}
@@ -187,6 +204,12 @@ func (w *world) rate(r *rule, x crossing) {
 			if s, ok := w.stageOf(it.To); ok && it.Claim && w.cfg.Stages[s].Rate > 0 {
 				w.broke(r, "resolve item %s claims at stage %s, which has a RATE: only its claims, counted by its bucket, take its rows", it, it.To)
 				return
+			}
+			for _, e := range it.Emits {
+				if s, ok := w.stageOf(e.Stage); ok && e.Claim && w.cfg.Stages[s].Rate > 0 {
+					w.broke(r, "resolve item %s inserts a child running at stage %s, which has a RATE: only its claims, counted by its bucket, take its rows", it, e.Stage)
+					return
+				}
 			}
 		}
 	}

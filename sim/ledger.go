@@ -124,6 +124,11 @@ type ledger struct {
 	coreDown  bool // the core saw a failed transaction and no DatabaseUp since
 	txnOut    bool // a queue transaction is outstanding
 	resetSent bool // the start-up orphan reset was sent
+	// resetOwed: a transaction whose reply was lost may have left rows
+	// running that the core never learned of (its claim's, its moves' or
+	// emits' that claim); the next one must reset them (rule
+	// reset-after-loss).
+	resetOwed bool
 	resetSeen bool // the start-up reset's result came back
 	resting   bool // the core holds the gate as far as it knows (Resting, no Busy since)
 	// Who holds which id: workers (and what each holds, in order), the rows
@@ -462,7 +467,8 @@ func (w *world) modelClaimed(e core.Claimed) {
 	}
 	if e.Err != "" {
 		// The claim may have taken its whole cap (unless it certainly
-		// aborted): the core counts it so.
+		// aborted): the core counts it so, and must reset what it took.
+		w.resetOwed = w.resetOwed || !e.Aborted
 		for _, s := range sortedKeys(w.rateOut) {
 			w.rateLog[s][w.rateOut[s]].done = w.now
 			if e.Aborted {
@@ -535,6 +541,9 @@ func (w *world) modelResolved(e core.Resolved) {
 				ex.sent, ex.unsure, ex.claim = false, ex.unsure || !e.Aborted, false
 			}
 		}
+		if !e.Aborted && len(w.movesOut) > 0 {
+			w.resetOwed = true // its moves or emits may have claimed
+		}
 		clear(w.movesOut)
 		return
 	}
@@ -550,6 +559,13 @@ func (w *world) modelResolved(e core.Resolved) {
 		}
 		if ex.verdict == core.Move && o.Matched {
 			w.truth().stage(ex.stage).Emitted += int64(ex.emits)
+		}
+		for _, ch := range o.Children {
+			// Inserted running by an emit that claims: the core's, as a
+			// claim's row is.
+			if !w.takeClaimed("an emit that claims", ch.ID, ch.Stage, 0, w.lastEpoch) {
+				return
+			}
 		}
 		if o.Status == core.StatusRunning && ex.claim && o.Matched {
 			if w.modelMovedClaimed(o); w.fail != nil {
@@ -922,7 +938,7 @@ func (w *world) endLifeModel(exact bool) {
 func (w *world) recordCommand(cmd core.Command) {
 	switch x := cmd.(type) {
 	case core.ResetOrphans:
-		w.resetSent = true
+		w.resetSent, w.resetOwed = true, false
 	case core.Resolve:
 		for _, it := range x.Items {
 			if w.givesBack(it) {
@@ -940,6 +956,11 @@ func (w *world) recordCommand(cmd core.Command) {
 				}
 				if it.Claim {
 					w.movesOut[it.To]++
+				}
+				for _, e := range it.Emits {
+					if e.Claim {
+						w.movesOut[e.Stage]++ // a child inserted running there
+					}
 				}
 			}
 		}

@@ -125,7 +125,7 @@ func (w *world) checkAt(m moment, x crossing) {
 var rules = []*rule{
 	// At each command (rule rate also at each claim's result, and the rules of
 	// the rows a claim hands the core at each event).
-	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders, ruleKeyHeldOnce,
+	ruleSerialWrites, ruleClaimBounds, ruleClaimYieldsHalf, ruleResetAfterLoss, ruleRate, ruleClaimReadsRow, ruleNeverTwoHolders, ruleKeyHeldOnce,
 	ruleHandToReady, ruleKeyOnePerPipeline, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleChildrenOnce, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
@@ -152,6 +152,10 @@ var ruleSerialWrites = &rule{name: "serial-writes", when: atCommand, check: (*wo
 
 var ruleClaimBounds = &rule{name: "claim-bounds", when: atCommand, check: (*world).claimBounds,
 	doc: "No claim during a shutdown, and no claim that would make a stage hold more than QUEUE_LIMIT × PARALLELISM messages (claimed, handed out and unanswered)."}
+
+var ruleResetAfterLoss = &rule{name: "reset-after-loss", when: atTransaction, check: (*world).resetAfterLoss,
+	doc: "After a transaction whose reply was lost (not known to have aborted) and whose claim, or a move or an emit of its resolve that claims, may have left rows running that the core never learned of, " +
+		"the core's next queue transaction resets every running row it does not hold (core.ResetOrphans): such rows wait for no heartbeat's sweep."}
 
 var ruleClaimYieldsHalf = &rule{name: "claim-yields-at-most-half", when: atTransaction, check: (*world).claimYieldsHalf,
 	doc: "A queue transaction asks each stage it claims, and each stage the promptness rule owes a claim, for at least half (rounded up) of the stage's room " +

@@ -380,8 +380,8 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	// none), and without it.
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
-		"PREPARE resolve("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveSQL,
-		"PREPARE resolve_keyless("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[]) AS "+store.ResolveKeylessEmitsSQL,
+		"PREPARE resolve("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[], bool[]) AS "+store.ResolveSQL,
+		"PREPARE resolve_keyless("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[], bool[]) AS "+store.ResolveKeylessEmitsSQL,
 		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL)
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
@@ -389,7 +389,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 		}
 	}
 	args := moveClaimArgs(churned+1, items)
-	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}'"
+	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
 	for _, run := range []struct{ stmt, mode, args string }{
 		{"resolve", "force_custom_plan", args + noEmits},
 		{"resolve", "force_generic_plan", args + noEmits},

@@ -641,11 +641,15 @@ func traceSeed() int64 {
 // would cost the queue's history, not its items (checked by
 // TestResolvePlanCostsItsItems, which saw 40,000 buffers per resolve of 128).
 //
-// A move's emits (core.Item.Emits, $20 to $25: per child its item's ordinal,
-// stage, payload, state, key and order key) are inserted pending at their
-// stages with parent_id the item's id by the "children" INSERT of the same
-// statement, only for an item whose UPDATE matched its guard: they exist
-// exactly when the transition does. A child whose key is in the queue already
+// A move's emits (core.Item.Emits, $20 to $26: per child its item's ordinal,
+// stage, payload, state, key, order key and claim) are inserted pending at
+// their stages with parent_id the item's id by the "children" INSERT of the
+// same statement, only for an item whose UPDATE matched its guard: they exist
+// exactly when the transition does. A child whose emit claims (core.Emit.Claim)
+// is inserted running instead, if it has neither key nor order key and the
+// pass has a trace context to give it (always, but for a row claimed before
+// schema 17), and reported after the items (resolveReportChildrenSQL): the
+// core holds it as a claimed row. A child whose key is in the queue already
 // inserts nothing (ON CONFLICT DO NOTHING); a keyed child goes through the
 // order-key trigger as any producer's row (it waits for its key's lock, taken
 // here bucket by bucket in sorted order as pepsi-ingress takes them, so the
@@ -743,7 +747,7 @@ const resolveChildrenSQL = resolveChildrenInsertSQL + `
 	             WHERE k.order_key <> '' ORDER BY b) s) >= 0
 	ORDER BY c.n
 	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-	RETURNING 1
+	RETURNING ingress_id, parent_id, stage, status, traceparent, updated_at
 )`
 
 // resolveChildrenKeylessSQL is resolveChildrenSQL for children of which none
@@ -754,17 +758,18 @@ const resolveChildrenSQL = resolveChildrenInsertSQL + `
 // without, 6.0–7.0 with), on the backend whose time bounds the pipeline.
 const resolveChildrenKeylessSQL = resolveChildrenInsertSQL + `
 	ORDER BY c.n
-	RETURNING 1
+	RETURNING ingress_id, parent_id, stage, status, traceparent, updated_at
 )`
 
 // resolveChildrenInsertSQL is the INSERT of a move's emits, up to its
 // WHERE.
 const resolveChildrenInsertSQL = `, child AS (
-	SELECT * FROM unnest($20::bigint[], $21::text[], $22::bytea[], $23::text[], $24::text[], $25::text[])
-	     WITH ORDINALITY AS c(ord, stage, payload, state, key, order_key, n)
+	SELECT * FROM unnest($20::bigint[], $21::text[], $22::bytea[], $23::text[], $24::text[], $25::text[], $26::bool[])
+	     WITH ORDINALITY AS c(ord, stage, payload, state, key, order_key, claim, n)
 ), children AS (
-	INSERT INTO pepsi.queue (stage, payload, state, dedup_key, order_key, parent_id, traceparent)
-	SELECT c.stage, c.payload, coalesce(nullif(c.state, '')::jsonb, '{}'), nullif(c.key, ''), nullif(c.order_key, ''), u.ingress_id,
+	INSERT INTO pepsi.queue (stage, status, payload, state, dedup_key, order_key, parent_id, traceparent)
+	SELECT c.stage, CASE WHEN c.claim AND c.key = '' AND c.order_key = '' AND u.seen_trace IS NOT NULL THEN 'running' ELSE 'pending' END,
+	       c.payload, coalesce(nullif(c.state, '')::jsonb, '{}'), nullif(c.key, ''), nullif(c.order_key, ''), u.ingress_id,
 	       pepsi.pass_traceparent(u.seen_trace, u.ingress_id, u.seen_stage, u.seen_at)
 	FROM child c JOIN updated u ON u.ord = c.ord AND u.moved`
 
@@ -810,9 +815,34 @@ const resolveTailSQL = `, result AS (
 	       p.handed_at, p.at, p.pid, p.attempts
 	FROM passes p
 )
-SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at
+`
+
+// resolveReportSQL ends a resolve whose items emit nothing: an outcome per
+// item, in item order (child_of is NULL: a row of an item).
+const resolveReportSQL = `
+SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at,
+	NULL::bigint AS child_of
 FROM result
 ORDER BY ord`
+
+// resolveReportChildrenSQL ends a resolve whose items emit: an outcome per
+// item, in item order, then a row per child it inserted running (an emit
+// that claims, core.Emit.Claim), in insertion order, read as a claim reads a
+// row of an INPUT = id stage, child_of its parent's id
+// (core.Outcome.Children).
+const resolveReportChildrenSQL = `
+SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at, child_of
+FROM (
+	SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at,
+		NULL::bigint AS child_of, ord AS sort
+	FROM result
+	UNION ALL
+	SELECT c.ingress_id, c.stage, c.status, NULL::timestamptz, '', true, 0, NULL::text, NULL::int, NULL::bytea, NULL::bigint,
+		CASE WHEN $18::bool THEN c.traceparent END, CASE WHEN $18::bool THEN c.traceparent END, c.updated_at,
+		c.parent_id, c.ingress_id
+	FROM children c WHERE c.status = 'running'
+) s
+ORDER BY child_of IS NOT NULL, sort`
 
 // resolveSQL is the resolve of items of which some emit (see above);
 // resolveNoEmitsSQL the same without the children's INSERT, for a resolve
@@ -827,25 +857,26 @@ ORDER BY ord`
 // would wake itself for nothing (docs/performance.md, "A producer racing
 // the rest").
 const (
-	resolveSQL             = resolveHeadSQL + resolveChildrenSQL + resolveTailSQL
-	resolveKeylessEmitsSQL = resolveHeadSQL + resolveChildrenKeylessSQL + resolveTailSQL
-	resolveNoEmitsSQL      = resolveHeadSQL + resolveTailSQL
+	resolveSQL             = resolveHeadSQL + resolveChildrenSQL + resolveTailSQL + resolveReportChildrenSQL
+	resolveKeylessEmitsSQL = resolveHeadSQL + resolveChildrenKeylessSQL + resolveTailSQL + resolveReportChildrenSQL
+	resolveNoEmitsSQL      = resolveHeadSQL + resolveTailSQL + resolveReportSQL
 )
 
 // nonEmpty reports whether s is not "".
 func nonEmpty(s string) bool { return s != "" }
 
-// emitArgs are the children of items' moves as resolveSQL's $20 to $25: per
-// child its item's ordinal (from 1), stage, payload, state, key and order key.
-func emitArgs(items []core.Item) (ords []int64, stages []string, payloads [][]byte, states, keys, orderKeys []string) {
+// emitArgs are the children of items' moves as resolveSQL's $20 to $26: per
+// child its item's ordinal (from 1), stage, payload, state, key, order key
+// and whether it claims.
+func emitArgs(items []core.Item) (ords []int64, stages []string, payloads [][]byte, states, keys, orderKeys []string, claims []bool) {
 	for i, it := range items {
 		for _, e := range it.Emits {
 			ords = append(ords, int64(i+1)) // WITH ORDINALITY counts from 1
 			stages, payloads, states = append(stages, e.Stage), append(payloads, e.Payload), append(states, e.State)
-			keys, orderKeys = append(keys, e.Key), append(orderKeys, e.OrderKey)
+			keys, orderKeys, claims = append(keys, e.Key), append(orderKeys, e.OrderKey), append(claims, e.Claim)
 		}
 	}
-	return ords, stages, payloads, states, keys, orderKeys
+	return ords, stages, payloads, states, keys, orderKeys, claims
 }
 
 func resolve(c core.Resolve) statement {
@@ -855,7 +886,7 @@ func resolve(c core.Resolve) statement {
 	claims, lineMaxes := make([]bool, n), make([]int32, n)
 	hists, events, handed, ats := make([]bool, n), make([]string, n), make([]*time.Time, n), make([]*time.Time, n)
 	pids, attempts, agains := make([]*int32, n), make([]int32, n), make([]bool, n)
-	cOrd, cStage, cPayload, cState, cKey, cOrderKey := emitArgs(c.Items)
+	cOrd, cStage, cPayload, cState, cKey, cOrderKey, cClaim := emitArgs(c.Items)
 	for i, it := range c.Items {
 		ids[i], stages[i], verdicts[i], reasons[i], epochs[i] = it.ID, it.Stage, string(it.Verdict), it.Reason, it.Epoch
 		targets[i], patches[i] = it.To, it.Patch
@@ -891,19 +922,20 @@ func resolve(c core.Resolve) statement {
 				sql = resolveSQL
 			}
 			b.Queue(sql, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
-				hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed(), cOrd, cStage, cPayload, cState, cKey, cOrderKey)
+				hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed(), cOrd, cStage, cPayload, cState, cKey, cOrderKey, cClaim)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
 			rows, err := br.Query()
 			if err != nil {
 				return nil, err
 			}
-			outcomes, err := pgx.CollectRows(rows, resolvedRow)
+			read, err := pgx.CollectRows(rows, resolvedRow)
 			if err != nil {
 				return nil, err
 			}
-			if len(outcomes) != n {
-				return nil, fmt.Errorf("%d outcomes for %d items", len(outcomes), n)
+			outcomes, err := resolvedOutcomes(read, n)
+			if err != nil {
+				return nil, err
 			}
 			return core.Resolved{Op: c.Op, Outcomes: outcomes}, nil
 		},
@@ -911,17 +943,49 @@ func resolve(c core.Resolve) statement {
 	}
 }
 
-// resolvedRow reads one row of resolveSQL's answer: an item's outcome.
-func resolvedRow(r pgx.CollectableRow) (core.Outcome, error) {
+// resolvedOutcomes sorts resolveSQL's rows into the outcomes of its n
+// items, in item order, each with the children its move inserted running
+// (the rows with a childOf, after the items').
+func resolvedOutcomes(read []resolved, n int) ([]core.Outcome, error) {
+	if len(read) < n {
+		return nil, fmt.Errorf("%d outcomes for %d items", len(read), n)
+	}
+	outcomes := make([]core.Outcome, n)
+	at := make(map[int64]int, n)
+	for i, r := range read[:n] {
+		if r.childOf != 0 {
+			return nil, fmt.Errorf("%d outcomes for %d items", i, n)
+		}
+		outcomes[i], at[r.ID] = r.Outcome, i
+	}
+	for _, r := range read[n:] {
+		i, ok := at[r.childOf]
+		if r.childOf == 0 || !ok {
+			return nil, fmt.Errorf("%d outcomes for %d items", len(read), n)
+		}
+		outcomes[i].Children = append(outcomes[i].Children, core.Child{ID: r.ID, Stage: r.Stage, Trace: r.Trace})
+	}
+	return outcomes, nil
+}
+
+// resolved is one row of resolveSQL's answer: an item's outcome, or, with
+// childOf, a child its parent's move inserted running.
+type resolved struct {
+	core.Outcome
+	childOf int64
+}
+
+// resolvedRow reads one row of resolveSQL's answer.
+func resolvedRow(r pgx.CollectableRow) (resolved, error) {
 	var o core.Outcome
 	var timeout pgtype.Timestamptz
 	var state, trace, passOf *string
 	var size *int32
 	var payload []byte
-	var parent *int64
+	var parent, childOf *int64
 	var claimedAt *time.Time
-	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passOf, &claimedAt); err != nil {
-		return o, err
+	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passOf, &claimedAt, &childOf); err != nil {
+		return resolved{}, err
 	}
 	o.Trace = readTrace(o.ID, trace, passOf, claimedAt)
 	if state != nil && size != nil {
@@ -935,7 +999,11 @@ func resolvedRow(r pgx.CollectableRow) (core.Outcome, error) {
 	if o.Status == "paused" {
 		o.Timeout = dueAt(timeout)
 	}
-	return o, nil
+	r0 := resolved{Outcome: o}
+	if childOf != nil {
+		r0.childOf = *childOf
+	}
+	return r0, nil
 }
 
 // wakeSQL makes due paused rows pending (the queue_paused partial index finds

@@ -485,11 +485,15 @@ func emittedKeys(cmds []core.Command) []string {
 
 // insertChildren inserts the children of a move whose guard matched, as
 // resolveSQL does: pending at their stages (blocked behind their order key
-// as any insert), parent_id the moved row's id, in order; a child whose key
-// a row holds already inserts nothing; each child's traceparent is trace,
-// the emitting pass's. No NOTIFY: the dispatcher that wrote them learns of
-// them from the outcome.
-func (q *Queue) insertChildren(parent int64, trace string, emits []core.Emit) {
+// as any insert), or running there for an emit that claims (core.Emit.Claim)
+// when the pass has a trace context to give it, parent_id the moved row's
+// id, in order; a child whose key a row holds already inserts nothing; each
+// child's traceparent is trace, the emitting pass's. It returns the children
+// inserted running, read as a claim reads them (traces: with all its
+// traces). No NOTIFY: the dispatcher that wrote them learns of them from the
+// outcome.
+func (q *Queue) insertChildren(parent int64, trace string, emits []core.Emit, traces bool) []core.Child {
+	var running []core.Child
 	for _, e := range emits {
 		if e.Key != "" && q.holder(e.Key) != 0 {
 			continue
@@ -497,10 +501,15 @@ func (q *Queue) insertChildren(parent int64, trace string, emits []core.Emit) {
 		id := q.add(e.Stage, e.State, e.Payload, e.Key, e.OrderKey, time.Time{})
 		r := q.rows[id-1]
 		r.ParentID, r.TraceParent = parent, trace
+		if e.Claim && e.Key == "" && e.OrderKey == "" && trace != "" && r.Status == core.StatusPending {
+			r.Status = core.StatusRunning
+			running = append(running, core.Child{ID: r.ID, Stage: r.Stage, Trace: q.trace(r, traces, false)})
+		}
 		if q.Inserted != nil {
 			q.Inserted(*r)
 		}
 	}
+	return running
 }
 
 // resolves reports whether cmds resolve row id.
@@ -738,6 +747,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			continue
 		}
 		wrote := false
+		var children []core.Child
 		if commit := q.racing[it.ID]; commit != nil {
 			// The statement read the row, then waited for a stage's commit
 			// on it; if that moved the row off what the statement saw, the
@@ -767,11 +777,11 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			}
 			q.observe(ByResolve, before, r)
 			if matched && it.Verdict == core.Move {
-				q.insertChildren(r.ID, pass, it.Emits) // (after the parent's change is observed)
+				children = q.insertChildren(r.ID, pass, it.Emits, c.Traces) // (after the parent's change is observed)
 			}
 		}
 		q.recordPass(it, wrote, matched, r)
-		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched}
+		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched, Children: children}
 		if r.Status == core.StatusPaused {
 			o.Timeout = r.Timeout
 		}

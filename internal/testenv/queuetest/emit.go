@@ -23,6 +23,7 @@ var emitTests = []conformanceTest{
 	{"AnEmittedKeyAlreadyInTheQueueInsertsNothing", testEmitDedup},
 	{"AResolveSentAgainAfterItsCommitInsertsNoSecondChildren", testEmitResent},
 	{"AClaimAfterAResolveThatEmitsInItsTransactionReportsIngressSettled", testEmitSettled},
+	{"AnEmitThatClaimsIsInsertedRunningAndReportedAsAClaimsRow", testEmitClaimed},
 }
 
 // move with emits.
@@ -274,5 +275,64 @@ func testEmitSettled(t *testing.T, h Harness) {
 	}
 	if c.Settled != kids[1].ID {
 		t.Errorf("claim in the transaction of a resolve that emitted reported settled=%d, want %d (the newest row, its own child)", c.Settled, kids[1].ID)
+	}
+}
+
+// testEmitClaimed: an emit that claims (core.Emit.Claim) is inserted running
+// at its stage and reported with its parent's outcome, read as a claim reads
+// a row (its trace context with Traces); the others of the same pass are
+// pending; a guard miss inserts none; the claim never takes a running child,
+// and a reset makes one pending, as it does any row no one holds.
+func testEmitClaimed(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	h.Stage(t, ids[1], "a", "a", core.StatusDone, time.Time{}) // its stage finished it: a guard miss
+	got := exec(t, h, core.Resolve{Op: 42, Traces: true, Items: []core.Item{
+		moveEmitting(ids[0], "a", core.TargetDone,
+			core.Emit{Stage: "b", Payload: []byte("one"), Claim: true},
+			core.Emit{Stage: "c", Payload: []byte("two")},
+			core.Emit{Stage: "b", Payload: []byte("three"), Claim: true},
+			// A keyed child never claims: it may have to wait behind its key.
+			core.Emit{Stage: "b", Payload: []byte("four"), OrderKey: "k", Claim: true}),
+		moveEmitting(ids[1], "a", "b", core.Emit{Stage: "c", Payload: []byte("x"), Claim: true}),
+	}}, func(e core.Resolved) (int64, string) { return e.Op, e.Err }).Outcomes
+	kids := childrenAfter(t, h, ids[0], ids[1], 8)
+	if len(kids) != 4 {
+		t.Fatalf("children of %d: %d, want 4", ids[0], len(kids))
+	}
+	wantOutcomes(t, got, []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: core.StatusDone, Matched: true,
+			Children: []core.Child{{ID: kids[0].ID, Stage: "b"}, {ID: kids[2].ID, Stage: "b"}}},
+		{ID: ids[1], Stage: "a", Status: core.StatusDone},
+	})
+	for i, want := range []core.RowStatus{core.StatusRunning, core.StatusPending, core.StatusRunning, core.StatusPending} {
+		if k := kids[i]; core.RowStatus(k.Status) != want || k.ParentID != ids[0] {
+			t.Errorf("child %d = %s, want %s with parent %d", i, childText(k), want, ids[0])
+		}
+	}
+	for _, ch := range got[0].Children {
+		m := show(t, h, ch.ID)
+		if ch.Trace.Message == "" || ch.Trace.Message != m.TraceParent || len(ch.Trace.Pass) != 55 || ch.Trace.Pass[3:35] != m.TraceParent[3:35] {
+			t.Errorf("child %d read with trace %+v; want its traceparent %q and a pass of that trace", ch.ID, ch.Trace, m.TraceParent)
+		}
+	}
+	if m := show(t, h, ids[1]); m.Children != 0 {
+		t.Errorf("show %d after a guard miss: %d children, want none", ids[1], m.Children)
+	}
+	// Running, the claim leaves them; the pending one it takes.
+	if rows := claimRows(t, h, core.Cap{Stage: "b", N: 5}); len(rows) != 1 || rows[0].ID != kids[3].ID {
+		t.Errorf("claim at b = %v, want the keyed child %d only: the others are running, the dispatcher's already", rows, kids[3].ID)
+	}
+	if rows := claimRows(t, h, core.Cap{Stage: "c", N: 5}); len(rows) != 1 || rows[0].ID != kids[1].ID {
+		t.Errorf("claim at c = %v, want child %d", rows, kids[1].ID)
+	}
+	// Held, the first is resolved as any claimed row; the other, held by no
+	// one after a lost reply, is made pending by the reset.
+	wantOutcomes(t, resolve(t, h, move(kids[0].ID, "b", core.TargetDone)), []core.Outcome{
+		{ID: kids[0].ID, Stage: "b", Status: core.StatusDone, Matched: true},
+	})
+	resetOrphans(t, h, kids[1].ID)
+	if m := show(t, h, kids[2].ID); core.RowStatus(m.Status) != core.StatusPending || m.Stage != "b" {
+		t.Errorf("child %d after a reset that keeps only %d: %s at %s, want pending at b", kids[2].ID, kids[1].ID, m.Status, m.Stage)
 	}
 }
