@@ -954,14 +954,14 @@ func resolvedOutcomes(read []resolved, n int) ([]core.Outcome, error) {
 	at := make(map[int64]int, n)
 	for i, r := range read[:n] {
 		if r.childOf != 0 {
-			return nil, fmt.Errorf("%d outcomes for %d items", i, n)
+			return nil, fmt.Errorf("%d outcomes for %d items: row %d is a child of %d", i, n, r.ID, r.childOf)
 		}
 		outcomes[i], at[r.ID] = r.Outcome, i
 	}
 	for _, r := range read[n:] {
 		i, ok := at[r.childOf]
-		if r.childOf == 0 || !ok {
-			return nil, fmt.Errorf("%d outcomes for %d items", len(read), n)
+		if !ok {
+			return nil, fmt.Errorf("%d rows for %d items: row %d is neither an item's outcome nor a child of an item (child of %d)", len(read), n, r.ID, r.childOf)
 		}
 		outcomes[i].Children = append(outcomes[i].Children, core.Child{ID: r.ID, Stage: r.Stage, Trace: r.Trace})
 	}
@@ -999,11 +999,11 @@ func resolvedRow(r pgx.CollectableRow) (resolved, error) {
 	if o.Status == "paused" {
 		o.Timeout = dueAt(timeout)
 	}
-	r0 := resolved{Outcome: o}
+	out := resolved{Outcome: o}
 	if childOf != nil {
-		r0.childOf = *childOf
+		out.childOf = *childOf
 	}
-	return r0, nil
+	return out, nil
 }
 
 // wakeSQL makes due paused rows pending (the queue_paused partial index finds
