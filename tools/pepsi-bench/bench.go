@@ -177,7 +177,11 @@ type bench struct {
 	// historyRows: the history figure's size (-history; 0: none).
 	historyRows int
 	// splitN: the split figure's messages (-split; 0: none).
-	splitN         int
+	splitN int
+	// splitParent: the split figure's stage a, where it is not the bench
+	// configuration's (-split-parallelism, -split-queue-limit; 0: the
+	// bench configuration's).
+	splitParent    stageConfig
 	server         string
 	dbName         string
 	dispatch       string

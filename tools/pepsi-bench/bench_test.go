@@ -188,6 +188,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"-modes", "write,write"},
 		{"-configs", "bench,huge"},
 		{"-latency-seconds", "-1"},
+		{"-split-parallelism", "-1"},
+		{"-split-queue-limit", "-2"},
 		{"extra"},
 	} {
 		var stderr bytes.Buffer
@@ -229,5 +231,45 @@ func TestPgbenchIsFoundOrNamedWithItsPackage(t *testing.T) {
 	}
 	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
 		t.Errorf("findPgbench() = %q, which is not an executable file (%v)", p, err)
+	}
+}
+
+// TestTheSplitsParentStageTakesItsOwnPoolWhenAsked: -split-parallelism and
+// -split-queue-limit size stage a alone; stage b keeps the bench
+// configuration, and so does a without them.
+func TestTheSplitsParentStageTakesItsOwnPoolWhenAsked(t *testing.T) {
+	t.Parallel()
+	b := &bench{url: "postgres://127.0.0.1/x", benchConfig: stageConfig{parallelism: 4, queueLimit: 128, maxMessages: 1000}}
+	section := func(conf, stage string) string {
+		i := strings.Index(conf, "[stage-"+stage+"]")
+		if i < 0 {
+			t.Fatalf("no [stage-%s] in:\n%s", stage, conf)
+		}
+		rest := conf[i:]
+		if j := strings.Index(rest[1:], "["); j >= 0 {
+			rest = rest[:j+1]
+		}
+		return rest
+	}
+	for _, c := range []struct {
+		parent     stageConfig
+		wantA      string
+		wantHeader string
+	}{
+		{stageConfig{}, "PARALLELISM = 4\nQUEUE_LIMIT = 128\n", ""},
+		{stageConfig{parallelism: 1, queueLimit: 4}, "PARALLELISM = 1\nQUEUE_LIMIT = 4\n", " (stage a: PARALLELISM 1, QUEUE_LIMIT 4)"},
+		{stageConfig{queueLimit: 8}, "PARALLELISM = 4\nQUEUE_LIMIT = 8\n", " (stage a: PARALLELISM 4, QUEUE_LIMIT 8)"},
+	} {
+		b.splitParent = c.parent
+		conf := b.splitConf("/bin/split")
+		if a := section(conf, stageA); !strings.Contains(a, c.wantA) {
+			t.Errorf("split parent %+v: stage a is\n%s\nwant %q", c.parent, a, c.wantA)
+		}
+		if bb := section(conf, stageB); !strings.Contains(bb, "PARALLELISM = 4\nQUEUE_LIMIT = 128\n") {
+			t.Errorf("split parent %+v: stage b is\n%s\nwant the bench configuration's 4 and 128", c.parent, bb)
+		}
+		if got := b.splitParentText(); got != c.wantHeader {
+			t.Errorf("split parent %+v: header %q, want %q", c.parent, got, c.wantHeader)
+		}
 	}
 }

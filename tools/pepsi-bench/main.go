@@ -118,6 +118,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&backlogConfigs, "backlog-configs", "bench", "the `configurations` of -backlog, a drain at each, one after the other (as -configs; bench,unrecorded: history on beside HISTORY = off)")
 	fs.IntVar(&b.historyRows, "history", 0, "instead of the rounds: fill pepsi.history with this many `rows` over 7 daily partitions; report what pepsi-queue history's read of one message takes and what dropping a day's partition takes; 0: no history figure")
 	fs.IntVar(&b.splitN, "split", 0, "instead of the rounds: the split figure, -rounds times: this many `messages` at stage a, each split into 10 messages emitted to stage b (which answers 0 >done), beside pgbench's single-row INSERTs into pepsi.queue; report emitted messages/s and the ratio; 0: no split figure")
+	fs.IntVar(&b.splitParent.parallelism, "split-parallelism", 0, "PARALLELISM of the split figure's stage a, the parents' (0: -parallelism); with -split-queue-limit, a parents' stage slower than the children's, whose children are then claimed by their insert")
+	fs.IntVar(&b.splitParent.queueLimit, "split-queue-limit", 0, "QUEUE_LIMIT of the split figure's stage a (0: -queue-limit)")
 	fs.StringVar(&b.server, "database", server, "admin `URL` of the PostgreSQL server (default: PEPSI_TEST_DATABASE_URL); the bench creates its own database there")
 	fs.StringVar(&b.dbName, "db-name", "pepsi_bench", "`NAME` of the bench's database, dropped and created afresh each round")
 	fs.StringVar(&b.dispatch, "dispatch", "", "the pepsi-dispatch `binary` (default: next to pepsi-bench, else on PATH)")
@@ -166,6 +168,8 @@ func (b *bench) settle(args []string, modes, configs, backlogConfigs string) err
 		return errors.New("-latency-seconds must not be negative")
 	case b.splitN < 0 || b.splitN > 0 && b.skipPgbench:
 		return errors.New("-split must not be negative, and measures beside pgbench (no -skip-pgbench)")
+	case b.splitParent.parallelism < 0 || b.splitParent.queueLimit < 0:
+		return errors.New("-split-parallelism and -split-queue-limit must not be negative")
 	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
 		return fmt.Errorf("-db-name %q: want lower-case letters, digits and '_'", b.dbName)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -73,12 +74,13 @@ func runSplitWorker() {
 }
 
 // splitConf is the split figure's pepsi.conf: stages a and b, both served by
-// the split program, at the bench configuration.
+// the split program, at the bench configuration, but for a's PARALLELISM
+// and QUEUE_LIMIT where -split-parallelism and -split-queue-limit set them.
 func (b *bench) splitConf(program string) string {
 	text := fmt.Sprintf(confTemplate, b.url, "60")
-	for _, st := range []string{stageA, stageB} {
-		text += fmt.Sprintf(stageTemplate, st, program, b.benchConfig.parallelism, b.benchConfig.queueLimit, b.benchConfig.maxMessages)
-	}
+	text += fmt.Sprintf(stageTemplate, stageA, program, cmp.Or(b.splitParent.parallelism, b.benchConfig.parallelism),
+		cmp.Or(b.splitParent.queueLimit, b.benchConfig.queueLimit), b.benchConfig.maxMessages)
+	text += fmt.Sprintf(stageTemplate, stageB, program, b.benchConfig.parallelism, b.benchConfig.queueLimit, b.benchConfig.maxMessages)
 	return text
 }
 
@@ -98,8 +100,8 @@ func (b *bench) runSplits(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(b.out, "pepsi-bench -split: %d rounds; pgbench -c %d -j 2 -T %d, one single-row INSERT into pepsi.queue per transaction (no dispatcher); "+
-		"split a (emits %d messages to b, answers 0 >done) -> b (answers 0 >done), %d messages (%d emitted), PARALLELISM %d, QUEUE_LIMIT %d\n",
-		b.rounds, b.clients, b.seconds, splitChildren, b.splitN, splitChildren*b.splitN, b.benchConfig.parallelism, b.benchConfig.queueLimit)
+		"split a (emits %d messages to b, answers 0 >done) -> b (answers 0 >done), %d messages (%d emitted), PARALLELISM %d, QUEUE_LIMIT %d%s\n",
+		b.rounds, b.clients, b.seconds, splitChildren, b.splitN, splitChildren*b.splitN, b.benchConfig.parallelism, b.benchConfig.queueLimit, b.splitParentText())
 	var tpss, rates, ratios []float64
 	for i := 1; i <= b.rounds; i++ {
 		tps, err := b.queueInserts(ctx, script)
@@ -198,4 +200,14 @@ func verifySplit(ctx context.Context, conn *pgx.Conn, n int) error {
 			parents, children, wrong, splitChildren, n, splitChildren*n)
 	}
 	return nil
+}
+
+// splitParentText says how the split figure's stage a differs from the bench
+// configuration, "" when it does not.
+func (b *bench) splitParentText() string {
+	if b.splitParent.parallelism == 0 && b.splitParent.queueLimit == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (stage a: PARALLELISM %d, QUEUE_LIMIT %d)",
+		cmp.Or(b.splitParent.parallelism, b.benchConfig.parallelism), cmp.Or(b.splitParent.queueLimit, b.benchConfig.queueLimit))
 }
