@@ -222,23 +222,30 @@ func (c *Core) unclaimMoves(sent []Item) (items []Item, claimed bool) {
 
 // movedClaimed takes in a row its resolve moved and claimed (Outcome running at
 // the item's To, Matched): the core holds it for To exactly as if a Claim had
-// returned it. Its epoch is the last claim's: the crash sentinel that still
-// holds it then has not lost a commit since this write either, and one that
-// does not makes a bare 0 run again rather than fail (see Answered).
+// returned it (claimedByResolve).
 func (c *Core) movedClaimed(it Item, o Outcome) {
-	st := c.byName[it.To]
+	c.claimedByResolve(c.byName[it.To], Row{ID: o.ID, Stage: it.To, Attempts: o.Attempts, Key: it.Key, Message: o.Message, Trace: o.Trace})
+}
+
+// claimedByResolve takes in row r that a resolve wrote running at st (a move
+// that claims, an emit that claims): the core holds it there as if a Claim
+// had returned it. During a shutdown it is given back at once; at an INPUT =
+// message stage a message over the line limit fails instead. Its epoch is
+// the last claim's: the crash sentinel that still holds it then has not lost
+// a commit since this write either, and one that does not makes a bare 0 run
+// again rather than fail (see Answered).
+func (c *Core) claimedByResolve(st *stage, r Row) {
 	if c.shutdown > 0 {
-		c.requeue(st, []msg{{id: o.ID}})
+		c.requeue(st, []msg{{id: r.ID}})
 		return
 	}
 	var line string
 	if st.cfg.Input == conf.InputMessage {
 		var why string
-		line, why = MessageLine(Row{ID: o.ID, Stage: st.cfg.Name, Attempts: o.Attempts, Key: it.Key, Message: o.Message, Trace: o.Trace}, c.cfg.LineMax)
-		if why != "" {
-			c.owe(Item{ID: o.ID, Stage: st.cfg.Name, Verdict: Fail, Reason: why})
+		if line, why = MessageLine(r, c.cfg.LineMax); why != "" {
+			c.owe(Item{ID: r.ID, Stage: st.cfg.Name, Verdict: Fail, Reason: why})
 			return
 		}
 	}
-	st.backlog = append(st.backlog, c.hold(o.ID, c.epoch, o.Attempts, o.Trace, line))
+	st.backlog = append(st.backlog, c.hold(r.ID, c.epoch, r.Attempts, r.Trace, line))
 }

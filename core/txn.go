@@ -349,7 +349,7 @@ func (c *Core) emitted(it Item, o Outcome) {
 
 // childrenClaimed takes in the children a matched move's resolve inserted
 // running (Outcome.Children): the core holds each for its stage exactly as
-// if a claim had returned it, as a move that claims (movedClaimed).
+// if a claim had returned it (claimedByResolve).
 func (c *Core) childrenClaimed(it Item, o Outcome) {
 	if len(o.Children) == 0 {
 		return
@@ -366,11 +366,7 @@ func (c *Core) childrenClaimed(it Item, o Outcome) {
 	for _, ch := range o.Children {
 		st := c.byName[ch.Stage]
 		assert(st != nil, "child %d running at unknown stage %q", ch.ID, ch.Stage)
-		if c.shutdown > 0 {
-			c.requeue(st, []msg{{id: ch.ID}})
-			continue
-		}
-		st.backlog = append(st.backlog, c.hold(ch.ID, c.epoch, 0, ch.Trace, ""))
+		c.claimedByResolve(st, Row{ID: ch.ID, Stage: ch.Stage, Trace: ch.Trace})
 	}
 }
 

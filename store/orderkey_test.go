@@ -232,12 +232,12 @@ func TestReleaseCostsItsKeysNotABacklog(t *testing.T) {
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
 	ctx := t.Context()
-	for _, sql := range []string{
+	execAll(t, conn,
 		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'k' || g FROM generate_series(1, 1000) g",
 		"UPDATE pepsi.queue SET status = 'done'",
 		"VACUUM ANALYZE pepsi.queue",
-		"PREPARE release(text[], text[], bigint[]) AS " + store.ReleaseSQL,
-		"PREPARE release_lock(text[], text[], bigint[]) AS " + store.ReleaseLockSQL,
+		"PREPARE release(text[], text[], bigint[]) AS "+store.ReleaseSQL,
+		"PREPARE release_lock(text[], text[], bigint[]) AS "+store.ReleaseLockSQL,
 		// After the statistics: the rows of the moves that claimed, a
 		// paused head with its key's backlog behind it, and many keys'
 		// pending messages.
@@ -245,11 +245,7 @@ func TestReleaseCostsItsKeysNotABacklog(t *testing.T) {
 		"INSERT INTO pepsi.queue (stage, order_key, status, timeout) VALUES ('a', 'hot', 'paused', 'infinity')",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'hot' FROM generate_series(1, %d)", backlog),
 		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'p' || g FROM generate_series(1, 20000) g",
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+	)
 	var blocked int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pepsi.queue WHERE status = 'blocked'").Scan(&blocked); err != nil || blocked != backlog {
 		t.Fatalf("%d blocked messages (%v); want the backlog's %d", blocked, err, backlog)

@@ -88,19 +88,14 @@ func deref(n *int64) any {
 func TestThePageMessageReadsChildrenThroughTheParentIndex(t *testing.T) {
 	t.Parallel()
 	_, conn := pgtest.NewMigratedConn(t)
-	ctx := t.Context()
-	for _, sql := range []string{
+	execAll(t, conn,
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		// One message in 1,000 has three children.
 		`INSERT INTO pepsi.queue (stage, status, parent_id) SELECT 'parse', 'done', CASE WHEN i > 100 AND i % 1000 < 3 THEN i - i % 1000 END
 			FROM generate_series(1, 200000) i`,
 		"ANALYZE pepsi.queue",
-		"PREPARE page(bigint) AS " + store.PageMessageSQL,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+		"PREPARE page(bigint) AS "+store.PageMessageSQL,
+	)
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "page", "1000")
 		var parentScans int

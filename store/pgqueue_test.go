@@ -168,6 +168,17 @@ func explain(t *testing.T, conn *pgx.Conn, planCacheMode, name, args string) *pl
 	return &plans[0].Plan
 }
 
+// execAll runs the statements on conn in order, failing the test at the
+// first that fails.
+func execAll(t *testing.T, conn *pgx.Conn, sqls ...string) {
+	t.Helper()
+	for _, sql := range sqls {
+		if _, err := conn.Exec(t.Context(), sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+}
+
 // TestClaimPlanWalksPendingIndex checks that a claim on a large backlog costs the
 // rows it takes: each stage's subquery is an index scan of queue_pending under a
 // Limit that stops at the cap, with no sequential scan of the queue and no sort of
@@ -182,17 +193,13 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 	conn := pgtest.Connect(t, h.url)
 	ctx := t.Context()
 	// Autovacuum must not gather statistics behind the test's back.
-	for _, sql := range []string{
+	execAll(t, conn,
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		// One row in 50 has an order key (100 keys): the keyed filter must
 		// not move the plan off the index either.
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 's' || (i %% 3), CASE WHEN i %% 50 = 0 THEN 'k' || (i %% 100) END FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+	)
 	// Earlier claims leave dead entries at the head of queue_pending, as in a
 	// running system.
 	for i := range 10 {
@@ -226,17 +233,12 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	const backlog, taken = 100_000, 90_000
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	ctx := t.Context()
-	for _, sql := range []string{
+	execAll(t, conn,
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+	)
 	pages := func(after int64) float64 {
 		var blocks float64
 		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true, '{}', '{}', '{}', '{}', '{}', 7", after))
@@ -265,17 +267,13 @@ func TestClaimLimitsCostTheirMax(t *testing.T) {
 	const backlog, limit = 100_000, 100
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	for _, sql := range []string{
+	execAll(t, conn,
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT CASE WHEN i %% 2 = 0 THEN 'f' ELSE 'x' END FROM generate_series(1, %d) i", backlog),
 		"ANALYZE pepsi.queue",
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL,
-		"PREPARE over(text[], bigint[], bigint[]) AS " + store.OverSQL,
-	} {
-		if _, err := conn.Exec(t.Context(), sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+		"PREPARE over(text[], bigint[], bigint[]) AS "+store.OverSQL,
+	)
 	for _, c := range []struct{ name, args string }{
 		{"claim", fmt.Sprintf("'{f}', '{16}', '{0}', '{}', '{}', 0, '{}', false, '{x}', '{%d}', '{0}', '{f}', '{x}', 7", limit)},
 		{"over", fmt.Sprintf("'{x}', '{%d}', '{0}'", limit)},
@@ -365,7 +363,6 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	const backlog, churned, items = 100_000, 80_000, 128
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	ctx := t.Context()
 	sqls := []string{
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
@@ -383,11 +380,7 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 		"PREPARE resolve("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[], bool[]) AS "+store.ResolveSQL,
 		"PREPARE resolve_keyless("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[], bool[]) AS "+store.ResolveKeylessEmitsSQL,
 		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL)
-	for _, sql := range sqls {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+	execAll(t, conn, sqls...)
 	args := moveClaimArgs(churned+1, items)
 	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
 	for _, run := range []struct{ stmt, mode, args string }{
@@ -442,17 +435,12 @@ func TestKeyedMoveProbesItsKeyOnce(t *testing.T) {
 	const items = 128
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	ctx := t.Context()
-	for _, sql := range []string{
+	execAll(t, conn,
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'k' || g FROM generate_series(1, %d) g", items),
 		"UPDATE pepsi.queue SET status = 'running'",
 		"VACUUM ANALYZE pepsi.queue",
-		"PREPARE resolve_no_emits(" + resolveParams + ") AS " + store.ResolveNoEmitsSQL,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL,
+	)
 	args := moveClaimArgs(1, items)
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "resolve_no_emits", args)
@@ -478,19 +466,15 @@ func TestResetAndWakePlansUsePartialIndexes(t *testing.T) {
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
 	ctx := t.Context()
-	for _, sql := range []string{
+	execAll(t, conn,
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		"INSERT INTO pepsi.queue (stage) SELECT 's' || (i % 3) FROM generate_series(1, 200000) i",
 		"UPDATE pepsi.queue SET status = 'running' WHERE ingress_id % 4000 = 0",
 		"UPDATE pepsi.queue SET status = 'paused', timeout = '2030-01-01'::timestamptz + (ingress_id % 7) * interval '1 hour' WHERE ingress_id % 2000 = 1",
 		"SELECT pepsi.history_day('2030-01-01', true)", // the day of the rows the reset and the wake record
-		"PREPARE reset(bigint[], timestamptz) AS " + store.ResetOrphansSQL,
-		"PREPARE wake(timestamptz, bigint[], int) AS " + store.WakeSQL,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%.60s: %v", sql, err)
-		}
-	}
+		"PREPARE reset(bigint[], timestamptz) AS "+store.ResetOrphansSQL,
+		"PREPARE wake(timestamptz, bigint[], int) AS "+store.WakeSQL,
+	)
 	for _, stats := range []string{"without statistics", "analyzed"} {
 		if stats == "analyzed" {
 			if _, err := conn.Exec(ctx, "ANALYZE pepsi.queue"); err != nil {

@@ -817,11 +817,14 @@ const resolveTailSQL = `, result AS (
 )
 `
 
+// resolveReportColumns are what resolveSQL reports of an item (resolvedRow
+// reads them, then child_of).
+const resolveReportColumns = `id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at`
+
 // resolveReportSQL ends a resolve whose items emit nothing: an outcome per
 // item, in item order (child_of is NULL: a row of an item).
 const resolveReportSQL = `
-SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at,
-	NULL::bigint AS child_of
+SELECT ` + resolveReportColumns + `, NULL::bigint AS child_of
 FROM result
 ORDER BY ord`
 
@@ -831,10 +834,9 @@ ORDER BY ord`
 // row of an INPUT = id stage, child_of its parent's id
 // (core.Outcome.Children).
 const resolveReportChildrenSQL = `
-SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at, child_of
+SELECT ` + resolveReportColumns + `, child_of
 FROM (
-	SELECT id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at,
-		NULL::bigint AS child_of, ord AS sort
+	SELECT ` + resolveReportColumns + `, NULL::bigint AS child_of, ord AS sort
 	FROM result
 	UNION ALL
 	SELECT c.ingress_id, c.stage, c.status, NULL::timestamptz, '', true, 0, NULL::text, NULL::int, NULL::bytea, NULL::bigint,
