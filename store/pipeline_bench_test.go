@@ -61,9 +61,174 @@ func BenchmarkPipelineStep(b *testing.B) {
 }
 
 func benchPipeline(b *testing.B, message, moveClaims, history bool) {
-	const capEach, refill = 64, 20000
+	const refill = 20000
 	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
+	p := newPipe(b, url, "", message, moveClaims, history)
+	fill := func() {
+		fillStage(b, p.pool, p.stages[0], refill)
+		if _, err := p.pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fill()
+	p.pendingA = refill
+	keepHistory(b, p.pool)
+	for range 4 { // the pipeline fills: every stage has rows in flight
+		p.mustStep(b)
+	}
+	pid, cpuReadable := backendCPU(b, p.pool)
+	buffers0, buffersKnown := blocks(b, p.pool)
+	p.hops = 0
+	var cpu time.Duration
+	if cpuReadable {
+		cpu = -procCPU(b, pid)
+	}
+	refilled := false
+	b.ResetTimer()
+	for b.Loop() {
+		if p.pendingA < 3*pipeCap {
+			b.StopTimer()
+			fill()
+			p.pendingA += refill
+			refilled = true
+			b.StartTimer()
+		}
+		p.mustStep(b)
+	}
+	b.StopTimer()
+	if p.hops == 0 {
+		b.Fatal("no hops resolved")
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(p.hops), "ns/hop")
+	if cpuReadable {
+		cpu += procCPU(b, pid)
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(p.hops), "backend-ns/hop")
+	}
+	if buffersKnown && !refilled {
+		// (A refill's insert and vacuum touch buffers too: not counted then.)
+		buffers1, _ := blocks(b, p.pool)
+		b.ReportMetric(float64(buffers1-buffers0)/float64(p.hops), "buffers/hop")
+	}
+}
+
+// BenchmarkPipelineSessions measures what a second session in flight
+// overlaps on the server: S step loops of BenchmarkPipelineStep's kind, each
+// on a backend of its own and over three stages of its own (so no two
+// sessions' transactions touch one row, as the dispatcher's would not), run
+// at once against one database. They share what any sessions of one queue
+// share: the table's heap, its indexes' tails (every session's new row
+// versions go to the end of the primary key and of queue_running), the WAL
+// and the commit. hops/s is all the sessions' hops over the wall time; with
+// the server's cores free, S sessions make up to S times one's, and
+// backend-ns/hop says what the sharing costs each hop. -benchtime Nx sets
+// the steps each session runs (docs/scaling.md, "Two sessions, measured").
+func BenchmarkPipelineSessions(b *testing.B) {
+	for _, message := range []bool{false, true} {
+		for _, sessions := range []int{1, 2, 3} {
+			name := "answer"
+			if message {
+				name = "message"
+			}
+			b.Run(fmt.Sprintf("%s+claim+history/sessions=%d", name, sessions), func(b *testing.B) {
+				benchSessions(b, sessions, message)
+			})
+		}
+	}
+}
+
+func benchSessions(b *testing.B, sessions int, message bool) {
+	ctx := context.Background()
+	url := pgtest.NewMigrated(b)
+	pipes := make([]*pipe, sessions)
+	for s := range pipes {
+		pipes[s] = newPipe(b, url, strconv.Itoa(s+1), message, true, true)
+		// Each step takes up to pipeCap rows at the first stage: enough for
+		// every step the benchmark runs, so no refill (and its vacuum) stops
+		// the other sessions.
+		pipes[s].pendingA = (b.N + 8) * pipeCap
+		fillStage(b, pipes[s].pool, pipes[s].stages[0], pipes[s].pendingA)
+	}
+	if _, err := pipes[0].pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
+		b.Fatal(err)
+	}
+	keepHistory(b, pipes[0].pool)
+	pids := make([]int, sessions)
+	cpuReadable := true
+	for s, p := range pipes {
+		for range 4 {
+			p.mustStep(b)
+		}
+		p.hops = 0
+		var ok bool
+		pids[s], ok = backendCPU(b, p.pool)
+		cpuReadable = cpuReadable && ok
+	}
+	var cpu time.Duration
+	if cpuReadable {
+		for _, pid := range pids {
+			cpu -= procCPU(b, pid)
+		}
+	}
+	errs := make(chan error, sessions)
+	b.ResetTimer()
+	start := time.Now()
+	for _, p := range pipes {
+		go func() {
+			for range b.N {
+				if err := p.step(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range pipes {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	wall := time.Since(start)
+	b.StopTimer()
+	hops := 0
+	for _, p := range pipes {
+		hops += p.hops
+	}
+	if hops == 0 {
+		b.Fatal("no hops resolved")
+	}
+	b.ReportMetric(float64(hops)/wall.Seconds(), "hops/s")
+	b.ReportMetric(float64(wall.Nanoseconds())/float64(hops), "ns/hop")
+	if cpuReadable {
+		for _, pid := range pids {
+			cpu += procCPU(b, pid)
+		}
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(hops), "backend-ns/hop")
+	}
+}
+
+// pipeCap is what one step claims at each stage at most: pepsi-bench's
+// bench configuration holds PARALLELISM 2 × QUEUE_LIMIT 64 per stage, about
+// half of it answered while each step runs.
+const pipeCap = 64
+
+// pipe is one step loop of the benchmarks: three stages a → b → c → done
+// (named with a suffix, so several pipes share a database without sharing a
+// row) on a backend of its own.
+type pipe struct {
+	pool                         *pgxpool.Pool
+	q                            *store.Queue
+	stages                       [3]string
+	next                         map[string]string
+	message, moveClaims, history bool
+	lineMax                      int
+	claimed, answered            []core.Row // claimed by the last step, by the one before
+	op                           int64
+	hops, pendingA               int
+}
+
+func newPipe(b *testing.B, url, suffix string, message, moveClaims, history bool) *pipe {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		b.Fatal(err)
@@ -72,127 +237,103 @@ func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 	// Generic plans, as pepsi-dispatch's sessions use (shell/dispatch): a
 	// custom plan would add the claim's planning to every step.
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	q := store.New(pool, nil)
-	fill := func() {
-		if _, err := pool.Exec(ctx, fmt.Sprintf(
-			"INSERT INTO pepsi.queue (stage, payload) SELECT 'a', convert_to('message ' || g, 'UTF8') FROM generate_series(1, %d) g", refill)); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
-			b.Fatal(err)
-		}
+	p := &pipe{pool: pool, q: store.New(pool, nil), message: message, moveClaims: moveClaims, history: history}
+	p.stages = [3]string{"a" + suffix, "b" + suffix, "c" + suffix}
+	p.next = map[string]string{p.stages[0]: p.stages[1], p.stages[1]: p.stages[2], p.stages[2]: core.TargetDone}
+	if message {
+		p.lineMax = 4 << 20
 	}
-	fill()
-	if _, err := pool.Exec(ctx, "SELECT pepsi.history_keep(now(), now(), now() + interval '1 day', now() - interval '7 days')"); err != nil {
+	return p
+}
+
+// fillStage inserts n messages at stage.
+func fillStage(b *testing.B, pool *pgxpool.Pool, stage string, n int) {
+	if _, err := pool.Exec(context.Background(),
+		"INSERT INTO pepsi.queue (stage, payload) SELECT $1, convert_to('message ' || g, 'UTF8') FROM generate_series(1, $2::int) g", stage, n); err != nil {
 		b.Fatal(err)
 	}
-	lineMax := 0
-	if message {
-		lineMax = 4 << 20
+}
+
+// keepHistory makes the history's partitions for today, as the dispatcher's
+// upkeep does before its first transaction.
+func keepHistory(b *testing.B, pool *pgxpool.Pool) {
+	if _, err := pool.Exec(context.Background(), "SELECT pepsi.history_keep(now(), now(), now() + interval '1 day', now() - interval '7 days')"); err != nil {
+		b.Fatal(err)
 	}
-	next := map[string]string{"a": "b", "b": "c", "c": core.TargetDone}
-	var claimed, answered []core.Row // claimed by the last step, by the one before
-	op, hops, pendingA := int64(0), 0, refill
-	step := func() {
-		var cmds []core.Command
-		if len(answered) > 0 {
-			items := make([]core.Item, len(answered))
-			for i, r := range answered {
-				items[i] = core.Item{ID: r.ID, Stage: r.Stage, Verdict: core.Move, To: next[r.Stage]}
-				if message {
-					items[i].Patch = `{"hops":` + strconv.Itoa(hopsIn(r.Message.State)+1) + `,"len":` + strconv.Itoa(len(r.Message.Payload)) + `}`
+}
+
+func (p *pipe) mustStep(b *testing.B) {
+	if err := p.step(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// step runs one step transaction: the resolve of what the step before the
+// last one claimed, and a claim at every stage.
+func (p *pipe) step(ctx context.Context) error {
+	var cmds []core.Command
+	if len(p.answered) > 0 {
+		items := make([]core.Item, len(p.answered))
+		for i, r := range p.answered {
+			items[i] = core.Item{ID: r.ID, Stage: r.Stage, Verdict: core.Move, To: p.next[r.Stage]}
+			if p.message {
+				items[i].Patch = `{"hops":` + strconv.Itoa(hopsIn(r.Message.State)+1) + `,"len":` + strconv.Itoa(len(r.Message.Payload)) + `}`
+			}
+			if p.moveClaims && items[i].To != core.TargetDone {
+				items[i].Claim, items[i].LineMax = true, p.lineMax
+			}
+			if p.history {
+				now := time.Now()
+				items[i].History, items[i].Event, items[i].HandedAt, items[i].At, items[i].PID = true, core.HistoryMoved, now, now, 4242
+			}
+		}
+		p.op++
+		cmds = append(cmds, core.Resolve{Op: p.op, Items: items})
+	}
+	caps := make([]core.Cap, len(p.stages))
+	exclude := make([]int64, 0, len(p.claimed)+len(p.answered))
+	for i, s := range p.stages {
+		caps[i] = core.Cap{Stage: s, N: pipeCap, LineMax: p.lineMax}
+	}
+	for _, r := range append(p.claimed, p.answered...) {
+		exclude = append(exclude, r.ID)
+	}
+	p.op++
+	cmds = append(cmds, core.Claim{Op: p.op, Caps: caps, Exclude: exclude})
+	var got []core.Row
+	for _, ev := range p.q.Exec(ctx, cmds) {
+		if msg := errText(ev); msg != "" {
+			return fmt.Errorf("step: %s", msg)
+		}
+		if c, ok := ev.(core.Claimed); ok {
+			got = append(got, c.Rows...)
+		}
+		if r, ok := ev.(core.Resolved); ok {
+			for _, o := range r.Outcomes {
+				if o.Status == core.StatusRunning {
+					got = append(got, core.Row{ID: o.ID, Stage: o.Stage, Attempts: o.Attempts, Message: o.Message})
 				}
-				if moveClaims && items[i].To != core.TargetDone {
-					items[i].Claim, items[i].LineMax = true, lineMax
-				}
-				if history {
-					now := time.Now()
-					items[i].History, items[i].Event, items[i].HandedAt, items[i].At, items[i].PID = true, core.HistoryMoved, now, now, 4242
-				}
-			}
-			op++
-			cmds = append(cmds, core.Resolve{Op: op, Items: items})
-		}
-		caps := make([]core.Cap, 3)
-		exclude := make([]int64, 0, len(claimed)+len(answered))
-		for i, s := range []string{"a", "b", "c"} {
-			caps[i] = core.Cap{Stage: s, N: capEach, LineMax: lineMax}
-		}
-		for _, r := range append(claimed, answered...) {
-			exclude = append(exclude, r.ID)
-		}
-		op++
-		cmds = append(cmds, core.Claim{Op: op, Caps: caps, Exclude: exclude})
-		var got []core.Row
-		for _, ev := range q.Exec(ctx, cmds) {
-			if msg := errText(ev); msg != "" {
-				b.Fatalf("step: %s", msg)
-			}
-			if c, ok := ev.(core.Claimed); ok {
-				got = append(got, c.Rows...)
-			}
-			if r, ok := ev.(core.Resolved); ok {
-				for _, o := range r.Outcomes {
-					if o.Status == core.StatusRunning {
-						got = append(got, core.Row{ID: o.ID, Stage: o.Stage, Attempts: o.Attempts, Message: o.Message})
-					}
-				}
 			}
 		}
-		for _, r := range got {
-			if r.Stage == "a" {
-				pendingA--
-			}
-			if message {
-				if _, why := core.MessageLine(r, lineMax); why != "" {
-					b.Fatal(why)
-				}
+	}
+	for _, r := range got {
+		if r.Stage == p.stages[0] {
+			p.pendingA--
+		}
+		if p.message {
+			if _, why := core.MessageLine(r, p.lineMax); why != "" {
+				return fmt.Errorf("message line: %s", why)
 			}
 		}
-		hops += len(answered)
-		answered, claimed = claimed, got
 	}
-	for range 4 { // the pipeline fills: every stage has rows in flight
-		step()
-	}
-	pid, cpuReadable := backendCPU(b, pool)
-	buffers0, buffersKnown := blocks(b, pool)
-	hops = 0
-	var cpu time.Duration
-	if cpuReadable {
-		cpu = -procCPU(b, pid)
-	}
-	refilled := false
-	b.ResetTimer()
-	for b.Loop() {
-		if pendingA < 3*capEach {
-			b.StopTimer()
-			fill()
-			pendingA += refill
-			refilled = true
-			b.StartTimer()
-		}
-		step()
-	}
-	b.StopTimer()
-	if hops == 0 {
-		b.Fatal("no hops resolved")
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(hops), "ns/hop")
-	if cpuReadable {
-		cpu += procCPU(b, pid)
-		b.ReportMetric(float64(cpu.Nanoseconds())/float64(hops), "backend-ns/hop")
-	}
-	if buffersKnown && !refilled {
-		// (A refill's insert and vacuum touch buffers too: not counted then.)
-		buffers1, _ := blocks(b, pool)
-		b.ReportMetric(float64(buffers1-buffers0)/float64(hops), "buffers/hop")
-	}
+	p.hops += len(p.answered)
+	p.answered, p.claimed = p.claimed, got
+	return nil
 }
 
 // hopsIn reads the "hops" count of a state as PostgreSQL prints it, as the
