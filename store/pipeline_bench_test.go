@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,6 +139,65 @@ func BenchmarkPipelineSessions(b *testing.B) {
 	}
 }
 
+// BenchmarkPipelineParts measures the other way two sessions could share a
+// step's work: the step stays one at a time, but runs in parts, each a
+// transaction on a session of its own (pipe.exec): first the resolve's
+// items cut in as many runs, all at once, then, once they have committed,
+// the claim's stages dealt out. Beside BenchmarkPipelineSessions it says
+// what keeping one step outstanding costs (docs/scaling.md).
+func BenchmarkPipelineParts(b *testing.B) {
+	for _, parts := range []int{1, 2} {
+		b.Run(fmt.Sprintf("answer+claim+history/parts=%d", parts), func(b *testing.B) {
+			ctx := context.Background()
+			url := pgtest.NewMigrated(b)
+			p := newPipe(b, url, "", false, true, true)
+			p.parts = []*store.Queue{p.q}
+			pools := []*pgxpool.Pool{p.pool}
+			for range parts - 1 {
+				other := newPipe(b, url, "", false, true, true)
+				p.parts = append(p.parts, other.q)
+				pools = append(pools, other.pool)
+			}
+			p.pendingA = (b.N + 8) * pipeCap
+			fillStage(b, p.pool, p.stages[0], p.pendingA)
+			if _, err := p.pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
+				b.Fatal(err)
+			}
+			keepHistory(b, p.pool)
+			for range 4 {
+				p.mustStep(b)
+			}
+			p.hops = 0
+			var pids []int
+			cpuReadable := true
+			for _, pool := range pools {
+				pid, ok := backendCPU(b, pool)
+				pids, cpuReadable = append(pids, pid), cpuReadable && ok
+			}
+			var cpu time.Duration
+			for _, pid := range pids {
+				if cpuReadable {
+					cpu -= procCPU(b, pid)
+				}
+			}
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				p.mustStep(b)
+			}
+			wall := time.Since(start)
+			b.StopTimer()
+			b.ReportMetric(float64(p.hops)/wall.Seconds(), "hops/s")
+			if cpuReadable {
+				for _, pid := range pids {
+					cpu += procCPU(b, pid)
+				}
+				b.ReportMetric(float64(cpu.Nanoseconds())/float64(p.hops), "backend-ns/hop")
+			}
+		})
+	}
+}
+
 func benchSessions(b *testing.B, sessions int, message bool) {
 	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
@@ -223,7 +284,8 @@ type pipe struct {
 	next                         map[string]string
 	message, moveClaims, history bool
 	lineMax                      int
-	claimed, answered            []core.Row // claimed by the last step, by the one before
+	parts                        []*store.Queue // for a step in parts: a session each
+	claimed, answered            []core.Row     // claimed by the last step, by the one before
 	op                           int64
 	hops, pendingA               int
 }
@@ -306,7 +368,7 @@ func (p *pipe) step(ctx context.Context) error {
 	p.op++
 	cmds = append(cmds, core.Claim{Op: p.op, Caps: caps, Exclude: exclude})
 	var got []core.Row
-	for _, ev := range p.q.Exec(ctx, cmds) {
+	for _, ev := range p.exec(ctx, cmds) {
 		if msg := errText(ev); msg != "" {
 			return fmt.Errorf("step: %s", msg)
 		}
@@ -334,6 +396,51 @@ func (p *pipe) step(ctx context.Context) error {
 	p.hops += len(p.answered)
 	p.answered, p.claimed = p.claimed, got
 	return nil
+}
+
+// exec runs a step's commands: in one transaction, or, with parts, as the
+// step in parts would (BenchmarkPipelineParts): the resolve's items cut
+// into as many runs as there are parts, each its own transaction on a
+// session of its own, all at once; once they have committed, the claim's
+// stages dealt out to the parts the same way.
+func (p *pipe) exec(ctx context.Context, cmds []core.Command) []core.Event {
+	if len(p.parts) < 2 {
+		return p.q.Exec(ctx, cmds)
+	}
+	var evs []core.Event
+	for _, cmd := range cmds {
+		var split []core.Command
+		switch c := cmd.(type) {
+		case core.Resolve:
+			n := (len(c.Items) + len(p.parts) - 1) / len(p.parts)
+			for items := range slices.Chunk(c.Items, max(n, 1)) {
+				split = append(split, core.Resolve{Op: c.Op, Items: items})
+			}
+		case core.Claim:
+			for i := range p.parts {
+				part := c
+				part.Caps = nil
+				for j, cp := range c.Caps {
+					if j%len(p.parts) == i {
+						part.Caps = append(part.Caps, cp)
+					}
+				}
+				if len(part.Caps) > 0 {
+					split = append(split, part)
+				}
+			}
+		}
+		results := make([][]core.Event, len(split))
+		var wg sync.WaitGroup
+		for i, part := range split {
+			wg.Go(func() { results[i] = p.parts[i].Exec(ctx, []core.Command{part}) })
+		}
+		wg.Wait()
+		for _, r := range results {
+			evs = append(evs, r...)
+		}
+	}
+	return evs
 }
 
 // hopsIn reads the "hops" count of a state as PostgreSQL prints it, as the
