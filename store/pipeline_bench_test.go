@@ -124,7 +124,8 @@ func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 // and the commit. hops/s is all the sessions' hops over the wall time; with
 // the server's cores free, S sessions make up to S times one's, and
 // backend-ns/hop says what the sharing costs each hop. -benchtime Nx sets
-// the steps each session runs (docs/scaling.md, "Two sessions, measured").
+// the steps each session runs (docs/scaling.md, "Two sessions, measured on
+// the server").
 func BenchmarkPipelineSessions(b *testing.B) {
 	for _, message := range []bool{false, true} {
 		for _, sessions := range []int{1, 2, 3} {
@@ -148,7 +149,6 @@ func BenchmarkPipelineSessions(b *testing.B) {
 func BenchmarkPipelineParts(b *testing.B) {
 	for _, parts := range []int{1, 2} {
 		b.Run(fmt.Sprintf("answer+claim+history/parts=%d", parts), func(b *testing.B) {
-			ctx := context.Background()
 			url := pgtest.NewMigrated(b)
 			p := newPipe(b, url, "", false, true, true)
 			p.parts = []*store.Queue{p.q}
@@ -158,80 +158,46 @@ func BenchmarkPipelineParts(b *testing.B) {
 				p.parts = append(p.parts, other.q)
 				pools = append(pools, other.pool)
 			}
-			p.pendingA = (b.N + 8) * pipeCap
-			fillStage(b, p.pool, p.stages[0], p.pendingA)
-			if _, err := p.pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
-				b.Fatal(err)
-			}
-			keepHistory(b, p.pool)
-			for range 4 {
-				p.mustStep(b)
-			}
-			p.hops = 0
-			var pids []int
-			cpuReadable := true
-			for _, pool := range pools {
-				pid, ok := backendCPU(b, pool)
-				pids, cpuReadable = append(pids, pid), cpuReadable && ok
-			}
-			var cpu time.Duration
-			for _, pid := range pids {
-				if cpuReadable {
-					cpu -= procCPU(b, pid)
-				}
-			}
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
-				p.mustStep(b)
-			}
-			wall := time.Since(start)
-			b.StopTimer()
-			b.ReportMetric(float64(p.hops)/wall.Seconds(), "hops/s")
-			if cpuReadable {
-				for _, pid := range pids {
-					cpu += procCPU(b, pid)
-				}
-				b.ReportMetric(float64(cpu.Nanoseconds())/float64(p.hops), "backend-ns/hop")
-			}
+			measurePipes(b, []*pipe{p}, pools)
 		})
 	}
 }
 
 func benchSessions(b *testing.B, sessions int, message bool) {
-	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
 	pipes := make([]*pipe, sessions)
+	pools := make([]*pgxpool.Pool, sessions)
 	for s := range pipes {
 		pipes[s] = newPipe(b, url, strconv.Itoa(s+1), message, true, true)
-		// Each step takes up to pipeCap rows at the first stage: enough for
-		// every step the benchmark runs, so no refill (and its vacuum) stops
-		// the other sessions.
-		pipes[s].pendingA = (b.N + 8) * pipeCap
-		fillStage(b, pipes[s].pool, pipes[s].stages[0], pipes[s].pendingA)
+		pools[s] = pipes[s].pool
 	}
-	if _, err := pipes[0].pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
+	measurePipes(b, pipes, pools)
+}
+
+// measurePipes fills each pipe's first stage with enough messages for b.N
+// steps (so no refill, and its vacuum, stops another session), runs b.N
+// steps of every pipe at once, each on its own goroutine, and reports all
+// the pipes' hops per second of wall time and per the CPU time of the
+// backends of pools.
+func measurePipes(b *testing.B, pipes []*pipe, pools []*pgxpool.Pool) {
+	ctx := context.Background()
+	for _, p := range pipes {
+		p.pendingA = (b.N + 8) * pipeCap // each step takes up to pipeCap at the first stage
+		fillStage(b, p.pool, p.stages[0], p.pendingA)
+	}
+	if _, err := pools[0].Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
 		b.Fatal(err)
 	}
-	keepHistory(b, pipes[0].pool)
-	pids := make([]int, sessions)
-	cpuReadable := true
-	for s, p := range pipes {
-		for range 4 {
+	keepHistory(b, pools[0])
+	for _, p := range pipes {
+		for range 4 { // the pipeline fills: every stage has rows in flight
 			p.mustStep(b)
 		}
 		p.hops = 0
-		var ok bool
-		pids[s], ok = backendCPU(b, p.pool)
-		cpuReadable = cpuReadable && ok
 	}
-	var cpu time.Duration
-	if cpuReadable {
-		for _, pid := range pids {
-			cpu -= procCPU(b, pid)
-		}
-	}
-	errs := make(chan error, sessions)
+	cpu := backendsCPU(b, pools)
+	cpu0 := cpu()
+	errs := make(chan error, len(pipes))
 	b.ResetTimer()
 	start := time.Now()
 	for _, p := range pipes {
@@ -261,11 +227,29 @@ func benchSessions(b *testing.B, sessions int, message bool) {
 	}
 	b.ReportMetric(float64(hops)/wall.Seconds(), "hops/s")
 	b.ReportMetric(float64(wall.Nanoseconds())/float64(hops), "ns/hop")
-	if cpuReadable {
+	if cpu0 >= 0 {
+		b.ReportMetric(float64((cpu()-cpu0).Nanoseconds())/float64(hops), "backend-ns/hop")
+	}
+}
+
+// backendsCPU returns a reading of the CPU time the backends of pools (one
+// connection each) have used so far, negative when the server does not run
+// on this machine.
+func backendsCPU(b *testing.B, pools []*pgxpool.Pool) func() time.Duration {
+	var pids []int
+	for _, pool := range pools {
+		pid, ok := backendCPU(b, pool)
+		if !ok {
+			return func() time.Duration { return -1 }
+		}
+		pids = append(pids, pid)
+	}
+	return func() time.Duration {
+		var cpu time.Duration
 		for _, pid := range pids {
 			cpu += procCPU(b, pid)
 		}
-		b.ReportMetric(float64(cpu.Nanoseconds())/float64(hops), "backend-ns/hop")
+		return cpu
 	}
 }
 
