@@ -10,14 +10,17 @@ import (
 
 // The statements, for the tests that EXPLAIN them.
 const (
-	ClaimSQL               = claimSQL
-	ResetOrphansSQL        = resetOrphansSQL
-	WakeSQL                = wakeSQL
-	ResolveSQL             = resolveSQL
-	ResolveNoEmitsSQL      = resolveNoEmitsSQL
-	ResolveKeylessEmitsSQL = resolveKeylessEmitsSQL
-	OverSQL                = overSQL
-	ReleaseLockSQL         = releaseLockSQL
+	ClaimSQL                    = claimSQL
+	ResetOrphansSQL             = resetOrphansSQL
+	WakeSQL                     = wakeSQL
+	ResolveSQL                  = resolveSQL
+	ResolveNoEmitsSQL           = resolveNoEmitsSQL
+	ResolveKeylessEmitsSQL      = resolveKeylessEmitsSQL
+	ResolveAgainSQL             = resolveAgainSQL
+	ResolveNoEmitsAgainSQL      = resolveNoEmitsAgainSQL
+	ResolveKeylessEmitsAgainSQL = resolveKeylessEmitsAgainSQL
+	OverSQL                     = overSQL
+	ReleaseLockSQL              = releaseLockSQL
 )
 
 // ReleaseSQL is the release statement without releaseAll, for the test that

@@ -373,24 +373,31 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 			fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", churned),
 			fmt.Sprintf("UPDATE pepsi.queue SET status = 'pending' WHERE ingress_id <= %d", churned))
 	}
-	// The three statements: with the emits' INSERT, keyed or not (given
-	// none), and without it.
+	// The six statements: with the emits' INSERT, keyed or not (given
+	// none), and without it; each with its twin for items sent again.
+	emitParams := resolveParams + ", bigint[], text[], bytea[], text[], text[], text[], bool[]"
 	sqls = append(sqls,
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
-		"PREPARE resolve("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[], bool[]) AS "+store.ResolveSQL,
-		"PREPARE resolve_keyless("+resolveParams+", bigint[], text[], bytea[], text[], text[], text[], bool[]) AS "+store.ResolveKeylessEmitsSQL,
-		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL)
+		"PREPARE resolve("+emitParams+") AS "+store.ResolveSQL,
+		"PREPARE resolve_keyless("+emitParams+") AS "+store.ResolveKeylessEmitsSQL,
+		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL,
+		"PREPARE resolve_again("+emitParams+") AS "+store.ResolveAgainSQL,
+		"PREPARE resolve_keyless_again("+emitParams+") AS "+store.ResolveKeylessEmitsAgainSQL,
+		"PREPARE resolve_no_emits_again("+resolveParams+") AS "+store.ResolveNoEmitsAgainSQL)
 	execAll(t, conn, sqls...)
 	args := moveClaimArgs(churned+1, items)
 	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
-	for _, run := range []struct{ stmt, mode, args string }{
-		{"resolve", "force_custom_plan", args + noEmits},
-		{"resolve", "force_generic_plan", args + noEmits},
-		{"resolve_keyless", "force_custom_plan", args + noEmits},
-		{"resolve_keyless", "force_generic_plan", args + noEmits},
-		{"resolve_no_emits", "force_custom_plan", args},
-		{"resolve_no_emits", "force_generic_plan", args},
-	} {
+	var runs []struct{ stmt, mode, args string }
+	for _, stmt := range []string{"resolve", "resolve_keyless", "resolve_no_emits", "resolve_again", "resolve_keyless_again", "resolve_no_emits_again"} {
+		a := args
+		if !strings.HasPrefix(stmt, "resolve_no_emits") {
+			a += noEmits
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			runs = append(runs, struct{ stmt, mode, args string }{stmt, mode, a})
+		}
+	}
+	for _, run := range runs {
 		// Each EXPLAIN ANALYZE runs in a transaction it rolls back, so every
 		// run finds the items running.
 		mode := run.stmt + ", " + run.mode
@@ -421,6 +428,58 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 			t.Errorf("resolve of %d items read %g buffers; want at most 10000; %s:\n%s", items, blocks, mode, plan)
 		}
 		t.Logf("%s: resolve of %d items read %g buffers", mode, items, blocks)
+	}
+}
+
+// A resolve reads pepsi.history only when it sends an item again: the check
+// that keeps a re-sent pass from being recorded twice is a subplan over
+// every partition of the history, which the executor sets up at every run
+// of a statement that carries it, items sent again or not (docs/performance.md,
+// "A transaction's fixed cost"). With eleven days kept, the plain statements
+// hold no scan of a partition, and their twins for items sent again one of
+// each (the conformance suite's AnItemSentAgainRecordsItsPassOnlyOnce checks
+// that the twin is the one sent).
+func TestAResolveReadsTheHistoryOnlyWhenItSendsAnItemAgain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	emitParams := resolveParams + ", bigint[], text[], bytea[], text[], text[], text[], bool[]"
+	execAll(t, conn,
+		"SELECT pepsi.history_day(current_date - g, true) FROM generate_series(1, 7) g",
+		"INSERT INTO pepsi.queue (stage, status) SELECT 'a', 'running' FROM generate_series(1, 4)",
+		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL,
+		"PREPARE resolve_keyless("+emitParams+") AS "+store.ResolveKeylessEmitsSQL,
+		"PREPARE resolve("+emitParams+") AS "+store.ResolveSQL,
+		"PREPARE resolve_no_emits_again("+resolveParams+") AS "+store.ResolveNoEmitsAgainSQL,
+		"PREPARE resolve_keyless_again("+emitParams+") AS "+store.ResolveKeylessEmitsAgainSQL,
+		"PREPARE resolve_again("+emitParams+") AS "+store.ResolveAgainSQL,
+	)
+	var partitions int
+	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pepsi.history'::regclass").Scan(&partitions); err != nil {
+		t.Fatal(err)
+	}
+	if partitions < 11 {
+		t.Fatalf("pepsi.history has %d partitions, want at least 11 (seven days back, today, three ahead)", partitions)
+	}
+	args := moveClaimArgs(1, 4)
+	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
+	for _, run := range []struct {
+		stmt, args string
+		scans      int // of a history partition, at the least
+	}{
+		{"resolve_no_emits", args, 0}, {"resolve_keyless", args + noEmits, 0}, {"resolve", args + noEmits, 0},
+		{"resolve_no_emits_again", args, partitions}, {"resolve_keyless_again", args + noEmits, partitions}, {"resolve_again", args + noEmits, partitions},
+	} {
+		plan := explain(t, conn, "force_generic_plan", run.stmt, run.args)
+		scans := 0
+		plan.walk(nil, func(n, _ *planNode) {
+			if strings.HasPrefix(n.RelationName, "history_") && strings.Contains(n.NodeType, "Scan") {
+				scans++
+			}
+		})
+		if (run.scans == 0) != (scans == 0) || scans < run.scans {
+			t.Errorf("%s: %d scans of history partitions in its plan, want %d:\n%s", run.stmt, scans, run.scans, plan)
+		}
 	}
 }
 

@@ -774,8 +774,24 @@ const resolveChildrenInsertSQL = `, child AS (
 	FROM child c JOIN updated u ON u.ord = c.ord AND u.moved`
 
 // resolveTailSQL is resolveSQL's part after the children: what it reports
-// and the history it records.
-const resolveTailSQL = `, result AS (
+// and the history it records (without resolveAgainCheckSQL).
+const resolveTailSQL = resolveResultSQL + resolvePassesSQL + resolveRecordedSQL
+
+// resolveTailAgainSQL is resolveTailSQL for a resolve that sends some item
+// again (core.Item.Again: its first send's reply was lost, so the first send
+// may have recorded its pass): such an item records its pass only where
+// pepsi.history has no row of it yet (resolveAgainCheckSQL). Only such a resolve
+// carries the check: its subplan reads every partition of pepsi.history
+// (one a day that HISTORY_KEEP keeps, and the days made ahead), and the
+// executor sets up a scan of each at every run of the statement, whether
+// or not an item is sent again. At eleven partitions that cost each
+// transaction about a tenth of a millisecond of the backend's time,
+// most of a small transaction's (docs/performance.md, "A transaction's
+// fixed cost").
+const resolveTailAgainSQL = resolveResultSQL + resolvePassesSQL + resolveAgainCheckSQL + resolveRecordedSQL
+
+// resolveResultSQL is resolveTailSQL's "result": each item's outcome.
+const resolveResultSQL = `, result AS (
 	SELECT item.*,
 	       coalesce(u.stage, q.stage, '') AS now_stage,
 	       coalesce(u.status, q.status, '') AS now_status,
@@ -791,7 +807,11 @@ const resolveTailSQL = `, result AS (
 		SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
 		FROM pepsi.queue q WHERE q.ingress_id = item.id AND u.ingress_id IS NULL
 		OFFSET 0
-	) q ON true
+	) q ON true`
+
+// resolvePassesSQL is resolveTailSQL's "passes": the items whose pass
+// pepsi.history records, and its event.
+const resolvePassesSQL = `
 ), passes AS (
 	SELECT r.id, r.stage, r.handed_at, r.at, r.pid, r.attempts, r.target, r.reason, r.now_stage, r.now_status,
 	       CASE
@@ -800,9 +820,16 @@ const resolveTailSQL = `, result AS (
 	           ELSE r.event
 	       END AS event
 	FROM result r
-	WHERE r.hist AND (r.wrote OR r.now_status NOT IN ('', 'running'))
+	WHERE r.hist AND (r.wrote OR r.now_status NOT IN ('', 'running'))`
+
+// resolveAgainCheckSQL keeps out of "passes" the pass of an item sent again
+// that pepsi.history has already (see resolveTailAgainSQL).
+const resolveAgainCheckSQL = `
 	  AND (NOT r.again OR NOT EXISTS (SELECT 1 FROM pepsi.history h
-	                                  WHERE h.ingress_id = r.id AND h.at = r.at AND h.stage = r.stage))
+	                                  WHERE h.ingress_id = r.id AND h.at = r.at AND h.stage = r.stage))`
+
+// resolveRecordedSQL is resolveTailSQL's "recorded": the passes' history.
+const resolveRecordedSQL = `
 ), recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, detail, handed_at, at, worker_pid, attempts)
 	SELECT p.id, p.stage, p.event,
@@ -858,10 +885,16 @@ ORDER BY child_of IS NOT NULL, sort`
 // dispatcher would queue behind producers' commits, theirs behind it, and it
 // would wake itself for nothing (docs/performance.md, "A producer racing
 // the rest").
+// Each has its twin for a resolve that sends some item again
+// (resolveTailAgainSQL).
 const (
 	resolveSQL             = resolveHeadSQL + resolveChildrenSQL + resolveTailSQL + resolveReportChildrenSQL
 	resolveKeylessEmitsSQL = resolveHeadSQL + resolveChildrenKeylessSQL + resolveTailSQL + resolveReportChildrenSQL
 	resolveNoEmitsSQL      = resolveHeadSQL + resolveTailSQL + resolveReportSQL
+
+	resolveAgainSQL             = resolveHeadSQL + resolveChildrenSQL + resolveTailAgainSQL + resolveReportChildrenSQL
+	resolveKeylessEmitsAgainSQL = resolveHeadSQL + resolveChildrenKeylessSQL + resolveTailAgainSQL + resolveReportChildrenSQL
+	resolveNoEmitsAgainSQL      = resolveHeadSQL + resolveTailAgainSQL + resolveReportSQL
 )
 
 // nonEmpty reports whether s is not "".
@@ -914,14 +947,24 @@ func resolve(c core.Resolve) statement {
 	return statement{
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
+			again := slices.Contains(agains, true)
 			if len(cOrd) == 0 {
-				b.Queue(resolveNoEmitsSQL, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
+				sql := resolveNoEmitsSQL
+				if again {
+					sql = resolveNoEmitsAgainSQL
+				}
+				b.Queue(sql, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
 					hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed())
 				return
 			}
 			sql := resolveKeylessEmitsSQL
-			if slices.ContainsFunc(cKey, nonEmpty) || slices.ContainsFunc(cOrderKey, nonEmpty) {
+			switch keyed := slices.ContainsFunc(cKey, nonEmpty) || slices.ContainsFunc(cOrderKey, nonEmpty); {
+			case keyed && again:
+				sql = resolveAgainSQL
+			case keyed:
 				sql = resolveSQL
+			case again:
+				sql = resolveKeylessEmitsAgainSQL
 			}
 			b.Queue(sql, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
 				hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed(), cOrd, cStage, cPayload, cState, cKey, cOrderKey, cClaim)
