@@ -352,6 +352,48 @@ func moveClaimArgs(first, n int) string {
 		each("false"), each(`""`), each("NULL"), each("NULL"), each("NULL"), each("0"), each("false"), "true", "7"}, ", ")
 }
 
+// resolveStatements are the resolve's six statement texts (with the emits'
+// INSERT, keyed or not, and without it; each with its twin for a resolve
+// that sends an item again), as the tests that EXPLAIN them prepare them
+// (prepareResolves).
+var resolveStatements = []resolveStatement{
+	{"resolve", store.ResolveSQL, true, false},
+	{"resolve_keyless", store.ResolveKeylessEmitsSQL, true, false},
+	{"resolve_no_emits", store.ResolveNoEmitsSQL, false, false},
+	{"resolve_again", store.ResolveAgainSQL, true, true},
+	{"resolve_keyless_again", store.ResolveKeylessEmitsAgainSQL, true, true},
+	{"resolve_no_emits_again", store.ResolveNoEmitsAgainSQL, false, true},
+}
+
+// resolveStatement is one of resolveStatements.
+type resolveStatement struct {
+	name, sql    string
+	emits, again bool
+}
+
+// args are moveClaimArgs for n items from first, and no emits where the
+// statement takes them.
+func (r resolveStatement) args(first, n int) string {
+	a := moveClaimArgs(first, n)
+	if r.emits {
+		a += ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
+	}
+	return a
+}
+
+// prepareResolves is a PREPARE of each of resolveStatements.
+func prepareResolves() []string {
+	var sqls []string
+	for _, r := range resolveStatements {
+		params := resolveParams
+		if r.emits {
+			params += ", bigint[], text[], bytea[], text[], text[], text[], bool[]"
+		}
+		sqls = append(sqls, "PREPARE "+r.name+"("+params+") AS "+r.sql)
+	}
+	return sqls
+}
+
 // TestResolvePlanCostsItsItems checks that a resolve looks its items' rows up by
 // id, whatever the planner believes: statistics taken on a fresh backlog say no
 // row is running, and the queue_running index holds a dead entry for every
@@ -375,26 +417,12 @@ func TestResolvePlanCostsItsItems(t *testing.T) {
 	}
 	// The six statements: with the emits' INSERT, keyed or not (given
 	// none), and without it; each with its twin for items sent again.
-	emitParams := resolveParams + ", bigint[], text[], bytea[], text[], text[], text[], bool[]"
-	sqls = append(sqls,
-		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items),
-		"PREPARE resolve("+emitParams+") AS "+store.ResolveSQL,
-		"PREPARE resolve_keyless("+emitParams+") AS "+store.ResolveKeylessEmitsSQL,
-		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL,
-		"PREPARE resolve_again("+emitParams+") AS "+store.ResolveAgainSQL,
-		"PREPARE resolve_keyless_again("+emitParams+") AS "+store.ResolveKeylessEmitsAgainSQL,
-		"PREPARE resolve_no_emits_again("+resolveParams+") AS "+store.ResolveNoEmitsAgainSQL)
-	execAll(t, conn, sqls...)
-	args := moveClaimArgs(churned+1, items)
-	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
+	sqls = append(sqls, fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", churned, churned+items))
+	execAll(t, conn, append(sqls, prepareResolves()...)...)
 	var runs []struct{ stmt, mode, args string }
-	for _, stmt := range []string{"resolve", "resolve_keyless", "resolve_no_emits", "resolve_again", "resolve_keyless_again", "resolve_no_emits_again"} {
-		a := args
-		if !strings.HasPrefix(stmt, "resolve_no_emits") {
-			a += noEmits
-		}
+	for _, r := range resolveStatements {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-			runs = append(runs, struct{ stmt, mode, args string }{stmt, mode, a})
+			runs = append(runs, struct{ stmt, mode, args string }{r.name, mode, r.args(churned+1, items)})
 		}
 	}
 	for _, run := range runs {
@@ -443,17 +471,10 @@ func TestAResolveReadsTheHistoryOnlyWhenItSendsAnItemAgain(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	emitParams := resolveParams + ", bigint[], text[], bytea[], text[], text[], text[], bool[]"
-	execAll(t, conn,
+	execAll(t, conn, append([]string{
 		"SELECT pepsi.history_day(current_date - g, true) FROM generate_series(1, 7) g",
 		"INSERT INTO pepsi.queue (stage, status) SELECT 'a', 'running' FROM generate_series(1, 4)",
-		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL,
-		"PREPARE resolve_keyless("+emitParams+") AS "+store.ResolveKeylessEmitsSQL,
-		"PREPARE resolve("+emitParams+") AS "+store.ResolveSQL,
-		"PREPARE resolve_no_emits_again("+resolveParams+") AS "+store.ResolveNoEmitsAgainSQL,
-		"PREPARE resolve_keyless_again("+emitParams+") AS "+store.ResolveKeylessEmitsAgainSQL,
-		"PREPARE resolve_again("+emitParams+") AS "+store.ResolveAgainSQL,
-	)
+	}, prepareResolves()...)...)
 	var partitions int
 	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pepsi.history'::regclass").Scan(&partitions); err != nil {
 		t.Fatal(err)
@@ -461,24 +482,20 @@ func TestAResolveReadsTheHistoryOnlyWhenItSendsAnItemAgain(t *testing.T) {
 	if partitions < 11 {
 		t.Fatalf("pepsi.history has %d partitions, want at least 11 (seven days back, today, three ahead)", partitions)
 	}
-	args := moveClaimArgs(1, 4)
-	noEmits := ", '{}', '{}', '{}', '{}', '{}', '{}', '{}'"
-	for _, run := range []struct {
-		stmt, args string
-		scans      int // of a history partition, at the least
-	}{
-		{"resolve_no_emits", args, 0}, {"resolve_keyless", args + noEmits, 0}, {"resolve", args + noEmits, 0},
-		{"resolve_no_emits_again", args, partitions}, {"resolve_keyless_again", args + noEmits, partitions}, {"resolve_again", args + noEmits, partitions},
-	} {
-		plan := explain(t, conn, "force_generic_plan", run.stmt, run.args)
+	for _, r := range resolveStatements {
+		want := 0 // scans of a history partition, at the least
+		if r.again {
+			want = partitions
+		}
+		plan := explain(t, conn, "force_generic_plan", r.name, r.args(1, 4))
 		scans := 0
 		plan.walk(nil, func(n, _ *planNode) {
 			if strings.HasPrefix(n.RelationName, "history_") && strings.Contains(n.NodeType, "Scan") {
 				scans++
 			}
 		})
-		if (run.scans == 0) != (scans == 0) || scans < run.scans {
-			t.Errorf("%s: %d scans of history partitions in its plan, want %d:\n%s", run.stmt, scans, run.scans, plan)
+		if (want == 0) != (scans == 0) || scans < want {
+			t.Errorf("%s: %d scans of history partitions in its plan, want %d:\n%s", r.name, scans, want, plan)
 		}
 	}
 }

@@ -784,10 +784,9 @@ const resolveTailSQL = resolveResultSQL + resolvePassesSQL + resolveRecordedSQL
 // carries the check: its subplan reads every partition of pepsi.history
 // (one a day that HISTORY_KEEP keeps, and the days made ahead), and the
 // executor sets up a scan of each at every run of the statement, whether
-// or not an item is sent again. At eleven partitions that cost each
-// transaction about a tenth of a millisecond of the backend's time,
-// most of a small transaction's (docs/performance.md, "A transaction's
-// fixed cost").
+// or not an item is sent again. At eleven partitions that cost the
+// smallest transactions about a tenth of their backend time
+// (docs/performance.md, "A transaction's fixed cost").
 const resolveTailAgainSQL = resolveResultSQL + resolvePassesSQL + resolveAgainCheckSQL + resolveRecordedSQL
 
 // resolveResultSQL is resolveTailSQL's "result": each item's outcome.
@@ -885,6 +884,7 @@ ORDER BY child_of IS NOT NULL, sort`
 // dispatcher would queue behind producers' commits, theirs behind it, and it
 // would wake itself for nothing (docs/performance.md, "A producer racing
 // the rest").
+//
 // Each has its twin for a resolve that sends some item again
 // (resolveTailAgainSQL).
 const (
