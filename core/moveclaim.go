@@ -131,7 +131,7 @@ func (c *Core) claimEmits(items []Item, blocked map[string]bool) {
 	}
 }
 
-// dropEmitClaims takes the claims off it's emits (Emit.Claim), on a copy of
+// dropEmitClaims takes the claims off its emits (Emit.Claim), on a copy of
 // them (the command that carried them keeps its own), and returns the stages
 // of the emits that had one.
 func dropEmitClaims(it *Item) (stages []string) {
