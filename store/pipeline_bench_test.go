@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -39,9 +40,10 @@ import (
 // It reports per hop (one resolved item): the wall time of the serial steps
 // (ns/hop), the buffers the backend touched (buffers/hop, from
 // pg_stat_database on PostgreSQL 15 and later) and, when the server runs on
-// this machine, the backend's CPU time (backend-ns/hop). With the backend
-// busy all the time, hops/s cannot exceed 1e9 ÷ backend-ns/hop however fast
-// the stages are (docs/performance.md).
+// this machine, the backend's CPU time (backend-ns/hop); and the hops one
+// step resolves (hops/step: three times -pipe.cap once the pipeline is
+// full). With the backend busy all the time, hops/s cannot exceed 1e9 ÷
+// backend-ns/hop however fast the stages are (docs/performance.md).
 func BenchmarkPipelineStep(b *testing.B) {
 	for _, moveClaims := range []bool{false, true} {
 		for _, message := range []bool{false, true} {
@@ -89,7 +91,7 @@ func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 	refilled := false
 	b.ResetTimer()
 	for b.Loop() {
-		if p.pendingA < 3*pipeCap {
+		if p.pendingA < 3*pipeCap() {
 			b.StopTimer()
 			fill()
 			p.pendingA += refill
@@ -102,6 +104,7 @@ func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 	if p.hops == 0 {
 		b.Fatal("no hops resolved")
 	}
+	b.ReportMetric(float64(p.hops)/float64(b.N), "hops/step")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(p.hops), "ns/hop")
 	if cpuReadable {
 		cpu += procCPU(b, pid)
@@ -182,7 +185,7 @@ func benchSessions(b *testing.B, sessions int, message bool) {
 func measurePipes(b *testing.B, pipes []*pipe, pools []*pgxpool.Pool) {
 	ctx := context.Background()
 	for _, p := range pipes {
-		p.pendingA = (b.N + 8) * pipeCap // each step takes up to pipeCap at the first stage
+		p.pendingA = (b.N + 8) * pipeCap() // each step takes up to pipeCap at the first stage
 		fillStage(b, p.pool, p.stages[0], p.pendingA)
 	}
 	if _, err := pools[0].Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
@@ -253,10 +256,17 @@ func backendsCPU(b *testing.B, pools []*pgxpool.Pool) func() time.Duration {
 	}
 }
 
-// pipeCap is what one step claims at each stage at most: pepsi-bench's
-// bench configuration holds PARALLELISM 2 × QUEUE_LIMIT 64 per stage, about
-// half of it answered while each step runs.
-const pipeCap = 64
+// pipeCapFlag is what one step claims at each stage at most. Its default is
+// pepsi-bench's bench configuration: PARALLELISM 2 × QUEUE_LIMIT 64 per
+// stage, about half of it answered while each step runs. -pipe.cap 8 is
+// about the defaults' (4 × 4, half of it), and smaller caps show what a
+// transaction costs whatever it carries (docs/performance.md, "A
+// transaction's fixed cost"):
+//
+//	go test -run '^$' -bench 'BenchmarkPipelineStep/answer\+claim\+history' ./store/ -args -pipe.cap 2
+var pipeCapFlag = flag.Int("pipe.cap", 64, "rows a step of the pipeline benchmarks claims per stage at most")
+
+func pipeCap() int { return *pipeCapFlag }
 
 // pipe is one step loop of the benchmarks: three stages a → b → c → done
 // (named with a suffix, so several pipes share a database without sharing a
@@ -344,7 +354,7 @@ func (p *pipe) step(ctx context.Context) error {
 	caps := make([]core.Cap, len(p.stages))
 	exclude := make([]int64, 0, len(p.claimed)+len(p.answered))
 	for i, s := range p.stages {
-		caps[i] = core.Cap{Stage: s, N: pipeCap, LineMax: p.lineMax}
+		caps[i] = core.Cap{Stage: s, N: pipeCap(), LineMax: p.lineMax}
 	}
 	for _, r := range append(p.claimed, p.answered...) {
 		exclude = append(exclude, r.ID)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -211,6 +212,49 @@ func TestSchema25ChecksAProducersTraceparentNotAnEmittedChilds(t *testing.T) {
 	}
 	if n := checks("1"); n != 0 {
 		t.Errorf("10 emitted rows (parent_id set) ran the traceparent's check %d times; want none", n)
+	}
+}
+
+// Schema 26: no trigger of pepsi.queue calls a function of PEPSI's in its
+// WHEN clause, and pepsi.traceparent_ok is inlined where it is called.
+// PostgreSQL prepares a WHEN clause for every statement that fires its
+// trigger, and a SQL function it cannot inline is parsed and planned again
+// in every transaction that calls it: schema 21's update trigger cost every
+// step transaction of the dispatcher both, whatever it carried.
+func TestSchema26TriggersPrepareNoFunctionOfOurs(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	rows, err := conn.Query(t.Context(), `SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger
+		WHERE tgrelid = 'pepsi.queue'::regclass AND NOT tgisinternal AND tgqual IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs := map[string]string{}
+	for rows.Next() {
+		var name, def string
+		if err := rows.Scan(&name, &def); err != nil {
+			t.Fatal(err)
+		}
+		defs[name] = def
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := defs["queue_traceparent_update"]; !ok {
+		t.Fatalf("no WHEN clause on queue_traceparent_update among %v", defs)
+	}
+	for name, def := range defs {
+		when := def[strings.Index(def, " WHEN ")+1 : strings.Index(def, " EXECUTE FUNCTION ")]
+		if strings.Contains(when, "pepsi.") {
+			t.Errorf("trigger %s calls a function of schema pepsi in its WHEN clause: %s", name, when)
+		}
+	}
+	var plan string
+	if err := conn.QueryRow(t.Context(), `EXPLAIN (VERBOSE, FORMAT JSON) SELECT pepsi.traceparent_ok(traceparent) FROM pepsi.queue`).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plan, "traceparent_ok") {
+		t.Errorf("pepsi.traceparent_ok is called, not inlined:\n%s", plan)
 	}
 }
 
