@@ -661,6 +661,15 @@ func traceSeed() int64 {
 // the UPDATE changes its updated_at, from which pepsi.pass_span hashes the
 // pass (and a move that claims its stage too).
 //
+// A move to another stage sets ready_at itself (the row is ready anew there,
+// pending or claimed), as schema 13's trigger queue_ready_at would: the
+// trigger then leaves the row alone (its WHEN clause sees ready_at set), and
+// the hop costs no call of its PL/pgSQL function, which was about a
+// microsecond and a half of the backend's time per hop (docs/performance.md,
+// "A transaction's fixed cost"). Every other outcome of a resolve keeps
+// ready_at, as the trigger does: a requeue, a row its stage advanced itself
+// (its own update made it ready), a pass to done, paused or failed.
+//
 // "decided" is MATERIALIZED so that each item's decision is made once. Inlined
 // into the UPDATE, its to_status was computed again for every use of it in the
 // UPDATE's SET and RETURNING (eleven): for a keyed move that claims, each
@@ -723,6 +732,8 @@ WITH item AS (
 		END,
 		traceparent = CASE WHEN d.matched AND d.to_status = 'running' AND q.traceparent IS NULL
 			THEN pepsi.fresh_traceparent(q.ingress_id, $19::bigint, now()) ELSE q.traceparent END,
+		ready_at = CASE WHEN d.matched AND d.verdict = 'move' AND d.target NOT IN ('done', 'paused') AND d.target <> q.stage
+			THEN now() ELSE q.ready_at END,
 		updated_at = now()
 	FROM decided d
 	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
@@ -1063,14 +1074,16 @@ func resolvedRow(r pgx.CollectableRow) (resolved, error) {
 // later succeeds, or fails for another reason, must not show it. Each woken
 // row gets a history row, woken, at $1. It wakes at most $3 (core.WakeMax)
 // rows, those due first; when it found that many due it reports $1 as the
-// earliest timeout, so the core wakes again in its next transaction.
+// earliest timeout, so the core wakes again in its next transaction. It sets
+// ready_at itself, as a resolve's move does (resolveHeadSQL), so the trigger
+// queue_ready_at calls its function for none of the rows.
 const wakeSQL = `
 WITH due AS (
 	SELECT ingress_id FROM pepsi.queue
 	WHERE status = 'paused' AND timeout <= $1 AND ingress_id <> ALL ($2::bigint[])
 	ORDER BY timeout LIMIT $3
 ), woken AS (
-	UPDATE pepsi.queue q SET status = 'pending', updated_at = now(),
+	UPDATE pepsi.queue q SET status = 'pending', updated_at = now(), ready_at = now(),
 		state = CASE WHEN q.attempts > 0 AND jsonb_typeof(q.state) = 'object' THEN q.state - 'dispatch_error' ELSE q.state END
 	FROM due
 	WHERE q.ingress_id = due.ingress_id AND q.status = 'paused' AND q.timeout <= $1
