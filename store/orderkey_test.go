@@ -295,3 +295,49 @@ func TestReleaseCostsItsKeysNotABacklog(t *testing.T) {
 		t.Errorf("the release's lock statement took %d key locks; want %d, the finished keys' buckets (none for the %d claimed moves)", locks, want, claimed)
 	}
 }
+
+// TestClaimCostsItsKeysNotABacklog checks that the claim's checks of a keyed
+// row (no older message of its key unfinished: one probe of each order-key
+// index) stay probes whatever the statistics its plan was made from said:
+// made while no message was blocked, then run beside one key's 50,000
+// blocked messages and 20,000 pending messages of other keys, a plan that
+// hashed those checks would read every entry of both indexes in every claim,
+// and one key's backlog would slow everybody's claims (the release's bug of
+// 4 December, TestReleaseCostsItsKeysNotABacklog). PostgreSQL hashes a
+// subplan correlated by equality alone; the claim's checks also compare
+// ingress_id (an older message of the key), which keeps them probes.
+func TestClaimCostsItsKeysNotABacklog(t *testing.T) {
+	t.Parallel()
+	const backlog, capA = 50000, 100
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	execAll(t, conn,
+		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'k' || g FROM generate_series(1, 1000) g",
+		"UPDATE pepsi.queue SET status = 'done'",
+		"VACUUM ANALYZE pepsi.queue",
+		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+		// After the statistics: a paused head with its key's backlog behind
+		// it, and many keys' pending messages.
+		"INSERT INTO pepsi.queue (stage, order_key, status, timeout) VALUES ('a', 'hot', 'paused', 'infinity')",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'hot' FROM generate_series(1, %d)", backlog),
+		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'p' || g FROM generate_series(1, 20000) g",
+	)
+	args := fmt.Sprintf("'{a}', '{%d}', '{0}', '{}', '{}', 0, '{}', false, '{}', '{}', '{}', '{}', '{}', 7", capA)
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		plan := explain(t, conn, mode, "claim", args)
+		var probes, read float64
+		plan.walk(nil, func(n, _ *planNode) {
+			if strings.HasPrefix(n.IndexName, "queue_order_") {
+				probes += n.ActualLoops
+				read += n.ActualRows * n.ActualLoops
+				if n.IndexCond == "" {
+					t.Errorf("%s: %s read with no index condition (the whole index); want a probe per candidate:\n%s", mode, n.IndexName, plan)
+				}
+			}
+		})
+		if probes > 2*(capA+1) || read > 0 {
+			t.Errorf("%s: a claim of %d keyed messages, each its key's oldest, probed the order-key indexes %g times and read %g entries; want at most %d probes (two per candidate) and none read:\n%s",
+				mode, capA, probes, read, 2*(capA+1), plan)
+		}
+	}
+}
