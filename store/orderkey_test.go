@@ -322,11 +322,21 @@ func TestClaimCostsItsKeysNotABacklog(t *testing.T) {
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'hot' FROM generate_series(1, %d)", backlog),
 		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'p' || g FROM generate_series(1, 20000) g",
 	)
+	var blocked int
+	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM pepsi.queue WHERE status = 'blocked'").Scan(&blocked); err != nil || blocked != backlog {
+		t.Fatalf("%d blocked messages (%v); want the backlog's %d", blocked, err, backlog)
+	}
 	args := fmt.Sprintf("'{a}', '{%d}', '{0}', '{}', '{}', 0, '{}', false, '{}', '{}', '{}', '{}', '{}', 7", capA)
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "claim", args)
-		var probes, read float64
+		var probes, read, claimed float64
 		plan.walk(nil, func(n, _ *planNode) {
+			if n.NodeType == "ModifyTable" {
+				claimed += n.ActualRows
+			}
+			if n.NodeType == "Seq Scan" && n.RelationName == "queue" {
+				t.Errorf("%s: the claim reads pepsi.queue whole (a sequential scan); want index walks and probes:\n%s", mode, plan)
+			}
 			if strings.HasPrefix(n.IndexName, "queue_order_") {
 				probes += n.ActualLoops
 				read += n.ActualRows * n.ActualLoops
@@ -335,9 +345,12 @@ func TestClaimCostsItsKeysNotABacklog(t *testing.T) {
 				}
 			}
 		})
-		if probes > 2*(capA+1) || read > 0 {
-			t.Errorf("%s: a claim of %d keyed messages, each its key's oldest, probed the order-key indexes %g times and read %g entries; want at most %d probes (two per candidate) and none read:\n%s",
-				mode, capA, probes, read, 2*(capA+1), plan)
+		if claimed != capA {
+			t.Errorf("%s: the claim took %g rows; want its cap, %d (every pending message is its key's oldest):\n%s", mode, claimed, capA, plan)
+		}
+		if probes < 2*capA || probes > 2*(capA+1) || read > 0 {
+			t.Errorf("%s: a claim of %d keyed messages, each its key's oldest, probed the order-key indexes %g times and read %g entries; want two probes per candidate (%d to %d) and none read:\n%s",
+				mode, capA, probes, read, 2*capA, 2*(capA+1), plan)
 		}
 	}
 }

@@ -517,7 +517,10 @@ func TestResolveAndWakeSetReadyAtWithoutTheTrigger(t *testing.T) {
 		"PREPARE wake(timestamptz, bigint[], int) AS " + store.WakeSQL,
 	}, prepareResolves()...)...)
 	ctx := t.Context()
-	check := func(name, args, stage string) {
+	// fresh: the rows whose traceparent the statement gives (a move that
+	// claims gives one to a row that has none), which the traceparent's
+	// trigger checks: a count that shows the trigger list is read.
+	check := func(name, args, stage string, fresh int) {
 		t.Helper()
 		tx, err := conn.Begin(ctx)
 		if err != nil {
@@ -537,23 +540,62 @@ func TestResolveAndWakeSetReadyAtWithoutTheTrigger(t *testing.T) {
 		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
 			t.Fatalf("%s: EXPLAIN's JSON %s: %v", name, out, err)
 		}
+		checked := 0
 		for _, tr := range plans[0].Triggers {
 			if tr.Name == "queue_ready_at" && tr.Calls > 0 {
 				t.Errorf("%s: making %d rows ready at %s called queue_ready_at %d times; want none", name, items, stage, tr.Calls)
 			}
+			if tr.Name == "queue_traceparent_update" {
+				checked += tr.Calls
+			}
 		}
-		var fresh, ready int
-		if err := tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE ready_at = now()), count(*) FROM pepsi.queue WHERE stage = $1 AND status IN ('pending', 'running')", stage).Scan(&fresh, &ready); err != nil {
+		if checked != fresh {
+			t.Errorf("%s: queue_traceparent_update called %d times; want %d (EXPLAIN's trigger list: %s)", name, checked, fresh, out)
+		}
+		var now, ready int
+		if err := tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE ready_at = now()), count(*) FROM pepsi.queue WHERE stage = $1 AND status IN ('pending', 'running')", stage).Scan(&now, &ready); err != nil {
 			t.Fatal(err)
 		}
-		if ready != items || fresh != items {
-			t.Errorf("%s: %d rows ready at %s, %d of them since now; want all %d, all since now", name, ready, stage, fresh, items)
+		if ready != items || now != items {
+			t.Errorf("%s: %d rows ready at %s, %d of them since now; want all %d, all since now", name, ready, stage, now, items)
 		}
 	}
 	for _, r := range resolveStatements {
-		check(r.name, r.args(1, items), "b")
+		check(r.name, r.args(1, items), "b", items)
 	}
-	check("wake", "now(), '{}', 100", "c")
+	check("wake", "now(), '{}', 100", "c", 0)
+}
+
+// TestAResolveKeepsReadyAtWhereItsRowIsNotReadyAnew checks the other side of
+// TestResolveAndWakeSetReadyAtWithoutTheTrigger: a resolve sets ready_at only
+// for a move to another stage, as the trigger did, and keeps it for a pass to
+// done, a failure, a retry's pause and a move to the stage the row is at.
+func TestAResolveKeepsReadyAtWhereItsRowIsNotReadyAnew(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := t.Context()
+	ids := h.Insert(t, "a", 4)
+	if got := claimedIDs(mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 4}}}})[0]); len(got) != 4 {
+		t.Fatalf("claimed %v, want the 4 rows", got)
+	}
+	h.exec(t, `UPDATE pepsi.queue SET ready_at = now() - interval '1 hour'`)
+	items := []core.Item{
+		{ID: ids[0], Stage: "a", Verdict: core.Move, To: core.TargetDone},
+		{ID: ids[1], Stage: "a", Verdict: core.Fail, Reason: "broken"},
+		{ID: ids[2], Stage: "a", Verdict: core.Retry, Reason: "later", Until: time.Now().Add(time.Hour)},
+		{ID: ids[3], Stage: "a", Verdict: core.Move, To: "a"},
+	}
+	mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: items}})
+	for _, it := range items {
+		var status string
+		var us int64
+		if err := h.pool.QueryRow(ctx, `SELECT status, (extract(epoch FROM now() - ready_at) * 1e6)::bigint FROM pepsi.queue WHERE ingress_id = $1`, it.ID).Scan(&status, &us); err != nil {
+			t.Fatal(err)
+		}
+		if age := time.Duration(us) * time.Microsecond; age < 59*time.Minute {
+			t.Errorf("%s (%s to %q, now %s): ready %v ago; want the hour it had, kept", it.Verdict, it.Stage, it.To, status, age)
+		}
+	}
 }
 
 // TestKeyedMoveProbesItsKeyOnce checks that a resolve decides each keyed move

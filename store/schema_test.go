@@ -224,6 +224,11 @@ func TestSchema25ChecksAProducersTraceparentNotAnEmittedChilds(t *testing.T) {
 func TestSchema26TriggersPrepareNoFunctionOfOurs(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	// pg_get_triggerdef qualifies a function by its schema only where the
+	// search path would not find it.
+	if _, err := conn.Exec(t.Context(), "SET search_path = pg_catalog"); err != nil {
+		t.Fatal(err)
+	}
 	rows, err := conn.Query(t.Context(), `SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger
 		WHERE tgrelid = 'pepsi.queue'::regclass AND NOT tgisinternal AND tgqual IS NOT NULL`)
 	if err != nil {
@@ -314,6 +319,32 @@ func TestTraceparentOkAgreesWithTheRegularExpression(t *testing.T) {
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Schema 26: a traceparent's check says the same whatever the client's
+// encoding. Schema 21's rule read the value's bytes with textsend, which
+// converts them to the client's encoding: with a LATIN1 client, 55 bytes of
+// "00-" and 26 two-byte letters were 29 bytes there, and the check failed
+// with "index out of range" (SQLSTATE 2202E) instead of refusing the value.
+func TestATraceparentsCheckIsTheSameInEveryClientEncoding(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	ctx := t.Context()
+	if _, err := conn.Exec(ctx, "SET client_encoding = 'LATIN1'"); err != nil {
+		t.Fatal(err)
+	}
+	var ok *bool
+	if err := conn.QueryRow(ctx, "SELECT pepsi.traceparent_ok('00-' || repeat(chr(233), 26))").Scan(&ok); err != nil {
+		t.Fatalf("traceparent_ok of 26 two-byte letters under a LATIN1 client: %v; want false", err)
+	}
+	if ok == nil || *ok {
+		t.Errorf("traceparent_ok of 26 two-byte letters under a LATIN1 client: %v; want false", ok)
+	}
+	_, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage, traceparent) VALUES ('a', '00-' || repeat(chr(233), 26))")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "queue_traceparent_check" {
+		t.Errorf("insert of 26 two-byte letters as a traceparent under a LATIN1 client: %v; want check_violation of queue_traceparent_check", err)
 	}
 }
 

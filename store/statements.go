@@ -663,8 +663,10 @@ func traceSeed() int64 {
 //
 // A move to another stage sets ready_at itself (the row is ready anew there,
 // pending or claimed), as schema 13's trigger queue_ready_at would: the
-// trigger then leaves the row alone (its WHEN clause sees ready_at set), and
-// the hop costs no call of its PL/pgSQL function, which was about a
+// trigger then leaves the row alone (its WHEN clause sees ready_at set;
+// unless it was now() already, set earlier in the same transaction, and the
+// function writes the same value), and the hop costs no call of its PL/pgSQL
+// function, which was about a
 // microsecond and a half of the backend's time per hop (docs/performance.md,
 // "A transaction's fixed cost"). Every other outcome of a resolve keeps
 // ready_at, as the trigger does: a requeue, a row its stage advanced itself

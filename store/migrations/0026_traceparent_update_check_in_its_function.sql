@@ -16,20 +16,29 @@
 -- message's first claim, or a writer outside the dispatcher), with the same
 -- rule and the same error as before (SQLSTATE 23514, constraint
 -- queue_traceparent_check).
--- pepsi.traceparent_ok is declared STABLE, not IMMUTABLE STRICT, which is
--- what kept PostgreSQL from inlining it: a function may be inlined only
--- where its body is no more volatile than it says (textsend is STABLE), and
--- a strict one only where its body is strict too (an AND is not). Inlined,
--- PL/pgSQL plans its body once per session in check_traceparent; called,
--- it ran through the SQL function executor, which parses and plans the body
--- again in every transaction. Its answer is the same for every input: NULL
--- for NULL (each comparison of the body is NULL then, and so is their AND).
+
+-- pepsi.traceparent_ok is declared IMMUTABLE but not STRICT, over a body of
+-- immutable functions only, which is what PostgreSQL needs to inline it: a
+-- strict function is inlined only where its body is strict too (an AND is
+-- not), and any function only where its body is no more volatile than it
+-- says. Schema 21's body used textsend, which is STABLE (it converts the
+-- text to the client's encoding: with a LATIN1 client a 55-byte traceparent
+-- of non-ASCII letters failed with "index out of range", not the check's
+-- error). Inlined, PL/pgSQL plans its body once per session in
+-- check_traceparent, and, the expression being immutable, evaluates it
+-- without taking a new snapshot for every row; called, it ran through the
+-- SQL function executor, which parses and plans the body again in every
+-- transaction. The rule is the same: 55 bytes, "00-" first, dashes at the
+-- 36th and 53rd characters and nowhere else but the third, every other
+-- character a lower-case hex digit (translate leaves nothing of a string
+-- made of those only; every such character is one byte, so 55 bytes are 55
+-- characters). NULL gives NULL, as before.
 CREATE OR REPLACE FUNCTION pepsi.traceparent_ok(tp text) RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT octet_length(tp) = 55 AND left(tp, 3) = '00-'
-       AND get_byte(textsend(tp), 35) = 45 AND get_byte(textsend(tp), 52) = 45
+       AND substr(tp, 36, 1) = '-' AND substr(tp, 53, 1) = '-'
        AND octet_length(replace(tp, '-', '')) = 52
-       AND btrim(textsend(tp), '\x2d30313233343536373839616263646566'::bytea) = ''::bytea
+       AND translate(tp, '-0123456789abcdef', '') = ''
 $$;
 
 DROP TRIGGER IF EXISTS queue_traceparent_update ON pepsi.queue;
