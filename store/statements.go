@@ -666,11 +666,11 @@ func traceSeed() int64 {
 // trigger then leaves the row alone (its WHEN clause sees ready_at set;
 // unless it was now() already, set earlier in the same transaction, and the
 // function writes the same value), and the hop costs no call of its PL/pgSQL
-// function, which was about a
-// microsecond and a half of the backend's time per hop (docs/performance.md,
-// "A transaction's fixed cost"). Every other outcome of a resolve keeps
-// ready_at, as the trigger does: a requeue, a row its stage advanced itself
-// (its own update made it ready), a pass to done, paused or failed.
+// function, which was about a microsecond and a half of the backend's time
+// per hop (docs/performance.md, "A transaction's fixed cost"). Every other
+// outcome of a resolve keeps ready_at, as the trigger does: a requeue, a row
+// its stage advanced itself (its own update made it ready), a pass to done,
+// paused or failed.
 //
 // "decided" is MATERIALIZED so that each item's decision is made once. Inlined
 // into the UPDATE, its to_status was computed again for every use of it in the
