@@ -198,7 +198,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		// One row in 50 has an order key (100 keys): the keyed filter must
 		// not move the plan off the index either.
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 's' || (i %% 3), CASE WHEN i %% 50 = 0 THEN 'k' || (i %% 100) END FROM generate_series(1, %d) i", backlog),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+		prepareClaim,
 	)
 	// Earlier claims leave dead entries at the head of queue_pending, as in a
 	// running system.
@@ -237,7 +237,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", backlog),
 		fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id <= %d", taken),
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+		prepareClaim,
 	)
 	pages := func(after int64) float64 {
 		var blocks float64
@@ -271,7 +271,7 @@ func TestClaimLimitsCostTheirMax(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT CASE WHEN i %% 2 = 0 THEN 'f' ELSE 'x' END FROM generate_series(1, %d) i", backlog),
 		"ANALYZE pepsi.queue",
-		"PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS "+store.ClaimSQL,
+		prepareClaim,
 		"PREPARE over(text[], bigint[], bigint[]) AS "+store.OverSQL,
 	)
 	for _, c := range []struct{ name, args string }{
@@ -336,6 +336,9 @@ func checkClaimPlan(t *testing.T, plan *planNode, nStages, capEach int, where st
 
 // resolveParams are the types of resolveSQL's parameters without the emits'
 // ($1 to $19), for PREPARE.
+// prepareClaim prepares claimSQL as "claim", for the tests that EXPLAIN it.
+const prepareClaim = "PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL
+
 const resolveParams = "bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], " +
 	"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool, bigint"
 
