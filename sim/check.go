@@ -1368,12 +1368,15 @@ func (w *world) attempts(r *rule, x crossing) {
 	// (A crash restores an earlier version of the row, attempts and all.)
 	switch {
 	case c == nil || c.By == fakequeue.ByCrash:
-	case c.After.Stage != c.Before.Stage && c.After.Attempts != 0:
-		w.broke(r, "row %d moved from stage %s to %s by %s with attempts %d: a move to another stage sets it to 0",
-			c.After.ID, c.Before.Stage, c.After.Stage, c.By, c.After.Attempts)
+	case c.By != fakequeue.ByStage && (c.After.Status == core.StatusPending || c.After.Status == core.StatusRunning) &&
+		c.After.Attempts != 0 && c.After.AttemptsStage != c.After.Stage:
+		w.broke(r, "row %d was made %s at stage %s by %s with attempts %d, counted at stage %q: at another stage they are 0",
+			c.After.ID, c.After.Status, c.After.Stage, c.By, c.After.Attempts, c.After.AttemptsStage)
 	case c.After.Attempts > c.Before.Attempts+1 || (c.After.Attempts == c.Before.Attempts+1 && (c.By != fakequeue.ByResolve || c.After.Status != core.StatusPaused)):
 		w.broke(r, "row %d's attempts went from %d to %d by %s (%s): only a retry adds one",
 			c.After.ID, c.Before.Attempts, c.After.Attempts, c.By, c.After.Status)
+	case c.After.Attempts == c.Before.Attempts+1 && c.After.AttemptsStage != c.After.Stage:
+		w.broke(r, "row %d's retry at stage %s counted its attempts at stage %q", c.After.ID, c.After.Stage, c.After.AttemptsStage)
 	}
 }
 

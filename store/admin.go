@@ -105,6 +105,7 @@ const retrySQL = `WITH moved AS (
 		timeout = NULL,
 		attempts = 0,
 		updated_at = now(),
+		ready_at = now(),
 		state = (state - 'dispatch_error') || jsonb_build_object('dispatch_error_history',
 			CASE WHEN jsonb_typeof(state->'dispatch_error_history') = 'array'
 				THEN state->'dispatch_error_history' ELSE '[]'::jsonb END

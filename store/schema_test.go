@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
+	"github.com/pepsi-pipeline/pepsi/internal/traceparent"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -134,14 +136,14 @@ func TestDedupKeyIsUniqueWhereSet(t *testing.T) {
 	}
 }
 
-// Schema 21 checks a traceparent when an INSERT gives one or an UPDATE
+// Schemas 21 to 26 check a traceparent when an INSERT gives one or an UPDATE
 // changes it, as schema 17's CHECK did (SQLSTATE 23514, naming
 // queue_traceparent_check), and no longer at every update of its row: an
 // update that leaves it alone does not run the check (a row whose value the
 // check refuses, written before it, is updated).
 func TestSchema21ChecksATraceparentWhenItIsWritten(t *testing.T) {
 	t.Parallel()
-	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	conn := migratedTo(t, 26) // schema 27 checks inserts only (TestSchema27FiresNoTriggerOnAQueueUpdate)
 	ctx := t.Context()
 	const good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	refused := func(what, sql string, args ...any) {
@@ -223,7 +225,33 @@ func TestSchema25ChecksAProducersTraceparentNotAnEmittedChilds(t *testing.T) {
 // step transaction of the dispatcher both, whatever it carried.
 func TestSchema26TriggersPrepareNoFunctionOfOurs(t *testing.T) {
 	t.Parallel()
-	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
+	conn := migratedTo(t, 26)
+	checkTriggerWhens(t, conn, "queue_traceparent_update")
+	var plan string
+	if err := conn.QueryRow(t.Context(), `EXPLAIN (VERBOSE, FORMAT JSON) SELECT pepsi.traceparent_ok(traceparent) FROM pepsi.queue`).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plan, "traceparent_ok") {
+		t.Errorf("pepsi.traceparent_ok is called, not inlined:\n%s", plan)
+	}
+}
+
+// migratedTo is a connection to a new database at schema version v: a test
+// of what an earlier version did, which a later one changed.
+func migratedTo(t *testing.T, v int) *pgx.Conn {
+	t.Helper()
+	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
+	if _, err := store.MigrateTo(t.Context(), conn, v); err != nil {
+		t.Fatalf("migrate to %d: %v", v, err)
+	}
+	return conn
+}
+
+// checkTriggerWhens fails t if a trigger of pepsi.queue calls a function of
+// schema pepsi in its WHEN clause, or if trigger want has no WHEN clause
+// (which shows the triggers' definitions were read).
+func checkTriggerWhens(t *testing.T, conn *pgx.Conn, want string) {
+	t.Helper()
 	// pg_get_triggerdef qualifies a function by its schema only where the
 	// search path would not find it.
 	if _, err := conn.Exec(t.Context(), "SET search_path = pg_catalog"); err != nil {
@@ -245,8 +273,8 @@ func TestSchema26TriggersPrepareNoFunctionOfOurs(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := defs["queue_traceparent_update"]; !ok {
-		t.Fatalf("no WHEN clause on queue_traceparent_update among %v", defs)
+	if _, ok := defs[want]; !ok {
+		t.Fatalf("no WHEN clause on %s among %v", want, defs)
 	}
 	for name, def := range defs {
 		when := def[strings.Index(def, " WHEN ")+1 : strings.Index(def, " EXECUTE FUNCTION ")]
@@ -254,19 +282,16 @@ func TestSchema26TriggersPrepareNoFunctionOfOurs(t *testing.T) {
 			t.Errorf("trigger %s calls a function of schema pepsi in its WHEN clause: %s", name, when)
 		}
 	}
-	var plan string
-	if err := conn.QueryRow(t.Context(), `EXPLAIN (VERBOSE, FORMAT JSON) SELECT pepsi.traceparent_ok(traceparent) FROM pepsi.queue`).Scan(&plan); err != nil {
+	// pg_get_triggerdef's search path is this connection's: set it back.
+	if _, err := conn.Exec(t.Context(), "RESET search_path"); err != nil {
 		t.Fatal(err)
-	}
-	if strings.Contains(plan, "traceparent_ok") {
-		t.Errorf("pepsi.traceparent_ok is called, not inlined:\n%s", plan)
 	}
 }
 
-// pepsi.traceparent_ok (schema 21) says of every string what the regular
-// expression of W3C Trace Context version 00 says: checked on valid
-// traceparents and on each of them with one byte changed, cut or doubled
-// (seeded; the seed is printed).
+// pepsi.traceparent_ok (schema 21), and traceparent.Wellformed in Go, say
+// of every string what the regular expression of W3C Trace Context version
+// 00 says: checked on valid traceparents and on each of them with one byte
+// changed, cut or doubled (seeded; the seed is printed).
 func TestTraceparentOkAgreesWithTheRegularExpression(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
@@ -319,6 +344,14 @@ func TestTraceparentOkAgreesWithTheRegularExpression(t *testing.T) {
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
+	}
+	// Go's rule, where PEPSI reads a traceparent an UPDATE wrote (schema 27),
+	// says what the database's says.
+	valid := regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+	for _, tp := range cases {
+		if traceparent.Wellformed(tp) != valid.MatchString(tp) {
+			t.Errorf("%q: traceparent.Wellformed %v, the regular expression %v (seed %d)", tp, traceparent.Wellformed(tp), valid.MatchString(tp), seed)
+		}
 	}
 }
 

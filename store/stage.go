@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/traceparent"
 )
 
 // The statements of the stage library (package stage). The library queues
@@ -39,10 +40,14 @@ FROM pepsi.queue WHERE ingress_id = ANY($1)`
 // moved no row it fails, with division_by_zero (stageTransitionNoRow), which
 // nothing else in it can raise: in a handler's transaction that stops the
 // COMMIT queued behind it in the same batch (see the stage library's
-// commitTx).
+// commitTx). A move to another stage sets attempts to 0 and ready_at to now()
+// (the queue has no trigger for it since schema 27; the dispatcher's requeue
+// of the advanced row would set them too, but not if it died first).
 const stageTransitionSQL = `WITH moved AS (
 	UPDATE pepsi.queue
-	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now()
+	SET stage = $2, status = $3, timeout = $4, state = $5, updated_at = now(),
+		attempts = CASE WHEN $2 <> stage THEN 0 ELSE attempts END,
+		ready_at = CASE WHEN $2 <> stage AND $3 IN ('pending', 'running') THEN now() ELSE ready_at END
 	WHERE ingress_id = $1 AND status = 'running' AND stage = $6 AND ($7::xid IS NULL OR xmin = $7::xid)
 	RETURNING 1
 )
@@ -77,6 +82,9 @@ func (s *PG) StageRead(ctx context.Context, ids []int64) ([]StageRow, error) {
 	return collect(ctx, s.db, "read rows", func(r pgx.CollectableRow) (StageRow, error) {
 		var x StageRow
 		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.OrderKey, &x.Version, &x.TraceParent)
+		if !traceparent.Wellformed(x.TraceParent) {
+			x.TraceParent = "" // what an UPDATE wrote: not checked by the database (schema 27)
+		}
 		return x, err
 	}, stageReadSQL, ids)
 }

@@ -52,9 +52,16 @@ func statementFor(c core.Command) statement {
 // keys (core.OrphansReset.Keys), records a reset in pepsi.history for each
 // at $2 (core.ResetOrphans.Now), and forgets the flush marks of
 // dispatcher lives not heard of for 30 days (see flushSQL).
+//
+// A row its stage advanced itself just before the dispatcher that held it
+// died carries the attempts of the stage before: they count as 0 wherever
+// attempts_stage (the stage of the retry that added the last one, schema 27)
+// is another stage. It keeps its ready_at, the one of the stage before (what
+// made it ready at its new stage was lost with that dispatcher).
 const resetOrphansSQL = `
 WITH reset AS (
-	UPDATE pepsi.queue SET status = 'pending', updated_at = now()
+	UPDATE pepsi.queue SET status = 'pending', updated_at = now(),
+		attempts = CASE WHEN attempts_stage <> stage THEN 0 ELSE attempts END
 	WHERE status = 'running' AND ingress_id <> ALL ($1::bigint[])
 	RETURNING ingress_id, stage, attempts, order_key
 ), recorded AS (
@@ -306,6 +313,11 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // it did: its payload is not even detoasted (octet_length of a toasted value
 // reads its header).
 //
+// attempts (docs/protocol.md, "Retries"): a row whose attempts were counted at
+// another stage (attempts_stage, schema 27: a stage advanced it itself, and
+// the dispatcher that could have set them to 0 died first) is claimed with
+// attempts 0, so the retry limit counts from the stage it is claimed for.
+//
 // Traces (docs/protocol.md, "Traces"; schemas 17 and 22): the UPDATE gives a
 // row without a traceparent a fresh one (pepsi.fresh_traceparent, its trace
 // id hashed from the row's id and $14, a random seed per statement), in the
@@ -357,6 +369,7 @@ WITH over AS (
 	SELECT stage, count(*) > max(n) AS more, max(ingress_id) AS peeked FROM picked GROUP BY stage
 ), claimed AS (
 	UPDATE pepsi.queue u SET status = 'running', updated_at = now(),
+		attempts = CASE WHEN u.attempts_stage <> u.stage THEN 0 ELSE u.attempts END,
 		traceparent = coalesce(u.traceparent, pepsi.fresh_traceparent(u.ingress_id, $14::bigint, now()))
 	WHERE u.ingress_id = ANY (ARRAY(SELECT p.ingress_id FROM picked p JOIN found f ON f.stage = p.stage
 	                                WHERE NOT (f.more AND p.ingress_id = f.peeked)))
@@ -559,8 +572,8 @@ func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 // give, computed off the backend whose time bounds hops/s; schema 22).
 func readTrace(id int64, trace, passOf *string, claimedAt *time.Time) core.Trace {
 	var t core.Trace
-	if trace != nil {
-		t.Message = *trace
+	if trace != nil && traceparent.Wellformed(*trace) {
+		t.Message = *trace // one an UPDATE wrote is not checked by the database (schema 27)
 	}
 	if passOf != nil && claimedAt != nil {
 		t.Pass = traceparent.Pass(*passOf, id, *claimedAt)
@@ -598,7 +611,9 @@ func traceSeed() int64 {
 //
 // attempts counts retries at the current stage: it is 0 again whenever the
 // statement moves the row to another stage (an answered advance, or the
-// requeue of a row its stage advanced).
+// requeue of a row its stage advanced), and a retry writes the stage it
+// counts at into attempts_stage (schema 27), which the claim and the orphan
+// reset read for a row a stage advanced itself before a dispatcher died.
 //
 // Each item with history on ($11, core.Item.History) records its pass in
 // pepsi.history in the same statement, only as it happened: a row the UPDATE
@@ -661,16 +676,13 @@ func traceSeed() int64 {
 // the UPDATE changes its updated_at, from which pepsi.pass_span hashes the
 // pass (and a move that claims its stage too).
 //
-// A move to another stage sets ready_at itself (the row is ready anew there,
-// pending or claimed), as schema 13's trigger queue_ready_at would: the
-// trigger then leaves the row alone (its WHEN clause sees ready_at set;
-// unless it was now() already, set earlier in the same transaction, and the
-// function writes the same value), and the hop costs no call of its PL/pgSQL
-// function, which was about a microsecond and a half of the backend's time
-// per hop (docs/performance.md, "A transaction's fixed cost"). Every other
-// outcome of a resolve keeps ready_at, as the trigger does: a requeue, a row
-// its stage advanced itself (its own update made it ready), a pass to done,
-// paused or failed.
+// A move to another stage sets ready_at (the row is ready anew there, pending
+// or claimed), and so does the requeue of a row its stage advanced itself:
+// that row becomes ready at its new stage now, pending there (schema 27; the
+// queue has no trigger that would set it at the stage's own update). Every
+// other outcome of a resolve keeps ready_at: a requeue of a row at its own
+// stage (the age of the oldest pending message keeps growing while a stage
+// cannot run it), a pass to done, paused or failed.
 //
 // "decided" is MATERIALIZED so that each item's decision is made once. Inlined
 // into the UPDATE, its to_status was computed again for every use of it in the
@@ -734,7 +746,8 @@ WITH item AS (
 		END,
 		traceparent = CASE WHEN d.matched AND d.to_status = 'running' AND q.traceparent IS NULL
 			THEN pepsi.fresh_traceparent(q.ingress_id, $19::bigint, now()) ELSE q.traceparent END,
-		ready_at = CASE WHEN d.matched AND d.verdict = 'move' AND d.target NOT IN ('done', 'paused') AND d.target <> q.stage
+		attempts_stage = CASE WHEN d.matched AND d.verdict = 'retry' THEN q.stage ELSE q.attempts_stage END,
+		ready_at = CASE WHEN NOT d.matched OR (d.verdict = 'move' AND d.target NOT IN ('done', 'paused') AND d.target <> q.stage)
 			THEN now() ELSE q.ready_at END,
 		updated_at = now()
 	FROM decided d
@@ -1077,8 +1090,8 @@ func resolvedRow(r pgx.CollectableRow) (resolved, error) {
 // row gets a history row, woken, at $1. It wakes at most $3 (core.WakeMax)
 // rows, those due first; when it found that many due it reports $1 as the
 // earliest timeout, so the core wakes again in its next transaction. It sets
-// ready_at itself, as a resolve's move does (resolveHeadSQL), so the trigger
-// queue_ready_at calls its function for none of the rows.
+// ready_at: the woken rows are ready anew (as a resolve's move sets it,
+// resolveHeadSQL).
 const wakeSQL = `
 WITH due AS (
 	SELECT ingress_id FROM pepsi.queue

@@ -20,10 +20,12 @@ func PassSpanID(id int64, claimedAt time.Time) string {
 }
 
 // Pass is the pass's traceparent: tp, the message's, with the pass's span id
-// (PassSpanID) in place of its parent's; "" when tp is not 55 bytes long (no
-// traceparent), as pepsi.pass_traceparent gives NULL.
+// (PassSpanID) in place of its parent's; "" when tp is none (pepsi.pass_traceparent
+// gives NULL) or not well-formed (Wellformed: only an UPDATE of the queue can
+// have written it, which the database no longer checks), so a malformed
+// traceparent makes no pass part of a trace, as if the message had none.
 func Pass(tp string, id int64, claimedAt time.Time) string {
-	if len(tp) != 55 {
+	if !Wellformed(tp) {
 		return ""
 	}
 	return tp[:36] + PassSpanID(id, claimedAt) + tp[52:]

@@ -49,6 +49,16 @@ func Format(sc trace.SpanContext) string {
 	return string(b)
 }
 
+// Wellformed says whether tp is what the queue's check on inserts
+// (pepsi.traceparent_ok) lets in: 55 bytes, "00-", then 32, 16 and 2
+// lower-case hex digits between dashes. Since schema 27 the database checks
+// only the traceparents inserted; one an UPDATE wrote is checked here, where
+// PEPSI reads it, and one that is not well-formed counts as none.
+func Wellformed(tp string) bool {
+	return len(tp) == 55 && tp[:3] == "00-" && tp[35] == '-' && tp[52] == '-' &&
+		lowerHex(tp[3:35]) && lowerHex(tp[36:52]) && lowerHex(tp[53:])
+}
+
 func lowerHex(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {

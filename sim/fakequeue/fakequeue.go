@@ -29,8 +29,14 @@ type Row struct {
 	// ("" for {}); state.dispatch_error is DispatchError.
 	State string
 	// Attempts is the attempts column: retries at the current stage, 0 again on
-	// every move to another stage.
+	// every move to another stage the dispatcher writes.
 	Attempts int
+	// AttemptsStage is the attempts_stage column, "" for NULL: the stage of the
+	// retry that added the last attempt (schema 27). A row a stage advanced
+	// itself carries the attempts of the stage before until the dispatcher
+	// makes it pending (the requeue) or claims it: those count them as 0 at a
+	// stage other than this one (liveAttempts).
+	AttemptsStage string
 	// Payload is the payload column; NULL unless HasPayload.
 	Payload    string
 	HasPayload bool
@@ -573,6 +579,7 @@ func (q *Queue) write(r *Row, it core.Item) {
 	case core.Retry:
 		r.Status, r.Timeout, r.DispatchError = core.StatusPaused, it.Until, it.Reason
 		r.Attempts++
+		r.AttemptsStage = r.Stage
 	case core.Move:
 		switch it.To {
 		case core.TargetDone:
@@ -594,6 +601,16 @@ func (q *Queue) write(r *Row, it core.Item) {
 	default:
 		panic(fmt.Sprintf("fakequeue: item %v has no verdict it knows", it))
 	}
+}
+
+// liveAttempts is r's attempts as the claim and the orphan reset write them:
+// 0 when they were counted at another stage than r's (a stage advanced it
+// itself, and the dispatcher that would have set them to 0 died first).
+func liveAttempts(r *Row) int {
+	if r.AttemptsStage != "" && r.AttemptsStage != r.Stage {
+		return 0
+	}
+	return r.Attempts
 }
 
 // merge is jsonb's "state || patch" for two objects: the patch's top-level keys
@@ -644,7 +661,7 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 	for _, r := range q.rows {
 		if r != nil && r.Status == core.StatusRunning && !slices.Contains(c.Keep, r.ID) {
 			before := *r
-			r.Status = core.StatusPending
+			r.Status, r.Attempts = core.StatusPending, liveAttempts(r)
 			q.observe(ByReset, before, r)
 			q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryReset, At: c.Now, Attempts: r.Attempts})
 			n++
@@ -688,7 +705,7 @@ func (q *Queue) claim(c core.Claim) core.Event {
 					break
 				}
 				before := *r
-				r.Status = core.StatusRunning
+				r.Status, r.Attempts = core.StatusRunning, liveAttempts(r)
 				q.claimTrace(r)
 				q.observe(ByClaim, before, r)
 				row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts, Key: r.Key}

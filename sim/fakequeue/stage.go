@@ -69,6 +69,9 @@ func (q *Queue) StageTransition(_ context.Context, p store.StageTransitionParams
 		timeout = *p.Timeout
 	}
 	return q.stageWrite(p.ID, p.From, p.Version, func(r *Row) {
+		if p.Stage != r.Stage {
+			r.Attempts = 0 // the library's move sets them to 0 (stageTransitionSQL)
+		}
 		r.Stage, r.Status, r.Timeout, r.State, r.DispatchError = p.Stage, p.Status, timeout, rest, dispatchError
 	}), nil
 }
@@ -76,7 +79,8 @@ func (q *Queue) StageTransition(_ context.Context, p store.StageTransitionParams
 // StageWrite changes a row the way a stage program does, guarded by status
 // 'running' and stage from: advance (to != from, status "running"), or finish /
 // pause (status "done", "failed" or "paused" with timeout). It keeps the
-// row's state and reports whether the guard matched. The write is
+// row's state and attempts (a program in any language writes only what the
+// protocol asks of it) and reports whether the guard matched. The write is
 // asynchronous: a Crash before the next Exec loses it.
 func (q *Queue) StageWrite(id int64, from, to string, status core.RowStatus, timeout time.Time) bool {
 	return q.stageWrite(id, from, nil, func(r *Row) {
@@ -97,10 +101,7 @@ func (q *Queue) stageWrite(id int64, from string, version *uint32, set func(r *R
 	}
 	before := *r
 	q.undo = append(q.undo, before)
-	set(r)
-	if r.Stage != before.Stage {
-		r.Attempts = 0 // the schema's trigger (queue_attempts_reset) does it
-	}
+	set(r) // attempts as they were: the queue has no trigger that sets them to 0 (schema 27)
 	q.observe(ByStage, before, r)
 	return true
 }
