@@ -1377,7 +1377,28 @@ func (w *world) attempts(r *rule, x crossing) {
 			c.After.ID, c.Before.Attempts, c.After.Attempts, c.By, c.After.Status)
 	case c.After.Attempts == c.Before.Attempts+1 && c.After.AttemptsStage != c.After.Stage:
 		w.broke(r, "row %d's retry at stage %s counted its attempts at stage %q", c.After.ID, c.After.Stage, c.After.AttemptsStage)
+	case c.After.Attempts < c.Before.Attempts && !attemptsMayDrop(*c):
+		w.broke(r, "row %d's attempts went from %d (counted at stage %q) to %d by %s at stage %s: only a move, a requeue, an operator's retry, "+
+			"or a claim or reset of a row whose attempts were counted at another stage sets them to 0",
+			c.After.ID, c.Before.Attempts, c.Before.AttemptsStage, c.After.Attempts, c.By, c.Before.Stage)
 	}
+}
+
+// attemptsMayDrop says whether change c may lower a row's attempts: a
+// resolve (a move, the requeue of a row its stage advanced), an operator's
+// retry, a stage's own move to another stage (the stage library's sets them
+// to 0), or a claim or an orphan reset of a row whose attempts were counted
+// at another stage, to 0.
+func attemptsMayDrop(c fakequeue.Change) bool {
+	switch c.By {
+	case fakequeue.ByResolve, fakequeue.ByOperator:
+		return true
+	case fakequeue.ByStage:
+		return c.After.Stage != c.Before.Stage
+	case fakequeue.ByClaim, fakequeue.ByReset:
+		return c.After.Attempts == 0 && c.Before.AttemptsStage != "" && c.Before.AttemptsStage != c.Before.Stage
+	}
+	return false
 }
 
 func (w *world) wakeKeepsHanded(r *rule, x crossing) {

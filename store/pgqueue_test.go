@@ -58,6 +58,8 @@ func result(ev core.Event) (op int64, err string) {
 		return e.Op, e.Err
 	case core.HistoryKept:
 		return e.Op, e.Err
+	case core.Released:
+		return e.Op, e.Err
 	}
 	panic(fmt.Sprintf("not a queue result: %T", ev))
 }

@@ -27,11 +27,14 @@ const stageLockSQL = `SELECT stage, status, xmin FROM pepsi.queue WHERE ingress_
 // stageReadSQL reads the rows of a batch of ids in one statement, without a
 // lock: a row running at this stage is moved only by this worker (or by the
 // dispatcher when it answers), and every write is guarded.
-// It reads the traceparent of the pass a row is in (schema 17's
-// pepsi.pass_traceparent: what the dispatcher's claim computed from the
-// same row), for a row running at the stage that reads it.
+// It reads the message's traceparent and the claim's updated_at, from which
+// StageRead computes the traceparent of the pass the row is in, as the
+// dispatcher does from its claim's row (traceparent.Pass, which gives none
+// for a traceparent that is not well-formed: the database checks only the
+// inserted ones since schema 27), for a row running at the stage that reads
+// it.
 const stageReadSQL = `SELECT ingress_id, stage, status, state, payload, attempts, coalesce(order_key, ''), xmin,
-	coalesce(pepsi.pass_traceparent(traceparent, ingress_id, stage, updated_at), '')
+	coalesce(traceparent, ''), updated_at
 FROM pepsi.queue WHERE ingress_id = ANY($1)`
 
 // stageTransitionSQL is every transition the library writes itself. The guard
@@ -81,10 +84,10 @@ type StageRow struct {
 func (s *PG) StageRead(ctx context.Context, ids []int64) ([]StageRow, error) {
 	return collect(ctx, s.db, "read rows", func(r pgx.CollectableRow) (StageRow, error) {
 		var x StageRow
-		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.OrderKey, &x.Version, &x.TraceParent)
-		if !traceparent.Wellformed(x.TraceParent) {
-			x.TraceParent = "" // what an UPDATE wrote: not checked by the database (schema 27)
-		}
+		var message string
+		var claimedAt time.Time
+		err := r.Scan(&x.ID, &x.Stage, &x.Status, &x.State, &x.Payload, &x.Attempts, &x.OrderKey, &x.Version, &message, &claimedAt)
+		x.TraceParent = traceparent.Pass(message, x.ID, claimedAt)
 		return x, err
 	}, stageReadSQL, ids)
 }
@@ -166,7 +169,8 @@ func ReadStageTransition(br pgx.BatchResults) (moved bool, err error) {
 
 // StageTransition writes p's transition if the row is still running at
 // p.From (and still at p.Version, if given), and says whether it moved it.
-// The schema's trigger sets attempts to 0 when the stage changes.
+// A move to another stage sets attempts to 0 and ready_at to now
+// (stageTransitionSQL).
 func (s *PG) StageTransition(ctx context.Context, p StageTransitionParams) (moved bool, err error) {
 	b := &pgx.Batch{}
 	QueueStageTransition(b, p)

@@ -2,9 +2,11 @@ package store_test
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -70,17 +72,20 @@ func TestSchema27FiresNoTriggerOnAQueueUpdate(t *testing.T) {
 func TestAMalformedTraceparentIsReadAsNone(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	ids := h.Insert(t, "a", 2)
-	h.exec(t, `UPDATE pepsi.queue SET traceparent = CASE WHEN ingress_id = $1 THEN upper($3) ELSE $3 END
-		WHERE ingress_id IN ($1, $2)`, ids[0], ids[1], goodTrace)
-	ev := mustExec(t, h, []core.Command{core.Claim{Op: 1, Traces: true, Caps: []core.Cap{{Stage: "a", N: 2}}}})[0].(core.Claimed)
-	if len(ev.Rows) != 2 {
-		t.Fatalf("claimed %v; want both rows", ev.Rows)
+	ids := h.Insert(t, "a", 3)
+	// ids[0]'s is upper case; ids[2]'s is bad only where a pass's traceparent
+	// puts the pass's span id (reading the pass's must not hide it).
+	h.exec(t, `UPDATE pepsi.queue SET traceparent = CASE ingress_id WHEN $1 THEN upper($4) WHEN $2 THEN $4
+		ELSE left($4, 36) || 'ZZZZZZZZZZZZZZZZ' || right($4, 3) END
+		WHERE ingress_id IN ($1, $2, $3)`, ids[0], ids[1], ids[2], goodTrace)
+	ev := mustExec(t, h, []core.Command{core.Claim{Op: 1, Traces: true, Caps: []core.Cap{{Stage: "a", N: 3}}}})[0].(core.Claimed)
+	if len(ev.Rows) != 3 {
+		t.Fatalf("claimed %v; want the three rows", ev.Rows)
 	}
 	for _, r := range ev.Rows {
 		switch {
-		case r.ID == ids[0] && r.Trace != (core.Trace{}):
-			t.Errorf("row %d, its traceparent upper-case: claimed with trace %+v; want none", r.ID, r.Trace)
+		case r.ID != ids[1] && r.Trace != (core.Trace{}):
+			t.Errorf("row %d, its traceparent malformed: claimed with trace %+v; want none", r.ID, r.Trace)
 		case r.ID == ids[1] && (r.Trace.Message != goodTrace || len(r.Trace.Pass) != 55):
 			t.Errorf("row %d, its traceparent well-formed: claimed with trace %+v; want the message's and its pass's", r.ID, r.Trace)
 		}
@@ -206,5 +211,48 @@ func TestTheStageLibrarysMoveSetsAttemptsAndReadyAt(t *testing.T) {
 	}
 	if attempts, age := attemptsAndReadyAge(t, h, ids[1]); attempts != 1 || age < 59*time.Minute {
 		t.Errorf("done at a by the library: attempts %d, ready %v ago; want 1, the hour it had", attempts, age)
+	}
+}
+
+// pepsi.order_release (schema 27's) makes a key's next message ready when it
+// makes it pending (schema 13's trigger did), and keeps ready_at for one it
+// makes paused (its retry not yet due: the wake makes it ready).
+func TestAReleaseMakesTheKeysNextMessageReadyNow(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	head := h.InsertKeyed(t, "a", "k")
+	next := h.InsertKeyed(t, "a", "k")
+	if _, status, _, _, _ := h.Row(t, next); status != core.StatusBlocked {
+		t.Fatalf("the key's second message is %s; want blocked behind the first", status)
+	}
+	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
+	mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: []core.Item{{ID: head, Stage: "a", Verdict: core.Move, To: core.TargetDone, Key: "k"}}}})
+	h.exec(t, `UPDATE pepsi.queue SET ready_at = now() - interval '1 hour' WHERE ingress_id = $1`, next)
+	mustExec(t, h, []core.Command{core.Release{Op: 3, Keys: []string{"k"}}})
+	if _, status, _, _, _ := h.Row(t, next); status != core.StatusPending {
+		t.Fatalf("after the release the key's second message is %s; want pending", status)
+	}
+	if _, age := attemptsAndReadyAge(t, h, next); age > time.Minute {
+		t.Errorf("released to pending: ready %v ago; want now", age)
+	}
+}
+
+// Schema 27 writes attempts_stage for the unfinished rows that were retried
+// before it (their attempts were counted where they are), and for no other.
+func TestSchema27NamesTheStageOfEarlierRetries(t *testing.T) {
+	t.Parallel()
+	conn := migratedTo(t, 26)
+	execAll(t, conn, `INSERT INTO pepsi.queue (stage, status, attempts, timeout) VALUES
+		('a', 'paused', 2, now()), ('b', 'pending', 1, NULL), ('c', 'done', 3, NULL), ('d', 'pending', 0, NULL)`)
+	if _, err := store.MigrateTo(t.Context(), conn, 27); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(t.Context(), `SELECT stage || ':' || coalesce(attempts_stage, '-') FROM pepsi.queue ORDER BY ingress_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if want := []string{"a:a", "b:b", "c:-", "d:-"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("stage:attempts_stage after schema 27: %v, %v; want %v", got, err, want)
 	}
 }

@@ -22,8 +22,8 @@ func PassSpanID(id int64, claimedAt time.Time) string {
 // Pass is the pass's traceparent: tp, the message's, with the pass's span id
 // (PassSpanID) in place of its parent's; "" when tp is none (pepsi.pass_traceparent
 // gives NULL) or not well-formed (Wellformed: only an UPDATE of the queue can
-// have written it, which the database no longer checks), so a malformed
-// traceparent makes no pass part of a trace, as if the message had none.
+// have written it, which the database no longer checks): a malformed
+// traceparent makes no pass part of a trace.
 func Pass(tp string, id int64, claimedAt time.Time) string {
 	if !Wellformed(tp) {
 		return ""

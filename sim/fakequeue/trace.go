@@ -55,8 +55,9 @@ func passSpan(traceID string, id int64, stage string, version uint32) string {
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
-// traceCheck is the column's check (queue_traceparent_check, schema 21's
-// triggers: when a traceparent is written).
+// traceCheck is the column's check on insert (queue_traceparent_check: the
+// insert trigger of schemas 21 to 25; an UPDATE is not checked since schema
+// 27).
 var traceCheck = regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
 
 // checkTraces refuses, as the column's check does, a traceparent ("" for

@@ -14,8 +14,8 @@
 --     retry. For a row a stage advanced just before a dispatcher died, the
 --     new column attempts_stage says where the attempts were counted: the
 --     retry that adds one writes it, and the claim and the orphan reset
---     count the attempts as 0 at any other stage. (NULL, for the rows
---     retried before this version, keeps them as they are.)
+--     count the attempts as 0 at any other stage (NULL keeps them: a row
+--     retried by an older dispatcher still running after this migration).
 --   queue_ready_at (schema 13): the dispatcher's writes that make a row
 --     ready anew set ready_at = now() (moves and wakes since schema 26's
 --     time; now also the requeue of a row its stage advanced, which is when
@@ -26,8 +26,9 @@
 --     no longer checked by the database. Only the dispatcher writes one (a
 --     fresh one, made well-formed); producers' inserts are still checked
 --     (queue_traceparent_insert). A malformed value some other UPDATE wrote
---     is ignored by the dispatcher, as if the message had none: its passes
---     are not part of any trace (internal/traceparent.Pass).
+--     stays in the row, and PEPSI reads it as none: the message's passes,
+--     and its emitted children's, are part of no trace
+--     (internal/traceparent.Pass).
 --
 -- The functions the triggers called stay: no migration takes away a
 -- function an earlier schema made.
@@ -36,6 +37,17 @@ DROP TRIGGER IF EXISTS queue_ready_at ON pepsi.queue;
 DROP TRIGGER IF EXISTS queue_traceparent_update ON pepsi.queue;
 
 ALTER TABLE pepsi.queue ADD COLUMN IF NOT EXISTS attempts_stage text;
+
+-- The unfinished rows retried before this version counted their attempts at
+-- the stage they are at (schema 11's trigger set them to 0 at every move
+-- until now). Each status is looked up through its own partial index, so
+-- this reads the unfinished rows, not the finished ones.
+UPDATE pepsi.queue q SET attempts_stage = q.stage
+WHERE q.attempts <> 0 AND q.ingress_id IN (
+    SELECT ingress_id FROM pepsi.queue WHERE status = 'pending'
+    UNION ALL SELECT ingress_id FROM pepsi.queue WHERE status = 'running'
+    UNION ALL SELECT ingress_id FROM pepsi.queue WHERE status = 'paused'
+    UNION ALL SELECT ingress_id FROM pepsi.queue WHERE status = 'blocked');
 
 -- pepsi.order_release as schema 24 made it, and it sets ready_at where it
 -- makes a key's head pending (schema 13's trigger did).
