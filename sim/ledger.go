@@ -114,6 +114,18 @@ type model struct {
 	flushState
 	truthState
 	pressureState
+	floorState
+}
+
+// floorState belongs to rule claim-floor.
+type floorState struct {
+	// releaseAsked: the keys of each outstanding Release, by Op; keysBusy:
+	// keys a release found busy (a producer held the key's lock) and no
+	// release of this life has handed on since. The core releases such a key
+	// again, and lowers the floor when that release reports the key's head:
+	// until then a claim's floor may pass over the head.
+	releaseAsked map[int64][]string
+	keysBusy     map[string]bool
 }
 
 // ledger is what the checker knows of the current core life: observable facts
@@ -288,6 +300,7 @@ func (w *world) newLifeModel() {
 	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}
 	w.healthState = healthState{}
 	w.pressureState = pressureState{feeds: make([][]int, n), over: make([]bool, n)}
+	w.floorState = floorState{releaseAsked: map[int64][]string{}, keysBusy: map[string]bool{}}
 	w.flushState = flushState{flushedAt: w.flushedAt, issued: &truth{stages: map[string]*core.StageDelta{}}}
 	w.verdicts = map[int64]core.RowStatus{}
 	t := &truth{stages: map[string]*core.StageDelta{}, carried: &truth{stages: map[string]*core.StageDelta{}}}
@@ -641,6 +654,9 @@ func (w *world) modelReset(e core.OrphansReset) {
 		w.tellAll()
 	}
 	w.tellHeads(e.Heads)
+	for _, k := range e.Busy {
+		w.keysBusy[k] = true
+	}
 	if !w.resetSeen {
 		w.resetSeen = true
 		// The core takes on the carried deltas never sent; a carried flush
@@ -937,6 +953,12 @@ func (w *world) endLifeModel(exact bool) {
 // out, stops, kills, claims, flushes and asks of the queue.
 func (w *world) recordCommand(cmd core.Command) {
 	switch x := cmd.(type) {
+	case core.Release:
+		keys := slices.Clone(x.Keys)
+		for _, b := range x.Behind {
+			keys = append(keys, b.Key)
+		}
+		w.releaseAsked[x.Op] = keys
 	case core.ResetOrphans:
 		w.resetSent, w.resetOwed = true, false
 	case core.Resolve:

@@ -131,6 +131,17 @@ func (w *world) olderUnfinished(r fakequeue.Row) bool {
 func (w *world) modelReleased(e core.Released) {
 	w.txnResult(e.Err)
 	w.tellHeads(e.Heads)
+	asked := w.releaseAsked[e.Op]
+	delete(w.releaseAsked, e.Op)
+	if e.Err != "" {
+		return
+	}
+	for _, k := range asked {
+		delete(w.keysBusy, k)
+	}
+	for _, k := range e.Busy {
+		w.keysBusy[k] = true
+	}
 }
 
 // tellHeads tells the stage of each pending head that it has work.
