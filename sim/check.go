@@ -1126,8 +1126,11 @@ func (w *world) promptness(r *rule, _ crossing) {
 // runs. Every way a row becomes pending below a floor is one the core hears of:
 // its own resolve, wake or reset, a NOTIFY, the heartbeat; and a producer's row
 // lands below ids a claim saw only while that claim reported nothing settled.
-// The exception: a row an operator retried, while the core has not heard of it
-// (its NOTIFY lost) or heard only after it sent the claim (sent).
+// The exceptions: a row an operator retried, while the core has not heard of it
+// (its NOTIFY lost) or heard only after it sent the claim (sent); and a row
+// of an order key the claim may not take, or whose head a release reported or
+// found busy and no later release has handed on (the core lowers the floor
+// when a release reports the head).
 func (w *world) claimFloor(rl *rule, x crossing) {
 	if x.claimRun == nil {
 		return
@@ -1394,8 +1397,10 @@ func (w *world) attempts(r *rule, x crossing) {
 // at another stage, to 0.
 func attemptsMayDrop(c fakequeue.Change) bool {
 	switch c.By {
-	case fakequeue.ByResolve, fakequeue.ByOperator:
+	case fakequeue.ByOperator:
 		return true
+	case fakequeue.ByResolve: // a move to another stage, or the requeue of a row its stage advanced
+		return c.After.Attempts == 0 && (c.After.Stage != c.Before.Stage || c.Before.AttemptsStage != c.Before.Stage)
 	case fakequeue.ByStage:
 		return c.After.Stage != c.Before.Stage
 	case fakequeue.ByClaim, fakequeue.ByReset:

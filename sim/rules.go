@@ -287,7 +287,7 @@ var ruleExit = &rule{name: "exit", when: atCommand, check: (*world).exit,
 
 var ruleClaimFloor = &rule{name: "claim-floor", when: atChange, check: (*world).claimFloor,
 	doc: "A claim looks above each stage's floor (core.Cap.After) only, and when it runs no row is pending at or below the floor at its stage, " +
-		"except a row an operator retried that the core has not yet heard of, or a row it holds. Checked in the fake queue, between the commands of the transaction."}
+		"except a row an operator retried that the core has not yet heard of, a row it holds, or a keyed row the claim may not take or whose key's release is still owed (found busy). Checked in the fake queue, between the commands of the transaction."}
 
 var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange, check: (*world).onlyClaimRuns,
 	doc: "Only the dispatcher's claim moves a row from pending to running (but for the fault of a stray tool that does, fakequeue.Stray, whose row the heartbeat's sweep must reset)."}

@@ -256,3 +256,32 @@ func TestSchema27NamesTheStageOfEarlierRetries(t *testing.T) {
 		t.Errorf("stage:attempts_stage after schema 27: %v, %v; want %v", got, err, want)
 	}
 }
+
+// A row its stage advanced itself just before the dispatcher that held it
+// died (no trigger sees that advance since schema 27) is made pending at its
+// new stage by the orphan reset with attempts 0, counted at the stage before
+// (attempts_stage), in the row and in the reset's history row.
+func TestTheOrphanResetCountsNoAttemptsMadeAtAnotherStage(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ids := h.Insert(t, "a", 1)
+	retried(t, h, ids[0], "a", 1)
+	h.Stage(t, ids[0], "a", "b", core.StatusRunning, time.Time{})
+	ev := mustExec(t, h, []core.Command{core.ResetOrphans{Op: 5, Now: time.Now()}})[0].(core.OrphansReset)
+	if ev.Count != 1 {
+		t.Fatalf("reset %d rows; want the advanced one", ev.Count)
+	}
+	if stage, status, _, _, _ := h.Row(t, ids[0]); stage != "b" || status != core.StatusPending {
+		t.Fatalf("after the reset the row is %s at %s; want pending at b", status, stage)
+	}
+	if attempts, _ := attemptsAndReadyAge(t, h, ids[0]); attempts != 0 {
+		t.Errorf("reset at b: attempts %d; want 0 (the retry was at a)", attempts)
+	}
+	var recorded int
+	if err := h.pool.QueryRow(t.Context(), `SELECT attempts FROM pepsi.history WHERE ingress_id = $1 AND event = 'reset'`, ids[0]).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	if recorded != 0 {
+		t.Errorf("the reset's history row has attempts %d; want 0", recorded)
+	}
+}
