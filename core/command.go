@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -279,6 +280,16 @@ type Release struct {
 	Keys   []string
 	Behind []KeyAt
 	All    bool
+}
+
+// Named is every key the release names, Keys then Behind's (not All's, which
+// the queue finds): the keys it must release again if it failed.
+func (r Release) Named() []string {
+	keys := slices.Clone(r.Keys)
+	for _, k := range r.Behind {
+		keys = append(keys, k.Key)
+	}
+	return keys
 }
 
 // KeyAt is a message of an order key, for Release.Behind: its key is

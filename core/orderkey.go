@@ -154,11 +154,7 @@ func (c *Core) released(e Released) {
 	cmd := c.result(e.Op, e.Err).(Release)
 	if e.Err != "" {
 		// Applied or not, releasing again is harmless: owe every key again.
-		keys := slices.Clone(cmd.Keys)
-		for _, k := range cmd.Behind {
-			keys = append(keys, k.Key)
-		}
-		c.oweRelease(keys, c.now.Add(LookEvery))
+		c.oweRelease(cmd.Named(), c.now.Add(LookEvery))
 		c.keys.all = c.keys.all || cmd.All
 		return
 	}

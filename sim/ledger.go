@@ -954,11 +954,7 @@ func (w *world) endLifeModel(exact bool) {
 func (w *world) recordCommand(cmd core.Command) {
 	switch x := cmd.(type) {
 	case core.Release:
-		keys := slices.Clone(x.Keys)
-		for _, b := range x.Behind {
-			keys = append(keys, b.Key)
-		}
-		w.releaseAsked[x.Op] = keys
+		w.releaseAsked[x.Op] = x.Named()
 	case core.ResetOrphans:
 		w.resetSent, w.resetOwed = true, false
 	case core.Resolve:

@@ -294,7 +294,7 @@ var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange, check: (*
 
 var ruleAttempts = &rule{name: "attempts", when: atChange, check: (*world).attempts,
 	doc: "A row's attempts grow only by one, by a resolve that pauses it for a retry, which names the stage they count at (attempts_stage); " +
-		"a row the dispatcher makes pending or running (a claim, a requeue, a move, a wake, the orphan reset) has attempts 0 at any other stage. " +
+		"a row the dispatcher makes pending or running (a claim, a requeue, a move, the orphan reset; a wake or a release makes one pending where it was paused or blocked, which is where its retry was) has attempts 0 at any other stage. " +
 		"Only a stage program's own move to another stage may keep them, until the dispatcher's next write of the row (schema 27: no trigger does it); " +
 		"a claim, a reset, a wake or a release never lowers them otherwise."}
 

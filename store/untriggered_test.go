@@ -222,18 +222,37 @@ func TestAReleaseMakesTheKeysNextMessageReadyNow(t *testing.T) {
 	h := newHarness(t)
 	head := h.InsertKeyed(t, "a", "k")
 	next := h.InsertKeyed(t, "a", "k")
-	if _, status, _, _, _ := h.Row(t, next); status != core.StatusBlocked {
-		t.Fatalf("the key's second message is %s; want blocked behind the first", status)
+	// Key j's second message is scheduled an hour ahead: released, it is
+	// paused until then.
+	headJ := h.InsertKeyed(t, "a", "j")
+	var later int64
+	if err := h.pool.QueryRow(t.Context(), `INSERT INTO pepsi.queue (stage, order_key, status, timeout)
+		VALUES ('a', 'j', 'paused', now() + interval '1 hour') RETURNING ingress_id`).Scan(&later); err != nil {
+		t.Fatal(err)
 	}
-	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})
-	mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: []core.Item{{ID: head, Stage: "a", Verdict: core.Move, To: core.TargetDone, Key: "k"}}}})
-	h.exec(t, `UPDATE pepsi.queue SET ready_at = now() - interval '1 hour' WHERE ingress_id = $1`, next)
-	mustExec(t, h, []core.Command{core.Release{Op: 3, Keys: []string{"k"}}})
-	if _, status, _, _, _ := h.Row(t, next); status != core.StatusPending {
-		t.Fatalf("after the release the key's second message is %s; want pending", status)
+	for _, id := range []int64{next, later} {
+		if _, status, _, _, _ := h.Row(t, id); status != core.StatusBlocked {
+			t.Fatalf("message %d is %s; want blocked behind its key's first", id, status)
+		}
 	}
-	if _, age := attemptsAndReadyAge(t, h, next); age > time.Minute {
-		t.Errorf("released to pending: ready %v ago; want now", age)
+	mustExec(t, h, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 2}}}})
+	mustExec(t, h, []core.Command{core.Resolve{Op: 2, Items: []core.Item{
+		{ID: head, Stage: "a", Verdict: core.Move, To: core.TargetDone, Key: "k"},
+		{ID: headJ, Stage: "a", Verdict: core.Move, To: core.TargetDone, Key: "j"},
+	}}})
+	h.exec(t, `UPDATE pepsi.queue SET ready_at = now() - interval '1 hour' WHERE ingress_id IN ($1, $2)`, next, later)
+	mustExec(t, h, []core.Command{core.Release{Op: 3, Keys: []string{"k", "j"}}})
+	for _, c := range []struct {
+		id     int64
+		status core.RowStatus
+		ready  bool
+	}{{next, core.StatusPending, true}, {later, core.StatusPaused, false}} {
+		if _, status, _, _, _ := h.Row(t, c.id); status != c.status {
+			t.Fatalf("after the release message %d is %s; want %s", c.id, status, c.status)
+		}
+		if _, age := attemptsAndReadyAge(t, h, c.id); (age < time.Minute) != c.ready {
+			t.Errorf("message %d released %s: ready %v ago; want now: %v (paused, the wake makes it ready)", c.id, c.status, age, c.ready)
+		}
 	}
 }
 

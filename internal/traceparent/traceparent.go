@@ -14,7 +14,7 @@ import (
 // SpanContext is the remote span context tp names, and false when tp is not
 // a valid version 00 traceparent (msgjson.CheckTraceParent's rule).
 func SpanContext(tp string) (trace.SpanContext, bool) {
-	if len(tp) != 55 || tp[:3] != "00-" || tp[35] != '-' || tp[52] != '-' {
+	if !Wellformed(tp) {
 		return trace.SpanContext{}, false
 	}
 	tid, err := trace.TraceIDFromHex(tp[3:35])
