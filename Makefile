@@ -4,7 +4,7 @@ GO ?= go
 export PEPSI_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BIN := $(CURDIR)/bin
 
-.PHONY: all build install man test vet lint purity bench-core python promtool bench bench-peers bench-backlog bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private test-orderkey
+.PHONY: all build install man test vet lint purity bench-core python promtool bench bench-peers bench-backlog bench-split bench-ingress river-bench demo sim-long mutants chaos clean postgres postgres-demo chromium soak soak-private test-orderkey
 
 all: build
 
@@ -116,6 +116,13 @@ bench-peers: postgres python build river-bench
 # hops/s over the first and the last tenth, the queue's sizes before and after.
 bench-backlog: postgres build
 	$(BIN)/pepsi-bench -backlog -modes $(BACKLOG_MODES) $(BENCH_FLAGS)
+
+# The split (issue 32's figure): a stage that emits 10 messages per message,
+# its children through one more stage, beside pgbench's single-row INSERTs into
+# pepsi.queue; each round at SESSIONS = 2 and at SESSIONS = 1 (docs/performance.md,
+# "Sessions beside the first").
+bench-split: postgres build
+	$(BIN)/pepsi-bench -split 20000 -rounds 5 -parallelism 4 -queue-limit 128 -sessions 2 -split-single $(BENCH_FLAGS)
 
 # pepsi-ingress: single-message requests from 64 keep-alive clients beside
 # pgbench's single-row INSERTs into pepsi.queue, NDJSON requests of 1,000

@@ -17,8 +17,10 @@ import (
 // single transaction, and answers each with its result event (same Op), all
 // failed if the transaction failed. So no command of a Step waits for that
 // Step's queue writes, and the core relies on none of them being made before a
-// later Step. The core never has more than one such transaction outstanding, so
-// queue writes are strictly serial. Exit ends the shell's loop: neither the
+// later Step. The core has at most SESSIONS such transactions outstanding
+// (one, so queue writes strictly serial, by default); the shell runs each on
+// a database session of its own, and their results may come back in any
+// order. Exit ends the shell's loop: neither the
 // commands after it nor the queue commands of its Step are executed.
 type Command interface {
 	isCommand()

@@ -15,10 +15,15 @@
 // state: time comes in as the now argument, and the same events at the same
 // instants always yield the same commands, which is what lets sim/ test it.
 //
-// Queue writes are strictly serial: the queue commands of one Step form one
-// transaction, and no new one is issued until every result of the previous one has
-// come back. A failed transaction may or may not have committed; the core is
-// written so that re-sending what it owed is safe either way (see Item, Flush and
+// The queue commands of one Step form one transaction. With SESSIONS = 1 (the
+// default) queue writes are strictly serial: no new transaction is issued
+// until every result of the previous one has come back. With more, up to
+// SESSIONS are outstanding, and the core sends beside each other only
+// transactions that touch no row in common: beside the step's full
+// transaction (which alone resets, claims, wakes, releases keys, flushes and
+// keeps the history) go resolves of other items (queueWork). A failed
+// transaction may or may not have committed; the core is written so that
+// re-sending what it owed is safe either way (see Item, Flush and
 // ResetOrphans), and it re-sends only after the shell reports DatabaseUp.
 package core
 
@@ -150,6 +155,9 @@ type stage struct {
 	// reserved counts the moves to this stage that the outstanding resolve
 	// may claim (Item.Claim): room kept for them until its outcomes come.
 	reserved int
+	// claiming: the cap of the outstanding claim here, room a move that
+	// claims beside it must leave (see claimMoves).
+	claiming int
 	// dry: the core knows of every row pending at the stage: its last claim
 	// of the stage emptied it (took fewer rows than its cap, or found no more:
 	// Claimed.More) with no notification meanwhile, and since then only its
@@ -206,8 +214,20 @@ type Core struct {
 	// such rows are made pending, so nothing stays running for long.
 	sweep  bool
 	dbDown bool
-	txn    []Command // queue commands awaiting results
-	owed   []Item    // resolve items not yet sent (or sent and failed)
+	// txns: the queue transactions awaiting results, oldest first; at most
+	// cfg.Sessions of them (see queueWork).
+	txns []*txnOut
+	// tainted: stages at which a transaction other than the one of the
+	// outstanding claim made rows pending while that claim was out; the
+	// claim may not have seen them, so its result must not end their look
+	// (see claimed).
+	tainted map[string]bool
+	// taintOn: the resolve being taken in is of such another transaction.
+	taintOn bool
+	// yieldOwed: per stage, the slots its moves in transactions beside the
+	// full ones yielded, owed by its next claim (see resolveBeside).
+	yieldOwed map[string]int
+	owed      []Item // resolve items not yet sent (or sent and failed)
 	// unsure: rows of resolve items sent in a transaction whose reply was lost.
 	// That transaction may have applied them and then woken and claimed the same
 	// rows again, so a reset after a lost claim must not keep them (see queueWork).
@@ -288,6 +308,8 @@ func New(cfg *conf.Config) *Core {
 		startFails: map[int64]int{},
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
+		tainted:    map[string]bool{},
+		yieldOwed:  map[string]int{},
 		keys:       orderKeys{keyOf: map[int64]string{}, holder: map[string]int64{}, owed: map[string]bool{}},
 		hist:       history{passes: map[int64]pass{}},
 	}
@@ -447,8 +469,9 @@ func (c *Core) setTimer() {
 	// While a transaction is outstanding or the database is down, its result or
 	// DatabaseUp wakes the core: a queue deadline then would only spin.
 	// After a second shutdown request nothing more is written either.
-	queueBlocked := c.dbDown || len(c.txn) > 0 || c.shutdown == 2
+	queueBlocked := c.dbDown || len(c.txns) > 0 || c.shutdown == 2
 	at(c.inspectAt())
+	at(c.lookTimer())
 	if c.shutdown == 0 {
 		at(c.lastPoll.Add(c.cfg.PollInterval))
 		if !queueBlocked {

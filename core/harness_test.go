@@ -57,6 +57,11 @@ type world struct {
 	// replyAfter: each queue transaction's reply arrives this long after
 	// the transaction was sent (the clock moves on by as much).
 	replyAfter time.Duration
+	// deferTxns: queue transactions wait in out, unapplied, until reply
+	// applies one (SESSIONS above 1: the test chooses the order in which
+	// they commit and answer).
+	deferTxns bool
+	out       [][]core.Command
 }
 
 func newWorld(t *testing.T, config string) *world {
@@ -119,7 +124,10 @@ func (w *world) step(evs ...core.Event) []core.Command {
 				txn = append(txn, cmd)
 			}
 		}
-		if len(txn) > 0 {
+		if len(txn) > 0 && w.deferTxns {
+			fmt.Fprintf(&w.trace, "  ~ transaction %d waits\n", len(w.out))
+			w.out = append(w.out, txn)
+		} else if len(txn) > 0 {
 			switch {
 			case w.failQueue != "" && w.abortQueue:
 				w.pending = append(w.pending, fakequeue.Aborted(txn, w.failQueue)...)
@@ -137,6 +145,36 @@ func (w *world) step(evs ...core.Event) []core.Command {
 	}
 	w.all = append(w.all, issued...)
 	return issued
+}
+
+// apply commits the deferred transaction i (see deferTxns) in the fake
+// queue and returns its results, which the core has not heard yet.
+func (w *world) apply(i int) []core.Event {
+	w.t.Helper()
+	if i >= len(w.out) || w.out[i] == nil {
+		w.t.Fatalf("no transaction %d waits", i)
+	}
+	txn := w.out[i]
+	w.out[i] = nil
+	fmt.Fprintf(&w.trace, "  ~ transaction %d commits\n", i)
+	return w.q.Exec(context.Background(), txn)
+}
+
+// reply commits the deferred transaction i and hands its results to the core.
+func (w *world) reply(i int) []core.Command {
+	w.t.Helper()
+	return w.step(w.apply(i)...)
+}
+
+// drain commits and answers every deferred transaction, in the order sent,
+// and those the answers lead to, until none waits.
+func (w *world) drain() {
+	w.t.Helper()
+	for i := 0; i < len(w.out); i++ {
+		if w.out[i] != nil {
+			w.reply(i)
+		}
+	}
 }
 
 // restart replaces the core by a new one over the same queue, as the shell does

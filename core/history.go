@@ -188,17 +188,10 @@ func (c *Core) historyKeep() time.Duration {
 // keepHistory returns the upkeep the next transaction must begin with, if
 // any: items is what it resolves.
 func (c *Core) keepHistory(items []Item) (KeepHistory, bool) {
-	from := c.now
-	for _, it := range items {
-		if !it.At.IsZero() && it.At.Before(from) {
-			from = it.At
-		}
-	}
-	due := c.hist.through.IsZero() || !c.now.Before(c.hist.next) ||
-		!c.now.Add(HistoryMargin).Before(c.hist.through) || from.Before(c.hist.from)
-	if !due {
+	if !c.historyDue(items) {
 		return KeepHistory{}, false
 	}
+	from := earliestAt(c.now, items)
 	drop := c.now.Add(-c.historyKeep())
 	if from.Before(drop) {
 		drop = from
@@ -206,6 +199,24 @@ func (c *Core) keepHistory(items []Item) (KeepHistory, bool) {
 	c.hist.from = from
 	c.hist.next = c.now.Add(HistoryUpkeepEvery)
 	return KeepHistory{Op: c.nextOpID(), From: from, Now: c.now, Through: c.now.Add(HistoryAhead), DropBefore: drop}, true
+}
+
+// historyDue reports whether a transaction that resolves items must begin
+// with the history's upkeep.
+func (c *Core) historyDue(items []Item) bool {
+	return c.hist.through.IsZero() || !c.now.Before(c.hist.next) ||
+		!c.now.Add(HistoryMargin).Before(c.hist.through) || earliestAt(c.now, items).Before(c.hist.from)
+}
+
+// earliestAt is the earliest of now and the items' instants.
+func earliestAt(now time.Time, items []Item) time.Time {
+	from := now
+	for _, it := range items {
+		if !it.At.IsZero() && it.At.Before(from) {
+			from = it.At
+		}
+	}
+	return from
 }
 
 // historyKept takes an upkeep's result. A failed one leaves the days made as

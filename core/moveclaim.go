@@ -34,7 +34,10 @@ import (
 //   - no other item of this resolve gives a row back to b (a requeue) or may
 //     leave one pending there that the core cannot count (a re-sent item
 //     whose first send may have applied, a row a late commit changed), and
-//     the item itself is not such an item.
+//     the item itself is not such an item;
+//   - no outstanding transaction may make rows pending at b (pendsOut), and,
+//     in a transaction with no claim after its resolve (claimless: one sent
+//     beside a full one), the core knows of no row pending at b.
 //
 // The candidates are taken in ingress_id order, so that when b's room runs out
 // the moves left pending at b are all younger than the ones claimed. Rows a
@@ -50,7 +53,7 @@ import (
 // stage's moves to itself, whose queue its own claim drains; and items this
 // resolve decides nothing for (re-sent, raced, or a reset, a wake or a
 // shutdown in the transaction: then it returns nil).
-func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) {
+func (c *Core) claimMoves(items []Item, noClaims, claimless bool) (yielded map[string]int) {
 	for i := range items {
 		// Decided anew for each send: an item owed again (a raced one) may
 		// carry the claim of its last send.
@@ -69,9 +72,19 @@ func (c *Core) claimMoves(items []Item, noClaims bool) (yielded map[string]int) 
 	}
 	slices.SortFunc(cand, func(a, b int) int { return cmp.Compare(items[a].ID, items[b].ID) })
 	blocked := movesBlocked(items, c.unsure, c.races)
+	if c.pendsOut(blocked) {
+		blocked = nil // an outstanding transaction may make rows pending anywhere
+	}
+	for _, st := range c.stages {
+		if claimless && st.known > 0 && blocked != nil {
+			// No claim follows in the transaction to take the rows known
+			// pending there first (resolveBeside).
+			blocked[st.cfg.Name] = true
+		}
+	}
 	for _, i := range cand {
 		st := c.byName[items[i].To]
-		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
+		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known-st.claiming <= 0 {
 			if st.rate == nil && items[i].To != items[i].Stage && c.heldBy(st) == nil {
 				yielded[items[i].Stage]++
 			}
@@ -118,7 +131,7 @@ func (c *Core) claimEmits(items []Item, blocked map[string]bool) {
 		for j, e := range it.Emits {
 			st := c.byName[e.Stage]
 			if st == nil || e.Key != "" || e.OrderKey != "" || st.cfg.Input != conf.InputID ||
-				!c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {
+				!c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known-st.claiming <= 0 {
 				continue
 			}
 			if !cloned {
@@ -169,7 +182,7 @@ func yieldedCap(n, yielded int) int {
 // mayClaimMoves reports whether moves to st may claim, given the stages the
 // other items of the same resolve block (see claimMoves, movesBlocked).
 func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
-	if st.rate != nil || !st.dry || c.heldBy(st) != nil {
+	if st.rate != nil || !st.dry || c.heldBy(st) != nil || blocked == nil {
 		return false
 	}
 	return !blocked[st.cfg.Name]

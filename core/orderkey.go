@@ -151,7 +151,8 @@ func (c *Core) keyOutcome(it Item, o Outcome) {
 // pending row of its stage (it may sit below the stage's floor), a paused
 // head's due time is woken at; a busy key is released again after LookEvery.
 func (c *Core) released(e Released) {
-	cmd := c.result(e.Op, e.Err).(Release)
+	sent, _ := c.result(e.Op, e.Err)
+	cmd := sent.(Release)
 	if e.Err != "" {
 		// Applied or not, releasing again is harmless: owe every key again.
 		c.oweRelease(cmd.Named(), c.now.Add(LookEvery))
@@ -189,7 +190,7 @@ func (c *Core) headPending(st *stage) {
 	st.maybeMore = true
 	st.dry = false
 	st.floor = min(st.floor, st.headAt-1)
-	if !slices.ContainsFunc(c.txn, func(cmd Command) bool { _, ok := cmd.(Claim); return ok }) {
+	if _, out := c.claimOut(); !out {
 		st.headAt = 0
 	}
 }

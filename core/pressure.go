@@ -62,7 +62,7 @@ func (c *Core) limits(txn []Command) []Limit {
 	var out []Limit
 	for _, st := range c.stages {
 		if st.cfg.MaxPending > 0 && (st.pressure.fed || len(st.pressure.feeds) > 0) {
-			out = append(out, Limit{Stage: st.cfg.Name, Max: st.cfg.MaxPending, After: claimAfter(st, txn)})
+			out = append(out, Limit{Stage: st.cfg.Name, Max: st.cfg.MaxPending, After: c.claimAfter(st, txn)})
 		}
 	}
 	return out

@@ -40,7 +40,7 @@ func (c *Core) finish() {
 	}
 	// needReset: a claim whose result was lost may have left rows running that no
 	// one holds; Exit 0 promises every row was reset or resolved.
-	if c.shutdown == 1 && (len(c.txn) > 0 || len(c.owed) > 0 || len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset) {
+	if c.shutdown == 1 && (len(c.txns) > 0 || len(c.owed) > 0 || len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset) {
 		if c.dbDown && !c.waitLogged {
 			c.waitLogged = true
 			c.logf(LevelWarn, "waiting for the database to write %d results; signal again to exit now (the next start-up resets what is left)", len(c.owed))
@@ -48,7 +48,7 @@ func (c *Core) finish() {
 		return
 	}
 	code := 0
-	if len(c.owed) > 0 || len(c.txn) > 0 || len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset {
+	if len(c.owed) > 0 || len(c.txns) > 0 || len(c.resendFlushes) > 0 || c.hasDeltas() || c.needReset {
 		code = 1
 		c.logf(LevelWarn, "exiting with %d results unwritten; the next start-up resets their rows to pending", len(c.owed))
 	}

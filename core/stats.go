@@ -13,9 +13,11 @@ import (
 // lose counts.
 func (c *Core) Unflushed() []Flush {
 	var out []Flush
-	for _, cmd := range c.txn {
-		if f, ok := cmd.(Flush); ok {
-			out = append(out, f)
+	for _, t := range c.txns {
+		for _, cmd := range t.cmds {
+			if f, ok := cmd.(Flush); ok {
+				out = append(out, f)
+			}
 		}
 	}
 	out = append(out, c.resendFlushes...)
@@ -44,7 +46,7 @@ func (c *Core) stat(name string) *StageDelta {
 }
 
 func (c *Core) idle() bool {
-	if len(c.owed) > 0 {
+	if len(c.owed) > 0 || len(c.outstandingItems()) > 0 {
 		return false
 	}
 	for _, st := range c.stages {

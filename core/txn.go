@@ -5,6 +5,7 @@ package core
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -12,21 +13,141 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
-// result takes the queue command that op answers off the outstanding transaction.
-// Any error means the transaction failed: the database is down until the shell
-// says otherwise.
-func (c *Core) result(op int64, err string) Command {
-	for i, cmd := range c.txn {
-		if QueueOp(cmd) == op {
-			c.txn = slices.Delete(c.txn, i, i+1)
+// txnOut is one queue transaction awaiting its results: its commands not yet
+// answered. A full one is the step's transaction as it always was: it may
+// keep the history, reset, resolve, release, wake, claim and flush. One
+// that is not carries a single Resolve of items without an order key, sent
+// beside the others (see queueWork).
+type txnOut struct {
+	cmds []Command
+	full bool
+}
+
+// result takes the queue command that op answers off its outstanding
+// transaction, and returns it with that transaction. Any error means the
+// transaction failed: the database is down until the shell says otherwise.
+func (c *Core) result(op int64, err string) (Command, *txnOut) {
+	for ti, t := range c.txns {
+		for i, cmd := range t.cmds {
+			if QueueOp(cmd) != op {
+				continue
+			}
+			t.cmds = slices.Delete(t.cmds, i, i+1)
+			if len(t.cmds) == 0 {
+				c.txns = slices.Delete(c.txns, ti, ti+1)
+			}
 			if err != "" && !c.dbDown {
 				c.dbDown = true
 				c.logf(LevelWarn, "queue write failed, holding results until the database is back: %s", err)
 			}
-			return cmd
+			return cmd, t
 		}
 	}
 	panic(fmt.Sprintf("core: result for op %d, which is not outstanding", op))
+}
+
+// claimOut returns the outstanding transaction that carries a Claim, if any
+// (there is at most one: only a full transaction claims, and one full
+// transaction is out at a time).
+func (c *Core) claimOut() (*txnOut, bool) {
+	for _, t := range c.txns {
+		if slices.ContainsFunc(t.cmds, func(cmd Command) bool { _, ok := cmd.(Claim); return ok }) {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+// fullOut reports whether a full transaction is outstanding.
+func (c *Core) fullOut() bool {
+	return slices.ContainsFunc(c.txns, func(t *txnOut) bool { return t.full })
+}
+
+// sessions is how many transactions may be outstanding at once (SESSIONS).
+func (c *Core) sessions() int {
+	return max(1, c.cfg.Sessions)
+}
+
+// pendsOut adds to stages those at which an outstanding transaction may make
+// rows pending that the core could know of (a move that does not claim, a
+// requeue, a child inserted pending), and reports true if one may make rows
+// pending anywhere (a reset, a wake, a release). A move that claims at such
+// a stage could overtake one of them (see claimMoves).
+func (c *Core) pendsOut(stages map[string]bool) (anywhere bool) {
+	for _, t := range c.txns {
+		anywhere = pendsOf(t.cmds, stages) || anywhere
+	}
+	return anywhere
+}
+
+// pendsOf adds to stages those at which the transaction of cmds may make rows
+// pending that the core could know of, and reports true if it may make rows
+// pending anywhere (see pendsOut).
+func pendsOf(cmds []Command, stages map[string]bool) (anywhere bool) {
+	for _, cmd := range cmds {
+		switch q := cmd.(type) {
+		case ResetOrphans, Wake, Release:
+			anywhere = true
+		case Resolve:
+			for _, it := range q.Items {
+				switch {
+				case it.Verdict == Requeue:
+					stages[it.Stage] = true
+				case it.Verdict == Move && !it.Claim:
+					stages[it.To] = true
+				}
+				for _, e := range it.Emits {
+					if !e.Claim {
+						stages[e.Stage] = true
+					}
+				}
+			}
+		}
+	}
+	return anywhere
+}
+
+// besideOK reports whether item it may be resolved beside a full transaction
+// (resolveBeside): it has no order key (its release rides with a full
+// transaction), and its resolve makes no row pending that the core could
+// know of: a move that claims at its stage or leaves the pipeline, a
+// failure, a timeout, a retry (the row is paused), with every child it
+// emits claimed by its insert. A requeue, a move left pending, a bare 0 (the
+// row is wherever its stage put it) and an item sent again (its first send
+// may have applied) go with the next full transaction, whose claim follows
+// its resolve and takes such rows in order: beside it they would keep the
+// stage from counting as claimed dry, and its moves from claiming.
+func (c *Core) besideOK(it Item) bool {
+	if it.Key != "" || c.unsure[it.ID] || c.races[it.ID] > 0 {
+		return false
+	}
+	for _, e := range it.Emits {
+		if !e.Claim {
+			return false
+		}
+	}
+	switch it.Verdict {
+	case Fail, TimeOut, Retry:
+		return true
+	case Move:
+		return it.Claim || it.To == TargetDone || it.To == TargetPaused
+	}
+	return false
+}
+
+// outstandingItems lists the ids of the items of the outstanding resolves.
+func (c *Core) outstandingItems() []int64 {
+	var ids []int64
+	for _, t := range c.txns {
+		for _, cmd := range t.cmds {
+			if r, ok := cmd.(Resolve); ok {
+				for _, it := range r.Items {
+					ids = append(ids, it.ID)
+				}
+			}
+		}
+	}
+	return ids
 }
 
 // QueueOp returns the Op of a queue command (0 for any other command).
@@ -82,10 +203,11 @@ func (c *Core) lookAbove() {
 }
 
 // claimAfter is the id above which stage st's claim looks: its floor, lowered
-// for what the same transaction makes pending before the claim runs. A reset or
-// a wake may make any row pending, so the claim looks from the start; a resolve
-// makes pending only rows of its items, at whatever stage they reached.
-func claimAfter(st *stage, txn []Command) int64 {
+// for what the same transaction makes pending before the claim runs, and for
+// what the outstanding ones may make pending meanwhile. A reset or a wake may
+// make any row pending, so the claim looks from the start; a resolve makes
+// pending only rows of its items, at whatever stage they reached.
+func (c *Core) claimAfter(st *stage, txn []Command) int64 {
 	after := st.floor
 	for _, cmd := range txn {
 		switch q := cmd.(type) {
@@ -96,6 +218,9 @@ func claimAfter(st *stage, txn []Command) int64 {
 				after = min(after, it.ID-1)
 			}
 		}
+	}
+	for _, id := range c.outstandingItems() {
+		after = min(after, id-1)
 	}
 	return max(after, 0)
 }
@@ -112,7 +237,13 @@ func (c *Core) owe(it Item) {
 }
 
 func (c *Core) claimed(e Claimed) {
-	cmd := c.result(e.Op, e.Err).(Claim)
+	sent, _ := c.result(e.Op, e.Err)
+	cmd := sent.(Claim)
+	tainted := maps.Clone(c.tainted)
+	clear(c.tainted)
+	for _, cp := range cmd.Caps {
+		c.byName[cp.Stage].claiming = 0
+	}
 	if e.Err != "" {
 		// The claim may have committed: rows may be running that no one holds.
 		// Not if it certainly did not: then nothing is to be reset (a lost
@@ -181,6 +312,13 @@ func (c *Core) claimed(e Claimed) {
 		// then took: a picked row another writer changed meanwhile is not
 		// taken, so a stage with more pending rows may come back short.
 		more := slices.Contains(e.More, cp.Stage)
+		if tainted[cp.Stage] {
+			// Another transaction made rows pending here while the claim
+			// was out, perhaps after its walk: the look goes on, from the
+			// floor their outcomes lowered.
+			st.maybeMore, st.dry = true, false
+			continue
+		}
 		st.maybeMore = more || c.ingressGen != c.claimGen
 		st.dry, st.known = !st.maybeMore, 0
 		if c.lookGen == c.claimLookGen {
@@ -206,10 +344,17 @@ func (c *Core) floorAfter(cp Cap, got int, reach int64, more bool) int64 {
 }
 
 func (c *Core) resolved(e Resolved) {
-	cmd := c.result(e.Op, e.Err).(Resolve)
+	sent, t := c.result(e.Op, e.Err)
+	cmd := sent.(Resolve)
 	if e.Err != "" {
 		c.resolveFailed(cmd, e.Aborted)
 		return
+	}
+	// Rows this resolve made pending are rows the outstanding claim of
+	// another transaction may not have seen (see claimed).
+	if ct, ok := c.claimOut(); ok && ct != t {
+		c.taintOn = true
+		defer func() { c.taintOn = false }()
 	}
 	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
 	defer c.forgetKeys(cmd.Items)
@@ -265,6 +410,7 @@ func (c *Core) outcome(it Item, o Outcome, unsure bool) {
 	switch o.Status {
 	case StatusPending:
 		if st := c.byName[o.Stage]; st != nil {
+			c.taint(st)
 			st.maybeMore = true
 			st.known++ // (counted while the stage is dry: see stage.dry)
 			// The transaction's own claim looked below it (claimAfter), but
@@ -312,6 +458,15 @@ func (c *Core) outcome(it Item, o Outcome, unsure bool) {
 	}
 }
 
+// taint records, while a resolve of a transaction other than the
+// outstanding claim's is taken in (taintOn), that it made rows pending at
+// st (see claimed).
+func (c *Core) taint(st *stage) {
+	if c.taintOn {
+		c.tainted[st.cfg.Name] = true
+	}
+}
+
 // guardMissed counts and logs a move whose row was no longer running at its
 // stage: nothing was written, its emits inserted nothing.
 func (c *Core) guardMissed(it Item, o Outcome) {
@@ -342,6 +497,7 @@ func (c *Core) emitted(it Item, o Outcome) {
 			continue
 		}
 		if st := c.byName[e.Stage]; st != nil {
+			c.taint(st)
 			st.maybeMore, st.dry = true, false
 		}
 	}
@@ -426,11 +582,41 @@ func (c *Core) nextOpID() int64 {
 	return c.nextOp
 }
 
-// queueWork builds the step's transaction: the history's upkeep, reset,
-// resolve, wake, claim, flush.
+// queueWork sends the next queue transaction, if one is due and a session
+// is free (SESSIONS; at most one transaction a Step, so the shell runs each
+// Step's queue commands as one transaction). With none outstanding it is a
+// full one (fullWork). Beside outstanding ones, it is a full one while none
+// of them is, without what must go alone (a reset: every running row it
+// does not keep is made pending, a row an outstanding move claims among
+// them; the history's upkeep: its DDL would wait for the others' inserts),
+// or else one Resolve of the owed items without an order key
+// (resolveBeside). What an outstanding transaction may touch is left out of
+// the next: its items (held), the rows it may make pending (no move claims
+// there: pendsOut), the room its claim may fill (stage.claiming).
 func (c *Core) queueWork() {
-	if c.dbDown || len(c.txn) > 0 || c.shutdown == 2 {
+	if c.dbDown || c.shutdown == 2 || len(c.txns) >= c.sessions() {
 		return
+	}
+	if len(c.txns) == 0 {
+		c.fullWork(false)
+		return
+	}
+	if c.shutdown > 0 || c.needReset || c.sweep {
+		return // the reset goes alone; a shutdown drains what is out
+	}
+	if !c.fullOut() && c.fullWork(true) {
+		return
+	}
+	c.resolveBeside()
+}
+
+// fullWork builds a full transaction: the history's upkeep, reset, resolve,
+// release, wake, claim, flush. beside: other transactions are outstanding,
+// so it may carry neither a reset nor the upkeep; if the upkeep is due it
+// sends nothing. It reports whether it sent a transaction.
+func (c *Core) fullWork(beside bool) bool {
+	if beside && c.historyDue(c.owed) {
+		return false
 	}
 	idle := c.idle() // before the owed items move into the transaction
 	var txn []Command
@@ -449,7 +635,7 @@ func (c *Core) queueWork() {
 	if len(c.owed) > 0 {
 		// A reset or a wake in the same transaction may make rows pending
 		// anywhere, which the moves would overtake: then no move claims.
-		yielded = c.claimMoves(c.owed, len(txn) > upkeep || waking)
+		yielded = c.claimMoves(c.owed, len(txn) > upkeep || waking, false)
 		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed, Traces: c.tracePasses})
 		resolving = true
 	}
@@ -460,28 +646,78 @@ func (c *Core) queueWork() {
 	if waking {
 		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.wakeKeep(txn)})
 		c.wakeDue = false
+		// From here, the paused rows other results report are the ones its
+		// Next may leave out (see woken).
+		c.txnPaused = time.Time{}
+	}
+	for st, n := range c.yieldOwed {
+		if yielded == nil {
+			yielded = map[string]int{}
+		}
+		yielded[st] += n
 	}
 	if c.shutdown == 0 {
-		if claim, ok := c.claimFor(txn, yielded, resolving || waking); ok {
+		if claim, ok := c.claimFor(txn, yielded, resolving || waking, beside); ok {
 			txn = append(txn, claim)
+			clear(c.yieldOwed)
 		}
 	}
 	if f, ok := c.flushDue(idle); ok {
 		f.Op = c.nextOpID()
 		txn = append(txn, f)
 	}
+	if len(txn) == 0 {
+		return false
+	}
 	for _, cmd := range txn {
 		c.emit(cmd)
 	}
-	c.txn = txn
-	c.txnPaused = time.Time{}
+	c.txns = append(c.txns, &txnOut{cmds: txn, full: true})
+	return true
+}
+
+// resolveBeside sends, beside the outstanding transactions, one Resolve of
+// the owed items that may go there (besideOK: their moves claim on
+// claimMoves' terms, decided here), unless their history needs its upkeep
+// first. The others stay owed for the next full transaction.
+func (c *Core) resolveBeside() {
+	var cand, rest []Item
+	for _, it := range c.owed {
+		if it.Key == "" && !c.unsure[it.ID] && c.races[it.ID] == 0 {
+			cand = append(cand, it)
+		} else {
+			rest = append(rest, it)
+		}
+	}
+	if len(cand) == 0 || c.historyDue(cand) {
+		return
+	}
+	c.claimMoves(cand, false, true)
+	var items, back []Item
+	for _, it := range cand {
+		if c.besideOK(it) {
+			items = append(items, it)
+		} else {
+			back = append(back, it)
+		}
+	}
+	// Those that stay owed give back the room their claims reserved: the
+	// next transaction decides them anew.
+	back, _ = c.unclaimMoves(back)
+	c.owed = append(rest, back...)
+	if len(items) == 0 {
+		return
+	}
+	r := Resolve{Op: c.nextOpID(), Items: items, Traces: c.tracePasses}
+	c.emit(r)
+	c.txns = append(c.txns, &txnOut{cmds: []Command{r}})
 }
 
 // claimFor is the claim the step's transaction ends with, if any: at every
 // stage with room that may have pending rows, or at every stage with room
 // when the transaction resolves or wakes (all claims after them look at
 // every stage), or when a look is due.
-func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim, bool) {
+func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool) (Claim, bool) {
 	// While the core counts as busy no producer notifies it, and a row
 	// committed meanwhile at a stage it claimed dry waits for its next
 	// look. A core kept busy by transactions that claim no such stage (a
@@ -490,8 +726,12 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim,
 	// last: it looks by itself, with the transaction it sends anyway, at
 	// least every LookEvery. (A transaction of statistics alone is sent
 	// after this, at most every STATS_INTERVAL or IdleFlushMin: one
-	// transaction in flight, which the bound allows.)
-	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || slices.ContainsFunc(c.stages, func(st *stage) bool { return st.maybeMore })) {
+	// transaction in flight, which the bound allows.) Transactions beside
+	// this one (beside) keep it busy too, and it cannot rest while they
+	// are out: it looks then even with nothing else to send (lookTimer
+	// asks for the step).
+	probes := c.probes(txn)
+	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || beside || slices.ContainsFunc(c.stages, func(st *stage) bool { return st.maybeMore })) {
 		c.lookAbove()
 	}
 	covers := true // the claim looks at every stage with room
@@ -510,7 +750,11 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim,
 			covers = false
 			continue
 		}
-		cp := Cap{Stage: st.cfg.Name, N: n, After: claimAfter(st, txn)}
+		if probes[st.cfg.Name] {
+			n = 1
+		}
+		cp := Cap{Stage: st.cfg.Name, N: n, After: c.claimAfter(st, txn)}
+		st.claiming = n
 		if st.cfg.Input == conf.InputMessage {
 			cp.LineMax = c.cfg.LineMax
 		}
@@ -532,6 +776,47 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all bool) (Claim,
 	}
 	c.checkDue = false
 	return claim, true
+}
+
+// probes names the stages a claim sent after txn only probes (a cap of one,
+// whose walk still says whether more rows are pending: Claimed.More), with
+// SESSIONS above 1: those claimed dry with no row known pending since, at
+// which txn makes no row pending that the core could know of. The claim of
+// a full transaction reserves its cap's room until its result
+// (stage.claiming), and moves beside it claim only in the room left: a
+// stage that moves feed is dry nearly always, and claimed for its whole
+// room it would turn every move to it beside the claim into a pending row
+// and a claim of its own.
+func (c *Core) probes(txn []Command) map[string]bool {
+	own := map[string]bool{}
+	if c.sessions() == 1 || pendsOf(txn, own) {
+		return nil
+	}
+	probes := map[string]bool{}
+	for _, st := range c.stages {
+		if st.dry && st.known == 0 && !own[st.cfg.Name] {
+			probes[st.cfg.Name] = true
+		}
+	}
+	return probes
+}
+
+// lookTimer is when the core looks for work by itself beside outstanding
+// transactions (see claimFor), zero for never: while awake, with only
+// transactions out that claim nothing and a session free for one that does,
+// and a stage with room to claim into. (With none out the core rests
+// instead, and the gate's look follows.)
+func (c *Core) lookTimer() time.Time {
+	if c.gate != gateAwake || c.dbDown || c.shutdown > 0 || len(c.txns) == 0 || len(c.txns) >= c.sessions() || c.fullOut() ||
+		c.needReset || c.sweep || c.historyDue(c.owed) {
+		return time.Time{} // (no full transaction may go beside them now)
+	}
+	for _, st := range c.stages {
+		if yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), c.yieldOwed[st.cfg.Name]) > 0 && c.heldBy(st) == nil {
+			return c.lookedAt.Add(LookEvery)
+		}
+	}
+	return time.Time{}
 }
 
 // resetFor is the reset the step's transaction begins with (after the
@@ -560,10 +845,10 @@ func (c *Core) resetFor() (ResetOrphans, bool) {
 }
 
 // wakeKeep lists the rows a wake sent after txn must leave paused: those
-// handed to workers and not yet answered, and those of txn's resolve (see
-// Wake).
+// handed to workers and not yet answered, and those of txn's resolve and of
+// the outstanding transactions' (see Wake).
 func (c *Core) wakeKeep(txn []Command) []int64 {
-	keep := c.handed()
+	keep := append(c.handed(), c.outstandingItems()...)
 	for _, cmd := range txn {
 		if r, ok := cmd.(Resolve); ok {
 			for _, it := range r.Items {
@@ -580,7 +865,7 @@ func (c *Core) wakeKeep(txn []Command) []int64 {
 // claim. Then it may declare itself waiting, RestAfter after its last claim.
 func (c *Core) restReady() bool {
 	return c.gate == gateAwake && c.resetDone && c.shutdown == 0 && !c.dbDown &&
-		len(c.txn) == 0 && len(c.owed) == 0 && len(c.resendFlushes) == 0
+		len(c.txns) == 0 && len(c.owed) == 0 && len(c.resendFlushes) == 0
 }
 
 // restAt is when the core may send Rest, once restReady.
@@ -677,7 +962,8 @@ func earliest(a, b time.Time) time.Time {
 }
 
 func (c *Core) orphansReset(e OrphansReset) {
-	cmd := c.result(e.Op, e.Err).(ResetOrphans)
+	sent, _ := c.result(e.Op, e.Err)
+	cmd := sent.(ResetOrphans)
 	if e.Err != "" {
 		c.needReset = true
 		// The reset may have committed, and the keys of the rows it made
@@ -706,7 +992,8 @@ func (c *Core) orphansReset(e OrphansReset) {
 }
 
 func (c *Core) flushed(e Flushed) {
-	cmd := c.result(e.Op, e.Err).(Flush)
+	sent, _ := c.result(e.Op, e.Err)
+	cmd := sent.(Flush)
 	if e.Err != "" {
 		// First again: a life's flushes must reach the database in Seq order.
 		c.resendFlushes = append([]Flush{cmd}, c.resendFlushes...)

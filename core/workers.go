@@ -456,6 +456,7 @@ func (c *Core) held() []int64 {
 	for _, it := range c.owed {
 		ids = append(ids, it.ID)
 	}
+	ids = append(ids, c.outstandingItems()...)
 	slices.Sort(ids)
 	return ids
 }

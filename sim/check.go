@@ -84,13 +84,57 @@ func (w *world) modelCommands(cmds []core.Command) {
 		if w.checkAt(atTransaction, crossing{step: cmds}); w.fail != nil {
 			return
 		}
-		w.txnOut = true
+		var t txnModel
+		for _, cmd := range cmds {
+			if core.IsQueue(cmd) {
+				t.ops = append(t.ops, core.QueueOp(cmd))
+				t.kinds = append(t.kinds, kindOf(cmd))
+			}
+		}
+		t.items = resolveItems(cmds)
+		t.pendsOf(cmds)
+		w.txnsOut = append(w.txnsOut, t)
 	}
 }
 
+// kindOf is the kind of a queue command, as rule serial-writes counts them.
+func kindOf(cmd core.Command) string {
+	return strings.SplitN(cmd.String(), " ", 2)[0]
+}
+
+// serialWrites holds each queue command sent while other transactions are
+// outstanding to what may go beside them: no more than SESSIONS at once,
+// neither a reset nor the history's upkeep (each goes alone), no second
+// outstanding command of a kind other than a resolve (one claim, one wake,
+// one release, one flush), and no row of an outstanding resolve's items.
 func (w *world) serialWrites(r *rule, x crossing) {
-	if x.cmd != nil && core.IsQueue(x.cmd) && w.txnOut {
-		w.broke(r, "a queue transaction is issued while another is outstanding: %s", x.cmd)
+	if x.cmd == nil || !core.IsQueue(x.cmd) || !w.txnOut() {
+		return
+	}
+	if len(w.txnsOut) >= max(1, w.sc.sessions) {
+		w.broke(r, "a queue transaction is issued while %d are outstanding (SESSIONS %d): %s", len(w.txnsOut), max(1, w.sc.sessions), x.cmd)
+		return
+	}
+	kind := kindOf(x.cmd)
+	switch x.cmd.(type) {
+	case core.ResetOrphans, core.KeepHistory:
+		w.broke(r, "%s is issued beside an outstanding transaction: it must go alone", x.cmd)
+		return
+	case core.Resolve:
+		out := w.outstandingItems()
+		for _, id := range resolveItems([]core.Command{x.cmd}) {
+			if slices.Contains(out, id) {
+				w.broke(r, "row %d is resolved beside an outstanding transaction that resolves it too: %s", id, x.cmd)
+				return
+			}
+		}
+		return
+	}
+	for _, t := range w.txnsOut {
+		if slices.Contains(t.kinds, kind) {
+			w.broke(r, "a second %s is issued while one is outstanding: %s", kind, x.cmd)
+			return
+		}
 	}
 }
 
@@ -106,7 +150,7 @@ func (w *world) claimBounds(r *rule, x crossing) {
 		for _, cp := range c.Caps {
 			st := w.sc.stages[w.stageIndex(cp.Stage)]
 			limit := st.parallelism * st.queueLimit
-			if held := w.heldAt(cp.Stage) + w.movesOut[cp.Stage]; cp.N <= 0 || held+cp.N > limit {
+			if held := w.heldAt(cp.Stage) + w.movesOutAt(cp.Stage); cp.N <= 0 || held+cp.N > limit {
 				w.broke(r, "claim asks %d rows of %s, which already holds %d (moves of its transaction that claim included): more than QUEUE_LIMIT × PARALLELISM = %d", cp.N, cp.Stage, held, limit)
 				return
 			}
@@ -134,8 +178,15 @@ func (w *world) claimBounds(r *rule, x crossing) {
 				}
 				claiming[stage]++
 				st := w.sc.stages[s]
-				if held, limit := w.heldAt(stage), st.parallelism*st.queueLimit; held+claiming[stage] > limit {
-					w.broke(r, "resolve item %s claims at stage %s, which holds %d and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
+				// What the outstanding transactions may claim there too.
+				out := w.movesOutAt(stage)
+				for _, cp := range w.claimCaps {
+					if cp.Stage == stage {
+						out += cp.N
+					}
+				}
+				if held, limit := w.heldAt(stage)+out, st.parallelism*st.queueLimit; held+claiming[stage] > limit {
+					w.broke(r, "resolve item %s claims at stage %s, which holds %d (outstanding claims included) and is claimed %d by this resolve: more than QUEUE_LIMIT × PARALLELISM = %d",
 						it, stage, held, claiming[stage], limit)
 					return
 				}
@@ -155,19 +206,28 @@ func (w *world) resetAfterLoss(r *rule, x crossing) {
 
 // claimYieldsHalf holds the step's transaction, once its commands are
 // recorded: every stage it claims, and every stage the promptness rule owes a
-// claim, is asked for at least half its room.
-func (w *world) claimYieldsHalf(r *rule, _ crossing) {
+// claim, is asked for at least half its room; but for a probe (a cap of one,
+// SESSIONS above 1) of a stage the core was told nothing of since it claimed
+// it dry and where its own resolves left no row pending.
+func (w *world) claimYieldsHalf(r *rule, x crossing) {
 	caps := map[string]int{}
-	for _, cp := range w.claimCaps {
-		caps[cp.Stage] = cp.N
+	for _, cmd := range x.step {
+		if c, ok := cmd.(core.Claim); ok {
+			for _, cp := range c.Caps {
+				caps[cp.Stage] = cp.N
+			}
+		}
 	}
 	for s, st := range w.sc.stages {
 		n, claimed := caps[st.name]
 		if !claimed && !w.claimOwed(s, w.now) {
 			continue
 		}
+		if claimed && n == 1 && w.sc.sessions > 1 && !w.told[s] && w.ownPending[s] == 0 {
+			continue // a probe of a stage claimed dry (core.Core.probes)
+		}
 		// The claim is recorded: its own N is already off the bucket.
-		room := min(w.room(s, w.now)-w.movesOut[st.name], w.tokens(s, w.now)+n)
+		room := min(w.room(s, w.now)-w.movesOutAt(st.name), w.tokens(s, w.now)+n)
 		if n < room-room/2 {
 			w.broke(r, "the transaction asks %d rows of stage %s, which has room for %d (moves and emits of the transaction that claim there taken off, within its RATE): a stage may yield at most half its room",
 				n, st.name, room)
@@ -631,7 +691,7 @@ func (w *world) moveClaims(r *rule, x crossing) {
 		if !it.Claim {
 			continue
 		}
-		if w.moveClaim(r, res, it, claiming[it.To]); w.fail != nil {
+		if w.moveClaim(r, x.step, res, it, claiming[it.To]); w.fail != nil {
 			return
 		}
 		claiming[it.To]++
@@ -639,8 +699,8 @@ func (w *world) moveClaims(r *rule, x crossing) {
 }
 
 // moveClaim judges one move that claims, it, with before moves of the same
-// resolve claiming at its target ahead of it.
-func (w *world) moveClaim(r *rule, res core.Resolve, it core.Item, before int) {
+// resolve claiming at its target ahead of it; step is its transaction.
+func (w *world) moveClaim(r *rule, step []core.Command, res core.Resolve, it core.Item, before int) {
 	s, ok := w.stageOf(it.To)
 	if it.Verdict != core.Move || !ok {
 		w.broke(r, "resolve item %s claims, but it is no move to a stage this dispatcher runs", it)
@@ -654,6 +714,13 @@ func (w *world) moveClaim(r *rule, res core.Resolve, it core.Item, before int) {
 			it, it.To, w.room(s, w.now), w.ownPending[s], before+1)
 	case slices.ContainsFunc(res.Items, func(o core.Item) bool { return o.Verdict == core.Requeue && o.Stage == it.To }):
 		w.broke(r, "resolve item %s claims at stage %s, where the same resolve gives a row back", it, it.To)
+	case w.ownPending[s] > 0 && !slices.ContainsFunc(step, func(c core.Command) bool {
+		cl, ok := c.(core.Claim)
+		return ok && slices.ContainsFunc(cl.Caps, func(cp core.Cap) bool { return cp.Stage == it.To })
+	}):
+		w.broke(r, "resolve item %s claims at stage %s, where the core left %d rows pending, and no claim of the stage follows in its transaction to take them first", it, it.To, w.ownPending[s])
+	case slices.ContainsFunc(w.txnsOut, func(t txnModel) bool { return t.anywhere || t.pends[it.To] }):
+		w.broke(r, "resolve item %s claims at stage %s, where a transaction out beside it may make rows pending that it would overtake", it, it.To)
 	case ex != nil && (ex.unsure || ex.raced):
 		w.broke(r, "resolve item %s claims, but its row may have moved already (a lost reply, or a commit that raced its resolve)", it)
 	}
@@ -935,7 +1002,7 @@ func (w *world) inspectDue(r *rule, _ crossing) {
 }
 
 func (w *world) flushNotLate(r *rule, _ crossing) {
-	if w.txnOut || w.coreDown || w.shut > 0 || !w.unflushed() {
+	if w.txnOut() || w.coreDown || w.shut > 0 || !w.unflushed() {
 		return
 	}
 	since := w.now.Sub(w.flushedAt)
@@ -946,7 +1013,7 @@ func (w *world) flushNotLate(r *rule, _ crossing) {
 }
 
 func (w *world) wakeDue(rl *rule, _ crossing) {
-	if w.txnOut || w.coreDown || w.shut > 0 {
+	if w.txnOut() || w.coreDown || w.shut > 0 {
 		return
 	}
 	for id := int64(1); id <= int64(len(w.msgOf)); id++ {
@@ -1144,8 +1211,10 @@ func (w *world) claimFloor(rl *rule, x crossing) {
 			if at, ok := w.retried[r.ID]; ok && (at.IsZero() || at.After(sent)) {
 				continue
 			}
-			if slices.Contains(c.Exclude, r.ID) {
-				continue // held: the core lowers the floor when its resolve reports it pending
+			if slices.Contains(c.Exclude, r.ID) || slices.Contains(x.claimRun.beside, r.ID) {
+				// Held, or resolved by a transaction sent beside the claim's:
+				// the core lowers the floor when the resolve reports it pending.
+				continue
 			}
 			if r.Key != "" && (slices.Contains(c.ExcludeKeys, r.Key) || w.olderUnfinished(r) ||
 				slices.ContainsFunc(x.claimRun.heads, func(h core.Head) bool { return h.ID == r.ID }) || slices.Contains(x.claimRun.busy, r.Key) ||
@@ -1172,7 +1241,7 @@ func (w *world) claimFloor(rl *rule, x crossing) {
 // cooldown holds the stage back and no back-pressure does (pressureHeld).
 // Then the core must claim for s.
 func (w *world) claimOwed(s int, at time.Time) bool {
-	if !w.told[s] || w.txnOut || w.coreDown || w.shut > 0 || w.coolingAt(s, at) || w.room(s, at) <= 0 || w.tokens(s, at) < 1 {
+	if !w.told[s] || w.txnOut() || w.coreDown || w.shut > 0 || w.coolingAt(s, at) || w.room(s, at) <= 0 || w.tokens(s, at) < 1 {
 		return false
 	}
 	if _, held := w.pressureHeld(s); held {

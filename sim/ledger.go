@@ -62,7 +62,7 @@ type expect struct {
 	// retryFrom and retryTo bound a Retry's timeout: [delay, delay × (1 +
 	// core.RetryJitter)) after the answer.
 	retryFrom, retryTo time.Time
-	sent               bool           // its item is in the outstanding transaction
+	sentOp             int64          // the op of the outstanding resolve its item is in (0: none)
 	claim              bool           // its item, in the outstanding transaction, claims its row at its target (core.Item.Claim)
 	unsure             bool           // its item was in a transaction whose reply was lost
 	sentReason         string         // the reason of its item as the core last sent it
@@ -132,9 +132,11 @@ type floorState struct {
 // only, filled from the events the world hands the core, the commands the core
 // returns and the fake queue's changes. It judges nothing; the rules do.
 type ledger struct {
-	shut      int  // shutdown signals delivered
-	coreDown  bool // the core saw a failed transaction and no DatabaseUp since
-	txnOut    bool // a queue transaction is outstanding
+	shut     int  // shutdown signals delivered
+	coreDown bool // the core saw a failed transaction and no DatabaseUp since
+	// txnsOut: the queue transactions outstanding, in the order sent (see
+	// txnOut).
+	txnsOut   []txnModel
 	resetSent bool // the start-up orphan reset was sent
 	// resetOwed: a transaction whose reply was lost may have left rows
 	// running that the core never learned of (its claim's, its moves' or
@@ -159,10 +161,11 @@ type ledger struct {
 	claimAttempts map[int64]int
 	claimCaps     []core.Cap   // the caps of the claim outstanding
 	startCarry    []core.Flush // what Start carried
-	// movesOut: per stage, the moves of the outstanding resolve that claim
-	// their row there (core.Item.Claim); lastEpoch: the epoch of this life's
-	// last claim, which a row a move claims is held with.
-	movesOut  map[string]int
+	// movesOut: per outstanding resolve (by op), per stage, its moves that
+	// claim their row there (core.Item.Claim) and its children inserted
+	// running there; lastEpoch: the epoch of this life's last claim, which a
+	// row a move claims is held with.
+	movesOut  map[int64]map[string]int
 	lastEpoch string
 }
 
@@ -291,7 +294,7 @@ func (w *world) newLifeModel() {
 	w.ledger = ledger{
 		workers: map[core.WorkerID]*wmodel{}, backlog: map[int64]string{}, holder: map[int64]core.WorkerID{},
 		expects: map[int64]*expect{}, claimEpoch: map[int64]string{}, claimGenOf: map[int64]int{},
-		claimAttempts: map[int64]int{}, startCarry: w.startCarry, movesOut: map[string]int{},
+		claimAttempts: map[int64]int{}, startCarry: w.startCarry, movesOut: map[int64]map[string]int{},
 	}
 	w.promptState = promptState{told: make([]bool, n), toldLook: make([]bool, n), ownPending: make([]int, n), lastPoll: w.lastPoll}
 	w.gateState = gateState{unnotified: map[int64]time.Time{}}
@@ -391,7 +394,7 @@ func (w *world) modelEvent(ev core.Event) {
 	case core.Resolved:
 		w.modelResolved(e)
 	case core.Woken:
-		w.txnResult(e.Err)
+		w.txnResult(e.Op, e.Err)
 		if e.Count > 0 {
 			w.tellAll()
 		}
@@ -400,7 +403,9 @@ func (w *world) modelEvent(ev core.Event) {
 	case core.OrphansReset:
 		w.modelReset(e)
 	case core.Flushed:
-		w.txnResult(e.Err)
+		w.txnResult(e.Op, e.Err)
+	case core.HistoryKept:
+		w.txnResult(e.Op, e.Err)
 	}
 }
 
@@ -468,7 +473,7 @@ func (w *world) modelSpawnFailed(e core.SpawnFailed) {
 // (or are owed back during a shutdown), the rate log learns what it took, and
 // a stage claimed dry is no longer owed a claim.
 func (w *world) modelClaimed(e core.Claimed) {
-	w.txnResult(e.Err)
+	w.txnResult(e.Op, e.Err)
 	caps, told := w.claimCaps, w.toldInTxn
 	w.claimCaps, w.toldInTxn = nil, false
 	limits := w.limitsOut
@@ -544,23 +549,23 @@ func (w *world) takeClaimed(what string, id int64, stage string, attempts int, e
 // modelResolved takes in a resolve's outcomes: what the core no longer owes,
 // and what the truth counts of them.
 func (w *world) modelResolved(e core.Resolved) {
-	w.txnResult(e.Err)
+	w.txnResult(e.Op, e.Err)
+	moves := w.movesOut[e.Op]
+	delete(w.movesOut, e.Op)
 	if e.Err != "" {
 		// A send that may have committed may have written its items; an
 		// aborted one (the fake queue says so only when it did not
 		// apply) wrote nothing, so a later miss is a miss.
 		for _, ex := range w.expects {
-			if ex.sent {
-				ex.sent, ex.unsure, ex.claim = false, ex.unsure || !e.Aborted, false
+			if ex.sentOp == e.Op {
+				ex.sentOp, ex.unsure, ex.claim = 0, ex.unsure || !e.Aborted, false
 			}
 		}
-		if !e.Aborted && len(w.movesOut) > 0 {
+		if !e.Aborted && len(moves) > 0 {
 			w.resetOwed = true // its moves or emits may have claimed
 		}
-		clear(w.movesOut)
 		return
 	}
-	clear(w.movesOut)
 	for _, o := range e.Outcomes {
 		if _, ok := w.expects[o.ID]; !ok {
 			w.broke(ruleWorldConsistent, "outcome for message %d, which was not being resolved", o.ID)
@@ -591,7 +596,7 @@ func (w *world) modelResolved(e core.Resolved) {
 			// A stage's commit landed while the resolve waited on the row:
 			// nothing written, a guard miss, and the core still holds the
 			// row and owes the same item.
-			ex.sent, ex.raced = false, true
+			ex.sentOp, ex.raced = 0, true
 			w.truth().stage(ex.stage).GuardMisses++
 			continue
 		}
@@ -646,7 +651,7 @@ func (w *world) modelMovedClaimed(o core.Outcome) {
 // modelReset takes in an orphan reset; the first of a life shows which
 // carried flushes the core takes on.
 func (w *world) modelReset(e core.OrphansReset) {
-	w.txnResult(e.Err)
+	w.txnResult(e.Op, e.Err)
 	if e.Err != "" {
 		return
 	}
@@ -674,8 +679,77 @@ func (w *world) modelReset(e core.OrphansReset) {
 	}
 }
 
-func (w *world) txnResult(err string) {
-	w.txnOut = false
+// txnModel is an outstanding queue transaction as the checker sees it.
+type txnModel struct {
+	ops   []int64 // its commands not yet answered
+	items []int64 // the items of its resolve
+	kinds []string
+	// pends: the stages at which it may make rows pending that the core
+	// could know of (a requeue, a move or a child that does not claim);
+	// anywhere: it may make rows pending at any stage (a reset, a wake, a
+	// release).
+	pends    map[string]bool
+	anywhere bool
+}
+
+// pendsOf fills in what a transaction of cmds may make pending (see txnModel).
+func (t *txnModel) pendsOf(cmds []core.Command) {
+	t.pends = map[string]bool{}
+	for _, cmd := range cmds {
+		switch x := cmd.(type) {
+		case core.ResetOrphans, core.Wake, core.Release:
+			t.anywhere = true
+		case core.Resolve:
+			for _, it := range x.Items {
+				switch {
+				case it.Verdict == core.Requeue:
+					t.pends[it.Stage] = true
+				case it.Verdict == core.Move && !it.Claim:
+					t.pends[it.To] = true
+				}
+				for _, e := range it.Emits {
+					if !e.Claim {
+						t.pends[e.Stage] = true
+					}
+				}
+			}
+		}
+	}
+}
+
+// txnOut reports whether a queue transaction is outstanding.
+func (w *world) txnOut() bool { return len(w.txnsOut) > 0 }
+
+// outstandingItems lists the items of the outstanding transactions' resolves.
+func (w *world) outstandingItems() []int64 {
+	var ids []int64
+	for _, t := range w.txnsOut {
+		ids = append(ids, t.items...)
+	}
+	return ids
+}
+
+// movesOutAt counts the moves and children of the outstanding resolves that
+// claim at stage.
+func (w *world) movesOutAt(stage string) int {
+	n := 0
+	for _, m := range w.movesOut {
+		n += m[stage]
+	}
+	return n
+}
+
+// txnResult takes the result of the queue command op off its transaction.
+func (w *world) txnResult(op int64, err string) {
+	for i, t := range w.txnsOut {
+		if j := slices.Index(t.ops, op); j >= 0 {
+			w.txnsOut[i].ops = slices.Delete(t.ops, j, j+1)
+			if len(w.txnsOut[i].ops) == 0 {
+				w.txnsOut = slices.Delete(w.txnsOut, i, i+1)
+			}
+			break
+		}
+	}
 	if err != "" {
 		w.coreDown = true
 	}
@@ -964,7 +1038,7 @@ func (w *world) recordCommand(cmd core.Command) {
 				delete(w.backlog, it.ID)
 			}
 			if ex := w.expects[it.ID]; ex != nil {
-				ex.sent, ex.claim, ex.sentReason = true, it.Claim, it.Reason
+				ex.sentOp, ex.claim, ex.sentReason = x.Op, it.Claim, it.Reason
 				ex.sentStatus = ""
 				switch it.Verdict {
 				case core.Fail, core.Answered:
@@ -972,12 +1046,15 @@ func (w *world) recordCommand(cmd core.Command) {
 				case core.TimeOut:
 					ex.sentStatus = core.StatusTimeout
 				}
+				if w.movesOut[x.Op] == nil {
+					w.movesOut[x.Op] = map[string]int{}
+				}
 				if it.Claim {
-					w.movesOut[it.To]++
+					w.movesOut[x.Op][it.To]++
 				}
 				for _, e := range it.Emits {
 					if e.Claim {
-						w.movesOut[e.Stage]++ // a child inserted running there
+						w.movesOut[x.Op][e.Stage]++ // a child inserted running there
 					}
 				}
 			}

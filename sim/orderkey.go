@@ -129,7 +129,7 @@ func (w *world) olderUnfinished(r fakequeue.Row) bool {
 // modelReleased takes a release's result: the stage of each pending head may
 // now be claimed.
 func (w *world) modelReleased(e core.Released) {
-	w.txnResult(e.Err)
+	w.txnResult(e.Op, e.Err)
 	w.tellHeads(e.Heads)
 	asked := w.releaseAsked[e.Op]
 	delete(w.releaseAsked, e.Op)

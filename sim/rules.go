@@ -54,6 +54,9 @@ type claimRun struct {
 	sent  time.Time
 	heads []core.Head // the key heads a release of the same transaction reported before it
 	busy  []string    // the keys such a release found busy
+	// beside: the items of other transactions applied after its own was
+	// sent: rows it may pass over below its floors.
+	beside []int64
 }
 
 // moment is when a rule is checked: one or more of these.
@@ -148,10 +151,12 @@ var rules = []*rule{
 }
 
 var ruleSerialWrites = &rule{name: "serial-writes", when: atCommand, check: (*world).serialWrites,
-	doc: "No queue transaction is issued while another is outstanding: the core's writes are serial, one batch at a time."}
+	doc: "At most SESSIONS queue transactions are outstanding (with one, the core's writes are serial, one batch at a time); " +
+		"one issued beside others carries no reset and no history upkeep (each goes alone), no second claim, wake, release or flush, and no row of an outstanding resolve."}
 
 var ruleClaimBounds = &rule{name: "claim-bounds", when: atCommand, check: (*world).claimBounds,
-	doc: "No claim during a shutdown, and no claim that would make a stage hold more than QUEUE_LIMIT × PARALLELISM messages (claimed, handed out and unanswered)."}
+	doc: "No claim during a shutdown, and no claim that would make a stage hold more than QUEUE_LIMIT × PARALLELISM messages (claimed, handed out and unanswered), " +
+		"counting what the outstanding claim and the outstanding moves that claim may add."}
 
 var ruleResetAfterLoss = &rule{name: "reset-after-loss", when: atTransaction, check: (*world).resetAfterLoss,
 	doc: "After a transaction whose reply was lost (not known to have aborted) and whose claim, or a move or an emit of its resolve that claims, may have left rows running that the core never learned of, " +
@@ -221,7 +226,8 @@ var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand, check: (*wor
 var ruleMoveClaims = &rule{name: "move-claims", when: atCommand, check: (*world).moveClaims,
 	doc: "A resolve item claims its row at its target (a move that claims, core.Item.Claim) only for a transition a stage answered to a stage this dispatcher runs, " +
 		"never past rows the core knows may be pending there (claims go in ingress_id order): not when it was told rows may be pending at the target and has not since claimed it dry, " +
-		"not beside a requeue to the target, and not for a row whose earlier resolve may have moved it " +
+		"not beside a requeue to the target, not while an outstanding transaction may make rows pending there, not past rows its own resolves left pending there unless a claim of the stage follows in its transaction, " +
+		"and not for a row whose earlier resolve may have moved it " +
 		"(a lost reply, a racing commit). Its room is rule claim-bounds's, a RATE's stage rule rate's, and the line it hands out rule message-lines's."}
 
 var ruleMovesClaimOldestFirst = &rule{name: "move-claims-oldest-first", when: atCommand, check: (*world).movesClaimOldestFirst,
@@ -287,7 +293,8 @@ var ruleExit = &rule{name: "exit", when: atCommand, check: (*world).exit,
 
 var ruleClaimFloor = &rule{name: "claim-floor", when: atChange, check: (*world).claimFloor,
 	doc: "A claim looks above each stage's floor (core.Cap.After) only, and when it runs no row is pending at or below the floor at its stage, " +
-		"except a row an operator retried that the core has not yet heard of, a row it holds, or a keyed row the claim may not take or whose key's release is still owed (found busy). Checked in the fake queue, between the commands of the transaction."}
+		"except a row an operator retried that the core has not yet heard of, a row it holds, a row a transaction sent after the claim's resolved, " +
+		"or a keyed row the claim may not take or whose key's release is still owed (found busy). Checked in the fake queue, between the commands of the transaction."}
 
 var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange, check: (*world).onlyClaimRuns,
 	doc: "Only the dispatcher's claim moves a row from pending to running (but for the fault of a stray tool that does, fakequeue.Stray, whose row the heartbeat's sweep must reset)."}

@@ -24,6 +24,7 @@ type Scenario struct {
 	WorldSeed uint64
 
 	stages     []stageConf
+	sessions   int // SESSIONS
 	maxRuntime time.Duration
 	idle       time.Duration
 	poll       time.Duration
@@ -343,7 +344,15 @@ func choose(c chooser) *Scenario {
 	chooseHistory(c, sc)
 	chooseEmits(c, sc)
 	chooseSchedules(c, sc)
+	chooseSessions(c, sc)
 	return sc
+}
+
+// chooseSessions chooses SESSIONS, the queue transactions the core may have
+// outstanding at once: 1, 2 or 3. Drawn last: the other scenarios' choices
+// stay as they were.
+func chooseSessions(c chooser, sc *Scenario) {
+	sc.sessions = c.intn("sessions", 1, 3)
 }
 
 // chooseSchedules chooses scheduled messages (not_before): one scenario in
@@ -898,6 +907,9 @@ func (sc *Scenario) Conf() string {
 	}
 	fmt.Fprintf(&b, "[pepsi-dispatch]\nMAX_RUNTIME = %s\nWORKER_IDLE_TIMEOUT = %s\nPOLL_INTERVAL = %s\nSTATS_INTERVAL = %s\nSTOP_GRACE = %s\nVACUUM = %s\n",
 		sc.maxRuntime, sc.idle, sc.poll, sc.stats, sc.grace, vacuum)
+	if sc.sessions > 1 {
+		fmt.Fprintf(&b, "SESSIONS = %d\n", sc.sessions)
+	}
 	for _, st := range sc.stages {
 		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = %s-stage\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
 			st.name, st.name, st.parallelism, st.queueLimit, st.maxMessages)

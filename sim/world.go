@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -117,6 +118,10 @@ type txn struct {
 	life    int
 	sent    time.Time
 	applied bool
+	// beside: the items of the transactions applied after this one was sent
+	// and before it was: rows that a claim of this one may pass over below
+	// its floors (the core lowers them when those resolves report them).
+	beside []int64
 }
 
 type world struct {
@@ -175,10 +180,12 @@ type world struct {
 	running  bool
 	pending  []core.Event
 	timerGen int
-	txn      *txn
-	// late: a transaction whose reply was lost and which has not committed
-	// yet; it commits, or is rolled back, before the next one is sent (endLate).
-	late     *txn
+	// txns: the queue transactions the world is executing, in the order sent.
+	txns []*txn
+	// lates: transactions whose reply was lost and which have not committed
+	// yet; each commits, or is rolled back, before the next one is sent
+	// (endLate).
+	lates    []*txn
 	lateExec bool // the late transaction is being applied
 	carry    []core.Flush
 	procs    map[core.WorkerID]*proc
@@ -349,9 +356,9 @@ func (w *world) schedule() {
 	for _, win := range sc.faults.pgCrashes {
 		w.at(epoch.Add(win.from), 0, func() {
 			w.note("PostgreSQL crashes: stage writes since the last dispatcher commit are lost; down until %s", win.to)
-			if w.late != nil {
+			if len(w.lates) > 0 {
 				w.note("the transaction whose reply was lost dies with the server")
-				w.late = nil
+				w.lates = nil
 			}
 			w.q.Crash()
 		})
@@ -464,7 +471,7 @@ func (w *world) finished() bool {
 // quiescent: every message is inserted and final, the core holds nothing and no
 // queue transaction is outstanding.
 func (w *world) quiescent() bool {
-	if !w.running || w.inserted < w.sc.produced || w.txn != nil || w.txnOut || !w.nothingHeld() {
+	if !w.running || w.inserted < w.sc.produced || len(w.txns) > 0 || w.txnOut() || !w.nothingHeld() {
 		return false
 	}
 	for _, r := range w.q.Rows() {
@@ -843,7 +850,7 @@ func (w *world) startLife() {
 	w.c = core.New(w.cfg)
 	w.running = true
 	w.timerGen++
-	w.txn = nil
+	w.txns = nil
 	w.procs = map[core.WorkerID]*proc{}
 	w.startCarry = w.carry
 	w.carry = nil
@@ -856,11 +863,13 @@ func (w *world) startLife() {
 // endLife forgets the current core: its workers die with it, and a transaction
 // it had in flight either committed or did not.
 func (w *world) endLife(why string, exact bool, restart time.Duration) {
-	if t := w.txn; t != nil && !t.applied && w.rCrash.IntN(2) == 0 {
-		w.note("its transaction in flight commits anyway")
-		w.exec(t)
+	for _, t := range w.txns {
+		if !t.applied && w.rCrash.IntN(2) == 0 {
+			w.note("its transaction op=%d in flight commits anyway", core.QueueOp(t.cmds[0]))
+			w.exec(t)
+		}
 	}
-	w.txn = nil
+	w.txns = nil
 	// The gate's connection dies with the process, and the lock with it.
 	w.gateHeld, w.gateWant = false, false
 	for _, id := range sortedKeys(w.procs) {
@@ -995,7 +1004,7 @@ func (w *world) step() {
 	for _, ev := range evs {
 		w.modelEvent(ev)
 	}
-	free := !w.txnOut
+	free := !w.txnOut()
 	cmds := w.c.Step(w.now, evs...)
 	for _, cmd := range cmds {
 		w.tr.line("  " + cmd.String())
@@ -1087,7 +1096,7 @@ func (w *world) send(cmds []core.Command) {
 		w.endLate()
 	}
 	t := &txn{cmds: cmds, life: w.life, sent: w.now}
-	w.txn = t
+	w.txns = append(w.txns, t)
 	f := w.sc.faults
 	fault := txnOK
 	switch r := w.rTxn.IntN(1000); {
@@ -1114,8 +1123,8 @@ func (w *world) send(cmds []core.Command) {
 			// server still runs it: it commits after the core has moved on.
 			w.note("transaction op=%d %s", core.QueueOp(cmds[0]), fault)
 			res = fakequeue.Failed(cmds, "queue transaction timed out")
-			w.late = t
-			w.at(w.now.Add(w.randDur(w.rFault, time.Millisecond, 3*time.Second)), 0, w.commitLate)
+			w.lates = append(w.lates, t)
+			w.at(w.now.Add(w.randDur(w.rFault, time.Millisecond, 3*time.Second)), 0, func() { w.commitLate(t) })
 		case w.dbDown():
 			// Never sent (no connection): the shell knows it did not commit.
 			w.note("transaction op=%d fails: the database is unreachable", core.QueueOp(cmds[0]))
@@ -1139,7 +1148,7 @@ func (w *world) send(cmds []core.Command) {
 			}
 		}
 		w.after(w.randDur(w.rTxn, 0, 5*time.Millisecond), func() {
-			w.txn = nil
+			w.txns = slices.DeleteFunc(w.txns, func(o *txn) bool { return o == t })
 			w.pending = append(w.pending, res...)
 			if failed(res) {
 				// The shell probes the database and reports it back.
@@ -1155,27 +1164,25 @@ func (w *world) send(cmds []core.Command) {
 // a new dispatcher ends an earlier one's sessions), so a late commit lands
 // now, or never.
 func (w *world) endLate() {
-	if w.late == nil {
-		return
+	for _, t := range slices.Clone(w.lates) {
+		if w.rFault.IntN(2) == 0 {
+			w.commitLate(t)
+		} else {
+			w.note("the transaction op=%d whose reply was lost is rolled back with its session", core.QueueOp(t.cmds[0]))
+		}
 	}
-	if w.rFault.IntN(2) == 0 {
-		w.commitLate()
-	} else {
-		w.note("the transaction whose reply was lost is rolled back with its session")
-		w.late = nil
-	}
+	w.lates = nil
 }
 
-// commitLate commits the late transaction, if it has not committed yet (a
+// commitLate commits late transaction t, if it has not committed yet (a
 // dispatcher that crashed may have seen it commit already: endLife; a
-// transaction commits once).
-func (w *world) commitLate() {
-	t := w.late
-	w.late = nil
-	if t == nil || t.applied {
+// transaction commits once) and is still in doubt (not rolled back).
+func (w *world) commitLate(t *txn) {
+	if !slices.Contains(w.lates, t) || t.applied {
 		return
 	}
-	w.note("the transaction whose reply was lost commits now")
+	w.lates = slices.DeleteFunc(w.lates, func(o *txn) bool { return o == t })
+	w.note("the transaction op=%d whose reply was lost commits now", core.QueueOp(t.cmds[0]))
 	w.lateExec = true
 	w.exec(t)
 	w.lateExec = false
@@ -1220,6 +1227,11 @@ func (w *world) vacuum(x core.Vacuum) {
 // held to it).
 func (w *world) exec(t *txn) []core.Event {
 	t.applied = true
+	for _, o := range w.txns {
+		if o != t && !o.applied {
+			o.beside = append(o.beside, resolveItems(t.cmds)...)
+		}
+	}
 	w.execLife = t.life
 	w.resolvingPasses(t.cmds)
 	var res []core.Event
@@ -1228,10 +1240,25 @@ func (w *world) exec(t *txn) []core.Event {
 		if c, ok := cmd.(core.Claim); ok && !w.lateExec {
 			res = append(res, w.q.Exec(context.Background(), t.cmds[from:i])...)
 			from = i
-			w.checkAt(atChange, crossing{claimRun: releasedRun(c, t.sent, res)})
+			run := releasedRun(c, t.sent, res)
+			run.beside = t.beside
+			w.checkAt(atChange, crossing{claimRun: run})
 		}
 	}
 	return append(res, w.q.Exec(context.Background(), t.cmds[from:])...)
+}
+
+// resolveItems lists the ids of the items of cmds' resolves.
+func resolveItems(cmds []core.Command) []int64 {
+	var ids []int64
+	for _, cmd := range cmds {
+		if r, ok := cmd.(core.Resolve); ok {
+			for _, it := range r.Items {
+				ids = append(ids, it.ID)
+			}
+		}
+	}
+	return ids
 }
 
 func failed(evs []core.Event) bool {

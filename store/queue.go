@@ -28,11 +28,12 @@ const retryBackoffMin = 10 * time.Millisecond
 const rollbackTimeout = 5 * time.Second
 
 // Queue executes the dispatcher's queue commands against PostgreSQL. It
-// implements Executor. Exec must not be called again before the last
-// call has returned: the core sends one step at a time, which is what keeps
-// queue writes strictly serial, and the rule for a transaction in doubt (its
-// session ended before the next is sent) keeps one such session at a time.
-// Inspect and Vacuum may run beside it.
+// implements Executor. Exec may run beside itself, each call a transaction on
+// a session of its own from the pool, as many as the core has outstanding
+// (SESSIONS): the core sends beside each other only transactions that touch
+// no row in common (docs/scaling.md). The rule for a transaction in doubt
+// holds for all of them: its session is ended before any transaction is sent
+// after its failure is known. Inspect and Vacuum may run beside it.
 type Queue struct {
 	// PG runs the statements of Executor other than Exec on the pool, each in
 	// a transaction of its own.
@@ -43,10 +44,10 @@ type Queue struct {
 
 	// mu guards doubt.
 	mu sync.Mutex
-	// doubt is the server process id of a session whose transaction may still
-	// be running, 0 if none: its reply was lost and the session could not be
-	// ended yet (endDoubt). No transaction is sent until it is gone.
-	doubt uint32
+	// doubt lists the server process ids of sessions whose transactions may
+	// still be running: their replies were lost and the sessions could not be
+	// ended yet (endDoubt). No transaction is sent until they are gone.
+	doubt []uint32
 }
 
 // New returns a Queue that runs its transactions on connections from pool and logs
@@ -182,9 +183,11 @@ func (q *Queue) settle(ctx context.Context, pid uint32, xid string, err error) e
 	if errors.As(err, &rb) {
 		return err
 	}
-	q.mu.Lock()
-	q.doubt = pid
-	q.mu.Unlock()
+	if pid != 0 {
+		q.mu.Lock()
+		q.doubt = append(q.doubt, pid)
+		q.mu.Unlock()
+	}
 	if derr := q.endDoubt(ctx); derr != nil {
 		// Not yet: the next attempt, or the next step, ends it before it sends
 		// anything (run).
@@ -223,29 +226,34 @@ func (q *Queue) settle(ctx context.Context, pid uint32, xid string, err error) e
 // session and see it gone; past it the session is ended before the next send.
 const doubtEndWait = 5 * time.Second
 
-// endDoubt ends the session whose transaction is in doubt, if there is one,
-// and waits until the server has let it go, so that its transaction has
-// ended, committed or not (a session ended while it waits for a lock rolls
-// back; one ended during its COMMIT finishes the commit first). The session is
-// matched by its process id and the pool's application_name, so a process id
-// the server gave to another client since is left alone.
+// endDoubt ends the sessions whose transactions are in doubt, if there are
+// any, and waits until the server has let them go, so that their
+// transactions have ended, committed or not (a session ended while it waits
+// for a lock rolls back; one ended during its COMMIT finishes the commit
+// first). A session is matched by its process id and the pool's
+// application_name, so a process id the server gave to another client since
+// is left alone.
 func (q *Queue) endDoubt(ctx context.Context) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.doubt == 0 {
+	if len(q.doubt) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doubtEndWait)
 	defer cancel()
 	appName := q.pool.Config().ConnConfig.RuntimeParams["application_name"]
-	if _, err := q.pool.Exec(ctx, endSessionSQL, int32(q.doubt), appName); err != nil {
-		return fmt.Errorf("end session %d, whose transaction is in doubt: %w", q.doubt, err)
+	pids := make([]int32, len(q.doubt))
+	for i, pid := range q.doubt {
+		pids[i] = int32(pid)
+		if _, err := q.pool.Exec(ctx, endSessionSQL, pids[i], appName); err != nil {
+			return fmt.Errorf("end session %d, whose transaction is in doubt: %w", pid, err)
+		}
 	}
-	if err := waitGone(ctx, q.pool, []int32{int32(q.doubt)}); err != nil {
-		return fmt.Errorf("wait for session %d, whose transaction is in doubt, to end: %w", q.doubt, err)
+	if err := waitGone(ctx, q.pool, pids); err != nil {
+		return fmt.Errorf("wait for sessions %v, whose transactions are in doubt, to end: %w", pids, err)
 	}
-	q.log.Debug("queue transaction in doubt: its session has ended", "pid", q.doubt)
-	q.doubt = 0
+	q.log.Debug("queue transactions in doubt: their sessions have ended", "pids", pids)
+	q.doubt = nil
 	return nil
 }
 

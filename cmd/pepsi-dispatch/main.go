@@ -99,6 +99,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&ov.stats, "stats-interval", "", "override STATS_INTERVAL")
 	fs.StringVar(&ov.grace, "stop-grace", "", "override STOP_GRACE")
 	fs.StringVar(&ov.vacuum, "vacuum", "", "override VACUUM (on or off): vacuum pepsi.queue when dead rows pile up")
+	fs.StringVar(&ov.sessions, "sessions", "", "override SESSIONS: the queue transactions in flight at once, each on a database session of its own")
 	parsed, err := cliflags.Parse(fs, args, "PEPSI")
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
@@ -165,7 +166,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // overrides are the flags that override keys of the configuration's
 // [pepsi-dispatch] section; "" is a flag not given.
 type overrides struct {
-	maxRuntime, idle, poll, stats, grace, vacuum string
+	maxRuntime, idle, poll, stats, grace, vacuum, sessions string
 }
 
 // configure reads and parses the configuration file and applies the flags that
@@ -192,6 +193,7 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 		{"stats-interval", ov.stats, durationInto(&cfg.Dispatch.StatsInterval)},
 		{"stop-grace", ov.grace, durationInto(&cfg.Dispatch.StopGrace)},
 		{"vacuum", ov.vacuum, func(s string) (err error) { cfg.Dispatch.Vacuum, err = conf.ParseOnOff(s); return err }},
+		{"sessions", ov.sessions, func(s string) (err error) { cfg.Dispatch.Sessions, err = conf.ParseSessions(s); return err }},
 	} {
 		if o.value == "" {
 			continue

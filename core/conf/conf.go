@@ -27,6 +27,12 @@ const (
 	DefaultParallelism = 4
 	DefaultQueueLimit  = 4
 	DefaultMaxMessages = 1000
+	// DefaultSessions is SESSIONS: the queue transactions in flight at once.
+	DefaultSessions = 1
+	// SessionsMin and SessionsMax bound SESSIONS: each session is a database
+	// connection and, at full load, a server core.
+	SessionsMin = 1
+	SessionsMax = 16
 	// DefaultLineMax is LINE_MAX: the longest standard input line handed to an
 	// INPUT = message stage, in bytes (4 MiB).
 	DefaultLineMax = 4 << 20
@@ -192,6 +198,12 @@ type Dispatch struct {
 	// default DefaultHistoryKeep): the dispatcher drops the table's daily
 	// partitions wholly older than this. Zero means the default.
 	HistoryKeep time.Duration
+	// Sessions is how many queue transactions the dispatcher may have in
+	// flight at once, each on a database session of its own (key SESSIONS,
+	// a PEPSI extension; default DefaultSessions, from SessionsMin to
+	// SessionsMax). Beside the step's transaction, which claims, wakes and
+	// releases, the others only resolve answered passes (docs/scaling.md).
+	Sessions int
 }
 
 // Input is what a stage reads on standard input (key INPUT, a PEPSI extension).
@@ -309,6 +321,7 @@ func Parse(file, text string) (*Config, error) {
 			Vacuum:        true,
 			LineMax:       DefaultLineMax,
 			HistoryKeep:   DefaultHistoryKeep,
+			Sessions:      DefaultSessions,
 			ConfigFile:    file,
 		}, Ingress: Ingress{Listen: DefaultIngressListen, MaxBody: DefaultIngressMaxBody}}}
 	sc := bufio.NewScanner(strings.NewReader(text))
@@ -422,7 +435,7 @@ func (p *parser) setting(line string) error {
 		}
 	case "pepsi-dispatch":
 		known, err = setDispatch(&p.c.Dispatch, key, value)
-		want = "MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM, LINE_MAX or HISTORY_KEEP"
+		want = "MAX_RUNTIME, WORKER_IDLE_TIMEOUT, POLL_INTERVAL, STATS_INTERVAL, STOP_GRACE, CONFIG_FILE, VACUUM, LINE_MAX, HISTORY_KEEP or SESSIONS"
 	case "pepsi-ingress":
 		known, err = setIngress(&p.c.Ingress, key, value)
 		want = "LISTEN, TOKENS_FILE, TLS_CERT, TLS_KEY, MAX_BODY or MAX_PENDING"
@@ -469,6 +482,8 @@ func setDispatch(d *Dispatch, key, value string) (known bool, err error) {
 		d.LineMax, err = parseLineMax(value)
 	case "HISTORY_KEEP":
 		d.HistoryKeep, err = parseKeep(value)
+	case "SESSIONS":
+		d.Sessions, err = ParseSessions(value)
 	default:
 		return false, nil
 	}
@@ -702,6 +717,16 @@ func parseInput(s string) (Input, error) {
 		return in, nil
 	}
 	return "", fmt.Errorf("%s is neither id nor message", Quote(s))
+}
+
+// ParseSessions reads a SESSIONS: a whole number from SessionsMin to
+// SessionsMax.
+func ParseSessions(s string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < SessionsMin || n > SessionsMax {
+		return 0, fmt.Errorf("%s is not a whole number of sessions from %d to %d", Quote(s), SessionsMin, SessionsMax)
+	}
+	return n, nil
 }
 
 // parseLineMax reads a LINE_MAX: a whole number of bytes from LineMaxMin to

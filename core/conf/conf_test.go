@@ -119,6 +119,9 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad stage max runtime", "[stage-a]\nPROGRAM = a\n\nMAX_RUNTIME = forever\n", "f.conf:4: MAX_RUNTIME: 'forever' is not whole seconds"},
 		{"zero stage max runtime", "[stage-a]\nPROGRAM = a\nMAX_RUNTIME = 0\n", "f.conf:3: MAX_RUNTIME: '0' must be positive"},
 		{"small line max", "[pepsi-dispatch]\nLINE_MAX = 100\n", "f.conf:2: LINE_MAX: '100' is not a whole number of bytes from 1024 to 1073741824"},
+		{"no sessions", "[pepsi-dispatch]\nSESSIONS = 0\n", "f.conf:2: SESSIONS: '0' is not a whole number of sessions from 1 to 16"},
+		{"too many sessions", "[pepsi-dispatch]\nSESSIONS = 17\n", "f.conf:2: SESSIONS: '17' is not a whole number of sessions from 1 to 16"},
+		{"sessions not a number", "[pepsi-dispatch]\nSESSIONS = two\n", "f.conf:2: SESSIONS: 'two' is not a whole number of sessions from 1 to 16"},
 		{"httpd actions without tokens", "[pepsi-httpd]\n\nACTIONS = on\n", "f.conf:3: ACTIONS: on without TOKENS_FILE"},
 		{"httpd actions not a switch", "[pepsi-httpd]\nACTIONS = sometimes\n", "f.conf:2: ACTIONS: 'sometimes' is not on or off"},
 		{"httpd unknown key", "[pepsi-httpd]\nLISTEN = :80\n", "f.conf:2: LISTEN: unknown key in [pepsi-httpd] (want ACTIONS or TOKENS_FILE)"},
@@ -231,6 +234,17 @@ PROGRAM = plain
 	d, err := conf.Parse("d.conf", "")
 	if err != nil || d.Dispatch.LineMax != conf.DefaultLineMax {
 		t.Errorf("LINE_MAX default: %d, %v; want %d", d.Dispatch.LineMax, err, conf.DefaultLineMax)
+	}
+}
+
+func TestParseReadsSessions(t *testing.T) {
+	c, err := conf.Parse("s.conf", "[pepsi-dispatch]\nSESSIONS = 3\n[stage-a]\nPROGRAM = a\n")
+	if err != nil || c.Dispatch.Sessions != 3 {
+		t.Fatalf("SESSIONS = 3: %d, %v", c.Dispatch.Sessions, err)
+	}
+	d, err := conf.Parse("d.conf", "")
+	if err != nil || d.Dispatch.Sessions != conf.DefaultSessions {
+		t.Errorf("SESSIONS default: %d, %v; want %d", d.Dispatch.Sessions, err, conf.DefaultSessions)
 	}
 }
 

@@ -58,8 +58,8 @@ type session struct {
 	// worker goroutine must not block on them (Close waits for those goroutines).
 	events chan core.Event
 	ended  chan struct{}
-	// results carries the outcome of the queue transaction in flight (the core
-	// has at most one outstanding).
+	// results carries the outcomes of the queue transactions in flight (the
+	// core has at most SESSIONS outstanding).
 	results chan txnResult
 	// notified: ingress notifications coalesce, one pending "there is work" is
 	// enough. dbUp: a probe reached the database after a failed transaction.
@@ -74,6 +74,9 @@ type session struct {
 	// step that took it has run (runTxn counts the turnaround from it).
 	txns     txnStats
 	resultAt time.Time
+	// inFlight counts the queue transactions sent whose results the loop
+	// has not taken yet.
+	inFlight int
 	// health is the core's verdict on its stages last handed to the health
 	// writer (recordHealth), and healthOut the writer's mailbox: it holds the
 	// latest verdict not yet taken, never an older one.
@@ -84,12 +87,14 @@ type session struct {
 // txnStats sums up a session's queue transactions: how long they took, how
 // many items (rows resolved and claimed) they carried, and how long the loop
 // took from a transaction's result to the next transaction when the step
-// that took the result sent one (its turnaround). The transactions run one at
-// a time, so with work waiting, their time and the turnaround are the whole
-// cycle, and a transaction's time per item bounds hops/s (docs/performance.md).
+// that took the result sent one (its turnaround), and how many were sent
+// while others were out (beside: SESSIONS above 1). With one session they run
+// one at a time, so with work waiting, their time and the turnaround are the
+// whole cycle, and a transaction's time per item bounds hops/s
+// (docs/performance.md).
 type txnStats struct {
-	count, items, turns int
-	took, turnaround    time.Duration
+	count, items, turns, beside int
+	took, turnaround            time.Duration
 }
 
 // attrs are the log attributes of s.
@@ -105,7 +110,7 @@ func (s txnStats) attrs() []any {
 		items = float64(s.items) / float64(s.count)
 	}
 	return []any{"count", s.count, "mean", per(s.took, s.count), "items", s.items, "items_mean", fmt.Sprintf("%.1f", items),
-		"turnaround_mean", per(s.turnaround, s.turns)}
+		"turnaround_mean", per(s.turnaround, s.turns), "beside", s.beside}
 }
 
 // sessionResult is how a session ended.
@@ -136,7 +141,7 @@ func (s *session) run(ctx context.Context) sessionResult {
 	defer s.cancel()
 	s.events = make(chan core.Event, eventBufferMax)
 	s.ended = make(chan struct{})
-	s.results = make(chan txnResult, 1)
+	s.results = make(chan txnResult, max(1, s.o.Config.Dispatch.Sessions))
 	s.notified, s.dbUp, s.relisten = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
 
 	if err := s.openPool(); err != nil {
@@ -189,7 +194,9 @@ func (s *session) openPool() error {
 	// store's plan tests check (the pending, running and paused partial
 	// indexes, a resolve that costs its items), so use those.
 	poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	poolCfg.MaxConns = 4
+	// A session per outstanding transaction, and room for the health
+	// writer's, the inspections' and the vacuums' beside them.
+	poolCfg.MaxConns = int32(max(1, s.o.Config.Dispatch.Sessions) + 3)
 	s.pool, err = pgxpool.NewWithConfig(s.ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
@@ -490,6 +497,10 @@ func (s *session) runTxn(cmds []core.Command) {
 		s.txns.turns++
 		s.txns.turnaround += time.Since(s.resultAt)
 	}
+	if s.inFlight > 0 {
+		s.txns.beside++
+	}
+	s.inFlight++
 	go func() {
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(s.ctx, timeout)
@@ -516,6 +527,7 @@ func (s *session) runTxn(cmds []core.Command) {
 // the loop could then take DatabaseUp first, the core would ignore it (not yet
 // down) and then wait for the database forever.
 func (s *session) tookResult(r txnResult) {
+	s.inFlight--
 	s.resultAt = time.Now()
 	s.txns.count++
 	s.txns.took += r.took

@@ -108,6 +108,9 @@ type stageConfig struct {
 	// historyOff: every stage has HISTORY = off (the unrecorded
 	// configuration), so the run shows what pepsi.history costs.
 	historyOff bool
+	// sessions, when above 0, is the dispatcher's SESSIONS (-sessions; the
+	// single configuration: 1); 0 leaves pepsi.conf's default.
+	sessions int
 }
 
 // ratedRate is the RATE of the rated configuration: far above what any
@@ -140,6 +143,9 @@ func (c stageConfig) String() string {
 	}
 	if c.historyOff {
 		s += ", HISTORY = off"
+	}
+	if c.sessions > 0 {
+		s += fmt.Sprintf(", SESSIONS = %d", c.sessions)
 	}
 	return s + ")"
 }
@@ -204,6 +210,8 @@ type bench struct {
 	// dispatchEnv is added to the next pepsi-dispatch's environment (the relay
 	// modes' addresses).
 	dispatchEnv []string
+	// splitSingle: each round of -split also runs the split at SESSIONS = 1.
+	splitSingle bool
 	libraryLink string // the library-mode stage program: a link to self
 
 	// refused holds, per mode, why the dispatcher refused that mode's stages

@@ -261,7 +261,13 @@ func TestTheSplitsParentStageTakesItsOwnPoolWhenAsked(t *testing.T) {
 		{stageConfig{queueLimit: 8}, "PARALLELISM = 4\nQUEUE_LIMIT = 8\n", " (stage a: PARALLELISM 4, QUEUE_LIMIT 8)"},
 	} {
 		b.splitParent = c.parent
-		conf := b.splitConf("/bin/split")
+		conf := b.splitConf("/bin/split", 0)
+		if strings.Contains(conf, "SESSIONS") {
+			t.Errorf("split parent %+v: the configuration sets SESSIONS though -sessions does not:\n%s", c.parent, conf)
+		}
+		if two := b.splitConf("/bin/split", 2); !strings.Contains(two, "[pepsi-dispatch]\n") || !strings.Contains(two, "SESSIONS = 2\n") {
+			t.Errorf("split parent %+v at SESSIONS 2: the configuration is\n%s\nwant SESSIONS = 2", c.parent, two)
+		}
 		if a := section(conf, stageA); !strings.Contains(a, c.wantA) {
 			t.Errorf("split parent %+v: stage a is\n%s\nwant %q", c.parent, a, c.wantA)
 		}

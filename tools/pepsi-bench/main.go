@@ -104,9 +104,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&b.benchConfig.parallelism, "parallelism", 2, "PARALLELISM of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.queueLimit, "queue-limit", 64, "QUEUE_LIMIT of each stage in the bench configuration")
 	fs.IntVar(&b.benchConfig.maxMessages, "max-messages", 100000, "MAX_MESSAGES of each stage in the bench configuration (a worker recycles after that many)")
+	fs.BoolVar(&b.splitSingle, "split-single", false, "with -split: each round also runs the split with SESSIONS = 1, beside the one at -sessions")
+	fs.IntVar(&b.benchConfig.sessions, "sessions", 0, "SESSIONS of the dispatcher in every configuration but single, and in the split figure (0: pepsi.conf's default)")
 	fs.StringVar(&modes, "modes", "write,library,answer", "the stage `modes` to measure: write (the stage library commits the transition, answers 0), library (the stage library answers 0 >NEXT), answer (a stage with no database connection answers 0 >NEXT), message (INPUT = message: the stage parses each message and answers a patch from it), python (the same with a Python stage), relay1ms and relay10ms (message mode behind a TCP relay adding 1 or 10 ms per round trip); all but write need the 0 >TARGET protocol")
 	fs.IntVar(&b.payloadBytes, "payload-bytes", 0, "the size of each message's payload in bytes (0: \"message N\"); with -modes message it shows what INPUT = message costs the dispatcher (pepsi-dispatch's peak RSS is then reported)")
-	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000), rated (bench with RATE = "+ratedRate+" on every stage: far above its throughput, so it measures what RATE costs), pressured (bench with MAX_PENDING = 100 on stages b and c: what back-pressure's checks cost, and its holds when a stage falls behind), keyed (bench with every message under an order key of its own: what ordering per key costs), keys (bench with the messages sharing -keys order keys in turn), backlogged (bench beside one key's backlog of -key-backlog messages waiting behind a paused head), backlogged-keyed (keyed beside that backlog: set beside keyed as well as bench), traced (bench exporting a span per pass, every pass sampled, to an OTLP/HTTP receiver in pepsi-bench), traced-dead (the same to a collector that takes the connection and never answers), before (bench with the -dispatch-before binary, unrecorded (bench with HISTORY = off on every stage: beside bench, what pepsi.history costs)")
+	fs.StringVar(&configs, "configs", "bench,defaults", "the `configurations` to measure: bench (-parallelism, -queue-limit, -max-messages), defaults (pepsi.conf's: 4, 4, 1000), rated (bench with RATE = "+ratedRate+" on every stage: far above its throughput, so it measures what RATE costs), pressured (bench with MAX_PENDING = 100 on stages b and c: what back-pressure's checks cost, and its holds when a stage falls behind), keyed (bench with every message under an order key of its own: what ordering per key costs), keys (bench with the messages sharing -keys order keys in turn), backlogged (bench beside one key's backlog of -key-backlog messages waiting behind a paused head), backlogged-keyed (keyed beside that backlog: set beside keyed as well as bench), traced (bench exporting a span per pass, every pass sampled, to an OTLP/HTTP receiver in pepsi-bench), traced-dead (the same to a collector that takes the connection and never answers), before (bench with the -dispatch-before binary, unrecorded (bench with HISTORY = off on every stage: beside bench, what pepsi.history costs), single (bench with SESSIONS = 1: beside bench at -sessions, what the sessions beside the first gain)")
 	fs.IntVar(&b.keys, "keys", 1000, "how many order keys the messages share in the keys configuration (-n 100000 -keys 1000: 100 messages per key)")
 	fs.IntVar(&b.keyBacklog, "key-backlog", 1000000, "how many messages of one key wait behind its paused head in the backlogged configuration")
 	fs.StringVar(&b.river, "river", "", "the river-bench `binary` (make bench builds bin/river-bench): River drains 3 × n no-op jobs each round; empty: no River row")
@@ -237,7 +239,8 @@ func parseModes(s string) ([]mode, error) {
 // c), keyed (bench, every message with its own order
 // key), keys (bench, the messages sharing keys order keys), backlogged
 // (bench beside one key's backlog of keyBacklog messages) and unrecorded
-// (bench with HISTORY = off), each at most once.
+// (bench with HISTORY = off), single (bench with SESSIONS = 1), each at
+// most once; every configuration but single has bench's SESSIONS.
 func parseConfigs(s string, bench stageConfig, keys, keyBacklog int) ([]stageConfig, error) {
 	var cs []stageConfig
 	for _, f := range strings.Split(s, ",") {
@@ -246,6 +249,7 @@ func parseConfigs(s string, bench stageConfig, keys, keyBacklog int) ([]stageCon
 		case "bench":
 		case "defaults":
 			c = defaultsConfig
+			c.sessions = bench.sessions
 		case "rated":
 			c.rate = ratedRate
 		case "pressured":
@@ -266,8 +270,10 @@ func parseConfigs(s string, bench stageConfig, keys, keyBacklog int) ([]stageCon
 			c.before = true
 		case "unrecorded":
 			c.historyOff = true
+		case "single":
+			c.sessions = 1
 		default:
-			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults, rated, pressured, keyed, keys, backlogged, backlogged-keyed, traced, traced-dead, before, unrecorded or several (bench,defaults)", f)
+			return nil, fmt.Errorf("%q is not a configuration: want bench, defaults, rated, pressured, keyed, keys, backlogged, backlogged-keyed, traced, traced-dead, before, unrecorded, single or several (bench,defaults)", f)
 		}
 		c.name = name
 		if slices.ContainsFunc(cs, func(x stageConfig) bool { return x.name == c.name }) {

@@ -38,6 +38,14 @@ QUEUE_LIMIT = %d
 MAX_MESSAGES = %d
 `
 
+// sessionsLine is the [pepsi-dispatch] line that sets SESSIONS to n, none for 0.
+func sessionsLine(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("SESSIONS = %d\n", n)
+}
+
 // confText is the pipeline's pepsi.conf for variant v: the three stages, each
 // served by the program of v's mode. statsInterval is the dispatcher's
 // STATS_INTERVAL ("60" but for the backlog drain, which samples the statistics).
@@ -55,7 +63,7 @@ func (b *bench) confText(v variant, statsInterval string) string {
 	case modeRelay1, modeRelay10:
 		program = b.relayLink
 	}
-	text := fmt.Sprintf(confTemplate, b.url, statsInterval)
+	text := fmt.Sprintf(confTemplate, b.url, statsInterval) + sessionsLine(v.cfg.sessions)
 	for _, st := range []string{stageA, stageB, stageC} {
 		text += fmt.Sprintf(stageTemplate, st, program, v.cfg.parallelism, v.cfg.queueLimit, v.cfg.maxMessages)
 		if v.mode.message() {

@@ -76,8 +76,8 @@ func runSplitWorker() {
 // splitConf is the split figure's pepsi.conf: stages a and b, both served by
 // the split program, at the bench configuration, but for a's PARALLELISM
 // and QUEUE_LIMIT where -split-parallelism and -split-queue-limit set them.
-func (b *bench) splitConf(program string) string {
-	text := fmt.Sprintf(confTemplate, b.url, "60")
+func (b *bench) splitConf(program string, sessions int) string {
+	text := fmt.Sprintf(confTemplate, b.url, "60") + sessionsLine(sessions)
 	text += fmt.Sprintf(stageTemplate, stageA, program, cmp.Or(b.splitParent.parallelism, b.benchConfig.parallelism),
 		cmp.Or(b.splitParent.queueLimit, b.benchConfig.queueLimit), b.benchConfig.maxMessages)
 	text += fmt.Sprintf(stageTemplate, stageB, program, b.benchConfig.parallelism, b.benchConfig.queueLimit, b.benchConfig.maxMessages)
@@ -92,7 +92,11 @@ func (b *bench) runSplits(ctx context.Context) error {
 		return fmt.Errorf("the split stage program: %w", err)
 	}
 	confFile := filepath.Join(b.dir, "bench.split.conf")
-	if err := os.WriteFile(confFile, []byte(b.splitConf(program)), 0o600); err != nil {
+	if err := os.WriteFile(confFile, []byte(b.splitConf(program, b.benchConfig.sessions)), 0o600); err != nil {
+		return err
+	}
+	singleFile := filepath.Join(b.dir, "bench.split-single.conf")
+	if err := os.WriteFile(singleFile, []byte(b.splitConf(program, 1)), 0o600); err != nil {
 		return err
 	}
 	script := filepath.Join(b.dir, "ingest.sql")
@@ -102,7 +106,7 @@ func (b *bench) runSplits(ctx context.Context) error {
 	fmt.Fprintf(b.out, "pepsi-bench -split: %d rounds; pgbench -c %d -j 2 -T %d, one single-row INSERT into pepsi.queue per transaction (no dispatcher); "+
 		"split a (emits %d messages to b, answers 0 >done) -> b (answers 0 >done), %d messages (%d emitted), PARALLELISM %d, QUEUE_LIMIT %d%s\n",
 		b.rounds, b.clients, b.seconds, splitChildren, b.splitN, splitChildren*b.splitN, b.benchConfig.parallelism, b.benchConfig.queueLimit, b.splitParentText())
-	var tpss, rates, ratios []float64
+	var tpss, rates, ratios, gains []float64
 	for i := 1; i <= b.rounds; i++ {
 		tps, err := b.queueInserts(ctx, script)
 		if err != nil {
@@ -114,12 +118,35 @@ func (b *bench) runSplits(ctx context.Context) error {
 		}
 		rate := float64(splitChildren*b.splitN) / elapsed.Seconds()
 		tpss, rates, ratios = append(tpss, tps), append(rates, rate), append(ratios, rate/tps)
-		fmt.Fprintf(b.out, "round %d: pgbench %.0f inserts/s; split: %.0f emitted messages/s (%s for %d parents and their children; %s) = %.2f× pgbench\n",
-			i, tps, rate, elapsed.Round(time.Millisecond), b.splitN, txns, rate/tps)
+		fmt.Fprintf(b.out, "round %d: pgbench %.0f inserts/s; split%s: %.0f emitted messages/s (%s for %d parents and their children; %s) = %.2f× pgbench\n",
+			i, tps, sessionsText(b.benchConfig.sessions), rate, elapsed.Round(time.Millisecond), b.splitN, txns, rate/tps)
+		if !b.splitSingle {
+			continue
+		}
+		elapsed, txns, err = b.runSplit(ctx, singleFile)
+		if err != nil {
+			return fmt.Errorf("round %d: split, SESSIONS = 1: %w", i, err)
+		}
+		single := float64(splitChildren*b.splitN) / elapsed.Seconds()
+		gains = append(gains, rate/single)
+		fmt.Fprintf(b.out, "round %d: split, SESSIONS = 1: %.0f emitted messages/s (%s; %s) = %.2f× pgbench; the split%s makes %.2f× as many\n",
+			i, single, elapsed.Round(time.Millisecond), txns, single/tps, sessionsText(b.benchConfig.sessions), rate/single)
 	}
 	fmt.Fprintf(b.out, "medians of %d rounds: pgbench %.0f inserts/s, split %.0f emitted messages/s; split × pgbench %.2f× (the median of the rounds' ratios; %.2f–%.2f)\n",
 		b.rounds, median(tpss), median(rates), median(ratios), slices.Min(ratios), slices.Max(ratios))
+	if len(gains) > 0 {
+		fmt.Fprintf(b.out, "split%s ÷ split at SESSIONS = 1: %.2f× (the median of the rounds' ratios; %.2f–%.2f)\n",
+			sessionsText(b.benchConfig.sessions), median(gains), slices.Min(gains), slices.Max(gains))
+	}
 	return nil
+}
+
+// sessionsText names a SESSIONS the configuration sets ("" for none).
+func sessionsText(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" at SESSIONS = %d", n)
 }
 
 // queueInserts runs pgbench's single-row INSERTs into pepsi.queue on a fresh
