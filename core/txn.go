@@ -304,29 +304,35 @@ func (c *Core) claimed(e Claimed) {
 		st.backlog = append(st.backlog, m)
 	}
 	for _, cp := range cmd.Caps {
-		assert(got[cp.Stage] <= cp.N, "claim returned %d rows of stage %s, cap %d", got[cp.Stage], cp.Stage, cp.N)
-		st := c.byName[cp.Stage]
-		st.rate.settle(c.now, got[cp.Stage])
-		// A notification that came after the claim was sent may have added rows.
-		// The claim says whether its walk found more than its cap, whatever it
-		// then took: a picked row another writer changed meanwhile is not
-		// taken, so a stage with more pending rows may come back short.
-		more := slices.Contains(e.More, cp.Stage)
-		if tainted[cp.Stage] {
-			// Another transaction made rows pending here while the claim
-			// was out, perhaps after its walk: the look goes on, from the
-			// floor their outcomes lowered.
-			st.maybeMore, st.dry = true, false
-			continue
-		}
-		st.maybeMore = more || c.ingressGen != c.claimGen
-		st.dry, st.known = !st.maybeMore, 0
-		if c.lookGen == c.claimLookGen {
-			st.floor = c.floorAfter(cp, got[cp.Stage], reach[cp.Stage], more)
-		}
+		c.claimedCap(cp, got[cp.Stage], reach[cp.Stage], slices.Contains(e.More, cp.Stage), tainted[cp.Stage])
 	}
 	for _, st := range c.stages {
 		c.headPending(st)
+	}
+}
+
+// claimedCap takes in what a claim's walk of one stage found: got rows, the
+// highest reach, whether more were pending than its cap (more), and whether
+// another transaction made rows pending there while the claim was out
+// (tainted).
+func (c *Core) claimedCap(cp Cap, got int, reach int64, more, tainted bool) {
+	assert(got <= cp.N, "claim returned %d rows of stage %s, cap %d", got, cp.Stage, cp.N)
+	st := c.byName[cp.Stage]
+	st.rate.settle(c.now, got)
+	if tainted {
+		// Rows made pending here while the claim was out, perhaps after
+		// its walk: the look goes on, from the floor their outcomes lowered.
+		st.maybeMore, st.dry = true, false
+		return
+	}
+	// A notification that came after the claim was sent may have added rows.
+	// The claim says whether its walk found more than its cap, whatever it
+	// then took: a picked row another writer changed meanwhile is not
+	// taken, so a stage with more pending rows may come back short.
+	st.maybeMore = more || c.ingressGen != c.claimGen
+	st.dry, st.known = !st.maybeMore, 0
+	if c.lookGen == c.claimLookGen {
+		st.floor = c.floorAfter(cp, got, reach, more)
 	}
 }
 

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -93,13 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		metrics    = fs.String("metrics-addr", "", "serve this dispatcher's live state as Prometheus metrics on `host:port` (/metrics); off when empty")
 		ov         overrides
 	)
-	fs.StringVar(&ov.maxRuntime, "max-runtime", "", "override [pepsi-dispatch] MAX_RUNTIME, the watchdog of stages without their own (seconds or a duration like 5m)")
-	fs.StringVar(&ov.idle, "worker-idle-timeout", "", "override WORKER_IDLE_TIMEOUT")
-	fs.StringVar(&ov.poll, "poll-interval", "", "override POLL_INTERVAL")
-	fs.StringVar(&ov.stats, "stats-interval", "", "override STATS_INTERVAL")
-	fs.StringVar(&ov.grace, "stop-grace", "", "override STOP_GRACE")
-	fs.StringVar(&ov.vacuum, "vacuum", "", "override VACUUM (on or off): vacuum pepsi.queue when dead rows pile up")
-	fs.StringVar(&ov.sessions, "sessions", "", "override SESSIONS: the queue transactions in flight at once, each on a database session of its own")
+	ov.flags(fs)
 	parsed, err := cliflags.Parse(fs, args, "PEPSI")
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
@@ -167,6 +162,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 // [pepsi-dispatch] section; "" is a flag not given.
 type overrides struct {
 	maxRuntime, idle, poll, stats, grace, vacuum, sessions string
+}
+
+// flags defines the flags that override [pepsi-dispatch] keys.
+func (ov *overrides) flags(fs *flag.FlagSet) {
+	fs.StringVar(&ov.maxRuntime, "max-runtime", "", "override [pepsi-dispatch] MAX_RUNTIME, the watchdog of stages without their own (seconds or a duration like 5m)")
+	fs.StringVar(&ov.idle, "worker-idle-timeout", "", "override WORKER_IDLE_TIMEOUT")
+	fs.StringVar(&ov.poll, "poll-interval", "", "override POLL_INTERVAL")
+	fs.StringVar(&ov.stats, "stats-interval", "", "override STATS_INTERVAL")
+	fs.StringVar(&ov.grace, "stop-grace", "", "override STOP_GRACE")
+	fs.StringVar(&ov.vacuum, "vacuum", "", "override VACUUM (on or off): vacuum pepsi.queue when dead rows pile up")
+	fs.StringVar(&ov.sessions, "sessions", "", "override SESSIONS: the queue transactions in flight at once, each on a database session of its own")
 }
 
 // configure reads and parses the configuration file and applies the flags that
