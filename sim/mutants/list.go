@@ -124,9 +124,9 @@ var mutants = []mutant{
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {",
 		"for need > 0 && len(st.workers) < st.cfg.Parallelism {"),
 	{name: "wake-takes-held-rows", rule: "wake-keeps-handed", bug: "a row its stage paused with a due timeout is woken and claimed again before its answer is read",
-		old: "keep := append(c.handed(), c.outstandingItems()...)", new: "keep := c.outstandingItems()", regress: []uint64{48}},
+		old: "keep := append(c.handed(), c.outstandingItems()...)", new: "keep := c.outstandingItems()", regress: []uint64{28}},
 	{name: "wake-takes-resolved-rows", rule: "never-two-holders", bug: "a wake does not keep the rows of its own transaction's resolve: a row whose stage's own commit (pausing it, due at once) raced the resolve is woken and claimed while its item is owed again",
-		old: "for _, cmd := range txn {\n\t\tif r, ok := cmd.(Resolve); ok {\n\t\t\tfor _, it := range r.Items {\n\t\t\t\tkeep = append(keep, it.ID)\n", new: "for _, cmd := range txn {\n\t\tif r, ok := cmd.(Resolve); ok {\n\t\t\tfor _, it := range r.Items {\n\t\t\t\t_ = it\n", regress: []uint64{9939}},
+		old: "for _, cmd := range txn {\n\t\tif r, ok := cmd.(Resolve); ok {\n\t\t\tfor _, it := range r.Items {\n\t\t\t\tkeep = append(keep, it.ID)\n", new: "for _, cmd := range txn {\n\t\tif r, ok := cmd.(Resolve); ok {\n\t\t\tfor _, it := range r.Items {\n\t\t\t\t_ = it\n", regress: []uint64{4663}},
 
 	// Timers the core must ask for: without one it acts late, at the next
 	// unrelated event (the checker's deadlines run whenever the clock moves).
@@ -300,7 +300,7 @@ var mutants = []mutant{
 	mut("rate-burst-doubled", "rate", "the bucket holds twice max(1, RATE) tokens",
 		"return int(max(b.burst-debt, 0) / b.interval)", "return int(max(2*b.burst-debt, 0) / b.interval)"),
 	mut("rate-tokens-kept", "promptness", "tokens a short claim did not use are not given back",
-		"st.rate.settle(c.now, got[cp.Stage])", "st.rate.settle(c.now, cp.N)"),
+		"\tst.rate.settle(c.now, got)\n\tif tainted {", "\tst.rate.settle(c.now, cp.N)\n\tif tainted {"),
 	mut("rate-claim-time-ignored", "rate", "a claim's result recounts it from the bucket's past, not from when it came",
 		"b.full = later(b.before, at).Add(time.Duration(got) * b.interval)", "b.full = b.before.Add(time.Duration(got) * b.interval)"),
 	mut("rate-timer-forgotten", "rate-token-due", "no timer for the next token: a held stage waits for something else to happen",
