@@ -223,7 +223,9 @@ type Resolve struct {
 // a row (see Resolve), pausing it, due at once, while the resolve writes nothing
 // and its item is owed again; woken and claimed in the same transaction, the row
 // would be held twice (as the owed item and as the claimed row). A row the
-// resolve itself pauses, due at once, is woken by the next Wake.
+// resolve itself pauses, due at once, is woken by the next Wake. For the same
+// reason Keep lists the rows of the resolves of other transactions still out
+// (SESSIONS above 1).
 //
 // One Wake wakes at most WakeMax rows, those due first; when it found that
 // many, its Woken.Next is Now, so the next transaction wakes again.
@@ -314,6 +316,8 @@ type KeyAt struct {
 // stray tool, a stage's late commit), so a message is never held by two workers
 // at once and a stale answer never meets a newer pass. The core claims such a
 // row again once its holder is done with it (its resolve reports it pending).
+// The rows of the resolves of other transactions still out (SESSIONS above 1)
+// are held too, until their outcomes come.
 //
 // ExcludeKeys lists the order keys of the messages the core holds: the claim
 // never takes another message of such a key (at most one message of a key is

@@ -152,8 +152,8 @@ type stage struct {
 	workers    []*worker // in id order
 	backlog    []msg     // claimed, not yet handed to a worker
 	maybeMore  bool      // pending rows may exist: worth claiming
-	// reserved counts the moves to this stage that the outstanding resolve
-	// may claim (Item.Claim): room kept for them until its outcomes come.
+	// reserved counts the moves to this stage that the outstanding resolves
+	// may claim (Item.Claim): room kept for them until their outcomes come.
 	reserved int
 	// claiming: the cap of the outstanding claim here, room a move that
 	// claims beside it must leave (see claimMoves).
@@ -224,10 +224,7 @@ type Core struct {
 	tainted map[string]bool
 	// taintOn: the resolve being taken in is of such another transaction.
 	taintOn bool
-	// yieldOwed: per stage, the slots its moves in transactions beside the
-	// full ones yielded, owed by its next claim (see resolveBeside).
-	yieldOwed map[string]int
-	owed      []Item // resolve items not yet sent (or sent and failed)
+	owed    []Item // resolve items not yet sent (or sent and failed)
 	// unsure: rows of resolve items sent in a transaction whose reply was lost.
 	// That transaction may have applied them and then woken and claimed the same
 	// rows again, so a reset after a lost claim must not keep them (see queueWork).
@@ -246,9 +243,9 @@ type Core struct {
 
 	epoch      string
 	nextPaused time.Time
-	// txnPaused: the earliest due time of a row the outstanding transaction's
-	// resolve reported paused; its wake's Woken.Next leaves that row out when
-	// the wake kept it (see Wake).
+	// txnPaused: the earliest due time of a row a resolve reported paused
+	// since the outstanding wake was sent; its Woken.Next leaves that row out
+	// when the wake kept it (see Wake).
 	txnPaused  time.Time
 	wakeDue    bool
 	lastPoll   time.Time
@@ -309,7 +306,6 @@ func New(cfg *conf.Config) *Core {
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
 		tainted:    map[string]bool{},
-		yieldOwed:  map[string]int{},
 		keys:       orderKeys{keyOf: map[int64]string{}, holder: map[string]int64{}, owed: map[string]bool{}},
 		hist:       history{passes: map[int64]pass{}},
 	}
@@ -450,6 +446,13 @@ func (c *Core) databaseUp() {
 	c.dbDown = false
 	c.wakeDue = true
 	c.lookAll()
+	if _, out := c.claimOut(); out {
+		// A claim of another session still out must not end this look
+		// with its result (see claimed).
+		for _, st := range c.stages {
+			c.tainted[st.cfg.Name] = true
+		}
+	}
 	// The watchdog does not run while the database is down (a worker cannot
 	// commit then); heads get a fresh MAX_RUNTIME from now.
 	for _, w := range c.workers {

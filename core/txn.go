@@ -58,6 +58,20 @@ func (c *Core) claimOut() (*txnOut, bool) {
 	return nil, false
 }
 
+// aloneOut reports whether an outstanding transaction carries what must go
+// alone: a reset or the history's upkeep.
+func (c *Core) aloneOut() bool {
+	return slices.ContainsFunc(c.txns, func(t *txnOut) bool {
+		return slices.ContainsFunc(t.cmds, func(cmd Command) bool {
+			switch cmd.(type) {
+			case ResetOrphans, KeepHistory:
+				return true
+			}
+			return false
+		})
+	})
+}
+
 // fullOut reports whether a full transaction is outstanding.
 func (c *Core) fullOut() bool {
 	return slices.ContainsFunc(c.txns, func(t *txnOut) bool { return t.full })
@@ -203,10 +217,12 @@ func (c *Core) lookAbove() {
 }
 
 // claimAfter is the id above which stage st's claim looks: its floor, lowered
-// for what the same transaction makes pending before the claim runs, and for
-// what the outstanding ones may make pending meanwhile. A reset or a wake may
-// make any row pending, so the claim looks from the start; a resolve makes
-// pending only rows of its items, at whatever stage they reached.
+// for what the same transaction makes pending before the claim runs. A reset or
+// a wake may make any row pending, so the claim looks from the start; a resolve
+// makes pending only rows of its items, at whatever stage they reached. (The
+// rows of resolves out beside it are held, so the claim may not take them
+// anyway; one such resolve that leaves its row pending lowers the floor with
+// its outcome, and its stage is tainted for the claim's result.)
 func (c *Core) claimAfter(st *stage, txn []Command) int64 {
 	after := st.floor
 	for _, cmd := range txn {
@@ -218,9 +234,6 @@ func (c *Core) claimAfter(st *stage, txn []Command) int64 {
 				after = min(after, it.ID-1)
 			}
 		}
-	}
-	for _, id := range c.outstandingItems() {
-		after = min(after, id-1)
 	}
 	return max(after, 0)
 }
@@ -607,8 +620,11 @@ func (c *Core) queueWork() {
 		c.fullWork(false)
 		return
 	}
-	if c.shutdown > 0 || c.needReset || c.sweep {
-		return // the reset goes alone; a shutdown drains what is out
+	if c.shutdown > 0 || c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {
+		// A reset or the history's upkeep goes alone: when one is due,
+		// what is out drains first; when one is out, nothing goes beside
+		// it. A shutdown drains what is out.
+		return
 	}
 	if !c.fullOut() && c.fullWork(true) {
 		return
@@ -656,16 +672,9 @@ func (c *Core) fullWork(beside bool) bool {
 		// Next may leave out (see woken).
 		c.txnPaused = time.Time{}
 	}
-	for st, n := range c.yieldOwed {
-		if yielded == nil {
-			yielded = map[string]int{}
-		}
-		yielded[st] += n
-	}
 	if c.shutdown == 0 {
 		if claim, ok := c.claimFor(txn, yielded, resolving || waking, beside); ok {
 			txn = append(txn, claim)
-			clear(c.yieldOwed)
 		}
 	}
 	if f, ok := c.flushDue(idle); ok {
@@ -684,8 +693,8 @@ func (c *Core) fullWork(beside bool) bool {
 
 // resolveBeside sends, beside the outstanding transactions, one Resolve of
 // the owed items that may go there (besideOK: their moves claim on
-// claimMoves' terms, decided here), unless their history needs its upkeep
-// first. The others stay owed for the next full transaction.
+// claimMoves' terms, decided here). The others stay owed for the next full
+// transaction.
 func (c *Core) resolveBeside() {
 	var cand, rest []Item
 	for _, it := range c.owed {
@@ -695,7 +704,7 @@ func (c *Core) resolveBeside() {
 			rest = append(rest, it)
 		}
 	}
-	if len(cand) == 0 || c.historyDue(cand) {
+	if len(cand) == 0 {
 		return
 	}
 	c.claimMoves(cand, false, true)
@@ -818,7 +827,7 @@ func (c *Core) lookTimer() time.Time {
 		return time.Time{} // (no full transaction may go beside them now)
 	}
 	for _, st := range c.stages {
-		if yieldedCap(min(c.capacity(st), st.rate.tokens(c.now)), c.yieldOwed[st.cfg.Name]) > 0 && c.heldBy(st) == nil {
+		if min(c.capacity(st), st.rate.tokens(c.now)) > 0 && c.heldBy(st) == nil {
 			return c.lookedAt.Add(LookEvery)
 		}
 	}

@@ -366,7 +366,7 @@ func (st *stage) coolingDown(now time.Time) bool { return now.Before(st.cooldown
 
 // capacity is how many more rows the stage may claim: QUEUE_LIMIT × PARALLELISM
 // minus what its workers hold, what is claimed but not yet handed over, and
-// what the outstanding resolve's moves may claim (stage.reserved). Slots of
+// what the outstanding resolves' moves may claim (stage.reserved). Slots of
 // workers that will not take more (recycling, stopping) are not counted, and while
 // the stage cools down only the workers it has count.
 func (c *Core) capacity(st *stage) int {
@@ -380,7 +380,7 @@ func (c *Core) capacity(st *stage) int {
 	if !st.coolingDown(c.now) {
 		free += (st.cfg.Parallelism - len(st.workers)) * min(st.cfg.QueueLimit, st.cfg.MaxMessages)
 	}
-	free -= st.reserved // moves the outstanding resolve may claim
+	free -= st.reserved // moves the outstanding resolves may claim
 	return max(0, free-len(st.backlog))
 }
 

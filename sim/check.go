@@ -116,7 +116,16 @@ func (w *world) serialWrites(r *rule, x crossing) {
 		return
 	}
 	kind := kindOf(x.cmd)
-	switch x.cmd.(type) {
+	for _, t := range w.txnsOut {
+		if slices.Contains(t.kinds, "reset-orphans") || slices.Contains(t.kinds, "keep-history") {
+			w.broke(r, "%s is issued beside an outstanding transaction that resets orphans or keeps the history: those go alone", x.cmd)
+			return
+		}
+	}
+	full := slices.ContainsFunc(w.txnsOut, func(t txnModel) bool {
+		return slices.ContainsFunc(t.kinds, func(k string) bool { return k != "resolve" })
+	})
+	switch c := x.cmd.(type) {
 	case core.ResetOrphans, core.KeepHistory:
 		w.broke(r, "%s is issued beside an outstanding transaction: it must go alone", x.cmd)
 		return
@@ -128,6 +137,13 @@ func (w *world) serialWrites(r *rule, x crossing) {
 				return
 			}
 		}
+		if full {
+			w.besideResolve(r, c, x.step)
+		}
+		return
+	}
+	if full {
+		w.broke(r, "%s is issued beside an outstanding transaction that claims, wakes, releases or flushes: beside it goes a resolve alone", x.cmd)
 		return
 	}
 	for _, t := range w.txnsOut {
@@ -136,6 +152,46 @@ func (w *world) serialWrites(r *rule, x crossing) {
 			return
 		}
 	}
+}
+
+// besideResolve holds a resolve sent beside the step's full transaction to
+// items whose resolve makes no row pending that the core could know of: no
+// keyed item (its release goes in a full transaction), no requeue, no bare
+// 0, no move that does not claim at a stage, no child inserted pending.
+func (w *world) besideResolve(r *rule, res core.Resolve, step []core.Command) {
+	if len(queueOf(step)) != 1 {
+		w.broke(r, "beside the step's full transaction, a transaction of %d commands: want a resolve alone", len(queueOf(step)))
+		return
+	}
+	for _, it := range res.Items {
+		_, toStage := w.stageOf(it.To)
+		bad := it.Key != "" || it.Verdict == core.Requeue || it.Verdict == core.Answered ||
+			it.Verdict == core.Move && toStage && !it.Claim ||
+			slices.ContainsFunc(it.Emits, func(e core.Emit) bool { return !e.Claim })
+		if bad {
+			w.broke(r, "resolve item %s is sent beside the step's full transaction, though it may make a row pending (or carries an order key)", it)
+			return
+		}
+	}
+}
+
+// pendsAt reports whether the transaction of cmds may make a row pending at
+// stage (see txnModel).
+func pendsAt(cmds []core.Command, stage string) bool {
+	var t txnModel
+	t.pendsOf(cmds)
+	return t.anywhere || t.pends[stage]
+}
+
+// queueOf lists the queue commands of cmds.
+func queueOf(cmds []core.Command) []core.Command {
+	var out []core.Command
+	for _, c := range cmds {
+		if core.IsQueue(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // claimBounds holds claims, and moves that claim, to a stage's room
@@ -223,7 +279,7 @@ func (w *world) claimYieldsHalf(r *rule, x crossing) {
 		if !claimed && !w.claimOwed(s, w.now) {
 			continue
 		}
-		if claimed && n == 1 && w.sc.sessions > 1 && !w.told[s] && w.ownPending[s] == 0 {
+		if claimed && n == 1 && w.sc.sessions > 1 && !w.told[s] && w.ownPending[s] == 0 && !pendsAt(x.step, st.name) {
 			continue // a probe of a stage claimed dry (core.Core.probes)
 		}
 		// The claim is recorded: its own N is already off the bucket.

@@ -348,6 +348,14 @@ func choose(c chooser) *Scenario {
 	return sc
 }
 
+// Sessions is the scenario's SESSIONS.
+func (sc *Scenario) Sessions() int { return max(1, sc.sessions) }
+
+// SetSessions replaces the scenario's SESSIONS with n, every other choice
+// kept: a regression seed found before the scenarios drew SESSIONS plays as
+// it did then at 1.
+func (sc *Scenario) SetSessions(n int) { sc.sessions = n }
+
 // chooseSessions chooses SESSIONS, the queue transactions the core may have
 // outstanding at once: 1, 2 or 3. Drawn last: the other scenarios' choices
 // stay as they were.

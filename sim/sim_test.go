@@ -74,6 +74,14 @@ func TestRegressionSeeds(t *testing.T) {
 		if res.Failure != nil {
 			t.Error(res.Failure.Error())
 		}
+		// Most were found before scenarios drew SESSIONS: each also plays
+		// as it did then, at SESSIONS = 1.
+		if sc := sim.NewScenario(seed); sc.Sessions() != 1 {
+			sc.SetSessions(1)
+			if res := sim.Run(sc, sim.Options{}); res.Failure != nil {
+				t.Errorf("at SESSIONS = 1: %s", res.Failure.Error())
+			}
+		}
 	}
 }
 

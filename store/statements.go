@@ -637,8 +637,9 @@ func traceSeed() int64 {
 // new version). The look-up of a row the UPDATE skipped is a LATERAL subquery
 // whose "u.ingress_id IS NULL" becomes a one-time filter (OFFSET 0 keeps the
 // planner from flattening it into a join that looks every item's row up a
-// third time only to drop it): the step's transaction is serial on one
-// backend, and every look-up saved is hops/s (docs/performance.md). Every
+// third time only to drop it): the step's transactions run on one backend at
+// a time by default (SESSIONS = 1), and every look-up saved is hops/s
+// (docs/performance.md). Every
 // worker that held these rows has answered or exited
 // (core.Resolve's precondition), but a commit of a stage's may still be on its
 // way: the UPDATE then waits for it and re-checks its WHERE on the committed

@@ -369,7 +369,7 @@ var mutants = []mutant{
 	// step's transaction that claims past rows an outstanding transaction may
 	// leave pending, or past rows known pending, is too rare in the worlds to
 	// be found in a campaign: core's TestAMoveBesideDoesNotClaim* prove both.
-	{name: "beside-keyed-resolve", rule: "key-not-stranded", bug: "a resolve sent beside the step's transaction carries keyed items, whose keys' releases go in the full transactions only: a key whose message finished there is never handed on",
+	{name: "beside-keyed-resolve", rule: "serial-writes", bug: "a resolve sent beside the step's transaction carries keyed items, whose keys' releases go in the full transactions only: a key whose message finished there is never handed on (rule key-not-stranded sees it later)",
 		old: "\t\tif it.Key == \"\" && !c.unsure[it.ID] && c.races[it.ID] == 0 {", new: "\t\tif !c.unsure[it.ID] && c.races[it.ID] == 0 {",
 		more: []patch{{"\tif it.Key != \"\" || c.unsure[it.ID] || c.races[it.ID] > 0 {", "\tif c.unsure[it.ID] || c.races[it.ID] > 0 {"}}},
 	mut("beside-claim-ends-look", "claim-floor", "a claim's result ends the look at a stage where a resolve beside it made rows pending after its walk: they wait for a later look",
@@ -377,7 +377,9 @@ var mutants = []mutant{
 	mut("beside-claim-takes-outstanding", "never-two-holders", "a claim does not exclude the rows of the resolves out beside it: a row such a resolve made pending is claimed while its outcome is still owed",
 		"\tids = append(ids, c.outstandingItems()...)\n\tslices.Sort(ids)", "\tslices.Sort(ids)"),
 	mut("beside-reset", "serial-writes", "a reset is sent beside outstanding transactions: it resets a row an outstanding move claimed",
-		"\tif c.shutdown > 0 || c.needReset || c.sweep {\n\t\treturn // the reset goes alone", "\tif c.shutdown > 0 {\n\t\treturn // the reset goes alone"),
+		"\tif c.shutdown > 0 || c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {", "\tif c.shutdown > 0 || c.aloneOut() || c.historyDue(c.owed) {"),
+	mut("beside-an-outstanding-reset", "serial-writes", "resolves are sent beside an outstanding transaction that resets orphans or keeps the history, which must go alone",
+		"c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {", "c.needReset || c.sweep || c.historyDue(c.owed) {"),
 	mut("beside-claim-room-unreserved", "claim-bounds", "a move beside an outstanding claim takes room at its stage that the claim may fill",
 		"if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known-st.claiming <= 0 {", "if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known <= 0 {"),
 	// History (core/history.go).
