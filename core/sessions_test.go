@@ -16,6 +16,17 @@ func queueCmds(cmds []core.Command) []core.Command {
 	return slices.DeleteFunc(slices.Clone(cmds), func(c core.Command) bool { return !core.IsQueue(c) })
 }
 
+// wantNoClaim fails the test with why if cmds resolve row id with a move that
+// claims.
+func wantNoClaim(t *testing.T, cmds []core.Command, id int64, why string) {
+	t.Helper()
+	for _, it := range items(cmds) {
+		if it.ID == id && it.Claim {
+			t.Fatalf("%s: %s", why, list(cmds))
+		}
+	}
+}
+
 // Proves: with SESSIONS = 2, answers that arrive while the step's transaction
 // is out are resolved at once in a second transaction of one Resolve (no claim,
 // wake, release or flush beside it), and a third waits for a session; with
@@ -148,12 +159,7 @@ func TestAMoveBesideDoesNotClaimWhereAnOutstandingTransactionLeavesRowsPending(t
 	}
 	answerMove(w, 2, "0 >done") // b's worker finishes row 1 beside it
 	w.reply(1)
-	cmds := queueCmds(answerMove(w, 1, "0 >b"))
-	for _, it := range items(cmds) {
-		if it.ID == 4 && it.Claim {
-			t.Fatalf("with row 3's move to b out, row 4's move beside it claims at b: %s", list(cmds))
-		}
-	}
+	wantNoClaim(t, queueCmds(answerMove(w, 1, "0 >b")), 4, "with row 3's move to b out, row 4's move beside it claims at b")
 	w.drain()
 	w.wantRow(3, "b", core.StatusRunning)
 	w.wantRow(4, "b", core.StatusPending) // b is full again: rows 2 and 3
@@ -200,12 +206,7 @@ func TestAMoveBesideDoesNotClaimPastRowsKnownPending(t *testing.T) {
 			w.reply(i)
 		}
 	}
-	cmds := queueCmds(answerMove(w, 1, "0 >b"))
-	for _, it := range items(cmds) {
-		if it.ID == 5 && it.Claim {
-			t.Fatalf("beside the step's transaction row 5's move claims at b, past row 3 pending there: %s", list(cmds))
-		}
-	}
+	wantNoClaim(t, queueCmds(answerMove(w, 1, "0 >b")), 5, "beside the step's transaction row 5's move claims at b, past row 3 pending there")
 	w.drain()
 	w.wantRow(3, "b", core.StatusRunning)
 	w.wantRow(5, "b", core.StatusRunning)

@@ -121,6 +121,13 @@ func pendsOf(cmds []Command, stages map[string]bool) (anywhere bool) {
 	return anywhere
 }
 
+// firstKeyless reports whether item it has no order key and is sent for the
+// first time (not again after a lost reply or a racing commit): only such an
+// item may go beside a full transaction (besideOK).
+func (c *Core) firstKeyless(it Item) bool {
+	return it.Key == "" && !c.unsure[it.ID] && c.races[it.ID] == 0
+}
+
 // besideOK reports whether item it may be resolved beside a full transaction
 // (resolveBeside): it has no order key (its release rides with a full
 // transaction), and its resolve makes no row pending that the core could
@@ -132,7 +139,7 @@ func pendsOf(cmds []Command, stages map[string]bool) (anywhere bool) {
 // its resolve and takes such rows in order: beside it they would keep the
 // stage from counting as claimed dry, and its moves from claiming.
 func (c *Core) besideOK(it Item) bool {
-	if it.Key != "" || c.unsure[it.ID] || c.races[it.ID] > 0 {
+	if !c.firstKeyless(it) {
 		return false
 	}
 	for _, e := range it.Emits {
@@ -633,13 +640,10 @@ func (c *Core) queueWork() {
 }
 
 // fullWork builds a full transaction: the history's upkeep, reset, resolve,
-// release, wake, claim, flush. beside: other transactions are outstanding,
-// so it may carry neither a reset nor the upkeep; if the upkeep is due it
-// sends nothing. It reports whether it sent a transaction.
+// release, wake, claim, flush. beside: other transactions are outstanding
+// (queueWork sends none then while a reset or the upkeep is due). It reports
+// whether it sent a transaction.
 func (c *Core) fullWork(beside bool) bool {
-	if beside && c.historyDue(c.owed) {
-		return false
-	}
 	idle := c.idle() // before the owed items move into the transaction
 	var txn []Command
 	// The history's partitions first: every row the transaction writes then
@@ -698,7 +702,7 @@ func (c *Core) fullWork(beside bool) bool {
 func (c *Core) resolveBeside() {
 	var cand, rest []Item
 	for _, it := range c.owed {
-		if it.Key == "" && !c.unsure[it.ID] && c.races[it.ID] == 0 {
+		if c.firstKeyless(it) {
 			cand = append(cand, it)
 		} else {
 			rest = append(rest, it)

@@ -370,8 +370,7 @@ var mutants = []mutant{
 	// leave pending, or past rows known pending, is too rare in the worlds to
 	// be found in a campaign: core's TestAMoveBesideDoesNotClaim* prove both.
 	{name: "beside-keyed-resolve", rule: "serial-writes", bug: "a resolve sent beside the step's transaction carries keyed items, whose keys' releases go in the full transactions only: a key whose message finished there is never handed on (rule key-not-stranded sees it later)",
-		old: "\t\tif it.Key == \"\" && !c.unsure[it.ID] && c.races[it.ID] == 0 {", new: "\t\tif !c.unsure[it.ID] && c.races[it.ID] == 0 {",
-		more: []patch{{"\tif it.Key != \"\" || c.unsure[it.ID] || c.races[it.ID] > 0 {", "\tif c.unsure[it.ID] || c.races[it.ID] > 0 {"}}},
+		old: "return it.Key == \"\" && !c.unsure[it.ID] && c.races[it.ID] == 0", new: "return !c.unsure[it.ID] && c.races[it.ID] == 0"},
 	mut("beside-claim-ends-look", "claim-floor", "a claim's result ends the look at a stage where a resolve beside it made rows pending after its walk: they wait for a later look",
 		"\tif c.taintOn {\n\t\tc.tainted[st.cfg.Name] = true", "\tif false {\n\t\tc.tainted[st.cfg.Name] = true"),
 	mut("beside-claim-takes-outstanding", "never-two-holders", "a claim does not exclude the rows of the resolves out beside it: a row such a resolve made pending is claimed while its outcome is still owed",
