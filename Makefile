@@ -169,14 +169,16 @@ soak-private: build
 # The long chaos run: five samples of each fault (worker SIGKILL, dispatcher
 # SIGKILL with a standby, PostgreSQL crash restart) and two 30 s black holes,
 # against a real pipeline on a private PostgreSQL; prints the recovery-time
-# table and its seed (-seed N replays the sequence); then the kill storm: a
-# minute at 600 messages/s, and a minute more with the active dispatcher's
-# sessions ended twice a second, claim latencies side by side
-# (docs/durability.md, "A lost session"). go test ./tools/pepsi-chaos runs a
-# short one of each in make test.
+# table and its seed (-seed N replays the sequence; the seed draws SESSIONS,
+# 1 to 3); then the kill storm, at SESSIONS = 1 and at 2: a minute at 600
+# messages/s, and a minute more with the active dispatcher's sessions ended
+# twice a second, claim latencies side by side (docs/durability.md, "A lost
+# session"). go test ./tools/pepsi-chaos runs a short one of each in make
+# test.
 chaos: build
 	$(BIN)/pepsi-chaos -samples 5
-	$(BIN)/pepsi-chaos -storm 60s -rate 600
+	$(BIN)/pepsi-chaos -storm 60s -rate 600 -sessions 1
+	$(BIN)/pepsi-chaos -storm 60s -rate 600 -sessions 2
 
 clean:
 	rm -rf $(BIN) $(CURDIR)/test-artifacts

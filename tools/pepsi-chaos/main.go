@@ -16,7 +16,12 @@
 // exits 1. The recovery targets are reported, never asserted: timings on a
 // shared machine are data, not verdicts.
 //
-//	pepsi-chaos [-seed N] [-samples 5] [-blackhole 30s] [-dispatch PATH]
+//	pepsi-chaos [-seed N] [-samples 5] [-blackhole 30s] [-sessions N] [-dispatch PATH]
+//
+// -sessions sets the dispatchers' [pepsi-dispatch] SESSIONS (their
+// transactions in flight at once, each on a session of its own); 0, the
+// fault table's default, draws it from the seed, 1 to 3, so that every
+// seed's faults also fall on transactions in flight beside one another.
 //
 // With -storm D it runs the kill storm instead (storm.go): D at -rate
 // messages a second, then D more while every session of the active
@@ -25,7 +30,7 @@
 // latencies (insert to first claim); every message must end done, none may be
 // run twice by a stage, and the ownership check holds as above.
 //
-//	pepsi-chaos -storm 60s [-rate 600] [-kill-every 500ms] [-kill-lock]
+//	pepsi-chaos -storm 60s [-rate 600] [-kill-every 500ms] [-kill-lock] [-sessions N]
 //
 // Started as "pepsi-chaos worker -c FILE" it is the stage program: stage a
 // sleeps, then advances to b; b sleeps, then is done.
@@ -50,6 +55,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/netfault"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/privatepg"
@@ -129,12 +135,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rate      = fs.Int("rate", 600, "-storm: messages inserted per second")
 		killEvery = fs.Duration("kill-every", 500*time.Millisecond, "-storm: the pause between two kills")
 		killLock  = fs.Bool("kill-lock", false, "-storm: kill the dispatcher lock's session too (every kill is then a takeover by the standby)")
+		sessions  = fs.Int("sessions", 0, "SESSIONS of the dispatchers; 0: drawn from the seed, 1 to 3 (-storm: 1)")
 	)
 	if _, err := cliflags.Parse(fs, args, ""); err != nil {
 		return cliflags.Fail(stderr, "pepsi-chaos", err)
 	}
 	if *storm < 0 || *rate < 1 || *killEvery <= 0 {
 		fmt.Fprintln(stderr, "pepsi-chaos: -storm, -rate and -kill-every must be positive")
+		return exitUsage
+	}
+	if *sessions < 0 || *sessions > conf.SessionsMax {
+		fmt.Fprintf(stderr, "pepsi-chaos: -sessions must be 0 (drawn from the seed) or 1 to %d\n", conf.SessionsMax)
 		return exitUsage
 	}
 	if *samples < 1 {
@@ -159,12 +170,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	c := &chaos{log: log, out: stdout, self: self, dispatchBin: bin, rng: rand.New(rand.NewPCG(*seed, 0)), blackhole: *blackhole, keep: *keep, parallelism: 2}
 	var code int
 	if *storm > 0 {
-		fmt.Fprintf(stdout, "pepsi-chaos kill storm: two phases of %v at %d messages/s, the second with the active dispatcher's sessions (lock's too: %v) ended every %v\n",
-			*storm, *rate, *killLock, *killEvery)
+		c.sessions = max(*sessions, 1)
+		fmt.Fprintf(stdout, "pepsi-chaos kill storm: two phases of %v at %d messages/s, the second with the active dispatcher's sessions (lock's too: %v) ended every %v; SESSIONS = %d\n",
+			*storm, *rate, *killLock, *killEvery, c.sessions)
 		c.parallelism = stormParallelism
 		code, err = c.runStorm(stormPlan{phase: *storm, rate: *rate, every: *killEvery, lock: *killLock})
 	} else {
-		fmt.Fprintf(stdout, "pepsi-chaos seed %d (replay: pepsi-chaos -seed %d -samples %d -blackhole %v)\n", *seed, *seed, *samples, *blackhole)
+		// Drawn even when -sessions sets it, so a seed plays the same faults
+		// either way.
+		c.sessions = 1 + c.rng.IntN(3)
+		if *sessions > 0 {
+			c.sessions = *sessions
+		}
+		fmt.Fprintf(stdout, "pepsi-chaos seed %d, SESSIONS = %d (replay: pepsi-chaos -seed %d -samples %d -blackhole %v -sessions %d)\n",
+			*seed, c.sessions, *seed, *samples, *blackhole, c.sessions)
 		code, err = c.run(*samples)
 	}
 	if err != nil {
@@ -183,6 +202,7 @@ type chaos struct {
 	blackhole   time.Duration
 	keep        bool
 	parallelism int    // PARALLELISM of both stages
+	sessions    int    // SESSIONS of every dispatcher
 	runs        string // the stage runs' record (runsEnv), if kept
 
 	pg    *privatepg.Server
@@ -373,6 +393,7 @@ DATABASE = %s&application_name=%s
 POLL_INTERVAL = 2
 STATS_INTERVAL = 5
 WORKER_IDLE_TIMEOUT = 300
+SESSIONS = %d
 [stage-a]
 PROGRAM = %s
 PARALLELISM = %d
@@ -381,7 +402,7 @@ QUEUE_LIMIT = 4
 PROGRAM = %s
 PARALLELISM = %d
 QUEUE_LIMIT = 4
-`, viaProxy, name, c.self, c.parallelism, c.self, c.parallelism)
+`, viaProxy, name, c.sessions, c.self, c.parallelism, c.self, c.parallelism)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		return nil, err
 	}
@@ -694,7 +715,13 @@ func (c *chaos) standbyTakeover(ctx context.Context) (time.Duration, error) {
 // average quarter second before the restart.
 func (c *chaos) pgRestart(ctx context.Context) (time.Duration, error) {
 	const window = 250 * time.Millisecond
-	// Let a burst of an earlier fault drain, so the earlier rate is the feed's.
+	// Let a burst of an earlier fault drain, so the earlier rate is the
+	// feed's: a black hole's backlog takes longer than the 3 s that follow
+	// the drain, and counted as the earlier rate, it asked the feed alone
+	// for more than the feed brings.
+	if err := c.awaitDrained(ctx, 60*time.Second); err != nil {
+		return 0, err
+	}
 	time.Sleep(3 * time.Second)
 	var before int
 	err := c.db.QueryRow(ctx, `SELECT count(*) FROM public.queue_writes
@@ -741,6 +768,27 @@ func (c *chaos) pgRestart(ctx context.Context) (time.Duration, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return 0, fmt.Errorf("no %d finishes within %v of each other in 30s", want, window)
+}
+
+// awaitDrained waits, up to limit, until no message inserted over a second
+// ago is still pending: what an earlier fault held back has been claimed.
+func (c *chaos) awaitDrained(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		var late int
+		err := c.db.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue
+			WHERE status = 'pending' AND created_at < now() - interval '1 second'`).Scan(&late)
+		if err != nil {
+			return fmt.Errorf("await the backlog's drain: %w", err)
+		}
+		if late == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d messages inserted over a second ago still pending after %v", late, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // blackHole silences the network between the pipeline and PostgreSQL for
