@@ -180,7 +180,9 @@ func yieldedCap(n, yielded int) int {
 }
 
 // mayClaimMoves reports whether moves to st may claim, given the stages the
-// other items of the same resolve block (see claimMoves, movesBlocked).
+// other items of the same resolve block (see claimMoves, movesBlocked); nil
+// blocks every stage (an outstanding transaction may make rows pending
+// anywhere).
 func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
 	if st.rate != nil || !st.dry || c.heldBy(st) != nil || blocked == nil {
 		return false

@@ -749,6 +749,8 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 	// this one (beside) keep it busy too, and it cannot rest while they
 	// are out: it looks then even with nothing else to send (lookTimer
 	// asks for the step).
+	// (Probes are named before a due look marks every stage: the look's
+	// claim of a stage claimed dry asks for one row too.)
 	probes := c.probes(txn)
 	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || beside || slices.ContainsFunc(c.stages, func(st *stage) bool { return st.maybeMore })) {
 		c.lookAbove()

@@ -104,9 +104,10 @@ func kindOf(cmd core.Command) string {
 
 // serialWrites holds each queue command sent while other transactions are
 // outstanding to what may go beside them: no more than SESSIONS at once,
-// neither a reset nor the history's upkeep (each goes alone), no second
-// outstanding command of a kind other than a resolve (one claim, one wake,
-// one release, one flush), and no row of an outstanding resolve's items.
+// neither a reset nor the history's upkeep (each goes alone), nothing but a
+// resolve beside a transaction that claims, wakes, releases or flushes (so
+// at most one claim, one wake, one release, one flush out), and no row of an
+// outstanding resolve's items.
 func (w *world) serialWrites(r *rule, x crossing) {
 	if x.cmd == nil || !core.IsQueue(x.cmd) || !w.txnOut() {
 		return
@@ -115,7 +116,6 @@ func (w *world) serialWrites(r *rule, x crossing) {
 		w.broke(r, "a queue transaction is issued while %d are outstanding (SESSIONS %d): %s", len(w.txnsOut), max(1, w.sc.sessions), x.cmd)
 		return
 	}
-	kind := kindOf(x.cmd)
 	for _, t := range w.txnsOut {
 		if slices.Contains(t.kinds, "reset-orphans") || slices.Contains(t.kinds, "keep-history") {
 			w.broke(r, "%s is issued beside an outstanding transaction that resets orphans or keeps the history: those go alone", x.cmd)
@@ -144,14 +144,9 @@ func (w *world) serialWrites(r *rule, x crossing) {
 	}
 	if full {
 		w.broke(r, "%s is issued beside an outstanding transaction that claims, wakes, releases or flushes: beside it goes a resolve alone", x.cmd)
-		return
 	}
-	for _, t := range w.txnsOut {
-		if slices.Contains(t.kinds, kind) {
-			w.broke(r, "a second %s is issued while one is outstanding: %s", kind, x.cmd)
-			return
-		}
-	}
+	// Else only resolves are out, so x.cmd, no resolve, is the first of
+	// its kind among them.
 }
 
 // besideResolve holds a resolve sent beside the step's full transaction to

@@ -43,6 +43,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
@@ -168,6 +169,8 @@ func (b *bench) settle(args []string, modes, configs, backlogConfigs string) err
 		return errors.New("-n, -seconds, -clients, -rounds, -parallelism, -queue-limit, -max-messages, -latency-rate, -backlog-n, -keys and -key-backlog must be positive")
 	case b.latencySeconds < 0:
 		return errors.New("-latency-seconds must not be negative")
+	case b.benchConfig.sessions < 0 || b.benchConfig.sessions > conf.SessionsMax:
+		return fmt.Errorf("-sessions must be 0 (pepsi.conf's default) or 1 to %d", conf.SessionsMax)
 	case b.splitN < 0 || b.splitN > 0 && b.skipPgbench:
 		return errors.New("-split must not be negative, and measures beside pgbench (no -skip-pgbench)")
 	case b.splitParent.parallelism < 0 || b.splitParent.queueLimit < 0:

@@ -20,8 +20,8 @@
 //
 // -sessions sets the dispatchers' [pepsi-dispatch] SESSIONS (their
 // transactions in flight at once, each on a session of its own); 0, the
-// fault table's default, draws it from the seed, 1 to 3, so that every
-// seed's faults also fall on transactions in flight beside one another.
+// fault table's default, draws it from the seed, 1 to 3, so that most
+// seeds' faults also fall on transactions in flight beside one another.
 //
 // With -storm D it runs the kill storm instead (storm.go): D at -rate
 // messages a second, then D more while every session of the active
@@ -176,9 +176,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		c.parallelism = stormParallelism
 		code, err = c.runStorm(stormPlan{phase: *storm, rate: *rate, every: *killEvery, lock: *killLock})
 	} else {
-		// Drawn even when -sessions sets it, so a seed plays the same faults
-		// either way.
-		c.sessions = 1 + c.rng.IntN(3)
+		// From a stream of its own: a seed plays the faults it played
+		// before SESSIONS was drawn, with -sessions or without.
+		c.sessions = 1 + rand.New(rand.NewPCG(*seed, 1)).IntN(3)
 		if *sessions > 0 {
 			c.sessions = *sessions
 		}
@@ -716,9 +716,9 @@ func (c *chaos) standbyTakeover(ctx context.Context) (time.Duration, error) {
 func (c *chaos) pgRestart(ctx context.Context) (time.Duration, error) {
 	const window = 250 * time.Millisecond
 	// Let a burst of an earlier fault drain, so the earlier rate is the
-	// feed's: a black hole's backlog takes longer than the 3 s that follow
-	// the drain, and counted as the earlier rate, it asked the feed alone
-	// for more than the feed brings.
+	// feed's: a black hole's backlog can take longer than 3 s to drain, and
+	// its drain, counted as the earlier rate, asked the feed alone for more
+	// than the feed brings.
 	if err := c.awaitDrained(ctx, 60*time.Second); err != nil {
 		return 0, err
 	}

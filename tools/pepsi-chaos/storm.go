@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -96,6 +97,13 @@ func (c *chaos) runStorm(plan stormPlan) (int, error) {
 	if err != nil {
 		return exitBroken, err
 	}
+	beside, err := besideSent(c.dir)
+	if err != nil {
+		return exitBroken, err
+	}
+	// The dispatchers' own count, so a run at SESSIONS above 1 shows that
+	// the kills fell on transactions in flight beside one another.
+	fmt.Fprintf(c.out, "transactions sent beside others: %d\n", beside)
 	fmt.Fprintf(c.out, "messages a stage ran more than once: %d\n", len(twice))
 	if len(twice) > 0 {
 		code = exitBroken
@@ -238,4 +246,38 @@ func runTwice(path string) ([]int64, error) {
 	}
 	slices.Sort(twice)
 	return twice, nil
+}
+
+// besideSent sums what the dispatchers' logs in dir say they sent beside
+// other transactions: the "beside" of each "queue transactions" summary,
+// logged as a dispatcher session ends.
+func besideSent(dir string) (int, error) {
+	logs, err := filepath.Glob(filepath.Join(dir, "dispatch-*.log"))
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, name := range logs {
+		f, err := os.Open(name)
+		if err != nil {
+			return 0, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+		for sc.Scan() {
+			var line struct {
+				Msg    string `json:"msg"`
+				Beside int    `json:"beside"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "queue transactions" {
+				total += line.Beside
+			}
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", name, err)
+		}
+	}
+	return total, nil
 }
