@@ -165,6 +165,9 @@ type stage struct {
 	// claims needs it (core/moveclaim.go).
 	dry   bool
 	known int
+	// lookOwed: a look (lookAbove) is owed at the stage, which no claim has
+	// made yet; moves leave a slot of its room for that claim (moveRoom).
+	lookOwed bool
 	// floor: the stage's claims look above this ingress_id only. No row is
 	// pending at or below it that the core could know of: every pending row up
 	// to it was claimed, and every row up to it had settled (Claimed.Settled).

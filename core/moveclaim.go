@@ -84,7 +84,7 @@ func (c *Core) claimMoves(items []Item, noClaims, claimless bool) (yielded map[s
 	}
 	for _, i := range cand {
 		st := c.byName[items[i].To]
-		if !c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known-st.claiming <= 0 {
+		if !c.mayClaimMoves(st, blocked) || c.moveRoom(st) <= 0 {
 			if st.rate == nil && items[i].To != items[i].Stage && c.heldBy(st) == nil {
 				yielded[items[i].Stage]++
 			}
@@ -131,7 +131,7 @@ func (c *Core) claimEmits(items []Item, blocked map[string]bool) {
 		for j, e := range it.Emits {
 			st := c.byName[e.Stage]
 			if st == nil || e.Key != "" || e.OrderKey != "" || st.cfg.Input != conf.InputID ||
-				!c.mayClaimMoves(st, blocked) || c.capacity(st)-st.known-st.claiming <= 0 {
+				!c.mayClaimMoves(st, blocked) || c.moveRoom(st) <= 0 {
 				continue
 			}
 			if !cloned {
@@ -177,6 +177,18 @@ func dropEmitClaims(it *Item) (stages []string) {
 // each step, and a stage with room 1 still takes its row.
 func yieldedCap(n, yielded int) int {
 	return n - min(yielded, n/2)
+}
+
+// moveRoom is the room at stage st that moves (and emits) may claim: its
+// capacity less the rows known pending there, which a claim after them
+// takes first, the outstanding claim's cap, and the slot a look owed there
+// keeps for the claim that looks (see lookAbove).
+func (c *Core) moveRoom(st *stage) int {
+	n := c.capacity(st) - st.known - st.claiming
+	if st.lookOwed {
+		n--
+	}
+	return n
 }
 
 // mayClaimMoves reports whether moves to st may claim, given the stages the

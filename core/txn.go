@@ -204,6 +204,12 @@ func verdictStatus(it Item) RowStatus {
 // pending anywhere, at any id.
 func (c *Core) lookAll() {
 	c.lookGen++
+	for _, st := range c.stages {
+		// Rows are likely pending (a notification, the heartbeat, the
+		// database back, a reset): no move claims past them before a claim
+		// has looked.
+		st.dry = false
+	}
 	c.lookAbove()
 	for _, st := range c.stages {
 		st.floor = 0
@@ -216,10 +222,20 @@ func (c *Core) lookAll() {
 // producer held an id at or below it, and ids only grow), so this look need
 // not walk the index entries below the floors, which a look from the start
 // (lookAll) steps over one by one, dead entries of claimed rows included.
+//
+// Such a row may exist or not (nothing said so), so the look leaves what
+// the core knows of each stage (dry) to the claim that looks: until one
+// has, moves to the stage leave a slot of its room for it (stage.lookOwed),
+// and claim the rest. Ending the stage's dryness instead kept every move to
+// it from claiming whenever the look found the stage's room taken by the
+// moves of its own transaction: a row version more for each of the next
+// transaction's moves there, which the periodic look (LookEvery) made
+// for about one move in three with order keys, whose transactions take
+// longer than LookEvery (docs/performance.md, "Ordering per key").
 func (c *Core) lookAbove() {
 	for _, st := range c.stages {
-		st.dry = false
 		st.maybeMore = true
+		st.lookOwed = true
 	}
 }
 
@@ -338,6 +354,7 @@ func (c *Core) claimed(e Claimed) {
 func (c *Core) claimedCap(cp Cap, got int, reach int64, more, tainted bool) {
 	assert(got <= cp.N, "claim returned %d rows of stage %s, cap %d", got, cp.Stage, cp.N)
 	st := c.byName[cp.Stage]
+	st.lookOwed = false
 	st.rate.settle(c.now, got)
 	if tainted {
 		// Rows made pending here while the claim was out, perhaps after

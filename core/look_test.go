@@ -1,0 +1,94 @@
+package core_test
+
+import (
+	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// lookAtFullB brings a world of threeStages to a look (LookEvery, the core
+// busy) at a moment stage b is full: b's one worker holds rows 1 to 4, and
+// the look's claim, out (deferred), leaves b out. w2 still holds row 6 at a.
+// It returns the world and b's worker.
+func lookAtFullB(t *testing.T) (*world, core.WorkerID) {
+	t.Helper()
+	w := newWorld(t, threeStages)
+	w.start("a", 6) // w1 holds rows 1 to 3 at a, w2 rows 4 to 6
+	for range 3 {
+		answerMove(w, 1, "0 >b")
+	}
+	answerMove(w, 2, "0 >b")
+	var bw core.WorkerID
+	for wid, st := range w.stageOf {
+		if st == "b" {
+			bw = wid
+		}
+	}
+	w.deferTxns = true
+	w.now = w.now.Add(core.LookEvery) // the next claim looks
+	looked := of[core.Claim](answerMove(w, 2, "0 >c"))
+	if len(looked) != 1 || capsOf(looked[0])["a"] == 0 {
+		t.Fatalf("with a look due the core sent %v; want a claim that looks at stage a", looked)
+	}
+	if _, ok := capsOf(looked[0])["b"]; ok {
+		t.Fatalf("the look's claim %s claims at b, which is full", looked[0])
+	}
+	return w, bw
+}
+
+// row6Claims reports whether cmds resolve row 6 with a move that claims.
+func row6Claims(cmds []core.Command) bool {
+	for _, it := range items(cmds) {
+		if it.ID == 6 {
+			return it.Claim
+		}
+	}
+	return false
+}
+
+// Proves: the core's periodic look (LookEvery, while it is busy) leaves a
+// stage it cannot claim for want of room known to be empty: the moves to it
+// in the next transaction still claim, leaving one slot of its room for the
+// claim that looks, which that transaction's claim then makes. Stage b is
+// full (rows 1 to 4) when the look is due, so the look's claim leaves it out;
+// b's worker finishes rows 1 and 2 and row 6 moves to b while that claim is
+// out. The next transaction's move of row 6 claims at b, and its claim looks
+// at b with the slot left. (Ended by the look, b's dryness kept every such
+// move from claiming: a row version more for each, and with order keys, whose
+// transactions outlast LookEvery, about one move in three.)
+func TestALookThatFindsAStageFullLeavesItsMovesClaiming(t *testing.T) {
+	w, bw := lookAtFullB(t)
+	answerMove(w, bw, "0 >done")
+	answerMove(w, bw, "0 >done")
+	answerMove(w, 2, "0 >b") // row 6
+	next := w.reply(0)
+	if !row6Claims(next) {
+		t.Fatalf("after the look the core sent %s; want row 6's move to claim at b, which was claimed dry and has room", list(next))
+	}
+	if c := of[core.Claim](next); len(c) != 1 || capsOf(c[0])["b"] < 1 {
+		t.Fatalf("after the look the core sent %s; want a claim that looks at b in the slot the move left", list(next))
+	}
+	w.drain()
+	w.wantRow(6, "b", core.StatusRunning)
+}
+
+// Proves: the slot a look owed at a stage keeps is kept from the moves: with
+// one row of room at b (its worker finished row 1 alone), row 6's move to b
+// does not claim it, and the next transaction's claim looks at b with it, so
+// a row committed there without a notification is found, not left behind
+// moves that fill the stage for as long as they come. Row 6, pending at b,
+// is that claim's.
+func TestALookOwedAtAStageKeepsASlotOfItsRoomFromTheMoves(t *testing.T) {
+	w, bw := lookAtFullB(t)
+	answerMove(w, bw, "0 >done")
+	answerMove(w, 2, "0 >b") // row 6
+	next := w.reply(0)
+	if row6Claims(next) {
+		t.Fatalf("after the look the core sent %s; want row 6's move to leave b's one free slot to the claim that looks", list(next))
+	}
+	if c := of[core.Claim](next); len(c) != 1 || capsOf(c[0])["b"] != 1 {
+		t.Fatalf("after the look the core sent %s; want a claim that looks at b for its one free slot", list(next))
+	}
+	w.drain()
+	w.wantRow(6, "b", core.StatusRunning)
+}
