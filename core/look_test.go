@@ -54,8 +54,8 @@ func row6Claims(cmds []core.Command) bool {
 // b's worker finishes rows 1 and 2 and row 6 moves to b while that claim is
 // out. The next transaction's move of row 6 claims at b, and its claim looks
 // at b with the slot left. (Ended by the look, b's dryness kept every such
-// move from claiming: a row version more for each, and with order keys, whose
-// transactions outlast LookEvery, about one move in three.)
+// move from claiming: a row version more for each, with order keys for about
+// one move in three.)
 func TestALookThatFindsAStageFullLeavesItsMovesClaiming(t *testing.T) {
 	w, bw := lookAtFullB(t)
 	answerMove(w, bw, "0 >done")
@@ -74,10 +74,10 @@ func TestALookThatFindsAStageFullLeavesItsMovesClaiming(t *testing.T) {
 
 // Proves: the slot a look owed at a stage keeps is kept from the moves: with
 // one row of room at b (its worker finished row 1 alone), row 6's move to b
-// does not claim it, and the next transaction's claim looks at b with it, so
-// a row committed there without a notification is found, not left behind
-// moves that fill the stage for as long as they come. Row 6, pending at b,
-// is that claim's.
+// does not claim it, and the next transaction's claim looks at b with it
+// (and takes row 6, pending there), as it would take a row committed there
+// without a notification: moves that fill the stage for as long as they
+// come do not keep the look from it.
 func TestALookOwedAtAStageKeepsASlotOfItsRoomFromTheMoves(t *testing.T) {
 	w, bw := lookAtFullB(t)
 	answerMove(w, bw, "0 >done")

@@ -229,9 +229,8 @@ func (c *Core) lookAll() {
 // and claim the rest. Ending the stage's dryness instead kept every move to
 // it from claiming whenever the look found the stage's room taken by the
 // moves of its own transaction: a row version more for each of the next
-// transaction's moves there, which the periodic look (LookEvery) made
-// for about one move in three with order keys, whose transactions take
-// longer than LookEvery (docs/performance.md, "Ordering per key").
+// transaction's moves there, for about one move in three with order keys
+// (docs/performance.md, "Ordering per key").
 func (c *Core) lookAbove() {
 	for _, st := range c.stages {
 		st.maybeMore = true
@@ -766,8 +765,10 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 	// this one (beside) keep it busy too, and it cannot rest while they
 	// are out: it looks then even with nothing else to send (lookTimer
 	// asks for the step).
-	// (Probes are named before a due look marks every stage: the look's
-	// claim of a stage claimed dry asks for one row too.)
+	// (Probes are named before a due look marks every stage: this look's
+	// claim of a stage claimed dry asks for one row too, as it did when a
+	// look ended dryness; a stage an earlier look is owed at, the one
+	// lookUnwatched makes included, is claimed for its room.)
 	probes := c.probes(txn)
 	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || beside || slices.ContainsFunc(c.stages, func(st *stage) bool { return st.maybeMore })) {
 		c.lookAbove()
@@ -832,7 +833,7 @@ func (c *Core) probes(txn []Command) map[string]bool {
 	}
 	probes := map[string]bool{}
 	for _, st := range c.stages {
-		if st.dry && st.known == 0 && !own[st.cfg.Name] {
+		if st.dry && st.known == 0 && !st.lookOwed && !own[st.cfg.Name] {
 			probes[st.cfg.Name] = true
 		}
 	}
