@@ -92,3 +92,21 @@ func TestALookOwedAtAStageKeepsASlotOfItsRoomFromTheMoves(t *testing.T) {
 	w.drain()
 	w.wantRow(6, "b", core.StatusRunning)
 }
+
+// Proves: with SESSIONS above 1, a look while a Rest waits for the gate
+// claims each stage for its room, not for the one row a probe asks of a
+// stage claimed dry: the look is owed at every stage, and a stage a look is
+// owed at is not probed. Three rows committed at b without a notification
+// are claimed by that one look, not one per look. (Before a look stopped
+// ending dryness, no stage was dry after it, so none was probed.)
+func TestALookWhileARestWaitsClaimsEachStageForItsRoomBesideTwoSessions(t *testing.T) {
+	w := newWorld(t, twoSessions)
+	w.start("a", 0) // every stage claimed dry
+	w.at(core.RestAfter)
+	one[core.Rest](t, w.c.Step(w.now, core.Tick{}))
+	w.q.Insert("b", 3) // committed without a notification
+	c := one[core.Claim](t, w.c.Step(w.now.Add(core.LookEvery), core.Tick{}))
+	if capsOf(c)["b"] < 3 {
+		t.Fatalf("the look while the Rest waits claims %v; want b claimed for its room (4), which holds the three rows", c.Caps)
+	}
+}

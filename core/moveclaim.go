@@ -182,11 +182,10 @@ func yieldedCap(n, yielded int) int {
 // moveRoom is the room at stage st that moves (and emits) may claim: its
 // capacity less the rows known pending there, which a claim after them
 // takes first, the outstanding claim's cap, and the slot a look owed there
-// keeps for the claim that looks (see lookAbove), unless that claim is out
-// already with its cap.
+// keeps for the claim that looks (see lookAbove).
 func (c *Core) moveRoom(st *stage) int {
 	n := c.capacity(st) - st.known - st.claiming
-	if st.lookOwed && st.claiming == 0 {
+	if st.lookOwed {
 		n--
 	}
 	return n
