@@ -54,12 +54,51 @@ func (w *world) checkGate(rl *rule, _ crossing) {
 			continue
 		}
 		if _, held := w.pressureHeld(s); held || w.coreDown || w.shut > 0 || w.coolingAt(s, w.now) || w.room(s, w.now) <= 0 || w.tokens(s, w.now) < 1 {
-			w.unnotified[id] = w.now
+			w.unnotified[id] = unnotified{committed: w.unnotified[id].committed, since: w.now}
 			continue
 		}
-		if since := w.now.Sub(w.unnotified[id]); since > gateBound {
+		if since := w.now.Sub(w.unnotified[id].since); since > gateBound {
 			w.broke(rl, "message row %d waits for the heartbeat: committed %s ago without NOTIFY (the dispatcher counted as busy), "+
 				"and since then the core neither claimed stage %s nor took the gate and looked", id, since, r.Stage)
+			return
+		}
+	}
+}
+
+// movesLeaveALookSlot holds the rule "moves leave the look a slot": a
+// resolve's moves that claim at a stage where a row committed without a
+// notification has waited gateBound do not take the stage's last slot
+// (room, less the rows the core's own resolves left pending there), unless a
+// claim of the stage goes in the same transaction. By then the core has
+// looked by itself (core.LookEvery, plus the transaction outstanding when the
+// look fell due) and must keep room for the claim that looks.
+func (w *world) movesLeaveALookSlot(rl *rule, x crossing) {
+	res, ok := x.cmd.(core.Resolve)
+	if !ok {
+		return
+	}
+	claiming := map[string]int{}
+	for _, it := range res.Items {
+		if it.Claim {
+			claiming[it.To]++
+		}
+	}
+	for _, id := range sortedKeys(w.unnotified) {
+		r, _ := w.q.Get(id)
+		s, ok := w.stageOf(r.Stage)
+		n := claiming[r.Stage]
+		if !ok || n == 0 || r.Status != core.StatusPending || w.now.Sub(w.unnotified[id].committed) <= gateBound {
+			continue
+		}
+		if slices.ContainsFunc(x.step, func(c core.Command) bool {
+			cl, ok := c.(core.Claim)
+			return ok && slices.ContainsFunc(cl.Caps, func(cp core.Cap) bool { return cp.Stage == r.Stage })
+		}) {
+			continue
+		}
+		if room := w.room(s, w.now) - w.ownPending[s]; n >= room {
+			w.broke(rl, "%d moves claim at stage %s, whose room is %d: they take its last slot while row %d, committed %s ago without NOTIFY, waits there for a claim that looks",
+				n, r.Stage, room, id, w.now.Sub(w.unnotified[id].committed))
 			return
 		}
 	}

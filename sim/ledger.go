@@ -206,9 +206,18 @@ type promptState struct {
 // gateState belongs to rule no-wait-for-heartbeat.
 type gateState struct {
 	// unnotified: rows whose producer did not notify (the gate was free: the
-	// dispatcher counted as busy), with when they committed (or were last
-	// excused), until the core claims their stage or looks after taking the gate.
-	unnotified map[int64]time.Time
+	// dispatcher counted as busy), with when they committed and when their
+	// clock last started (their commit, or the last instant their stage could
+	// not be claimed), until the core claims their stage or looks after taking
+	// the gate.
+	unnotified map[int64]unnotified
+}
+
+// unnotified is a row committed without a notification, as rules
+// no-wait-for-heartbeat and moves-leave-the-look-a-slot follow it.
+type unnotified struct {
+	committed time.Time // when its producer committed it
+	since     time.Time // when its clock started: its commit, or the last instant its stage had no room
 }
 
 // wakeState belongs to rule wake-due.
@@ -297,7 +306,7 @@ func (w *world) newLifeModel() {
 		claimAttempts: map[int64]int{}, startCarry: w.startCarry, movesOut: map[int64]map[string]int{},
 	}
 	w.promptState = promptState{told: make([]bool, n), toldLook: make([]bool, n), ownPending: make([]int, n), lastPoll: w.lastPoll}
-	w.gateState = gateState{unnotified: map[int64]time.Time{}}
+	w.gateState = gateState{unnotified: map[int64]unnotified{}}
 	w.wakeState = wakeState{unseen: map[int64]bool{}}
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
 	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}

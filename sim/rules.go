@@ -132,7 +132,7 @@ var rules = []*rule{
 	ruleHandToReady, ruleKeyOnePerPipeline, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleChildrenOnce, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
-	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleHistoryItem, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleResetKeepsHeld, ruleWakeNotEarly,
+	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleHistoryItem, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleMovesLeaveALookSlot, ruleResetKeepsHeld, ruleWakeNotEarly,
 	rulePressureHolds,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
@@ -339,6 +339,11 @@ var rulePromptness = &rule{name: "promptness", when: afterStep, check: (*world).
 
 var ruleInspectDue = &rule{name: "inspect-due", when: atDeadline, check: (*world).inspectDue,
 	doc: "Outside a shutdown, the queue's health is asked for at least every core.InspectInterval."}
+
+var ruleMovesLeaveALookSlot = &rule{name: "moves-leave-the-look-a-slot", when: atCommand, check: (*world).movesLeaveALookSlot,
+	doc: "Moves that claim do not crowd out the look for a row committed without a notification: once such a row has waited gateBound at its stage, " +
+		"a resolve's moves that claim there leave at least one slot of the stage's room (rule-owned, room), unless a claim of the stage is in the same transaction. " +
+		"Rule no-wait-for-heartbeat excuses a stage without room, and moves that took its last slot at every answer would keep it without room, and the row waiting, for as long as they flow."}
 
 var ruleGate = &rule{name: "no-wait-for-heartbeat", when: atDeadline, check: (*world).checkGate,
 	doc: "No message waits for the heartbeat (the gate, core.Rest and core.Busy). Producers notify only while the dispatcher holds or asks for the gate; " +

@@ -790,7 +790,7 @@ func (w *world) commitInsert(i int, id int64, shared, notify bool) {
 	}
 	w.note("ingress inserts message %d as row %d at %s without NOTIFY (the dispatcher looked busy)", i, id, w.sc.stages[m.first].name)
 	if w.running {
-		w.unnotified[id] = w.now
+		w.unnotified[id] = unnotified{committed: w.now, since: w.now}
 	}
 }
 

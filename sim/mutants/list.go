@@ -379,6 +379,10 @@ var mutants = []mutant{
 		"\tif c.shutdown > 0 || c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {", "\tif c.shutdown > 0 || c.aloneOut() || c.historyDue(c.owed) {"),
 	mut("beside-an-outstanding-reset", "serial-writes", "resolves are sent beside an outstanding transaction that resets orphans or keeps the history, which must go alone",
 		"c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {", "c.needReset || c.sweep || c.historyDue(c.owed) {"),
+	mut("look-slot-not-kept", "moves-leave-the-look-a-slot", "moves to a stage a look is owed at claim all of its room: where they take every slot a worker frees, a row committed without NOTIFY waits for as long as they flow",
+		"\tif st.lookOwed {\n\t\tn--\n\t}\n", ""),
+	mut("look-never-owed", "moves-leave-the-look-a-slot", "the periodic look marks no stage as owed a look, so moves to a stage whose room the look found taken claim all of it",
+		"\t\tst.maybeMore = true\n\t\tst.lookOwed = true\n", "\t\tst.maybeMore = true\n"),
 	mut("beside-claim-room-unreserved", "claim-bounds", "a move beside an outstanding claim takes room at its stage that the claim may fill",
 		"n := c.capacity(st) - st.known - st.claiming\n", "n := c.capacity(st) - st.known\n"),
 	// History (core/history.go).
