@@ -65,12 +65,23 @@ func BenchmarkPipelineStep(b *testing.B) {
 }
 
 func benchPipeline(b *testing.B, message, moveClaims, history bool) {
+	benchPipelineWith(b, message, moveClaims, history, false)
+}
+
+// benchPipelineWith is benchPipeline, its messages each with an order key of
+// its own when keyed.
+func benchPipelineWith(b *testing.B, message, moveClaims, history, keyed bool) {
 	const refill = 20000
 	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
 	p := newPipe(b, url, "", message, moveClaims, history)
+	p.keyed = keyed
 	fill := func() {
-		fillStage(b, p.pool, p.stages[0], refill)
+		if keyed {
+			fillKeyed(b, p.pool, p.stages[0], refill)
+		} else {
+			fillStage(b, p.pool, p.stages[0], refill)
+		}
 		if _, err := p.pool.Exec(ctx, "VACUUM ANALYZE pepsi.queue"); err != nil {
 			b.Fatal(err)
 		}
@@ -114,6 +125,27 @@ func benchPipeline(b *testing.B, message, moveClaims, history bool) {
 		// (A refill's insert and vacuum touch buffers too: not counted then.)
 		buffers1, _ := blocks(b, p.pool)
 		b.ReportMetric(float64(buffers1-buffers0)/float64(p.hops), "buffers/hop")
+	}
+}
+
+// BenchmarkPipelineKeyed measures what ordering per key costs a hop on the
+// backend (docs/protocol.md, "Ordering per key"): BenchmarkPipelineStep's
+// answer+claim steps, the bench configuration's, over messages without keys
+// and over the same messages each with an order key of its own, one after the
+// other on one server. With keys, each step's claim excludes the keys the
+// steps hold, each move that claims goes only where no older message of its
+// key is unfinished, and the step releases the keys of the messages it
+// finishes and asks, for those it moves on, whether an older message of
+// their key is unfinished (core.Release), as the dispatcher's step does.
+// backend-ns/hop with keys ÷ without is what the keys cost where the backend
+// bounds hops/s (issue 31's 100,000 keys: hops/s at ≥ 0.9× of the keyless).
+func BenchmarkPipelineKeyed(b *testing.B) {
+	for _, keyed := range []bool{false, true} {
+		name := "keyless"
+		if keyed {
+			name = "keyed"
+		}
+		b.Run(name, func(b *testing.B) { benchPipelineWith(b, false, true, false, keyed) })
 	}
 }
 
@@ -277,6 +309,8 @@ type pipe struct {
 	stages                       [3]string
 	next                         map[string]string
 	message, moveClaims, history bool
+	keyed                        bool             // messages with order keys: the step claims, moves and releases as for keys
+	keyOf                        map[int64]string // the key of each row the steps hold, when keyed
 	lineMax                      int
 	parts                        []*store.Queue // for a step in parts: a session each
 	claimed, answered            []core.Row     // claimed by the last step, by the one before
@@ -298,7 +332,7 @@ func newPipe(b *testing.B, url, suffix string, message, moveClaims, history bool
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	p := &pipe{pool: pool, q: store.New(pool, nil), message: message, moveClaims: moveClaims, history: history}
+	p := &pipe{pool: pool, q: store.New(pool, nil), message: message, moveClaims: moveClaims, history: history, keyOf: map[int64]string{}}
 	p.stages = [3]string{"a" + suffix, "b" + suffix, "c" + suffix}
 	p.next = map[string]string{p.stages[0]: p.stages[1], p.stages[1]: p.stages[2], p.stages[2]: core.TargetDone}
 	if message {
@@ -311,6 +345,16 @@ func newPipe(b *testing.B, url, suffix string, message, moveClaims, history bool
 func fillStage(b *testing.B, pool *pgxpool.Pool, stage string, n int) {
 	if _, err := pool.Exec(context.Background(),
 		"INSERT INTO pepsi.queue (stage, payload) SELECT $1, convert_to('message ' || g, 'UTF8') FROM generate_series(1, $2::int) g", stage, n); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// fillKeyed inserts n messages at stage, each with an order key of its own
+// (the insert trigger takes each key's lock and finds it has no unfinished
+// message, as a producer's insert would).
+func fillKeyed(b *testing.B, pool *pgxpool.Pool, stage string, n int) {
+	if _, err := pool.Exec(context.Background(),
+		"INSERT INTO pepsi.queue (stage, payload, order_key) SELECT $1, convert_to('message ' || g, 'UTF8'), 'key-' || clock_timestamp() || '-' || g FROM generate_series(1, $2::int) g", stage, n); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -343,6 +387,9 @@ func (p *pipe) step(ctx context.Context) error {
 			if p.moveClaims && items[i].To != core.TargetDone {
 				items[i].Claim, items[i].LineMax = true, p.lineMax
 			}
+			if p.keyed {
+				items[i].Key = p.keyOf[r.ID]
+			}
 			if p.history {
 				now := time.Now()
 				items[i].History, items[i].Event, items[i].HandedAt, items[i].At, items[i].PID = true, core.HistoryMoved, now, now, 4242
@@ -350,6 +397,10 @@ func (p *pipe) step(ctx context.Context) error {
 		}
 		p.op++
 		cmds = append(cmds, core.Resolve{Op: p.op, Items: items})
+		if p.keyed {
+			p.op++
+			cmds = append(cmds, p.release(items))
+		}
 	}
 	caps := make([]core.Cap, len(p.stages))
 	exclude := make([]int64, 0, len(p.claimed)+len(p.answered))
@@ -360,7 +411,14 @@ func (p *pipe) step(ctx context.Context) error {
 		exclude = append(exclude, r.ID)
 	}
 	p.op++
-	cmds = append(cmds, core.Claim{Op: p.op, Caps: caps, Exclude: exclude})
+	claim := core.Claim{Op: p.op, Caps: caps, Exclude: exclude}
+	if p.keyed {
+		for _, r := range append(p.claimed, p.answered...) {
+			claim.ExcludeKeys = append(claim.ExcludeKeys, p.keyOf[r.ID])
+		}
+		slices.Sort(claim.ExcludeKeys)
+	}
+	cmds = append(cmds, claim)
 	var got []core.Row
 	for _, ev := range p.exec(ctx, cmds) {
 		if msg := errText(ev); msg != "" {
@@ -372,7 +430,7 @@ func (p *pipe) step(ctx context.Context) error {
 		if r, ok := ev.(core.Resolved); ok {
 			for _, o := range r.Outcomes {
 				if o.Status == core.StatusRunning {
-					got = append(got, core.Row{ID: o.ID, Stage: o.Stage, Attempts: o.Attempts, Message: o.Message})
+					got = append(got, core.Row{ID: o.ID, Stage: o.Stage, Attempts: o.Attempts, Message: o.Message, Key: p.keyOf[o.ID]})
 				}
 			}
 		}
@@ -388,8 +446,35 @@ func (p *pipe) step(ctx context.Context) error {
 		}
 	}
 	p.hops += len(p.answered)
+	if p.keyed {
+		for _, r := range p.answered {
+			delete(p.keyOf, r.ID)
+		}
+		for _, r := range got {
+			if r.Key == "" {
+				return fmt.Errorf("row %d of a keyed pipeline claimed without its key", r.ID)
+			}
+			p.keyOf[r.ID] = r.Key
+		}
+	}
 	p.answered, p.claimed = p.claimed, got
 	return nil
+}
+
+// release is the Release a keyed step carries, as the core's releaseFor
+// builds it: the keys of the messages the step finishes, and, for those it
+// moves on, whether an older message of their key is unfinished.
+func (p *pipe) release(items []core.Item) core.Release {
+	r := core.Release{Op: p.op}
+	for _, it := range items {
+		if it.To == core.TargetDone {
+			r.Keys = append(r.Keys, it.Key)
+		} else {
+			r.Behind = append(r.Behind, core.KeyAt{Key: it.Key, ID: it.ID})
+		}
+	}
+	slices.Sort(r.Keys)
+	return r
 }
 
 // exec runs a step's commands: in one transaction, or, with parts, as the
