@@ -267,10 +267,12 @@ type Cap struct {
 // is not blocked becomes blocked. The core sends it in the transaction that
 // resolves a keyed message's pass, after the Resolve, for the key of a pass
 // that may have ended its message's turn (a failure, a timeout, a move to
-// done, a bare 0: Keys), and for the key of any other pass only if an older
-// message of the key is unfinished (Behind: an operator retried one while
-// this pass ran, and the key must go to it). So a message that only moves on
-// costs its key two index probes, not a release (the start-up reset releases
+// done, a bare 0: Keys), and for the key of any other pass but a move that
+// claims only if an older message of the key is unfinished (Behind: an
+// operator retried one while this pass ran, and the key must go to it). A
+// move that claims asks in its resolve, and one that finds an older message
+// unfinished owes its key a release in the next transaction. So a message
+// that only moves on costs its key no release at all (the start-up reset releases
 // every key: ResetOrphans.ReleaseKeys). It never waits for a producer: a key
 // whose lock a producer holds (one may be inserting a row of that key that
 // this release would not see) is reported busy and released again later.

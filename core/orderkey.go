@@ -80,12 +80,13 @@ func (c *Core) heldKeys() []string {
 
 // releaseFor is the Release the step's transaction carries, if any: the keys of
 // the items whose passes may have ended their messages' turns (endsTurn), the
-// keys of the other keyed items if an older message of theirs is unfinished
-// (Release.Behind), and the owed keys (with any transaction, or on their own
-// once due). The statement skips a Behind whose row is running (a move that
-// claimed it found no older message of its key unfinished, and a held key
-// cannot be handed on anyway), so what a keyed hop that moves and claims costs
-// is one look-up of its row.
+// keys of the other keyed items but moves that claim if an older message of
+// theirs is unfinished (Release.Behind), and the owed keys (with any
+// transaction, or on their own once due). A move that claims needs no Behind:
+// its resolve claims only where no older message of its key is unfinished,
+// and one that finds one owes its key a release (keyOutcome). Asking anyway
+// cost every keyed hop a look-up of its row, 2–3 µs of the backend's time
+// (docs/performance.md, "Ordering per key").
 func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
 	var keys []string
 	var behind []KeyAt
@@ -94,7 +95,7 @@ func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
 		case it.Key == "":
 		case endsTurn(it):
 			keys = append(keys, it.Key)
-		default:
+		case !it.Claim:
 			behind = append(behind, KeyAt{Key: it.Key, ID: it.ID})
 		}
 	}
@@ -135,9 +136,17 @@ func endsTurn(it Item) bool {
 // keyOutcome takes the outcome of a keyed item whose key its transaction did
 // not release (see endsTurn): a row another writer finished while the item
 // was decided (a stage's late commit, a guard miss), or that vanished, owes
-// its key a release, now.
+// its key a release, now. So does a move that was to claim and left its row
+// otherwise: it found an older message of its key unfinished (an operator
+// retried one), which may wait blocked for the key (releaseFor asks no
+// Behind for a move that claims: nearly every keyed move claims, and its
+// resolve has asked already).
 func (c *Core) keyOutcome(it Item, o Outcome) {
 	if it.Key == "" || endsTurn(it) {
+		return
+	}
+	if it.Claim && o.Status != StatusRunning {
+		c.oweRelease([]string{it.Key}, c.now)
 		return
 	}
 	switch o.Status {

@@ -1308,12 +1308,12 @@ func (w *world) claimFloor(rl *rule, x crossing) {
 			}
 			if r.Key != "" && (slices.Contains(c.ExcludeKeys, r.Key) || w.olderUnfinished(r) ||
 				slices.ContainsFunc(x.claimRun.heads, func(h core.Head) bool { return h.ID == r.ID }) || slices.Contains(x.claimRun.busy, r.Key) ||
-				w.keysBusy[r.Key]) {
+				slices.Contains(x.claimRun.unclaimed, r.Key) || w.keysBusy[r.Key]) {
 				// Not the claim's to take, or a head its own transaction's
 				// release reported or left to a later release (busy, in this
 				// transaction or an earlier one not yet followed by a release
-				// of the key): the core lowers the floor when a release
-				// reports it.
+				// of the key; a move of the key that was to claim and did
+				// not): the core lowers the floor when a release reports it.
 				continue
 			}
 			if r.Status == core.StatusPending && r.Stage == cp.Stage {

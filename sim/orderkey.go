@@ -153,17 +153,34 @@ func (w *world) tellHeads(heads []core.Head) {
 	}
 }
 
-// releasedRun is the claimRun of claim c, sent at sent, after the results
-// res of the commands before it in its transaction: the heads and busy keys
-// of its releases.
-func releasedRun(c core.Claim, sent time.Time, res []core.Event) *claimRun {
+// releasedRun is the claimRun of claim c, sent at sent, after the commands
+// before it in its transaction, before, and their results res: the heads and
+// busy keys of its releases, and the keys of its resolve's moves that were to
+// claim and did not (their outcomes owe the keys a release).
+func releasedRun(c core.Claim, sent time.Time, before []core.Command, res []core.Event) *claimRun {
 	run := &claimRun{claim: c, sent: sent}
+	claiming := map[int64]string{}
+	for _, cmd := range before {
+		if r, ok := cmd.(core.Resolve); ok {
+			for _, it := range r.Items {
+				if it.Claim && it.Key != "" {
+					claiming[it.ID] = it.Key
+				}
+			}
+		}
+	}
 	for _, ev := range res {
 		switch e := ev.(type) {
 		case core.Released:
 			run.heads, run.busy = append(run.heads, e.Heads...), append(run.busy, e.Busy...)
 		case core.OrphansReset:
 			run.heads, run.busy = append(run.heads, e.Heads...), append(run.busy, e.Busy...)
+		case core.Resolved:
+			for _, o := range e.Outcomes {
+				if k, ok := claiming[o.ID]; ok && o.Status != core.StatusRunning {
+					run.unclaimed = append(run.unclaimed, k)
+				}
+			}
 		}
 	}
 	return run

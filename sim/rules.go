@@ -54,6 +54,10 @@ type claimRun struct {
 	sent  time.Time
 	heads []core.Head // the key heads a release of the same transaction reported before it
 	busy  []string    // the keys such a release found busy
+	// unclaimed: the keys of the same transaction's moves that were to claim
+	// and found an older message of their key unfinished: their outcomes owe
+	// the keys a release, which reports the head.
+	unclaimed []string
 	// beside: the items of other transactions applied after its own was
 	// sent: rows it may pass over below its floors.
 	beside []int64
@@ -294,7 +298,7 @@ var ruleExit = &rule{name: "exit", when: atCommand, check: (*world).exit,
 var ruleClaimFloor = &rule{name: "claim-floor", when: atChange, check: (*world).claimFloor,
 	doc: "A claim looks above each stage's floor (core.Cap.After) only, and when it runs no row is pending at or below the floor at its stage, " +
 		"except a row an operator retried that the core has not yet heard of, a row it holds, a row a transaction sent after the claim's resolved, " +
-		"or a keyed row the claim may not take or whose key's release is still owed (found busy). Checked in the fake queue, between the commands of the transaction."}
+		"or a keyed row the claim may not take or whose key's release is still owed (found busy, or a move of the key in the claim's own transaction was to claim and found an older message unfinished). Checked in the fake queue, between the commands of the transaction."}
 
 var ruleOnlyClaimRuns = &rule{name: "only-claim-runs", when: atChange, check: (*world).onlyClaimRuns,
 	doc: "Only the dispatcher's claim moves a row from pending to running (but for the fault of a stray tool that does, fakequeue.Stray, whose row the heartbeat's sweep must reset)."}

@@ -1240,7 +1240,7 @@ func (w *world) exec(t *txn) []core.Event {
 		if c, ok := cmd.(core.Claim); ok && !w.lateExec {
 			res = append(res, w.q.Exec(context.Background(), t.cmds[from:i])...)
 			from = i
-			run := releasedRun(c, t.sent, res)
+			run := releasedRun(c, t.sent, t.cmds[:i], res)
 			run.beside = t.beside
 			w.checkAt(atChange, crossing{claimRun: run})
 		}

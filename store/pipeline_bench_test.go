@@ -135,8 +135,9 @@ func benchPipelineWith(b *testing.B, message, moveClaims, history, keyed bool) {
 // other on one server. With keys, each step's claim excludes the keys the
 // steps hold, each move that claims goes only where no older message of its
 // key is unfinished, and the step releases the keys of the messages it
-// finishes and asks, for those it moves on, whether an older message of
-// their key is unfinished (core.Release), as the dispatcher's step does.
+// finishes and asks, for those it moves on without claiming, whether an
+// older message of their key is unfinished (core.Release), as the
+// dispatcher's step does.
 // backend-ns/hop with keys ÷ without is what the keys cost where the backend
 // bounds hops/s (issue 31's 100,000 keys: hops/s at ≥ 0.9× of the keyless).
 func BenchmarkPipelineKeyed(b *testing.B) {
@@ -463,13 +464,15 @@ func (p *pipe) step(ctx context.Context) error {
 
 // release is the Release a keyed step carries, as the core's releaseFor
 // builds it: the keys of the messages the step finishes, and, for those it
-// moves on, whether an older message of their key is unfinished.
+// moves on without claiming, whether an older message of their key is
+// unfinished (a move that claims asks in its resolve).
 func (p *pipe) release(items []core.Item) core.Release {
 	r := core.Release{Op: p.op}
 	for _, it := range items {
-		if it.To == core.TargetDone {
+		switch {
+		case it.To == core.TargetDone:
 			r.Keys = append(r.Keys, it.Key)
-		} else {
+		case !it.Claim:
 			r.Behind = append(r.Behind, core.KeyAt{Key: it.Key, ID: it.ID})
 		}
 	}

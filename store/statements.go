@@ -134,10 +134,10 @@ FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM (
 // for a producer's lock (pepsi.order_release, schema 12; core.Release): each
 // key of $1 that has an unfinished message (a key whose last message just
 // finished has none, and needs nothing), and each key $2[i] that has an
-// unfinished message older than $3[i] (core.Release.Behind), unless row $3[i]
-// is running (a move claimed it: its key is held, nothing can be handed on;
-// the "IS TRUE" spelling keeps the planner on the primary key, as in
-// resolveSQL); and every key
+// unfinished message older than $3[i] (core.Release.Behind: a move that does
+// not claim, a pause, a retry), unless row $3[i] is running (its key is held,
+// nothing can be handed on; the "IS TRUE" spelling keeps the planner on the
+// primary key, as in resolveSQL); and every key
 // whose lock a producer holds, which pepsi.order_release reports busy. So the
 // keys that need nothing cost two index probes each (one per partial index
 // of schema 12, each stopping at the key's first entry), not a release. With
@@ -153,8 +153,10 @@ FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM (
 //     OFFSET 0 keeps each EXISTS a probe per key
 //     (TestReleaseCostsItsKeysNotABacklog).
 //   - a Behind key's row is looked up first, in a CASE, which PostgreSQL
-//     evaluates in order: a move that claimed (nearly every keyed move) then
-//     costs one primary-key look-up, not its lock and two probes before it.
+//     evaluates in order: a row that is running then costs one primary-key
+//     look-up, not its lock and two probes before it. (The core no longer
+//     sends a Behind for a move that claims, which this made one look-up a
+//     keyed hop: see core.Release.)
 const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout FROM pepsi.order_release(ARRAY(
 	SELECT u.k FROM unnest($1::text[]) AS u(k)
 	WHERE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(u.k))

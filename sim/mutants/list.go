@@ -23,6 +23,8 @@ var mutants = []mutant{
 	mut("no-release-behind", "key-not-stranded", "a keyed message that moves on never asks whether an older message of its key is unfinished, so an older one an operator retried meanwhile waits blocked, and the younger one behind it",
 		"\t\t\tbehind = append(behind, KeyAt{Key: it.Key, ID: it.ID})",
 		"\t\t\t_ = behind"),
+	mut("claimed-move-yields-unreleased", "key-not-stranded", "a keyed move that was to claim and found an older message of its key unfinished (an operator retried one) owes no release: the older one waits blocked, the younger pending behind it",
+		"\tif it.Claim && o.Status != StatusRunning {\n\t\tc.oweRelease([]string{it.Key}, c.now)\n\t\treturn\n\t}\n", ""),
 	mut("finished-row-keeps-its-key", "key-not-stranded", "a keyed row another writer finished while its pass was resolved (a stage's late commit) keeps its key: nothing releases it",
 		"\tc.oweRelease([]string{it.Key}, c.now)\n}",
 		"}"),
