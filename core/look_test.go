@@ -1,7 +1,9 @@
 package core_test
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -109,4 +111,54 @@ func TestALookWhileARestWaitsClaimsEachStageForItsRoomBesideTwoSessions(t *testi
 	if capsOf(c)["b"] < 3 {
 		t.Fatalf("the look while the Rest waits claims %v; want b claimed for its room (4), which holds the three rows", c.Caps)
 	}
+}
+
+// Proves: moves that take every slot a worker frees at a stage do not keep
+// the look from it. Stage b is full and each transaction resolves b's
+// finished head beside a move from a to b, which claims the freed slot, so
+// no claim can take b; a row committed at b without a notification (older
+// than the moving rows) is handed within a few transactions all the same,
+// though they follow each other 4 ms apart, well within LookEvery. (A claim
+// that left b out for want of room counted as a look, so with transactions
+// this close the core never looked again, no slot was kept, and the row
+// waited as long as the moves came.)
+func TestMovesThatTakeEveryFreedSlotDoNotKeepTheLookFromAStage(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 6) // w1 holds rows 1 to 3 at a, w2 rows 4 to 6
+	for range 3 {
+		answerMove(w, 1, "0 >b")
+	}
+	answerMove(w, 2, "0 >b") // b's worker holds rows 1 to 4: b is full
+	var bw core.WorkerID
+	for wid, st := range w.stageOf {
+		if st == "b" {
+			bw = wid
+		}
+	}
+	quiet := w.q.Insert("b", 1)[0] // committed without a notification
+	w.q.Insert("a", 40)            // younger rows that will move to b
+	w.deferTxns = true
+	answerMove(w, 2, "0 >c") // row 5: a transaction out, b left out of its claim
+	for i := range 30 {
+		answerMove(w, bw, "0 >done")
+		var aw core.WorkerID
+		for wid, st := range w.stageOf {
+			if st == "a" && len(w.held[wid]) > 0 && (aw == 0 || wid < aw) {
+				aw = wid
+			}
+		}
+		if aw == 0 {
+			t.Fatalf("step %d: no worker of a holds a row to move to b", i)
+		}
+		answerMove(w, aw, "0 >b")
+		last := len(w.out) - 1
+		for last >= 0 && w.out[last] == nil {
+			last--
+		}
+		if got := handed(w.reply(last)); slices.Contains(got, quiet) {
+			return
+		}
+		w.now = w.now.Add(4 * time.Millisecond)
+	}
+	t.Fatalf("row %d, committed at b without a notification, was not handed in 30 transactions 4 ms apart (%s): moves took every slot b's worker freed", quiet, 30*4*time.Millisecond)
 }

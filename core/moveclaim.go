@@ -211,8 +211,8 @@ func (c *Core) mayClaimMoves(st *stage, blocked map[string]bool) bool {
 //
 // A keyed message's move claims like any other: the statement claims it only
 // if no older message of its key is unfinished (an operator may have retried
-// one), and otherwise leaves it pending, for the release that follows in the
-// same transaction to put behind the older one (Release.Behind); a younger
+// one), and otherwise leaves it pending, for the release the next transaction
+// carries (keyOutcome) to put behind the older one; a younger
 // move may then claim past it, as a claim walks past a message waiting
 // behind its key (docs/protocol.md, "Ordering per key").
 func movesBlocked(items []Item, unsure map[int64]bool, races map[int64]int) map[string]bool {

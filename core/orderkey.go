@@ -20,8 +20,11 @@ import (
 //     releases its key in the transaction that resolves the pass (Release),
 //     which hands the key to its oldest unfinished message; after any other
 //     pass only if an older message of the key is unfinished (an operator
-//     retried it meanwhile: Release.Behind), so a message that moves on keeps
-//     its key without a release, and its move may claim at its target;
+//     retried it meanwhile): asked by the release (Release.Behind), or, for a
+//     move that claims, by its resolve, whose outcome then owes the key a
+//     release in the next transaction (keyOutcome). So a message that moves
+//     on keeps its key without a release, and its move may claim at its
+//     target;
 //   - a key whose lock a producer held is released again every LookEvery until
 //     it is taken, so a key's next message never waits for the heartbeat;
 //   - the keys of the running rows a reset makes pending are released (an
@@ -121,8 +124,9 @@ func (c *Core) releaseFor(items []Item, others bool) (Release, bool) {
 // failure, a timeout, a move to done, or a bare 0 (the stage wrote its own
 // transition, which may have finished the row). Any other verdict leaves the
 // message unfinished, its key's oldest: its key needs no release unless an
-// operator made an older message unfinished again (Release.Behind), or its
-// resolve finds the row finished after all (see keyOutcome).
+// operator made an older message unfinished again (Release.Behind, or a move
+// that was to claim and did not), or its resolve finds the row finished after
+// all (see keyOutcome).
 func endsTurn(it Item) bool {
 	switch it.Verdict {
 	case Fail, TimeOut, Answered:

@@ -783,6 +783,17 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 			n = 0 // held by back-pressure (pressure.go)
 		}
 		if n <= 0 {
+			if st.reserved > 0 {
+				// Its room went to moves, which pass over the rows pending
+				// there: the claim does not look at it. Counted as a look,
+				// a pipeline whose transactions follow each other within
+				// LookEvery would never look again, never keep a slot
+				// (lookOwed), and its moves would take every slot a
+				// worker frees for as long as they come, while a row a
+				// producer committed there without notifying waited for
+				// the heartbeat.
+				covers = false
+			}
 			continue
 		}
 		if !st.maybeMore && !all {
