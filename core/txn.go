@@ -770,8 +770,10 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 	// look ended dryness; a stage an earlier look is owed at, the one
 	// lookUnwatched makes included, is claimed for its room.)
 	probes := c.probes(txn)
+	looked := false // this claim is the periodic look, whatever it leaves out
 	if c.gate == gateAwake && !c.now.Before(c.lookedAt.Add(LookEvery)) && (len(txn) > 0 || beside || slices.ContainsFunc(c.stages, func(st *stage) bool { return st.maybeMore })) {
 		c.lookAbove()
+		looked = true
 	}
 	covers := true // the claim looks at every stage with room
 	var caps []Cap
@@ -783,7 +785,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 			n = 0 // held by back-pressure (pressure.go)
 		}
 		if n <= 0 {
-			if st.reserved > 0 {
+			if st.reserved > 0 && c.heldBy(st) == nil {
 				// Its room went to moves, which pass over the rows pending
 				// there: the claim does not look at it. Counted as a look,
 				// a pipeline whose transactions follow each other within
@@ -821,7 +823,11 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 	c.claimGen = c.ingressGen
 	c.claimLookGen = c.lookGen
 	c.lastClaim = c.now
-	if covers {
+	if covers || looked {
+		// (A look that leaves a stage out leaves it owed a look, lookOwed:
+		// the next claim with room there looks. Looking again in every
+		// transaction until one covers every stage would mark every stage
+		// owed again each time, and each would keep a slot from the moves.)
 		c.lookedAt = c.now
 	}
 	c.checkDue = false
