@@ -280,7 +280,15 @@ type Core struct {
 	// taken), when it looks next (see lookUnwatched); zero otherwise.
 	lookAt time.Time
 	// lookedAt: when the core last sent a claim that looked at every stage
-	// with room; while busy it looks again LookEvery after (see claimFor).
+	// with room, or the periodic look; while busy it looks again LookEvery
+	// after (see claimFor). A stage a claim leaves out because moves took
+	// its room is not looked at: moves pass over the rows pending there, and
+	// counted as looked at, a pipeline whose transactions follow each other
+	// within LookEvery would never look again nor keep a slot (lookOwed), and
+	// its moves would take every slot a worker frees while a row committed
+	// there without a notification waited for the heartbeat. The look counts
+	// whatever it leaves out: the stages it leaves out stay owed one, and
+	// looking again in every transaction would mark them all owed each time.
 	lookedAt    time.Time
 	lastClaim   time.Time
 	restRetryAt time.Time

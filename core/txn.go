@@ -786,15 +786,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 		}
 		if n <= 0 {
 			if st.reserved > 0 && c.heldBy(st) == nil {
-				// Its room went to moves, which pass over the rows pending
-				// there: the claim does not look at it. Counted as a look,
-				// a pipeline whose transactions follow each other within
-				// LookEvery would never look again, never keep a slot
-				// (lookOwed), and its moves would take every slot a
-				// worker frees for as long as they come, while a row a
-				// producer committed there without notifying waited for
-				// the heartbeat.
-				covers = false
+				covers = false // its room went to moves: not looked at (see lookedAt)
 			}
 			continue
 		}
@@ -824,10 +816,6 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 	c.claimLookGen = c.lookGen
 	c.lastClaim = c.now
 	if covers || looked {
-		// (A look that leaves a stage out leaves it owed a look, lookOwed:
-		// the next claim with room there looks. Looking again in every
-		// transaction until one covers every stage would mark every stage
-		// owed again each time, and each would keep a slot from the moves.)
 		c.lookedAt = c.now
 	}
 	c.checkDue = false
