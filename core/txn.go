@@ -785,7 +785,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 			n = 0 // held by back-pressure (pressure.go)
 		}
 		if n <= 0 {
-			if st.reserved > 0 && c.heldBy(st) == nil {
+			if st.reserved > 0 {
 				covers = false // its room went to moves: not looked at (see lookedAt)
 			}
 			continue

@@ -383,6 +383,8 @@ var mutants = []mutant{
 		"c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {", "c.needReset || c.sweep || c.historyDue(c.owed) {"),
 	mut("look-slot-not-kept", "moves-leave-the-look-a-slot", "moves to a stage a look is owed at claim all of its room: where they take every slot a worker frees, a row committed without NOTIFY waits for as long as they flow",
 		"\tif st.lookOwed {\n\t\tn--\n\t}\n", ""),
+	mut("look-all-keeps-dryness", "move-claims", "a notification, the heartbeat, the database back or a reset leaves every stage's dryness: moves claim past the rows they said may be pending",
+		"\t\tst.dry = false\n\t}\n\tc.lookAbove()", "\t\t_ = st\n\t}\n\tc.lookAbove()"),
 	mut("look-never-owed", "moves-leave-the-look-a-slot", "the periodic look marks no stage as owed a look, so moves to a stage whose room the look found taken claim all of it",
 		"\t\tst.maybeMore = true\n\t\tst.lookOwed = true\n", "\t\tst.maybeMore = true\n"),
 	mut("beside-claim-room-unreserved", "claim-bounds", "a move beside an outstanding claim takes room at its stage that the claim may fill",
