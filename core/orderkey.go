@@ -149,13 +149,13 @@ func (c *Core) keyOutcome(it Item, o Outcome) {
 	if it.Key == "" || endsTurn(it) {
 		return
 	}
-	if it.Claim && o.Status != StatusRunning {
-		c.oweRelease([]string{it.Key}, c.now)
-		return
-	}
 	switch o.Status {
-	case StatusPending, StatusRunning, StatusPaused:
+	case StatusRunning:
 		return
+	case StatusPending, StatusPaused:
+		if !it.Claim {
+			return
+		}
 	}
 	c.oweRelease([]string{it.Key}, c.now)
 }

@@ -66,7 +66,7 @@ func (w *world) checkGate(rl *rule, _ crossing) {
 }
 
 // movesLeaveALookSlot holds the rule "moves leave the look a slot": a
-// resolve's moves that claim at a stage where a row committed without a
+// resolve's moves (and emitted children) that claim at a stage where a row committed without a
 // notification has waited gateBound do not take the stage's last slot
 // (room, less the rows the core's own resolves left pending there), unless a
 // claim of the stage goes in the same transaction. By then the core has
@@ -77,10 +77,15 @@ func (w *world) movesLeaveALookSlot(rl *rule, x crossing) {
 	if !ok {
 		return
 	}
-	claiming := map[string]int{}
+	claiming := map[string]int{} // moves and emitted children that claim, by stage
 	for _, it := range res.Items {
 		if it.Claim {
 			claiming[it.To]++
+		}
+		for _, e := range it.Emits {
+			if e.Claim {
+				claiming[e.Stage]++
+			}
 		}
 	}
 	for _, id := range sortedKeys(w.unnotified) {

@@ -346,7 +346,7 @@ var ruleInspectDue = &rule{name: "inspect-due", when: atDeadline, check: (*world
 
 var ruleMovesLeaveALookSlot = &rule{name: "moves-leave-the-look-a-slot", when: atCommand, check: (*world).movesLeaveALookSlot,
 	doc: "Moves that claim do not crowd out the look for a row committed without a notification: once such a row has waited gateBound at its stage, " +
-		"a resolve's moves that claim there leave at least one slot of the stage's room (rule-owned, room), unless a claim of the stage is in the same transaction. " +
+		"a resolve's moves and emitted children that claim there leave at least one slot of the stage's room (rule-owned, room), unless a claim of the stage is in the same transaction. " +
 		"Rule no-wait-for-heartbeat excuses a stage without room, and moves that took its last slot at every answer would keep it without room, and the row waiting, for as long as they flow."}
 
 var ruleGate = &rule{name: "no-wait-for-heartbeat", when: atDeadline, check: (*world).checkGate,

@@ -24,7 +24,7 @@ var mutants = []mutant{
 		"\t\t\tbehind = append(behind, KeyAt{Key: it.Key, ID: it.ID})",
 		"\t\t\t_ = behind"),
 	mut("claimed-move-yields-unreleased", "key-not-stranded", "a keyed move that was to claim and found an older message of its key unfinished (an operator retried one) owes no release: the older one waits blocked, the younger pending behind it",
-		"\tif it.Claim && o.Status != StatusRunning {\n\t\tc.oweRelease([]string{it.Key}, c.now)\n\t\treturn\n\t}\n", ""),
+		"\t\tif !it.Claim {\n\t\t\treturn\n\t\t}\n", "\t\treturn\n"),
 	mut("finished-row-keeps-its-key", "key-not-stranded", "a keyed row another writer finished while its pass was resolved (a stage's late commit) keeps its key: nothing releases it",
 		"\tc.oweRelease([]string{it.Key}, c.now)\n}",
 		"}"),
