@@ -419,3 +419,66 @@ func TestMigrationsKeepEveryEarlierFunction(t *testing.T) {
 		}
 	}
 }
+
+// Schema 28 makes order keys compare byte for byte (collation "C") on a
+// queue that already holds keyed messages: the column and both order-key
+// indexes take the collation, the table is not rewritten, the messages keep
+// their keys and statuses, and the insert trigger the change had to drop is
+// there again, still blocking a message behind its key's unfinished one.
+func TestSchema28OrderKeysCompareByteForByte(t *testing.T) {
+	t.Parallel()
+	conn := pgtest.Connect(t, pgtest.NewDatabase(t))
+	ctx := context.Background()
+	if _, err := store.MigrateTo(ctx, conn, 27); err != nil {
+		t.Fatalf("migrate to 27: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, order_key)
+		VALUES ('a', 'Straße'), ('a', 'Straße'), ('a', 'STRASSE'), ('a', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var relfile uint32
+	if err := conn.QueryRow(ctx, "SELECT relfilenode FROM pg_class WHERE oid = 'pepsi.queue'::regclass").Scan(&relfile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.MigrateTo(ctx, conn, 28); err != nil {
+		t.Fatalf("migrate to 28: %v", err)
+	}
+	var column string
+	if err := conn.QueryRow(ctx, `SELECT c.collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+		WHERE a.attrelid = 'pepsi.queue'::regclass AND a.attname = 'order_key'`).Scan(&column); err != nil {
+		t.Fatal(err)
+	}
+	if column != "C" {
+		t.Fatalf("order_key's collation is %q, want C", column)
+	}
+	for _, index := range []string{"queue_order_live", "queue_order_blocked"} {
+		var collation string
+		var valid bool
+		if err := conn.QueryRow(ctx, `SELECT c.collname, i.indisvalid FROM pg_index i JOIN pg_collation c ON c.oid = i.indcollation[0]
+			WHERE i.indexrelid = ('pepsi.' || $1)::regclass`, index).Scan(&collation, &valid); err != nil {
+			t.Fatalf("%s: %v", index, err)
+		}
+		if collation != "C" || !valid {
+			t.Errorf("%s compares its keys under %q (valid: %v), want C and valid", index, collation, valid)
+		}
+	}
+	var after uint32
+	if err := conn.QueryRow(ctx, "SELECT relfilenode FROM pg_class WHERE oid = 'pepsi.queue'::regclass").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after != relfile {
+		t.Errorf("pepsi.queue was rewritten by schema 28 (relfilenode %d -> %d)", relfile, after)
+	}
+	var statuses string
+	if err := conn.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', 'STRASSE'), ('a', 'strasse')
+		RETURNING NULL`).Scan(new(any)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT string_agg(coalesce(order_key, '-') || ':' || status, ' ' ORDER BY ingress_id)
+		FROM pepsi.queue`).Scan(&statuses); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Straße:pending Straße:blocked STRASSE:pending -:pending STRASSE:blocked strasse:pending"; statuses != want {
+		t.Errorf("the queue after schema 28 and two inserts is %q, want %q", statuses, want)
+	}
+}
