@@ -162,3 +162,91 @@ func TestMovesThatTakeEveryFreedSlotDoNotKeepTheLookFromAStage(t *testing.T) {
 	}
 	t.Fatalf("row %d, committed at b without a notification, was not handed in 30 transactions 4 ms apart (%s): moves took every slot b's worker freed", quiet, 30*4*time.Millisecond)
 }
+
+// Proves: with SESSIONS = 2, moves that take every slot a worker frees at a
+// stage do not keep the look from it when they go beside the full
+// transaction. Stages b and c are full, so each full transaction resolves a
+// move from a to c left pending there. Each round b's worker finishes its
+// head and a row moves from a to b, both resolved beside the full
+// transaction, the move with a claim of the slot the head freed; both
+// answer before the full transaction does, so the move's reservation is
+// given back before the next full transaction's claim is built, and b is
+// then full only of rows the core holds. A row committed at b without a
+// notification (older than the moving rows) is handed within a bounded
+// number of rounds all the same, though the rounds follow each other 4 ms
+// apart, well within LookEvery. (A claim that left b out for want of room
+// with no move reserving any counted as a look, so the core never looked
+// again, no slot was kept, and the row waited as long as the moves came.)
+func TestMovesBesideTheFullTransactionDoNotKeepTheLookFromAStage(t *testing.T) {
+	w := newWorld(t, twoSessions)
+	w.start("a", 8) // w1 holds rows 1 to 3 at a, w2 rows 4 to 6
+	for range 3 {
+		answerMove(w, 1, "0 >c") // rows 1 to 3, and w1 takes rows 7 and 8
+	}
+	for range 3 {
+		answerMove(w, 2, "0 >b") // rows 4 to 6
+	}
+	answerMove(w, 1, "0 >b") // row 7
+	var bw core.WorkerID
+	var cw int
+	for wid, st := range w.stageOf {
+		switch st {
+		case "b":
+			bw = wid
+		case "c":
+			cw += len(w.held[wid])
+		}
+	}
+	if len(w.held[bw]) != 4 || cw != 3 || !slices.Equal(w.held[1], []int64{8}) {
+		t.Fatalf("b's worker holds %v, c's workers %d rows, w1 %v; want b and c full (4 and 3 rows) and row 8 at w1", w.held[bw], cw, w.held[1])
+	}
+	quiet := w.q.Insert("b", 1)[0] // committed without a notification
+	w.q.Insert("a", 100)           // younger rows that will move to b and c
+	aWorker := func() core.WorkerID {
+		var aw core.WorkerID
+		for wid, st := range w.stageOf {
+			if st == "a" && len(w.held[wid]) > 0 && (aw == 0 || wid < aw) {
+				aw = wid
+			}
+		}
+		if aw == 0 {
+			t.Fatalf("at %s no worker of a holds a row", w.now.Sub(epoch))
+		}
+		return aw
+	}
+	w.deferTxns = true
+	answerMove(w, 1, "0 >c")         // row 8, pending at c
+	w.drain()                        // the claims take rows at a, not the row at b, which is full
+	answerMove(w, aWorker(), "0 >c") // pending at c: a full transaction out
+	const rounds = 40
+	for range rounds {
+		var got []int64
+		got = append(got, handed(answerMove(w, bw, "0 >done"))...) // beside the full transaction
+		got = append(got, handed(answerMove(w, aWorker(), "0 >b"))...)
+		got = append(got, handed(answerMove(w, aWorker(), "0 >c"))...) // owed to the next full transaction
+		for {
+			var waiting []int
+			for j, txn := range w.out {
+				if txn != nil {
+					waiting = append(waiting, j)
+				}
+			}
+			if len(waiting) < 2 {
+				break
+			}
+			// The newest, sent beside the oldest (the full transaction), answers first.
+			got = append(got, handed(w.reply(waiting[len(waiting)-1]))...)
+		}
+		for j, txn := range w.out {
+			if txn != nil {
+				got = append(got, handed(w.reply(j))...)
+				break
+			}
+		}
+		if slices.Contains(got, quiet) {
+			return
+		}
+		w.now = w.now.Add(4 * time.Millisecond)
+	}
+	t.Fatalf("row %d, committed at b without a notification, was not handed in %d rounds 4 ms apart (%s); want it handed once a look (due every %s) keeps a slot of b: moves beside the full transaction took every slot b's worker freed", quiet, rounds, rounds*4*time.Millisecond, core.LookEvery)
+}

@@ -95,6 +95,7 @@ func (c *Core) claimMoves(items []Item, noClaims, claimless bool) (yielded map[s
 			items[i].LineMax = c.cfg.LineMax
 		}
 		st.reserved++
+		st.movedIn = true
 	}
 	c.claimEmits(items, blocked)
 	return yielded
@@ -139,7 +140,7 @@ func (c *Core) claimEmits(items []Item, blocked map[string]bool) {
 				it.Emits, cloned = slices.Clone(it.Emits), true
 			}
 			// The child's room is reserved until its resolve's result.
-			it.Emits[j].Claim, st.reserved = true, st.reserved+1
+			it.Emits[j].Claim, st.reserved, st.movedIn = true, st.reserved+1, true
 		}
 	}
 }
