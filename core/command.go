@@ -272,8 +272,9 @@ type Cap struct {
 // operator retried one while this pass ran, and the key must go to it). A
 // move that claims asks in its resolve, and one that finds an older message
 // unfinished owes its key a release in the next transaction. So a message
-// that moves on and claims costs its key no release at all (the start-up reset releases
-// every key: ResetOrphans.ReleaseKeys). It never waits for a producer: a key
+// that moves on and claims costs its key no release at all (should the
+// dispatcher die first, the start-up reset releases every key:
+// ResetOrphans.ReleaseKeys). It never waits for a producer: a key
 // whose lock a producer holds (one may be inserting a row of that key that
 // this release would not see) is reported busy and released again later.
 // Answered by Released.

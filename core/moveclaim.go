@@ -140,7 +140,8 @@ func (c *Core) claimEmits(items []Item, blocked map[string]bool) {
 				it.Emits, cloned = slices.Clone(it.Emits), true
 			}
 			// The child's room is reserved until its resolve's result.
-			it.Emits[j].Claim, st.reserved, st.movedIn = true, st.reserved+1, true
+			it.Emits[j].Claim, st.reserved = true, st.reserved+1
+			st.movedIn = true
 		}
 	}
 }

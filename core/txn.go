@@ -775,7 +775,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 		c.lookAbove()
 		looked = true
 	}
-	covers := true // the claim looks at every stage with room
+	covers := true // the claim looks at every stage with room, and at every full one no move filled since its last claim
 	var caps []Cap
 	for _, st := range c.stages {
 		// Fewer new rows where the stage's own moves found no room: a
