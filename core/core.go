@@ -169,10 +169,11 @@ type stage struct {
 	// made yet; moves leave a slot of its room for that claim (moveRoom).
 	lookOwed bool
 	// movedIn: moves (or emitted children) claimed room here since the
-	// stage's last claim. Such a stage, full, is not looked at by a claim
-	// that leaves it out (see lookedAt), though the moves' reservations
-	// (reserved) may be back already: with SESSIONS above 1 their resolves
-	// go beside the full transaction and their results often come first.
+	// stage's last claim was sent. Such a stage, full, is not looked at by a
+	// claim that leaves it out (see lookedAt), though the moves'
+	// reservations (reserved) may be back already: with SESSIONS above 1
+	// their resolves go beside the full transaction and their results often
+	// come first.
 	movedIn bool
 	// floor: the stage's claims look above this ingress_id only. No row is
 	// pending at or below it that the core could know of: every pending row up

@@ -353,7 +353,7 @@ func (c *Core) claimed(e Claimed) {
 func (c *Core) claimedCap(cp Cap, got int, reach int64, more, tainted bool) {
 	assert(got <= cp.N, "claim returned %d rows of stage %s, cap %d", got, cp.Stage, cp.N)
 	st := c.byName[cp.Stage]
-	st.lookOwed, st.movedIn = false, false
+	st.lookOwed = false
 	st.rate.settle(c.now, got)
 	if tainted {
 		// Rows made pending here while the claim was out, perhaps after
@@ -785,7 +785,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 			n = 0 // held by back-pressure (pressure.go)
 		}
 		if n <= 0 {
-			if st.reserved > 0 || st.movedIn {
+			if st.movedIn {
 				covers = false // its room went to moves: not looked at (see lookedAt)
 			}
 			continue
@@ -799,6 +799,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 		}
 		cp := Cap{Stage: st.cfg.Name, N: n, After: c.claimAfter(st, txn)}
 		st.claiming = n
+		st.movedIn = false // this claim looks after the moves made so far
 		if st.cfg.Input == conf.InputMessage {
 			cp.LineMax = c.cfg.LineMax
 		}
