@@ -335,6 +335,15 @@ type KeyAt struct {
 // Traces asks for every claimed row's trace context (Row.Trace, both parts),
 // whatever its stage's INPUT: the core reports passes (Pass, TracePasses).
 //
+// Settled is how far the core knows ingress has settled (the highest
+// Claimed.Settled it has seen). A claim that sees no row above it need not
+// ask whether a producer is mid-transaction: every row it can see has
+// settled, and it reports the newest (Claimed.Settled). Asking reads the
+// server's whole lock table, a fixed cost of every transaction that grows
+// with the server's max_connections; a queue that drains a backlog, with no
+// producer adding rows and no stage emitting, then never pays it. The text form leaves Settled
+// out: it changes what a claim must read, not what it takes.
+//
 // Holds name, for each stage that feeds a stage of Limits, that stage: the
 // claim first checks the limits as the transaction stands before it (after
 // its resolve), and takes no row for a stage one of whose Holds' By is over
@@ -349,6 +358,7 @@ type Claim struct {
 	Limits      []Limit
 	Holds       []Hold
 	Traces      bool
+	Settled     int64
 }
 
 // Hold says Stage feeds By, for Claim.Holds.

@@ -147,7 +147,9 @@ type Trace struct {
 // ingress_id at or below it was committed (or rolled back) before the claim's
 // snapshot, so no producer can still add a row there. Zero when a producer was
 // mid-transaction: a row with a lower id than those the claim saw may still
-// commit (ids are taken at insert, rows appear at commit).
+// commit (ids are taken at insert, rows appear at commit); but when no row
+// the claim saw was above Claim.Settled, it is the newest of them, whatever
+// producers were doing (it says nothing the core did not know).
 type Claimed struct {
 	Op      int64
 	Epoch   string

@@ -11,6 +11,8 @@ import (
 // The statements, for the tests that EXPLAIN them.
 const (
 	ClaimSQL                    = claimSQL
+	ClaimLimitsSQL              = claimLimitsSQL
+	SettledSQL                  = settledSQL
 	ResetOrphansSQL             = resetOrphansSQL
 	WakeSQL                     = wakeSQL
 	ResolveSQL                  = resolveSQL

@@ -320,7 +320,7 @@ func TestClaimCostsItsKeysNotABacklog(t *testing.T) {
 	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM pepsi.queue WHERE status = 'blocked'").Scan(&blocked); err != nil || blocked != backlog {
 		t.Fatalf("%d blocked messages (%v); want the backlog's %d", blocked, err, backlog)
 	}
-	args := fmt.Sprintf("'{a}', '{%d}', '{0}', '{}', '{}', 0, '{}', false, '{}', '{}', '{}', '{}', '{}', 7", capA)
+	args := fmt.Sprintf("'{a}', '{%d}', '{0}', '{}', '{}', 0, '{}', false, 7", capA)
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		plan := explain(t, conn, mode, "claim", args)
 		var claimed float64

@@ -108,6 +108,7 @@ type planNode struct {
 	NodeType        string     `json:"Node Type"`
 	RelationName    string     `json:"Relation Name"`
 	IndexName       string     `json:"Index Name"`
+	FunctionName    string     `json:"Function Name"`
 	ActualRows      float64    `json:"Actual Rows"`
 	ActualLoops     float64    `json:"Actual Loops"`
 	RemovedByFilter float64    `json:"Rows Removed by Filter"`
@@ -202,6 +203,7 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		// not move the plan off the index either.
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 's' || (i %% 3), CASE WHEN i %% 50 = 0 THEN 'k' || (i %% 100) END FROM generate_series(1, %d) i", backlog),
 		prepareClaim,
+		prepareClaimLimits,
 	)
 	// Earlier claims leave dead entries at the head of queue_pending, as in a
 	// running system.
@@ -217,10 +219,14 @@ func TestClaimPlanWalksPendingIndex(t *testing.T) {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, after := range []string{"{0,0,0}", "{0,1000,100000}"} {
 				// Excluded: rows the dispatcher holds, some of them pending.
-				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true, '{}', '{}', '{}', '{}', '{}', 7", strings.Join(stages, ","), capEach, capEach, capEach, after)
-				plan := explain(t, conn, mode, "claim", args)
-				where := fmt.Sprintf("%s, %s, floors %s:\n%s", stats, mode, after, plan)
-				checkClaimPlan(t, plan, len(stages), capEach, where)
+				args := fmt.Sprintf("'{%s}', '{%d,%d,%d}', '%s', '{1,2,3,500000}', '{s1}', 4096, '{k1,k2}', true, 7", strings.Join(stages, ","), capEach, capEach, capEach, after)
+				// The claim with back-pressure's parts, none of its stages
+				// limited, walks the index as the claim without them.
+				for _, statement := range []struct{ name, args string }{{"claim", args}, {"claim_limits", args + ", '{}', '{}', '{}', '{}', '{}'"}} {
+					plan := explain(t, conn, mode, statement.name, statement.args)
+					where := fmt.Sprintf("%s, %s, %s, floors %s:\n%s", statement.name, stats, mode, after, plan)
+					checkClaimPlan(t, plan, len(stages), capEach, where)
+				}
 			}
 		}
 	}
@@ -244,7 +250,7 @@ func TestClaimFloorSkipsDeadEntries(t *testing.T) {
 	)
 	pages := func(after int64) float64 {
 		var blocks float64
-		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true, '{}', '{}', '{}', '{}', '{}', 7", after))
+		plan := explain(t, conn, "force_custom_plan", "claim", fmt.Sprintf("'{a}', '{16}', '{%d}', '{}', '{}', 0, '{}', true, 7", after))
 		plan.walk(nil, func(n, _ *planNode) {
 			if n.IndexName == "queue_pending" {
 				blocks = n.SharedHit + n.SharedRead
@@ -274,11 +280,11 @@ func TestClaimLimitsCostTheirMax(t *testing.T) {
 		"ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)",
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT CASE WHEN i %% 2 = 0 THEN 'f' ELSE 'x' END FROM generate_series(1, %d) i", backlog),
 		"ANALYZE pepsi.queue",
-		prepareClaim,
+		prepareClaimLimits,
 		"PREPARE over(text[], bigint[], bigint[]) AS "+store.OverSQL,
 	)
 	for _, c := range []struct{ name, args string }{
-		{"claim", fmt.Sprintf("'{f}', '{16}', '{0}', '{}', '{}', 0, '{}', false, '{x}', '{%d}', '{0}', '{f}', '{x}', 7", limit)},
+		{"claim_limits", fmt.Sprintf("'{f}', '{16}', '{0}', '{}', '{}', 0, '{}', false, 7, '{x}', '{%d}', '{0}', '{f}', '{x}'", limit)},
 		{"over", fmt.Sprintf("'{x}', '{%d}', '{0}'", limit)},
 	} {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
@@ -294,6 +300,38 @@ func TestClaimLimitsCostTheirMax(t *testing.T) {
 			})
 			if !counted {
 				t.Errorf("%s, %s: no walk of queue_pending that stops at %d rows:\n%v", c.name, mode, limit+1, plan)
+			}
+		}
+	}
+}
+
+// TestTheSettledCheckReadsNoLockTableBelowWhatTheCoreKnows checks that the
+// claim's check of how far ingress has settled reads pg_locks (every entry
+// of the server's lock tables) only when the queue has a row above what the
+// core knows has settled (core.Claim.Settled): a queue draining a backlog,
+// no producer adding rows, never pays for it.
+func TestTheSettledCheckReadsNoLockTableBelowWhatTheCoreKnows(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	execAll(t, conn,
+		"INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 3)",
+		"PREPARE settled(oid, oid, bigint) AS "+store.SettledSQL,
+	)
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		for _, c := range []struct {
+			known int64
+			reads float64
+		}{{3, 0}, {1000, 0}, {2, 1}, {0, 1}} {
+			plan := explain(t, conn, mode, "settled", fmt.Sprintf("1, 2, %d", c.known))
+			reads := -1.0
+			plan.walk(nil, func(n, _ *planNode) {
+				if n.FunctionName == "pg_lock_status" {
+					reads = n.ActualLoops
+				}
+			})
+			if reads != c.reads {
+				t.Errorf("%s, newest row 3, known settled up to %d: pg_lock_status read %g times, want %g:\n%s", mode, c.known, reads, c.reads, plan)
 			}
 		}
 	}
@@ -339,8 +377,12 @@ func checkClaimPlan(t *testing.T, plan *planNode, nStages, capEach int, where st
 
 // resolveParams are the types of resolveSQL's parameters without the emits'
 // ($1 to $19), for PREPARE.
-// prepareClaim prepares claimSQL as "claim", for the tests that EXPLAIN it.
-const prepareClaim = "PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, text[], bigint[], bigint[], text[], text[], bigint) AS " + store.ClaimSQL
+// prepareClaim prepares claimSQL as "claim", for the tests that EXPLAIN it;
+// prepareClaimLimits claimLimitsSQL as "claim_limits".
+const (
+	prepareClaim       = "PREPARE claim(text[], int[], bigint[], bigint[], text[], int, text[], bool, bigint) AS " + store.ClaimSQL
+	prepareClaimLimits = "PREPARE claim_limits(text[], int[], bigint[], bigint[], text[], int, text[], bool, bigint, text[], bigint[], bigint[], text[], text[]) AS " + store.ClaimLimitsSQL
+)
 
 const resolveParams = "bigint[], text[], text[], text[], text[], text[], timestamptz[], text[], bool[], int[], " +
 	"bool[], text[], timestamptz[], timestamptz[], int[], int[], bool[], bool, bigint"

@@ -320,6 +320,7 @@ type pipe struct {
 	next                         map[string]string
 	message, moveClaims, history bool
 	keyed                        bool             // messages with order keys: the step claims, moves and releases as for keys
+	settled                      int64            // the highest Claimed.Settled: what the next claim knows (core.Claim.Settled)
 	keyOf                        map[int64]string // the key of each row the steps hold, when keyed
 	lineMax                      int
 	parts                        []*store.Queue // for a step in parts: a session each
@@ -421,7 +422,7 @@ func (p *pipe) step(ctx context.Context) error {
 		exclude = append(exclude, r.ID)
 	}
 	p.op++
-	claim := core.Claim{Op: p.op, Caps: caps, Exclude: exclude}
+	claim := core.Claim{Op: p.op, Caps: caps, Exclude: exclude, Settled: p.settled}
 	if p.keyed {
 		// The keys of the rows held once this step's resolve has run, as
 		// the core's heldKeys: the rows it resolves are not among them.
@@ -438,6 +439,7 @@ func (p *pipe) step(ctx context.Context) error {
 		}
 		if c, ok := ev.(core.Claimed); ok {
 			got = append(got, c.Rows...)
+			p.settled = max(p.settled, c.Settled) // as the core keeps it
 		}
 		if r, ok := ev.(core.Resolved); ok {
 			for _, o := range r.Outcomes {

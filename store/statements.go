@@ -322,7 +322,7 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 //
 // Traces (docs/protocol.md, "Traces"; schemas 17 and 22): the UPDATE gives a
 // row without a traceparent a fresh one (pepsi.fresh_traceparent, its trace
-// id hashed from the row's id and $14, a random seed per statement), in the
+// id hashed from the row's id and $9, a random seed per statement), in the
 // write the claim makes anyway, so a message's first pass starts its trace at
 // no cost of a row version, and every later pass finds it. For the stages in
 // $5, whose lines carry the pass's traceparent, and, with $8
@@ -330,16 +330,28 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // and the claim's updated_at, from which readTrace makes the pass's
 // (pepsi.pass_traceparent's value, computed off this backend).
 //
-// Back-pressure (core.Claim.Holds): a stage of $12 whose stage of $13 (at the
-// same index) has more pending rows than its limit ($9, $10 above $11: the
-// claim's Limits) as the transaction stands before this claim takes nothing,
-// unless it is over its own limit; its cap counts as 0 (its walk still peeks
-// one row, for More). The counts are overSQL's, and cost nothing without
-// limits.
+// Back-pressure (core.Claim.Limits and Holds) is claimLimitsSQL's, which
+// is claimSQL with $10 to $14 more; claimSQL is the claim of a dispatcher
+// none of whose stages has a MAX_PENDING (nearly all). Its parts cost every
+// claim their setup whether a stage is held or not: about 50 µs of the
+// backend's time per transaction, a tenth of the fixed part of the defaults'
+// transactions (docs/performance.md, "A transaction's fixed cost, again").
 const claimSQL = `
+WITH capped AS (
+	SELECT c.stage, c.after, greatest(c.n, 0) AS n
+	FROM unnest($1::text[], $2::int[], $3::bigint[]) AS c(stage, n, after)
+` + claimPickSQL
+
+// claimLimitsSQL is claimSQL with back-pressure (core.Claim.Holds): a stage
+// of $13 whose stage of $14 (at the same index) has more pending rows than
+// its limit ($10, $11 above $12: the claim's Limits) as the transaction
+// stands before this claim takes nothing, unless it is over its own limit;
+// its cap counts as 0 (its walk still peeks one row, for More). The counts
+// are overSQL's.
+const claimLimitsSQL = `
 WITH over AS (
 	SELECT l.stage
-	FROM unnest($9::text[], $10::bigint[], $11::bigint[]) AS l(stage, max, after)
+	FROM unnest($10::text[], $11::bigint[], $12::bigint[]) AS l(stage, max, after)
 	WHERE (SELECT count(*) FROM (
 		SELECT 1 FROM pepsi.queue q
 		WHERE q.status = 'pending' AND q.stage >= l.stage AND q.stage <= l.stage AND q.ingress_id > l.after
@@ -348,11 +360,15 @@ WITH over AS (
 ), capped AS (
 	SELECT c.stage, c.after,
 		CASE WHEN c.stage NOT IN (SELECT stage FROM over) AND EXISTS (
-			SELECT 1 FROM unnest($12::text[], $13::text[]) AS h(stage, by)
+			SELECT 1 FROM unnest($13::text[], $14::text[]) AS h(stage, by)
 			WHERE h.stage = c.stage AND h.by IN (SELECT stage FROM over))
 		THEN 0 ELSE greatest(c.n, 0) END AS n
 	FROM unnest($1::text[], $2::int[], $3::bigint[]) AS c(stage, n, after)
-), picked AS (
+` + claimPickSQL
+
+// claimPickSQL is the rest of claimSQL and claimLimitsSQL after "capped":
+// the walks, the UPDATE and the answer.
+const claimPickSQL = `), picked AS (
 	SELECT c.stage, c.n, p.ingress_id
 	FROM capped c
 	CROSS JOIN LATERAL (
@@ -372,7 +388,7 @@ WITH over AS (
 ), claimed AS (
 	UPDATE pepsi.queue u SET status = 'running', updated_at = now(),
 		attempts = CASE WHEN u.attempts_stage <> u.stage THEN 0 ELSE u.attempts END,
-		traceparent = coalesce(u.traceparent, pepsi.fresh_traceparent(u.ingress_id, $14::bigint, now()))
+		traceparent = coalesce(u.traceparent, pepsi.fresh_traceparent(u.ingress_id, $9::bigint, now()))
 	WHERE u.ingress_id = ANY (ARRAY(SELECT p.ingress_id FROM picked p JOIN found f ON f.stage = p.stage
 	                                WHERE NOT (f.more AND p.ingress_id = f.peeked)))
 	  AND (u.status = 'pending') IS TRUE
@@ -430,13 +446,23 @@ const ProducerKey int64 = 0x7065707370726f64
 // settled, and the claim floors would stop rising for as long as stages emit
 // (every claim walking the index entries of all the rows claimed since). IS
 // DISTINCT FROM: a prepared transaction's lock has no pid, and counts.
+//
+// When the highest id is at or below $3 (core.Claim.Settled: what the core
+// knows has settled), pg_locks is not read: that id is settled whatever
+// producers are doing, and the CASE, evaluated in order, never runs the
+// EXISTS (an InitPlan, run only when first needed). pg_lock_status copies
+// every entry of the server's lock tables, which are sized by
+// max_connections: about 40 µs of the backend's time per transaction here
+// (docs/performance.md, "A transaction's fixed cost, again").
 const settledSQL = `
-SELECT CASE WHEN EXISTS (
+SELECT CASE WHEN n.id <= $3::bigint THEN n.id
+            WHEN EXISTS (
 	SELECT 1 FROM pg_locks
 	WHERE locktype = 'advisory' AND classid = $1::oid AND objid = $2::oid AND objsubid = 1
 	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	  AND pid IS DISTINCT FROM pg_backend_pid()
-) THEN 0 ELSE (SELECT coalesce(max(ingress_id), 0) FROM pepsi.queue) END`
+) THEN 0 ELSE n.id END
+FROM (SELECT coalesce(max(ingress_id), 0) AS id FROM pepsi.queue) n`
 
 // epochSQL makes sure the crash sentinel holds a token and returns it. A plain
 // SELECT in the same statement cannot see the row the INSERT adds, hence the
@@ -454,45 +480,19 @@ UNION ALL
 LIMIT 1`
 
 func claim(c core.Claim) statement {
-	stages := make([]string, len(c.Caps))
-	caps := make([]int32, len(c.Caps))
-	after := make([]int64, len(c.Caps))
-	messageStages := []string{} // never NULL: "= ANY (NULL)" is NULL, not false
-	lineMax := 0
-	limitStages, limitMax, limitAfter := make([]string, len(c.Limits)), make([]int64, len(c.Limits)), make([]int64, len(c.Limits))
-	for i, l := range c.Limits {
-		limitStages[i], limitMax[i], limitAfter[i] = l.Stage, max(l.Max, 0), max(l.After, 0)
-	}
-	holdStages, holdBy := make([]string, len(c.Holds)), make([]string, len(c.Holds))
-	for i, h := range c.Holds {
-		holdStages[i], holdBy[i] = h.Stage, h.By
-	}
-	for i, cp := range c.Caps {
-		stages[i] = cp.Stage
-		caps[i] = int32(min(max(cp.N, 0), 1<<30))
-		after[i] = max(cp.After, 0)
-		if cp.LineMax > 0 {
-			messageStages = append(messageStages, cp.Stage)
-			lineMax = max(lineMax, cp.LineMax)
-		}
-	}
 	return statement{
 		name: "claim",
 		queue: func(b *pgx.Batch) {
 			b.Queue(epochSQL)
-			b.Queue(settledSQL, uint32(uint64(ProducerKey)>>32), uint32(uint64(ProducerKey)&0xffffffff))
-			exclude := c.Exclude
-			if exclude == nil {
-				exclude = []int64{} // NULL would make "<> ALL" match nothing
+			b.Queue(settledSQL, uint32(uint64(ProducerKey)>>32), uint32(uint64(ProducerKey)&0xffffffff), c.Settled)
+			if len(c.Limits) == 0 && len(c.Holds) == 0 {
+				b.Queue(claimSQL, claimArgs(c)...)
+				return
 			}
-			excludeKeys := c.ExcludeKeys
-			if excludeKeys == nil {
-				excludeKeys = []string{} // NULL would make "NOT IN" match nothing
-			}
-			b.Queue(claimSQL, stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys, c.Traces,
-				limitStages, limitMax, limitAfter, holdStages, holdBy, traceSeed())
+			limits := limitArgs(c)
+			b.Queue(claimLimitsSQL, append(claimArgs(c), limits...)...)
 			if len(c.Limits) > 0 {
-				b.Queue(overSQL, limitStages, limitMax, limitAfter)
+				b.Queue(overSQL, limits[:3]...)
 			}
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
@@ -531,6 +531,49 @@ func claim(c core.Claim) statement {
 		},
 		failed: func(err string) core.Event { return core.Claimed{Op: c.Op, Err: err} },
 	}
+}
+
+// claimArgs are claimSQL's arguments for c, $1 to $9 (claimLimitsSQL's
+// first nine).
+func claimArgs(c core.Claim) []any {
+	stages := make([]string, len(c.Caps))
+	caps := make([]int32, len(c.Caps))
+	after := make([]int64, len(c.Caps))
+	messageStages := []string{} // never NULL: "= ANY (NULL)" is NULL, not false
+	lineMax := 0
+	for i, cp := range c.Caps {
+		stages[i] = cp.Stage
+		caps[i] = int32(min(max(cp.N, 0), 1<<30))
+		after[i] = max(cp.After, 0)
+		if cp.LineMax > 0 {
+			messageStages = append(messageStages, cp.Stage)
+			lineMax = max(lineMax, cp.LineMax)
+		}
+	}
+	exclude := c.Exclude
+	if exclude == nil {
+		exclude = []int64{} // NULL would make "<> ALL" match nothing
+	}
+	excludeKeys := c.ExcludeKeys
+	if excludeKeys == nil {
+		excludeKeys = []string{} // NULL would make "NOT IN" match nothing
+	}
+	return []any{stages, caps, after, exclude, messageStages, int32(min(lineMax, 1<<30)), excludeKeys, c.Traces, traceSeed()}
+}
+
+// limitArgs are claimLimitsSQL's $10 to $14 for c: the Limits' stages,
+// maxima and floors (overSQL's three arguments), then the Holds' stages and
+// the stages they are held by.
+func limitArgs(c core.Claim) []any {
+	limitStages, limitMax, limitAfter := make([]string, len(c.Limits)), make([]int64, len(c.Limits)), make([]int64, len(c.Limits))
+	for i, l := range c.Limits {
+		limitStages[i], limitMax[i], limitAfter[i] = l.Stage, max(l.Max, 0), max(l.After, 0)
+	}
+	holdStages, holdBy := make([]string, len(c.Holds)), make([]string, len(c.Holds))
+	for i, h := range c.Holds {
+		holdStages[i], holdBy[i] = h.Stage, h.By
+	}
+	return []any{limitStages, limitMax, limitAfter, holdStages, holdBy}
 }
 
 // claimedRow reads one row of claimSQL's answer: a claimed row, or (ID 0) a

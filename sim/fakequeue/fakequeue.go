@@ -324,17 +324,19 @@ func (q *Queue) Stray(skip func(id int64) bool) int64 {
 }
 
 // settled is Claimed.Settled: the newest row's id, if no producer is
-// mid-transaction.
-func (q *Queue) settled() int64 {
-	if q.inFlight > 0 {
-		return 0
-	}
+// mid-transaction or it is at or below known (core.Claim.Settled).
+func (q *Queue) settled(known int64) int64 {
+	var newest int64
 	for i := len(q.rows) - 1; i >= 0; i-- {
 		if q.rows[i] != nil {
-			return q.rows[i].ID
+			newest = q.rows[i].ID
+			break
 		}
 	}
-	return 0
+	if q.inFlight > 0 && newest > known {
+		return 0
+	}
+	return newest
 }
 
 func (q *Queue) notify() {
@@ -720,7 +722,7 @@ func (q *Queue) claim(c core.Claim) core.Event {
 	}
 	slices.SortFunc(rows, func(a, b core.Row) int { return int(a.ID - b.ID) })
 	slices.Sort(more)
-	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled(), More: more, Over: q.over(c.Limits)}
+	return core.Claimed{Op: c.Op, Epoch: q.epoch, Rows: rows, Settled: q.settled(c.Settled), More: more, Over: q.over(c.Limits)}
 }
 
 // held reports whether stage feeds a stage of over (holds) and is not in over

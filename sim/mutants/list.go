@@ -255,6 +255,8 @@ var mutants = []mutant{
 	mut("floor-ignores-settled", "claim-floor", "the floor follows the last id claimed, whether or not a producer may still commit a lower one",
 		"\tif got < cp.N && !more {\n\t\treach = math.MaxInt64\n\t}\n\treturn max(cp.After, min(reach, c.settled))",
 		"\t_ = math.MaxInt64\n\treturn max(cp.After, reach)"),
+	mut("claim-claims-ingress-settled", "claim-floor", "a claim tells the queue that every id has settled, so it never asks whether a producer is mid-transaction",
+		"Traces: c.tracePasses, Settled: c.settled}", "Traces: c.tracePasses, Settled: math.MaxInt64}"),
 	mut("floor-kept-over-resolve", "claim-floor", "a claim looks above its floor although its own transaction's resolve requeues older rows",
 		"after = min(after, it.ID-1)", "_ = it"),
 	mut("floor-kept-over-wake", "claim-floor", "a claim looks above its floor although its own transaction wakes paused rows",

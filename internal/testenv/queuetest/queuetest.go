@@ -74,6 +74,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ClaimLooksOnlyAboveEachStagesFloor", testClaimFloor},
 		{"ClaimReportsIngressSettledUpToTheNewestRow", testClaimSettled},
 		{"ClaimReportsNothingSettledWhileAProducerIsMidTransaction", testClaimUnsettled},
+		{"ClaimThatKnowsTheNewestRowSettledReportsItWhileAProducerIsMidTransaction", testClaimKnownSettled},
 		{"ClaimReadsStateAndPayloadForMessageStagesOnly", testClaimMessage},
 		{"ClaimReadsAttempts", testClaimAttempts},
 		{"ClaimSaysWhichStagesHaveMoreThanItsCap", testClaimMore},
@@ -247,6 +248,31 @@ func testClaimUnsettled(t *testing.T, h Harness) {
 	c = claim(t, h, core.Cap{Stage: "a", N: 5})
 	if c.Settled != late || !slices.Equal(c.Rows, rowsAt("a", early)) {
 		t.Fatalf("claim after the producer committed took %v, settled=%d; want row %d, settled=%d", c.Rows, c.Settled, early, late)
+	}
+}
+
+// testClaimKnownSettled: a claim told that ingress has settled up to an id
+// (core.Claim.Settled) reports the newest row it sees while a producer is
+// mid-transaction, if that row is at or below the id (the producer's row
+// will come above it); one told less reports nothing settled, as before.
+func testClaimKnownSettled(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 3)
+	_, commit := h.BeginInsert(t, "a")
+	defer commit()
+	for _, c := range []struct {
+		known, want int64
+	}{
+		{ids[2], ids[2]},
+		{ids[2] + 100, ids[2]},
+		{ids[1], 0},
+		{0, 0},
+	} {
+		got := exec(t, h, core.Claim{Op: 42, Caps: []core.Cap{{Stage: "a", N: 1}}, Settled: c.known},
+			func(e core.Claimed) (int64, string) { return e.Op, e.Err })
+		if got.Settled != c.want {
+			t.Errorf("claim that knew ingress settled up to %d, newest row %d, a producer mid-transaction: settled=%d, want %d",
+				c.known, ids[2], got.Settled, c.want)
+		}
 	}
 }
 
