@@ -296,9 +296,10 @@ type Core struct {
 	// there without a notification waited for the heartbeat. The look counts
 	// whatever it leaves out: the stages it leaves out stay owed one, and
 	// looking again in every transaction would mark them all owed each time.
-	// A look that claims nothing (every stage full) is not counted: it stays
-	// due, and each transaction marks the stages owed again until a claim
-	// looks, which repeats what the first marked and sends nothing.
+	// A look that sends no claim (no stage can take a row: full, out of RATE
+	// tokens or held, and no limit check due) is not counted: it stays due,
+	// and each transaction marks the stages owed again until a claim looks,
+	// which repeats what the first marked and sends nothing.
 	lookedAt    time.Time
 	lastClaim   time.Time
 	restRetryAt time.Time

@@ -407,7 +407,7 @@ ORDER BY 1 NULLS LAST, 2`
 
 // overSQL names the stages $1 that have more than $2 rows pending above
 // $3 (core.Claim.Limits, core.Claimed.Over), in the order given. It runs
-// after claimSQL in the same transaction, so it counts what that claim left
+// after claimLimitsSQL in the same transaction, so it counts what that claim left
 // pending. Each count walks the pending index (queue_pending) above the
 // stage's floor and stops after $2 + 1 entries: a claim pays for a limit of
 // N at most N + 1 index entries, whatever the backlog (spelled as claimSQL's
@@ -576,7 +576,7 @@ func limitArgs(c core.Claim) []any {
 	return []any{limitStages, limitMax, limitAfter, holdStages, holdBy}
 }
 
-// claimedRow reads one row of claimSQL's answer: a claimed row, or (ID 0) a
+// claimedRow reads one row of claimSQL's (or claimLimitsSQL's) answer: a claimed row, or (ID 0) a
 // stage that has more pending rows than the claim took.
 func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	var row core.Row
