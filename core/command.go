@@ -341,8 +341,9 @@ type KeyAt struct {
 // settled, and it reports the newest (Claimed.Settled). Asking reads the
 // server's whole lock table, a fixed cost of every transaction that grows
 // with the server's max_connections; a queue that drains a backlog, with no
-// producer adding rows and no stage emitting, then never pays it. The text form leaves Settled
-// out: it changes what a claim must read, not what it takes.
+// producer adding rows and no stage emitting, then never pays it. The text
+// form leaves Settled out: it changes what a claim must read, not what it
+// takes.
 //
 // Holds name, for each stage that feeds a stage of Limits, that stage: the
 // claim first checks the limits as the transaction stands before it (after

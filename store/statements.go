@@ -407,11 +407,11 @@ ORDER BY 1 NULLS LAST, 2`
 
 // overSQL names the stages $1 that have more than $2 rows pending above
 // $3 (core.Claim.Limits, core.Claimed.Over), in the order given. It runs
-// after claimLimitsSQL in the same transaction, so it counts what that claim left
-// pending. Each count walks the pending index (queue_pending) above the
-// stage's floor and stops after $2 + 1 entries: a claim pays for a limit of
-// N at most N + 1 index entries, whatever the backlog (spelled as claimSQL's
-// walk is, for the same plan).
+// after claimLimitsSQL in the same transaction, so it counts what that
+// claim left pending. Each count walks the pending index (queue_pending)
+// above the stage's floor and stops after $2 + 1 entries: a claim pays for a
+// limit of N at most N + 1 index entries, whatever the backlog (spelled as
+// the claim's walk is, for the same plan).
 const overSQL = `
 SELECT l.stage
 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS l(stage, max, after, i)
@@ -576,8 +576,9 @@ func limitArgs(c core.Claim) []any {
 	return []any{limitStages, limitMax, limitAfter, holdStages, holdBy}
 }
 
-// claimedRow reads one row of claimSQL's (or claimLimitsSQL's) answer: a claimed row, or (ID 0) a
-// stage that has more pending rows than the claim took.
+// claimedRow reads one row of claimSQL's (or claimLimitsSQL's) answer: a
+// claimed row, or (ID 0) a stage that has more pending rows than the claim
+// took.
 func claimedRow(r pgx.CollectableRow) (core.Row, error) {
 	var row core.Row
 	var id *int64
