@@ -218,15 +218,19 @@ func minHead(a, b int64) int64 {
 
 // oweRelease owes keys a release, due at due: LookEvery from now for a key a
 // producer held (its lock is not free before that producer commits), now for
-// keys nothing held back.
+// keys nothing held back. The owed keys go in one release, at the earliest
+// of their due times: a key owed now is not put off by a busy one owed
+// later (releasing a busy key early only finds it busy again).
 func (c *Core) oweRelease(keys []string, due time.Time) {
 	if len(keys) == 0 {
 		return
 	}
+	if len(c.keys.owed) == 0 || due.Before(c.keys.owedAt) {
+		c.keys.owedAt = due
+	}
 	for _, k := range keys {
 		c.keys.owed[k] = true
 	}
-	c.keys.owedAt = due
 }
 
 // forgetKeys drops the keys of the resolved items that the core no longer

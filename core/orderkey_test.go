@@ -238,3 +238,54 @@ func sorted(ids []int64) []int64 {
 	slices.Sort(s)
 	return s
 }
+
+// Proves: a key owed a release now is released by the next transaction even
+// when a release in the same transaction found another key busy, owed again
+// only LookEvery later. Here a keyed move finds an older message of its key
+// unfinished (an operator retried it; keyOutcome owes the key now) while the
+// release beside it finds a producer of another key in flight: owing the
+// busy key must not put off the key owed now, whose older message would
+// otherwise wait up to LookEvery for nothing.
+func TestAKeyOwedNowIsNotPutOffByABusyKeyOwedLater(t *testing.T) {
+	w := newWorld(t, threeStages)
+	j := w.insertKeyed("a", "j", "j")
+	k := w.insertKeyed("a", "k")[0]
+	w.step(core.Start{})
+	if wid := workerHolding(t, w, j[0]); w.head(wid) != j[0] {
+		t.Fatalf("message %d is not its worker's head: %v", j[0], w.held[wid])
+	}
+	w.answer(workerHolding(t, w, j[0]), "", "", "1 boom")
+	w.step()
+	w.wantRow(j[1], "a", core.StatusRunning)
+	if n, err := w.q.Retry(t.Context(), store.RetryParams{ID: j[0], Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("operator's retry of %d: %d rows, %v", j[0], n, err)
+	}
+	if _, ok := w.q.ReserveKeyed("k"); !ok { // a producer of k, in flight
+		t.Fatal("key k is locked")
+	}
+	// k's message done and j's younger one moved, answered in one step: one
+	// transaction resolves both, and releases k.
+	var evs []core.Event
+	for _, a := range []struct {
+		id   int64
+		line string
+	}{{k, "0 >done"}, {j[1], "0 >b"}} {
+		wid := workerHolding(t, w, a.id)
+		if w.head(wid) != a.id {
+			t.Fatalf("message %d is not its worker's head: %v", a.id, w.held[wid])
+		}
+		w.held[wid] = w.held[wid][1:]
+		evs = append(evs, core.Answer{Worker: wid, Line: a.line})
+	}
+	cmds := w.step(evs...)
+	var keys []string
+	for _, r := range of[core.Release](cmds) {
+		keys = append(keys, r.Keys...)
+	}
+	if !slices.Contains(keys, "j") {
+		t.Fatalf("key j, owed a release by its move's outcome, was not released at once (releases of %v): %v", keys, cmds)
+	}
+	if got := handed(append(cmds, w.step()...)); !slices.Contains(got, j[0]) {
+		t.Fatalf("handed %v, want the retried older message %d of j", got, j[0])
+	}
+}
