@@ -130,6 +130,7 @@ func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 		t.Fatal(err)
 	}
 	pcfg.ConnConfig = cfg
+	pcfg.AfterConnect = store.NoteBackendStart // as the dispatcher's pool
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -217,5 +218,81 @@ func TestAStepThatFailsOnAnOpenConnectionEndsNoSession(t *testing.T) {
 	}
 	if ev := h.Exec(context.Background(), []core.Command{core.Flush{Op: 3, Life: 1, Seq: 2, StagePasses: 1}})[0]; errText(ev) != "" {
 		t.Errorf("the step after: %v; want it to run", ev)
+	}
+}
+
+// sessionStart is when the server began conn's session.
+func sessionStart(t *testing.T, conn *pgx.Conn) time.Time {
+	t.Helper()
+	var start time.Time
+	if err := conn.QueryRow(context.Background(), `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	return start
+}
+
+// A session in doubt is ended, and waited for, by its process id and its
+// start, which the dispatcher's pool notes as it connects
+// (store.NoteBackendStart): the server gives a process id to another session
+// once the first has gone, and such a later session, of this dispatcher's
+// pool (the same application_name) or of another client, is neither ended
+// nor waited for. Here two sessions in doubt name the process ids of two
+// live sessions, with an earlier start (as the ids' first sessions had), and
+// a third names a live session of the pool's application_name exactly: the
+// next step ends the third, and only it, and runs at once. (Matched by
+// process id and application_name alone, the step ended the first and
+// waited 5 s for the second, then failed unsent.)
+func TestADoubtEndsItsOwnSessionNotALaterOneWithItsProcessID(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "pepsi-dispatch reuse-test"
+	pcfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig = cfg
+	pcfg.AfterConnect = store.NoteBackendStart
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	q := store.New(pool, testLogger(t))
+	ofPool := func() *pgx.Conn {
+		conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(ctx) })
+		return conn
+	}
+	same, other, doubtful := ofPool(), pgtest.Connect(t, url), ofPool()
+	for _, c := range []*pgx.Conn{same, other} {
+		q.AddDoubt(store.Backend{PID: int32(c.PgConn().PID()), Start: sessionStart(t, c).Add(-time.Second)})
+	}
+	q.AddDoubt(store.Backend{PID: int32(doubtful.PgConn().PID()), Start: sessionStart(t, doubtful)})
+
+	began := time.Now()
+	ev := q.Exec(ctx, []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 1}}}})[0].(core.Claimed)
+	if ev.Err != "" {
+		t.Fatalf("step after the sessions in doubt: %+v (after %s); want it to run", ev, time.Since(began))
+	}
+	for name, c := range map[string]*pgx.Conn{"this pool's": same, "another client's": other} {
+		if err := c.Ping(ctx); err != nil {
+			t.Errorf("%s later session with a process id in doubt was ended: %v", name, err)
+		}
+	}
+	observer := pgtest.Connect(t, url)
+	var alive bool
+	if err := observer.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int32(doubtful.PgConn().PID())).Scan(&alive); err != nil {
+		t.Fatal(err)
+	}
+	if alive {
+		t.Errorf("the session in doubt (process %d, its own start) lives on after the step; want it ended first", doubtful.PgConn().PID())
 	}
 }

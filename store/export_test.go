@@ -51,3 +51,11 @@ func WaitLockTimed(ctx context.Context, config *pgx.ConnConfig, log *slog.Logger
 
 // AppNameFor is AppName for a given host and pid.
 func AppNameFor(host string, pid int) string { return appName(host, pid) }
+
+// AddDoubt puts session b on q's list of sessions in doubt, as a lost reply
+// does, for the tests of whom endDoubt ends.
+func (q *Queue) AddDoubt(b Backend) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.doubt = append(q.doubt, b)
+}

@@ -332,11 +332,12 @@ func waitLockOnce(ctx context.Context, conn *pgx.Conn, log *slog.Logger, recheck
 	return false, fmt.Errorf("dispatcher lock: wait: %w", err)
 }
 
-// EndSession ends the server session pid (pg_terminate_backend) if its
-// application_name is still appName, and waits (at most lockTiming's check
-// timeout) until it is gone, so that a lock it held is free. The dispatcher uses it on its own earlier lock session,
-// cut off by a network fault, which the server has not ended yet.
-func EndSession(ctx context.Context, config *pgx.ConnConfig, pid int32, appName string) error {
+// EndSession ends the server session s (pg_terminate_backend) if its
+// application_name is still appName (and its start s.Start, where known),
+// and waits (at most lockTiming's check timeout) until it is gone, so that a
+// lock it held is free. The dispatcher uses it on its own earlier lock
+// session, cut off by a network fault, which the server has not ended yet.
+func EndSession(ctx context.Context, config *pgx.ConnConfig, s Backend, appName string) error {
 	conn, err := lockConn(ctx, config, lockTiming.connectTimeout)
 	if err != nil {
 		return err
@@ -344,15 +345,45 @@ func EndSession(ctx context.Context, config *pgx.ConnConfig, pid int32, appName 
 	defer closeQuietly(conn)
 	ctx, cancel := context.WithTimeout(ctx, lockTiming.checkTimeout)
 	defer cancel()
-	_, err = conn.Exec(ctx, endSessionSQL, pid, appName)
-	if err != nil {
-		return fmt.Errorf("end session %d: %w", pid, err)
-	}
-	// The session ends asynchronously; wait (bounded by ctx) until it is gone.
-	if err := waitGone(ctx, conn, []int32{pid}); err != nil {
-		return fmt.Errorf("end session %d: %w", pid, err)
+	if err := endSessions(ctx, conn, []Backend{s}, appName); err != nil {
+		return fmt.Errorf("end session %d: %w", s.PID, err)
 	}
 	return nil
+}
+
+// Backend names one server session: its process id and, where known, when
+// it began (pg_stat_activity's backend_start). The server gives a process id
+// to another session once the first has gone; with its start, a Backend
+// names only the first.
+type Backend struct {
+	PID   int32
+	Start time.Time // zero: not known
+}
+
+// backendArgs are the arrays that endSessionsSQL and anyAliveSQL take: the
+// process ids and their starts (NULL where not known).
+func backendArgs(bs []Backend) (pids []int32, starts []*time.Time) {
+	for _, b := range bs {
+		pids = append(pids, b.PID)
+		var start *time.Time
+		if !b.Start.IsZero() {
+			start = &b.Start
+		}
+		starts = append(starts, start)
+	}
+	return pids, starts
+}
+
+// endSessions ends the sessions bs whose application_name is still appName,
+// and waits (bounded by ctx) until they are gone: a session ends
+// asynchronously after pg_terminate_backend.
+func endSessions(ctx context.Context, db rowQuerier, bs []Backend, appName string) error {
+	pids, starts := backendArgs(bs)
+	var signalled int64
+	if err := db.QueryRow(ctx, endSessionsSQL, pids, starts, appName).Scan(&signalled); err != nil {
+		return err
+	}
+	return waitGone(ctx, db, bs, &appName)
 }
 
 // lockConn connects (within timeout) with application_name set.
@@ -504,24 +535,34 @@ func EndEarlierDispatchers(ctx context.Context, pool *pgxpool.Pool, self string)
 	if err != nil {
 		return 0, fmt.Errorf("end earlier dispatchers' sessions: %w", err)
 	}
-	pids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (int32, error) {
-		var pid int32
-		var ended bool
-		err := r.Scan(&pid, &ended)
-		return pid, err
+	ended, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Backend, error) {
+		var b Backend
+		var start *time.Time
+		var ok bool
+		err := r.Scan(&b.PID, &start, &ok)
+		if start != nil {
+			b.Start = *start
+		}
+		return b, err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("end earlier dispatchers' sessions: %w", err)
 	}
-	if len(pids) == 0 {
+	if len(ended) == 0 {
 		return 0, nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, endEarlierWait)
 	defer cancel()
-	if err := waitGone(wctx, pool, pids); err != nil {
-		return len(pids), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pids, err)
+	if err := waitGone(wctx, pool, ended, nil); err != nil {
+		return len(ended), fmt.Errorf("wait for earlier dispatchers' sessions %v to end: %w", pidsOf(ended), err)
 	}
-	return len(pids), nil
+	return len(ended), nil
+}
+
+// pidsOf lists the process ids of bs, for a log line or an error.
+func pidsOf(bs []Backend) []int32 {
+	pids, _ := backendArgs(bs)
+	return pids
 }
 
 // rowQuerier is what waitGone needs of a connection or a pool.
@@ -529,12 +570,16 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// waitGone polls until none of the sessions pids is there any more (a session
-// ends asynchronously after pg_terminate_backend), or ctx ends.
-func waitGone(ctx context.Context, db rowQuerier, pids []int32) error {
+// waitGone polls until none of the sessions bs is there any more (a session
+// ends asynchronously after pg_terminate_backend), or ctx ends. A session is
+// matched as endSessionsSQL matches it (its start where known; its
+// application_name, if appName is not nil), so a process id the server has
+// given to another session since does not keep it waiting.
+func waitGone(ctx context.Context, db rowQuerier, bs []Backend, appName *string) error {
+	pids, starts := backendArgs(bs)
 	for {
 		var alive bool
-		if err := db.QueryRow(ctx, anyAliveSQL, pids).Scan(&alive); err != nil {
+		if err := db.QueryRow(ctx, anyAliveSQL, pids, starts, appName).Scan(&alive); err != nil {
 			return err
 		}
 		if !alive {

@@ -37,19 +37,26 @@ SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid()
 // listenSQL makes the listener's session hear the ingress channel.
 const listenSQL = `LISTEN ` + IngressChannel
 
-// endSessionSQL ends session $1 if its application_name is still $2.
-const endSessionSQL = `
-SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE pid = $1 AND application_name = $2`
+// endSessionsSQL ends the sessions $1 (process ids) whose application_name
+// is still $3 and, where $2 names it (not NULL), whose backend_start is still
+// $2: a process id the server has given to another session since, of any
+// client, is left alone. It answers how many it signalled.
+const endSessionsSQL = `
+SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
+JOIN unnest($1::int[], $2::timestamptz[]) AS s(pid, start) ON a.pid = s.pid
+WHERE a.application_name = $3 AND (s.start IS NULL OR a.backend_start = s.start)`
 
 // endEarlierDispatchersSQL ends every session of this database whose
 // application_name says it is another pepsi-dispatch process's than $1 (not $1
 // itself, nor $1's other sessions such as "$1 gate"), answering their pids.
 const endEarlierDispatchersSQL = `
-SELECT pid, pg_terminate_backend(pid)
+SELECT pid, backend_start, pg_terminate_backend(pid)
 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
   AND application_name LIKE 'pepsi-dispatch %' AND application_name <> $1 AND application_name NOT LIKE $1 || ' %'`
 
-// anyAliveSQL answers whether any of the sessions $1 (an array of pids) is still
-// there.
-const anyAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY ($1))`
+// anyAliveSQL answers whether any of the sessions $1 (process ids), matched
+// as endSessionsSQL matches them ($2 their backend_start or NULL; $3 their
+// application_name, or NULL for any), is still there.
+const anyAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity a
+JOIN unnest($1::int[], $2::timestamptz[]) AS s(pid, start) ON a.pid = s.pid
+WHERE ($3::text IS NULL OR a.application_name = $3) AND (s.start IS NULL OR a.backend_start = s.start))`

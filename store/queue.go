@@ -44,10 +44,10 @@ type Queue struct {
 
 	// mu guards doubt.
 	mu sync.Mutex
-	// doubt lists the server process ids of sessions whose transactions may
-	// still be running: their replies were lost and the sessions could not be
-	// ended yet (endDoubt). No transaction is sent until they are gone.
-	doubt []uint32
+	// doubt lists the server sessions whose transactions may still be
+	// running: their replies were lost and the sessions could not be ended
+	// yet (endDoubt). No transaction is sent until they are gone.
+	doubt []Backend
 }
 
 // New returns a Queue that runs its transactions on connections from pool and logs
@@ -92,12 +92,12 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	for attempt := 1; ; attempt++ {
 		var events []core.Event
 		var xid string
-		var pid uint32
-		events, xid, pid, err = q.run(ctx, stmts)
+		var sess Backend
+		events, xid, sess, err = q.run(ctx, stmts)
 		if err == nil {
 			return events
 		}
-		err = q.settle(ctx, pid, xid, err)
+		err = q.settle(ctx, sess, xid, err)
 		if !Retryable(err) {
 			break
 		}
@@ -163,8 +163,8 @@ const doubtWait = time.Second
 
 // settle resolves the doubt a failed attempt left, where it can: err, from
 // run, either already says the transaction did not commit (rolledBack), or
-// the reply was lost. Then the attempt's session, pid (0 when none runs on
-// in the server), is ended first
+// the reply was lost. Then the attempt's session, sess (PID 0 when none runs
+// on in the server), is ended first
 // (endDoubt): the transaction may still be running in the server (waiting for
 // a row lock, or sent whole in the batch while the connection broke), and it
 // must end, committed or not, before the core hears of the failure and
@@ -178,20 +178,20 @@ const doubtWait = time.Second
 // answer "aborted" makes err a rolledBack. Anything else ("committed", an
 // unknown or too old id, no answer) leaves err as it was: in doubt, for the
 // core to handle as such.
-func (q *Queue) settle(ctx context.Context, pid uint32, xid string, err error) error {
+func (q *Queue) settle(ctx context.Context, sess Backend, xid string, err error) error {
 	var rb *rolledBack
 	if errors.As(err, &rb) {
 		return err
 	}
-	if pid != 0 {
+	if sess.PID != 0 {
 		q.mu.Lock()
-		q.doubt = append(q.doubt, pid)
+		q.doubt = append(q.doubt, sess)
 		q.mu.Unlock()
 	}
 	if derr := q.endDoubt(ctx); derr != nil {
 		// Not yet: the next attempt, or the next step, ends it before it sends
 		// anything (run).
-		q.log.Warn("queue transaction in doubt: cannot end its session yet; no transaction is sent until it is gone", "pid", pid, "err", derr)
+		q.log.Warn("queue transaction in doubt: cannot end its session yet; no transaction is sent until it is gone", "pid", sess.PID, "err", derr)
 	}
 	if xid == "" {
 		return err
@@ -230,9 +230,11 @@ const doubtEndWait = 5 * time.Second
 // any, and waits until the server has let them go, so that their
 // transactions have ended, committed or not (a session ended while it waits
 // for a lock rolls back; one ended during its COMMIT finishes the commit
-// first). A session is matched by its process id and the pool's
-// application_name, so a process id the server gave to another client since
-// is left alone.
+// first). A session is matched by its process id, the pool's
+// application_name and its start (noted at connect by NoteBackendStart, when
+// the pool has it as its AfterConnect), so a process id the server has given
+// to another session since, another client's or one of this pool's, is
+// neither ended nor waited for.
 func (q *Queue) endDoubt(ctx context.Context) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -242,19 +244,44 @@ func (q *Queue) endDoubt(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doubtEndWait)
 	defer cancel()
 	appName := q.pool.Config().ConnConfig.RuntimeParams["application_name"]
-	pids := make([]int32, len(q.doubt))
-	for i, pid := range q.doubt {
-		pids[i] = int32(pid)
-		if _, err := q.pool.Exec(ctx, endSessionSQL, pids[i], appName); err != nil {
-			return fmt.Errorf("end session %d, whose transaction is in doubt: %w", pid, err)
-		}
+	if err := endSessions(ctx, q.pool, q.doubt, appName); err != nil {
+		return fmt.Errorf("end sessions %v, whose transactions are in doubt: %w", pidsOf(q.doubt), err)
 	}
-	if err := waitGone(ctx, q.pool, pids); err != nil {
-		return fmt.Errorf("wait for sessions %v, whose transactions are in doubt, to end: %w", pids, err)
-	}
-	q.log.Debug("queue transactions in doubt: their sessions have ended", "pids", pids)
+	q.log.Debug("queue transactions in doubt: their sessions have ended", "pids", pidsOf(q.doubt))
 	q.doubt = nil
 	return nil
+}
+
+// backendStartSQL answers when the server began this session.
+const backendStartSQL = `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
+
+// backendStartKey is where NoteBackendStart keeps a connection's start in
+// its pgconn.PgConn's CustomData.
+const backendStartKey = "pepsi.backend_start"
+
+// NoteBackendStart is an AfterConnect for the pool a Queue runs on: it notes
+// when the server began the connection's session (backend_start), so that a
+// session whose transaction is left in doubt is ended, and waited for, by its
+// process id and its start, never a later session the server gave that id.
+func NoteBackendStart(ctx context.Context, conn *pgx.Conn) error {
+	var start *time.Time
+	if err := conn.QueryRow(ctx, backendStartSQL).Scan(&start); err != nil {
+		return fmt.Errorf("note the session's start: %w", err)
+	}
+	if start != nil {
+		conn.PgConn().CustomData()[backendStartKey] = *start
+	}
+	return nil
+}
+
+// backendOf names the server session of c: its process id, and its start
+// where NoteBackendStart noted it.
+func backendOf(c *pgconn.PgConn) Backend {
+	b := Backend{PID: int32(c.PID())}
+	if start, ok := c.CustomData()[backendStartKey].(time.Time); ok {
+		b.Start = start
+	}
+	return b
 }
 
 // xactIDSQL, the last statement before the COMMIT, answers the transaction's
@@ -272,13 +299,13 @@ const readOnly = "read-only"
 
 // run sends one attempt of the step's transaction and reads its results. xid
 // is the transaction's id once the server has answered it.
-func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, pid uint32, err error) {
+func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, sess Backend, err error) {
 	if err := q.endDoubt(ctx); err != nil {
-		return nil, "", 0, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
 	}
 	conn, err := q.pool.Acquire(ctx)
 	if err != nil {
-		return nil, "", 0, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
 	defer func() {
@@ -287,8 +314,8 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		}
 		if err == nil || !conn.Conn().IsClosed() {
 			// Nothing of the transaction runs on in the server: the session
-			// answered all of it (pid 0: settle has no session to end).
-			pid = 0
+			// answered all of it (PID 0: settle has no session to end).
+			sess = Backend{}
 			return
 		}
 		// Our side of the session is gone. Whatever ended it (an
@@ -297,7 +324,7 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		// them, so the retry connects afresh instead of failing on each in
 		// turn. The server's side may live on, its transaction with it.
 		q.pool.Reset()
-		if pid = conn.Conn().PgConn().PID(); pid == 0 {
+		if sess = backendOf(conn.Conn().PgConn()); sess.PID == 0 {
 			q.log.Warn("queue transaction in doubt: the server named no process for the session (a connection pooler between?), so it cannot be ended; it may commit after later transactions")
 		}
 	}()
@@ -319,22 +346,22 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	}()
 	for _, what := range []string{"begin", "set synchronous_commit"} {
 		if _, err := br.Exec(); err != nil {
-			return nil, "", pid, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
+			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", what, err))
 		}
 	}
 	events = make([]core.Event, len(stmts))
 	for i, s := range stmts {
 		ev, err := s.read(br)
 		if err != nil {
-			return nil, "", pid, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
+			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
 		}
 		events[i] = ev
 	}
 	if xid, err = readCommit(br); err != nil {
-		return nil, xid, pid, err
+		return nil, xid, sess, err
 	}
 	committed = true
-	return events, xid, pid, nil
+	return events, xid, sess, nil
 }
 
 // txnBatch is the batch of one queue transaction: the statements, between a

@@ -197,6 +197,9 @@ func (s *session) openPool() error {
 	// A session per outstanding transaction, and room for the health
 	// writer's, the inspections' and the vacuums' beside them.
 	poolCfg.MaxConns = int32(max(1, s.o.Config.Dispatch.Sessions) + 3)
+	// A session whose transaction is left in doubt is ended by its process
+	// id and its start (docs/durability.md).
+	poolCfg.AfterConnect = store.NoteBackendStart
 	s.pool, err = pgxpool.NewWithConfig(s.ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
