@@ -177,6 +177,13 @@ func testKeyRetryWhileHeld(t *testing.T, h KeyedHarness) {
 		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
 	}
 	wantRow(t, h, old, "a", core.StatusBlocked) // a worker holds the younger one
+	// A release while the younger one runs hands the key to nobody: the
+	// older one waits blocked until the younger one's pass is resolved.
+	if r := release(t, h, "k"); len(r.Heads) > 0 || len(r.Busy) > 0 {
+		t.Fatalf("release while the younger row %d runs = %v, want nothing", young, r)
+	}
+	wantRow(t, h, old, "a", core.StatusBlocked)
+	wantRow(t, h, young, "a", core.StatusRunning)
 	resolve(t, h, move(young, "a", "b"))
 	r := release(t, h, "k")
 	if len(r.Heads) != 1 || r.Heads[0] != (core.Head{Key: "k", ID: old, Stage: "a", Status: core.StatusPending}) {
