@@ -157,6 +157,18 @@ func TestNoStepIsSentWhileASessionInDoubtLives(t *testing.T) {
 	if ev := claim(3, "b", time.Second); ev.Err == "" || !ev.Aborted {
 		t.Fatalf("claim while the session in doubt lives: %+v; want failed and Aborted (not sent)", ev)
 	}
+	// The session in doubt is named by its process id and the start the
+	// pool noted as it connected (store.NoteBackendStart): the server's
+	// session of that id and start is the one that waits for the row.
+	doubt := q.Doubt()
+	if len(doubt) != 1 || doubt[0].Start.IsZero() {
+		t.Fatalf("sessions in doubt %+v; want one, with its start", doubt)
+	}
+	var waits bool
+	if err := observer.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE pid = $1 AND backend_start = $2 AND wait_event_type = 'Lock')`, doubt[0].PID, doubt[0].Start).Scan(&waits); err != nil || !waits {
+		t.Fatalf("no session %d started at %s waits for the row (%v); want the one in doubt", doubt[0].PID, doubt[0].Start, err)
+	}
 	if n := rowLockWaiters(t, observer); n != 1 {
 		t.Fatalf("%d sessions wait for the row while the server cannot be reached; want the one in doubt", n)
 	}

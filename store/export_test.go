@@ -59,3 +59,10 @@ func (q *Queue) AddDoubt(b Backend) {
 	defer q.mu.Unlock()
 	q.doubt = append(q.doubt, b)
 }
+
+// Doubt lists the sessions q holds in doubt.
+func (q *Queue) Doubt() []Backend {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]Backend(nil), q.doubt...)
+}

@@ -345,7 +345,7 @@ func EndSession(ctx context.Context, config *pgx.ConnConfig, s Backend, appName 
 	defer closeQuietly(conn)
 	ctx, cancel := context.WithTimeout(ctx, lockTiming.checkTimeout)
 	defer cancel()
-	if err := endSessions(ctx, conn, []Backend{s}, appName); err != nil {
+	if _, err := endSessions(ctx, conn, []Backend{s}, appName); err != nil {
 		return fmt.Errorf("end session %d: %w", s.PID, err)
 	}
 	return nil
@@ -376,14 +376,18 @@ func backendArgs(bs []Backend) (pids []int32, starts []*time.Time) {
 
 // endSessions ends the sessions bs whose application_name is still appName,
 // and waits (bounded by ctx) until they are gone: a session ends
-// asynchronously after pg_terminate_backend.
-func endSessions(ctx context.Context, db rowQuerier, bs []Backend, appName string) error {
+// asynchronously after pg_terminate_backend. It answers how many of them it
+// signalled (none: each had gone, or its process id names another session
+// now).
+func endSessions(ctx context.Context, db rowQuerier, bs []Backend, appName string) (signalled int64, err error) {
 	pids, starts := backendArgs(bs)
-	var signalled int64
 	if err := db.QueryRow(ctx, endSessionsSQL, pids, starts, appName).Scan(&signalled); err != nil {
-		return err
+		return 0, fmt.Errorf("signal: %w", err)
 	}
-	return waitGone(ctx, db, bs, &appName)
+	if err := waitGone(ctx, db, bs, &appName); err != nil {
+		return signalled, fmt.Errorf("wait for them to end: %w", err)
+	}
+	return signalled, nil
 }
 
 // lockConn connects (within timeout) with application_name set.

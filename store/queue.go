@@ -244,10 +244,11 @@ func (q *Queue) endDoubt(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doubtEndWait)
 	defer cancel()
 	appName := q.pool.Config().ConnConfig.RuntimeParams["application_name"]
-	if err := endSessions(ctx, q.pool, q.doubt, appName); err != nil {
+	signalled, err := endSessions(ctx, q.pool, q.doubt, appName)
+	if err != nil {
 		return fmt.Errorf("end sessions %v, whose transactions are in doubt: %w", pidsOf(q.doubt), err)
 	}
-	q.log.Debug("queue transactions in doubt: their sessions have ended", "pids", pidsOf(q.doubt))
+	q.log.Debug("queue transactions in doubt: their sessions have ended", "pids", pidsOf(q.doubt), "signalled", signalled)
 	q.doubt = nil
 	return nil
 }
