@@ -108,6 +108,11 @@ type HeldError struct {
 	BackendStart    time.Time
 }
 
+// Backend names the holder's server session, for EndSession.
+func (e *HeldError) Backend() Backend {
+	return Backend{PID: e.BackendPID, Start: e.BackendStart}
+}
+
 // Dispatcher returns the host and operating-system pid of the dispatcher
 // holding the lock, read from its application_name (AppName), or ok false when
 // that was set to something else.

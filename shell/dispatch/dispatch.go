@@ -207,7 +207,7 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 			held.ApplicationName == store.AppName() && cfg.RuntimeParams["application_name"] == store.AppName():
 			staleEnds++
 			log.Warn("the dispatcher lock is held by this process's own earlier session, cut off; ending it", "backend_pid", held.BackendPID)
-			if eerr := store.EndSession(ctx, cfg, store.Backend{PID: held.BackendPID, Start: held.BackendStart}, held.ApplicationName); eerr != nil {
+			if eerr := store.EndSession(ctx, cfg, held.Backend(), held.ApplicationName); eerr != nil {
 				log.Warn("could not end the stale session", "backend_pid", held.BackendPID, "err", eerr)
 			}
 		case standby:
