@@ -65,20 +65,27 @@ func BenchmarkPipelineStep(b *testing.B) {
 }
 
 func benchPipeline(b *testing.B, message, moveClaims, history bool) {
-	benchPipelineWith(b, message, moveClaims, history, false)
+	benchPipelineWith(b, message, moveClaims, history, noKeys)
 }
 
-// benchPipelineWith is benchPipeline, its messages each with an order key of
-// its own when keyed.
-func benchPipelineWith(b *testing.B, message, moveClaims, history, keyed bool) {
+// Order keys of the pipeline benchmarks' messages: keys above zero is the
+// number of keys all the messages share (fillKeyed).
+const (
+	noKeys  = 0  // messages without keys
+	ownKeys = -1 // each message an order key of its own
+)
+
+// benchPipelineWith is benchPipeline, its messages with order keys as keys
+// says.
+func benchPipelineWith(b *testing.B, message, moveClaims, history bool, keys int) {
 	const refill = 20000
 	ctx := context.Background()
 	url := pgtest.NewMigrated(b)
 	p := newPipe(b, url, "", message, moveClaims, history)
-	p.keyed = keyed
+	p.keyed = keys != noKeys
 	fill := func() {
-		if keyed {
-			fillKeyed(b, p.pool, p.stages[0], refill)
+		if p.keyed {
+			fillKeyed(b, p.pool, p.stages[0], refill, keys)
 		} else {
 			fillStage(b, p.pool, p.stages[0], refill)
 		}
@@ -140,8 +147,10 @@ func benchPipelineWith(b *testing.B, message, moveClaims, history, keyed bool) {
 // BenchmarkPipelineKeyed measures what ordering per key costs a hop on the
 // backend (docs/protocol.md, "Ordering per key"): BenchmarkPipelineStep's
 // answer+claim steps, the bench configuration's, over messages without keys
-// and over the same messages each with an order key of its own, one after the
-// other on one server. With keys, each step's claim excludes the keys the
+// over the same messages each with an order key of its own, and over them
+// sharing 1,000 keys (issue 31's third figure: each message that finishes
+// hands its key to the next, pepsi.order_release), one after the other on
+// one server. With keys, each step's claim excludes the keys the
 // steps hold, each move that claims goes only where no older message of its
 // key is unfinished, and the step releases the keys of the messages it
 // finishes and asks, for those it moves on without claiming, whether an
@@ -150,12 +159,11 @@ func benchPipelineWith(b *testing.B, message, moveClaims, history, keyed bool) {
 // backend-ns/hop with keys ÷ without is what the keys cost where the backend
 // bounds hops/s (issue 31's 100,000 keys: hops/s at ≥ 0.9× of the keyless).
 func BenchmarkPipelineKeyed(b *testing.B) {
-	for _, keyed := range []bool{false, true} {
-		name := "keyless"
-		if keyed {
-			name = "keyed"
-		}
-		b.Run(name, func(b *testing.B) { benchPipelineWith(b, false, true, false, keyed) })
+	for _, c := range []struct {
+		name string
+		keys int
+	}{{"keyless", noKeys}, {"keyed", ownKeys}, {"keys1000", 1000}} {
+		b.Run(c.name, func(b *testing.B) { benchPipelineWith(b, false, true, false, c.keys) })
 	}
 }
 
@@ -361,11 +369,16 @@ func fillStage(b *testing.B, pool *pgxpool.Pool, stage string, n int) {
 }
 
 // fillKeyed inserts n messages at stage, each with an order key of its own
-// (the insert trigger takes each key's lock and finds it has no unfinished
-// message, as a producer's insert would).
-func fillKeyed(b *testing.B, pool *pgxpool.Pool, stage string, n int) {
+// (keys ownKeys: the insert trigger takes each key's lock and finds it has no
+// unfinished message, as a producer's insert would) or with one of keys keys
+// in turn (each key's messages after its first wait blocked).
+func fillKeyed(b *testing.B, pool *pgxpool.Pool, stage string, n, keys int) {
+	key := "'key-' || clock_timestamp() || '-' || g"
+	if keys > 0 {
+		key = "'key-' || (g % " + strconv.Itoa(keys) + ")"
+	}
 	if _, err := pool.Exec(context.Background(),
-		"INSERT INTO pepsi.queue (stage, payload, order_key) SELECT $1, convert_to('message ' || g, 'UTF8'), 'key-' || clock_timestamp() || '-' || g FROM generate_series(1, $2::int) g", stage, n); err != nil {
+		"INSERT INTO pepsi.queue (stage, payload, order_key) SELECT $1, convert_to('message ' || g, 'UTF8'), "+key+" FROM generate_series(1, $2::int) g", stage, n); err != nil {
 		b.Fatal(err)
 	}
 }
