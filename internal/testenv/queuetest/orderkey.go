@@ -5,6 +5,7 @@ package queuetest
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -33,6 +34,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"ClaimReadsTheOrderKey", testKeyClaimReadsKey},
 		{"ReleaseAfterTheHeadFinishedHandsTheKeyToTheNext", testKeyReleaseNext},
 		{"ReleaseOfAKeyAProducerHoldsIsBusy", testKeyReleaseBusy},
+		{"AReleaseOfSeveralKeysHandsEachOnAsAReleaseOfItAlone", testKeyReleaseSeveral},
 		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
 		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
 		{"AReleaseThatEndsARetrysWaitClearsItsReason", testKeyReleaseEndsRetry},
@@ -146,6 +148,68 @@ func testKeyReleaseBusy(t *testing.T, h KeyedHarness) {
 }
 
 // failHead inserts a keyed row, claims it and fails it, and returns its id.
+// testKeyReleaseSeveral releases, in one Release, keys in every state a
+// release tells apart, and checks that each is handed on as a release of it
+// alone would: pepsi.order_release decides all its keys in one statement
+// (schema 29), so no key's rows may be taken for another's.
+func testKeyReleaseSeveral(t *testing.T, h KeyedHarness) {
+	oldY, oldZ, oldH := failHead(t, h, "yield"), failHead(t, h, "yield2"), failHead(t, h, "held")
+	youngY, youngZ, youngH := h.InsertKeyed(t, "a", "yield"), h.InsertKeyed(t, "a", "yield2"), h.InsertKeyed(t, "a", "held")
+	n1, n2 := h.InsertKeyed(t, "a", "next"), h.InsertKeyed(t, "a", "next")
+	p1, p2 := h.InsertKeyed(t, "a", "pending"), h.InsertKeyed(t, "a", "pending")
+	l1, l2 := h.InsertKeyed(t, "a", "later"), h.InsertKeyed(t, "a", "later")
+	b1 := h.InsertKeyed(t, "a", "busy")
+	if got := ids(claimRows(t, h, core.Cap{Stage: "a", N: 10})); !slices.Equal(got, []int64{youngY, youngZ, youngH, n1, p1, l1, b1}) {
+		t.Fatalf("claim took %v, want each key's head [%d %d %d %d %d %d %d]", got, youngY, youngZ, youngH, n1, p1, l1, b1)
+	}
+	for _, old := range []int64{oldY, oldZ, oldH} { // each waits blocked behind the younger one that runs
+		if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+			t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+		}
+	}
+	resolve(t, h, move(youngY, "a", "b"), move(youngZ, "a", "b"), // pending at b, to be put behind oldY and oldZ
+		core.Item{ID: n1, Stage: "a", Verdict: core.Move, To: core.TargetDone},
+		core.Item{ID: p1, Stage: "a", Verdict: core.Requeue},
+		retryItem(l1, "a", base, "later"))
+	b2, commit := h.BeginInsertKeyed(t, "a", "busy")
+	h.Stage(t, b1, "a", "a", core.StatusDone, base)
+
+	r := release(t, h, "none", "next", "yield", "yield2", "held", "pending", "later", "busy")
+	commit()
+	if !slices.Equal(r.Busy, []string{"busy"}) {
+		t.Errorf("release's busy keys = %v, want [busy]", r.Busy)
+	}
+	heads := slices.Clone(r.Heads)
+	slices.SortFunc(heads, func(x, y core.Head) int { return strings.Compare(x.Key, y.Key) })
+	want := []core.Head{
+		{Key: "later", ID: l1, Stage: "a", Status: core.StatusPaused, Timeout: base},
+		{Key: "next", ID: n2, Stage: "a", Status: core.StatusPending},
+		{Key: "pending", ID: p1, Stage: "a", Status: core.StatusPending},
+		{Key: "yield", ID: oldY, Stage: "a", Status: core.StatusPending},
+		{Key: "yield2", ID: oldZ, Stage: "a", Status: core.StatusPending},
+	}
+	if len(heads) != len(want) {
+		t.Fatalf("release's heads = %+v, want %+v", heads, want)
+	}
+	for i := range want {
+		if g := heads[i]; g.Key != want[i].Key || g.ID != want[i].ID || g.Stage != want[i].Stage || g.Status != want[i].Status || !g.Timeout.Equal(want[i].Timeout) {
+			t.Errorf("release's head %d = %+v, want %+v", i, g, want[i])
+		}
+	}
+	wantRow(t, h, oldY, "a", core.StatusPending)
+	wantRow(t, h, youngY, "b", core.StatusBlocked)
+	wantRow(t, h, oldZ, "a", core.StatusPending)
+	wantRow(t, h, youngZ, "b", core.StatusBlocked)
+	wantRow(t, h, youngH, "a", core.StatusRunning)
+	wantRow(t, h, oldH, "a", core.StatusBlocked)
+	wantRow(t, h, n2, "a", core.StatusPending)
+	wantRow(t, h, p1, "a", core.StatusPending)
+	wantRow(t, h, p2, "a", core.StatusBlocked)
+	wantRow(t, h, l1, "a", core.StatusPaused)
+	wantRow(t, h, l2, "a", core.StatusBlocked)
+	wantRow(t, h, b2, "a", core.StatusBlocked) // until a release that is not busy
+}
+
 func failHead(t *testing.T, h KeyedHarness, key string) int64 {
 	t.Helper()
 	id := h.InsertKeyed(t, "a", key)
