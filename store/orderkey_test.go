@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/store"
@@ -427,5 +429,99 @@ func TestReleaseAsksForItsKeysRunningMessageNotEveryRunningRow(t *testing.T) {
 	// One entry: the head's own, found by its id to make it pending.
 	if pkey > 1 {
 		t.Errorf("the release of one key read %d entries of the primary key; want 1 (the head's, by its id)", pkey)
+	}
+}
+
+// A release promotes its keys' heads by their ids, whatever the statistics
+// its plan was made with. Schema 29's promotion, spelled "status =
+// 'blocked'", matched the predicate of queue_order_blocked: a generic plan
+// made while the queue had few blocked rows read that whole index, with the
+// heap row of every blocked message, in each release once a backlog had come
+// (a review measured 201,063 buffers and 82 ms to release one key beside
+// 199,000 blocked messages).
+func TestReleasePromotesItsHeadsByIDNotThroughEveryBlockedRow(t *testing.T) {
+	t.Parallel()
+	const backlog = 4000 // messages of 20 other keys, all but 20 blocked
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	execAll(t, conn,
+		// 1,000 messages of keys of their own, and key k's two.
+		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'o' || g FROM generate_series(1, 1000) g",
+		"INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', 'k'), ('a', 'k')",
+		"ANALYZE pepsi.queue",                      // one blocked row of 1,002
+		"SET plan_cache_mode = force_generic_plan", // as the dispatcher's sessions
+		// The release's plans are made now, with those statistics: k's head
+		// is pending, so it is reported and nothing is written.
+		"SELECT * FROM pepsi.order_release(ARRAY['k'], false)",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'r' || (g %% 20) FROM generate_series(1, %d) g", backlog),
+		"UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = (SELECT min(ingress_id) FROM pepsi.queue WHERE order_key = 'k')",
+	)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // only what it reads matters
+	var want int64
+	if err := tx.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue WHERE order_key = 'k'`).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	// As differences: the counters hold the set-up's reads too.
+	const readSQL = `SELECT pg_stat_get_xact_tuples_returned('pepsi.queue_order_blocked'::regclass)`
+	var blocked0 int64
+	if err := tx.QueryRow(ctx, readSQL).Scan(&blocked0); err != nil {
+		t.Fatal(err)
+	}
+	var head int64
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT ingress_id, status FROM pepsi.order_release(ARRAY['k'], false)`).Scan(&head, &status); err != nil {
+		t.Fatalf("release of key k: %v", err)
+	}
+	if head != want || status != "pending" {
+		t.Fatalf("release of key k made %d %s its head; want %d (the key's next message) pending", head, status, want)
+	}
+	var blocked int64
+	if err := tx.QueryRow(ctx, readSQL).Scan(&blocked); err != nil {
+		t.Fatal(err)
+	}
+	// One entry: the head's own, found by the head's look-up.
+	if blocked -= blocked0; blocked > 1 {
+		t.Errorf("the release of one key read %d entries of queue_order_blocked (%d blocked rows of other keys); want 1 (its head's)", blocked, backlog-20)
+	}
+}
+
+// A key one of whose younger messages runs while its head waits pending (a
+// state the dispatcher's own writes do not make, but a tool of one's own or
+// a stage's write may) is held: a release, here of it beside another key,
+// hands it to nobody and puts its waiting head behind the running message,
+// while the other key is handed on.
+func TestAReleaseHandsAHeldKeyToNobodyBesideAKeyItHandsOn(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	ctx := t.Context()
+	execAll(t, conn,
+		"INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', 'held'), ('a', 'held'), ('a', 'k'), ('a', 'k')",
+		"UPDATE pepsi.queue SET status = 'running', stage = 'b' WHERE ingress_id = (SELECT max(ingress_id) FROM pepsi.queue WHERE order_key = 'held')",
+		"UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = (SELECT min(ingress_id) FROM pepsi.queue WHERE order_key = 'k')",
+	)
+	var head, next int64
+	if err := conn.QueryRow(ctx, `SELECT min(ingress_id) FILTER (WHERE order_key = 'held'), max(ingress_id) FILTER (WHERE order_key = 'k') FROM pepsi.queue`).Scan(&head, &next); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	rows, err := conn.Query(ctx, `SELECT format('%s %s %s %s', order_key, busy, ingress_id, status) FROM pepsi.order_release(ARRAY['held', 'k'], false)`)
+	if err == nil {
+		got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatalf("release of held and k: %v", err)
+	}
+	if want := []string{fmt.Sprintf("k f %d pending", next)}; !slices.Equal(got, want) {
+		t.Errorf("release of held and k = %q; want only k's next message, %q", got, want)
+	}
+	var status string
+	if err := conn.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, head).Scan(&status); err != nil || status != "blocked" {
+		t.Errorf("held's waiting head %d is %q, %v; want blocked behind its running message", head, status, err)
 	}
 }

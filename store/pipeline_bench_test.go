@@ -146,7 +146,7 @@ func benchPipelineWith(b *testing.B, message, moveClaims, history bool, keys int
 
 // BenchmarkPipelineKeyed measures what ordering per key costs a hop on the
 // backend (docs/protocol.md, "Ordering per key"): BenchmarkPipelineStep's
-// answer+claim steps, the bench configuration's, over messages without keys
+// answer+claim steps, the bench configuration's, over messages without keys,
 // over the same messages each with an order key of its own, and over them
 // sharing 1,000 keys (issue 31's third figure: each message that finishes
 // hands its key to the next, pepsi.order_release), one after the other on

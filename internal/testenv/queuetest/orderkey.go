@@ -147,69 +147,106 @@ func testKeyReleaseBusy(t *testing.T, h KeyedHarness) {
 	wantRow(t, h, b, "a", core.StatusPending)
 }
 
-// failHead inserts a keyed row, claims it and fails it, and returns its id.
-// testKeyReleaseSeveral releases, in one Release, keys in every state a
-// release tells apart, and checks that each is handed on as a release of it
-// alone would: pepsi.order_release decides all its keys in one statement
-// (schema 29), so no key's rows may be taken for another's.
-func testKeyReleaseSeveral(t *testing.T, h KeyedHarness) {
-	oldY, oldZ, oldH := failHead(t, h, "yield"), failHead(t, h, "yield2"), failHead(t, h, "held")
-	youngY, youngZ, youngH := h.InsertKeyed(t, "a", "yield"), h.InsertKeyed(t, "a", "yield2"), h.InsertKeyed(t, "a", "held")
-	n1, n2 := h.InsertKeyed(t, "a", "next"), h.InsertKeyed(t, "a", "next")
-	p1, p2 := h.InsertKeyed(t, "a", "pending"), h.InsertKeyed(t, "a", "pending")
-	l1, l2 := h.InsertKeyed(t, "a", "later"), h.InsertKeyed(t, "a", "later")
-	b1 := h.InsertKeyed(t, "a", "busy")
-	if got := ids(claimRows(t, h, core.Cap{Stage: "a", N: 10})); !slices.Equal(got, []int64{youngY, youngZ, youngH, n1, p1, l1, b1}) {
-		t.Fatalf("claim took %v, want each key's head [%d %d %d %d %d %d %d]", got, youngY, youngZ, youngH, n1, p1, l1, b1)
+// severalKeys are the rows of testKeyReleaseSeveral: per key, its older
+// (o) and younger (y) messages.
+type severalKeys struct {
+	oY, yY, oZ, yZ, oH, yH, oP, yP, n1, n2, p1, p2, l1, l2, b1, bq int64
+}
+
+// setUpSeveralKeys puts keys in every state a release tells apart: "yield"
+// and "yield2" (an older message retried while the younger ran, the younger
+// since moved on: the older goes first), "pwait" (the same, the younger since
+// paused by a retry: it waits blocked, its time kept), "held" (the younger
+// still runs), "next" (its head done, its next blocked), "pending" (its head
+// requeued, pending already), "later" (its head paused by a retry) and
+// "busy" (its head done by its stage, a blocked message behind it).
+func setUpSeveralKeys(t *testing.T, h KeyedHarness) severalKeys {
+	t.Helper()
+	var r severalKeys
+	r.oY, r.oZ, r.oH, r.oP = failHead(t, h, "yield"), failHead(t, h, "yield2"), failHead(t, h, "held"), failHead(t, h, "pwait")
+	r.yY, r.yZ, r.yH, r.yP = h.InsertKeyed(t, "a", "yield"), h.InsertKeyed(t, "a", "yield2"), h.InsertKeyed(t, "a", "held"), h.InsertKeyed(t, "a", "pwait")
+	r.n1, r.n2 = h.InsertKeyed(t, "a", "next"), h.InsertKeyed(t, "a", "next")
+	r.p1, r.p2 = h.InsertKeyed(t, "a", "pending"), h.InsertKeyed(t, "a", "pending")
+	r.l1, r.l2 = h.InsertKeyed(t, "a", "later"), h.InsertKeyed(t, "a", "later")
+	r.b1, r.bq = h.InsertKeyed(t, "a", "busy"), h.InsertKeyed(t, "a", "busy")
+	heads := []int64{r.yY, r.yZ, r.yH, r.yP, r.n1, r.p1, r.l1, r.b1}
+	if got := ids(claimRows(t, h, core.Cap{Stage: "a", N: 10})); !slices.Equal(got, heads) {
+		t.Fatalf("claim took %v, want each key's head %v", got, heads)
 	}
-	for _, old := range []int64{oldY, oldZ, oldH} { // each waits blocked behind the younger one that runs
+	for _, old := range []int64{r.oY, r.oZ, r.oH, r.oP} { // each waits blocked behind the younger one that runs
 		if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
 			t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
 		}
 	}
-	resolve(t, h, move(youngY, "a", "b"), move(youngZ, "a", "b"), // pending at b, to be put behind oldY and oldZ
-		core.Item{ID: n1, Stage: "a", Verdict: core.Move, To: core.TargetDone},
-		core.Item{ID: p1, Stage: "a", Verdict: core.Requeue},
-		retryItem(l1, "a", base, "later"))
-	b2, commit := h.BeginInsertKeyed(t, "a", "busy")
-	h.Stage(t, b1, "a", "a", core.StatusDone, base)
+	resolve(t, h, move(r.yY, "a", "b"), move(r.yZ, "a", "b"), // pending at b, to be put behind the older
+		retryItem(r.yP, "a", notBeforeAhead, "soon"),
+		core.Item{ID: r.n1, Stage: "a", Verdict: core.Move, To: core.TargetDone},
+		core.Item{ID: r.p1, Stage: "a", Verdict: core.Requeue},
+		retryItem(r.l1, "a", base, "later"))
+	return r
+}
 
-	r := release(t, h, "none", "next", "yield", "yield2", "held", "pending", "later", "busy")
+// testKeyReleaseSeveral releases, in one Release, keys in every state a
+// release tells apart (setUpSeveralKeys), and checks that each is handed on
+// as a release of it alone would be: pepsi.order_release decides all its
+// keys in one statement (schema 29), so no key's rows may be taken for
+// another's.
+func testKeyReleaseSeveral(t *testing.T, h KeyedHarness) {
+	r := setUpSeveralKeys(t, h)
+	b2, commit := h.BeginInsertKeyed(t, "a", "busy")
+	h.Stage(t, r.b1, "a", "a", core.StatusDone, base)
+	got := release(t, h, "none", "next", "yield", "yield2", "pwait", "held", "pending", "later", "busy")
 	commit()
-	if !slices.Equal(r.Busy, []string{"busy"}) {
-		t.Errorf("release's busy keys = %v, want [busy]", r.Busy)
+	if !slices.Equal(got.Busy, []string{"busy"}) {
+		t.Errorf("release's busy keys = %v, want [busy]", got.Busy)
 	}
-	heads := slices.Clone(r.Heads)
-	slices.SortFunc(heads, func(x, y core.Head) int { return strings.Compare(x.Key, y.Key) })
-	want := []core.Head{
-		{Key: "later", ID: l1, Stage: "a", Status: core.StatusPaused, Timeout: base},
-		{Key: "next", ID: n2, Stage: "a", Status: core.StatusPending},
-		{Key: "pending", ID: p1, Stage: "a", Status: core.StatusPending},
-		{Key: "yield", ID: oldY, Stage: "a", Status: core.StatusPending},
-		{Key: "yield2", ID: oldZ, Stage: "a", Status: core.StatusPending},
+	wantHeads(t, got.Heads, []core.Head{
+		{Key: "later", ID: r.l1, Stage: "a", Status: core.StatusPaused, Timeout: base},
+		{Key: "next", ID: r.n2, Stage: "a", Status: core.StatusPending},
+		{Key: "pending", ID: r.p1, Stage: "a", Status: core.StatusPending},
+		{Key: "pwait", ID: r.oP, Stage: "a", Status: core.StatusPending},
+		{Key: "yield", ID: r.oY, Stage: "a", Status: core.StatusPending},
+		{Key: "yield2", ID: r.oZ, Stage: "a", Status: core.StatusPending},
+	})
+	for _, w := range []struct {
+		id     int64
+		stage  string
+		status core.RowStatus
+	}{
+		{r.oY, "a", core.StatusPending}, {r.yY, "b", core.StatusBlocked}, {r.oZ, "a", core.StatusPending}, {r.yZ, "b", core.StatusBlocked},
+		{r.oP, "a", core.StatusPending}, {r.yP, "a", core.StatusBlocked}, {r.yH, "a", core.StatusRunning}, {r.oH, "a", core.StatusBlocked},
+		{r.n2, "a", core.StatusPending}, {r.p1, "a", core.StatusPending}, {r.p2, "a", core.StatusBlocked},
+		{r.l1, "a", core.StatusPaused}, {r.l2, "a", core.StatusBlocked},
+		{r.bq, "a", core.StatusBlocked}, {b2, "a", core.StatusBlocked}, // until a release that is not busy
+	} {
+		wantRow(t, h, w.id, w.stage, w.status)
 	}
-	if len(heads) != len(want) {
-		t.Fatalf("release's heads = %+v, want %+v", heads, want)
+	// pwait's younger message, blocked behind the older one, keeps the time
+	// its retry waits for: once the older one is done, it is paused again.
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	resolve(t, h, core.Item{ID: r.oP, Stage: "a", Verdict: core.Move, To: core.TargetDone})
+	wantHeads(t, release(t, h, "pwait").Heads, []core.Head{{Key: "pwait", ID: r.yP, Stage: "a", Status: core.StatusPaused, Timeout: notBeforeAhead}})
+}
+
+// wantHeads checks a release's heads, in any order, against want, sorted
+// by key.
+func wantHeads(t *testing.T, got, want []core.Head) {
+	t.Helper()
+	got = slices.Clone(got)
+	slices.SortFunc(got, func(x, y core.Head) int { return strings.Compare(x.Key, y.Key) })
+	if len(got) != len(want) {
+		t.Fatalf("release's heads = %+v, want %+v", got, want)
 	}
 	for i := range want {
-		if g := heads[i]; g.Key != want[i].Key || g.ID != want[i].ID || g.Stage != want[i].Stage || g.Status != want[i].Status || !g.Timeout.Equal(want[i].Timeout) {
+		if g := got[i]; g.Key != want[i].Key || g.ID != want[i].ID || g.Stage != want[i].Stage || g.Status != want[i].Status || !g.Timeout.Equal(want[i].Timeout) {
 			t.Errorf("release's head %d = %+v, want %+v", i, g, want[i])
 		}
 	}
-	wantRow(t, h, oldY, "a", core.StatusPending)
-	wantRow(t, h, youngY, "b", core.StatusBlocked)
-	wantRow(t, h, oldZ, "a", core.StatusPending)
-	wantRow(t, h, youngZ, "b", core.StatusBlocked)
-	wantRow(t, h, youngH, "a", core.StatusRunning)
-	wantRow(t, h, oldH, "a", core.StatusBlocked)
-	wantRow(t, h, n2, "a", core.StatusPending)
-	wantRow(t, h, p1, "a", core.StatusPending)
-	wantRow(t, h, p2, "a", core.StatusBlocked)
-	wantRow(t, h, l1, "a", core.StatusPaused)
-	wantRow(t, h, l2, "a", core.StatusBlocked)
-	wantRow(t, h, b2, "a", core.StatusBlocked) // until a release that is not busy
 }
 
+// failHead inserts a keyed row, claims it and fails it, releases its key,
+// and returns its id: the key's oldest message, finished, for an operator to
+// retry.
 func failHead(t *testing.T, h KeyedHarness, key string) int64 {
 	t.Helper()
 	id := h.InsertKeyed(t, "a", key)
