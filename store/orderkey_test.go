@@ -379,7 +379,6 @@ func TestReleaseAsksForItsKeysRunningMessageNotEveryRunningRow(t *testing.T) {
 	const others = 2000 // running rows of other keys
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	ctx := t.Context()
 	execAll(t, conn,
 		// 20 keys of 100 messages each, and key k's two.
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'b', 'r' || (g %% 20) FROM generate_series(1, %d) g", others),
@@ -392,37 +391,8 @@ func TestReleaseAsksForItsKeysRunningMessageNotEveryRunningRow(t *testing.T) {
 		"UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = (SELECT min(ingress_id) FROM pepsi.queue WHERE order_key = 'k')",
 		"SET plan_cache_mode = force_generic_plan", // as the dispatcher's sessions
 	)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // only what it reads matters
-	var want int64
-	if err := tx.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue WHERE order_key = 'k'`).Scan(&want); err != nil {
-		t.Fatal(err)
-	}
-	// The counters hold what this session read since it last reported
-	// them, the set-up's statements too: the release's reads are the
-	// difference.
-	const readSQL = `SELECT pg_stat_get_xact_tuples_returned('pepsi.queue_running'::regclass),
-		pg_stat_get_xact_tuples_returned('pepsi.queue_pkey'::regclass)`
-	var running0, pkey0 int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&running0, &pkey0); err != nil {
-		t.Fatal(err)
-	}
-	var head int64
-	var status string
-	if err := tx.QueryRow(ctx, `SELECT ingress_id, status FROM pepsi.order_release(ARRAY['k'], false)`).Scan(&head, &status); err != nil {
-		t.Fatalf("release of key k: %v", err)
-	}
-	if head != want || status != "pending" {
-		t.Fatalf("release of key k made %d %s its head; want %d (the key's next message) pending", head, status, want)
-	}
-	var running, pkey int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&running, &pkey); err != nil {
-		t.Fatal(err)
-	}
-	running, pkey = running-running0, pkey-pkey0
+	read := releaseKCounting(t, conn, "pepsi.queue_running", "pepsi.queue_pkey")
+	running, pkey := read[0], read[1]
 	if running > 0 {
 		t.Errorf("the release of one key read %d entries of queue_running (%d running rows of other keys); want none", running, others)
 	}
@@ -444,7 +414,6 @@ func TestReleasePromotesItsHeadsByIDNotThroughEveryBlockedRow(t *testing.T) {
 	const backlog = 4000 // messages of 20 other keys, all but 20 blocked
 	h := newHarness(t)
 	conn := pgtest.Connect(t, h.url)
-	ctx := t.Context()
 	execAll(t, conn,
 		// 1,000 messages of keys of their own, and key k's two.
 		"INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'o' || g FROM generate_series(1, 1000) g",
@@ -457,35 +426,9 @@ func TestReleasePromotesItsHeadsByIDNotThroughEveryBlockedRow(t *testing.T) {
 		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'r' || (g %% 20) FROM generate_series(1, %d) g", backlog),
 		"UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = (SELECT min(ingress_id) FROM pepsi.queue WHERE order_key = 'k')",
 	)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // only what it reads matters
-	var want int64
-	if err := tx.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue WHERE order_key = 'k'`).Scan(&want); err != nil {
-		t.Fatal(err)
-	}
-	// As differences: the counters hold the set-up's reads too.
-	const readSQL = `SELECT pg_stat_get_xact_tuples_returned('pepsi.queue_order_blocked'::regclass)`
-	var blocked0 int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&blocked0); err != nil {
-		t.Fatal(err)
-	}
-	var head int64
-	var status string
-	if err := tx.QueryRow(ctx, `SELECT ingress_id, status FROM pepsi.order_release(ARRAY['k'], false)`).Scan(&head, &status); err != nil {
-		t.Fatalf("release of key k: %v", err)
-	}
-	if head != want || status != "pending" {
-		t.Fatalf("release of key k made %d %s its head; want %d (the key's next message) pending", head, status, want)
-	}
-	var blocked int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&blocked); err != nil {
-		t.Fatal(err)
-	}
+	blocked := releaseKCounting(t, conn, "pepsi.queue_order_blocked")[0]
 	// One entry: the head's own, found by the head's look-up.
-	if blocked -= blocked0; blocked > 1 {
+	if blocked > 1 {
 		t.Errorf("the release of one key read %d entries of queue_order_blocked (%d blocked rows of other keys); want 1 (its head's)", blocked, backlog-20)
 	}
 }
@@ -524,4 +467,46 @@ func TestAReleaseHandsAHeldKeyToNobodyBesideAKeyItHandsOn(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, head).Scan(&status); err != nil || status != "blocked" {
 		t.Errorf("held's waiting head %d is %q, %v; want blocked behind its running message", head, status, err)
 	}
+}
+
+// releaseKCounting releases key k on conn, checks that the release made the
+// key's youngest message its head, pending, and returns the entries of each
+// index of indexes the release read. The session's counters hold what it
+// read since it last reported them, the set-up's statements too: the
+// release's reads are the difference, within one transaction.
+func releaseKCounting(t *testing.T, conn *pgx.Conn, indexes ...string) []int64 {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // only what it reads matters
+	var want int64
+	if err := tx.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue WHERE order_key = 'k'`).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	counts := func() []int64 {
+		n := make([]int64, len(indexes))
+		for i, index := range indexes {
+			if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned($1::regclass)`, index).Scan(&n[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	before := counts()
+	var head int64
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT ingress_id, status FROM pepsi.order_release(ARRAY['k'], false)`).Scan(&head, &status); err != nil {
+		t.Fatalf("release of key k: %v", err)
+	}
+	if head != want || status != "pending" {
+		t.Fatalf("release of key k made %d %s its head; want %d (the key's next message) pending", head, status, want)
+	}
+	read := counts()
+	for i := range read {
+		read[i] -= before[i]
+	}
+	return read
 }
