@@ -159,7 +159,8 @@ type severalKeys struct {
 // paused by a retry: it waits blocked, its time kept), "held" (the younger
 // still runs), "next" (its head done, its next blocked), "pending" (its head
 // requeued, pending already), "later" (its head paused by a retry) and
-// "busy" (its head done by its stage, a blocked message behind it).
+// "busy" (its head still running, a blocked message behind it: the test has
+// its stage finish it while a producer of the key is in flight).
 func setUpSeveralKeys(t *testing.T, h KeyedHarness) severalKeys {
 	t.Helper()
 	var r severalKeys
