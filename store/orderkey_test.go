@@ -563,9 +563,9 @@ func TestAKeyedInsertProbesItsKeyWhateverTheStatistics(t *testing.T) {
 }
 
 // The dispatcher's release asks whether each of its keys has an unfinished
-// message with probes of the key's own entries, whatever the statistics: a
-// key whose last message has finished (most keys, most of the time) costs
-// two index probes. Spelled "order_key = k", the probe for a blocked message
+// message (or, for a Behind, one older than a message) with probes of the
+// key's own entries, whatever the statistics: a key whose last message has
+// finished (most keys, most of the time) costs two index probes. Spelled "order_key = k", the probe for a blocked message
 // was answered, where the statistics said the queue held few keys and most
 // of its messages were blocked, by reading the table in order: all of it,
 // for such a key.
@@ -585,29 +585,81 @@ func TestReleaseProbesItsKeysWhateverTheStatistics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // only what it reads matters
-	const readSQL = `SELECT pg_stat_get_xact_numscans('pepsi.queue'::regclass), pg_stat_get_xact_tuples_returned('pepsi.queue'::regclass)`
-	var scans0, rows0 int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&scans0, &rows0); err != nil {
+	var k int64
+	if err := tx.QueryRow(ctx, `SELECT ingress_id FROM pepsi.queue WHERE order_key = 'k'`).Scan(&k); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, store.ReleaseSQL, []string{"k", "gone"}, []string{}, []int64{})
+	const readSQL = `SELECT pg_stat_get_xact_numscans('pepsi.queue'::regclass), pg_stat_get_xact_tuples_returned('pepsi.queue'::regclass),
+		pg_stat_get_xact_tuples_returned('pepsi.queue_pkey'::regclass)`
+	var scans0, rows0, pkey0 int64
+	if err := tx.QueryRow(ctx, readSQL).Scan(&scans0, &rows0, &pkey0); err != nil {
+		t.Fatal(err)
+	}
+	// Keys k and gone finished, and whether an older message of k than its
+	// finished one is unfinished (a Behind, as for a pass that did not
+	// move and claim).
+	rows, err := tx.Query(ctx, store.ReleaseSQL, []string{"k", "gone"}, []string{"k"}, []int64{k})
 	if err == nil {
 		var n int
 		for rows.Next() {
 			n++
 		}
 		if err = rows.Err(); err == nil && n > 0 {
-			t.Errorf("release of two keys with no unfinished message answered %d rows; want none", n)
+			t.Errorf("release of keys with no unfinished message answered %d rows; want none", n)
 		}
 	}
 	if err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	var scans, read int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&scans, &read); err != nil {
+	var scans, read, pkey int64
+	if err := tx.QueryRow(ctx, readSQL).Scan(&scans, &read, &pkey); err != nil {
 		t.Fatal(err)
 	}
 	if scans, read = scans-scans0, read-rows0; scans > 0 || read > 0 {
-		t.Errorf("the release of two finished keys read pepsi.queue in %d sequential scans, %d rows; want none (index probes of each key)", scans, read)
+		t.Errorf("the release of finished keys read pepsi.queue in %d sequential scans, %d rows; want none (index probes of each key)", scans, read)
+	}
+	// One entry: k's finished row, looked up by its id (is it running?).
+	if pkey -= pkey0; pkey > 1 {
+		t.Errorf("the release read %d entries of the primary key; want 1 (the Behind's row, by its id), not a walk below it", pkey)
+	}
+}
+
+// The claim's and a keyed move's questions whether an older message of the
+// key is unfinished probe the key's own entries below the message, whatever
+// the statistics. Spelled "order_key = k AND ingress_id < id", their generic
+// plans walked the primary key below each message, filtering by key, where
+// the statistics said the queue held few keys and most of its messages were
+// blocked: every row older than the message, finished ones included, for
+// each message claimed or moved.
+func TestProbesForAnOlderMessageStayOnTheKeyWhateverTheStatistics(t *testing.T) {
+	t.Parallel()
+	const others, items = 4000, 50
+	h := newHarness(t)
+	conn := pgtest.Connect(t, h.url)
+	execAll(t, conn,
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'h' || (g %% 20) FROM generate_series(1, %d) g", others),
+		"ANALYZE pepsi.queue", // 20 keys, all messages but their heads blocked
+		prepareClaim,
+		"PREPARE resolve_no_emits("+resolveParams+") AS "+store.ResolveNoEmitsSQL,
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage, order_key) SELECT 'a', 'n' || g FROM generate_series(1, %d) g", items),
+	)
+	claim := explain(t, conn, "force_generic_plan", "claim", "'{a}', '{100}', '{0}', '{}', '{}', 0, '{}', false, 7")
+	execAll(t, conn, fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d", others))
+	resolve := explain(t, conn, "force_generic_plan", "resolve_no_emits", moveClaimArgs(others+1, items))
+	for _, s := range []struct {
+		name string
+		plan *planNode
+	}{{"claim", claim}, {"resolve", resolve}} {
+		s.plan.walk(nil, func(n, _ *planNode) {
+			if n.IndexName == "queue_pkey" && strings.Contains(n.IndexCond, "<") {
+				t.Errorf("the %s walks the primary key below a message (%s); want the key's own entries:\n%s", s.name, n.IndexCond, s.plan)
+			}
+			if n.NodeType == "Seq Scan" && n.RelationName == "queue" {
+				t.Errorf("the %s reads pepsi.queue whole; want the key's own entries:\n%s", s.name, s.plan)
+			}
+		})
+		if probes, _, whole := orderKeyReads(s.plan); probes == 0 || len(whole) > 0 {
+			t.Errorf("the %s probed the order-key indexes %g times, %d of them whole; want probes of each key:\n%s", s.name, probes, len(whole), s.plan)
+		}
 	}
 }

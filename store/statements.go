@@ -166,7 +166,8 @@ FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM (
 //     evaluates in order: a row that is running then costs one primary-key
 //     look-up, not its lock and two probes before it. (The core no longer
 //     sends a Behind for a move that claims, which this made one look-up a
-//     keyed hop: see core.Release.)
+//     keyed hop: see core.Release.) A Behind's probes ask for the key's
+//     entries below its row as claimSQL's do, by a row comparison.
 const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout FROM pepsi.order_release(ARRAY(
 	SELECT u.k FROM unnest($1::text[]) AS u(k)
 	WHERE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(u.k))
@@ -179,10 +180,10 @@ const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout F
 	WHERE CASE WHEN EXISTS (SELECT 1 FROM pepsi.queue r WHERE r.ingress_id = b.id AND (r.status = 'running') IS TRUE OFFSET 0)
 	           THEN false
 	           ELSE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(b.k))
-	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = b.k AND o.ingress_id < b.id
-	                           AND o.status IN ('pending', 'running', 'paused') OFFSET 0)
-	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = b.k AND o.ingress_id < b.id
-	                           AND o.status = 'blocked' OFFSET 0) END`
+	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
+	                           AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
+	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
+	                           AND o.status = 'blocked' ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0) END`
 
 // releaseAll ends releaseSQL for a Release with All.
 const releaseAll = `
@@ -312,7 +313,17 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // Nor is a keyed row taken while an older message of its key is unfinished
 // (two probes, one per partial index of schema 12, each stopping at the
 // key's first entry): the claim itself keeps a key's messages oldest first,
-// whatever a release that found the key busy has not yet put in order.
+// whatever a release that found the key busy has not yet put in order. Each
+// probe asks for the key's entries below the row as a row comparison,
+// "(order_key, ingress_id) < (k, id)" with "order_key >= k", ordered as the
+// index is, LIMIT 1, as resolveSQL's keyed moves and releaseSQL's Behind
+// ask it (the OFFSET 0 keeps the ORDER BY and LIMIT, which PostgreSQL drops
+// from a plain EXISTS): the index's scan stops at the row, and
+// no plan can take the primary key's range below it instead. Spelled
+// "order_key = k AND ingress_id < id", a generic plan made where the
+// statistics said the queue held few keys, most of their messages blocked,
+// walked the primary key below each candidate, every older row of the queue
+// (TestProbesForAnOlderMessageStayOnTheKeyWhateverTheStatistics).
 //
 // Each stage's walk reads one row past its cap: when that row is there, the
 // stage has more pending rows than the claim took (core.Claimed.More), and the
@@ -388,10 +399,10 @@ const claimPickSQL = `), picked AS (
 		WHERE q.status = 'pending' AND q.stage >= c.stage AND q.stage <= c.stage AND q.ingress_id > c.after
 		  AND q.ingress_id NOT IN (SELECT unnest($4::bigint[]))
 		  AND (q.order_key IS NULL OR (q.order_key NOT IN (SELECT unnest($7::text[]))
-		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = q.order_key AND o.ingress_id < q.ingress_id
-		                       AND o.status IN ('pending', 'running', 'paused'))
-		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key = q.order_key AND o.ingress_id < q.ingress_id
-		                       AND o.status = 'blocked')))
+		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= q.order_key AND (o.order_key, o.ingress_id) < (q.order_key, q.ingress_id)
+		                       AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
+		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= q.order_key AND (o.order_key, o.ingress_id) < (q.order_key, q.ingress_id)
+		                       AND o.status = 'blocked' ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)))
 		ORDER BY q.stage, q.ingress_id
 		LIMIT c.n + 1
 	) p
@@ -770,10 +781,10 @@ WITH item AS (
 	               CASE item.target WHEN 'done' THEN 'done' WHEN 'paused' THEN 'paused'
 	                   ELSE CASE WHEN NOT item.claim THEN 'pending'
 	                             WHEN o.order_key IS NULL THEN 'running'
-	                             WHEN EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key = o.order_key AND x.ingress_id < o.ingress_id
-	                                          AND x.status IN ('pending', 'running', 'paused'))
-	                               OR EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key = o.order_key AND x.ingress_id < o.ingress_id
-	                                          AND x.status = 'blocked') THEN 'pending'
+	                             WHEN EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key >= o.order_key AND (x.order_key, x.ingress_id) < (o.order_key, o.ingress_id)
+	                                          AND x.status IN ('pending', 'running', 'paused') ORDER BY x.order_key, x.ingress_id LIMIT 1 OFFSET 0)
+	                               OR EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key >= o.order_key AND (x.order_key, x.ingress_id) < (o.order_key, o.ingress_id)
+	                                          AND x.status = 'blocked' ORDER BY x.order_key, x.ingress_id LIMIT 1 OFFSET 0) THEN 'pending'
 	                             ELSE 'running' END END
 	           WHEN item.verdict = 'fail' THEN 'failed'
 	           WHEN item.verdict = 'timeout' THEN 'timeout'
