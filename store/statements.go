@@ -156,7 +156,9 @@ FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM (
 //     order-key indexes are, LIMIT 1 (kept by the OFFSET 0: PostgreSQL drops
 //     an EXISTS's ORDER BY and LIMIT otherwise), as schema 30's insert
 //     trigger probes its key: a plan that read the table would have to
-//     read all of it to order it. Spelled "order_key = k", the probe for a
+//     read all of it to order it (only one made while the queue was a few
+//     pages does, until a vacuum or an analyze of the queue makes it
+//     again). Spelled "order_key = k", the probe for a
 //     blocked message was answered by reading the table in order wherever
 //     the statistics said the queue held few keys and most of its messages
 //     were blocked (a few keys' backlogs, analyzed): the whole queue for
@@ -181,9 +183,9 @@ const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout F
 	           THEN false
 	           ELSE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(b.k))
 	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
-	                           AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
+	                           AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
 	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
-	                           AND o.status = 'blocked' ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0) END`
+	                           AND o.status = 'blocked' ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0) END`
 
 // releaseAll ends releaseSQL for a Release with All.
 const releaseAll = `
@@ -315,10 +317,13 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // key's first entry): the claim itself keeps a key's messages oldest first,
 // whatever a release that found the key busy has not yet put in order. Each
 // probe asks for the key's entries below the row as a row comparison,
-// "(order_key, ingress_id) < (k, id)" with "order_key >= k", ordered as the
-// index is, LIMIT 1, as resolveSQL's keyed moves and releaseSQL's Behind
-// ask it (the OFFSET 0 keeps the ORDER BY and LIMIT, which PostgreSQL drops
-// from a plain EXISTS): the index's scan stops at the row, and
+// "(order_key, ingress_id) < (k, id)" with "order_key >= k", in the index's
+// order backward from the row, LIMIT 1, as resolveSQL's keyed moves and
+// releaseSQL's Behind ask it (the OFFSET 0 keeps the ORDER BY and LIMIT,
+// which PostgreSQL drops from a plain EXISTS): the scan starts below the
+// row and ends at the key's first entry (forward from the key's first
+// entry, PostgreSQL 15 does not end it at the row: it read the key's whole
+// backlog above the head, TestProbesForAnOlderMessageStopAtTheMessage), and
 // no plan can take the primary key's range below it instead. Spelled
 // "order_key = k AND ingress_id < id", a generic plan made where the
 // statistics said the queue held few keys, most of their messages blocked,
@@ -400,9 +405,9 @@ const claimPickSQL = `), picked AS (
 		  AND q.ingress_id NOT IN (SELECT unnest($4::bigint[]))
 		  AND (q.order_key IS NULL OR (q.order_key NOT IN (SELECT unnest($7::text[]))
 		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= q.order_key AND (o.order_key, o.ingress_id) < (q.order_key, q.ingress_id)
-		                       AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
+		                       AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
 		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= q.order_key AND (o.order_key, o.ingress_id) < (q.order_key, q.ingress_id)
-		                       AND o.status = 'blocked' ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)))
+		                       AND o.status = 'blocked' ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)))
 		ORDER BY q.stage, q.ingress_id
 		LIMIT c.n + 1
 	) p
@@ -782,9 +787,9 @@ WITH item AS (
 	                   ELSE CASE WHEN NOT item.claim THEN 'pending'
 	                             WHEN o.order_key IS NULL THEN 'running'
 	                             WHEN EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key >= o.order_key AND (x.order_key, x.ingress_id) < (o.order_key, o.ingress_id)
-	                                          AND x.status IN ('pending', 'running', 'paused') ORDER BY x.order_key, x.ingress_id LIMIT 1 OFFSET 0)
+	                                          AND x.status IN ('pending', 'running', 'paused') ORDER BY x.order_key DESC, x.ingress_id DESC LIMIT 1 OFFSET 0)
 	                               OR EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key >= o.order_key AND (x.order_key, x.ingress_id) < (o.order_key, o.ingress_id)
-	                                          AND x.status = 'blocked' ORDER BY x.order_key, x.ingress_id LIMIT 1 OFFSET 0) THEN 'pending'
+	                                          AND x.status = 'blocked' ORDER BY x.order_key DESC, x.ingress_id DESC LIMIT 1 OFFSET 0) THEN 'pending'
 	                             ELSE 'running' END END
 	           WHEN item.verdict = 'fail' THEN 'failed'
 	           WHEN item.verdict = 'timeout' THEN 'timeout'
