@@ -471,9 +471,7 @@ func TestAReleaseHandsAHeldKeyToNobodyBesideAKeyItHandsOn(t *testing.T) {
 
 // releaseKCounting releases key k on conn, checks that the release made the
 // key's youngest message its head, pending, and returns the entries of each
-// index of indexes the release read. The session's counters hold what it
-// read since it last reported them, the set-up's statements too: the
-// release's reads are the difference, within one transaction.
+// index of indexes the release read.
 func releaseKCounting(t *testing.T, conn *pgx.Conn, indexes ...string) []int64 {
 	t.Helper()
 	ctx := t.Context()
@@ -486,29 +484,59 @@ func releaseKCounting(t *testing.T, conn *pgx.Conn, indexes ...string) []int64 {
 	if err := tx.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue WHERE order_key = 'k'`).Scan(&want); err != nil {
 		t.Fatal(err)
 	}
-	counts := func() []int64 {
-		n := make([]int64, len(indexes))
-		for i, index := range indexes {
-			if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned($1::regclass)`, index).Scan(&n[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return n
+	counters := make([]string, len(indexes))
+	for i, index := range indexes {
+		counters[i] = entriesOf(index)
 	}
-	before := counts()
 	var head int64
 	var status string
-	if err := tx.QueryRow(ctx, `SELECT ingress_id, status FROM pepsi.order_release(ARRAY['k'], false)`).Scan(&head, &status); err != nil {
-		t.Fatalf("release of key k: %v", err)
-	}
+	read := readsOf(t, tx, func() {
+		if err := tx.QueryRow(ctx, `SELECT ingress_id, status FROM pepsi.order_release(ARRAY['k'], false)`).Scan(&head, &status); err != nil {
+			t.Fatalf("release of key k: %v", err)
+		}
+	}, counters...)
 	if head != want || status != "pending" {
 		t.Fatalf("release of key k made %d %s its head; want %d (the key's next message) pending", head, status, want)
 	}
-	read := counts()
-	for i := range read {
-		read[i] -= before[i]
-	}
 	return read
+}
+
+// The session's read counters that readsOf takes: the sequential scans of
+// pepsi.queue and the rows they read, and (entriesOf) an index's entries.
+const (
+	seqScans = "pg_stat_get_xact_numscans('pepsi.queue'::regclass)"
+	seqRows  = "pg_stat_get_xact_tuples_returned('pepsi.queue'::regclass)"
+)
+
+// entriesOf is the counter of the entries the session read from index.
+func entriesOf(index string) string {
+	return "pg_stat_get_xact_tuples_returned('" + index + "'::regclass)"
+}
+
+// readsOf runs do, whose statements run in tx, and returns how much each of
+// the session's counters grew meanwhile. The counters hold what the session
+// read since it last reported them, the set-up's statements too: do's reads
+// are the difference, within one transaction.
+func readsOf(t *testing.T, tx pgx.Tx, do func(), counters ...string) []int64 {
+	t.Helper()
+	read := func() []int64 {
+		n := make([]int64, len(counters))
+		dest := make([]any, len(n))
+		for i := range n {
+			dest[i] = &n[i]
+		}
+		if err := tx.QueryRow(t.Context(), "SELECT "+strings.Join(counters, ", ")).Scan(dest...); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := read()
+	do()
+	grew := read()
+	for i := range grew {
+		grew[i] -= before[i]
+	}
+	return grew
 }
 
 // A producer's insert asks whether its key has an unfinished message with
@@ -559,7 +587,7 @@ func TestAKeyedInsertProbesItsKeyWhateverTheStatistics(t *testing.T) {
 // keyedInsertsReading inserts messages of three new keys and of key h7,
 // which has unfinished messages, checks the statuses the trigger gave them,
 // and returns the sequential scans of pepsi.queue the inserts made and the
-// rows those read, as differences of the session's counters.
+// rows those read.
 func keyedInsertsReading(t *testing.T, conn *pgx.Conn) (scans, rows int64) {
 	t.Helper()
 	ctx := t.Context()
@@ -568,35 +596,29 @@ func keyedInsertsReading(t *testing.T, conn *pgx.Conn) (scans, rows int64) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // only what it reads matters
-	const readSQL = `SELECT pg_stat_get_xact_numscans('pepsi.queue'::regclass), pg_stat_get_xact_tuples_returned('pepsi.queue'::regclass)`
-	var scans0, rows0 int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&scans0, &rows0); err != nil {
-		t.Fatal(err)
-	}
 	var statuses []string
-	for _, key := range []string{"new1", "new2", "new3", "h7"} {
-		var status string
-		if err := tx.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', $1) RETURNING status`, key).Scan(&status); err != nil {
-			t.Fatalf("insert of a message of key %s: %v", key, err)
+	read := readsOf(t, tx, func() {
+		for _, key := range []string{"new1", "new2", "new3", "h7"} {
+			var status string
+			if err := tx.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', $1) RETURNING status`, key).Scan(&status); err != nil {
+				t.Fatalf("insert of a message of key %s: %v", key, err)
+			}
+			statuses = append(statuses, status)
 		}
-		statuses = append(statuses, status)
-	}
+	}, seqScans, seqRows)
 	if want := []string{"pending", "pending", "pending", "blocked"}; !slices.Equal(statuses, want) {
 		t.Errorf("inserted messages of keys new1, new2, new3 and h7 are %v; want %v", statuses, want)
 	}
-	if err := tx.QueryRow(ctx, readSQL).Scan(&scans, &rows); err != nil {
-		t.Fatal(err)
-	}
-	return scans - scans0, rows - rows0
+	return read[0], read[1]
 }
 
 // The dispatcher's release asks whether each of its keys has an unfinished
 // message (or, for a Behind, one older than a message) with probes of the
 // key's own entries, whatever the statistics: a key whose last message has
-// finished (most keys, most of the time) costs two index probes. Spelled "order_key = k", the probe for a blocked message
-// was answered, where the statistics said the queue held few keys and most
-// of its messages were blocked, by reading the table in order: all of it,
-// for such a key.
+// finished (most keys, most of the time) costs two index probes. Spelled
+// "order_key = k", the probe for a blocked message was answered, where the
+// statistics said the queue held few keys and most of its messages were
+// blocked, by reading the table in order: all of it, for such a key.
 func TestReleaseProbesItsKeysWhateverTheStatistics(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -617,37 +639,29 @@ func TestReleaseProbesItsKeysWhateverTheStatistics(t *testing.T) {
 	if err := tx.QueryRow(ctx, `SELECT ingress_id FROM pepsi.queue WHERE order_key = 'k'`).Scan(&k); err != nil {
 		t.Fatal(err)
 	}
-	const readSQL = `SELECT pg_stat_get_xact_numscans('pepsi.queue'::regclass), pg_stat_get_xact_tuples_returned('pepsi.queue'::regclass),
-		pg_stat_get_xact_tuples_returned('pepsi.queue_pkey'::regclass)`
-	var scans0, rows0, pkey0 int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&scans0, &rows0, &pkey0); err != nil {
-		t.Fatal(err)
-	}
 	// Keys k and gone finished, and whether an older message of k than its
 	// finished one is unfinished (a Behind, as for a pass that did not
 	// move and claim).
-	rows, err := tx.Query(ctx, store.ReleaseSQL, []string{"k", "gone"}, []string{"k"}, []int64{k})
-	if err == nil {
-		var n int
-		for rows.Next() {
-			n++
+	reads := readsOf(t, tx, func() {
+		rows, err := tx.Query(ctx, store.ReleaseSQL, []string{"k", "gone"}, []string{"k"}, []int64{k})
+		if err == nil {
+			var n int
+			for rows.Next() {
+				n++
+			}
+			if err = rows.Err(); err == nil && n > 0 {
+				t.Errorf("release of keys with no unfinished message answered %d rows; want none", n)
+			}
 		}
-		if err = rows.Err(); err == nil && n > 0 {
-			t.Errorf("release of keys with no unfinished message answered %d rows; want none", n)
+		if err != nil {
+			t.Fatalf("release: %v", err)
 		}
-	}
-	if err != nil {
-		t.Fatalf("release: %v", err)
-	}
-	var scans, read, pkey int64
-	if err := tx.QueryRow(ctx, readSQL).Scan(&scans, &read, &pkey); err != nil {
-		t.Fatal(err)
-	}
-	if scans, read = scans-scans0, read-rows0; scans > 0 || read > 0 {
+	}, seqScans, seqRows, entriesOf("pepsi.queue_pkey"))
+	if scans, read := reads[0], reads[1]; scans > 0 || read > 0 {
 		t.Errorf("the release of finished keys read pepsi.queue in %d sequential scans, %d rows; want none (index probes of each key)", scans, read)
 	}
 	// One entry: k's finished row, looked up by its id (is it running?).
-	if pkey -= pkey0; pkey > 1 {
+	if pkey := reads[2]; pkey > 1 {
 		t.Errorf("the release read %d entries of the primary key; want 1 (the Behind's row, by its id), not a walk below it", pkey)
 	}
 }
