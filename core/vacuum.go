@@ -16,9 +16,34 @@ import (
 // VACUUM = off, vacuums it itself when dead rows pass VacuumDeadMin and no
 // vacuum is running. It also says, once, when autovacuum is off, and when an old
 // transaction holds back the xmin horizon (which no vacuum can get past).
+//
+// The dispatcher's sessions make each statement's plan once and keep it until
+// a vacuum or an analyze of the queue (store.SessionParams). Plans made while
+// the queue was a few pages (a new install, a drained queue analyzed) read
+// the whole queue at every claim of the backlog that comes next: 170 times
+// the buffers of the plan made for it at 100,000 messages. So, unless
+// VACUUM = off, the core also has the queue analyzed when it has grown past
+// twice the size its statistics were taken at (and AnalyzePagesMin), which
+// makes every session's plans again; and it looks again within
+// InspectGrowthInterval, not InspectInterval, when its claims report
+// InspectGrowth rows added since the last look.
 const (
 	// InspectInterval is how often the core reads the queue's health.
 	InspectInterval = 10 * time.Second
+	// InspectGrowth: rows added to the queue (ingress ids settled, as the
+	// claims report them) since the last inspection that call for the next
+	// one sooner, InspectGrowthInterval after the last.
+	InspectGrowth = 10000
+	// InspectGrowthInterval: two inspections called for by growth start at
+	// least this far apart.
+	InspectGrowthInterval = time.Second
+	// AnalyzePagesMin: the queue's size in pages (8 KiB each) from which it
+	// is analyzed when it has more than doubled since its statistics were
+	// taken. Below it every plan reads little, whatever its shape.
+	AnalyzePagesMin = 128
+	// plannerPagesMin: PostgreSQL plans a table that was never vacuumed nor
+	// analyzed as if it had at least 10 pages.
+	plannerPagesMin = 10
 	// VacuumDeadMin: the dead row versions in pepsi.queue above which the core
 	// vacuums it.
 	VacuumDeadMin = 20000
@@ -46,10 +71,14 @@ type StageCount struct {
 }
 
 // Vacuum runs VACUUM on pepsi.queue, on a connection of its own, off the loop
-// (it cannot run in a transaction and may take a while). Answered by Vacuumed.
-// Nothing needs to be durable first: it only removes dead row versions.
+// (it cannot run in a transaction and may take a while), or, with Analyze,
+// ANALYZE instead. Answered by Vacuumed. Nothing needs to be durable first: it
+// only removes dead row versions, or takes statistics.
 type Vacuum struct {
 	Op int64
+	// Analyze: take the queue's statistics (ANALYZE), which makes the
+	// sessions' plans again for its size, rather than vacuum it.
+	Analyze bool
 }
 
 // Inspected is the result of an Inspect.
@@ -68,7 +97,11 @@ type Inspected struct {
 	// Unrun lists, by stage name, the pending messages of stages the dispatcher
 	// does not run (counted up to a bound).
 	Unrun []StageCount
-	Err   string
+	// Pages is the queue table's size now, in pages; PlannedPages its size
+	// when its statistics were last taken (by a vacuum or an analyze), which
+	// the sessions' plans were made for: 0 if never.
+	Pages, PlannedPages int64
+	Err                 string
 }
 
 // Vacuumed is the result of a Vacuum.
@@ -83,7 +116,12 @@ func (Inspected) isEvent() {}
 func (Vacuumed) isEvent()  {}
 
 func (c Inspect) String() string { return fmt.Sprintf("inspect op=%d", c.Op) }
-func (c Vacuum) String() string  { return fmt.Sprintf("vacuum op=%d", c.Op) }
+func (c Vacuum) String() string {
+	if c.Analyze {
+		return fmt.Sprintf("vacuum op=%d analyze", c.Op)
+	}
+	return fmt.Sprintf("vacuum op=%d", c.Op)
+}
 func (e Inspected) String() string {
 	if e.Err != "" {
 		return fmt.Sprintf("inspected op=%d err=%q", e.Op, e.Err)
@@ -94,6 +132,9 @@ func (e Inspected) String() string {
 	}
 	for _, u := range e.Unrun {
 		s += fmt.Sprintf(" unrun=%s:%d", u.Stage, u.N)
+	}
+	if e.Pages > 0 || e.PlannedPages > 0 {
+		s += fmt.Sprintf(" pages=%d planned=%d", e.Pages, e.PlannedPages)
 	}
 	return s
 }
@@ -113,9 +154,12 @@ type health struct {
 	vacuuming   int64 // the Op of the Vacuum outstanding, 0 if none
 	lastInspect time.Time
 	lastVacuum  time.Time
-	warnedOff   bool // said that autovacuum is off
-	warnedAge   bool // said that the horizon is held back (until it is not)
-	failed      bool // said that an inspect or vacuum failed (until one works)
+	// settledAtInspect is the core's settled (the newest ingress id its
+	// claims reported settled) when the last Inspect was sent.
+	settledAtInspect int64
+	warnedOff        bool // said that autovacuum is off
+	warnedAge        bool // said that the horizon is held back (until it is not)
+	failed           bool // said that an inspect or vacuum failed (until one works)
 	// unrunSaid: when each stage nobody runs was last said to have pending
 	// messages (said again every POLL_INTERVAL while they wait).
 	unrunSaid map[string]time.Time
@@ -162,13 +206,32 @@ func (c *Core) inspected(e Inspected) {
 	case !old:
 		h.warnedAge = false
 	}
-	if c.cfg.Vacuum && h.vacuuming == 0 && !e.Vacuuming && e.Dead >= VacuumDeadMin &&
-		(h.lastVacuum.IsZero() || !c.now.Before(h.lastVacuum.Add(VacuumIntervalMin))) && c.shutdown == 0 {
-		h.nextOp++
-		h.vacuuming = h.nextOp
-		h.lastVacuum = c.now
-		c.emit(Vacuum{Op: h.vacuuming})
+	if !c.cfg.Vacuum || h.vacuuming != 0 || e.Vacuuming || c.shutdown != 0 ||
+		!h.lastVacuum.IsZero() && c.now.Before(h.lastVacuum.Add(VacuumIntervalMin)) {
+		return
 	}
+	// A vacuum sets the queue's size in its statistics too (relpages), which
+	// makes the sessions' plans again (measured: their reads beside a backlog
+	// as low as after an analyze): it is the one sent when both are due.
+	analyze := OutgrewPlans(e.Pages, e.PlannedPages)
+	if e.Dead < VacuumDeadMin && !analyze {
+		return
+	}
+	h.nextOp++
+	h.vacuuming = h.nextOp
+	h.lastVacuum = c.now
+	if e.Dead < VacuumDeadMin {
+		c.logf(LevelInfo, "pepsi.queue has grown to %d pages, from %d when its statistics were taken: analyzing it, so that the dispatcher's plans are made again for its size",
+			e.Pages, e.PlannedPages)
+	}
+	c.emit(Vacuum{Op: h.vacuuming, Analyze: e.Dead < VacuumDeadMin})
+}
+
+// OutgrewPlans says whether a queue of pages, whose statistics were taken at
+// planned pages, calls for an analyze: it is at least AnalyzePagesMin and more
+// than twice what the plans were made for.
+func OutgrewPlans(pages, planned int64) bool {
+	return pages >= AnalyzePagesMin && pages > 2*max(planned, plannerPagesMin)
 }
 
 func (c *Core) vacuumed(e Vacuumed) {
@@ -177,19 +240,23 @@ func (c *Core) vacuumed(e Vacuumed) {
 	}
 	c.health.vacuuming = 0
 	if e.Err != "" {
-		c.logf(LevelWarn, "vacuum of pepsi.queue failed: %s", e.Err)
+		c.logf(LevelWarn, "pepsi.queue's maintenance failed: %s", e.Err)
 	}
 }
 
-// inspectDue asks for the queue's health every InspectInterval while running.
+// inspectDue asks for the queue's health every InspectInterval while running,
+// and InspectGrowthInterval after the last time when the claims have since
+// reported InspectGrowth rows added: a backlog that came after the plans were
+// made is analyzed for them within a second or so, not ten.
 func (c *Core) inspectDue() {
 	h := &c.health
-	if c.shutdown > 0 || h.inspecting != 0 || c.now.Before(h.lastInspect.Add(InspectInterval)) {
+	if at := c.inspectAt(); at.IsZero() || c.now.Before(at) {
 		return
 	}
 	h.nextOp++
 	h.inspecting = h.nextOp
 	h.lastInspect = c.now
+	h.settledAtInspect = c.settled
 	run := make([]string, len(c.stages))
 	for i, st := range c.stages {
 		run[i] = st.cfg.Name
@@ -199,8 +266,12 @@ func (c *Core) inspectDue() {
 
 // inspectAt is when the next Inspect is due (zero when none will be).
 func (c *Core) inspectAt() time.Time {
-	if c.shutdown > 0 || c.health.inspecting != 0 {
+	h := &c.health
+	if c.shutdown > 0 || h.inspecting != 0 {
 		return time.Time{}
 	}
-	return c.health.lastInspect.Add(InspectInterval)
+	if c.settled-h.settledAtInspect >= InspectGrowth {
+		return h.lastInspect.Add(InspectGrowthInterval)
+	}
+	return h.lastInspect.Add(InspectInterval)
 }

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -131,5 +132,86 @@ func TestPendingMessagesOfAStageNobodyRunsAreSaidOncePerHeartbeat(t *testing.T) 
 	in = one[core.Inspect](t, w.tick(30*time.Second))
 	if cmds := w.step(ghost(in.Op)); !logged(cmds, "ghost") {
 		t.Errorf("not said again after POLL_INTERVAL:\n%s", list(cmds))
+	}
+}
+
+// grown is a healthy inspection of a queue of pages whose statistics were
+// taken at planned pages.
+func grown(op, pages, planned int64) core.Inspected {
+	in := healthy(op, 0)
+	in.Pages, in.PlannedPages = pages, planned
+	return in
+}
+
+// Proves: a queue that has more than doubled since its statistics were taken
+// (the size its sessions' plans were made for), and is at least
+// AnalyzePagesMin, is analyzed (a Vacuum with Analyze), once at a time, and
+// said in the log; one that has not, or is smaller, is not.
+func TestAQueueThatOutgrewItsStatisticsIsAnalyzed(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	none[core.Vacuum](t, w.step(grown(in.Op, core.AnalyzePagesMin-1, 0)), "a queue below AnalyzePagesMin is not analyzed")
+	in = one[core.Inspect](t, w.tick(core.InspectInterval))
+	cmds := w.step(grown(in.Op, 5000, 0))
+	if v := one[core.Vacuum](t, cmds); !v.Analyze {
+		t.Fatalf("%v: want an analyze of a queue of 5,000 pages planned empty", v)
+	}
+	if !logged(cmds, "analyzing it") {
+		t.Errorf("the analyze is not said:\n%s", list(cmds))
+	}
+	in = one[core.Inspect](t, w.tick(2*core.InspectInterval))
+	none[core.Vacuum](t, w.step(grown(in.Op, 5000, 0)), "one analyze at a time")
+	w.step(core.Vacuumed{Op: one[core.Vacuum](t, cmds).Op})
+	in = one[core.Inspect](t, w.tick(3*core.InspectInterval))
+	none[core.Vacuum](t, w.step(grown(in.Op, 10000, 5000)), "a queue twice its statistics' size, not more")
+	in = one[core.Inspect](t, w.tick(4*core.InspectInterval))
+	if v := one[core.Vacuum](t, w.step(grown(in.Op, 10001, 5000))); !v.Analyze {
+		t.Errorf("%v: want an analyze of a queue past twice its statistics' size", v)
+	}
+	if !core.OutgrewPlans(core.AnalyzePagesMin, 0) || core.OutgrewPlans(core.AnalyzePagesMin-1, 0) {
+		t.Errorf("a queue never analyzed calls for an analyze from %d pages: OutgrewPlans says %v at %d, %v at %d",
+			core.AnalyzePagesMin, core.OutgrewPlans(core.AnalyzePagesMin, 0), core.AnalyzePagesMin,
+			core.OutgrewPlans(core.AnalyzePagesMin-1, 0), core.AnalyzePagesMin-1)
+	}
+}
+
+// Proves: when dead rows call for a vacuum and the queue has outgrown its
+// statistics, the vacuum is sent: it takes the statistics too.
+func TestAVacuumDueIsSentBeforeAnAnalyze(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	ev := grown(in.Op, 5000, 0)
+	ev.Dead = core.VacuumDeadMin
+	if v := one[core.Vacuum](t, w.step(ev)); v.Analyze {
+		t.Errorf("%v: want a vacuum where dead rows call for one too", v)
+	}
+}
+
+// Proves: with VACUUM = off the core analyzes nothing either.
+func TestNoAnalyzeWhenVacuumIsOff(t *testing.T) {
+	off := newWorld(t, "[pepsi-dispatch]\nVACUUM = off\n[stage-a]\nPROGRAM = a\n")
+	in := one[core.Inspect](t, off.start("a", 0))
+	none[core.Vacuum](t, off.step(grown(in.Op, 50000, 0)), "VACUUM = off leaves the statistics to the operator")
+}
+
+// Proves: when the claims report InspectGrowth rows added since the last
+// inspection, the next comes InspectGrowthInterval after it, not
+// InspectInterval; fewer rows wait for InspectInterval.
+func TestRowsAddedSinceTheLastInspectionCallForTheNextSooner(t *testing.T) {
+	for _, c := range []struct {
+		added int
+		next  time.Duration
+	}{{core.InspectGrowth - 1, core.InspectInterval}, {core.InspectGrowth, core.InspectGrowthInterval}} {
+		t.Run(fmt.Sprint(c.added), func(t *testing.T) {
+			w := newWorld(t, threeStages)
+			in := one[core.Inspect](t, w.start("a", 0))
+			w.step(healthy(in.Op, 0))
+			w.q.Insert("a", c.added)
+			w.step(core.Ingress{})
+			none[core.Inspect](t, w.tick(c.next-time.Millisecond), "no inspection before it is due")
+			if got := of[core.Inspect](w.tick(c.next)); len(got) != 1 {
+				t.Errorf("%d rows added: %d inspections %s after the last; want 1", c.added, len(got), c.next)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -343,9 +344,9 @@ func newPipe(b *testing.B, url, suffix string, message, moveClaims, history bool
 		b.Fatal(err)
 	}
 	cfg.MaxConns = 1 // one backend, as the dispatcher's steps run one at a time
-	// Generic plans, as pepsi-dispatch's sessions use (shell/dispatch): a
-	// custom plan would add the claim's planning to every step.
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	// The parameters of pepsi-dispatch's sessions: generic plans (a custom
+	// plan would add the claim's planning to every step).
+	maps.Copy(cfg.ConnConfig.RuntimeParams, store.SessionParams())
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)

@@ -1306,8 +1306,10 @@ func flush(c core.Flush) statement {
 // estimate), whether a vacuum of it runs now, whether autovacuum covers it (on
 // for the server and not turned off for the table), and the oldest transaction
 // or prepared transaction holding back the xmin horizon, with its age in
-// seconds. Another role's sessions may hide their details without
-// pg_read_all_stats; what is hidden counts as absent.
+// seconds; and its size in pages now and when its statistics were last taken
+// (pg_class.relpages, which a vacuum or an analyze sets). Another role's
+// sessions may hide their details without pg_read_all_stats; what is hidden
+// counts as absent.
 const inspectSQL = `
 SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
        EXISTS (SELECT 1 FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid),
@@ -1315,7 +1317,8 @@ SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
            AND coalesce((SELECT lower(o.option_value) FROM pg_options_to_table(c.reloptions) o
                          WHERE o.option_name = 'autovacuum_enabled'), 'on') NOT IN ('off', 'false', 'no', '0'),
        greatest(coalesce(extract(epoch FROM clock_timestamp() - h.since), 0), 0)::float8,
-       coalesce(h.who, '')
+       coalesce(h.who, ''),
+       pg_relation_size(c.oid) / current_setting('block_size')::int8, c.relpages::int8
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 LEFT JOIN LATERAL (
@@ -1329,6 +1332,10 @@ LEFT JOIN LATERAL (
 	) x ORDER BY x.since LIMIT 1
 ) h ON true
 WHERE c.oid = 'pepsi.queue'::regclass`
+
+// analyzeSQL takes the queue's statistics for a core.Vacuum with Analyze,
+// SKIP_LOCKED as vacuumSQL.
+const analyzeSQL = `ANALYZE (SKIP_LOCKED) pepsi.queue`
 
 // vacuumSQL vacuums the queue for core.Vacuum. SKIP_LOCKED: if another vacuum
 // (autovacuum's, a DBA's) holds the table, this one does nothing rather than

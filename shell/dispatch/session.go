@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -184,16 +185,7 @@ func (s *session) openPool() error {
 		return err
 	}
 	poolCfg.ConnConfig = s.pgcfg.Copy()
-	// This commit is the durability point of every hop (docs/durability.md): never
-	// let a server or role default make it asynchronous.
-	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
-	// The queue's statements are prepared once and run thousands of times a
-	// second; left to itself PostgreSQL plans the claim and the resolve anew
-	// at every run (their custom plans look cheaper than the generic one),
-	// about 0.7 ms of planning per claim. Their generic plans are the ones
-	// store's plan tests check (the pending, running and paused partial
-	// indexes, a resolve that costs its items), so use those.
-	poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	maps.Copy(poolCfg.ConnConfig.RuntimeParams, store.SessionParams())
 	// A session per outstanding transaction, and room for the health
 	// writer's, the inspections' and the vacuums' beside them.
 	poolCfg.MaxConns = int32(max(1, s.o.Config.Dispatch.Sessions) + 3)

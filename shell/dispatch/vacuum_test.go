@@ -86,3 +86,24 @@ func TestMessagesAtAStageNobodyRunsAreReported(t *testing.T) {
 	})
 	d.stopClean()
 }
+
+// A dispatcher started on an empty queue made its plans for it; a backlog that
+// comes afterwards is analyzed for (core.OutgrewPlans), which makes the plans
+// again (store: TestAnAnalyzeMakesPlansMadeOnAnEmptyQueueAgain). Its claims
+// report the rows added, so the inspection that finds it comes a second after
+// the last, and the analyze is said in the log.
+func TestTheDispatcherAnalyzesABacklogThatCameAfterItsPlans(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	analyses := func() int64 {
+		return e.scalar(`SELECT coalesce(analyze_count, 0) FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`)
+	}
+	before := analyses()
+	d := e.start()
+	e.insertN("a", "a=done", 3*core.InspectGrowth)
+	waitFor(t, 30*time.Second, "the dispatcher's analyze", func() (bool, string) {
+		n := analyses()
+		return n > before && len(d.logs.lines("analyzing it")) == 1, fmt.Sprintf("%d analyses, log: %q", n-before, d.logs.lines("analyzing it"))
+	})
+	d.stopClean()
+}

@@ -207,6 +207,10 @@ func (q *Queue) InsertMessage(stage, state string, payload []byte) int64 {
 	return id
 }
 
+// Size is how many rows the queue holds, finished ones included, and those of
+// producers in flight.
+func (q *Queue) Size() int64 { return int64(len(q.rows)) }
+
 // Reserve starts a producer transaction that inserts one row: the row's id is
 // taken now, as PostgreSQL's identity does at insert, but the row appears only
 // at Commit (or never, after Abort). Meanwhile claims report nothing settled.
