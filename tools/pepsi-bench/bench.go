@@ -221,6 +221,9 @@ type bench struct {
 
 	// ingestSeconds: how long each pgbench run of the ingest figure lasts (0: none).
 	ingestSeconds int
+	// enqueueAfterStart: each run's messages are enqueued once pepsi-dispatch
+	// runs on the empty queue (-enqueue-after-start).
+	enqueueAfterStart bool
 }
 
 // round is what one side-by-side measurement found.

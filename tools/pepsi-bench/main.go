@@ -130,6 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write pepsi-dispatch's CPU profile of round R to `FILE`.R")
 	fs.BoolVar(&b.keep, "keep", false, "keep the working directory (configuration, pepsi-dispatch logs) after a successful run")
 	fs.BoolVar(&b.skipPgbench, "skip-pgbench", false, "measure the pipeline only (no ratio)")
+	fs.BoolVar(&b.enqueueAfterStart, "enqueue-after-start", false, "start pepsi-dispatch on the empty queue (vacuumed and analyzed), and enqueue each round's -n messages a second after it connected: a backlog that comes after its plans were made")
 	fs.IntVar(&b.ingestSeconds, "ingest-seconds", 5, "how long each pgbench run of the ingest figure lasts (single-row INSERTs into pepsi.queue with and without its trigger, the dispatcher idle and busy); 0: skip it")
 	fs.DurationVar(&b.timeout, "timeout", 0, "how long one pipeline run may take (default: 2 min + 1 ms per message)")
 	ing := ingressFlags(fs)

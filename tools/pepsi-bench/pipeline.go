@@ -105,16 +105,9 @@ func (b *bench) freshQueue(ctx context.Context, n int, cfg stageConfig) (*pgx.Co
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	// In slices, so that a backlog of a million rows is not one huge statement.
-	for done := 0; done < n; done += enqueueSlice {
-		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key)
-			SELECT $1, CASE WHEN $4::int > 0 THEN convert_to(repeat('x', $4::int), 'UTF8') ELSE convert_to('message ' || g, 'UTF8') END,
-				CASE WHEN $5 THEN 'k' || g WHEN $6::int > 0 THEN 'k' || (g % $6::int) END
-			FROM generate_series($2::int, $3::int) g`,
-			stageA, done+1, min(n, done+enqueueSlice), b.payloadBytes, cfg.keyed, cfg.keys); err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			return nil, fmt.Errorf("enqueue %d messages: %w", n, err)
-		}
+	if err := b.enqueue(ctx, conn, n, cfg); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
 	}
 	// A real queue has statistics; the claim's plan is tested either way. The
 	// checkpoint writes the inserts' pages out before the run, so that a run
@@ -128,7 +121,22 @@ func (b *bench) freshQueue(ctx context.Context, n int, cfg stageConfig) (*pgx.Co
 	return conn, nil
 }
 
-// enqueueSlice is how many messages one INSERT of freshQueue enqueues.
+// enqueue enqueues n messages at stage a, with the order keys cfg gives them,
+// in slices, so that a backlog of a million rows is not one huge statement.
+func (b *bench) enqueue(ctx context.Context, conn *pgx.Conn, n int, cfg stageConfig) error {
+	for done := 0; done < n; done += enqueueSlice {
+		if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key)
+			SELECT $1, CASE WHEN $4::int > 0 THEN convert_to(repeat('x', $4::int), 'UTF8') ELSE convert_to('message ' || g, 'UTF8') END,
+				CASE WHEN $5 THEN 'k' || g WHEN $6::int > 0 THEN 'k' || (g % $6::int) END
+			FROM generate_series($2::int, $3::int) g`,
+			stageA, done+1, min(n, done+enqueueSlice), b.payloadBytes, cfg.keyed, cfg.keys); err != nil {
+			return fmt.Errorf("enqueue %d messages: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// enqueueSlice is how many messages one INSERT of enqueue enqueues.
 const enqueueSlice = 100000
 
 // backlogKey is the order key of the backlogged configuration's backlog.
@@ -185,7 +193,11 @@ func checkKeyBacklog(ctx context.Context, conn *pgx.Conn, n int) error {
 // (answer-mode workers have none; write-mode workers recycle after
 // MAX_MESSAGES); else zero.
 func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeResult, err error) {
-	conn, err := b.freshQueue(ctx, b.n, v.cfg)
+	before := b.n
+	if b.enqueueAfterStart {
+		before = 0
+	}
+	conn, err := b.freshQueue(ctx, before, v.cfg)
 	if err != nil {
 		return p, err
 	}
@@ -222,6 +234,11 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 	}
 	// Killed on an early return; once it has stopped, Kill does nothing.
 	defer d.Kill()
+	if b.enqueueAfterStart {
+		if start, err = b.enqueueBehind(ctx, conn, d, v.cfg); err != nil {
+			return p, err
+		}
+	}
 	if err := b.wait(ctx, conn, d, v, b.n, nil); err != nil {
 		return p, err
 	}
@@ -254,6 +271,34 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 		p.versionsPerHop = float64(upd) / float64(hopsPerMessage*b.n)
 	}
 	return p, nil
+}
+
+// enqueueBehind waits until the dispatcher d runs on the empty queue (its
+// sessions connected, and a second for its first claims, whose plans are
+// then made), then enqueues b.n messages at once and returns when that began
+// (the server's clock): -enqueue-after-start, a backlog that arrives at a
+// running dispatcher.
+func (b *bench) enqueueBehind(ctx context.Context, conn *pgx.Conn, d *dispatchproc.Process, cfg stageConfig) (time.Time, error) {
+	var start time.Time
+	for tries := 0; ; tries++ {
+		var sessions int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'pepsi-dispatch%'`).Scan(&sessions); err != nil {
+			return start, fmt.Errorf("wait for the dispatcher's sessions: %w", err)
+		}
+		if sessions >= 2 {
+			break
+		}
+		if tries > 300 {
+			return start, fmt.Errorf("pepsi-dispatch opened %d sessions in %s; want 2\n%s", sessions, 300*pollEvery, d.LogTail(logTailLines))
+		}
+		time.Sleep(pollEvery)
+	}
+	time.Sleep(time.Second)
+	if err := conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&start); err != nil {
+		return start, fmt.Errorf("read the server clock: %w", err)
+	}
+	return start, b.enqueue(ctx, conn, b.n, cfg)
 }
 
 // stopAndVerify stops the dispatcher with SIGTERM, which must make it exit 0,
