@@ -97,6 +97,10 @@ type Inspected struct {
 	// Unrun lists, by stage name, the pending messages of stages the dispatcher
 	// does not run (counted up to a bound).
 	Unrun []StageCount
+	// NotOwner: the dispatcher's role may neither vacuum nor analyze the
+	// queue (it is not its owner, nor the database's, nor a superuser, and
+	// has no MAINTAIN on it): PostgreSQL would skip either with a warning.
+	NotOwner bool
 	// Pages is the queue table's size now, in pages; PlannedPages its size
 	// when its statistics were last taken (by a vacuum or an analyze), which
 	// the sessions' plans were made for: 0 if never.
@@ -133,6 +137,9 @@ func (e Inspected) String() string {
 	for _, u := range e.Unrun {
 		s += fmt.Sprintf(" unrun=%s:%d", u.Stage, u.N)
 	}
+	if e.NotOwner {
+		s += " not-owner"
+	}
 	if e.Pages > 0 || e.PlannedPages > 0 {
 		s += fmt.Sprintf(" pages=%d planned=%d", e.Pages, e.PlannedPages)
 	}
@@ -158,6 +165,7 @@ type health struct {
 	// claims reported settled) when the last Inspect was sent.
 	settledAtInspect int64
 	warnedOff        bool // said that autovacuum is off
+	warnedOwner      bool // said that the role may not vacuum the queue
 	warnedAge        bool // said that the horizon is held back (until it is not)
 	failed           bool // said that an inspect or vacuum failed (until one works)
 	// unrunSaid: when each stage nobody runs was last said to have pending
@@ -206,7 +214,12 @@ func (c *Core) inspected(e Inspected) {
 	case !old:
 		h.warnedAge = false
 	}
-	if !c.cfg.Vacuum || h.vacuuming != 0 || e.Vacuuming || c.shutdown != 0 ||
+	if c.cfg.Vacuum && e.NotOwner && !h.warnedOwner {
+		h.warnedOwner = true
+		c.logf(LevelWarn, "pepsi-dispatch's role may not vacuum or analyze pepsi.queue (only its owner, the database's owner or a superuser may, or on PostgreSQL 17 a role with MAINTAIN on it): "+
+			"nothing of pepsi-dispatch's removes its dead rows or makes its plans again for a backlog; grant it, or set VACUUM = off and leave both to autovacuum or a DBA")
+	}
+	if !c.cfg.Vacuum || e.NotOwner || h.vacuuming != 0 || e.Vacuuming || c.shutdown != 0 ||
 		!h.lastVacuum.IsZero() && c.now.Before(h.lastVacuum.Add(VacuumIntervalMin)) {
 		return
 	}

@@ -215,3 +215,31 @@ func TestRowsAddedSinceTheLastInspectionCallForTheNextSooner(t *testing.T) {
 		})
 	}
 }
+
+// Proves: when the inspection says the dispatcher's role may not vacuum the
+// queue (PostgreSQL would skip a vacuum or an analyze with a mere warning),
+// the core says so once and sends neither, whatever the dead rows and the
+// queue's growth; once it may, the vacuum due is sent.
+func TestARoleThatMayNotVacuumTheQueueIsSaidOnceAndNothingIsSent(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	ev := grown(in.Op, 5000, 0)
+	ev.Dead, ev.NotOwner = 9*core.VacuumDeadMin, true
+	cmds := w.step(ev)
+	none[core.Vacuum](t, cmds, "the role may not vacuum the queue")
+	if !logged(cmds, "may not vacuum or analyze pepsi.queue") {
+		t.Errorf("no warning that the role may not vacuum the queue:\n%s", list(cmds))
+	}
+	in = one[core.Inspect](t, w.tick(core.InspectInterval))
+	ev.Op = in.Op
+	cmds = w.step(ev)
+	none[core.Vacuum](t, cmds, "the role may still not vacuum the queue")
+	if logged(cmds, "may not vacuum") {
+		t.Errorf("the warning is said again:\n%s", list(cmds))
+	}
+	in = one[core.Inspect](t, w.tick(2*core.InspectInterval))
+	ev.Op, ev.NotOwner = in.Op, false
+	if v := one[core.Vacuum](t, w.step(ev)); v.Analyze {
+		t.Errorf("%v: once the role may, want the vacuum the dead rows call for", v)
+	}
+}

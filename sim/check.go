@@ -992,7 +992,7 @@ func (w *world) vacuumCalledFor(r *rule, x crossing) {
 		w.broke(r, "%s while the core's last vacuum runs", c)
 	case w.shut > 0:
 		w.broke(r, "%s during a shutdown", c)
-	case in == nil || in.Vacuuming || !c.Analyze && in.Dead < core.VacuumDeadMin:
+	case in == nil || in.Vacuuming || in.NotOwner || !c.Analyze && in.Dead < core.VacuumDeadMin:
 		w.broke(r, "%s not called for by the last inspection %v", c, in)
 	case c.Analyze && (in.Dead >= core.VacuumDeadMin || !outgrewPlans(in)):
 		w.broke(r, "%s not called for by the last inspection %v (a vacuum where dead rows call for one; an analyze only where the queue outgrew its statistics)", c, in)
@@ -1223,7 +1223,7 @@ func outgrewPlans(in *core.Inspected) bool {
 
 func (w *world) vacuumWhenDue(r *rule, _ crossing) {
 	in := w.inspectedNow
-	if in != nil && !w.vacuumedNow && w.sc.vacuum && w.shut == 0 && !in.Vacuuming && !w.vacuumOut &&
+	if in != nil && !w.vacuumedNow && w.sc.vacuum && w.shut == 0 && !in.Vacuuming && !in.NotOwner && !w.vacuumOut &&
 		(in.Dead >= core.VacuumDeadMin || outgrewPlans(in)) &&
 		(w.vacuumSent.IsZero() || w.now.Sub(w.vacuumSent) >= core.VacuumIntervalMin) {
 		w.broke(r, "the queue has %d dead row versions and %d pages, planned for %d; no vacuum runs and VACUUM is on, and the step neither vacuumed nor analyzed it",

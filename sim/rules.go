@@ -289,7 +289,7 @@ var ruleInspect = &rule{name: "inspect-serial", when: atCommand, check: (*world)
 
 var ruleVacuumCalledFor = &rule{name: "vacuum-only-when-called-for", when: atCommand, check: (*world).vacuumCalledFor,
 	doc: "A vacuum only when VACUUM is on, none of the core's runs, no shutdown is under way, the last inspection called for one " +
-		"(dead row versions past core.VacuumDeadMin, no vacuum running) and core.VacuumIntervalMin has passed since the last; " +
+		"(dead row versions past core.VacuumDeadMin, no vacuum running, the role may vacuum the queue) and core.VacuumIntervalMin has passed since the last; " +
 		"an analyze likewise, where the inspection found the queue outgrew the size its statistics were taken at (more than twice, and core.AnalyzePagesMin) and dead rows called for no vacuum."}
 
 var ruleExit = &rule{name: "exit", when: atCommand, check: (*world).exit,
@@ -322,7 +322,7 @@ var ruleEpochGuard = &rule{name: "epoch-guard", when: atChange, check: (*world).
 
 var ruleVacuumWhenDue = &rule{name: "vacuum-when-due", when: afterStep, check: (*world).vacuumWhenDue,
 	doc: "An inspection that shows dead row versions past core.VacuumDeadMin, or a queue that outgrew the size its statistics were taken at (more than twice, and core.AnalyzePagesMin), " +
-		"no vacuum running, with VACUUM on, outside a shutdown and core.VacuumIntervalMin after the last, is answered by a vacuum or an analyze in that step."}
+		"no vacuum running, the role may vacuum the queue, with VACUUM on, outside a shutdown and core.VacuumIntervalMin after the last, is answered by a vacuum or an analyze in that step."}
 
 var ruleProtocolErrorKills = &rule{name: "protocol-error-kills", when: afterStep, check: (*world).protocolErrorKills,
 	doc: "A protocol error (a line that is no status line, or a line while the worker holds nothing) is acted on in that step: the worker is killed."}

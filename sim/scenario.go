@@ -42,6 +42,9 @@ type Scenario struct {
 	vacuum     bool
 	autovacuum bool
 	deadScale  int64
+	// notOwner: the inspections say the dispatcher's role may not vacuum
+	// nor analyze the queue.
+	notOwner bool
 	// shuffle: answers of several workers that reach the dispatcher at one
 	// instant come in an order the world draws (chooseArrivalOrder), and
 	// arrivalStage is the stage whose moves to the next arrive at one instant.
@@ -345,7 +348,15 @@ func choose(c chooser) *Scenario {
 	chooseEmits(c, sc)
 	chooseSchedules(c, sc)
 	chooseSessions(c, sc)
+	chooseOwner(c, sc)
 	return sc
+}
+
+// chooseOwner chooses, one scenario in ten, a dispatcher whose role may not
+// vacuum the queue. Drawn last: the other scenarios' choices stay as they
+// were.
+func chooseOwner(c chooser, sc *Scenario) {
+	sc.notOwner = c.intn("not_owner", 0, 9) == 0
 }
 
 // Sessions is the scenario's SESSIONS.
@@ -954,7 +965,7 @@ func (sc *Scenario) String() string {
 		fmt.Fprintf(&b, "# conf: %s\n", line)
 	}
 	fmt.Fprintf(&b, "# fault phase %s, dispatcher restart after %s\n", sc.faultPhase, sc.restart)
-	fmt.Fprintf(&b, "# queue: autovacuum %v, %d dead row versions per row change\n", sc.autovacuum, sc.deadScale)
+	fmt.Fprintf(&b, "# queue: autovacuum %v, %d dead row versions per row change, the role may not vacuum it %v\n", sc.autovacuum, sc.deadScale, sc.notOwner)
 	sc.writeFaults(&b)
 	for i, m := range sc.messages {
 		if i == sc.produced {

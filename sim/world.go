@@ -1201,7 +1201,7 @@ func (w *world) inspect(x core.Inspect) {
 			return
 		}
 		ev := core.Inspected{Op: x.Op, Dead: w.q.Dead * w.sc.deadScale, Live: int64(w.inserted), Autovacuum: w.sc.autovacuum,
-			Pages: w.pages(), PlannedPages: w.plannedPages}
+			Pages: w.pages(), PlannedPages: w.plannedPages, NotOwner: w.sc.notOwner}
 		if w.sc.autovacuum && w.rVacuum.IntN(5) == 0 {
 			ev.Vacuuming = true
 			w.note("autovacuum is vacuuming the queue")

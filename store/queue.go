@@ -476,7 +476,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (q *Queue) Inspect(ctx context.Context, c core.Inspect) core.Inspected {
 	ev := core.Inspected{Op: c.Op}
 	var age float64
-	err := q.pool.QueryRow(ctx, inspectSQL).Scan(&ev.Dead, &ev.Live, &ev.Vacuuming, &ev.Autovacuum, &age, &ev.Horizon, &ev.Pages, &ev.PlannedPages)
+	err := q.pool.QueryRow(ctx, inspectSQL).Scan(&ev.Dead, &ev.Live, &ev.Vacuuming, &ev.Autovacuum, &age, &ev.Horizon, &ev.Pages, &ev.PlannedPages, &ev.NotOwner)
 	if err != nil {
 		ev.Err = fmt.Sprintf("inspect pepsi.queue: %v", err)
 		return ev

@@ -1306,8 +1306,12 @@ func flush(c core.Flush) statement {
 // estimate), whether a vacuum of it runs now, whether autovacuum covers it (on
 // for the server and not turned off for the table), and the oldest transaction
 // or prepared transaction holding back the xmin horizon, with its age in
-// seconds; and its size in pages now and when its statistics were last taken
-// (pg_class.relpages, which a vacuum or an analyze sets). Another role's
+// seconds; its size in pages now and when its statistics were last taken
+// (pg_class.relpages, which a vacuum or an analyze sets); and whether the
+// session's role may not vacuum or analyze it, which PostgreSQL would skip
+// with a mere warning (a superuser has every role's privileges; the
+// database's owner may too; PostgreSQL 17 adds MAINTAIN, a privilege name
+// earlier servers reject, hence the CASE). Another role's
 // sessions may hide their details without pg_read_all_stats; what is hidden
 // counts as absent.
 const inspectSQL = `
@@ -1318,7 +1322,10 @@ SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
                          WHERE o.option_name = 'autovacuum_enabled'), 'on') NOT IN ('off', 'false', 'no', '0'),
        greatest(coalesce(extract(epoch FROM clock_timestamp() - h.since), 0), 0)::float8,
        coalesce(h.who, ''),
-       pg_relation_size(c.oid) / current_setting('block_size')::int8, c.relpages::int8
+       pg_relation_size(c.oid) / current_setting('block_size')::int8, c.relpages::int8,
+       NOT (pg_has_role(c.relowner, 'USAGE')
+            OR pg_has_role((SELECT d.datdba FROM pg_database d WHERE d.datname = current_database()), 'USAGE')
+            OR CASE WHEN current_setting('server_version_num')::int >= 170000 THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END)
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 LEFT JOIN LATERAL (

@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Inspect reads the queue's health, and Vacuum removes its dead rows, on the
@@ -90,5 +93,43 @@ func TestInspectCountsPendingMessagesOfStagesNobodyRuns(t *testing.T) {
 	want := []core.StageCount{{Stage: "ghost", N: 2}, {Stage: "orphan", N: 1}}
 	if in.Err != "" || fmt.Sprint(in.Unrun) != fmt.Sprint(want) {
 		t.Fatalf("inspected %v; want stages nobody runs %v", in, want)
+	}
+}
+
+// A role that does not own pepsi.queue (nor the database, nor is a superuser)
+// may neither vacuum nor analyze it, and PostgreSQL skips either with a mere
+// warning, no error: the inspection must say so (NotOwner), or the core would
+// send a vacuum that does nothing every few seconds and believe it done.
+func TestInspectSaysWhenTheRoleMayNotVacuumTheQueue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := t.Context()
+	if in := h.Inspect(ctx, core.Inspect{Op: 1}); in.Err != "" || in.NotOwner {
+		t.Fatalf("inspected %v as the queue's owner; want NotOwner false", in)
+	}
+	role := fmt.Sprintf("pepsi_not_owner_%d", time.Now().UnixNano()%1e9)
+	h.exec(t, "CREATE ROLE "+role+" LOGIN; GRANT USAGE ON SCHEMA pepsi TO "+role+"; GRANT SELECT ON pepsi.queue TO "+role)
+	t.Cleanup(func() {
+		h.pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) //nolint:errcheck // best effort: roles outlive databases
+	})
+	cfg, err := pgx.ParseConfig(h.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := store.New(newPool(t, strings.Replace(h.url, "//"+cfg.User+"@", "//"+role+"@", 1), &tripCounter{}), testLogger(t))
+	in := other.Inspect(ctx, core.Inspect{Op: 2})
+	if in.Err != "" || !in.NotOwner {
+		t.Errorf("inspected %v as role %s; want NotOwner", in, role)
+	}
+	analyses := func() (n int64) {
+		h.exec(t, "SELECT pg_stat_clear_snapshot()")
+		if err := h.pool.QueryRow(ctx, "SELECT coalesce(analyze_count, 0) FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := analyses()
+	if v := other.Vacuum(ctx, core.Vacuum{Op: 3, Analyze: true}); v.Err != "" || analyses() != before {
+		t.Errorf("as role %s the analyze answered %v and the queue was analyzed %d times; want no error and none: what the inspection's NotOwner stands for", role, v, analyses()-before)
 	}
 }
