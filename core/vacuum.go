@@ -23,16 +23,20 @@ import (
 // the whole queue at every claim of the backlog that comes next: 170 times
 // the buffers of the plan made for it at 100,000 messages. So, unless
 // VACUUM = off, the core also has the queue analyzed when it has grown past
-// twice the size its statistics were taken at (and AnalyzePagesMin), which
-// makes every session's plans again; and it looks again within
-// InspectGrowthInterval, not InspectInterval, when its claims report
-// InspectGrowth rows added since the last look.
+// twice the size its statistics were taken at, in pages or in live rows
+// (OutgrewPlans), which makes every session's plans again; and it looks
+// again within InspectGrowthInterval, not InspectInterval, when its claims
+// report InspectGrowth rows added since the last look, and as many as the
+// queue's live rows then.
 const (
 	// InspectInterval is how often the core reads the queue's health.
 	InspectInterval = 10 * time.Second
 	// InspectGrowth: rows added to the queue (ingress ids settled, as the
 	// claims report them) since the last inspection that call for the next
-	// one sooner, InspectGrowthInterval after the last.
+	// one sooner, InspectGrowthInterval after the last, if they are as many
+	// as the live rows that inspection found too (the queue may have
+	// doubled): a steady flow into a large queue keeps the InspectInterval
+	// pace.
 	InspectGrowth = 10000
 	// InspectGrowthInterval: two inspections called for by growth start at
 	// least this far apart.
@@ -41,6 +45,9 @@ const (
 	// is analyzed when it has more than doubled since its statistics were
 	// taken. Below it every plan reads little, whatever its shape.
 	AnalyzePagesMin = 128
+	// AnalyzeRowsMin: the queue's live rows from which it is analyzed when
+	// they are more than twice the rows its statistics hold.
+	AnalyzeRowsMin = 10000
 	// plannerPagesMin: PostgreSQL plans a table that was never vacuumed nor
 	// analyzed as if it had at least 10 pages.
 	plannerPagesMin = 10
@@ -70,16 +77,28 @@ type StageCount struct {
 	N     int64
 }
 
-// Vacuum runs VACUUM on pepsi.queue, on a connection of its own, off the loop
-// (it cannot run in a transaction and may take a while), or, with Analyze,
-// ANALYZE instead. Answered by Vacuumed. Nothing needs to be durable first: it
-// only removes dead row versions, or takes statistics.
+// Vacuum runs VACUUM or ANALYZE (Kind) on pepsi.queue, on a connection of its
+// own, off the loop (neither can run in a transaction and either may take a
+// while). Answered by Vacuumed. Nothing needs to be durable first: it only
+// removes dead row versions and takes statistics.
 type Vacuum struct {
-	Op int64
-	// Analyze: take the queue's statistics (ANALYZE), which makes the
-	// sessions' plans again for its size, rather than vacuum it.
-	Analyze bool
+	Op   int64
+	Kind Maintenance
 }
+
+// Maintenance is what a Vacuum runs.
+type Maintenance int
+
+const (
+	// VacuumOnly is VACUUM: dead rows call for it.
+	VacuumOnly Maintenance = iota
+	// VacuumAnalyze is VACUUM (ANALYZE): dead rows call for it, and the queue
+	// outgrew its statistics (OutgrewPlans).
+	VacuumAnalyze
+	// AnalyzeOnly is ANALYZE: the queue outgrew its statistics, and no dead
+	// rows call for a vacuum.
+	AnalyzeOnly
+)
 
 // Inspected is the result of an Inspect.
 type Inspected struct {
@@ -101,11 +120,15 @@ type Inspected struct {
 	// queue (it is not its owner, nor the database's, nor a superuser, and
 	// has no MAINTAIN on it): PostgreSQL would skip either with a warning.
 	NotOwner bool
-	// Pages is the queue table's size now, in pages; PlannedPages its size
-	// when its statistics were last taken (by a vacuum or an analyze), which
-	// the sessions' plans were made for: 0 if never.
-	Pages, PlannedPages int64
-	Err                 string
+	// Pages is the queue table's size now, in pages; PlannedPages and
+	// PlannedRows its size and its rows when its statistics were last taken
+	// (by a vacuum or an analyze: pg_class.relpages and reltuples), which the
+	// sessions' plans were made for, 0 if never. Pages counts the pages of
+	// rows not yet committed, and Live does not: an analyze taken during a
+	// long load sets PlannedPages but not PlannedRows, and Live then calls
+	// for another.
+	Pages, PlannedPages, PlannedRows int64
+	Err                              string
 }
 
 // Vacuumed is the result of a Vacuum.
@@ -121,8 +144,11 @@ func (Vacuumed) isEvent()  {}
 
 func (c Inspect) String() string { return fmt.Sprintf("inspect op=%d", c.Op) }
 func (c Vacuum) String() string {
-	if c.Analyze {
+	switch c.Kind {
+	case VacuumAnalyze:
 		return fmt.Sprintf("vacuum op=%d analyze", c.Op)
+	case AnalyzeOnly:
+		return fmt.Sprintf("analyze op=%d", c.Op)
 	}
 	return fmt.Sprintf("vacuum op=%d", c.Op)
 }
@@ -143,6 +169,9 @@ func (e Inspected) String() string {
 	if e.Pages > 0 || e.PlannedPages > 0 {
 		s += fmt.Sprintf(" pages=%d planned=%d", e.Pages, e.PlannedPages)
 	}
+	if e.PlannedRows > 0 {
+		s += fmt.Sprintf(" planned-rows=%d", e.PlannedRows)
+	}
 	return s
 }
 func (e Vacuumed) String() string {
@@ -162,12 +191,13 @@ type health struct {
 	lastInspect time.Time
 	lastVacuum  time.Time
 	// settledAtInspect is the core's settled (the newest ingress id its
-	// claims reported settled) when the last Inspect was sent.
-	settledAtInspect int64
-	warnedOff        bool // said that autovacuum is off
-	warnedOwner      bool // said that the role may not vacuum the queue
-	warnedAge        bool // said that the horizon is held back (until it is not)
-	failed           bool // said that an inspect or vacuum failed (until one works)
+	// claims reported settled) when the last Inspect was sent; liveAtInspect
+	// the live rows the last inspection found.
+	settledAtInspect, liveAtInspect int64
+	warnedOff                       bool // said that autovacuum is off
+	warnedOwner                     bool // said that the role may not vacuum the queue
+	warnedAge                       bool // said that the horizon is held back (until it is not)
+	failed                          bool // said that an inspect or vacuum failed (until one works)
 	// unrunSaid: when each stage nobody runs was last said to have pending
 	// messages (said again every POLL_INTERVAL while they wait).
 	unrunSaid map[string]time.Time
@@ -214,6 +244,13 @@ func (c *Core) inspected(e Inspected) {
 	case !old:
 		h.warnedAge = false
 	}
+	h.liveAtInspect = e.Live
+	c.maintain(e)
+}
+
+// maintain sends the vacuum, the analyze or both that inspection e calls for.
+func (c *Core) maintain(e Inspected) {
+	h := &c.health
 	if c.cfg.Vacuum && e.NotOwner && !h.warnedOwner {
 		h.warnedOwner = true
 		c.logf(LevelWarn, "pepsi-dispatch's role may not vacuum or analyze pepsi.queue (only its owner, the database's owner or a superuser may, or on PostgreSQL 17 a role with MAINTAIN on it): "+
@@ -223,28 +260,33 @@ func (c *Core) inspected(e Inspected) {
 		!h.lastVacuum.IsZero() && c.now.Before(h.lastVacuum.Add(VacuumIntervalMin)) {
 		return
 	}
-	// A vacuum sets the queue's size in its statistics too (relpages), which
-	// makes the sessions' plans again (measured: their reads beside a backlog
-	// as low as after an analyze): it is the one sent when both are due.
-	analyze := OutgrewPlans(e.Pages, e.PlannedPages)
-	if e.Dead < VacuumDeadMin && !analyze {
+	kind := VacuumOnly
+	switch outgrew := OutgrewPlans(e); {
+	case e.Dead >= VacuumDeadMin && outgrew:
+		kind = VacuumAnalyze
+	case outgrew:
+		kind = AnalyzeOnly
+	case e.Dead < VacuumDeadMin:
 		return
 	}
 	h.nextOp++
 	h.vacuuming = h.nextOp
 	h.lastVacuum = c.now
-	if e.Dead < VacuumDeadMin {
-		c.logf(LevelInfo, "pepsi.queue has grown to %d pages, from %d when its statistics were taken: analyzing it, so that the dispatcher's plans are made again for its size",
-			e.Pages, e.PlannedPages)
+	if kind != VacuumOnly {
+		c.logf(LevelInfo, "pepsi.queue has grown to %d pages and %d rows, from %d and %d when its statistics were taken: analyzing it, so that the dispatcher's plans are made again for its size",
+			e.Pages, e.Live, e.PlannedPages, e.PlannedRows)
 	}
-	c.emit(Vacuum{Op: h.vacuuming, Analyze: e.Dead < VacuumDeadMin})
+	c.emit(Vacuum{Op: h.vacuuming, Kind: kind})
 }
 
-// OutgrewPlans says whether a queue of pages, whose statistics were taken at
-// planned pages, calls for an analyze: it is at least AnalyzePagesMin and more
-// than twice what the plans were made for.
-func OutgrewPlans(pages, planned int64) bool {
-	return pages >= AnalyzePagesMin && pages > 2*max(planned, plannerPagesMin)
+// OutgrewPlans says whether the queue inspection e found calls for an
+// analyze: at AnalyzePagesMin or more, it is more than twice the size in
+// pages its statistics were taken at; or at AnalyzeRowsMin or more, it holds
+// more than twice their live rows.
+func OutgrewPlans(e Inspected) bool {
+	pages := e.Pages >= AnalyzePagesMin && e.Pages > 2*max(e.PlannedPages, plannerPagesMin)
+	rows := e.Live >= AnalyzeRowsMin && e.Live > 2*e.PlannedRows
+	return pages || rows
 }
 
 func (c *Core) vacuumed(e Vacuumed) {
@@ -259,8 +301,9 @@ func (c *Core) vacuumed(e Vacuumed) {
 
 // inspectDue asks for the queue's health every InspectInterval while running,
 // and InspectGrowthInterval after the last time when the claims have since
-// reported InspectGrowth rows added: a backlog that came after the plans were
-// made is analyzed for them within a second or so, not ten.
+// reported InspectGrowth rows added, and as many as the queue's live rows then:
+// a backlog that came after the plans were made is analyzed for them within a
+// second or so, not ten.
 func (c *Core) inspectDue() {
 	h := &c.health
 	if at := c.inspectAt(); at.IsZero() || c.now.Before(at) {
@@ -283,7 +326,7 @@ func (c *Core) inspectAt() time.Time {
 	if c.shutdown > 0 || h.inspecting != 0 {
 		return time.Time{}
 	}
-	if c.settled-h.settledAtInspect >= InspectGrowth {
+	if c.settled-h.settledAtInspect >= max(InspectGrowth, h.liveAtInspect) {
 		return h.lastInspect.Add(InspectGrowthInterval)
 	}
 	return h.lastInspect.Add(InspectInterval)

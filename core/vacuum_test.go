@@ -1,7 +1,6 @@
 package core_test
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -153,7 +152,7 @@ func TestAQueueThatOutgrewItsStatisticsIsAnalyzed(t *testing.T) {
 	none[core.Vacuum](t, w.step(grown(in.Op, core.AnalyzePagesMin-1, 0)), "a queue below AnalyzePagesMin is not analyzed")
 	in = one[core.Inspect](t, w.tick(core.InspectInterval))
 	cmds := w.step(grown(in.Op, 5000, 0))
-	if v := one[core.Vacuum](t, cmds); !v.Analyze {
+	if v := one[core.Vacuum](t, cmds); v.Kind != core.AnalyzeOnly {
 		t.Fatalf("%v: want an analyze of a queue of 5,000 pages planned empty", v)
 	}
 	if !logged(cmds, "analyzing it") {
@@ -165,25 +164,23 @@ func TestAQueueThatOutgrewItsStatisticsIsAnalyzed(t *testing.T) {
 	in = one[core.Inspect](t, w.tick(3*core.InspectInterval))
 	none[core.Vacuum](t, w.step(grown(in.Op, 10000, 5000)), "a queue twice its statistics' size, not more")
 	in = one[core.Inspect](t, w.tick(4*core.InspectInterval))
-	if v := one[core.Vacuum](t, w.step(grown(in.Op, 10001, 5000))); !v.Analyze {
+	if v := one[core.Vacuum](t, w.step(grown(in.Op, 10001, 5000))); v.Kind != core.AnalyzeOnly {
 		t.Errorf("%v: want an analyze of a queue past twice its statistics' size", v)
 	}
-	if !core.OutgrewPlans(core.AnalyzePagesMin, 0) || core.OutgrewPlans(core.AnalyzePagesMin-1, 0) {
-		t.Errorf("a queue never analyzed calls for an analyze from %d pages: OutgrewPlans says %v at %d, %v at %d",
-			core.AnalyzePagesMin, core.OutgrewPlans(core.AnalyzePagesMin, 0), core.AnalyzePagesMin,
-			core.OutgrewPlans(core.AnalyzePagesMin-1, 0), core.AnalyzePagesMin-1)
+	if !core.OutgrewPlans(grown(0, core.AnalyzePagesMin, 0)) || core.OutgrewPlans(grown(0, core.AnalyzePagesMin-1, 0)) {
+		t.Errorf("a queue never analyzed calls for an analyze from %d pages: OutgrewPlans says otherwise", core.AnalyzePagesMin)
 	}
 }
 
 // Proves: when dead rows call for a vacuum and the queue has outgrown its
-// statistics, the vacuum is sent: it takes the statistics too.
-func TestAVacuumDueIsSentBeforeAnAnalyze(t *testing.T) {
+// statistics, one VACUUM (ANALYZE) does both.
+func TestAVacuumAndAnAnalyzeDueAreOne(t *testing.T) {
 	w := newWorld(t, threeStages)
 	in := one[core.Inspect](t, w.start("a", 0))
 	ev := grown(in.Op, 5000, 0)
 	ev.Dead = core.VacuumDeadMin
-	if v := one[core.Vacuum](t, w.step(ev)); v.Analyze {
-		t.Errorf("%v: want a vacuum where dead rows call for one too", v)
+	if v := one[core.Vacuum](t, w.step(ev)); v.Kind != core.VacuumAnalyze {
+		t.Errorf("%v: want a vacuum that analyzes too where dead rows call for one", v)
 	}
 }
 
@@ -195,22 +192,38 @@ func TestNoAnalyzeWhenVacuumIsOff(t *testing.T) {
 }
 
 // Proves: when the claims report InspectGrowth rows added since the last
-// inspection, the next comes InspectGrowthInterval after it, not
-// InspectInterval; fewer rows wait for InspectInterval.
+// inspection, and as many as the live rows it found (the queue may have
+// doubled), the next comes InspectGrowthInterval after it, not
+// InspectInterval, and the one after that InspectInterval later again; fewer
+// rows, or a queue that many rows do not double, wait for InspectInterval.
 func TestRowsAddedSinceTheLastInspectionCallForTheNextSooner(t *testing.T) {
 	for _, c := range []struct {
-		added int
-		next  time.Duration
-	}{{core.InspectGrowth - 1, core.InspectInterval}, {core.InspectGrowth, core.InspectGrowthInterval}} {
-		t.Run(fmt.Sprint(c.added), func(t *testing.T) {
+		name        string
+		live, added int64
+		next        time.Duration
+	}{
+		{"fewer", 1000, core.InspectGrowth - 1, core.InspectInterval},
+		{"enough", 1000, core.InspectGrowth, core.InspectGrowthInterval},
+		{"not-double", 3 * core.InspectGrowth, 2 * core.InspectGrowth, core.InspectInterval},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			w := newWorld(t, threeStages)
 			in := one[core.Inspect](t, w.start("a", 0))
-			w.step(healthy(in.Op, 0))
-			w.q.Insert("a", c.added)
+			first := healthy(in.Op, 0)
+			first.Live = c.live
+			w.step(first)
+			w.q.Insert("a", int(c.added))
 			w.step(core.Ingress{})
 			none[core.Inspect](t, w.tick(c.next-time.Millisecond), "no inspection before it is due")
-			if got := of[core.Inspect](w.tick(c.next)); len(got) != 1 {
-				t.Errorf("%d rows added: %d inspections %s after the last; want 1", c.added, len(got), c.next)
+			got := of[core.Inspect](w.tick(c.next))
+			if len(got) != 1 {
+				t.Fatalf("%d rows added beside %d live: %d inspections %s after the last; want 1", c.added, c.live, len(got), c.next)
+			}
+			// No rows since: the next waits InspectInterval again.
+			w.step(healthy(got[0].Op, 0))
+			none[core.Inspect](t, w.tick(c.next+core.InspectInterval-time.Millisecond), "no inspection before InspectInterval again")
+			if n := len(of[core.Inspect](w.tick(c.next + core.InspectInterval))); n != 1 {
+				t.Errorf("%d inspections InspectInterval after the early one; want 1", n)
 			}
 		})
 	}
@@ -239,7 +252,27 @@ func TestARoleThatMayNotVacuumTheQueueIsSaidOnceAndNothingIsSent(t *testing.T) {
 	}
 	in = one[core.Inspect](t, w.tick(2*core.InspectInterval))
 	ev.Op, ev.NotOwner = in.Op, false
-	if v := one[core.Vacuum](t, w.step(ev)); v.Analyze {
-		t.Errorf("%v: once the role may, want the vacuum the dead rows call for", v)
+	if v := one[core.Vacuum](t, w.step(ev)); v.Kind != core.VacuumAnalyze {
+		t.Errorf("%v: once the role may, want the vacuum and the analyze due", v)
+	}
+}
+
+// Proves: an analyze taken while a long load was uncommitted counted its
+// pages but not its rows; once the rows are live, more than twice those the
+// statistics hold (and AnalyzeRowsMin or more), the queue is analyzed again,
+// though its pages have not grown.
+func TestAQueueWhoseRowsOutgrewItsStatisticsIsAnalyzed(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	ev := grown(in.Op, 5000, 5000)
+	ev.Live, ev.PlannedRows = core.AnalyzeRowsMin-1, 0
+	none[core.Vacuum](t, w.step(ev), "fewer live rows than AnalyzeRowsMin")
+	in = one[core.Inspect](t, w.tick(core.InspectInterval))
+	ev.Op, ev.Live, ev.PlannedRows = in.Op, 100000, 50000
+	none[core.Vacuum](t, w.step(ev), "twice the rows the statistics hold, not more")
+	in = one[core.Inspect](t, w.tick(2*core.InspectInterval))
+	ev.Op, ev.PlannedRows = in.Op, 0
+	if v := one[core.Vacuum](t, w.step(ev)); v.Kind != core.AnalyzeOnly {
+		t.Errorf("%v: want an analyze of 100,000 live rows whose statistics hold none", v)
 	}
 }

@@ -992,10 +992,11 @@ func (w *world) vacuumCalledFor(r *rule, x crossing) {
 		w.broke(r, "%s while the core's last vacuum runs", c)
 	case w.shut > 0:
 		w.broke(r, "%s during a shutdown", c)
-	case in == nil || in.Vacuuming || in.NotOwner || !c.Analyze && in.Dead < core.VacuumDeadMin:
+	case in == nil || in.Vacuuming || in.NotOwner:
 		w.broke(r, "%s not called for by the last inspection %v", c, in)
-	case c.Analyze && (in.Dead >= core.VacuumDeadMin || !outgrewPlans(in)):
-		w.broke(r, "%s not called for by the last inspection %v (a vacuum where dead rows call for one; an analyze only where the queue outgrew its statistics)", c, in)
+	case c.Kind != maintenanceFor(in):
+		w.broke(r, "%s where the last inspection %v calls for %s (VACUUM for dead rows, ANALYZE for a queue that outgrew its statistics, both at once)",
+			c, in, core.Vacuum{Op: c.Op, Kind: maintenanceFor(in)})
 	case !w.vacuumSent.IsZero() && w.now.Sub(w.vacuumSent) < core.VacuumIntervalMin:
 		w.broke(r, "%s %s after the last, before VacuumIntervalMin %s", c, w.now.Sub(w.vacuumSent), core.VacuumIntervalMin)
 	}
@@ -1214,11 +1215,28 @@ func (w *world) cooldownEndDue(r *rule, _ crossing) {
 }
 
 // outgrewPlans: the inspection found the queue at core.AnalyzePagesMin or more
-// and more than twice the size its statistics were taken at (PostgreSQL plans
-// a table never vacuumed nor analyzed as 10 pages at least). Derived here, not
-// by core.OutgrewPlans, which a bug of it would fool.
+// and more than twice the size in pages its statistics were taken at
+// (PostgreSQL plans a table never vacuumed nor analyzed as 10 pages at least),
+// or at core.AnalyzeRowsMin live rows or more and more than twice their rows.
+// Derived here, not by core.OutgrewPlans, which a bug of it would fool.
 func outgrewPlans(in *core.Inspected) bool {
-	return in.Pages >= core.AnalyzePagesMin && in.Pages > 2*max(in.PlannedPages, 10)
+	return in.Pages >= core.AnalyzePagesMin && in.Pages > 2*max(in.PlannedPages, 10) ||
+		in.Live >= core.AnalyzeRowsMin && in.Live > 2*in.PlannedRows
+}
+
+// maintenanceFor is what inspection in calls for, if it calls for anything:
+// VACUUM for dead rows past core.VacuumDeadMin, ANALYZE for a queue that
+// outgrew its statistics, VACUUM (ANALYZE) for both.
+func maintenanceFor(in *core.Inspected) core.Maintenance {
+	switch dead, outgrew := in.Dead >= core.VacuumDeadMin, outgrewPlans(in); {
+	case dead && outgrew:
+		return core.VacuumAnalyze
+	case outgrew:
+		return core.AnalyzeOnly
+	case dead:
+		return core.VacuumOnly
+	}
+	return -1
 }
 
 func (w *world) vacuumWhenDue(r *rule, _ crossing) {

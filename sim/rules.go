@@ -290,7 +290,8 @@ var ruleInspect = &rule{name: "inspect-serial", when: atCommand, check: (*world)
 var ruleVacuumCalledFor = &rule{name: "vacuum-only-when-called-for", when: atCommand, check: (*world).vacuumCalledFor,
 	doc: "A vacuum only when VACUUM is on, none of the core's runs, no shutdown is under way, the last inspection called for one " +
 		"(dead row versions past core.VacuumDeadMin, no vacuum running, the role may vacuum the queue) and core.VacuumIntervalMin has passed since the last; " +
-		"an analyze likewise, where the inspection found the queue outgrew the size its statistics were taken at (more than twice, and core.AnalyzePagesMin) and dead rows called for no vacuum."}
+		"an analyze likewise, where the inspection found the queue outgrew the size its statistics were taken at (more than twice, in pages from core.AnalyzePagesMin or in live rows from core.AnalyzeRowsMin), " +
+		"and where both are called for one VACUUM (ANALYZE): exactly what the inspection calls for."}
 
 var ruleExit = &rule{name: "exit", when: atCommand, check: (*world).exit,
 	doc: "The core exits only when every worker is gone; exit 1 only after a second shutdown request; exit 0 only when nothing is held or owed " +
@@ -321,7 +322,7 @@ var ruleEpochGuard = &rule{name: "epoch-guard", when: atChange, check: (*world).
 	doc: "A 0 whose stage committed its transition on that visit (then lost to a PostgreSQL crash) is never failed as a stage bug: it is run again."}
 
 var ruleVacuumWhenDue = &rule{name: "vacuum-when-due", when: afterStep, check: (*world).vacuumWhenDue,
-	doc: "An inspection that shows dead row versions past core.VacuumDeadMin, or a queue that outgrew the size its statistics were taken at (more than twice, and core.AnalyzePagesMin), " +
+	doc: "An inspection that shows dead row versions past core.VacuumDeadMin, or a queue that outgrew the size its statistics were taken at (more than twice, in pages or in live rows), " +
 		"no vacuum running, the role may vacuum the queue, with VACUUM on, outside a shutdown and core.VacuumIntervalMin after the last, is answered by a vacuum or an analyze in that step."}
 
 var ruleProtocolErrorKills = &rule{name: "protocol-error-kills", when: afterStep, check: (*world).protocolErrorKills,

@@ -197,9 +197,10 @@ type world struct {
 	tries      [][]int
 	wrote      []bool // the current or last try of the row committed a transition
 	inserted   int
-	// plannedPages is the queue's size (pages) when its statistics were last
-	// taken, by a vacuum or an analyze.
-	plannedPages int64
+	// plannedPages and plannedRows are the queue's size (pages) and live
+	// rows (liveRows) when its statistics were last taken, by a vacuum or an
+	// analyze.
+	plannedPages, plannedRows int64
 	// The passes that emitted messages, by passKey; the last of each
 	// message; and, while a transaction runs, the pass each of its resolve
 	// items writes (emit.go).
@@ -1200,13 +1201,13 @@ func (w *world) inspect(x core.Inspect) {
 			w.pending = append(w.pending, core.Inspected{Op: x.Op, Err: "dial tcp 127.0.0.1:5432: connect: connection refused"})
 			return
 		}
-		ev := core.Inspected{Op: x.Op, Dead: w.q.Dead * w.sc.deadScale, Live: int64(w.inserted), Autovacuum: w.sc.autovacuum,
-			Pages: w.pages(), PlannedPages: w.plannedPages, NotOwner: w.sc.notOwner}
+		ev := core.Inspected{Op: x.Op, Dead: w.q.Dead * w.sc.deadScale, Live: w.liveRows(), Autovacuum: w.sc.autovacuum,
+			Pages: w.pages(), PlannedPages: w.plannedPages, PlannedRows: w.plannedRows, NotOwner: w.sc.notOwner}
 		if w.sc.autovacuum && w.rVacuum.IntN(5) == 0 {
 			ev.Vacuuming = true
 			w.note("autovacuum is vacuuming the queue")
 			w.q.Vacuum()
-			w.plannedPages = w.pages()
+			w.plannedPages, w.plannedRows = w.pages(), w.liveRows()
 		}
 		w.pending = append(w.pending, ev)
 	})
@@ -1214,19 +1215,19 @@ func (w *world) inspect(x core.Inspect) {
 
 // vacuum runs the core's VACUUM: it takes a while (up to 15 s, longer than
 // core.VacuumIntervalMin and core.InspectInterval, so an inspection can find it
-// still running), then the dead versions are gone. Either a vacuum or an
-// analyze (x.Analyze) takes the statistics: the queue's size then is what the
-// plans are made for.
+// still running), then the dead versions are gone (but for an AnalyzeOnly).
+// Any of the three takes the statistics: the queue's size and rows then are
+// what the plans are made for.
 func (w *world) vacuum(x core.Vacuum) {
 	w.after(w.randDur(w.rVacuum, 10*time.Millisecond, 15*time.Second), func() {
 		if w.dbDown() {
 			w.pending = append(w.pending, core.Vacuumed{Op: x.Op, Err: "server closed the connection unexpectedly"})
 			return
 		}
-		if !x.Analyze {
+		if x.Kind != core.AnalyzeOnly {
 			w.q.Vacuum()
 		}
-		w.plannedPages = w.pages()
+		w.plannedPages, w.plannedRows = w.pages(), w.liveRows()
 		w.pending = append(w.pending, core.Vacuumed{Op: x.Op})
 	})
 }
@@ -1236,6 +1237,12 @@ func (w *world) vacuum(x core.Vacuum) {
 // pages, so that scenarios reach core.AnalyzePagesMin).
 func (w *world) pages() int64 {
 	return w.q.Size() * w.sc.deadScale / 100
+}
+
+// liveRows is the inspections' Live: the messages inserted, scaled as the
+// dead row versions are (so that scenarios reach core.AnalyzeRowsMin).
+func (w *world) liveRows() int64 {
+	return int64(w.inserted) * w.sc.deadScale
 }
 
 // exec applies a transaction to the fake queue (a dispatcher commit). Before a

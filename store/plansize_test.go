@@ -5,10 +5,12 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -23,7 +25,7 @@ type plannedStatement struct{ name, prepare, args string }
 // claim read 230,000 buffers beside 100,000 messages, against 1,400 for the
 // plan made for them. The store's inspection reports that the queue outgrew
 // the size its statistics were taken at (core.OutgrewPlans), and the analyze
-// the core then sends (a Vacuum with Analyze) makes every session's plans
+// the core then sends (a Vacuum of kind AnalyzeOnly) makes every session's plans
 // again: each statement, planned on the empty queue, then run after the
 // analyze beside the backlog, reads no more than twice the buffers (and 50
 // more) of the same statement planned in a new session, and never scans the
@@ -61,19 +63,19 @@ func TestAnAnalyzeMakesPlansMadeOnAnEmptyQueueAgain(t *testing.T) {
 				fmt.Sprintf("UPDATE pepsi.queue SET status = 'running' WHERE ingress_id > %d AND ingress_id <= %d", backlog-items, backlog),
 			)
 			in := h.Inspect(ctx, core.Inspect{Op: 1})
-			if in.Err != "" || !core.OutgrewPlans(in.Pages, in.PlannedPages) {
+			if in.Err != "" || !core.OutgrewPlans(in) {
 				t.Fatalf("inspected %v beside a backlog of %d planned empty; want pages the plans outgrew", in, backlog)
 			}
 			claim := explain(t, early, "force_generic_plan", "claim", statements[0].args)
 			t.Logf("before the analyze the claim read %g buffers", claim.SharedHit+claim.SharedRead)
-			if v := h.Vacuum(ctx, core.Vacuum{Op: 2, Analyze: true}); v.Err != "" {
+			if v := h.Vacuum(ctx, core.Vacuum{Op: 2, Kind: core.AnalyzeOnly}); v.Err != "" {
 				t.Fatal(v.Err)
 			}
 			var analyses int64
 			if err := early.QueryRow(ctx, "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass").Scan(&analyses); err != nil || analyses < 1 {
 				t.Errorf("pepsi.queue analyzed %d times (%v); want the store's analyze counted", analyses, err)
 			}
-			if in := h.Inspect(ctx, core.Inspect{Op: 3}); in.Err != "" || core.OutgrewPlans(in.Pages, in.PlannedPages) || in.PlannedPages < in.Pages/2 {
+			if in := h.Inspect(ctx, core.Inspect{Op: 3}); in.Err != "" || core.OutgrewPlans(in) || in.PlannedPages < in.Pages/2 || in.PlannedRows < in.Live/2 {
 				t.Errorf("inspected %v after the analyze; want its pages planned for", in)
 			}
 			late := dispatcherConn(t, h.url)
@@ -131,4 +133,37 @@ func dispatcherConn(t *testing.T, url string) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(t.Context()) })
 	return conn
+}
+
+// An analyze taken while a long load is uncommitted counts the load's pages
+// (pg_relation_size does) but not its rows: the statistics then say the
+// queue is large and empty, and plans made from them read it whole. Once the
+// load commits, the inspection's live rows are more than twice the rows the
+// statistics hold, and core.OutgrewPlans calls for another analyze.
+func TestAnAnalyzeTakenDuringALoadIsCalledForAgainOnceItCommits(t *testing.T) {
+	t.Parallel()
+	const load = 100_000
+	h := newHarness(t)
+	ctx := t.Context()
+	producer := pgtest.Connect(t, h.url)
+	execAll(t, producer, "ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)", "BEGIN",
+		fmt.Sprintf("INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, %d)", load))
+	if in := h.Inspect(ctx, core.Inspect{Op: 1}); in.Err != "" || !core.OutgrewPlans(in) {
+		t.Fatalf("inspected %v during the load; want its pages outgrowing the statistics", in)
+	}
+	if v := h.Vacuum(ctx, core.Vacuum{Op: 2, Kind: core.AnalyzeOnly}); v.Err != "" {
+		t.Fatal(v.Err)
+	}
+	if in := h.Inspect(ctx, core.Inspect{Op: 3}); in.Err != "" || core.OutgrewPlans(in) || in.PlannedRows > load/10 {
+		t.Fatalf("inspected %v after the analyze during the load; want its pages planned for and (nearly) no rows", in)
+	}
+	execAll(t, producer, "COMMIT", "SELECT pg_stat_force_next_flush()")
+	var in core.Inspected
+	waitUntil(t, 20*time.Second, "the load's rows in the statistics", func() bool {
+		in = h.Inspect(ctx, core.Inspect{Op: 4})
+		return in.Err == "" && in.Live >= load
+	})
+	if !core.OutgrewPlans(in) {
+		t.Errorf("inspected %v once the load committed; want its live rows outgrowing the statistics", in)
+	}
 }

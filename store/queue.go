@@ -476,7 +476,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (q *Queue) Inspect(ctx context.Context, c core.Inspect) core.Inspected {
 	ev := core.Inspected{Op: c.Op}
 	var age float64
-	err := q.pool.QueryRow(ctx, inspectSQL).Scan(&ev.Dead, &ev.Live, &ev.Vacuuming, &ev.Autovacuum, &age, &ev.Horizon, &ev.Pages, &ev.PlannedPages, &ev.NotOwner)
+	err := q.pool.QueryRow(ctx, inspectSQL).Scan(&ev.Dead, &ev.Live, &ev.Vacuuming, &ev.Autovacuum, &age, &ev.Horizon, &ev.Pages, &ev.PlannedPages, &ev.PlannedRows, &ev.NotOwner)
 	if err != nil {
 		ev.Err = fmt.Sprintf("inspect pepsi.queue: %v", err)
 		return ev
@@ -498,13 +498,16 @@ func (q *Queue) Inspect(ctx context.Context, c core.Inspect) core.Inspected {
 	return ev
 }
 
-// Vacuum answers a core.Vacuum: VACUUM pepsi.queue (ANALYZE with c.Analyze)
-// on a connection of the pool, outside any transaction. It may take a while;
-// ctx ends it.
+// Vacuum answers a core.Vacuum: VACUUM, VACUUM (ANALYZE) or ANALYZE of
+// pepsi.queue (c.Kind) on a connection of the pool, outside any transaction.
+// It may take a while; ctx ends it.
 func (q *Queue) Vacuum(ctx context.Context, c core.Vacuum) core.Vacuumed {
 	began := time.Now()
 	sql, what, done := vacuumSQL, "vacuum", "vacuumed"
-	if c.Analyze {
+	switch c.Kind {
+	case core.VacuumAnalyze:
+		sql, what, done = vacuumAnalyzeSQL, "vacuum and analyze", "vacuumed and analyzed"
+	case core.AnalyzeOnly:
 		sql, what, done = analyzeSQL, "analyze", "analyzed"
 	}
 	if _, err := q.pool.Exec(ctx, sql); err != nil {

@@ -1301,13 +1301,15 @@ func flush(c core.Flush) statement {
 	}
 }
 
-// inspectSQL reads pepsi.queue's health for core.Inspect (statistics only, no
-// lock on the queue): its dead and live row versions (the statistics collector's
+// inspectSQL reads pepsi.queue's health for core.Inspect (statistics, and the
+// table's size, for which pg_relation_size takes the lock any read of it
+// takes): its dead and live row versions (the statistics collector's
 // estimate), whether a vacuum of it runs now, whether autovacuum covers it (on
 // for the server and not turned off for the table), and the oldest transaction
 // or prepared transaction holding back the xmin horizon, with its age in
-// seconds; its size in pages now and when its statistics were last taken
-// (pg_class.relpages, which a vacuum or an analyze sets); and whether the
+// seconds; its size in pages now, and in pages and rows when its statistics
+// were last taken (pg_class.relpages and reltuples, which a vacuum or an
+// analyze sets; reltuples is -1 before either); and whether the
 // session's role may not vacuum or analyze it, which PostgreSQL would skip
 // with a mere warning (a superuser has every role's privileges; the
 // database's owner may too; PostgreSQL 17 adds MAINTAIN, a privilege name
@@ -1322,7 +1324,7 @@ SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
                          WHERE o.option_name = 'autovacuum_enabled'), 'on') NOT IN ('off', 'false', 'no', '0'),
        greatest(coalesce(extract(epoch FROM clock_timestamp() - h.since), 0), 0)::float8,
        coalesce(h.who, ''),
-       pg_relation_size(c.oid) / current_setting('block_size')::int8, c.relpages::int8,
+       pg_relation_size(c.oid) / current_setting('block_size')::int8, c.relpages::int8, greatest(c.reltuples, 0)::int8,
        NOT (pg_has_role(c.relowner, 'USAGE')
             OR pg_has_role((SELECT d.datdba FROM pg_database d WHERE d.datname = current_database()), 'USAGE')
             OR CASE WHEN current_setting('server_version_num')::int >= 170000 THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END)
@@ -1340,9 +1342,13 @@ LEFT JOIN LATERAL (
 ) h ON true
 WHERE c.oid = 'pepsi.queue'::regclass`
 
-// analyzeSQL takes the queue's statistics for a core.Vacuum with Analyze,
-// SKIP_LOCKED as vacuumSQL.
-const analyzeSQL = `ANALYZE (SKIP_LOCKED) pepsi.queue`
+// analyzeSQL takes the queue's statistics for a core.Vacuum of kind
+// core.AnalyzeOnly, and vacuumAnalyzeSQL vacuums it and takes them for
+// core.VacuumAnalyze; SKIP_LOCKED as vacuumSQL.
+const (
+	analyzeSQL       = `ANALYZE (SKIP_LOCKED) pepsi.queue`
+	vacuumAnalyzeSQL = `VACUUM (ANALYZE, SKIP_LOCKED) pepsi.queue`
+)
 
 // vacuumSQL vacuums the queue for core.Vacuum. SKIP_LOCKED: if another vacuum
 // (autovacuum's, a DBA's) holds the table, this one does nothing rather than

@@ -129,7 +129,7 @@ func TestInspectSaysWhenTheRoleMayNotVacuumTheQueue(t *testing.T) {
 		return n
 	}
 	before := analyses()
-	if v := other.Vacuum(ctx, core.Vacuum{Op: 3, Analyze: true}); v.Err != "" || analyses() != before {
+	if v := other.Vacuum(ctx, core.Vacuum{Op: 3, Kind: core.AnalyzeOnly}); v.Err != "" || analyses() != before {
 		t.Errorf("as role %s the analyze answered %v and the queue was analyzed %d times; want no error and none: what the inspection's NotOwner stands for", role, v, analyses()-before)
 	}
 }

@@ -90,20 +90,36 @@ func TestMessagesAtAStageNobodyRunsAreReported(t *testing.T) {
 // A dispatcher started on an empty queue made its plans for it; a backlog that
 // comes afterwards is analyzed for (core.OutgrewPlans), which makes the plans
 // again (store: TestAnAnalyzeMakesPlansMadeOnAnEmptyQueueAgain). Its claims
-// report the rows added, so the inspection that finds it comes a second after
-// the last, and the analyze is said in the log.
+// report the rows added, so the inspection that finds them comes a second
+// after the last, not InspectInterval (10 s) after it: the analyze comes well
+// before the periodic inspection would, and is said in the log. (Autovacuum is
+// off for the table, so that no autovacuum or autoanalyze takes the statistics
+// first, and the first inspection says so: the test waits for it.)
 func TestTheDispatcherAnalyzesABacklogThatCameAfterItsPlans(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, stages(1, 4, "a"))
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
 	analyses := func() int64 {
 		return e.scalar(`SELECT coalesce(analyze_count, 0) FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`)
 	}
 	before := analyses()
 	d := e.start()
+	waitFor(t, 20*time.Second, "the first inspection", func() (bool, string) {
+		return len(d.logs.lines("autovacuum is off for pepsi.queue")) == 1, "not yet"
+	})
+	inserted := time.Now()
 	e.insertN("a", "a=done", 3*core.InspectGrowth)
 	waitFor(t, 30*time.Second, "the dispatcher's analyze", func() (bool, string) {
 		n := analyses()
 		return n > before && len(d.logs.lines("analyzing it")) == 1, fmt.Sprintf("%d analyses, log: %q", n-before, d.logs.lines("analyzing it"))
 	})
+	// The periodic inspection comes InspectInterval after the first, at most
+	// that long after the insert began: the early one a second after it.
+	if took := time.Since(inserted); took > core.InspectInterval-2*time.Second {
+		t.Errorf("the analyze came %s after the insert began; want it from the inspection a second after the claims saw the rows, not the periodic one %s after the last",
+			took.Round(time.Millisecond), core.InspectInterval)
+	}
 	d.stopClean()
 }
