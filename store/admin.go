@@ -477,8 +477,12 @@ func texts(statuses []core.RowStatus) []string {
 // keysWaitingSQL counts the order keys that have blocked messages, and those
 // messages, and sorts the keys by what their head (the oldest of the key's
 // messages that is not blocked, one probe of queue_order_live each) is
-// doing. It walks the blocked messages once (queue_order_blocked), so its
-// cost grows with the backlogs, not with the finished messages kept.
+// doing. It reads the blocked messages once: through queue_order_blocked,
+// its cost growing with the backlogs, where the statistics say few messages
+// are blocked; by one pass over the queue, finished messages included, where
+// they say most are (as after an analyze of a few keys' backlogs: measured,
+// 12,000 rows read for 20 keys' 3,980 blocked messages beside 8,000 others).
+// Once per request, never per key.
 const keysWaitingSQL = `SELECT count(*), coalesce(sum(k.n), 0)::bigint,
 	count(*) FILTER (WHERE h.status = 'pending'),
 	count(*) FILTER (WHERE h.status = 'running'),
