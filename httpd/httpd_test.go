@@ -363,20 +363,8 @@ func TestAReadOnlyRoleWithoutThePayloadColumnIsEnough(t *testing.T) {
 	t.Parallel()
 	url := newKnownRun(t)
 	owner := pgtest.Connect(t, url)
-	role := fmt.Sprintf("pepsi_monitor_%d", time.Now().UnixNano()%1e9)
 	// The GRANTs docs/pepsi-httpd.8.md tells operators to give.
-	grants := strings.ReplaceAll(store.MonitorGrantsSQL, "pepsi_monitor", role)
-	if _, err := owner.Exec(ctx, "CREATE ROLE "+role+" LOGIN; "+grants); err != nil {
-		t.Fatalf("create the role: %v", err)
-	}
-	t.Cleanup(func() {
-		owner.Exec(ctx, "DROP OWNED BY "+role+"; DROP ROLE "+role) //nolint:errcheck // best effort: roles outlive databases
-	})
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roleURL := strings.Replace(url, "//"+cfg.User+"@", "//"+role+"@", 1)
+	role, roleURL := pgtest.LoginRole(t, owner, url, "pepsi_monitor", strings.ReplaceAll(store.MonitorGrantsSQL, "pepsi_monitor", "ROLE"))
 	src := open(t, httpd.Options{Database: roleURL})
 	snap, err := src.Snapshot(ctx)
 	if err != nil {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pepsi-pipeline/pepsi/ingress"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
@@ -155,21 +153,10 @@ func batchesWhileAnotherCommits(t *testing.T, idle time.Duration) {
 // locked one by one.
 func TestARoleWithInsertAndSelectIsEnough(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := pgtest.NewMigrated(t)
 	owner := pgtest.Connect(t, db)
-	role := fmt.Sprintf("pepsi_ingress_%d", time.Now().UnixNano()%1e9)
-	if _, err := owner.Exec(ctx, "CREATE ROLE "+role+" LOGIN; GRANT USAGE ON SCHEMA pepsi TO "+role+"; GRANT INSERT, SELECT ON pepsi.queue TO "+role); err != nil {
-		t.Fatalf("create the role: %v", err)
-	}
-	t.Cleanup(func() {
-		owner.Exec(ctx, "DROP OWNED BY "+role+"; DROP ROLE "+role) //nolint:errcheck // best effort: roles outlive databases
-	})
-	cfg, err := pgx.ParseConfig(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := start(t, strings.Replace(db, "//"+cfg.User+"@", "//"+role+"@", 1), func(o *ingress.Options) { o.Limits.Messages = 1000 })
+	role, roleURL := pgtest.LoginRole(t, owner, db, "pepsi_ingress", "GRANT USAGE ON SCHEMA pepsi TO ROLE; GRANT INSERT, SELECT ON pepsi.queue TO ROLE")
+	f := start(t, roleURL, func(o *ingress.Options) { o.Limits.Messages = 1000 })
 	var many strings.Builder
 	for i := range 300 {
 		fmt.Fprintf(&many, "{\"payload\": \"m%d\", \"key\": \"many-%d\"}\n", i, i)

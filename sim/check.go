@@ -970,15 +970,34 @@ func (w *world) unflushed() bool {
 }
 
 func (w *world) inspectSerial(r *rule, x crossing) {
-	if c, ok := x.cmd.(core.Inspect); ok && (w.inspectOut || w.shut > 0) {
+	c, ok := x.cmd.(core.Inspect)
+	if !ok {
+		return
+	}
+	if w.inspectOut || w.shut > 0 {
 		w.broke(r, "%s while another is outstanding (%v) or during a shutdown (%v)", c, w.inspectOut, w.shut > 0)
+		return
+	}
+	// Sooner than core.InspectInterval after the life's last only when its
+	// claims reported core.InspectGrowth rows added since, and as many as the
+	// live rows the last inspection found; never sooner than
+	// core.InspectGrowthInterval.
+	if w.inspectCmdAt.IsZero() {
+		return
+	}
+	since := w.now.Sub(w.inspectCmdAt)
+	grew := w.settledSeen-w.settledAtInspect >= max(core.InspectGrowth, w.liveInspected)
+	if since < core.InspectGrowthInterval || since < core.InspectInterval && !grew {
+		w.broke(r, "%s %s after the last, with %d rows reported added since beside %d live", c, since, w.settledSeen-w.settledAtInspect, w.liveInspected)
 	}
 }
 
-// vacuumCalledFor: a vacuum only when the last inspection called for one (dead
-// rows past core.VacuumDeadMin, no vacuum running), VACUUM is on, none of the
-// core's is running, no shutdown is under way, and core.VacuumIntervalMin has
-// passed.
+// vacuumCalledFor: a vacuum or an analyze only when the last inspection called
+// for one (dead rows past core.VacuumDeadMin, or a queue that outgrew its
+// statistics: outgrewPlans; no vacuum running; the role may vacuum the queue),
+// of exactly the kind it called for (maintenanceFor), VACUUM is on, none of
+// the core's is running, no shutdown is under way, and core.VacuumIntervalMin
+// has passed.
 func (w *world) vacuumCalledFor(r *rule, x crossing) {
 	c, ok := x.cmd.(core.Vacuum)
 	if !ok {
@@ -992,7 +1011,7 @@ func (w *world) vacuumCalledFor(r *rule, x crossing) {
 		w.broke(r, "%s while the core's last vacuum runs", c)
 	case w.shut > 0:
 		w.broke(r, "%s during a shutdown", c)
-	case in == nil || in.Vacuuming || in.NotOwner:
+	case in == nil || in.Vacuuming || in.NotOwner || maintenanceFor(in) < 0:
 		w.broke(r, "%s not called for by the last inspection %v", c, in)
 	case c.Kind != maintenanceFor(in):
 		w.broke(r, "%s where the last inspection %v calls for %s (VACUUM for dead rows, ANALYZE for a queue that outgrew its statistics, both at once)",

@@ -264,6 +264,12 @@ type healthState struct {
 	lastInspected *core.Inspected
 	inspectedNow  *core.Inspected
 	vacuumedNow   bool // the step's commands include a Vacuum
+	// inspectCmdAt is when this core life sent its last Inspect (zero:
+	// none yet); settledSeen the highest Claimed.Settled it has been
+	// given, settledAtInspect that when it sent the last Inspect, and
+	// liveInspected the live rows of its last inspection.
+	inspectCmdAt                                 time.Time
+	settledSeen, settledAtInspect, liveInspected int64
 }
 
 // pressureState belongs to rules pressure-holds, pressure-held-only-while-over
@@ -358,6 +364,8 @@ func (w *world) modelEvent(ev core.Event) {
 		w.startedAt = w.now
 		w.lastPoll = w.now
 		w.inspectSent = w.now
+		// A new core: it has inspected nothing and seen no claim yet.
+		w.inspectCmdAt, w.settledSeen, w.settledAtInspect, w.liveInspected = time.Time{}, 0, 0, 0
 		w.tellAll()
 		w.wakeComing()
 	case core.Inspected:
@@ -365,6 +373,7 @@ func (w *world) modelEvent(ev core.Event) {
 		if e.Err == "" {
 			in := e
 			w.lastInspected, w.inspectedNow = &in, &in
+			w.liveInspected = e.Live
 		}
 	case core.Vacuumed:
 		w.vacuumOut = false
@@ -399,6 +408,7 @@ func (w *world) modelEvent(ev core.Event) {
 	case core.WorkerExited:
 		w.modelExit(e)
 	case core.Claimed:
+		w.settledSeen = max(w.settledSeen, e.Settled)
 		w.modelClaimed(e)
 	case core.Resolved:
 		w.modelResolved(e)
@@ -1076,6 +1086,7 @@ func (w *world) recordCommand(cmd core.Command) {
 		w.recordFlush(x)
 	case core.Inspect:
 		w.inspectOut, w.inspectSent = true, w.now
+		w.inspectCmdAt, w.settledAtInspect = w.now, w.settledSeen
 	case core.Vacuum:
 		w.vacuumOut, w.vacuumSent, w.vacuumedNow = true, w.now, true
 	case core.Spawn:

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"fmt"
-	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -122,17 +121,7 @@ func dispatcherStatements(backlog, items int) []plannedStatement {
 // store.SessionParams.
 func dispatcherConn(t *testing.T, url string) *pgx.Conn {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	maps.Copy(cfg.RuntimeParams, store.SessionParams())
-	conn, err := pgx.ConnectConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatalf("connect to test database: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(t.Context()) })
-	return conn
+	return pgtest.ConnectWith(t, url, store.SessionParams())
 }
 
 // An analyze taken while a long load is uncommitted counts the load's pages

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -99,7 +100,8 @@ func TestInspectCountsPendingMessagesOfStagesNobodyRuns(t *testing.T) {
 // A role that does not own pepsi.queue (nor the database, nor is a superuser)
 // may neither vacuum nor analyze it, and PostgreSQL skips either with a mere
 // warning, no error: the inspection must say so (NotOwner), or the core would
-// send a vacuum that does nothing every few seconds and believe it done.
+// send a vacuum that does nothing every few seconds and believe it done. The
+// queue's owner (here a superuser) and the database's owner may.
 func TestInspectSaysWhenTheRoleMayNotVacuumTheQueue(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -107,29 +109,69 @@ func TestInspectSaysWhenTheRoleMayNotVacuumTheQueue(t *testing.T) {
 	if in := h.Inspect(ctx, core.Inspect{Op: 1}); in.Err != "" || in.NotOwner {
 		t.Fatalf("inspected %v as the queue's owner; want NotOwner false", in)
 	}
-	role := fmt.Sprintf("pepsi_not_owner_%d", time.Now().UnixNano()%1e9)
-	h.exec(t, "CREATE ROLE "+role+" LOGIN; GRANT USAGE ON SCHEMA pepsi TO "+role+"; GRANT SELECT ON pepsi.queue TO "+role)
-	t.Cleanup(func() {
-		h.pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) //nolint:errcheck // best effort: roles outlive databases
-	})
-	cfg, err := pgx.ParseConfig(h.url)
-	if err != nil {
-		t.Fatal(err)
+	owner := pgtest.Connect(t, h.url)
+	inspectAs := func(roleURL string) (*store.Queue, core.Inspected) {
+		q := store.New(newPool(t, roleURL, &tripCounter{}), testLogger(t))
+		return q, q.Inspect(ctx, core.Inspect{Op: 2})
 	}
-	other := store.New(newPool(t, strings.Replace(h.url, "//"+cfg.User+"@", "//"+role+"@", 1), &tripCounter{}), testLogger(t))
-	in := other.Inspect(ctx, core.Inspect{Op: 2})
+	role, roleURL := pgtest.LoginRole(t, owner, h.url, "pepsi_not_owner", "GRANT USAGE ON SCHEMA pepsi TO ROLE; GRANT SELECT ON pepsi.queue TO ROLE")
+	other, in := inspectAs(roleURL)
 	if in.Err != "" || !in.NotOwner {
 		t.Errorf("inspected %v as role %s; want NotOwner", in, role)
 	}
-	analyses := func() (n int64) {
-		h.exec(t, "SELECT pg_stat_clear_snapshot()")
-		if err := h.pool.QueryRow(ctx, "SELECT coalesce(analyze_count, 0) FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass").Scan(&n); err != nil {
-			t.Fatal(err)
+	counts := func() (vacuums, analyses int64) { return maintained(t, h) }
+	_, before := counts()
+	if v := other.Vacuum(ctx, core.Vacuum{Op: 3, Kind: core.AnalyzeOnly}); v.Err != "" {
+		t.Errorf("as role %s the analyze answered %v; want no error (PostgreSQL only warns)", role, v)
+	}
+	if _, after := counts(); after != before {
+		t.Errorf("as role %s the queue was analyzed %d times; want none: what the inspection's NotOwner stands for", role, after-before)
+	}
+	// The database's owner may, though it owns no table.
+	var database string
+	if err := owner.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	db := pgx.Identifier{database}.Sanitize()
+	dbOwner, dbOwnerURL := pgtest.LoginRole(t, owner, h.url, "pepsi_db_owner", "GRANT USAGE ON SCHEMA pepsi TO ROLE; GRANT SELECT ON pepsi.queue TO ROLE; ALTER DATABASE "+db+" OWNER TO ROLE")
+	t.Cleanup(func() {
+		owner.Exec(context.Background(), "ALTER DATABASE "+db+" OWNER TO CURRENT_USER") //nolint:errcheck // before the role is dropped, which a database it owns would stop
+	})
+	if _, in := inspectAs(dbOwnerURL); in.Err != "" || in.NotOwner {
+		t.Errorf("inspected %v as role %s, the database's owner; want NotOwner false", in, dbOwner)
+	}
+}
+
+// Each kind of core.Vacuum runs what it names: VACUUM, VACUUM (ANALYZE) or
+// ANALYZE, as the queue's statistics count them.
+func TestEachKindOfVacuumRunsWhatItNames(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := t.Context()
+	h.Insert(t, "a", 10)
+	counts := func() (vacuums, analyses int64) { return maintained(t, h) }
+	for i, c := range []struct {
+		kind              core.Maintenance
+		vacuums, analyses int64
+	}{{core.VacuumOnly, 1, 0}, {core.VacuumAnalyze, 1, 1}, {core.AnalyzeOnly, 0, 1}} {
+		v0, a0 := counts()
+		if v := h.Vacuum(ctx, core.Vacuum{Op: int64(i + 1), Kind: c.kind}); v.Err != "" {
+			t.Fatalf("%v: %s", core.Vacuum{Op: int64(i + 1), Kind: c.kind}, v.Err)
 		}
-		return n
+		if v1, a1 := counts(); v1-v0 != c.vacuums || a1-a0 != c.analyses {
+			t.Errorf("%v: %d vacuums and %d analyses of pepsi.queue; want %d and %d", core.Vacuum{Op: int64(i + 1), Kind: c.kind}, v1-v0, a1-a0, c.vacuums, c.analyses)
+		}
 	}
-	before := analyses()
-	if v := other.Vacuum(ctx, core.Vacuum{Op: 3, Kind: core.AnalyzeOnly}); v.Err != "" || analyses() != before {
-		t.Errorf("as role %s the analyze answered %v and the queue was analyzed %d times; want no error and none: what the inspection's NotOwner stands for", role, v, analyses()-before)
+}
+
+// maintained is how many times pepsi.queue has been vacuumed and analyzed, as
+// the statistics count them (by anyone but autovacuum).
+func maintained(t *testing.T, h *harness) (vacuums, analyses int64) {
+	t.Helper()
+	h.exec(t, "SELECT pg_stat_clear_snapshot()")
+	if err := h.pool.QueryRow(t.Context(), `SELECT coalesce(vacuum_count, 0), coalesce(analyze_count, 0)
+		FROM pg_stat_user_tables WHERE relid = 'pepsi.queue'::regclass`).Scan(&vacuums, &analyses); err != nil {
+		t.Fatal(err)
 	}
+	return vacuums, analyses
 }

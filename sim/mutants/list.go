@@ -252,6 +252,8 @@ var mutants = []mutant{
 		"if c.shutdown > 0 || h.inspecting != 0 {\n\t\treturn time.Time{}", "if h.inspecting != 0 {\n\t\treturn time.Time{}"),
 	mut("vacuum-as-non-owner", "vacuum-only-when-called-for", "the dispatcher vacuums a queue its role may not vacuum (PostgreSQL skips it with a mere warning, every few seconds)",
 		"if !c.cfg.Vacuum || e.NotOwner || h.vacuuming != 0", "if !c.cfg.Vacuum || h.vacuuming != 0"),
+	mut("inspect-always-early", "inspect-serial", "the queue's health is asked for every InspectGrowthInterval whatever the claims reported",
+		"if c.settled-h.settledAtInspect >= max(InspectGrowth, h.liveAtInspect) {", "if true || c.settled-h.settledAtInspect >= max(InspectGrowth, h.liveAtInspect) {"),
 	mut("analyze-never", "vacuum-when-due", "a queue that outgrew its statistics is never analyzed",
 		"switch outgrew := OutgrewPlans(e); {", "switch outgrew := OutgrewPlans(e) && e.Dead < 0; {"),
 	mut("analyze-early", "vacuum-only-when-called-for", "the queue is analyzed as soon as it is larger than its statistics say, not twice",

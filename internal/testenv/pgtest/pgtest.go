@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"strings"
@@ -156,9 +157,21 @@ func NewMigratedConn(t testing.TB) (url string, conn *pgx.Conn) {
 // Connect opens a connection to url that is closed when the test ends.
 func Connect(t testing.TB, url string) *pgx.Conn {
 	t.Helper()
+	return ConnectWith(t, url, nil)
+}
+
+// ConnectWith is Connect with the run-time parameters params set at connect,
+// as a pool's sessions set them (store.SessionParams: the dispatcher's).
+func ConnectWith(t testing.TB, url string, params map[string]string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("parse %s: %v", redact(url), err)
+	}
+	maps.Copy(cfg.RuntimeParams, params)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("connect to test database: %v", err)
 	}
@@ -213,6 +226,27 @@ END $$`)
 	if err != nil {
 		t.Fatalf("make the role pepsi_monitor: %v", err)
 	}
+}
+
+// LoginRole makes a login role of a name from prefix, runs grants (SQL in
+// which ROLE stands for the role's name) on conn, a session of the database
+// url names, and returns the role's name and url with the role for its user.
+// The role is dropped, with what it owns and its privileges in this database,
+// when the test ends: a role is the server's and outlives the database.
+func LoginRole(t testing.TB, conn *pgx.Conn, url, prefix, grants string) (role, roleURL string) {
+	t.Helper()
+	role = fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano()%1e9)
+	if _, err := conn.Exec(t.Context(), "CREATE ROLE "+role+" LOGIN; "+strings.ReplaceAll(grants, "ROLE", role)); err != nil {
+		t.Fatalf("create the role %s: %v", role, err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) //nolint:errcheck // best effort: its database may be gone first
+	})
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return role, strings.Replace(url, "//"+cfg.User+"@", "//"+role+"@", 1)
 }
 
 // Seed returns the seed of a randomized test, from PEPSI_TEST_SEED if set,
