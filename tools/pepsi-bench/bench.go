@@ -298,8 +298,8 @@ func (b *bench) run(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(b.out, "pepsi-bench: %d rounds; pgbench -c %d -j 2 -T %d (one single-row INSERT per transaction); "+
-		"pipeline a -> b -> c -> done, %d messages (%d hops), modes %s, configurations %s%s\n",
-		b.rounds, b.clients, b.seconds, b.n, hopsPerMessage*b.n, joinModes(b.modes), joinConfigs(b.configs), b.riverNote())
+		"pipeline a -> b -> c -> done, %d messages (%d hops)%s, modes %s, configurations %s%s\n",
+		b.rounds, b.clients, b.seconds, b.n, hopsPerMessage*b.n, b.enqueueNote(), joinModes(b.modes), joinConfigs(b.configs), b.riverNote())
 	var rounds []round
 	for i := 1; i <= b.rounds; i++ {
 		r, err := b.round(ctx, i)
@@ -363,6 +363,15 @@ func (b *bench) refuse(m mode, err error) {
 	}
 	b.refused[m] = refusedShort
 	fmt.Fprintf(b.out, "%s mode NOT MEASURED: %v\n", m, err)
+}
+
+// enqueueNote says when a pipeline run's messages are enqueued, if not before
+// pepsi-dispatch starts (-enqueue-after-start).
+func (b *bench) enqueueNote() string {
+	if !b.enqueueAfterStart {
+		return ""
+	}
+	return " enqueued at once a second after pepsi-dispatch connected to the empty queue, timed from that insert"
 }
 
 func (b *bench) riverNote() string {

@@ -106,6 +106,27 @@ func TestKeyedConfigurationsRunBesideBench(t *testing.T) {
 	}
 }
 
+// TestMessagesEnqueuedAfterTheStartAreMeasuredFromTheirInsert runs a round
+// whose messages arrive once pepsi-dispatch runs on the empty queue
+// (-enqueue-after-start): the header says so, and every message is done and
+// every hop counted, as pepsi-bench checks after each run.
+func TestMessagesEnqueuedAfterTheStartAreMeasuredFromTheirInsert(t *testing.T) {
+	t.Parallel()
+	out, code := runBench(t, buildBench(t), "-n", "300", "-rounds", "1", "-modes", "answer", "-configs", "bench", "-enqueue-after-start",
+		"-skip-pgbench", "-latency-seconds", "0", "-ingest-seconds", "0")
+	if code != 0 {
+		t.Fatalf("pepsi-bench exited %d, want 0; output:\n%s", code, out)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^pepsi-bench: .*300 messages \(900 hops\) enqueued at once a second after pepsi-dispatch connected to the empty queue`),
+		regexp.MustCompile(`(?m)^round 1: pipeline answer, bench \(P=2 Q=64 MAX_MESSAGES=100000\): [0-9]+ hops/s`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("pepsi-bench output has no line matching %q; output:\n%s", want, out)
+		}
+	}
+}
+
 // TestABacklogDrainsAtEachOfItsConfigurations drains a small backlog with
 // history on (bench) and then with HISTORY = off (unrecorded): each reports
 // the first and the last tenth's rates and their ratio, and what it left in
@@ -190,6 +211,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"-latency-seconds", "-1"},
 		{"-split-parallelism", "-1"},
 		{"-split-queue-limit", "-2"},
+		{"-enqueue-after-start", "-backlog"},
 		{"extra"},
 	} {
 		var stderr bytes.Buffer

@@ -174,6 +174,8 @@ func (b *bench) settle(args []string, modes, configs, backlogConfigs string) err
 		return fmt.Errorf("-sessions must be 0 (pepsi.conf's default) or 1 to %d", conf.SessionsMax)
 	case b.splitN < 0 || b.splitN > 0 && b.skipPgbench:
 		return errors.New("-split must not be negative, and measures beside pgbench (no -skip-pgbench)")
+	case b.enqueueAfterStart && (b.backlog || b.raceRuns || b.splitN > 0 || b.historyRows > 0):
+		return errors.New("-enqueue-after-start applies to the rounds' pipeline runs only, not to -backlog, -race, -split or -history")
 	case b.splitParent.parallelism < 0 || b.splitParent.queueLimit < 0:
 		return errors.New("-split-parallelism and -split-queue-limit must not be negative")
 	case !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`).MatchString(b.dbName):
