@@ -322,12 +322,9 @@ type KeyAt struct {
 // The rows of the resolves of other transactions still out (SESSIONS above 1)
 // are held too, until their outcomes come.
 //
-// ExcludeKeys lists the order keys of the messages the core holds, and of
-// the moves that claim in the transaction's resolve: the claim never takes
-// another message of such a key (at most one message of a key is held at
-// any moment; docs/protocol.md, "Ordering per key"). The claim asks no more
-// whether an older message of a key is running: every running row is one
-// the core holds.
+// ExcludeKeys lists the order keys of the messages the core holds: the claim
+// never takes another message of such a key (at most one message of a key is
+// held at any moment; docs/protocol.md, "Ordering per key").
 //
 // Limits are the back-pressure limits to check (core/pressure.go): after
 // taking its rows, the claim reports each Limit's stage that has more than

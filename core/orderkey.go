@@ -81,27 +81,6 @@ func (c *Core) heldKeys() []string {
 	return slices.Compact(keys)
 }
 
-// claimKeys is the ExcludeKeys of a claim sent after txn: the keys of the
-// messages the core holds, and those of txn's moves that claim, whose rows
-// its resolve leaves running at their next stage, held once the outcomes
-// come. The claim does not ask whether an older message of a key is running
-// (claimSQL, schema 31): every running row is one the core holds, these
-// included.
-func (c *Core) claimKeys(txn []Command) []string {
-	keys := c.heldKeys()
-	for _, cmd := range txn {
-		if r, ok := cmd.(Resolve); ok {
-			for _, it := range r.Items {
-				if it.Claim && it.Key != "" {
-					keys = append(keys, it.Key)
-				}
-			}
-		}
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys)
-}
-
 // releaseFor is the Release the step's transaction carries, if any: the keys of
 // the items whose passes may have ended their messages' turns (endsTurn), the
 // keys of the other keyed items but moves that claim if an older message of

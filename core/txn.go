@@ -812,7 +812,7 @@ func (c *Core) claimFor(txn []Command, yielded map[string]int, all, beside bool)
 	}
 	// What the core still holds once this transaction's resolve has run
 	// (every owed item is in it): the claim must not take it again.
-	claim := Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.claimKeys(txn), Limits: limits, Holds: c.holds(), Traces: c.tracePasses, Settled: c.settled}
+	claim := Claim{Op: c.nextOpID(), Caps: caps, Exclude: c.held(), ExcludeKeys: c.heldKeys(), Limits: limits, Holds: c.holds(), Traces: c.tracePasses, Settled: c.settled}
 	c.claimGen = c.ingressGen
 	c.claimLookGen = c.lookGen
 	c.lastClaim = c.now

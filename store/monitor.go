@@ -32,10 +32,7 @@ FROM (SELECT stage, count(*) AS n FROM pepsi.queue WHERE status = 'pending' GROU
 CROSS JOIN LATERAL (SELECT q.ready_at, q.updated_at FROM pepsi.queue q
 	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`
 	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
-	monitorRunningSQL = `SELECT stage, count(*) FROM (
-	SELECT stage FROM pepsi.queue WHERE status = 'running' AND order_key IS NULL
-	UNION ALL
-	SELECT stage FROM pepsi.queue WHERE status = 'running' AND order_key IS NOT NULL) r GROUP BY stage`
+	monitorRunningSQL = `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`
 	// Paused rows are few (the queue_paused index holds only them); attempts
 	// is read from their heap rows.
 	monitorPausedSQL = `SELECT stage, count(*), count(*) FILTER (WHERE timeout <= now()), count(*) FILTER (WHERE attempts > 0)

@@ -265,8 +265,8 @@ func TestReleaseCostsItsKeysNotABacklog(t *testing.T) {
 		for _, index := range whole {
 			t.Errorf("%s: %s read with no index condition (the whole index); want a probe per key:\n%s", mode, index, plan)
 		}
-		if probes > 9 || read > 0 {
-			t.Errorf("%s: the release of 3 finished keys and %d claimed moves probed the order-key indexes %g times and read %g entries; want at most 9 probes (three per finished key) and none read:\n%s",
+		if probes > 6 || read > 0 {
+			t.Errorf("%s: the release of 3 finished keys and %d claimed moves probed the order-key indexes %g times and read %g entries; want at most 6 probes (two per finished key) and none read:\n%s",
 				mode, claimed, probes, read, plan)
 		}
 	}
@@ -293,8 +293,8 @@ func TestReleaseCostsItsKeysNotABacklog(t *testing.T) {
 }
 
 // TestClaimCostsItsKeysNotABacklog checks that the claim's checks of a keyed
-// row (no older message of its key pending, paused or blocked: one probe of
-// queue_order_live and one of queue_order_blocked) stay probes whatever the statistics its plan was made from said:
+// row (no older message of its key unfinished: one probe of each order-key
+// index) stay probes whatever the statistics its plan was made from said:
 // made while no message was blocked, then run beside one key's 50,000
 // blocked messages and 20,000 pending messages of other keys, a plan that
 // hashed those checks would read every entry of both indexes in every claim,
@@ -348,8 +348,7 @@ func TestClaimCostsItsKeysNotABacklog(t *testing.T) {
 	}
 }
 
-// orderKeyReads sums a plan's reads of the order-key indexes (schema 12;
-// queue_order_running among them since schema 31):
+// orderKeyReads sums a plan's reads of the order-key indexes (schema 12):
 // how many times they were probed (loops), how many entries the probes
 // returned, and which of them were read with no index condition, whole.
 func orderKeyReads(plan *planNode) (probes, read float64, whole []string) {
@@ -368,9 +367,8 @@ func orderKeyReads(plan *planNode) (probes, read float64, whole []string) {
 // The release of a key whose head waits (here: blocked behind a message just
 // done) finds the head, and asks whether a message of the key runs
 // elsewhere, with probes of the key's entries in the order-key indexes
-// (schema 28; since schema 31 the second is a probe of the key's entries in
-// queue_order_running): it reads no entry of another key's running rows and
-// walks no range of the primary key. Before schema 28, with the
+// (schema 28): it reads no entry of queue_running (every key's running rows)
+// and walks no range of the primary key. Before schema 28, with the
 // statistics a run starts with, PostgreSQL answered the second question by
 // reading every entry of queue_running and filtering by key (here 2,000;
 // 156 µs per key released in pepsi-bench's 1,000 keys × 100 messages,
@@ -393,10 +391,10 @@ func TestReleaseAsksForItsKeysRunningMessageNotEveryRunningRow(t *testing.T) {
 		"UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = (SELECT min(ingress_id) FROM pepsi.queue WHERE order_key = 'k')",
 		"SET plan_cache_mode = force_generic_plan", // as the dispatcher's sessions
 	)
-	read := releaseKCounting(t, conn, "pepsi.queue_order_running", "pepsi.queue_pkey")
+	read := releaseKCounting(t, conn, "pepsi.queue_running", "pepsi.queue_pkey")
 	running, pkey := read[0], read[1]
 	if running > 0 {
-		t.Errorf("the release of one key read %d entries of queue_order_running (%d running rows of other keys); want none", running, others)
+		t.Errorf("the release of one key read %d entries of queue_running (%d running rows of other keys); want none", running, others)
 	}
 	// One entry: the head's own, found by its id to make it pending.
 	if pkey > 1 {
@@ -748,66 +746,6 @@ func TestProbesForAnOlderMessageStopAtTheMessage(t *testing.T) {
 		if probes != 1 || buffers > 4 {
 			t.Errorf("the %s of the head of a key with %d blocked messages probed queue_order_blocked %g times, reading %g buffers; want once, a few buffers:\n%s",
 				s.name, backlog, probes, buffers, s.plan)
-		}
-	}
-}
-
-// A keyed message's hop adds one index entry, as a message without a key
-// does in queue_running, not two (schema 31): its claim and its moves that
-// claim write it running, whose one entry is queue_order_running's, and add
-// none to queue_order_live (a key's pending and paused messages) or
-// queue_running (the running messages without a key). Before schema 31, queue_order_live held a
-// key's running messages too, and each hop added an entry there beside
-// queue_running's: about 2 µs of the server's time a hop
-// (docs/performance.md, "A keyed hop's index entries"). The entries are
-// counted on the index pages (pageinspect), dead ones included: no vacuum
-// runs between.
-func TestAKeyedHopAddsOneIndexEntry(t *testing.T) {
-	t.Parallel()
-	const n = 50
-	h := newHarness(t)
-	conn := pgtest.Connect(t, h.url)
-	execAll(t, conn, "CREATE EXTENSION pageinspect") // in the test's own database, dropped with it
-	ids := make([]int64, n)
-	for i := range ids {
-		ids[i] = h.InsertKeyed(t, "a", fmt.Sprintf("k%d", i))
-	}
-	entries := func() map[string]int64 {
-		out := map[string]int64{}
-		for _, index := range []string{"queue_order_live", "queue_order_blocked", "queue_order_running", "queue_running"} {
-			var c int64
-			err := conn.QueryRow(t.Context(), `SELECT coalesce(sum(s.live_items + s.dead_items), 0)
-				FROM generate_series(1, (pg_relation_size($1::regclass) / current_setting('block_size')::int)::int - 1) AS b,
-				LATERAL bt_page_stats($1::text, b) s WHERE s.type = 'l'`, "pepsi."+index).Scan(&c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[index] = c
-		}
-		return out
-	}
-	before := entries()
-	c, ok := h.Exec(t.Context(), []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: n}}}})[0].(core.Claimed)
-	if !ok || c.Err != "" || len(c.Rows) != n {
-		t.Fatalf("the claim = %+v; want %d rows (each its key's only message)", c, n)
-	}
-	items := make([]core.Item, n)
-	for i, id := range ids {
-		items[i] = core.Item{ID: id, Stage: "a", Verdict: core.Move, To: "b", Claim: true}
-	}
-	r, ok := h.Exec(t.Context(), []core.Command{core.Resolve{Op: 2, Items: items}})[0].(core.Resolved)
-	if !ok || r.Err != "" || len(r.Outcomes) != n {
-		t.Fatalf("the resolve = %+v; want %d outcomes", r, n)
-	}
-	for _, o := range r.Outcomes {
-		if o.Status != core.StatusRunning || o.Stage != "b" {
-			t.Fatalf("the move that claims of row %d = %+v; want running at b", o.ID, o)
-		}
-	}
-	after := entries()
-	for index, want := range map[string]int64{"queue_order_live": 0, "queue_order_blocked": 0, "queue_order_running": 2 * n, "queue_running": 0} {
-		if got := after[index] - before[index]; got != want {
-			t.Errorf("%d keyed messages' two hops (a claim, a move that claims) added %d entries to %s; want %d", n, got, index, want)
 		}
 	}
 }

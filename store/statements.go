@@ -62,10 +62,7 @@ const resetOrphansSQL = `
 WITH reset AS (
 	UPDATE pepsi.queue SET status = 'pending', updated_at = now(),
 		attempts = CASE WHEN attempts_stage <> stage THEN 0 ELSE attempts END
-	WHERE ingress_id IN (SELECT r.ingress_id FROM pepsi.queue r WHERE r.status = 'running' AND r.order_key IS NULL
-	                     UNION ALL
-	                     SELECT r.ingress_id FROM pepsi.queue r WHERE r.status = 'running' AND r.order_key IS NOT NULL)
-	  AND status = 'running' AND ingress_id <> ALL ($1::bigint[])
+	WHERE status = 'running' AND ingress_id <> ALL ($1::bigint[])
 	RETURNING ingress_id, stage, attempts, order_key
 ), recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, at, attempts)
@@ -142,9 +139,8 @@ FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM (
 // nothing can be handed on; the "IS TRUE" spelling keeps the planner on the
 // primary key, as in resolveSQL); and every key
 // whose lock a producer holds, which pepsi.order_release reports busy. So the
-// keys that need nothing cost three index probes each (one per order-key
-// index of schema 31: queue_order_live, queue_order_running, queue_order_blocked,
-// each stopping at the key's first entry), not a release. With
+// keys that need nothing cost two index probes each (one per partial index
+// of schema 12, each stopping at the key's first entry), not a release. With
 // releaseAll, also every key that has blocked messages (core.Release.All).
 //
 // Three spellings keep that cost whatever the planner believes:
@@ -170,16 +166,14 @@ FROM (SELECT DISTINCT pepsi.order_bucket(u.k) AS b FROM (
 //     (TestReleaseProbesItsKeysWhateverTheStatistics).
 //   - a Behind key's row is looked up first, in a CASE, which PostgreSQL
 //     evaluates in order: a row that is running then costs one primary-key
-//     look-up, not its lock and three probes before it. (The core no longer
+//     look-up, not its lock and two probes before it. (The core no longer
 //     sends a Behind for a move that claims, which this made one look-up a
 //     keyed hop: see core.Release.) A Behind's probes ask for the key's
 //     entries below its row as claimSQL's do, by a row comparison.
 const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout FROM pepsi.order_release(ARRAY(
 	SELECT u.k FROM unnest($1::text[]) AS u(k)
 	WHERE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(u.k))
-	   OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= u.k AND o.order_key <= u.k AND o.status IN ('pending', 'paused')
-	              ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
-	   OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= u.k AND o.order_key <= u.k AND o.status = 'running'
+	   OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= u.k AND o.order_key <= u.k AND o.status IN ('pending', 'running', 'paused')
 	              ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
 	   OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= u.k AND o.order_key <= u.k AND o.status = 'blocked'
 	              ORDER BY o.order_key, o.ingress_id LIMIT 1 OFFSET 0)
@@ -189,9 +183,7 @@ const releaseSQL = `SELECT order_key, busy, ingress_id, stage, status, timeout F
 	           THEN false
 	           ELSE NOT pg_try_advisory_xact_lock(1885696107, pepsi.order_bucket(b.k))
 	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
-	                           AND o.status IN ('pending', 'paused') ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
-	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
-	                           AND o.status = 'running' ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
+	                           AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
 	                OR EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= b.k AND (o.order_key, o.ingress_id) < (b.k, b.id)
 	                           AND o.status = 'blocked' ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0) END`
 
@@ -320,12 +312,9 @@ func readRelease(br pgx.BatchResults) (heads []core.Head, busy []string, err err
 // pending anyway (the key's younger messages are blocked, off this index); an
 // operator's retry of an older one can make one so, and it then waits here,
 // pending, for the held one's release. Hashed once per claim, as $4 is.
-// Nor is a keyed row taken while an older message of its key is pending,
-// paused or blocked (two probes, of queue_order_live and queue_order_blocked,
-// each stopping at the key's first entry; an older running message is the
-// dispatcher's, its key in $7: every running row is one the dispatcher holds,
-// the orphans of an earlier one having been reset before its first claim):
-// the claim itself keeps a key's messages oldest first,
+// Nor is a keyed row taken while an older message of its key is unfinished
+// (two probes, one per partial index of schema 12, each stopping at the
+// key's first entry): the claim itself keeps a key's messages oldest first,
 // whatever a release that found the key busy has not yet put in order. Each
 // probe asks for the key's entries below the row as a row comparison,
 // "(order_key, ingress_id) < (k, id)" with "order_key >= k", in the index's
@@ -416,7 +405,7 @@ const claimPickSQL = `), picked AS (
 		  AND q.ingress_id NOT IN (SELECT unnest($4::bigint[]))
 		  AND (q.order_key IS NULL OR (q.order_key NOT IN (SELECT unnest($7::text[]))
 		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= q.order_key AND (o.order_key, o.ingress_id) < (q.order_key, q.ingress_id)
-		                       AND o.status IN ('pending', 'paused') ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
+		                       AND o.status IN ('pending', 'running', 'paused') ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)
 		       AND NOT EXISTS (SELECT 1 FROM pepsi.queue o WHERE o.order_key >= q.order_key AND (o.order_key, o.ingress_id) < (q.order_key, q.ingress_id)
 		                       AND o.status = 'blocked' ORDER BY o.order_key DESC, o.ingress_id DESC LIMIT 1 OFFSET 0)))
 		ORDER BY q.stage, q.ingress_id
@@ -688,13 +677,9 @@ func traceSeed() int64 {
 //     with the item's claim ($9, core.Item.Claim) running at the target stage
 //     instead of pending (a move that claims: the dispatcher holds it for that
 //     stage from here, and the hop costs one row version, not two), but a
-//     keyed row only if no older message of its key is pending, paused or
-//     blocked (two of the probes the claim makes: an operator may have
-//     retried one, which must go first; the release after the resolve then
-//     puts this one behind it). Not the claim's third, for an older running
-//     message: the row moved is running and held, and the dispatcher holds
-//     one message of a key at most, so none can be; its queue_order_running
-//     entry is the one index entry a keyed hop adds (schema 31);
+//     keyed row only if no older message of its key is unfinished (the two
+//     probes the claim makes: an operator may have retried one, which must go
+//     first; the release after the resolve then puts this one behind it);
 //   - retry (an answer 75 with retries left): paused with the item's timeout,
 //     attempts + 1, the reason in state.dispatch_error.
 //
@@ -802,7 +787,7 @@ WITH item AS (
 	                   ELSE CASE WHEN NOT item.claim THEN 'pending'
 	                             WHEN o.order_key IS NULL THEN 'running'
 	                             WHEN EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key >= o.order_key AND (x.order_key, x.ingress_id) < (o.order_key, o.ingress_id)
-	                                          AND x.status IN ('pending', 'paused') ORDER BY x.order_key DESC, x.ingress_id DESC LIMIT 1 OFFSET 0)
+	                                          AND x.status IN ('pending', 'running', 'paused') ORDER BY x.order_key DESC, x.ingress_id DESC LIMIT 1 OFFSET 0)
 	                               OR EXISTS (SELECT 1 FROM pepsi.queue x WHERE x.order_key >= o.order_key AND (x.order_key, x.ingress_id) < (o.order_key, o.ingress_id)
 	                                          AND x.status = 'blocked' ORDER BY x.order_key DESC, x.ingress_id DESC LIMIT 1 OFFSET 0) THEN 'pending'
 	                             ELSE 'running' END END

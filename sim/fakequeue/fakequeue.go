@@ -597,7 +597,7 @@ func (q *Queue) write(r *Row, it core.Item) {
 				r.Attempts = 0
 			}
 			r.Stage, r.Status = it.To, core.StatusPending
-			if it.Claim && !q.behindKeyWaiting(r) {
+			if it.Claim && !q.behindKey(r) {
 				r.Status = core.StatusRunning // a move that claims
 			}
 		}
@@ -699,17 +699,13 @@ func (q *Queue) claim(c core.Claim) core.Event {
 	var rows []core.Row
 	var more []string
 	before := q.over(c.Limits)
-	// The keys of the rows this claim took: claimSQL's probes see each such
-	// row pending, as its snapshot does, so no younger row of the key is
-	// taken after it (a row written running here would not count).
-	excludeKeys := slices.Clone(c.ExcludeKeys)
 	for _, cp := range c.Caps {
 		if held(cp.Stage, c.Holds, before) {
 			cp.N = 0 // held by a stage its transaction took over its limit
 		}
 		n := 0
 		for _, r := range q.rows {
-			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) && q.claimable(r, excludeKeys) {
+			if r != nil && r.Status == core.StatusPending && r.Stage == cp.Stage && r.ID > cp.After && !slices.Contains(c.Exclude, r.ID) && q.claimable(r, c.ExcludeKeys) {
 				if n >= cp.N {
 					more = append(more, cp.Stage) // one row past the cap: the stage has more
 					break
@@ -719,9 +715,6 @@ func (q *Queue) claim(c core.Claim) core.Event {
 				q.claimTrace(r)
 				q.observe(ByClaim, before, r)
 				row := core.Row{ID: r.ID, Stage: r.Stage, Attempts: r.Attempts, Key: r.Key}
-				if r.Key != "" {
-					excludeKeys = append(excludeKeys, r.Key)
-				}
 				if cp.LineMax > 0 {
 					row.Message = r.message(cp.LineMax)
 				}

@@ -119,31 +119,18 @@ func (q *Queue) abortKeyed(id int64) {
 
 // claimable reports whether the claim may take pending row r: a keyed row
 // only when its key is not excluded (held) and no older row of its key is
-// pending, paused or blocked (claimSQL: an older running row is held, its
-// key excluded).
+// unfinished.
 func (q *Queue) claimable(r *Row, excludeKeys []string) bool {
 	if r.Key == "" {
 		return true
 	}
-	return !slices.Contains(excludeKeys, r.Key) && !q.behindKeyWaiting(r)
+	return !slices.Contains(excludeKeys, r.Key) && !q.behindKey(r)
 }
 
-// behindKeyWaiting reports whether keyed row r has an older row of its key
-// that is pending, paused or blocked: what a claim and a move that claims
-// ask (claimSQL, resolveSQL). Neither asks about an older running row: every
-// running row is one the dispatcher holds, its key excluded from the claim,
-// and the row a move claims is itself running and held, one message of a key
-// held at most.
-func (q *Queue) behindKeyWaiting(r *Row) bool {
-	if r.Key == "" {
-		return false
-	}
-	for _, o := range q.keyRows(r.Key) {
-		if o.ID < r.ID && o.Status != core.StatusRunning {
-			return true
-		}
-	}
-	return false
+// behindKey reports whether keyed row r has an older unfinished row of its
+// key (a row with no key never has).
+func (q *Queue) behindKey(r *Row) bool {
+	return r.Key != "" && q.olderUnfinished(r.Key, r.ID)
 }
 
 // olderUnfinished reports whether a row of key older than id is unfinished.
