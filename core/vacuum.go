@@ -230,9 +230,12 @@ func (c *Core) inspected(e Inspected) {
 	}
 	if !e.Autovacuum && !h.warnedOff {
 		h.warnedOff = true
-		if c.cfg.Vacuum {
+		switch {
+		case c.cfg.Vacuum && !e.NotOwner:
 			c.logf(LevelWarn, "autovacuum is off for pepsi.queue: pepsi-dispatch vacuums it itself when it has %d dead rows (VACUUM = off leaves it to you)", VacuumDeadMin)
-		} else {
+		case c.cfg.Vacuum:
+			c.logf(LevelWarn, "autovacuum is off for pepsi.queue and this dispatcher's role may not vacuum it: nothing removes its dead rows, and the queue slows down as they pile up (%d now)", e.Dead)
+		default:
 			c.logf(LevelWarn, "autovacuum is off for pepsi.queue and VACUUM = off: nothing removes its dead rows, and the queue slows down as they pile up (%d now)", e.Dead)
 		}
 	}

@@ -276,3 +276,20 @@ func TestAQueueWhoseRowsOutgrewItsStatisticsIsAnalyzed(t *testing.T) {
 		t.Errorf("%v: want an analyze of 100,000 live rows whose statistics hold none", v)
 	}
 }
+
+// Proves: with autovacuum off and a role that may not vacuum the queue, the
+// warning about autovacuum does not promise that pepsi-dispatch vacuums the
+// queue itself: it says that nothing removes the dead rows.
+func TestAutovacuumOffUnderARoleThatMayNotVacuumPromisesNoVacuum(t *testing.T) {
+	w := newWorld(t, threeStages)
+	in := one[core.Inspect](t, w.start("a", 0))
+	ev := healthy(in.Op, 100)
+	ev.Autovacuum, ev.NotOwner = false, true
+	cmds := w.step(ev)
+	if logged(cmds, "vacuums it itself") {
+		t.Errorf("the warning promises a vacuum the role may not run:\n%s", list(cmds))
+	}
+	if !logged(cmds, "may not vacuum it: nothing removes its dead rows") {
+		t.Errorf("no warning that nothing removes the dead rows:\n%s", list(cmds))
+	}
+}
