@@ -194,10 +194,15 @@ type health struct {
 	// claims reported settled) when the last Inspect was sent; liveAtInspect
 	// the live rows the last inspection found.
 	settledAtInspect, liveAtInspect int64
-	warnedOff                       bool // said that autovacuum is off
-	warnedOwner                     bool // said that the role may not vacuum the queue
-	warnedAge                       bool // said that the horizon is held back (until it is not)
-	failed                          bool // said that an inspect or vacuum failed (until one works)
+	// baselineOwed: the last Inspect went out before any claim had
+	// reported how far ingress settled (at start), so settledAtInspect
+	// is taken from the first claim that does: growth counts the rows
+	// added since the start, not the queue's ids before it.
+	baselineOwed, claimSeen bool
+	warnedOff               bool // said that autovacuum is off
+	warnedOwner             bool // said that the role may not vacuum the queue
+	warnedAge               bool // said that the horizon is held back (until it is not)
+	failed                  bool // said that an inspect or vacuum failed (until one works)
 	// unrunSaid: when each stage nobody runs was last said to have pending
 	// messages (said again every POLL_INTERVAL while they wait).
 	unrunSaid map[string]time.Time
@@ -316,11 +321,23 @@ func (c *Core) inspectDue() {
 	h.inspecting = h.nextOp
 	h.lastInspect = c.now
 	h.settledAtInspect = c.settled
+	h.baselineOwed = !h.claimSeen
 	run := make([]string, len(c.stages))
 	for i, st := range c.stages {
 		run[i] = st.cfg.Name
 	}
 	c.emit(Inspect{Op: h.inspecting, Run: run})
+}
+
+// claimedSettled notes that a claim reported how far ingress settled: the
+// first one sets the growth baseline of an Inspect sent before it.
+func (c *Core) claimedSettled() {
+	h := &c.health
+	h.claimSeen = true
+	if h.baselineOwed {
+		h.baselineOwed = false
+		h.settledAtInspect = c.settled
+	}
 }
 
 // inspectAt is when the next Inspect is due (zero when none will be).

@@ -229,6 +229,24 @@ func TestRowsAddedSinceTheLastInspectionCallForTheNextSooner(t *testing.T) {
 	}
 }
 
+// Proves: the rows that call an inspection forward are those added since the
+// start, not the queue's ids before it: a dispatcher started on a queue whose
+// newest id is past InspectGrowth (a queue that has run a while, its rows
+// finished) inspects it again InspectInterval after the first look, not
+// InspectGrowthInterval. (Its first Inspect goes out before any claim has
+// reported how far ingress settled; the first claim that does sets the
+// baseline.)
+func TestTheQueuesIDsBeforeTheStartCallNoInspectionForward(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.q.Insert("z", 3*core.InspectGrowth) // a stage this dispatcher does not run: never claimed
+	in := one[core.Inspect](t, w.start("a", 0))
+	w.step(healthy(in.Op, 0))
+	none[core.Inspect](t, w.tick(core.InspectInterval-time.Millisecond), "no inspection forward for the rows there before the start")
+	if n := len(of[core.Inspect](w.tick(core.InspectInterval))); n != 1 {
+		t.Errorf("%d inspections InspectInterval after the first; want 1", n)
+	}
+}
+
 // Proves: when the inspection says the dispatcher's role may not vacuum the
 // queue (PostgreSQL would skip a vacuum or an analyze with a mere warning),
 // the core says so once and sends neither, whatever the dead rows and the
