@@ -119,12 +119,11 @@ func TestInspectSaysWhenTheRoleMayNotVacuumTheQueue(t *testing.T) {
 	if in.Err != "" || !in.NotOwner {
 		t.Errorf("inspected %v as role %s; want NotOwner", in, role)
 	}
-	counts := func() (vacuums, analyses int64) { return maintained(t, h) }
-	_, before := counts()
+	_, before := maintained(t, h)
 	if v := other.Vacuum(ctx, core.Vacuum{Op: 3, Kind: core.AnalyzeOnly}); v.Err != "" {
 		t.Errorf("as role %s the analyze answered %v; want no error (PostgreSQL only warns)", role, v)
 	}
-	if _, after := counts(); after != before {
+	if _, after := maintained(t, h); after != before {
 		t.Errorf("as role %s the queue was analyzed %d times; want none: what the inspection's NotOwner stands for", role, after-before)
 	}
 	// The database's owner may, though it owns no table.
@@ -149,16 +148,15 @@ func TestEachKindOfVacuumRunsWhatItNames(t *testing.T) {
 	h := newHarness(t)
 	ctx := t.Context()
 	h.Insert(t, "a", 10)
-	counts := func() (vacuums, analyses int64) { return maintained(t, h) }
 	for i, c := range []struct {
 		kind              core.Maintenance
 		vacuums, analyses int64
 	}{{core.VacuumOnly, 1, 0}, {core.VacuumAnalyze, 1, 1}, {core.AnalyzeOnly, 0, 1}} {
-		v0, a0 := counts()
+		v0, a0 := maintained(t, h)
 		if v := h.Vacuum(ctx, core.Vacuum{Op: int64(i + 1), Kind: c.kind}); v.Err != "" {
 			t.Fatalf("%v: %s", core.Vacuum{Op: int64(i + 1), Kind: c.kind}, v.Err)
 		}
-		if v1, a1 := counts(); v1-v0 != c.vacuums || a1-a0 != c.analyses {
+		if v1, a1 := maintained(t, h); v1-v0 != c.vacuums || a1-a0 != c.analyses {
 			t.Errorf("%v: %d vacuums and %d analyses of pepsi.queue; want %d and %d", core.Vacuum{Op: int64(i + 1), Kind: c.kind}, v1-v0, a1-a0, c.vacuums, c.analyses)
 		}
 	}

@@ -275,9 +275,10 @@ func (b *bench) runPipeline(ctx context.Context, v variant, tag string) (p pipeR
 
 // enqueueBehind waits until the dispatcher d runs on the empty queue (its
 // sessions connected, and a second for its first claims, whose plans are
-// then made), then enqueues b.n messages at once and returns when that began
-// (the server's clock): -enqueue-after-start, a backlog that arrives at a
-// running dispatcher.
+// then made), then enqueues b.n messages (enqueueSlice an INSERT) and
+// returns when that began (the server's clock): -enqueue-after-start, a
+// backlog that arrives at a running dispatcher. Its sessions are its lock's
+// and its pool's, which runs its steps: two once it runs.
 func (b *bench) enqueueBehind(ctx context.Context, conn *pgx.Conn, d *dispatchproc.Process, cfg stageConfig) (time.Time, error) {
 	var start time.Time
 	for tries := 0; ; tries++ {
