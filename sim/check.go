@@ -981,7 +981,8 @@ func (w *world) inspectSerial(r *rule, x crossing) {
 	// Sooner than core.InspectInterval after the life's last only when its
 	// claims reported core.InspectGrowth rows added since, and as many as the
 	// live rows the last inspection found; never sooner than
-	// core.InspectGrowthInterval.
+	// core.InspectGrowthInterval. The rows added count from the life's
+	// first claim result when the last went out before any (baselineOwed).
 	if w.inspectCmdAt.IsZero() {
 		return
 	}
@@ -1075,7 +1076,7 @@ func (w *world) exit(r *rule, x crossing) {
 		w.broke(r, "%s although the core still holds or owes %s", c, w.heldText())
 	case c.Code == 0:
 		for _, row := range w.q.Rows() {
-			if row.Status == core.StatusRunning && w.strayed[row.ID] != w.claimGen[row.ID-1]+1 {
+			if row.Status == core.StatusRunning && w.strayed[row.ID] != w.claimGen[w.slot(row.ID)]+1 {
 				// (A row a stray tool made running since its last claim is an
 				// orphan of the next start-up reset; the sweep only runs between.)
 				w.broke(r, "%s (every row reset or resolved) but row %d is running at %s", c, row.ID, row.Stage)
@@ -1133,7 +1134,7 @@ func (w *world) wakeDue(rl *rule, _ crossing) {
 	if w.txnOut() || w.coreDown || w.shut > 0 {
 		return
 	}
-	for id := int64(1); id <= int64(len(w.msgOf)); id++ {
+	for id := w.idBase + 1; id <= w.idBase+int64(len(w.msgOf)); id++ {
 		r, _ := w.q.Get(id)
 		if _, held := w.heldBy(id); r.Status == core.StatusPaused && r.Timeout.Before(w.now) && !held && !w.unseen[id] {
 			w.broke(rl, "row %d is paused until %s, %s ago, and no wake is outstanding", id, r.Timeout.Sub(epoch), w.now.Sub(r.Timeout))
@@ -1393,7 +1394,7 @@ func (w *world) claimOwed(s int, at time.Time) bool {
 	}
 	name := w.sc.stages[s].name
 	for _, r := range w.q.Rows() {
-		if r.Status == core.StatusPending && r.Stage == name && !w.insertedAt[r.ID-1].After(at) {
+		if r.Status == core.StatusPending && r.Stage == name && !w.insertedAt[w.slot(r.ID)].After(at) {
 			return true
 		}
 	}
@@ -1553,7 +1554,7 @@ func (w *world) backlogAt(s int) int {
 // fails or times out, and each row's claims.
 func (w *world) observe(c fakequeue.Change) {
 	if c.By == fakequeue.ByStray {
-		w.strayed[c.After.ID] = w.claimGen[c.After.ID-1] + 1
+		w.strayed[c.After.ID] = w.claimGen[w.slot(c.After.ID)] + 1
 	}
 	if w.checkAt(atChange, crossing{change: &c}); w.fail != nil {
 		return
@@ -1562,7 +1563,7 @@ func (w *world) observe(c fakequeue.Change) {
 		// A claim, or a move that claims (running at its stage to running at
 		// the next).
 		delete(w.retried, c.After.ID)
-		w.claimGen[c.After.ID-1]++
+		w.claimGen[w.slot(c.After.ID)]++
 	}
 	if w.ownVerdict(c) {
 		w.verdicts[c.After.ID] = c.After.Status
@@ -1635,9 +1636,9 @@ func (w *world) wakeKeepsHanded(r *rule, x crossing) {
 func (w *world) noStaleVerdict(r *rule, x crossing) {
 	if c := x.change; c != nil && w.ownVerdict(*c) {
 		id := c.After.ID
-		if gen := w.claimGenOf[id]; gen != w.claimGen[id-1] {
+		if gen := w.claimGenOf[id]; gen != w.claimGen[w.slot(id)] {
 			w.broke(r, "row %d was made %s by a resolve meant for its claim #%d, but it has been claimed again since (claim #%d): a verdict must only apply to the claim it was made for",
-				id, c.After.Status, gen, w.claimGen[id-1])
+				id, c.After.Status, gen, w.claimGen[w.slot(id)])
 		}
 	}
 }
@@ -1645,7 +1646,7 @@ func (w *world) noStaleVerdict(r *rule, x crossing) {
 func (w *world) epochGuard(r *rule, x crossing) {
 	if c := x.change; c != nil && w.ownVerdict(*c) {
 		id := c.After.ID
-		if ex := w.expects[id]; ex != nil && ex.answer && w.wrote[id-1] {
+		if ex := w.expects[id]; ex != nil && ex.answer && w.wrote[w.slot(id)] {
 			w.broke(r, "message %d was failed as a stage bug (answered 0, left running), but its stage had committed a transition on that visit (which a PostgreSQL crash then lost): it must be requeued", id)
 		}
 	}

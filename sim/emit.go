@@ -50,13 +50,13 @@ func passKey(id int64, stage string, try int) string {
 // refuse (one more than EMIT_MAX for ""). A malformed status line or a
 // babble carries none of them to any message that could insert them.
 func (w *world) emitLines(p *proc, id int64, a answerInfo) {
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	v := m.visits[p.stage-m.first]
 	if v.emits == 0 {
 		return
 	}
 	stage := w.sc.stages[p.stage].name
-	key := passKey(id, stage, w.tries[id-1][p.stage])
+	key := passKey(id, stage, w.tries[w.slot(id)][p.stage])
 	to := w.sc.stages[v.emitTo].name
 	n := v.emits
 	var bad string

@@ -270,6 +270,11 @@ type healthState struct {
 	// liveInspected the live rows of its last inspection.
 	inspectCmdAt                                 time.Time
 	settledSeen, settledAtInspect, liveInspected int64
+	// claimSeen: this core life has been given a claim's result;
+	// baselineOwed: its last Inspect went out before any, so growth
+	// counts from the first one's Settled, not from the ids the queue
+	// had handed out before the life began (Scenario.idBase).
+	claimSeen, baselineOwed bool
 }
 
 // pressureState belongs to rules pressure-holds, pressure-held-only-while-over
@@ -366,6 +371,7 @@ func (w *world) modelEvent(ev core.Event) {
 		w.inspectSent = w.now
 		// A new core: it has inspected nothing and seen no claim yet.
 		w.inspectCmdAt, w.settledSeen, w.settledAtInspect, w.liveInspected = time.Time{}, 0, 0, 0
+		w.claimSeen, w.baselineOwed = false, false
 		w.tellAll()
 		w.wakeComing()
 	case core.Inspected:
@@ -409,6 +415,12 @@ func (w *world) modelEvent(ev core.Event) {
 		w.modelExit(e)
 	case core.Claimed:
 		w.settledSeen = max(w.settledSeen, e.Settled)
+		if e.Err == "" {
+			w.claimSeen = true
+			if w.baselineOwed {
+				w.baselineOwed, w.settledAtInspect = false, w.settledSeen
+			}
+		}
 		w.modelClaimed(e)
 	case core.Resolved:
 		w.modelResolved(e)
@@ -556,7 +568,7 @@ func (w *world) takeClaimed(what string, id int64, stage string, attempts int, e
 	}
 	w.claimAttempts[id] = attempts
 	w.claimEpoch[id] = epoch
-	w.claimGenOf[id] = w.claimGen[id-1]
+	w.claimGenOf[id] = w.claimGen[w.slot(id)]
 	if w.shut > 0 {
 		w.expects[id] = &expect{verdict: core.Requeue, why: "returned by " + what + " during shutdown", stage: stage}
 	} else {
@@ -1086,7 +1098,7 @@ func (w *world) recordCommand(cmd core.Command) {
 		w.recordFlush(x)
 	case core.Inspect:
 		w.inspectOut, w.inspectSent = true, w.now
-		w.inspectCmdAt, w.settledAtInspect = w.now, w.settledSeen
+		w.inspectCmdAt, w.settledAtInspect, w.baselineOwed = w.now, w.settledSeen, !w.claimSeen
 	case core.Vacuum:
 		w.vacuumOut, w.vacuumSent, w.vacuumedNow = true, w.now, true
 	case core.Spawn:

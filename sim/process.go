@@ -153,7 +153,7 @@ func (w *world) kill(x core.Kill) {
 		w.q.CommitDuringResolve(id, func() {
 			from, to, status, timeout := w.transition(p, id)
 			if w.q.StageWrite(id, from, to, status, timeout) {
-				w.wrote[id-1], p.written = true, true
+				w.wrote[w.slot(id)], p.written = true, true
 				w.note("%s's late commit of message %d lands: %s -> %s %s", p.id, id, from, to, status)
 			}
 		})
@@ -207,21 +207,21 @@ func (w *world) begin(p *proc, id int64) {
 			return
 		}
 	}
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	if p.stage < m.first || p.stage > m.last {
 		w.broke(ruleWorldConsistent, "message %d reached stage %s, which its route (%s..%s) never visits",
 			id, name, w.sc.stages[m.first].name, w.sc.stages[m.last].name)
 		return
 	}
 	v := m.visits[p.stage-m.first]
-	n := w.tries[id-1][p.stage]
-	w.tries[id-1][p.stage]++
+	n := w.tries[w.slot(id)][p.stage]
+	w.tries[w.slot(id)][p.stage]++
 	a := attempt{kind: kGood, latency: v.latency}
 	if !w.healing && n < len(v.trouble) {
 		a = v.trouble[n]
 	}
 	p.try, p.written = a, false
-	w.wrote[id-1] = false
+	w.wrote[w.slot(id)] = false
 	w.note("%s starts message %d at %s: %s, %s", p.id, id, name, a.kind, a.latency)
 	w.after(a.latency, func() { w.conclude(p, id) })
 }
@@ -282,7 +282,7 @@ func (w *world) conclude(p *proc, id int64) {
 			w.answer(p, w.moveAnswer(p, id, a))
 			break
 		}
-		m := w.sc.messages[w.msgOf[id-1]]
+		m := w.sc.messages[w.msgOf[w.slot(id)]]
 		if lag := m.visits[p.stage-m.first].lag; lag > 0 && a.kind == kGood && !w.healing {
 			// Committed; the answer follows a while later.
 			w.answerAfter(p, lag, func() answerInfo { return w.goodAnswer(p, id) })
@@ -310,7 +310,7 @@ func (w *world) answerAfter(p *proc, d time.Duration, line func() answerInfo) {
 
 // goodAnswer is the status line of the good pass: "0" plus the fused stage.
 func (w *world) goodAnswer(p *proc, id int64) answerInfo {
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	v := m.visits[p.stage-m.first]
 	if v.fuse && p.stage+1 <= m.last {
 		f := w.sc.stages[p.stage+1].name
@@ -324,7 +324,7 @@ func (w *world) goodAnswer(p *proc, id int64) answerInfo {
 // it: its visit answers, the kind has an answer form, and it is not a finish as
 // failed (which has none).
 func (w *world) answers(p *proc, id int64, a attempt) bool {
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	v := m.visits[p.stage-m.first]
 	if !v.answers || !a.kind.answerable() {
 		return false
@@ -335,7 +335,7 @@ func (w *world) answers(p *proc, id int64, a attempt) bool {
 // next is the stage the good pass moves the message to (past the last stage:
 // it finishes).
 func (w *world) next(p *proc, id int64) int {
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	v := m.visits[p.stage-m.first]
 	next := p.stage + 1
 	if v.fuse && p.stage+1 <= m.last {
@@ -350,7 +350,7 @@ const lineMax = 64 << 10
 // moveAnswer is the status line of a try that answers its transition:
 // "0 >TARGET", the fused stage's time, and a state patch.
 func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	v := m.visits[p.stage-m.first]
 	info := answerInfo{move: &core.Item{}}
 	switch next := w.next(p, id); {
@@ -371,7 +371,7 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 		info.fused = st.Fused
 	}
 	if v.patch {
-		info.move.Patch = fmt.Sprintf(`{"by":%q,"id":%d,"try":%d}`, w.sc.stages[p.stage].name, id, w.tries[id-1][p.stage])
+		info.move.Patch = fmt.Sprintf(`{"by":%q,"id":%d,"try":%d}`, w.sc.stages[p.stage].name, id, w.tries[w.slot(id)][p.stage])
 		if v.bigPatch {
 			// Padded so the whole line is 64 KiB less one byte (its newline).
 			room := lineMax - 1 - len(spell(st, v.fraction)) - len(" ") - len(info.move.Patch) - len(`,"pad":""`)
@@ -408,7 +408,7 @@ func (w *world) commit(p *proc, id int64) {
 		w.broke(ruleWorldConsistent, "%s (stage %s) cannot commit message %d: its row is %s at %s, not running here", p.id, from, id, r.Status, r.Stage)
 		return
 	}
-	w.wrote[id-1], p.written = true, true
+	w.wrote[w.slot(id)], p.written = true, true
 	w.note("%s commits message %d: %s -> %s %s", p.id, id, from, to, status)
 }
 
@@ -431,7 +431,7 @@ func (w *world) alsoWrite(p *proc, id int64) {
 	w.note("%s answers its transition of message %d and writes one of its own too, whose commit is on its way", p.id, id)
 	w.q.CommitDuringResolve(id, func() {
 		if w.q.StageWrite(id, from, to, status, timeout) {
-			w.wrote[id-1] = true
+			w.wrote[w.slot(id)] = true
 			w.note("%s's late commit of message %d lands: %s -> %s %s", p.id, id, from, to, status)
 		}
 	})
@@ -440,7 +440,7 @@ func (w *world) alsoWrite(p *proc, id int64) {
 // transition is the write of the try of p on id: from its stage to a stage and
 // status (with a paused row's timeout).
 func (w *world) transition(p *proc, id int64) (from, to string, status core.RowStatus, timeout time.Time) {
-	m := w.sc.messages[w.msgOf[id-1]]
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
 	v := m.visits[p.stage-m.first]
 	from = w.sc.stages[p.stage].name
 	to, status = from, core.StatusRunning

@@ -286,7 +286,8 @@ var ruleFlushNotEarly = &rule{name: "flush-not-early", when: atCommand, check: (
 
 var ruleInspect = &rule{name: "inspect-serial", when: atCommand, check: (*world).inspectSerial,
 	doc: "An inspection of the queue's health is not asked for while another is outstanding, nor during a shutdown, nor sooner than core.InspectInterval after the core's last " +
-		"unless its claims reported core.InspectGrowth rows added since, and as many as the last inspection's live rows; never sooner than core.InspectGrowthInterval."}
+		"unless its claims reported core.InspectGrowth rows added since, and as many as the last inspection's live rows; never sooner than core.InspectGrowthInterval. " +
+		"Rows added count from the last inspection, or from the life's first claim result when that inspection went out before any: not the ids the queue handed out before the dispatcher started."}
 
 var ruleVacuumCalledFor = &rule{name: "vacuum-only-when-called-for", when: atCommand, check: (*world).vacuumCalledFor,
 	doc: "A vacuum only when VACUUM is on, none of the core's runs, no shutdown is under way, the last inspection called for one " +

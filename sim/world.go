@@ -191,7 +191,9 @@ type world struct {
 	procs    map[core.WorkerID]*proc
 	pids     int
 
-	// The messages: plan index and tries per row id (ids are 1..inserted).
+	// The messages: plan index and tries per row id, at w.slot(id) (ids
+	// are idBase+1 on: the scenario's queue handed out idBase ids before).
+	idBase     int64
 	msgOf      []int
 	insertedAt []time.Time
 	tries      [][]int
@@ -254,6 +256,8 @@ func newWorld(sc *Scenario, opt Options) *world {
 		rKey:    rand.New(rand.NewPCG(sc.WorldSeed, 21)),
 		rOrder:  rand.New(rand.NewPCG(sc.WorldSeed, 9)),
 	}
+	w.idBase = sc.idBase
+	w.q.StartAfter(sc.idBase)
 	w.retried = map[int64]time.Time{}
 	w.strayed = map[int64]int{}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
@@ -739,6 +743,10 @@ func (w *world) insert(i int) {
 	w.at(w.now.Add(d), 0, func() { w.commitInsert(i, id, shared, notify) })
 }
 
+// slot is row id's index in the world's per-row slices (msgOf, insertedAt,
+// tries, wrote, claimGen).
+func (w *world) slot(id int64) int { return int(id - w.idBase - 1) }
+
 // longHoldOdds: one producer transaction in this many stays open 0.1–5 s
 // after its insert. While the core is busy when it inserts, it holds the gate
 // shared all that time, so the core's next Rest waits that long, and the rows
@@ -768,7 +776,7 @@ func (w *world) commitInsert(i int, id int64, shared, notify bool) {
 	m := w.sc.messages[i]
 	if w.dbDown() {
 		w.q.Abort(id)
-		w.msgOf[id-1] = -1
+		w.msgOf[w.slot(id)] = -1
 		w.at(w.upAt(), 0, func() { w.insert(i) })
 		return
 	}
@@ -780,7 +788,7 @@ func (w *world) commitInsert(i int, id int64, shared, notify bool) {
 	w.q.CommitMessage(id, w.sc.stages[m.first].name, payloadOf(i), notBefore)
 	w.quiet = false
 	w.inserted++
-	w.insertedAt[id-1] = w.now
+	w.insertedAt[w.slot(id)] = w.now
 	if r, _ := w.q.Get(id); r.Status == core.StatusPaused && w.running {
 		w.unseen[id] = true
 	}

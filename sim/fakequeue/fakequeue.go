@@ -88,7 +88,10 @@ func (r Row) message(lineMax int) *core.Message {
 
 // Queue is the fake queue. The zero value is not usable; call New.
 type Queue struct {
-	rows     []*Row // rows[id-1]; nil once purged
+	rows []*Row // rows[id-base-1] (slot); nil once purged
+	// base is the last id handed out before this queue's first row
+	// (StartAfter): a queue that lived before, whose ids are far past 1.
+	base     int64
 	epoch    string
 	epochN   int
 	flushSeq int64           // flushes applied, ever (dispatch_stats.flush_seq)
@@ -182,12 +185,27 @@ func New() *Queue {
 	return &Queue{stats: map[string]core.StageDelta{}, statsAt: map[string]time.Time{}, marks: map[int64]int64{}}
 }
 
+// StartAfter makes the empty queue's ids start after base, as a queue whose
+// identity handed out base ids before (rows since purged) does: the core
+// must not take those ids for growth it saw (core.InspectGrowth). It panics
+// on a queue that has rows.
+func (q *Queue) StartAfter(base int64) {
+	if len(q.rows) > 0 || base < 0 {
+		panic(fmt.Sprintf("fakequeue: StartAfter(%d) on a queue of %d rows", base, len(q.rows)))
+	}
+	q.base = base
+}
+
+// slot is row id's index in rows; nextID the id the next row gets.
+func (q *Queue) slot(id int64) int { return int(id - q.base - 1) }
+func (q *Queue) nextID() int64     { return q.base + int64(len(q.rows)) + 1 }
+
 // Insert adds n pending rows at stage in one producer transaction and returns
 // their ids.
 func (q *Queue) Insert(stage string, n int) []int64 {
 	ids := make([]int64, n)
 	for i := range ids {
-		id := int64(len(q.rows) + 1)
+		id := q.nextID()
 		q.rows = append(q.rows, &Row{ID: id, Stage: stage, Status: core.StatusPending})
 		q.touch(id)
 		ids[i] = id
@@ -215,9 +233,10 @@ func (q *Queue) Size() int64 { return int64(len(q.rows)) }
 // taken now, as PostgreSQL's identity does at insert, but the row appears only
 // at Commit (or never, after Abort). Meanwhile claims report nothing settled.
 func (q *Queue) Reserve() int64 {
+	id := q.nextID()
 	q.rows = append(q.rows, nil)
 	q.inFlight++
-	return int64(len(q.rows))
+	return id
 }
 
 // Commit ends the producer transaction of a reserved id: its row appears,
@@ -245,7 +264,7 @@ func (q *Queue) schedule(r *Row, notBefore time.Time) {
 // key's head.
 func (q *Queue) commit(id int64, stage string, notBefore time.Time) {
 	r := &Row{ID: id, Stage: stage, Status: core.StatusPending}
-	q.rows[id-1] = r
+	q.rows[q.slot(id)] = r
 	q.commitKeyed(r)
 	q.schedule(r, notBefore)
 	q.touch(id)
@@ -258,7 +277,7 @@ func (q *Queue) commit(id int64, stage string, notBefore time.Time) {
 func (q *Queue) CommitMessage(id int64, stage string, payload []byte, notBefore time.Time) {
 	q.commit(id, stage, notBefore)
 	if payload != nil {
-		q.rows[id-1].Payload, q.rows[id-1].HasPayload = string(payload), true
+		q.rows[q.slot(id)].Payload, q.rows[q.slot(id)].HasPayload = string(payload), true
 	}
 }
 
@@ -399,10 +418,10 @@ func (q *Queue) Rows() []Row {
 }
 
 func (q *Queue) row(id int64) *Row {
-	if id < 1 || id > int64(len(q.rows)) {
-		return nil
+	if i := q.slot(id); i >= 0 && i < len(q.rows) {
+		return q.rows[i]
 	}
-	return q.rows[id-1]
+	return nil
 }
 
 // CommitDuringResolve makes commit (a stage's write, such as StageWrite) land
@@ -423,7 +442,7 @@ func (q *Queue) CommitDuringResolve(id int64, commit func()) {
 // are lost and the crash sentinel is emptied.
 func (q *Queue) Crash() {
 	for i := len(q.undo) - 1; i >= 0; i-- {
-		r := q.rows[q.undo[i].ID-1]
+		r := q.rows[q.slot(q.undo[i].ID)]
 		was := *r
 		*r = q.undo[i]
 		q.observe(ByCrash, was, r)
@@ -511,7 +530,7 @@ func (q *Queue) insertChildren(parent int64, trace string, emits []core.Emit, tr
 			continue
 		}
 		id := q.add(e.Stage, e.State, e.Payload, e.Key, e.OrderKey, time.Time{})
-		r := q.rows[id-1]
+		r := q.rows[q.slot(id)]
 		r.ParentID, r.TraceParent = parent, trace
 		if e.Claim && e.Key == "" && e.OrderKey == "" && trace != "" && r.Status == core.StatusPending {
 			r.Status = core.StatusRunning
@@ -681,7 +700,7 @@ func (q *Queue) reset(c core.ResetOrphans) core.Event {
 	if c.ReleaseKeys {
 		ev.Heads, ev.Busy = q.release(q.blockedKeys(), false, ByRelease)
 		if len(q.keyLocks) > 0 { // a keyed producer in flight (see core.OrphansReset.Seq)
-			ev.Seq = int64(len(q.rows)) // ids handed out, rows of producers in flight included
+			ev.Seq = q.nextID() - 1 // ids handed out, rows of producers in flight included
 		}
 	}
 	return ev

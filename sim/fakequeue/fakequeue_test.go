@@ -18,6 +18,18 @@ func TestQueueConformance(t *testing.T) {
 	queuetest.Run(t, func(*testing.T) queuetest.Harness { return newHarness() })
 }
 
+// TestQueueConformanceWithIDsPastAMillion runs the suite again on a fake
+// queue whose identity handed out a million ids before (Queue.StartAfter, as
+// the simulator's scenarios draw): every statement finds its rows by id
+// wherever the ids start.
+func TestQueueConformanceWithIDsPastAMillion(t *testing.T) {
+	queuetest.Run(t, func(*testing.T) queuetest.Harness {
+		h := newHarness()
+		h.StartAfter(1_000_000)
+		return h
+	})
+}
+
 // newHarness is a fresh fake queue with a clock that ticks a second at each
 // reading, so that rows changed one after another have different
 // updated_at, as on a server.

@@ -49,8 +49,8 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 	var r store.EnqueueResult
 	for i, payload := range p.Payloads {
 		id := q.add(p.Stage, p.States[i], payload, "", orderKeys[i], notBefore[i])
-		q.rows[id-1].TraceParent = traces[i]
-		if !q.rows[id-1].Timeout.IsZero() {
+		q.rows[q.slot(id)].TraceParent = traces[i]
+		if !q.rows[q.slot(id)].Timeout.IsZero() {
 			r.Scheduled++ // paused, or blocked until its key's turn, then paused
 		}
 		if r.Count == 0 {
@@ -71,7 +71,7 @@ func (q *Queue) Enqueue(_ context.Context, p store.EnqueueParams) (store.Enqueue
 // inserts it paused until then (a blocked row keeps it for when it becomes
 // its key's head). It does not notify: the caller does, once per statement.
 func (q *Queue) add(stage, state string, payload []byte, key, orderKey string, notBefore time.Time) int64 {
-	id := int64(len(q.rows) + 1)
+	id := q.nextID()
 	row := &Row{ID: id, Stage: stage, Status: core.StatusPending, DedupKey: key, Key: orderKey}
 	if orderKey != "" && len(q.keyRows(orderKey)) > 0 {
 		row.Status = core.StatusBlocked
@@ -116,7 +116,7 @@ func (q *Queue) InsertIngress(_ context.Context, rows []store.IngressRow) ([]int
 			}
 		}
 		ids[i], inserted = q.add(r.Stage, r.State, r.Payload, key, r.OrderKey, r.NotBefore), true
-		q.rows[ids[i]-1].TraceParent = r.TraceParent
+		q.rows[q.slot(ids[i])].TraceParent = r.TraceParent
 	}
 	if inserted {
 		q.notify()
@@ -311,13 +311,13 @@ func (q *Queue) PurgeCutoff(_ context.Context, olderThan time.Duration) (time.Ti
 // p.Statuses and whose last change was before p.Before, in id order.
 func (q *Queue) PurgeBatch(_ context.Context, p store.PurgeParams) (store.PurgeResult, error) {
 	var r store.PurgeResult
-	for id := p.After + 1; id <= int64(len(q.rows)) && r.Found < int64(p.Limit); id++ {
+	for id := max(p.After, q.base) + 1; id < q.nextID() && r.Found < int64(p.Limit); id++ {
 		row := q.row(id)
 		if row == nil || !slices.Contains(p.Statuses, row.Status) || !q.updated[id].Before(p.Before) {
 			continue
 		}
 		r.Found, r.Last, r.Deleted = r.Found+1, id, r.Deleted+1
-		q.rows[id-1] = nil
+		q.rows[q.slot(id)] = nil
 		delete(q.updated, id)
 		delete(q.created, id)
 		delete(q.versions, id)

@@ -254,6 +254,8 @@ var mutants = []mutant{
 		"if !c.cfg.Vacuum || e.NotOwner || h.vacuuming != 0", "if !c.cfg.Vacuum || h.vacuuming != 0"),
 	mut("inspect-always-early", "inspect-serial", "the queue's health is asked for every InspectGrowthInterval whatever the claims reported",
 		"if c.settled-h.settledAtInspect >= max(InspectGrowth, h.liveAtInspect) {", "if true || c.settled-h.settledAtInspect >= max(InspectGrowth, h.liveAtInspect) {"),
+	mut("inspect-growth-from-start", "inspect-serial", "the growth that brings an inspection forward counts the ids the queue had handed out before the dispatcher started",
+		"h.baselineOwed = !h.claimSeen", "h.baselineOwed = false"),
 	mut("analyze-never", "vacuum-when-due", "a queue that outgrew its statistics is never analyzed",
 		"switch outgrew := OutgrewPlans(e); {", "switch outgrew := OutgrewPlans(e) && e.Dead < 0; {"),
 	mut("analyze-early", "vacuum-only-when-called-for", "the queue is analyzed as soon as it is larger than its statistics say, not twice",
