@@ -20,9 +20,22 @@ const (
 	PauseMax = 10 * 365 * 24 * time.Hour
 	// patchMax bounds a state patch, in bytes.
 	patchMax = 1 << 20
-	// numberMax bounds the length of one number in a state patch, so that every
-	// number PostgreSQL's jsonb must store as numeric fits it.
+	// numberMax bounds the length of one number in a state patch: a longer
+	// one is refused whatever its value (NumericRefuses says which shorter
+	// ones PostgreSQL's numeric cannot hold).
 	numberMax = 100
+)
+
+// The limits of PostgreSQL's numeric, as its input function checks them
+// (value overflows numeric format, SQLSTATE 22003): at most numericScaleMax
+// digits after the decimal point as written (trailing zeros and a negative
+// exponent count), the first nonzero digit at most numericWeightMax places
+// before it, and an exponent below numericExponentMax (INT_MAX / 2), for a
+// zero too.
+const (
+	numericScaleMax    = 16383
+	numericWeightMax   = 131071
+	numericExponentMax = 1<<30 - 1
 )
 
 // The targets of an answered transition other than a stage name.
@@ -214,10 +227,11 @@ func parseTarget(t string) *Transition {
 }
 
 // checkPatch says why p cannot be merged into state by PostgreSQL's jsonb, or ""
-// when it can: it must be one JSON object, and jsonb refuses what JSON allows but
-// it cannot store (\u0000, a lone UTF-16 surrogate) and numbers beyond numeric.
-// A patch the core let through and PostgreSQL refused would fail the whole
-// transaction of the step, again and again.
+// when it can: it must be one JSON object of at most patchMax bytes, and
+// jsonb refuses what JSON allows but it cannot store (JSONBRefuses); a
+// number longer than numberMax is refused too. A patch the core let through
+// and PostgreSQL refused would fail the whole transaction of the step, again
+// and again.
 func checkPatch(p string) string {
 	switch {
 	case len(p) > patchMax:
@@ -227,6 +241,19 @@ func checkPatch(p string) string {
 	case !strings.HasPrefix(p, "{"):
 		return "not a JSON object"
 	}
+	return jsonbRefuses(p, numberMax)
+}
+
+// JSONBRefuses says why PostgreSQL's jsonb refuses text, valid JSON, or ""
+// when it takes it: JSON allows \u0000, a lone UTF-16 surrogate escape and
+// numbers beyond the range of PostgreSQL's numeric (NumericRefuses), jsonb
+// none of them. pepsi-ingress and pepsi-queue check a message's state with
+// it, so that the refusal names the input line, not the INSERT.
+func JSONBRefuses(text string) string { return jsonbRefuses(text, 0) }
+
+// jsonbRefuses is JSONBRefuses, and with lengthMax above 0 it also refuses a
+// number longer than that.
+func jsonbRefuses(p string, lengthMax int) string {
 	for i := 0; i < len(p); i++ {
 		switch c := p[i]; {
 		case c == '"':
@@ -262,13 +289,38 @@ func checkPatch(p string) string {
 			for j < len(p) && strings.IndexByte("+-.eE0123456789", p[j]) >= 0 {
 				j++
 			}
-			if j-i > numberMax {
-				return fmt.Sprintf("a number longer than %d characters", numberMax)
+			if lengthMax > 0 && j-i > lengthMax {
+				return fmt.Sprintf("a number longer than %d characters", lengthMax)
+			}
+			if NumericRefuses(p[i:j]) {
+				return fmt.Sprintf("the number %s, beyond the range of PostgreSQL's numeric", clip(p[i:j], 40))
 			}
 			i = j - 1
 		}
 	}
 	return ""
+}
+
+// NumericRefuses says whether PostgreSQL's numeric input refuses n, a valid
+// JSON number, as out of its range (numericScaleMax and its kin). JSON has
+// no bound on an exponent, and numeric's are reached by short numbers
+// (1e-20000), which a length bound alone lets through.
+func NumericRefuses(n string) bool {
+	mantissa, exp := strings.TrimPrefix(n, "-"), int64(0)
+	if k := strings.IndexAny(mantissa, "eE"); k >= 0 {
+		e, err := strconv.ParseInt(mantissa[k+1:], 10, 64)
+		if err != nil || e >= numericExponentMax || e <= -numericExponentMax {
+			return true
+		}
+		mantissa, exp = mantissa[:k], e
+	}
+	whole, frac, _ := strings.Cut(mantissa, ".")
+	if int64(len(frac))-exp > numericScaleMax {
+		return true
+	}
+	digits := whole + frac
+	first := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	return first >= 0 && int64(len(whole)-1-first)+exp > numericWeightMax
 }
 
 // clip cuts s to at most n bytes without splitting a UTF-8 sequence.

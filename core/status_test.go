@@ -88,6 +88,14 @@ func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
 		`0 >b {"k":"\ud83d"}`:          "surrogate",
 		`0 >b {"k":"\ud83d\u0041"}`:    "surrogate",
 		`0 >b {"k":` + bigNumber + `}`: "number",
+		`0 >b {"k":1e-20000}`:          "the number 1e-20000, beyond the range of PostgreSQL's numeric",
+		`0 >b {"k":[{"n":-1e131072}]}`: "the number -1e131072, beyond",
+		`0 >b {"k":0e-16384}`:          "the number 0e-16384, beyond",
+		`0 >b {"k":1.55E-16382}`:       "beyond",
+		`0 >b {"k":0.1e-16383}`:        "beyond",
+		`0 >b {"k":10e131071}`:         "beyond",
+		`0 >b {"k":1e99999999999999}`:  "beyond",
+		`0 >b {"k":0e1073741823}`:      "beyond",
 		"0 >paused":                    "needs a time",
 		"0 >b [1,2,3]":                 `patch '[1,2,3]' refused: not a JSON object`,
 		"0 >b t:1 [1, 2]":              `patch '[1, 2]' refused: not a JSON object`,
@@ -135,6 +143,20 @@ func TestParseStatusQuotesForALogLine(t *testing.T) {
 }
 
 var bigNumber = "1" + strings.Repeat("0", 200)
+
+// The numbers at the edges of PostgreSQL's numeric are taken: a patch is
+// refused only for what jsonb would refuse (store's
+// TestTheCoreRefusesTheNumbersJSONBRefuses checks both sides on a server).
+func TestParseStatusTakesTheNumbersNumericHolds(t *testing.T) {
+	for _, n := range []string{"1e131071", "-9.9e131071", "1e-16383", "0e-16383", "123e-16383", "0e131072", "0e999999",
+		"1.5e-16382", "0.0001e131075", "10e131070", "1E+5", "-0.000", "0"} {
+		line := `0 >b {"k":` + n + `}`
+		got, err := core.ParseStatus(line)
+		if err != nil || got.Transition == nil || got.Transition.Invalid != "" {
+			t.Errorf("ParseStatus(%q) = %+v (%+v), %v; want the patch taken: numeric holds %s", line, got, got.Transition, err, n)
+		}
+	}
+}
 
 func TestParseStatusRejectsMalformedFusedStagesInTheAnswerForm(t *testing.T) {
 	for _, line := range []string{"0 >b tag", "0 >b tag:x", "0 >done :5", "0 >b tag:-1", "0 >b t:1 tag", "0 [1]", "0 paused:5"} {

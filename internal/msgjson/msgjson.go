@@ -305,7 +305,9 @@ func checkKey(name, k string, most int) (string, error) {
 }
 
 // state checks the state field: absent or null (nil), or a JSON object
-// jsonb takes.
+// jsonb takes (core.JSONBRefuses: a refusal names the input line here, where
+// the INSERT's would not). Its numbers are read as written, not as float64:
+// jsonb takes 1e400, which a float64 cannot hold.
 func state(text json.RawMessage) (json.RawMessage, error) {
 	if len(text) == 0 || string(text) == "null" {
 		return nil, nil
@@ -313,12 +315,17 @@ func state(text json.RawMessage) (json.RawMessage, error) {
 	if text[0] != '{' {
 		return nil, fmt.Errorf("state %.40s is not a JSON object", text)
 	}
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.UseNumber()
 	var v any
-	if err := json.Unmarshal(text, &v); err != nil {
+	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
 	if HasNUL(v) {
 		return nil, errors.New(`state holds \u0000, which PostgreSQL's jsonb refuses`)
+	}
+	if why := core.JSONBRefuses(string(text)); why != "" {
+		return nil, fmt.Errorf("state holds %s, which PostgreSQL's jsonb refuses", why)
 	}
 	return text, nil
 }

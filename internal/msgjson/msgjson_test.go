@@ -129,3 +129,28 @@ func TestNotBeforeIsReadWithItsOffsetAndRoundedUpToAMicrosecond(t *testing.T) {
 		t.Errorf("CheckNotBefore of a time without an offset: no error")
 	}
 }
+
+// Proves: a state is refused here, naming its input line, for what
+// PostgreSQL's jsonb would refuse at the INSERT (a number beyond numeric's
+// range, a lone surrogate escape), and taken with every number jsonb holds,
+// those beyond a float64 included.
+func TestStateIsRefusedForWhatJSONBRefusesOnly(t *testing.T) {
+	for text, want := range map[string]string{
+		`{"payload":"x","state":{"a":1e-20000}}`:   "state holds the number 1e-20000, beyond the range of PostgreSQL's numeric",
+		`{"payload":"x","state":{"a":[0e-16384]}}`: "the number 0e-16384, beyond",
+		`{"payload":"x","state":{"a":"\ud83d"}}`:   "state holds a lone UTF-16 surrogate",
+		`{"payload":"x","state":{"a":"\u0000"}}`:   `state holds \u0000`,
+		`{"payload":"x","state":{"a":1e131072}}`:   "beyond the range",
+		`{"payload":"x","state":{"a":1.5e-16383}}`: "beyond the range",
+	} {
+		if _, err := msgjson.Parse([]byte(text), msgjson.Fields{}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want an error saying %q", text, err, want)
+		}
+	}
+	for _, state := range []string{`{"a":1e400}`, `{"a":-1e131071}`, `{"a":1e-16383}`, `{"a":"\ud83d\ude00"}`, `{"a":123456789012345678901234567890}`} {
+		m, err := msgjson.Parse([]byte(`{"payload":"x","state":`+state+`}`), msgjson.Fields{})
+		if err != nil || string(m.State) != state {
+			t.Errorf("state %s: %q, %v; want it taken as written", state, m.State, err)
+		}
+	}
+}

@@ -26,10 +26,11 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 		"a=answer:0 >zz",                                     // not a stage: failed, the worker lives on
 		`a=answer:0 >b {"k":`,                                // a malformed patch: failed
 		"a=answer:0 >b [1,2,3]",                              // valid JSON, not an object: failed
+		`a=answer:0 >b {"n":1e-20000}`,                       // a number numeric cannot hold: failed, nothing else stops
 	)
 	d := e.start()
-	e.waitCounts(20*time.Second, map[string]int{"done": 5, "failed": 3})
-	e.waitStatsOf(8)
+	e.waitCounts(20*time.Second, map[string]int{"done": 5, "failed": 4})
+	e.waitStatsOf(9)
 	d.stopClean()
 	for _, id := range ids[:5] {
 		want := "b"
@@ -49,6 +50,7 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 	e.expectRow(ids[5], "failed", "a", `target 'zz' is not a stage`)
 	e.expectRow(ids[6], "failed", "a", `state patch '{"k":' refused: not valid JSON`) // the reason quotes the patch's start
 	e.expectRow(ids[7], "failed", "a", `state patch '[1,2,3] `)                       // the test stage adds its own patch after it
+	e.expectRow(ids[8], "failed", "a", `the number 1e-20000, beyond the range of PostgreSQL's numeric`)
 	h := e.records("handle")
 	passes, pids := map[int64]int{}, map[string]map[int]bool{}
 	for _, r := range h {
@@ -65,8 +67,8 @@ func TestAnsweredTransitionsAreWrittenByTheDispatcherInEveryForm(t *testing.T) {
 		t.Errorf("%d workers of stage a; want 1 (an unwritable transition is not a crash)", len(pids["a"]))
 	}
 	s := e.stageStats()
-	if s["a"].Processed != 6 || s["a"].Failed != 3 || s["a"].Crashes != 0 || s["fused-x"].Processed != 1 || s["b"].Processed != 4 {
-		t.Errorf("stage_stats %+v; want a: processed 6 (two passes of the paused one), failed 3; b: processed 4; fused-x: 1", s)
+	if s["a"].Processed != 6 || s["a"].Failed != 4 || s["a"].Crashes != 0 || s["fused-x"].Processed != 1 || s["b"].Processed != 4 {
+		t.Errorf("stage_stats %+v; want a: processed 6 (two passes of the paused one), failed 4; b: processed 4; fused-x: 1", s)
 	}
 }
 
