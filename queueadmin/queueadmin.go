@@ -273,17 +273,9 @@ func retry(ctx context.Context, conn *pgx.Conn, f RetryFilter, dryRun bool) (int
 		}
 		return n, nil
 	}
-	var n int64
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		q := store.On(tx)
-		var err error
-		n, err = q.Retry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
-		if err != nil || n == 0 {
-			return err
-		}
-		// Delivered at commit, with the rows.
-		return q.NotifyIngress(ctx)
-	})
+	// Outside a transaction: the change commits, with its notification,
+	// before its keys are released (store.PG.Retry says why).
+	n, err := store.On(conn).Retry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
 	if err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
@@ -401,7 +393,7 @@ func DiscardedError(note string) string {
 	return "discarded by an operator (pepsi-queue discard): " + note
 }
 
-// Discard ends the selected pending or paused messages failed, their
+// Discard ends the selected pending, paused or blocked messages failed, their
 // state.dispatch_error saying an operator discarded them (with note, if
 // any), and returns how many. sel.Statuses must be pending and/or paused
 // (empty: both). A message a worker holds is running, so it is never
@@ -420,7 +412,7 @@ func discard(ctx context.Context, conn *pgx.Conn, sel Selection, dispatchError s
 	}
 	for _, s := range sel.Statuses {
 		if !slices.Contains(Discardable(), s) {
-			return 0, fmt.Errorf("discard: status %q cannot be discarded (want pending or paused: a running message belongs to a worker, a finished one has left)", s)
+			return 0, fmt.Errorf("discard: status %q cannot be discarded (want pending, paused or blocked: a running message belongs to a worker, a finished one has left)", s)
 		}
 	}
 	q := store.On(conn)

@@ -328,3 +328,96 @@ func TestRetryByIDBeyondInt32(t *testing.T) {
 		t.Fatalf("after Retry: %+v, %v; want pending", m, err)
 	}
 }
+
+// TestARetryCommitsBeforeItReleasesItsKeys: a producer holding an order key's
+// lock (its insert trigger took it) waits for a row the retry changed (the
+// dedup_key it inserts again) while the retry has yet to release that key.
+// Were the retry and its release one transaction, the release would wait for
+// the producer's lock and the producer for the retry's row: a deadlock, and
+// the whole retry undone (found by a review: a large retry -all beside a
+// producer resending a key). The retry's change commits first, so both end.
+func TestARetryCommitsBeforeItReleasesItsKeys(t *testing.T) {
+	t.Parallel()
+	url, conn := pgtest.NewMigratedConn(t)
+	var keyed, held int64
+	if err := conn.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, status, payload, order_key, dedup_key, state)
+		VALUES ('a', 'failed', 'x', 'kx', 'd1', '{"dispatch_error": "exit 1"}') RETURNING ingress_id`).Scan(&keyed); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, status, payload, state)
+		VALUES ('a', 'failed', 'y', '{"dispatch_error": "exit 1"}') RETURNING ingress_id`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	// A session holds the second row, so the retry's UPDATE has changed the
+	// keyed row and waits there until the producer waits too.
+	holder := pgtest.Connect(t, url)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE", held); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int64
+		err error
+	}
+	retried := make(chan result, 1)
+	go func() {
+		n, err := queueadmin.Retry(ctx, conn, queueadmin.RetryFilter{})
+		retried <- result{n, err}
+	}()
+	watcher := pgtest.Connect(t, url)
+	waitForLockWait(t, watcher, "%dispatch_error_history%")
+	producer := pgtest.Connect(t, url)
+	produced := make(chan error, 1)
+	go func() {
+		_, err := producer.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key, dedup_key) VALUES ('a', 'again', 'kx', 'd1')
+			ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`)
+		produced <- err
+	}()
+	waitForLockWait(t, watcher, "%ON CONFLICT%")
+	// Past deadlock_timeout (1 s by default): the producer's own deadlock
+	// check finds no cycle yet, so a cycle made now would be the retry's to
+	// find.
+	time.Sleep(1500 * time.Millisecond)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-retried; r.err != nil || r.n != 2 {
+		t.Errorf("retry = %d, %v; want both rows retried", r.n, r.err)
+	}
+	if err := <-produced; err != nil {
+		t.Errorf("the producer's insert: %v; want it done (nothing: its key was seen before)", err)
+	}
+	for _, id := range []int64{keyed, held} {
+		m, err := queueadmin.Show(ctx, conn, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Status != "pending" {
+			t.Errorf("row %d after the retry is %s; want pending", id, m.Status)
+		}
+	}
+}
+
+// waitForLockWait waits until a session whose query is like pattern waits
+// for a lock.
+func waitForLockWait(t *testing.T, conn *pgx.Conn, pattern string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE $1 AND pid <> pg_backend_pid())`, pattern).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no session running %q waits for a lock after 10 s", pattern)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

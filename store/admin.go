@@ -366,8 +366,15 @@ func (s *PG) CountRetry(ctx context.Context, p RetryParams) (int64, error) {
 // moving state.dispatch_error into the array state.dispatch_error_history (one
 // entry per retry: error, status, stage, retried_at), with attempts back at
 // 0, and returns how many it moved. Each gets a history row, retried, whose
-// detail is what it was (status, stage, error). It does not notify: see
-// NotifyIngress.
+// detail is what it was (status, stage, error). When it moved any, it
+// notifies ingress, then puts their order keys in order (releaseKeys).
+//
+// Call it outside a transaction, as pepsi-queue does: each statement then
+// commits on its own, the change before the release waits for the keys'
+// locks. In one transaction, a producer holding a key's lock that waits for
+// a row the retry changed (its dedup_key's) and the release waiting for that
+// lock would deadlock, and the whole retry would be undone (docs/protocol.md,
+// "The queue row and its writers").
 func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 	var n int64
 	var keys []string
@@ -375,6 +382,12 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 		return 0, fmt.Errorf("retry: make today's history partition: %w", err)
 	}
 	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&n, &keys); err != nil {
+		return 0, fmt.Errorf("retry: %w", err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if err := s.NotifyIngress(ctx); err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
 	if err := s.releaseKeys(ctx, keys); err != nil {
@@ -400,8 +413,9 @@ SELECT count(*), CASE WHEN bool_or(NOT busy) THEN (SELECT true FROM pg_notify('i
 // releaseKeys puts the order keys of rows an operator's retry or discard
 // changed in order again: a retried message older than its key's head is the
 // key's oldest again, and a discarded head hands its key on
-// (docs/protocol.md, "Ordering per key"). In the caller's transaction, if it
-// gave one, after its change.
+// (docs/protocol.md, "Ordering per key"). After the change has committed:
+// called in the change's transaction, it could deadlock with a producer
+// (Retry says how).
 func (s *PG) releaseKeys(ctx context.Context, keys []string) error {
 	if len(keys) == 0 {
 		return nil

@@ -11,8 +11,8 @@ import (
 )
 
 // The statements of the operator's daily work on messages (pepsi-queue list
-// and discard): which messages a filter selects, and ending pending or paused
-// ones by hand.
+// and discard): which messages a filter selects, and ending pending, paused
+// or blocked ones by hand.
 
 // selectWhere is the filter list, its count and discard share, so that a dry
 // run (discard -n) counts exactly the rows the discard would change: $1 one
@@ -125,7 +125,7 @@ type DiscardParams struct {
 	DispatchError string
 }
 
-// Discard ends the selected pending or paused messages failed, with
+// Discard ends the selected pending, paused or blocked messages failed, with
 // p.DispatchError as their dispatch_error, and returns how many.
 func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 	var n int64

@@ -200,7 +200,7 @@ func discardCmd(a *app) *ffcli.Command {
 	return &ffcli.Command{
 		Name:       "discard",
 		ShortUsage: "pepsi-queue [global flags] discard [-id ID] [-stage STAGE] [-status pending|paused|blocked] [-reason TEXT] [-older-than AGE] [-order-key KEY] [-note TEXT] [-all] [-n]",
-		ShortHelp:  "end pending or paused messages as failed, by hand",
+		ShortHelp:  "end pending, paused or blocked messages as failed, by hand",
 		LongHelp: `Ends the selected pending, paused or blocked messages (waiting for a stage,
 for their retry or pause to end, or behind an older message of their order
 key) as failed, their state.dispatch_error saying
@@ -240,7 +240,7 @@ EXAMPLES
 					return nil
 				}
 				if n == 0 && *sf.id != 0 {
-					return fmt.Errorf("message %d was not discarded: it does not exist, or is not pending or paused (see pepsi-queue show %d)", *sf.id, *sf.id)
+					return fmt.Errorf("message %d was not discarded: it does not exist, or is not pending, paused or blocked (see pepsi-queue show %d)", *sf.id, *sf.id)
 				}
 				fmt.Fprintf(a.stdout, "discarded %s: failed now\n", messages(n))
 				return nil

@@ -222,8 +222,8 @@ func (q *Queue) Show(_ context.Context, id int64) (*store.Message, error) {
 	return m, nil
 }
 
-// Retry makes the rows p selects pending again, as pepsi-queue retry does.
-// It does not notify: see NotifyIngress.
+// Retry makes the rows p selects pending again, as pepsi-queue retry does,
+// and notifies when it moved any.
 func (q *Queue) Retry(_ context.Context, p store.RetryParams) (int64, error) {
 	if len(p.Statuses) == 0 {
 		return 0, nil // retrySQL selects no status then, where a Selection would select any
@@ -241,6 +241,9 @@ func (q *Queue) Retry(_ context.Context, p store.RetryParams) (int64, error) {
 		q.retry(r, p.To)
 		keys = append(keys, r.Key)
 		n++
+	}
+	if n > 0 {
+		q.notify()
 	}
 	q.release(keys, true, ByOperator)
 	if n > 0 {
