@@ -31,8 +31,11 @@ const (
 	EmitKeyMax = 256
 	// EmitOrderKeyMax bounds an emitted message's order_key, in bytes.
 	EmitOrderKeyMax = 200
-	// emitDepthMax bounds the nesting of an emitted message's JSON.
-	emitDepthMax = 64
+	// jsonDepthMax bounds the nesting of an emitted message's JSON and of a
+	// state patch: PostgreSQL's jsonb parser recurses at each level, and a
+	// deep one fails on a server whose max_stack_depth is small (about
+	// 12,000 levels at the default 2 MB), with the whole transaction.
+	jsonDepthMax = 64
 	// EmitLogEvery: emits that insert nothing (before an answer other than a
 	// transition, or a guard miss) are logged at most this often per stage.
 	EmitLogEvery = time.Minute
@@ -129,8 +132,8 @@ func ParseEmit(line string) (Emit, error) {
 	if !ok {
 		return Emit{}, errors.New("not an emit line (no '+')")
 	}
-	if d := JSONDepth(text); d > emitDepthMax {
-		return Emit{}, fmt.Errorf("nested more than %d deep", emitDepthMax)
+	if d := JSONDepth(text); d > jsonDepthMax {
+		return Emit{}, fmt.Errorf("nested more than %d deep", jsonDepthMax)
 	}
 	var obj struct {
 		Stage         *string         `json:"stage"`

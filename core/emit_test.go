@@ -182,6 +182,7 @@ func TestParseEmit(t *testing.T) {
 		`+{"stage":"b","payload":"x","extra":1}`:                                             `unknown field "extra"`,
 		`+{"stage":"b","payload":"x","state":[1]}`:                                           "state: not a JSON object",
 		`+{"stage":"b","payload":"x","state":{"a":"\u0000"}}`:                                `state: \u0000 in a string`,
+		"+{\"stage\":\"b\",\"payload\":\"x\",\"state\":{\"a\":\"\xff\"}}":                    "state: bytes that are not UTF-8",
 		`+{"stage":"b","payload":"x","state":{"a":[1e-20000]}}`:                              "state: the number 1e-20000, beyond the range of PostgreSQL's numeric",
 		`+{"stage":"b","payload":"x","key":""}`:                                              "key is empty",
 		`+{"stage":"b","payload":"x","order_key":"a\u0000"}`:                                 `order_key holds \u0000`,

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
@@ -100,7 +101,7 @@ func ParseStatus(line string) (Status, error) {
 		return Status{}, fmt.Errorf("status line %s does not start with an integer code", conf.Quote(clip(line, 200)))
 	}
 	if code != 0 {
-		return Status{Code: code, Reason: clip(strings.TrimSpace(rest), reasonMax)}, nil
+		return Status{Code: code, Reason: clip(storableText(strings.TrimSpace(rest)), reasonMax)}, nil
 	}
 	var s Status
 	if strings.HasPrefix(rest, ">") {
@@ -227,9 +228,9 @@ func parseTarget(t string) *Transition {
 }
 
 // checkPatch says why p cannot be merged into state by PostgreSQL's jsonb, or ""
-// when it can: it must be one JSON object of at most patchMax bytes, and
-// jsonb refuses what JSON allows but it cannot store (JSONBRefuses); a
-// number longer than numberMax is refused too. A patch the core let through
+// when it can: it must be one JSON object of at most patchMax bytes, nested
+// at most jsonDepthMax deep, and jsonb refuses what JSON allows but it cannot
+// store (JSONBRefuses); a number longer than numberMax is refused too. A patch the core let through
 // and PostgreSQL refused would fail the whole transaction of the step, again
 // and again.
 func checkPatch(p string) string {
@@ -240,20 +241,25 @@ func checkPatch(p string) string {
 		return "not valid JSON"
 	case !strings.HasPrefix(p, "{"):
 		return "not a JSON object"
+	case JSONDepth(p) > jsonDepthMax:
+		return fmt.Sprintf("nested more than %d deep", jsonDepthMax)
 	}
 	return jsonbRefuses(p, numberMax)
 }
 
 // JSONBRefuses says why PostgreSQL's jsonb refuses text, valid JSON, or ""
-// when it takes it: JSON allows \u0000, a lone UTF-16 surrogate escape and
-// numbers beyond the range of PostgreSQL's numeric (NumericRefuses), jsonb
-// none of them. pepsi-ingress and pepsi-queue check a message's state with
+// when it takes it: Go's JSON allows bytes that are not UTF-8, \u0000, a
+// lone UTF-16 surrogate escape and numbers beyond the range of PostgreSQL's
+// numeric (NumericRefuses), jsonb none of them. pepsi-ingress and pepsi-queue check a message's state with
 // it, so that the refusal names the input line, not the INSERT.
 func JSONBRefuses(text string) string { return jsonbRefuses(text, 0) }
 
 // jsonbRefuses is JSONBRefuses, and with lengthMax above 0 it also refuses a
 // number longer than that.
 func jsonbRefuses(p string, lengthMax int) string {
+	if !utf8.ValidString(p) {
+		return "bytes that are not UTF-8"
+	}
 	for i := 0; i < len(p); i++ {
 		switch c := p[i]; {
 		case c == '"':
@@ -321,6 +327,14 @@ func NumericRefuses(n string) bool {
 	digits := whole + frac
 	first := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
 	return first >= 0 && int64(len(whole)-1-first)+exp > numericWeightMax
+}
+
+// storableText is s as PostgreSQL's text and jsonb can store it: each run
+// of bytes that are not UTF-8, and each NUL, becomes U+FFFD. A reason is the stage's
+// free text for an operator; refused by the database, it would fail the
+// whole transaction of the step, again at every try.
+func storableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // clip cuts s to at most n bytes without splitting a UTF-8 sequence.

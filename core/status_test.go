@@ -88,6 +88,9 @@ func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
 		`0 >b {"k":"\ud83d"}`:          "surrogate",
 		`0 >b {"k":"\ud83d\u0041"}`:    "surrogate",
 		`0 >b {"k":` + bigNumber + `}`: "number",
+		"0 >b {\"k\":\"\xff\"}":        "not UTF-8",
+		"0 >b {\"\xfe\":1}":            "not UTF-8",
+		`0 >b {"k":` + strings.Repeat("[", 64) + strings.Repeat("]", 64) + `}`: "nested more than 64 deep",
 		`0 >b {"k":1e-20000}`:          "the number 1e-20000, beyond the range of PostgreSQL's numeric",
 		`0 >b {"k":[{"n":-1e131072}]}`: "the number -1e131072, beyond",
 		`0 >b {"k":0e-16384}`:          "the number 0e-16384, beyond",
@@ -143,6 +146,26 @@ func TestParseStatusQuotesForALogLine(t *testing.T) {
 }
 
 var bigNumber = "1" + strings.Repeat("0", 200)
+
+// A reason is the stage's free text: what PostgreSQL's text cannot hold
+// (bytes that are not UTF-8, NUL) is replaced, not refused, so that the
+// failure is written with it.
+func TestParseStatusMakesAReasonStorable(t *testing.T) {
+	for line, want := range map[string]string{
+		"3 bad \xff\xfe input":              "bad \uFFFD input",
+		"75 nul\x00here":                    "nul\uFFFDhere",
+		"1 fine: é ☃":                       "fine: é ☃",
+		"2 " + strings.Repeat("\xff", 3000): strings.Repeat("\uFFFD", 1),
+	} {
+		got, err := core.ParseStatus(line)
+		if err != nil || got.Reason != want {
+			t.Errorf("ParseStatus(%q).Reason = %q, %v; want %q", line, got.Reason, err, want)
+		}
+	}
+	if got, err := core.ParseStatus(`0 >b {"k":` + strings.Repeat("[", 63) + strings.Repeat("]", 63) + `}`); err != nil || got.Transition == nil || got.Transition.Invalid != "" {
+		t.Errorf("a patch nested 64 deep: %+v, %v; want it taken", got, err)
+	}
+}
 
 // The numbers at the edges of PostgreSQL's numeric are taken: a patch is
 // refused only for what jsonb would refuse (store's

@@ -136,12 +136,13 @@ func TestNotBeforeIsReadWithItsOffsetAndRoundedUpToAMicrosecond(t *testing.T) {
 // those beyond a float64 included.
 func TestStateIsRefusedForWhatJSONBRefusesOnly(t *testing.T) {
 	for text, want := range map[string]string{
-		`{"payload":"x","state":{"a":1e-20000}}`:   "state holds the number 1e-20000, beyond the range of PostgreSQL's numeric",
-		`{"payload":"x","state":{"a":[0e-16384]}}`: "the number 0e-16384, beyond",
-		`{"payload":"x","state":{"a":"\ud83d"}}`:   "state holds a lone UTF-16 surrogate",
-		`{"payload":"x","state":{"a":"\u0000"}}`:   `state holds \u0000`,
-		`{"payload":"x","state":{"a":1e131072}}`:   "beyond the range",
-		`{"payload":"x","state":{"a":1.5e-16383}}`: "beyond the range",
+		`{"payload":"x","state":{"a":1e-20000}}`:         "state holds the number 1e-20000, beyond the range of PostgreSQL's numeric",
+		`{"payload":"x","state":{"a":[0e-16384]}}`:       "the number 0e-16384, beyond",
+		`{"payload":"x","state":{"a":"\ud83d"}}`:         "state holds a lone UTF-16 surrogate",
+		`{"payload":"x","state":{"a":"\u0000"}}`:         `state holds \u0000`,
+		`{"payload":"x","state":{"a":1e131072}}`:         "beyond the range",
+		`{"payload":"x","state":{"a":1.5e-16383}}`:       "beyond the range",
+		"{\"payload\":\"x\",\"state\":{\"a\":\"\xff\"}}": "state holds bytes that are not UTF-8",
 	} {
 		if _, err := msgjson.Parse([]byte(text), msgjson.Fields{}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want an error saying %q", text, err, want)

@@ -1,0 +1,77 @@
+package dispatch_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// unstorableFilter is an INPUT = message stage in sh that answers, for the
+// message whose payload names it, what PostgreSQL cannot store as the stage
+// wrote it: a reason with bytes that are not UTF-8 and a NUL, a patch or an
+// emitted state with such bytes, a patch nested deeper than jsonb's parser
+// goes on a server with a small max_stack_depth. Any other message is
+// finished.
+const unstorableFilter = `#!/bin/sh
+deep=$(printf '%0100d' 0 | sed 's/0/[/g')$(printf '%0100d' 0 | sed 's/0/]/g')
+while IFS= read -r line; do
+	case $line in
+	*'"payload":"reason"'*) printf '3 bad \377\376 and \000 in it\n' ;;
+	*'"payload":"retry"'*) printf '75 later \377\n' ;;
+	*'"payload":"patch"'*) printf '0 >done {"a":"\377"}\n' ;;
+	*'"payload":"key"'*) printf '0 >done {"\377":1}\n' ;;
+	*'"payload":"emit"'*) printf '+{"stage":"f","payload":"child","state":{"a":"x\377"}}\n0 >done\n' ;;
+	*'"payload":"deep"'*) printf '0 >done {"a":%s}\n' "$deep" ;;
+	*) echo '0 >done' ;;
+	esac
+done
+`
+
+// Proves: what a stage answers that PostgreSQL could not store as written
+// costs at most its own message, and never the dispatcher's transaction
+// (which would fail again at every try, holding every other message): a
+// reason's bytes that are not UTF-8, and its NULs, are replaced, and a patch
+// or an emit that jsonb would refuse fails its message with a reason that
+// says why (docs/protocol.md).
+func TestWhatPostgreSQLCannotStoreCostsOnlyItsMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, `
+[pepsi-dispatch]
+MAX_RUNTIME = 10
+
+[stage-f]
+PROGRAM = @DIR@/filter
+INPUT = message
+PARALLELISM = 1
+QUEUE_LIMIT = 16
+RETRY_LIMIT = 1
+RETRY_DELAY = 100ms
+`)
+	if err := os.WriteFile(filepath.Join(e.dir, "filter"), []byte(unstorableFilter), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.insert("f", "ok", "reason", "ok", "retry", "patch", "key", "emit", "deep", "ok")
+	d := e.start()
+	waitFor(t, 30*time.Second, "every message final", func() (bool, string) {
+		c, err := e.counts()
+		return err == nil && c["pending"] == 0 && c["running"] == 0 && c["paused"] == 0, fmtCounts(c)
+	})
+	d.stopClean()
+	for _, i := range []int{0, 2, 8} {
+		e.expectRow(ids[i], "done", "f", "")
+	}
+	e.expectRow(ids[1], "failed", "f", "bad \uFFFD and \uFFFD in it")
+	e.expectRow(ids[3], "failed", "f", "later \uFFFD")
+	e.expectRow(ids[4], "failed", "f", "not UTF-8")
+	e.expectRow(ids[5], "failed", "f", "not UTF-8")
+	e.expectRow(ids[6], "failed", "f", "not UTF-8")
+	e.expectRow(ids[7], "failed", "f", "nested more than 64 deep")
+	if n := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE payload = 'child'`); n != 0 {
+		t.Errorf("%d children of the refused emit; want none", n)
+	}
+	if strings.Contains(d.logs.String(), "queue write failed") {
+		t.Errorf("a queue transaction failed; want none:\n%s", d.logs.String())
+	}
+}
