@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,7 +124,7 @@ func (a *Actions) signIn(w http.ResponseWriter, r *http.Request) {
 	}
 	id, s := a.newSession()
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", MaxAge: int(sessionTTL.Seconds()),
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	a.log.Info("page: an operator signed in", "remote", r.RemoteAddr)
 	writeJSON(w, sessionState{Actions: true, SignedIn: true, CSRF: s.csrf})
 }
@@ -139,7 +140,7 @@ func (a *Actions) signOut(w http.ResponseWriter, r *http.Request) {
 	delete(a.sessions, id)
 	a.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	writeJSON(w, sessionState{Actions: true})
 }
 
@@ -230,22 +231,42 @@ func (a *Actions) authorize(w http.ResponseWriter, r *http.Request, what string)
 // foreign says why r may come from another site's page, or "" when it comes
 // from the page itself: a JSON body (another site's form cannot send one
 // without the browser asking this server first, which it never allows), an
-// Origin that is this server's, and, where the browser says it,
+// Origin (every browser sends one with a POST or a DELETE) whose host is this
+// server's, as the request names it or a proxy in front says it forwarded
+// (X-Forwarded-Host: another site's page cannot set that header without the
+// browser asking first either), and, where the browser says it,
 // Sec-Fetch-Site same-origin.
 func foreign(r *http.Request) string {
 	if ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || ct != "application/json" {
 		return "a body that is not application/json"
 	}
-	if o := r.Header.Get("Origin"); o != "" {
-		u, err := url.Parse(o)
-		if err != nil || u.Host != r.Host {
-			return "a request from another origin (" + o + ")"
-		}
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return "a request without an Origin header (a browser sends one with every POST and DELETE)"
+	}
+	u, err := url.Parse(o)
+	if err != nil || u.Host == "" || u.Host != r.Host && u.Host != forwardedHost(r) {
+		return "a request from another origin (" + o + ")"
 	}
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
 		return "a request from another site (Sec-Fetch-Site: " + site + ")"
 	}
 	return ""
+}
+
+// forwardedHost is the host a proxy in front says the browser asked for
+// (the first X-Forwarded-Host), "" when none says: nginx and Apache send
+// their upstream's address as Host unless told otherwise.
+func forwardedHost(r *http.Request) string {
+	h, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Host"), ",")
+	return strings.TrimSpace(h)
+}
+
+// overTLS says whether r reached pepsi-httpd over TLS, its own or a proxy's
+// that says so (X-Forwarded-Proto: https): the session cookie is then Secure.
+// A client that says so falsely only makes its own cookie stricter.
+func overTLS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https")
 }
 
 // refuse answers a refused request and logs it (the token never).

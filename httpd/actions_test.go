@@ -158,7 +158,8 @@ func TestForgedActionsAreRefused(t *testing.T) {
 		"no CSRF token":              json,
 		"a wrong CSRF token":         with(map[string]string{"X-CSRF-Token": "not-" + st.CSRF}),
 		"another origin":             with(map[string]string{"X-CSRF-Token": st.CSRF, "Origin": "http://evil.example"}),
-		"another site":               with(map[string]string{"X-CSRF-Token": st.CSRF, "Origin": "", "Sec-Fetch-Site": "cross-site"}),
+		"another site":               with(map[string]string{"X-CSRF-Token": st.CSRF, "Sec-Fetch-Site": "cross-site"}),
+		"no Origin":                  with(map[string]string{"X-CSRF-Token": st.CSRF, "Origin": ""}),
 		"a form's body, not JSON":    with(map[string]string{"X-CSRF-Token": st.CSRF, "Content-Type": "text/plain"}),
 		"another origin, no headers": with(map[string]string{"Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"}),
 	} {
@@ -223,3 +224,50 @@ func TestAReadOnlyServerHasNoActions(t *testing.T) {
 }
 
 func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// TestBehindAProxyTheOriginCheckAndTheCookieFollowWhatItForwards: nginx and
+// Apache send their upstream's address as Host, and say what the browser
+// asked for in X-Forwarded-Host and X-Forwarded-Proto. A sign-in through
+// such a proxy passes the origin check, and its cookie is Secure when the
+// browser came over TLS; an Origin that is neither Host nor the forwarded
+// host is still refused.
+func TestBehindAProxyTheOriginCheckAndTheCookieFollowWhatItForwards(t *testing.T) {
+	t.Parallel()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), &fakeActor{}, nil)))
+	defer srv.Close()
+	signIn := func(origin string, forwarded map[string]string) *http.Response {
+		r, err := http.NewRequest("POST", srv.URL+"/api/session", strings.NewReader(`{"token": "`+operatorToken+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Host = "127.0.0.1:9650" // the proxy's upstream, as it says it
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Origin", origin)
+		for k, v := range forwarded {
+			r.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	resp := signIn("https://ops.example", map[string]string{"X-Forwarded-Host": "ops.example", "X-Forwarded-Proto": "https"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("sign-in through a proxy that forwards the host: %d, want 200", resp.StatusCode)
+	}
+	if c := resp.Cookies(); len(c) != 1 || !c[0].Secure || !c[0].HttpOnly || c[0].SameSite != http.SameSiteStrictMode {
+		t.Errorf("the session cookie through a TLS proxy: %v; want one, Secure, HttpOnly, SameSite=Strict", c)
+	}
+	if resp := signIn("https://ops.example", nil); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("an Origin neither Host nor forwarded: %d, want 403", resp.StatusCode)
+	}
+	if resp := signIn("https://evil.example", map[string]string{"X-Forwarded-Host": "ops.example"}); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("another origin through the proxy: %d, want 403", resp.StatusCode)
+	}
+	if resp := signIn("http://127.0.0.1:9650", nil); resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 1 || resp.Cookies()[0].Secure {
+		t.Errorf("a sign-in over plain HTTP from the page's own origin: %d %v; want 200 and a cookie that is not Secure", resp.StatusCode, resp.Cookies())
+	}
+}

@@ -175,3 +175,42 @@ func mustText(t *testing.T, b context.Context, sel string) string {
 	}
 	return s
 }
+
+// TestStagesNamedLikeAnObjectsPropertiesAreDrawn: "constructor" and
+// "toString" are valid stage names; the page's maps of stages have no
+// prototype, so such a stage gets its row, its colour and its line, and the
+// page goes on polling (a plain object's inherited constructor once made
+// every poll throw, and the page said pepsi-httpd was unreachable).
+func TestStagesNamedLikeAnObjectsPropertiesAreDrawn(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload) SELECT s, 'x' FROM unnest(ARRAY['constructor', 'toString']) s, generate_series(1, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	src := open(t, httpd.Options{Database: url, SampleInterval: 150 * time.Millisecond, CacheMaxAge: 50 * time.Millisecond,
+		Stages: []string{"constructor", "toString"}})
+	sctx, stopSampling := context.WithCancel(context.Background())
+	defer stopSampling()
+	go src.Sample(sctx)
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	for range 4 { // the history fills, each sample a point of the charts
+		if _, err := conn.Exec(ctx, `UPDATE pepsi.queue SET status = 'done' WHERE ingress_id IN (SELECT min(ingress_id) FROM pepsi.queue WHERE status = 'pending' GROUP BY stage)`); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatalf("load the page: %v", err)
+	}
+	drawn := `document.getElementById("db").textContent === "database ok" && ` +
+		`document.querySelector('#stages tr[data-stage="constructor"]') !== null && ` +
+		`document.querySelector('#stages tr[data-stage="toString"]') !== null && ` +
+		`Number(document.getElementById("chart-pending").dataset.points || 0) >= 4`
+	if _, err := chromedp.Run(b, chromedp.Poll[bool](drawn, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		got, _ := chromedp.Run(b, chromedp.Evaluate[string](`document.getElementById("db").textContent + " / " + document.getElementById("error").textContent`))
+		t.Fatalf("the page did not draw stages constructor and toString (%q): %v", got, err)
+	}
+}

@@ -19,7 +19,7 @@ var (
 		"How long the database read behind this scrape took (reads are shared by scrapes within the cache age).",
 		nil, nil)
 	descMessages = prometheus.NewDesc("pepsi_queue_messages",
-		"Messages in pepsi.queue now, per stage and status (pending, running, paused, failed, timeout; done is not counted). failed counts every failed message, whether the stage or the dispatcher failed it.",
+		"Messages in pepsi.queue now, per stage and status (pending, running, paused, blocked, failed, timeout; done is not counted; blocked: waiting behind an older message of its order key). failed counts every failed message, whether the stage or the dispatcher failed it.",
 		[]string{"stage", "status"}, nil)
 	descOldest = prometheus.NewDesc("pepsi_queue_oldest_pending_age_seconds",
 		"How long the message at the head of the stage's pending queue (the next one claimed) has been pending; 0 with none pending.",

@@ -43,9 +43,11 @@ const (
 	CacheMaxAgeDefault      = time.Second
 	SampleIntervalDefault   = 5 * time.Second
 	HistoryMaxDefault       = 180 // 15 minutes at 5 s
-	// poolConnsMax bounds the database connections of one pepsi-httpd: one read
-	// at a time, plus /healthz.
-	poolConnsMax = 2
+	// poolConnsMax bounds the database connections of one pepsi-httpd: the
+	// snapshot's read (one at a time), a message page's read (one at a time:
+	// Source.pages), and one left for /healthz, which must answer while the
+	// others wait on a lock.
+	poolConnsMax = 3
 )
 
 // Source reads Snapshots for all the handlers: one read at a time, shared by
@@ -58,6 +60,9 @@ type Source struct {
 	schemaOK atomic.Bool
 	log      *slog.Logger
 	sf       singleflight.Group
+	// pages lets one message page's read at a time hold a connection:
+	// however many requests for pages come, /healthz keeps one.
+	pages chan struct{}
 
 	mu      sync.Mutex
 	last    *Snapshot // the latest successful read
@@ -115,7 +120,7 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	s := &Source{pool: pool, opts: opts, log: opts.Log,
+	s := &Source{pool: pool, opts: opts, log: opts.Log, pages: make(chan struct{}, 1),
 		where: fmt.Sprintf("PostgreSQL at %s:%d (database %s, user %s)", cc.Host, cc.Port, conf.Quote(cc.Database), conf.Quote(cc.User))}
 	snap, err := s.firstRead(ctx)
 	if errors.Is(err, errNoSchema) {
@@ -168,18 +173,41 @@ func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
 // Message reads message id for the message page (store.ReadPageMessage),
 // on the read-only pool, or returns store.ErrNotFound.
 func (s *Source) Message(ctx context.Context, id int64) (store.PageMessage, error) {
+	if err := s.page(ctx); err != nil {
+		return store.PageMessage{}, err
+	}
+	defer func() { <-s.pages }()
 	return store.On(s.pool).ReadPageMessage(ctx, id)
+}
+
+// page waits for the message pages' one connection (Source.pages); the
+// caller frees it.
+func (s *Source) page(ctx context.Context) error {
+	select {
+	case s.pages <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("database: waiting for another message page's read: %w", ctx.Err())
+	}
 }
 
 // PayloadSize reads message id's payload size in bytes (nil for none), on
 // the read-only pool, through pepsi.payload_size: the monitoring role reads
 // no payload.
 func (s *Source) PayloadSize(ctx context.Context, id int64) (*int64, error) {
+	if err := s.page(ctx); err != nil {
+		return nil, err
+	}
+	defer func() { <-s.pages }()
 	return store.On(s.pool).PayloadSize(ctx, id)
 }
 
 // MessageHistory reads message id's history (pepsi.history), oldest first.
 func (s *Source) MessageHistory(ctx context.Context, id int64) ([]store.HistoryRow, error) {
+	if err := s.page(ctx); err != nil {
+		return nil, err
+	}
+	defer func() { <-s.pages }()
 	return store.On(s.pool).History(ctx, id)
 }
 

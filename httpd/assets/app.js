@@ -4,7 +4,7 @@
 
 const pollMillis = 2000;
 const colors = ["#2563eb", "#db2777", "#059669", "#d97706", "#7c3aed", "#0891b2", "#dc2626", "#4b5563"];
-const colorOf = {};
+const colorOf = Object.create(null); // no prototype: a stage may be named "constructor"
 
 function color(stage) {
   if (!(stage in colorOf)) colorOf[stage] = colors[Object.keys(colorOf).length % colors.length];
@@ -50,7 +50,7 @@ function unhealthy(h) {
 // healths returns what pepsi-dispatch recorded of each stage, by stage: only
 // while a dispatcher holds the lock, as the record is its own then.
 function healths(snap) {
-  const out = {};
+  const out = Object.create(null);
   if (snap.dispatcher_locked) for (const h of snap.health || []) out[h.stage] = h;
   return out;
 }
@@ -68,7 +68,7 @@ function healthReason(h, at) {
 }
 
 function renderStages(snap, history) {
-  const stats = {};
+  const stats = Object.create(null);
   for (const s of snap.stages || []) stats[s.stage] = s;
   const health = healths(snap);
   const body = document.querySelector("#stages tbody");
@@ -157,7 +157,7 @@ function renderFailures(snap) {
 
 // series turns the history into one line per stage with value(prev, cur).
 function series(history, value) {
-  const lines = {};
+  const lines = Object.create(null);
   for (let i = 0; i < history.length; i++) {
     const t = Date.parse(history[i].at);
     for (const stage of Object.keys(history[i].stages)) {
