@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -156,7 +157,7 @@ func (s *session) run(ctx context.Context) sessionResult {
 	s.queue = store.New(s.pool, s.log)
 	s.workers = worker.NewPool(worker.Options{
 		ConfigFile: s.o.Config.Dispatch.ConfigFile,
-		Env:        s.o.WorkerEnv,
+		Env:        workerEnv(s.o.WorkerEnv, s.o.Database),
 		Log:        s.log,
 		Events:     s.offLoop,
 	})
@@ -541,4 +542,27 @@ func (s *session) tookResult(r txnResult) {
 		wait = min(probeMin<<min(s.failures-2, 16), probeMax)
 	}
 	go probe(s.ctx, s.queue, s.lock, s.log, s.dbUp, wait)
+}
+
+// workerEnv is the stage programs' environment: base (nil: the
+// dispatcher's own) with PEPSI_DATABASE set to the database the dispatcher
+// uses, when it names one. Its workers read the configuration file it read,
+// whose [pepsi] DATABASE a -database flag or a PEPSI_DATABASE of the
+// dispatcher's overrode: without it they would work on another database
+// than the one whose messages they are handed. With no database named (the
+// libpq PG* environment), they inherit that environment.
+func workerEnv(base []string, database string) []string {
+	if base == nil {
+		base = os.Environ()
+	}
+	if database == "" {
+		return base
+	}
+	env := make([]string, 0, len(base)+1)
+	for _, kv := range base {
+		if !strings.HasPrefix(kv, "PEPSI_DATABASE=") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, "PEPSI_DATABASE="+database)
 }

@@ -250,6 +250,9 @@ func raw(confFile string) error {
 	if err != nil {
 		return err
 	}
+	if db, set := os.LookupEnv("PEPSI_DATABASE"); set {
+		cfg.Database = db // as the stage library: the dispatcher's database wins over the file's
+	}
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, cfg.Database)
 	if err != nil {
