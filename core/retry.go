@@ -23,7 +23,7 @@ const RetryJitter = 0.1
 func RetryDelay(delay, max time.Duration, attempts int) time.Duration {
 	d := delay
 	for i := 0; i < attempts && d < max; i++ {
-		d *= 2
+		d = min(d, max/2) * 2 // never past max, so never past an int64's range
 	}
 	return min(d, max)
 }

@@ -115,6 +115,10 @@ func TestRetryDelayDoublesUpToTheCap(t *testing.T) {
 	if got := core.RetryDelay(time.Second, time.Hour, 1000); got != time.Hour {
 		t.Errorf("RetryDelay after 1000 attempts = %s, want the cap", got)
 	}
+	// Past half an int64 of nanoseconds, doubling would wrap negative.
+	if got := core.RetryDelay(2000000*time.Hour, 2562047*time.Hour, 1); got != 2562047*time.Hour {
+		t.Errorf("RetryDelay(2000000h, 2562047h, 1) = %s, want the cap", got)
+	}
 }
 
 // Proves: a row a stage paused with no due time (a NULL timeout, or one the

@@ -310,7 +310,7 @@ func (e *Error) Error() string {
 
 // Parse parses the text of a pepsi.conf called file.
 func Parse(file, text string) (*Config, error) {
-	p := &parser{file: file, stages: map[string]*Stage{}, stageLine: map[string]int{},
+	p := &parser{file: file, stages: map[string]*Stage{}, stageLine: map[string]int{}, sectionLine: map[string]int{},
 		seen: map[string]int{}, ingressLine: map[string]int{},
 		c: &Config{Dispatch: Dispatch{
 			MaxRuntime:    DefaultMaxRuntime,
@@ -352,11 +352,13 @@ func Parse(file, text string) (*Config, error) {
 
 // parser is the state of Parse while it reads a file, line by line.
 type parser struct {
-	file       string
-	c          *Config
-	stages     map[string]*Stage
-	stageLine  map[string]int // where each [stage-NAME] starts
-	stageOrder []string       // names in the order of their sections, for errors
+	file      string
+	c         *Config
+	stages    map[string]*Stage
+	stageLine map[string]int // where each [stage-NAME] starts
+	// sectionLine is where each of the other sections starts.
+	sectionLine map[string]int
+	stageOrder  []string // names in the order of their sections, for errors
 	// seen is where each SECTION.KEY was set.
 	seen map[string]int
 	// ingressLine is where LISTEN, TLS_CERT and TLS_KEY (and, as
@@ -380,6 +382,10 @@ func (p *parser) header(line string) error {
 	p.section = strings.TrimSpace(line[1 : len(line)-1])
 	switch {
 	case p.section == "pepsi", p.section == "pepsi-dispatch", p.section == "pepsi-ingress", p.section == "pepsi-httpd":
+		if first, dup := p.sectionLine[p.section]; dup {
+			return p.bad("", "section [%s] appears twice (first at line %d)", p.section, first)
+		}
+		p.sectionLine[p.section] = p.n
 		return nil
 	case strings.HasPrefix(p.section, "stage-"):
 		return p.newStage(strings.TrimPrefix(p.section, "stage-"))
@@ -612,16 +618,19 @@ func Quote(s string) string {
 }
 
 // ParseDuration reads whole seconds ("30") or Go duration text ("250ms", "1m30s").
-// The result must be positive.
+// The result must be positive and at most a year, so that no sum or doubling
+// of durations the dispatcher makes runs past an int64 of nanoseconds.
 func ParseDuration(s string) (time.Duration, error) {
 	var d time.Duration
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		if n > int64(365*24*time.Hour/time.Second) {
-			return 0, fmt.Errorf("%s is too long", Quote(s))
+			return 0, fmt.Errorf("%s is too long (at most a year)", Quote(s))
 		}
 		d = time.Duration(n) * time.Second
 	} else if d, err = time.ParseDuration(s); err != nil {
 		return 0, fmt.Errorf("%s is not whole seconds nor a duration like 250ms or 1m30s", Quote(s))
+	} else if d > 365*24*time.Hour {
+		return 0, fmt.Errorf("%s is too long (at most a year)", Quote(s))
 	}
 	if d <= 0 {
 		return 0, fmt.Errorf("%s must be positive", Quote(s))
