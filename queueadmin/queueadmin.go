@@ -332,6 +332,28 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 	}
 }
 
+// PurgeCount counts the messages Purge would delete with olderThan and
+// statuses (empty: all of Finished), and deletes nothing: pepsi-queue purge
+// -n.
+func PurgeCount(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, statuses []core.RowStatus) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("purge: the age must be positive, got %v", olderThan)
+	}
+	if len(statuses) == 0 {
+		statuses = Finished()
+	}
+	for _, s := range statuses {
+		if !s.Final() {
+			return 0, fmt.Errorf("purge: status %q is not finished (want done, failed or timeout)", s)
+		}
+	}
+	n, err := store.On(conn).CountSelected(ctx, Selection{Statuses: statuses, OlderThan: olderThan})
+	if err != nil {
+		return 0, fmt.Errorf("purge: %w", err)
+	}
+	return n, nil
+}
+
 // Selection picks messages for List and Discard; zero fields select
 // everything (see store.Selection).
 type Selection = store.Selection

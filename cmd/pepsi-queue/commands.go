@@ -179,24 +179,26 @@ func enqueueCmd(a *app) *ffcli.Command {
 func enqueueSource(a *app, fs *flag.FlagSet, n int, ndjson bool, payload string) (source, error) {
 	modes := 0
 	var src source = newLines(a.stdin, ndjson)
-	if n != 0 {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["n"] {
 		modes++
 		src = &synthetic{n: n}
 	}
 	if ndjson {
 		modes++
 	}
-	payloadSet := false
-	fs.Visit(func(f *flag.Flag) { payloadSet = payloadSet || f.Name == "payload" })
-	if payloadSet {
+	if set["payload"] {
 		modes++
 		src = &single{payload: []byte(payload)}
 	}
 	switch {
 	case modes > 1:
 		return nil, usagef("enqueue", "-n, -ndjson and -payload exclude each other")
-	case n < 0:
+	case set["n"] && n <= 0:
 		return nil, usagef("enqueue", "-n %d: want a positive number", n)
+	case set["order-key"] && fs.Lookup("order-key").Value.String() == "":
+		return nil, usagef("enqueue", "-order-key is empty; leave it out for messages without one")
 	}
 	return src, nil
 }
@@ -679,15 +681,17 @@ func purgeCmd(a *app) *ffcli.Command {
 	olderThan := fs.String("older-than", "", "delete finished messages unchanged for this `AGE` (required): 24h, 90m, 7d")
 	batch := fs.Int("batch", 1000, "rows deleted per transaction")
 	status := fs.String("status", "", "delete only `done`, `failed` or `timeout` messages (comma-separated; default all three)")
+	dryRun := fs.Bool("n", false, "say how many messages would be deleted, and delete nothing")
 	return &ffcli.Command{
 		Name:       "purge",
-		ShortUsage: "pepsi-queue [global flags] purge -older-than AGE [-batch N] [-status done,failed,timeout]",
+		ShortUsage: "pepsi-queue [global flags] purge -older-than AGE [-batch N] [-status done,failed,timeout] [-n]",
 		ShortHelp:  "delete finished messages older than an age",
 		LongHelp: `Deletes messages that left the pipeline (done, failed or timeout) and have not
 changed for at least -older-than, in batches of -batch rows, each its own
 transaction, so a large purge neither holds many locks nor one long
 transaction. Pending, running and paused messages are never deleted. AGE is a
-Go duration (90m, 36h) or a number of days (7d).
+Go duration (90m, 36h) or a number of days (7d). -n says how many would be
+deleted and deletes nothing.
 
 EXAMPLES
   pepsi-queue purge -older-than 7d
@@ -718,6 +722,14 @@ EXAMPLES
 				}
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				if *dryRun {
+					n, err := queueadmin.PurgeCount(ctx, conn, age, statuses)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(a.stdout, "would purge %s unchanged for %s (nothing deleted: -n)\n", messages(n), *olderThan)
+					return nil
+				}
 				n, err := queueadmin.Purge(ctx, conn, age, *batch, statuses, nil)
 				if err != nil {
 					return err

@@ -126,6 +126,13 @@ func TestEnqueueRefusesStagesTheConfigurationDoesNotHave(t *testing.T) {
 	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.queue"); n != "1" {
 		t.Errorf("queue has %s rows, want 1 (the refused enqueue must insert nothing)", n)
 	}
+	// Messages at a stage the file does not have (a typo's, a stage since
+	// removed: no dispatcher runs them) are listed and discarded all the same.
+	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `INSERT INTO pepsi.queue (stage, payload) VALUES ('prase', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	pq(t, "", nil, "-c", file, "list", "-stage", "prase", "-count").expect(t, "list a stage the file lacks", 0, "1", "")
+	pq(t, "", nil, "-c", file, "discard", "-stage", "prase", "-n").expect(t, "discard a stage the file lacks", 0, "would discard 1 message", "")
 }
 
 func TestEnqueueUsageErrorsExitTwo(t *testing.T) {
@@ -135,6 +142,8 @@ func TestEnqueueUsageErrorsExitTwo(t *testing.T) {
 	pq(t, "", env, "enqueue", "-stage", "a", "-n", "3", "-ndjson").expect(t, "two modes", 2, "", "exclude each other")
 	pq(t, "", env, "enqueue", "-stage", "a", "-n", "x").expect(t, "bad -n", 2, "", `invalid value "x" for flag -n`)
 	pq(t, "", env, "enqueue", "-stage", "a", "extra").expect(t, "stray argument", 2, "", `unexpected arguments ["extra"]`)
+	pq(t, "", env, "enqueue", "-stage", "a", "-n", "0").expect(t, "-n 0", 2, "", "-n 0: want a positive number")
+	pq(t, "", env, "enqueue", "-stage", "a", "-n", "1", "-order-key", "").expect(t, "an empty order key", 2, "", "-order-key is empty")
 	pq(t, "", env, "frobnicate").expect(t, "unknown subcommand", 2, "", `unknown subcommand "frobnicate"`)
 	pq(t, "", nil, "-database", "postgres://%zz", "stats").expect(t, "malformed -database", 2, "", "database connection string")
 	bad := writeFile(t, "bad.conf", "[pepsi]\nDATABASE = x\n[stage-a]\n")
@@ -238,6 +247,8 @@ func TestRetryThenPurgeEndToEnd(t *testing.T) {
 	pq(t, "", env, "purge").expect(t, "purge without age", 2, "", "-older-than is required")
 	pq(t, "", env, "purge", "-older-than", "2w").expect(t, "purge bad age", 2, "", `"2w" is not an age`)
 	pq(t, "", env, "purge", "-older-than", "4d").expect(t, "purge nothing that old", 0, "purged 0 messages", "")
+	pq(t, "", env, "purge", "-older-than", "2d", "-n").expect(t, "purge -n", 0, "would purge 2 messages unchanged for 2d (nothing deleted: -n)", "")
+	pq(t, "", env, "purge", "-older-than", "2d", "-status", "failed", "-n").expect(t, "purge -n of failed only", 0, "would purge 0 messages", "")
 	pq(t, "", env, "purge", "-older-than", "2d", "-batch", "1").expect(t, "purge", 0, "purged 2 messages unchanged for 2d", "")
 	if got := scalar(t, url, "SELECT string_agg(ingress_id::text, ',' ORDER BY ingress_id) FROM pepsi.queue"); got != "1,2,3,6" {
 		t.Errorf("rows after purge = %s, want 1,2,3,6", got)

@@ -116,9 +116,9 @@ func newRoot(a *app, parseOut io.Writer) *ffcli.Command {
 		Options:    []ff.Option{ff.WithEnvVarPrefix("PEPSI")},
 		Exec: func(_ context.Context, args []string) error {
 			if len(args) > 0 {
-				return usagef("", "unknown subcommand %q (want migrate, enqueue, stats, show, list, retry, discard or purge)", args[0])
+				return usagef("", "unknown subcommand %q (want migrate, enqueue, stats, show, history, list, retry, discard or purge)", args[0])
 			}
-			return usagef("", "no subcommand given (want migrate, enqueue, stats, show, list, retry, discard or purge)")
+			return usagef("", "no subcommand given (want migrate, enqueue, stats, show, history, list, retry, discard or purge)")
 		},
 	}
 	root.Subcommands = []*ffcli.Command{
