@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -406,13 +407,23 @@ type StageDelta struct {
 
 func (d StageDelta) zero() bool { return d == StageDelta{Stage: d.Stage} }
 
+// satAdd is a + b for counts that are never negative, stopping at an
+// int64's largest value instead of wrapping below zero: stages report the
+// fused microseconds summed into ProcessingUS themselves.
+func satAdd(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
 // Add adds o's counts to d's.
 func (d *StageDelta) Add(o StageDelta) {
 	d.Processed += o.Processed
 	d.Failed += o.Failed
 	d.Timeouts += o.Timeouts
 	d.Crashes += o.Crashes
-	d.ProcessingUS += o.ProcessingUS
+	d.ProcessingUS = satAdd(d.ProcessingUS, o.ProcessingUS)
 	d.GuardMisses += o.GuardMisses
 	d.Retries += o.Retries
 	d.RateHeldUS += o.RateHeldUS

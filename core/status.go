@@ -129,6 +129,9 @@ func ParseStatus(line string) (Status, error) {
 			}
 			break
 		}
+		if fusedTooLarge(f) {
+			return Status{}, fmt.Errorf("status line %s: %s reports more than %d microseconds (a year)", conf.Quote(clip(line, 200)), conf.Quote(clip(f, 100)), FusedMicrosMax)
+		}
 		return Status{}, fmt.Errorf("status line %s: %s is not STAGE:MICROS", conf.Quote(clip(line, 200)), conf.Quote(clip(f, 100)))
 	}
 	return s, nil
@@ -190,14 +193,30 @@ func pauseSeconds(d time.Duration) string {
 // patchQuote is how much of a refused patch its message's reason quotes.
 const patchQuote = 60
 
+// FusedMicrosMax is the most microseconds one STAGE:MICROS may report: a
+// year. The statistics add them up; a stage's absurd number must not run
+// them past an int64.
+const FusedMicrosMax = int64(365 * 24 * time.Hour / time.Microsecond)
+
 // parseFused reads one STAGE:MICROS word.
 func parseFused(f string) (Fused, bool) {
 	name, micros, ok := strings.Cut(f, ":")
 	us, err := strconv.ParseInt(micros, 10, 64)
-	if !ok || err != nil || us < 0 || !conf.ValidStageName(name) {
+	if !ok || err != nil || us < 0 || us > FusedMicrosMax || !conf.ValidStageName(name) {
 		return Fused{}, false
 	}
 	return Fused{Stage: name, Micros: us}, true
+}
+
+// fusedTooLarge says whether f is a STAGE:MICROS word but for MICROS above
+// FusedMicrosMax, for the protocol error's text.
+func fusedTooLarge(f string) bool {
+	name, micros, ok := strings.Cut(f, ":")
+	if !ok || !conf.ValidStageName(name) || micros == "" || strings.Trim(micros, "0123456789") != "" {
+		return false
+	}
+	us, err := strconv.ParseInt(micros, 10, 64)
+	return err != nil || us > FusedMicrosMax
 }
 
 // attemptedPatch reports whether a word that is not STAGE:MICROS can only be

@@ -2,7 +2,9 @@ package core_test
 
 import (
 	"encoding/json"
+	"math"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -146,6 +148,26 @@ func TestParseStatusQuotesForALogLine(t *testing.T) {
 }
 
 var bigNumber = "1" + strings.Repeat("0", 200)
+
+// A fused stage's MICROS is at most a year (core.FusedMicrosMax): the
+// statistics add them up, and a stage's absurd number once ran them past
+// bigint at every flush. More is a protocol error that says so.
+func TestParseStatusBoundsAFusedStagesMicros(t *testing.T) {
+	most := strconv.FormatInt(core.FusedMicrosMax, 10)
+	if s, err := core.ParseStatus("0 >done b:" + most); err != nil || len(s.Fused) != 1 || s.Fused[0].Micros != core.FusedMicrosMax {
+		t.Errorf("ParseStatus with b:%s = %+v, %v; want it taken", most, s, err)
+	}
+	for _, line := range []string{"0 >done b:" + strconv.FormatInt(core.FusedMicrosMax+1, 10), "0 b:9223372036854775807", "0 b:99999999999999999999999"} {
+		if _, err := core.ParseStatus(line); err == nil || !strings.Contains(err.Error(), "reports more than 31536000000000 microseconds (a year)") {
+			t.Errorf("ParseStatus(%q) = %v; want a protocol error saying the micros are more than a year", line, err)
+		}
+	}
+	var d core.StageDelta
+	d.Add(core.StageDelta{ProcessingUS: math.MaxInt64 - 5})
+	if d.Add(core.StageDelta{ProcessingUS: 10}); d.ProcessingUS != math.MaxInt64 {
+		t.Errorf("ProcessingUS past an int64 = %d; want it to stop at the largest", d.ProcessingUS)
+	}
+}
 
 // A reason is the stage's free text: what PostgreSQL's text cannot hold
 // (bytes that are not UTF-8, NUL) is replaced, not refused, so that the

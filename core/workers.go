@@ -95,8 +95,8 @@ func (c *Core) creditPass(st *stage, fused []Fused, elapsed int64) *StageDelta {
 	for _, f := range fused {
 		d := c.stat(f.Stage)
 		d.Processed++
-		d.ProcessingUS += f.Micros
-		fusedUS += f.Micros
+		d.ProcessingUS = satAdd(d.ProcessingUS, f.Micros)
+		fusedUS = satAdd(fusedUS, f.Micros)
 	}
 	c.passes += int64(len(fused))
 	d := c.stat(st.cfg.Name)

@@ -1235,7 +1235,10 @@ func wake(c core.Wake) statement {
 // sent again after its reply was lost changes nothing, whichever other lives
 // flushed meanwhile. The upsert of the single dispatch_stats row recreates it
 // if an operator deleted it. Deltas of the same stage are summed first, since
-// ON CONFLICT cannot touch a row twice.
+// ON CONFLICT cannot touch a row twice. processing_us stops at bigint's
+// largest value instead of failing the flush: a stage reports the micros of
+// its fused stages itself, and a flush the database refused would be sent
+// again and again (core.FusedMicrosMax bounds each one).
 const flushSQL = `
 WITH marked AS (
 	INSERT INTO pepsi.stats_flushes AS f (life, seq, updated_at)
@@ -1255,7 +1258,7 @@ WITH marked AS (
 )
 INSERT INTO pepsi.stage_stats AS s (stage, processed, failed, timeouts, crashes, processing_us, guard_misses, retries, rate_held_us,
 	emitted, emits_dropped, updated_at)
-SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), sum(x.processing_us), sum(x.guard_misses),
+SELECT x.stage, sum(x.processed), sum(x.failed), sum(x.timeouts), sum(x.crashes), least(sum(x.processing_us), 9223372036854775807), sum(x.guard_misses),
        sum(x.retries), sum(x.rate_held_us), sum(x.emitted), sum(x.emits_dropped), now()
 FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[],
             $14::bigint[], $15::bigint[])
@@ -1267,7 +1270,7 @@ ON CONFLICT (stage) DO UPDATE SET
 	failed = s.failed + EXCLUDED.failed,
 	timeouts = s.timeouts + EXCLUDED.timeouts,
 	crashes = s.crashes + EXCLUDED.crashes,
-	processing_us = s.processing_us + EXCLUDED.processing_us,
+	processing_us = least(s.processing_us::numeric + EXCLUDED.processing_us, 9223372036854775807),
 	guard_misses = s.guard_misses + EXCLUDED.guard_misses,
 	retries = s.retries + EXCLUDED.retries,
 	rate_held_us = s.rate_held_us + EXCLUDED.rate_held_us,

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -112,6 +113,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 
 		{"FlushAddsDeltasOncePerSeq", testFlush},
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
+		{"FlushStopsProcessingTimeAtItsLargest", testFlushSaturates},
 	}
 	runAll(t, slices.Concat(tests, pressureTests, emitTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests, scheduledTests), open)
 }
@@ -1006,6 +1008,25 @@ func testFlush(t *testing.T, h Harness) {
 
 	flush(t, h, first) // an older seq is never applied again
 	wantStats(t, h, "after seq 1 sent after seq 2", want, 11, 4, 2)
+}
+
+// testFlushSaturates: processing_us, which adds up the fused microseconds
+// stages report themselves, stops at an int64's largest value instead of
+// failing the flush (which the core would send again and again) or
+// wrapping below zero: across flushes, and within one that sums two deltas
+// of a stage.
+func testFlushSaturates(t *testing.T, h Harness) {
+	near := int64(math.MaxInt64 - 10)
+	flush(t, h, core.Flush{Life: 6, Seq: 1, StagePasses: 1, Stages: []core.StageDelta{{Stage: "a", Processed: 1, ProcessingUS: near}}})
+	flush(t, h, core.Flush{Life: 6, Seq: 2, StagePasses: 2, Stages: []core.StageDelta{
+		{Stage: "a", Processed: 1, ProcessingUS: 100},
+		{Stage: "b", Processed: 1, ProcessingUS: near},
+		{Stage: "b", Processed: 1, ProcessingUS: near},
+	}})
+	wantStats(t, h, "after two flushes past the largest", map[string]core.StageDelta{
+		"a": {Stage: "a", Processed: 2, ProcessingUS: math.MaxInt64},
+		"b": {Stage: "b", Processed: 2, ProcessingUS: math.MaxInt64},
+	}, 3, 0, 2)
 }
 
 // testFlushLives: an earlier dispatcher's flush whose reply was lost may commit
