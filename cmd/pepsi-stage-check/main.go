@@ -643,7 +643,7 @@ func unbuffers(name string) bool {
 // readLines sends each line of r, then closes lines.
 func readLines(r io.Reader, lines chan<- output) {
 	defer close(lines)
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := bufio.NewReaderSize(r, answerLineMax+2) // a line of answerLineMax bytes and its "\r\n"
 	for {
 		b, err := br.ReadSlice('\n')
 		long := false
@@ -657,7 +657,7 @@ func readLines(r io.Reader, lines chan<- output) {
 			}
 		}
 		if len(buf) > 0 {
-			line := strings.TrimSuffix(string(buf), "\n")
+			line := strings.TrimSuffix(strings.TrimSuffix(string(buf), "\n"), "\r") // as pepsi-dispatch reads it
 			lines <- output{line: line, at: time.Now(), long: long || len(line) > answerLineMax}
 		}
 		if err != nil {

@@ -127,6 +127,23 @@ func TestALogLineOnStdoutIsReported(t *testing.T) {
 	wantCheckFails(t, p, `BEFORE ANY INPUT: "starting up"`, "stdout carries answers only", "FAILED")
 }
 
+// Proves: answers ended by "\r\n" are read as pepsi-dispatch reads them,
+// and a line of exactly the dispatcher's 65,536 bytes is valid (one byte
+// more is not).
+func TestCRLFAndALineOfTheLimitPass(t *testing.T) {
+	pad := strings.Repeat("a", answerLineMax-len(`0 >done {"x":""}`))
+	p := script(t, "crlf.sh", "#!/bin/sh\nwhile read -r l; do printf '0 >done b:5\\r\\n'; done\n")
+	if code, report := runCheck(t, p); code != 0 {
+		t.Errorf("a stage answering lines ended by CRLF: exit %d, want 0:\n%s", code, report)
+	}
+	p = script(t, "longest.sh", "#!/bin/sh\nwhile read -r l; do printf '0 >done {\"x\":\"%s\"}\\n' '"+pad+"'; done\n")
+	if code, report := runCheck(t, p); code != 0 {
+		t.Errorf("a stage answering lines of exactly %d bytes: exit %d, want 0:\n%.400s", answerLineMax, code, report)
+	}
+	p = script(t, "over.sh", "#!/bin/sh\nwhile read -r l; do printf '0 >done {\"x\":\"%s\"}\\n' '"+pad+"a'; done\n")
+	wantCheckFails(t, p, "longer than 65536 bytes")
+}
+
 // Proves: two answers for one message leave stray lines, and fail the check.
 func TestTwoAnswersForOneMessageAreStrayLines(t *testing.T) {
 	p := script(t, "twice.sh", "#!/bin/sh\nwhile read -r l; do echo '0 >done'; echo '0 >done'; done\n")

@@ -21,14 +21,21 @@ const lineMax = core.AnswerMax
 // passed on as its first lineMax bytes with cut set, and the rest of it is
 // discarded. It returns nil at end of input, else the read error.
 func readLines(r io.Reader, emit func(line string, cut bool)) error {
-	br := bufio.NewReaderSize(r, lineMax)
+	// Room for a line of lineMax bytes and its "\r\n": a line of exactly
+	// lineMax bytes is whole, as the protocol says.
+	br := bufio.NewReaderSize(r, lineMax+2)
 	for {
 		line, err := br.ReadSlice('\n')
 		switch {
 		case err == nil:
-			emit(string(trimEOL(line)), false)
+			line = trimEOL(line)
+			if len(line) > lineMax {
+				emit(string(line[:lineMax]), true)
+				continue
+			}
+			emit(string(line), false)
 		case errors.Is(err, bufio.ErrBufferFull):
-			emit(string(line), true)
+			emit(string(line[:lineMax]), true)
 			for errors.Is(err, bufio.ErrBufferFull) {
 				_, err = br.ReadSlice('\n')
 			}
@@ -39,7 +46,9 @@ func readLines(r io.Reader, emit func(line string, cut bool)) error {
 				return err
 			}
 		default:
-			if len(line) > 0 {
+			if len(line) > lineMax {
+				emit(string(line[:lineMax]), true)
+			} else if len(line) > 0 {
 				emit(string(line), false)
 			}
 			if err == io.EOF {

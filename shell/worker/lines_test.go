@@ -1,0 +1,43 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestALineOfExactlyAnswerMaxBytesIsWhole: the protocol allows a line of
+// core.AnswerMax bytes (the stage library writes such emit lines), with "\n"
+// or "\r\n"; one byte more is cut, whether a newline ends it or the output
+// does, and the line after it is read whole.
+func TestALineOfExactlyAnswerMaxBytesIsWhole(t *testing.T) {
+	most, over := strings.Repeat("x", lineMax), strings.Repeat("y", lineMax+1)
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+		cut      []bool
+	}{
+		{"lineMax and \\n", most + "\nnext\n", []string{most, "next"}, []bool{false, false}},
+		{"lineMax and \\r\\n", most + "\r\nnext\n", []string{most, "next"}, []bool{false, false}},
+		{"lineMax at the end", most, []string{most}, []bool{false}},
+		{"one more and \\n", over + "\nnext\n", []string{over[:lineMax], "next"}, []bool{true, false}},
+		{"one more and \\r\\n", over + "\r\nnext\n", []string{over[:lineMax], "next"}, []bool{true, false}},
+		{"one more at the end", over, []string{over[:lineMax]}, []bool{true}},
+	} {
+		var lines []string
+		var cuts []bool
+		err := readLines(strings.NewReader(tc.in), func(line string, cut bool) {
+			lines, cuts = append(lines, line), append(cuts, cut)
+		})
+		ok := err == nil && len(lines) == len(tc.want)
+		for i := 0; ok && i < len(lines); i++ {
+			ok = lines[i] == tc.want[i] && cuts[i] == tc.cut[i]
+		}
+		if !ok {
+			lens := make([]int, len(lines))
+			for i, l := range lines {
+				lens[i] = len(l)
+			}
+			t.Errorf("%s: lines of %v bytes, cut %v, %v; want %d lines, cut %v", tc.name, lens, cuts, err, len(tc.want), tc.cut)
+		}
+	}
+}
