@@ -889,6 +889,31 @@ func TestRetryableOnlyForSerializationFailureAndDeadlock(t *testing.T) {
 	}
 }
 
+// TestRefusedOnlyForTheDataItself: a data exception, a constraint or a
+// program limit fails the same way at every try; a lost connection, a
+// serialization failure or a shutdown do not.
+func TestRefusedOnlyForTheDataItself(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "22021"}, true},
+		{fmt.Errorf("resolve: %w", &pgconn.PgError{Code: "22003"}), true},
+		{&pgconn.PgError{Code: "23514"}, true},
+		{&pgconn.PgError{Code: "54001"}, true},
+		{&pgconn.PgError{Code: "40001"}, false},
+		{&pgconn.PgError{Code: "57P01"}, false},
+		{&pgconn.PgError{Code: "08006"}, false},
+		{errors.New("ERROR: value overflows numeric format (SQLSTATE 22003)"), false},
+		{nil, false},
+	} {
+		if got := store.Refused(c.err); got != c.want {
+			t.Errorf("Refused(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
 // TestWakeNotifiesIngressOnlyWhenItWokeRows: any tool that makes rows pending
 // notifies ingress; a wake that found nothing due does not.
 func TestWakeNotifiesIngressOnlyWhenItWokeRows(t *testing.T) {

@@ -134,6 +134,9 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	}
 	var rb *rolledBack
 	aborted := errors.As(err, &rb)
+	if Refused(err) {
+		err = fmt.Errorf("%w; the database refused the data itself, so every try fails the same way until what refuses it is removed (docs/operations.md, \"A write the database refuses\")", err)
+	}
 	events := make([]core.Event, len(stmts))
 	for i, s := range stmts {
 		events[i] = markAborted(s.failed(err.Error()), aborted)
@@ -455,6 +458,22 @@ func Retryable(err error) bool {
 	}
 	switch pgErr.Code {
 	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// Refused says whether err is the server refusing the data a statement
+// wrote (SQLSTATE class 22, data exception; 23, integrity constraint
+// violation; 54, program limit exceeded), not a failure of the connection or
+// the server: the same statement fails the same way again.
+func Refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
 		return true
 	}
 	return false

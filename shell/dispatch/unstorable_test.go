@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,5 +74,34 @@ RETRY_DELAY = 100ms
 	}
 	if strings.Contains(d.logs.String(), "queue write failed") {
 		t.Errorf("a queue transaction failed; want none:\n%s", d.logs.String())
+	}
+}
+
+// Proves what docs/operations.md ("A write the database refuses") says of a
+// constraint of the operator's own that refuses a transition: the
+// transaction fails at every try, the log says the database refused the data
+// itself, nothing is lost meanwhile, and once the constraint is dropped the
+// next try writes everything.
+func TestAConstraintThatRefusesATransitionHoldsThePipelineUntilDropped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue ADD CONSTRAINT test_refuses CHECK (NOT state ? 'forbidden')`); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.insert("a", `a=answer:0 >done {"forbidden":1}`, "a=answer:0 >done")
+	d := e.start()
+	waitFor(t, 20*time.Second, "the refusal in the log", func() (bool, string) {
+		return strings.Contains(d.logs.String(), "the database refused the data itself"), ""
+	})
+	if c, _ := e.counts(); c["done"] != 0 {
+		t.Errorf("counts %s while the transaction is refused; want nothing written", fmtCounts(c))
+	}
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue DROP CONSTRAINT test_refuses`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCounts(30*time.Second, map[string]int{"done": 2})
+	d.stopClean()
+	for _, id := range ids {
+		e.expectRow(id, "done", "a", "")
 	}
 }
