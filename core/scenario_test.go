@@ -1466,3 +1466,68 @@ func TestAMoveWhoseReplyWasLostIsNotCountedAsAGuardMiss(t *testing.T) {
 		t.Errorf("guard misses %d, messages left %d: want 0 and 1 (the re-sent move found its own write)", stages["a"].GuardMisses, left)
 	}
 }
+
+// Proves: a resolve the database refuses for its data (a constraint of the
+// operator's own refuses one message's patch) does not hold the pipeline:
+// its items are sent again one at a time, those the database takes are
+// written, and the one it refuses alone, while the others commit, is failed
+// with the database's reason, its patch dropped.
+func TestATransitionTheDatabaseRefusesFailsOnlyItsMessage(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 3)
+	ids := append([]int64{}, w.held[1]...)
+	if len(ids) != 3 {
+		t.Fatalf("worker 1 holds %v; want the 3 messages", ids)
+	}
+	const refusal = `ERROR: new row for relation "queue" violates check constraint "no_poison" (SQLSTATE 23514)`
+	w.q.Refuses = func(it core.Item) string {
+		if strings.Contains(it.Patch, "poison") {
+			return refusal
+		}
+		return ""
+	}
+	w.held[1] = nil
+	w.step(core.Answer{Worker: 1, Line: "0 >done"}, core.Answer{Worker: 1, Line: `0 >done {"poison":1}`}, core.Answer{Worker: 1, Line: "0 >done"})
+	for range 6 { // each refusal waits for the database, as after any failed transaction
+		w.step(core.DatabaseUp{})
+	}
+	w.wantRow(ids[0], "a", core.StatusDone)
+	w.wantRow(ids[2], "a", core.StatusDone)
+	w.wantRow(ids[1], "a", core.StatusFailed)
+	if r := w.row(ids[1]); !strings.Contains(r.DispatchError, "the database refused the transition the stage answered") || !strings.Contains(r.DispatchError, "no_poison") {
+		t.Errorf("the refused message's dispatch_error = %q; want the database's refusal", r.DispatchError)
+	}
+	for _, r := range of[core.Resolve](w.all)[1:] {
+		if len(r.Items) != 1 {
+			t.Errorf("a resolve after the refusal carries %d items; want one at a time while suspects wait: %s", len(r.Items), r)
+		}
+	}
+}
+
+// Proves: when the database refuses every resolve (nothing commits), no
+// message is failed for it: the suspects come round again, one at a time,
+// until it takes them.
+func TestNoMessageIsFailedWhileTheDatabaseRefusesEveryResolve(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	ids := append([]int64{}, w.held[1]...)
+	w.q.Refuses = func(core.Item) string {
+		return `ERROR: no partition of relation "history" found for row (SQLSTATE 23514)`
+	}
+	w.held[1] = nil
+	w.step(core.Answer{Worker: 1, Line: "0 >done"}, core.Answer{Worker: 1, Line: "0 >done"})
+	for range 6 {
+		w.step(core.DatabaseUp{})
+	}
+	for _, id := range ids {
+		if r := w.row(id); r.Status != core.StatusRunning {
+			t.Errorf("message %d is %s while the database refuses everything; want it still running, held", id, r.Status)
+		}
+	}
+	w.q.Refuses = nil
+	w.step(core.DatabaseUp{})
+	w.step(core.DatabaseUp{})
+	for _, id := range ids {
+		w.wantRow(id, "a", core.StatusDone)
+	}
+}
