@@ -101,7 +101,7 @@ func ParseStatus(line string) (Status, error) {
 		return Status{}, fmt.Errorf("status line %s does not start with an integer code", conf.Quote(clip(line, 200)))
 	}
 	if code != 0 {
-		return Status{Code: code, Reason: clip(storableText(strings.TrimSpace(rest)), reasonMax)}, nil
+		return Status{Code: code, Reason: clip(StorableText(strings.TrimSpace(rest)), reasonMax)}, nil
 	}
 	var s Status
 	if strings.HasPrefix(rest, ">") {
@@ -348,11 +348,11 @@ func NumericRefuses(n string) bool {
 	return first >= 0 && int64(len(whole)-1-first)+exp > numericWeightMax
 }
 
-// storableText is s as PostgreSQL's text and jsonb can store it: each run
-// of bytes that are not UTF-8, and each NUL, becomes U+FFFD. A reason is the stage's
-// free text for an operator; refused by the database, it would fail the
-// whole transaction of the step, again at every try.
-func storableText(s string) string {
+// StorableText is s as PostgreSQL's text and jsonb can store it: each run
+// of bytes that are not UTF-8, and each NUL, becomes U+FFFD. A reason is the
+// stage's free text for an operator; refused by the database, it would fail
+// the whole transaction of the step, again at every try.
+func StorableText(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 

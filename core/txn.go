@@ -638,7 +638,7 @@ func (c *Core) resolveFailed(cmd Resolve, aborted, refused bool, err string) {
 // refused.
 func refusedItem(it Item, err string) Item {
 	f := Item{ID: it.ID, Stage: it.Stage, Verdict: Fail, Key: it.Key,
-		Reason:  clip(storableText("the database refused the transition the stage answered: "+err), reasonMax),
+		Reason:  clip(StorableText("the database refused the transition the stage answered: "+err), reasonMax),
 		History: it.History, HandedAt: it.HandedAt, At: it.At, PID: it.PID, Attempts: it.Attempts}
 	f.Event = verdictEvent(f)
 	return f

@@ -253,3 +253,45 @@ func TestPatchDecodesToTheHandlersValues(t *testing.T) {
 		t.Errorf("answer = %q, want \"0 >done \" and a JSON object equal to %v", got, values)
 	}
 }
+
+// A Failed reason is written into state.error, jsonb text: a NUL or bytes
+// that are not UTF-8 in it are replaced, as the dispatcher does with a
+// reason, so the failure is written (the database refused it once, and the
+// message ended with a database error instead).
+func TestAFailedReasonJSONBCannotHoldIsWrittenReplaced(t *testing.T) {
+	t.Parallel()
+	url, conn := pgtest.NewMigratedConn(t)
+	id := insert(t, conn, "parse", "running", "x", `{}`)
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(context.Context, *stage.Message) stage.Result {
+			return stage.Failed("bad \xff byte \x00 here")
+		}}})
+	w.send(idLines([]int64{id}))
+	if got := w.answer(); got != "0" {
+		t.Fatalf("answer = %q, want 0 (the library wrote the failure)", got)
+	}
+	var status, reason string
+	if err := conn.QueryRow(context.Background(), `SELECT status, state->>'error' FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&status, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" || reason != "bad \uFFFD byte \uFFFD here" {
+		t.Errorf("row %s with state.error %q; want failed with the reason, its bad bytes replaced", status, reason)
+	}
+}
+
+// A pause longer than the dispatcher takes (core.PauseMax, 10 years) fails
+// with a reason that says so, rather than answering a line the dispatcher
+// refuses.
+func TestAPauseLongerThanTheDispatcherTakesFailsWithAReason(t *testing.T) {
+	t.Parallel()
+	url, conn := pgtest.NewMigratedConn(t)
+	id := insert(t, conn, "parse", "running", "x", `{}`)
+	w := startWorker(t, stage.Options{Stage: "parse", DB: url,
+		Handlers: map[string]stage.Handler{"parse": func(context.Context, *stage.Message) stage.Result {
+			return stage.PauseFor(11 * 365 * 24 * time.Hour)
+		}}})
+	w.send(idLines([]int64{id}))
+	if got := w.answer(); !strings.HasPrefix(got, "1 ") || !strings.Contains(got, "core.PauseMax") {
+		t.Errorf("answer = %q; want a failure naming the longest pause", got)
+	}
+}

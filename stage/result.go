@@ -49,7 +49,9 @@ func Failed(reason string) Result { return Result{kind: kindFailed, reason: reas
 // carries the time left, "0 >paused:SECONDS" (to the microsecond; 0 for an
 // instant already past), which the dispatcher adds to the time it writes the
 // row: the message wakes no earlier than until, later by the time the answer
-// took to reach that write.
+// took to reach that write. until is at most core.PauseMax (10 years) away,
+// as the dispatcher takes a pause; a later one fails the message with a
+// reason that says so.
 func Pause(until time.Time) Result { return Result{kind: kindPause, until: until} }
 
 // PauseFor is Pause(time.Now().Add(d)).

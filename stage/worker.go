@@ -405,10 +405,16 @@ func (w *worker) decide(res Result, prefix string) (t transition, bad string) {
 		return transition{answer: &core.Transition{To: core.TargetDone}, stage: w.stage, status: core.StatusDone}, ""
 	case kindPause:
 		until := res.until
+		if d := time.Until(until); d > core.PauseMax {
+			return t, failure(fmt.Sprintf("%spaused until %s, %s away: at most %s (core.PauseMax), as the dispatcher takes a pause",
+				prefix, until.UTC().Format(time.RFC3339), d.Round(time.Second), core.PauseMax))
+		}
 		return transition{answer: &core.Transition{To: core.TargetPaused, PauseFor: time.Until(until)},
 			stage: w.stage, status: core.StatusPaused, timeout: &until}, ""
 	case kindFailed:
-		return transition{stage: w.stage, status: core.StatusFailed, reason: prefix + res.reason}, ""
+		// state.error is jsonb text: what it cannot hold is replaced, as the
+		// dispatcher does with a reason it writes.
+		return transition{stage: w.stage, status: core.StatusFailed, reason: core.StorableText(prefix + res.reason)}, ""
 	case kindError:
 		return t, failure(prefix + res.reason)
 	case kindRetry:
