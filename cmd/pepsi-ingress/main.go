@@ -222,7 +222,10 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 	defer pool.Close()
 	traces, err := tracing.New(ctx, "pepsi-ingress", log)
 	if err != nil {
-		return fail("traces: %v", err)
+		// A bad OTEL_* setting is the environment's configuration: exit 2,
+		// as pepsi-dispatch does.
+		fmt.Fprintf(stderr, "pepsi-ingress: traces: %v\n", err)
+		return exitUsage
 	}
 	if traces != nil {
 		defer traces.Close()

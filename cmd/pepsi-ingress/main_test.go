@@ -161,6 +161,22 @@ func TestStartRefusesAnOpenListenerWithoutTokensAndBadSettings(t *testing.T) {
 	}
 }
 
+// An OTEL_EXPORTER_OTLP_PROTOCOL pepsi-ingress cannot speak is a mistake in
+// its configuration, refused at start with exit status 2 (docs/operations.md,
+// "Traces"), as pepsi-dispatch refuses it. Not parallel: it sets the
+// environment the exporter reads.
+func TestAnUnsupportedTraceProtocolIsRefusedWithExit2(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+	var stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code := run(ctx, []string{"-c", writeConf(t, pgtest.NewMigrated(t))}, io.Discard, &stderr, nil, func(string) { t.Errorf("it started serving") })
+	if code != exitUsage || !strings.Contains(stderr.String(), "OTEL_EXPORTER_OTLP_PROTOCOL") {
+		t.Errorf("exit %d, stderr %q; want %d naming OTEL_EXPORTER_OTLP_PROTOCOL", code, stderr.String(), exitUsage)
+	}
+}
+
 // A mistake on the command line is one line and a pointer to -h, as in every
 // PEPSI program (cliflags.Fail); a mistake in the configuration file is one
 // line, without the pointer, since -h cannot help with it.

@@ -796,6 +796,17 @@ EXAMPLES
 				if err != nil {
 					return err
 				}
+				created := time.Time{}
+				m, err := queueadmin.Show(ctx, conn, id)
+				switch {
+				case err == nil:
+					created = m.CreatedAt
+				case !errors.Is(err, queueadmin.ErrNotFound):
+					return err
+				}
+				if len(hist) == 0 && m == nil {
+					return fmt.Errorf("message %d does not exist and has no history", id)
+				}
 				if *asJSON {
 					enc := json.NewEncoder(a.stdout)
 					for _, h := range hist {
@@ -805,18 +816,7 @@ EXAMPLES
 					}
 					return nil
 				}
-				created := time.Time{}
-				m, err := queueadmin.Show(ctx, conn, id)
-				switch {
-				case err == nil:
-					created = m.CreatedAt
-				case !errors.Is(err, queueadmin.ErrNotFound):
-					return err
-				}
 				if len(hist) == 0 {
-					if m == nil {
-						return fmt.Errorf("message %d does not exist and has no history", id)
-					}
 					fmt.Fprintf(a.stdout, "message %d has no history (kept HISTORY_KEEP; none for stages with HISTORY = off)\n", id)
 					return nil
 				}

@@ -51,6 +51,7 @@ func TestHistoryPrintsEachPassAndTheOperatorsRetry(t *testing.T) {
 	pq(t, "", env, "history", "1").expect(t, "history after retry", 0, "retried: failed at parse: exit 3: bad input", "")
 	pq(t, "", env, "history", "-json", "1").expect(t, "history -json", 0, `"event":"failed","detail":"exit 3: bad input"`, "")
 	pq(t, "", env, "history", "99").expect(t, "history of nothing", 1, "", "message 99 does not exist and has no history")
+	pq(t, "", env, "history", "-json", "99").expect(t, "history -json of nothing", 1, "", "message 99 does not exist and has no history")
 }
 
 // TestShowAndHistoryNameAMessagesParentAndCountItsChildren: a message a
