@@ -308,8 +308,10 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s", place, e.Msg)
 }
 
-// Parse parses the text of a pepsi.conf called file.
+// Parse parses the text of a pepsi.conf called file. A UTF-8 byte order
+// mark at its start, which some editors write, is not part of the text.
 func Parse(file, text string) (*Config, error) {
+	text = strings.TrimPrefix(text, "\uFEFF")
 	p := &parser{file: file, stages: map[string]*Stage{}, stageLine: map[string]int{}, sectionLine: map[string]int{},
 		seen: map[string]int{}, ingressLine: map[string]int{},
 		c: &Config{Dispatch: Dispatch{

@@ -8,6 +8,15 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
+// A byte order mark that an editor wrote at the start is no part of the
+// first line.
+func TestAByteOrderMarkIsNotPartOfTheFirstLine(t *testing.T) {
+	c, err := conf.Parse("f.conf", "\uFEFF[stage-a]\nPROGRAM = a\n")
+	if err != nil || len(c.Stages) != 1 || c.Stages[0].Name != "a" {
+		t.Errorf("Parse of a file starting with a BOM = %v, %v; want stage a", c, err)
+	}
+}
+
 func TestParseReadsEveryKeyAndAppliesDefaults(t *testing.T) {
 	c, err := conf.Parse("/etc/pepsi/pepsi.conf", `
 # comment
