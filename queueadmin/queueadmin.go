@@ -295,19 +295,12 @@ func Finished() []core.RowStatus {
 // the table once. progress, if not nil, is called after each batch with the
 // running total. It returns how many rows it deleted.
 func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch int, statuses []core.RowStatus, progress func(deleted int64)) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("purge: the age must be positive, got %v", olderThan)
-	}
 	if batch <= 0 || batch > 1_000_000 {
 		return 0, fmt.Errorf("purge: batch size %d out of range 1..1000000", batch)
 	}
-	if len(statuses) == 0 {
-		statuses = Finished()
-	}
-	for _, s := range statuses {
-		if !s.Final() {
-			return 0, fmt.Errorf("purge: status %q is not finished (want done, failed or timeout)", s)
-		}
+	statuses, err := purged(olderThan, statuses)
+	if err != nil {
+		return 0, err
 	}
 	// One cutoff for the whole purge, on the server's clock.
 	q := store.On(conn)
@@ -336,22 +329,32 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 // statuses (empty: all of Finished), and deletes nothing: pepsi-queue purge
 // -n.
 func PurgeCount(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, statuses []core.RowStatus) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("purge: the age must be positive, got %v", olderThan)
-	}
-	if len(statuses) == 0 {
-		statuses = Finished()
-	}
-	for _, s := range statuses {
-		if !s.Final() {
-			return 0, fmt.Errorf("purge: status %q is not finished (want done, failed or timeout)", s)
-		}
+	statuses, err := purged(olderThan, statuses)
+	if err != nil {
+		return 0, err
 	}
 	n, err := store.On(conn).CountSelected(ctx, Selection{Statuses: statuses, OlderThan: olderThan})
 	if err != nil {
 		return 0, fmt.Errorf("purge: %w", err)
 	}
 	return n, nil
+}
+
+// purged checks what Purge and PurgeCount select: a positive age, and
+// finished statuses (empty: all of Finished), which it returns.
+func purged(olderThan time.Duration, statuses []core.RowStatus) ([]core.RowStatus, error) {
+	if olderThan <= 0 {
+		return nil, fmt.Errorf("purge: the age must be positive, got %v", olderThan)
+	}
+	if len(statuses) == 0 {
+		return Finished(), nil
+	}
+	for _, s := range statuses {
+		if !s.Final() {
+			return nil, fmt.Errorf("purge: status %q is not finished (want done, failed or timeout)", s)
+		}
+	}
+	return statuses, nil
 }
 
 // Selection picks messages for List and Discard; zero fields select
