@@ -242,12 +242,6 @@ type Core struct {
 	// races: rows still running after their resolve (a commit raced it), by
 	// how many resolves in a row found them so (see raced).
 	races map[int64]int
-	// suspects: owed items of resolves the database refused for their data,
-	// each with resolvesOK when it became one; they are resolved one at a
-	// time (see resolveFailed). resolvesOK counts the resolves that
-	// committed.
-	suspects   map[int64]int64
-	resolvesOK int64
 	// keys: ordering per key (orderkey.go).
 	keys orderKeys
 	// checkDue: the heartbeat asks for a check of the MAX_PENDING limits even

@@ -222,12 +222,6 @@ type Resolved struct {
 	Outcomes []Outcome
 	Err      string
 	Aborted  bool
-	// Refused, with Err and Aborted: the database refused the data this
-	// Resolve wrote (a constraint, a value it cannot store), so the same
-	// items would fail the same way at every try. The core then resolves
-	// them one at a time, and fails one that is refused alone while other
-	// resolves commit (see Core.resolveFailed).
-	Refused bool
 }
 
 // Woken is the result of a Wake: how many due paused rows became pending and the
@@ -380,11 +374,7 @@ func (e Claimed) String() string {
 }
 func (e Resolved) String() string {
 	if e.Err != "" {
-		refused := ""
-		if e.Refused {
-			refused = " refused"
-		}
-		return fmt.Sprintf("resolved op=%d err=%q%s%s", e.Op, e.Err, abortedText(e.Aborted), refused)
+		return fmt.Sprintf("resolved op=%d err=%q%s", e.Op, e.Err, abortedText(e.Aborted))
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "resolved op=%d", e.Op)

@@ -390,12 +390,8 @@ func (c *Core) resolved(e Resolved) {
 	sent, t := c.result(e.Op, e.Err)
 	cmd := sent.(Resolve)
 	if e.Err != "" {
-		c.resolveFailed(cmd, e.Aborted, e.Refused && e.Aborted, e.Err)
+		c.resolveFailed(cmd, e.Aborted)
 		return
-	}
-	c.resolvesOK++
-	for _, it := range cmd.Items {
-		delete(c.suspects, it.ID)
 	}
 	// Rows this resolve made pending are rows the outstanding claim of
 	// another transaction may not have seen (see claimed).
@@ -577,50 +573,12 @@ func (c *Core) childrenClaimed(it Item, o Outcome) {
 // claims of their moves; unless the transaction certainly did not commit, it
 // may have applied them (see unsure), and its moves that claimed may have left
 // rows running that no one holds, as a lost claim may.
-//
-// A resolve the database refused for its data (refused) cannot be sent again
-// as it was: the same items would be refused at every try, holding every
-// message behind them. Its items become suspects, which go one at a time
-// (suspectAlone). A suspect refused alone while other resolves commit is
-// refused for its own data: it is failed instead, its transition, patch and
-// emits dropped, with a reason that says so. One refused alone while nothing
-// commits (the database refuses everything: a full disk's partition, a
-// constraint on every row) waits behind the other suspects, and comes round
-// again.
-func (c *Core) resolveFailed(cmd Resolve, aborted, refused bool, err string) {
+func (c *Core) resolveFailed(cmd Resolve, aborted bool) {
 	items, claimed := c.unclaimMoves(cmd.Items)
 	if !aborted {
 		for i := range items {
 			items[i].Again = true
 		}
-	}
-	if refused {
-		if len(items) == 1 {
-			if since, ok := c.suspects[items[0].ID]; ok && since < c.resolvesOK {
-				delete(c.suspects, items[0].ID)
-				items[0] = refusedItem(items[0], err)
-				c.logf(LevelError, "message %d: the database refused the transition stage %s answered, alone, while other messages' were written: failing it (%s)",
-					items[0].ID, items[0].Stage, err)
-				c.owed = append(items, c.owed...)
-				return
-			}
-		}
-		if c.suspects == nil {
-			c.suspects = map[int64]int64{}
-		}
-		fresh := 0
-		for _, it := range items {
-			if _, ok := c.suspects[it.ID]; !ok {
-				c.suspects[it.ID] = c.resolvesOK
-				fresh++
-			}
-		}
-		if fresh > 0 {
-			c.logf(LevelWarn, "the database refused the data of a resolve of %d messages: resolving them one at a time, and failing one it refuses alone while others are written", len(items))
-		}
-		// Behind the other suspects: each is tried alone in turn.
-		c.owed = append(c.owed, items...)
-		return
 	}
 	c.owed = append(items, c.owed...)
 	if aborted {
@@ -631,33 +589,6 @@ func (c *Core) resolveFailed(cmd Resolve, aborted, refused bool, err string) {
 		c.unsure[it.ID] = true
 	}
 	c.needReset = c.needReset || claimed
-}
-
-// refusedItem is it failed with the database's refusal as its reason: no
-// transition, patch, emits or claim of its own, the data the database
-// refused.
-func refusedItem(it Item, err string) Item {
-	f := Item{ID: it.ID, Stage: it.Stage, Verdict: Fail, Key: it.Key,
-		Reason:  clip(StorableText("the database refused the transition the stage answered: "+err), reasonMax),
-		History: it.History, HandedAt: it.HandedAt, At: it.At, PID: it.PID, Attempts: it.Attempts}
-	f.Event = verdictEvent(f)
-	return f
-}
-
-// suspectAlone splits owed for a full transaction while suspects wait
-// (see resolveFailed): the first suspect alone, the rest owed still.
-// Without suspects every owed item goes.
-func (c *Core) suspectAlone(owed []Item) (items, rest []Item) {
-	if len(c.suspects) == 0 {
-		return owed, nil
-	}
-	for i, it := range owed {
-		if _, ok := c.suspects[it.ID]; ok {
-			rest = append(append(rest, owed[:i]...), owed[i+1:]...)
-			return []Item{it}, rest
-		}
-	}
-	return owed, nil
 }
 
 // racesMax bounds how many times in a row one item is resolved again because
@@ -744,18 +675,17 @@ func (c *Core) fullWork(beside bool) bool {
 	resolving := false
 	waking := c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused)))
 	var yielded map[string]int
-	items, rest := c.suspectAlone(c.owed)
-	if len(items) > 0 {
+	if len(c.owed) > 0 {
 		// A reset or a wake in the same transaction may make rows pending
 		// anywhere, which the moves would overtake: then no move claims.
-		yielded = c.claimMoves(items, len(txn) > upkeep || waking, false)
-		txn = append(txn, Resolve{Op: c.nextOpID(), Items: items, Traces: c.tracePasses})
+		yielded = c.claimMoves(c.owed, len(txn) > upkeep || waking, false)
+		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed, Traces: c.tracePasses})
 		resolving = true
 	}
-	if rel, ok := c.releaseFor(items, len(txn) > upkeep); ok {
+	if rel, ok := c.releaseFor(c.owed, len(txn) > upkeep); ok {
 		txn = append(txn, rel)
 	}
-	c.owed = rest
+	c.owed = nil
 	if waking {
 		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.wakeKeep(txn)})
 		c.wakeDue = false
@@ -789,7 +719,7 @@ func (c *Core) fullWork(beside bool) bool {
 func (c *Core) resolveBeside() {
 	var cand, rest []Item
 	for _, it := range c.owed {
-		if _, suspect := c.suspects[it.ID]; !suspect && c.firstKeyless(it) {
+		if c.firstKeyless(it) {
 			cand = append(cand, it)
 		} else {
 			rest = append(rest, it)

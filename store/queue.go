@@ -134,35 +134,15 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	}
 	var rb *rolledBack
 	aborted := errors.As(err, &rb)
-	refusedAt := -1
-	var sf *stmtFailed
-	if aborted && Refused(err) && errors.As(err, &sf) {
-		refusedAt = sf.index
-		if _, ok := cmds[sf.index].(core.Resolve); !ok {
-			// A resolve's refusal the core narrows down and says so itself.
-			err = fmt.Errorf("%w; the database refused the data itself, so every try fails the same way until what refuses it is removed (docs/operations.md, \"A write the database refuses\")", err)
-		}
+	if Refused(err) {
+		err = fmt.Errorf("%w; the database refused the data itself, so every try fails the same way until what refuses it is removed (docs/operations.md, \"A write the database refuses\")", err)
 	}
 	events := make([]core.Event, len(stmts))
 	for i, s := range stmts {
 		events[i] = markAborted(s.failed(err.Error()), aborted)
-		if e, ok := events[i].(core.Resolved); ok && i == refusedAt {
-			e.Refused = true
-			events[i] = e
-		}
 	}
 	return events
 }
-
-// stmtFailed is the error the server answered to a transaction's statement
-// index (of Exec's commands): the one whose data it may have refused.
-type stmtFailed struct {
-	index int
-	err   error
-}
-
-func (e *stmtFailed) Error() string { return e.err.Error() }
-func (e *stmtFailed) Unwrap() error { return e.err }
 
 // rolledBack wraps the error of a transaction that certainly did not commit:
 // it never reached the server (no connection), or the server answered an error
@@ -397,7 +377,7 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	for i, s := range stmts {
 		ev, err := s.read(br)
 		if err != nil {
-			return nil, "", sess, abortedIfAnswered(&stmtFailed{index: i, err: fmt.Errorf("queue transaction: %s: %w", s.name, err)})
+			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s.name, err))
 		}
 		events[i] = ev
 	}

@@ -121,9 +121,6 @@ type Queue struct {
 	keyed    map[int64]keyed
 	// Notified counts NOTIFY ingress sent (inserts and wakes).
 	Notified int
-	// Refuses, if set, says why the database refuses an item's write ("" if
-	// it does not): a constraint of the operator's own (see refused).
-	Refuses func(core.Item) string
 	// racing holds the commits that land during the next resolve of a row
 	// (CommitDuringResolve).
 	racing map[int64]func()
@@ -482,9 +479,6 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 			commit()
 		}
 	}
-	if out, refused := q.refused(cmds); refused {
-		return out
-	}
 	if err := q.orderKeysFree(emittedKeys(cmds)); err != nil {
 		// PostgreSQL's insert of the child would wait for that producer;
 		// the single-threaded fake cannot, so the transaction fails before
@@ -503,37 +497,6 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 	// running again.)
 	q.undo = nil
 	return out
-}
-
-// refused plays a constraint of the database's (Refuses): a transaction
-// whose resolve holds an item it refuses fails whole, before it changes
-// anything, its Resolved saying Refused (as store.Refused says of a data
-// exception or a constraint).
-func (q *Queue) refused(cmds []core.Command) ([]core.Event, bool) {
-	if q.Refuses == nil {
-		return nil, false
-	}
-	for _, cmd := range cmds {
-		r, ok := cmd.(core.Resolve)
-		if !ok {
-			continue
-		}
-		for _, it := range r.Items {
-			why := q.Refuses(it)
-			if why == "" {
-				continue
-			}
-			out := Aborted(cmds, "queue transaction: resolve: "+why)
-			for i, ev := range out {
-				if e, ok := ev.(core.Resolved); ok && e.Op == r.Op {
-					e.Refused = true
-					out[i] = e
-				}
-			}
-			return out, true
-		}
-	}
-	return nil, false
 }
 
 // emittedKeys lists the order keys of the children cmds' resolves emit.
