@@ -391,7 +391,9 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
 	if err := s.releaseKeys(ctx, keys); err != nil {
-		return 0, fmt.Errorf("retry: %w", err)
+		// The retry itself has committed: say so, and how the keys come
+		// right again, rather than that nothing happened.
+		return n, fmt.Errorf("retry: %d messages retried, but putting their order keys in order failed (the dispatcher's start-up does it, or run the same retry again): %w", n, err)
 	}
 	return n, nil
 }
