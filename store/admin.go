@@ -393,7 +393,7 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 	if err := s.releaseKeys(ctx, keys); err != nil {
 		// The retry itself has committed: say so, and how the keys come
 		// right again, rather than that nothing happened.
-		return n, fmt.Errorf("retry: %d messages retried, but putting their order keys in order failed (the dispatcher's start-up does it, or run the same retry again): %w", n, err)
+		return n, fmt.Errorf("retry: %d messages retried, but putting their order keys in order failed (the dispatcher's claims still take each key's oldest message first, and its next start-up puts the keys in order): %w", n, err)
 	}
 	return n, nil
 }
