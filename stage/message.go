@@ -127,8 +127,10 @@ func (w *worker) message(ctx context.Context, line string) string {
 	}
 	move.Patch = string(patch)
 	out := core.Status{Fused: fused, Transition: move}.Line()
-	if len(out) > answerMax {
-		return failure(fmt.Sprintf("%sthe state patch makes the answer %d bytes, over the %d a line may carry (use INPUT = id)", prefix, len(out), answerMax))
+	// No database here to write a larger state with, as INPUT = id does
+	// past answerMax: the line may take all the dispatcher reads of one.
+	if len(out) > core.AnswerMax {
+		return failure(fmt.Sprintf("%sthe state patch makes the answer %d bytes, over the %d the dispatcher reads of one line (use INPUT = id, whose stages write a larger state themselves)", prefix, len(out), core.AnswerMax))
 	}
 	return m.withEmits(out)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
@@ -147,5 +148,28 @@ func TestMainInMessageModeNeedsNoDatabase(t *testing.T) {
 	code, _, errText = runMain(t, "", []string{"PEPSI_STAGE=parse", "PEPSI_INPUT=json"}, "worker")
 	if code != 2 || !strings.Contains(errText, "PEPSI_INPUT must be id or message") {
 		t.Errorf("PEPSI_INPUT=json: exit %d, stderr %q; want 2 naming PEPSI_INPUT", code, errText)
+	}
+}
+
+// Proves: in message mode, where no database writes a larger state, a patch
+// whose answer line fits the 64 KiB the dispatcher reads is answered (not
+// only up to id mode's 32 KiB), and a longer one fails its message with a
+// reason naming that limit.
+func TestMessageModeAnswersPatchesUpToTheDispatchersLine(t *testing.T) {
+	for _, tc := range []struct {
+		size int
+		ok   bool
+	}{{40 << 10, true}, {70 << 10, false}} {
+		handlers := map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
+			m.State["big"] = strings.Repeat("x", tc.size)
+			return stage.Done()
+		}}
+		got := runMessages(t, "parse", `{"id":1,"stage":"parse","attempts":0,"state":{},"payload":"p"}`+"\n", handlers)
+		switch {
+		case tc.ok && (!strings.HasPrefix(got[0], `0 >done {"big":"xxx`) || len(got[0]) > core.AnswerMax):
+			t.Errorf("a patch of %d bytes: answer %.60q (%d bytes); want it answered", tc.size, got[0], len(got[0]))
+		case !tc.ok && (!strings.HasPrefix(got[0], "1 ") || !strings.Contains(got[0], "over the 65536 the dispatcher reads of one line")):
+			t.Errorf("a patch of %d bytes: answer %.200q; want a failure naming the 65536 bytes", tc.size, got[0])
+		}
 	}
 }

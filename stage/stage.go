@@ -65,7 +65,9 @@
 //   - A handler that deleted a key of m.State: state || patch cannot delete a
 //     key, so the library writes the whole state, as it does after Message.Tx.
 //     A handler that sets the key to null instead keeps the fast path.
-//   - A patch that would make the line longer than 32 KiB.
+//   - A patch that would make the line longer than 32 KiB. (In message mode,
+//     with no database, the line carries up to the 64 KiB the dispatcher
+//     reads; a longer one fails the message.)
 //   - Every transition, with Options.WriteTransitions (WriteTransitions), for
 //     a dispatcher that predates answers with a target.
 //
