@@ -2,6 +2,7 @@ package core
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -114,7 +115,8 @@ func ParseStatus(line string) (Status, error) {
 		if f, rest, _ = strings.Cut(rest, " "); f == "" {
 			continue // runs of spaces, as strings.Fields takes them
 		}
-		if fused, ok := parseFused(f); ok {
+		fused, ok, tooLarge := parseFused(f)
+		if ok {
 			s.Fused = append(s.Fused, fused)
 			continue
 		}
@@ -129,7 +131,7 @@ func ParseStatus(line string) (Status, error) {
 			}
 			break
 		}
-		if fusedTooLarge(f) {
+		if tooLarge {
 			return Status{}, fmt.Errorf("status line %s: %s reports more than %d microseconds (a year)", conf.Quote(clip(line, 200)), conf.Quote(clip(f, 100)), FusedMicrosMax)
 		}
 		return Status{}, fmt.Errorf("status line %s: %s is not STAGE:MICROS", conf.Quote(clip(line, 200)), conf.Quote(clip(f, 100)))
@@ -198,25 +200,21 @@ const patchQuote = 60
 // them past an int64.
 const FusedMicrosMax = int64(365 * 24 * time.Hour / time.Microsecond)
 
-// parseFused reads one STAGE:MICROS word.
-func parseFused(f string) (Fused, bool) {
-	name, micros, ok := strings.Cut(f, ":")
-	us, err := strconv.ParseInt(micros, 10, 64)
-	if !ok || err != nil || us < 0 || us > FusedMicrosMax || !conf.ValidStageName(name) {
-		return Fused{}, false
-	}
-	return Fused{Stage: name, Micros: us}, true
-}
-
-// fusedTooLarge says whether f is a STAGE:MICROS word but for MICROS above
-// FusedMicrosMax, for the protocol error's text.
-func fusedTooLarge(f string) bool {
-	name, micros, ok := strings.Cut(f, ":")
-	if !ok || !conf.ValidStageName(name) || micros == "" || strings.Trim(micros, "0123456789") != "" {
-		return false
+// parseFused reads one STAGE:MICROS word. tooLarge: it is one but for
+// MICROS above FusedMicrosMax, for the protocol error's text.
+func parseFused(f string) (fused Fused, ok, tooLarge bool) {
+	name, micros, found := strings.Cut(f, ":")
+	if !found || !conf.ValidStageName(name) {
+		return Fused{}, false, false
 	}
 	us, err := strconv.ParseInt(micros, 10, 64)
-	return err != nil || us > FusedMicrosMax
+	switch {
+	case errors.Is(err, strconv.ErrRange) && micros[0] != '-', err == nil && us > FusedMicrosMax:
+		return Fused{}, false, true
+	case err != nil || us < 0:
+		return Fused{}, false, false
+	}
+	return Fused{Stage: name, Micros: us}, true, false
 }
 
 // attemptedPatch reports whether a word that is not STAGE:MICROS can only be

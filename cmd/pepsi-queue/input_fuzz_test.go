@@ -11,7 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
+	"github.com/pepsi-pipeline/pepsi/core"
 )
 
 // FuzzLines reads arbitrary input as enqueue's line input and checks it against
@@ -80,8 +80,8 @@ func FuzzNDJSON(f *testing.F) {
 				if json.Unmarshal(m.State, &obj) != nil || obj == nil {
 					t.Fatalf("input %q: state %q is not a JSON object", input, m.State)
 				}
-				if msgjson.HasNUL(obj) {
-					t.Fatalf("input %q: state %q holds \\u0000, which jsonb refuses", input, m.State)
+				if why := core.JSONBRefuses(string(m.State)); why != "" {
+					t.Fatalf("input %q: state %q holds %s, which jsonb refuses", input, m.State, why)
 				}
 			}
 		}
