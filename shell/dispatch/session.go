@@ -343,11 +343,48 @@ func (s *session) loop() sessionResult {
 		var held bool
 		if pending, held = s.collect(pending, true); !held {
 			s.workers.KillAll()
-			s.carry = s.core.Unflushed()
+			s.carry = s.lostCarry()
 			return s.end(ExitFatal, true, fmt.Errorf("lost the dispatcher lock: %w", s.lock.Err()))
 		}
 		pending, _ = s.collect(pending, false)
 	}
+}
+
+// lostGrace bounds how long a session that lost the lock waits for the
+// results of its queue transactions in flight before it ends them (lostCarry).
+const lostGrace = 2 * time.Second
+
+// lostCarry is what the next session's core must be given once the lock is
+// lost: this core's Unflushed, after it has taken in the results of every
+// queue transaction it had in flight. Their statistics (children emitted,
+// messages that left, verdicts and retries written) are counted only from
+// those results, so a transaction that committed as the loss was noticed,
+// its result waiting in results or on its way, would otherwise count in no
+// life. Each is given lostGrace to answer: ending it at once (the session's
+// context) mostly ends it after its COMMIT reached the server, sent with its
+// statements in one round trip, and leaves it in doubt, its figures lost.
+// One that has not answered by then is ended (its rows are the next start-up
+// reset's), as is every one at the latest when the session ends: none
+// outlives the session. What the core answers the results with is not
+// carried out: its workers are killed and another dispatcher may hold the
+// lock (and ends this one's sessions before its own start-up reset).
+func (s *session) lostCarry() []core.Flush {
+	var evs []core.Event
+	grace := time.NewTimer(lostGrace)
+	defer grace.Stop()
+	for s.inFlight > 0 {
+		select {
+		case r := <-s.results:
+			s.inFlight--
+			evs = append(evs, r.events...)
+		case <-grace.C:
+			s.cancel()
+		}
+	}
+	if len(evs) > 0 {
+		s.core.Step(time.Now(), evs...)
+	}
+	return s.core.Unflushed()
 }
 
 // execute carries out one step's commands in order, appending to pending the
