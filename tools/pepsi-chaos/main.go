@@ -28,7 +28,9 @@
 // dispatcher but its lock's (-kill-lock: that one too) is ended
 // (pg_terminate_backend) every -kill-every, and prints both phases' claim
 // latencies (insert to first claim); every message must end done, none may be
-// run twice by a stage, and the ownership check holds as above.
+// run twice by a stage (with -kill-lock every kill is a takeover, whose next
+// holder runs again what the last one's workers held: those are counted, not
+// failed), and the ownership check holds as above.
 //
 //	pepsi-chaos -storm 60s [-rate 600] [-kill-every 500ms] [-kill-lock] [-sessions N]
 //

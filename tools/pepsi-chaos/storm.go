@@ -45,7 +45,8 @@ type phaseResult struct {
 // plan.phase without kills, then as long with every session of the active
 // dispatcher (but its lock's, unless plan.lock) ended every plan.every. At the
 // end, nothing may be lost or stuck, no worker may have written a row its
-// dispatcher did not hold, and no stage may have run a message twice.
+// dispatcher did not hold, and no stage may have run a message twice (but
+// after a takeover, which only plan.lock causes).
 func (c *chaos) runStorm(plan stormPlan) (int, error) {
 	ctx := context.Background()
 	cleanup, err := c.setup(ctx)
@@ -104,6 +105,15 @@ func (c *chaos) runStorm(plan stormPlan) (int, error) {
 	// The dispatchers' own count, so a run at SESSIONS above 1 shows that
 	// the kills fell on transactions in flight beside one another.
 	fmt.Fprintf(c.out, "transactions sent beside others: %d\n", beside)
+	if plan.lock {
+		// A lost lock is a takeover: the next holder resets what the old
+		// one's workers held and runs it again (at-least-once,
+		// docs/durability.md, "The lock's session"), so a second run is no
+		// fault here; the ownership check above still fails a worker that
+		// wrote a row its dispatcher no longer held.
+		fmt.Fprintf(c.out, "messages a stage ran again after a takeover (allowed with -kill-lock): %d\n", len(twice))
+		return code, nil
+	}
 	fmt.Fprintf(c.out, "messages a stage ran more than once: %d\n", len(twice))
 	if len(twice) > 0 {
 		code = exitBroken
