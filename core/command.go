@@ -97,8 +97,8 @@ type Item struct {
 	// The item's row in pepsi.history, written by the same statement, only
 	// for what it actually did: with History set (the stage's HISTORY is on),
 	// a row whose guard held or that is no longer running gets one row,
-	// Event (a Move that missed its guard records guard-miss instead, and a
-	// bare 0 that left the row running records failed); a row left running
+	// Event (an item that missed its guard records guard-miss instead, and
+	// a bare 0 that left the row running records failed); a row left running
 	// (a commit raced the statement) gets none, its item being owed again.
 	// HandedAt is when its line was handed to the worker (zero: never
 	// handed), At when its answer was read (or its worker's exit seen), PID

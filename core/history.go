@@ -151,8 +151,8 @@ func (c *Core) recordPass(it *Item) {
 }
 
 // verdictEvent is the history event of an item's verdict when its guard
-// holds (the statement makes a move that misses its guard a guard-miss, and
-// a bare 0 that left the row running a failure).
+// holds (the statement makes an item that misses its guard a guard-miss,
+// and a bare 0 that left the row running a failure).
 func verdictEvent(it Item) string {
 	switch it.Verdict {
 	case Requeue:

@@ -692,8 +692,11 @@ func traceSeed() int64 {
 // Each item with history on ($11, core.Item.History) records its pass in
 // pepsi.history in the same statement, only as it happened: a row the UPDATE
 // wrote, or one no longer running (the stage wrote its own transition), gets
-// one row, the item's event ($12), except that a move whose guard did not hold
-// is a guard-miss and a bare 0 that left the row running is failed; a row
+// one row, the item's event ($12), except that an item whose guard did not
+// hold is a guard-miss (a move, and a failure, timeout, retry or requeue of a
+// row its stage had moved on or finished: the history says what the row
+// became, never a verdict the row did not take) and a bare 0 that left the
+// row running is failed; a row
 // still running after the statement (a late commit raced it) gets none (its
 // item is resolved again). An item sent again after a lost reply ($17)
 // records nothing if its pass is there already (same id, stage and at).
@@ -915,7 +918,7 @@ const resolvePassesSQL = `
 ), passes AS (
 	SELECT r.id, r.stage, r.handed_at, r.at, r.pid, r.attempts, r.target, r.reason, r.now_stage, r.now_status,
 	       CASE
-	           WHEN r.verdict = 'move' AND NOT (r.wrote AND r.now_matched) THEN 'guard-miss'
+	           WHEN r.verdict <> 'answered' AND NOT (r.wrote AND r.now_matched) THEN 'guard-miss'
 	           WHEN r.verdict = 'answered' AND r.wrote AND r.now_matched AND r.now_status = 'failed' THEN 'failed'
 	           ELSE r.event
 	       END AS event

@@ -68,7 +68,7 @@ func (q *Queue) recordPass(it core.Item, wrote, matched bool, r *Row) {
 	}
 	h := store.HistoryRow{ID: it.ID, Stage: it.Stage, Event: it.Event, At: it.At, WorkerPID: it.PID, Attempts: it.Attempts}
 	switch {
-	case it.Verdict == core.Move && !(wrote && matched):
+	case it.Verdict != core.Answered && !(wrote && matched):
 		h.Event = core.HistoryGuardMiss
 	case it.Verdict == core.Answered && wrote && matched && r.Status == core.StatusFailed:
 		h.Event = core.HistoryFailed

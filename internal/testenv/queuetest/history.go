@@ -16,6 +16,7 @@ import (
 var historyTests = []conformanceTest{
 	{"ResolveRecordsEachPassItWroteWithItsEventAndDetail", testHistoryPasses},
 	{"ResolveRecordsAGuardMissAndWhatABareAnswerLeft", testHistoryGuardMiss},
+	{"AVerdictARowOutranIsAGuardMissNeverTheVerdict", testHistoryVerdictOutrun},
 	{"ResolveRecordsNothingForAStageWithHistoryOff", testHistoryOff},
 	{"AnItemSentAgainRecordsItsPassOnlyOnce", testHistoryAgain},
 	{"WakeAndResetRecordTheirRows", testHistoryWakeReset},
@@ -114,6 +115,36 @@ func testHistoryGuardMiss(t *testing.T, h Harness) {
 	wantHistory(t, h, ids[2], "answered@a(pending at b)")
 	wantHistory(t, h, ids[3], "answered@a(done at a)")
 	wantHistory(t, h, ids[4], "failed@a(stage bug)") // a bare 0 that left it running
+}
+
+// testHistoryVerdictOutrun: a stage that wrote its own transition and then
+// failed, hung, crashed, asked for a retry or waited behind a crash leaves
+// its row moved on (requeued at its new stage) or finished (left alone); the
+// history says what the row became, a guard-miss, and never records a
+// failure, timeout, retry or requeue the row did not take.
+func testHistoryVerdictOutrun(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 6)
+	claimRows(t, h, core.Cap{Stage: "a", N: 6})
+	h.Stage(t, ids[0], "a", "c", core.StatusRunning, time.Time{}) // advanced itself, then answered 1
+	h.Stage(t, ids[1], "a", "a", core.StatusDone, time.Time{})    // finished itself, then hung
+	h.Stage(t, ids[2], "a", "b", core.StatusRunning, time.Time{}) // advanced itself, then crashed
+	h.Stage(t, ids[3], "a", "a", core.StatusDone, time.Time{})    // finished itself, then answered 75
+	h.Stage(t, ids[4], "a", "c", core.StatusRunning, time.Time{}) // advanced itself, then waited behind a crash
+	at := base.Add(time.Second)
+	resolve(t, h,
+		pass(core.Item{ID: ids[0], Stage: "a", Verdict: core.Fail, Reason: "exit 1"}, core.HistoryFailed, 7, base, at, 0),
+		pass(core.Item{ID: ids[1], Stage: "a", Verdict: core.TimeOut, Reason: "no answer"}, core.HistoryTimeout, 7, base, at, 0),
+		pass(core.Item{ID: ids[2], Stage: "a", Verdict: core.Fail, Reason: "worker pid 7 crashed"}, core.HistoryCrashed, 7, base, at, 0),
+		pass(core.Item{ID: ids[3], Stage: "a", Verdict: core.Retry, Reason: "busy", Until: base.Add(time.Hour)}, core.HistoryRetry, 7, base, at, 0),
+		pass(core.Item{ID: ids[4], Stage: "a", Verdict: core.Requeue}, core.HistoryRequeued, 7, base, at, 0),
+		pass(core.Item{ID: ids[5], Stage: "a", Verdict: core.Fail, Reason: "exit 1"}, core.HistoryFailed, 7, base, at, 0),
+	)
+	wantHistory(t, h, ids[0], "guard-miss@a(pending at c)")
+	wantHistory(t, h, ids[1], "guard-miss@a(done at a)")
+	wantHistory(t, h, ids[2], "guard-miss@a(pending at b)")
+	wantHistory(t, h, ids[3], "guard-miss@a(done at a)")
+	wantHistory(t, h, ids[4], "guard-miss@a(pending at c)")
+	wantHistory(t, h, ids[5], "failed@a(exit 1)") // its guard held: the failure is what happened
 }
 
 func testHistoryOff(t *testing.T, h Harness) {
