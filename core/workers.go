@@ -71,7 +71,6 @@ func (c *Core) answer(e Answer) {
 	c.emitsDropped(st, len(emits), head.id, fmt.Sprintf("answered %s", conf.Quote(clip(e.Line, 100))))
 	if s.Code == 0 {
 		d.Processed++
-		c.passes++
 		c.passEnded(w, head, Pass{Outcome: PassWritten})
 		c.owe(Item{ID: head.id, Stage: st.cfg.Name, Verdict: Answered, Epoch: head.epoch, Reason: st.stuckReason})
 		return
@@ -104,9 +103,14 @@ func (c *Core) creditPass(st *stage, fused []Fused, elapsed int64) *StageDelta {
 	return d
 }
 
-// passEnded reports the end of head's pass at worker w (Pass), when the core
-// reports passes; p says how it ended.
+// passEnded counts the end of head's pass at worker w in stage_passes, and
+// reports it (Pass) when the core reports passes; p says how it ended. Every
+// pass counts, whatever its outcome (an answer of any code, a retry, a
+// timeout, a crash or a protocol error at the head): stage_passes is all the
+// stages' passes, processed only those answered 0. A message requeued
+// behind a head had no pass.
 func (c *Core) passEnded(w *worker, head msg, p Pass) {
+	c.passes++
 	if !c.tracePasses {
 		return
 	}
@@ -136,7 +140,6 @@ func (c *Core) answered(w *worker, head msg, t *Transition, emits []Emit) {
 		return
 	}
 	c.stat(name).Processed++
-	c.passes++
 	it := Item{ID: head.id, Stage: name, Verdict: Move, To: t.To, Patch: t.Patch, Emits: emits}
 	p := Pass{Outcome: PassAdvance, To: t.To}
 	switch t.To {
@@ -293,7 +296,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	c.passEnded(w, q[0], Pass{Outcome: PassCrash, Reason: reason})
 	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
 	c.requeue(st, q[1:])
-	c.logf(LevelError, "stage %s worker pid %d crashed (%s); failed message %d, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
+	c.logf(LevelError, "stage %s worker pid %d crashed (%s); failed message %d unless its stage had moved it on, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
 }
 
 func (c *Core) workerIDs() []WorkerID {

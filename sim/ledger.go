@@ -856,7 +856,7 @@ func (w *world) modelAnswer(e core.Answer) {
 		fusedUS += f.Micros
 	}
 	t.stage(stage).ProcessingUS += max(0, elapsed-fusedUS)
-	t.passes += int64(len(a.fused))
+	t.passes += int64(len(a.fused)) + 1 // every answer ends a pass, whatever it says
 	if badEmit {
 		// An emit line it must refuse fails the message, whatever the answer.
 		w.expects[head] = &expect{verdict: core.Fail, why: "an emit line the dispatcher must refuse", stage: stage, pass: x.pass}
@@ -864,7 +864,6 @@ func (w *world) modelAnswer(e core.Answer) {
 	}
 	if !a.bad && (a.move != nil || a.code == 0) {
 		t.stage(stage).Processed++
-		t.passes++
 	}
 	w.expects[head] = w.expectAnswer(x, head, a)
 	w.expects[head].emits, w.expects[head].pass = emits, x.pass
@@ -932,16 +931,20 @@ func (w *world) modelExit(e core.WorkerExited) {
 			w.expects[id] = &expect{verdict: verdict, why: why, stage: stage}
 		}
 	}
+	// A head's pass ends with its worker (stage_passes counts it); what
+	// waited behind it had none.
 	crashed := func(ids []int64, why string) {
 		owe(ids, core.Fail, why)
 		for _, id := range ids {
 			w.expects[id].crash = true
+			w.truth().passes++
 		}
 	}
 	switch x.cause {
 	case causeTimeout:
 		if len(q) > 0 && q[0] == x.timedOut {
 			owe(q[:1], core.TimeOut, "head of a worker the watchdog killed")
+			w.truth().passes++
 			q = q[1:]
 		}
 		owe(q, core.Requeue, "behind the head of a worker the watchdog killed")

@@ -50,7 +50,7 @@ type Result struct {
 	Steps    int           // core.Step calls
 	SimTime  time.Duration // simulated time from start to the final check
 	Messages int           // messages inserted
-	Passes   int64         // stage passes answered 0 (fused included)
+	Passes   int64         // stage passes, whatever their outcome (fused included)
 	Lives    int           // dispatcher lives (restarts + 1)
 	// TraceHash is a hash of the whole trace: equal seeds give equal hashes.
 	TraceHash uint64

@@ -29,8 +29,11 @@ var mutants = []mutant{
 		"\tc.oweRelease([]string{it.Key}, c.now)\n}",
 		"}"),
 	mut("requeue-dropped-on-crash", "reset-keeps-held", "the messages behind a crashed worker's head are never requeued",
-		"c.requeue(st, q[1:])\n\tc.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d, requeued %d\"",
-		"c.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d, requeued %d\""),
+		"c.requeue(st, q[1:])\n\tc.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d unless its stage had moved it on, requeued %d\"",
+		"c.logf(LevelError, \"stage %s worker pid %d crashed (%s); failed message %d unless its stage had moved it on, requeued %d\""),
+	mut("failed-pass-uncounted", "flush-not-late", "stage_passes counts only the passes answered 0, not those that failed, retried, timed out or crashed",
+		"\tc.passes++\n\tif !c.tracePasses {",
+		"\tif p.Outcome == PassWritten || p.Outcome == PassAdvance || p.Outcome == PassDone || p.Outcome == PassPause {\n\t\tc.passes++\n\t}\n\tif !c.tracePasses {"),
 	mut("watchdog-timed-from-dispatch", "flush-not-late", "the next head keeps the clock of when the batch was handed over",
 		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n\tw.headSince = c.now\n",
 		"\telapsed := c.now.Sub(w.headSince).Microseconds()\n"),
@@ -222,7 +225,7 @@ var mutants = []mutant{
 	mut("emits-lost-on-resend", "children-iff-committed-once", "the items of a failed transaction are owed again without their emits, so a pass whose first write failed commits without its children",
 		"\titems = slices.Clone(sent)\n\tfor i := range items {\n", "\titems = slices.Clone(sent)\n\tfor i := range items {\n\t\titems[i].Emits = nil\n"),
 	mut("answered-pass-not-processed", "flush-not-late", "a pass that answered its transition is not counted as processed",
-		"\tc.stat(name).Processed++\n\tc.passes++\n\tit := Item{", "\tc.passes++\n\tit := Item{"),
+		"\tc.stat(name).Processed++\n\tit := Item{", "\tit := Item{"),
 	// The gate: producers notify only while the dispatcher waits.
 	// (Since moves claim, the first to suffer is often a move that overtakes
 	// the rows the look would have found: rule move-claims.)
