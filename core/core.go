@@ -44,8 +44,9 @@ const (
 	// failed, so a message that kills every worker on sight cannot loop forever.
 	StartFailLimit = 3
 	// CooldownMin and CooldownMax bound the spawn cooldown of a stage whose program
-	// cannot start; it doubles with each failed start (once per instant, however
-	// many workers failed to start at it) and resets on an answer.
+	// cannot start; it doubles with each failed start (once per round of starts,
+	// however many of the workers started together fail, and when) and resets on
+	// an answer.
 	CooldownMin = 1 * time.Second
 	CooldownMax = 30 * time.Second
 	// IdleFlushMin: a flush on going idle happens at most this often.
@@ -189,7 +190,7 @@ type stage struct {
 	headAt        int64
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
-	cooldownAt    time.Time // when cooldownStep was last doubled
+	cooldownAt    time.Time // when cooldownStep was last doubled: workers spawned since are a new round of starts
 	startErr      string    // how the last failed start failed (health.go)
 	// crashRun counts the workers that crashed in a row with no answer
 	// between, and crashErr says how the last one did (health.go).

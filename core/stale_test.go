@@ -132,3 +132,45 @@ func TestCooldownDoublesOncePerInstantNotOncePerWorker(t *testing.T) {
 		t.Errorf("log %q: the next failed start doubles the cooldown to 2s", l.Msg)
 	}
 }
+
+// Proves: workers started in one round that exit before answering at
+// different instants (a program that starts and exits at once, on a bad
+// config, exits from each worker a little apart) are one failed start: the
+// cooldown doubles once ("next start in 1s" from each, not 1s, 2s then 4s),
+// each holding the stage back a second from its own exit. Workers spawned
+// after the cooldown, a new try, double it once more, as a round too.
+func TestCooldownDoublesOncePerRoundOfStartsNotOncePerExit(t *testing.T) {
+	w := newWorld(t, threeStages)
+	round := workersOf(w.start("c", 3)) // PARALLELISM 3, QUEUE_LIMIT 1: three workers
+	if len(round) != 3 {
+		t.Fatalf("want three workers spawned, got %v", round)
+	}
+	wantNext := func(cmds []core.Command, step string) {
+		t.Helper()
+		l := one[core.Log](t, cmds)
+		if !strings.Contains(l.Msg, "before answering anything") || !strings.HasSuffix(l.Msg, "next start in "+step) {
+			t.Errorf("log %q, want a failed start with the next start in %s", l.Msg, step)
+		}
+	}
+	for i, wid := range round {
+		w.at(100*time.Millisecond + time.Duration(i)*time.Millisecond)
+		wantNext(w.exit(wid, 1, ""), "1s")
+	}
+	last := epoch.Add(102 * time.Millisecond)
+	if h := healthOf(t, w, "c"); h.State != core.HealthCannotStart || !h.Until.Equal(last.Add(core.CooldownMin)) {
+		t.Errorf("health %+v, want cannot_start until %s, a second after the last exit", h, core.CooldownMin)
+	}
+	cmds := w.tick(time.Second + 101*time.Millisecond)
+	if spawns := of[core.Spawn](cmds); len(spawns) != 0 {
+		t.Fatalf("spawned before the last exit's second had passed:\n%s", list(cmds))
+	}
+	cmds = w.tick(time.Second + 102*time.Millisecond)
+	round = workersOf(cmds)
+	if len(round) != 3 {
+		t.Fatalf("want three workers spawned when the cooldown ended, got:\n%s", list(cmds))
+	}
+	w.at(time.Second + 200*time.Millisecond)
+	wantNext(w.exit(round[0], 1, ""), "2s")
+	w.at(time.Second + 201*time.Millisecond)
+	wantNext(w.exit(round[1], 1, ""), "2s")
+}

@@ -207,11 +207,20 @@ func (c *Core) removeWorker(w *worker) {
 	st.workers = slices.DeleteFunc(st.workers, func(x *worker) bool { return x == w })
 }
 
-// cooldown holds the stage's spawns back after a failed start. It doubles once
-// per instant: workers that fail to start together (a missing program fails
-// every spawn of a step) are one failed start, not one per worker.
-func (c *Core) cooldown(st *stage) {
-	if st.cooldownStep > 0 && st.cooldownAt.Equal(c.now) {
+// cooldown holds the stage's spawns back after a failed start of a worker
+// spawned at spawnedAt. It doubles once per round of starts: workers spawned
+// before the cooldown last doubled were started in the round that doubled it
+// (a missing program fails every spawn of a step; a program that exits at
+// once, on a bad config, exits from each worker at a slightly different
+// instant), so their failures are one failed start, not one per worker. Only
+// a worker spawned after that, a new try, doubles it again. A later failure
+// of the same round holds the stage back as long again from its own instant,
+// so that no start follows a failure sooner than its log line says.
+func (c *Core) cooldown(st *stage, spawnedAt time.Time) {
+	if st.cooldownStep > 0 && !spawnedAt.After(st.cooldownAt) {
+		if until := c.now.Add(st.cooldownStep); until.After(st.cooldownUntil) {
+			st.cooldownUntil = until
+		}
 		return
 	}
 	st.cooldownStep = min(max(2*st.cooldownStep, CooldownMin), CooldownMax)
@@ -266,7 +275,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {
 		// A program that cannot start: not the message's fault, unless the same
 		// message keeps being at the head of such failures.
-		c.cooldown(st)
+		c.cooldown(st, w.spawnedAt)
 		st.startErr = fmt.Sprintf("program %s: worker pid %d exited (%s) before answering anything", conf.Quote(st.cfg.Program), w.pid, how)
 		if len(q) > 0 {
 			head := q[0]
@@ -496,7 +505,7 @@ func (c *Core) spawnFailed(e SpawnFailed) {
 		return
 	}
 	c.removeWorker(w)
-	c.cooldown(w.stage)
+	c.cooldown(w.stage, w.spawnedAt)
 	w.stage.startErr = e.Err
 	if st := w.stage; len(st.workers) == 0 && len(st.backlog) > 0 {
 		// No worker can take the claimed rows before the cooldown ends: give

@@ -96,7 +96,7 @@ func (t *truth) stage(name string) *core.StageDelta {
 type cooldown struct {
 	step  time.Duration
 	until time.Time
-	at    time.Time // the instant of the failed start that set step
+	at    time.Time // the instant of the failed start that set step: workers spawned since are a new round
 }
 
 // model is everything the checker keeps: the ledger of what it knows, and
@@ -486,7 +486,7 @@ func (w *world) modelStarted(e core.WorkerStarted) {
 func (w *world) modelSpawnFailed(e core.SpawnFailed) {
 	x := w.workers[e.Worker]
 	w.bury(x)
-	w.coolDown(x.stage)
+	w.coolDown(x.stage, x.spawnAt)
 	if w.live(x.stage) == 0 {
 		// No worker can take the stage's claimed rows before the cooldown
 		// ends: the core gives them back (core.Core's documented rule).
@@ -792,11 +792,16 @@ func (w *world) queueAnswer(id core.WorkerID, a answerInfo) {
 	x.answers = append(x.answers, a)
 }
 
-// coolDown is a failed start of stage s: the cooldown doubles once per
-// instant, however many workers failed to start at it.
-func (w *world) coolDown(s int) {
+// coolDown is a failed start of a worker of stage s spawned at spawnAt: the
+// cooldown doubles once per round of starts, however many workers of it
+// failed and at whatever instants; a worker spawned before it last doubled
+// is of that round, and holds the stage back as long again from now.
+func (w *world) coolDown(s int, spawnAt time.Time) {
 	c := &w.cool[s]
-	if c.step > 0 && c.at.Equal(w.now) {
+	if c.step > 0 && !spawnAt.After(c.at) {
+		if until := w.now.Add(c.step); until.After(c.until) {
+			c.until = until
+		}
 		return
 	}
 	c.step = min(max(2*c.step, core.CooldownMin), core.CooldownMax)
@@ -966,7 +971,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 	}
 	w.truth().stage(stage).Crashes++
 	if x.answered == 0 && w.now.Sub(x.spawnAt) < core.StartWindow {
-		w.coolDown(x.stage)
+		w.coolDown(x.stage, x.spawnAt)
 		if len(q) > 0 {
 			w.startFails[q[0]]++
 			if w.startFails[q[0]] >= core.StartFailLimit {

@@ -205,7 +205,7 @@ var ruleSpawnNeeded = &rule{name: "spawn-only-when-needed", when: atCommand, che
 
 var ruleCooldown = &rule{name: "cooldown", when: atCommand, check: (*world).cooldown,
 	doc: "No spawn during a stage's cooldown: after a failed start the stage waits core.CooldownMin, doubling with each failed start up to core.CooldownMax, " +
-		"once for all the workers that fail at one instant; the first answer ends it."}
+		"once for all the workers started in one round (spawned before it last doubled), whenever each fails; the first answer ends it."}
 
 var ruleParallelism = &rule{name: "parallelism", when: atCommand, check: (*world).parallelism,
 	doc: "At most PARALLELISM live workers per stage, checked at each spawn and after each step."}
