@@ -262,7 +262,16 @@ func (c *Core) exitedWorker(e WorkerExited) {
 		c.requeue(st, q)
 		return
 	case killGrace, killNow:
-		if len(q) > 0 {
+		// After a second shutdown request nothing more is written (no
+		// transaction starts, shutdown.go): the requeues are owed only to be
+		// counted among the results unwritten, and the rows stay running
+		// until the next start-up resets them. Whatever killed the worker,
+		// the log says so then.
+		switch {
+		case len(q) == 0:
+		case c.shutdown == 2:
+			c.logf(LevelWarn, "stage %s worker pid %d killed while stopping; its %d messages are left running for the next start-up's reset", name, w.pid, len(q))
+		default:
 			c.logf(LevelWarn, "stage %s worker pid %d killed while stopping; requeued %d messages", name, w.pid, len(q))
 		}
 		c.requeue(st, q)
