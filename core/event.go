@@ -204,6 +204,11 @@ type Outcome struct {
 	// a claim had returned them. A child whose Emit had Claim and that is
 	// not here was inserted pending.
 	Children []Child
+	// Refused is the database's error when it refused the write of the
+	// item's outcome for the data itself: the store then wrote
+	// RefusedFallback(item, Refused) instead, and the rest of the Outcome is
+	// that write's.
+	Refused string
 }
 
 // Child is a message a resolve inserted running at Stage for an emit that
@@ -414,6 +419,9 @@ func (o Outcome) String() string {
 	}
 	for _, ch := range o.Children {
 		s += fmt.Sprintf("+%d@%s:running", ch.ID, ch.Stage)
+	}
+	if o.Refused != "" {
+		s += " refused"
 	}
 	return s
 }

@@ -414,6 +414,14 @@ func (c *Core) resolved(e Resolved) {
 				c.byName[e.Stage].reserved--
 			}
 		}
+		sentAs := it // what the step's release was decided on (keyOutcome)
+		if o.Refused != "" {
+			// The database would not take the item's outcome: what was
+			// written is its failure (RefusedFallback), its emits dropped;
+			// outcome logs the failure with its reason, which says why.
+			c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "the database refused its pass's outcome")
+			it = RefusedFallback(it, o.Refused)
+		}
 		c.emitted(it, o)
 		c.childrenClaimed(it, o)
 		if o.Status == StatusRunning && it.Claim && o.Matched {
@@ -436,7 +444,7 @@ func (c *Core) resolved(e Resolved) {
 		if it.Verdict != Requeue && o.Stage != it.Stage && o.Status == StatusPending {
 			c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on (pressure.go)
 		}
-		c.keyOutcome(it, o)
+		c.keyOutcome(sentAs, o)
 		if it.Verdict == Move && !o.Matched && !unsure && !raced {
 			// (After a lost reply the first send may have written it: no miss then.)
 			c.guardMissed(it, o)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,6 +175,14 @@ func (h *harness) ClearEpoch(t *testing.T) {
 	t.Helper()
 	h.exec(t, "DELETE FROM pepsi.dispatch_epoch")
 }
+
+func (h *harness) RefuseStateKey(t *testing.T, key string) {
+	t.Helper()
+	h.exec(t, "ALTER TABLE pepsi.queue ADD CONSTRAINT test_refuses_state_key CHECK (NOT state ? "+quoteLiteral(key)+") NOT VALID")
+}
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // tripCounter counts network round trips over all connections of a pool: on each
 // connection, a write that follows a read (or is the first) starts a new one.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -96,7 +97,9 @@ func (q *Queue) Ping(ctx context.Context) error {
 // transaction fails, every result carries the error text, and core.Claimed and
 // core.Resolved say Aborted when it certainly did not commit (rolledBack,
 // settle). A serialization failure or deadlock reruns the whole transaction, up
-// to attemptsMax times.
+// to attemptsMax times. A transaction the database refuses for the data
+// itself (Refused) is run again narrowed (runNarrowed): a message whose
+// outcome is refused gets its failure written instead, and the rest commits.
 //
 // Exec panics if cmds holds a command that is not a queue command (see
 // core.IsQueue): that is a bug in the caller, not a database failure.
@@ -134,6 +137,22 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	}
 	var rb *rolledBack
 	aborted := errors.As(err, &rb)
+	if aborted && Refused(err) && slices.ContainsFunc(cmds, isResolve) {
+		// Perhaps one message's outcome: the same commands again, narrowed
+		// down to it (runNarrowed), the rest written.
+		events, xid, sess, nerr := q.runNarrowed(ctx, cmds)
+		if nerr == nil {
+			return events
+		}
+		if !errors.Is(nerr, errNotNarrowed) {
+			// Failed for a reason of its own: that is the step's outcome,
+			// settled as any attempt's (it may be in doubt).
+			err = q.settle(ctx, sess, xid, nerr)
+			aborted = errors.As(err, &rb)
+		} else {
+			q.log.Debug("queue transaction: the refusal could not be narrowed to one message", "err", nerr)
+		}
+	}
 	if Refused(err) {
 		err = fmt.Errorf("%w; the database refused the data itself, so every try fails the same way until what refuses it is removed (docs/operations.md, \"A write the database refuses\")", err)
 	}
@@ -142,6 +161,12 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 		events[i] = markAborted(s.failed(err.Error()), aborted)
 	}
 	return events
+}
+
+// isResolve reports whether c is a Resolve.
+func isResolve(c core.Command) bool {
+	_, ok := c.(core.Resolve)
+	return ok
 }
 
 // rolledBack wraps the error of a transaction that certainly did not commit:

@@ -79,21 +79,52 @@ RETRY_DELAY = 100ms
 
 // Proves what docs/operations.md ("A write the database refuses") says of a
 // constraint of the operator's own that refuses a transition: the
-// transaction fails at every try, the log says the database refused the data
-// itself, nothing is lost meanwhile, and once the constraint is dropped the
-// next try writes everything.
-func TestAConstraintThatRefusesATransitionHoldsThePipelineUntilDropped(t *testing.T) {
+// transaction is narrowed down to the message whose outcome is refused, that
+// message fails with a reason that says so (and its history says failed),
+// and the other messages of the same transactions are written as answered.
+func TestAConstraintThatRefusesATransitionCostsOnlyItsMessage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
 	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue ADD CONSTRAINT test_refuses CHECK (NOT state ? 'forbidden')`); err != nil {
 		t.Fatal(err)
 	}
-	ids := e.insert("a", `a=answer:0 >done {"forbidden":1}`, "a=answer:0 >done")
+	ids := e.insert("a", "a=answer:0 >done", `a=answer:0 >done {"forbidden":1}`, "a=answer:0 >done", "a=answer:0 >done")
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 3, "failed": 1})
+	d.stopClean()
+	for _, i := range []int{0, 2, 3} {
+		e.expectRow(ids[i], "done", "a", "")
+	}
+	e.expectRow(ids[1], "failed", "a", "the database refused the write of this message's outcome")
+	if got := e.scalar(`SELECT count(*) FROM pepsi.history WHERE ingress_id = $1 AND event = 'failed' AND detail LIKE '%test_refuses%'`, ids[1]); got != 1 {
+		t.Errorf("history of the refused message has %d failed rows naming the constraint; want 1", got)
+	}
+	if strings.Contains(d.logs.String(), "queue write failed") {
+		t.Errorf("a queue transaction failed; want the refusal narrowed to its message:\n%s", d.logs.String())
+	}
+}
+
+// Proves what docs/operations.md ("A write the database refuses") says of a
+// constraint that refuses a message's outcome and its failure too: nothing
+// tells that message apart, so the transaction fails at every try, the log
+// says the database refused the data itself, nothing is lost meanwhile, and
+// once the constraint is dropped the next try writes everything.
+func TestAConstraintThatRefusesEveryOutcomeHoldsThePipelineUntilDropped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue ADD CONSTRAINT test_refuses
+		CHECK (status IN ('pending', 'running', 'blocked', 'paused') OR NOT state ? 'held')`); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.insert("a", "a=answer:0 >done", "a=answer:0 >done")
+	if _, err := e.db.Exec(context.Background(), `UPDATE pepsi.queue SET state = '{"held":1}' WHERE ingress_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
 	d := e.start()
 	waitFor(t, 20*time.Second, "the refusal in the log", func() (bool, string) {
 		return strings.Contains(d.logs.String(), "the database refused the data itself"), ""
 	})
-	if c, _ := e.counts(); c["done"] != 0 {
+	if c, _ := e.counts(); c["done"]+c["failed"] != 0 {
 		t.Errorf("counts %s while the transaction is refused; want nothing written", fmtCounts(c))
 	}
 	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue DROP CONSTRAINT test_refuses`); err != nil {

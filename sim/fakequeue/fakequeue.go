@@ -107,7 +107,9 @@ type Queue struct {
 	// history is pepsi.history's rows in the order written, days its
 	// partitions (history.go).
 	history []store.HistoryRow
-	days    map[time.Time]bool
+	// refuseKey is the state key RefuseStateKey refuses ("" for none).
+	refuseKey string
+	days      map[time.Time]bool
 	// undo holds the before-images of stage writes not yet made durable by a
 	// dispatcher commit, newest last.
 	undo []Row
@@ -485,6 +487,11 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 		// it changes anything, as a lock timeout would end it.
 		return Aborted(cmds, fmt.Sprintf("resolve: a child's %v", err))
 	}
+	if id, ok := q.refusedWhole(cmds); ok {
+		// Even the failure of message id would be refused: PostgreSQL
+		// refuses the transaction, and the store finds nothing to narrow.
+		return Aborted(cmds, fmt.Sprintf("resolve: message %d: %s", id, q.refusal()))
+	}
 	out := make([]core.Event, 0, len(cmds))
 	for _, cmd := range cmds {
 		out = append(out, q.apply(cmd))
@@ -804,6 +811,13 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			}
 		}
 		matched := r.Status == core.StatusRunning && r.Stage == it.Stage
+		var refusal string
+		if matched && it.Verdict == core.Move && it.Patch != "" && q.refuses(merge(r.State, it.Patch)) {
+			// store.Queue.Exec narrows the refused transaction down to
+			// this item and writes its failure instead.
+			refusal = q.refusal()
+			it = core.RefusedFallback(it, refusal)
+		}
 		if r.Status == core.StatusRunning {
 			wrote = true
 			before := *r
@@ -823,7 +837,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			}
 		}
 		q.recordPass(it, wrote, matched, r)
-		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched, Children: children}
+		o := core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, Matched: matched, Children: children, Refused: refusal}
 		if r.Status == core.StatusPaused {
 			o.Timeout = r.Timeout
 		}

@@ -84,6 +84,8 @@ func (h harness) State(t *testing.T, id int64) map[string]any {
 
 func (h harness) ClearEpoch(*testing.T) { h.Queue.ClearEpoch() }
 
+func (h harness) RefuseStateKey(_ *testing.T, key string) { h.Queue.RefuseStateKey(key) }
+
 // TestHooksReportNotificationsAndWhoChangedEachRow: the simulator learns of every
 // NOTIFY and of every row change with its writer, including a crash's undo.
 func TestHooksReportNotificationsAndWhoChangedEachRow(t *testing.T) {

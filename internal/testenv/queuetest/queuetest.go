@@ -42,6 +42,11 @@ type Harness interface {
 	State(t *testing.T, id int64) map[string]any
 	// ClearEpoch empties the crash sentinel, as a PostgreSQL crash would.
 	ClearEpoch(t *testing.T)
+	// RefuseStateKey makes the queue refuse, for the data itself, every new
+	// row version whose state has key at its top level, as an operator's
+	// own CHECK (NOT state ? key) added NOT VALID does: rows that have it
+	// already stay, but cannot be written again.
+	RefuseStateKey(t *testing.T, key string)
 }
 
 // base is the instant the suite's paused rows are timed from. It has whole
@@ -115,7 +120,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"FlushesOfTwoLivesWithTheSameSeqAreEachAppliedOnce", testFlushLives},
 		{"FlushStopsProcessingTimeAtItsLargest", testFlushSaturates},
 	}
-	runAll(t, slices.Concat(tests, pressureTests, emitTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests, scheduledTests), open)
+	runAll(t, slices.Concat(tests, pressureTests, emitTests, statementTests, operatorTests, stageTests, ingressTests, monitorTests, healthTests, historyTests, traceTests, scheduledTests, refusedTests), open)
 }
 
 // runAll runs each test in parallel on a fresh harness from open.

@@ -1,0 +1,174 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pepsi-pipeline/pepsi/core"
+)
+
+// errNotNarrowed says runNarrowed found nothing to narrow: the refusal was
+// not a resolve's item's (another statement's, or every item's failure was
+// refused too), so the step's transaction fails as it did.
+var errNotNarrowed = errors.New("the refusal is not one message's outcome")
+
+// runNarrowed runs the step's commands again after the database refused
+// their transaction for the data itself (Refused): the same commands in one
+// transaction, but each statement on its own and every Resolve under a
+// savepoint, so that a refused resolve is tried again one item at a time.
+// An item the database refuses alone gets core.RefusedFallback written
+// instead (its failure, with the server's error as its reason), reported by
+// its Outcome's Refused; every other write of the step stands. If a
+// statement other than a resolve is refused, or an item's failure is
+// refused too, it returns errNotNarrowed (wrapping the refusal) and nothing
+// of it commits: then nothing in the database tells one message apart, and
+// the transaction is held as before (docs/operations.md, "A write the
+// database refuses").
+//
+// It runs only after a refusal, which the server answered: the first
+// transaction certainly rolled back. Its own failures are settled as run's
+// are (xid, sess).
+func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []core.Event, xid string, sess Backend, err error) {
+	if err := q.endDoubt(ctx); err != nil {
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
+	}
+	conn, err := q.pool.Acquire(ctx)
+	if err != nil {
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+	}
+	defer conn.Release()
+	c := conn.Conn()
+	defer func() {
+		if err != nil {
+			rollback(c)
+		}
+		if err == nil || !c.IsClosed() {
+			sess = Backend{}
+			return
+		}
+		q.pool.Reset()
+		sess = backendOf(c.PgConn())
+	}()
+	for _, s := range []string{"BEGIN ISOLATION LEVEL READ COMMITTED", "SET LOCAL synchronous_commit = on"} {
+		if _, err := c.Exec(ctx, s); err != nil {
+			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s, err))
+		}
+	}
+	events = make([]core.Event, len(cmds))
+	for i, cmd := range cmds {
+		var ev core.Event
+		if r, ok := cmd.(core.Resolve); ok {
+			ev, err = q.resolveNarrowed(ctx, c, r)
+		} else {
+			ev, err = runAlone(ctx, c, statementFor(cmd))
+			if Refused(err) {
+				err = fmt.Errorf("%w: %w", errNotNarrowed, err)
+			}
+		}
+		if err != nil {
+			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %w", err))
+		}
+		events[i] = ev
+	}
+	b := &pgx.Batch{}
+	b.Queue(xactIDSQL)
+	b.Queue("COMMIT")
+	br := c.SendBatch(ctx, b)
+	xid, err = readCommit(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("queue transaction: %w", cerr)
+	}
+	if err != nil {
+		return nil, xid, sess, err
+	}
+	return events, xid, sess, nil
+}
+
+// resolveNarrowed applies r inside the open transaction of c: whole, under a
+// savepoint, and if the database refuses it, one item at a time, each
+// refused item's core.RefusedFallback in its place. The Resolved it returns
+// has one Outcome per item of r, in order, as resolve's has.
+func (q *Queue) resolveNarrowed(ctx context.Context, c *pgx.Conn, r core.Resolve) (core.Event, error) {
+	ev, err := underSavepoint(ctx, c, statementFor(r))
+	if err == nil || !Refused(err) {
+		return ev, err
+	}
+	out := core.Resolved{Op: r.Op, Outcomes: make([]core.Outcome, 0, len(r.Items))}
+	for _, it := range r.Items {
+		one := core.Resolve{Op: r.Op, Items: []core.Item{it}, Traces: r.Traces}
+		ev, err := underSavepoint(ctx, c, statementFor(one))
+		var refusal string
+		if Refused(err) {
+			refusal = refusalText(err)
+			// (The dispatcher logs the message's failure, this refusal its reason.)
+			q.log.Debug("queue transaction: the database refused one message's outcome; writing its failure instead", "id", it.ID, "stage", it.Stage, "err", err)
+			fallback := one
+			fallback.Items = []core.Item{core.RefusedFallback(it, refusal)}
+			var ferr error
+			if ev, ferr = underSavepoint(ctx, c, statementFor(fallback)); ferr != nil {
+				if Refused(ferr) {
+					ferr = fmt.Errorf("%w: message %d's failure too: %w", errNotNarrowed, it.ID, ferr)
+				}
+				return nil, ferr
+			}
+		} else if err != nil {
+			return nil, err
+		}
+		o := ev.(core.Resolved).Outcomes[0]
+		o.Refused = refusal
+		out.Outcomes = append(out.Outcomes, o)
+	}
+	return out, nil
+}
+
+// refusalText is what an operator needs of a refusal: the server's message,
+// its detail and the constraint it names, with its SQLSTATE.
+func refusalText(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err.Error()
+	}
+	s := pgErr.Message
+	if pgErr.ConstraintName != "" {
+		s += " [constraint " + pgErr.ConstraintName + "]"
+	}
+	return s + " (SQLSTATE " + pgErr.Code + ")"
+}
+
+// underSavepoint runs s in the open transaction of c, undoing it alone if it
+// fails, so the transaction goes on.
+func underSavepoint(ctx context.Context, c *pgx.Conn, s statement) (core.Event, error) {
+	if _, err := c.Exec(ctx, "SAVEPOINT narrow"); err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	ev, err := runAlone(ctx, c, s)
+	if err != nil {
+		if _, rerr := c.Exec(ctx, "ROLLBACK TO SAVEPOINT narrow"); rerr != nil {
+			return nil, fmt.Errorf("%w (and rolling back to its savepoint: %w)", err, rerr)
+		}
+		return nil, err
+	}
+	if _, err := c.Exec(ctx, "RELEASE SAVEPOINT narrow"); err != nil {
+		return nil, fmt.Errorf("release savepoint: %w", err)
+	}
+	return ev, nil
+}
+
+// runAlone sends s in a batch of its own on c and reads its result.
+func runAlone(ctx context.Context, c *pgx.Conn, s statement) (core.Event, error) {
+	b := &pgx.Batch{}
+	s.queue(b)
+	br := c.SendBatch(ctx, b)
+	ev, err := s.read(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.name, err)
+	}
+	return ev, nil
+}
