@@ -151,6 +151,20 @@ func TestMainInMessageModeNeedsNoDatabase(t *testing.T) {
 	}
 }
 
+// Proves: Main in message mode accepts "worker -c FILE", as pepsi-dispatch
+// starts every stage program when it has a configuration file, and still never
+// connects, though the file names a DATABASE (one that answers nothing here).
+func TestMainInMessageModeTakesTheConfigurationAndNeedsNoDatabase(t *testing.T) {
+	file := writeConf(t, "[pepsi]\nDATABASE = host=/nonexistent port=1\n[stage-parse]\nPROGRAM = x\nINPUT = message\n")
+	for _, args := range [][]string{{"worker", "-c", file}, {"worker", "-c=" + file}} {
+		code, out, errText := runMain(t, `{"id":7,"stage":"parse","attempts":0,"state":{}}`+"\n",
+			[]string{"PEPSI_STAGE=parse", "PEPSI_INPUT=message"}, args...)
+		if code != 0 || out != "0 >enrich\n" {
+			t.Errorf("args %q: exit %d, output %q, stderr %q; want 0 and \"0 >enrich\"", args, code, out, errText)
+		}
+	}
+}
+
 // Proves: in message mode, where no database writes a larger state, a patch
 // whose answer line fits the 64 KiB the dispatcher reads is answered (not
 // only up to id mode's 32 KiB), and a longer one fails its message with a

@@ -10,14 +10,13 @@ import (
 	"time"
 )
 
-// filterScript is a POSIX sh filter stage for these tests: it refuses to run
-// (exit 4 before it answers anything) if it was given any way to reach a
-// database, records every line it reads in the file "lines" beside it, and
-// answers each message with a transition to done and a patch.
+// filterScript is a POSIX sh filter stage for these tests: it records its
+// arguments in the file "args" beside it, refuses to run (exit 4 before it
+// answers anything) if its environment holds any way to reach a database,
+// records every line it reads in the file "lines" beside it, and answers each
+// message with a transition to done and a patch.
 const filterScript = `#!/bin/sh
-for a in "$@"; do
-	case $a in -c) echo "filter: given -c $*" >&2; exit 4;; esac
-done
+printf '%s\n' "$*" >> "$(dirname "$0")/args"
 if env | grep -E '^(PG[A-Z_]*|PEPSI_DATABASE|DATABASE_URL)=' >&2 || [ "$PEPSI_INPUT" != message ]; then
 	echo "filter: a database is in my environment" >&2
 	exit 4
@@ -37,10 +36,11 @@ func (e *env) writeFilter() {
 }
 
 // Proves: a stage with INPUT = message is handed each message itself, one JSON
-// line per message, and runs with no database in its environment (no -c, no
-// PG*, PEPSI_DATABASE or DATABASE_URL, though the dispatcher's environment has
-// them all): the filter refuses to run otherwise, and here every message ends
-// done with the filter's patch.
+// line per message, is started as "PROGRAM worker -c CONFIG_FILE" like any
+// stage (docs/protocol.md, "Starting"), and runs with no database in its
+// environment (no PG*, PEPSI_DATABASE or DATABASE_URL, though the dispatcher's
+// environment has them all): the filter refuses to run otherwise, and here
+// every message ends done with the filter's patch.
 func TestAMessageStageIsHandedTheMessageAndNoDatabase(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, `
@@ -90,13 +90,23 @@ QUEUE_LIMIT = 4
 	if n := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE state @> '{"filtered": true}'`); n != 3 {
 		t.Errorf("%d rows carry the filter's patch; want 3", n)
 	}
-	if logs := d.logs.String(); strings.Contains(logs, "a database is in my environment") || strings.Contains(logs, "given -c") {
+	if logs := d.logs.String(); strings.Contains(logs, "a database is in my environment") {
 		t.Errorf("the filter saw a database:\n%s", logs)
+	}
+	args, err := os.ReadFile(filepath.Join(e.dir, "args"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(string(args), "\n"), "\n") {
+		if want := "worker -c " + e.conf; line != want {
+			t.Errorf("the filter was started with arguments %q; want %q", line, want)
+		}
 	}
 }
 
 // Proves: a stage built with the stage library runs in message mode under the
-// real dispatcher (PEPSI_INPUT=message, no -c, no database): messages pass
+// real dispatcher (PEPSI_INPUT=message, -c FILE, no database in its
+// environment): messages pass
 // through it and an id stage after it, its answered patches (the pass counts
 // n_STAGE) land in the rows, and "answer" failures fail only their message.
 func TestALibraryStageRunsAsAFilter(t *testing.T) {

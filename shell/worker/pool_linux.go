@@ -32,7 +32,9 @@ const drainMax = 2 * time.Second
 
 // Options configures a Pool.
 type Options struct {
-	// ConfigFile, if set, is passed to every worker as "-c ConfigFile".
+	// ConfigFile, if set, is passed to every worker as "-c ConfigFile", a
+	// filter's too (docs/protocol.md, "Starting"): every stage program loads
+	// the configuration the dispatcher runs, whatever its INPUT.
 	ConfigFile string
 	// Env is the workers' base environment (default os.Environ()). Spawn adds
 	// PEPSI_STAGE, replacing any PEPSI_STAGE already in Env; a PEPSI_INPUT in
@@ -73,7 +75,7 @@ type Pool struct {
 	events   func(core.Event)
 	env      []string // base environment, without PEPSI_STAGE
 	path     string   // PATH of env, where programs are looked up
-	argsTail []string // "worker" [-c FILE]
+	argsTail []string // "worker" [-c FILE], for every worker
 	// filterEnv is env without a database (see SpawnFilter).
 	filterEnv []string
 
@@ -193,10 +195,13 @@ func (p *Pool) Spawn(id core.WorkerID, stage, program string) core.Event {
 }
 
 // SpawnFilter starts the worker of an INPUT = message stage, a filter that is
-// handed each message on standard input: as Spawn does, but with no database
-// in its environment (docs/protocol.md, "A filter has no database"): without
-// "-c FILE" (the file names the DATABASE) and without any variable NamesDatabase
-// reports, and with PEPSI_INPUT=message (which the stage library reads). stdinMax bounds the bytes queued for its standard input, as
+// handed each message on standard input: as Spawn does, with the same
+// "worker [-c FILE]" (the protocol passes the configuration to every stage
+// program), but with no database in its environment (docs/protocol.md, "A
+// filter has no database"): without any variable NamesDatabase reports, so
+// the dispatcher hands it no address and no credentials, and with
+// PEPSI_INPUT=message (which tells the stage library not to connect, whatever
+// DATABASE the file names). stdinMax bounds the bytes queued for its standard input, as
 // writeQueueMax does for an id stage; the caller sizes it for the stage's
 // QUEUE_LIMIT lines of LINE_MAX bytes.
 func (p *Pool) SpawnFilter(id core.WorkerID, stage, program string, stdinMax int) core.Event {
@@ -306,12 +311,14 @@ func closeFiles(files ...*os.File) {
 }
 
 // start has the spawner start "program worker [-c FILE]" from path, for stage,
-// with child as its standard input, output and error; a filter gets neither
-// the -c nor the database variables.
+// with child as its standard input, output and error. A filter gets the same
+// arguments (the protocol passes -c to every stage program) but not the
+// database variables: its environment, not its command line, is what keeps it
+// off the database.
 func (p *Pool) start(path, program, stage string, filter bool, child [3]*os.File) (*os.Process, error) {
 	base, argv := p.env, append([]string{program}, p.argsTail...)
 	if filter {
-		base, argv = p.filterEnv, []string{program, "worker"}
+		base = p.filterEnv
 	}
 	env := make([]string, 0, len(base)+1)
 	env = append(append(env, base...), "PEPSI_STAGE="+stage)

@@ -77,6 +77,16 @@ func runMode(mode string) int {
 		}
 		say("args=%s stage=%s stage_vars=%d", strings.Join(os.Args[1:], ","), os.Getenv("PEPSI_STAGE"), count)
 		answerZero()
+	case "filterargs": // first line: its arguments, PEPSI_INPUT and the database variables it got, then like "zero"
+		var db []string
+		for _, kv := range os.Environ() {
+			if NamesDatabase(kv) {
+				name, _, _ := strings.Cut(kv, "=")
+				db = append(db, name)
+			}
+		}
+		say("args=%s input=%s db=%s", strings.Join(os.Args[1:], ","), os.Getenv("PEPSI_INPUT"), strings.Join(db, ","))
+		answerZero()
 	case "stderr": // complains on stderr, one line too long, then like "zero"
 		fmt.Fprint(os.Stderr, "first complaint\nsecond complaint\r\n")
 		fmt.Fprint(os.Stderr, strings.Repeat("e", lineMax+100)+"\n")
@@ -603,6 +613,30 @@ func TestConfigFileAndStageArePassedToTheWorker(t *testing.T) {
 			o.Env = append(o.Env, "PEPSI_STAGE=stale")
 		})
 		h.spawn(t, 1, "enrich", h.self)
+		if got := h.rec.answers(t, 1, 1)[0]; got != tc.want {
+			t.Errorf("config file %q: expected first line %q, got %q", tc.configFile, tc.want, got)
+		}
+	}
+}
+
+// Proves: a filter (SpawnFilter, INPUT = message) is started with the same
+// "worker -c FILE" as any stage when a configuration file is set
+// (docs/protocol.md, "Starting"), and still with no database variable in its
+// environment, though the pool's environment has them all.
+func TestAFilterGetsTheConfigFileButNoDatabaseVariables(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ configFile, want string }{
+		{"/etc/pepsi/pepsi.conf", "args=worker,-c,/etc/pepsi/pepsi.conf input=message db="},
+		{"", "args=worker input=message db="},
+	} {
+		h := newHarness(t, "filterargs", func(o *Options) {
+			o.ConfigFile = tc.configFile
+			o.Env = append(o.Env, "PGHOST=127.0.0.1", "PGPASSWORD=secret", "PEPSI_DATABASE=postgres://x@127.0.0.1/y", "DATABASE_URL=postgres://x@127.0.0.1/y")
+		})
+		ev := h.pool.SpawnFilter(1, "parse", h.self, 1<<20)
+		if started, ok := ev.(core.WorkerStarted); !ok || started.Worker != 1 {
+			t.Fatalf("config file %q: expected the filter started, got %v", tc.configFile, ev)
+		}
 		if got := h.rec.answers(t, 1, 1)[0]; got != tc.want {
 			t.Errorf("config file %q: expected first line %q, got %q", tc.configFile, tc.want, got)
 		}

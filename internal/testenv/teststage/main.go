@@ -26,7 +26,9 @@
 //     stage" would;
 //   - filterstage: an INPUT = message stage that finishes every message
 //     ("0 >done") and records, per message, how many lines it held at once
-//     (in the file named by TESTSTAGE_RECORD: it has no -c).
+//     (beside its -c configuration file as every personality does, or, started
+//     without -c as the relay tests' far host starts it, in the file named by
+//     TESTSTAGE_RECORD).
 //
 // # Scripts
 //
