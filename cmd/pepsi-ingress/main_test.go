@@ -209,6 +209,23 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 	}
 }
 
+// Proves: pepsi-ingress refuses a configuration whose PROGRAM is a relative
+// path with the line pepsi-dispatch gives for it (core/conf), in one line and
+// exit 2, so both programs agree on what a valid file is.
+func TestARelativeProgramPathIsRefusedAsByTheDispatcher(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "pepsi.conf")
+	if err := os.WriteFile(file, []byte("[pepsi]\nDATABASE = postgres://nobody@127.0.0.1:1/none\n[stage-a]\nPROGRAM = sub/prog\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"-c", file}, io.Discard, &stderr, nil, func(string) { t.Error("pepsi-ingress started serving") })
+	want := "pepsi-ingress: configuration: " + file + ":4: PROGRAM: 'sub/prog' is a relative path: a path must be absolute (a bare name is looked up on PATH)\n"
+	if got := stderr.String(); code != exitUsage || got != want {
+		t.Errorf("exit %d, stderr %q; want exit 2 and %q", code, got, want)
+	}
+}
+
 // TestSIGTERMFinishesTheRequestsInFlightAndExits0 holds a request in its
 // batch wait when SIGTERM arrives: it is committed and answered 202, new
 // connections are refused, and the program exits 0.

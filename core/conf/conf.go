@@ -542,7 +542,7 @@ func setHttpd(h *Httpd, key, value string) (known bool, err error) {
 func setStage(s *Stage, key, value string) (known bool, err error) {
 	switch key {
 	case "PROGRAM":
-		s.Program, err = nonEmpty(value)
+		s.Program, err = parseProgram(value)
 	case "PARALLELISM":
 		s.Parallelism, err = parsePositive(value)
 	case "QUEUE_LIMIT":
@@ -680,6 +680,22 @@ func parseRetryLimit(s string) (int, error) {
 		return 0, fmt.Errorf("%s is not a whole number from 0 to %d", Quote(s), RetryLimitMax)
 	}
 	return n, nil
+}
+
+// parseProgram reads a stage's PROGRAM: a bare name, looked up on PATH, or an
+// absolute path. A relative path with a slash ("sub/prog", "./stage.py") is
+// refused: it would name a program relative to the dispatcher's working
+// directory, so the stage would start or not depending on where the
+// dispatcher happens to run (and exec.LookPath refuses such names for the same
+// reason). The protocol says PATH unless absolute; nothing in between.
+func parseProgram(s string) (string, error) {
+	if s == "" {
+		return "", errors.New("must not be empty")
+	}
+	if strings.Contains(s, "/") && !strings.HasPrefix(s, "/") {
+		return "", fmt.Errorf("%s is a relative path: a path must be absolute (a bare name is looked up on PATH)", Quote(s))
+	}
+	return s, nil
 }
 
 func nonEmpty(s string) (string, error) {

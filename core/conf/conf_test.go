@@ -89,6 +89,23 @@ func TestParseReadsTheHttpdSection(t *testing.T) {
 	}
 }
 
+// Proves: PROGRAM is a bare name (looked up on PATH) or an absolute path, kept
+// as written; a relative path with a slash is refused (see
+// TestParseErrorsNameFileLineAndKey), since it would depend on the
+// dispatcher's working directory.
+func TestProgramIsABareNameOrAnAbsolutePath(t *testing.T) {
+	for _, program := range []string{"parse", "pepsi-example", "stage.py", "/usr/lib/pepsi/parse", "/opt/stages/../bin/x"} {
+		c, err := conf.Parse("f.conf", "[stage-a]\nPROGRAM = "+program+"\n")
+		if err != nil {
+			t.Errorf("PROGRAM = %s: %v; want it accepted", program, err)
+			continue
+		}
+		if got := c.Stages[0].Program; got != program {
+			t.Errorf("PROGRAM = %s: got %q, want it as written", program, got)
+		}
+	}
+}
+
 func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 	cases := []struct {
 		name, text, want string
@@ -100,6 +117,8 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad number", "[stage-a]\nPROGRAM = a\nPARALLELISM = -1\n", "f.conf:3: PARALLELISM: '-1' is not a positive whole number"},
 		{"missing program", "[stage-a]\nPARALLELISM = 2\n", "f.conf:1: PROGRAM: [stage-a] has no PROGRAM"},
 		{"empty program", "[stage-a]\nPROGRAM =\n", "f.conf:2: PROGRAM: must not be empty"},
+		{"relative program path", "[stage-a]\nPARALLELISM = 2\nPROGRAM = sub/prog\n", "f.conf:3: PROGRAM: 'sub/prog' is a relative path: a path must be absolute (a bare name is looked up on PATH)"},
+		{"dot-slash program", "[stage-a]\nPROGRAM = ./stage.py\n", "f.conf:2: PROGRAM: './stage.py' is a relative path: a path must be absolute (a bare name is looked up on PATH)"},
 		{"duplicate key", "[stage-a]\nPROGRAM = a\nPROGRAM = b\n", "f.conf:3: PROGRAM: set twice in [stage-a] (first at line 2)"},
 		{"duplicate section", "[stage-a]\nPROGRAM = a\n[stage-a]\n", "f.conf:3: section [stage-a] appears twice"},
 		{"duplicate [pepsi-dispatch]", "[pepsi-dispatch]\nMAX_RUNTIME = 5\n[pepsi-dispatch]\nPOLL_INTERVAL = 5\n", "f.conf:3: section [pepsi-dispatch] appears twice (first at line 1)"},

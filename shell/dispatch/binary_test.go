@@ -57,6 +57,25 @@ func TestBinaryRejectsABadConfigurationWithExitTwoNamingFileLineAndKey(t *testin
 	}
 }
 
+// Proves: a PROGRAM that is a relative path with a slash stops pepsi-dispatch
+// at start-up with exit 2 and one line naming the file, line and key, rather
+// than starting a stage only when the dispatcher runs in the right directory.
+func TestBinaryRefusesARelativeProgramPathWithExitTwo(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "pepsi.conf")
+	if err := os.WriteFile(path, []byte("[stage-a]\nPROGRAM = ./stage.py\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, out := command(ctx, "-c", path)
+	code := exitCode(t, cmd.Run())
+	want := path + ":2: PROGRAM: './stage.py' is a relative path: a path must be absolute (a bare name is looked up on PATH)"
+	if code != 2 || !strings.Contains(out.String(), want) || strings.Count(strings.TrimSpace(out.String()), "\n") != 0 {
+		t.Errorf("exit %d, output %q; want exit 2 and one line containing %q", code, out, want)
+	}
+}
+
 func TestBinaryHelpPrintsUsage(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -12,18 +12,24 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
-// lookPath resolves program the way execvp(3) and exec.LookPath do: a name with a
-// slash is used as it is, any other name is searched in the directories of path
-// (the PATH of the workers' environment, so the program found is the one the
-// environment names). Unlike execvp, relative directories in path (including the
-// empty entry, meaning ".") are skipped, as exec.LookPath refuses them with
-// exec.ErrDot: a stage program must not depend on the dispatcher's working
-// directory. The error says what was looked for, where, and why it failed.
+// lookPath resolves program as the protocol says, on PATH unless absolute: an
+// absolute path is used as it is, a name without a slash is searched in the
+// directories of path (the PATH of the workers' environment, so the program
+// found is the one the environment names). A stage program must not depend on
+// the dispatcher's working directory, so, unlike execvp(3), a relative path
+// with a slash ("sub/prog") is refused (the configuration already refuses it,
+// core/conf; this holds for any other caller), and relative directories in
+// path (including the empty entry, meaning ".") are skipped, as exec.LookPath
+// refuses them with exec.ErrDot. The error says what was looked for, where,
+// and why it failed.
 func lookPath(program, path string) (string, error) {
 	if program == "" {
 		return "", fmt.Errorf("program name is empty")
 	}
 	if strings.Contains(program, "/") {
+		if !filepath.IsAbs(program) {
+			return "", fmt.Errorf("program %s is a relative path: a path must be absolute (a bare name is looked up on PATH)", conf.Quote(program))
+		}
 		if err := checkExecutable(program); err != nil {
 			return "", fmt.Errorf("program %s: %w", conf.Quote(program), err)
 		}

@@ -42,3 +42,31 @@ func TestLookPathPrefersALaterExecutableOverAnEarlierUnusableOne(t *testing.T) {
 		t.Fatalf("expected %s, got %q, %v", filepath.Join(good, "stage"), got, err)
 	}
 }
+
+// Proves: a relative path with a slash is refused whatever the working
+// directory holds, rather than started relative to it: the protocol looks a
+// program up on PATH unless it is absolute.
+func TestLookPathRefusesARelativePathWithASlash(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "stage"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(cwd, filepath.Join(dir, "stage"))
+	if err != nil || filepath.IsAbs(rel) {
+		t.Fatalf("expected a relative path from %s to %s, got %q (%v)", cwd, dir, rel, err)
+	}
+	for _, program := range []string{rel, "./" + rel} {
+		got, err := lookPath(program, dir)
+		if err == nil || !strings.Contains(err.Error(), "is a relative path: a path must be absolute") {
+			t.Errorf("lookPath(%q): got %q, %v; want it refused as a relative path", program, got, err)
+		}
+	}
+	if got, err := lookPath(filepath.Join(dir, "stage"), ""); err != nil || got != filepath.Join(dir, "stage") {
+		t.Errorf("expected the absolute path used as it is, got %q, %v", got, err)
+	}
+}
