@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,6 +64,9 @@ type Queue struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
 
+	// fenced is set by Fence: nothing more is sent.
+	fenced atomic.Bool
+
 	// mu guards doubt.
 	mu sync.Mutex
 	// doubt lists the server sessions whose transactions may still be
@@ -79,6 +83,16 @@ func New(pool *pgxpool.Pool, log *slog.Logger) *Queue {
 	}
 	return &Queue{PG: On(pool), pool: pool, log: log}
 }
+
+// Fence stops q from sending any transaction from now on (a retry, a
+// narrowed rerun, a new Exec): its dispatcher lost its lock, and another may
+// hold it and reset and claim the rows again, so a transaction of this one
+// begun after that could write over a pass of the next holder's. A
+// transaction already sent ends as it would.
+func (q *Queue) Fence() { q.fenced.Store(true) }
+
+// errFenced is the error of a transaction not sent after Fence.
+var errFenced = errors.New("not sent: the dispatcher lost its lock")
 
 // Ping reports whether the database answers, so the daemon can tell an outage is
 // over before it lets the core retry the writes it owes.
@@ -349,6 +363,9 @@ const readOnly = "read-only"
 // run sends one attempt of the step's transaction and reads its results. xid
 // is the transaction's id once the server has answered it.
 func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, sess Backend, err error) {
+	if q.fenced.Load() {
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
+	}
 	if err := q.endDoubt(ctx); err != nil {
 		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
 	}

@@ -369,6 +369,9 @@ const lostGrace = 2 * time.Second
 // carried out: its workers are killed and another dispatcher may hold the
 // lock (and ends this one's sessions before its own start-up reset).
 func (s *session) lostCarry() []core.Flush {
+	// Those in flight may end; none may begin (a retry, a narrowed rerun):
+	// the next holder may be resetting these rows already.
+	s.queue.Fence()
 	var evs []core.Event
 	grace := time.NewTimer(lostGrace)
 	defer grace.Stop()
