@@ -1,6 +1,9 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // refusedReasonMax bounds the server's error text a refused item's failure
 // carries as its reason.
@@ -23,8 +26,26 @@ const refusedReasonMax = 1000
 func RefusedFallback(it Item, err string) Item {
 	return Item{
 		ID: it.ID, Stage: it.Stage, Key: it.Key, Verdict: Fail,
-		Reason:  StorableText(clip(fmt.Sprintf("stage %s: the database refused the write of this message's outcome (%s)", it.Stage, err), refusedReasonMax)),
+		Reason:  StorableText(clip(refusedPrefix(it.Stage)+err+")", refusedReasonMax)),
 		History: it.History, Event: HistoryFailed,
 		HandedAt: it.HandedAt, At: it.At, PID: it.PID, Attempts: it.Attempts, Again: it.Again,
 	}
+}
+
+// refusedPrefix begins the reason of a refused outcome's failure at stage.
+func refusedPrefix(stage string) string {
+	return fmt.Sprintf("stage %s: the database refused the write of this message's outcome (", stage)
+}
+
+// refusedBefore is the refusal a send of it whose reply was lost wrote in
+// its place, when o, the row as this send of it found it, is that
+// failure (failed at it's stage, with the reason RefusedFallback gives):
+// the send that wrote it counted nothing, so this one counts it. "" when o
+// is not.
+func refusedBefore(it Item, o Outcome) string {
+	prefix := refusedPrefix(it.Stage)
+	if it.Verdict == Fail || o.Status != StatusFailed || o.Stage != it.Stage || !strings.HasPrefix(o.Error, prefix) || !strings.HasSuffix(o.Error, ")") {
+		return ""
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(o.Error, prefix), ")")
 }

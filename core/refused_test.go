@@ -3,6 +3,7 @@ package core_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -43,15 +44,35 @@ func TestAnOutcomeTheDatabaseRefusesFailsOnlyItsMessageAndReleasesItsKey(t *test
 	if r := w.row(plain); r.Stage != "b" {
 		t.Errorf("the other message is %s at %s; want it moved to b", r.Status, r.Stage)
 	}
-	var failed, dropped int64
-	for _, f := range w.c.Unflushed() {
-		for _, d := range f.Stages {
-			if d.Stage == "a" {
-				failed, dropped = failed+d.Failed, dropped+d.EmitsDropped
-			}
-		}
-	}
+	flushAll(w)
+	st, _, _, _ := w.q.Stats()
+	failed, dropped := st["a"].Failed, st["a"].EmitsDropped
 	if failed != 1 || dropped != 1 {
 		t.Errorf("stage a's statistics: %d failed, %d emits dropped; want 1 and 1 (the refused message and its emit)", failed, dropped)
+	}
+}
+
+// Proves: when the reply of the transaction that wrote a refused outcome's
+// failure is lost, the send again (Again) finds the row failed with that
+// failure's reason and counts it, once, as the first send would have.
+func TestARefusedOutcomeWhoseReplyWasLostIsCountedOnce(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.q.RefuseStateKey("forbidden")
+	id := w.q.Insert("a", 1)[0]
+	w.step(core.Start{})
+	w.emit(1, `+{"stage":"c","payload":"child"}`)
+	w.loseReplies = true
+	w.answer(1, "", "", `0 >b {"forbidden":1}`)
+	w.loseReplies = false
+	w.at(time.Second)
+	w.step(core.DatabaseUp{})
+	if r := w.row(id); r.Status != core.StatusFailed || !strings.Contains(r.DispatchError, "refused the write") {
+		t.Fatalf("row %+v; want failed by the refusal", r)
+	}
+	flushAll(w)
+	st, _, _, _ := w.q.Stats()
+	failed, dropped := st["a"].Failed, st["a"].EmitsDropped
+	if failed != 1 || dropped != 1 {
+		t.Errorf("stage a's statistics: %d failed, %d emits dropped; want 1 and 1", failed, dropped)
 	}
 }

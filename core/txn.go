@@ -414,7 +414,13 @@ func (c *Core) resolved(e Resolved) {
 				c.byName[e.Stage].reserved--
 			}
 		}
-		sentAs := it // what the step's release was decided on (keyOutcome)
+		// What the step decided (its release: keyOutcome), and what is owed
+		// again if a commit raced the write (raced): the message's own
+		// outcome, which the row as it is now may take.
+		sentAs := it
+		if o.Refused == "" && unsure {
+			o.Refused = refusedBefore(it, o)
+		}
 		if o.Refused != "" {
 			// The database would not take the item's outcome: what was
 			// written is its failure (RefusedFallback), its emits dropped;
@@ -436,7 +442,7 @@ func (c *Core) resolved(e Resolved) {
 			continue
 		}
 		if o.Status == StatusRunning {
-			c.raced(it, o, unsure)
+			c.raced(sentAs, o, unsure)
 			continue
 		}
 		raced := c.races[o.ID] > 0

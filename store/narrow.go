@@ -33,6 +33,9 @@ var errNotNarrowed = errors.New("the refusal is not one message's outcome")
 // transaction certainly rolled back. Its own failures are settled as run's
 // are (xid, sess).
 func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []core.Event, xid string, sess Backend, err error) {
+	if q.fenced.Load() {
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
+	}
 	if err := q.endDoubt(ctx); err != nil {
 		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
 	}
@@ -53,9 +56,11 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 		q.pool.Reset()
 		sess = backendOf(c.PgConn())
 	}()
+	// Until the COMMIT is sent, whatever fails leaves nothing that can
+	// commit: the statements go one at a time, so none of it is in doubt.
 	for _, s := range []string{"BEGIN ISOLATION LEVEL READ COMMITTED", "SET LOCAL synchronous_commit = on"} {
 		if _, err := c.Exec(ctx, s); err != nil {
-			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %s: %w", s, err))
+			return nil, "", sess, &rolledBack{fmt.Errorf("queue transaction: %s: %w", s, err)}
 		}
 	}
 	events = make([]core.Event, len(cmds))
@@ -70,7 +75,7 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 			}
 		}
 		if err != nil {
-			return nil, "", sess, abortedIfAnswered(fmt.Errorf("queue transaction: %w", err))
+			return nil, "", sess, &rolledBack{fmt.Errorf("queue transaction: %w", err)}
 		}
 		events[i] = ev
 	}
@@ -79,8 +84,13 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 	b.Queue("COMMIT")
 	br := c.SendBatch(ctx, b)
 	xid, err = readCommit(br)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("queue transaction: %w", cerr)
+	if cerr := br.Close(); cerr != nil {
+		if err == nil {
+			// The server acknowledged the COMMIT: the results stand (as run's).
+			q.log.Debug("queue transaction: the connection failed after the COMMIT", "err", cerr)
+		} else {
+			err = fmt.Errorf("%w (closing: %w)", err, cerr)
+		}
 	}
 	if err != nil {
 		return nil, xid, sess, err
@@ -89,40 +99,58 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 }
 
 // resolveNarrowed applies r inside the open transaction of c: whole, under a
-// savepoint, and if the database refuses it, one item at a time, each
-// refused item's core.RefusedFallback in its place. The Resolved it returns
-// has one Outcome per item of r, in order, as resolve's has.
+// savepoint, and if the database refuses it, its items in halves, each under
+// a savepoint of its own, down to the items refused alone, each of which gets
+// its core.RefusedFallback written in its place. Halving keeps the
+// savepoints few (about two per level for each refused item, not one per
+// item): past 64 subtransactions in one transaction, every snapshot on the
+// server must consult pg_subtrans until it ends. The Resolved it returns has
+// one Outcome per item of r, in order, as resolve's has.
 func (q *Queue) resolveNarrowed(ctx context.Context, c *pgx.Conn, r core.Resolve) (core.Event, error) {
-	ev, err := underSavepoint(ctx, c, statementFor(r))
-	if err == nil || !Refused(err) {
-		return ev, err
+	outcomes, err := q.narrowItems(ctx, c, r, r.Items)
+	if err != nil {
+		return nil, err
 	}
-	out := core.Resolved{Op: r.Op, Outcomes: make([]core.Outcome, 0, len(r.Items))}
-	for _, it := range r.Items {
-		one := core.Resolve{Op: r.Op, Items: []core.Item{it}, Traces: r.Traces}
-		ev, err := underSavepoint(ctx, c, statementFor(one))
-		var refusal string
-		if Refused(err) {
-			refusal = refusalText(err)
-			// (The dispatcher logs the message's failure, this refusal its reason.)
-			q.log.Debug("queue transaction: the database refused one message's outcome; writing its failure instead", "id", it.ID, "stage", it.Stage, "err", err)
-			fallback := one
-			fallback.Items = []core.Item{core.RefusedFallback(it, refusal)}
-			var ferr error
-			if ev, ferr = underSavepoint(ctx, c, statementFor(fallback)); ferr != nil {
-				if Refused(ferr) {
-					ferr = fmt.Errorf("%w: message %d's failure too: %w", errNotNarrowed, it.ID, ferr)
-				}
-				return nil, ferr
-			}
-		} else if err != nil {
+	return core.Resolved{Op: r.Op, Outcomes: outcomes}, nil
+}
+
+// narrowItems resolves items (a run of r's) under a savepoint, halving them
+// while the database refuses them (resolveNarrowed).
+func (q *Queue) narrowItems(ctx context.Context, c *pgx.Conn, r core.Resolve, items []core.Item) ([]core.Outcome, error) {
+	part := core.Resolve{Op: r.Op, Items: items, Traces: r.Traces}
+	ev, err := underSavepoint(ctx, c, statementFor(part))
+	switch {
+	case err == nil:
+		return ev.(core.Resolved).Outcomes, nil
+	case !Refused(err):
+		return nil, err
+	case len(items) > 1:
+		half := len(items) / 2
+		first, err := q.narrowItems(ctx, c, r, items[:half])
+		if err != nil {
 			return nil, err
 		}
-		o := ev.(core.Resolved).Outcomes[0]
-		o.Refused = refusal
-		out.Outcomes = append(out.Outcomes, o)
+		rest, err := q.narrowItems(ctx, c, r, items[half:])
+		if err != nil {
+			return nil, err
+		}
+		return append(first, rest...), nil
 	}
-	return out, nil
+	it := items[0]
+	refusal := refusalText(err)
+	// (The dispatcher logs the message's failure, this refusal its reason.)
+	q.log.Debug("queue transaction: the database refused one message's outcome; writing its failure instead", "id", it.ID, "stage", it.Stage, "err", err)
+	part.Items = []core.Item{core.RefusedFallback(it, refusal)}
+	ev, ferr := underSavepoint(ctx, c, statementFor(part))
+	if ferr != nil {
+		if Refused(ferr) {
+			ferr = fmt.Errorf("%w: message %d's failure too: %w", errNotNarrowed, it.ID, ferr)
+		}
+		return nil, ferr
+	}
+	o := ev.(core.Resolved).Outcomes[0]
+	o.Refused = refusal
+	return []core.Outcome{o}, nil
 }
 
 // refusalText is what an operator needs of a refusal: the server's message,

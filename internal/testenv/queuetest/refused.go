@@ -20,14 +20,16 @@ var refusedTests = []conformanceTest{
 }
 
 func testRefusedMoveFailsAlone(t *testing.T, h Harness) {
-	ids := h.Insert(t, "a", 3)
-	claimRows(t, h, core.Cap{Stage: "a", N: 3})
+	ids := h.Insert(t, "a", 4)
+	claimRows(t, h, core.Cap{Stage: "a", N: 4})
 	h.RefuseStateKey(t, "forbidden")
 	refused := pass(move(ids[0], "a", "b"), core.HistoryMoved, 7, base, base.Add(time.Second), 0)
 	refused.Patch = `{"forbidden":1}`
 	allowed := move(ids[2], "a", "b")
 	allowed.Patch = `{"ok":1}`
-	res := core.Resolve{Op: 1, Items: []core.Item{refused, move(ids[1], "a", core.TargetDone), allowed}}
+	also := move(ids[3], "a", core.TargetDone) // refused too: each is narrowed down to alone
+	also.Patch = `{"forbidden":2}`
+	res := core.Resolve{Op: 1, Items: []core.Item{refused, move(ids[1], "a", core.TargetDone), allowed, also}}
 	keep, _ := upkeepFor(res) // the day the refused pass's history goes to
 	evs := h.Exec(context.Background(), []core.Command{keep, res, core.Claim{Op: 2, Caps: []core.Cap{{Stage: "b", N: 5}}}})
 	if len(evs) != 3 {
@@ -35,8 +37,8 @@ func testRefusedMoveFailsAlone(t *testing.T, h Harness) {
 	}
 	evs = evs[1:]
 	resolved, ok := evs[0].(core.Resolved)
-	if !ok || resolved.Err != "" || len(resolved.Outcomes) != 3 {
-		t.Fatalf("resolve: %+v; want three outcomes and no error", evs[0])
+	if !ok || resolved.Err != "" || len(resolved.Outcomes) != 4 {
+		t.Fatalf("resolve: %+v; want four outcomes and no error", evs[0])
 	}
 	o := resolved.Outcomes[0]
 	if o.Refused == "" || o.Status != core.StatusFailed || o.Stage != "a" || !o.Matched || !strings.Contains(o.Error, "refused the write of this message's outcome") {
@@ -48,7 +50,11 @@ func testRefusedMoveFailsAlone(t *testing.T, h Harness) {
 	if o := resolved.Outcomes[2]; o.Refused != "" || o.Status != core.StatusPending || o.Stage != "b" {
 		t.Errorf("third item's outcome %+v; want pending at b, not refused", o)
 	}
+	if o := resolved.Outcomes[3]; o.Refused == "" || o.Status != core.StatusFailed {
+		t.Errorf("fourth item's outcome %+v; want Refused set and failed", o)
+	}
 	wantRow(t, h, ids[0], "a", core.StatusFailed)
+	wantRow(t, h, ids[3], "a", core.StatusFailed)
 	if st := h.State(t, ids[0]); st["forbidden"] != nil {
 		t.Errorf("refused row's state %v: the refused patch was written", st)
 	}
