@@ -282,27 +282,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	}
 	c.stat(name).Crashes++
 	if w.answered == 0 && c.now.Sub(w.spawnedAt) < StartWindow {
-		// A program that cannot start: not the message's fault, unless the same
-		// message keeps being at the head of such failures.
-		c.cooldown(st, w.spawnedAt)
-		st.startErr = fmt.Sprintf("program %s: worker pid %d exited (%s) before answering anything", conf.Quote(st.cfg.Program), w.pid, how)
-		if len(q) > 0 {
-			head := q[0]
-			if len(c.startFails) >= startFailsMax {
-				clear(c.startFails)
-			}
-			c.startFails[head.id]++
-			if n := c.startFails[head.id]; n >= StartFailLimit {
-				delete(c.startFails, head.id)
-				reason := fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)
-				c.passEnded(w, head, Pass{Outcome: PassCrash, Reason: reason})
-				c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
-				q = q[1:]
-			}
-		}
-		c.requeue(st, q)
-		c.logf(LevelError, "stage %s worker pid %d exited (%s) before answering anything; requeued its messages; next start in %s",
-			name, w.pid, how, st.cooldownStep)
+		c.startFailed(w, q, how)
 		return
 	}
 	st.crashed(fmt.Sprintf("worker pid %d died (%s)", w.pid, how))
@@ -315,6 +295,34 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	c.owe(Item{ID: q[0].id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
 	c.requeue(st, q[1:])
 	c.logf(LevelError, "stage %s worker pid %d crashed (%s); failed message %d unless its stage had moved it on, requeued %d", name, w.pid, how, q[0].id, len(q)-1)
+}
+
+// startFailed takes the exit of worker w, which held q, before it answered
+// anything, early in its life (StartWindow): a program that cannot start,
+// which is not the message's fault, unless the same message keeps being at
+// the head of such failures. how says how it exited.
+func (c *Core) startFailed(w *worker, q []msg, how string) {
+	st := w.stage
+	name := st.cfg.Name
+	c.cooldown(st, w.spawnedAt)
+	st.startErr = fmt.Sprintf("program %s: worker pid %d exited (%s) before answering anything", conf.Quote(st.cfg.Program), w.pid, how)
+	if len(q) > 0 {
+		head := q[0]
+		if len(c.startFails) >= startFailsMax {
+			clear(c.startFails)
+		}
+		c.startFails[head.id]++
+		if n := c.startFails[head.id]; n >= StartFailLimit {
+			delete(c.startFails, head.id)
+			reason := fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)
+			c.passEnded(w, head, Pass{Outcome: PassCrash, Reason: reason})
+			c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
+			q = q[1:]
+		}
+	}
+	c.requeue(st, q)
+	c.logf(LevelError, "stage %s worker pid %d exited (%s) before answering anything; requeued its messages; next start in %s",
+		name, w.pid, how, st.cooldownStep)
 }
 
 func (c *Core) workerIDs() []WorkerID {

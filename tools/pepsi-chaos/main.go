@@ -108,8 +108,11 @@ func stageMain() {
 	work := func(next string) stage.Handler {
 		return func(ctx context.Context, m *stage.Message) stage.Result {
 			if runs != nil {
-				// One write per line, O_APPEND: lines of several workers never mix.
-				if _, err := fmt.Fprintf(runs, "%d %s\n", m.ID, m.Stage); err != nil {
+				// One write per line, O_APPEND: lines of several workers never
+				// mix. The pid tells the runs of one worker process apart:
+				// a takeover kills every worker, so one that runs a message
+				// twice ran it twice with no takeover between.
+				if _, err := fmt.Fprintf(runs, "%d %s %d\n", m.ID, m.Stage, os.Getpid()); err != nil {
 					return stage.Failed(fmt.Sprintf("record the run: %v", err))
 				}
 			}

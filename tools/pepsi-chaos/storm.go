@@ -94,7 +94,16 @@ func (c *chaos) runStorm(plan stormPlan) (int, error) {
 	for _, r := range results {
 		fmt.Fprintf(c.out, "%-40s %6d %7d %9s %9s %9s\n", r.name, r.kills, r.n, ms(r.p50), ms(r.p99), ms(r.max))
 	}
-	twice, err := runTwice(c.runs)
+	return c.reportRuns(plan, code)
+}
+
+// reportRuns prints what the dispatchers sent beside other transactions and
+// the messages a stage ran more than once, and returns code, or exitBroken
+// for a message run twice where nothing allows it (a run again after a
+// takeover is allowed with plan.lock).
+func (c *chaos) reportRuns(plan stormPlan, code int) (int, error) {
+	ctx := context.Background()
+	twice, oneWorker, err := runTwice(c.runs)
 	if err != nil {
 		return exitBroken, err
 	}
@@ -112,9 +121,15 @@ func (c *chaos) runStorm(plan stormPlan) (int, error) {
 		// fault here; the ownership check above still fails a worker that
 		// wrote a row its dispatcher no longer held.
 		fmt.Fprintf(c.out, "messages a stage ran again after a takeover (allowed with -kill-lock): %d\n", len(twice))
-		return code, nil
+		fmt.Fprintf(c.out, "messages one worker ran more than once: %d\n", len(oneWorker))
+		if len(oneWorker) == 0 {
+			return code, nil
+		}
+		twice = oneWorker // no takeover between: broken
 	}
-	fmt.Fprintf(c.out, "messages a stage ran more than once: %d\n", len(twice))
+	if !plan.lock {
+		fmt.Fprintf(c.out, "messages a stage ran more than once: %d\n", len(twice))
+	}
 	if len(twice) > 0 {
 		code = exitBroken
 		writes, err := writelog.Read(ctx, c.db, 0)
@@ -225,11 +240,12 @@ func (c *chaos) latencies(ctx context.Context, r *phaseResult) error {
 }
 
 // runTwice lists the messages that the record at path says a stage ran more
-// than once, in id order.
-func runTwice(path string) ([]int64, error) {
+// than once, in id order, and those of them one worker process ran more than
+// once (oneWorker), which no takeover explains.
+func runTwice(path string) (twice, oneWorker []int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("stage runs: %w", err)
+		return nil, nil, fmt.Errorf("stage runs: %w", err)
 	}
 	defer f.Close()
 	type run struct {
@@ -237,25 +253,36 @@ func runTwice(path string) ([]int64, error) {
 		stage string
 	}
 	seen := map[run]int{}
+	byWorker := map[run]map[int]int{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var r run
-		if _, err := fmt.Sscan(sc.Text(), &r.id, &r.stage); err != nil {
-			return nil, fmt.Errorf("stage runs: %q: %w", sc.Text(), err)
+		var pid int
+		if _, err := fmt.Sscan(sc.Text(), &r.id, &r.stage, &pid); err != nil {
+			return nil, nil, fmt.Errorf("stage runs: %q: %w", sc.Text(), err)
 		}
 		seen[r]++
+		if byWorker[r] == nil {
+			byWorker[r] = map[int]int{}
+		}
+		byWorker[r][pid]++
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("stage runs: %w", err)
+		return nil, nil, fmt.Errorf("stage runs: %w", err)
 	}
-	var twice []int64
 	for r, n := range seen {
 		if n > 1 && !slices.Contains(twice, r.id) {
 			twice = append(twice, r.id)
 		}
+		for _, k := range byWorker[r] {
+			if k > 1 && !slices.Contains(oneWorker, r.id) {
+				oneWorker = append(oneWorker, r.id)
+			}
+		}
 	}
 	slices.Sort(twice)
-	return twice, nil
+	slices.Sort(oneWorker)
+	return twice, oneWorker, nil
 }
 
 // besideSent sums what the dispatchers' logs in dir say they sent beside
