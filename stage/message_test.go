@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -156,7 +157,10 @@ func TestMainInMessageModeNeedsNoDatabase(t *testing.T) {
 // connects, though the file names a DATABASE (one that answers nothing here).
 func TestMainInMessageModeTakesTheConfigurationAndNeedsNoDatabase(t *testing.T) {
 	file := writeConf(t, "[pepsi]\nDATABASE = host=/nonexistent port=1\n[stage-parse]\nPROGRAM = x\nINPUT = message\n")
-	for _, args := range [][]string{{"worker", "-c", file}, {"worker", "-c=" + file}} {
+	// A file it cannot read is no matter either: a filter reads none of it
+	// (a wrapper on another host is handed the dispatcher's path).
+	missing := filepath.Join(t.TempDir(), "not-on-this-host.conf")
+	for _, args := range [][]string{{"worker", "-c", file}, {"worker", "-c=" + file}, {"worker", "-c", missing}} {
 		code, out, errText := runMain(t, `{"id":7,"stage":"parse","attempts":0,"state":{}}`+"\n",
 			[]string{"PEPSI_STAGE=parse", "PEPSI_INPUT=message"}, args...)
 		if code != 0 || out != "0 >enrich\n" {

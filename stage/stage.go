@@ -428,7 +428,10 @@ func runMain(args []string, stdin io.Reader, stdout, stderr io.Writer, handlers 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if file != "" {
+	// A filter (message mode) reads nothing of the configuration: it needs
+	// no database, and the file pepsi-dispatch names is the dispatcher's,
+	// which a wrapper running the stage on another host has not got.
+	if file != "" && o.Input != conf.InputMessage {
 		text, err := os.ReadFile(file)
 		if err != nil {
 			log.Error("cannot read configuration", "err", err)
