@@ -173,42 +173,32 @@ func (s *Source) firstRead(ctx context.Context) (*Snapshot, error) {
 // Message reads message id for the message page (store.ReadPageMessage),
 // on the read-only pool, or returns store.ErrNotFound.
 func (s *Source) Message(ctx context.Context, id int64) (store.PageMessage, error) {
-	if err := s.page(ctx); err != nil {
-		return store.PageMessage{}, err
-	}
-	defer func() { <-s.pages }()
-	return store.On(s.pool).ReadPageMessage(ctx, id)
+	return onPage(ctx, s, func(pg *store.PG) (store.PageMessage, error) { return pg.ReadPageMessage(ctx, id) })
 }
 
-// page waits for the message pages' one connection (Source.pages); the
-// caller frees it.
-func (s *Source) page(ctx context.Context) error {
+// onPage runs read on the message pages' one connection (Source.pages),
+// waiting for it while another message page's read holds it.
+func onPage[T any](ctx context.Context, s *Source, read func(*store.PG) (T, error)) (T, error) {
 	select {
 	case s.pages <- struct{}{}:
-		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("database: waiting for another message page's read: %w", ctx.Err())
+		var none T
+		return none, fmt.Errorf("database: waiting for another message page's read: %w", ctx.Err())
 	}
+	defer func() { <-s.pages }()
+	return read(store.On(s.pool))
 }
 
 // PayloadSize reads message id's payload size in bytes (nil for none), on
 // the read-only pool, through pepsi.payload_size: the monitoring role reads
 // no payload.
 func (s *Source) PayloadSize(ctx context.Context, id int64) (*int64, error) {
-	if err := s.page(ctx); err != nil {
-		return nil, err
-	}
-	defer func() { <-s.pages }()
-	return store.On(s.pool).PayloadSize(ctx, id)
+	return onPage(ctx, s, func(pg *store.PG) (*int64, error) { return pg.PayloadSize(ctx, id) })
 }
 
 // MessageHistory reads message id's history (pepsi.history), oldest first.
 func (s *Source) MessageHistory(ctx context.Context, id int64) ([]store.HistoryRow, error) {
-	if err := s.page(ctx); err != nil {
-		return nil, err
-	}
-	defer func() { <-s.pages }()
-	return store.On(s.pool).History(ctx, id)
+	return onPage(ctx, s, func(pg *store.PG) ([]store.HistoryRow, error) { return pg.History(ctx, id) })
 }
 
 // Close closes the database connections.
