@@ -39,12 +39,13 @@ func refusedPrefix(stage string) string {
 
 // refusedBefore is the refusal a send of it whose reply was lost wrote in
 // its place, when o, the row as this send of it found it, is that
-// failure (failed at it's stage, with the reason RefusedFallback gives):
-// the send that wrote it counted nothing, so this one counts it. "" when o
-// is not.
+// failure (failed at it's stage, with a reason RefusedFallback gives, cut
+// at refusedReasonMax or not): the send that wrote it counted nothing, so
+// this one counts it. "" when o is not. Nothing but a RefusedFallback
+// writes such a reason while the core holds the row.
 func refusedBefore(it Item, o Outcome) string {
 	prefix := refusedPrefix(it.Stage)
-	if it.Verdict == Fail || o.Status != StatusFailed || o.Stage != it.Stage || !strings.HasPrefix(o.Error, prefix) || !strings.HasSuffix(o.Error, ")") {
+	if o.Status != StatusFailed || o.Stage != it.Stage || !strings.HasPrefix(o.Error, prefix) || len(o.Error) == len(prefix) {
 		return ""
 	}
 	return strings.TrimSuffix(strings.TrimPrefix(o.Error, prefix), ")")

@@ -19,7 +19,8 @@ var errNotNarrowed = errors.New("the refusal is not one message's outcome")
 // runNarrowed runs the step's commands again after the database refused
 // their transaction for the data itself (Refused): the same commands in one
 // transaction, but each statement on its own and every Resolve under a
-// savepoint, so that a refused resolve is tried again one item at a time.
+// savepoint, so that a refused resolve is tried again in halves, down to the
+// items refused alone (resolveNarrowed).
 // An item the database refuses alone gets core.RefusedFallback written
 // instead (its failure, with the server's error as its reason), reported by
 // its Outcome's Refused; every other write of the step stands. If a
@@ -30,8 +31,12 @@ var errNotNarrowed = errors.New("the refusal is not one message's outcome")
 // database refuses").
 //
 // It runs only after a refusal, which the server answered: the first
-// transaction certainly rolled back. Its own failures are settled as run's
-// are (xid, sess).
+// transaction certainly rolled back. A failure of its own before the COMMIT
+// is sent is certainly rolled back too (its statements go one at a time);
+// if it broke the connection, the server session, which may still be
+// running a statement and holding row locks, is ended before the next
+// transaction is sent, as a session in doubt is (endDoubt). A failure at the
+// COMMIT is settled as run's is (xid, sess).
 func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []core.Event, xid string, sess Backend, err error) {
 	if q.fenced.Load() {
 		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
@@ -44,6 +49,9 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
+	if q.fenced.Load() { // (fenced while it waited for the connection)
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
+	}
 	c := conn.Conn()
 	defer func() {
 		if err != nil {
@@ -55,6 +63,14 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 		}
 		q.pool.Reset()
 		sess = backendOf(c.PgConn())
+		var rb *rolledBack
+		if errors.As(err, &rb) && sess.PID != 0 {
+			// Nothing of it can commit, but its session may live on in the
+			// server, holding locks: ended before anything is sent again.
+			q.mu.Lock()
+			q.doubt = append(q.doubt, sess)
+			q.mu.Unlock()
+		}
 	}()
 	// Until the COMMIT is sent, whatever fails leaves nothing that can
 	// commit: the statements go one at a time, so none of it is in doubt.
@@ -117,6 +133,9 @@ func (q *Queue) resolveNarrowed(ctx context.Context, c *pgx.Conn, r core.Resolve
 // narrowItems resolves items (a run of r's) under a savepoint, halving them
 // while the database refuses them (resolveNarrowed).
 func (q *Queue) narrowItems(ctx context.Context, c *pgx.Conn, r core.Resolve, items []core.Item) ([]core.Outcome, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
 	part := core.Resolve{Op: r.Op, Items: items, Traces: r.Traces}
 	ev, err := underSavepoint(ctx, c, statementFor(part))
 	switch {
@@ -168,14 +187,16 @@ func refusalText(err error) string {
 }
 
 // underSavepoint runs s in the open transaction of c, undoing it alone if it
-// fails, so the transaction goes on.
+// fails, so the transaction goes on. The savepoint is released either way
+// (ROLLBACK TO keeps it, and one left open would nest everything after it,
+// each write taking one more subtransaction id).
 func underSavepoint(ctx context.Context, c *pgx.Conn, s statement) (core.Event, error) {
 	if _, err := c.Exec(ctx, "SAVEPOINT narrow"); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	ev, err := runAlone(ctx, c, s)
 	if err != nil {
-		if _, rerr := c.Exec(ctx, "ROLLBACK TO SAVEPOINT narrow"); rerr != nil {
+		if _, rerr := c.Exec(ctx, "ROLLBACK TO SAVEPOINT narrow; RELEASE SAVEPOINT narrow"); rerr != nil {
 			return nil, fmt.Errorf("%w (and rolling back to its savepoint: %w)", err, rerr)
 		}
 		return nil, err

@@ -374,6 +374,9 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
 	}
 	defer conn.Release()
+	if q.fenced.Load() { // (fenced while it waited for the connection)
+		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
+	}
 	defer func() {
 		if err != nil {
 			rollback(conn.Conn())

@@ -90,8 +90,9 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// runsEnv names the file each stage run is appended to ("ID STAGE" lines), so
-// that the kill storm can count messages a stage ran twice.
+// runsEnv names the file each stage run is appended to ("ID STAGE WORKER"
+// lines, WORKER a token of the worker process), so that the kill storm can
+// count messages a stage ran twice, and those one worker ran twice.
 const runsEnv = "PEPSI_CHAOS_RUNS"
 
 // stageMain serves stages a and b.
@@ -105,14 +106,17 @@ func stageMain() {
 		}
 		runs = f
 	}
+	// Unlike its pid, which the kernel hands out again, this names one
+	// worker process of the run.
+	worker := fmt.Sprintf("%d.%d", os.Getpid(), time.Now().UnixNano())
 	work := func(next string) stage.Handler {
 		return func(ctx context.Context, m *stage.Message) stage.Result {
 			if runs != nil {
 				// One write per line, O_APPEND: lines of several workers never
-				// mix. The pid tells the runs of one worker process apart:
-				// a takeover kills every worker, so one that runs a message
+				// mix. worker tells the runs of one worker process apart: a
+				// takeover kills every worker, so one that runs a message
 				// twice ran it twice with no takeover between.
-				if _, err := fmt.Fprintf(runs, "%d %s %d\n", m.ID, m.Stage, os.Getpid()); err != nil {
+				if _, err := fmt.Fprintf(runs, "%d %s %s\n", m.ID, m.Stage, worker); err != nil {
 					return stage.Failed(fmt.Sprintf("record the run: %v", err))
 				}
 			}

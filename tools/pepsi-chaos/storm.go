@@ -253,19 +253,19 @@ func runTwice(path string) (twice, oneWorker []int64, err error) {
 		stage string
 	}
 	seen := map[run]int{}
-	byWorker := map[run]map[int]int{}
+	byWorker := map[run]map[string]int{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var r run
-		var pid int
-		if _, err := fmt.Sscan(sc.Text(), &r.id, &r.stage, &pid); err != nil {
+		var worker string
+		if _, err := fmt.Sscan(sc.Text(), &r.id, &r.stage, &worker); err != nil {
 			return nil, nil, fmt.Errorf("stage runs: %q: %w", sc.Text(), err)
 		}
 		seen[r]++
 		if byWorker[r] == nil {
-			byWorker[r] = map[int]int{}
+			byWorker[r] = map[string]int{}
 		}
-		byWorker[r][pid]++
+		byWorker[r][worker]++
 	}
 	if err := sc.Err(); err != nil {
 		return nil, nil, fmt.Errorf("stage runs: %w", err)
