@@ -11,6 +11,10 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core"
 )
 
+// narrowLockSQL takes the lock every write of the queue and its history
+// takes anyway, which no producer's conflicts with.
+const narrowLockSQL = "LOCK TABLE pepsi.queue, pepsi.history IN ROW EXCLUSIVE MODE"
+
 // errNotNarrowed says runNarrowed found nothing to narrow: the refusal was
 // not a resolve's item's (another statement's, or every item's failure was
 // refused too), so the step's transaction fails as it did.
@@ -74,7 +78,11 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 	}()
 	// Until the COMMIT is sent, whatever fails leaves nothing that can
 	// commit: the statements go one at a time, so none of it is in doubt.
-	for _, s := range []string{"BEGIN ISOLATION LEVEL READ COMMITTED", "SET LOCAL synchronous_commit = on"} {
+	// The tables' lock is taken outside every savepoint and held to the
+	// end (a statement's own lock goes with its savepoint's rollback): a
+	// constraint dropped or added meanwhile (DDL waits for it) cannot make
+	// an item refused, then its failure taken, in one transaction.
+	for _, s := range []string{"BEGIN ISOLATION LEVEL READ COMMITTED", "SET LOCAL synchronous_commit = on", narrowLockSQL} {
 		if _, err := c.Exec(ctx, s); err != nil {
 			return nil, "", sess, &rolledBack{fmt.Errorf("queue transaction: %s: %w", s, err)}
 		}
