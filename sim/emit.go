@@ -170,6 +170,9 @@ func (w *world) observeResolved(c fakequeue.Change) {
 	if c.By != fakequeue.ByResolve || c.Before.Status != core.StatusRunning {
 		return
 	}
+	if c.After.Status == core.StatusFailed && strings.Contains(c.After.DispatchError, refusedReason) {
+		return // its failure, written in place of the refused transition
+	}
 	key := w.resolving[c.Before.ID]
 	if p := w.passes[key]; p != nil && p.stage == c.Before.Stage {
 		p.written = true

@@ -606,8 +606,18 @@ func (w *world) modelResolved(e core.Resolved) {
 		if s, ok := w.stageOf(ex.stage); ok && ex.verdict != core.Requeue && o.Status == core.StatusPending && o.Stage != ex.stage {
 			w.learnFeed(s, o.Stage) // the pass sent its message on
 		}
-		if ex.verdict == core.Move && o.Matched {
+		switch {
+		case ex.verdict == core.Move && o.Refused != "" && o.Status != core.StatusRunning:
+			// The database refused the pass's outcome: its failure was
+			// written instead (counted as the resolve's failure, below),
+			// its emits dropped.
+			w.truth().stage(ex.stage).EmitsDropped += int64(ex.emits)
+		case ex.verdict == core.Move && o.Matched && o.Refused == "":
 			w.truth().stage(ex.stage).Emitted += int64(ex.emits)
+		case ex.verdict == core.Move && ex.unsure && !o.Matched && refusedFailure(o):
+			// A send whose reply was lost wrote that failure: this one
+			// counts what that one would have.
+			w.truth().stage(ex.stage).EmitsDropped += int64(ex.emits)
 		}
 		for _, ch := range o.Children {
 			// Inserted running by an emit that claims: the core's, as a
@@ -1188,3 +1198,13 @@ func (w *world) recordWrite(x core.Write) {
 	y.queue = append(y.queue, x.IDs...)
 	y.handed += len(x.IDs)
 }
+
+// refusedFailure reports whether o is a row failed in place of an outcome
+// the database refused (core.RefusedFallback's reason).
+func refusedFailure(o core.Outcome) bool {
+	return o.Status == core.StatusFailed && strings.Contains(o.Error, refusedReason)
+}
+
+// refusedReason is in the reason of every failure written in place of a
+// refused outcome.
+const refusedReason = "the database refused the write of this message's outcome"

@@ -264,6 +264,8 @@ func (w *world) conclude(p *proc, id int64) {
 		w.answer(p, answerInfo{line: "0"})
 	case kBadAnswer:
 		w.answer(p, answerInfo{line: a.line, bad: true})
+	case kRefused:
+		w.answer(p, w.refusedAnswer(p, id))
 	case kDoubleWrite:
 		w.answer(p, w.moveAnswer(p, id, a))
 	case kPause:
@@ -380,6 +382,17 @@ func (w *world) moveAnswer(p *proc, id int64, a attempt) answerInfo {
 		st.Transition.Patch = info.move.Patch
 	}
 	info.line = spell(st, v.fraction)
+	return info
+}
+
+// refusedAnswer is the good pass's transition with refusedPatch, which the
+// world's database refuses.
+func (w *world) refusedAnswer(p *proc, id int64) answerInfo {
+	m := w.sc.messages[w.msgOf[w.slot(id)]]
+	info := w.moveAnswer(p, id, attempt{kind: kGood})
+	info.move.Patch = refusedPatch
+	st := core.Status{Transition: &core.Transition{To: info.move.To, Patch: refusedPatch}, Fused: info.fused}
+	info.line = spell(st, m.visits[p.stage-m.first].fraction)
 	return info
 }
 

@@ -149,11 +149,12 @@ const (
 	kAgain                      // answer the stage itself as the target ("0 >a" at a): it runs again
 	kBack                       // answer the stage before as the target ("0 >a" at b): it goes back, a cycle of stages
 	kBadEmit                    // write an emit line the dispatcher must refuse (line), then answer the good transition
+	kRefused                    // answer the good transition with a patch the database refuses (refusedPatch): the message fails
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
 	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow", "-",
-	"bad-answer", "double-write", "again", "back", "bad-emit"}
+	"bad-answer", "double-write", "again", "back", "bad-emit", "refused"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -171,7 +172,7 @@ func (k kind) writes() bool {
 // of writing it when its visit answers (visit.answers).
 func (k kind) answerable() bool {
 	switch k {
-	case kGood, kPause, kHang, kSlow, kAgain, kBack, kBadEmit:
+	case kGood, kPause, kHang, kSlow, kAgain, kBack, kBadEmit, kRefused:
 		return true
 	}
 	return false
@@ -354,6 +355,7 @@ func choose(c chooser) *Scenario {
 	chooseSessions(c, sc)
 	chooseOwner(c, sc)
 	chooseIDBase(c, sc)
+	chooseRefusals(c, sc)
 	return sc
 }
 
@@ -372,6 +374,38 @@ func chooseOwner(c chooser, sc *Scenario) {
 func chooseIDBase(c chooser, sc *Scenario) {
 	if c.intn("id_base", 0, 2) == 0 {
 		sc.idBase = int64(c.intn("id_base.thousands", 10, 2000)) * 1000
+	}
+}
+
+// refusedKey is the state key the world's database refuses (as an
+// operator's own CHECK (NOT state ? 'refused') would), refusedPatch an
+// answered patch that adds it.
+const (
+	refusedKey   = "refused"
+	refusedPatch = `{"refused":true}`
+)
+
+// chooseRefusals chooses, one scenario in four, answered passes whose patch
+// the database refuses (kRefused): the store narrows the refused
+// transaction down to the message and writes its failure instead, and the
+// core takes it as such (its emits dropped, its key released). Only a visit
+// that answers its good transition (not a last stage's failure, which has no
+// answer form) gets one. Drawn last, so that older seeds keep every earlier
+// choice.
+func chooseRefusals(c chooser, sc *Scenario) {
+	if c.intn("refusals", 0, 3) != 0 {
+		return
+	}
+	for i := range sc.messages {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			v := &m.visits[j]
+			last := m.first+j == m.last
+			if !v.answers || last && m.end != core.StatusDone || c.intn("visit.refused", 0, 9) != 0 {
+				continue
+			}
+			v.trouble = append([]attempt{{kind: kRefused, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
+		}
 	}
 }
 

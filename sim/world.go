@@ -258,6 +258,7 @@ func newWorld(sc *Scenario, opt Options) *world {
 	}
 	w.idBase = sc.idBase
 	w.q.StartAfter(sc.idBase)
+	w.q.RefuseStateKey(refusedKey) // (kRefused answers add it; nothing else does)
 	w.retried = map[int64]time.Time{}
 	w.strayed = map[int64]int{}
 	w.tr = tracer{w: opt.Trace, ring: make([]string, opt.Tail), h: fnv.New64a()}
