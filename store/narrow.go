@@ -42,20 +42,11 @@ var errNotNarrowed = errors.New("the refusal is not one message's outcome")
 // transaction is sent, as a session in doubt is (endDoubt). A failure at the
 // COMMIT is settled as run's is (xid, sess).
 func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []core.Event, xid string, sess Backend, err error) {
-	if q.fenced.Load() {
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
-	}
-	if err := q.endDoubt(ctx); err != nil {
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
-	}
-	conn, err := q.pool.Acquire(ctx)
+	conn, err := q.acquire(ctx)
 	if err != nil {
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+		return nil, "", Backend{}, err
 	}
 	defer conn.Release()
-	if q.fenced.Load() { // (fenced while it waited for the connection)
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
-	}
 	c := conn.Conn()
 	defer func() {
 		if err != nil {

@@ -363,20 +363,11 @@ const readOnly = "read-only"
 // run sends one attempt of the step's transaction and reads its results. xid
 // is the transaction's id once the server has answered it.
 func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event, xid string, sess Backend, err error) {
-	if q.fenced.Load() {
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
-	}
-	if err := q.endDoubt(ctx); err != nil {
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
-	}
-	conn, err := q.pool.Acquire(ctx)
+	conn, err := q.acquire(ctx)
 	if err != nil {
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+		return nil, "", Backend{}, err
 	}
 	defer conn.Release()
-	if q.fenced.Load() { // (fenced while it waited for the connection)
-		return nil, "", Backend{}, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
-	}
 	defer func() {
 		if err != nil {
 			rollback(conn.Conn())
@@ -431,6 +422,28 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 	}
 	committed = true
 	return events, xid, sess, nil
+}
+
+// acquire takes the connection a queue transaction runs on, once the
+// sessions in doubt are ended (endDoubt), unless the queue is fenced (Fence),
+// before or while it waited for one. Its error is a rolledBack: nothing was
+// sent.
+func (q *Queue) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	if q.fenced.Load() {
+		return nil, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
+	}
+	if err := q.endDoubt(ctx); err != nil {
+		return nil, &rolledBack{fmt.Errorf("queue transaction: not sent: %w", err)}
+	}
+	conn, err := q.pool.Acquire(ctx)
+	if err != nil {
+		return nil, &rolledBack{fmt.Errorf("queue transaction: acquire connection: %w", err)}
+	}
+	if q.fenced.Load() {
+		conn.Release()
+		return nil, &rolledBack{fmt.Errorf("queue transaction: %w", errFenced)}
+	}
+	return conn, nil
 }
 
 // txnBatch is the batch of one queue transaction: the statements, between a
