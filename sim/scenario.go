@@ -388,20 +388,27 @@ const (
 // chooseRefusals chooses, one scenario in four, answered passes whose patch
 // the database refuses (kRefused): the store narrows the refused
 // transaction down to the message and writes its failure instead, and the
-// core takes it as such (its emits dropped, its key released). Only a visit
-// that answers its good transition (not a last stage's failure, which has no
-// answer form) gets one. Drawn last, so that older seeds keep every earlier
-// choice.
+// core takes it as such (its emits dropped, its key released). Only a
+// producer's message gets one (not the templates of emitted messages), at a
+// visit that answers its good transition (answers: not a finish as failed,
+// which has no answer form), and not at the arrival order's stage, whose
+// answers must come together (chooseArrivalOrder). Drawn last, so that
+// older seeds keep every earlier choice, and the low choice is the benign
+// one, as rapid shrinks toward it.
 func chooseRefusals(c chooser, sc *Scenario) {
-	if c.intn("refusals", 0, 3) != 0 {
+	if c.intn("refusals", 0, 3) < 3 {
 		return
 	}
-	for i := range sc.messages {
+	for i := range sc.messages[:sc.produced] {
 		m := &sc.messages[i]
 		for j := range m.visits {
 			v := &m.visits[j]
-			last := m.first+j == m.last
-			if !v.answers || last && m.end != core.StatusDone || c.intn("visit.refused", 0, 9) != 0 {
+			next := m.first + j + 1
+			if v.fuse && next <= m.last {
+				next++
+			}
+			if !v.answers || next > m.last && m.end != core.StatusDone || sc.shuffle && m.first+j == sc.arrivalStage ||
+				c.intn("visit.refused", 0, 9) < 9 {
 				continue
 			}
 			v.trouble = append([]attempt{{kind: kRefused, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
