@@ -418,22 +418,19 @@ func (c *Core) resolved(e Resolved) {
 		// again if a commit raced the write (raced): the message's own
 		// outcome, which the row as it is now may take.
 		sentAs := it
-		lostRefusal := false
 		if o.Refused == "" && unsure {
 			o.Refused = refusedBefore(it, o)
-			lostRefusal = o.Refused != ""
 		}
 		if o.Refused != "" && o.Status != StatusRunning {
 			// The database would not take the item's outcome: what was
 			// written is its failure (RefusedFallback), its emits dropped;
-			// outcome logs the failure with its reason, which says why.
-			// (A fallback a commit raced wrote nothing: raced owes the
-			// item as sent again, its emits with it.)
+			// outcome logs the failure with its reason, which says why,
+			// and counts it by the reason as the row has it (a lost send
+			// wrote it, cut or not). (A fallback a commit raced wrote
+			// nothing: raced owes the item as sent again, its emits with it.)
 			c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "the database refused its pass's outcome")
 			it = RefusedFallback(it, o.Refused)
-			if lostRefusal {
-				it.Reason = o.Error // as the lost send wrote it, cut or not
-			}
+			it.Reason = o.Error
 		}
 		c.emitted(it, o)
 		c.childrenClaimed(it, o)

@@ -58,13 +58,10 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 		}
 		q.pool.Reset()
 		sess = backendOf(c.PgConn())
-		var rb *rolledBack
-		if errors.As(err, &rb) && sess.PID != 0 {
+		if rb := (*rolledBack)(nil); errors.As(err, &rb) {
 			// Nothing of it can commit, but its session may live on in the
 			// server, holding locks: ended before anything is sent again.
-			q.mu.Lock()
-			q.doubt = append(q.doubt, sess)
-			q.mu.Unlock()
+			q.addDoubt(sess)
 		}
 	}()
 	// Until the COMMIT is sent, whatever fails leaves nothing that can

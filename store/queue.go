@@ -245,11 +245,7 @@ func (q *Queue) settle(ctx context.Context, sess Backend, xid string, err error)
 	if errors.As(err, &rb) {
 		return err
 	}
-	if sess.PID != 0 {
-		q.mu.Lock()
-		q.doubt = append(q.doubt, sess)
-		q.mu.Unlock()
-	}
+	q.addDoubt(sess)
 	if derr := q.endDoubt(ctx); derr != nil {
 		// Not yet: the next attempt, or the next step, ends it before it sends
 		// anything (run).
@@ -282,6 +278,18 @@ func (q *Queue) settle(ctx context.Context, sess Backend, xid string, err error)
 			return err
 		}
 	}
+}
+
+// addDoubt notes sess (none when its PID is 0) as a session to end before
+// anything is sent again (endDoubt): its transaction may still run in the
+// server.
+func (q *Queue) addDoubt(sess Backend) {
+	if sess.PID == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.doubt = append(q.doubt, sess)
+	q.mu.Unlock()
 }
 
 // doubtEndWait bounds how long endDoubt waits to reach the server, end the

@@ -7,20 +7,35 @@ import (
 	"testing"
 )
 
-func TestLookPathSkipsRelativePATHEntries(t *testing.T) {
-	t.Parallel()
+// stageDir writes an executable "stage" into a new directory and returns
+// the directory.
+func stageDir(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "stage"), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// relToCwd is path relative to the test's working directory.
+func relToCwd(t *testing.T, path string) string {
+	t.Helper()
 	cwd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel, err := filepath.Rel(cwd, dir)
+	rel, err := filepath.Rel(cwd, path)
 	if err != nil || filepath.IsAbs(rel) {
-		t.Fatalf("expected a relative path from %s to %s, got %q (%v)", cwd, dir, rel, err)
+		t.Fatalf("expected a relative path from %s to %s, got %q (%v)", cwd, path, rel, err)
 	}
+	return rel
+}
+
+func TestLookPathSkipsRelativePATHEntries(t *testing.T) {
+	t.Parallel()
+	dir := stageDir(t)
+	rel := relToCwd(t, dir)
 	if got, err := lookPath("stage", rel); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Fatalf("expected the relative PATH entry %q skipped and stage not found, got %q, %v", rel, got, err)
 	}
@@ -48,18 +63,8 @@ func TestLookPathPrefersALaterExecutableOverAnEarlierUnusableOne(t *testing.T) {
 // program up on PATH unless it is absolute.
 func TestLookPathRefusesARelativePathWithASlash(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "stage"), []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cwd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := filepath.Rel(cwd, filepath.Join(dir, "stage"))
-	if err != nil || filepath.IsAbs(rel) {
-		t.Fatalf("expected a relative path from %s to %s, got %q (%v)", cwd, dir, rel, err)
-	}
+	dir := stageDir(t)
+	rel := relToCwd(t, filepath.Join(dir, "stage"))
 	for _, program := range []string{rel, "./" + rel} {
 		got, err := lookPath(program, dir)
 		if err == nil || !strings.Contains(err.Error(), "is a relative path: a path must be absolute") {
