@@ -12,7 +12,8 @@ import (
 
 // The events of pepsi.history (docs/operations.md, "History"). A pass's
 // outcome is one of the first ten; woken, reset and retried are transitions
-// without a pass.
+// without a pass, and so is the failed an operator's discard records
+// (pepsi-queue discard: no worker, no handed_at).
 const (
 	HistoryMoved     = "moved"    // detail: the target stage
 	HistoryDone      = "done"     // the stage answered 0 >done

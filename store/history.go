@@ -14,7 +14,8 @@ type HistoryRow struct {
 	ID    int64  `json:"id"`
 	Stage string `json:"stage"`
 	// Event is a pass's outcome (core.HistoryMoved and the rest) or a
-	// transition without a pass (woken, reset, retried).
+	// transition without a pass (woken, reset, retried, and a discard's
+	// failed).
 	Event  string `json:"event"`
 	Detail string `json:"detail,omitempty"`
 	// HandedAt is when the pass's line was written to its worker; nil for a

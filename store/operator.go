@@ -42,12 +42,18 @@ const countSelectedSQL = `SELECT count(*) FROM pepsi.queue WHERE ` + selectWhere
 // passes only pending, paused and blocked in $3: the guard
 // is re-checked on each row as it is updated (READ COMMITTED), so a row the
 // dispatcher claimed meanwhile (running, held by a worker) is left alone.
+// Each discarded row's history gets a failed event in the same statement,
+// a transition without a pass (no handed_at, no worker), whose detail is the
+// dispatch_error it was given: the history never says less than the queue.
 const discardSQL = `WITH gone AS (
 	UPDATE pepsi.queue SET status = 'failed', timeout = NULL, updated_at = now(),
 		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($7::text))
 		             ELSE jsonb_build_object('dispatch_error', $7::text, 'state', state) END
 	WHERE ` + selectWhere + `
-	RETURNING order_key)
+	RETURNING ingress_id, stage, order_key, attempts),
+recorded AS (
+	INSERT INTO pepsi.history (ingress_id, stage, event, detail, at, attempts)
+	SELECT ingress_id, stage, 'failed', $7::text, now(), attempts FROM gone)
 SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM gone`
 
 // Selection picks messages for pepsi-queue's list and discard. Zero fields
@@ -126,15 +132,22 @@ type DiscardParams struct {
 }
 
 // Discard ends the selected pending, paused or blocked messages failed, with
-// p.DispatchError as their dispatch_error, and returns how many.
+// p.DispatchError as their dispatch_error and a failed event in their
+// history, and returns how many. Then it puts their order keys in order
+// (releaseKeys), after the change has committed, as Retry does.
 func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 	var n int64
 	var keys []string
+	if _, err := s.db.Exec(ctx, historyTodaySQL); err != nil {
+		return 0, fmt.Errorf("discard: make today's history partition: %w", err)
+	}
 	if err := s.db.QueryRow(ctx, discardSQL, append(p.Selection.args(), p.DispatchError)...).Scan(&n, &keys); err != nil {
 		return 0, fmt.Errorf("discard: %w", err)
 	}
 	if err := s.releaseKeys(ctx, keys); err != nil {
-		return 0, fmt.Errorf("discard: %w", err)
+		// The discard itself has committed: say so, and how the keys come
+		// right again, rather than that nothing happened.
+		return n, fmt.Errorf("discard: %d messages discarded, but handing their order keys on failed (the dispatcher's next start-up hands them on): %w", n, err)
 	}
 	return n, nil
 }

@@ -57,7 +57,8 @@ func (q *Queue) CountSelected(_ context.Context, sel store.Selection) (int64, er
 }
 
 // Discard ends the selected rows failed, with p.DispatchError as their
-// dispatch_error and no timeout, and returns how many.
+// dispatch_error, no timeout and a failed event in their history, and
+// returns how many.
 func (q *Queue) Discard(_ context.Context, p store.DiscardParams) (int64, error) {
 	now := q.now()
 	var n int64
@@ -69,6 +70,8 @@ func (q *Queue) Discard(_ context.Context, p store.DiscardParams) (int64, error)
 		before := *r
 		r.Status, r.Timeout, r.DispatchError = core.StatusFailed, time.Time{}, p.DispatchError
 		q.observe(ByOperator, before, r)
+		q.makeDay(now) // the tool makes today's partition first (historyTodaySQL)
+		q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryFailed, Detail: p.DispatchError, At: now, Attempts: r.Attempts})
 		keys = append(keys, r.Key)
 		n++
 	}

@@ -21,6 +21,7 @@ var historyTests = []conformanceTest{
 	{"AnItemSentAgainRecordsItsPassOnlyOnce", testHistoryAgain},
 	{"WakeAndResetRecordTheirRows", testHistoryWakeReset},
 	{"AnOperatorsRetryRecordsRetried", testHistoryRetried},
+	{"AnOperatorsDiscardRecordsFailedWithoutAPass", testHistoryDiscarded},
 	{"KeepHistoryMakesTheDaysAheadAndDropsOldOnesWithTheirRows", testHistoryKeep},
 }
 
@@ -195,6 +196,26 @@ func testHistoryRetried(t *testing.T, h Harness) {
 		t.Fatalf("Retry -to b = %d, %v; want 1 row", n, err)
 	}
 	wantHistory(t, h, id, "retried@b(failed at a: exit 3: bad input)")
+}
+
+// testHistoryDiscarded: a discarded message's history says it failed, and
+// why, as a transition without a pass; a message a worker holds is not
+// discarded and records nothing.
+func testHistoryDiscarded(t *testing.T, h Harness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 1}) // ids[0] running, held
+	const why = "discarded by an operator (pepsi-queue discard): bad import"
+	for _, id := range ids {
+		sel := store.Selection{ID: id, Statuses: []core.RowStatus{core.StatusPending, core.StatusPaused, core.StatusBlocked}}
+		if _, err := h.Discard(t.Context(), store.DiscardParams{Selection: sel, DispatchError: why}); err != nil {
+			t.Fatalf("Discard(%d): %v", id, err)
+		}
+	}
+	wantHistory(t, h, ids[0], "")
+	rows := wantHistory(t, h, ids[1], "failed@a("+why+")")
+	if len(rows) == 1 && (rows[0].WorkerPID != 0 || rows[0].HandedAt != nil) {
+		t.Errorf("discard's history row %+v: want no worker, no handed_at", rows[0])
+	}
 }
 
 func testHistoryKeep(t *testing.T, h Harness) {
