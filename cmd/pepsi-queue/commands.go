@@ -210,15 +210,17 @@ func isTerminal(r io.Reader) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// enqueueAll reads src to the end and inserts it in batches, returning what was
-// committed even when it fails.
+// batchBytes ends a batch of enqueue early, once its payloads and states
+// hold this many bytes: PostgreSQL refuses a statement whose parameters pass
+// 1 GiB, and a batch of 1,000 messages of 16 MiB would, besides holding
+// several times its size in memory while it is encoded.
+const batchBytes = 64 << 20
+
+// enqueueAll reads src to the end and inserts it in batches (inBatches),
+// returning what was committed even when it fails.
 func enqueueAll(ctx context.Context, conn *pgx.Conn, stage string, src source, batch int) (queueadmin.Range, error) {
 	var total queueadmin.Range
-	msgs := make([]queueadmin.NewMessage, 0, batch)
-	flush := func() error {
-		if len(msgs) == 0 {
-			return nil
-		}
+	err := inBatches(src, batch, batchBytes, func(msgs []queueadmin.NewMessage) error {
 		r, err := queueadmin.Enqueue(ctx, conn, stage, msgs)
 		if err != nil {
 			return err
@@ -229,22 +231,35 @@ func enqueueAll(ctx context.Context, conn *pgx.Conn, stage string, src source, b
 		total.First, total.Last = min(total.First, r.First), max(total.Last, r.Last)
 		total.Count += r.Count
 		total.Scheduled += r.Scheduled
-		msgs = msgs[:0]
 		return nil
-	}
+	})
+	return total, err
+}
+
+// inBatches reads src to the end and hands its messages to flush in order, n
+// at a time, or fewer once they hold maxBytes of payloads and states (a
+// message larger than that goes alone). It stops at the first error.
+func inBatches(src source, n, maxBytes int, flush func([]queueadmin.NewMessage) error) error {
+	msgs := make([]queueadmin.NewMessage, 0, n)
+	size := 0
 	for {
 		m, err := src.next()
 		if errors.Is(err, io.EOF) {
-			return total, flush()
+			if len(msgs) == 0 {
+				return nil
+			}
+			return flush(msgs)
 		}
 		if err != nil {
-			return total, err
+			return err
 		}
 		msgs = append(msgs, m)
-		if len(msgs) == batch {
-			if err := flush(); err != nil {
-				return total, err
+		size += len(m.Payload) + len(m.State)
+		if len(msgs) == n || size >= maxBytes {
+			if err := flush(msgs); err != nil {
+				return err
 			}
+			msgs, size = msgs[:0], 0
 		}
 	}
 }

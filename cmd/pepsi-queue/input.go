@@ -46,8 +46,8 @@ func (s *single) next() (queueadmin.NewMessage, error) {
 	return queueadmin.NewMessage{Payload: s.payload}, nil
 }
 
-// lines yields one message per non-empty input line, the line without its "\n"
-// or "\r\n" as the payload.
+// lines yields one message per input line that is not blank (white space
+// only), the line without its "\n" or "\r\n" as the payload.
 type lines struct {
 	sc   *bufio.Scanner
 	line int
@@ -56,7 +56,10 @@ type lines struct {
 
 func newLines(r io.Reader, ndjson bool) *lines {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), lineMax)
+	// Room for a line of lineMax bytes and its "\r\n": the scanner counts the
+	// terminator in its limit, and must read past a last line of lineMax bytes
+	// to see the end of the input. next refuses a longer line itself.
+	sc.Buffer(make([]byte, 0, 64<<10), lineMax+2)
 	sc.Split(scanLines)
 	return &lines{sc: sc, json: ndjson}
 }
@@ -78,6 +81,9 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 	for l.sc.Scan() {
 		l.line++
 		text := l.sc.Bytes() // scanLines has dropped the "\n" or "\r\n"
+		if len(text) > lineMax {
+			return queueadmin.NewMessage{}, fmt.Errorf("input line %d is longer than %d bytes", l.line, lineMax)
+		}
 		if len(bytes.TrimSpace(text)) == 0 {
 			continue
 		}

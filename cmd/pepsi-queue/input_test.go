@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 func TestNDJSONLinesBecomePayloadsAndStates(t *testing.T) {
@@ -98,5 +100,64 @@ func payloads(t *testing.T, src *lines) []string {
 			t.Fatal(err)
 		}
 		got = append(got, string(m.Payload))
+	}
+}
+
+// TestBatchesEndAtTheirCountOrTheirBytes: enqueue's batches end at -batch
+// messages or once they hold the byte bound, whichever comes first, so a
+// batch of large messages never grows past what one statement may carry.
+func TestBatchesEndAtTheirCountOrTheirBytes(t *testing.T) {
+	t.Parallel()
+	in := strings.Repeat("a\n", 2) + strings.Repeat(strings.Repeat("x", 400)+"\n", 5) + "b\n"
+	var sizes []int
+	var payloads []string
+	err := inBatches(newLines(strings.NewReader(in), false), 4, 1000, func(msgs []queueadmin.NewMessage) error {
+		sizes = append(sizes, len(msgs))
+		for _, m := range msgs {
+			payloads = append(payloads, string(m.Payload[:1]))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 of "a" and 2 of 400 bytes (the count); 3 of 400 (1,200 bytes, past
+	// the bound before the count); "b" at the end.
+	if want := []int{4, 3, 1}; !slices.Equal(sizes, want) {
+		t.Errorf("batch sizes %v, want %v", sizes, want)
+	}
+	if got, want := strings.Join(payloads, ""), "aaxxxxxb"; got != want {
+		t.Errorf("messages in order %q, want %q", got, want)
+	}
+}
+
+// TestALineOfExactlyTheLimitIsAPayload: a line of lineMax bytes is a
+// payload, with "\n", "\r\n" or at the end of the input; one byte more is
+// an error naming the line.
+func TestALineOfExactlyTheLimitIsAPayload(t *testing.T) {
+	t.Parallel()
+	full := strings.Repeat("y", lineMax)
+	for _, in := range []string{full + "\n", full + "\r\n", full, "a\n" + full} {
+		l := newLines(strings.NewReader(in), false)
+		var got []int
+		for {
+			m, err := l.next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("input of %d bytes: %v", len(in), err)
+			}
+			got = append(got, len(m.Payload))
+		}
+		if got[len(got)-1] != lineMax {
+			t.Errorf("input of %d bytes: payload sizes %v, want the last %d", len(in), got, lineMax)
+		}
+	}
+	for _, in := range []string{full + "y\n", full + "y"} {
+		_, err := newLines(strings.NewReader(in), false).next()
+		if err == nil || !strings.Contains(err.Error(), "input line 1 is longer than 16777216 bytes") {
+			t.Errorf("input of %d bytes: err %v, want line 1 too long", len(in), err)
+		}
 	}
 }
