@@ -661,6 +661,9 @@ EXAMPLES
 			if *id < 0 {
 				return usagef("retry", "-id %d is not a message id", *id)
 			}
+			if err := textFlags("retry", "-stage", *stage, "-reason", *reason, "-to", *to); err != nil {
+				return err
+			}
 			if *id == 0 && *stage == "" && *status == "" && *reason == "" && !*all {
 				return usagef("retry", "no filter given: use -id, -stage, -status or -reason, or -all to retry every failed and timed-out message")
 			}
@@ -670,19 +673,24 @@ EXAMPLES
 				}
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				others := *stage != "" || *reason != "" || *status != ""
 				if *dryRun {
 					n, err := queueadmin.RetryCount(ctx, conn, f)
-					if err == nil {
-						fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
+					if err != nil {
+						return err
 					}
-					return err
+					if n == 0 && *id != 0 {
+						return notSelected("retried", *id, "failed or timed out", others, true)
+					}
+					fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
+					return nil
 				}
 				n, err := queueadmin.Retry(ctx, conn, f)
 				if err != nil {
 					return err
 				}
 				if n == 0 && *id != 0 {
-					return fmt.Errorf("message %d was not retried: it does not exist, or is not failed or timed out (see pepsi-queue show %d)", *id, *id)
+					return notSelected("retried", *id, "failed or timed out", others, false)
 				}
 				fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
 				return nil

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/peterbourgon/ff/v3/ffcli"
@@ -49,6 +50,9 @@ func (f *selectFlags) selection(a *app, cmd string, allowed []core.RowStatus) (q
 	if *f.id < 0 {
 		return sel, usagef(cmd, "-id %d is not a message id", *f.id)
 	}
+	if err := textFlags(cmd, "-stage", *f.stage, "-reason", *f.reason); err != nil {
+		return sel, err
+	}
 	if *f.status != "" {
 		for _, s := range strings.Split(*f.status, ",") {
 			st := core.RowStatus(strings.TrimSpace(s))
@@ -69,6 +73,33 @@ func (f *selectFlags) selection(a *app, cmd string, allowed []core.RowStatus) (q
 	// messages (a typo's, a stage since removed) are what an operator must
 	// find and end.
 	return sel, nil
+}
+
+// textFlags checks that each value of pairs (a flag's name, then its value)
+// is UTF-8, as the database's text is: a value that is not would reach the
+// server and come back as its encoding error, naming no flag.
+func textFlags(cmd string, pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if !utf8.ValidString(pairs[i+1]) {
+			return usagef(cmd, "%s %q is not valid UTF-8", pairs[i], pairs[i+1])
+		}
+	}
+	return nil
+}
+
+// notSelected is the error of a command given -id whose message the
+// selection does not hold: what it wanted of the message (wanted), and, when
+// other filters were given, that they may be why.
+func notSelected(verb string, id int64, wanted string, others, dryRun bool) error {
+	would := "was not " + verb
+	if dryRun {
+		would = "would not be " + verb
+	}
+	why := "it does not exist, or is not " + wanted
+	if others {
+		why += ", or does not match the other filters"
+	}
+	return fmt.Errorf("message %d %s: %s (see pepsi-queue show %d)", id, would, why, id)
 }
 
 // any says whether a filter other than the statuses is given.
@@ -225,6 +256,9 @@ EXAMPLES
 			if err != nil {
 				return err
 			}
+			if err := textFlags("discard", "-note", *note); err != nil {
+				return err
+			}
 			if !sf.any() && *sf.status == "" && !*all {
 				return usagef("discard", "no filter given: use -id, -stage, -status, -reason, -older-than or -order-key, or -all to discard every pending, paused and blocked message")
 			}
@@ -233,12 +267,13 @@ EXAMPLES
 				if err != nil {
 					return err
 				}
+				if n == 0 && *sf.id != 0 {
+					others := *sf.stage != "" || *sf.reason != "" || *sf.olderThan != "" || *sf.orderKey != "" || *sf.status != ""
+					return notSelected("discarded", *sf.id, "pending, paused or blocked", others, *dryRun)
+				}
 				if *dryRun {
 					fmt.Fprintf(a.stdout, "would discard %s (nothing changed: -n)\n", messages(n))
 					return nil
-				}
-				if n == 0 && *sf.id != 0 {
-					return fmt.Errorf("message %d was not discarded: it does not exist, or is not pending, paused or blocked (see pepsi-queue show %d)", *sf.id, *sf.id)
 				}
 				fmt.Fprintf(a.stdout, "discarded %s: failed now\n", messages(n))
 				return nil

@@ -102,6 +102,10 @@ func TestDiscardEndsWaitingMessagesAndNeverAHeldOne(t *testing.T) {
 	pq(t, "", env, "discard", "-status", "running").expect(t, "discard running", 2, "", `-status: "running" is not one of pending, paused`)
 	pq(t, "", env, "discard", "-id", "5").expect(t, "discard a held message", 1, "", "message 5 was not discarded")
 	pq(t, "", env, "discard", "-id", "1").expect(t, "discard a failed message", 1, "", "message 1 was not discarded")
+	pq(t, "", env, "discard", "-id", "5", "-n").expect(t, "dry run of a held message", 1, "", "message 5 would not be discarded")
+	pq(t, "", env, "discard", "-id", "4", "-stage", "nosuch").expect(t, "discard -id beside another filter", 1, "", "or does not match the other filters")
+	pq(t, "", env, "discard", "-id", "4", "-note", "bad \xff").expect(t, "a note that is not UTF-8", 2, "", `-note "bad \xff" is not valid UTF-8`)
+	pq(t, "", env, "discard", "-reason", "\xff").expect(t, "a reason that is not UTF-8", 2, "", "-reason")
 	pq(t, "", env, "discard", "-all", "-n").expect(t, "dry run", 0, "would discard 2 messages (nothing changed: -n)", "")
 	if got := scalar(t, url, "SELECT string_agg(ingress_id || ':' || status, ' ' ORDER BY ingress_id) FROM pepsi.queue WHERE ingress_id IN (4, 6)"); got != "4:paused 6:pending" {
 		t.Errorf("after a dry run: %s, want 4:paused 6:pending", got)
