@@ -313,6 +313,10 @@ type Core struct {
 	tracePasses bool
 
 	shutdown   int // 0 running, 1 graceful, 2 immediate
+	// shutdownFlushed: the statistics counted before the first shutdown
+	// request have been sent (flushDue), so that a second request, which
+	// writes nothing more, loses at most what was counted after it.
+	shutdownFlushed bool
 	waitLogged bool
 	exited     bool
 	timer      time.Time

@@ -1193,6 +1193,24 @@ func TestStatisticsFlushEveryStatsIntervalWhileBusy(t *testing.T) {
 	}
 }
 
+// Proves: a shutdown request flushes the statistics counted so far at once,
+// while a worker still has messages, so that a second request (which kills
+// the workers and writes nothing more) loses none of them.
+func TestAShutdownRequestFlushesTheStatisticsAtOnce(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.start("a", 2)
+	w.at(10 * time.Second)
+	w.finish(1) // 2 still held: not idle, STATS_INTERVAL not reached
+	cmds := w.step(core.Shutdown{})
+	if f := one[core.Flush](t, cmds); f.MessagesLeft != 1 {
+		t.Errorf("flush at the shutdown request %v, want the message that left", f)
+	}
+	w.step(core.Shutdown{})
+	if st, _, _, _ := w.q.Stats(); st["a"].Processed != 1 {
+		t.Errorf("stage_stats of a after a second shutdown request %+v, want 1 processed", st["a"])
+	}
+}
+
 // Proves: a flush whose reply was lost (it was applied) is re-sent unchanged, with
 // its Seq, after DatabaseUp, and its counts are added to the tables once.
 func TestLostFlushIsResentUnchangedAndAppliedOnce(t *testing.T) {

@@ -7,6 +7,7 @@ func (c *Core) beginShutdown() {
 	switch c.shutdown {
 	case 0:
 		c.shutdown = 1
+		c.shutdownFlushed = !c.hasDeltas() // else the next transaction flushes them (flushDue)
 		c.logf(LevelInfo, "shutting down: stopping %d workers", len(c.workers))
 		for _, id := range c.workerIDs() {
 			w := c.workers[id]

@@ -76,7 +76,9 @@ func (c *Core) hasDeltas() bool {
 
 // flushDue returns the statistics flush to send now, if any: an unsure one again, or
 // the deltas when STATS_INTERVAL has passed, when the pipeline went idle (at most
-// once a second) or at the end of a shutdown. Never an empty one.
+// once a second), at once after a shutdown request (its workers may take
+// STOP_GRACE to finish, and a second request exits without writing) and at
+// the end of a shutdown. Never an empty one.
 func (c *Core) flushDue(idle bool) (Flush, bool) {
 	if !c.resetDone {
 		return Flush{}, false
@@ -93,11 +95,14 @@ func (c *Core) flushDue(idle bool) (Flush, bool) {
 	if idle && !c.now.Before(c.lastFlush.Add(IdleFlushMin)) {
 		due = true
 	}
-	if c.shutdown > 0 && len(c.workers) == 0 && idle {
+	if c.shutdown > 0 && (!c.shutdownFlushed || len(c.workers) == 0 && idle) {
 		due = true
 	}
 	if !due {
 		return Flush{}, false
+	}
+	if c.shutdown > 0 {
+		c.shutdownFlushed = true
 	}
 	f := c.deltas()
 	c.flushSeq++

@@ -940,6 +940,7 @@ func (w *world) flushNotEarly(r *rule, x crossing) {
 	case since >= w.sc.stats:
 	case idle && since >= core.IdleFlushMin:
 	case w.shut > 0 && idle && w.allGone():
+	case w.shut > 0 && !w.shutFlushed: // what was counted before the request, at once
 	default:
 		w.broke(r, "%s is not due: %s since the last, STATS_INTERVAL %s, idle %v (at most once every %s)",
 			c, since, w.sc.stats, idle, core.IdleFlushMin)

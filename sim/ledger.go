@@ -132,8 +132,11 @@ type floorState struct {
 // only, filled from the events the world hands the core, the commands the core
 // returns and the fake queue's changes. It judges nothing; the rules do.
 type ledger struct {
-	shut     int  // shutdown signals delivered
-	coreDown bool // the core saw a failed transaction and no DatabaseUp since
+	shut int // shutdown signals delivered
+	// shutFlushed: a flush of this life was sent after the first shutdown
+	// request (the core sends the statistics counted before it at once).
+	shutFlushed bool
+	coreDown    bool // the core saw a failed transaction and no DatabaseUp since
 	// txnsOut: the queue transactions outstanding, in the order sent (see
 	// txnOut).
 	txnsOut   []txnModel
@@ -1176,6 +1179,7 @@ func (w *world) recordFlush(x core.Flush) {
 		return // a carried flush sent again, or one of this life's re-sent
 	}
 	w.flushedAt = w.now
+	w.shutFlushed = w.shut > 0
 	f := x
 	w.lastFlush = &f
 	w.issued.passes += x.StagePasses

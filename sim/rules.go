@@ -282,7 +282,7 @@ var ruleFlushSequenced = &rule{name: "flush-sequenced", when: atCommand, check: 
 		"a flush of another life is only one carried over a lost lock, sent again unchanged."}
 
 var ruleFlushNotEarly = &rule{name: "flush-not-early", when: atCommand, check: (*world).flushNotEarly,
-	doc: "A new flush comes STATS_INTERVAL after the last, or when the core holds nothing at most once per core.IdleFlushMin, or at a shutdown's end."}
+	doc: "A new flush comes STATS_INTERVAL after the last, or when the core holds nothing at most once per core.IdleFlushMin, or once at a shutdown request (what was counted before it), or at a shutdown's end."}
 
 var ruleInspect = &rule{name: "inspect-serial", when: atCommand, check: (*world).inspectSerial,
 	doc: "An inspection of the queue's health is not asked for while another is outstanding, nor during a shutdown, nor sooner than core.InspectInterval after the core's last " +
