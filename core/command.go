@@ -456,6 +456,12 @@ type Spawn struct {
 	Stage  string
 }
 
+// CheckProgram asks whether Stage's PROGRAM can be run (found, executable),
+// checked without running it (program.go). Answered by ProgramChecked.
+type CheckProgram struct {
+	Stage string
+}
+
 // Write hands ids to a started worker, in one buffer: one decimal id per line,
 // or, for a stage whose INPUT is message, Lines (one per id, in the same
 // order, each without its newline; docs/protocol.md, "Standard input"). The
@@ -589,6 +595,7 @@ func (Release) isCommand()      {}
 func (Claim) isCommand()        {}
 func (Flush) isCommand()        {}
 func (Spawn) isCommand()        {}
+func (CheckProgram) isCommand() {}
 func (Write) isCommand()        {}
 func (Pass) isCommand()         {}
 func (Stop) isCommand()         {}
@@ -718,7 +725,8 @@ func (c Flush) String() string {
 	}
 	return b.String()
 }
-func (c Spawn) String() string { return fmt.Sprintf("spawn %s stage=%s", c.Worker, c.Stage) }
+func (c Spawn) String() string        { return fmt.Sprintf("spawn %s stage=%s", c.Worker, c.Stage) }
+func (c CheckProgram) String() string { return "check-program " + c.Stage }
 func (c Write) String() string {
 	s := fmt.Sprintf("write %s %s", c.Worker, formatIDs(c.IDs))
 	if c.Lines != nil {

@@ -192,6 +192,11 @@ type stage struct {
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled: workers spawned since are a new round of starts
 	startErr      string    // how the last failed start failed (health.go)
+	// programErr: why the stage's program cannot be run, as its last check
+	// found (program.go), until a check passes or a worker starts; checked
+	// again at programCheckAt.
+	programErr     string
+	programCheckAt time.Time
 	// crashRun counts the workers that crashed in a row with no answer
 	// between, and crashErr says how the last one did (health.go).
 	crashRun    int
@@ -312,14 +317,14 @@ type Core struct {
 	// each pass's end (TracePasses).
 	tracePasses bool
 
-	shutdown   int // 0 running, 1 graceful, 2 immediate
+	shutdown int // 0 running, 1 graceful, 2 immediate
 	// shutdownFlushed: the statistics counted before the first shutdown
 	// request have been sent (flushDue), so that a second request, which
 	// writes nothing more, loses at most what was counted after it.
 	shutdownFlushed bool
-	waitLogged bool
-	exited     bool
-	timer      time.Time
+	waitLogged      bool
+	exited          bool
+	timer           time.Time
 }
 
 // New returns a core for the configuration. It does nothing until the Start event.
@@ -369,6 +374,7 @@ func (c *Core) Step(now time.Time, evs ...Event) []Command {
 	}
 	if c.started {
 		c.timers()
+		c.programChecks()
 		c.countRateHeld()
 		c.inspectDue()
 		c.assign()
@@ -408,6 +414,9 @@ func (c *Core) apply(ev Event) {
 			}
 		}
 		c.rng = e.Seed
+		for _, p := range e.Unrunnable {
+			c.programChecked(c.byName[p.Stage], p.Err)
+		}
 		for _, st := range c.stages {
 			// Empty at the start: the last core may have spent a whole
 			// burst just before it died, and a full bucket now would claim
@@ -437,6 +446,8 @@ func (c *Core) apply(ev Event) {
 		c.workerStarted(e)
 	case SpawnFailed:
 		c.spawnFailed(e)
+	case ProgramChecked:
+		c.programChecked(c.byName[e.Stage], e.Err)
 	case Answer:
 		c.answer(e)
 	case WorkerExited:
@@ -528,6 +539,9 @@ func (c *Core) setTimer() {
 		// is retried when the cooldown ends, not at the next heartbeat.
 		if st.coolingDown(c.now) && (len(st.backlog) > 0 || st.maybeMore) {
 			at(st.cooldownUntil)
+		}
+		if c.shutdown == 0 {
+			at(st.programCheckAt) // zero (no timer) unless its program's check failed
 		}
 		// A stage held by its rate is claimed when its next token is due,
 		// not at the next heartbeat (nor by polling before).

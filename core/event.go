@@ -40,10 +40,14 @@ func (w WorkerID) String() string { return fmt.Sprintf("w%d", w) }
 // Seed seeds the core's pseudo-random source, whose only use is the jitter of
 // retry delays (see Retry): the shell draws it at random, the simulator from its
 // scenario, so the same seed and events always yield the same commands.
+//
+// Unrunnable lists the stages whose PROGRAM the shell found, just before,
+// it cannot run (not found, not executable), checked without running it.
 type Start struct {
-	Carry []Flush
-	Seed  uint64
-	Life  int64
+	Carry      []Flush
+	Seed       uint64
+	Life       int64
+	Unrunnable []ProgramChecked
 }
 
 // Ingress reports a NOTIFY on the ingress channel: new or retried rows are pending.
@@ -83,6 +87,13 @@ type WorkerStarted struct {
 type SpawnFailed struct {
 	Worker WorkerID
 	Err    string
+}
+
+// ProgramChecked answers CheckProgram: whether the stage's PROGRAM can be
+// run (found, executable), checked without running it; Err empty: it can.
+type ProgramChecked struct {
+	Stage string
+	Err   string
 }
 
 // Answer is one line a worker wrote to standard output, without the newline.
@@ -288,23 +299,24 @@ type Flushed struct {
 	Err string
 }
 
-func (Start) isEvent()         {}
-func (Ingress) isEvent()       {}
-func (Tick) isEvent()          {}
-func (Shutdown) isEvent()      {}
-func (DatabaseUp) isEvent()    {}
-func (WorkerStarted) isEvent() {}
-func (SpawnFailed) isEvent()   {}
-func (Answer) isEvent()        {}
-func (WorkerExited) isEvent()  {}
-func (Claimed) isEvent()       {}
-func (Resolved) isEvent()      {}
-func (Woken) isEvent()         {}
-func (Released) isEvent()      {}
-func (OrphansReset) isEvent()  {}
-func (Flushed) isEvent()       {}
-func (Resting) isEvent()       {}
-func (RestLost) isEvent()      {}
+func (Start) isEvent()          {}
+func (Ingress) isEvent()        {}
+func (Tick) isEvent()           {}
+func (Shutdown) isEvent()       {}
+func (DatabaseUp) isEvent()     {}
+func (WorkerStarted) isEvent()  {}
+func (SpawnFailed) isEvent()    {}
+func (ProgramChecked) isEvent() {}
+func (Answer) isEvent()         {}
+func (WorkerExited) isEvent()   {}
+func (Claimed) isEvent()        {}
+func (Resolved) isEvent()       {}
+func (Woken) isEvent()          {}
+func (Released) isEvent()       {}
+func (OrphansReset) isEvent()   {}
+func (Flushed) isEvent()        {}
+func (Resting) isEvent()        {}
+func (RestLost) isEvent()       {}
 
 func (e Start) String() string {
 	s := "start"
@@ -316,6 +328,9 @@ func (e Start) String() string {
 	}
 	for _, f := range e.Carry {
 		s += " carry{" + f.String() + "}"
+	}
+	for _, p := range e.Unrunnable {
+		s += " unrunnable{" + p.String() + "}"
 	}
 	return s
 }
@@ -335,6 +350,12 @@ func (e WorkerStarted) String() string {
 }
 func (e SpawnFailed) String() string {
 	return fmt.Sprintf("spawn-failed %s err=%q", e.Worker, e.Err)
+}
+func (e ProgramChecked) String() string {
+	if e.Err == "" {
+		return "program-checked " + e.Stage
+	}
+	return fmt.Sprintf("program-checked %s err=%q", e.Stage, e.Err)
 }
 func (e Answer) String() string {
 	if e.Cut {

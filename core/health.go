@@ -20,7 +20,9 @@ const (
 	// HealthCannotStart: the stage's last worker start failed (its program
 	// could not be run, or exited within StartWindow having answered
 	// nothing), and no worker has answered since. Its spawns are held back
-	// by the cooldown, and its messages wait pending.
+	// by the cooldown, and its messages wait pending. Or, before any
+	// message needed a worker, the check of its program found it cannot be
+	// run (program.go).
 	HealthCannotStart HealthState = "cannot_start"
 	// HealthCrashing: CrashingAfter or more of the stage's workers in a row
 	// crashed (died unexpectedly, or broke the protocol) with no answer
@@ -70,6 +72,9 @@ func (c *Core) Health() []StageHealth {
 		case st.cooldownStep > 0:
 			h.State, h.Until = HealthCannotStart, st.cooldownUntil
 			h.Reason = fmt.Sprintf("cannot start: %s; starts held back %s after each failure", st.startErr, st.cooldownStep)
+		case st.programErr != "":
+			h.State = HealthCannotStart
+			h.Reason = fmt.Sprintf("cannot start: %s (no message has needed a worker yet; checked again every %s)", st.programErr, ProgramCheckEvery)
 		case st.crashRun >= CrashingAfter:
 			h.State = HealthCrashing
 			h.Reason = fmt.Sprintf("%d workers crashed in a row with no answer between; last: %s", st.crashRun, st.crashErr)

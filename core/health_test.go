@@ -127,3 +127,46 @@ QUEUE_LIMIT = 16
 		t.Errorf("every row claimed: %+v, want ok", h)
 	}
 }
+
+// Proves: a stage whose program the shell found it cannot run at start-up is
+// cannot_start before any message needs a worker (one log line, not green),
+// its program is checked again every ProgramCheckEvery while it cannot be
+// run, and a check that passes makes it ok again.
+func TestHealthOfAProgramThatCannotBeRunBeforeAnyMessage(t *testing.T) {
+	w := newWorld(t, threeStages)
+	cmds := w.step(core.Start{Unrunnable: []core.ProgramChecked{{Stage: "b", Err: "program 'b' not found on PATH"}}})
+	if l := one[core.Log](t, cmds); l.Level != core.LevelError || !strings.Contains(l.Msg, "stage b: cannot start b: program 'b' not found on PATH") {
+		t.Errorf("log %+v, want one error naming the stage and why", l)
+	}
+	if h := healthOf(t, w, "b"); h.State != core.HealthCannotStart || !strings.Contains(h.Reason, "not found on PATH") {
+		t.Errorf("health of b %+v, want cannot_start with the check's error", h)
+	}
+	if h := healthOf(t, w, "a"); h.State != core.HealthOK {
+		t.Errorf("health of a %+v, want ok", h)
+	}
+	none[core.CheckProgram](t, w.tick(core.ProgramCheckEvery-time.Second), "checked again early")
+	if c := one[core.CheckProgram](t, w.tick(core.ProgramCheckEvery)); c.Stage != "b" {
+		t.Errorf("checked %q, want b", c.Stage)
+	}
+	none[core.Log](t, w.step(core.ProgramChecked{Stage: "b", Err: "program 'b' not found on PATH"}), "logged a failed check again")
+	one[core.CheckProgram](t, w.tick(2*core.ProgramCheckEvery))
+	if l := one[core.Log](t, w.step(core.ProgramChecked{Stage: "b"})); !strings.Contains(l.Msg, "stage b: its program 'b' can be run now") {
+		t.Errorf("log %+v, want the program found", l)
+	}
+	if h := healthOf(t, w, "b"); h.State != core.HealthOK {
+		t.Errorf("health of b after a check passed %+v, want ok", h)
+	}
+	none[core.CheckProgram](t, w.tick(4*core.ProgramCheckEvery), "checked a program that can be run")
+}
+
+// Proves: a worker of the stage that starts ends what the start-up check
+// found: the stage is ok and its program is not checked again.
+func TestAWorkerThatStartsEndsAFailedProgramCheck(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.q.Insert("a", 1)
+	w.step(core.Start{Unrunnable: []core.ProgramChecked{{Stage: "a", Err: "program 'a' is not executable"}}})
+	if h := healthOf(t, w, "a"); h.State != core.HealthOK {
+		t.Errorf("health of a after its worker started %+v, want ok", h)
+	}
+	none[core.CheckProgram](t, w.tick(2*core.ProgramCheckEvery), "checked a program whose worker started")
+}

@@ -510,6 +510,8 @@ func (c *Core) workerStarted(e WorkerStarted) {
 		return
 	}
 	w.pid = e.PID
+	// The program could be run: what its last check found no longer holds.
+	w.stage.programErr, w.stage.programCheckAt = "", time.Time{}
 	if w.state == starting {
 		w.state = ready
 		w.idleSince = c.now

@@ -1038,6 +1038,10 @@ func (w *world) execute(cmds []core.Command) bool {
 		switch x := cmd.(type) {
 		case core.Spawn:
 			w.spawn(x)
+		case core.CheckProgram:
+			// The world's programs can all be run: a start fails, when it
+			// does, as the scenario drew it.
+			w.pending = append(w.pending, core.ProgramChecked{Stage: x.Stage})
 		case core.Write:
 			w.write(x)
 		case core.Stop:

@@ -42,6 +42,27 @@ func (e *env) oldestPending(stage string) time.Duration {
 	return 0
 }
 
+// A stage whose program is missing is recorded cannot_start at once, before
+// any message needs a worker, with one log line that says why, while the
+// other stage is recorded ok: an operator does not see a broken deployment
+// as green until the first message comes.
+func TestAStageWhoseProgramIsMissingIsCannotStartBeforeAnyMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[stage-a]\nPROGRAM = @DIR@/missing\n[stage-b]\nPROGRAM = @BIN@/teststage\n")
+	d := e.start()
+	defer d.stopClean()
+	waitFor(t, 5*time.Second, "stage a recorded cannot_start", func() (bool, string) {
+		h := e.health()
+		return h["a"].State == core.HealthCannotStart && h["b"].State == core.HealthOK, fmt.Sprint(h)
+	})
+	if a := e.health()["a"]; !strings.Contains(a.Reason, filepath.Join(e.dir, "missing")) || !strings.Contains(a.Reason, "no message has needed a worker yet") {
+		t.Errorf("stage a recorded %+v, want its program and that no message needed it yet", a)
+	}
+	if n := len(d.logs.lines("stage a: cannot start")); n != 1 {
+		t.Errorf("%d log lines say stage a cannot start, want 1", n)
+	}
+}
+
 // A stage whose program is missing is recorded cannot_start, with the
 // error and the cooldown, within a cooldown of the first claim, while the
 // other stage is recorded ok; its messages' oldest pending wait grows with
@@ -56,14 +77,15 @@ func TestAStageWhoseProgramIsMissingIsRecordedCannotStartAndItsWaitGrows(t *test
 	defer d.stopClean()
 	waitFor(t, 2*core.CooldownMin, "stage a recorded cannot_start", func() (bool, string) {
 		h := e.health()
-		return h["a"].State == core.HealthCannotStart && h["b"].State == core.HealthOK, fmt.Sprint(h)
+		// (Its spawns' failure, not the start-up check of its program.)
+		return h["a"].State == core.HealthCannotStart && strings.Contains(h["a"].Reason, "held back") && h["b"].State == core.HealthOK, fmt.Sprint(h)
 	})
 	a := e.health()["a"]
 	if !strings.Contains(a.Reason, filepath.Join(e.dir, "later")) || !strings.Contains(a.Reason, "held back") || a.Until.IsZero() {
 		t.Errorf("stage a recorded %+v, want its program, its error, the cooldown and its end", a)
 	}
 	waitFor(t, 15*time.Second, "three attempts to start the program", func() (bool, string) {
-		n := len(d.logs.lines("cannot start"))
+		n := len(d.logs.lines("next try in"))
 		return n >= 3, fmt.Sprintf("%d attempts", n)
 	})
 	// Failed starts have claimed the messages and given them back (each

@@ -325,7 +325,7 @@ func (s *session) loop() sessionResult {
 	// replay a real dispatcher's delays, only the simulator's. So is the life
 	// that names this core's statistics flushes: 63 random bits make two lives
 	// that share a number as likely as never.
-	pending := []core.Event{core.Start{Carry: s.carry, Seed: rand.Uint64(), Life: rand.Int64()}}
+	pending := []core.Event{core.Start{Carry: s.carry, Seed: rand.Uint64(), Life: rand.Int64(), Unrunnable: s.unrunnable()}}
 	for {
 		cmds := s.core.Step(time.Now(), pending...)
 		s.recordHealth()
@@ -348,6 +348,30 @@ func (s *session) loop() sessionResult {
 		}
 		pending, _ = s.collect(pending, false)
 	}
+}
+
+// unrunnable checks every stage's program as a spawn would find it, before
+// any message needs a worker (core.Start.Unrunnable).
+func (s *session) unrunnable() []core.ProgramChecked {
+	var out []core.ProgramChecked
+	for _, st := range s.o.Config.Stages {
+		if c := s.checkProgram(st.Name); c.Err != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// checkProgram answers core.CheckProgram for stage.
+func (s *session) checkProgram(stage string) core.ProgramChecked {
+	st, ok := s.o.Config.Stage(stage)
+	if !ok {
+		panic(fmt.Sprintf("dispatch: core checked the program of unknown stage %q", stage))
+	}
+	if err := s.workers.Check(st.Program); err != nil {
+		return core.ProgramChecked{Stage: stage, Err: err.Error()}
+	}
+	return core.ProgramChecked{Stage: stage}
 }
 
 // lostGrace bounds how long a session that lost the lock waits for the
@@ -411,6 +435,8 @@ func (s *session) execute(cmds []core.Command, pending []core.Event) ([]core.Eve
 			} else {
 				pending = append(pending, s.workers.Spawn(x.Worker, x.Stage, st.Program))
 			}
+		case core.CheckProgram:
+			pending = append(pending, s.checkProgram(x.Stage))
 		case core.Write:
 			if x.Lines != nil {
 				s.workers.WriteLines(x.Worker, x.Lines)

@@ -208,6 +208,14 @@ func (p *Pool) SpawnFilter(id core.WorkerID, stage, program string, stdinMax int
 	return p.spawn(id, stage, program, true, max(stdinMax, p.writeQueueMax))
 }
 
+// Check reports why program cannot be run by a Spawn (not found on the
+// workers' PATH, not a regular file, not executable), or nil: the look-up a
+// Spawn makes first, without running anything (core.CheckProgram).
+func (p *Pool) Check(program string) error {
+	_, err := lookPath(program, p.path)
+	return err
+}
+
 // NamesDatabase reports whether the environment entry kv ("NAME=value") tells a
 // program where a database is or how to log in to it: libpq's PG* variables
 // (PGHOST, PGPASSWORD, PGSERVICEFILE, ...), PEPSI_DATABASE and DATABASE_URL.
