@@ -48,14 +48,23 @@ FROM pepsi.stage_stats ORDER BY stage`
 const dispatchStatsSQL = `SELECT stage_passes, messages_left, updated_at, flush_seq FROM pepsi.dispatch_stats`
 
 // keyHeadColumns, selected from pepsi.queue q joined by keyHeadJoin, are q's
-// order key and, when q is blocked, its key's head: the oldest of the key's messages
-// that is not blocked (one probe of queue_order_live), all NULL when there is
-// none (see keyHeadScan).
+// order key and, when q is blocked, what it waits behind: its key's head, the
+// oldest of the key's messages that is not blocked (one probe of
+// queue_order_live), or, when every such message has finished but an older
+// blocked one is there still (a dispatcher died before it released the key,
+// or found the key's lock taken), that older message, which gets the key
+// first (one probe of queue_order_blocked); all NULL when there is neither
+// (see keyHeadScan).
 const (
 	keyHeadColumns = `coalesce(q.order_key, ''), h.ingress_id, h.stage, h.status, CASE WHEN isfinite(h.timeout) THEN h.timeout END, h.attempts`
-	keyHeadJoin    = `LEFT JOIN LATERAL (SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts FROM pepsi.queue x
-	WHERE q.status = 'blocked' AND x.order_key = q.order_key AND x.status IN ('pending', 'running', 'paused')
-	ORDER BY x.ingress_id LIMIT 1) h ON true`
+	keyHeadJoin    = `LEFT JOIN LATERAL (SELECT y.* FROM (
+	(SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts, 0 AS rank FROM pepsi.queue x
+	 WHERE q.status = 'blocked' AND x.order_key = q.order_key AND x.status IN ('pending', 'running', 'paused')
+	 ORDER BY x.ingress_id LIMIT 1)
+	UNION ALL
+	(SELECT x.ingress_id, x.stage, x.status, x.timeout, x.attempts, 1 FROM pepsi.queue x
+	 WHERE q.status = 'blocked' AND x.order_key = q.order_key AND x.status = 'blocked' AND x.ingress_id < q.ingress_id
+	 ORDER BY x.ingress_id LIMIT 1)) y ORDER BY y.rank LIMIT 1) h ON true`
 )
 
 // keyHeadScan scans keyHeadColumns.

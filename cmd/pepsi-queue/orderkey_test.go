@@ -57,4 +57,11 @@ func TestTheOperatorSeesWhatAKeyWaitsBehind(t *testing.T) {
 	}
 	pq(t, "", env, "list", "-order-key", "acct-9", "-count").expect(t, "list -order-key -count", 0, "3\n", "")
 	pq(t, "", env, "discard", "-order-key", "acct-9", "-status", "blocked", "-n").expect(t, "discard -order-key -n", 0, "would discard 2 messages", "")
+	// The head finished and no release followed (its dispatcher died first):
+	// the younger blocked one waits behind the older, which gets the key next.
+	scalar(t, url, `UPDATE pepsi.queue SET status = 'done', timeout = NULL WHERE ingress_id = `+ids[0]+` RETURNING 'ok'`)
+	pq(t, "", env, "show", ids[2]).expect(t, "show behind an older blocked message", 0,
+		"waits      behind message "+ids[1]+" of its order key (blocked at parse)", "")
+	pq(t, "", env, "show", ids[1]).expect(t, "show of the key's oldest unfinished message", 0,
+		"waits      behind no unfinished message of its order key: pepsi-dispatch hands it the key next", "")
 }
