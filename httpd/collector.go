@@ -36,6 +36,15 @@ var (
 	descRateHeld = prometheus.NewDesc("pepsi_stage_rate_held_seconds_total",
 		"Time this stage had messages to claim and room for them but its RATE had no token (pepsi.stage_stats.rate_held_us): how much its rate holds it back.",
 		[]string{"stage"}, nil)
+	descEmitted = prometheus.NewDesc("pepsi_stage_emitted_total",
+		"Messages this stage's passes emitted (emit lines) whose transition was written, so they were inserted (pepsi.stage_stats.emitted; a child whose key was seen before counts too).",
+		[]string{"stage"}, nil)
+	descEmitsDropped = prometheus.NewDesc("pepsi_stage_emits_dropped_total",
+		"Messages this stage's passes emitted that inserted nothing: the pass wrote no transition (a bare 0, a failure, a 75, a guard miss) (pepsi.stage_stats.emits_dropped).",
+		[]string{"stage"}, nil)
+	descGuardMisses = prometheus.NewDesc("pepsi_stage_guard_misses_total",
+		"Outcomes of this stage's passes the dispatcher could not write because the row was no longer running at the stage (its stage wrote it meanwhile) (pepsi.stage_stats.guard_misses).",
+		[]string{"stage"}, nil)
 	descLock = prometheus.NewDesc("pepsi_dispatcher_lock_held",
 		"1 if a pepsi-dispatch holds the dispatcher's advisory lock on this database, 0 if none runs.",
 		nil, nil)
@@ -96,6 +105,7 @@ func NewCollector(src *Source) *Collector { return &Collector{src: src} }
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descReadSeconds, descMessages, descOldest, descPausedDue, descRetryWaiting, descLock, descDead, descLastVacuum, descHorizon,
 		descPassesOK, descFailedByDispatcher, descWatchdog, descCrashes, descProcessing, descRetries, descRateHeld, descStageFlushed,
+		descEmitted, descEmitsDropped, descGuardMisses,
 		descStagePasses, descMessagesLeft, descFlushed, descHealth, descKeysWaiting} {
 		ch <- d
 	}
@@ -141,6 +151,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descProcessing, st.ProcessingSeconds, l.Stage)
 		counter(descRetries, float64(st.Retries), l.Stage)
 		counter(descRateHeld, st.RateHeldSeconds, l.Stage)
+		counter(descEmitted, float64(st.Emitted), l.Stage)
+		counter(descEmitsDropped, float64(st.EmitsDropped), l.Stage)
+		counter(descGuardMisses, float64(st.GuardMisses), l.Stage)
 		if flushed {
 			gauge(descStageFlushed, unix(st.FlushedAt), l.Stage)
 		}

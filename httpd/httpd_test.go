@@ -47,9 +47,9 @@ INSERT INTO pepsi.queue (stage, status, payload, state, updated_at) VALUES
 	('deliver', 'timeout', 'x', '{"dispatch_error": "MAX_RUNTIME 5m0s exceeded"}', now());
 INSERT INTO pepsi.queue (stage, status, payload) SELECT 'deliver', 'pending', 'x' FROM generate_series(1, 4);
 INSERT INTO pepsi.queue (stage, status, payload) SELECT 'deliver', 'done', 'x' FROM generate_series(1, 11);
-INSERT INTO pepsi.stage_stats (stage, processed, failed, timeouts, crashes, processing_us, retries, rate_held_us, updated_at) VALUES
-	('parse', 40, 0, 0, 0, 2500000, 6, 1500000, '2026-11-30 10:00:00+00'),
-	('deliver', 30, 2, 1, 1, 9000000, 0, 0, '2026-11-30 10:00:05+00');
+INSERT INTO pepsi.stage_stats (stage, processed, failed, timeouts, crashes, processing_us, retries, rate_held_us, emitted, emits_dropped, guard_misses, updated_at) VALUES
+	('parse', 40, 0, 0, 0, 2500000, 6, 1500000, 12, 3, 2, '2026-11-30 10:00:00+00'),
+	('deliver', 30, 2, 1, 1, 9000000, 0, 0, 0, 0, 0, '2026-11-30 10:00:05+00');
 UPDATE pepsi.dispatch_stats SET stage_passes = 70, messages_left = 15, updated_at = '2026-11-30 10:00:05+00';
 `
 
@@ -159,6 +159,9 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		`pepsi_queue_retry_waiting_messages{stage=parse}`:          2,
 		`pepsi_stage_retries_total{stage=parse}`:                   6,
 		`pepsi_stage_rate_held_seconds_total{stage=parse}`:         1.5,
+		`pepsi_stage_emitted_total{stage=parse}`:                   12,
+		`pepsi_stage_emits_dropped_total{stage=parse}`:             3,
+		`pepsi_stage_guard_misses_total{stage=parse}`:              2,
 		`pepsi_stage_passes_ok_total{stage=parse}`:                 40,
 		`pepsi_stage_failed_by_dispatcher_total{stage=parse}`:      0,
 		`pepsi_stage_watchdog_timeouts_total{stage=parse}`:         0,
@@ -176,6 +179,9 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		`pepsi_queue_retry_waiting_messages{stage=deliver}`:          0,
 		`pepsi_stage_retries_total{stage=deliver}`:                   0,
 		`pepsi_stage_rate_held_seconds_total{stage=deliver}`:         0,
+		`pepsi_stage_emitted_total{stage=deliver}`:                   0,
+		`pepsi_stage_emits_dropped_total{stage=deliver}`:             0,
+		`pepsi_stage_guard_misses_total{stage=deliver}`:              0,
 		`pepsi_stage_passes_ok_total{stage=deliver}`:                 30,
 		`pepsi_stage_failed_by_dispatcher_total{stage=deliver}`:      2,
 		`pepsi_stage_watchdog_timeouts_total{stage=deliver}`:         1,
@@ -194,6 +200,9 @@ func TestMetricsExportExactlyTheKnownRunAndPassTheLinter(t *testing.T) {
 		`pepsi_queue_retry_waiting_messages{stage=archive}`:     0,
 		`pepsi_stage_retries_total{stage=archive}`:              0,
 		`pepsi_stage_rate_held_seconds_total{stage=archive}`:    0,
+		`pepsi_stage_emitted_total{stage=archive}`:              0,
+		`pepsi_stage_emits_dropped_total{stage=archive}`:        0,
+		`pepsi_stage_guard_misses_total{stage=archive}`:         0,
 		`pepsi_stage_passes_ok_total{stage=archive}`:            0,
 		`pepsi_stage_failed_by_dispatcher_total{stage=archive}`: 0,
 		`pepsi_stage_watchdog_timeouts_total{stage=archive}`:    0,

@@ -55,6 +55,15 @@ type StageStats struct {
 	// RateHeldSeconds is rate_held_us in seconds: how long the stage had work
 	// it could have claimed but its RATE had no token for it.
 	RateHeldSeconds float64 `json:"rate_held_seconds"`
+	// Emitted is the column emitted: messages the stage's passes emitted,
+	// whose transition was written.
+	Emitted int64 `json:"emitted"`
+	// EmitsDropped is the column emits_dropped: emitted messages that inserted
+	// nothing, their pass having written no transition.
+	EmitsDropped int64 `json:"emits_dropped"`
+	// GuardMisses is the column guard_misses: outcomes the dispatcher could
+	// not write because the row was no longer running at the stage.
+	GuardMisses int64 `json:"guard_misses"`
 	// FlushedAt is when a flush of the dispatcher last touched the row.
 	FlushedAt time.Time `json:"flushed_at"`
 }
@@ -261,7 +270,8 @@ func readTx(ctx context.Context, tx pgx.Tx, s *Snapshot, live liveStages) error 
 	for _, st := range stats {
 		s.Stages = append(s.Stages, StageStats{Stage: st.Stage, PassesOK: st.Processed, FailedByDispatcher: st.Failed,
 			WatchdogTimeouts: st.Timeouts, WorkerCrashes: st.Crashes, ProcessingSeconds: float64(st.ProcessingUS) / 1e6,
-			Retries: st.Retries, RateHeldSeconds: float64(st.RateHeldUS) / 1e6, FlushedAt: st.UpdatedAt})
+			Retries: st.Retries, RateHeldSeconds: float64(st.RateHeldUS) / 1e6,
+			Emitted: st.Emitted, EmitsDropped: st.EmitsDropped, GuardMisses: st.GuardMisses, FlushedAt: st.UpdatedAt})
 		live.stage(st.Stage)
 	}
 	t, err := q.MonitorTable(ctx)
