@@ -455,9 +455,9 @@ func (c *Core) resolved(e Resolved) {
 			c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on (pressure.go)
 		}
 		c.keyOutcome(sentAs, o)
-		if it.Verdict == Move && !o.Matched && !unsure && !raced {
+		if guarded(sentAs.Verdict) && o.Refused == "" && !o.Matched && !unsure && !raced {
 			// (After a lost reply the first send may have written it: no miss then.)
-			c.guardMissed(it, o)
+			c.guardMissed(sentAs, o)
 		}
 		c.outcome(it, o, unsure)
 	}
@@ -532,9 +532,27 @@ func (c *Core) taint(st *stage) {
 // stage: nothing was written, its emits inserted nothing.
 func (c *Core) guardMissed(it Item, o Outcome) {
 	c.stat(it.Stage).GuardMisses++
-	c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
-		o.ID, it.Stage, o.Status, o.Stage)
-	c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "missed its guard")
+	if it.Verdict == Move {
+		c.logf(LevelWarn, "message %d: stage %s answered a transition, but the row is no longer running there (%s at %s); nothing written",
+			o.ID, it.Stage, o.Status, o.Stage)
+		c.emitsDropped(c.byName[it.Stage], len(it.Emits), o.ID, "missed its guard")
+		return
+	}
+	what := map[Verdict]string{Fail: "failure", TimeOut: "timeout", Retry: "retry"}[it.Verdict]
+	if it.Reason != "" {
+		what += " (" + clip(it.Reason, 200) + ")"
+	}
+	c.logf(LevelWarn, "message %d: its %s at stage %s was not written: the row is no longer running there (%s at %s; the stage wrote it itself)",
+		o.ID, what, it.Stage, o.Status, o.Stage)
+}
+
+// guarded says whether an item of verdict v whose guard missed (the row no
+// longer running at its stage: the stage wrote it itself) is a guard miss:
+// an outcome the dispatcher decided and could not write. A requeue of a row
+// its stage moved on is not (the row goes where the stage sent it, as
+// meant), nor a bare 0 (the stage was to write the row).
+func guarded(v Verdict) bool {
+	return v == Move || v == Fail || v == TimeOut || v == Retry
 }
 
 // emitted takes in the children a matched move inserted (Item.Emits, when

@@ -651,9 +651,10 @@ func (w *world) modelResolved(e core.Resolved) {
 		if ex.verdict == core.Retry && o.Matched {
 			w.truth().stage(ex.stage).Retries++
 		}
-		if ex.verdict == core.Move && !o.Matched && !ex.unsure && !ex.raced {
+		if guardedVerdict(ex.verdict) && o.Refused == "" && !o.Matched && !ex.unsure && !ex.raced {
 			// The row was no longer running at the stage: a guard miss (unless
-			// an earlier send, whose reply was lost, wrote it).
+			// an earlier send, whose reply was lost, wrote it) of an outcome
+			// the dispatcher decided; a move's emits are dropped with it.
 			w.truth().stage(ex.stage).GuardMisses++
 			w.truth().stage(ex.stage).EmitsDropped += int64(ex.emits)
 		}
@@ -682,6 +683,12 @@ func (w *world) modelResolved(e core.Resolved) {
 			}
 		}
 	}
+}
+
+// guardedVerdict: an item of verdict v whose guard missed is a guard miss
+// (a move, a failure, a timeout or a retry; not a requeue nor a bare 0).
+func guardedVerdict(v core.Verdict) bool {
+	return v == core.Move || v == core.Fail || v == core.TimeOut || v == core.Retry
 }
 
 // modelMovedClaimed takes in a row its resolve moved and claimed (a move that

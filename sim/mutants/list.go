@@ -215,9 +215,11 @@ var mutants = []mutant{
 	mut("unwritable-transition-written", "item-verdict", "a malformed transition is written instead of failing its message",
 		"\tif why != \"\" {\n\t\tc.emitsDropped(", "\tif false {\n\t\tc.emitsDropped("),
 	mut("guard-miss-not-counted", "flush-not-late", "an answered transition that missed its guard is not counted",
-		"\tc.stat(it.Stage).GuardMisses++\n\tc.logf(", "\t_ = it\n\tc.logf("),
+		"\tc.stat(it.Stage).GuardMisses++\n\tif it.Verdict == Move {", "\tif it.Verdict == Move {"),
 	mut("guard-miss-after-lost-reply", "flush-not-late", "a move re-sent after a lost reply is counted as a guard miss",
-		"if it.Verdict == Move && !o.Matched && !unsure && !raced {", "if it.Verdict == Move && !o.Matched && (!unsure || true) && !raced {"),
+		"if guarded(sentAs.Verdict) && o.Refused == \"\" && !o.Matched && !unsure && !raced {", "if guarded(sentAs.Verdict) && o.Refused == \"\" && !o.Matched && (!unsure || true) && !raced {"),
+	mut("verdict-guard-miss-uncounted", "flush-not-late", "a failure, timeout or retry the stage's own write outran is not counted as a guard miss",
+		"return v == Move || v == Fail || v == TimeOut || v == Retry", "return v == Move"),
 	// Emitted messages: children exist iff their parent's pass committed, once.
 	mut("emits-kept-across-passes", "children-iff-committed-once", "a pass's emits stay with the worker after its answer, so the next message's transition inserts them again",
 		"\temits, why = w.emits, w.emitErr\n\tw.emits, w.emitErr = nil, \"\"",
