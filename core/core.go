@@ -143,6 +143,10 @@ type worker struct {
 	// EMIT_MAX; emitErr, when set, why the head fails at its answer.
 	emits   []Emit
 	emitErr string
+	// probe: spawned while its stage had to tell a program that cannot
+	// start from a message that kills its workers (startFailed): it is
+	// handed nothing until it has lived StartWindow.
+	probe bool
 }
 
 type stage struct {
@@ -192,6 +196,11 @@ type stage struct {
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled: workers spawned since are a new round of starts
 	startErr      string    // how the last failed start failed (health.go)
+	// proven counts the times a worker of the stage showed its program
+	// starts (it answered, or a probe lived StartWindow); probe: the
+	// stage's next workers are probes (startFailed).
+	proven int64
+	probe  bool
 	// programErr: why the stage's program cannot be run, as its last check
 	// found (program.go), until a check passes or a worker starts; checked
 	// again at programCheckAt.
@@ -281,7 +290,7 @@ type Core struct {
 	flushSeq      int64   // the Seq of this life's last flush
 	resendFlushes []Flush // flushes that may not have been applied: re-sent unchanged, first to last, before any new one
 	lastFlush     time.Time
-	startFails    map[int64]int
+	startFails    map[int64]startFail
 
 	health health // the queue table's health (vacuum.go)
 	// gate: whether the dispatcher counts as waiting (see Rest). lastClaim is
@@ -334,7 +343,7 @@ func New(cfg *conf.Config) *Core {
 		byName:     map[string]*stage{},
 		workers:    map[WorkerID]*worker{},
 		stats:      map[string]*StageDelta{},
-		startFails: map[int64]int{},
+		startFails: map[int64]startFail{},
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
 		tainted:    map[string]bool{},
@@ -527,8 +536,13 @@ func (c *Core) setTimer() {
 				if !c.dbDown {
 					at(w.headSince.Add(w.stage.maxRuntime))
 				}
-			} else if w.handed < w.stage.cfg.MaxMessages {
+			} else if w.handed < w.stage.cfg.MaxMessages && (!w.probe || len(w.stage.backlog) == 0) {
+				// (A probe is idle beside a backlog until StartWindow: it is
+				// reaped only as any worker is, with nothing waiting.)
 				at(w.idleSince.Add(c.cfg.IdleTimeout))
+			}
+			if w.probe {
+				at(w.spawnedAt.Add(StartWindow))
 			}
 		case stopping:
 			at(w.stopBy)

@@ -838,7 +838,11 @@ func unflushed(w *world, stage string) core.StageDelta {
 }
 
 // Proves: a worker that exits before answering anything requeues its messages and
-// cools the stage down; only a message at the head of StartFailLimit such starts fails.
+// cools the stage down. At the head of StartFailLimit such starts in a row, with
+// nothing to show the program can start, the message is not failed (a broken
+// deployment fails no message): the stage's next worker is a probe, handed
+// nothing until it has lived StartWindow, and then handed the message like any
+// worker, so a message that kills its workers fails as a crash.
 func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testing.T) {
 	w := newWorld(t, threeStages)
 	w.start("b", 1)
@@ -848,7 +852,6 @@ func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testi
 		t.Fatalf("message of a worker that could not start: %v, want pending", it)
 	}
 	none[core.Spawn](t, cmds, "respawned during the cooldown")
-	// Each retry kills the worker again; after StartFailLimit the message fails.
 	for i := 2; i <= core.StartFailLimit; i++ {
 		cmds = w.tick(time.Duration(i) * time.Minute)
 		sp := one[core.Spawn](t, cmds)
@@ -858,8 +861,56 @@ func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testi
 		w.at(time.Duration(i)*time.Minute + time.Second)
 		cmds = w.exit(sp.Worker, 1, "")
 	}
-	if it := itemFor(t, cmds, 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "failed worker starts") {
-		t.Errorf("after %d failed starts: %v, want failed saying so", core.StartFailLimit, it)
+	if it := itemFor(t, cmds, 1); it.Verdict != core.Requeue {
+		t.Errorf("after %d failed starts of a program never seen to start: %v, want pending again", core.StartFailLimit, it)
+	}
+	if !slices.ContainsFunc(of[core.Log](cmds), func(l core.Log) bool { return strings.Contains(l.Msg, "handed nothing until it has lived") }) {
+		t.Errorf("no log announces the probe in:\n%s", list(cmds))
+	}
+	probeAt := time.Duration(core.StartFailLimit+1) * time.Minute
+	cmds = w.tick(probeAt)
+	probe := one[core.Spawn](t, cmds)
+	none[core.Write](t, cmds, "handed the message to the probe at once")
+	none[core.Write](t, w.tick(probeAt+core.StartWindow-time.Millisecond), "handed the message to the probe before it lived StartWindow")
+	if wr := one[core.Write](t, w.tick(probeAt+core.StartWindow)); wr.Worker != probe.Worker || len(wr.IDs) != 1 || wr.IDs[0] != 1 {
+		t.Fatalf("once the probe lived %s: %v, want message 1 handed to it", core.StartWindow, wr)
+	}
+	w.at(probeAt + core.StartWindow + time.Second)
+	if it := itemFor(t, w.exit(probe.Worker, 1, ""), 1); it.Verdict != core.Fail || !strings.Contains(it.Reason, "crashed") {
+		t.Errorf("the message that killed a worker that had started: %v, want failed as a crash", it)
+	}
+}
+
+// Proves: a program that never starts (a broken deployment) fails no message,
+// however many starts fail: its probes die too, and the message is only ever
+// requeued, while the stage is cannot_start.
+func TestABrokenDeploymentFailsNoMessage(t *testing.T) {
+	w := newWorld(t, threeStages)
+	cmds := w.start("b", 1)
+	var items []core.Item
+	for i := 1; i <= 4*core.StartFailLimit; i++ {
+		if i > 1 {
+			cmds = w.tick(time.Duration(i) * time.Minute)
+		}
+		sp := of[core.Spawn](cmds)
+		if len(sp) != 1 {
+			t.Fatalf("start %d: %d spawns, want 1:\n%s", i, len(sp), list(cmds))
+		}
+		w.at(time.Duration(i-1)*time.Minute + time.Second) // (the first spawn is at the start)
+		if i > 1 {
+			w.at(time.Duration(i)*time.Minute + time.Second)
+		}
+		for _, r := range of[core.Resolve](w.exit(sp[0].Worker, 1, "")) {
+			items = append(items, r.Items...)
+		}
+	}
+	for _, it := range items {
+		if it.Verdict != core.Requeue {
+			t.Errorf("a program that never started failed or timed out message %d: %v", it.ID, it)
+		}
+	}
+	if h := healthOf(t, w, "b"); h.State != core.HealthCannotStart {
+		t.Errorf("health of b %+v, want cannot_start", h)
 	}
 }
 

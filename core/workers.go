@@ -54,6 +54,7 @@ func (c *Core) answer(e Answer) {
 	// its workers do not all crash.
 	st.cooldownStep, st.cooldownUntil = 0, time.Time{}
 	st.crashRun = 0
+	c.proveStage(st)
 	delete(c.startFails, head.id)
 
 	d := c.creditPass(st, s.Fused, elapsed)
@@ -311,18 +312,55 @@ func (c *Core) startFailed(w *worker, q []msg, how string) {
 		if len(c.startFails) >= startFailsMax {
 			clear(c.startFails)
 		}
-		c.startFails[head.id]++
-		if n := c.startFails[head.id]; n >= StartFailLimit {
+		f, ok := c.startFails[head.id]
+		if !ok {
+			f.proven = st.proven
+		}
+		f.n++
+		c.startFails[head.id] = f
+		switch {
+		case f.n < StartFailLimit:
+		case st.proven > f.proven:
+			// The program has started since this message's first failed
+			// start (a worker answered, or a probe lived): the message
+			// kills its workers, not the deployment.
 			delete(c.startFails, head.id)
-			reason := fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s)", name, n, how)
+			reason := fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s), while the stage's program could start", name, f.n, how)
 			c.passEnded(w, head, Pass{Outcome: PassCrash, Reason: reason})
 			c.owe(Item{ID: head.id, Stage: name, Verdict: Fail, Event: HistoryCrashed, Reason: reason})
 			q = q[1:]
+		case !st.probe:
+			// Nothing has shown the program can start at all: a broken
+			// deployment fails no message. The next worker proves it or not.
+			st.probe = true
+			c.logf(LevelWarn, "stage %s: message %d was at the head of %d failed worker starts in a row; the stage's next worker is handed nothing until it has lived %s, to tell a message that kills its workers from a program that cannot start",
+				name, head.id, f.n, StartWindow)
 		}
 	}
 	c.requeue(st, q)
-	c.logf(LevelError, "stage %s worker pid %d exited (%s) before answering anything; requeued its messages; next start in %s",
-		name, w.pid, how, st.cooldownStep)
+	held := "requeued its messages"
+	if len(q) == 0 {
+		held = "it held no message"
+	}
+	c.logf(LevelError, "stage %s worker pid %d exited (%s) before answering anything; %s; next start in %s",
+		name, w.pid, how, held, st.cooldownStep)
+}
+
+// startFail is a message's run of failed starts at the head of a worker:
+// how many, and the stage's proven count at the first of them.
+type startFail struct {
+	n      int
+	proven int64
+}
+
+// proveStage records that st's program starts: its probes become workers
+// like the others, and the next failed start of a message counts against it.
+func (c *Core) proveStage(st *stage) {
+	st.proven++
+	st.probe = false
+	for _, w := range st.workers {
+		w.probe = false
+	}
 }
 
 func (c *Core) workerIDs() []WorkerID {
@@ -364,6 +402,9 @@ func (c *Core) timers() {
 						w.stage.cfg.Name, w.pid, w.timedOut, w.stage.maxRuntime)
 				}
 				continue
+			}
+			if w.probe && !c.now.Before(w.spawnedAt.Add(StartWindow)) {
+				c.proveStage(w.stage) // it lived: the program starts
 			}
 			if w.handed >= w.stage.cfg.MaxMessages {
 				c.stop(w) // recycle: its pipeline has drained
@@ -423,7 +464,7 @@ func (c *Core) assign() {
 		for len(st.backlog) > 0 {
 			var best *worker
 			for _, w := range st.workers {
-				if w.state == ready && w.room() > 0 && (best == nil || len(w.queue) > len(best.queue)) {
+				if w.state == ready && !w.probe && w.room() > 0 && (best == nil || len(w.queue) > len(best.queue)) {
 					best = w
 				}
 			}
@@ -453,13 +494,13 @@ func (c *Core) assign() {
 		}
 		need := len(st.backlog)
 		for _, w := range st.workers {
-			if w.state == starting {
+			if w.state == starting || w.probe {
 				need -= w.room()
 			}
 		}
 		for need > 0 && len(st.workers) < st.cfg.Parallelism && !st.coolingDown(c.now) {
 			c.nextWID++
-			w := &worker{id: c.nextWID, stage: st, state: starting, spawnedAt: c.now, idleSince: c.now}
+			w := &worker{id: c.nextWID, stage: st, state: starting, spawnedAt: c.now, idleSince: c.now, probe: st.probe}
 			c.workers[w.id] = w
 			st.workers = append(st.workers, w)
 			c.emit(Spawn{Worker: w.id, Stage: st.cfg.Name})

@@ -116,6 +116,7 @@ func (w *world) movesLeaveALookSlot(rl *rule, x crossing) {
 // every command is recorded, the step's queue transaction to the rules of
 // atTransaction.
 func (w *world) modelCommands(cmds []core.Command) {
+	w.provenByProbes()
 	queued := false
 	for _, cmd := range cmds {
 		queued = queued || core.IsQueue(cmd)
@@ -409,6 +410,8 @@ func (w *world) handToReady(r *rule, x crossing) {
 		w.broke(r, "%s to a worker that is not alive", c)
 	case !y.started || y.stopped || y.killed:
 		w.broke(r, "%s to a worker that is not ready (started %v, stopped %v, killed %v)", c, y.started, y.stopped, y.killed)
+	case y.probe:
+		w.broke(r, "%s to a probe that has not lived %s: nothing shows yet that its program starts", c, core.StartWindow)
 	}
 }
 
@@ -1191,6 +1194,9 @@ func (w *world) recycleDue(r *rule, _ crossing) {
 func (w *world) reapDue(r *rule, _ crossing) {
 	for _, y := range w.working() {
 		st := w.sc.stages[y.stage]
+		if y.probe && w.backlogAt(y.stage) > 0 {
+			continue // a probe is handed nothing until it has lived core.StartWindow
+		}
 		if len(y.queue) == 0 && y.handed < st.maxMessages && w.now.Sub(y.idleSince) > w.sc.idle {
 			w.broke(r, "%s has been idle for %s and is not reaped, WORKER_IDLE_TIMEOUT %s", y.id, w.now.Sub(y.idleSince), w.sc.idle)
 			return

@@ -46,6 +46,7 @@ type wmodel struct {
 	answers   []answerInfo // lines written, not yet delivered
 	emits     []answerInfo // emit lines the core took for its head's pass (emit.go)
 	pass      string       // the pass of the last status line it answered (emit.go; "" for none that emitted)
+	probe     bool         // spawned as a probe (coolState.probe)
 }
 
 // expect is how the core must resolve a message it no longer hands to a worker.
@@ -252,7 +253,41 @@ type rateState struct {
 // core.StartFailLimit failed starts fails).
 type coolState struct {
 	cool       []cooldown
-	startFails map[int64]int
+	startFails map[int64]startFailModel
+	// proven counts, per stage, the times its program was seen to start (a
+	// worker's answer, a probe that lived core.StartWindow); probe: the
+	// stage's next workers are probes, handed nothing until they have.
+	proven []int64
+	probe  []bool
+}
+
+// startFailModel is a message's run of failed starts at a worker's head, and
+// its stage's proven count at the first.
+type startFailModel struct {
+	n      int
+	proven int64
+}
+
+// proveStage: stage i's program was seen to start; its probes are workers
+// like the others from now on.
+func (w *world) proveStage(i int) {
+	w.proven[i]++
+	w.probe[i] = false
+	for _, y := range w.alive {
+		if y.stage == i {
+			y.probe = false
+		}
+	}
+}
+
+// provenByProbes takes in, as the core's step does after its events, the
+// probes that have lived core.StartWindow.
+func (w *world) provenByProbes() {
+	for _, y := range w.alive {
+		if y.probe && y.started && !y.gone && !y.stopped && !y.killed && !w.now.Before(y.spawnAt.Add(core.StartWindow)) {
+			w.proveStage(y.stage)
+		}
+	}
 }
 
 // healthState belongs to rules inspect-serial, inspect-due,
@@ -323,7 +358,7 @@ func (w *world) newLifeModel() {
 	w.gateState = gateState{unnotified: map[int64]unnotified{}}
 	w.wakeState = wakeState{unseen: map[int64]bool{}}
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
-	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]int{}}
+	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]startFailModel{}, proven: make([]int64, n), probe: make([]bool, n)}
 	w.healthState = healthState{}
 	w.pressureState = pressureState{feeds: make([][]int, n), over: make([]bool, n)}
 	w.floorState = floorState{releaseAsked: map[int64][]string{}, keysBusy: map[string]bool{}}
@@ -868,6 +903,7 @@ func (w *world) modelAnswer(e core.Answer) {
 		x.idleSince = w.now
 	}
 	w.cool[x.stage] = cooldown{} // the program works: its cooldown ends
+	w.proveStage(x.stage)
 	delete(w.startFails, head)
 
 	x.pass = ""
@@ -993,11 +1029,23 @@ func (w *world) modelExit(e core.WorkerExited) {
 	if x.answered == 0 && w.now.Sub(x.spawnAt) < core.StartWindow {
 		w.coolDown(x.stage, x.spawnAt)
 		if len(q) > 0 {
-			w.startFails[q[0]]++
-			if w.startFails[q[0]] >= core.StartFailLimit {
+			f, ok := w.startFails[q[0]]
+			if !ok {
+				f.proven = w.proven[x.stage]
+			}
+			f.n++
+			w.startFails[q[0]] = f
+			switch {
+			case f.n < core.StartFailLimit:
+			case w.proven[x.stage] > f.proven:
+				// The program started since the first: the message kills it.
 				delete(w.startFails, q[0])
-				crashed(q[:1], fmt.Sprintf("head of %d failed starts in a row", core.StartFailLimit))
+				crashed(q[:1], fmt.Sprintf("head of %d failed starts in a row, while the program could start", f.n))
 				q = q[1:]
+			default:
+				// Nothing showed the program starts: a broken deployment
+				// fails no message; the next workers are probes.
+				w.probe[x.stage] = true
 			}
 		}
 		owe(q, core.Requeue, "held by a worker that could not start")
@@ -1131,6 +1179,7 @@ func (w *world) recordCommand(cmd core.Command) {
 		w.vacuumOut, w.vacuumSent, w.vacuumedNow = true, w.now, true
 	case core.Spawn:
 		y := &wmodel{id: x.Worker, stage: w.stageIndex(x.Stage), spawnAt: w.now, idleSince: w.now}
+		y.probe = w.probe[y.stage]
 		w.workers[x.Worker] = y
 		i, _ := slices.BinarySearchFunc(w.alive, y, func(a, b *wmodel) int { return int(a.id - b.id) })
 		w.alive = slices.Insert(w.alive, i, y)

@@ -192,7 +192,7 @@ var ruleHandClaimed = &rule{name: "hand-claimed-rows", when: atCommand, check: (
 	doc: "Ids reach a worker only after their claim committed, only to a worker of the row's stage, and only ids the core claimed and has not handed out."}
 
 var ruleHandToReady = &rule{name: "hand-to-ready", when: atCommand, check: (*world).handToReady,
-	doc: "Ids go only to a live worker that is ready (started, neither stopped nor killed)."}
+	doc: "Ids go only to a live worker that is ready (started, neither stopped nor killed), and not to a probe (a worker spawned while nothing showed its program starts) before it has lived core.StartWindow."}
 
 var ruleWorkPacked = &rule{name: "work-packed", when: atCommand, check: (*world).workPacked,
 	doc: "Work is packed onto the fewest workers: the fullest worker of the stage with room gets the ids."}
@@ -245,7 +245,8 @@ var ruleItemStage = &rule{name: "item-stage", when: atCommand, check: (*world).i
 var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand, check: (*world).itemVerdict,
 	doc: "A resolve item carries the verdict the reference text gives: requeue, fail, timeout (the watchdog's head), answered (a 0), retry (a 75 under RETRY_LIMIT) or move (an answered transition). " +
 		"A worker's head is failed on a crash or a protocol error and timed out by the watchdog; what is behind it is requeued; " +
-		"a head of core.StartFailLimit failed starts in a row fails, other ids of a worker that could not start are requeued."}
+		"a head of core.StartFailLimit failed starts in a row fails if the stage's program was seen to start since the first (a worker answered, a probe lived core.StartWindow), " +
+		"else it is requeued and the stage's next workers are probes; other ids of a worker that could not start are requeued."}
 
 var ruleItemTransition = &rule{name: "item-transition", when: atCommand, check: (*world).itemTransition,
 	doc: "An answered transition is written as the stage answered it: its target and its patch (the timeout of a pause is rule pause-due-exact's). " +

@@ -174,10 +174,10 @@ func TestStageWhoseProgramIsMissingIsRetriedAfterACooldownInsteadOfSpinning(t *t
 	e.insert("a", repeat("a=done", 3)...)
 	d := e.start()
 	waitFor(t, 15*time.Second, "three attempts to start the program", func() (bool, string) {
-		n := len(d.logs.lines("cannot start"))
+		n := len(d.logs.lines("next try in"))
 		return n >= 3, fmt.Sprintf("%d attempts", n)
 	})
-	attempts := d.logs.lines("cannot start")
+	attempts := d.logs.lines("next try in") // (not the check at start-up, which runs nothing)
 	first, second, third := attempts[0].time(), attempts[1].time(), attempts[2].time()
 	if gap := second.Sub(first); gap < 900*time.Millisecond {
 		t.Errorf("second start attempt %v after the first; want a cooldown of at least 1s", gap)
@@ -194,24 +194,45 @@ func TestStageWhoseProgramIsMissingIsRetriedAfterACooldownInsteadOfSpinning(t *t
 	e.waitCounts(time.Second, map[string]int{"pending": 3})
 }
 
-func TestProgramThatExitsAtStartRequeuesItsMessagesAndFailsOnlyARepeatedHead(t *testing.T) {
+// A program that exits at every start (a broken deployment) fails no
+// message, however often it is tried: after 3 failed starts with the same
+// head the stage's next worker is a probe, handed nothing, which dies too.
+func TestProgramThatExitsAtEveryStartFailsNoMessage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n[stage-a]\nPROGRAM = @BIN@/exitstage\nPARALLELISM = 1\n")
 	ids := e.insert("a", "a=done", "a=done")
 	d := e.start()
-	waitFor(t, 20*time.Second, "the head message to fail after repeated failed starts", func() (bool, string) {
+	waitFor(t, 20*time.Second, "a probe that dies too", func() (bool, string) {
+		n := len(e.records("start"))
+		return n >= 4, fmt.Sprintf("%d starts", n)
+	})
+	if n := len(d.logs.lines("handed nothing until it has lived")); n != 1 {
+		t.Errorf("%d log lines announce a probe; want 1", n)
+	}
+	d.stopClean()
+	for _, id := range ids {
+		e.expectRow(id, "pending", "a", "")
+	}
+}
+
+// A message that kills every worker it is handed, at once, is failed once a
+// probe shows the program itself starts: the probe lives StartWindow, is
+// handed the message and dies of it; the message behind it is done.
+func TestAMessageThatKillsEveryWorkerAtStartFailsOnceAProbeLives(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n[stage-a]\nPROGRAM = @BIN@/teststage\nPARALLELISM = 1\n")
+	ids := e.insert("a", "a=exit:1", "a=done")
+	d := e.start()
+	waitFor(t, 30*time.Second, "the message that kills its workers to fail", func() (bool, string) {
 		r := e.row(ids[0])
 		return r.Status == "failed", r.String()
 	})
-	e.expectRow(ids[0], "failed", "a", "at the head of 3 failed worker starts")
-	if r := e.row(ids[1]); r.Status == "failed" {
-		t.Errorf("second message is %s; want it requeued, not failed (it was never at the head)", r)
-	}
-	if n := len(e.records("start")); n != 3 {
-		t.Errorf("the program was started %d times before the head failed; want 3", n)
+	e.expectRow(ids[0], "failed", "a", "crashed")
+	e.waitCounts(10*time.Second, map[string]int{"failed": 1, "done": 1})
+	if n := len(d.logs.lines("handed nothing until it has lived")); n != 1 {
+		t.Errorf("%d log lines announce a probe; want 1", n)
 	}
 	d.stopClean()
-	e.expectRow(ids[1], "pending", "a", "")
 }
 
 // Feature: requeue on advance.
