@@ -883,7 +883,7 @@ func TestWorkerThatDiesBeforeAnsweringIsAStartFailureNotAMessageFailure(t *testi
 
 // Proves: a program that never starts (a broken deployment) fails no message,
 // however many starts fail: its probes die too, and the message is only ever
-// requeued, while the stage is cannot_start.
+// requeued, pending between the tries, while the stage is cannot_start.
 func TestABrokenDeploymentFailsNoMessage(t *testing.T) {
 	w := newWorld(t, threeStages)
 	cmds := w.start("b", 1)
@@ -912,6 +912,9 @@ func TestABrokenDeploymentFailsNoMessage(t *testing.T) {
 	if h := healthOf(t, w, "b"); h.State != core.HealthCannotStart {
 		t.Errorf("health of b %+v, want cannot_start", h)
 	}
+	// Given back, not held claimed, between the tries: an operator sees it
+	// pending (and may discard it).
+	w.wantRow(1, "b", core.StatusPending)
 }
 
 // lastTimer is the instant the last SetTimer of cmds asks for.

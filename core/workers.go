@@ -338,6 +338,13 @@ func (c *Core) startFailed(w *worker, q []msg, how string) {
 		}
 	}
 	c.requeue(st, q)
+	if len(st.workers) == 0 && len(st.backlog) > 0 {
+		// No worker takes the claimed rows before the cooldown ends (nor
+		// for StartWindow after, should the next one be a probe): give
+		// them back, so the queue shows them pending, as spawnFailed does.
+		c.requeue(st, st.backlog)
+		st.backlog = nil
+	}
 	held := "requeued its messages"
 	if len(q) == 0 {
 		held = "it held no message"
@@ -359,7 +366,10 @@ func (c *Core) proveStage(st *stage) {
 	st.proven++
 	st.probe = false
 	for _, w := range st.workers {
-		w.probe = false
+		if w.probe {
+			// Idle from now: until now it could be handed nothing.
+			w.probe, w.idleSince = false, c.now
+		}
 	}
 }
 

@@ -274,8 +274,8 @@ func (w *world) proveStage(i int) {
 	w.proven[i]++
 	w.probe[i] = false
 	for _, y := range w.alive {
-		if y.stage == i {
-			y.probe = false
+		if y.stage == i && y.probe {
+			y.probe, y.idleSince = false, w.now // idle from now: it could be handed nothing
 		}
 	}
 }
@@ -283,8 +283,11 @@ func (w *world) proveStage(i int) {
 // provenByProbes takes in, as the core's step does after its events, the
 // probes that have lived core.StartWindow.
 func (w *world) provenByProbes() {
+	if w.shut > 0 {
+		return // the core stopped every worker at the request: none proves
+	}
 	for _, y := range w.alive {
-		if y.probe && y.started && !y.gone && !y.stopped && !y.killed && !w.now.Before(y.spawnAt.Add(core.StartWindow)) {
+		if y.probe && y.started && !y.gone && !y.stopped && !y.killed && !y.proto && !w.now.Before(y.spawnAt.Add(core.StartWindow)) {
 			w.proveStage(y.stage)
 		}
 	}
@@ -1049,6 +1052,17 @@ func (w *world) modelExit(e core.WorkerExited) {
 			}
 		}
 		owe(q, core.Requeue, "held by a worker that could not start")
+		if w.live(x.stage) == 0 {
+			// As after a spawn that failed: nothing takes the stage's
+			// claimed rows before the cooldown ends, so the core gives
+			// them back.
+			for _, id := range sortedKeys(w.backlog) {
+				if w.backlog[id] == stage {
+					delete(w.backlog, id)
+					w.expects[id] = &expect{verdict: core.Requeue, why: "claimed for a stage whose worker could not start", stage: stage}
+				}
+			}
+		}
 		return
 	}
 	if len(q) > 0 {

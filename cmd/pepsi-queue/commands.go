@@ -672,31 +672,33 @@ EXAMPLES
 					return err
 				}
 			}
-			return a.withConn(ctx, func(conn *pgx.Conn) error {
-				others := *stage != "" || *reason != "" || *status != ""
-				if *dryRun {
-					n, err := queueadmin.RetryCount(ctx, conn, f)
-					if err != nil {
-						return err
-					}
-					if n == 0 && *id != 0 {
-						return notSelected("retried", *id, "failed or timed out", others, true)
-					}
-					fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
-					return nil
-				}
-				n, err := queueadmin.Retry(ctx, conn, f)
-				if err != nil {
-					return err
-				}
-				if n == 0 && *id != 0 {
-					return notSelected("retried", *id, "failed or timed out", others, false)
-				}
-				fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
-				return nil
-			})
+			return runRetry(ctx, a, f, *stage != "" || *reason != "" || *status != "", *dryRun)
 		},
 	}
+}
+
+// runRetry retries the messages f selects, or with dryRun counts them, and
+// says what it did; others: a filter beside -id was given.
+func runRetry(ctx context.Context, a *app, f queueadmin.RetryFilter, others, dryRun bool) error {
+	return a.withConn(ctx, func(conn *pgx.Conn) error {
+		retry := queueadmin.Retry
+		if dryRun {
+			retry = queueadmin.RetryCount
+		}
+		n, err := retry(ctx, conn, f)
+		if err != nil {
+			return err
+		}
+		if n == 0 && f.ID != 0 {
+			return notSelected("retried", f.ID, "failed or timed out", others, dryRun)
+		}
+		if dryRun {
+			fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
+			return nil
+		}
+		fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
+		return nil
+	})
 }
 
 func purgeCmd(a *app) *ffcli.Command {

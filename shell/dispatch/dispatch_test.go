@@ -209,6 +209,8 @@ func TestProgramThatExitsAtEveryStartFailsNoMessage(t *testing.T) {
 	if n := len(d.logs.lines("handed nothing until it has lived")); n != 1 {
 		t.Errorf("%d log lines announce a probe; want 1", n)
 	}
+	// Given back between the tries (not held claimed), while it runs.
+	e.waitCounts(10*time.Second, map[string]int{"pending": 2})
 	d.stopClean()
 	for _, id := range ids {
 		e.expectRow(id, "pending", "a", "")
