@@ -338,19 +338,24 @@ func (c *Core) startFailed(w *worker, q []msg, how string) {
 		}
 	}
 	c.requeue(st, q)
-	if len(st.workers) == 0 && len(st.backlog) > 0 {
-		// No worker takes the claimed rows before the cooldown ends (nor
-		// for StartWindow after, should the next one be a probe): give
-		// them back, so the queue shows them pending, as spawnFailed does.
-		c.requeue(st, st.backlog)
-		st.backlog = nil
-	}
+	c.giveBackClaimed(st)
 	held := "requeued its messages"
 	if len(q) == 0 {
 		held = "it held no message"
 	}
 	c.logf(LevelError, "stage %s worker pid %d exited (%s) before answering anything; %s; next start in %s",
 		name, w.pid, how, held, st.cooldownStep)
+}
+
+// giveBackClaimed requeues st's claimed rows after a failed start when no
+// worker of st is left: none can take them before the cooldown ends (nor for
+// StartWindow after, should the next be a probe), so the queue shows them
+// pending, as nothing runs them, just as the ids of the worker that failed.
+func (c *Core) giveBackClaimed(st *stage) {
+	if len(st.workers) == 0 && len(st.backlog) > 0 {
+		c.requeue(st, st.backlog)
+		st.backlog = nil
+	}
 }
 
 // startFail is a message's run of failed starts at the head of a worker:
@@ -577,12 +582,6 @@ func (c *Core) spawnFailed(e SpawnFailed) {
 	c.removeWorker(w)
 	c.cooldown(w.stage, w.spawnedAt)
 	w.stage.startErr = e.Err
-	if st := w.stage; len(st.workers) == 0 && len(st.backlog) > 0 {
-		// No worker can take the claimed rows before the cooldown ends: give
-		// them back, so the queue shows them pending (nothing runs them) just
-		// as it does the ids of a worker that exited at start.
-		c.requeue(st, st.backlog)
-		st.backlog = nil
-	}
+	c.giveBackClaimed(w.stage)
 	c.logf(LevelError, "stage %s: cannot start %s: %s; next try in %s", w.stage.cfg.Name, w.stage.cfg.Program, e.Err, w.stage.cooldownStep)
 }

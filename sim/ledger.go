@@ -528,15 +528,21 @@ func (w *world) modelSpawnFailed(e core.SpawnFailed) {
 	x := w.workers[e.Worker]
 	w.bury(x)
 	w.coolDown(x.stage, x.spawnAt)
-	if w.live(x.stage) == 0 {
-		// No worker can take the stage's claimed rows before the cooldown
-		// ends: the core gives them back (core.Core's documented rule).
-		name := w.sc.stages[x.stage].name
-		for _, id := range sortedKeys(w.backlog) {
-			if w.backlog[id] == name {
-				delete(w.backlog, id)
-				w.expects[id] = &expect{verdict: core.Requeue, why: "claimed for a stage that cannot start a worker", stage: name}
-			}
+	w.giveBackClaimed(x.stage)
+}
+
+// giveBackClaimed: after a failed start that left stage i no live worker,
+// none can take its claimed rows before the cooldown ends, so the core gives
+// them back (core.Core's documented rule).
+func (w *world) giveBackClaimed(i int) {
+	if w.live(i) > 0 {
+		return
+	}
+	name := w.sc.stages[i].name
+	for _, id := range sortedKeys(w.backlog) {
+		if w.backlog[id] == name {
+			delete(w.backlog, id)
+			w.expects[id] = &expect{verdict: core.Requeue, why: "claimed for a stage that cannot start a worker", stage: name}
 		}
 	}
 }
@@ -1052,17 +1058,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 			}
 		}
 		owe(q, core.Requeue, "held by a worker that could not start")
-		if w.live(x.stage) == 0 {
-			// As after a spawn that failed: nothing takes the stage's
-			// claimed rows before the cooldown ends, so the core gives
-			// them back.
-			for _, id := range sortedKeys(w.backlog) {
-				if w.backlog[id] == stage {
-					delete(w.backlog, id)
-					w.expects[id] = &expect{verdict: core.Requeue, why: "claimed for a stage whose worker could not start", stage: stage}
-				}
-			}
-		}
+		w.giveBackClaimed(x.stage)
 		return
 	}
 	if len(q) > 0 {
