@@ -195,12 +195,18 @@ type stage struct {
 	cooldownUntil time.Time
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled: workers spawned since are a new round of starts
+	cooldownFrom  time.Time // the spawn of the worker whose failed start began the cooldown: only an answer of a worker spawned since ends it
 	startErr      string    // how the last failed start failed (health.go)
-	// proven counts the times a worker of the stage showed its program
-	// starts (it answered, or a probe lived StartWindow); probe: the
-	// stage's next workers are probes (startFailed).
-	proven int64
-	probe  bool
+	// provenSpawn: the latest spawn of a worker that showed the stage's
+	// program starts (it answered, or a probe lived StartWindow). A spawn,
+	// not a count: a worker started before a message's first failed start
+	// may run the program as it was before a deployment, and shows nothing
+	// of the program as it is now. probe: the stage's next workers are
+	// probes (startFailed), until a worker spawned at probeFrom or later
+	// shows the program starts.
+	provenSpawn time.Time
+	probe       bool
+	probeFrom   time.Time
 	// programErr: why the stage's program cannot be run, as its last check
 	// found (program.go), until a check passes or a worker starts; checked
 	// again at programCheckAt.

@@ -1538,3 +1538,73 @@ func TestAMoveWhoseReplyWasLostIsNotCountedAsAGuardMiss(t *testing.T) {
 		t.Errorf("guard misses %d, messages left %d: want 0 and 1 (the re-sent move found its own write)", stages["a"].GuardMisses, left)
 	}
 }
+
+// rolling is a stage of two workers, one message each, whose workers live
+// long: an old worker keeps answering while new ones are started.
+const rolling = `
+[pepsi-dispatch]
+MAX_RUNTIME = 300
+WORKER_IDLE_TIMEOUT = 3600
+POLL_INTERVAL = 30
+STATS_INTERVAL = 60
+[stage-a]
+PROGRAM = a
+PARALLELISM = 2
+QUEUE_LIMIT = 1
+`
+
+// Proves: the proof that a stage's program starts comes from a worker started
+// no earlier than a message's first failed start. A worker started before (one
+// running the program as it was before a deployment broke it) that answers
+// between the failed starts proves nothing: the message at their head is not
+// failed, the stage's next worker is a probe, and the old worker's answers
+// end neither the probing nor the cooldown (the stage shows cannot_start, and
+// its starts are held back longer after each failure); a probe that lives
+// ends the probing.
+func TestAnOldWorkersAnswersDoNotProveANewDeploymentStarts(t *testing.T) {
+	w := newWorld(t, rolling)
+	old := one[core.Spawn](t, w.start("a", 1)).Worker
+	w.at(time.Second)
+	w.finish(old) // the old program started: it answered
+	// From here on every new worker fails at its start, with message m at its
+	// head, while the old one keeps answering other messages.
+	w.at(time.Minute)
+	w.q.Insert("a", 2)
+	cmds := w.step(core.Ingress{})
+	fresh := one[core.Spawn](t, cmds).Worker
+	m := w.head(fresh)
+	var it core.Item
+	for i := 1; i <= core.StartFailLimit; i++ {
+		at := time.Duration(i) * time.Minute
+		w.at(at + time.Second)
+		w.finish(old) // an answer between the failed starts
+		w.q.Insert("a", 1)
+		w.step(core.Ingress{}) // the old worker is busy again
+		w.at(at + 2*time.Second)
+		it = itemFor(t, w.exit(fresh, 1, ""), m)
+		if i < core.StartFailLimit {
+			sp := one[core.Spawn](t, w.tick(at+time.Minute-time.Second))
+			if fresh = sp.Worker; w.head(fresh) != m {
+				t.Fatalf("start %d: message %d is not the head of the new worker", i+1, m)
+			}
+		}
+	}
+	if it.Verdict != core.Requeue {
+		t.Fatalf("after %d failed starts of new workers, with only an old worker answering: %v, want pending again", core.StartFailLimit, it)
+	}
+	probeAt := time.Duration(core.StartFailLimit+1) * time.Minute
+	probe := one[core.Spawn](t, w.tick(probeAt)).Worker
+	w.finish(old) // the old worker answers, and takes m
+	if w.head(old) != m {
+		t.Fatalf("the old worker, ready, was not handed message %d", m)
+	}
+	// Nor do its answers end the cooldown: the stage shows it cannot start.
+	if h := healthOf(t, w, "a"); h.State != core.HealthCannotStart {
+		t.Errorf("health of a while only an old worker answers: %+v, want cannot_start", h)
+	}
+	w.q.Insert("a", 1)
+	none[core.Write](t, w.step(core.Ingress{}), "handed a message to the probe because an old worker answered")
+	if wr := one[core.Write](t, w.tick(probeAt+core.StartWindow)); wr.Worker != probe {
+		t.Fatalf("once the probe lived %s: %v, want the pending message handed to it", core.StartWindow, wr)
+	}
+}

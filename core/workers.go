@@ -51,10 +51,15 @@ func (c *Core) answer(e Answer) {
 		w.idleSince = c.now
 	}
 	// The program works: no cooldown holds the stage back any more, and
-	// its workers do not all crash.
-	st.cooldownStep, st.cooldownUntil = 0, time.Time{}
+	// its workers do not all crash. But only as a worker started since the
+	// cooldown began runs it: an older one may run the program as it was
+	// before a deployment that broke it, and ending the cooldown at its
+	// answers would show the stage ok and start failing workers at once.
+	if !w.spawnedAt.Before(st.cooldownFrom) {
+		st.cooldownStep, st.cooldownUntil = 0, time.Time{}
+	}
 	st.crashRun = 0
-	c.proveStage(st)
+	c.proveStage(w)
 	delete(c.startFails, head.id)
 
 	d := c.creditPass(st, s.Fused, elapsed)
@@ -224,6 +229,9 @@ func (c *Core) cooldown(st *stage, spawnedAt time.Time) {
 		}
 		return
 	}
+	if st.cooldownStep == 0 {
+		st.cooldownFrom = spawnedAt
+	}
 	st.cooldownStep = min(max(2*st.cooldownStep, CooldownMin), CooldownMax)
 	st.cooldownUntil, st.cooldownAt = c.now.Add(st.cooldownStep), c.now
 }
@@ -314,16 +322,18 @@ func (c *Core) startFailed(w *worker, q []msg, how string) {
 		}
 		f, ok := c.startFails[head.id]
 		if !ok {
-			f.proven = st.proven
+			f.firstSpawn = w.spawnedAt
 		}
 		f.n++
 		c.startFails[head.id] = f
 		switch {
 		case f.n < StartFailLimit:
-		case st.proven > f.proven:
-			// The program has started since this message's first failed
-			// start (a worker answered, or a probe lived): the message
-			// kills its workers, not the deployment.
+		case !st.provenSpawn.Before(f.firstSpawn):
+			// A worker started no earlier than this message's first failed
+			// start has shown the program starts (it answered, or a probe
+			// lived): the message kills its workers, not the deployment.
+			// An older worker's answers prove nothing: it may run the
+			// program as it was before the deployment that broke it.
 			delete(c.startFails, head.id)
 			reason := fmt.Sprintf("stage %s: message was at the head of %d failed worker starts in a row (last: %s), while the stage's program could start", name, f.n, how)
 			c.passEnded(w, head, Pass{Outcome: PassCrash, Reason: reason})
@@ -332,7 +342,7 @@ func (c *Core) startFailed(w *worker, q []msg, how string) {
 		case !st.probe:
 			// Nothing has shown the program can start at all: a broken
 			// deployment fails no message. The next worker proves it or not.
-			st.probe = true
+			st.probe, st.probeFrom = true, f.firstSpawn
 			c.logf(LevelWarn, "stage %s: message %d was at the head of %d failed worker starts in a row; the stage's next worker is handed nothing until it has lived %s, to tell a message that kills its workers from a program that cannot start",
 				name, head.id, f.n, StartWindow)
 		}
@@ -359,16 +369,24 @@ func (c *Core) giveBackClaimed(st *stage) {
 }
 
 // startFail is a message's run of failed starts at the head of a worker:
-// how many, and the stage's proven count at the first of them.
+// how many, and when the worker of the first of them was spawned.
 type startFail struct {
-	n      int
-	proven int64
+	n          int
+	firstSpawn time.Time
 }
 
-// proveStage records that st's program starts: its probes become workers
-// like the others, and the next failed start of a message counts against it.
-func (c *Core) proveStage(st *stage) {
-	st.proven++
+// proveStage records that st's program, as worker w was started with it,
+// starts: a failed start of a message since w's spawn counts against the
+// message, and once a worker spawned since probing began proves it, the
+// probes become workers like the others.
+func (c *Core) proveStage(w *worker) {
+	st := w.stage
+	if w.spawnedAt.After(st.provenSpawn) {
+		st.provenSpawn = w.spawnedAt
+	}
+	if !st.probe || st.provenSpawn.Before(st.probeFrom) {
+		return // an older worker's answer: it says nothing of the program now
+	}
 	st.probe = false
 	for _, w := range st.workers {
 		if w.probe {
@@ -419,7 +437,7 @@ func (c *Core) timers() {
 				continue
 			}
 			if w.probe && !c.now.Before(w.spawnedAt.Add(StartWindow)) {
-				c.proveStage(w.stage) // it lived: the program starts
+				c.proveStage(w) // it lived: the program starts
 			}
 			if w.handed >= w.stage.cfg.MaxMessages {
 				c.stop(w) // recycle: its pipeline has drained

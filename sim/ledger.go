@@ -98,6 +98,7 @@ type cooldown struct {
 	step  time.Duration
 	until time.Time
 	at    time.Time // the instant of the failed start that set step: workers spawned since are a new round
+	from  time.Time // the spawn of the worker whose failed start began it: only a worker spawned since ends it
 }
 
 // model is everything the checker keeps: the ledger of what it knows, and
@@ -254,24 +255,34 @@ type rateState struct {
 type coolState struct {
 	cool       []cooldown
 	startFails map[int64]startFailModel
-	// proven counts, per stage, the times its program was seen to start (a
-	// worker's answer, a probe that lived core.StartWindow); probe: the
-	// stage's next workers are probes, handed nothing until they have.
-	proven []int64
-	probe  []bool
+	// provenSpawn, per stage, the latest spawn of a worker that showed its
+	// program starts (an answer, a probe that lived core.StartWindow): a
+	// worker spawned before a message's first failed start proves nothing
+	// against it. probe: the stage's next workers are probes, handed nothing
+	// until they have, until a worker spawned at probeFrom or later proves.
+	provenSpawn []time.Time
+	probe       []bool
+	probeFrom   []time.Time
 }
 
 // startFailModel is a message's run of failed starts at a worker's head, and
-// its stage's proven count at the first.
+// when the worker of the first was spawned.
 type startFailModel struct {
-	n      int
-	proven int64
+	n          int
+	firstSpawn time.Time
 }
 
-// proveStage: stage i's program was seen to start; its probes are workers
-// like the others from now on.
-func (w *world) proveStage(i int) {
-	w.proven[i]++
+// proveStage: worker x showed its stage's program, as x was started with
+// it, starts; the stage's probes are workers like the others from now on if
+// x was spawned since the probing began.
+func (w *world) proveStage(x *wmodel) {
+	i := x.stage
+	if x.spawnAt.After(w.provenSpawn[i]) {
+		w.provenSpawn[i] = x.spawnAt
+	}
+	if !w.probe[i] || w.provenSpawn[i].Before(w.probeFrom[i]) {
+		return
+	}
 	w.probe[i] = false
 	for _, y := range w.alive {
 		if y.stage == i && y.probe {
@@ -288,7 +299,7 @@ func (w *world) provenByProbes() {
 	}
 	for _, y := range w.alive {
 		if y.probe && y.started && !y.gone && !y.stopped && !y.killed && !y.proto && !w.now.Before(y.spawnAt.Add(core.StartWindow)) {
-			w.proveStage(y.stage)
+			w.proveStage(y)
 		}
 	}
 }
@@ -361,7 +372,7 @@ func (w *world) newLifeModel() {
 	w.gateState = gateState{unnotified: map[int64]unnotified{}}
 	w.wakeState = wakeState{unseen: map[int64]bool{}}
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
-	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]startFailModel{}, proven: make([]int64, n), probe: make([]bool, n)}
+	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]startFailModel{}, provenSpawn: make([]time.Time, n), probe: make([]bool, n), probeFrom: make([]time.Time, n)}
 	w.healthState = healthState{}
 	w.pressureState = pressureState{feeds: make([][]int, n), over: make([]bool, n)}
 	w.floorState = floorState{releaseAsked: map[int64][]string{}, keysBusy: map[string]bool{}}
@@ -868,6 +879,9 @@ func (w *world) coolDown(s int, spawnAt time.Time) {
 		}
 		return
 	}
+	if c.step == 0 {
+		c.from = spawnAt
+	}
 	c.step = min(max(2*c.step, core.CooldownMin), core.CooldownMax)
 	c.until, c.at = w.now.Add(c.step), w.now
 }
@@ -911,8 +925,12 @@ func (w *world) modelAnswer(e core.Answer) {
 	if len(x.queue) == 0 {
 		x.idleSince = w.now
 	}
-	w.cool[x.stage] = cooldown{} // the program works: its cooldown ends
-	w.proveStage(x.stage)
+	if !x.spawnAt.Before(w.cool[x.stage].from) {
+		// The program works as started since the cooldown began: it ends.
+		// An older worker's answer may be the old program's.
+		w.cool[x.stage] = cooldown{}
+	}
+	w.proveStage(x)
 	delete(w.startFails, head)
 
 	x.pass = ""
@@ -1040,21 +1058,24 @@ func (w *world) modelExit(e core.WorkerExited) {
 		if len(q) > 0 {
 			f, ok := w.startFails[q[0]]
 			if !ok {
-				f.proven = w.proven[x.stage]
+				f.firstSpawn = x.spawnAt
 			}
 			f.n++
 			w.startFails[q[0]] = f
 			switch {
 			case f.n < core.StartFailLimit:
-			case w.proven[x.stage] > f.proven:
-				// The program started since the first: the message kills it.
+			case !w.provenSpawn[x.stage].Before(f.firstSpawn):
+				// A worker spawned since the first showed the program
+				// starts: the message kills its workers.
 				delete(w.startFails, q[0])
 				crashed(q[:1], fmt.Sprintf("head of %d failed starts in a row, while the program could start", f.n))
 				q = q[1:]
 			default:
 				// Nothing showed the program starts: a broken deployment
 				// fails no message; the next workers are probes.
-				w.probe[x.stage] = true
+				if !w.probe[x.stage] {
+					w.probe[x.stage], w.probeFrom[x.stage] = true, f.firstSpawn
+				}
 			}
 		}
 		owe(q, core.Requeue, "held by a worker that could not start")

@@ -205,7 +205,7 @@ var ruleSpawnNeeded = &rule{name: "spawn-only-when-needed", when: atCommand, che
 
 var ruleCooldown = &rule{name: "cooldown", when: atCommand, check: (*world).cooldown,
 	doc: "No spawn during a stage's cooldown: after a failed start the stage waits core.CooldownMin, doubling with each failed start up to core.CooldownMax, " +
-		"once for all the workers started in one round (spawned before it last doubled), whenever each fails; the first answer ends it."}
+		"once for all the workers started in one round (spawned before it last doubled), whenever each fails; the first answer of a worker spawned no earlier than the failed start that began it ends it."}
 
 var ruleParallelism = &rule{name: "parallelism", when: atCommand, check: (*world).parallelism,
 	doc: "At most PARALLELISM live workers per stage, checked at each spawn and after each step."}
@@ -245,7 +245,7 @@ var ruleItemStage = &rule{name: "item-stage", when: atCommand, check: (*world).i
 var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand, check: (*world).itemVerdict,
 	doc: "A resolve item carries the verdict the reference text gives: requeue, fail, timeout (the watchdog's head), answered (a 0), retry (a 75 under RETRY_LIMIT) or move (an answered transition). " +
 		"A worker's head is failed on a crash or a protocol error and timed out by the watchdog; what is behind it is requeued; " +
-		"a head of core.StartFailLimit failed starts in a row fails if the stage's program was seen to start since the first (a worker answered, a probe lived core.StartWindow), " +
+		"a head of core.StartFailLimit failed starts in a row fails if a worker of the stage spawned no earlier than the first showed its program starts (it answered, a probe lived core.StartWindow), " +
 		"else it is requeued and the stage's next workers are probes; other ids of a worker that could not start are requeued."}
 
 var ruleItemTransition = &rule{name: "item-transition", when: atCommand, check: (*world).itemTransition,
