@@ -247,39 +247,47 @@ type RetryFilter struct {
 // retried_at), with attempts back at 0 (a message that used up its retries gets
 // them all again), and notifies the dispatcher. It returns how many it moved.
 func Retry(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
+	r, err := retry(ctx, conn, f, false)
+	return r.Retried, err
+}
+
+// RetryBlocked is Retry, and also says how many of the retried messages wait
+// blocked behind an older unfinished message of their order key.
+func RetryBlocked(ctx context.Context, conn *pgx.Conn, f RetryFilter) (store.Retried, error) {
 	return retry(ctx, conn, f, false)
 }
 
 // RetryCount returns how many messages Retry would send round again with f,
 // and changes nothing (pepsi-queue retry -n).
 func RetryCount(ctx context.Context, conn *pgx.Conn, f RetryFilter) (int64, error) {
-	return retry(ctx, conn, f, true)
+	r, err := retry(ctx, conn, f, true)
+	return r.Retried, err
 }
 
-func retry(ctx context.Context, conn *pgx.Conn, f RetryFilter, dryRun bool) (int64, error) {
+func retry(ctx context.Context, conn *pgx.Conn, f RetryFilter, dryRun bool) (store.Retried, error) {
 	statuses := f.Statuses
 	if len(statuses) == 0 {
 		statuses = []core.RowStatus{core.StatusFailed, core.StatusTimeout}
 	}
 	for _, s := range statuses {
 		if s != core.StatusFailed && s != core.StatusTimeout {
-			return 0, fmt.Errorf("retry: status %q cannot be retried (want failed or timeout)", s)
+			return store.Retried{}, fmt.Errorf("retry: status %q cannot be retried (want failed or timeout)", s)
 		}
 	}
 	if dryRun {
 		n, err := store.On(conn).CountRetry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, Reason: f.Reason})
 		if err != nil {
-			return 0, fmt.Errorf("retry: %w", err)
+			return store.Retried{}, fmt.Errorf("retry: %w", err)
 		}
-		return n, nil
+		return store.Retried{Retried: n}, nil
 	}
 	// Outside a transaction: the change commits, with its notification,
 	// before its keys are released (store.PG.Retry says why).
-	n, err := store.On(conn).Retry(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
+	r, err := store.On(conn).RetryBlocked(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
 	if err != nil {
-		return 0, fmt.Errorf("retry: %w", err)
+		return r, fmt.Errorf("retry: %w", err)
 	}
-	return n, nil
+	return r, nil
 }
 
 // Finished lists the statuses a message leaves the pipeline with
@@ -465,7 +473,8 @@ const PageDiscardedError = "discarded by an operator (on pepsi-httpd's page)"
 // whether it would).
 func (p PageActions) Retry(ctx context.Context, id int64, dryRun bool) (int64, error) {
 	return p.with(ctx, func(conn *pgx.Conn) (int64, error) {
-		return retry(ctx, conn, RetryFilter{ID: id}, dryRun)
+		r, err := retry(ctx, conn, RetryFilter{ID: id}, dryRun)
+		return r.Retried, err
 	})
 }
 

@@ -126,7 +126,11 @@ recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, detail, at)
 	SELECT ingress_id, stage, 'retried', concat_ws(': ', (was->>'status') || ' at ' || (was->>'stage'), was->>'error'), now()
 	FROM moved)
-SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM moved`
+SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}'),
+	coalesce(array_agg(ingress_id) FILTER (WHERE order_key IS NOT NULL), '{}') FROM moved`
+
+// blockedOfSQL counts the rows of $1 that wait blocked behind their key.
+const blockedOfSQL = `SELECT count(*) FROM pepsi.queue WHERE ingress_id = ANY($1::bigint[]) AND status = 'blocked'`
 
 // historyTodaySQL makes today's partition of pepsi.history (UTC), for a tool
 // that writes history rows (schema 16's pepsi.history_day): the dispatcher
@@ -385,26 +389,48 @@ func (s *PG) CountRetry(ctx context.Context, p RetryParams) (int64, error) {
 // lock would deadlock, and the whole retry would be undone (docs/protocol.md,
 // "The queue row and its writers").
 func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
-	var n int64
+	r, err := s.RetryBlocked(ctx, p)
+	return r.Retried, err
+}
+
+// Retried says what a retry did: how many messages it made pending again,
+// and how many of those wait blocked behind an older unfinished message of
+// their order key once the keys were put in order.
+type Retried struct {
+	Retried int64
+	Blocked int64
+}
+
+// RetryBlocked is Retry, and also counts the retried messages that wait
+// blocked after it (read once the keys are in order: a dispatcher may
+// already have claimed some, which then count as pending again).
+func (s *PG) RetryBlocked(ctx context.Context, p RetryParams) (Retried, error) {
+	var r Retried
 	var keys []string
+	var keyed []int64
 	if _, err := s.db.Exec(ctx, historyTodaySQL); err != nil {
-		return 0, fmt.Errorf("retry: make today's history partition: %w", err)
+		return r, fmt.Errorf("retry: make today's history partition: %w", err)
 	}
-	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&n, &keys); err != nil {
-		return 0, fmt.Errorf("retry: %w", err)
+	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&r.Retried, &keys, &keyed); err != nil {
+		return r, fmt.Errorf("retry: %w", err)
 	}
-	if n == 0 {
-		return 0, nil
+	if r.Retried == 0 {
+		return r, nil
 	}
 	if err := s.NotifyIngress(ctx); err != nil {
-		return 0, fmt.Errorf("retry: %w", err)
+		return r, fmt.Errorf("retry: %w", err)
 	}
 	if err := s.releaseKeys(ctx, keys); err != nil {
 		// The retry itself has committed: say so, and how the keys come
 		// right again, rather than that nothing happened.
-		return n, fmt.Errorf("retry: %d messages retried, but putting their order keys in order failed (the dispatcher's claims still take each key's oldest message first, and its next start-up puts the keys in order): %w", n, err)
+		return r, fmt.Errorf("retry: %d messages retried, but putting their order keys in order failed (the dispatcher's claims still take each key's oldest message first, and its next start-up puts the keys in order): %w", r.Retried, err)
 	}
-	return n, nil
+	if len(keyed) > 0 {
+		if err := s.db.QueryRow(ctx, blockedOfSQL, keyed).Scan(&r.Blocked); err != nil {
+			return r, fmt.Errorf("retry: %d messages retried; counting those blocked behind their order key: %w", r.Retried, err)
+		}
+	}
+	return r, nil
 }
 
 // operatorReleaseSQL hands each key of $1 to its oldest unfinished message

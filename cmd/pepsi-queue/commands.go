@@ -637,7 +637,9 @@ Pending, running, paused and done messages are never touched. With no filter,
 -all is required, so that a bare "retry" cannot resend everything by accident.
 -reason selects by the dispatcher's reason (say, every message the remote
 refused while it was down); -n says how many would be retried and changes
-nothing.
+nothing. A retried message with an order key takes its place in its key's
+order: the output says how many wait blocked behind an older unfinished
+message of their key.
 
 EXAMPLES
   pepsi-queue retry -id 42
@@ -681,22 +683,28 @@ EXAMPLES
 // says what it did; others: a filter beside -id was given.
 func runRetry(ctx context.Context, a *app, f queueadmin.RetryFilter, others, dryRun bool) error {
 	return a.withConn(ctx, func(conn *pgx.Conn) error {
-		retry := queueadmin.Retry
+		var r store.Retried
+		var err error
 		if dryRun {
-			retry = queueadmin.RetryCount
+			r.Retried, err = queueadmin.RetryCount(ctx, conn, f)
+		} else {
+			r, err = queueadmin.RetryBlocked(ctx, conn, f)
 		}
-		n, err := retry(ctx, conn, f)
 		if err != nil {
 			return err
 		}
+		n := r.Retried
 		if n == 0 && f.ID != 0 {
 			return notSelected("retried", f.ID, "failed or timed out", others, dryRun)
 		}
-		if dryRun {
+		switch {
+		case dryRun:
 			fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
-			return nil
+		case r.Blocked > 0:
+			fmt.Fprintf(a.stdout, "retried %s: %d pending again, %d blocked behind an older unfinished message of their order key\n", messages(n), n-r.Blocked, r.Blocked)
+		default:
+			fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
 		}
-		fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
 		return nil
 	})
 }
