@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/singleflight"
 
-	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -121,7 +121,7 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	s := &Source{pool: pool, opts: opts, log: opts.Log, pages: make(chan struct{}, 1),
-		where: fmt.Sprintf("PostgreSQL at %s:%d (database %s, user %s)", cc.Host, cc.Port, conf.Quote(cc.Database), conf.Quote(cc.User))}
+		where: pgaddr.Where(&cc.Config)}
 	snap, err := s.firstRead(ctx)
 	if errors.Is(err, errNoSchema) {
 		pool.Close()

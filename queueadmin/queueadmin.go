@@ -24,6 +24,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
+	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
@@ -43,7 +44,7 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d (database %q, user %q): %w", cfg.Host, cfg.Port, cfg.Database, cfg.User, err)
+		return nil, fmt.Errorf("connect to %s: %w", pgaddr.Where(&cfg.Config), err)
 	}
 	return conn, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
+	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 	"github.com/pepsi-pipeline/pepsi/internal/pgnet"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -108,15 +109,10 @@ func newWorker(o Options, log *slog.Logger) (*worker, error) {
 	return &worker{stage: o.Stage, handlers: o.Handlers, fused: fused, writeAll: o.WriteTransitions, cfg: cfg, log: log}, nil
 }
 
-// where names the server for error messages (never the password).
-func (w *worker) where() string {
-	return fmt.Sprintf("%s:%d (database %s, user %s)", w.cfg.Host, w.cfg.Port, conf.Quote(w.cfg.Database), conf.Quote(w.cfg.User))
-}
-
 func (w *worker) connect(ctx context.Context) error {
 	conn, err := pgx.ConnectConfig(ctx, w.cfg)
 	if err != nil {
-		return fmt.Errorf("connect to PostgreSQL at %s: %w", w.where(), err)
+		return fmt.Errorf("connect to %s: %w", pgaddr.Where(&w.cfg.Config), err)
 	}
 	w.conn = conn
 	return nil

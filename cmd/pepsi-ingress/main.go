@@ -28,6 +28,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 	"github.com/pepsi-pipeline/pepsi/internal/tracing"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -309,7 +310,7 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pepsi-ingress"
 	}
-	where := fmt.Sprintf("PostgreSQL at %s:%d (database %q, user %q)", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, cfg.ConnConfig.User)
+	where := pgaddr.Where(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)

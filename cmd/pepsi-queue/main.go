@@ -24,6 +24,7 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/buildinfo"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
 	"github.com/pepsi-pipeline/pepsi/internal/logflags"
+	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
@@ -209,7 +210,7 @@ func (a *app) where(err error) string {
 	var parts []string
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) {
-		parts = append(parts, fmt.Sprintf("database %q on %s:%d as user %q", dbName(a.db), a.db.Host, a.db.Port, a.db.User))
+		parts = append(parts, fmt.Sprintf("database %q on %s:%d as user %q", pgaddr.Database(&a.db.Config), a.db.Host, a.db.Port, a.db.User))
 	}
 	if a.dbFromEnv {
 		parts = append(parts, "taken from the libpq environment: no -c, -database or PEPSI_DATABASE was given")
@@ -218,15 +219,6 @@ func (a *app) where(err error) string {
 		return ""
 	}
 	return " [" + strings.Join(parts, "; ") + "]"
-}
-
-// dbName is the database a configuration connects to: libpq's default is
-// the user's name.
-func dbName(c *pgx.ConnConfig) string {
-	if c.Database == "" {
-		return c.User
-	}
-	return c.Database
 }
 
 // lateGlobalFlag rewrites msg, the flag package's complaint about a flag of
@@ -288,7 +280,7 @@ func schemaHint(err error, db *pgx.ConnConfig) string {
 	case pg.Code == "42703": // undefined_column: every query is of pepsi's tables
 		return " (the database has an older PEPSI schema: run pepsi-queue migrate)"
 	case pg.Code == "3D000" && db != nil: // invalid_catalog_name: the database does not exist
-		return fmt.Sprintf(" (create it first: createdb -h %s -p %d -U %s %s; then pepsi-queue migrate)", db.Host, db.Port, db.User, dbName(db))
+		return fmt.Sprintf(" (create it first: createdb -h %s -p %d -U %s %s; then pepsi-queue migrate)", db.Host, db.Port, db.User, pgaddr.Database(&db.Config))
 	}
 	return ""
 }
