@@ -1608,3 +1608,31 @@ func TestAnOldWorkersAnswersDoNotProveANewDeploymentStarts(t *testing.T) {
 		t.Fatalf("once the probe lived %s: %v, want the pending message handed to it", core.StartWindow, wr)
 	}
 }
+
+// Proves: an old worker's answers end a stage's cooldown once it has run out
+// with no new worker started since (none was needed: the old ones took the
+// messages), so a stage whose workers suffice does not show cannot_start for
+// good after one failed start; before the cooldown runs out they do not.
+func TestAnOldWorkersAnswerEndsACooldownThatRanOutWithNoNewTry(t *testing.T) {
+	w := newWorld(t, rolling)
+	old := one[core.Spawn](t, w.start("a", 1)).Worker
+	w.at(time.Minute)
+	w.q.Insert("a", 1)
+	fresh := one[core.Spawn](t, w.step(core.Ingress{})).Worker
+	m := w.head(fresh)
+	w.at(time.Minute + time.Second)
+	w.exit(fresh, 1, "") // a failed start: m is pending again
+	w.at(time.Minute + 1500*time.Millisecond)
+	w.finish(old) // within the cooldown; the old worker takes m
+	if w.head(old) != m {
+		t.Fatalf("the old worker, ready, was not handed message %d", m)
+	}
+	if h := healthOf(t, w, "a"); h.State != core.HealthCannotStart {
+		t.Errorf("health of a after an old worker's answer within the cooldown: %+v, want cannot_start", h)
+	}
+	w.at(time.Minute + 5*time.Second)
+	none[core.Spawn](t, w.finish(old), "started a worker no message needs")
+	if h := healthOf(t, w, "a"); h.State != core.HealthOK {
+		t.Errorf("health of a after an old worker's answer, the cooldown run out and no new try: %+v, want ok", h)
+	}
+}

@@ -51,11 +51,8 @@ func (c *Core) answer(e Answer) {
 		w.idleSince = c.now
 	}
 	// The program works: no cooldown holds the stage back any more, and
-	// its workers do not all crash. But only as a worker started since the
-	// cooldown began runs it: an older one may run the program as it was
-	// before a deployment that broke it, and ending the cooldown at its
-	// answers would show the stage ok and start failing workers at once.
-	if !w.spawnedAt.Before(st.cooldownFrom) {
+	// its workers do not all crash.
+	if c.answerEndsCooldown(w) {
 		st.cooldownStep, st.cooldownUntil = 0, time.Time{}
 	}
 	st.crashRun = 0
@@ -234,6 +231,25 @@ func (c *Core) cooldown(st *stage, spawnedAt time.Time) {
 	}
 	st.cooldownStep = min(max(2*st.cooldownStep, CooldownMin), CooldownMax)
 	st.cooldownUntil, st.cooldownAt = c.now.Add(st.cooldownStep), c.now
+}
+
+// answerEndsCooldown says whether an answer of w shows that its stage's
+// program starts, so that its cooldown ends. An answer of a worker started
+// since the cooldown began does. An older worker may run the program as it
+// was before a deployment that broke it: ending the cooldown at its answers
+// would show the stage ok and start failing workers at once. Its answers end
+// the cooldown only once it has run out with no new try alive (none was
+// needed): else a stage whose workers suffice would show cannot_start for
+// good.
+func (c *Core) answerEndsCooldown(w *worker) bool {
+	st := w.stage
+	if !w.spawnedAt.Before(st.cooldownFrom) {
+		return true
+	}
+	if c.now.Before(st.cooldownUntil) {
+		return false
+	}
+	return !slices.ContainsFunc(st.workers, func(x *worker) bool { return x.spawnedAt.After(st.cooldownAt) })
 }
 
 // exitedWorker decides what a worker's exit means for the messages it held.

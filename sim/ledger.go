@@ -867,6 +867,22 @@ func (w *world) queueAnswer(id core.WorkerID, a answerInfo) {
 	x.answers = append(x.answers, a)
 }
 
+// answerEndsCooldown: an answer of x ends its stage's cooldown if x was
+// spawned since it began (the program as started now works), or, for an
+// older worker (perhaps the program before a deployment), once the cooldown
+// has run out with no worker of the stage spawned since its last failed
+// start still alive.
+func (w *world) answerEndsCooldown(x *wmodel) bool {
+	c := w.cool[x.stage]
+	if !x.spawnAt.Before(c.from) {
+		return true
+	}
+	if w.now.Before(c.until) {
+		return false
+	}
+	return !slices.ContainsFunc(w.alive, func(y *wmodel) bool { return y.stage == x.stage && y.spawnAt.After(c.at) })
+}
+
 // coolDown is a failed start of a worker of stage s spawned at spawnAt: the
 // cooldown doubles once per round of starts, however many workers of it
 // failed and at whatever instants; a worker spawned before it last doubled
@@ -925,9 +941,7 @@ func (w *world) modelAnswer(e core.Answer) {
 	if len(x.queue) == 0 {
 		x.idleSince = w.now
 	}
-	if !x.spawnAt.Before(w.cool[x.stage].from) {
-		// The program works as started since the cooldown began: it ends.
-		// An older worker's answer may be the old program's.
+	if w.answerEndsCooldown(x) {
 		w.cool[x.stage] = cooldown{}
 	}
 	w.proveStage(x)

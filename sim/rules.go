@@ -205,7 +205,7 @@ var ruleSpawnNeeded = &rule{name: "spawn-only-when-needed", when: atCommand, che
 
 var ruleCooldown = &rule{name: "cooldown", when: atCommand, check: (*world).cooldown,
 	doc: "No spawn during a stage's cooldown: after a failed start the stage waits core.CooldownMin, doubling with each failed start up to core.CooldownMax, " +
-		"once for all the workers started in one round (spawned before it last doubled), whenever each fails; the first answer of a worker spawned no earlier than the failed start that began it ends it."}
+		"once for all the workers started in one round (spawned before it last doubled), whenever each fails; the first answer of a worker spawned no earlier than the failed start that began it ends it, and an older worker's once it has run out with no worker spawned since the last failed start alive."}
 
 var ruleParallelism = &rule{name: "parallelism", when: atCommand, check: (*world).parallelism,
 	doc: "At most PARALLELISM live workers per stage, checked at each spawn and after each step."}

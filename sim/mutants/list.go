@@ -356,7 +356,7 @@ var mutants = []mutant{
 	mut("raced-not-counted", "flush-not-late", "a row still running after its resolve is not counted as a guard miss (the guard miss is owed a flush that never comes; rule statistics-exact, at the end, saw it before keyed scenarios)",
 		"\tc.stat(it.Stage).GuardMisses++\n\tn := c.races[o.ID] + 1", "\tn := c.races[o.ID] + 1"),
 	mut("cooldown-ended-by-old-worker", "cooldown", "an answer of a worker spawned before a stage's cooldown began ends it (during a deployment the old program's answers show the stage ok and respawn the broken one at once)",
-		"\tif !w.spawnedAt.Before(st.cooldownFrom) {\n\t\tst.cooldownStep, st.cooldownUntil = 0, time.Time{}", "\tif true {\n\t\tst.cooldownStep, st.cooldownUntil = 0, time.Time{}"),
+		"\tif c.now.Before(st.cooldownUntil) {\n\t\treturn false\n\t}\n", ""),
 	mut("cooldown-doubles-per-worker", "cooldown-end-due", "workers started in one round that fail to start double the cooldown once each",
 		"\tif st.cooldownStep > 0 && !spawnedAt.After(st.cooldownAt) {", "\tif false {"),
 	mut("patch-must-start-with-brace", "watchdog", "a patch that is JSON but not an object (\"0 >b [1]\") is a protocol error",
