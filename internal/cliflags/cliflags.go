@@ -202,9 +202,17 @@ func (p *Parsed) prefix() string {
 }
 
 // Redact is a connection string fit for a log: a URL's password, and a
-// key=value string's password=, replaced by xxx.
+// key=value string's password, replaced by xxx. A string it cannot read as
+// libpq would (an unterminated quote, a URL with a fragment, where a
+// password's '#' would put the rest of it) is not shown at all: a log line
+// must never carry a password, even of a string that cannot connect.
 func Redact(db string) string {
-	if u, err := url.Parse(db); err == nil && u.Scheme != "" {
+	const unreadable = "(a connection string that cannot be read; not shown, as it may hold a password)"
+	if strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://") {
+		u, err := url.Parse(db)
+		if err != nil || u.Fragment != "" || strings.Contains(db, "#") {
+			return unreadable
+		}
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), "xxx")
 		}
@@ -215,11 +223,69 @@ func Redact(db string) string {
 		}
 		return u.String()
 	}
-	fields := strings.Fields(db)
-	for i, f := range fields {
-		if strings.HasPrefix(f, "password=") {
-			fields[i] = "password=xxx"
-		}
+	pairs, ok := conninfoPairs(db)
+	if !ok {
+		return unreadable
 	}
-	return strings.Join(fields, " ")
+	out := make([]string, len(pairs))
+	for i, p := range pairs {
+		if p[0] == "password" {
+			p[1] = "xxx"
+		}
+		out[i] = p[0] + "=" + p[1]
+	}
+	return strings.Join(out, " ")
+}
+
+// conninfoPairs splits a libpq key=value string into its pairs, each value as
+// written (quotes and escapes kept), the way libpq reads it: blanks may stand
+// around '=', and a value in single quotes may hold blanks and \' escapes.
+func conninfoPairs(s string) ([][2]string, bool) {
+	var pairs [][2]string
+	blank := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' }
+	i := 0
+	for {
+		for i < len(s) && blank(s[i]) {
+			i++
+		}
+		if i == len(s) {
+			return pairs, true
+		}
+		k := i
+		for i < len(s) && s[i] != '=' && !blank(s[i]) {
+			i++
+		}
+		key := s[k:i]
+		for i < len(s) && blank(s[i]) {
+			i++
+		}
+		if key == "" || i == len(s) || s[i] != '=' {
+			return nil, false
+		}
+		i++
+		for i < len(s) && blank(s[i]) {
+			i++
+		}
+		v := i
+		if i < len(s) && s[i] == '\'' {
+			for i++; i < len(s) && s[i] != '\''; i++ {
+				if s[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(s) {
+				return nil, false // unterminated quote
+			}
+			i++
+		} else {
+			for i < len(s) && !blank(s[i]) {
+				if s[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i = min(i, len(s))
+		}
+		pairs = append(pairs, [2]string{key, s[v:i]})
+	}
 }

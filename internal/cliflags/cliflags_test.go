@@ -169,6 +169,15 @@ func TestDatabaseSaysWhereItCameFromAndWarnsWhenTheEnvironmentOverridesTheFile(t
 		"postgres://u:secret@h/db?password=also": "postgres://u:xxx@h/db?password=xxx",
 		"host=h password=secret user=u":          "host=h password=xxx user=u",
 		"postgres://u@h/db":                      "postgres://u@h/db",
+		// libpq allows blanks around '=' and quoted values with blanks.
+		"host=h password = secret user=u":           "host=h password=xxx user=u",
+		"host=h password='a secret b' dbname='x y'": "host=h password=xxx dbname='x y'",
+		`host=h password='it\'s secret' user=u`:     "host=h password=xxx user=u",
+		"host=h password=sec\\ ret user=u":          "host=h password=xxx user=u",
+		"host=h password='unterminated secret":      "(a connection string that cannot be read; not shown, as it may hold a password)",
+		"postgres://u:sec#ret@h/db":                 "(a connection string that cannot be read; not shown, as it may hold a password)",
+		"postgresql://u:secret@h/db":                "postgresql://u:xxx@h/db",
+		"":                                          "",
 	} {
 		if got := cliflags.Redact(in); got != want {
 			t.Errorf("Redact(%q) = %q; want %q", in, got, want)
