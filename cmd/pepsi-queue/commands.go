@@ -129,6 +129,9 @@ func enqueueCmd(a *app) *ffcli.Command {
 			if *stage == "" {
 				return usagef("enqueue", "-stage is required")
 			}
+			if err := textFlags("enqueue", "-stage", *stage); err != nil {
+				return err
+			}
 			src, err := enqueueSource(a, fs, *n, *ndjson, *payload)
 			if err != nil {
 				return err
@@ -662,6 +665,9 @@ EXAMPLES
 			}
 			if *id < 0 {
 				return usagef("retry", "-id %d is not a message id", *id)
+			}
+			if err := emptyFilters(fs, "retry", "id", "stage", "status", "reason", "to"); err != nil {
+				return err
 			}
 			if err := textFlags("retry", "-stage", *stage, "-reason", *reason, "-to", *to); err != nil {
 				return err

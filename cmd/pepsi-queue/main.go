@@ -327,13 +327,17 @@ func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
 	return queueadmin.Connect(ctx, url)
 }
 
-// checkStage refuses a stage the configuration (when there is one) does not
-// have: a message sent there would wait forever.
+// checkStage refuses a stage the configuration does not have, or, without
+// one, a name no configuration could give a stage: a message sent there
+// would wait forever.
 func (a *app) checkStage(cmd, flagName, stage string) error {
 	if err := a.loadConfig(); err != nil {
 		return err
 	}
 	if a.config == nil {
+		if !conf.ValidStageName(stage) {
+			return usagef(cmd, "%s: %q is not a stage name (1 to 63 letters, digits, '_' and '-'; not done or paused): no dispatcher would ever take its messages", flagName, stage)
+		}
 		return nil
 	}
 	if _, ok := a.config.Stage(stage); ok {

@@ -22,6 +22,7 @@ import (
 // selectFlags are the filters list and discard share: which messages a
 // command is about.
 type selectFlags struct {
+	fs        *flag.FlagSet
 	id        *int64
 	stage     *string
 	status    *string
@@ -34,6 +35,7 @@ type selectFlags struct {
 // to the messages it selects ("list", "discard").
 func addSelectFlags(fs *flag.FlagSet, verb string) *selectFlags {
 	return &selectFlags{
+		fs:        fs,
 		id:        fs.Int64("id", 0, verb+" only the message with this `ID`"),
 		stage:     fs.String("stage", "", verb+" only messages at this `STAGE`"),
 		status:    fs.String("status", "", verb+" only messages with one of these `STATUSES` (comma-separated)"),
@@ -50,7 +52,10 @@ func (f *selectFlags) selection(a *app, cmd string, allowed []core.RowStatus) (q
 	if *f.id < 0 {
 		return sel, usagef(cmd, "-id %d is not a message id", *f.id)
 	}
-	if err := textFlags(cmd, "-stage", *f.stage, "-reason", *f.reason); err != nil {
+	if err := emptyFilters(f.fs, cmd, "id", "stage", "status", "reason", "older-than", "order-key"); err != nil {
+		return sel, err
+	}
+	if err := textFlags(cmd, "-stage", *f.stage, "-reason", *f.reason, "-order-key", *f.orderKey); err != nil {
 		return sel, err
 	}
 	if *f.status != "" {
@@ -85,6 +90,25 @@ func textFlags(cmd string, pairs ...string) error {
 		}
 	}
 	return nil
+}
+
+// emptyFilters refuses a filter of names given an empty value, or -id given
+// 0: "-stage $S" with S unset would otherwise select as if no -stage were
+// given, and widen a retry or a discard to every stage's messages.
+func emptyFilters(fs *flag.FlagSet, cmd string, names ...string) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if err != nil || !slices.Contains(names, f.Name) {
+			return
+		}
+		switch v := f.Value.String(); {
+		case f.Name == "id" && v == "0":
+			err = usagef(cmd, "-id 0 is not a message id")
+		case v == "":
+			err = usagef(cmd, "-%s is given an empty value (an unset variable?): give one, or leave -%s out", f.Name, f.Name)
+		}
+	})
+	return err
 }
 
 // notSelected is the error of a command given -id whose message the

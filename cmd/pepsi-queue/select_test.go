@@ -138,3 +138,36 @@ func TestRetryByReasonWithADryRunFirst(t *testing.T) {
 		t.Errorf("after retry -reason: %s, want %s", got, want)
 	}
 }
+
+// Proves: a filter given an empty value ("-stage $S" with S unset), or -id 0,
+// is a bad command line that changes nothing, not a filter left out, which
+// would widen retry and discard to every message; a -stage or -order-key
+// that is not UTF-8 names its flag (exit 2), as does an enqueue's -stage
+// that no configuration could have.
+func TestAnEmptyFilterIsRefusedNotIgnored(t *testing.T) {
+	t.Parallel()
+	url, env := failedFixture(t)
+	before := scalar(t, url, "SELECT string_agg(ingress_id || ':' || status, ' ' ORDER BY ingress_id) FROM pepsi.queue")
+	for _, args := range [][]string{
+		{"retry", "-stage", "", "-status", "failed"},
+		{"retry", "-reason", "", "-stage", "deliver"},
+		{"retry", "-to", "", "-all"},
+		{"discard", "-order-key", "", "-status", "paused"},
+		{"discard", "-stage", "", "-status", "pending"},
+		{"list", "-status", ""},
+		{"list", "-older-than", "", "-count"},
+	} {
+		flag := args[1]
+		pq(t, "", env, args...).expect(t, strings.Join(args, " "), 2, "", flag+" is given an empty value")
+	}
+	pq(t, "", env, "list", "-id", "0").expect(t, "list -id 0", 2, "", "-id 0 is not a message id")
+	pq(t, "", env, "retry", "-id", "0").expect(t, "retry -id 0", 2, "", "-id 0 is not a message id")
+	pq(t, "", env, "list", "-order-key", "a\xff").expect(t, "an order key that is not UTF-8", 2, "", "-order-key")
+	pq(t, "", env, "enqueue", "-stage", "a\xff", "-payload", "x").expect(t, "an enqueue's stage that is not UTF-8", 2, "", "-stage")
+	for _, stage := range []string{"done", "a b", strings.Repeat("s", 64)} {
+		pq(t, "", env, "enqueue", "-stage", stage, "-payload", "x").expect(t, "enqueue at "+stage, 2, "", "is not a stage name")
+	}
+	if after := scalar(t, url, "SELECT string_agg(ingress_id || ':' || status, ' ' ORDER BY ingress_id) FROM pepsi.queue"); after != before {
+		t.Errorf("the refused commands changed the queue:\n before %s\n after  %s", before, after)
+	}
+}
