@@ -147,6 +147,9 @@ type worker struct {
 	// start from a message that kills its workers (startFailed): it is
 	// handed nothing until it has lived StartWindow.
 	probe bool
+	// tail: its output's last line, written without a newline, judged at
+	// its exit (Answer.Unterminated).
+	tail *Answer
 }
 
 type stage struct {

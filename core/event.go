@@ -101,10 +101,17 @@ type ProgramChecked struct {
 // Cut says the line was longer than AnswerMax bytes and Line is its first
 // AnswerMax: a protocol error too, whatever those bytes say (cut, a valid
 // answer would fail as a patch that is not JSON).
+//
+// Unterminated says the worker's output ended in this line, with no
+// newline: the core judges it when the worker's exit says how it ended. A
+// worker that exited by itself wrote its last line whole; one killed (by
+// the dispatcher or by a signal) may have been cut off writing it, and
+// "0 >b" of "0 >bx {...}" would send its message to another stage.
 type Answer struct {
-	Worker WorkerID
-	Line   string
-	Cut    bool
+	Worker       WorkerID
+	Line         string
+	Cut          bool
+	Unterminated bool
 }
 
 // AnswerMax is the longest line a worker may answer, in bytes (64 KiB): the

@@ -1636,3 +1636,36 @@ func TestAnOldWorkersAnswerEndsACooldownThatRanOutWithNoNewTry(t *testing.T) {
 		t.Errorf("health of a after an old worker's answer, the cooldown run out and no new try: %+v, want ok", h)
 	}
 }
+
+// Proves: a worker's last line written without a newline is judged by how
+// the worker ended. Killed by the watchdog while writing "0 >bx {...}", its
+// cut-off "0 >b" is dropped and its message times out, as MAX_RUNTIME says,
+// instead of moving to stage b; a worker that exits by itself wrote its last
+// line whole, and it is its answer.
+func TestALastLineWithoutANewlineIsAnAnswerOnlyIfTheWorkerExitedByItself(t *testing.T) {
+	w := newWorld(t, threeStages)
+	killed := one[core.Spawn](t, w.start("a", 1)).Worker
+	w.at(time.Second)
+	w.step(core.Answer{Worker: killed, Line: "0 >b", Unterminated: true})
+	kill := one[core.Kill](t, w.tick(301*time.Second))
+	if kill.Worker != killed {
+		t.Fatalf("killed %v, want the worker past MAX_RUNTIME", kill.Worker)
+	}
+	cmds := w.exit(killed, -1, "killed")
+	if it := itemFor(t, cmds, 1); it.Verdict != core.TimeOut {
+		t.Errorf("the message of a worker killed while writing its answer: %v, want timed out", it)
+	}
+	if !slices.ContainsFunc(of[core.Log](cmds), func(l core.Log) bool { return strings.Contains(l.Msg, "had no newline when it was killed") }) {
+		t.Errorf("no log says the cut-off line was dropped:\n%s", list(cmds))
+	}
+
+	w.at(10 * time.Minute)
+	w.q.Insert("a", 1)
+	whole := one[core.Spawn](t, w.step(core.Ingress{})).Worker
+	id := w.head(whole)
+	w.at(10*time.Minute + time.Second)
+	w.step(core.Answer{Worker: whole, Line: "0 >b", Unterminated: true})
+	if it := itemFor(t, w.exit(whole, 0, ""), id); it.Verdict != core.Move || it.To != "b" {
+		t.Errorf("the last line of a worker that exited by itself: %v, want its move to b", it)
+	}
+}

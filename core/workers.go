@@ -19,6 +19,10 @@ func (c *Core) answer(e Answer) {
 	if w == nil || w.cause == killProtocol {
 		return // lines after a protocol error, or from a forgotten worker
 	}
+	if e.Unterminated {
+		w.tail = &e // judged at the exit, which says how the output ended
+		return
+	}
 	st := w.stage
 	if len(w.queue) == 0 {
 		c.protocolError(w, e.Line, "an answer with no message outstanding")
@@ -233,6 +237,27 @@ func (c *Core) cooldown(st *stage, spawnedAt time.Time) {
 	st.cooldownUntil, st.cooldownAt = c.now.Add(st.cooldownStep), c.now
 }
 
+// judgeTail takes w's last line, written without a newline, as an answer if
+// w exited by itself, and drops it if w was killed, by the dispatcher (a
+// timeout, a stop's grace, a shutdown) or by a signal: a line cut off by the
+// kill ("0 >b" of "0 >bx") would be judged as another answer than the one
+// the stage was writing. Its head then ends as the kill says (timed out,
+// requeued, failed as a crash).
+func (c *Core) judgeTail(w *worker, e WorkerExited) {
+	t := w.tail
+	if t == nil {
+		return
+	}
+	w.tail = nil
+	if w.cause == killNone && e.Signal == "" {
+		t.Unterminated = false
+		c.answer(*t)
+		return
+	}
+	c.logf(LevelWarn, "stage %s worker pid %d: its last line %s had no newline when it was killed; dropped, not taken as an answer",
+		w.stage.cfg.Name, w.pid, conf.Quote(clip(t.Line, 100)))
+}
+
 // answerEndsCooldown says whether an answer of w shows that its stage's
 // program starts, so that its cooldown ends. An answer of a worker started
 // since the cooldown began does. An older worker may run the program as it
@@ -258,6 +283,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	if w == nil {
 		return
 	}
+	c.judgeTail(w, e)
 	c.removeWorker(w)
 	st := w.stage
 	name := st.cfg.Name

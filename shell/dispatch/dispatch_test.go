@@ -743,3 +743,31 @@ func TestQueueWritesThatFailAtOnceAreRetriedWithBackoffUntilTheDatabaseHeals(t *
 	}
 	e.expectRow(first[0], "done", "a", "")
 }
+
+// A worker killed while writing its answer ("0 >b" of a longer line, no
+// newline yet) is not taken to have answered it: killed by the watchdog, its
+// message times out at its stage; killed at a shutdown's STOP_GRACE, its
+// message is requeued at its stage. Neither moves to stage b.
+func TestAnAnswerCutOffByAKillIsNotTaken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 1s\n"+stages(1, 1, "a", "b"))
+	timedOut := e.insert("a", "a=partial:0 >b+hang")[0]
+	d := e.start()
+	e.waitCounts(15*time.Second, map[string]int{"timeout": 1})
+	d.stopClean()
+	e.expectRow(timedOut, "timeout", "a", "no answer within MAX_RUNTIME 1s")
+	if n := len(d.logs.lines("had no newline when it was killed")); n != 1 {
+		t.Errorf("%d log lines say the cut-off line was dropped; want 1", n)
+	}
+
+	g := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 600\nSTOP_GRACE = 1s\n"+stages(1, 1, "a", "b"))
+	requeued := g.insert("a", "a=partial:0 >b+hang")[0]
+	d = g.start()
+	g.waitCounts(15*time.Second, map[string]int{"running": 1})
+	waitFor(t, 10*time.Second, "the partial line to be read", func() (bool, string) {
+		return len(g.records("handle")) > 0, "no pass yet"
+	})
+	time.Sleep(200 * time.Millisecond) // the partial line is written right after the pass starts
+	d.stopClean()
+	g.expectRow(requeued, "pending", "a", "")
+}

@@ -17,10 +17,12 @@ import (
 const lineMax = core.AnswerMax
 
 // readLines calls emit for every line of r, in order, without its "\n" or "\r\n".
-// A final line without a newline still counts. A line longer than lineMax is
-// passed on as its first lineMax bytes with cut set, and the rest of it is
-// discarded. It returns nil at end of input, else the read error.
-func readLines(r io.Reader, emit func(line string, cut bool)) error {
+// A final line without a newline still counts, with unterminated set (the
+// core judges it by how the worker ended: core.Answer.Unterminated). A line
+// longer than lineMax is passed on as its first lineMax bytes with cut set,
+// and the rest of it is discarded. It returns nil at end of input, else the
+// read error.
+func readLines(r io.Reader, emit func(line string, cut, unterminated bool)) error {
 	// Room for a line of lineMax bytes and its "\r\n": a line of exactly
 	// lineMax bytes is whole, as the protocol says.
 	br := bufio.NewReaderSize(r, lineMax+2)
@@ -30,12 +32,12 @@ func readLines(r io.Reader, emit func(line string, cut bool)) error {
 		case err == nil:
 			line = trimEOL(line)
 			if len(line) > lineMax {
-				emit(string(line[:lineMax]), true)
+				emit(string(line[:lineMax]), true, false)
 				continue
 			}
-			emit(string(line), false)
+			emit(string(line), false, false)
 		case errors.Is(err, bufio.ErrBufferFull):
-			emit(string(line[:lineMax]), true)
+			emit(string(line[:lineMax]), true, false)
 			for errors.Is(err, bufio.ErrBufferFull) {
 				_, err = br.ReadSlice('\n')
 			}
@@ -47,9 +49,9 @@ func readLines(r io.Reader, emit func(line string, cut bool)) error {
 			}
 		default:
 			if len(line) > lineMax {
-				emit(string(line[:lineMax]), true)
+				emit(string(line[:lineMax]), true, true)
 			} else if len(line) > 0 {
-				emit(string(line), false)
+				emit(string(line), false, true)
 			}
 			if err == io.EOF {
 				return nil

@@ -513,8 +513,8 @@ func (p *Pool) writeStdin(w *proc, done chan<- struct{}) {
 func (p *Pool) readStdout(w *proc, done chan<- struct{}) {
 	defer close(done)
 	defer p.goroutines.Add(-1) // before done: reap counts on it
-	err := readLines(w.stdout, func(line string, cut bool) {
-		p.events(core.Answer{Worker: w.id, Line: line, Cut: cut})
+	err := readLines(w.stdout, func(line string, cut, unterminated bool) {
+		p.events(core.Answer{Worker: w.id, Line: line, Cut: cut, Unterminated: unterminated})
 	})
 	if err != nil && !errors.Is(err, os.ErrClosed) {
 		w.log.Warn("worker: reading stdout", "err", err)
@@ -542,7 +542,7 @@ const stdoutClosedGrace = time.Second
 func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 	defer close(done)
 	defer p.goroutines.Add(-1) // before done: reap counts on it
-	err := readLines(w.stderr, func(line string, cut bool) {
+	err := readLines(w.stderr, func(line string, cut, _ bool) {
 		if cut {
 			w.log.Warn(line, "stream", "stderr", "cut_at_bytes", lineMax)
 			return

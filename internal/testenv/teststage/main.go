@@ -45,6 +45,7 @@
 //	hang          sleep forever
 //	answer:LINE   answer LINE instead of "0" (e.g. "answer:7 bad input")
 //	print:LINE    write LINE as the answer (a protocol error when it is no status)
+//	partial:TEXT  write TEXT with no newline (a line cut off, as by a kill)
 //	fused:S:US    append " S:US" to the "0" answer (a stage fused into this pass)
 //	stderr:TEXT   write TEXT to standard error
 //	exit:N        exit with status N at once (before or after a commit above)
@@ -437,6 +438,13 @@ func act(id int64, op, answer string) (string, error) {
 		return arg, nil
 	case "print":
 		if _, err := os.Stdout.WriteString(arg + "\n"); err != nil {
+			return "", err
+		}
+		return "", nil
+	case "partial":
+		// The start of a line, without its newline: what a worker killed
+		// while writing its answer leaves.
+		if _, err := os.Stdout.WriteString(arg); err != nil {
 			return "", err
 		}
 		return "", nil
