@@ -135,6 +135,12 @@ func ParseEmit(line string) (Emit, error) {
 	if d := JSONDepth(text); d > jsonDepthMax {
 		return Emit{}, fmt.Errorf("nested more than %d deep", jsonDepthMax)
 	}
+	switch unknown, twice := MemberProblem(text, "stage", "key", "order_key", "payload", "payload_base64", "state"); {
+	case unknown != "":
+		return Emit{}, fmt.Errorf("unknown field %q (want stage, payload or payload_base64, and optionally state, key and order_key; names are matched exactly)", unknown)
+	case twice != "":
+		return Emit{}, fmt.Errorf("field %q given twice", twice)
+	}
 	var obj struct {
 		Stage         *string         `json:"stage"`
 		Key           *string         `json:"key"`
@@ -190,6 +196,9 @@ func emitOf(stage, key, orderKey *string, payload json.RawMessage, payloadBase64
 			return e, fmt.Errorf("payload_base64: %w", err)
 		}
 	case len(payload) > 0 && payload[0] == '"':
+		if why := StringRefuses(string(payload)); why != "" {
+			return e, fmt.Errorf("payload: %s (a string payload is UTF-8 text; send other bytes as payload_base64)", why)
+		}
 		var s string
 		if err := json.Unmarshal(payload, &s); err != nil {
 			return e, fmt.Errorf("payload: %w", err)

@@ -289,23 +289,14 @@ func jsonbRefuses(p string, lengthMax int) string {
 				if p[i] != 'u' {
 					continue
 				}
-				r, _ := strconv.ParseUint(p[i+1:i+5], 16, 32)
-				i += 4
+				r, end, lone := uEscape(p, i)
 				switch {
 				case r == 0:
 					return `\u0000 in a string`
-				case r >= 0xDC00 && r <= 0xDFFF:
+				case lone:
 					return "a lone UTF-16 surrogate in a string"
-				case r >= 0xD800 && r <= 0xDBFF:
-					if i+6 >= len(p) || p[i+1] != '\\' || p[i+2] != 'u' {
-						return "a lone UTF-16 surrogate in a string"
-					}
-					lo, _ := strconv.ParseUint(p[i+3:i+7], 16, 32)
-					if lo < 0xDC00 || lo > 0xDFFF {
-						return "a lone UTF-16 surrogate in a string"
-					}
-					i += 6
 				}
+				i = end
 			}
 		case c == '-' || c >= '0' && c <= '9':
 			j := i

@@ -132,6 +132,12 @@ func Parse(text []byte, f Fields) (Message, error) {
 			return Message{}, fmt.Errorf("nested more than %d deep", DepthMax)
 		}
 	}
+	switch unknown, twice := core.MemberProblem(string(text), "stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts"); {
+	case unknown != "":
+		return Message{}, fmt.Errorf("unknown field %q (%s; names are matched exactly)", unknown, f.want())
+	case twice != "":
+		return Message{}, fmt.Errorf("field %q given twice", twice)
+	}
 	var obj struct {
 		Stage         *string         `json:"stage"`
 		Key           *string         `json:"key"`
@@ -358,6 +364,9 @@ func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error)
 		}
 		return b, nil
 	case len(text) > 0 && text[0] == '"':
+		if why := core.StringRefuses(string(text)); why != "" {
+			return nil, fmt.Errorf("payload: %s (a string payload is UTF-8 text; send other bytes as payload_base64)", why)
+		}
 		var s string
 		if err := json.Unmarshal(text, &s); err != nil {
 			return nil, fmt.Errorf("payload: %w", err)

@@ -155,3 +155,29 @@ func TestStateIsRefusedForWhatJSONBRefusesOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestNamesAreExactAndOnceAndAStringPayloadIsUTF8: Go's decoder matches
+// member names ignoring case, keeps the last of a name given twice, and
+// replaces bytes that are not UTF-8 and lone surrogates with U+FFFD; each
+// would change a message silently, so each is refused. A surrogate pair and
+// an escaped name are taken.
+func TestNamesAreExactAndOnceAndAStringPayloadIsUTF8(t *testing.T) {
+	all := msgjson.Fields{Stage: true, Key: true, OrderKey: true}
+	for text, why := range map[string]string{
+		`{"PAYLOAD":"ab","Stage":"enrich"}`:   `unknown field "PAYLOAD"`,
+		`{"payload":"a","Order_Key":"k"}`:     `unknown field "Order_Key"`,
+		`{"payload":"a","payload":"b"}`:       `field "payload" given twice`,
+		`{"key":"a","key":"b","payload":"x"}`: `field "key" given twice`,
+		"{\"payload\":\"\xff\"}":              "payload: bytes that are not UTF-8",
+		`{"payload":"\ud800"}`:                "payload: a lone UTF-16 surrogate",
+		`{"payload":"\udc00 x"}`:              "payload: a lone UTF-16 surrogate",
+	} {
+		if _, err := msgjson.Parse([]byte(text), all); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("Parse(%s) = %v; want an error saying %q", text, err, why)
+		}
+	}
+	m, err := msgjson.Parse([]byte(`{"pay\u006coad":"\ud83d\ude00 \u00e9","stage":"s"}`), all)
+	if err != nil || string(m.Payload) != "\U0001F600 \u00e9" || m.Stage != "s" {
+		t.Errorf("a surrogate pair under an escaped name = %q, %v; want the emoji and é", m.Payload, err)
+	}
+}
