@@ -107,6 +107,7 @@ func Run(ctx context.Context, o Options) (int, error) {
 		signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 		defer signal.Stop(ch)
 		signals = ch
+		defer ignoreHangups(log)()
 	}
 	// carry: statistics a session that lost the lock counted but could not be sure
 	// it wrote; the next session's core adds what the database does not show.
@@ -339,4 +340,30 @@ func level(l core.Level) slog.Level {
 		return slog.LevelWarn
 	}
 	return slog.LevelInfo
+}
+
+// ignoreHangups keeps pepsi-dispatch running on SIGHUP, with a warning for
+// each: by default the signal would kill it at once, with no shutdown, no
+// requeue and no statistics flushed, as a closed terminal or a service
+// manager's habitual reload (kill -HUP) sends it. It has nothing to reload:
+// its configuration is read at start. It returns the function that stops
+// it. (Workers get the default disposition back at exec.)
+func ignoreHangups(log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				log.Warn("SIGHUP ignored: pepsi-dispatch reads its configuration only at start; to change it, stop it (SIGTERM) and start it again")
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(done)
+	}
 }
