@@ -44,9 +44,9 @@ func TestAMessageStageThatBreaksTheProtocolLosesNothing(t *testing.T) {
 		{name: "answers before it read", eager: true, log: "broke the protocol"},
 		{name: "answers twice", payload: "twice", status: "done", log: "broke the protocol"},
 		// The partial "0 >do" hangs until MAX_RUNTIME; the worker is killed and
-		// the partial line, read at the end of its output, is its answer: an
-		// unknown target, which fails the message with the reason.
-		{name: "partial line", payload: "partial", status: "failed", reason: `target 'do' is not a stage`, log: "MAX_RUNTIME"},
+		// the partial line, cut off by the kill, is dropped, not taken as an
+		// answer: the message times out.
+		{name: "partial line", payload: "partial", status: "timeout", reason: "no answer within MAX_RUNTIME", log: "had no newline when it was killed"},
 		{name: "exits mid-pipeline", payload: "exit", status: "failed", reason: "crashed", log: "crashed"},
 	}
 	for _, tc := range cases {
