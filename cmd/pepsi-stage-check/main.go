@@ -195,8 +195,10 @@ func (o options) generated(id int64) input {
 }
 
 // fromFile reads one NDJSON message in the line format (docs/protocol.md):
-// at least an id; stage, attempts, state, payload or payload_base64, read by
-// the parser pepsi-queue and pepsi-ingress read messages with.
+// at least an id; stage, attempts, order_key, parent_id, traceparent, state,
+// payload or payload_base64, read by the parser pepsi-queue and
+// pepsi-ingress read messages with, and each handed on as the dispatcher
+// would hand it.
 func (o options) fromFile(b []byte) (input, error) {
 	m, err := msgjson.Parse(b, msgjson.Fields{Line: true, Stage: true})
 	if err != nil {
@@ -205,14 +207,14 @@ func (o options) fromFile(b []byte) (input, error) {
 	if m.Stage == "" {
 		m.Stage = o.stage
 	}
-	msg := &core.Message{State: string(m.State), Payload: m.Payload, PayloadSize: -1}
+	msg := &core.Message{State: string(m.State), Payload: m.Payload, PayloadSize: -1, ParentID: m.ParentID}
 	if m.State == nil {
 		msg.State = "{}"
 	}
 	if m.Payload != nil {
 		msg.PayloadSize = len(m.Payload)
 	}
-	x := o.line(core.Row{ID: m.ID, Stage: m.Stage, Attempts: m.Attempts, Message: msg})
+	x := o.line(core.Row{ID: m.ID, Stage: m.Stage, Attempts: m.Attempts, Message: msg, Key: m.OrderKey, Trace: core.Trace{Pass: m.TraceParent}})
 	if x.line == "" {
 		return input{}, errors.New("it cannot be handed to an INPUT = message stage (too large?)")
 	}

@@ -192,11 +192,14 @@ func TestAStageThatExitsMidInputIsReported(t *testing.T) {
 }
 
 // Proves: in id mode the stage gets decimal ids, and messages come from an
-// NDJSON file when one is given.
+// NDJSON file when one is given, each handed on as the dispatcher would hand
+// it, its order key, parent and trace context included.
 func TestIDModeAndMessagesFromAFile(t *testing.T) {
 	p := script(t, "echo.sh", "#!/bin/sh\nwhile read -r l; do echo \"0 >done {\\\"saw\\\":\\\"$l\\\"}\"; done\n")
 	file := filepath.Join(t.TempDir(), "m.ndjson")
-	if err := os.WriteFile(file, []byte(`{"id":42,"state":{"x":1},"payload":"a"}`+"\n"+`{"id":43,"payload_base64":"/w=="}`+"\n"), 0o644); err != nil {
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if err := os.WriteFile(file, []byte(`{"id":42,"state":{"x":1},"payload":"a"}`+"\n"+`{"id":43,"payload_base64":"/w=="}`+"\n"+
+		`{"id":44,"order_key":"acct-9","parent_id":3,"traceparent":"`+tp+`","payload":"c"}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	code, report := runCheck(t, "-input", "id", "-messages", file, p)
@@ -211,7 +214,8 @@ func TestIDModeAndMessagesFromAFile(t *testing.T) {
 		t.Errorf("message mode: exit %d, want 0", code)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, "lines"))
-	want := `{"id":42,"stage":"check","attempts":0,"state":{"x":1},"payload":"a"}` + "\n" + `{"id":43,"stage":"check","attempts":0,"state":{},"payload_base64":"/w=="}` + "\n"
+	want := `{"id":42,"stage":"check","attempts":0,"state":{"x":1},"payload":"a"}` + "\n" + `{"id":43,"stage":"check","attempts":0,"state":{},"payload_base64":"/w=="}` + "\n" +
+		`{"id":44,"stage":"check","attempts":0,"order_key":"acct-9","parent_id":3,"traceparent":"` + tp + `","state":{},"payload":"c"}` + "\n"
 	if string(got) != want {
 		t.Errorf("the stage read\n%s\nwant\n%s", got, want)
 	}

@@ -65,9 +65,11 @@ type Message struct {
 	Payload []byte
 	// State is the initial state, a JSON object; nil means {}.
 	State json.RawMessage
-	// ID and Attempts are the "id" and "attempts" fields of a line (Fields.Line).
+	// ID, Attempts and ParentID are the "id", "attempts" and "parent_id"
+	// fields of a line (Fields.Line); ParentID is 0 when absent.
 	ID       int64
 	Attempts int
+	ParentID int64
 }
 
 // Fields says which optional fields a caller takes beyond payload,
@@ -97,7 +99,7 @@ type Fields struct {
 
 func (f Fields) want() string {
 	if f.Line {
-		return "want id, stage, attempts, order_key, traceparent, state, and payload or payload_base64"
+		return "want id, stage, attempts, order_key, parent_id, traceparent, state, and payload or payload_base64"
 	}
 	var opt []string
 	if f.Stage {
@@ -132,7 +134,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 			return Message{}, fmt.Errorf("nested more than %d deep", DepthMax)
 		}
 	}
-	switch unknown, twice := core.MemberProblem(string(text), "stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts"); {
+	switch unknown, twice := core.MemberProblem(string(text), "stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); {
 	case unknown != "":
 		return Message{}, fmt.Errorf("unknown field %q (%s; names are matched exactly)", unknown, f.want())
 	case twice != "":
@@ -149,6 +151,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 		State         json.RawMessage `json:"state"`
 		ID            *int64          `json:"id"`
 		Attempts      *int            `json:"attempts"`
+		ParentID      *int64          `json:"parent_id"`
 	}
 	d := json.NewDecoder(bytes.NewReader(text))
 	d.DisallowUnknownFields()
@@ -184,7 +187,7 @@ func Parse(text []byte, f Fields) (Message, error) {
 	case obj.NotBefore != nil && !f.NotBefore:
 		return m, fmt.Errorf(`unknown field "not_before" (%s)`, f.want())
 	}
-	if err := m.line(f, obj.ID, obj.Attempts); err != nil {
+	if err := m.line(f, obj.ID, obj.Attempts, obj.ParentID); err != nil {
 		return m, err
 	}
 	if obj.Stage != nil {
@@ -329,22 +332,29 @@ func state(text json.RawMessage) (json.RawMessage, error) {
 }
 
 // line checks and takes the fields only a line has (Fields.Line).
-func (m *Message) line(f Fields, id *int64, attempts *int) error {
+func (m *Message) line(f Fields, id *int64, attempts *int, parentID *int64) error {
 	switch {
 	case !f.Line && id != nil:
 		return fmt.Errorf(`unknown field "id" (%s)`, f.want())
 	case !f.Line && attempts != nil:
 		return fmt.Errorf(`unknown field "attempts" (%s)`, f.want())
+	case !f.Line && parentID != nil:
+		return fmt.Errorf(`unknown field "parent_id" (%s)`, f.want())
 	case !f.Line:
 		return nil
 	case id == nil || *id <= 0:
 		return errors.New(`no positive "id"`)
 	case attempts != nil && *attempts < 0:
 		return errors.New("attempts is negative")
+	case parentID != nil && *parentID <= 0:
+		return errors.New("parent_id is not a message id")
 	}
 	m.ID = *id
 	if attempts != nil {
 		m.Attempts = *attempts
+	}
+	if parentID != nil {
+		m.ParentID = *parentID
 	}
 	return nil
 }

@@ -80,6 +80,10 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 	if err != nil || m.ID != 42 || m.Stage != "parse" || m.Attempts != 2 || string(m.State) != `{"k":1}` || string(m.Payload) != "a\nb" {
 		t.Errorf("a whole line: %+v, %v", m, err)
 	}
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if m, err := msgjson.Parse([]byte(`{"id":9,"order_key":"acct-9","parent_id":3,"traceparent":"`+tp+`"}`), line); err != nil || m.OrderKey != "acct-9" || m.ParentID != 3 || m.TraceParent != tp {
+		t.Errorf("a line with its order key, parent and trace: %+v, %v", m, err)
+	}
 	if m, err := msgjson.Parse([]byte(`{"id":7}`), line); err != nil || m.Payload != nil || m.Attempts != 0 {
 		t.Errorf("no payload: %+v, %v; want a NULL payload", m, err)
 	}
@@ -94,7 +98,8 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 		`{"id":0,"payload":"x"}`:          `no positive "id"`,
 		`{"id":"1"}`:                      "id: want a int64",
 		`{"id":1,"attempts":-1}`:          "attempts is negative",
-		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, order_key, traceparent, state, and payload or payload_base64)`,
+		`{"id":1,"key":"k"}`:              `unknown field "key" (want id, stage, attempts, order_key, parent_id, traceparent, state, and payload or payload_base64)`,
+		`{"id":1,"parent_id":0}`:          "parent_id is not a message id",
 		`{"id":1,"payload":"x","p":1}`:    `unknown field "p"`,
 		`{"id":1,"state":[1]}`:            "is not a JSON object",
 		`{"id":1,"payload":"x"} {"id":2}`: "more than one JSON value",
@@ -103,7 +108,7 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 			t.Errorf("%s: %v; want an error saying %q", text, err, want)
 		}
 	}
-	for _, text := range []string{`{"id":1,"payload":"x"}`, `{"attempts":1,"payload":"x"}`} {
+	for _, text := range []string{`{"id":1,"payload":"x"}`, `{"attempts":1,"payload":"x"}`, `{"parent_id":1,"payload":"x"}`} {
 		if _, err := msgjson.Parse([]byte(text), msgjson.Fields{}); err == nil || !strings.Contains(err.Error(), "unknown field") {
 			t.Errorf("%s without Line: %v; want an unknown field", text, err)
 		}
