@@ -316,12 +316,24 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 		case !isPg || pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
 			c.log.Error("database unreachable; answering 503", "rows", len(rows), "err", err)
 			c.downUntil.Store(time.Now().Add(downFor).UnixNano())
+			if sentNothing(err) {
+				return nil, unreachable(), false
+			}
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
 				Msg: "the database is unreachable; the request may or may not be committed: retry it (with keys, a retry makes no duplicate)"}, false
 		}
 		c.log.Error("commit failed", "rows", len(rows), "err", err)
 		return nil, &Status{Code: http.StatusInternalServerError, Msg: "commit failed; see pepsi-ingress's log"}, true
 	}
+}
+
+// sentNothing says whether err is known to have come before anything of the
+// transaction reached the server (a connection that could not be made, an
+// error pgconn calls safe to retry): then nothing of it can have committed,
+// and the client may be told so, rather than "may or may not".
+func sentNothing(err error) bool {
+	var ce *pgconn.ConnectError
+	return pgconn.SafeToRetry(err) || errors.As(err, &ce)
 }
 
 // try is one transaction: insert, look up the keys already there, commit.

@@ -203,6 +203,10 @@ func TestAnUnreachableDatabaseGets503AndRetryAfter(t *testing.T) {
 	if a.code != 503 || a.retry != "1" {
 		t.Errorf("database unreachable: %+v; want 503 with Retry-After: 1", a)
 	}
+	// The last try could not even connect: nothing of it reached the server.
+	if !strings.Contains(a.err, "nothing of this request was committed") {
+		t.Errorf("database unreachable, no connection made: %q; want it to say nothing was committed", a.err)
+	}
 	if res, err := http.Get(f.http.URL + "/healthz"); err != nil || res.StatusCode != 503 {
 		t.Errorf("/healthz with the database unreachable: %v %v; want 503", res.StatusCode, err)
 	}
