@@ -128,8 +128,10 @@ func (c *Core) passEnded(w *worker, head msg, p Pass) {
 
 // answered owes the write of a transition the stage answered, or, when the
 // dispatcher cannot write it (malformed, or a stage this dispatcher does not
-// run), the message's failure. A pass whose transition is written counts as
-// processed; one that fails counts as the failure it is.
+// run), the message's failure. A pass with a transition the dispatcher can
+// write counts as processed now, at its answer, whether or not the write
+// commits (a guard miss, a lost lock: the stage did the work); one that
+// fails counts as the failure it is.
 //
 // The pass's emits ride the item of a transition it can write (Item.Emits);
 // those of one it cannot are dropped with the failure.
