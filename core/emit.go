@@ -132,6 +132,9 @@ func ParseEmit(line string) (Emit, error) {
 	if !ok {
 		return Emit{}, errors.New("not an emit line (no '+')")
 	}
+	if text != "" && strings.IndexByte(" \t\r\n", text[0]) >= 0 {
+		return Emit{}, errors.New("white space after '+': the JSON object follows it at once")
+	}
 	if d := JSONDepth(text); d > jsonDepthMax {
 		return Emit{}, fmt.Errorf("nested more than %d deep", jsonDepthMax)
 	}

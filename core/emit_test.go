@@ -188,6 +188,7 @@ func TestParseEmit(t *testing.T) {
 		`+{"stage":"b","payload":"x","order_key":"a\u0000"}`:              `order_key holds \u0000`,
 		`+{"stage":"b","payload":"x"} {}`:                                 "more than one JSON value",
 		`+[1]`:                                                            "not a JSON object",
+		`+ {"stage":"b","payload":"x"}`:                                   "white space after '+'",
 		// Names are matched exactly, once each; a string payload is UTF-8.
 		`+{"STAGE":"b","PAYLOAD":"x"}`:                                                       `unknown field "STAGE"`,
 		`+{"stage":"nosuch","Stage":"b","payload":"x"}`:                                      `unknown field "Stage"`,
