@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -188,6 +189,16 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 	if err != nil {
 		log.Error("bad configuration", "err", err)
 		return nil, false
+	}
+	if cfg.Dispatch.ConfigFile == file && !filepath.IsAbs(file) {
+		// Workers are handed the file as the dispatcher found it, from
+		// wherever they run: a relative path would tie them to its working
+		// directory, as a relative PROGRAM would (refused for that).
+		// (Without a working directory to resolve it against, the path is
+		// left as given: the workers inherit the same missing one.)
+		if abs, err := filepath.Abs(file); err == nil {
+			cfg.Dispatch.ConfigFile = abs
+		}
 	}
 	for _, o := range []struct {
 		flag, value string

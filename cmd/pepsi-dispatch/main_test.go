@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -105,5 +106,28 @@ func TestTracesGetAProcessorOfTheirOwnUnlessTheEnvironmentSays(t *testing.T) {
 	debug.SetGCPercent(50)
 	if p, g := tuneForTraces(); p != 1 || g != "50" || debug.SetGCPercent(50) != 50 {
 		t.Errorf("tuneForTraces() with GOMAXPROCS=1 GOGC=50 = %d processors, GOGC %s; want the environment's", p, g)
+	}
+}
+
+// TestWorkersAreHandedTheConfigurationByAnAbsolutePath: a configuration
+// named relative to the working directory reaches the workers (CONFIG_FILE's
+// default) as an absolute path, so that they do not depend on where they
+// run; a CONFIG_FILE the file sets is handed on as written.
+func TestWorkersAreHandedTheConfigurationByAnAbsolutePath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.WriteFile("pepsi.conf", []byte("[stage-a]\nPROGRAM = /bin/cat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg, ok := configure(log, "pepsi.conf", overrides{}, func(f string) string { return f })
+	if want := filepath.Join(dir, "pepsi.conf"); !ok || cfg.Dispatch.ConfigFile != want {
+		t.Fatalf("CONFIG_FILE of a relative -c: %v, %q; want %q", ok, cfg.Dispatch.ConfigFile, want)
+	}
+	if err := os.WriteFile("set.conf", []byte("[pepsi-dispatch]\nCONFIG_FILE = etc/pepsi.conf\n[stage-a]\nPROGRAM = /bin/cat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, ok := configure(log, "set.conf", overrides{}, func(f string) string { return f }); !ok || cfg.Dispatch.ConfigFile != "etc/pepsi.conf" {
+		t.Errorf("a CONFIG_FILE the file sets: %v, %q; want it as written", ok, cfg.Dispatch.ConfigFile)
 	}
 }
