@@ -46,6 +46,15 @@ func MemberProblem(text string, names ...string) (unknown, twice string) {
 	return "", ""
 }
 
+// CaseHint is "; names are matched exactly" when name is one of names but
+// for case, for the error that refuses it: else "".
+func CaseHint(name string, names ...string) string {
+	if slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, name) }) {
+		return "; names are matched exactly"
+	}
+	return ""
+}
+
 // StringRefuses says why raw, one JSON string literal quotes and all, does
 // not stand for a string of UTF-8 text, or "" when it does: bytes that are
 // not UTF-8, or a lone UTF-16 surrogate escape. Go's decoder replaces either

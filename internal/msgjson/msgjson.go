@@ -134,9 +134,10 @@ func Parse(text []byte, f Fields) (Message, error) {
 			return Message{}, fmt.Errorf("nested more than %d deep", DepthMax)
 		}
 	}
-	switch unknown, twice := core.MemberProblem(string(text), "stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); {
+	names := []string{"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"}
+	switch unknown, twice := core.MemberProblem(string(text), names...); {
 	case unknown != "":
-		return Message{}, fmt.Errorf("unknown field %q (%s; names are matched exactly)", unknown, f.want())
+		return Message{}, fmt.Errorf("unknown field %q (%s%s)", unknown, f.want(), core.CaseHint(unknown, names...))
 	case twice != "":
 		return Message{}, fmt.Errorf("field %q given twice", twice)
 	}
