@@ -169,7 +169,7 @@ func TestStateIsRefusedForWhatJSONBRefusesOnly(t *testing.T) {
 func TestNamesAreExactAndOnceAndAStringPayloadIsUTF8(t *testing.T) {
 	all := msgjson.Fields{Stage: true, Key: true, OrderKey: true}
 	for text, why := range map[string]string{
-		`{"PAYLOAD":"ab","Stage":"enrich"}`:   `unknown field "PAYLOAD"`,
+		`{"PAYLOAD":"ab","Stage":"enrich"}`:   `unknown field "PAYLOAD" (want payload or payload_base64, and optionally stage, state, key and order_key; names are matched exactly)`,
 		`{"payload":"a","Order_Key":"k"}`:     `unknown field "Order_Key"`,
 		`{"payload":"a","payload":"b"}`:       `field "payload" given twice`,
 		`{"key":"a","key":"b","payload":"x"}`: `field "key" given twice`,
