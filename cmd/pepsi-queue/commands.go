@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -559,11 +560,7 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	if core.RowStatus(m.Status) == core.StatusPaused {
 		switch {
 		case m.Timeout != nil:
-			rel := "due"
-			if d := m.Timeout.Sub(now).Round(time.Millisecond); d > 0 {
-				rel = "in " + d.String()
-			}
-			fmt.Fprintf(tw, "timeout\t%s (%s)\n", m.Timeout.Format(time.RFC3339Nano), rel)
+			fmt.Fprintf(tw, "timeout\t%s (%s)\n", m.Timeout.Format(time.RFC3339Nano), dueIn(*m.Timeout, now, time.Millisecond))
 		case m.TimeoutText == "infinity":
 			fmt.Fprintf(tw, "timeout\tinfinity (never due)\n")
 		case m.TimeoutText == "-infinity":
@@ -596,6 +593,20 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	fmt.Fprintf(w, "state\n%s\n", pretty.String())
 }
 
+// dueIn says when t comes, seen at now: "due" if it has (to r), else "in D",
+// D rounded to r, or "in about N years" past what a time.Duration holds
+// (about 292 years), where t.Sub(now) would print its largest value.
+func dueIn(t, now time.Time, r time.Duration) string {
+	d := t.Sub(now)
+	if d == time.Duration(math.MaxInt64) {
+		return fmt.Sprintf("in about %d years", t.Year()-now.Year())
+	}
+	if d = d.Round(r); d <= 0 {
+		return "due"
+	}
+	return "in " + d.String()
+}
+
 // waitsBehind says what a blocked message waits behind: its order key's
 // head, and what that head is doing.
 func waitsBehind(h *store.KeyHead, now time.Time) string {
@@ -608,11 +619,7 @@ func waitsBehind(h *store.KeyHead, now time.Time) string {
 			doing = fmt.Sprintf("paused at %s for retry %d", h.Stage, h.Attempts)
 		}
 		if h.Timeout != nil {
-			rel := "due"
-			if d := h.Timeout.Sub(now).Round(time.Second); d > 0 {
-				rel = "in " + d.String()
-			}
-			doing += fmt.Sprintf(" until %s, %s", h.Timeout.Format(time.RFC3339), rel)
+			doing += fmt.Sprintf(" until %s, %s", h.Timeout.Format(time.RFC3339), dueIn(*h.Timeout, now, time.Second))
 		}
 	}
 	return fmt.Sprintf("behind message %d of its order key (%s)", h.ID, doing)

@@ -256,13 +256,19 @@ func CheckNotBefore(text string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("not_before %s is not an RFC 3339 time: want e.g. 2026-12-24T18:00:00Z", quoteClip(text))
 	}
-	if t.Year() < 1 || t.Year() > 9999 {
-		return time.Time{}, fmt.Errorf("not_before %s is out of range (years 1 to 9999)", quoteClip(text))
+	if _, off := t.Zone(); off <= -24*3600 || off >= 24*3600 {
+		// Go's parser takes +24:00; RFC 3339's hours end at 23.
+		return time.Time{}, fmt.Errorf("not_before %s has an offset of 24 hours or more", quoteClip(text))
 	}
 	// PostgreSQL keeps microseconds: a finer time is rounded up, never
-	// down, so the message is never due before it.
+	// down, so the message is never due before it. The range is checked
+	// after, in UTC, as the time is stored: 9999-12-31T23:59:59.9999999Z
+	// rounds into the year 10000.
 	if t.Nanosecond()%1000 != 0 {
 		t = t.Truncate(time.Microsecond).Add(time.Microsecond)
+	}
+	if y := t.UTC().Year(); y < 1 || y > 9999 {
+		return time.Time{}, fmt.Errorf("not_before %s is out of range (years 1 to 9999, in UTC)", quoteClip(text))
 	}
 	return t, nil
 }

@@ -133,6 +133,18 @@ func TestNotBeforeIsReadWithItsOffsetAndRoundedUpToAMicrosecond(t *testing.T) {
 	if _, err := msgjson.CheckNotBefore("2026-12-24T18:00:00"); err == nil {
 		t.Errorf("CheckNotBefore of a time without an offset: no error")
 	}
+	for text, why := range map[string]string{
+		"9999-12-31T23:59:59.9999999Z": "out of range", // rounds into 10000
+		"9999-12-31T23:00:00-01:00":    "out of range", // 10000 in UTC
+		"2026-12-24T18:00:00+24:00":    "offset of 24 hours",
+	} {
+		if _, err := msgjson.CheckNotBefore(text); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("CheckNotBefore(%q) = %v; want an error saying %q", text, err, why)
+		}
+	}
+	if got, err := msgjson.CheckNotBefore("9999-12-31T23:59:59.999999Z"); err != nil || got.Year() != 9999 {
+		t.Errorf("the last microsecond of 9999: %v, %v; want it taken", got, err)
+	}
 }
 
 // Proves: a state is refused here, naming its input line, for what
