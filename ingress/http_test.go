@@ -104,7 +104,8 @@ func TestALongBodyCutOffOrTooSlowInsertsNothing(t *testing.T) {
 
 // TestTheOtherRoutesAnswerAsNetHTTPDid checks the answers outside
 // /v1/messages, and that a malformed request or headers too large are
-// refused without reaching the handler or its metrics.
+// refused without reaching the handler or its metrics, in JSON (the request
+// may be a producer's, whose client reads every error as JSON).
 func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
 	t.Parallel()
 	f := start(t, "", nil)
@@ -139,13 +140,13 @@ func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
 	}
 	c := f.dial(t)
 	fmt.Fprintf(c, "POST /v1/messages?stage=a HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 70<<10))
-	if res, _ := rawAnswer(t, c); res.StatusCode != 431 {
-		t.Errorf("headers of 70 KiB: %d; want 431", res.StatusCode)
+	if res, body := rawAnswer(t, c); res.StatusCode != 431 || !strings.HasPrefix(body, `{"error":"the request's line and headers are longer than`) {
+		t.Errorf("headers of 70 KiB: %d %q; want 431 and a JSON error", res.StatusCode, body)
 	}
 	g := f.dial(t)
 	fmt.Fprintf(g, "POST /v1/messages?stage=a HTTP/1.1\r\nHost x\r\n\r\n")
-	if res, _ := rawAnswer(t, g); res.StatusCode != 400 {
-		t.Errorf("a malformed header: %d; want 400", res.StatusCode)
+	if res, body := rawAnswer(t, g); res.StatusCode != 400 || !strings.HasPrefix(body, `{"error":`) {
+		t.Errorf("a malformed header: %d %q; want 400 and a JSON error", res.StatusCode, body)
 	}
 	if v := f.metric(`pepsi_ingress_requests_total{code="400"}`); v != 0 {
 		t.Errorf("%v requests counted 400; want none: those never reached /v1/messages", v)

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -613,12 +614,22 @@ func (h *httpHandler) error(ctx *fasthttp.RequestCtx, err error) {
 	var netErr net.Error
 	switch {
 	case errors.As(err, &small):
-		plainError(ctx, "431 Request Header Fields Too Large", fasthttp.StatusRequestHeaderFieldsTooLarge)
+		jsonError(ctx, fmt.Sprintf("the request's line and headers are longer than %d KiB", headerMax>>10), fasthttp.StatusRequestHeaderFieldsTooLarge)
 	case errors.As(err, &nothing), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &netErr):
 		ctx.Conn().Close() //nolint:errcheck // closing is all there is to do
 	default:
-		plainError(ctx, "400 Bad Request", fasthttp.StatusBadRequest)
+		jsonError(ctx, "the request's line or headers cannot be read as HTTP/1.1", fasthttp.StatusBadRequest)
 	}
+}
+
+// jsonError answers code with {"error": msg}, as every answer but a 202 to a
+// producer is: a request whose headers cannot be read may be a producer's,
+// and its client reads the error as JSON.
+func jsonError(ctx *fasthttp.RequestCtx, msg string, code int) {
+	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+	ctx.SetContentType(ContentJSON)
+	ctx.SetStatusCode(code)
+	json.NewEncoder(ctx).Encode(map[string]string{"error": msg}) //nolint:errcheck // it appends to the answer's buffer
 }
 
 // WithPool is o with its Pool set.
