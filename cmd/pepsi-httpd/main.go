@@ -103,8 +103,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	switch {
 	case fs.NArg() > 0:
 		return badFlag("unexpected arguments %q", fs.Args())
-	case *stmtTimeout <= 0 || *cacheAge <= 0 || *sample <= 0:
-		return badFlag("%s, %s and %s must be positive", parsed.Name("statement-timeout"), parsed.Name("cache"), parsed.Name("sample-interval"))
+	case parsed.OutOfRange(fs, 1, "statement-timeout", "cache", "sample-interval") != "":
+		return badFlag("%s", parsed.OutOfRange(fs, 1, "statement-timeout", "cache", "sample-interval"))
 	case *history <= 0 || *history > 100_000:
 		return badFlag("%s %d: want 1 to 100000", parsed.Name("history"), *history)
 	}

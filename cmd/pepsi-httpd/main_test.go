@@ -69,7 +69,7 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 		{[]string{"-bogus"}, "pepsi-httpd: flag provided but not defined: -bogus" + hint},
 		{[]string{"extra"}, `pepsi-httpd: unexpected arguments ["extra"]` + hint},
 		{[]string{"-listen", "localhost"}, `pepsi-httpd: -listen "localhost": address localhost: missing port in address` + hint},
-		{[]string{"-cache", "0s"}, "pepsi-httpd: -statement-timeout, -cache and -sample-interval must be positive" + hint},
+		{[]string{"-cache", "0s"}, "pepsi-httpd: -cache 0s: must be positive" + hint},
 		{[]string{"-history", "0"}, "pepsi-httpd: -history 0: want 1 to 100000" + hint},
 		{[]string{"-log-format", "xml"}, `pepsi-httpd: -log-format "xml": want text or json` + hint},
 	} {

@@ -127,14 +127,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	badFlag := func(format string, a ...any) int {
 		return cliflags.Fail(stderr, "pepsi-ingress", fmt.Errorf(format, a...))
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return badFlag("unexpected arguments %q", fs.Args())
-	case *batchMax <= 0 || *committers <= 0 || *lineMax <= 0 || *msgsMax <= 0 || *inFlight <= 0:
-		return badFlag("%s, %s, %s, %s and %s must be positive", parsed.Name("batch-max"), parsed.Name("committers"),
-			parsed.Name("max-line"), parsed.Name("max-messages"), parsed.Name("max-in-flight"))
-	case *batchWait < 0 || *batchIdle < 0 || *pendingEach <= 0 || *readHeader <= 0 || *readAll <= 0 || *write <= 0 || *idle <= 0 || *grace <= 0:
-		return badFlag("durations must be positive (%s and %s may be 0)", parsed.Name("batch-wait"), parsed.Name("batch-idle"))
+	}
+	if bad := parsed.OutOfRange(fs, 1, "batch-max", "committers", "max-line", "max-messages", "max-in-flight",
+		"pending-interval", "read-header-timeout", "read-timeout", "write-timeout", "idle-timeout", "shutdown-grace"); bad != "" {
+		return badFlag("%s", bad)
+	}
+	if bad := parsed.OutOfRange(fs, 0, "batch-wait", "batch-idle"); bad != "" {
+		return badFlag("%s", bad)
 	}
 	log, err := logflags.New(stderr, *logFormat, *logLevel, parsed.Name)
 	if err != nil {

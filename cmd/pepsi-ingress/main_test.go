@@ -147,7 +147,7 @@ func TestStartRefusesAnOpenListenerWithoutTokensAndBadSettings(t *testing.T) {
 		{"missing tokens file", []string{"-c", writeConf(t, db, "TOKENS_FILE = /nonexistent/tokens")}, exitFailure, "pepsi-ingress: tokens: open /nonexistent/tokens"},
 		{"missing certificate", []string{"-c", writeConf(t, db, "TLS_CERT = /nonexistent/c.pem", "TLS_KEY = /nonexistent/k.pem")}, exitFailure, "pepsi-ingress: TLS_CERT /nonexistent/c.pem"},
 		{"no database", []string{"-c", writeConf(t, db+"?connect_timeout=2")}, exitFailure, `pepsi-ingress: PostgreSQL at 127.0.0.1:1`},
-		{"bad flag", []string{"-batch-max", "0"}, exitUsage, "pepsi-ingress: -batch-max, -committers"},
+		{"bad flag", []string{"-batch-max", "0"}, exitUsage, "pepsi-ingress: -batch-max 0: must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -190,8 +190,9 @@ func TestFlagMistakesPointToTheHelp(t *testing.T) {
 	}{
 		{[]string{"-bogus"}, "pepsi-ingress: flag provided but not defined: -bogus" + hint},
 		{[]string{"extra"}, `pepsi-ingress: unexpected arguments ["extra"]` + hint},
-		{[]string{"-committers", "0"}, "pepsi-ingress: -batch-max, -committers, -max-line, -max-messages and -max-in-flight must be positive" + hint},
-		{[]string{"-idle-timeout", "0s"}, "pepsi-ingress: durations must be positive (-batch-wait and -batch-idle may be 0)" + hint},
+		{[]string{"-committers", "0"}, "pepsi-ingress: -committers 0: must be positive" + hint},
+		{[]string{"-idle-timeout", "0s"}, "pepsi-ingress: -idle-timeout 0s: must be positive" + hint},
+		{[]string{"-batch-idle", "-1s"}, "pepsi-ingress: -batch-idle -1s: must not be negative" + hint},
 		{[]string{"-log-level", "loud"}, `pepsi-ingress: -log-level "loud": want debug, info, warn or error` + hint},
 		{[]string{"-c", writeConf(t, db), "-listen", "localhost"}, `pepsi-ingress: -listen "localhost": address localhost: missing port in address` + hint},
 	} {

@@ -792,8 +792,11 @@ func parseAge(s string) (time.Duration, error) {
 	var d time.Duration
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.Atoi(days)
-		if err != nil || n > 100*365 {
+		if err != nil {
 			return 0, fmt.Errorf("%q is not a number of days like 7d", s)
+		}
+		if n > 100*365 {
+			return 0, fmt.Errorf("%q is more than 100 years", s)
 		}
 		d = time.Duration(n) * 24 * time.Hour
 	} else {

@@ -86,6 +86,7 @@ func TestListSelectsByStatusStageReasonAndAge(t *testing.T) {
 	pq(t, "", env, "list", "-status", "lost").expect(t, "a status that is none", 2, "", `-status: "lost" is not one of pending, running, paused`)
 	pq(t, "", env, "list", "-json", "-count").expect(t, "both outputs", 2, "", "-json and -count exclude each other")
 	pq(t, "", env, "list", "-older-than", "soon").expect(t, "a bad age", 2, "", `"soon" is not an age`)
+	pq(t, "", env, "list", "-older-than", "106751d").expect(t, "an age too long", 2, "", `"106751d" is more than 100 years`)
 }
 
 func formatIDs(ids []int64) string {

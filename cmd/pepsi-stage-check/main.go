@@ -95,8 +95,13 @@ func parse(args []string, stdout, stderr io.Writer) (options, error) {
 		fs.Usage()
 		return o, errors.New("no PROGRAM given")
 	}
-	if o.count < 1 || o.queueLimit < 1 || o.answerWait <= 0 || o.exitWait <= 0 {
-		return o, errors.New("-n, -queue-limit, -answer-wait and -exit-wait must be positive")
+	for _, c := range []struct {
+		name string
+		bad  bool
+	}{{"n", o.count < 1}, {"queue-limit", o.queueLimit < 1}, {"answer-wait", o.answerWait <= 0}, {"exit-wait", o.exitWait <= 0}} {
+		if c.bad {
+			return o, fmt.Errorf("-%s %s: must be positive", c.name, fs.Lookup(c.name).Value)
+		}
 	}
 	if o.emitMax < 0 || o.emitMax > conf.EmitMaxMax {
 		return o, fmt.Errorf("-emit-max %d: want 0 to %d, as EMIT_MAX", o.emitMax, conf.EmitMaxMax)

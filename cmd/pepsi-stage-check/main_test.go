@@ -298,3 +298,15 @@ func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
 		t.Errorf("no PROGRAM: exit %d, stdout %q, stderr %q; want %d and the help on stderr", code, stdout.String(), stderr.String(), exitUsage)
 	}
 }
+
+// Proves: a count or a wait out of range is a bad command line (exit 2) whose
+// error names the flag and its value.
+func TestAFlagOutOfRangeIsNamed(t *testing.T) {
+	for _, args := range [][]string{{"-n", "0"}, {"-queue-limit", "-1"}, {"-answer-wait", "0s"}} {
+		var out, errs bytes.Buffer
+		code := run(context.Background(), append(args, "/bin/cat"), &out, &errs)
+		if want := args[0] + " " + args[1] + ": must be positive"; code != 2 || !strings.Contains(errs.String(), want) {
+			t.Errorf("%v: exit %d, %q; want exit 2 and %q", args, code, errs.String(), want)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/peterbourgon/ff/v3"
 
@@ -138,6 +139,44 @@ func (p *Parsed) Name(name string) string {
 		}
 	}
 	return "-" + name
+}
+
+// OutOfRange names the first flag of fs among names whose number is below
+// least (an int or a time.Duration flag; least 0 or 1, in its units), with
+// its value, as the operator set it ("-committers 0: must be at least 1"),
+// or "" when none is. A check of several flags at once must still say which
+// one was wrong.
+func (p *Parsed) OutOfRange(fs *flag.FlagSet, least int64, names ...string) string {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			continue
+		}
+		var n int64
+		switch v := g.Get().(type) {
+		case int:
+			n = int64(v)
+		case int64:
+			n = v
+		case time.Duration:
+			n = int64(v)
+		default:
+			continue
+		}
+		if n >= least {
+			continue
+		}
+		want := "must be positive"
+		if least == 0 {
+			want = "must not be negative"
+		}
+		return fmt.Sprintf("%s %s: %s", p.Name(name), f.Value.String(), want)
+	}
+	return ""
 }
 
 // EnvVar is the environment variable that sets the flag called name, as ff/v3
