@@ -83,6 +83,18 @@ func mediaType(contentType []byte) (string, *Status) {
 
 // parseBody is ParseBody of a body read whole, of media type mt.
 func parseBody(body []byte, mt, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
+	msgs, st := parseMessages(body, mt, stageParam, lim, known)
+	if st == nil && stageParam != "" && !known(stageParam) {
+		// Refused even when every message has a stage of its own: a typo
+		// in the URL is the producer's mistake to hear of at once, not when
+		// a message without its own stage first comes.
+		return nil, statusf(http.StatusBadRequest, "?stage=: stage %q is not configured", clip(stageParam))
+	}
+	return msgs, st
+}
+
+// parseMessages is parseBody but for the check of ?stage= itself.
+func parseMessages(body []byte, mt, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
 	var msgs []msgjson.Message
 	var keys map[string]int // key -> line it first appeared on; made at the first key
 	add := func(line int, text []byte) *Status {
