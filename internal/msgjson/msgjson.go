@@ -134,46 +134,9 @@ func Parse(text []byte, f Fields) (Message, error) {
 			return Message{}, fmt.Errorf("nested more than %d deep", DepthMax)
 		}
 	}
-	names := []string{"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"}
-	switch unknown, twice := core.MemberProblem(string(text), names...); {
-	case unknown != "":
-		return Message{}, fmt.Errorf("unknown field %q (%s%s)", unknown, f.want(), core.CaseHint(unknown, names...))
-	case twice != "":
-		return Message{}, fmt.Errorf("field %q given twice", twice)
-	}
-	var obj struct {
-		Stage         *string         `json:"stage"`
-		Key           *string         `json:"key"`
-		OrderKey      *string         `json:"order_key"`
-		TraceParent   *string         `json:"traceparent"`
-		NotBefore     *string         `json:"not_before"`
-		Payload       json.RawMessage `json:"payload"`
-		PayloadBase64 *string         `json:"payload_base64"`
-		State         json.RawMessage `json:"state"`
-		ID            *int64          `json:"id"`
-		Attempts      *int            `json:"attempts"`
-		ParentID      *int64          `json:"parent_id"`
-	}
-	d := json.NewDecoder(bytes.NewReader(text))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&obj); err != nil {
-		msg := err.Error()
-		if strings.HasPrefix(msg, "json: unknown field") {
-			return Message{}, fmt.Errorf("%s (%s)", strings.TrimPrefix(msg, "json: "), f.want())
-		}
-		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) && ute.Field != "" {
-			return Message{}, fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
-		}
-		if errors.As(err, &ute) {
-			// The whole value is not an object: say what it is, never the Go
-			// type it was read into (a struct and its internal fields).
-			return Message{}, fmt.Errorf("not a JSON object: got a JSON %s", ute.Value)
-		}
-		return Message{}, fmt.Errorf("not a JSON object: %w", err)
-	}
-	if d.More() {
-		return Message{}, errors.New("more than one JSON value on the line")
+	obj, err := decodeObject(text, f)
+	if err != nil {
+		return Message{}, err
 	}
 	var m Message
 	switch {
@@ -200,7 +163,6 @@ func Parse(text []byte, f Fields) (Message, error) {
 	if err := m.keys(f, obj.Key, obj.OrderKey, obj.TraceParent); err != nil {
 		return m, err
 	}
-	var err error
 	if obj.NotBefore != nil {
 		if m.NotBefore, err = CheckNotBefore(*obj.NotBefore); err != nil {
 			return m, err
@@ -211,6 +173,56 @@ func Parse(text []byte, f Fields) (Message, error) {
 	}
 	m.State, err = state(obj.State)
 	return m, err
+}
+
+// object is a message's fields as the decoder reads them: nil for absent.
+type object struct {
+	Stage         *string         `json:"stage"`
+	Key           *string         `json:"key"`
+	OrderKey      *string         `json:"order_key"`
+	TraceParent   *string         `json:"traceparent"`
+	NotBefore     *string         `json:"not_before"`
+	Payload       json.RawMessage `json:"payload"`
+	PayloadBase64 *string         `json:"payload_base64"`
+	State         json.RawMessage `json:"state"`
+	ID            *int64          `json:"id"`
+	Attempts      *int            `json:"attempts"`
+	ParentID      *int64          `json:"parent_id"`
+}
+
+// decodeObject reads text as one JSON object of known member names, each exactly
+// and once, into an object; its errors say what is wrong with the text.
+func decodeObject(text []byte, f Fields) (object, error) {
+	var obj object
+	names := []string{"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"}
+	switch unknown, twice := core.MemberProblem(string(text), names...); {
+	case unknown != "":
+		return obj, fmt.Errorf("unknown field %q (%s%s)", unknown, f.want(), core.CaseHint(unknown, names...))
+	case twice != "":
+		return obj, fmt.Errorf("field %q given twice", twice)
+	}
+	d := json.NewDecoder(bytes.NewReader(text))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&obj); err != nil {
+		msg := err.Error()
+		if strings.HasPrefix(msg, "json: unknown field") {
+			return obj, fmt.Errorf("%s (%s)", strings.TrimPrefix(msg, "json: "), f.want())
+		}
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" {
+			return obj, fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
+		}
+		if errors.As(err, &ute) {
+			// The whole value is not an object: say what it is, never the Go
+			// type it was read into (a struct and its internal fields).
+			return obj, fmt.Errorf("not a JSON object: got a JSON %s", ute.Value)
+		}
+		return obj, fmt.Errorf("not a JSON object: %w", err)
+	}
+	if d.More() {
+		return obj, errors.New("more than one JSON value on the line")
+	}
+	return obj, nil
 }
 
 // keys checks and sets the key, order key and traceparent fields (nil for
