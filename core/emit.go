@@ -138,12 +138,9 @@ func ParseEmit(line string) (Emit, error) {
 	if d := JSONDepth(text); d > jsonDepthMax {
 		return Emit{}, fmt.Errorf("nested more than %d deep", jsonDepthMax)
 	}
-	names := []string{"stage", "key", "order_key", "payload", "payload_base64", "state"}
-	switch unknown, twice := MemberProblem(text, names...); {
-	case unknown != "":
-		return Emit{}, fmt.Errorf("unknown field %q (want stage, payload or payload_base64, and optionally state, key and order_key%s)", unknown, CaseHint(unknown, names...))
-	case twice != "":
-		return Emit{}, fmt.Errorf("field %q given twice", twice)
+	if err := MembersError(text, "want stage, payload or payload_base64, and optionally state, key and order_key",
+		"stage", "key", "order_key", "payload", "payload_base64", "state"); err != nil {
+		return Emit{}, err
 	}
 	var obj struct {
 		Stage         *string         `json:"stage"`

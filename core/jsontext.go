@@ -6,6 +6,7 @@ package core
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,13 +47,21 @@ func MemberProblem(text string, names ...string) (unknown, twice string) {
 	return "", ""
 }
 
-// CaseHint is "; names are matched exactly" when name is one of names but
-// for case, for the error that refuses it: else "".
-func CaseHint(name string, names ...string) string {
-	if slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, name) }) {
-		return "; names are matched exactly"
+// MembersError is MemberProblem's finding as the error that refuses text:
+// `unknown field "X" (WANT)`, with "; names are matched exactly" inside the
+// parentheses when X is one of names but for case, or `field "X" given
+// twice`; nil when the names are right. want says which fields are taken.
+func MembersError(text, want string, names ...string) error {
+	unknown, twice := MemberProblem(text, names...)
+	switch {
+	case unknown != "" && slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, unknown) }):
+		return fmt.Errorf("unknown field %q (%s; names are matched exactly)", unknown, want)
+	case unknown != "":
+		return fmt.Errorf("unknown field %q (%s)", unknown, want)
+	case twice != "":
+		return fmt.Errorf("field %q given twice", twice)
 	}
-	return ""
+	return nil
 }
 
 // StringRefuses says why raw, one JSON string literal quotes and all, does

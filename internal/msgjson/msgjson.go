@@ -194,12 +194,9 @@ type object struct {
 // and once, into an object; its errors say what is wrong with the text.
 func decodeObject(text []byte, f Fields) (object, error) {
 	var obj object
-	names := []string{"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"}
-	switch unknown, twice := core.MemberProblem(string(text), names...); {
-	case unknown != "":
-		return obj, fmt.Errorf("unknown field %q (%s%s)", unknown, f.want(), core.CaseHint(unknown, names...))
-	case twice != "":
-		return obj, fmt.Errorf("field %q given twice", twice)
+	if err := core.MembersError(string(text), f.want(),
+		"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); err != nil {
+		return obj, err
 	}
 	d := json.NewDecoder(bytes.NewReader(text))
 	d.DisallowUnknownFields()

@@ -95,33 +95,19 @@ func TestBinaryLivesOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, stages(1, 4, "a"))
 	e.insert("a", "a=done")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd, out := command(ctx, "-c", e.conf, "-log-format", "json")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	d := startBinary(t, "dispatcher", e.conf, e.url)
 	e.waitCounts(20*time.Second, map[string]int{"done": 1})
-	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
+	d.awaitLog(10*time.Second, "SIGHUP ignored")
 	e.insert("a", "a=done")
 	e.waitCounts(20*time.Second, map[string]int{"done": 2})
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-exited:
-		if code := exitCode(t, err); code != 0 {
-			t.Errorf("exit %d after SIGHUP, then SIGTERM; want 0; output:\n%s", code, out)
-		}
-	case <-time.After(exitWait):
-		t.Fatalf("pepsi-dispatch did not exit within %v of SIGTERM", exitWait)
-	}
-	if !strings.Contains(out.String(), "SIGHUP ignored") {
-		t.Errorf("no log line says SIGHUP was ignored:\n%s", out)
+	if code := d.exited(exitWait); code != 0 {
+		t.Errorf("exit %d after SIGHUP, then SIGTERM; want 0", code)
 	}
 }
 
@@ -129,24 +115,12 @@ func TestBinaryExitsZeroOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, stages(1, 4, "a"))
 	e.insert("a", "a=done")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd, out := command(ctx, "-c", e.conf, "-log-format", "json")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	d := startBinary(t, "dispatcher", e.conf, e.url)
 	e.waitCounts(20*time.Second, map[string]int{"done": 1})
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-exited:
-		if code := exitCode(t, err); code != 0 {
-			t.Errorf("exit %d after SIGTERM; want 0; output:\n%s", code, out)
-		}
-	case <-time.After(exitWait):
-		t.Fatalf("pepsi-dispatch did not exit within %v of SIGTERM", exitWait)
+	if code := d.exited(exitWait); code != 0 {
+		t.Errorf("exit %d after SIGTERM; want 0", code)
 	}
 }

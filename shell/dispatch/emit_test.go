@@ -43,22 +43,15 @@ func TestEmittedChildrenExistOnceForEachCommittedPassThroughASIGKILL(t *testing.
 	e := newEnv(t, emitConf)
 	e.insertN("split", fmt.Sprintf("split=sleep:5+emit:collect:%d+answer:0 >done", each), n)
 	over := e.insert("split", "split=emit:collect:4+answer:0 >done", "split=emit:nowhere:1+answer:0 >done")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd, out := command(ctx, "-c", e.conf, "-log-format", "json")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	b := startBinary(t, "dispatcher", e.conf, e.url)
 	waitFor(t, 60*time.Second, "a third of the parents done", func() (bool, string) {
 		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'split' AND status = 'done'`)
 		return k >= n/3, fmt.Sprintf("%d done", k)
 	})
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := b.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-exited
+	<-b.done
 	// Its sessions end once the server notices its sockets closed; until
 	// then its backend holds the dispatcher lock, and a new dispatcher
 	// refuses to start (one per database), as it must.
@@ -76,7 +69,7 @@ func TestEmittedChildrenExistOnceForEachCommittedPassThroughASIGKILL(t *testing.
 	if k := e.scalar(`SELECT count(*) FROM (SELECT p.ingress_id FROM pepsi.queue p
 		LEFT JOIN pepsi.queue c ON c.parent_id = p.ingress_id
 		WHERE p.stage = 'split' AND p.status = 'done' GROUP BY p.ingress_id HAVING count(c.ingress_id) <> $1) x`, each); k != 0 {
-		t.Errorf("%d done parents have other than %d children\n%s", k, each, out)
+		t.Errorf("%d done parents have other than %d children\n%s", k, each, b.logs)
 	}
 	if k := e.scalar(`SELECT count(*) FROM pepsi.queue c WHERE c.stage = 'collect'
 		AND (c.parent_id IS NULL OR convert_from(c.payload, 'UTF8') NOT LIKE c.parent_id || '/%')`); k != 0 {
