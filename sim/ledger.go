@@ -47,6 +47,7 @@ type wmodel struct {
 	emits     []answerInfo // emit lines the core took for its head's pass (emit.go)
 	pass      string       // the pass of the last status line it answered (emit.go; "" for none that emitted)
 	probe     bool         // spawned as a probe (coolState.probe)
+	tail      *answerInfo  // its last line, without a newline: judged at its exit (core.Answer.Unterminated)
 }
 
 // expect is how the core must resolve a message it no longer hands to a worker.
@@ -913,6 +914,10 @@ func (w *world) modelAnswer(e core.Answer) {
 	if x.proto {
 		return // the core ignores a worker after its protocol error
 	}
+	if e.Unterminated {
+		x.tail = &a // how the worker ended decides (modelExit)
+		return
+	}
 	if a.emit {
 		w.modelEmit(x, a)
 		return
@@ -1019,6 +1024,16 @@ func (w *world) modelExit(e core.WorkerExited) {
 	if x == nil || x.gone {
 		w.broke(ruleWorldConsistent, "exit of %s, which is not alive", e.Worker)
 		return
+	}
+	if t := x.tail; t != nil {
+		// A last line without a newline is an answer only if the worker
+		// ended by itself: one the core killed, or a signal, may have cut
+		// it off, and it is dropped.
+		x.tail = nil
+		if !x.killed && e.Signal == "" {
+			x.answers = append([]answerInfo{*t}, x.answers...)
+			w.modelAnswer(core.Answer{Worker: e.Worker, Line: t.line})
+		}
 	}
 	w.bury(x)
 	x.goneStep = w.steps

@@ -32,6 +32,9 @@ type proc struct {
 	feeding bool // a read is scheduled
 	eof     bool // standard input closed
 	hung    bool // it wrote a malformed line and does nothing more
+	// tail: the line it began writing without a newline (kCutOff), which
+	// reaches the dispatcher when its output ends, just before its exit.
+	tail *answerInfo
 	exiting bool // an exit (or death) is scheduled
 	dead    bool
 	outAt   time.Time // its last output's delivery: output stays in order
@@ -256,6 +259,12 @@ func (w *world) conclude(p *proc, id int64) {
 		return
 	case kMalformed, kMalformedAfter:
 		w.answer(p, answerInfo{line: a.line, malformed: true})
+		p.hung = true
+		return
+	case kCutOff:
+		// The first half of what it meant to answer: killed while writing.
+		good := w.goodAnswer(p, id).line
+		p.tail = &answerInfo{line: good[:max(1, len(good)/2)], cutOff: true}
 		p.hung = true
 		return
 	case kFail, kFailAfter:
@@ -488,6 +497,7 @@ type answerInfo struct {
 	emit, emitBad bool
 	pass          string
 	malformed     bool
+	cutOff        bool // written without a newline (answerCutOff)
 	code          int
 	reason        string
 	fused         []core.Fused
@@ -562,6 +572,13 @@ func (w *world) die(p *proc, code int, signal string) {
 		w.note("%s pid %d dies (signal %s) holding %v", p.id, p.pid, signal, p.held())
 	case code != 0:
 		w.note("%s pid %d dies (exit status %d) holding %v", p.id, p.pid, code, p.held())
+	}
+	if a := p.tail; a != nil {
+		// Its output ends here: the line it had begun reaches the
+		// dispatcher, without a newline, just before its exit.
+		p.tail = nil
+		w.queueAnswer(p.id, *a)
+		w.at(w.outTime(p), p.life, w.deliver(core.Answer{Worker: p.id, Line: a.line, Unterminated: true}))
 	}
 	w.at(w.outTime(p), p.life, w.deliver(core.WorkerExited{Worker: p.id, Code: code, Signal: signal}))
 }

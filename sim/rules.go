@@ -245,6 +245,7 @@ var ruleItemStage = &rule{name: "item-stage", when: atCommand, check: (*world).i
 var ruleItemVerdict = &rule{name: "item-verdict", when: atCommand, check: (*world).itemVerdict,
 	doc: "A resolve item carries the verdict the reference text gives: requeue, fail, timeout (the watchdog's head), answered (a 0), retry (a 75 under RETRY_LIMIT) or move (an answered transition). " +
 		"A worker's head is failed on a crash or a protocol error and timed out by the watchdog; what is behind it is requeued; " +
+		"a last line without a newline is an answer only if the worker ended by itself, and dropped if it was killed; " +
 		"a head of core.StartFailLimit failed starts in a row fails if a worker of the stage spawned no earlier than the first showed its program starts (it answered, a probe lived core.StartWindow), " +
 		"else it is requeued and the stage's next workers are probes; other ids of a worker that could not start are requeued."}
 

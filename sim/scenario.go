@@ -150,11 +150,12 @@ const (
 	kBack                       // answer the stage before as the target ("0 >a" at b): it goes back, a cycle of stages
 	kBadEmit                    // write an emit line the dispatcher must refuse (line), then answer the good transition
 	kRefused                    // answer the good transition with a patch the database refuses (refusedPatch): the message fails
+	kCutOff                     // write the start of the good answer, no newline, and hang: killed by the watchdog, the message times out
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
 	"crash-after-commit", "hang", "malformed", "malformed-after-commit", "slow", "-",
-	"bad-answer", "double-write", "again", "back", "bad-emit", "refused"}
+	"bad-answer", "double-write", "again", "back", "bad-emit", "refused", "cut-off"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -356,6 +357,7 @@ func choose(c chooser) *Scenario {
 	chooseOwner(c, sc)
 	chooseIDBase(c, sc)
 	chooseRefusals(c, sc)
+	chooseCutOffs(c, sc)
 	return sc
 }
 
@@ -412,6 +414,29 @@ func chooseRefusals(c chooser, sc *Scenario) {
 				continue
 			}
 			v.trouble = append([]attempt{{kind: kRefused, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
+		}
+	}
+}
+
+// chooseCutOffs chooses, one scenario in seven, passes whose worker writes
+// the start of its answer with no newline and hangs until the watchdog kills
+// it (kCutOff): the core must drop the cut-off line, not take it as an
+// answer, and time the message out. As chooseRefusals, only at a producer's
+// message's visit that answers, not at the arrival order's stage; drawn
+// last, its low choice the benign one; one in seven, as no regression seed
+// (testdata/sim/seeds.txt) draws one then, so each replays as it was found.
+func chooseCutOffs(c chooser, sc *Scenario) {
+	if c.intn("cutoffs", 0, 6) < 6 {
+		return
+	}
+	for i := range sc.messages[:sc.produced] {
+		m := &sc.messages[i]
+		for j := range m.visits {
+			v := &m.visits[j]
+			if !v.answers || sc.shuffle && m.first+j == sc.arrivalStage || c.intn("visit.cutoff", 0, 9) < 9 {
+				continue
+			}
+			v.trouble = append([]attempt{{kind: kCutOff, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
 		}
 	}
 }

@@ -357,6 +357,8 @@ var mutants = []mutant{
 		"\tc.stat(it.Stage).GuardMisses++\n\tn := c.races[o.ID] + 1", "\tn := c.races[o.ID] + 1"),
 	mut("cooldown-ended-by-old-worker", "cooldown", "an answer of a worker spawned before a stage's cooldown began ends it (during a deployment the old program's answers show the stage ok and respawn the broken one at once)",
 		"\tif c.now.Before(st.cooldownUntil) {\n\t\treturn false\n\t}\n", ""),
+	mut("cut-off-line-taken", "item-verdict", "the last line of a worker killed while writing it (no newline) is taken as its answer: \"0 >b\" of \"0 >bx\" moves the message elsewhere, and its timeout is lost",
+		"\tif w.cause == killNone && e.Signal == \"\" {\n\t\tt.Unterminated = false", "\tif true {\n\t\tt.Unterminated = false"),
 	mut("cooldown-doubles-per-worker", "cooldown-end-due", "workers started in one round that fail to start double the cooldown once each",
 		"\tif st.cooldownStep > 0 && !spawnedAt.After(st.cooldownAt) {", "\tif false {"),
 	mut("patch-must-start-with-brace", "watchdog", "a patch that is JSON but not an object (\"0 >b [1]\") is a protocol error",
