@@ -1641,7 +1641,8 @@ func TestAnOldWorkersAnswerEndsACooldownThatRanOutWithNoNewTry(t *testing.T) {
 // the worker ended. Killed by the watchdog while writing "0 >bx {...}", its
 // cut-off "0 >b" is dropped and its message times out, as MAX_RUNTIME says,
 // instead of moving to stage b; a worker that exits by itself wrote its last
-// line whole, and it is its answer.
+// line whole, and it is its answer, unless it ended with another status or a
+// signal of its own.
 func TestALastLineWithoutANewlineIsAnAnswerOnlyIfTheWorkerExitedByItself(t *testing.T) {
 	w := newWorld(t, threeStages)
 	killed := one[core.Spawn](t, w.start("a", 1)).Worker
@@ -1655,7 +1656,7 @@ func TestALastLineWithoutANewlineIsAnAnswerOnlyIfTheWorkerExitedByItself(t *test
 	if it := itemFor(t, cmds, 1); it.Verdict != core.TimeOut {
 		t.Errorf("the message of a worker killed while writing its answer: %v, want timed out", it)
 	}
-	if !slices.ContainsFunc(of[core.Log](cmds), func(l core.Log) bool { return strings.Contains(l.Msg, "had no newline when it was killed") }) {
+	if !slices.ContainsFunc(of[core.Log](cmds), func(l core.Log) bool { return strings.Contains(l.Msg, "had no newline when it ended") }) {
 		t.Errorf("no log says the cut-off line was dropped:\n%s", list(cmds))
 	}
 
@@ -1667,5 +1668,100 @@ func TestALastLineWithoutANewlineIsAnAnswerOnlyIfTheWorkerExitedByItself(t *test
 	w.step(core.Answer{Worker: whole, Line: "0 >b", Unterminated: true})
 	if it := itemFor(t, w.exit(whole, 0, ""), id); it.Verdict != core.Move || it.To != "b" {
 		t.Errorf("the last line of a worker that exited by itself: %v, want its move to b", it)
+	}
+
+	// Past its start, a worker that ends otherwise than with status 0 (a
+	// shell stage under set -e, a signal of its own) may have been cut off
+	// too: the line is dropped and its message fails as the crash it is.
+	for i, end := range []struct {
+		code   int
+		signal string
+	}{{1, ""}, {-1, "segmentation fault"}} {
+		at := time.Duration(20+i) * time.Minute
+		w.at(at)
+		w.q.Insert("a", 1)
+		x := one[core.Spawn](t, w.step(core.Ingress{})).Worker
+		id := w.head(x)
+		w.at(at + core.StartWindow + time.Second)
+		w.step(core.Answer{Worker: x, Line: "0 >b", Unterminated: true})
+		if it := itemFor(t, w.exit(x, end.code, end.signal), id); it.Verdict != core.Fail || !strings.Contains(it.Reason, "crashed") {
+			t.Errorf("the last line of a worker that ended with %+v: %v, want the message failed as a crash", end, it)
+		}
+	}
+}
+
+// runs is a stage of two workers, one message each, a short MAX_RUNTIME and
+// workers that are not reaped.
+const runs = `
+[pepsi-dispatch]
+MAX_RUNTIME = 10
+WORKER_IDLE_TIMEOUT = 3600
+POLL_INTERVAL = 30
+STATS_INTERVAL = 60
+[stage-a]
+PROGRAM = a
+PARALLELISM = 2
+QUEUE_LIMIT = 1
+`
+
+// Proves: a message's failed starts count only in a row. One whose pass ended
+// otherwise between them (here it timed out, and an operator retried it)
+// starts a new run: a proof older than that run, by a worker of a
+// deployment since broken, does not fail it at its next failed start.
+func TestFailedStartsCountOnlyInARow(t *testing.T) {
+	w := newWorld(t, runs)
+	first := one[core.Spawn](t, w.start("a", 1)).Worker
+	m := w.head(first)
+	w.at(time.Second)
+	w.exit(first, 1, "") // failed start 1
+	second := one[core.Spawn](t, w.tick(time.Minute)).Worker
+	w.at(time.Minute + time.Second)
+	w.exit(second, 1, "") // failed start 2
+	third := one[core.Spawn](t, w.tick(2*time.Minute)).Worker
+	one[core.Kill](t, w.tick(2*time.Minute+11*time.Second)) // it started, and m ran past MAX_RUNTIME
+	if it := itemFor(t, w.exit(third, -1, "killed"), m); it.Verdict != core.TimeOut {
+		t.Fatalf("m on a worker that started: %v, want timed out", it)
+	}
+	// A worker spawned now answers: the program starts.
+	w.at(3 * time.Minute)
+	w.q.Insert("a", 1)
+	proof := one[core.Spawn](t, w.step(core.Ingress{})).Worker
+	w.at(3*time.Minute + time.Second)
+	w.finish(proof)
+	// The deployment breaks; the proof keeps answering, m is retried.
+	w.at(4 * time.Minute)
+	w.q.Insert("a", 1)
+	w.step(core.Ingress{}) // the proof is busy with it
+	if n, err := w.q.Retry(t.Context(), store.RetryParams{ID: m, Statuses: []core.RowStatus{core.StatusTimeout}}); err != nil || n != 1 {
+		t.Fatalf("retry of m: %d, %v", n, err)
+	}
+	broken := one[core.Spawn](t, w.step(core.Ingress{})).Worker
+	if w.head(broken) != m {
+		t.Fatalf("m is not the head of the new worker")
+	}
+	w.at(4*time.Minute + time.Second)
+	if it := itemFor(t, w.exit(broken, 1, ""), m); it.Verdict != core.Requeue {
+		t.Errorf("m's first failed start since its pass ended: %v, want pending again (two failed starts before that pass are not in a row with it)", it)
+	}
+}
+
+// Proves: each new round of a stage's failed starts is proven over only by a
+// worker spawned since that round: an older worker's answer does not end a
+// cooldown a later round set, while it runs.
+func TestAnOldWorkerDoesNotEndALaterRoundsCooldown(t *testing.T) {
+	w := newWorld(t, rolling)
+	n1 := one[core.Spawn](t, w.start("a", 1)).Worker
+	w.at(time.Second)
+	w.exit(n1, 1, "") // round 1
+	old := one[core.Spawn](t, w.tick(10*time.Second)).Worker
+	w.at(20 * time.Second)
+	w.q.Insert("a", 1)
+	n2 := one[core.Spawn](t, w.step(core.Ingress{})).Worker
+	w.at(21 * time.Second)
+	w.exit(n2, 1, "") // round 2, from a worker spawned after old
+	w.at(21*time.Second + 500*time.Millisecond)
+	w.finish(old)
+	if h := healthOf(t, w, "a"); h.State != core.HealthCannotStart {
+		t.Errorf("health after an answer of a worker older than the round that set the cooldown: %+v, want cannot_start", h)
 	}
 }

@@ -118,6 +118,10 @@ func (c *Core) creditPass(st *stage, fused []Fused, elapsed int64) *StageDelta {
 // behind a head had no pass.
 func (c *Core) passEnded(w *worker, head msg, p Pass) {
 	c.passes++
+	// A pass that ended, whatever its outcome, ends the message's run of
+	// failed starts: a later one is no longer "in a row" with those before,
+	// and must not be held against it by a proof older than it.
+	delete(c.startFails, head.id)
 	if !c.tracePasses {
 		return
 	}
@@ -232,16 +236,16 @@ func (c *Core) cooldown(st *stage, spawnedAt time.Time) {
 		}
 		return
 	}
-	if st.cooldownStep == 0 {
-		st.cooldownFrom = spawnedAt
-	}
+	st.cooldownFrom = spawnedAt // a new round: only workers spawned since prove it over
 	st.cooldownStep = min(max(2*st.cooldownStep, CooldownMin), CooldownMax)
 	st.cooldownUntil, st.cooldownAt = c.now.Add(st.cooldownStep), c.now
 }
 
 // judgeTail takes w's last line, written without a newline, as an answer if
-// w exited by itself, and drops it if w was killed, by the dispatcher (a
-// timeout, a stop's grace, a shutdown) or by a signal: a line cut off by the
+// w exited by itself with status 0, and drops it if w was killed, by the
+// dispatcher (a timeout, a stop's grace, a shutdown) or by a signal, or
+// exited with another status (a shell stage under set -e whose command
+// failed between "0 >b" and the rest of its line): a line cut off by the
 // kill ("0 >b" of "0 >bx") would be judged as another answer than the one
 // the stage was writing. Its head then ends as the kill says (timed out,
 // requeued, failed as a crash).
@@ -251,13 +255,29 @@ func (c *Core) judgeTail(w *worker, e WorkerExited) {
 		return
 	}
 	w.tail = nil
-	if w.cause == killNone && e.Signal == "" {
+	if w.cause == killNone && e.Signal == "" && e.Code == 0 {
 		t.Unterminated = false
 		c.answer(*t)
 		return
 	}
-	c.logf(LevelWarn, "stage %s worker pid %d: its last line %s had no newline when it was killed; dropped, not taken as an answer",
-		w.stage.cfg.Name, w.pid, conf.Quote(clip(t.Line, 100)))
+	c.logf(LevelWarn, "stage %s worker pid %d: its last line %s had no newline when it ended (%s); dropped, not taken as an answer",
+		w.stage.cfg.Name, w.pid, conf.Quote(clip(t.Line, 100)), exitHow(w, e))
+}
+
+// exitHow says how a worker ended for a log line: killed by the dispatcher
+// (and why), by a signal, or with a non-zero exit status.
+func exitHow(w *worker, e WorkerExited) string {
+	switch {
+	case w.cause == killTimeout:
+		return "killed at MAX_RUNTIME"
+	case w.cause == killGrace:
+		return "killed at STOP_GRACE"
+	case w.cause != killNone:
+		return "killed by the dispatcher"
+	case e.Signal != "":
+		return "signal " + e.Signal
+	}
+	return fmt.Sprintf("exit status %d", e.Code)
 }
 
 // answerEndsCooldown says whether an answer of w shows that its stage's

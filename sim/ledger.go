@@ -896,9 +896,7 @@ func (w *world) coolDown(s int, spawnAt time.Time) {
 		}
 		return
 	}
-	if c.step == 0 {
-		c.from = spawnAt
-	}
+	c.from = spawnAt // a new round: only workers spawned since prove it over
 	c.step = min(max(2*c.step, core.CooldownMin), core.CooldownMax)
 	c.until, c.at = w.now.Add(c.step), w.now
 }
@@ -1030,7 +1028,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 		// ended by itself: one the core killed, or a signal, may have cut
 		// it off, and it is dropped.
 		x.tail = nil
-		if !x.killed && e.Signal == "" {
+		if !x.killed && e.Signal == "" && e.Code == 0 {
 			x.answers = append([]answerInfo{*t}, x.answers...)
 			w.modelAnswer(core.Answer{Worker: e.Worker, Line: t.line})
 		}
@@ -1055,6 +1053,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 		for _, id := range ids {
 			w.expects[id].crash = true
 			w.truth().passes++
+			delete(w.startFails, id) // its pass ended: no run of failed starts goes on
 		}
 	}
 	switch x.cause {
@@ -1062,6 +1061,7 @@ func (w *world) modelExit(e core.WorkerExited) {
 		if len(q) > 0 && q[0] == x.timedOut {
 			owe(q[:1], core.TimeOut, "head of a worker the watchdog killed")
 			w.truth().passes++
+			delete(w.startFails, q[0]) // its pass ended: no run of failed starts goes on
 			q = q[1:]
 		}
 		owe(q, core.Requeue, "behind the head of a worker the watchdog killed")

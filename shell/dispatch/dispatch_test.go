@@ -756,7 +756,7 @@ func TestAnAnswerCutOffByAKillIsNotTaken(t *testing.T) {
 	e.waitCounts(15*time.Second, map[string]int{"timeout": 1})
 	d.stopClean()
 	e.expectRow(timedOut, "timeout", "a", "no answer within MAX_RUNTIME 1s")
-	if n := len(d.logs.lines("had no newline when it was killed")); n != 1 {
+	if n := len(d.logs.lines("had no newline when it ended")); n != 1 {
 		t.Errorf("%d log lines say the cut-off line was dropped; want 1", n)
 	}
 

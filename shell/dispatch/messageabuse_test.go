@@ -46,7 +46,7 @@ func TestAMessageStageThatBreaksTheProtocolLosesNothing(t *testing.T) {
 		// The partial "0 >do" hangs until MAX_RUNTIME; the worker is killed and
 		// the partial line, cut off by the kill, is dropped, not taken as an
 		// answer: the message times out.
-		{name: "partial line", payload: "partial", status: "timeout", reason: "no answer within MAX_RUNTIME", log: "had no newline when it was killed"},
+		{name: "partial line", payload: "partial", status: "timeout", reason: "no answer within MAX_RUNTIME", log: "had no newline when it ended"},
 		{name: "exits mid-pipeline", payload: "exit", status: "failed", reason: "crashed", log: "crashed"},
 	}
 	for _, tc := range cases {
