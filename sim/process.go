@@ -34,7 +34,7 @@ type proc struct {
 	hung    bool // it wrote a malformed line and does nothing more
 	// tail: the line it began writing without a newline (kCutOff), which
 	// reaches the dispatcher when its output ends, just before its exit.
-	tail *answerInfo
+	tail    *answerInfo
 	exiting bool // an exit (or death) is scheduled
 	dead    bool
 	outAt   time.Time // its last output's delivery: output stays in order
