@@ -234,7 +234,7 @@ func parseTarget(t string) *Transition {
 	case strings.HasPrefix(t, TargetPaused+":"):
 		text := strings.TrimPrefix(t, TargetPaused+":")
 		sec, err := strconv.ParseFloat(text, 64)
-		if err != nil || math.IsNaN(sec) || sec < 0 || sec > PauseMax.Seconds() || strings.ContainsAny(text, "xXpP_eE+") {
+		if err != nil || math.IsNaN(sec) || sec < 0 || sec > PauseMax.Seconds() || strings.ContainsAny(text, "xXpP_eE+-") {
 			return &Transition{Invalid: fmt.Sprintf("target %s: SECONDS must be a decimal number from 0 to %d", conf.Quote(clip(t, 100)), int64(PauseMax.Seconds()))}
 		}
 		return &Transition{To: TargetPaused, PauseFor: time.Duration(math.Round(sec*1e6)) * time.Microsecond}

@@ -85,6 +85,7 @@ func TestParseStatusMarksTransitionsItCannotWrite(t *testing.T) {
 		"0 >paused:0x10":               "SECONDS",
 		"0 >paused:1e3":                "SECONDS",
 		"0 >paused:+5":                 "SECONDS",
+		"0 >paused:-0":                 "SECONDS",
 		`0 >b {"k":`:                   "not valid JSON",
 		`0 >b {"k":1}x`:                "not valid JSON",
 		`0 >b {"k":"\u0000"}`:          `\u0000`,

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -57,4 +58,17 @@ func TestACoreThatDoesNotTraceReportsNoPass(t *testing.T) {
 		t.Fatalf("claim %v asks for traces", cl)
 	}
 	none[core.Pass](t, w.answer(one[core.Write](t, cmds).Worker, "", "", "0 >done"), "the core does not trace")
+}
+
+// Proves: a pass the watchdog ends reports the timeout's reason, as a failure
+// or a crash does: its span's Error status says why.
+func TestATimedOutPassReportsItsReason(t *testing.T) {
+	w := newWorld(t, threeStages)
+	w.c.TracePasses()
+	wid := one[core.Spawn](t, w.start("a", 1)).Worker
+	one[core.Kill](t, w.tick(301*time.Second))
+	p := one[core.Pass](t, w.exit(wid, -1, "killed"))
+	if p.Outcome != core.PassTimeout || !strings.Contains(p.Reason, "no answer within MAX_RUNTIME") {
+		t.Errorf("pass %+v; want a timeout with its reason", p)
+	}
 }

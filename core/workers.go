@@ -317,9 +317,9 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	switch w.cause {
 	case killTimeout:
 		if len(q) > 0 && q[0].id == w.timedOut {
-			c.passEnded(w, q[0], Pass{Outcome: PassTimeout})
-			c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut,
-				Reason: fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, st.maxRuntime, w.pid)})
+			reason := fmt.Sprintf("stage %s: no answer within MAX_RUNTIME %s; worker pid %d killed", name, st.maxRuntime, w.pid)
+			c.passEnded(w, q[0], Pass{Outcome: PassTimeout, Reason: reason})
+			c.owe(Item{ID: q[0].id, Stage: name, Verdict: TimeOut, Reason: reason})
 			q = q[1:]
 		}
 		c.requeue(st, q)

@@ -59,7 +59,16 @@ EXAMPLE
 					return err
 				}
 				if len(applied) == 0 {
-					fmt.Fprintf(a.stdout, "schema already at version %d; nothing to do\n", store.Latest())
+					// The database's version, which may be above this
+					// build's latest after a rollback of the programs.
+					v, err := store.Version(ctx, conn)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(a.stdout, "schema already at version %d; nothing to do\n", v)
+					if v > store.Latest() {
+						fmt.Fprintf(a.stderr, "pepsi-queue: warning: the database's schema %d is newer than this build's %d: these programs may not know what it holds\n", v, store.Latest())
+					}
 					return nil
 				}
 				for _, v := range applied {
@@ -129,6 +138,10 @@ func enqueueCmd(a *app) *ffcli.Command {
 			}
 			if *stage == "" {
 				return usagef("enqueue", "-stage is required")
+			}
+			// "-not-before $T" with T unset would run the messages now.
+			if err := emptyFilters(fs, "enqueue", "not-before", "order-key", "traceparent"); err != nil {
+				return err
 			}
 			if err := textFlags("enqueue", "-stage", *stage); err != nil {
 				return err
@@ -745,6 +758,9 @@ EXAMPLES
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("purge", args); err != nil {
+				return err
+			}
+			if err := emptyFilters(fs, "purge", "status", "older-than"); err != nil {
 				return err
 			}
 			if *olderThan == "" {

@@ -92,6 +92,12 @@ func TestMigrateAppliesTheSchemaOnceThenHasNothingToDo(t *testing.T) {
 	if n := scalar(t, url, "SELECT count(*)::text FROM pepsi.schema_migrations"); n != fmt.Sprint(len(ms)) {
 		t.Errorf("schema_migrations has %s rows, want %d", n, len(ms))
 	}
+	// A database a later build migrated (the programs rolled back): migrate
+	// says the database's version, and that it is newer than its own.
+	next := store.Latest() + 1
+	scalar(t, url, fmt.Sprintf("INSERT INTO pepsi.schema_migrations (version, name) VALUES (%d, 'later') RETURNING 'ok'", next))
+	pq(t, "", nil, "-database", url, "migrate").expect(t, "migrate of a newer schema", 0,
+		fmt.Sprintf("schema already at version %d; nothing to do", next), fmt.Sprintf("newer than this build's %d", store.Latest()))
 }
 
 func TestEnqueueFromLinesSyntheticNDJSONAndPayload(t *testing.T) {

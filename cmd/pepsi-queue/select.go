@@ -92,9 +92,10 @@ func textFlags(cmd string, pairs ...string) error {
 	return nil
 }
 
-// emptyFilters refuses a filter of names given an empty value, or -id given
+// emptyFilters refuses a flag of names given an empty value, or -id given
 // 0: "-stage $S" with S unset would otherwise select as if no -stage were
-// given, and widen a retry or a discard to every stage's messages.
+// given, and widen a retry or a discard to every stage's messages (a purge
+// to every finished status, an enqueue's -not-before to now).
 func emptyFilters(fs *flag.FlagSet, cmd string, names ...string) error {
 	var err error
 	fs.Visit(func(f *flag.Flag) {

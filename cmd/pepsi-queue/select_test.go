@@ -157,8 +157,14 @@ func TestAnEmptyFilterIsRefusedNotIgnored(t *testing.T) {
 		{"discard", "-stage", "", "-status", "pending"},
 		{"list", "-status", ""},
 		{"list", "-older-than", "", "-count"},
+		{"purge", "-older-than", "7d", "-status", ""},
+		{"enqueue", "-stage", "parse", "-payload", "x", "-not-before", ""},
+		{"enqueue", "-stage", "parse", "-payload", "x", "-order-key", ""},
 	} {
-		flag := args[1]
+		flag := args[len(args)-2]
+		if args[len(args)-1] != "" {
+			flag = args[1]
+		}
 		pq(t, "", env, args...).expect(t, strings.Join(args, " "), 2, "", flag+" is given an empty value")
 	}
 	pq(t, "", env, "list", "-id", "0").expect(t, "list -id 0", 2, "", "-id 0 is not a message id")

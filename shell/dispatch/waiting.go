@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 )
 
 // How often a dispatcher that cannot reach its database to take the lock says
@@ -33,7 +35,7 @@ type dbWait struct {
 }
 
 func newDBWait(log *slog.Logger, cfg *pgx.ConnConfig) *dbWait {
-	return &dbWait{log: log, server: fmt.Sprintf("%s:%d", cfg.Host, cfg.Port), database: cfg.Database}
+	return &dbWait{log: log, server: fmt.Sprintf("%s:%d", cfg.Host, cfg.Port), database: pgaddr.Database(&cfg.Config)}
 }
 
 // failed notes one failed attempt, err, and logs it if a report is due.
