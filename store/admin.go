@@ -395,10 +395,12 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 
 // Retried says what a retry did: how many messages it made pending again,
 // and how many of those wait blocked behind an older unfinished message of
-// their order key once the keys were put in order.
+// their order key once the keys were put in order. BlockedErr, when not
+// nil, is why that count could not be read: the retry itself committed.
 type Retried struct {
-	Retried int64
-	Blocked int64
+	Retried    int64
+	Blocked    int64
+	BlockedErr error
 }
 
 // RetryBlocked is Retry, and also counts the retried messages that wait
@@ -427,7 +429,8 @@ func (s *PG) RetryBlocked(ctx context.Context, p RetryParams) (Retried, error) {
 	}
 	if len(keyed) > 0 {
 		if err := s.db.QueryRow(ctx, blockedOfSQL, keyed).Scan(&r.Blocked); err != nil {
-			return r, fmt.Errorf("retry: %d messages retried; counting those blocked behind their order key: %w", r.Retried, err)
+			// Not the retry's error: it committed, with its keys in order.
+			r.Blocked, r.BlockedErr = 0, fmt.Errorf("counting the retried messages blocked behind their order key: %w", err)
 		}
 	}
 	return r, nil

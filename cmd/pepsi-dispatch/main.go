@@ -190,7 +190,7 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 		log.Error("bad configuration", "err", err)
 		return nil, false
 	}
-	if cfg.Dispatch.ConfigFile == file && !filepath.IsAbs(file) {
+	if !cfg.Dispatch.ConfigFileSet && !filepath.IsAbs(file) {
 		// Workers are handed the file as the dispatcher found it, from
 		// wherever they run: a relative path would tie them to its working
 		// directory, as a relative PROGRAM would (refused for that).

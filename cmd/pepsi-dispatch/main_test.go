@@ -130,4 +130,11 @@ func TestWorkersAreHandedTheConfigurationByAnAbsolutePath(t *testing.T) {
 	if cfg, ok := configure(log, "set.conf", overrides{}, func(f string) string { return f }); !ok || cfg.Dispatch.ConfigFile != "etc/pepsi.conf" {
 		t.Errorf("a CONFIG_FILE the file sets: %v, %q; want it as written", ok, cfg.Dispatch.ConfigFile)
 	}
+	// Even when it names the file itself, as the dispatcher was given it.
+	if err := os.WriteFile("self.conf", []byte("[pepsi-dispatch]\nCONFIG_FILE = self.conf\n[stage-a]\nPROGRAM = /bin/cat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, ok := configure(log, "self.conf", overrides{}, func(f string) string { return f }); !ok || cfg.Dispatch.ConfigFile != "self.conf" {
+		t.Errorf("a CONFIG_FILE the file sets to its own name: %v, %q; want it as written", ok, cfg.Dispatch.ConfigFile)
+	}
 }

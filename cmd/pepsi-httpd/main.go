@@ -100,11 +100,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		fmt.Fprintf(stderr, "pepsi-httpd: "+format+"\n", a...)
 		return exitUsage
 	}
+	outOfRange := parsed.OutOfRange(fs, 1, "statement-timeout", "cache", "sample-interval")
 	switch {
 	case fs.NArg() > 0:
 		return badFlag("unexpected arguments %q", fs.Args())
-	case parsed.OutOfRange(fs, 1, "statement-timeout", "cache", "sample-interval") != "":
-		return badFlag("%s", parsed.OutOfRange(fs, 1, "statement-timeout", "cache", "sample-interval"))
+	case outOfRange != "":
+		return badFlag("%s", outOfRange)
 	case *history <= 0 || *history > 100_000:
 		return badFlag("%s %d: want 1 to 100000", parsed.Name("history"), *history)
 	}

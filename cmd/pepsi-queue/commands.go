@@ -723,6 +723,9 @@ func runRetry(ctx context.Context, a *app, f queueadmin.RetryFilter, others, dry
 		if n == 0 && f.ID != 0 {
 			return notSelected("retried", f.ID, "failed or timed out", others, dryRun)
 		}
+		if r.BlockedErr != nil {
+			fmt.Fprintf(a.stderr, "pepsi-queue: warning: %v\n", r.BlockedErr)
+		}
 		switch {
 		case dryRun:
 			fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))

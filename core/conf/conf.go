@@ -185,7 +185,10 @@ type Dispatch struct {
 	// (key STOP_GRACE, a PEPSI extension; default 10 s).
 	StopGrace time.Duration
 	// ConfigFile is passed to workers as "-c FILE"; default: the file parsed.
-	ConfigFile string
+	// ConfigFileSet says the file set it (CONFIG_FILE), to be handed on as
+	// written rather than as the dispatcher found the file.
+	ConfigFile    string
+	ConfigFileSet bool
 	// Vacuum lets the dispatcher vacuum pepsi.queue itself when dead rows pile
 	// up (key VACUUM, on or off, a PEPSI extension; default on). Off leaves
 	// vacuuming to autovacuum or a DBA.
@@ -484,6 +487,7 @@ func setDispatch(d *Dispatch, key, value string) (known bool, err error) {
 		d.StopGrace, err = ParseDuration(value)
 	case "CONFIG_FILE":
 		d.ConfigFile, err = nonEmpty(value)
+		d.ConfigFileSet = true
 	case "VACUUM":
 		d.Vacuum, err = ParseOnOff(value)
 	case "LINE_MAX":

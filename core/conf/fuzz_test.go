@@ -98,8 +98,11 @@ func format(c *conf.Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[pepsi]\nDATABASE = %s\n", c.Database)
 	d := c.Dispatch
-	fmt.Fprintf(&b, "[pepsi-dispatch]\nMAX_RUNTIME = %s\nWORKER_IDLE_TIMEOUT = %s\nPOLL_INTERVAL = %s\nSTATS_INTERVAL = %s\nSTOP_GRACE = %s\nCONFIG_FILE = %s\n",
-		d.MaxRuntime, d.IdleTimeout, d.PollInterval, d.StatsInterval, d.StopGrace, d.ConfigFile)
+	fmt.Fprintf(&b, "[pepsi-dispatch]\nMAX_RUNTIME = %s\nWORKER_IDLE_TIMEOUT = %s\nPOLL_INTERVAL = %s\nSTATS_INTERVAL = %s\nSTOP_GRACE = %s\n",
+		d.MaxRuntime, d.IdleTimeout, d.PollInterval, d.StatsInterval, d.StopGrace)
+	if d.ConfigFileSet { // else the default, the file itself, as before
+		fmt.Fprintf(&b, "CONFIG_FILE = %s\n", d.ConfigFile)
+	}
 	for _, s := range c.Stages {
 		fmt.Fprintf(&b, "[stage-%s]\nPROGRAM = %s\nPARALLELISM = %d\nQUEUE_LIMIT = %d\nMAX_MESSAGES = %d\n",
 			s.Name, s.Program, s.Parallelism, s.QueueLimit, s.MaxMessages)

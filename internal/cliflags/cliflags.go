@@ -150,14 +150,10 @@ func (p *Parsed) OutOfRange(fs *flag.FlagSet, least int64, names ...string) stri
 	for _, name := range names {
 		f := fs.Lookup(name)
 		if f == nil {
-			continue
-		}
-		g, ok := f.Value.(flag.Getter)
-		if !ok {
-			continue
+			panic(fmt.Sprintf("cliflags: OutOfRange of -%s, which is no flag", name)) // a check that could never fail
 		}
 		var n int64
-		switch v := g.Get().(type) {
+		switch v := f.Value.(flag.Getter).Get().(type) {
 		case int:
 			n = int64(v)
 		case int64:
@@ -165,7 +161,7 @@ func (p *Parsed) OutOfRange(fs *flag.FlagSet, least int64, names ...string) stri
 		case time.Duration:
 			n = int64(v)
 		default:
-			continue
+			panic(fmt.Sprintf("cliflags: OutOfRange of -%s, a %T", name, v))
 		}
 		if n >= least {
 			continue
@@ -249,7 +245,10 @@ func Redact(db string) string {
 	const unreadable = "(a connection string that cannot be read; not shown, as it may hold a password)"
 	if strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://") {
 		u, err := url.Parse(db)
-		if err != nil || u.Fragment != "" || strings.Contains(db, "#") {
+		// An '@' past the host means url.Parse took a password's '?' or '/'
+		// for the end of the user information (libpq reads the user
+		// information up to the last '@'): the password would show.
+		if err != nil || u.Fragment != "" || strings.Contains(db, "#") || strings.Contains(u.Path+u.RawQuery, "@") || u.Opaque != "" {
 			return unreadable
 		}
 		if _, has := u.User.Password(); has {

@@ -176,6 +176,8 @@ func TestDatabaseSaysWhereItCameFromAndWarnsWhenTheEnvironmentOverridesTheFile(t
 		"host=h password=sec\\ ret user=u":          "host=h password=xxx user=u",
 		"host=h password='unterminated secret":      "(a connection string that cannot be read; not shown, as it may hold a password)",
 		"postgres://u:sec#ret@h/db":                 "(a connection string that cannot be read; not shown, as it may hold a password)",
+		"postgres://u:123?secret@h/db":              "(a connection string that cannot be read; not shown, as it may hold a password)",
+		"postgres://u:4321/secret@h/db":             "(a connection string that cannot be read; not shown, as it may hold a password)",
 		"postgresql://u:secret@h/db":                "postgresql://u:xxx@h/db",
 		"":                                          "",
 	} {

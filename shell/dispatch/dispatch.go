@@ -107,7 +107,10 @@ func Run(ctx context.Context, o Options) (int, error) {
 		signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 		defer signal.Stop(ch)
 		signals = ch
-		defer ignoreHangups(log)()
+		if !signal.Ignored(syscall.SIGHUP) {
+			// (Started under nohup, it and its workers keep ignoring it.)
+			defer ignoreHangups(log)()
+		}
 	}
 	// carry: statistics a session that lost the lock counted but could not be sure
 	// it wrote; the next session's core adds what the database does not show.
