@@ -194,7 +194,7 @@ type object struct {
 // and once, into an object; its errors say what is wrong with the text.
 func decodeObject(text []byte, f Fields) (object, error) {
 	var obj object
-	if err := core.MembersError(string(text), f.want(),
+	if err := core.MembersError(text, f.want(),
 		"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); err != nil {
 		return obj, err
 	}
@@ -390,7 +390,7 @@ func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error)
 		}
 		return b, nil
 	case len(text) > 0 && text[0] == '"':
-		if why := core.StringRefuses(string(text)); why != "" {
+		if why := core.StringRefuses(text); why != "" {
 			return nil, fmt.Errorf("payload: %s (a string payload is UTF-8 text; send other bytes as payload_base64)", why)
 		}
 		var s string
