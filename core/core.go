@@ -555,6 +555,9 @@ func (c *Core) setTimer() {
 			}
 		case stopping:
 			at(w.stopBy)
+			if len(w.queue) > 0 && !c.dbDown {
+				at(w.headSince.Add(w.stage.maxRuntime))
+			}
 		}
 	}
 	for _, st := range c.stages {

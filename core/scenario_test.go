@@ -1765,3 +1765,21 @@ func TestAnOldWorkerDoesNotEndALaterRoundsCooldown(t *testing.T) {
 		t.Errorf("health after an answer of a worker older than the round that set the cooldown: %+v, want cannot_start", h)
 	}
 }
+
+// Proves: a shutdown's grace does not stop the watchdog: a head that runs
+// past MAX_RUNTIME while its worker is stopping times out, with the reason,
+// rather than being requeued to start its MAX_RUNTIME afresh at the next
+// start (STOP_GRACE longer than what was left of it).
+func TestTheWatchdogRunsThroughAShutdownsGrace(t *testing.T) {
+	w := newWorld(t, strings.Replace(threeStages, "[pepsi-dispatch]\n", "[pepsi-dispatch]\nSTOP_GRACE = 60\n", 1))
+	wid := one[core.Spawn](t, w.start("a", 1)).Worker
+	w.at(290 * time.Second)
+	w.step(core.Shutdown{})
+	kill := one[core.Kill](t, w.tick(300*time.Second))
+	if kill.Worker != wid {
+		t.Fatalf("killed %v at MAX_RUNTIME, want the stopping worker %v", kill.Worker, wid)
+	}
+	if it := itemFor(t, w.exit(wid, -1, "killed"), 1); it.Verdict != core.TimeOut {
+		t.Errorf("the head of a stopping worker past MAX_RUNTIME: %v, want timed out", it)
+	}
+}

@@ -490,14 +490,7 @@ func (c *Core) timers() {
 		switch w.state {
 		case ready:
 			if len(w.queue) > 0 {
-				if !c.dbDown && !c.now.Before(w.headSince.Add(w.stage.maxRuntime)) {
-					w.state = killed
-					w.cause = killTimeout
-					w.timedOut = w.queue[0].id
-					c.emit(Kill{Worker: w.id})
-					c.logf(LevelWarn, "stage %s worker pid %d: message %d unanswered after MAX_RUNTIME %s; killing the worker",
-						w.stage.cfg.Name, w.pid, w.timedOut, w.stage.maxRuntime)
-				}
+				c.watchdog(w)
 				continue
 			}
 			if w.probe && !c.now.Before(w.spawnedAt.Add(StartWindow)) {
@@ -509,6 +502,12 @@ func (c *Core) timers() {
 				c.stop(w) // reap
 			}
 		case stopping:
+			// A stop's grace does not stop the watchdog: a head already
+			// past MAX_RUNTIME times out, rather than being requeued to
+			// start its MAX_RUNTIME afresh at the next start.
+			if len(w.queue) > 0 && c.watchdog(w) {
+				continue
+			}
 			if !c.now.Before(w.stopBy) {
 				w.state = killed
 				w.cause = killGrace
@@ -518,6 +517,22 @@ func (c *Core) timers() {
 			}
 		}
 	}
+}
+
+// watchdog kills w, which holds messages, if its head has run its stage's
+// MAX_RUNTIME (not while the database is down: no stage can commit then),
+// and says whether it did.
+func (c *Core) watchdog(w *worker) bool {
+	if c.dbDown || c.now.Before(w.headSince.Add(w.stage.maxRuntime)) {
+		return false
+	}
+	w.state = killed
+	w.cause = killTimeout
+	w.timedOut = w.queue[0].id
+	c.emit(Kill{Worker: w.id})
+	c.logf(LevelWarn, "stage %s worker pid %d: message %d unanswered after MAX_RUNTIME %s; killing the worker",
+		w.stage.cfg.Name, w.pid, w.timedOut, w.stage.maxRuntime)
+	return true
 }
 
 // room is how many more ids w may be handed now (counting a starting worker as

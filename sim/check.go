@@ -643,8 +643,8 @@ func (w *world) killCauseOf(y *wmodel) killCause {
 		return causeProtocol
 	case w.shut >= 2:
 		return causeNow
-	case y.stopped:
-		return causeGrace
+	case y.stopped && (len(y.queue) == 0 || w.coreDown || w.now.Sub(y.headSince) < w.sc.runtimeOf(y.stage)):
+		return causeGrace // (a stopped worker whose head ran past MAX_RUNTIME is the watchdog's)
 	}
 	return causeTimeout
 }
@@ -1173,7 +1173,16 @@ func (w *world) working() []*wmodel {
 }
 
 func (w *world) watchdogDue(r *rule, _ crossing) {
-	for _, y := range w.working() {
+	stopping := func() []*wmodel { // stopped, at a shutdown's request or not: the watchdog still runs
+		var out []*wmodel
+		for _, y := range w.alive {
+			if y.started && y.stopped && !y.killed && w.shut < 2 {
+				out = append(out, y)
+			}
+		}
+		return out
+	}
+	for _, y := range append(w.working(), stopping()...) {
 		if own := w.sc.runtimeOf(y.stage); len(y.queue) > 0 && !w.coreDown && w.now.Sub(y.headSince) > own {
 			w.broke(r, "%s's head %d has run %s unanswered and the watchdog has not killed it, its stage's MAX_RUNTIME %s",
 				y.id, y.queue[0], w.now.Sub(y.headSince), own)

@@ -371,7 +371,7 @@ var ruleStopGraceDue = &rule{name: "stop-grace-due", when: atDeadline, check: (*
 	doc: "A stopped worker is gone or killed by STOP_GRACE."}
 
 var ruleWatchdogDue = &rule{name: "watchdog-due", when: atDeadline, check: (*world).watchdogDue,
-	doc: "A head unanswered past its stage's MAX_RUNTIME is killed, unless the core knows the database is down."}
+	doc: "A head unanswered past its stage's MAX_RUNTIME is killed, unless the core knows the database is down; a stopping worker's too (a shutdown's grace does not stop the watchdog)."}
 
 var ruleRecycleDue = &rule{name: "recycle-due", when: atDeadline, check: (*world).recycleDue,
 	doc: "A worker that has handled MAX_MESSAGES and holds nothing is recycled."}
