@@ -451,4 +451,11 @@ func TestSpansGoOverGRPCWhenTheProtocolSaysSo(t *testing.T) {
 	if code := refused.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "OTEL_EXPORTER_OTLP_PROTOCOL=http/json") {
 		t.Errorf("pepsi-dispatch with OTEL_EXPORTER_OTLP_PROTOCOL=http/json: exit %d, %v, %s; want exit status 2 naming the protocol", code, err, out)
 	}
+	// So is an exporter it does not have, rather than taken for OTLP.
+	console := exec.Command(filepath.Join(bin, "pepsi-dispatch"), "-c", conf)
+	console.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER=console")
+	out, err = console.CombinedOutput()
+	if code := console.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "OTEL_TRACES_EXPORTER=console") {
+		t.Errorf("pepsi-dispatch with OTEL_TRACES_EXPORTER=console: exit %d, %v, %s; want exit status 2 naming it", code, err, out)
+	}
 }

@@ -117,6 +117,12 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 // exporters speak no http/json, so that value is refused, as any other,
 // rather than exporting in a protocol the operator did not ask for.
 func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
+	// OTEL_TRACES_EXPORTER names the exporter: "otlp" (its default) is the
+	// one PEPSI has, "none" turns traces off (Enabled); another ("console",
+	// "zipkin") is refused, not quietly taken for OTLP.
+	if x := getenv("OTEL_TRACES_EXPORTER"); x != "" && !strings.EqualFold(x, "otlp") {
+		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%s: PEPSI exports traces over OTLP only (otlp, the default) or none", x)
+	}
 	key, protocol := "", "http/protobuf"
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
 		if p := getenv(k); p != "" {
