@@ -140,7 +140,8 @@ func enqueueCmd(a *app) *ffcli.Command {
 				return usagef("enqueue", "-stage is required")
 			}
 			// "-not-before $T" with T unset would run the messages now.
-			if err := emptyFilters(fs, "enqueue", "not-before", "order-key", "traceparent"); err != nil {
+			// (An empty -order-key is refused by givenToAll, as a bad key.)
+			if err := emptyFilters(fs, "enqueue", "not-before", "traceparent"); err != nil {
 				return err
 			}
 			if err := textFlags("enqueue", "-stage", *stage); err != nil {

@@ -159,7 +159,7 @@ func TestAnEmptyFilterIsRefusedNotIgnored(t *testing.T) {
 		{"list", "-older-than", "", "-count"},
 		{"purge", "-older-than", "7d", "-status", ""},
 		{"enqueue", "-stage", "parse", "-payload", "x", "-not-before", ""},
-		{"enqueue", "-stage", "parse", "-payload", "x", "-order-key", ""},
+		{"enqueue", "-stage", "parse", "-payload", "x", "-traceparent", ""},
 	} {
 		flag := args[len(args)-2]
 		if args[len(args)-1] != "" {
