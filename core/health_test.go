@@ -170,3 +170,50 @@ func TestAWorkerThatStartsEndsAFailedProgramCheck(t *testing.T) {
 	}
 	none[core.CheckProgram](t, w.tick(2*core.ProgramCheckEvery), "checked a program whose worker started")
 }
+
+// Proves: a rated stage with no rows, claimed at a notification, is not
+// rate_held while that claim is out (its tokens went to it; it waits for its
+// result, not for a token), and counts no rate-held time for it.
+func TestAnEmptyRatedStageWaitingForItsClaimIsNotHeld(t *testing.T) {
+	w := newWorld(t, `
+[pepsi-dispatch]
+POLL_INTERVAL = 1h
+STATS_INTERVAL = 1
+[stage-a]
+PROGRAM = a
+RATE = 2
+PARALLELISM = 4
+QUEUE_LIMIT = 16
+`)
+	w.start("a", 0)
+	for w.now.Sub(epoch) < 3*time.Second { // its first token, and a claim that finds nothing
+		w.tick(lastTimer(t, w.all).Sub(epoch))
+	}
+	held := func() (us int64) {
+		for _, f := range of[core.Flush](w.all) {
+			for _, d := range f.Stages {
+				us += d.RateHeldUS
+			}
+		}
+		return us
+	}
+	before := held()
+	w.at(5 * time.Second)
+	w.deferTxns = true
+	w.step(core.Ingress{}) // a producer's notification: the claim waits
+	if h := healthOf(t, w, "a"); h.State != core.HealthOK {
+		t.Errorf("an empty rated stage whose claim is out: %+v, want ok", h)
+	}
+	w.at(5*time.Second + 300*time.Millisecond)
+	w.deferTxns = false
+	w.drain()
+	if h := healthOf(t, w, "a"); h.State != core.HealthOK {
+		t.Errorf("an empty rated stage after its claim found nothing: %+v, want ok", h)
+	}
+	for w.now.Sub(epoch) < 8*time.Second {
+		w.tick(lastTimer(t, w.all).Sub(epoch))
+	}
+	if d := held() - before; d != 0 {
+		t.Errorf("flushed %d µs held by its rate while an empty stage's claim was out, want none", d)
+	}
+}

@@ -126,6 +126,11 @@ func (c *Core) markRateHeld() {
 			switch {
 			case !c.rateHeld(st):
 				b.heldSince = time.Time{}
+			case b.heldSince.IsZero() && st.claiming > 0:
+				// Its tokens went to its own claim, out now: it waits for
+				// that claim's result, not for a token (a stage with no
+				// rows at all, claimed at a notification, is not held).
+				// Once held, an outstanding claim does not end it.
 			case b.heldSince.IsZero():
 				b.heldSince = c.now
 			}
