@@ -189,6 +189,7 @@ func TestParseEmit(t *testing.T) {
 		`+{"stage":"b","payload":"x"} {}`:                                 "more than one JSON value",
 		`+[1]`:                                                            "not a JSON object",
 		`+ {"stage":"b","payload":"x"}`:                                   "white space after '+'",
+		`+{"stage":[1},"foo":1}`:                                          "not a JSON object", // a syntax error, not an unknown field
 		// Names are matched exactly, once each; a string payload is UTF-8.
 		`+{"STAGE":"b","PAYLOAD":"x"}`:                                                       `unknown field "STAGE"`,
 		`+{"stage":"nosuch","Stage":"b","payload":"x"}`:                                      `unknown field "Stage"`,

@@ -21,8 +21,10 @@ import (
 // are "" when the names are right. Text that is not one JSON object is the
 // decoder's to refuse, and passes here.
 func MemberProblem[T ~string | ~[]byte](text T, names ...string) (unknown, twice string) {
-	// A scan of the top level only, not a decoder: it allocates nothing but
-	// for a name written with escapes, and leaves every value unread.
+	// A scan of the top level only, not a decoder: it leaves every value
+	// unread and checks no syntax (MembersError leaves that to the
+	// decoder); it allocates for a name written with escapes, and for each
+	// name of bytes.
 	i := skipWS(text, 0)
 	if i >= len(text) || text[i] != '{' {
 		return "", ""
@@ -118,6 +120,9 @@ func valueEnd[T ~string | ~[]byte](text T, i int) int {
 // twice`; nil when the names are right. want says which fields are taken.
 func MembersError[T ~string | ~[]byte](text T, want string, names ...string) error {
 	unknown, twice := MemberProblem(text, names...)
+	if (unknown != "" || twice != "") && !json.Valid([]byte(text)) {
+		return nil // the scan reads names, not syntax: the decoder says what is wrong
+	}
 	switch {
 	case unknown != "" && slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, unknown) }):
 		return fmt.Errorf("unknown field %q (%s; names are matched exactly)", unknown, want)

@@ -1031,6 +1031,12 @@ func (w *world) modelExit(e core.WorkerExited) {
 		if !x.killed && e.Signal == "" && e.Code == 0 {
 			x.answers = append([]answerInfo{*t}, x.answers...)
 			w.modelAnswer(core.Answer{Worker: e.Worker, Line: t.line})
+			if x.proto {
+				// The tail broke the protocol: the core killed it for that
+				// (a Kill of a worker already gone), and its exit is judged
+				// as a protocol error's.
+				x.killed, x.cause = true, causeProtocol
+			}
 		}
 	}
 	w.bury(x)

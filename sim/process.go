@@ -262,10 +262,21 @@ func (w *world) conclude(p *proc, id int64) {
 		p.hung = true
 		return
 	case kCutOff:
-		// The first half of what it meant to answer: killed while writing.
-		good := w.goodAnswer(p, id).line
-		p.tail = &answerInfo{line: good[:max(1, len(good)/2)], cutOff: true}
-		p.hung = true
+		good := w.goodAnswer(p, id)
+		half := answerInfo{line: good.line[:max(1, len(good.line)/2)], cutOff: true, malformed: true}
+		switch a.cut {
+		case cutWholeExit0: // its last answer, whole, then it exits by itself
+			w.emitLines(p, p.cur, good)
+			good.cutOff = true
+			p.tail = &good
+			w.die(p, 0, "")
+		case cutHalfExit1: // set -e: what it ran between the halves failed
+			p.tail = &half
+			w.die(p, 1, "")
+		default: // killed while writing it
+			p.tail = &half
+			p.hung = true
+		}
 		return
 	case kFail, kFailAfter:
 		w.answer(p, parseFailLine(a.line))

@@ -150,7 +150,7 @@ const (
 	kBack                       // answer the stage before as the target ("0 >a" at b): it goes back, a cycle of stages
 	kBadEmit                    // write an emit line the dispatcher must refuse (line), then answer the good transition
 	kRefused                    // answer the good transition with a patch the database refuses (refusedPatch): the message fails
-	kCutOff                     // write the start of the good answer, no newline, and hang: killed by the watchdog, the message times out
+	kCutOff                     // write (the start of) the good answer with no newline, and end as attempt.cut says
 )
 
 var kindNames = [...]string{"good", "pause", "fail", "fail-after-commit", "stage-bug", "crash",
@@ -184,7 +184,21 @@ type attempt struct {
 	latency time.Duration
 	pause   time.Duration // kPause: how long the row stays paused
 	line    string        // kFail, kFailAfter, kMalformed, kMalformedAfter, kBadAnswer: the line
+	cut     cutEnd        // kCutOff: how the worker's output ends
 }
+
+// cutEnd is how a kCutOff worker's output ends: half its answer and a hang
+// until the watchdog kills it (the line is dropped, the message times out);
+// its whole answer and exit 0 (the line is its answer); or half and exit 1
+// (the line is dropped, the message fails as a crash, or is requeued as a
+// failed start).
+type cutEnd int
+
+const (
+	cutHang cutEnd = iota
+	cutWholeExit0
+	cutHalfExit1
+)
 
 // failLines are valid non-zero status lines; malformedLines are not status lines
 // at all (a protocol error). The world knows which is which by construction, not
@@ -419,9 +433,8 @@ func chooseRefusals(c chooser, sc *Scenario) {
 }
 
 // chooseCutOffs chooses, one scenario in seven, passes whose worker writes
-// the start of its answer with no newline and hangs until the watchdog kills
-// it (kCutOff): the core must drop the cut-off line, not take it as an
-// answer, and time the message out. As chooseRefusals, only at a producer's
+// its answer, or the start of it, with no newline, and then ends (kCutOff,
+// cutEnd): the core must take the line only from a worker that exited 0. As chooseRefusals, only at a producer's
 // message's visit that answers, not at the arrival order's stage; drawn
 // last, its low choice the benign one; one in seven, as no regression seed
 // (testdata/sim/seeds.txt) draws one then, so each replays as it was found.
@@ -436,7 +449,9 @@ func chooseCutOffs(c chooser, sc *Scenario) {
 			if !v.answers || sc.shuffle && m.first+j == sc.arrivalStage || c.intn("visit.cutoff", 0, 9) < 9 {
 				continue
 			}
-			v.trouble = append([]attempt{{kind: kCutOff, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
+			a := attempt{kind: kCutOff, latency: millis(c.intn("try.latency_ms", 1, 3000))}
+			a.cut = cutEnd(c.intn("try.cut", int(cutHang), int(cutHalfExit1)))
+			v.trouble = append([]attempt{a}, v.trouble...)
 		}
 	}
 }

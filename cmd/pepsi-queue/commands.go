@@ -730,6 +730,8 @@ func runRetry(ctx context.Context, a *app, f queueadmin.RetryFilter, others, dry
 		switch {
 		case dryRun:
 			fmt.Fprintf(a.stdout, "would retry %s (nothing changed: -n)\n", messages(n))
+		case r.BlockedErr != nil:
+			fmt.Fprintf(a.stdout, "retried %s (how many wait blocked behind their order key is unknown)\n", messages(n))
 		case r.Blocked > 0:
 			fmt.Fprintf(a.stdout, "retried %s: %d pending again, %d blocked behind an older unfinished message of their order key\n", messages(n), n-r.Blocked, r.Blocked)
 		default:

@@ -246,8 +246,8 @@ func Redact(db string) string {
 	if strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://") {
 		u, err := url.Parse(db)
 		// An '@' past the host means url.Parse took a password's '?' or '/'
-		// for the end of the user information (libpq reads the user
-		// information up to the last '@'): the password would show.
+		// for the end of the user information, where a libpq or pgx reading
+		// may not: what it shows may hold a password, so it is not shown.
 		if err != nil || u.Fragment != "" || strings.Contains(db, "#") || strings.Contains(u.Path+u.RawQuery, "@") || u.Opaque != "" {
 			return unreadable
 		}

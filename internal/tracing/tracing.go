@@ -86,6 +86,9 @@ type Exporter struct {
 // OTEL_EXPORTER_OTLP_PROTOCOL other than http/protobuf and grpc
 // (newExporter).
 func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, error) {
+	if err := checkExporter(os.Getenv); err != nil {
+		return nil, err // with or without an endpoint: a setting it cannot honour
+	}
 	if !Enabled(os.Getenv) {
 		return nil, nil
 	}
@@ -110,6 +113,17 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 	return e, nil
 }
 
+// checkExporter refuses an OTEL_TRACES_EXPORTER PEPSI does not have:
+// "otlp" (the default) is the one it has, "none" turns traces off (Enabled);
+// another ("console", "zipkin", a list) is refused, not quietly taken for
+// OTLP or for off.
+func checkExporter(getenv func(string) string) error {
+	if x := getenv("OTEL_TRACES_EXPORTER"); x != "" && !strings.EqualFold(x, "otlp") && !strings.EqualFold(x, "none") {
+		return fmt.Errorf("OTEL_TRACES_EXPORTER=%s: PEPSI exports traces over OTLP only (otlp, the default) or none", x)
+	}
+	return nil
+}
+
 // newExporter returns the OTLP exporter getenv's protocol names:
 // OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL,
 // http/protobuf (a collector's port 4318) when neither is set, as the
@@ -117,12 +131,6 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 // exporters speak no http/json, so that value is refused, as any other,
 // rather than exporting in a protocol the operator did not ask for.
 func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
-	// OTEL_TRACES_EXPORTER names the exporter: "otlp" (its default) is the
-	// one PEPSI has, "none" turns traces off (Enabled); another ("console",
-	// "zipkin") is refused, not quietly taken for OTLP.
-	if x := getenv("OTEL_TRACES_EXPORTER"); x != "" && !strings.EqualFold(x, "otlp") {
-		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%s: PEPSI exports traces over OTLP only (otlp, the default) or none", x)
-	}
 	key, protocol := "", "http/protobuf"
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
 		if p := getenv(k); p != "" {

@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,4 +98,24 @@ func TestPassesAreDroppedBeforeTheirSpansAreMadeWhileTheQueueIsFull(t *testing.T
 		t.Errorf("%d passes dropped and %d spans made; want every pass not queued counted as dropped", d, n)
 	}
 	close(blocked.release)
+}
+
+// Proves: an OTEL_TRACES_EXPORTER PEPSI does not have is refused at New, with
+// or without an endpoint, rather than taken for OTLP or for off; "none" and
+// "otlp" are taken.
+func TestAnExporterPEPSIDoesNotHaveIsRefused(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	for _, x := range []string{"console", "otlp,console", "zipkin"} {
+		t.Setenv("OTEL_TRACES_EXPORTER", x)
+		if _, err := New(context.Background(), "test", slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER="+x) {
+			t.Errorf("OTEL_TRACES_EXPORTER=%s without an endpoint: %v; want it refused, named", x, err)
+		}
+	}
+	for _, x := range []string{"none", "otlp", "OTLP"} {
+		t.Setenv("OTEL_TRACES_EXPORTER", x)
+		if e, err := New(context.Background(), "test", slog.New(slog.DiscardHandler)); err != nil || e != nil {
+			t.Errorf("OTEL_TRACES_EXPORTER=%s without an endpoint: %v, %v; want no exporter and no error", x, e, err)
+		}
+	}
 }
