@@ -1690,19 +1690,8 @@ func TestALastLineWithoutANewlineIsAnAnswerOnlyIfTheWorkerExitedByItself(t *test
 	}
 }
 
-// runs is a stage of two workers, one message each, a short MAX_RUNTIME and
-// workers that are not reaped.
-const runs = `
-[pepsi-dispatch]
-MAX_RUNTIME = 10
-WORKER_IDLE_TIMEOUT = 3600
-POLL_INTERVAL = 30
-STATS_INTERVAL = 60
-[stage-a]
-PROGRAM = a
-PARALLELISM = 2
-QUEUE_LIMIT = 1
-`
+// runs is rolling with a short MAX_RUNTIME.
+var runs = strings.Replace(rolling, "MAX_RUNTIME = 300", "MAX_RUNTIME = 10", 1)
 
 // Proves: a message's failed starts count only in a row. One whose pass ended
 // otherwise between them (here it timed out, and an operator retried it)

@@ -415,19 +415,29 @@ func chooseRefusals(c chooser, sc *Scenario) {
 	if c.intn("refusals", 0, 3) < 3 {
 		return
 	}
+	answeringVisits(sc, func(m *message, j int, v *visit) {
+		next := m.first + j + 1
+		if v.fuse && next <= m.last {
+			next++
+		}
+		if next > m.last && m.end != core.StatusDone || c.intn("visit.refused", 0, 9) < 9 {
+			return
+		}
+		v.trouble = append([]attempt{{kind: kRefused, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
+	})
+}
+
+// answeringVisits calls f with each visit of a producer's message (not the
+// templates of emitted messages) that answers its transition, but at the
+// arrival order's stage, whose answers must come together
+// (chooseArrivalOrder), in order.
+func answeringVisits(sc *Scenario, f func(m *message, j int, v *visit)) {
 	for i := range sc.messages[:sc.produced] {
 		m := &sc.messages[i]
 		for j := range m.visits {
-			v := &m.visits[j]
-			next := m.first + j + 1
-			if v.fuse && next <= m.last {
-				next++
+			if v := &m.visits[j]; v.answers && !(sc.shuffle && m.first+j == sc.arrivalStage) {
+				f(m, j, v)
 			}
-			if !v.answers || next > m.last && m.end != core.StatusDone || sc.shuffle && m.first+j == sc.arrivalStage ||
-				c.intn("visit.refused", 0, 9) < 9 {
-				continue
-			}
-			v.trouble = append([]attempt{{kind: kRefused, latency: millis(c.intn("try.latency_ms", 1, 3000))}}, v.trouble...)
 		}
 	}
 }
@@ -442,18 +452,14 @@ func chooseCutOffs(c chooser, sc *Scenario) {
 	if c.intn("cutoffs", 0, 6) < 6 {
 		return
 	}
-	for i := range sc.messages[:sc.produced] {
-		m := &sc.messages[i]
-		for j := range m.visits {
-			v := &m.visits[j]
-			if !v.answers || sc.shuffle && m.first+j == sc.arrivalStage || c.intn("visit.cutoff", 0, 9) < 9 {
-				continue
-			}
-			a := attempt{kind: kCutOff, latency: millis(c.intn("try.latency_ms", 1, 3000))}
-			a.cut = cutEnd(c.intn("try.cut", int(cutHang), int(cutHalfExit1)))
-			v.trouble = append([]attempt{a}, v.trouble...)
+	answeringVisits(sc, func(_ *message, _ int, v *visit) {
+		if c.intn("visit.cutoff", 0, 9) < 9 {
+			return
 		}
-	}
+		a := attempt{kind: kCutOff, latency: millis(c.intn("try.latency_ms", 1, 3000))}
+		a.cut = cutEnd(c.intn("try.cut", int(cutHang), int(cutHalfExit1)))
+		v.trouble = append([]attempt{a}, v.trouble...)
+	})
 }
 
 // Sessions is the scenario's SESSIONS.
