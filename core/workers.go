@@ -282,7 +282,8 @@ func exitHow(w *worker, e WorkerExited) string {
 
 // answerEndsCooldown says whether an answer of w shows that its stage's
 // program starts, so that its cooldown ends. An answer of a worker started
-// since the cooldown began does. An older worker may run the program as it
+// no earlier than the one whose failed start began the cooldown's latest
+// round (cooldownFrom) does. An older worker may run the program as it
 // was before a deployment that broke it: ending the cooldown at its answers
 // would show the stage ok and start failing workers at once. Its answers end
 // the cooldown only once it has run out with no new try alive (none was
