@@ -171,6 +171,40 @@ func ParseEmit(line string) (Emit, error) {
 	return emitOf(obj.Stage, obj.Key, obj.OrderKey, obj.Payload, obj.PayloadBase64, obj.State)
 }
 
+// Payload decodes a message's payload from its payload or payload_base64
+// field (nil for absent; exactly one of them), as every producer's message
+// and emit line gives it: a JSON string is its UTF-8 bytes (text that is
+// not UTF-8 is refused, not changed), any other JSON value its compact
+// text, payload_base64 standard base64.
+func Payload(text json.RawMessage, base64Text *string) ([]byte, error) {
+	switch {
+	case text != nil && base64Text != nil:
+		return nil, errors.New("both payload and payload_base64 given; want one")
+	case base64Text != nil:
+		b, err := base64.StdEncoding.DecodeString(*base64Text)
+		if err != nil {
+			return nil, fmt.Errorf("payload_base64: %w", err)
+		}
+		return b, nil
+	case len(text) > 0 && text[0] == '"':
+		if why := StringRefuses(text); why != "" {
+			return nil, fmt.Errorf("payload: %s (a string payload is UTF-8 text; send other bytes as payload_base64)", why)
+		}
+		var s string
+		if err := json.Unmarshal(text, &s); err != nil {
+			return nil, fmt.Errorf("payload: %w", err)
+		}
+		return []byte(s), nil
+	case text != nil:
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, text); err != nil {
+			return nil, fmt.Errorf("payload: %w", err)
+		}
+		return compact.Bytes(), nil
+	}
+	return nil, errors.New("no payload (want payload or payload_base64)")
+}
+
 // emitOf checks and takes the decoded fields of an emit line (see ParseEmit).
 func emitOf(stage, key, orderKey *string, payload json.RawMessage, payloadBase64 *string, state json.RawMessage) (Emit, error) {
 	var e Emit
@@ -189,30 +223,8 @@ func emitOf(stage, key, orderKey *string, payload json.RawMessage, payloadBase64
 			return e, err
 		}
 	}
-	switch {
-	case payload != nil && payloadBase64 != nil:
-		return e, errors.New("both payload and payload_base64 given; want one")
-	case payloadBase64 != nil:
-		if e.Payload, err = base64.StdEncoding.DecodeString(*payloadBase64); err != nil {
-			return e, fmt.Errorf("payload_base64: %w", err)
-		}
-	case len(payload) > 0 && payload[0] == '"':
-		if why := StringRefuses(string(payload)); why != "" {
-			return e, fmt.Errorf("payload: %s (a string payload is UTF-8 text; send other bytes as payload_base64)", why)
-		}
-		var s string
-		if err := json.Unmarshal(payload, &s); err != nil {
-			return e, fmt.Errorf("payload: %w", err)
-		}
-		e.Payload = []byte(s)
-	case payload != nil:
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, payload); err != nil {
-			return e, fmt.Errorf("payload: %w", err)
-		}
-		e.Payload = compact.Bytes()
-	default:
-		return e, errors.New("no payload (want payload or payload_base64)")
+	if e.Payload, err = Payload(payload, payloadBase64); err != nil {
+		return e, err
 	}
 	if e.Payload == nil {
 		e.Payload = []byte{}

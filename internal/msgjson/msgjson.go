@@ -22,7 +22,6 @@ package msgjson
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -380,34 +379,10 @@ func (m *Message) line(f Fields, id *int64, attempts *int, parentID *int64) erro
 // its compact text. Neither is an error, except in a line (Fields.Line),
 // where it is a NULL payload: nil.
 func payload(text json.RawMessage, base64Text *string, f Fields) ([]byte, error) {
-	switch {
-	case text != nil && base64Text != nil:
-		return nil, errors.New("both payload and payload_base64 given; want one")
-	case base64Text != nil:
-		b, err := base64.StdEncoding.DecodeString(*base64Text)
-		if err != nil {
-			return nil, fmt.Errorf("payload_base64: %w", err)
-		}
-		return b, nil
-	case len(text) > 0 && text[0] == '"':
-		if why := core.StringRefuses(text); why != "" {
-			return nil, fmt.Errorf("payload: %s (a string payload is UTF-8 text; send other bytes as payload_base64)", why)
-		}
-		var s string
-		if err := json.Unmarshal(text, &s); err != nil {
-			return nil, fmt.Errorf("payload: %w", err)
-		}
-		return []byte(s), nil
-	case text != nil:
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, text); err != nil {
-			return nil, fmt.Errorf("payload: %w", err)
-		}
-		return compact.Bytes(), nil
-	case f.Line:
+	if text == nil && base64Text == nil && f.Line {
 		return nil, nil
 	}
-	return nil, errors.New("no payload (want payload or payload_base64)")
+	return core.Payload(text, base64Text)
 }
 
 // parsePlain reads the common shape of a message without reflection: one
