@@ -166,8 +166,8 @@ const staleEndsMax = 3
 // acquire ends that session (pg_terminate_backend) and asks again, instead of
 // refusing to run or waiting for the server to notice.
 func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, log *slog.Logger, signals <-chan os.Signal) (*store.Lock, int, error) {
-	ctx, cancel := cancelOnSignal(ctx, signals)
-	defer cancel()
+	ctx, watch := watchSignals(ctx, signals)
+	defer watch.stop()
 	backoff := probeMin
 	waiting := newDBWait(log, cfg)
 	staleEnds := 0
@@ -184,6 +184,15 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 		}
 		if err == nil {
 			log.Info("holding the dispatcher lock", "key", fmt.Sprintf("%#x", store.LockKey))
+			if watch.stop() {
+				// The signal came as the lock was taken: it was for this
+				// start, which ends here, before any session.
+				log.Info("signal received while taking the dispatcher lock; giving it up")
+				if rerr := lock.Release(context.WithoutCancel(ctx)); rerr != nil {
+					log.Warn("giving up the dispatcher lock", "err", rerr)
+				}
+				return nil, ExitOK, nil
+			}
 			return lock, 0, nil
 		}
 		var held *store.HeldError
@@ -222,18 +231,38 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 	}
 }
 
-// cancelOnSignal returns a context that ends with ctx or at the first signal
-// (which it takes), so that a signal stops waiting for the lock.
-func cancelOnSignal(ctx context.Context, signals <-chan os.Signal) (context.Context, context.CancelFunc) {
+// signalWatch ends a context at the first signal, which it takes, while
+// acquire waits for the lock. Every signal is either taken by the watch, and
+// reported by stop, or left in the channel for the session: one that comes as
+// the lock is taken must not be lost (the dispatcher would run on, deaf to it).
+type signalWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	took   bool // written before done is closed
+}
+
+// watchSignals returns a context that ends with ctx or at the first signal.
+func watchSignals(ctx context.Context, signals <-chan os.Signal) (context.Context, *signalWatch) {
 	ctx, cancel := context.WithCancel(ctx)
+	w := &signalWatch{cancel: cancel, done: make(chan struct{})}
 	go func() {
+		defer close(w.done)
 		select {
 		case <-signals:
+			w.took = true
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
-	return ctx, cancel
+	return ctx, w
+}
+
+// stop ends the watch, once it has let go of the channel, and reports whether
+// it took a signal. It may be called more than once.
+func (w *signalWatch) stop() bool {
+	w.cancel()
+	<-w.done
+	return w.took
 }
 
 // pause waits d, or until ctx is done; it reports whether ctx is still live.

@@ -470,3 +470,30 @@ func TestATransactionInFlightWhenTheLockIsLostEndsBeforeTheNextSessionStarts(t *
 	e.waitCounts(10*time.Second, map[string]int{"done": 1})
 	d.stopClean()
 }
+
+// A signal that comes as the dispatcher takes its lock is for this start: the
+// wait for the lock took it, and the lock was taken all the same. The
+// dispatcher exits, rather than run on deaf to it until a second signal. (The
+// log holds acquire right after the lock is taken, while the signal is sent
+// and taken.)
+func TestASignalAsTheLockIsTakenStopsTheDispatcher(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 2, "a"))
+	d, reached, release := e.startBlocking("holding the dispatcher lock")
+	select {
+	case <-reached:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the dispatcher did not take its lock within 20s")
+	}
+	d.signals <- syscall.SIGTERM
+	waitFor(t, 10*time.Second, "the wait for the lock to take the signal", func() (bool, string) {
+		return len(d.signals) == 0, "still in the channel"
+	})
+	release <- struct{}{}
+	if code, err := d.wait(exitWait); code != dispatch.ExitOK || err != nil {
+		t.Errorf("signalled as it took the lock: exit %d, err %v; want exit 0, no error", code, err)
+	}
+	if n := len(d.logs.lines("signal received while taking the dispatcher lock")); n != 1 {
+		t.Errorf("%d log lines about the signal that came with the lock; want 1", n)
+	}
+}
