@@ -21,11 +21,14 @@ const RetryJitter = 0.1
 // RetryDelay is the delay of retry number attempts (0 for the first) at a
 // stage, before jitter: delay × 2^attempts, capped at max.
 func RetryDelay(delay, max time.Duration, attempts int) time.Duration {
-	d := delay
+	d := min(delay, max)
 	for i := 0; i < attempts && d < max; i++ {
-		d = min(d, max/2) * 2 // never past max, so never past an int64's range
+		if d > max/2 {
+			return max // the doubling would pass the cap, or an int64's range
+		}
+		d *= 2
 	}
-	return min(d, max)
+	return d
 }
 
 // retry owes what an answer "75 REASON" from worker w means for its head: a

@@ -159,7 +159,7 @@ var mutants = []mutant{
 	mut("ingress-during-claim-forgotten", "move-claims", "a notification that came while a claim was outstanding is forgotten",
 		"st.maybeMore = more || c.ingressGen != c.claimGen",
 		"st.maybeMore = more"),
-	mut("cooldown-kept-after-answer", "spawn-when-needed", "a stage stays cooled down after its program answered",
+	mut("cooldown-kept-after-answer", "claim-yields-at-most-half", "a stage stays cooled down after its program answered: its claims leave out the workers it may spawn",
 		"st.cooldownStep, st.cooldownUntil = 0, time.Time{}", "st.cooldownStep = 0"),
 	// Rules the checker holds at each command.
 	mut("watchdog-ignores-stage", "watchdog-due", "every stage's watchdog is the dispatcher's MAX_RUNTIME, not the stage's own",
@@ -316,7 +316,7 @@ var mutants = []mutant{
 	mut("retry-delay-not-doubled", "retry-backoff", "every retry waits RETRY_DELAY",
 		"for i := 0; i < attempts && d < max; i++ {", "for i := 0; i < 0 && d < max; i++ {"),
 	mut("retry-delay-uncapped", "retry-backoff", "the doubled delay ignores RETRY_DELAY_MAX",
-		"\treturn min(d, max)\n", "\treturn d\n"),
+		"\t\tif d > max/2 {\n\t\t\treturn max", "\t\tif false {\n\t\t\treturn max"),
 	mut("retry-jitter-early", "retry-backoff", "the jitter is taken off the delay: a retry comes before its delay",
 		"d += time.Duration(float64(d) * RetryJitter * c.random())", "d -= time.Duration(float64(d) * RetryJitter * c.random())"),
 	mut("retry-jitter-too-large", "retry-backoff", "the jitter is up to 20 %, not 10 %",
