@@ -24,7 +24,9 @@ var errNotNarrowed = errors.New("the refusal is not one message's outcome")
 // their transaction for the data itself (Refused): the same commands in one
 // transaction, but each statement on its own and every Resolve under a
 // savepoint, so that a refused resolve is tried again in halves, down to the
-// items refused alone (resolveNarrowed).
+// items refused alone (resolveNarrowed). Deferred constraints are checked at
+// each statement, so a refusal the first transaction met only at its COMMIT
+// is narrowed too.
 // An item the database refuses alone gets core.RefusedFallback written
 // instead (its failure, with the server's error as its reason), reported by
 // its Outcome's Refused; every other write of the step stands. If a
@@ -69,8 +71,12 @@ func (q *Queue) runNarrowed(ctx context.Context, cmds []core.Command) (events []
 	// The tables' lock is taken outside every savepoint and held to the
 	// end (a statement's own lock goes with its savepoint's rollback): a
 	// constraint dropped or added meanwhile (DDL waits for it) cannot make
-	// an item refused, then its failure taken, in one transaction.
-	for _, s := range []string{"BEGIN ISOLATION LEVEL READ COMMITTED", "SET LOCAL synchronous_commit = on", narrowLockSQL} {
+	// an item refused, then its failure taken, in one transaction. A
+	// deferred constraint of the operator's is checked at each statement
+	// instead of at the COMMIT, under the statement's savepoint, so that
+	// its refusal is narrowed as an immediate one's is (docs/operations.md,
+	// "A write the database refuses").
+	for _, s := range []string{"BEGIN ISOLATION LEVEL READ COMMITTED", "SET LOCAL synchronous_commit = on", "SET CONSTRAINTS ALL IMMEDIATE", narrowLockSQL} {
 		if _, err := c.Exec(ctx, s); err != nil {
 			return nil, "", sess, &rolledBack{fmt.Errorf("queue transaction: %s: %w", s, err)}
 		}
