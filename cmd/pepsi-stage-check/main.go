@@ -240,6 +240,10 @@ type output struct {
 	line string
 	at   time.Time
 	long bool // longer than pepsi-dispatch reads
+	// unterminated: the program's output ended in this line, with no
+	// newline. pepsi-dispatch takes such a line only once the program's exit
+	// says it was not cut off (judgeTail).
+	unterminated bool
 }
 
 // result is what became of one input.
@@ -264,6 +268,15 @@ type report struct {
 	stray   []output // lines beyond the inputs
 	exit    string
 	exitOK  bool
+	tail    *tail // the last line, when it had no newline
+}
+
+// tail is a last line written without a newline, and how pepsi-dispatch
+// would judge it by the way the program ended.
+type tail struct {
+	line  output
+	taken bool   // the program exited by itself with status 0
+	how   string // how it ended, for the report
 }
 
 // dropped counts the valid emit lines that insert nothing.
@@ -276,7 +289,7 @@ func (r *report) dropped() int {
 }
 
 func (r *report) ok() bool {
-	if len(r.early) > 0 || len(r.stray) > 0 || !r.exitOK {
+	if len(r.early) > 0 || len(r.stray) > 0 || !r.exitOK || (r.tail != nil && !r.tail.taken) {
 		return false
 	}
 	for _, x := range r.results {
@@ -359,6 +372,11 @@ type feeder struct {
 	*program
 	o   options
 	rep *report
+	// held is a last line without a newline, kept until the program's exit
+	// says whether pepsi-dispatch would take it; heldLate: it came after
+	// the end of input.
+	held     *output
+	heldLate bool
 	// pending are the inputs written and not yet answered, in order; open
 	// counts those of them still within their answer wait (the window: one
 	// past its wait no longer holds back the next input, but an answer still
@@ -384,7 +402,7 @@ func (f *feeder) feed(ctx context.Context, inputs []input) error {
 				f.notRead(inputs[next:], "NOT READ: the program had closed its output (exited?)")
 				return nil
 			}
-			f.answered(l, false)
+			f.take(l, false)
 		case <-time.After(time.Until(oldest.sent.Add(f.o.answerWait))):
 			f.open-- // the oldest open input's wait is over
 		case <-ctx.Done():
@@ -412,6 +430,16 @@ func (f *feeder) notRead(inputs []input, why string) {
 	for _, in := range inputs {
 		f.rep.results = append(f.rep.results, result{in: in, verdict: why})
 	}
+}
+
+// take answers with l, or holds it for judgeTail when the output ended in it
+// with no newline, as pepsi-dispatch holds it until the worker's exit.
+func (f *feeder) take(l output, late bool) {
+	if l.unterminated {
+		f.held, f.heldLate = &l, late
+		return
+	}
+	f.answered(l, late)
 }
 
 // answered gives line l to the oldest unanswered input, or calls it stray.
@@ -453,7 +481,7 @@ collect:
 				lines = nil
 				continue
 			}
-			f.answered(l, true)
+			f.take(l, true)
 		case exitErr = <-exited:
 			exitedOK, exited = true, nil
 		case <-deadline:
@@ -467,6 +495,36 @@ collect:
 		f.rep.exit, f.rep.exitOK = fmt.Sprintf("exit status 0, %s after the end of its input", time.Since(end).Round(time.Millisecond)), true
 	default:
 		f.rep.exit = fmt.Sprintf("%v at the end of its input: a stage must exit 0 once it has answered everything", exitErr)
+	}
+	f.judgeTail(exitedOK, exitErr)
+}
+
+// judgeTail judges a held last line (no newline) as pepsi-dispatch does
+// (core's judgeTail, docs/protocol.md): it is taken as a line like any
+// other only if the program exited by itself with status 0; else it is
+// dropped, for a program killed or failing mid-write may have been cut off
+// ("0 >b" of "0 >bx" would send the message elsewhere).
+func (f *feeder) judgeTail(exited bool, exitErr error) {
+	if f.held == nil {
+		return
+	}
+	t := &tail{line: *f.held}
+	switch {
+	case !exited:
+		t.how = fmt.Sprintf("it did not exit within %s and was killed", f.o.exitWait)
+	case exitErr == nil:
+		t.taken, t.how = true, "it exited by itself with status 0"
+	default:
+		t.how = fmt.Sprintf("it ended with %v", exitErr)
+	}
+	f.rep.tail = t
+	if t.taken {
+		f.answered(t.line, f.heldLate)
+		return
+	}
+	if len(f.pending) > 0 && !core.IsEmitLine(t.line.line) {
+		// Name the dropped line where the author looks: its message's line.
+		f.rep.results[f.pending[0]].verdict = fmt.Sprintf("NO ANSWER: its answer %q had no newline and %s, so pepsi-dispatch drops it", clip(t.line.line), t.how)
 	}
 }
 
@@ -604,6 +662,14 @@ func (r *report) print(w io.Writer) {
 	if n := r.dropped(); n > 0 {
 		fmt.Fprintf(w, "NOTE: %d emit line(s) came before an answer that is no transition (a bare 0, a failure, a retry): valid, but pepsi-dispatch inserts none of them\n", n)
 	}
+	if t := r.tail; t != nil {
+		fmt.Fprintf(w, "LAST LINE WITHOUT NEWLINE: %q: the program's output ended in this line with no newline; %s, so ", clip(t.line.line), t.how)
+		if t.taken {
+			fmt.Fprintln(w, "pepsi-dispatch takes it as a line like any other (still, end every line with a newline)")
+		} else {
+			fmt.Fprintln(w, "pepsi-dispatch drops it with a warning, not taken as an answer (it may have been cut off): end every line with a newline")
+		}
+	}
 	fmt.Fprintln(w, "end of input:", r.exit)
 	if r.ok() {
 		fmt.Fprintln(w, "OK: every answer is valid")
@@ -647,7 +713,10 @@ func unbuffers(name string) bool {
 	return name == "PYTHONUNBUFFERED" || strings.HasPrefix(name, "_STDBUF_")
 }
 
-// readLines sends each line of r, then closes lines.
+// readLines sends each line of r, then closes lines. A last line with no
+// newline is sent marked unterminated, and keeps a "\r" at its end, as
+// pepsi-dispatch reads it (shell/worker's readLines); a line that overflows
+// the reader's buffer is a protocol error there at once, ended or not.
 func readLines(r io.Reader, lines chan<- output) {
 	defer close(lines)
 	br := bufio.NewReaderSize(r, answerLineMax+2) // a line of answerLineMax bytes and its "\r\n"
@@ -664,8 +733,11 @@ func readLines(r io.Reader, lines chan<- output) {
 			}
 		}
 		if len(buf) > 0 {
-			line := strings.TrimSuffix(strings.TrimSuffix(string(buf), "\n"), "\r") // as pepsi-dispatch reads it
-			lines <- output{line: line, at: time.Now(), long: long || len(line) > answerLineMax}
+			line, ended := strings.CutSuffix(string(buf), "\n")
+			if ended {
+				line = strings.TrimSuffix(line, "\r")
+			}
+			lines <- output{line: line, at: time.Now(), long: long || len(line) > answerLineMax, unterminated: !ended && !long}
 		}
 		if err != nil {
 			return

@@ -191,6 +191,33 @@ func TestAStageThatExitsMidInputIsReported(t *testing.T) {
 	}
 }
 
+// Proves: a last line without a newline is judged as pepsi-dispatch judges
+// it (docs/protocol.md): taken as the answer when the program exited by
+// itself with status 0, dropped when it exited with another status or was
+// killed by a signal (it may have been cut off); the report says which.
+func TestALastLineWithoutNewlineIsTakenOnlyAtACleanExit(t *testing.T) {
+	for _, c := range []struct{ end, how, verdict string }{
+		{"exit 0", "it exited by itself with status 0", "pepsi-dispatch takes it"},
+		{"exit 1", "it ended with exit status 1", "pepsi-dispatch drops it"},
+		{"kill -KILL $$", "it ended with signal: killed", "pepsi-dispatch drops it"},
+	} {
+		// Message 5's answer is written whole, only without its newline.
+		p := script(t, "tail.sh", "#!/bin/sh\nn=0\nwhile read -r l; do\n\tn=$((n+1))\n\tif [ $n -eq 5 ]; then printf '0 >done'; "+c.end+"; fi\n\techo '0 >done'\ndone\n")
+		code, report := runCheck(t, p)
+		wantReport(t, report, `LAST LINE WITHOUT NEWLINE: "0 >done"`, c.how, c.verdict)
+		taken := c.end == "exit 0"
+		if answered := strings.Contains(report, `message 5 (id 5): answer "0 >done"`); answered != taken {
+			t.Errorf("%s: message 5 answered %v, want %v", c.end, answered, taken)
+		}
+		if want := map[bool]int{true: 0, false: 1}[taken]; code != want {
+			t.Errorf("%s: exit %d, want %d", c.end, code, want)
+		}
+		if !taken {
+			wantReport(t, report, `message 5 (id 5): NO ANSWER: its answer "0 >done" had no newline`)
+		}
+	}
+}
+
 // Proves: in id mode the stage gets decimal ids, and messages come from an
 // NDJSON file when one is given, each handed on as the dispatcher would hand
 // it, its order key, parent and trace context included.
