@@ -52,8 +52,12 @@ var fields = msgjson.Fields{Stage: true, Key: true, OrderKey: true, TraceParent:
 // NDJSON) into messages, each with its stage: its own "stage" field, else
 // stageParam (the ?stage= of the request). known says whether a stage is
 // configured. It answers the whole body or a Status naming the bad line:
-// nothing of a body with one bad line may be inserted.
+// nothing of a body with one bad line may be inserted. A stageParam that is
+// not configured is refused before r is read (stageParamStatus).
 func ParseBody(r io.Reader, contentType, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
+	if st := stageParamStatus(stageParam, known); st != nil {
+		return nil, st
+	}
 	mt, st := mediaType([]byte(contentType))
 	if st != nil {
 		return nil, st
@@ -81,20 +85,23 @@ func mediaType(contentType []byte) (string, *Status) {
 	return mt, nil
 }
 
-// parseBody is ParseBody of a body read whole, of media type mt.
-func parseBody(body []byte, mt, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
-	msgs, st := parseMessages(body, mt, stageParam, lim, known)
-	if st == nil && stageParam != "" && !known(stageParam) {
-		// Refused even when every message has a stage of its own: a typo
-		// in the URL is the producer's mistake to hear of at once, not when
-		// a message without its own stage first comes.
-		return nil, statusf(http.StatusBadRequest, "?stage=: stage %q is not configured", clip(stageParam))
+// stageParamStatus refuses a ?stage= (stageParam, "" for none) that names
+// no configured stage, or answers nil. It is refused even when every message
+// has a stage of its own: a typo in the URL is the producer's mistake to hear
+// of at once, not when a message without its own stage first comes. And it
+// is checked before the body is read: whatever the body holds, the request
+// cannot succeed, and an answer about the body would have the producer mend
+// the body and send it again to the same wrong URL.
+func stageParamStatus(stageParam string, known func(string) bool) *Status {
+	if stageParam != "" && !known(stageParam) {
+		return statusf(http.StatusBadRequest, "?stage=: stage %q is not configured", clip(stageParam))
 	}
-	return msgs, st
+	return nil
 }
 
-// parseMessages is parseBody but for the check of ?stage= itself.
-func parseMessages(body []byte, mt, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
+// parseBody is ParseBody of a body read whole, of media type mt, whose
+// stageParam has passed stageParamStatus.
+func parseBody(body []byte, mt, stageParam string, lim Limits, known func(string) bool) ([]msgjson.Message, *Status) {
 	var msgs []msgjson.Message
 	var keys map[string]int // key -> line it first appeared on; made at the first key
 	add := func(line int, text []byte) *Status {

@@ -2,6 +2,7 @@ package ingress_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -150,6 +151,59 @@ func TestTheOtherRoutesAnswerAsNetHTTPDid(t *testing.T) {
 	}
 	if v := f.metric(`pepsi_ingress_requests_total{code="400"}`); v != 0 {
 		t.Errorf("%v requests counted 400; want none: those never reached /v1/messages", v)
+	}
+}
+
+// TestAnUnknownStageParameterIsRefusedBeforeTheBody: a ?stage= that names
+// no configured stage is answered as such (400, the JSON error naming
+// ?stage=), not as whatever is wrong with the body, and before the body is
+// read: a request that sends 9 KiB of a declared 37,000 bytes (more than the
+// 8 KiB fasthttp reads before the handler) is answered at once, where a
+// known stage's waits for the rest until the read timeout (408).
+func TestAnUnknownStageParameterIsRefusedBeforeTheBody(t *testing.T) {
+	t.Parallel()
+	timeouts := ingress.TimeoutsDefault
+	timeouts.Read = 2 * time.Second
+	f := startWith(t, "", func(o *ingress.Options) { o.Limits.Messages = 10000 }, timeouts)
+	const want = `?stage=: stage "nope" is not configured`
+	if a := f.post("application/json", "?stage=nope", `{"payload": "x"`); a.code != 400 || a.err != want {
+		t.Errorf("a malformed body to ?stage=nope: %d %q; want 400 %q", a.code, a.err, want)
+	}
+	body := ndjson(1000) // 37,000 bytes
+	for stage, code := range map[string]int{"nope": 400, "a": 408} {
+		c := f.dial(t)
+		fmt.Fprintf(c, "POST /v1/messages?stage=%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%s", stage, len(body), body[:9<<10])
+		start := time.Now()
+		res, answer := rawAnswer(t, c)
+		var e struct{ Error string }
+		if err := json.Unmarshal([]byte(answer), &e); err != nil || res.StatusCode != code || (code == 400 && e.Error != want) {
+			t.Errorf("?stage=%s, the body cut short: %d %q; want %d", stage, res.StatusCode, answer, code)
+		}
+		if took := time.Since(start); code == 400 && took >= timeouts.Read {
+			t.Errorf("?stage=nope: answered after %s, the read timeout: the body was waited for", took)
+		}
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+}
+
+// unreadable is a body that fails its test when read.
+type unreadable struct{ t *testing.T }
+
+func (u unreadable) Read([]byte) (int, error) {
+	u.t.Error("the body was read")
+	return 0, io.ErrUnexpectedEOF
+}
+
+// TestParseBodyRefusesAnUnknownStageParameterUnread: ParseBody, as the
+// handler, refuses a ?stage= that names no configured stage before it reads
+// anything of the body, and so whatever the body holds.
+func TestParseBodyRefusesAnUnknownStageParameterUnread(t *testing.T) {
+	known := func(st string) bool { return st == "a" }
+	_, st := ingress.ParseBody(unreadable{t}, ingress.ContentNDJSON, "nope", ingress.Limits{Body: 1 << 16, Line: 4096, Messages: 100}, known)
+	if want := `?stage=: stage "nope" is not configured`; st == nil || st.Code != 400 || st.Msg != want {
+		t.Errorf("ParseBody: %v; want 400 %q", st, want)
 	}
 }
 

@@ -503,7 +503,7 @@ func TestBadInputGetsItsStatusAndInsertsNothing(t *testing.T) {
 		{"bad traceparent header", "application/json", "?stage=a", `{"payload": "x"}`, append([]string{"traceparent", "01-abc"}, auth...), 400,
 			`header traceparent "01-abc" is not a W3C traceparent: want 00-<32 hex>-<16 hex>-<2 hex>`},
 		{"unknown stage", "application/x-ndjson", "?stage=a", "{\"payload\": \"x\"}\n{\"payload\": \"x\", \"stage\": \"nope\"}", auth, 400, `line 2: stage "nope" is not configured`},
-		{"unknown stage parameter", "application/json", "?stage=nope", `{"payload": "x"}`, auth, 400, `body: stage "nope" is not configured`},
+		{"unknown stage parameter", "application/json", "?stage=nope", `{"payload": "x"}`, auth, 400, `?stage=: stage "nope" is not configured`},
 		{"unknown stage parameter no message uses", "application/json", "?stage=nope", `{"payload": "x", "stage": "a"}`, auth, 400, `?stage=: stage "nope" is not configured`},
 		{"no stage", "application/json", "", `{"payload": "x"}`, auth, 400, "no stage"},
 		{"empty body", "application/x-ndjson", "?stage=a", "\n\n", auth, 400, "no messages"},

@@ -342,6 +342,15 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte, span *tracing.Requ
 		s.warnRefused(ctx.RemoteAddr().String(), tokenProblem(auth))
 		return nil, statusf(http.StatusUnauthorized, "want Authorization: Bearer TOKEN with a valid token")
 	}
+	// Before the body is read (past what fasthttp reads with the headers),
+	// and before a slot or the database: a request to a stage that does not
+	// exist can never succeed, so it is told so at once rather than about
+	// its body, or to retry (503) what will fail again.
+	known := func(st string) bool { return s.known[st] }
+	stage := string(ctx.QueryArgs().Peek("stage"))
+	if st := stageParamStatus(stage, known); st != nil {
+		return nil, st
+	}
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
@@ -368,7 +377,7 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte, span *tracing.Requ
 	if err != nil {
 		return nil, readStatus(err, s.o.Limits)
 	}
-	msgs, st := parseBody(*body, mt, string(ctx.QueryArgs().Peek("stage")), s.o.Limits, func(st string) bool { return s.known[st] })
+	msgs, st := parseBody(*body, mt, stage, s.o.Limits, known)
 	if st != nil {
 		return nil, st
 	}
