@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -18,13 +19,15 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
+	"github.com/pepsi-pipeline/pepsi/store"
 )
 
 // Actor carries out an operator's action on one message for the page
 // (ACTIONS = on). pepsi-httpd gives it queueadmin's guarded writes, the ones
 // pepsi-queue retry and discard make, so this package never writes to the
 // database itself. With dryRun it counts what it would change and changes
-// nothing. Each returns how many messages it changed (0 or 1).
+// nothing. Each returns how many messages it changed (0 or 1), or an error
+// wrapping store.ErrNotFound when no message has the id.
 type Actor interface {
 	Retry(ctx context.Context, id int64, dryRun bool) (int64, error)
 	Discard(ctx context.Context, id int64, dryRun bool) (int64, error)
@@ -187,6 +190,13 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 		do = a.actor.Discard
 	}
 	n, err := do(ctx, id, body.DryRun)
+	if errors.Is(err, store.ErrNotFound) {
+		// As GET /api/messages/{id} answers it: a count of 0 would read as
+		// a message that is no longer in a state for the action.
+		a.log.Info("page: operator action on no message", "action", action, "id", id, "dry_run", body.DryRun, "by", who, "remote", r.RemoteAddr)
+		writeJSONCode(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no message %d", id)})
+		return
+	}
 	if err != nil {
 		a.log.Error("page: action failed", "action", action, "id", id, "dry_run", body.DryRun, "err", err)
 		writeJSONCode(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})

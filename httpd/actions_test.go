@@ -17,6 +17,7 @@ import (
 
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
+	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
 // operatorToken is the one token of the tests' tokens file.
@@ -224,6 +225,41 @@ func TestAReadOnlyServerHasNoActions(t *testing.T) {
 }
 
 func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// An action, dry run or not, on an id no message has (mistyped, or purged
+// since the page showed it) is a 404 naming the id, as GET /api/messages/ID
+// answers it, not a count of 0, which reads as a message no longer in a
+// state for the action. On a message that is in no state for it, the
+// answer is still that count of 0, and nothing changes.
+func TestAnActionOnNoMessageIsNotFound(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	src := open(t, httpd.Options{Database: url})
+	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), queueadmin.PageActions{Database: url}, nil)))
+	defer srv.Close()
+	client := &http.Client{}
+	h := map[string]string{"Authorization": "Bearer " + operatorToken, "Content-Type": "application/json"}
+	const missing = 999999
+	for _, action := range []string{"retry", "discard"} {
+		for _, dry := range []bool{true, false} {
+			code, body := do(t, client, srv.URL, request{"POST", fmt.Sprintf("/api/messages/%d/%s", missing, action), fmt.Sprintf(`{"dry_run": %v}`, dry), h})
+			var e struct {
+				Error string `json:"error"`
+			}
+			if err := jsonUnmarshal(body, &e); code != http.StatusNotFound || err != nil || e.Error != "no message 999999" {
+				t.Errorf("%s of message %d (dry run %v): %d %s; want 404 {\"error\": \"no message %d\"}", action, missing, dry, code, body, missing)
+			}
+		}
+	}
+	pending := idOf(t, url, "parse", "pending")
+	code, body := do(t, client, srv.URL, request{"POST", fmt.Sprintf("/api/messages/%d/retry", pending), `{"dry_run": false}`, h})
+	if want := fmt.Sprintf(`{"action":"retry","id":%d,"dry_run":false,"count":0}`, pending); code != http.StatusOK || strings.TrimSpace(body) != want {
+		t.Errorf("retry of pending message %d: %d %s; want 200 %s", pending, code, body, want)
+	}
+	if status, _ := statusOf(t, url, pending); status != "pending" {
+		t.Errorf("message %d is %s after a retry, which does not apply to a pending message; want still pending", pending, status)
+	}
+}
 
 // TestBehindAProxyTheOriginCheckAndTheCookieFollowWhatItForwards: nginx and
 // Apache send their upstream's address as Host, and say what the browser

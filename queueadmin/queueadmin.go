@@ -471,28 +471,45 @@ type PageActions struct {
 const PageDiscardedError = "discarded by an operator (on pepsi-httpd's page)"
 
 // Retry retries message id if it failed or timed out (with dryRun, counts
-// whether it would).
+// whether it would); an error wrapping ErrNotFound when there is no message
+// id.
 func (p PageActions) Retry(ctx context.Context, id int64, dryRun bool) (int64, error) {
-	return p.with(ctx, func(conn *pgx.Conn) (int64, error) {
+	return p.with(ctx, id, func(conn *pgx.Conn) (int64, error) {
 		r, err := retry(ctx, conn, RetryFilter{ID: id}, dryRun)
 		return r.Retried, err
 	})
 }
 
 // Discard ends message id failed if it waits (pending, paused or blocked),
-// its reason naming the page (with dryRun, counts whether it would).
+// its reason naming the page (with dryRun, counts whether it would); an
+// error wrapping ErrNotFound when there is no message id.
 func (p PageActions) Discard(ctx context.Context, id int64, dryRun bool) (int64, error) {
-	return p.with(ctx, func(conn *pgx.Conn) (int64, error) {
+	return p.with(ctx, id, func(conn *pgx.Conn) (int64, error) {
 		return discard(ctx, conn, Selection{ID: id}, PageDiscardedError, dryRun)
 	})
 }
 
-// with runs f on a new connection to p.Database.
-func (p PageActions) with(ctx context.Context, f func(*pgx.Conn) (int64, error)) (int64, error) {
+// with runs f, an action on message id, on a new connection to p.Database.
+// When f changed (or would change) nothing, it looks id up: a count of 0
+// alone would tell the operator that the message is not in a state for the
+// action when there is no such message (a mistyped id, or one purged), so
+// that is an error wrapping ErrNotFound.
+func (p PageActions) with(ctx context.Context, id int64, f func(*pgx.Conn) (int64, error)) (int64, error) {
 	conn, err := Connect(ctx, p.Database)
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return f(conn)
+	n, err := f(conn)
+	if err != nil || n > 0 {
+		return n, err
+	}
+	ok, err := store.On(conn).Exists(ctx, id)
+	switch {
+	case err != nil:
+		return 0, err
+	case !ok:
+		return 0, fmt.Errorf("message %d: %w", id, ErrNotFound)
+	}
+	return 0, nil
 }

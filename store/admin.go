@@ -330,6 +330,21 @@ type KeyHead struct {
 	Attempts int
 }
 
+// existsSQL says whether a row has ingress_id $1 (its primary key: one
+// probe), reading nothing of it.
+const existsSQL = `SELECT EXISTS (SELECT FROM pepsi.queue WHERE ingress_id = $1)`
+
+// Exists says whether the queue has a row with ingress_id id. Unlike Show it
+// reads neither payload nor state: an action that changed nothing asks it to
+// tell a message that is not in a state for the action from none at all.
+func (s *PG) Exists(ctx context.Context, id int64) (bool, error) {
+	var ok bool
+	if err := s.db.QueryRow(ctx, existsSQL, id).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look message %d up: %w", id, err)
+	}
+	return ok, nil
+}
+
 // Show reads the row with ingress_id id, or returns ErrNotFound.
 func (s *PG) Show(ctx context.Context, id int64) (*Message, error) {
 	m := &Message{ID: id}
