@@ -84,34 +84,15 @@ RETRY_DELAY = 100ms
 // and the other messages of the same transactions are written as answered.
 func TestAConstraintThatRefusesATransitionCostsOnlyItsMessage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
-	if _, err := e.db.Exec(context.Background(), `ALTER TABLE pepsi.queue ADD CONSTRAINT test_refuses CHECK (NOT state ? 'forbidden')`); err != nil {
-		t.Fatal(err)
-	}
-	ids := e.insert("a", "a=answer:0 >done", `a=answer:0 >done {"forbidden":1}`, "a=answer:0 >done", "a=answer:0 >done")
-	d := e.start()
-	e.waitCounts(30*time.Second, map[string]int{"done": 3, "failed": 1})
-	d.stopClean()
-	for _, i := range []int{0, 2, 3} {
-		e.expectRow(ids[i], "done", "a", "")
-	}
-	e.expectRow(ids[1], "failed", "a", "the database refused the write of this message's outcome")
-	if got := e.scalar(`SELECT count(*) FROM pepsi.history WHERE ingress_id = $1 AND event = 'failed' AND detail LIKE '%test_refuses%'`, ids[1]); got != 1 {
-		t.Errorf("history of the refused message has %d failed rows naming the constraint; want 1", got)
-	}
-	if strings.Contains(d.logs.String(), "queue write failed") {
-		t.Errorf("a queue transaction failed; want the refusal narrowed to its message:\n%s", d.logs.String())
-	}
+	refusedCostsOnlyItsMessage(t, `ALTER TABLE pepsi.queue ADD CONSTRAINT test_refuses CHECK (NOT state ? 'forbidden')`)
 }
 
-// Proves what docs/operations.md ("A write the database refuses") says of a
-// deferred constraint, one checked at COMMIT: its refusal is narrowed down to
-// the message whose outcome it refuses as a constraint checked at once is,
-// rather than failing every try of the transaction and holding the pipeline.
+// The same of a deferred constraint, one checked at COMMIT: its refusal is
+// narrowed as one checked at once is, rather than failing every try of the
+// transaction and holding the pipeline.
 func TestADeferredConstraintThatRefusesATransitionCostsOnlyItsMessage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
-	if _, err := e.db.Exec(context.Background(), `
+	refusedCostsOnlyItsMessage(t, `
 		CREATE FUNCTION public.test_refuses() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.state ? 'forbidden' THEN
@@ -120,7 +101,15 @@ func TestADeferredConstraintThatRefusesATransitionCostsOnlyItsMessage(t *testing
 			RETURN NULL;
 		END $$;
 		CREATE CONSTRAINT TRIGGER test_refuses AFTER UPDATE ON pepsi.queue
-		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.test_refuses();`); err != nil {
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.test_refuses();`)
+}
+
+// refusedCostsOnlyItsMessage runs four messages, one of them answering a
+// patch the constraint test_refuses that ddl makes refuses, and checks that
+// only that one fails.
+func refusedCostsOnlyItsMessage(t *testing.T, ddl string) {
+	e := newEnv(t, "[pepsi-dispatch]\nPOLL_INTERVAL = 30\n"+stages(1, 4, "a"))
+	if _, err := e.db.Exec(context.Background(), ddl); err != nil {
 		t.Fatal(err)
 	}
 	ids := e.insert("a", "a=answer:0 >done", `a=answer:0 >done {"forbidden":1}`, "a=answer:0 >done", "a=answer:0 >done")
