@@ -368,7 +368,10 @@ type Hold struct {
 	Stage, By string
 }
 
-// Limit is a stage's MAX_PENDING, checked by a Claim (Claim.Limits). After
+// Limit is a stage's MAX_PENDING, checked by a Claim (Claim.Limits): Max is
+// that less the messages claimed for the stage that wait for it beside its
+// pending ones (Core.limits), at least -1, so the claim reports the stage
+// over it (Claimed.Over) when more than Max are pending. After
 // is the stage's claim floor as its Cap would have it (Cap.After): no row is
 // pending at or below it that the core could know of, so the count need not
 // walk the index entries below it, which are dead ones of claimed rows.

@@ -57,15 +57,37 @@ func (c *Core) heldBy(st *stage) *stage {
 // limits are the MAX_PENDING a Claim sent after txn checks (Claim.Limits):
 // those of the stages that take part in back-pressure, as a stage fed by
 // another or as a feeder (whose own limit exempts it from being held), each
-// counted above the floor its claim would look above (claimAfter).
+// counted above the floor its claim would look above (claimAfter), and less
+// what waits for the stage beside its pending rows (waiting; -1 at the
+// least: then the stage is over whatever is pending).
 func (c *Core) limits(txn []Command) []Limit {
 	var out []Limit
 	for _, st := range c.stages {
 		if st.cfg.MaxPending > 0 && (st.pressure.fed || len(st.pressure.feeds) > 0) {
-			out = append(out, Limit{Stage: st.cfg.Name, Max: st.cfg.MaxPending, After: c.claimAfter(st, txn)})
+			out = append(out, Limit{Stage: st.cfg.Name, Max: max(-1, st.cfg.MaxPending-st.waiting()), After: c.claimAfter(st, txn)})
 		}
 	}
 	return out
+}
+
+// waiting counts the messages claimed for st that wait for it as its
+// pending ones do, so they count against its MAX_PENDING: its backlog, and,
+// while its program is not known to start (a failed start that no answer
+// has followed: cooldownStep), what its workers that have not answered
+// hold, which a failed start gives back. Were they not counted, a stage whose
+// program cannot start would take itself under its limit at every try,
+// freeing its feeders for one more claim each time, and its queue would
+// grow without bound while it cannot run.
+func (st *stage) waiting() int64 {
+	n := len(st.backlog)
+	if st.cooldownStep > 0 {
+		for _, w := range st.workers {
+			if w.answered == 0 {
+				n += len(w.queue)
+			}
+		}
+	}
+	return int64(n)
 }
 
 // holds are the Claim.Holds of a claim that checks limits: every stage that
@@ -105,10 +127,10 @@ func (c *Core) checkedLimits(limits []Limit, over []string) {
 		}
 		if now {
 			c.logf(LevelInfo, "stage %s has more than its MAX_PENDING %d messages pending: claims held for the stages that feed it (%s)",
-				l.Stage, l.Max, strings.Join(feeders, ", "))
+				l.Stage, t.cfg.MaxPending, strings.Join(feeders, ", "))
 		} else {
 			c.logf(LevelInfo, "stage %s is back within its MAX_PENDING %d: claims resume for the stages that feed it (%s)",
-				l.Stage, l.Max, strings.Join(feeders, ", "))
+				l.Stage, t.cfg.MaxPending, strings.Join(feeders, ", "))
 		}
 	}
 }

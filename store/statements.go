@@ -591,11 +591,12 @@ func claimArgs(c core.Claim) []any {
 
 // limitArgs are claimLimitsSQL's $10 to $14 for c: the Limits' stages,
 // maxima and floors (overSQL's three arguments), then the Holds' stages and
-// the stages they are held by.
+// the stages they are held by. A maximum of -1 (core.Limit) counts a stage
+// over with nothing pending: its walk takes no entry (LIMIT 0).
 func limitArgs(c core.Claim) []any {
 	limitStages, limitMax, limitAfter := make([]string, len(c.Limits)), make([]int64, len(c.Limits)), make([]int64, len(c.Limits))
 	for i, l := range c.Limits {
-		limitStages[i], limitMax[i], limitAfter[i] = l.Stage, max(l.Max, 0), max(l.After, 0)
+		limitStages[i], limitMax[i], limitAfter[i] = l.Stage, max(l.Max, -1), max(l.After, 0)
 	}
 	holdStages, holdBy := make([]string, len(c.Holds)), make([]string, len(c.Holds))
 	for i, h := range c.Holds {

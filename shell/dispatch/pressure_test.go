@@ -2,6 +2,8 @@ package dispatch_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -72,5 +74,50 @@ func TestASlowStagesPendingCountStaysWithinItsMaxPending(t *testing.T) {
 	}
 	if len(d.logs.lines("claims held for the stages that feed it (split)")) == 0 {
 		t.Errorf("the dispatcher never held split: slow never went over its MAX_PENDING (at most %d pending seen)", most)
+	}
+}
+
+// TestAStageThatCannotStartIsNotFedPastItsMaxPending: a stage whose program
+// exits at every start claims messages for each new try and gives them back
+// when the try fails. Those messages are waiting for the stage all along, so
+// they count against its MAX_PENDING: were they not, each try would free the
+// feeder for one more claim, and the broken stage's queue would grow without
+// bound (one message per cooldown round here) while it cannot run.
+func TestAStageThatCannotStartIsNotFedPastItsMaxPending(t *testing.T) {
+	t.Parallel()
+	const limit, feederHolds = 2, 1
+	e := newEnv(t, `[pepsi-dispatch]
+POLL_INTERVAL = 30
+[stage-feed]
+PROGRAM = @BIN@/teststage
+PARALLELISM = 1
+QUEUE_LIMIT = 1
+[stage-broken]
+PROGRAM = @DIR@/broken
+PARALLELISM = 2
+QUEUE_LIMIT = 2
+MAX_PENDING = 2
+`)
+	if err := os.WriteFile(filepath.Join(e.dir, "broken"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.insertN("feed", "feed=answer:0 >broken", 40)
+	d := e.start()
+	var most int64
+	// Cooldowns of 1, 2, 4 and 8 s: four rounds of tries, each of which
+	// would free the feeder once.
+	for end := time.Now().Add(16 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		most = max(most, e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'broken' AND status = 'pending'`))
+	}
+	d.stopClean()
+	if n := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'feed' AND status = 'pending'`); n == 0 {
+		t.Errorf("no message waits at feed: it was not held")
+	}
+	t.Logf("broken's pending count: at most %d (MAX_PENDING %d, the feeder holds at most %d)", most, limit, feederHolds)
+	if most > limit+feederHolds {
+		t.Errorf("broken had %d messages pending, more than MAX_PENDING %d + the %d its feeder may hold", most, limit, feederHolds)
+	}
+	if len(d.logs.lines("claims held for the stages that feed it (feed)")) == 0 {
+		t.Errorf("the dispatcher never held feed: the test did not reach the hold (broken had at most %d pending)", most)
 	}
 }

@@ -306,6 +306,10 @@ var mutants = []mutant{
 		"t.pressure.over = now\n", "t.pressure.over = t.pressure.over || now\n"),
 	mut("pressure-held-by-own-limit", "claim-yields-at-most-half", "a stage over its own MAX_PENDING is held too, so a cycle of full stages stops (its claim takes nothing where it had room; rule pressure-held-only-while-over saw it first before the emit scenarios)",
 		"if c.shutdown > 0 || st.pressure.over {", "if c.shutdown > 0 {"),
+	mut("pressure-backlog-uncounted", "pressure-holds", "what was claimed for a stage and waits for a worker does not count against its MAX_PENDING: a stage that cannot start takes itself under its limit at every try and is fed past it",
+		"Max: max(-1, st.cfg.MaxPending-st.waiting())", "Max: st.cfg.MaxPending"),
+	mut("pressure-unstarted-workers-uncounted", "pressure-holds", "while a stage's program is not known to start, what its workers that have not answered hold does not count against its MAX_PENDING, though a failed start gives it back",
+		"\tif st.cooldownStep > 0 {\n\t\tfor _, w := range st.workers {", "\tif false {\n\t\tfor _, w := range st.workers {"),
 	mut("pressure-feeder-forgotten", "pressure-holds", "a stage's own advance seen in a resolve outcome does not make it a feeder",
 		"c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on", "_ = o // the pass sent its message on"),
 	// Retries (75) and rates.
