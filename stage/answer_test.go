@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,8 +206,7 @@ func TestRowsOfABatchAreReadOnceBeforeItsHandlersRun(t *testing.T) {
 	}
 }
 
-// Answers are written out at the end of a batch, and a slow handler does not
-// hold the answers before it.
+// A slow handler does not hold the answers before it.
 func TestSlowHandlerDoesNotHoldTheAnswersBeforeIt(t *testing.T) {
 	t.Parallel()
 	url, conn := pgtest.NewMigratedConn(t)
@@ -293,5 +293,49 @@ func TestAPauseLongerThanTheDispatcherTakesFailsWithAReason(t *testing.T) {
 	w.send(idLines([]int64{id}))
 	if got := w.answer(); !strings.HasPrefix(got, "1 ") || !strings.Contains(got, "core.PauseMax") {
 		t.Errorf("answer = %q; want a failure naming the longest pause", got)
+	}
+}
+
+// writeLog is an io.Writer that keeps what was written to it, for a handler
+// to look at.
+type writeLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *writeLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *writeLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Every answer of a batch is written out before the next pass runs: a worker
+// that dies in a pass (a panic on a goroutine of its own, an os.Exit) would
+// take the answers still buffered along, and the dispatcher would fail its
+// head, a message already answered, as crashed (docs/protocol.md).
+func TestEveryAnswerIsOutBeforeTheNextPassRuns(t *testing.T) {
+	t.Parallel()
+	url, conn := pgtest.NewMigratedConn(t)
+	ids := insertRunning(t, conn, "parse", "first", "second", "third")
+	out := &writeLog{}
+	seen := map[string]string{}
+	err := stage.Run(context.Background(), stage.Options{Stage: "parse", DB: url, In: strings.NewReader(idLines(ids)), Out: out,
+		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
+			seen[string(m.Payload)] = out.String()
+			return stage.Done()
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for payload, want := range map[string]string{"first": "", "second": "0 >done\n", "third": "0 >done\n0 >done\n"} {
+		if seen[payload] != want {
+			t.Errorf("written out when the pass of %q began: %q; want %q", payload, seen[payload], want)
+		}
 	}
 }

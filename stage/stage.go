@@ -111,8 +111,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -239,12 +237,6 @@ func badConfig(format string, args ...any) error {
 // taken) to idLineMax/2 ids.
 const idLineMax = 4096
 
-// answerDelayMax bounds how long an answer waits in the output buffer. Answers
-// are written out when the batch is answered, so the answers of a batch of quick
-// passes go in one write; a slow handler does not hold the answers before it
-// longer than this.
-const answerDelayMax = time.Millisecond
-
 // Run serves o.Stage until o.In ends, answering every id it read, and returns
 // nil. It returns an error if the options are unusable, if it cannot connect to
 // the database at start, if its output breaks, or when ctx ends.
@@ -258,7 +250,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	if o.Input == conf.InputMessage {
-		out := newAnswerWriter(o.Out, answerDelayMax)
+		out := newAnswerWriter(o.Out)
 		defer out.stop()
 		return w.runMessages(ctx, o.In, out)
 	}
@@ -272,7 +264,7 @@ func Run(ctx context.Context, o Options) error {
 	defer w.close()
 
 	in := newLineReader(o.In)
-	out := newAnswerWriter(o.Out, answerDelayMax)
+	out := newAnswerWriter(o.Out)
 	defer out.stop()
 	for {
 		// Every answer is out before waiting for more input: the dispatcher hands
@@ -308,68 +300,40 @@ func parseID(line string) (int64, bool) {
 	return id, err == nil && id > 0
 }
 
-// answerWriter buffers status lines and writes them out on flush, or
-// answerDelayMax after the first line that is not out yet, whichever comes
-// first. The timer runs on its own goroutine, hence the lock.
+// answerWriter buffers status lines until flush. Every answer is flushed
+// before the next pass runs (serve) and before more input is read (Run,
+// runMessages): a worker that dies in a pass (a panic on a goroutine of its
+// own, an os.Exit) must not take the answers before it along, for the
+// dispatcher then fails its head, which would be a message already answered
+// (docs/protocol.md: write the answer and flush before the next message).
+// Only lines written together (a pass's emit lines and its answer) share a
+// write.
 type answerWriter struct {
-	mu    sync.Mutex
-	w     *bufio.Writer
-	delay time.Duration
-	timer *time.Timer
-	armed bool  // the timer will flush
-	err   error // the first write error; every later call returns it
+	w   *bufio.Writer
+	err error // the first write error; every later call returns it
 }
 
-func newAnswerWriter(w io.Writer, delay time.Duration) *answerWriter {
-	return &answerWriter{w: bufio.NewWriter(w), delay: delay}
+func newAnswerWriter(w io.Writer) *answerWriter {
+	return &answerWriter{w: bufio.NewWriter(w)}
 }
 
 // write buffers one status line.
 func (a *answerWriter) write(line string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.err != nil {
-		return a.err
-	}
-	if _, a.err = a.w.WriteString(line + "\n"); a.err != nil {
-		return a.err
-	}
-	if !a.armed {
-		a.armed = true
-		if a.timer == nil {
-			a.timer = time.AfterFunc(a.delay, a.tick)
-		} else {
-			a.timer.Reset(a.delay)
-		}
-	}
-	return nil
-}
-
-// tick is the timer's flush.
-func (a *answerWriter) tick() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.armed = false
 	if a.err == nil {
-		a.err = a.w.Flush()
+		_, a.err = a.w.WriteString(line + "\n")
 	}
+	return a.err
 }
 
 // flush writes out every buffered line.
 func (a *answerWriter) flush() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.armed {
-		a.timer.Stop()
-		a.armed = false
-	}
 	if a.err == nil {
 		a.err = a.w.Flush()
 	}
 	return a.err
 }
 
-// stop writes out what is buffered (those answers are final) and stops the timer.
+// stop writes out what is buffered (those answers are final).
 func (a *answerWriter) stop() {
 	_ = a.flush() // Run is returning: it already has an error to report, or none
 }

@@ -189,6 +189,11 @@ func (w *worker) serve(ctx context.Context, lines []string, out *answerWriter) e
 		}
 		var answer string
 		if id, ok := parseID(line); ok {
+			// The answers before this pass are out before it runs
+			// (answerWriter).
+			if err := out.flush(); err != nil {
+				return fmt.Errorf("write answers: %w", err)
+			}
 			var err error
 			if answer, err = w.handle(ctx, id, rows); err != nil {
 				return err
