@@ -84,7 +84,7 @@ func (w *worker) message(ctx context.Context, line string) string {
 	// The line is read by the one parser of message lines that pepsi-queue,
 	// pepsi-ingress and pepsi-stage-check use too (docs/protocol.md,
 	// "Standard input"), so that all agree on every field.
-	in, err := msgjson.Parse([]byte(line), msgjson.Fields{Line: true, Stage: true, TraceParent: true})
+	in, err := msgjson.Parse([]byte(line), msgjson.Fields{Line: true, Stage: true, TraceParent: true, IgnoreUnknown: true})
 	if err != nil {
 		w.log.Error("input line is not a message", "stage", w.stage, "line", clip(line, 200), "err", err)
 		return failure(fmt.Sprintf("not a message (%v): %q", err, clip(line, 200)))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,6 +57,25 @@ func TestMessageModeHandsTheLineToTheHandlerWithoutADatabase(t *testing.T) {
 	}
 	if len(seen) != 3 || seen[0] != "parse héllo 12345678901234567890" || seen[1] != "parse \xff\x00 <nil>" || seen[2] != "parse  <nil>" {
 		t.Errorf("handlers saw %q", seen)
+	}
+}
+
+// Proves what docs/protocol.md ("Standard input") asks of a stage: keys of
+// the line it does not know, which a later dispatcher may add, are ignored,
+// and the message is handled as if they were not there.
+func TestMessageModeIgnoresKeysItDoesNotKnow(t *testing.T) {
+	var seen []string
+	handlers := map[string]stage.Handler{
+		"parse": func(_ context.Context, m *stage.Message) stage.Result {
+			seen = append(seen, fmt.Sprintf("%d %s %d", m.ID, m.Payload, m.Attempts))
+			return stage.Done()
+		},
+	}
+	input := `{"priority":5,"id":1,"stage":"parse","attempts":1,"state":{},"payload":"x","added":{"later":[1,2]}}
+`
+	got := runMessages(t, "parse", input, handlers)
+	if strings.Join(got, "\n") != "0 >done" || strings.Join(seen, ";") != "1 x 1" {
+		t.Errorf("answers %q, handlers saw %q; want the message handled, its unknown keys ignored", got, seen)
 	}
 }
 
@@ -115,19 +135,19 @@ not json
 }
 
 // Proves: a message line is read by the parser every program shares
-// (internal/msgjson): a field no line has, a payload given twice, bad base64 or
-// a state that is no object fail that message with the parser's reason, as
-// pepsi-stage-check refuses the same lines.
+// (internal/msgjson): a payload given twice, bad base64 or a state that is
+// no object fail that message with the parser's reason, as
+// pepsi-stage-check refuses the same lines. (A key the stage does not know
+// is ignored: TestMessageModeIgnoresKeysItDoesNotKnow.)
 func TestMessageLineIsReadByTheSharedParser(t *testing.T) {
 	handlers := map[string]stage.Handler{"s": func(context.Context, *stage.Message) stage.Result { return stage.Done() }}
-	input := `{"id":1,"stage":"s","attempts":0,"state":{},"payload":"a","extra":1}
-{"id":2,"stage":"s","payload":"a","payload_base64":"YQ=="}
+	input := `{"id":2,"stage":"s","payload":"a","payload_base64":"YQ=="}
 {"id":3,"stage":"s","payload_base64":"not base64!"}
 {"id":4,"stage":"s","state":[1]}
 {"id":5,"stage":"s","state":{},"payload":"ok"}
 `
 	got := runMessages(t, "s", input, handlers)
-	want := []string{`1 not a message (unknown field "extra"`, "1 not a message (both payload and payload_base64", "1 not a message (payload_base64", "1 not a message (state", "0 >done"}
+	want := []string{"1 not a message (both payload and payload_base64", "1 not a message (payload_base64", "1 not a message (state", "0 >done"}
 	if len(got) != len(want) {
 		t.Fatalf("answers %q, want %d (one per input line)", got, len(want))
 	}

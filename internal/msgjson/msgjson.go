@@ -94,6 +94,12 @@ type Fields struct {
 	// written a longer one) and "traceparent" allowed, and the payload may be absent (a NULL payload,
 	// Message.Payload nil). Set Stage too to allow "stage".
 	Line bool
+	// IgnoreUnknown, with Line, ignores members it does not know, as a
+	// stage must (docs/protocol.md: later versions of the dispatcher may
+	// add keys to the line). The dispatcher writes each name once and
+	// exactly, so neither a name given twice nor one in other letter case
+	// is looked for then.
+	IgnoreUnknown bool
 }
 
 func (f Fields) want() string {
@@ -190,15 +196,21 @@ type object struct {
 }
 
 // decodeObject reads text as one JSON object of known member names, each exactly
-// and once, into an object; its errors say what is wrong with the text.
+// and once (unless f ignores unknown ones), into an object; its errors say
+// what is wrong with the text.
 func decodeObject(text []byte, f Fields) (object, error) {
 	var obj object
-	if err := core.MembersError(text, f.want(),
-		"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); err != nil {
-		return obj, err
+	lenient := f.Line && f.IgnoreUnknown
+	if !lenient {
+		if err := core.MembersError(text, f.want(),
+			"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); err != nil {
+			return obj, err
+		}
 	}
 	d := json.NewDecoder(bytes.NewReader(text))
-	d.DisallowUnknownFields()
+	if !lenient {
+		d.DisallowUnknownFields()
+	}
 	if err := d.Decode(&obj); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
