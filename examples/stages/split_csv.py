@@ -25,8 +25,11 @@ def split(msg):
         if len(row) != len(header):
             raise ValueError("line %d has %d fields, the header %d" % (rows.line_num, len(row), len(header)))
         text = io.StringIO()
-        csv.writer(text, lineterminator="").writerow(row)
-        out.append("+" + line({"stage": "row", "payload": text.getvalue(),
+        # With "\r\n" as the terminator the writer quotes a field holding a
+        # line break (with "" it would not: the row would read back as two),
+        # and the terminator is taken off again.
+        csv.writer(text, lineterminator="\r\n").writerow(row)
+        out.append("+" + line({"stage": "row", "payload": text.getvalue()[:-2],
                                "state": {"line": rows.line_num, "fields": dict(zip(header, row))}}))
     return out + ["0 >done " + line({"rows": len(out)})]
 

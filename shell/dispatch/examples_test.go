@@ -2,8 +2,12 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -119,5 +123,34 @@ INPUT = message
 	e.expectRow(bad[0], "failed", "split", "not CSV with a header: line 2 has 1 fields, the header 2")
 	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = $1`, bad[0]); k != 0 {
 		t.Errorf("the message that is not CSV left %d children", k)
+	}
+}
+
+// Proves: split_csv.py gives each child its row as CSV that reads back as
+// that one row, even when a field holds a line break (quoted, as the
+// payload's own CSV had it): written bare, "1,x\ny" would read back as two
+// records.
+func TestTheCSVSplitterQuotesAFieldWithALineBreak(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("../../examples/stages/split_csv.py")
+	cmd.Stdin = strings.NewReader(`{"id":1,"stage":"split","attempts":0,"state":{},"payload":"k,word\n1,\"x\ny\"\n2,\"a\rb\"\n"}` + "\n")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("split_csv.py: %v\n%s", err, out)
+	}
+	var payloads []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if !strings.HasPrefix(l, "+") {
+			continue
+		}
+		var emit struct{ Payload string }
+		if err := json.Unmarshal([]byte(l[1:]), &emit); err != nil {
+			t.Fatalf("emit line %q: %v", l, err)
+		}
+		payloads = append(payloads, emit.Payload)
+	}
+	want := []string{"1,\"x\ny\"", "2,\"a\rb\""}
+	if !slices.Equal(payloads, want) {
+		t.Errorf("children's payloads %q; want %q\n%s", payloads, want, out)
 	}
 }
