@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,4 +108,67 @@ func TestAStageWhoseProgramIsMissingIsRecordedCannotStartAndItsWaitGrows(t *test
 		h := e.health()
 		return h["a"].State == core.HealthOK && h["a"].Reason == "", fmt.Sprint(h)
 	})
+}
+
+// A dispatcher run by a service user, whose stage's program only root may
+// run (installed by root with mode 0700), records that stage cannot_start
+// at once, before any message needs a worker, naming why: the program's mode
+// bits say "executable", the kernel's check for this user says no. (The test
+// runs pepsi-dispatch as user nobody, which needs root.)
+func TestAProgramTheDispatchersUserMayNotRunIsCannotStartBeforeAnyMessage(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test starts pepsi-dispatch as user nobody, which needs root (CI runs as root)")
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	// A directory nobody may read, for the configuration; the program in it
+	// is root's alone.
+	dir, err := os.MkdirTemp("", "pepsi-nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(binDir, 0o755); err != nil { // pepsi-dispatch and teststage
+		t.Fatal(err)
+	}
+	program := filepath.Join(dir, "rootonly")
+	if err := os.WriteFile(program, []byte("#!/bin/sh\nexit 0\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, "[stage-a]\nPROGRAM = "+program+"\n[stage-b]\nPROGRAM = @BIN@/teststage\n")
+	conf := filepath.Join(dir, "pepsi.conf")
+	text, err := os.ReadFile(e.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd, out := command(context.Background(), "-c", conf, "-log-format", "json")
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("pepsi-dispatch as nobody: %v\n%s", err, out)
+		}
+	}()
+	waitFor(t, 10*time.Second, "stage a recorded cannot_start", func() (bool, string) {
+		h := e.health()
+		return h["a"].State == core.HealthCannotStart && h["b"].State == core.HealthOK, fmt.Sprint(h)
+	})
+	if a := e.health()["a"]; !strings.Contains(a.Reason, "may not be executed by this user") {
+		t.Errorf("stage a recorded %+v, want why its program cannot run", a)
+	}
 }

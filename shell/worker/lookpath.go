@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
@@ -58,7 +60,10 @@ func lookPath(program, path string) (string, error) {
 }
 
 // checkExecutable reports why file cannot be executed, if it visibly cannot: it
-// does not exist, is a directory, or has no execute bit. Anything subtler (a
+// does not exist, is a directory, has no execute bit, or this process may not
+// execute it (the kernel's own check, with the effective user and groups the
+// workers get: a program installed by root with mode 0700, or on a noexec
+// mount, while the dispatcher runs as a service user). Anything subtler (a
 // missing interpreter, a wrong architecture) is reported by the exec itself.
 func checkExecutable(file string) error {
 	fi, err := os.Stat(file)
@@ -71,5 +76,16 @@ func checkExecutable(file string) error {
 	if fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("is not executable (mode %v)", fi.Mode().Perm())
 	}
+	if err := unix.Faccessat(unix.AT_FDCWD, file, unix.X_OK, unix.AT_EACCESS); err != nil {
+		return fmt.Errorf("may not be executed by this user (mode %v, owner uid %d): %w", fi.Mode().Perm(), owner(fi), err)
+	}
 	return nil
+}
+
+// owner is the uid that owns the file fi describes, for an error message.
+func owner(fi fs.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int64(st.Uid)
+	}
+	return -1
 }
