@@ -39,7 +39,10 @@ func (s *PG) WriteHealth(ctx context.Context, hs []core.StageHealth) error {
 	n := len(hs)
 	stages, states, reasons, untils := make([]string, n), make([]string, n), make([]string, n), make([]*time.Time, n)
 	for i, h := range hs {
-		stages[i], states[i], reasons[i] = h.Stage, string(h.State), h.Reason
+		// A reason may quote what the configuration named (a program path
+		// in another encoding): one text the database refuses would keep
+		// every stage's health from being recorded.
+		stages[i], states[i], reasons[i] = h.Stage, string(h.State), core.StorableText(h.Reason)
 		if !h.Until.IsZero() {
 			untils[i] = &hs[i].Until
 		}

@@ -116,3 +116,31 @@ func TestReadyAtSurvivesRequeuesAndIsSetByMovesWakesAndRetries(t *testing.T) {
 		t.Errorf("retried row: ready %v ago, want now", age)
 	}
 }
+
+// A reason that quotes what the configuration named in another encoding (a
+// program path in Latin-1) is recorded with U+FFFD for its bad bytes, and the
+// other stages' health with it: refused whole, the write would keep every
+// stage's health from being recorded while the dispatcher runs.
+func TestAHealthReasonPostgreSQLCannotStoreIsRecordedReplaced(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	err := h.WriteHealth(ctx, []core.StageHealth{
+		{Stage: "good", State: core.HealthOK},
+		{Stage: "bad", State: core.HealthCannotStart, Reason: "program '/opt/st\xe4ges/bad.sh' not found \x00"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := h.ReadHealth(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]store.StageHealth{}
+	for _, st := range got.Stages {
+		m[st.Stage] = st
+	}
+	if m["good"].State != core.HealthOK || m["bad"].Reason != "program '/opt/st\uFFFDges/bad.sh' not found \uFFFD" {
+		t.Errorf("recorded %+v; want good ok and bad's reason with U+FFFD for its bad bytes", m)
+	}
+}

@@ -430,6 +430,11 @@ func (p *parser) setting(line string) error {
 	if p.section == "" {
 		return p.bad(key, "key outside any section")
 	}
+	if strings.ContainsRune(value, 0) {
+		// No value can hold one: a program path, a connection string or a
+		// name would be cut there by whatever reads it.
+		return p.bad(key, "the value holds a NUL byte")
+	}
 	where := p.section + "." + key
 	if first, dup := p.seen[where]; dup {
 		return p.bad(key, "set twice in [%s] (first at line %d)", p.section, first)

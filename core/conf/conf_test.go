@@ -125,6 +125,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"duplicate [pepsi]", "[pepsi]\n[stage-a]\nPROGRAM = a\n[pepsi]\n", "f.conf:4: section [pepsi] appears twice (first at line 1)"},
 		{"duration text over a year", "[pepsi-dispatch]\nMAX_RUNTIME = 100000h\n", "f.conf:2: MAX_RUNTIME: '100000h' is too long"},
 		{"key outside section", "DATABASE = x\n", "f.conf:1: DATABASE: key outside any section"},
+		{"NUL in a value", "[stage-a]\nPROGRAM = /opt/a\x00b\n", "f.conf:2: PROGRAM: the value holds a NUL byte"},
 		{"no equals", "[pepsi]\nDATABASE\n", "f.conf:2: want KEY = value"},
 		{"bad stage name", "[stage-a b]\nPROGRAM = a\n", "f.conf:1: stage name 'a b'"},
 		{"bad switch", "[pepsi-dispatch]\nVACUUM = sometimes\n", "f.conf:2: VACUUM: 'sometimes' is not on or off"},
