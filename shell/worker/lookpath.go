@@ -1,8 +1,10 @@
 package worker
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -78,6 +80,42 @@ func checkExecutable(file string) error {
 	}
 	if err := unix.Faccessat(unix.AT_FDCWD, file, unix.X_OK, unix.AT_EACCESS); err != nil {
 		return fmt.Errorf("may not be executed by this user (mode %v, owner uid %d): %w", fi.Mode().Perm(), owner(fi), err)
+	}
+	return checkInterpreter(file)
+}
+
+// checkInterpreter reports why the interpreter a script's "#!" line names
+// cannot be run, if it visibly cannot: the kernel's exec then fails with
+// ENOENT, which reads as if the script itself were missing. A line ended
+// by CR LF names an interpreter with a carriage return at its end, the
+// usual cause. A file that is no script, or unreadable, passes: the exec
+// says what is wrong.
+func checkInterpreter(file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	head := make([]byte, 256)
+	n, _ := io.ReadFull(f, head)
+	line, _, _ := bytes.Cut(head[:n], []byte("\n"))
+	rest, ok := bytes.CutPrefix(line, []byte("#!"))
+	if !ok {
+		return nil
+	}
+	fields := bytes.FieldsFunc(rest, func(r rune) bool { return r == ' ' || r == '\t' })
+	if len(fields) == 0 {
+		return fmt.Errorf("has an empty #! line")
+	}
+	interp := string(fields[0])
+	if strings.HasSuffix(interp, "\r") {
+		return fmt.Errorf("has a #! line ending in a carriage return (CR LF line ends): the interpreter it names is %s", conf.Quote(interp))
+	}
+	if !filepath.IsAbs(interp) {
+		return fmt.Errorf("names the interpreter %s on its #! line, not an absolute path", conf.Quote(interp))
+	}
+	if err := unix.Faccessat(unix.AT_FDCWD, interp, unix.X_OK, unix.AT_EACCESS); err != nil {
+		return fmt.Errorf("names the interpreter %s on its #! line, which cannot be run: %w", conf.Quote(interp), err)
 	}
 	return nil
 }

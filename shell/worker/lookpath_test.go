@@ -75,3 +75,31 @@ func TestLookPathRefusesARelativePathWithASlash(t *testing.T) {
 		t.Errorf("expected the absolute path used as it is, got %q, %v", got, err)
 	}
 }
+
+// A script whose #! line names an interpreter that cannot be run (missing,
+// or with a carriage return from CR LF line ends) fails the check with a
+// reason naming the interpreter: the exec would fail with ENOENT, as if the
+// script itself were missing.
+func TestCheckNamesAScriptsInterpreterThatCannotRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for name, c := range map[string]struct{ text, want string }{
+		"missing":  {"#!/nonexistent/interp -x\nexit 0\n", "names the interpreter '/nonexistent/interp' on its #! line, which cannot be run"},
+		"crlf":     {"#!/bin/sh\r\nexit 0\r\n", "has a #! line ending in a carriage return (CR LF line ends)"},
+		"relative": {"#! sh\nexit 0\n", "names the interpreter 'sh' on its #! line, not an absolute path"},
+		"good":     {"#! /bin/sh -e\nexit 0\n", ""},
+		"binary":   {"\x7fELF", ""},
+	} {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(c.text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := lookPath(p, "")
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v; want it to pass", name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v; want %q", name, err, c.want)
+		}
+	}
+}
