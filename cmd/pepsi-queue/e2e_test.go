@@ -372,6 +372,10 @@ func TestErrorsNameTheDatabaseAndWhereItCameFrom(t *testing.T) {
 	pq(t, "", env, "stats").expect(t, "stats from the libpq environment", 1, "",
 		fmt.Sprintf(`run pepsi-queue migrate) [database %q on %s:%d as user %q; taken from the libpq environment: no -c, -database or PEPSI_DATABASE was given]`,
 			u.Database, u.Host, u.Port, u.User))
+	// With -c: the file has no DATABASE, which is what to mend.
+	conf := writeFile(t, "nodb.conf", "[pepsi]\n[stage-a]\nPROGRAM = /bin/true\n")
+	pq(t, "", env, "-c", conf, "stats").expect(t, "stats with a file without DATABASE", 1, "",
+		fmt.Sprintf(`taken from the libpq environment: %s has no [pepsi] DATABASE, and no -database or PEPSI_DATABASE was given]`, conf))
 	// A database that does not exist: how to create it, with its own names.
 	missing := strings.Replace(url, "/"+u.Database, "/"+u.Database+"_missing", 1)
 	pq(t, "", nil, "-database", missing, "migrate").expect(t, "migrate into a missing database", 1, "",

@@ -212,7 +212,10 @@ func (a *app) where(err error) string {
 	if !errors.As(err, &ce) {
 		parts = append(parts, fmt.Sprintf("database %q on %s:%d as user %q", pgaddr.Database(&a.db.Config), a.db.Host, a.db.Port, a.db.User))
 	}
-	if a.dbFromEnv {
+	switch {
+	case a.dbFromEnv && a.config != nil:
+		parts = append(parts, fmt.Sprintf("taken from the libpq environment: %s has no [pepsi] DATABASE, and no -database or PEPSI_DATABASE was given", a.configFile))
+	case a.dbFromEnv:
 		parts = append(parts, "taken from the libpq environment: no -c, -database or PEPSI_DATABASE was given")
 	}
 	if len(parts) == 0 {
