@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -632,16 +633,27 @@ func Quote(s string) string {
 // The result must be positive and at most a year, so that no sum or doubling
 // of durations the dispatcher makes runs past an int64 of nanoseconds.
 func ParseDuration(s string) (time.Duration, error) {
+	return parseDurationMax(s, 365*24*time.Hour, "a year")
+}
+
+// parseDurationMax is ParseDuration with most as its bound, named maxText in
+// its error. A value too large for a time.Duration at all is said to be too
+// long, not to be no duration.
+func parseDurationMax(s string, most time.Duration, maxText string) (time.Duration, error) {
+	tooLong := fmt.Errorf("%s is too long (at most %s)", Quote(s), maxText)
 	var d time.Duration
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if n > int64(365*24*time.Hour/time.Second) {
-			return 0, fmt.Errorf("%s is too long (at most a year)", Quote(s))
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) && s[0] != '-' {
+		if err != nil || n > int64(most/time.Second) {
+			return 0, tooLong
 		}
 		d = time.Duration(n) * time.Second
 	} else if d, err = time.ParseDuration(s); err != nil {
+		if durationText.MatchString(s) {
+			return 0, tooLong // well formed: only too large for time.ParseDuration
+		}
 		return 0, fmt.Errorf("%s is not whole seconds nor a duration like 250ms or 1m30s", Quote(s))
-	} else if d > 365*24*time.Hour {
-		return 0, fmt.Errorf("%s is too long (at most a year)", Quote(s))
+	} else if d > most {
+		return 0, tooLong
 	}
 	if d <= 0 {
 		return 0, fmt.Errorf("%s must be positive", Quote(s))
@@ -649,8 +661,15 @@ func ParseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// durationText is the form time.ParseDuration reads, without a sign (a
+// negative duration is refused as not positive once it parses).
+var durationText = regexp.MustCompile(`^([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h))*$`)
+
+// historyKeepMax bounds HISTORY_KEEP, in days and as a duration alike.
+const historyKeepMax = 3650 * 24 * time.Hour
+
 // parseKeep reads HISTORY_KEEP: whole days ("7d") or a duration as
-// ParseDuration reads it.
+// ParseDuration reads it, up to historyKeepMax either way.
 func parseKeep(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.Atoi(days)
@@ -659,7 +678,7 @@ func parseKeep(s string) (time.Duration, error) {
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}
-	return ParseDuration(s)
+	return parseDurationMax(s, historyKeepMax, "3650 days")
 }
 
 func parsePositive(s string) (int, error) {

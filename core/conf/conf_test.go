@@ -124,6 +124,9 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"duplicate [pepsi-dispatch]", "[pepsi-dispatch]\nMAX_RUNTIME = 5\n[pepsi-dispatch]\nPOLL_INTERVAL = 5\n", "f.conf:3: section [pepsi-dispatch] appears twice (first at line 1)"},
 		{"duplicate [pepsi]", "[pepsi]\n[stage-a]\nPROGRAM = a\n[pepsi]\n", "f.conf:4: section [pepsi] appears twice (first at line 1)"},
 		{"duration text over a year", "[pepsi-dispatch]\nMAX_RUNTIME = 100000h\n", "f.conf:2: MAX_RUNTIME: '100000h' is too long"},
+		{"duration text past time.Duration", "[pepsi-dispatch]\nMAX_RUNTIME = 9999999h\n", "f.conf:2: MAX_RUNTIME: '9999999h' is too long (at most a year)"},
+		{"seconds past an int64", "[pepsi-dispatch]\nSTOP_GRACE = 99999999999999999999\n", "f.conf:2: STOP_GRACE: '99999999999999999999' is too long (at most a year)"},
+		{"history kept past 3650 days", "[pepsi-dispatch]\nHISTORY_KEEP = 87601h\n", "f.conf:2: HISTORY_KEEP: '87601h' is too long (at most 3650 days)"},
 		{"key outside section", "DATABASE = x\n", "f.conf:1: DATABASE: key outside any section"},
 		{"NUL in a value", "[stage-a]\nPROGRAM = /opt/a\x00b\n", "f.conf:2: PROGRAM: the value holds a NUL byte"},
 		{"no equals", "[pepsi]\nDATABASE\n", "f.conf:2: want KEY = value"},
@@ -395,6 +398,18 @@ PROGRAM = plain
 	for _, bad := range []string{"0", "-1", "many", "1000000001"} {
 		if _, err := conf.Parse("p.conf", "[stage-s]\nPROGRAM = s\nMAX_PENDING = "+bad+"\n"); err == nil {
 			t.Errorf("MAX_PENDING = %s accepted", bad)
+		}
+	}
+}
+
+// HISTORY_KEEP takes up to 3650 days written as a duration as well as in days.
+func TestHistoryKeepTakesTheSameBoundInDaysAndAsADuration(t *testing.T) {
+	for _, v := range []string{"3650d", "87600h", "8761h"} {
+		c, err := conf.Parse("f.conf", "[pepsi-dispatch]\nHISTORY_KEEP = "+v+"\n[stage-a]\nPROGRAM = a\n")
+		if err != nil {
+			t.Errorf("HISTORY_KEEP = %s: %v", v, err)
+		} else if v == "8761h" && c.Dispatch.HistoryKeep != 8761*time.Hour {
+			t.Errorf("HISTORY_KEEP = 8761h read as %s", c.Dispatch.HistoryKeep)
 		}
 	}
 }
