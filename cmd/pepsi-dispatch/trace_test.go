@@ -458,4 +458,13 @@ func TestSpansGoOverGRPCWhenTheProtocolSaysSo(t *testing.T) {
 	if code := console.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "OTEL_TRACES_EXPORTER=console") {
 		t.Errorf("pepsi-dispatch with OTEL_TRACES_EXPORTER=console: exit %d, %v, %s; want exit status 2 naming it", code, err, out)
 	}
+	// So is an endpoint that is no URL, rather than running on exporting nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	garbage := exec.CommandContext(ctx, filepath.Join(bin, "pepsi-dispatch"), "-c", conf)
+	garbage.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=::bad")
+	out, err = garbage.CombinedOutput()
+	if code := garbage.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "OTEL_EXPORTER_OTLP_ENDPOINT=::bad: not an endpoint URL") {
+		t.Errorf("pepsi-dispatch with OTEL_EXPORTER_OTLP_ENDPOINT=::bad: exit %d, %v, %s; want exit status 2 naming it", code, err, out)
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -120,6 +121,23 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 func checkExporter(getenv func(string) string) error {
 	if x := getenv("OTEL_TRACES_EXPORTER"); x != "" && !strings.EqualFold(x, "otlp") && !strings.EqualFold(x, "none") {
 		return fmt.Errorf("OTEL_TRACES_EXPORTER=%s: PEPSI exports traces over OTLP only (otlp, the default) or none", x)
+	}
+	return checkEndpoints(getenv)
+}
+
+// checkEndpoints refuses an OTLP endpoint that is no http or https URL with
+// a host: the SDK would log a line of its own, in no format of PEPSI's, and
+// run on exporting nothing.
+func checkEndpoints(getenv func(string) string) error {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		v := getenv(k)
+		if v == "" {
+			continue
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%s=%s: not an endpoint URL (want http://HOST:PORT or https://HOST:PORT, as http://127.0.0.1:4318)", k, v)
+		}
 	}
 	return nil
 }
