@@ -6,12 +6,19 @@
 // A stage with INPUT = message needs nothing but that byte stream
 // (docs/scaling.md, "Stages on other hosts").
 //
-// It is a transport only: it never reads, counts or changes a line, and keeps
+// It is a transport only: it never counts or changes a line, and keeps
 // nothing. A cut connection ends Pipe with an error, so the worker exits
-// non-zero and the dispatcher handles it as the crash it is.
+// non-zero and the dispatcher handles it as the crash it is. The one thing
+// it looks at is where the stage's lines end: the far stage's exit status
+// does not cross the link, so Pipe cannot tell a last line without a
+// newline written by a stage that exited by itself with status 0 (an
+// answer, to pepsi-dispatch) from one cut off by a crash ("0 >b" of "0 >bx"),
+// and drops it, ending non-zero, rather than hand on what may be a wrong
+// answer.
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -73,8 +80,12 @@ func Pipe(ctx context.Context, addr string, in io.Reader, out io.Writer) error {
 		}
 		inDone <- err
 	}()
-	if _, err := io.Copy(out, conn); err != nil {
+	lines := &wholeLines{out: out}
+	if _, err := io.Copy(lines, conn); err != nil {
 		return fmt.Errorf("read from the stage at %s: %w", addr, err)
+	}
+	if len(lines.held) > 0 {
+		return fmt.Errorf("the stage at %s ended its output with a line without a newline, dropped (%q): whether it exited by itself with status 0, which would make it an answer, does not cross the link", addr, clip(lines.held))
 	}
 	select {
 	case err := <-inDone:
@@ -87,6 +98,48 @@ func Pipe(ctx context.Context, addr string, in io.Reader, out io.Writer) error {
 		// stage (or the link) went away in the middle of the pipeline.
 		return fmt.Errorf("the stage at %s closed the connection before the end of its input", addr)
 	}
+}
+
+// wholeLinesMax bounds what wholeLines holds of a line before it passes it
+// on anyway: far more than pepsi-dispatch reads as one answer or emit line,
+// which it then refuses as too long, as it would have without the relay.
+const wholeLinesMax = 1 << 20
+
+// wholeLines writes to out only whole lines (up to their newline), and holds
+// what follows the last one until its newline comes (Pipe).
+type wholeLines struct {
+	out  io.Writer
+	held []byte
+}
+
+func (w *wholeLines) Write(p []byte) (int, error) {
+	end := bytes.LastIndexByte(p, '\n')
+	if end < 0 && len(w.held)+len(p) <= wholeLinesMax {
+		w.held = append(w.held, p...)
+		return len(p), nil
+	}
+	if end < 0 {
+		end = len(p) - 1 // too long to hold: on it goes
+	}
+	if len(w.held) > 0 {
+		if _, err := w.out.Write(w.held); err != nil {
+			return 0, err
+		}
+		w.held = w.held[:0]
+	}
+	if _, err := w.out.Write(p[:end+1]); err != nil {
+		return 0, err
+	}
+	w.held = append(w.held, p[end+1:]...)
+	return len(p), nil
+}
+
+// clip is b cut to at most 100 bytes, for an error message.
+func clip(b []byte) string {
+	if len(b) > 100 {
+		return string(b[:100]) + "…"
+	}
+	return string(b)
 }
 
 // Main is a worker program that pipes to the address in the environment
