@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/stage"
 )
@@ -296,25 +296,6 @@ func TestAPauseLongerThanTheDispatcherTakesFailsWithAReason(t *testing.T) {
 	}
 }
 
-// writeLog is an io.Writer that keeps what was written to it, for a handler
-// to look at.
-type writeLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *writeLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *writeLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Every answer of a batch is written out before the next pass runs: a worker
 // that dies in a pass (a panic on a goroutine of its own, an os.Exit) would
 // take the answers still buffered along, and the dispatcher would fail its
@@ -323,7 +304,7 @@ func TestEveryAnswerIsOutBeforeTheNextPassRuns(t *testing.T) {
 	t.Parallel()
 	url, conn := pgtest.NewMigratedConn(t)
 	ids := insertRunning(t, conn, "parse", "first", "second", "third")
-	out := &writeLog{}
+	out := &lockedbuf.Buffer{} // a handler reads what was written so far
 	seen := map[string]string{}
 	err := stage.Run(context.Background(), stage.Options{Stage: "parse", DB: url, In: strings.NewReader(idLines(ids)), Out: out,
 		Handlers: map[string]stage.Handler{"parse": func(_ context.Context, m *stage.Message) stage.Result {
