@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -641,29 +640,59 @@ func ParseDuration(s string) (time.Duration, error) {
 // long, not to be no duration.
 func parseDurationMax(s string, most time.Duration, maxText string) (time.Duration, error) {
 	tooLong := fmt.Errorf("%s is too long (at most %s)", Quote(s), maxText)
+	notPositive := fmt.Errorf("%s must be positive", Quote(s))
 	var d time.Duration
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) && s[0] != '-' {
-		if err != nil || n > int64(most/time.Second) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		switch {
+		case err != nil && s[0] == '-':
+			return 0, notPositive
+		case err != nil || n > int64(most/time.Second):
 			return 0, tooLong
 		}
 		d = time.Duration(n) * time.Second
 	} else if d, err = time.ParseDuration(s); err != nil {
-		if durationText.MatchString(s) {
-			return 0, tooLong // well formed: only too large for time.ParseDuration
+		switch {
+		case !durationText(s):
+			return 0, fmt.Errorf("%s is not whole seconds nor a duration like 250ms or 1m30s", Quote(s))
+		case s[0] == '-':
+			return 0, notPositive
 		}
-		return 0, fmt.Errorf("%s is not whole seconds nor a duration like 250ms or 1m30s", Quote(s))
+		return 0, tooLong // well formed: only too large for time.ParseDuration
 	} else if d > most {
 		return 0, tooLong
 	}
 	if d <= 0 {
-		return 0, fmt.Errorf("%s must be positive", Quote(s))
+		return 0, notPositive
 	}
 	return d, nil
 }
 
-// durationText is the form time.ParseDuration reads, without a sign (a
-// negative duration is refused as not positive once it parses).
-var durationText = regexp.MustCompile(`^([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h))*$`)
+// durationText says whether s has the form time.ParseDuration reads (an
+// optional sign, then numbers each with a unit), whatever its size.
+func durationText(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	if s == "" {
+		return false
+	}
+	for s != "" {
+		digits := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+		if digits <= 0 || strings.Count(s[:digits], ".") > 1 || s[:digits] == "." {
+			return false
+		}
+		s = s[digits:]
+		unit := len(s)
+		if i := strings.IndexAny(s, "0123456789."); i >= 0 {
+			unit = i
+		}
+		switch s[:unit] {
+		case "ns", "us", "\u00b5s", "\u03bcs", "ms", "s", "m", "h":
+		default:
+			return false
+		}
+		s = s[unit:]
+	}
+	return true
+}
 
 // historyKeepMax bounds HISTORY_KEEP, in days and as a duration alike.
 const historyKeepMax = 3650 * 24 * time.Hour
