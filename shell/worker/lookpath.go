@@ -63,9 +63,12 @@ func lookPath(program, path string) (string, error) {
 
 // checkExecutable reports why file cannot be executed, if it visibly cannot: it
 // does not exist, is a directory, has no execute bit, or this process may not
-// execute it (the kernel's own check, with the effective user and groups the
-// workers get: a program installed by root with mode 0700, or on a noexec
-// mount, while the dispatcher runs as a service user). Anything subtler (a
+// execute it (the kernel's own check, access(2), with ACLs: a program
+// installed by root with mode 0700, or on a noexec mount, while the
+// dispatcher runs as a service user). access(2) checks the real user and
+// groups, which a dispatcher shares with its workers (it is no setuid
+// program); faccessat2's AT_EACCESS would check the effective ones, but is
+// missing before Linux 5.8, where x/sys falls back to mode bits without ACLs. Anything subtler (a
 // missing interpreter, a wrong architecture) is reported by the exec itself.
 func checkExecutable(file string) error {
 	fi, err := os.Stat(file)
@@ -78,7 +81,7 @@ func checkExecutable(file string) error {
 	if fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("is not executable (mode %v)", fi.Mode().Perm())
 	}
-	if err := unix.Faccessat(unix.AT_FDCWD, file, unix.X_OK, unix.AT_EACCESS); err != nil {
+	if err := unix.Access(file, unix.X_OK); err != nil {
 		return fmt.Errorf("may not be executed by this user (mode %v, owner uid %d): %w", fi.Mode().Perm(), owner(fi), err)
 	}
 	return checkInterpreter(file)
@@ -88,8 +91,9 @@ func checkExecutable(file string) error {
 // cannot be run, if it visibly cannot: the kernel's exec then fails with
 // ENOENT, which reads as if the script itself were missing. A line ended
 // by CR LF names an interpreter with a carriage return at its end, the
-// usual cause. A file that is no script, or unreadable, passes: the exec
-// says what is wrong.
+// usual cause. A file that is no script, or unreadable, or an interpreter
+// named by a relative path (the kernel takes it from the working
+// directory), passes: the exec says what is wrong.
 func checkInterpreter(file string) error {
 	f, err := os.Open(file)
 	if err != nil {
@@ -112,9 +116,9 @@ func checkInterpreter(file string) error {
 		return fmt.Errorf("has a #! line ending in a carriage return (CR LF line ends): the interpreter it names is %s", conf.Quote(interp))
 	}
 	if !filepath.IsAbs(interp) {
-		return fmt.Errorf("names the interpreter %s on its #! line, not an absolute path", conf.Quote(interp))
+		return nil // the kernel takes it from the working directory: the exec says
 	}
-	if err := unix.Faccessat(unix.AT_FDCWD, interp, unix.X_OK, unix.AT_EACCESS); err != nil {
+	if err := unix.Access(interp, unix.X_OK); err != nil {
 		return fmt.Errorf("names the interpreter %s on its #! line, which cannot be run: %w", conf.Quote(interp), err)
 	}
 	return nil

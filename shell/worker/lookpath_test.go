@@ -86,7 +86,7 @@ func TestCheckNamesAScriptsInterpreterThatCannotRun(t *testing.T) {
 	for name, c := range map[string]struct{ text, want string }{
 		"missing":  {"#!/nonexistent/interp -x\nexit 0\n", "names the interpreter '/nonexistent/interp' on its #! line, which cannot be run"},
 		"crlf":     {"#!/bin/sh\r\nexit 0\r\n", "has a #! line ending in a carriage return (CR LF line ends)"},
-		"relative": {"#! sh\nexit 0\n", "names the interpreter 'sh' on its #! line, not an absolute path"},
+		"relative": {"#! sh\nexit 0\n", ""}, // taken from the working directory, as the kernel does
 		"good":     {"#! /bin/sh -e\nexit 0\n", ""},
 		"binary":   {"\x7fELF", ""},
 	} {
