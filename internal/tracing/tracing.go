@@ -125,10 +125,16 @@ func checkExporter(getenv func(string) string) error {
 	return checkEndpoints(getenv)
 }
 
-// checkEndpoints refuses an OTLP endpoint that is no http or https URL with
-// a host: the SDK would log a line of its own, in no format of PEPSI's, and
-// run on exporting nothing.
+// checkEndpoints refuses an OTLP endpoint over http/protobuf (the default
+// protocol) that is no http or https URL with a host: the SDK would log a
+// line of its own, in no format of PEPSI's, and run on exporting nothing.
+// Only the variable the SDK uses for traces is checked (the _TRACES_ one
+// when set), and nothing for grpc, whose exporter takes host:port, unix:
+// and dns: targets as well.
 func checkEndpoints(getenv func(string) string) error {
+	if _, p := tracesProtocol(getenv); p != "http/protobuf" {
+		return nil
+	}
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 		v := getenv(k)
 		if v == "" {
@@ -138,8 +144,22 @@ func checkEndpoints(getenv func(string) string) error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("%s=%s: not an endpoint URL (want http://HOST:PORT or https://HOST:PORT, as http://127.0.0.1:4318)", k, v)
 		}
+		return nil
 	}
 	return nil
+}
+
+// tracesProtocol is the OTLP protocol getenv names for traces, and the
+// variable that names it: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
+// OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf (key ""), the
+// specification's default.
+func tracesProtocol(getenv func(string) string) (key, protocol string) {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p := getenv(k); p != "" {
+			return k, p
+		}
+	}
+	return "", "http/protobuf"
 }
 
 // newExporter returns the OTLP exporter getenv's protocol names:
@@ -149,13 +169,7 @@ func checkEndpoints(getenv func(string) string) error {
 // exporters speak no http/json, so that value is refused, as any other,
 // rather than exporting in a protocol the operator did not ask for.
 func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
-	key, protocol := "", "http/protobuf"
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if p := getenv(k); p != "" {
-			key, protocol = k, p
-			break
-		}
-	}
+	key, protocol := tracesProtocol(getenv)
 	var exp sdktrace.SpanExporter
 	var err error
 	switch protocol {

@@ -119,3 +119,31 @@ func TestAnExporterPEPSIDoesNotHaveIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// Proves: an endpoint the exporter would not take over http/protobuf is
+// refused, naming the variable the SDK uses for traces (the _TRACES_ one
+// overrides the other, which is then not looked at); grpc's targets
+// (host:port, unix:, dns:) are left to its exporter.
+func TestAnEndpointIsCheckedAsTheExporterWouldTakeIt(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want string // "" for taken
+	}{
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "::bad"}, "OTEL_EXPORTER_OTLP_ENDPOINT=::bad: not an endpoint URL"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, "not an endpoint URL"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1]:4318/otlp"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "::bad", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c.example:4318/v1/traces"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "::bad"}, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=::bad"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "unix:///run/otel.sock", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, ""},
+	} {
+		getenv := func(k string) string { return c.env[k] }
+		err := checkEndpoints(getenv)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v: %v; want it taken", c.env, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v: %v; want %q", c.env, err, c.want)
+		}
+	}
+}
