@@ -143,6 +143,14 @@ func Parse(text []byte, f Fields) (Message, error) {
 	if err != nil {
 		return Message{}, err
 	}
+	if f.Line && f.IgnoreUnknown {
+		// Members a line has not (a producer's) are ignored as unknown
+		// ones are: a later dispatcher may add them to the line.
+		obj.Key, obj.NotBefore = nil, nil
+		if !f.Stage {
+			obj.Stage = nil
+		}
+	}
 	var m Message
 	switch {
 	case obj.Stage != nil && !f.Stage:
