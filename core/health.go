@@ -81,7 +81,7 @@ func (c *Core) Health() []StageHealth {
 		case c.heldBy(st) != nil:
 			t := c.heldBy(st)
 			h.State = HealthPressureHeld
-			h.Reason = fmt.Sprintf("held by back-pressure: stage %s, which it feeds, has more than its MAX_PENDING %d messages pending", t.cfg.Name, t.cfg.MaxPending)
+			h.Reason = fmt.Sprintf("held by back-pressure: stage %s, which it feeds, %s", t.cfg.Name, t.pendingText())
 		case st.rate != nil && !st.rate.heldSince.IsZero():
 			h.State = HealthRateHeld
 			h.Reason = fmt.Sprintf("held by its RATE %g/s: it has messages to claim and room for them, but no token", st.cfg.Rate)

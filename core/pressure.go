@@ -5,6 +5,7 @@
 package core
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -71,23 +72,35 @@ func (c *Core) limits(txn []Command) []Limit {
 }
 
 // waiting counts the messages claimed for st that wait for it as its
-// pending ones do, so they count against its MAX_PENDING: its backlog, and,
-// while its program is not known to start (a failed start that no answer
-// has followed: cooldownStep), what its workers that have not answered
-// hold, which a failed start gives back. Were they not counted, a stage whose
-// program cannot start would take itself under its limit at every try,
-// freeing its feeders for one more claim each time, and its queue would
-// grow without bound while it cannot run.
+// pending ones do while its program is not known to start (a failed start
+// that no answer has followed: cooldownStep), so they count against its
+// MAX_PENDING then: its backlog, and what its workers that have not answered
+// hold, all of which a failed start gives back pending. Were they not
+// counted, a stage whose program cannot start would take itself under its
+// limit at every try, freeing its feeders for one more claim each time, and
+// its queue would grow without bound while it cannot run. A stage known to
+// start is counted by its pending rows alone: the backlog its starting
+// workers take is theirs in a moment.
 func (st *stage) waiting() int64 {
+	if st.cooldownStep == 0 {
+		return 0
+	}
 	n := len(st.backlog)
-	if st.cooldownStep > 0 {
-		for _, w := range st.workers {
-			if w.answered == 0 {
-				n += len(w.queue)
-			}
+	for _, w := range st.workers {
+		if w.answered == 0 {
+			n += len(w.queue)
 		}
 	}
 	return int64(n)
+}
+
+// pendingText is how a stage over its MAX_PENDING is said to be: with what
+// waits for it beside its pending rows, when that counts (waiting).
+func (st *stage) pendingText() string {
+	if st.waiting() > 0 {
+		return fmt.Sprintf("has more than its MAX_PENDING %d messages pending or waiting for a worker while its program is not known to start", st.cfg.MaxPending)
+	}
+	return fmt.Sprintf("has more than its MAX_PENDING %d messages pending", st.cfg.MaxPending)
 }
 
 // holds are the Claim.Holds of a claim that checks limits: every stage that
@@ -126,8 +139,8 @@ func (c *Core) checkedLimits(limits []Limit, over []string) {
 			}
 		}
 		if now {
-			c.logf(LevelInfo, "stage %s has more than its MAX_PENDING %d messages pending: claims held for the stages that feed it (%s)",
-				l.Stage, t.cfg.MaxPending, strings.Join(feeders, ", "))
+			c.logf(LevelInfo, "stage %s %s: claims held for the stages that feed it (%s)",
+				l.Stage, t.pendingText(), strings.Join(feeders, ", "))
 		} else {
 			c.logf(LevelInfo, "stage %s is back within its MAX_PENDING %d: claims resume for the stages that feed it (%s)",
 				l.Stage, t.cfg.MaxPending, strings.Join(feeders, ", "))
