@@ -128,7 +128,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 		}
 		s := &session{o: o, pgcfg: pgcfg, lock: lock, log: log, signals: signals, carry: carry, restarted: restarted}
 		r := s.run(ctx)
-		_ = lock.Release(context.WithoutCancel(ctx))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lockReleaseWait)
+		_ = lock.Release(rctx) // closing its session, as the bound ends it, releases the lock too
+		cancel()
 		if !r.again {
 			return r.code, r.err
 		}
@@ -141,6 +143,10 @@ func Run(ctx context.Context, o Options) (int, error) {
 		restarted = true
 	}
 }
+
+// lockReleaseWait bounds how long giving the lock up may take: over a
+// silent network the unlock would wait for the connection's own bound.
+const lockReleaseWait = 5 * time.Second
 
 // lockRetryMax caps the pause between attempts to take the lock while the
 // database cannot be reached. It is short: an attempt against a server that is
@@ -188,7 +194,10 @@ func acquire(ctx context.Context, cfg *pgx.ConnConfig, standby, restarted bool, 
 				// The signal came as the lock was taken: it was for this
 				// start, which ends here, before any session.
 				log.Info("signal received while taking the dispatcher lock; giving it up")
-				if rerr := lock.Release(context.WithoutCancel(ctx)); rerr != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lockReleaseWait)
+				rerr := lock.Release(rctx)
+				cancel()
+				if rerr != nil {
 					log.Warn("giving up the dispatcher lock", "err", rerr)
 				}
 				return nil, ExitOK, nil
