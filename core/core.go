@@ -148,8 +148,9 @@ type worker struct {
 	// handed nothing until it has lived StartWindow.
 	probe bool
 	// tail: its output's last line, written without a newline, judged at
-	// its exit (Answer.Unterminated).
-	tail *Answer
+	// its exit (Answer.Unterminated); exited: its exit is being taken in.
+	tail   *Answer
+	exited bool
 }
 
 type stage struct {

@@ -1690,6 +1690,29 @@ func TestALastLineWithoutANewlineIsAnAnswerOnlyIfTheWorkerExitedByItself(t *test
 	}
 }
 
+// Proves: a last line without a newline that breaks the protocol, judged
+// when its worker has exited, fails the message as the protocol error it is,
+// and sends no Kill for a worker that is gone, nor says it is killing one.
+func TestALastLineThatBreaksTheProtocolAtTheExitKillsNothing(t *testing.T) {
+	w := newWorld(t, threeStages)
+	x := one[core.Spawn](t, w.start("a", 1)).Worker
+	id := w.head(x)
+	w.at(core.StartWindow + time.Second)
+	w.step(core.Answer{Worker: x, Line: "hello there", Unterminated: true})
+	cmds := w.exit(x, 0, "")
+	if k := of[core.Kill](cmds); len(k) != 0 {
+		t.Errorf("killed %v, a worker already gone", k)
+	}
+	if it := itemFor(t, cmds, id); it.Verdict != core.Fail || !strings.Contains(it.Reason, "protocol") {
+		t.Errorf("the message whose last line broke the protocol: %v, want it failed for it", it)
+	}
+	logs := of[core.Log](cmds)
+	if slices.ContainsFunc(logs, func(l core.Log) bool { return strings.Contains(l.Msg, "killing it") }) ||
+		!slices.ContainsFunc(logs, func(l core.Log) bool { return strings.Contains(l.Msg, "in the last line it wrote before it exited") }) {
+		t.Errorf("logs:\n%s\nwant the protocol error said of a worker that had exited", list(cmds))
+	}
+}
+
 // runs is rolling with a short MAX_RUNTIME.
 var runs = strings.Replace(rolling, "MAX_RUNTIME = 300", "MAX_RUNTIME = 10", 1)
 

@@ -198,6 +198,11 @@ func (c *Core) protocolError(w *worker, line, why string) {
 	w.cause = killProtocol
 	w.protoLine = clip(line, 200)
 	w.state = killed
+	if w.exited {
+		// Its last line, judged at its exit (judgeTail): nothing to kill.
+		c.logf(LevelError, "stage %s worker pid %d broke the protocol (%s) in the last line it wrote before it exited", w.stage.cfg.Name, w.pid, why)
+		return
+	}
 	c.emit(Kill{Worker: w.id})
 	c.logf(LevelError, "stage %s worker pid %d broke the protocol (%s); killing it", w.stage.cfg.Name, w.pid, why)
 }
@@ -306,6 +311,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	if w == nil {
 		return
 	}
+	w.exited = true
 	c.judgeTail(w, e)
 	c.removeWorker(w)
 	st := w.stage
