@@ -670,7 +670,9 @@ func parseDurationMax(s string, most time.Duration, maxText string) (time.Durati
 // durationText says whether s has the form time.ParseDuration reads (an
 // optional sign, then numbers each with a unit), whatever its size.
 func durationText(s string) bool {
-	s = strings.TrimLeft(s, "+-")
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		s = s[1:] // one sign, as time.ParseDuration takes
+	}
 	if s == "" {
 		return false
 	}

@@ -130,6 +130,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"signed duration text past time.Duration", "[pepsi-dispatch]\nSTOP_GRACE = +9999999h\n", "f.conf:2: STOP_GRACE: '+9999999h' is too long"},
 		{"negative duration text past time.Duration", "[pepsi-dispatch]\nSTOP_GRACE = -9999999h\n", "f.conf:2: STOP_GRACE: '-9999999h' must be positive"},
 		{"micro sign duration past time.Duration", "[pepsi-dispatch]\nSTOP_GRACE = 99999999999999999999\u03bcs\n", "f.conf:2: STOP_GRACE: '99999999999999999999\u03bcs' is too long"},
+		{"two signs", "[pepsi-dispatch]\nSTOP_GRACE = +-5s\n", "f.conf:2: STOP_GRACE: '+-5s' is not whole seconds nor a duration"},
 		{"a unit that is none", "[pepsi-dispatch]\nSTOP_GRACE = 5 parsecs\n", "f.conf:2: STOP_GRACE: '5 parsecs' is not whole seconds"},
 		{"history kept past 3650 days", "[pepsi-dispatch]\nHISTORY_KEEP = 87601h\n", "f.conf:2: HISTORY_KEEP: '87601h' is too long (at most 3650 days)"},
 		{"key outside section", "DATABASE = x\n", "f.conf:1: DATABASE: key outside any section"},
