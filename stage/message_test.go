@@ -71,7 +71,7 @@ func TestMessageModeIgnoresKeysItDoesNotKnow(t *testing.T) {
 			return stage.Done()
 		},
 	}
-	input := `{"priority":5,"id":1,"stage":"parse","attempts":1,"state":{},"payload":"x","added":{"later":[1,2]},"key":"k","not_before":"soon"}
+	input := `{"priority":5,"id":1,"stage":"parse","attempts":1,"state":{},"payload":"x","added":{"later":[1,2]},"key":5,"not_before":1700000000}
 `
 	got := runMessages(t, "parse", input, handlers)
 	if strings.Join(got, "\n") != "0 >done" || strings.Join(seen, ";") != "1 x 1" {

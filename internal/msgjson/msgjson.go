@@ -143,14 +143,6 @@ func Parse(text []byte, f Fields) (Message, error) {
 	if err != nil {
 		return Message{}, err
 	}
-	if f.Line && f.IgnoreUnknown {
-		// Members a line has not (a producer's) are ignored as unknown
-		// ones are: a later dispatcher may add them to the line.
-		obj.Key, obj.NotBefore = nil, nil
-		if !f.Stage {
-			obj.Stage = nil
-		}
-	}
 	var m Message
 	switch {
 	case obj.Stage != nil && !f.Stage:
@@ -208,37 +200,77 @@ type object struct {
 // what is wrong with the text.
 func decodeObject(text []byte, f Fields) (object, error) {
 	var obj object
-	lenient := f.Line && f.IgnoreUnknown
-	if !lenient {
-		if err := core.MembersError(text, f.want(),
-			"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); err != nil {
-			return obj, err
-		}
+	if f.Line && f.IgnoreUnknown {
+		return decodeLine(text, f)
 	}
+	if err := core.MembersError(text, f.want(),
+		"stage", "key", "order_key", "traceparent", "not_before", "payload", "payload_base64", "state", "id", "attempts", "parent_id"); err != nil {
+		return obj, err
+	}
+	return obj, decodeJSON(text, &obj, f, true)
+}
+
+// lineObject is an object as a stage reads the dispatcher's line
+// (Fields.IgnoreUnknown): without a producer's members, which a later
+// dispatcher may add with values of any type, and with "stage" read only
+// when f takes it.
+type lineObject struct {
+	Stage         json.RawMessage `json:"stage"`
+	OrderKey      *string         `json:"order_key"`
+	TraceParent   *string         `json:"traceparent"`
+	Payload       json.RawMessage `json:"payload"`
+	PayloadBase64 *string         `json:"payload_base64"`
+	State         json.RawMessage `json:"state"`
+	ID            *int64          `json:"id"`
+	Attempts      *int            `json:"attempts"`
+	ParentID      *int64          `json:"parent_id"`
+}
+
+// decodeLine is decodeObject for Fields.IgnoreUnknown.
+func decodeLine(text []byte, f Fields) (object, error) {
+	var l lineObject
+	if err := decodeJSON(text, &l, f, false); err != nil {
+		return object{}, err
+	}
+	obj := object{OrderKey: l.OrderKey, TraceParent: l.TraceParent, Payload: l.Payload, PayloadBase64: l.PayloadBase64,
+		State: l.State, ID: l.ID, Attempts: l.Attempts, ParentID: l.ParentID}
+	if f.Stage && len(l.Stage) > 0 && string(l.Stage) != "null" {
+		var stage string
+		if err := json.Unmarshal(l.Stage, &stage); err != nil {
+			return obj, errors.New("stage: want a string")
+		}
+		obj.Stage = &stage
+	}
+	return obj, nil
+}
+
+// decodeJSON reads text, one JSON object, into v (strict: refusing members
+// v has not), with errors that say what is wrong with the text.
+func decodeJSON(text []byte, v any, f Fields, strict bool) error {
 	d := json.NewDecoder(bytes.NewReader(text))
-	if !lenient {
+	if strict {
 		d.DisallowUnknownFields()
 	}
-	if err := d.Decode(&obj); err != nil {
+	if err := d.Decode(v); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
-			return obj, fmt.Errorf("%s (%s)", strings.TrimPrefix(msg, "json: "), f.want())
+			return fmt.Errorf("%s (%s)", strings.TrimPrefix(msg, "json: "), f.want())
 		}
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) && ute.Field != "" {
-			return obj, fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
+			return fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
 		}
 		if errors.As(err, &ute) {
 			// The whole value is not an object: say what it is, never the Go
 			// type it was read into (a struct and its internal fields).
-			return obj, fmt.Errorf("not a JSON object: got a JSON %s", ute.Value)
+			return fmt.Errorf("not a JSON object: got a JSON %s", ute.Value)
 		}
-		return obj, fmt.Errorf("not a JSON object: %w", err)
+		return fmt.Errorf("not a JSON object: %w", err)
 	}
 	if d.More() {
-		return obj, errors.New("more than one JSON value on the line")
+		return errors.New("more than one JSON value on the line")
 	}
-	return obj, nil
+	return nil
 }
 
 // keys checks and sets the key, order key and traceparent fields (nil for
