@@ -11,8 +11,6 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
@@ -63,13 +61,10 @@ func lookPath(program, path string) (string, error) {
 
 // checkExecutable reports why file cannot be executed, if it visibly cannot: it
 // does not exist, is a directory, has no execute bit, or this process may not
-// execute it (the kernel's own check, access(2), with ACLs: a program
-// installed by root with mode 0700, or on a noexec mount, while the
-// dispatcher runs as a service user). access(2) checks the real user and
-// groups, which a dispatcher shares with its workers (it is no setuid
-// program); faccessat2's AT_EACCESS would check the effective ones, but is
-// missing before Linux 5.8, where x/sys falls back to mode bits without ACLs. Anything subtler (a
-// missing interpreter, a wrong architecture) is reported by the exec itself.
+// execute it (the kernel's own check, mayExecute: a program installed by root
+// with mode 0700, or on a noexec mount, while the dispatcher runs as a
+// service user). Anything subtler (a missing interpreter, a wrong
+// architecture) is reported by the exec itself.
 func checkExecutable(file string) error {
 	fi, err := os.Stat(file)
 	if err != nil {
@@ -81,7 +76,7 @@ func checkExecutable(file string) error {
 	if fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("is not executable (mode %v)", fi.Mode().Perm())
 	}
-	if err := unix.Access(file, unix.X_OK); err != nil {
+	if err := mayExecute(file); err != nil {
 		return fmt.Errorf("may not be executed by this user (mode %v, owner uid %d): %w", fi.Mode().Perm(), owner(fi), err)
 	}
 	return checkInterpreter(file)
@@ -118,7 +113,7 @@ func checkInterpreter(file string) error {
 	if !filepath.IsAbs(interp) {
 		return nil // the kernel takes it from the working directory: the exec says
 	}
-	if err := unix.Access(interp, unix.X_OK); err != nil {
+	if err := mayExecute(interp); err != nil {
 		return fmt.Errorf("names the interpreter %s on its #! line, which cannot be run: %w", conf.Quote(interp), err)
 	}
 	return nil
