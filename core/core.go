@@ -200,6 +200,7 @@ type stage struct {
 	cooldownStep  time.Duration
 	cooldownAt    time.Time // when cooldownStep was last doubled: workers spawned since are a new round of starts
 	cooldownFrom  time.Time // the spawn of the worker whose failed start began the cooldown's latest round: an answer of a worker spawned since ends it
+	answeredAt    time.Time // the latest answer of any worker of the stage (waiting)
 	startErr      string    // how the last failed start failed (health.go)
 	// provenSpawn: the latest spawn of a worker that showed the stage's
 	// program starts (it answered, or a probe lived StartWindow). A spawn,

@@ -72,8 +72,9 @@ func (c *Core) limits(txn []Command) []Limit {
 }
 
 // waiting counts the messages claimed for st that wait for it as its
-// pending ones do while its program is not known to start (a failed start
-// that no answer has followed: cooldownStep), so they count against its
+// pending ones do while none of its workers has answered since the latest
+// round of failed starts (cooldownStep, cooldownAt: a stage whose workers
+// answer drains, whatever its new ones do), so they count against its
 // MAX_PENDING then: its backlog, and what its workers that have not answered
 // hold, all of which a failed start gives back pending. Were they not
 // counted, a stage whose program cannot start would take itself under its
@@ -82,7 +83,7 @@ func (c *Core) limits(txn []Command) []Limit {
 // start is counted by its pending rows alone: the backlog its starting
 // workers take is theirs in a moment.
 func (st *stage) waiting() int64 {
-	if st.cooldownStep == 0 {
+	if st.cooldownStep == 0 || st.answeredAt.After(st.cooldownAt) {
 		return 0
 	}
 	n := len(st.backlog)
@@ -98,7 +99,7 @@ func (st *stage) waiting() int64 {
 // waits for it beside its pending rows, when that counts (waiting).
 func (st *stage) pendingText() string {
 	if st.waiting() > 0 {
-		return fmt.Sprintf("has more than its MAX_PENDING %d messages pending or waiting for a worker while its program is not known to start", st.cfg.MaxPending)
+		return fmt.Sprintf("has more than its MAX_PENDING %d messages pending or waiting for a worker while none of its workers can start", st.cfg.MaxPending)
 	}
 	return fmt.Sprintf("has more than its MAX_PENDING %d messages pending", st.cfg.MaxPending)
 }

@@ -48,6 +48,7 @@ func (c *Core) answer(e Answer) {
 	head := w.queue[0]
 	w.queue = w.queue[1:]
 	w.answered++
+	st.answeredAt = c.now
 	emits, emitErr := w.takeEmits()
 	elapsed := c.now.Sub(w.headSince).Microseconds()
 	w.headSince = c.now

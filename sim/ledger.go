@@ -264,6 +264,10 @@ type coolState struct {
 	provenSpawn []time.Time
 	probe       []bool
 	probeFrom   []time.Time
+	// answeredAt, per stage, the latest answer of any of its workers (rule
+	// pressure-holds: what waits for a stage counts only while none
+	// answered since the latest round of failed starts).
+	answeredAt []time.Time
 }
 
 // startFailModel is a message's run of failed starts at a worker's head, and
@@ -373,7 +377,7 @@ func (w *world) newLifeModel() {
 	w.gateState = gateState{unnotified: map[int64]unnotified{}}
 	w.wakeState = wakeState{unseen: map[int64]bool{}}
 	w.rateState = rateState{rateLog: make([][]rateClaim, n), rateOut: map[int]int{}}
-	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]startFailModel{}, provenSpawn: make([]time.Time, n), probe: make([]bool, n), probeFrom: make([]time.Time, n)}
+	w.coolState = coolState{cool: make([]cooldown, n), startFails: map[int64]startFailModel{}, provenSpawn: make([]time.Time, n), probe: make([]bool, n), probeFrom: make([]time.Time, n), answeredAt: make([]time.Time, n)}
 	w.healthState = healthState{}
 	w.pressureState = pressureState{feeds: make([][]int, n), over: make([]bool, n)}
 	w.floorState = floorState{releaseAsked: map[int64][]string{}, keysBusy: map[string]bool{}}
@@ -939,6 +943,7 @@ func (w *world) modelAnswer(e core.Answer) {
 	x.queue = x.queue[1:]
 	delete(w.holder, head)
 	x.answered++
+	w.answeredAt[x.stage] = w.now
 	elapsed := w.now.Sub(x.headSince).Microseconds()
 	x.headSince = w.now
 	if len(x.queue) == 0 {

@@ -311,7 +311,9 @@ var mutants = []mutant{
 	mut("pressure-unstarted-workers-uncounted", "pressure-holds", "while a stage's program is not known to start, what its workers that have not answered hold does not count against its MAX_PENDING, though a failed start gives it back",
 		"\t\tif w.answered == 0 {\n\t\t\tn += len(w.queue)", "\t\tif false {\n\t\t\tn += len(w.queue)"),
 	mut("pressure-waiting-of-a-healthy-stage", "pressure-holds", "a stage known to start counts its backlog against its MAX_PENDING too: its feeders are held while its starting workers take what it claimed",
-		"\tif st.cooldownStep == 0 {\n\t\treturn 0\n\t}\n\tn := len(st.backlog)", "\tn := len(st.backlog)"),
+		"\tif st.cooldownStep == 0 || st.answeredAt.After(st.cooldownAt) {\n\t\treturn 0\n\t}\n\tn := len(st.backlog)", "\tn := len(st.backlog)"),
+	mut("pressure-waiting-despite-answers", "pressure-holds", "what waits for a stage counts against its MAX_PENDING after a failed start even while its other workers answer: a stage that drains holds its feeders",
+		"if st.cooldownStep == 0 || st.answeredAt.After(st.cooldownAt) {", "if st.cooldownStep == 0 {"),
 	mut("pressure-feeder-forgotten", "pressure-holds", "a stage's own advance seen in a resolve outcome does not make it a feeder",
 		"c.learnFeeder(it.Stage, o.Stage) // the pass sent its message on", "_ = o // the pass sent its message on"),
 	// Retries (75) and rates.
