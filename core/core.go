@@ -398,6 +398,7 @@ func (c *Core) Step(now time.Time, evs ...Event) []Command {
 		c.countRateHeld()
 		c.inspectDue()
 		c.assign()
+		c.reapAfterAssign()
 		c.queueWork()
 		c.rest()
 		c.finish()

@@ -477,6 +477,26 @@ func (c *Core) workerIDs() []WorkerID {
 	return ids
 }
 
+// reapIdle stops ready worker w if it has been idle for WORKER_IDLE_TIMEOUT
+// with nothing waiting at its stage.
+func (c *Core) reapIdle(w *worker) {
+	if w.state == ready && len(w.queue) == 0 && len(w.stage.backlog) == 0 && !c.now.Before(w.idleSince.Add(c.cfg.IdleTimeout)) {
+		c.stop(w) // reap
+	}
+}
+
+// reapAfterAssign reaps the workers a step's hand-out left idle past
+// WORKER_IDLE_TIMEOUT: its stage's backlog, which kept them (a probe, idle
+// beside it until StartWindow), went to other workers in this step, after
+// timers looked.
+func (c *Core) reapAfterAssign() {
+	for _, id := range c.workerIDs() {
+		if w := c.workers[id]; w.handed < w.stage.cfg.MaxMessages {
+			c.reapIdle(w)
+		}
+	}
+}
+
 func (c *Core) stop(w *worker) {
 	w.state = stopping
 	w.stopBy = c.now.Add(c.cfg.StopGrace)
@@ -506,8 +526,8 @@ func (c *Core) timers() {
 			}
 			if w.handed >= w.stage.cfg.MaxMessages {
 				c.stop(w) // recycle: its pipeline has drained
-			} else if len(w.stage.backlog) == 0 && !c.now.Before(w.idleSince.Add(c.cfg.IdleTimeout)) {
-				c.stop(w) // reap
+			} else {
+				c.reapIdle(w)
 			}
 		case stopping:
 			// A stop's grace does not stop the watchdog: a head already
