@@ -182,11 +182,17 @@ func Parse(text []byte, f Fields) (Message, error) {
 
 // object is a message's fields as the decoder reads them: nil for absent.
 type object struct {
-	Stage         *string         `json:"stage"`
-	Key           *string         `json:"key"`
+	lineFields
+	Stage     *string `json:"stage"`
+	Key       *string `json:"key"`
+	NotBefore *string `json:"not_before"`
+}
+
+// lineFields are the members of object that a message-mode line has
+// besides "stage": all a stage reads of it (Fields.IgnoreUnknown).
+type lineFields struct {
 	OrderKey      *string         `json:"order_key"`
 	TraceParent   *string         `json:"traceparent"`
-	NotBefore     *string         `json:"not_before"`
 	Payload       json.RawMessage `json:"payload"`
 	PayloadBase64 *string         `json:"payload_base64"`
 	State         json.RawMessage `json:"state"`
@@ -210,30 +216,19 @@ func decodeObject(text []byte, f Fields) (object, error) {
 	return obj, decodeJSON(text, &obj, f, true)
 }
 
-// lineObject is an object as a stage reads the dispatcher's line
-// (Fields.IgnoreUnknown): without a producer's members, which a later
-// dispatcher may add with values of any type, and with "stage" read only
-// when f takes it.
-type lineObject struct {
-	Stage         json.RawMessage `json:"stage"`
-	OrderKey      *string         `json:"order_key"`
-	TraceParent   *string         `json:"traceparent"`
-	Payload       json.RawMessage `json:"payload"`
-	PayloadBase64 *string         `json:"payload_base64"`
-	State         json.RawMessage `json:"state"`
-	ID            *int64          `json:"id"`
-	Attempts      *int            `json:"attempts"`
-	ParentID      *int64          `json:"parent_id"`
-}
-
-// decodeLine is decodeObject for Fields.IgnoreUnknown.
+// decodeLine is decodeObject for Fields.IgnoreUnknown: the line's own
+// members only (lineFields, and "stage" when f takes it), so that the
+// producer's members, which a later dispatcher may add with values of any
+// type, are ignored as unknown ones are.
 func decodeLine(text []byte, f Fields) (object, error) {
-	var l lineObject
+	var l struct {
+		lineFields
+		Stage json.RawMessage `json:"stage"`
+	}
 	if err := decodeJSON(text, &l, f, false); err != nil {
 		return object{}, err
 	}
-	obj := object{OrderKey: l.OrderKey, TraceParent: l.TraceParent, Payload: l.Payload, PayloadBase64: l.PayloadBase64,
-		State: l.State, ID: l.ID, Attempts: l.Attempts, ParentID: l.ParentID}
+	obj := object{lineFields: l.lineFields}
 	if f.Stage && len(l.Stage) > 0 && string(l.Stage) != "null" {
 		var stage string
 		if err := json.Unmarshal(l.Stage, &stage); err != nil {
