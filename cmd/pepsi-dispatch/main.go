@@ -206,7 +206,7 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 	}{
 		{"max-runtime", ov.maxRuntime, durationInto(&cfg.Dispatch.MaxRuntime)},
 		{"worker-idle-timeout", ov.idle, durationInto(&cfg.Dispatch.IdleTimeout)},
-		{"poll-interval", ov.poll, durationInto(&cfg.Dispatch.PollInterval)},
+		{"poll-interval", ov.poll, func(s string) (err error) { cfg.Dispatch.PollInterval, err = conf.ParsePollInterval(s); return err }},
 		{"stats-interval", ov.stats, durationInto(&cfg.Dispatch.StatsInterval)},
 		{"stop-grace", ov.grace, durationInto(&cfg.Dispatch.StopGrace)},
 		{"vacuum", ov.vacuum, func(s string) (err error) { cfg.Dispatch.Vacuum, err = conf.ParseOnOff(s); return err }},

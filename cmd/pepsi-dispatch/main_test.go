@@ -58,6 +58,11 @@ func TestABadValueIsBlamedOnWhereItWasSet(t *testing.T) {
 		!strings.Contains(stderr.String(), `msg="bad value" setting=-max-runtime err="'-7s' must be positive"`) {
 		t.Errorf("-max-runtime -7s over the environment: exit %d, stderr %q; want %d and the flag named", code, stderr.String(), dispatch.ExitUsage)
 	}
+	stderr.Reset()
+	if code := run([]string{"-c", file, "-max-runtime", "7s", "-poll-interval", "1ns"}, io.Discard, &stderr); code != dispatch.ExitUsage ||
+		!strings.Contains(stderr.String(), `msg="bad value" setting=-poll-interval err="'1ns' is too short (at least 10ms`) {
+		t.Errorf("-poll-interval 1ns: exit %d, stderr %q; want %d and the floor named", code, stderr.String(), dispatch.ExitUsage)
+	}
 	t.Setenv("PEPSI_LOG_LEVEL", "loud")
 	stderr.Reset()
 	want := "pepsi-dispatch: PEPSI_LOG_LEVEL \"loud\": want debug, info, warn or error\nRun 'pepsi-dispatch -h' for help.\n"

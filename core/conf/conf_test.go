@@ -114,6 +114,7 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 		{"unknown key", "[pepsi-dispatch]\nMAX_RUNTIME = 5\nMAX_RUNTME = 5\n", "f.conf:3: MAX_RUNTME: unknown key"},
 		{"bad duration", "[pepsi-dispatch]\nPOLL_INTERVAL = soon\n", "f.conf:2: POLL_INTERVAL: 'soon' is not whole seconds"},
 		{"zero duration", "[pepsi-dispatch]\nPOLL_INTERVAL = 0\n", "f.conf:2: POLL_INTERVAL: '0' must be positive"},
+		{"poll interval too short", "[pepsi-dispatch]\nPOLL_INTERVAL = 9ms\n", "f.conf:2: POLL_INTERVAL: '9ms' is too short (at least 10ms"},
 		{"bad number", "[stage-a]\nPROGRAM = a\nPARALLELISM = -1\n", "f.conf:3: PARALLELISM: '-1' is not a positive whole number"},
 		{"missing program", "[stage-a]\nPARALLELISM = 2\n", "f.conf:1: PROGRAM: [stage-a] has no PROGRAM"},
 		{"empty program", "[stage-a]\nPROGRAM =\n", "f.conf:2: PROGRAM: must not be empty"},

@@ -77,6 +77,9 @@ func checkValid(t *testing.T, c *conf.Config, file string) {
 			t.Fatalf("a duration is not positive: %+v", d)
 		}
 	}
+	if d.PollInterval < conf.PollIntervalMin {
+		t.Fatalf("POLL_INTERVAL %v accepted, under %v", d.PollInterval, conf.PollIntervalMin)
+	}
 	if d.ConfigFile == "" {
 		t.Fatalf("CONFIG_FILE is empty (the default is %q)", file)
 	}
