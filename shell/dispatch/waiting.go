@@ -1,11 +1,14 @@
 package dispatch
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/internal/pgaddr"
 )
@@ -45,8 +48,12 @@ func (w *dbWait) failed(err error) {
 	if w.since.IsZero() {
 		w.since, w.every = now, waitReportFirst
 		w.next = now.Add(w.every)
-		w.log.Warn("cannot reach the database to take the dispatcher lock; retrying",
-			"server", w.server, "database", w.database, "err", err)
+		msg := "cannot reach the database to take the dispatcher lock; retrying"
+		if loginRefused(err) {
+			// The server answered: the network is not what to look at.
+			msg = "the database refused this dispatcher's login (its role, password or pg_hba.conf); retrying"
+		}
+		w.log.Warn(msg, "server", w.server, "database", w.database, "err", err)
 		return
 	}
 	if now.Before(w.next) {
@@ -57,4 +64,12 @@ func (w *dbWait) failed(err error) {
 		"waited", now.Sub(w.since).Round(time.Second).String(), "attempts", w.attempts, "err", err)
 	w.every = min(2*w.every, waitReportMax)
 	w.next = now.Add(w.every)
+}
+
+// loginRefused says whether err is the server refusing the connection's
+// login (SQLSTATE class 28: a role it does not know, a wrong password, no
+// pg_hba.conf entry that lets it in).
+func loginRefused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "28")
 }

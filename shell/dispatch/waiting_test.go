@@ -29,7 +29,8 @@ func closedPort(t *testing.T) int {
 
 // Feature: a dispatcher that cannot reach its database at start-up keeps saying
 // so, and for what, instead of one warning and then silence: on a port where
-// nothing listens, and on a server without the database.
+// nothing listens, on a server without the database, and on one that refuses
+// its role (said as such: the server answered, the network is fine).
 //
 // Not parallel: it shortens the package's reminder intervals.
 func TestAnUnreachableDatabaseIsReportedWhileTheDispatcherWaits(t *testing.T) {
@@ -38,18 +39,22 @@ func TestAnUnreachableDatabaseIsReportedWhileTheDispatcherWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	noRole := *missing
 	missing.Path = "/pepsi_no_such_database"
-	for _, target := range []string{
-		fmt.Sprintf("postgres://pepsi@127.0.0.1:%d/nowhere?connect_timeout=2", closedPort(t)),
-		missing.String(),
+	noRole.User = url.User("pepsi_no_such_role")
+	for _, c := range []struct{ target, first string }{
+		{fmt.Sprintf("postgres://pepsi@127.0.0.1:%d/nowhere?connect_timeout=2", closedPort(t)), "cannot reach the database"},
+		{missing.String(), "cannot reach the database"},
+		{noRole.String(), "the database refused this dispatcher's login"},
 	} {
-		reportsWaitingFor(t, target)
+		reportsWaitingFor(t, c.target, c.first)
 	}
 }
 
 // reportsWaitingFor runs the dispatcher against database until it has reminded
-// three times that it waits, stops it, and checks what the reminders said.
-func reportsWaitingFor(t *testing.T, database string) {
+// three times that it waits, stops it, and checks what the first warning
+// (which begins with first) and the reminders said.
+func reportsWaitingFor(t *testing.T, database, first string) {
 	t.Helper()
 	cfg, err := conf.Parse("pepsi.conf", "[stage-a]\nPROGRAM = /bin/cat\n")
 	if err != nil {
@@ -82,9 +87,9 @@ func reportsWaitingFor(t *testing.T, database string) {
 		t.Error(err)
 	}
 
-	first := logs.lines("cannot reach the database")
-	if len(first) != 1 || first[0]["server"] != server || first[0]["database"] != dbName {
-		t.Errorf("first warnings %v; want one, naming server %s and database %s", first, server, dbName)
+	warned := logs.lines(first)
+	if len(warned) != 1 || warned[0]["server"] != server || warned[0]["database"] != dbName {
+		t.Errorf("first warnings %q: %v; want one, naming server %s and database %s (log: %s)", first, warned, server, dbName, logs.String())
 	}
 	since := start.Add(-time.Second).Format(time.RFC3339)
 	var last time.Time
