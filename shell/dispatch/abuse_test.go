@@ -90,6 +90,31 @@ func TestAWorkerThatClosesItsStandardOutputIsStoppedNotWaitedFor(t *testing.T) {
 	}
 }
 
+// A worker that closes its standard input can be handed nothing more: the
+// write of its next id fails, and it is stopped like one that closed its
+// standard output, not waited for until MAX_RUNTIME; the stage goes on with
+// a new worker.
+func TestAWorkerThatClosesItsStandardInputIsStoppedNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 600\nSTOP_GRACE = 1\n"+
+		"[stage-a]\nPROGRAM = @DIR@/closein\nPARALLELISM = 1\nQUEUE_LIMIT = 1\n")
+	// It closes its standard input before it answers its first message, so
+	// the next id is written to a pipe nobody reads; it answers, so it is a
+	// worker that has answered (one that dies before its first answer is a
+	// failed start, requeued), and lives on.
+	e.writeScript("closein", "read id\nexec <&-\necho '0 >done'\nexec sleep 600\n")
+	ids := e.insert("a", "first", "second", "third")
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 2, "failed": 1})
+	d.stopClean()
+	e.expectRow(ids[0], "done", "a", "")
+	e.expectRow(ids[1], "failed", "a", "crashed")
+	e.expectRow(ids[2], "done", "a", "")
+	if !strings.Contains(d.logs.String(), "closed its standard input") {
+		t.Errorf("the log does not say the worker closed its standard input")
+	}
+}
+
 // A message deleted while its worker runs it leaves nothing to write: the
 // dispatcher's guarded writes find no row, and the pipeline goes on.
 func TestAMessageDeletedWhileRunningIsForgottenAndThePipelineGoesOn(t *testing.T) {

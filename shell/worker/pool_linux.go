@@ -507,6 +507,11 @@ func (p *Pool) writeStdin(w *proc, done chan<- struct{}) {
 	if err := w.in.run(); err != nil {
 		// The worker exited or closed its standard input; its exit tells the core.
 		w.log.Debug("worker: stdin write ended", "err", err)
+		// One that closed it and lives on can be handed nothing more: the
+		// ids of this write, and of every later one, are dropped and would
+		// wait for MAX_RUNTIME. It is killed as one that closed its standard
+		// output is, and its exit reports it like any crash.
+		p.killLingering(w, "worker closed its standard input but did not exit; killing it")
 	}
 }
 
@@ -521,22 +526,29 @@ func (p *Pool) readStdout(w *proc, done chan<- struct{}) {
 	}
 	_ = w.stdout.Close() // a read end: nothing to flush; a second close is harmless
 	// A worker that closed its standard output can never answer again, but may
-	// live on and hold its messages until MAX_RUNTIME. One that is exiting
-	// closes it too, so it gets stdoutClosedGrace to exit; then it is killed,
-	// and its exit reports it like any crash. A worker that was asked to stop
-	// is left to the core's stop grace.
+	// live on and hold its messages until MAX_RUNTIME.
+	p.killLingering(w, "worker closed its standard output but did not exit; killing it")
+}
+
+// killLingering kills w, which closed one of its pipes (msg says which), if it
+// still lives stdoutClosedGrace later: one that is exiting closes its pipes
+// too, so it gets that long to exit; then it is killed, and its exit reports
+// it like any crash. A worker that was asked to stop is left to the core's
+// stop grace.
+func (p *Pool) killLingering(w *proc, msg string) {
 	time.AfterFunc(stdoutClosedGrace, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if !w.exited && !w.in.stopRequested() {
-			w.log.Error("worker closed its standard output but did not exit; killing it", "waited", stdoutClosedGrace)
+			w.log.Error(msg, "waited", stdoutClosedGrace)
 			p.killLocked(w)
 		}
 	})
 }
 
 // stdoutClosedGrace is how long a worker may live on after its standard output
-// reached end of file before it is killed.
+// reached end of file, or after a write to its standard input failed, before
+// it is killed.
 const stdoutClosedGrace = time.Second
 
 func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
