@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -696,6 +697,61 @@ func TestWorkerStandardErrorIsLoggedWithStageAndPID(t *testing.T) {
 	pid := e.records("start")[0].PID
 	if l["stage"] != "a" || l["pid"] != float64(pid) || l["stream"] != "stderr" {
 		t.Errorf("stderr line logged as %v; want stage a, pid %d, stream stderr", l, pid)
+	}
+}
+
+// A stage's log record on standard error whose pairs name a stage, a pid, a
+// worker or a stream (a stage logs the pid of a child it ran) is logged
+// without a second key of any of those names: one pair with the
+// dispatcher's value drops out, one with another value is kept as
+// stderr.NAME. A JSON record naming a key twice is refused by strict
+// readers, and others take the last one, so the stage's pid=... would pass
+// for the worker's.
+func TestAStageLogRecordNeverRepeatsTheDispatchersKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	e.insert("a", "a=stderr:level=INFO msg=converted pid=4242 stage=a worker=w99 stream=stdout+done")
+	d := e.start()
+	e.waitCounts(10*time.Second, map[string]int{"done": 1})
+	waitFor(t, 5*time.Second, "the worker's log record in the log", func() (bool, string) {
+		return len(d.logs.lines("converted")) == 1, "not yet"
+	})
+	d.stopClean()
+	pid := e.records("start")[0].PID
+	for line := range strings.Lines(d.logs.String()) {
+		if !strings.Contains(line, `"msg":"converted"`) {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(line))
+		seen := map[string]bool{}
+		if _, err := dec.Token(); err != nil {
+			t.Fatal(err)
+		}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen[k.(string)] {
+				t.Errorf("the record names %q twice: %s", k, line)
+			}
+			seen[k.(string)] = true
+			var v any
+			if err := dec.Decode(&v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	l := d.logs.lines("converted")[0]
+	want := map[string]any{"stage": "a", "pid": float64(pid), "stream": "stderr",
+		"stderr.pid": "4242", "stderr.worker": "w99", "stderr.stream": "stdout", "stderr.stage": nil}
+	for k, v := range want {
+		if l[k] != v {
+			t.Errorf("%s = %#v, want %#v (record %v)", k, l[k], v, l)
+		}
+	}
+	if l["worker"] == "w99" {
+		t.Errorf("worker = w99, the stage's own pair, not the dispatcher's worker id (record %v)", l)
 	}
 }
 

@@ -103,7 +103,8 @@ type proc struct {
 	id      core.WorkerID
 	pid     int
 	process *os.Process
-	log     *slog.Logger // tagged with stage, pid and worker
+	log     *slog.Logger // tagged with attrs
+	attrs   []any        // stage, pid and worker, as key-value pairs
 	in      *stdinWriter
 	stdout  *os.File
 	stderr  *os.File
@@ -275,11 +276,12 @@ func (p *Pool) spawn(id core.WorkerID, stage, program string, filter bool, stdin
 		id:      id,
 		pid:     pid,
 		process: process,
-		log:     p.log.With("stage", stage, "pid", pid, "worker", id.String()),
+		attrs:   []any{"stage", stage, "pid", pid, "worker", id.String()},
 		in:      newStdinWriter(ours[0], stdinMax),
 		stdout:  ours[1],
 		stderr:  ours[2],
 	}
+	w.log = p.log.With(w.attrs...)
 	p.mu.Lock()
 	if len(p.workers) == 0 {
 		p.idle = make(chan struct{})
@@ -559,7 +561,7 @@ func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 			w.log.Warn(line, "stream", "stderr", "cut_at_bytes", lineMax)
 			return
 		}
-		logStderr(w.log, line, "stream", "stderr")
+		logStderr(w.log, w.attrs, line, "stream", "stderr")
 	})
 	if err != nil && !errors.Is(err, os.ErrClosed) {
 		w.log.Warn("worker: reading stderr", "err", err)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -13,13 +14,47 @@ import (
 // level, its message and its other pairs as attributes. Logged whole as the
 // message, it would be quoted a second time in a text log (msg="level=WARN
 // msg=\"...\""). Any other line is logged whole as the message, at warn.
-func logStderr(log *slog.Logger, line string, attrs ...any) {
+//
+// own are the pairs log already carries (the worker's stage, pid and worker
+// id). A record's pair whose key is one of own's or attrs' never makes a
+// second key of that name: with the same value it is dropped (it says
+// nothing new: the stage library logs its stage), with another it is kept as
+// "stderr."+key. A JSON record naming a key twice is refused by strict
+// readers, and others keep the last one, so a stage's pid=... (of a child it
+// ran) would pass for the worker's.
+func logStderr(log *slog.Logger, own []any, line string, attrs ...any) {
 	level, msg, pairs, ok := parseRecord(line)
 	if !ok {
 		log.Warn(line, attrs...)
 		return
 	}
-	log.Log(context.Background(), level, msg, append(pairs, attrs...)...)
+	log.Log(context.Background(), level, msg, append(renamePairs(pairs, own, attrs), attrs...)...)
+}
+
+// renamePairs returns pairs, string keys and values, without those that
+// repeat a key and value of own or attrs, and with the key of one that gives
+// such a key another value prefixed "stderr.".
+func renamePairs(pairs []any, own, attrs []any) []any {
+	taken := make(map[string]string, (len(own)+len(attrs))/2)
+	for _, kvs := range [][]any{own, attrs} {
+		for i := 0; i+1 < len(kvs); i += 2 {
+			if k, ok := kvs[i].(string); ok {
+				taken[k] = fmt.Sprint(kvs[i+1])
+			}
+		}
+	}
+	out := make([]any, 0, len(pairs))
+	for i := 0; i+1 < len(pairs); i += 2 {
+		k, v := pairs[i].(string), pairs[i+1]
+		if have, ok := taken[k]; ok {
+			if have == v {
+				continue
+			}
+			k = "stderr." + k
+		}
+		out = append(out, k, v)
+	}
+	return out
 }
 
 // parseRecord reads a line in slog's text form: key=value pairs separated by

@@ -19,13 +19,13 @@ func TestAStageLogRecordOnStderrIsLoggedAsThatRecord(t *testing.T) {
 	line := strings.TrimSuffix(stage.String(), "\n")
 
 	var text bytes.Buffer
-	logStderr(slog.New(slog.NewTextHandler(&text, nil)), "level=WARN msg=\"message does not exist; answering 0 without running it\" stage=a id=5", "stream", "stderr")
+	logStderr(slog.New(slog.NewTextHandler(&text, nil)), nil, "level=WARN msg=\"message does not exist; answering 0 without running it\" stage=a id=5", "stream", "stderr")
 	if got := text.String(); strings.Contains(got, `\"`) || !strings.Contains(got, `level=WARN msg="message does not exist; answering 0 without running it" stage=a id=5 stream=stderr`) {
 		t.Errorf("text log %q: want the stage's record as it was, quoted once", got)
 	}
 
 	var out bytes.Buffer
-	logStderr(slog.New(slog.NewJSONHandler(&out, nil)), line, "stream", "stderr")
+	logStderr(slog.New(slog.NewJSONHandler(&out, nil)), nil, line, "stream", "stderr")
 	var rec map[string]any
 	if err := json.Unmarshal(out.Bytes(), &rec); err != nil {
 		t.Fatalf("%q: %v", out.String(), err)
@@ -56,7 +56,7 @@ func TestAnyOtherStderrLineIsLoggedWhole(t *testing.T) {
 		"traceback: key=value in the middle", // prose with an equals sign
 	} {
 		var out bytes.Buffer
-		logStderr(slog.New(slog.NewJSONHandler(&out, nil)), line, "stream", "stderr")
+		logStderr(slog.New(slog.NewJSONHandler(&out, nil)), nil, line, "stream", "stderr")
 		var rec map[string]any
 		if err := json.Unmarshal(out.Bytes(), &rec); err != nil {
 			t.Fatalf("%q: %v", out.String(), err)
