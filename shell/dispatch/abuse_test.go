@@ -178,3 +178,27 @@ func TestASchemaBeforeRetriesIsRefusedSayingWhatToRun(t *testing.T) {
 		t.Errorf("%d rows pending after the refusal, want the 1 inserted, untouched", n)
 	}
 }
+
+// A worker that floods its standard error is logged up to its limit; the rest
+// is counted, not logged, and the count is said. Every line is one or the
+// other, and the message is answered as usual.
+func TestAWorkerFloodingItsStandardErrorIsLoggedUpToItsLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "[stage-a]\nPROGRAM = @DIR@/flood\nPARALLELISM = 1\nQUEUE_LIMIT = 1\n")
+	const lines = 30000
+	e.writeScript("flood", fmt.Sprintf("read id\nseq 1 %d | sed 's/^/flood line /' >&2\necho '0 >done'\nexec cat >/dev/null\n", lines))
+	id := e.insert("a", "x")[0]
+	d := e.start()
+	e.waitCounts(30*time.Second, map[string]int{"done": 1})
+	d.stopClean()
+	e.expectRow(id, "done", "a", "")
+	logged := len(d.logs.lines("flood line "))
+	var dropped int
+	for _, l := range d.logs.lines("lines dropped, over the limit") {
+		n, _ := l["dropped"].(float64)
+		dropped += int(n)
+	}
+	if logged+dropped != lines || dropped == 0 {
+		t.Errorf("%d stderr lines: %d logged, %d said dropped; want each logged or counted, and some dropped", lines, logged, dropped)
+	}
+}

@@ -556,7 +556,12 @@ const stdoutClosedGrace = time.Second
 func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 	defer close(done)
 	defer p.goroutines.Add(-1) // before done: reap counts on it
+	gate := newStderrGate(w.log)
+	defer gate.close()
 	err := readLines(w.stderr, func(line string, cut, _ bool) {
+		if !gate.pass(time.Now()) {
+			return
+		}
 		if cut {
 			w.log.Warn(line, "stream", "stderr", "cut_at_bytes", lineMax)
 			return

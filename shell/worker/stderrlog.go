@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // logStderr logs one line a worker wrote to its standard error, with attrs. A
@@ -104,4 +107,63 @@ func cutValue(s string) (value, rest string, ok bool) {
 		return "", "", false
 	}
 	return value, strings.TrimPrefix(rest, " "), true
+}
+
+// A worker's standard error is logged at most stderrRate lines a second on
+// average, in bursts of up to stderrBurst; the lines past that are dropped
+// and counted. Each line costs the dispatcher's one processor a few
+// microseconds of formatting and writing, so a stage that floods its
+// standard error (a debug loop, a traceback per message) would otherwise
+// slow every other stage's answers: 300 MB of it halved another stage's
+// rate, and made as much log. Ordinary stages, which log a line per problem
+// (docs/protocol.md), never come near it.
+const (
+	stderrRate  = 1000
+	stderrBurst = 10000
+	// stderrDropReport is how often a worker whose lines are being dropped
+	// says how many, while it goes on.
+	stderrDropReport = 10 * time.Second
+)
+
+// stderrGate decides which of one worker's standard error lines are logged
+// (pass) and reports those it dropped, in one line at most every
+// stderrDropReport: with the first line read that long after the first
+// drop not yet reported, and when the worker's standard error ends
+// (close). Used by that worker's reading goroutine alone.
+type stderrGate struct {
+	log     *slog.Logger
+	limit   *rate.Limiter
+	dropped int64
+	since   time.Time // of the first drop not yet reported
+}
+
+func newStderrGate(log *slog.Logger) *stderrGate {
+	return &stderrGate{log: log, limit: rate.NewLimiter(stderrRate, stderrBurst)}
+}
+
+// pass says whether the line read at now is to be logged.
+func (g *stderrGate) pass(now time.Time) bool {
+	ok := g.limit.AllowN(now, 1)
+	if !ok {
+		if g.dropped == 0 {
+			g.since = now
+		}
+		g.dropped++
+	}
+	if g.dropped > 0 && now.Sub(g.since) >= stderrDropReport {
+		g.report()
+	}
+	return ok
+}
+
+// close reports what is still unreported.
+func (g *stderrGate) close() { g.report() }
+
+func (g *stderrGate) report() {
+	if g.dropped == 0 {
+		return
+	}
+	g.log.Warn("worker's standard error: lines dropped, over the limit", "stream", "stderr",
+		"dropped", g.dropped, "limit_per_second", stderrRate, "burst", stderrBurst)
+	g.dropped = 0
 }

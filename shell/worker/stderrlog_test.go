@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A stage's log record, as slog's text handler writes it, is logged by the
@@ -65,4 +66,75 @@ func TestAnyOtherStderrLineIsLoggedWhole(t *testing.T) {
 			t.Errorf("line %q logged as %v; want it whole as the message, at warn", line, rec)
 		}
 	}
+}
+
+// A worker's standard error is logged up to its burst, then at its rate; what
+// is dropped is counted and said in one line at most every stderrDropReport,
+// and at the end.
+func TestAWorkersStandardErrorIsLoggedAtMostAtItsRate(t *testing.T) {
+	var out bytes.Buffer
+	g := newStderrGate(slog.New(slog.NewJSONHandler(&out, nil)))
+	t0 := time.Unix(1_000_000, 0)
+	passed := 0
+	for range stderrBurst + 5 {
+		if g.pass(t0) {
+			passed++
+		}
+	}
+	if passed != stderrBurst {
+		t.Fatalf("%d lines at once passed; want the burst, %d", passed, stderrBurst)
+	}
+	// A rate's interval later a line passes; the 5 dropped are said with the
+	// first line stderrDropReport after the first of them.
+	if !g.pass(t0.Add(time.Second / stderrRate)) {
+		t.Fatal("a line a rate's interval after the burst was dropped")
+	}
+	if got := dropReports(t, &out); len(got) != 0 {
+		t.Fatalf("drop reports %v before stderrDropReport passed; want none yet", got)
+	}
+	g.pass(t0.Add(stderrDropReport))
+	if got := dropReports(t, &out); len(got) != 1 || got[0] != 5 {
+		t.Fatalf("drop reports %v; want one of 5", got)
+	}
+	// A flood at twice the rate for 25 s: about half of it passes, and the
+	// rest is said every stderrDropReport while it goes on, and at the end.
+	out.Reset()
+	start, lines, logged := t0.Add(2*stderrDropReport), 0, 0
+	for at := time.Duration(0); at < 25*time.Second; at += time.Second / (2 * stderrRate) {
+		lines++
+		if g.pass(start.Add(at)) {
+			logged++
+		}
+	}
+	g.close()
+	reports := dropReports(t, &out)
+	var dropped int64
+	for _, n := range reports {
+		dropped += n
+	}
+	if logged+int(dropped) != lines || len(reports) < 2 || len(reports) > 4 {
+		t.Errorf("%d lines: %d logged, drop reports %v (%d); want every line logged or counted, in 2 to 4 reports", lines, logged, reports, dropped)
+	}
+	if want := 25 * stderrRate; logged < want || logged > want+stderrBurst {
+		t.Errorf("%d lines logged in 25 s; want the rate's %d, and at most a burst more", logged, want)
+	}
+}
+
+// dropReports returns the counts of the drop reports logged to out.
+func dropReports(t *testing.T, out *bytes.Buffer) []int64 {
+	t.Helper()
+	var got []int64
+	for line := range strings.Lines(out.String()) {
+		var rec struct {
+			Msg     string `json:"msg"`
+			Dropped int64  `json:"dropped"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if rec.Msg == "worker's standard error: lines dropped, over the limit" {
+			got = append(got, rec.Dropped)
+		}
+	}
+	return got
 }
