@@ -411,7 +411,9 @@ func printDepth(w io.Writer, depth []queueadmin.Depth, configured []string) {
 }
 
 // printKeys prints the ORDER KEYS line: the messages waiting, blocked, behind
-// their order key's head, and what the heads do. A key behind a paused or
+// their order key's head, and what the heads do, counted in keys (a head
+// holds all its key's blocked messages: counted in messages, the line's
+// numbers would not add up to the messages it names first). A key behind a paused or
 // retrying head waits until that head's time comes; one behind no head
 // waits for a dispatcher to hand it on.
 func printKeys(w io.Writer, k store.KeysWaiting) {
@@ -419,10 +421,10 @@ func printKeys(w io.Writer, k store.KeysWaiting) {
 		fmt.Fprintln(w, "\nORDER KEYS: no message waits behind its order key")
 		return
 	}
-	fmt.Fprintf(w, "\nORDER KEYS: %s waiting behind the head of %s: %d behind a paused head, %d behind a head waiting for its retry, %d behind a running head, %d behind a pending head",
+	fmt.Fprintf(w, "\nORDER KEYS: %s waiting behind the head of %s; keys by what their head does: %d paused, %d waiting for its retry, %d running, %d pending",
 		messages(k.Messages), plural(k.Keys, "key"), k.HeadPaused, k.HeadRetrying, k.HeadRunning, k.HeadPending)
 	if k.HeadNone > 0 {
-		fmt.Fprintf(w, ", %d whose older messages all finished (pepsi-dispatch hands them on)", k.HeadNone)
+		fmt.Fprintf(w, ", %d with no head: their older messages all finished (pepsi-dispatch hands them on)", k.HeadNone)
 	}
 	fmt.Fprintln(w)
 }

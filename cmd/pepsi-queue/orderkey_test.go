@@ -49,7 +49,15 @@ func TestTheOperatorSeesWhatAKeyWaitsBehind(t *testing.T) {
 	pq(t, "", env, "show", ids[1]).expect(t, "show of a blocked message", 0, ", in 1h0m", "")
 	pq(t, "", env, "show", ids[0]).expect(t, "show of the head", 0, "order key  acct-9\npayload", "")
 	pq(t, "", env, "stats").expect(t, "stats", 0,
-		"ORDER KEYS: 2 messages waiting behind the head of 1 key: 1 behind a paused head, 0 behind a head waiting for its retry, 0 behind a running head, 0 behind a pending head\n", "")
+		"ORDER KEYS: 2 messages waiting behind the head of 1 key; keys by what their head does: 1 paused, 0 waiting for its retry, 0 running, 0 pending\n", "")
+	// A second key, whose head a worker holds, with one message behind it:
+	// the heads are counted in keys (1 paused, 1 running), not in the
+	// messages behind them (2 and 1), and the line says so.
+	pq(t, "e\nf\n", env, "enqueue", "-stage", "parse", "-order-key", "acct-7").expect(t, "enqueue acct-7", 0, "enqueued 2 messages", "")
+	scalar(t, url, `UPDATE pepsi.queue SET status = 'running' WHERE order_key = 'acct-7' AND status = 'pending' RETURNING 'ok'`)
+	pq(t, "", env, "stats").expect(t, "stats of two keys", 0,
+		"ORDER KEYS: 3 messages waiting behind the head of 2 keys; keys by what their head does: 1 paused, 0 waiting for its retry, 1 running, 0 pending\n", "")
+	scalar(t, url, `UPDATE pepsi.queue SET status = 'failed' WHERE order_key = 'acct-7' RETURNING 'ok'`)
 	r := pq(t, "", env, "list", "-order-key", "acct-9", "-json")
 	r.expect(t, "list -order-key -json", 0, `"order_key":"acct-9"`, "")
 	if n := strings.Count(r.stdout, `"order_key":"acct-9"`); n != 3 {
