@@ -409,8 +409,9 @@ func (s *PG) Retry(ctx context.Context, p RetryParams) (int64, error) {
 }
 
 // Retried says what a retry did: how many messages it made pending again,
-// and how many of those wait blocked behind an older unfinished message of
-// their order key once the keys were put in order. BlockedErr, when not
+// and how many of those wait blocked once the keys were put in order: behind
+// an older unfinished message of their order key, or behind a younger one a
+// worker holds (a retried message older than it waits for its pass to end). BlockedErr, when not
 // nil, is why that count could not be read: the retry itself committed.
 type Retried struct {
 	Retried    int64

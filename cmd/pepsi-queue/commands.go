@@ -664,8 +664,9 @@ Pending, running, paused and done messages are never touched. With no filter,
 -reason selects by the dispatcher's reason (say, every message the remote
 refused while it was down); -n says how many would be retried and changes
 nothing. A retried message with an order key takes its place in its key's
-order: the output says how many wait blocked behind an older unfinished
-message of their key.
+order: the output says how many wait blocked behind another message of
+their key (an older unfinished one, or a younger one a worker holds, which
+finishes its pass first).
 
 EXAMPLES
   pepsi-queue retry -id 42
@@ -735,7 +736,7 @@ func runRetry(ctx context.Context, a *app, f queueadmin.RetryFilter, others, dry
 		case r.BlockedErr != nil:
 			fmt.Fprintf(a.stdout, "retried %s (how many wait blocked behind their order key is unknown)\n", messages(n))
 		case r.Blocked > 0:
-			fmt.Fprintf(a.stdout, "retried %s: %d pending again, %d blocked behind an older unfinished message of their order key\n", messages(n), n-r.Blocked, r.Blocked)
+			fmt.Fprintf(a.stdout, "retried %s: %d pending again, %d blocked behind another message of their order key (an older unfinished one, or a younger one a worker holds until its pass ends)\n", messages(n), n-r.Blocked, r.Blocked)
 		default:
 			fmt.Fprintf(a.stdout, "retried %s: pending again\n", messages(n))
 		}

@@ -73,3 +73,25 @@ func TestTheOperatorSeesWhatAKeyWaitsBehind(t *testing.T) {
 	pq(t, "", env, "show", ids[1]).expect(t, "show of the key's oldest unfinished message", 0,
 		"waits      behind no unfinished message of its order key: pepsi-dispatch hands it the key next", "")
 }
+
+// TestRetryOfAKeysOldestSaysWhatItWaitsBehind: a failed message retried while
+// a younger message of its key is running (a worker holds it) is the key's
+// oldest unfinished message, and waits blocked until that pass ends. The
+// retry's output must not say it waits behind an older message: none is.
+func TestRetryOfAKeysOldestSaysWhatItWaitsBehind(t *testing.T) {
+	t.Parallel()
+	url, env := migratedEnv(t)
+	pq(t, "a\nb\n", env, "enqueue", "-stage", "parse", "-order-key", "acct-9").expect(t, "enqueue", 0, "enqueued 2 messages", "")
+	ids := strings.Fields(scalar(t, url, `SELECT string_agg(ingress_id::text, ' ' ORDER BY ingress_id) FROM pepsi.queue WHERE order_key = 'acct-9'`))
+	// The older one failed, and the younger one got the key and runs.
+	scalar(t, url, `UPDATE pepsi.queue SET status = 'failed' WHERE ingress_id = `+ids[0]+` RETURNING 'ok'`)
+	scalar(t, url, `UPDATE pepsi.queue SET status = 'running' WHERE ingress_id = `+ids[1]+` RETURNING 'ok'`)
+	r := pq(t, "", env, "retry", "-id", ids[0])
+	r.expect(t, "retry of the key's oldest", 0, "retried 1 message: 0 pending again, 1 blocked behind another message of their order key", "")
+	if strings.Contains(r.stdout, "older") && !strings.Contains(r.stdout, "an older unfinished one, or a younger one") {
+		t.Errorf("retry says the key's oldest message waits behind an older one: %q", r.stdout)
+	}
+	if st := scalar(t, url, `SELECT status FROM pepsi.queue WHERE ingress_id = `+ids[0]); st != "blocked" {
+		t.Errorf("the retried message is %s; want blocked behind the running one", st)
+	}
+}
