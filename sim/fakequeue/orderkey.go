@@ -186,6 +186,10 @@ func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head,
 				head.DispatchError = "" // the reason of the retry whose wait this ends, as the wake does
 			}
 			q.observe(by, before, head)
+			if head.Status == core.StatusPending && !head.Timeout.IsZero() {
+				// Its pause or schedule ran out while it waited: woken, as the wake records it.
+				q.record(store.HistoryRow{ID: head.ID, Stage: head.Stage, Event: core.HistoryWoken, At: q.now(), Attempts: head.Attempts})
+			}
 		}
 		if head.Status == core.StatusPending || head.Status == core.StatusPaused {
 			heads = append(heads, core.Head{Key: k, ID: head.ID, Stage: head.Stage, Status: head.Status, Timeout: head.Timeout})

@@ -320,6 +320,10 @@ func testKeyReleaseEndsRetry(t *testing.T, h KeyedHarness) {
 		t.Fatalf("release once the retried older row is done = %+v; want row %d the head, pending (its retry was due)", r, young)
 	}
 	wantRowError(t, h, young, "a", core.StatusPending, "")
+	// Its retry's wait ended here, not in a wake: the release records it woken.
+	if rows := history(t, h, young); len(rows) == 0 || rows[len(rows)-1].Event != core.HistoryWoken || rows[len(rows)-1].Stage != "a" {
+		t.Errorf("history of row %d = %q; want it to end woken@a", young, historyText(rows))
+	}
 }
 
 func testKeyMoveClaim(t *testing.T, h KeyedHarness) {
