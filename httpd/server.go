@@ -227,13 +227,17 @@ func writeJSON(w http.ResponseWriter, v any) { writeJSONCode(w, http.StatusOK, v
 
 // writeJSONCode answers v as JSON with status code.
 func writeJSONCode(w http.ResponseWriter, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		// A value JSON cannot hold: say so, rather than an empty 200.
+		code = http.StatusInternalServerError
+		body, _ = json.Marshal(map[string]string{"error": "cannot encode the answer: " + err.Error()})
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
-		// The client went away; nothing to tell it.
-		return
-	}
+	// An error writing means the client went away; nothing to tell it.
+	_, _ = w.Write(append(body, '\n'))
 }
 
 // secure adds headers that keep the page to its own assets, and out of

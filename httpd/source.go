@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/singleflight"
 
@@ -116,6 +118,7 @@ func Open(ctx context.Context, opts Options) (*Source, error) {
 	}
 	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(opts.StatementTimeout.Milliseconds())
 	cc.RuntimeParams["default_transaction_read_only"] = "on"
+	cfg.AfterConnect = utcTimes
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
@@ -328,4 +331,15 @@ func (s *Source) add(snap *Snapshot) {
 	if len(s.history) > s.opts.HistoryMax {
 		s.history = slices.Delete(s.history, 0, len(s.history)-s.opts.HistoryMax)
 	}
+}
+
+// utcTimes makes a connection scan timestamptz values in UTC, not in the
+// zone pepsi-httpd runs in: JSON's times end at the year 9999, and a time
+// the database holds (a not_before up to 9999-12-31T23:59:59Z in UTC, as the
+// producers accept it) falls in the year 10000 east of UTC, which
+// encoding/json refuses.
+func utcTimes(_ context.Context, conn *pgx.Conn) error {
+	conn.TypeMap().RegisterType(&pgtype.Type{Name: "timestamptz", OID: pgtype.TimestamptzOID,
+		Codec: &pgtype.TimestamptzCodec{ScanLocation: time.UTC}})
+	return nil
 }
