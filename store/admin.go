@@ -137,6 +137,29 @@ const blockedOfSQL = `SELECT count(*) FROM pepsi.queue WHERE ingress_id = ANY($1
 // makes days ahead, but it may not have run for days.
 const historyTodaySQL = `SELECT pepsi.history_day((now() AT TIME ZONE 'UTC')::date, true)`
 
+// withToday runs historyTodaySQL and then sql, a statement that writes
+// history rows at now(), and scans sql's one row into dest: both in one
+// batch, so in one transaction (an implicit one, or the caller's), whose
+// now() is the same for both. Run one after the other, the first could make
+// the partition of a day that ended before the second began: at midnight
+// (UTC), with no dispatcher making the days ahead, the write was refused (no
+// partition of relation "history" found for row).
+func (s *PG) withToday(ctx context.Context, sql string, args []any, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(historyTodaySQL)
+	b.Queue(sql, args...)
+	br := s.db.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return fmt.Errorf("make today's history partition: %w", err)
+	}
+	if err := br.QueryRow().Scan(dest...); err != nil {
+		br.Close()
+		return err
+	}
+	return br.Close()
+}
+
 // notifySQL wakes the dispatcher, at commit, for rows made pending.
 const notifySQL = `SELECT pg_notify('ingress', '')`
 
@@ -426,10 +449,7 @@ func (s *PG) RetryBlocked(ctx context.Context, p RetryParams) (Retried, error) {
 	var r Retried
 	var keys []string
 	var keyed []int64
-	if _, err := s.db.Exec(ctx, historyTodaySQL); err != nil {
-		return r, fmt.Errorf("retry: make today's history partition: %w", err)
-	}
-	if err := s.db.QueryRow(ctx, retrySQL, append(p.selection().args(), p.To)...).Scan(&r.Retried, &keys, &keyed); err != nil {
+	if err := s.withToday(ctx, retrySQL, append(p.selection().args(), p.To), &r.Retried, &keys, &keyed); err != nil {
 		return r, fmt.Errorf("retry: %w", err)
 	}
 	if r.Retried == 0 {

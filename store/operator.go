@@ -138,10 +138,7 @@ type DiscardParams struct {
 func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 	var n int64
 	var keys []string
-	if _, err := s.db.Exec(ctx, historyTodaySQL); err != nil {
-		return 0, fmt.Errorf("discard: make today's history partition: %w", err)
-	}
-	if err := s.db.QueryRow(ctx, discardSQL, append(p.Selection.args(), p.DispatchError)...).Scan(&n, &keys); err != nil {
+	if err := s.withToday(ctx, discardSQL, append(p.Selection.args(), p.DispatchError), &n, &keys); err != nil {
 		return 0, fmt.Errorf("discard: %w", err)
 	}
 	if err := s.releaseKeys(ctx, keys); err != nil {
