@@ -245,6 +245,10 @@ func oneLine(s string) string {
 	return s
 }
 
+// reasonIsAFilter is said when discard's -reason selected nothing: it
+// selects by the reason a message already has, and -note is the operator's.
+const reasonIsAFilter = "-reason selects messages by the dispatch_error they already have; to record your own reason, use -note"
+
 func discardCmd(a *app) *ffcli.Command {
 	fs := newFlags("discard")
 	sf := addSelectFlags(fs, "discard")
@@ -294,7 +298,16 @@ EXAMPLES
 				}
 				if n == 0 && *sf.id != 0 {
 					others := *sf.stage != "" || *sf.reason != "" || *sf.olderThan != "" || *sf.orderKey != "" || *sf.status != ""
-					return notSelected("discarded", *sf.id, "pending, paused or blocked", others, *dryRun)
+					err := notSelected("discarded", *sf.id, "pending, paused or blocked", others, *dryRun)
+					if *sf.reason != "" {
+						err = fmt.Errorf("%w; %s", err, reasonIsAFilter)
+					}
+					return err
+				}
+				if n == 0 && *sf.reason != "" {
+					// A script may mean its -reason as the text to write:
+					// say so rather than let it pass for a discard.
+					fmt.Fprintf(a.stderr, "pepsi-queue discard: nothing selected; %s\n", reasonIsAFilter)
 				}
 				if *dryRun {
 					fmt.Fprintf(a.stdout, "would discard %s (nothing changed: -n)\n", messages(n))

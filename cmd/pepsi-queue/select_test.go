@@ -107,6 +107,11 @@ func TestDiscardEndsWaitingMessagesAndNeverAHeldOne(t *testing.T) {
 	pq(t, "", env, "discard", "-id", "4", "-stage", "nosuch").expect(t, "discard -id beside another filter", 1, "", "or does not match the other filters")
 	pq(t, "", env, "discard", "-id", "4", "-note", "bad \xff").expect(t, "a note that is not UTF-8", 2, "", `-note "bad \xff" is not valid UTF-8`)
 	pq(t, "", env, "discard", "-reason", "\xff").expect(t, "a reason that is not UTF-8", 2, "", "-reason")
+	// A -reason meant as the text to write selects nothing, and says why.
+	pq(t, "", env, "discard", "-id", "4", "-reason", "stale import").expect(t, "discard -id with a -reason no message has", 1, "",
+		"message 4 was not discarded: it does not exist, or is not pending, paused or blocked, or does not match the other filters (see pepsi-queue show 4); -reason selects messages by the dispatch_error they already have; to record your own reason, use -note")
+	pq(t, "", env, "discard", "-stage", "deliver", "-reason", "stale import").expect(t, "discard with a -reason no message has", 0,
+		"discarded 0 messages", "pepsi-queue discard: nothing selected; -reason selects messages by the dispatch_error they already have; to record your own reason, use -note\n")
 	pq(t, "", env, "discard", "-all", "-n").expect(t, "dry run", 0, "would discard 2 messages (nothing changed: -n)", "")
 	if got := scalar(t, url, "SELECT string_agg(ingress_id || ':' || status, ' ' ORDER BY ingress_id) FROM pepsi.queue WHERE ingress_id IN (4, 6)"); got != "4:paused 6:pending" {
 		t.Errorf("after a dry run: %s, want 4:paused 6:pending", got)
