@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/msgjson"
@@ -42,12 +44,28 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "pepsi-queue"
 	}
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", pgaddr.Where(&cfg.Config), err)
 	}
 	return conn, nil
 }
+
+// cancelGrace is how long a cancelled statement's connection waits for the
+// server's answer to the cancel request before it gives the read up.
+//
+// A cancelled context (pepsi-queue's on Ctrl-C or SIGTERM, a page action's
+// on a dropped request) sends the server a cancel request and waits for the
+// statement to end, rather than pgx's default of closing the connection at
+// once: a backend does not notice that its client has gone while its
+// statement runs, and the default sends its cancel request from a goroutine
+// that a tool exiting at once never lets run. A retry or discard of a
+// million rows, stopped by the operator, then ran on and committed after
+// the tool had said it was cancelled.
+const cancelGrace = 5 * time.Second
 
 // connectTimeoutDefault applies when the URL sets no connect_timeout, so an
 // unreachable server is reported in seconds rather than after the OS gives up.
