@@ -421,3 +421,172 @@ func waitForLockWait(t *testing.T, conn *pgx.Conn, pattern string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A discard of a large backlog (pepsi-queue discard -stage import) runs
+// beside a dispatcher, whose claim of a pending row the discard has
+// already changed waits for the discard's transaction: in one transaction,
+// a discard of 290,000 pending rows stopped every stage of a running
+// dispatcher for the 8 s it took. It commits a batch at a time instead, so
+// that no write of the dispatcher waits for more than one batch.
+func TestADiscardCommitsABatchAtATime(t *testing.T) {
+	t.Parallel()
+	url, conn := pgtest.NewMigratedConn(t)
+	const rows = 2500 // more than two batches
+	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload) SELECT 'import', 'x' FROM generate_series(1, $1)`, rows); err != nil {
+		t.Fatal(err)
+	}
+	var first, last int64
+	if err := conn.QueryRow(ctx, `SELECT min(ingress_id), max(ingress_id) FROM pepsi.queue`).Scan(&first, &last); err != nil {
+		t.Fatal(err)
+	}
+	// A session (as a dispatcher's claim would) holds the last row, so the
+	// discard waits there, at its end.
+	holder := pgtest.Connect(t, url)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE", last); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int64
+		err error
+	}
+	discarded := make(chan result, 1)
+	go func() {
+		n, err := queueadmin.Discard(ctx, conn, queueadmin.Selection{Stage: "import"}, "bad import", false)
+		discarded <- result{n, err}
+	}()
+	watcher := pgtest.Connect(t, url)
+	waitForLockWait(t, watcher, "%SET status = 'failed', timeout = NULL%")
+	// The first rows' batch has committed: another session may change them,
+	// and sees them failed.
+	var status string
+	if err := watcher.QueryRow(ctx, `SELECT status FROM pepsi.queue WHERE ingress_id = $1`, first).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" {
+		t.Errorf("while the discard waits for its last row, its first row is %s to other sessions; want failed (the first batch committed)", status)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-discarded; r.err != nil || r.n != rows {
+		t.Fatalf("discard = %d, %v; want %d", r.n, r.err, rows)
+	}
+	var failed, events int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'failed' AND state->>'dispatch_error' LIKE 'discarded by an operator%bad import'),
+		(SELECT count(*) FROM pepsi.history WHERE event = 'failed') FROM pepsi.queue`).Scan(&failed, &events); err != nil {
+		t.Fatal(err)
+	}
+	if failed != rows || events != rows {
+		t.Errorf("after the discard %d rows are failed with its reason and %d failed events recorded; want %d of each", failed, events, rows)
+	}
+}
+
+// A discard in batches hands the order keys of the heads it discarded on
+// only once it has walked its whole selection: handed on after each batch,
+// a key's next message, made pending, would be discarded by a later batch of
+// a discard of pending messages, and the next after it, one by one, where
+// the operator selected only what was pending when the discard began.
+func TestADiscardInBatchesDoesNotReachTheMessagesItsHeadsHandTheirKeysTo(t *testing.T) {
+	t.Parallel()
+	_, conn := pgtest.NewMigratedConn(t)
+	head := enqueueKeyed(t, conn, "a", "k")
+	enqueue(t, conn, "a", 150) // more than a batch between the head and the next of its key
+	next := enqueueKeyed(t, conn, "a", "k")
+	if m, err := queueadmin.Show(ctx, conn, next); err != nil || m.Status != "blocked" {
+		t.Fatalf("the key's second message: %v, %v; want blocked", m, err)
+	}
+	n, err := queueadmin.Discard(ctx, conn, queueadmin.Selection{Stage: "a", Statuses: []core.RowStatus{core.StatusPending}}, "", false)
+	if err != nil || n != 151 {
+		t.Errorf("discard of the pending messages = %d, %v; want 151 (the head and the 150 others)", n, err)
+	}
+	for id, want := range map[int64]core.RowStatus{head: core.StatusFailed, next: core.StatusPending} {
+		m, err := queueadmin.Show(ctx, conn, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Status != string(want) {
+			t.Errorf("message %d after the discard is %s; want %s", id, m.Status, want)
+		}
+	}
+}
+
+func enqueueKeyed(t *testing.T, conn *pgx.Conn, stage, key string) int64 {
+	t.Helper()
+	r, err := queueadmin.Enqueue(ctx, conn, stage, []queueadmin.NewMessage{{Payload: []byte("keyed"), OrderKey: key}})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return r.First
+}
+
+// A discard stopped midway (the operator's Ctrl-C) keeps the batches it
+// committed, says how many, and changes nothing more: its waiting batch is
+// cancelled in the server (queueadmin.Connect's cancel request), not
+// committed after the tool gave up.
+func TestAnInterruptedDiscardKeepsItsBatchesAndSaysHowMany(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn, err := queueadmin.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	const rows = 250 // two whole batches, then one of 50
+	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload) SELECT 'import', 'x' FROM generate_series(1, $1)`, rows); err != nil {
+		t.Fatal(err)
+	}
+	holder := pgtest.Connect(t, url)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = (SELECT max(ingress_id) FROM pepsi.queue) FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	stop, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	var n int64
+	go func() {
+		var err error
+		n, err = queueadmin.Discard(stop, conn, queueadmin.Selection{Stage: "import"}, "", false)
+		done <- err
+	}()
+	waitForLockWait(t, pgtest.Connect(t, url), "%SET status = 'failed', timeout = NULL%")
+	cancel()
+	err = <-done
+	if err == nil || n != 200 || !strings.Contains(err.Error(), "stopped after 200 messages discarded") {
+		t.Errorf("interrupted discard = %d, %v; want 200 and an error saying so", n, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A batch still running in the server would commit now that its row is
+	// free: wait until none is (it was cancelled), then count.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var running bool
+		if err := holder.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+			AND state = 'active' AND query LIKE '%SET status = ''failed'', timeout = NULL%' AND pid <> pg_backend_pid())`).Scan(&running); err != nil {
+			t.Fatal(err)
+		}
+		if !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the interrupted discard's batch still runs in the server after 10 s")
+		}
+	}
+	var failed int64
+	if err := holder.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'failed'`).Scan(&failed); err != nil {
+		t.Fatal(err)
+	}
+	if failed != 200 {
+		t.Errorf("%d messages failed after the interrupted discard; want the 200 of its committed batches", failed)
+	}
+}

@@ -37,24 +37,38 @@ ORDER BY ingress_id LIMIT $8`
 // countSelectedSQL counts the selected rows.
 const countSelectedSQL = `SELECT count(*) FROM pepsi.queue WHERE ` + selectWhere
 
-// discardSQL ends the selected rows failed, with state.dispatch_error $7, and
-// says how many and the order keys among them (see releaseKeys). The caller
-// passes only pending, paused and blocked in $3: the guard
-// is re-checked on each row as it is updated (READ COMMITTED), so a row the
-// dispatcher claimed meanwhile (running, held by a worker) is left alone.
-// Each discarded row's history gets a failed event in the same statement,
-// a transition without a pass (no handed_at, no worker), whose detail is the
-// dispatch_error it was given: the history never says less than the queue.
+// discardIDsSQL lists the selected rows' ids, in ingress_id order: what a
+// discard then changes, discardBatch at a time.
+const discardIDsSQL = `SELECT ingress_id FROM pepsi.queue WHERE ` + selectWhere + ` ORDER BY ingress_id`
+
+// discardSQL ends the rows of ids $8 that are still selected failed, with
+// state.dispatch_error $7, and says how many and the order keys among them
+// (see releaseKeys). The caller passes only pending, paused and blocked in
+// $3: the guard is re-checked on each row as it is updated (READ
+// COMMITTED), so a row the dispatcher claimed meanwhile (running, held by a
+// worker) is left alone. Each discarded row's history gets a failed event
+// in the same statement, a transition without a pass (no handed_at, no
+// worker), whose detail is the dispatch_error it was given: the history
+// never says less than the queue.
 const discardSQL = `WITH gone AS (
 	UPDATE pepsi.queue SET status = 'failed', timeout = NULL, updated_at = now(),
 		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($7::text))
 		             ELSE jsonb_build_object('dispatch_error', $7::text, 'state', state) END
-	WHERE ` + selectWhere + `
+	WHERE ingress_id = ANY ($8::bigint[]) AND ` + selectWhere + `
 	RETURNING ingress_id, stage, order_key, attempts),
 recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, detail, at, attempts)
 	SELECT ingress_id, stage, 'failed', $7::text, now(), attempts FROM gone)
 SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM gone`
+
+// discardBatch is how many rows one transaction of a discard changes. A
+// dispatcher's claim or answer that writes a row the discard is changing
+// waits for the discard's transaction, and its claim of the stage being
+// discarded reaches for exactly those rows: a discard of 290,000 pending
+// rows in one transaction stopped every stage of a running dispatcher for
+// the 8 s it took; in batches of 100 it kept about three quarters of its
+// pace (docs/performance.md, "A discard beside a dispatcher").
+const discardBatch = 100
 
 // Selection picks messages for pepsi-queue's list and discard. Zero fields
 // select everything.
@@ -133,18 +147,46 @@ type DiscardParams struct {
 
 // Discard ends the selected pending, paused or blocked messages failed, with
 // p.DispatchError as their dispatch_error and a failed event in their
-// history, and returns how many. Then it puts their order keys in order
-// (releaseKeys), after the change has committed, as Retry does.
+// history, and returns how many. It reads the selection's ids once, then
+// changes them discardBatch at a time, each batch its own transaction (when
+// called outside one), so that a running dispatcher's writes never wait
+// for more than a batch; a row that no longer matches by then (claimed,
+// say) is left alone. Then it puts the discarded messages' order keys in
+// order (releaseKeys), after the batches have committed, as Retry does.
+// Stopped midway (ctx), the committed batches stay discarded, their keys
+// are put in order all the same, and the error says how many.
 func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
-	var n int64
-	var keys []string
-	if err := s.withToday(ctx, discardSQL, append(p.Selection.args(), p.DispatchError), &n, &keys); err != nil {
-		return 0, fmt.Errorf("discard: %w", err)
+	args := p.Selection.args()
+	ids, err := collect(ctx, s.db, "discard: select", pgx.RowTo[int64], discardIDsSQL, args...)
+	if err != nil {
+		return 0, err
 	}
-	if err := s.releaseKeys(ctx, keys); err != nil {
+	var total int64
+	var keys []string
+	for len(ids) > 0 && err == nil {
+		batch := ids[:min(discardBatch, len(ids))]
+		ids = ids[len(batch):]
+		var n int64
+		var k []string
+		if err = s.withToday(ctx, discardSQL, append(args, p.DispatchError, batch), &n, &k); err == nil {
+			total += n
+			keys = append(keys, k...)
+		}
+	}
+	// What committed is discarded: its keys are handed on even if a later
+	// batch failed, with a context of their own if ctx was what ended it.
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	relErr := s.releaseKeys(relCtx, keys)
+	switch {
+	case err != nil && total > 0:
+		return total, fmt.Errorf("discard: stopped after %d messages discarded (they stay failed): %w", total, err)
+	case err != nil:
+		return 0, fmt.Errorf("discard: %w", err)
+	case relErr != nil:
 		// The discard itself has committed: say so, and how the keys come
 		// right again, rather than that nothing happened.
-		return n, fmt.Errorf("discard: %d messages discarded, but handing their order keys on failed (the dispatcher's next start-up hands them on): %w", n, err)
+		return total, fmt.Errorf("discard: %d messages discarded, but handing their order keys on failed (the dispatcher's next start-up hands them on): %w", total, relErr)
 	}
-	return n, nil
+	return total, nil
 }
