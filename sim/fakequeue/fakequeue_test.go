@@ -168,3 +168,32 @@ func TestASynchronousInsertOfAKeyAProducerHoldsChangesNothing(t *testing.T) {
 		t.Fatalf("Enqueue once the producer committed = %+v, %v; want 2 rows", r, err)
 	}
 }
+
+// TestAReleaseWithNoPartitionForTodayRecordsNoWake: pepsi.order_release
+// (schema 31) records a head whose wait ran out while it was blocked as
+// woken only into a partition that exists, and otherwise releases the key
+// all the same, writing no history row. The fake must do as PostgreSQL
+// does, not panic for a row with no partition to go to.
+func TestAReleaseWithNoPartitionForTodayRecordsNoWake(t *testing.T) {
+	q := fakequeue.New()
+	now := time.Date(2030, time.March, 4, 5, 6, 7, 0, time.UTC)
+	q.Clock = func() time.Time { return now }
+	head, _ := q.ReserveKeyed("k")
+	q.Commit(head, "a")
+	scheduled, _ := q.ReserveKeyed("k")
+	q.CommitMessage(scheduled, "a", nil, now.Add(time.Minute))
+	if evs := q.Exec(t.Context(), []core.Command{core.Claim{Op: 1, Caps: []core.Cap{{Stage: "a", N: 10}}}}); len(evs[0].(core.Claimed).Rows) != 1 {
+		t.Fatalf("claim: %v; want the key's head", evs)
+	}
+	if !q.StageWrite(head, "a", "a", core.StatusDone, time.Time{}) {
+		t.Fatal("the head's stage could not finish it")
+	}
+	now = now.Add(48 * time.Hour) // its time came, on a day no upkeep made
+	ev := q.Exec(t.Context(), []core.Command{core.Release{Op: 2, Keys: []string{"k"}}})[0].(core.Released)
+	if len(ev.Heads) != 1 || ev.Heads[0].ID != scheduled || ev.Heads[0].Status != core.StatusPending {
+		t.Fatalf("release = %+v; want row %d the head, pending", ev, scheduled)
+	}
+	if rows, _ := q.History(t.Context(), scheduled); len(rows) != 0 {
+		t.Errorf("history of row %d = %+v; want none (no partition for the day)", scheduled, rows)
+	}
+}

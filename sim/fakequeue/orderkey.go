@@ -187,8 +187,13 @@ func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head,
 			}
 			q.observe(by, before, head)
 			if head.Status == core.StatusPending && !head.Timeout.IsZero() {
-				// Its pause or schedule ran out while it waited: woken, as the wake records it.
-				q.record(store.HistoryRow{ID: head.ID, Stage: head.Stage, Event: core.HistoryWoken, At: q.now(), Attempts: head.Attempts})
+				// Its pause or schedule ran out while it waited: woken, as the
+				// wake records it. Only into a day that has its partition, as
+				// schema 31's release checks (to_regclass): with none, the key
+				// is released and no row written.
+				if at := q.now(); q.days[day(at)] {
+					q.record(store.HistoryRow{ID: head.ID, Stage: head.Stage, Event: core.HistoryWoken, At: at, Attempts: head.Attempts})
+				}
 			}
 		}
 		if head.Status == core.StatusPending || head.Status == core.StatusPaused {
