@@ -151,6 +151,13 @@ func (s *PG) withToday(ctx context.Context, sql string, args []any, dest ...any)
 	br := s.db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
+		// pgx reports a failure to prepare or encode any statement of the
+		// batch from its first result: one of sql's is sql's, not the
+		// partition's.
+		var pre pgx.ErrPreprocessingBatch
+		if errors.As(err, &pre) && pre.SQL() != historyTodaySQL {
+			return err
+		}
 		return fmt.Errorf("make today's history partition: %w", err)
 	}
 	if err := br.QueryRow().Scan(dest...); err != nil {

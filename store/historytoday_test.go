@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -77,4 +78,21 @@ func TestRetryAndDiscardMakeTodaysHistoryInTheTransactionThatWritesIt(t *testing
 		t.Fatalf("discard: %d, %v; want 1", n, err)
 	}
 	sameTxn("discard")
+}
+
+// A retry whose own statement the server cannot prepare (a database whose
+// schema lacks a column the statement names) says that, not that today's
+// history partition could not be made: pgx reports a batch's preparation
+// failure from the batch's first result, the partition's.
+func TestARetryThatCannotBePreparedIsNotBlamedOnTheHistoryPartition(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(t.Context(), `ALTER TABLE pepsi.queue RENAME COLUMN ready_at TO ready_at_gone`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := store.On(conn).Retry(t.Context(), store.RetryParams{ID: 1, Statuses: []core.RowStatus{core.StatusFailed}})
+	if err == nil || strings.Contains(err.Error(), "history partition") || !strings.Contains(err.Error(), "ready_at") {
+		t.Errorf("retry against a queue without ready_at: %v; want its own statement's error, naming ready_at, not the partition", err)
+	}
 }
