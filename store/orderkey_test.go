@@ -749,3 +749,78 @@ func TestProbesForAnOlderMessageStopAtTheMessage(t *testing.T) {
 		}
 	}
 }
+
+// A tool of the operator's own releases keys under a role of its own
+// (docs/protocol.md, "The queue and who writes what"), which may have no
+// privilege on pepsi.history: its releases hand keys on all the same, one
+// that wakes a head included, whose woken row it then leaves out (schema
+// 33; schema 31's release needed INSERT on pepsi.history at every call).
+// The owner's release of a head whose pause ran out records it woken.
+func TestAReleaseNeedsNoPrivilegeOnTheHistory(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	owner := pgtest.Connect(t, url)
+	ctx := t.Context()
+	tool := fmt.Sprintf("pepsi_tool_%d", time.Now().UnixNano()%1e9)
+	if _, err := owner.Exec(ctx, "CREATE ROLE "+tool+"; GRANT USAGE ON SCHEMA pepsi TO "+tool+
+		"; GRANT SELECT, UPDATE ON pepsi.queue TO "+tool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		owner.Exec(context.Background(), "DROP OWNED BY "+tool+"; DROP ROLE "+tool) //nolint:errcheck // best effort: roles outlive databases
+	})
+	if _, err := owner.Exec(ctx, `SELECT pepsi.history_day((now() AT TIME ZONE 'UTC')::date, true)`); err != nil {
+		t.Fatal(err)
+	}
+	// Per key: a finished head and, behind it, a message whose pause ran out
+	// while it waited blocked (the release wakes it), for each of k1 (the
+	// tool's) and k2 (the owner's); k3 has nothing to wake.
+	for _, k := range []string{"k1", "k2", "k3"} {
+		if _, err := owner.Exec(ctx, `INSERT INTO pepsi.queue (stage, status, order_key) VALUES ('a', 'done', $1)`, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"k1", "k2"} {
+		if _, err := owner.Exec(ctx, `INSERT INTO pepsi.queue (stage, status, order_key, timeout) VALUES ('a', 'blocked', $1, now() - interval '1 minute')`, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := func(role, key string) string {
+		t.Helper()
+		tx, err := owner.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		if role != "" {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got string
+		if err := tx.QueryRow(ctx, `SELECT coalesce(string_agg(status, ','), '') FROM pepsi.order_release(ARRAY[$1], true)`, key).Scan(&got); err != nil {
+			t.Fatalf("release of %s as %q: %v", key, role, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := release(tool, "k3"); got != "" {
+		t.Errorf("the tool's release of a key with nothing left = %q; want nothing", got)
+	}
+	if got := release(tool, "k1"); got != "pending" {
+		t.Errorf("the tool's release of k1 = %q; want its next message pending", got)
+	}
+	if got := release("", "k2"); got != "pending" {
+		t.Errorf("the owner's release of k2 = %q; want its next message pending", got)
+	}
+	var events string
+	if err := owner.QueryRow(ctx, `SELECT coalesce(string_agg(q.order_key || ':' || h.event, ',' ORDER BY q.order_key), '')
+		FROM pepsi.history h JOIN pepsi.queue q USING (ingress_id)`).Scan(&events); err != nil {
+		t.Fatal(err)
+	}
+	if events != "k2:woken" {
+		t.Errorf("history %q; want k2's woken alone (the tool may not write it)", events)
+	}
+}
