@@ -559,7 +559,7 @@ func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 	gate := newStderrGate(w.log)
 	defer gate.close()
 	err := readLines(w.stderr, func(line string, cut, _ bool) {
-		if !gate.pass(time.Now()) {
+		if !gate.pass(time.Now(), len(line)) {
 			return
 		}
 		if cut {

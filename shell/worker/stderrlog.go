@@ -110,13 +110,15 @@ func cutValue(s string) (value, rest string, ok bool) {
 }
 
 // A worker's standard error is logged at most stderrRate lines a second on
-// average, in bursts of up to stderrBurst; the lines past that are dropped
-// and counted. Each line costs the dispatcher's one processor a few
-// microseconds of formatting and writing, so a stage that floods its
-// standard error (a debug loop, a traceback per message) would otherwise
-// slow every other stage's answers: 300 MB of it halved another stage's
-// rate, and made as much log. Ordinary stages, which log a line per problem
-// (docs/protocol.md), never come near it.
+// average, in bursts of up to stderrBurst, a line counting one more for
+// each whole KiB it holds (so long lines are bounded in bytes too: about 1
+// MiB a second, 10 MiB at once); the lines past that are dropped and
+// counted. Each line costs the dispatcher's one processor a few
+// microseconds of formatting and writing, and the log its bytes, so a stage
+// that floods its standard error (a debug loop, a traceback per message)
+// would otherwise slow every other stage's answers and fill the disk:
+// `yes >&2` for 8 s made 190 MB of log. Ordinary stages, which log a line
+// per problem (docs/protocol.md), never come near it.
 const (
 	stderrRate  = 1000
 	stderrBurst = 10000
@@ -141,9 +143,9 @@ func newStderrGate(log *slog.Logger) *stderrGate {
 	return &stderrGate{log: log, limit: rate.NewLimiter(stderrRate, stderrBurst)}
 }
 
-// pass says whether the line read at now is to be logged.
-func (g *stderrGate) pass(now time.Time) bool {
-	ok := g.limit.AllowN(now, 1)
+// pass says whether a line of size bytes read at now is to be logged.
+func (g *stderrGate) pass(now time.Time, size int) bool {
+	ok := g.limit.AllowN(now, 1+size/1024)
 	if !ok {
 		if g.dropped == 0 {
 			g.since = now

@@ -77,7 +77,7 @@ func TestAWorkersStandardErrorIsLoggedAtMostAtItsRate(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	passed := 0
 	for range stderrBurst + 5 {
-		if g.pass(t0) {
+		if g.pass(t0, 10) {
 			passed++
 		}
 	}
@@ -86,13 +86,13 @@ func TestAWorkersStandardErrorIsLoggedAtMostAtItsRate(t *testing.T) {
 	}
 	// A rate's interval later a line passes; the 5 dropped are said with the
 	// first line stderrDropReport after the first of them.
-	if !g.pass(t0.Add(time.Second / stderrRate)) {
+	if !g.pass(t0.Add(time.Second/stderrRate), 10) {
 		t.Fatal("a line a rate's interval after the burst was dropped")
 	}
 	if got := dropReports(t, &out); len(got) != 0 {
 		t.Fatalf("drop reports %v before stderrDropReport passed; want none yet", got)
 	}
-	g.pass(t0.Add(stderrDropReport))
+	g.pass(t0.Add(stderrDropReport), 10)
 	if got := dropReports(t, &out); len(got) != 1 || got[0] != 5 {
 		t.Fatalf("drop reports %v; want one of 5", got)
 	}
@@ -102,7 +102,7 @@ func TestAWorkersStandardErrorIsLoggedAtMostAtItsRate(t *testing.T) {
 	start, lines, logged := t0.Add(2*stderrDropReport), 0, 0
 	for at := time.Duration(0); at < 25*time.Second; at += time.Second / (2 * stderrRate) {
 		lines++
-		if g.pass(start.Add(at)) {
+		if g.pass(start.Add(at), 10) {
 			logged++
 		}
 	}
@@ -117,6 +117,27 @@ func TestAWorkersStandardErrorIsLoggedAtMostAtItsRate(t *testing.T) {
 	}
 	if want := 25 * stderrRate; logged < want || logged > want+stderrBurst {
 		t.Errorf("%d lines logged in 25 s; want the rate's %d, and at most a burst more", logged, want)
+	}
+}
+
+// Long lines count for their size: of 64 KiB lines at once, a burst's worth
+// of KiB passes, not a burst of lines.
+func TestAWorkersLongStandardErrorLinesCountForTheirSize(t *testing.T) {
+	var out bytes.Buffer
+	g := newStderrGate(slog.New(slog.NewJSONHandler(&out, nil)))
+	t0 := time.Unix(1_000_000, 0)
+	passed := 0
+	for range 1000 {
+		if g.pass(t0, 64<<10) {
+			passed++
+		}
+	}
+	if want := stderrBurst / 65; passed != want {
+		t.Errorf("%d lines of 64 KiB at once passed; want %d (a burst of %d, 65 each)", passed, want, stderrBurst)
+	}
+	g.close()
+	if got := dropReports(t, &out); len(got) != 1 || got[0] != int64(1000-passed) {
+		t.Errorf("drop reports %v; want one of %d", got, 1000-passed)
 	}
 }
 
