@@ -148,7 +148,8 @@ func (h *harness) Stage(t *testing.T, id int64, from, to string, status core.Row
 func (h *harness) Row(t *testing.T, id int64) (stage string, status core.RowStatus, timeout time.Time, dispatchError string, ok bool) {
 	t.Helper()
 	var at *time.Time
-	err := h.pool.QueryRow(t.Context(), `SELECT stage, status, timeout, coalesce(state->>'dispatch_error', '')
+	// 'infinity' (a pause for good kept through a block) reads as no time, as NULL does.
+	err := h.pool.QueryRow(t.Context(), `SELECT stage, status, CASE WHEN isfinite(timeout) THEN timeout END, coalesce(state->>'dispatch_error', '')
 		FROM pepsi.queue WHERE ingress_id = $1`, id).Scan(&stage, &status, &at, &dispatchError)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", "", time.Time{}, "", false

@@ -20,10 +20,14 @@ import (
 
 // Row is one message.
 type Row struct {
-	ID            int64
-	Stage         string
-	Status        core.RowStatus
-	Timeout       time.Time
+	ID      int64
+	Stage   string
+	Status  core.RowStatus
+	Timeout time.Time
+	// PausedForGood marks a blocked row that was paused with no timeout
+	// (never due): its release makes it paused again, not pending, as
+	// PostgreSQL's keeps such a row's timeout as 'infinity' (schema 34).
+	PausedForGood bool
 	DispatchError string
 	// State is the stages' part of state as compact JSON with sorted keys
 	// ("" for {}); state.dispatch_error is DispatchError.

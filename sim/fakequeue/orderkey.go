@@ -170,6 +170,7 @@ func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head,
 				if r.Status == core.StatusPending {
 					r.Timeout = time.Time{}
 				}
+				r.PausedForGood = r.Status == core.StatusPaused && r.Timeout.IsZero()
 				r.Status = core.StatusBlocked
 				q.observe(by, before, r)
 			}
@@ -180,11 +181,12 @@ func (q *Queue) release(keys []string, wait bool, by Writer) (heads []core.Head,
 		if head.Status == core.StatusBlocked {
 			before := *head
 			head.Status = core.StatusPending
-			if !head.Timeout.IsZero() && head.Timeout.After(q.now()) {
+			if head.PausedForGood || !head.Timeout.IsZero() && head.Timeout.After(q.now()) {
 				head.Status = core.StatusPaused
 			} else if head.Attempts > 0 {
 				head.DispatchError = "" // the reason of the retry whose wait this ends, as the wake does
 			}
+			head.PausedForGood = false
 			q.observe(by, before, head)
 			if head.Status == core.StatusPending && !head.Timeout.IsZero() {
 				// Its pause or schedule ran out while it waited: woken, as the

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/store"
@@ -38,6 +39,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"AnOperatorsRetryOfAnOlderMessageMakesItTheKeysHead", testKeyRetryOlder},
 		{"AnOlderMessageRetriedWhileAYoungerIsHeldWaitsForItsPass", testKeyRetryWhileHeld},
 		{"AReleaseThatEndsARetrysWaitClearsItsReason", testKeyReleaseEndsRetry},
+		{"AMessagePausedForGoodStaysPausedThroughABlockAndARelease", testKeyPausedForGood},
 		{"AKeyedMoveClaimsOnlyWhenNoOlderMessageOfItsKeyIsUnfinished", testKeyMoveClaim},
 		{"ReleaseBehindReleasesAKeyOnlyWhenAnOlderMessageOfItIsUnfinished", testKeyReleaseBehind},
 		{"ReleaseReportsAHeadThatWasPendingAlready", testKeyReleaseReportsPendingHead},
@@ -323,6 +325,32 @@ func testKeyReleaseEndsRetry(t *testing.T, h KeyedHarness) {
 	// Its retry's wait ended here, not in a wake: the release records it woken.
 	if rows := history(t, h, young); len(rows) == 0 || rows[len(rows)-1].Event != core.HistoryWoken || rows[len(rows)-1].Stage != "a" {
 		t.Errorf("history of row %d = %q; want it to end woken@a", young, historyText(rows))
+	}
+}
+
+// testKeyPausedForGood: a message paused with no time (a stage's own
+// transition: it is never due, and stays paused until someone sets its
+// timeout) is put behind an older message of its key that an operator
+// retried; once that one is done, the release hands the key back to it
+// paused, never due, not pending: blocking must not forget the pause.
+func testKeyPausedForGood(t *testing.T, h KeyedHarness) {
+	old := failHead(t, h, "k")
+	young := h.InsertKeyed(t, "a", "k")
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	h.Stage(t, young, "a", "a", core.StatusPaused, time.Time{})
+	if n, err := h.Retry(t.Context(), store.RetryParams{ID: old, Statuses: []core.RowStatus{core.StatusFailed}}); err != nil || n != 1 {
+		t.Fatalf("retry of row %d = %d, %v; want 1", old, n, err)
+	}
+	wantRow(t, h, young, "a", core.StatusBlocked) // behind the key's oldest again
+	claimRows(t, h, core.Cap{Stage: "a", N: 10})
+	resolve(t, h, core.Item{ID: old, Stage: "a", Verdict: core.Move, To: core.TargetDone})
+	r := release(t, h, "k")
+	if len(r.Heads) != 1 || r.Heads[0].ID != young || r.Heads[0].Status != core.StatusPaused || !r.Heads[0].Timeout.IsZero() {
+		t.Fatalf("release once the retried older row is done = %+v; want row %d the head, paused and never due", r, young)
+	}
+	wantPausedUntil(t, h, young, "a", time.Time{})
+	if w := wakeAt(t, h, notBeforeAhead.Add(24*time.Hour)); w.Count != 0 {
+		t.Errorf("a wake a day later = %+v; want nothing woken: the pause has no end", w)
 	}
 }
 
