@@ -112,6 +112,9 @@ type proc struct {
 	// reaped. From then on it is never signalled: once reaped its pid, and so its
 	// process group id, may name an unrelated process.
 	exited bool
+	// lingering is set (under Pool.mu) once killLingering has armed its
+	// kill: a worker that closed both pipes is killed, and logged, once.
+	lingering bool
 }
 
 type spawnRequest struct {
@@ -538,6 +541,13 @@ func (p *Pool) readStdout(w *proc, done chan<- struct{}) {
 // it like any crash. A worker that was asked to stop is left to the core's
 // stop grace.
 func (p *Pool) killLingering(w *proc, msg string) {
+	p.mu.Lock()
+	armed := w.lingering
+	w.lingering = true
+	p.mu.Unlock()
+	if armed {
+		return
+	}
 	time.AfterFunc(stdoutClosedGrace, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
