@@ -590,3 +590,37 @@ func TestAnInterruptedDiscardKeepsItsBatchesAndSaysHowMany(t *testing.T) {
 		t.Errorf("%d messages failed after the interrupted discard; want the 200 of its committed batches", failed)
 	}
 }
+
+// A discard that stops midway and then cannot hand on the order keys of
+// the heads it did discard says both: that the keys are not handed on is
+// what leaves the keys' next messages blocked until the dispatcher's next
+// start-up, and the operator must hear it as a complete discard would say it.
+func TestADiscardStoppedMidwaySaysItsKeysWereNotHandedOn(t *testing.T) {
+	t.Parallel()
+	_, conn := pgtest.NewMigratedConn(t)
+	head := enqueueKeyed(t, conn, "a", "k")
+	enqueueKeyed(t, conn, "a", "k") // blocked behind head
+	enqueue(t, conn, "a", 150)      // the second batch holds the last of these
+	var last int64
+	if err := conn.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	// The second batch fails on the last row; the release of k (blocked ->
+	// pending) fails too.
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF OLD.ingress_id = %d THEN RAISE EXCEPTION 'second batch refused'; END IF;
+			IF OLD.status = 'blocked' THEN RAISE EXCEPTION 'release refused'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse BEFORE UPDATE ON pepsi.queue FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse()`, last)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := queueadmin.Discard(ctx, conn, queueadmin.Selection{Stage: "a", Statuses: []core.RowStatus{core.StatusPending}}, "", false)
+	if err == nil || n != 100 || !strings.Contains(err.Error(), "stopped after 100 messages discarded") {
+		t.Fatalf("discard = %d, %v; want 100 and an error saying it stopped", n, err)
+	}
+	if !strings.Contains(err.Error(), "order keys") || !strings.Contains(err.Error(), "release refused") {
+		t.Errorf("discard stopped after discarding key k's head %d, whose key could not be handed on, says %q; want it to say the keys were not handed on", head, err)
+	}
+}

@@ -179,6 +179,9 @@ func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 	defer cancel()
 	relErr := s.releaseKeys(relCtx, keys)
 	switch {
+	case err != nil && total > 0 && relErr != nil:
+		// Both: the keys not handed on leave their next messages blocked.
+		return total, fmt.Errorf("discard: stopped after %d messages discarded (they stay failed): %w; and handing their order keys on failed (the dispatcher's next start-up hands them on): %w", total, err, relErr)
 	case err != nil && total > 0:
 		return total, fmt.Errorf("discard: stopped after %d messages discarded (they stay failed): %w", total, err)
 	case err != nil:
