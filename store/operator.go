@@ -164,6 +164,9 @@ func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 	var total int64
 	var keys []string
 	for len(ids) > 0 && err == nil {
+		if err = ctx.Err(); err != nil {
+			break // stopped between batches: say so, not that a batch failed
+		}
 		batch := ids[:min(discardBatch, len(ids))]
 		ids = ids[len(batch):]
 		var n int64

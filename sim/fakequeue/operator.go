@@ -68,7 +68,7 @@ func (q *Queue) Discard(_ context.Context, p store.DiscardParams) (int64, error)
 			continue // (a keyed row whose lock a producer holds: the tool would wait, see release)
 		}
 		before := *r
-		r.Status, r.Timeout, r.DispatchError = core.StatusFailed, time.Time{}, p.DispatchError
+		r.Status, r.Timeout, r.DispatchError, r.PausedForGood = core.StatusFailed, time.Time{}, p.DispatchError, false
 		q.observe(ByOperator, before, r)
 		q.makeDay(now) // the tool makes today's partition first (historyTodaySQL)
 		q.record(store.HistoryRow{ID: r.ID, Stage: r.Stage, Event: core.HistoryFailed, Detail: p.DispatchError, At: now, Attempts: r.Attempts})
