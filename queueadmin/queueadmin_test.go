@@ -350,14 +350,7 @@ func TestARetryCommitsBeforeItReleasesItsKeys(t *testing.T) {
 	}
 	// A session holds the second row, so the retry's UPDATE has changed the
 	// keyed row and waits there until the producer waits too.
-	holder := pgtest.Connect(t, url)
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE", held); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdRow(t, url, held)
 	type result struct {
 		n   int64
 		err error
@@ -441,15 +434,7 @@ func TestADiscardCommitsABatchAtATime(t *testing.T) {
 	}
 	// A session (as a dispatcher's claim would) holds the last row, so the
 	// discard waits there, at its end.
-	holder := pgtest.Connect(t, url)
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE", last); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdRow(t, url, last)
 	type result struct {
 		n   int64
 		err error
@@ -540,15 +525,12 @@ func TestAnInterruptedDiscardKeepsItsBatchesAndSaysHowMany(t *testing.T) {
 	if _, err := conn.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload) SELECT 'import', 'x' FROM generate_series(1, $1)`, rows); err != nil {
 		t.Fatal(err)
 	}
+	var last int64
+	if err := conn.QueryRow(ctx, `SELECT max(ingress_id) FROM pepsi.queue`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	tx := holdRow(t, url, last)
 	holder := pgtest.Connect(t, url)
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = (SELECT max(ingress_id) FROM pepsi.queue) FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -623,4 +605,21 @@ func TestADiscardStoppedMidwaySaysItsKeysWereNotHandedOn(t *testing.T) {
 	if !strings.Contains(err.Error(), "order keys") || !strings.Contains(err.Error(), "release refused") {
 		t.Errorf("discard stopped after discarding key k's head %d, whose key could not be handed on, says %q; want it to say the keys were not handed on", head, err)
 	}
+}
+
+// holdRow holds row id (FOR UPDATE) in a transaction on a session of its
+// own, as a dispatcher's claim would, so that a statement that changes it
+// waits there; the test ends the transaction to free it (it is rolled back
+// at the test's end otherwise).
+func holdRow(t *testing.T, url string, id int64) pgx.Tx {
+	t.Helper()
+	tx, err := pgtest.Connect(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // ended by the test already, mostly
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE", id); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
