@@ -361,7 +361,7 @@ func TestARetryCommitsBeforeItReleasesItsKeys(t *testing.T) {
 		retried <- result{n, err}
 	}()
 	watcher := pgtest.Connect(t, url)
-	waitForLockWait(t, watcher, "%dispatch_error_history%")
+	pgtest.WaitForLockWait(t, watcher, "%dispatch_error_history%")
 	producer := pgtest.Connect(t, url)
 	produced := make(chan error, 1)
 	go func() {
@@ -369,7 +369,7 @@ func TestARetryCommitsBeforeItReleasesItsKeys(t *testing.T) {
 			ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`)
 		produced <- err
 	}()
-	waitForLockWait(t, watcher, "%ON CONFLICT%")
+	pgtest.WaitForLockWait(t, watcher, "%ON CONFLICT%")
 	// Past deadlock_timeout (1 s by default): the producer's own deadlock
 	// check finds no cycle yet, so a cycle made now would be the retry's to
 	// find.
@@ -391,27 +391,6 @@ func TestARetryCommitsBeforeItReleasesItsKeys(t *testing.T) {
 		if m.Status != "pending" {
 			t.Errorf("row %d after the retry is %s; want pending", id, m.Status)
 		}
-	}
-}
-
-// waitForLockWait waits until a session whose query is like pattern waits
-// for a lock.
-func waitForLockWait(t *testing.T, conn *pgx.Conn, pattern string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting bool
-		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE $1 AND pid <> pg_backend_pid())`, pattern).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no session running %q waits for a lock after 10 s", pattern)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -445,7 +424,7 @@ func TestADiscardCommitsABatchAtATime(t *testing.T) {
 		discarded <- result{n, err}
 	}()
 	watcher := pgtest.Connect(t, url)
-	waitForLockWait(t, watcher, "%SET status = 'failed', timeout = NULL%")
+	pgtest.WaitForLockWait(t, watcher, "%SET status = 'failed', timeout = NULL%")
 	// The first rows' batch has committed: another session may change them,
 	// and sees them failed.
 	var status string
@@ -540,7 +519,7 @@ func TestAnInterruptedDiscardKeepsItsBatchesAndSaysHowMany(t *testing.T) {
 		n, err = queueadmin.Discard(stop, conn, queueadmin.Selection{Stage: "import"}, "", false)
 		done <- err
 	}()
-	waitForLockWait(t, pgtest.Connect(t, url), "%SET status = 'failed', timeout = NULL%")
+	pgtest.WaitForLockWait(t, pgtest.Connect(t, url), "%SET status = 'failed', timeout = NULL%")
 	cancel()
 	err = <-done
 	if err == nil || n != 200 || !strings.Contains(err.Error(), "stopped after 200 messages discarded") {
@@ -551,19 +530,7 @@ func TestAnInterruptedDiscardKeepsItsBatchesAndSaysHowMany(t *testing.T) {
 	}
 	// A batch still running in the server would commit now that its row is
 	// free: wait until none is (it was cancelled), then count.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var running bool
-		if err := holder.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
-			AND state = 'active' AND query LIKE '%SET status = ''failed'', timeout = NULL%' AND pid <> pg_backend_pid())`).Scan(&running); err != nil {
-			t.Fatal(err)
-		}
-		if !running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the interrupted discard's batch still runs in the server after 10 s")
-		}
-	}
+	pgtest.WaitForStatement(t, holder, "%SET status = 'failed', timeout = NULL%", false)
 	var failed int64
 	if err := holder.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'failed'`).Scan(&failed); err != nil {
 		t.Fatal(err)

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
@@ -47,7 +45,7 @@ func TestAnInterruptedRetryChangesNothing(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitForStatement(t, admin, "%dispatch_error_history%", true)
+	pgtest.WaitForStatement(t, admin, "%dispatch_error_history%", true)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -59,33 +57,12 @@ func TestAnInterruptedRetryChangesNothing(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitForStatement(t, admin, "%dispatch_error_history%", false)
+	pgtest.WaitForStatement(t, admin, "%dispatch_error_history%", false)
 	var failed int64
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pepsi.queue WHERE status = 'failed'`).Scan(&failed); err != nil {
 		t.Fatal(err)
 	}
 	if failed != 5 {
 		t.Errorf("after a retry -all stopped by SIGINT (exit 1, %q), %d of 5 failed messages are still failed; want all: the retry went on in the server", strings.TrimSpace(stderr.String()), failed)
-	}
-}
-
-// waitForStatement waits until a statement like pattern runs in another
-// session (running) or until none does (!running), for up to 10 s.
-func waitForStatement(t *testing.T, conn *pgx.Conn, pattern string, running bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var found bool
-		if err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
-			AND state = 'active' AND query LIKE $1 AND pid <> pg_backend_pid())`, pattern).Scan(&found); err != nil {
-			t.Fatal(err)
-		}
-		if found == running {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10 s, a statement like %q running: %v; want %v", pattern, found, running)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

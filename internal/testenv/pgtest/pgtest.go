@@ -263,3 +263,41 @@ func Seed(t testing.TB, pkg string) uint64 {
 	t.Logf("seed %d (replay: PEPSI_TEST_SEED=%d go test -run '^%s$' %s)", seed, seed, t.Name(), pkg)
 	return seed
 }
+
+// WaitForStatement waits, for up to 10 s, until another session of conn's
+// database runs a statement like pattern (a LIKE pattern), when running is
+// true, or until none does, when it is false: a test that stops a tool
+// mid-statement learns from the server whether that statement still runs.
+func WaitForStatement(t testing.TB, conn *pgx.Conn, pattern string, running bool) {
+	t.Helper()
+	waitForActivity(t, conn, "state = 'active'", pattern, running)
+}
+
+// WaitForLockWait waits, for up to 10 s, until another session of conn's
+// database running a statement like pattern waits for a lock (a row
+// another session holds).
+func WaitForLockWait(t testing.TB, conn *pgx.Conn, pattern string) {
+	t.Helper()
+	waitForActivity(t, conn, "wait_event_type = 'Lock'", pattern, true)
+}
+
+// waitForActivity polls pg_stat_activity until whether another session
+// running a statement like pattern matches cond is want.
+func waitForActivity(t testing.TB, conn *pgx.Conn, cond, pattern string, want bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var found bool
+		if err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+			AND `+cond+` AND query LIKE $1 AND pid <> pg_backend_pid())`, pattern).Scan(&found); err != nil {
+			t.Fatal(err)
+		}
+		if found == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s, a session running %q with %s: %v; want %v", pattern, cond, found, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
