@@ -139,32 +139,29 @@ const historyTodaySQL = `SELECT pepsi.history_day((now() AT TIME ZONE 'UTC')::da
 
 // withToday runs historyTodaySQL and then sql, a statement that writes
 // history rows at now(), and scans sql's one row into dest: both in one
-// batch, so in one transaction (an implicit one, or the caller's), whose
-// now() is the same for both. Run one after the other, the first could make
-// the partition of a day that ended before the second began: at midnight
-// (UTC), with no dispatcher making the days ahead, the write was refused (no
-// partition of relation "history" found for row).
+// transaction of their own (a savepoint in the caller's), whose now() is
+// the same for both. Run one after the other, the first could make the
+// partition of a day that ended before the second began: at midnight
+// (UTC), with no dispatcher making the days ahead, the write was refused
+// (no partition of relation "history" found for row). Not as one pipelined
+// batch: its Sync commits sql's implicit transaction in the server even
+// after the client gave up on it, so a retry stopped by Ctrl-C while it
+// waited for a row lock committed once the lock was free
+// (TestAnInterruptedRetryChangesNothing failed so, under load). Here
+// nothing commits until the client says COMMIT.
 func (s *PG) withToday(ctx context.Context, sql string, args []any, dest ...any) error {
-	b := &pgx.Batch{}
-	b.Queue(historyTodaySQL)
-	b.Queue(sql, args...)
-	br := s.db.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		// pgx reports a failure to prepare or encode any statement of the
-		// batch from its first result: one of sql's is sql's, not the
-		// partition's.
-		var pre pgx.ErrPreprocessingBatch
-		if errors.As(err, &pre) && pre.SQL() != historyTodaySQL {
-			return err
+	db, ok := s.db.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return errors.New("history: the store's connection cannot begin a transaction")
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, historyTodaySQL); err != nil {
+			return fmt.Errorf("make today's history partition: %w", err)
 		}
-		return fmt.Errorf("make today's history partition: %w", err)
-	}
-	if err := br.QueryRow().Scan(dest...); err != nil {
-		br.Close()
-		return err
-	}
-	return br.Close()
+		return tx.QueryRow(ctx, sql, args...).Scan(dest...)
+	})
 }
 
 // notifySQL wakes the dispatcher, at commit, for rows made pending.
