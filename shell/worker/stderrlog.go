@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -130,25 +131,41 @@ const (
 // stderrGate decides which of one worker's standard error lines are logged
 // (pass) and reports those it dropped, in one line at most every
 // stderrDropReport: with the first line read that long after the first
-// drop not yet reported, and when the worker's standard error ends
-// (close). Used by that worker's reading goroutine alone.
+// drop not yet reported, or, if the worker falls silent first, when a timer
+// armed at that drop goes off (a stage that flooded and then waits for its
+// next message would otherwise hold its count until it exits, hiding from
+// the operator that lines are missing); and when the worker's standard
+// error ends (close). pass and close are called by that worker's reading
+// goroutine alone; the timer's report runs on its own, hence mu.
 type stderrGate struct {
-	log     *slog.Logger
-	limit   *rate.Limiter
+	log   *slog.Logger
+	limit *rate.Limiter
+	// afterFunc arms the silent report's timer: time.AfterFunc, but for
+	// tests.
+	afterFunc func(time.Duration, func()) interface{ Stop() bool }
+
+	mu      sync.Mutex
 	dropped int64
 	since   time.Time // of the first drop not yet reported
+	armed   interface{ Stop() bool }
+	gen     int // of armed: a timer that fires after its drops were reported says nothing
 }
 
 func newStderrGate(log *slog.Logger) *stderrGate {
-	return &stderrGate{log: log, limit: rate.NewLimiter(stderrRate, stderrBurst)}
+	return &stderrGate{log: log, limit: rate.NewLimiter(stderrRate, stderrBurst),
+		afterFunc: func(d time.Duration, f func()) interface{ Stop() bool } { return time.AfterFunc(d, f) }}
 }
 
 // pass says whether a line of size bytes read at now is to be logged.
 func (g *stderrGate) pass(now time.Time, size int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	ok := g.limit.AllowN(now, 1+size/1024)
 	if !ok {
 		if g.dropped == 0 {
 			g.since = now
+			gen := g.gen
+			g.armed = g.afterFunc(stderrDropReport, func() { g.timed(gen) })
 		}
 		g.dropped++
 	}
@@ -158,9 +175,25 @@ func (g *stderrGate) pass(now time.Time, size int) bool {
 	return ok
 }
 
-// close reports what is still unreported.
-func (g *stderrGate) close() { g.report() }
+// timed is the silent report of the drops counted since the timer of gen was
+// armed, unless they were reported already.
+func (g *stderrGate) timed(gen int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gen == g.gen {
+		g.report()
+	}
+}
 
+// close reports what is still unreported.
+func (g *stderrGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.report()
+}
+
+// report says how many lines were dropped since the last report, if any, and
+// disarms the timer; with g.mu held.
 func (g *stderrGate) report() {
 	if g.dropped == 0 {
 		return
@@ -168,4 +201,7 @@ func (g *stderrGate) report() {
 	g.log.Warn("worker's standard error: lines dropped, over the limit", "stream", "stderr",
 		"dropped", g.dropped, "limit_per_second", stderrRate, "burst", stderrBurst)
 	g.dropped = 0
+	g.gen++
+	g.armed.Stop()
+	g.armed = nil
 }

@@ -120,6 +120,60 @@ func TestAWorkersStandardErrorIsLoggedAtMostAtItsRate(t *testing.T) {
 	}
 }
 
+// A worker that floods its standard error and then falls silent has its
+// drops said when stderrDropReport has passed since the first of them, by a
+// timer, not only with its next line or at its end; a timer whose drops a
+// line reported already says nothing more.
+func TestAWorkerSilentAfterAFloodHasItsDropsSaid(t *testing.T) {
+	var out bytes.Buffer
+	g := newStderrGate(slog.New(slog.NewJSONHandler(&out, nil)))
+	var timers []*fakeTimer
+	g.afterFunc = func(d time.Duration, f func()) interface{ Stop() bool } {
+		if d != stderrDropReport {
+			t.Errorf("timer armed for %v; want stderrDropReport, %v", d, stderrDropReport)
+		}
+		timers = append(timers, &fakeTimer{fire: f})
+		return timers[len(timers)-1]
+	}
+	t0 := time.Unix(1_000_000, 0)
+	for range stderrBurst + 7 {
+		g.pass(t0, 10)
+	}
+	if len(timers) != 1 || len(dropReports(t, &out)) != 0 {
+		t.Fatalf("%d timers armed, reports %v after the flood; want one timer, no report yet", len(timers), dropReports(t, &out))
+	}
+	timers[0].fire() // the worker is silent: no line comes to say it
+	if got := dropReports(t, &out); len(got) != 1 || got[0] != 7 {
+		t.Fatalf("drop reports %v once the timer went off; want one of 7", got)
+	}
+	// Dropped again: a new timer; a line stderrDropReport later says the
+	// drops and stops it, and if it fires all the same it says nothing.
+	out.Reset()
+	for range 3 {
+		g.pass(t0, 10)
+	}
+	if len(timers) != 2 {
+		t.Fatalf("%d timers armed; want a second one for the new drops", len(timers))
+	}
+	g.pass(t0.Add(stderrDropReport), 10)
+	if !timers[1].stopped {
+		t.Error("the timer of drops a line reported was not stopped")
+	}
+	timers[1].fire()
+	g.close()
+	if got := dropReports(t, &out); len(got) != 1 || got[0] != 3 {
+		t.Errorf("drop reports %v; want one of 3, said once", got)
+	}
+}
+
+// fakeTimer is a timer a test fires by hand.
+type fakeTimer struct {
+	fire    func()
+	stopped bool
+}
+
+func (f *fakeTimer) Stop() bool { f.stopped = true; return true }
+
 // Long lines count for their size: of 64 KiB lines at once, a burst's worth
 // of KiB passes, not a burst of lines.
 func TestAWorkersLongStandardErrorLinesCountForTheirSize(t *testing.T) {
