@@ -75,18 +75,22 @@ func (c *Core) limits(txn []Command) []Limit {
 // pending ones do while none of its workers has answered since the latest
 // round of failed starts (cooldownStep, cooldownAt: a stage whose workers
 // answer drains, whatever its new ones do), so they count against its
-// MAX_PENDING then: its backlog, and what its workers that have not answered
-// hold, all of which a failed start gives back pending. Were they not
-// counted, a stage whose program cannot start would take itself under its
-// limit at every try, freeing its feeders for one more claim each time, and
-// its queue would grow without bound while it cannot run. A stage known to
-// start is counted by its pending rows alone: the backlog its starting
-// workers take is theirs in a moment.
+// MAX_PENDING then: its backlog, what its workers that have not answered
+// hold, all of which a failed start gives back pending, and the rows that
+// the outstanding resolves' moves and emits claim there (reserved), which
+// join its backlog only with their outcomes: a claim's count runs after its
+// own transaction's resolve and finds them running, not pending, so without
+// them a feeder's message moved on into the stage freed the feeder for one
+// more. Were they not counted, a stage whose program cannot start would take
+// itself under its limit at every try, freeing its feeders for one more
+// claim each time, and its queue would grow without bound while it cannot
+// run. A stage known to start is counted by its pending rows alone: the
+// backlog its starting workers take is theirs in a moment.
 func (st *stage) waiting() int64 {
 	if st.cooldownStep == 0 || st.answeredAt.After(st.cooldownAt) {
 		return 0
 	}
-	n := len(st.backlog)
+	n := len(st.backlog) + st.reserved
 	for _, w := range st.workers {
 		if w.answered == 0 {
 			n += len(w.queue)

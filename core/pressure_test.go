@@ -278,3 +278,67 @@ func TestTheHeartbeatChecksTheLimitsOfAFullStageWithoutClaiming(t *testing.T) {
 	}
 	w.wantRow(6, "f", core.StatusRunning)
 }
+
+// feedBroken: feed feeds broken (MAX_PENDING 2), whose program is made to
+// fail its starts by the test.
+const feedBroken = `
+[pepsi-dispatch]
+POLL_INTERVAL = 30
+STATS_INTERVAL = 60
+[stage-feed]
+PROGRAM = feed
+PARALLELISM = 1
+QUEUE_LIMIT = 1
+[stage-broken]
+PROGRAM = broken
+PARALLELISM = 2
+QUEUE_LIMIT = 2
+MAX_PENDING = 2
+`
+
+// Proves: while a stage's workers have not answered since its failed
+// starts, a message its feeder moves on into it that the move claims there
+// (running at once, in no backlog until the resolve's outcome) counts
+// against its MAX_PENDING in the claim of the same transaction, whose count
+// runs after the move and finds the row running, not pending: the feeder
+// gets no more, and when the try fails the stage has no more than its
+// MAX_PENDING plus the one message its feeder held pending.
+func TestAMoveThatClaimsAtAStageThatCannotStartCountsAgainstItsMaxPending(t *testing.T) {
+	w := newWorld(t, feedBroken)
+	w.q.Insert("broken", 2) // rows 1, 2
+	w.start("feed", 5)      // rows 3-7: feed's worker holds 3
+	wb := w.busyWorker("broken")
+	if wb == 0 || len(w.held[wb]) != 2 {
+		t.Fatalf("broken's worker holds %v, want rows 1 and 2", w.held[wb])
+	}
+	w.exit(wb, 1, "")                           // a failed start: 1 and 2 are pending again
+	w.tick(core.CooldownMin + time.Millisecond) // the next try claims them
+	wb = w.busyWorker("broken")
+	if wb == 0 || len(w.held[wb]) != 2 {
+		t.Fatalf("broken's next worker holds %v, want rows 1 and 2", w.held[wb])
+	}
+	// Feed sends 3 on: the move claims it at broken, where 1 and 2 wait for
+	// a worker that has not answered. With 3 that is 3 waiting, over 2.
+	cmds := answerMove(w, w.busyWorker("feed"), "0 >broken")
+	if it := itemFor(t, cmds, 3); !it.Claim {
+		t.Fatalf("the move of 3 to broken does not claim there (the case this test is for): %v", it)
+	}
+	if l := lastClaim(cmds).Limits; len(l) != 1 || l[0].Max != -1 {
+		t.Errorf("the claim checks broken's limit as %v, want Max -1 (2, less 1 and 2 held and 3 moved in)", l)
+	}
+	w.wantRow(4, "feed", core.StatusPending)
+	if h := healthOf(t, w, "feed"); h.State != core.HealthPressureHeld {
+		t.Errorf("feed is %s (%s), want held by broken", h.State, h.Reason)
+	}
+	// Every try fails: what broken's workers held is pending again, and
+	// feed sends on whatever it was given meanwhile.
+	for wb := w.busyWorker("broken"); wb != 0; wb = w.busyWorker("broken") {
+		w.exit(wb, 1, "")
+	}
+	if wf := w.busyWorker("feed"); wf != 0 {
+		answerMove(w, wf, "0 >broken")
+	}
+	if n := w.pendingAt("broken"); n > 2+1 {
+		t.Errorf("%d messages pending at broken, more than MAX_PENDING 2 + the 1 feed held", n)
+	}
+}

@@ -1557,13 +1557,16 @@ func (w *world) spawnNeed(s int) int {
 // (core.Limit): while no worker of it answered since its latest round of
 // failed starts (a cooldown no answer has ended yet), the limit less what waits for the stage beside its
 // pending rows, derived here: the ids claimed for it and not handed out,
-// and what its workers that have not answered hold, which a failed start
-// gives back; -1 at the least (the stage is over whatever is pending).
+// what its workers that have not answered hold, which a failed start
+// gives back, and the rows the outstanding resolves' moves and emits claim
+// there (those of the claim's own transaction among them), which the
+// claim's count finds running and the core holds only once their outcomes
+// come; -1 at the least (the stage is over whatever is pending).
 func (w *world) pressureMax(s int) int64 {
 	if w.cool[s].step == 0 || w.answeredAt[s].After(w.cool[s].at) {
 		return w.cfg.Stages[s].MaxPending
 	}
-	n := w.backlogAt(s)
+	n := w.backlogAt(s) + w.movesOutAt(w.sc.stages[s].name)
 	for _, y := range w.alive {
 		if y.stage == s && y.answered == 0 {
 			n += len(y.queue)
@@ -1834,7 +1837,7 @@ func (w *world) pressureHolds(r *rule, x crossing) {
 		for s, st := range w.sc.stages {
 			max := w.cfg.Stages[s].MaxPending
 			if w.inPressure(s) && !slices.ContainsFunc(c.Limits, func(l core.Limit) bool { return l.Stage == st.name && l.Max == w.pressureMax(s) }) {
-				w.broke(r, "claim op=%d does not check stage %s's MAX_PENDING %d as %d (less, while none of its workers answered since its latest failed starts, what waits for it beside its pending rows: %d claimed not handed out, and what its workers that have not answered hold), though back-pressure involves it (feeds %v): %v",
+				w.broke(r, "claim op=%d does not check stage %s's MAX_PENDING %d as %d (less, while none of its workers answered since its latest failed starts, what waits for it beside its pending rows: %d claimed not handed out, what its workers that have not answered hold, and what outstanding moves and emits claim there), though back-pressure involves it (feeds %v): %v",
 					c.Op, st.name, max, w.pressureMax(s), w.backlogAt(s), w.feeds, c.Limits)
 				return
 			}

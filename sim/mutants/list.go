@@ -312,6 +312,8 @@ var mutants = []mutant{
 		"Max: max(-1, st.cfg.MaxPending-st.waiting())", "Max: st.cfg.MaxPending"),
 	mut("pressure-unstarted-workers-uncounted", "pressure-holds", "while a stage's program is not known to start, what its workers that have not answered hold does not count against its MAX_PENDING, though a failed start gives it back",
 		"\t\tif w.answered == 0 {\n\t\t\tn += len(w.queue)", "\t\tif false {\n\t\t\tn += len(w.queue)"),
+	mut("pressure-moves-in-uncounted", "pressure-holds", "while a stage's program is not known to start, the rows the outstanding resolves' moves and emits claim there do not count against its MAX_PENDING: the claim of a move's own transaction finds the row running, in no backlog yet, and gives its feeder one more",
+		"n := len(st.backlog) + st.reserved", "n := len(st.backlog)"),
 	mut("pressure-waiting-of-a-healthy-stage", "pressure-holds", "a stage known to start counts its backlog against its MAX_PENDING too: its feeders are held while its starting workers take what it claimed",
 		"\tif st.cooldownStep == 0 || st.answeredAt.After(st.cooldownAt) {\n\t\treturn 0\n\t}\n\tn := len(st.backlog)", "\tn := len(st.backlog)"),
 	mut("pressure-waiting-despite-answers", "pressure-holds", "what waits for a stage counts against its MAX_PENDING after a failed start even while its other workers answer: a stage that drains holds its feeders",
