@@ -273,6 +273,8 @@ type Core struct {
 	// checkDue: the heartbeat asks for a check of the MAX_PENDING limits even
 	// if no claim is otherwise sent (pressure.go): something other than the
 	// core's claims (an operator) may have brought a stage back under its.
+	// So does a claim whose count could not show a stage back within its
+	// limit (checkedLimits).
 	checkDue bool
 	// hist: pepsi.history's passes and partitions (history.go).
 	hist history

@@ -87,7 +87,7 @@ func (c *Core) limits(txn []Command) []Limit {
 // run. A stage known to start is counted by its pending rows alone: the
 // backlog its starting workers take is theirs in a moment.
 func (st *stage) waiting() int64 {
-	if st.cooldownStep == 0 || st.answeredAt.After(st.cooldownAt) {
+	if !st.unproven() {
 		return 0
 	}
 	n := len(st.backlog) + st.reserved
@@ -97,6 +97,13 @@ func (st *stage) waiting() int64 {
 		}
 	}
 	return int64(n)
+}
+
+// unproven reports whether none of st's workers has answered since its
+// latest round of failed starts (cooldownStep, cooldownAt): what is claimed
+// for it waits for it then as its pending rows do (waiting).
+func (st *stage) unproven() bool {
+	return st.cooldownStep > 0 && !st.answeredAt.After(st.cooldownAt)
 }
 
 // pendingText is how a stage over its MAX_PENDING is said to be: with what
@@ -128,12 +135,24 @@ func (c *Core) anyOver() bool {
 
 // checkedLimits takes in what a claim found of the limits it checked, and
 // logs each stage that crossed its MAX_PENDING, either way, with the stages
-// its crossing holds or frees.
-func (c *Core) checkedLimits(limits []Limit, over []string) {
+// its crossing holds or frees. rows are the rows the claim took.
+//
+// A claim that took rows of an unproven stage over its limit does not show
+// it back within: the count runs after the claim, so it misses them, and
+// the core holds them (waiting) only from now on, though they wait for the
+// stage as they did pending. Trusted, it freed the stage's feeders for a
+// step after each failed start whose requeued rows a worker still alive
+// took back, or each cooldown's new try. The stage stays over, and the
+// next step checks again (checkDue), counting them.
+func (c *Core) checkedLimits(limits []Limit, over []string, rows []Row) {
 	for _, l := range limits {
 		t := c.byName[l.Stage]
 		now := slices.Contains(over, l.Stage)
 		if now == t.pressure.over {
+			continue
+		}
+		if !now && t.unproven() && slices.ContainsFunc(rows, func(r Row) bool { return r.Stage == l.Stage }) {
+			c.checkDue = true
 			continue
 		}
 		t.pressure.over = now

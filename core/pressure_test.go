@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -340,5 +341,46 @@ func TestAMoveThatClaimsAtAStageThatCannotStartCountsAgainstItsMaxPending(t *tes
 	}
 	if n := w.pendingAt("broken"); n > 2+1 {
 		t.Errorf("%d messages pending at broken, more than MAX_PENDING 2 + the 1 feed held", n)
+	}
+}
+
+// Proves: a claim that takes the rows of a stage that cannot start (none of
+// its workers answered since its failed starts), at the next try after a
+// cooldown, does not show the stage back within its MAX_PENDING: its count
+// runs after it took them, and they wait for the stage as they did
+// pending. The feeder stays held, no claim asks rows for it, and the check
+// that follows, counting them, finds the stage over still.
+func TestAClaimOfItsOwnRowsDoesNotShowAStageThatCannotStartBackWithinItsLimit(t *testing.T) {
+	w := newWorld(t, feedBroken)
+	w.q.Insert("broken", 3) // rows 1-3
+	w.start("feed", 5)      // rows 4-8: feed's worker holds 4
+	answerMove(w, w.busyWorker("feed"), "0 >broken")
+	// Every start fails: 1-4 are pending again. Feed sends on 5, which it
+	// held, and the claim after finds broken over its limit.
+	for wb := w.busyWorker("broken"); wb != 0; wb = w.busyWorker("broken") {
+		w.exit(wb, 1, "")
+	}
+	answerMove(w, w.busyWorker("feed"), "0 >broken")
+	if h := healthOf(t, w, "feed"); h.State != core.HealthPressureHeld {
+		t.Fatalf("feed is %s (%s), want held by broken", h.State, h.Reason)
+	}
+	n := w.pendingAt("broken")
+	// The next try claims all the room broken has: 4 of its rows.
+	cmds := w.tick(core.CooldownMin + time.Millisecond)
+	if got := w.heldBy("broken"); got != 4 || n-w.pendingAt("broken") != 4 {
+		t.Fatalf("broken's next try took %d of its %d pending rows, its workers hold %d: want 4 (the case this test is for)", n-w.pendingAt("broken"), n, got)
+	}
+	for _, cl := range of[core.Claim](cmds) {
+		if capsOf(cl)["feed"] > 0 {
+			t.Errorf("claim %v asks rows for feed, with %d messages pending or waiting for broken", cl, n)
+		}
+	}
+	for _, l := range of[core.Log](cmds) {
+		if strings.Contains(l.Msg, "back within") {
+			t.Errorf("logged %q, with %d messages pending or waiting for broken", l.Msg, n)
+		}
+	}
+	if h := healthOf(t, w, "feed"); h.State != core.HealthPressureHeld {
+		t.Errorf("feed is %s (%s), want held by broken", h.State, h.Reason)
 	}
 }

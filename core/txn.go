@@ -297,7 +297,7 @@ func (c *Core) claimed(e Claimed) {
 	c.epoch = e.Epoch
 	c.settled = max(c.settled, e.Settled)
 	c.claimedSettled()
-	c.checkedLimits(cmd.Limits, e.Over)
+	c.checkedLimits(cmd.Limits, e.Over, e.Rows)
 	if len(e.Rows) > 0 {
 		// RestAfter counts from the last claim that found work.
 		c.lastClaim = c.now

@@ -1563,7 +1563,7 @@ func (w *world) spawnNeed(s int) int {
 // claim's count finds running and the core holds only once their outcomes
 // come; -1 at the least (the stage is over whatever is pending).
 func (w *world) pressureMax(s int) int64 {
-	if w.cool[s].step == 0 || w.answeredAt[s].After(w.cool[s].at) {
+	if !w.unproven(s) {
 		return w.cfg.Stages[s].MaxPending
 	}
 	n := w.backlogAt(s) + w.movesOutAt(w.sc.stages[s].name)
@@ -1573,6 +1573,12 @@ func (w *world) pressureMax(s int) int64 {
 		}
 	}
 	return max(-1, w.cfg.Stages[s].MaxPending-int64(n))
+}
+
+// unproven reports whether no worker of stage s answered since its latest
+// round of failed starts (a cooldown no answer has ended yet).
+func (w *world) unproven(s int) bool {
+	return w.cool[s].step != 0 && !w.answeredAt[s].After(w.cool[s].at)
 }
 
 func (w *world) backlogAt(s int) int {

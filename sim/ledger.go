@@ -574,7 +574,15 @@ func (w *world) modelClaimed(e core.Claimed) {
 	w.limitsOut = nil
 	if e.Err == "" {
 		for _, l := range limits {
-			w.over[w.stageIndex(l.Stage)] = slices.Contains(e.Over, l.Stage)
+			s := w.stageIndex(l.Stage)
+			now := slices.Contains(e.Over, l.Stage)
+			if !now && w.over[s] && w.unproven(s) && slices.ContainsFunc(e.Rows, func(r core.Row) bool { return r.Stage == l.Stage }) {
+				// Its count, made after it took rows of the stage's own
+				// that wait for the stage still, does not show an unproven
+				// stage back within its limit (rule pressure-holds).
+				continue
+			}
+			w.over[s] = now
 		}
 	}
 	if e.Err != "" {

@@ -390,7 +390,8 @@ var rulePressureHolds = &rule{name: "pressure-holds", when: atCommand, check: (*
 		"(one with a limit that a stage fed this life, or that feeds one: Claim.Limits), each as its limit less, while no worker of the stage answered since its latest round of failed starts, what waits for it beside its pending rows " +
 		"(the ids claimed for it and not handed out, what its workers that have not answered hold, and the rows the outstanding resolves' moves and emits claim there; -1 at the least), and names every stage that feeds one with a limit (Claim.Holds, so the claim itself holds it if its transaction took that one over), " +
 		"and neither a claim nor a move that claims takes a row for a held stage: " +
-		"one whose passes sent messages this life to a stage whose last check found more than its MAX_PENDING pending, unless the stage itself was over its own limit at its last check. " +
+		"one whose passes sent messages this life to a stage whose last check found more than its MAX_PENDING pending, unless the stage itself was over its own limit at its last check " +
+		"(a claim that took rows of a stage none of whose workers answered since its latest round of failed starts does not show that stage back within its limit: its count, made after it took them, misses them). " +
 		"Who feeds whom and who is over are derived here from what crossed (answered transitions, resolve outcomes, claims' results), not asked of the core."}
 
 var rulePressureOnlyWhileOver = &rule{name: "pressure-held-only-while-over", when: afterStep, check: (*world).pressureOnlyWhileOver,
