@@ -252,3 +252,40 @@ func TestAMultipartBodyIsNotReadBeforeTheLimits(t *testing.T) {
 		t.Errorf("%d rows; want none", n)
 	}
 }
+
+// TestABodyFailureIsAnsweredWhateverTheSpellingOfThePath: a request that
+// Handle serves as POST /v1/messages, though its target is spelled another
+// way (an absolute-form target, a path with "//" or a %-escape), has a body
+// that stalls or is cut off before the handler runs (under the 8 KiB
+// fasthttp reads first) answered 408 or 400 like the usual spelling, not
+// its connection closed without an answer.
+func TestABodyFailureIsAnsweredWhateverTheSpellingOfThePath(t *testing.T) {
+	t.Parallel()
+	timeouts := ingress.TimeoutsDefault
+	timeouts.Read = 300 * time.Millisecond
+	f := startWith(t, "", nil, timeouts)
+	for _, target := range []string{"/v1/messages", "http://x/v1/messages", "/v1//messages", "/v1/%6dessages"} {
+		for _, cut := range []bool{false, true} {
+			c := f.dial(t)
+			fmt.Fprintf(c, "POST %s?stage=a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"payload\"", target)
+			want := 408
+			if cut {
+				want = 400
+				c.(*net.TCPConn).CloseWrite()
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Errorf("POST %s, body cut off %v: no answer (%v); want %d", target, cut, err, want)
+				continue
+			}
+			res.Body.Close()
+			if res.StatusCode != want {
+				t.Errorf("POST %s, body cut off %v: %d; want %d", target, cut, res.StatusCode, want)
+			}
+		}
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+}

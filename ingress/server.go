@@ -600,13 +600,31 @@ func (h *httpHandler) handle(ctx *fasthttp.RequestCtx) {
 // of its headers, and notes a POST to /v1/messages.
 func (h *httpHandler) headerReceived(read time.Duration) func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 	return func(hdr *fasthttp.RequestHeader) fasthttp.RequestConfig {
-		if hdr.IsPost() {
-			if path, _, _ := bytes.Cut(hdr.RequestURI(), []byte("?")); string(path) == "/v1/messages" {
-				h.posting.Store(hdr, nil)
-			}
+		if hdr.IsPost() && messagesTarget(hdr.RequestURI()) {
+			h.posting.Store(hdr, nil)
 		}
 		return fasthttp.RequestConfig{ReadTimeout: read}
 	}
+}
+
+// messagesTarget says whether a request-target is /v1/messages as Handle
+// routes it: by ctx.Path(), fasthttp's path of the URI, normalized ("//",
+// "./" and %-escapes) and taken out of an absolute-form target
+// ("http://host/v1/messages", which RFC 9112 has servers accept). A target
+// that Handle serves as /v1/messages but that this missed had a body that
+// stalled or was cut off answered by no status at all: the connection was
+// closed, not answered 408 or 400, and nothing was counted.
+func messagesTarget(target []byte) bool {
+	path, _, _ := bytes.Cut(target, []byte("?"))
+	if string(path) == "/v1/messages" {
+		return true // the usual spelling: no parse on the path of every message
+	}
+	u := fasthttp.AcquireURI()
+	defer fasthttp.ReleaseURI(u)
+	if err := u.Parse(nil, target); err != nil {
+		return false
+	}
+	return string(u.Path()) == "/v1/messages"
 }
 
 // error answers a request that fasthttp could not read: the body of a POST to
