@@ -85,6 +85,18 @@ func mediaType(contentType []byte) (string, *Status) {
 	return mt, nil
 }
 
+// encodingStatus refuses a body with a Content-Encoding (contentEncoding,
+// empty for none) other than identity: the body is read as it comes, never
+// decompressed, so a gzip body was refused as malformed JSON (a 400 about
+// the byte 0x1f) and a body sent uncompressed under a gzip header was taken.
+// 415 is RFC 9110's answer to a content coding the server does not take.
+func encodingStatus(contentEncoding []byte) *Status {
+	if ce := bytes.TrimSpace(contentEncoding); len(ce) == 0 || bytes.EqualFold(ce, []byte("identity")) {
+		return nil
+	}
+	return statusf(http.StatusUnsupportedMediaType, "Content-Encoding %q: send the body uncompressed (no Content-Encoding, or identity)", clip(string(contentEncoding)))
+}
+
 // stageParamStatus refuses a ?stage= (stageParam, "" for none) that names
 // no configured stage, or answers nil. It is refused even when every message
 // has a stage of its own: a typo in the URL is the producer's mistake to hear

@@ -2,6 +2,8 @@ package ingress_test
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -287,5 +289,37 @@ func TestABodyFailureIsAnsweredWhateverTheSpellingOfThePath(t *testing.T) {
 	}
 	if n := f.count(); n != 0 {
 		t.Errorf("%d rows; want none", n)
+	}
+}
+
+// TestACompressedBodyIsRefusedAs415: the body is never decompressed, so a
+// Content-Encoding other than identity is a 415 that says so (with
+// Accept-Encoding: identity, as RFC 9110 asks), not a 400 about the JSON of
+// compressed bytes, nor a 202 for a body whose header says what it is not.
+func TestACompressedBodyIsRefusedAs415(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	io.WriteString(w, `{"payload": "x"}`)
+	w.Close()
+	for _, c := range []struct{ encoding, body string }{{"gzip", gz.String()}, {"gzip", `{"payload": "x"}`}, {"br", `{"payload": "x"}`}} {
+		req, _ := http.NewRequest(http.MethodPost, f.http.URL+"/v1/messages?stage=a", strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", c.encoding)
+		res, err := f.http.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		accept := res.Header.Get("Accept-Encoding")
+		if a := decode(t, res); a.code != 415 || !strings.Contains(a.err, "Content-Encoding") || accept != "identity" {
+			t.Errorf("Content-Encoding %s: %d %q (Accept-Encoding %q); want 415 naming Content-Encoding, Accept-Encoding identity", c.encoding, a.code, a.err, accept)
+		}
+	}
+	if a := f.post("application/json", "?stage=a", `{"payload": "x"}`, "Content-Encoding", "Identity"); a.code != 202 {
+		t.Errorf("Content-Encoding Identity: %+v; want 202", a)
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d rows; want 1", n)
 	}
 }

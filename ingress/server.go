@@ -298,6 +298,10 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, ids []int64, st *Status) {
 	if code == http.StatusMethodNotAllowed {
 		ctx.Response.Header.Set("Allow", http.MethodPost)
 	}
+	if code == http.StatusUnsupportedMediaType {
+		// RFC 9110: a 415 says which content codings the server takes.
+		ctx.Response.Header.Set("Accept-Encoding", "identity")
+	}
 	if code == http.StatusUnauthorized {
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="pepsi-ingress"`)
 	}
@@ -366,6 +370,9 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte, span *tracing.Requ
 	}
 	mt, st := mediaType(ctx.Request.Header.ContentType())
 	if st != nil {
+		return nil, st
+	}
+	if st := encodingStatus(ctx.Request.Header.ContentEncoding()); st != nil {
 		return nil, st
 	}
 	var err error
