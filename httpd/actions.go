@@ -199,7 +199,14 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		a.log.Error("page: action failed", "action", action, "id", id, "dry_run", body.DryRun, "err", err)
-		writeJSONCode(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		code, msg := http.StatusInternalServerError, err.Error()
+		if store.Unavailable(err) {
+			// As GET /api/messages/{id} answers it: the database, not the
+			// request, is at fault, and the same request may do once it
+			// answers. What a connection that broke mid-way left is unknown.
+			code, msg = http.StatusServiceUnavailable, fmt.Sprintf("the database did not answer (%v): the %s may or may not have been done; look at the message again", err, action)
+		}
+		writeJSONCode(w, code, map[string]string{"error": msg})
 		return
 	}
 	level := slog.LevelInfo

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
@@ -305,5 +307,43 @@ func TestBehindAProxyTheOriginCheckAndTheCookieFollowWhatItForwards(t *testing.T
 	}
 	if resp := signIn("http://127.0.0.1:9650", nil); resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 1 || resp.Cookies()[0].Secure {
 		t.Errorf("a sign-in over plain HTTP from the page's own origin: %d %v; want 200 and a cookie that is not Secure", resp.StatusCode, resp.Cookies())
+	}
+}
+
+// failingActor fails every action with err.
+type failingActor struct{ err error }
+
+func (f failingActor) Retry(context.Context, int64, bool) (int64, error)   { return 0, f.err }
+func (f failingActor) Discard(context.Context, int64, bool) (int64, error) { return 0, f.err }
+
+// TestAnActionTheDatabaseDoesNotAnswerIs503: an action whose database
+// cannot be reached is answered 503, as GET /api/messages/ID answers it,
+// saying the action may not have been done; one the database refused (a
+// SQL error of PEPSI's own) stays a 500.
+func TestAnActionTheDatabaseDoesNotAnswerIs503(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	src := open(t, httpd.Options{Database: url})
+	h := map[string]string{"Authorization": "Bearer " + operatorToken, "Content-Type": "application/json"}
+	for _, c := range []struct {
+		name  string
+		actor httpd.Actor
+		code  int
+		says  string
+	}{
+		{"nothing listens", queueadmin.PageActions{Database: "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5"}, http.StatusServiceUnavailable, "the database did not answer"},
+		{"a refused statement", failingActor{&pgconn.PgError{Code: "42P01", Message: `relation "pepsi.queue" does not exist`}}, http.StatusInternalServerError, "does not exist"},
+	} {
+		srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), c.actor, nil)))
+		for _, action := range []string{"retry", "discard"} {
+			code, body := do(t, &http.Client{}, srv.URL, request{"POST", "/api/messages/1/" + action, `{"dry_run": false}`, h})
+			var e struct {
+				Error string `json:"error"`
+			}
+			if err := jsonUnmarshal(body, &e); code != c.code || err != nil || !strings.Contains(e.Error, c.says) {
+				t.Errorf("%s, %s: %d %s; want %d saying %q", c.name, action, code, body, c.code, c.says)
+			}
+		}
+		srv.Close()
 	}
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -540,6 +543,33 @@ func Refused(err error) bool {
 	}
 	switch pgErr.Code[:2] {
 	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+// Unavailable says whether err is the database not answering rather than
+// refusing what was asked: no answer from the server at all (it cannot be
+// reached, the connection broke, a deadline passed), or the server's own
+// SQLSTATE saying so (class 08, connection exception; 53, insufficient
+// resources such as too many connections; 57P01 to 57P03, shutting down,
+// crashed, or starting). The same request may succeed once it answers again.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		var connectErr *pgconn.ConnectError
+		var netErr net.Error
+		return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
+			errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+			errors.Is(err, context.DeadlineExceeded)
+	}
+	switch {
+	case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "53"):
+		return true
+	case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
 		return true
 	}
 	return false
