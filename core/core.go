@@ -507,6 +507,12 @@ func (c *Core) databaseUp() {
 	c.dbDown = false
 	c.wakeDue = true
 	c.lookAll()
+	// The failure may have been a day of pepsi.history that is missing
+	// (dropped behind the dispatcher's back: retention by hand, a restore),
+	// which only the upkeep makes again: without it every try would fail the
+	// same way, the whole pipeline waiting, until the hourly upkeep. So the
+	// next transaction begins with one; it costs a look at the catalog.
+	c.hist.next = time.Time{}
 	if _, out := c.claimOut(); out {
 		// A claim of another session still out must not end this look
 		// with its result (see claimed).

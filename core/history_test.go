@@ -118,3 +118,26 @@ func TestHistoryUpkeep(t *testing.T) {
 		t.Errorf("days made %v: want 4 from %s", days, epoch)
 	}
 }
+
+// Proves: once the database is back after a failed transaction, the next
+// transaction begins with the history's upkeep, however recent the last one:
+// the failure may have been a day of pepsi.history dropped behind the
+// dispatcher's back (retention by hand, a restore), which only the upkeep
+// makes again. Without it every try failed the same way, the whole pipeline
+// waiting, until the hourly upkeep (found by dropping today's partition
+// under a running pipeline).
+func TestTheDatabaseBackBringsTheHistoryUpkeep(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.start("a", 1)
+	w.at(time.Minute)
+	// An ERROR answered before the COMMIT: the shell knows nothing committed.
+	w.failQueue, w.abortQueue = `resolve: ERROR: no partition of relation "history" found for row (SQLSTATE 23514)`, true
+	if n := len(of[core.KeepHistory](w.answer(1, "", "", "0 >b"))); n != 0 {
+		t.Fatalf("%d upkeeps a minute after the first, want none", n)
+	}
+	w.failQueue, w.abortQueue = "", false
+	cmds := w.step(core.DatabaseUp{})
+	if n := len(of[core.KeepHistory](cmds)); n != 1 {
+		t.Errorf("%d upkeeps once the database is back, want one: %v", n, cmds)
+	}
+}

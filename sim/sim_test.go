@@ -206,10 +206,11 @@ func TestRules(t *testing.T) {
 // messages stopped drawing stages that answer and write their own transition
 // (27 then broke world-consistent); seeds 9 and 10 took the places of 26
 // and 56 when the scenarios began drawing SESSIONS (both then broke
-// world-consistent).
+// world-consistent); seed 12 took the place of 65 when the database's coming
+// back began bringing the history's upkeep (65 then broke world-consistent).
 // The counts above are from before that.)
 func TestTheCheckerCatchesALateTransactionOutlivingItsDoubt(t *testing.T) {
-	for _, seed := range []uint64{9, 10, 60, 65} {
+	for _, seed := range []uint64{9, 10, 60, 12} {
 		res := sim.Run(sim.NewScenario(seed), sim.Options{LateOutlivesDoubt: true})
 		if res.Failure == nil || res.Failure.Rule != "no-stale-verdict" {
 			t.Errorf("seed %d with a late transaction outliving its doubt: %v; want rule no-stale-verdict broken", seed, res.Failure)
