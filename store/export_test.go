@@ -66,3 +66,7 @@ func (q *Queue) Doubt() []Backend {
 	defer q.mu.Unlock()
 	return append([]Backend(nil), q.doubt...)
 }
+
+// SetLockWaitAfter sets how long a queue transaction runs before q looks
+// for the sessions it waits for (watchLockWait).
+func (q *Queue) SetLockWaitAfter(d time.Duration) { q.lockWaitAfter = d }

@@ -76,6 +76,9 @@ type Queue struct {
 	// running: their replies were lost and the sessions could not be ended
 	// yet (endDoubt). No transaction is sent until they are gone.
 	doubt []Backend
+
+	// lockWaitAfter: see watchLockWait (lockWaitWarnAfter; shorter in tests).
+	lockWaitAfter time.Duration
 }
 
 // New returns a Queue that runs its transactions on connections from pool and logs
@@ -84,7 +87,7 @@ func New(pool *pgxpool.Pool, log *slog.Logger) *Queue {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Queue{PG: On(pool), pool: pool, log: log}
+	return &Queue{PG: On(pool), pool: pool, log: log, lockWaitAfter: lockWaitWarnAfter}
 }
 
 // Fence stops q from sending any transaction from now on (a retry, a
@@ -400,6 +403,7 @@ func (q *Queue) run(ctx context.Context, stmts []statement) (events []core.Event
 		}
 	}()
 
+	defer q.watchLockWait(backendOf(conn.Conn().PgConn()))()
 	br := conn.SendBatch(ctx, txnBatch(stmts))
 	committed := false
 	defer func() {
