@@ -313,6 +313,18 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 		case isPg && (len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23" || pgErr.Code[:2] == "54")):
 			c.log.Warn("the database refused a batch", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusBadRequest, Msg: "the database refused a message: " + pgErr.Message}, true
+		case isPg && pgErr.Code == "25006":
+			// read_only_sql_transaction: the server takes no writes, a standby
+			// (a failover under way, the address not yet moved to the new
+			// primary) or default_transaction_read_only. It answered an ERROR
+			// before the COMMIT, so nothing committed; and it is the database's
+			// state, not the request's, which a retry later may pass: 503, as
+			// for a database that cannot be reached, not a 500 that clients
+			// take for a bug and do not retry.
+			c.log.Error("the database is read-only (a standby?); answering 503", "rows", len(rows), "err", err)
+			c.downUntil.Store(time.Now().Add(downFor).UnixNano())
+			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
+				Msg: "the database is read-only (a standby, or a failover under way); nothing of this request was committed"}, false
 		case !isPg || pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
 			c.log.Error("database unreachable; answering 503", "rows", len(rows), "err", err)
 			c.downUntil.Store(time.Now().Add(downFor).UnixNano())

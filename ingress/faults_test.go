@@ -336,3 +336,34 @@ func TestADatabaseLostMidRequestNeverAnswers202ForWhatIsNotCommitted(t *testing.
 		t.Errorf("%d rows with %d distinct keys after the retries; want %d of each (no duplicate, nothing lost)", rows, keys, 2*len(all))
 	}
 }
+
+// Proves: a database that takes no writes (a standby the address still
+// leads to during a failover, or default_transaction_read_only, as here)
+// gets 503 with Retry-After, saying nothing was committed, not a 500:
+// clients retry a 503 and take a 500 for a bug of theirs or ours. Found
+// from outside: ALTER SYSTEM SET default_transaction_read_only = on under a
+// running pepsi-ingress answered "500 commit failed; see pepsi-ingress's
+// log".
+func TestAReadOnlyDatabaseGets503AndRetryAfter(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	sep := "?"
+	if strings.Contains(db, "?") {
+		sep = "&"
+	}
+	f := start(t, db+sep+"default_transaction_read_only=on", nil)
+	f.conn = pgtest.Connect(t, db)
+	a := f.post("application/json", "?stage=a", `{"payload": "x", "key": "x"}`)
+	if a.code != 503 || a.retry != "1" {
+		t.Errorf("database read-only: %+v; want 503 with Retry-After: 1", a)
+	}
+	if !strings.Contains(a.err, "read-only") || !strings.Contains(a.err, "nothing of this request was committed") {
+		t.Errorf("database read-only: %q; want it to say so, and that nothing was committed", a.err)
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+	if res, err := http.Get(f.http.URL + "/healthz"); err != nil || res.StatusCode != 503 {
+		t.Errorf("/healthz with the database read-only: %v %v; want 503", res.StatusCode, err)
+	}
+}

@@ -496,13 +496,22 @@ func (s *Server) countPending(ctx context.Context) {
 	}
 }
 
-// healthz is GET /healthz: 200 when the database answers, 503 when not.
+// healthz is GET /healthz: 200 when the database answers and takes writes,
+// 503 when not. A read-only server (a standby the address still leads to
+// during a failover) answers pings but refuses every insert, so a load
+// balancer must be told to send the requests elsewhere.
 func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
 	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := s.o.Pool.Ping(pctx); err != nil {
+	var readOnly string
+	if err := s.o.Pool.QueryRow(pctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {
 		ctx.Response.Header.Set("Retry-After", "1")
 		plainError(ctx, "the database does not answer", http.StatusServiceUnavailable)
+		return
+	}
+	if readOnly == "on" {
+		ctx.Response.Header.Set("Retry-After", "1")
+		plainError(ctx, "the database is read-only (a standby, or a failover under way)", http.StatusServiceUnavailable)
 		return
 	}
 	ctx.SetContentType("text/plain; charset=utf-8")
