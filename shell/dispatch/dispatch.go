@@ -122,7 +122,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 			if restarted && code == ExitOK {
 				// Stopped between sessions: the lost session's rows are still
 				// running (and its statistics unwritten) until the next start.
+				// Said here: nothing else in the log explains the exit status.
 				code = ExitUnwritten
+				log.Warn("stopped while retaking the dispatcher lock it lost: the rows its last session held stay running, and its statistics unwritten, until the next start resets them")
 			}
 			return code, err
 		}

@@ -170,6 +170,11 @@ func TestSignalWhileRetakingALostLockExitsOne(t *testing.T) {
 		t.Errorf("stopped while retaking the lock: exit %d, err %v; want exit %d (the lost session's row is left for the next start)",
 			code, err, dispatch.ExitUnwritten)
 	}
+	// The exit status is explained (it was once only "pepsi-dispatch
+	// stopped exit=1", with no line saying why, not even the signal's).
+	if len(d.logs.lines("stopped while retaking the dispatcher lock")) != 1 {
+		t.Errorf("no line says why it exits 1; log:\n%s", d.logs.String())
+	}
 	e.expectRow(ids[0], "running", "a", "")
 }
 
