@@ -410,7 +410,26 @@ func lockConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Duration
 	if err != nil {
 		return nil, fmt.Errorf("dispatcher lock: connect: %w", err)
 	}
+	if err := keepWhileIdle(ctx, conn); err != nil {
+		closeQuietly(conn)
+		return nil, fmt.Errorf("dispatcher lock: %w", err)
+	}
 	return conn, nil
+}
+
+// keepWhileIdle turns off idle_session_timeout for conn's session. The lock's
+// session idles by design (a check after 10 s of quiet), and a role's or
+// database's idle_session_timeout below that ended it, and the lock with it,
+// every few seconds: each time the dispatcher killed its workers and their
+// messages ran again. PostgreSQL 13 has no such setting (SQLSTATE 42704):
+// nothing to turn off.
+func keepWhileIdle(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, "SET idle_session_timeout = 0")
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) && pgErr.Code == "42704" {
+		return nil
+	}
+	return fmt.Errorf("turn off idle_session_timeout: %w", err)
 }
 
 // tryLock asks once. When the lock is held elsewhere it says by whom.

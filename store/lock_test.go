@@ -326,3 +326,29 @@ func TestStandbyRechecksTheHolderAndKeepsWaiting(t *testing.T) {
 		t.Errorf("%d sessions named %q during the wait; want the standby to keep its one connection", backends, store.AppName())
 	}
 }
+
+// Proves: a role's or database's idle_session_timeout does not end the lock's
+// session, which idles by design. Found from outside: with ALTER ROLE …
+// SET idle_session_timeout = '3s', the server ended the lock's session every
+// 3 s ("terminating connection due to idle-session timeout", SQLSTATE
+// 57P05), and each time the dispatcher killed its workers, reset their rows
+// and ran those messages again. Here the setting comes with the connection.
+func TestAnIdleSessionTimeoutDoesNotEndTheLocksSession(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	cfg := connConfig(t, url)
+	var version int
+	if err := pgtest.Connect(t, url).QueryRow(t.Context(), `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 140000 {
+		t.Skipf("PostgreSQL %d has no idle_session_timeout", version)
+	}
+	cfg.RuntimeParams["idle_session_timeout"] = "300"
+	l := tryLock(t, cfg)
+	select {
+	case <-l.Lost():
+		t.Fatalf("the lock's session ended while idle: %v", l.Err())
+	case <-time.After(1500 * time.Millisecond):
+	}
+}
