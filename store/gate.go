@@ -193,6 +193,10 @@ func gateConn(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gate: connect: %w", err)
 	}
+	if err := keepWhileIdle(ctx, conn); err != nil { // idle while the dispatcher rests
+		closeQuietly(conn)
+		return nil, fmt.Errorf("gate: %w", err)
+	}
 	return conn, nil
 }
 

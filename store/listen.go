@@ -134,6 +134,10 @@ func listenConn(ctx context.Context, config *pgx.ConnConfig, timeout time.Durati
 	if err != nil {
 		return nil, fmt.Errorf("listen: connect: %w", err)
 	}
+	if err := keepWhileIdle(ctx, conn); err != nil { // idle by design, as the lock's
+		closeQuietly(conn)
+		return nil, fmt.Errorf("listen: %w", err)
+	}
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		closeQuietly(conn)
 		return nil, fmt.Errorf("listen: %w", err)

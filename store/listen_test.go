@@ -181,3 +181,31 @@ func TestListenReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 		t.Fatal("Listen did not return within 2s of its context being cancelled")
 	}
 }
+
+// Proves: a role's or database's idle_session_timeout does not end the
+// listener's session, idle by design between notifications (found from
+// outside: with it at 3 s on the role, the dispatcher logged "ingress
+// listener lost the database" every 3 s while idle, and notifications sent
+// meanwhile were lost). Here the setting comes with the connection.
+func TestAnIdleSessionTimeoutDoesNotEndTheListenersSession(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	var version int
+	if err := pgtest.Connect(t, url).QueryRow(t.Context(), `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 140000 {
+		t.Skipf("PostgreSQL %d has no idle_session_timeout", version)
+	}
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	r := startListener(t, url+sep+"idle_session_timeout=300", "pgqueue-test-idle-listener")
+	r.expect(t, store.Listening, "start")
+	select {
+	case n := <-r.notices:
+		t.Fatalf("listener reported %v while idle; want nothing (its session kept)", n)
+	case <-time.After(1500 * time.Millisecond):
+	}
+}
