@@ -37,24 +37,39 @@ func noArgs(cmd string, args []string) error {
 }
 
 func migrateCmd(a *app) *ffcli.Command {
+	fs := newFlags("migrate")
+	lockWait := fs.Duration("lock-wait", store.DefaultMigrateOptions.LockWait,
+		"give up a migration's try when a lock it needs is held longer than this (0: wait as long as it takes)")
+	lockTries := fs.Int("lock-tries", store.DefaultMigrateOptions.Tries,
+		"tries of a migration whose lock wait ran out, each after a pause of -lock-wait")
 	return &ffcli.Command{
 		Name:       "migrate",
-		ShortUsage: "pepsi-queue [global flags] migrate",
+		ShortUsage: "pepsi-queue [global flags] migrate [-lock-wait DURATION] [-lock-tries N]",
 		ShortHelp:  "apply or upgrade the pepsi schema (safe to run again)",
 		LongHelp: `Applies the embedded schema migrations that the database does not have yet,
 each in its own transaction, under an advisory lock, and prints the versions it
 applied. Running it again changes nothing. pepsi-dispatch never applies the
 schema itself: run this once per database, and after each upgrade.
 
+A migration that needs a lock on pepsi.queue waits for the transactions using
+the table, and every insert and claim queues behind it. So each try waits at
+most -lock-wait for a lock, then rolls back, pauses as long, and starts again,
+up to -lock-tries times; then migrate fails, at the version before, naming the
+migration.
+
 EXAMPLE
   pepsi-queue -database postgres://pepsi@db/pepsi migrate`,
-		FlagSet: newFlags("migrate"),
+		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
 			if err := noArgs("migrate", args); err != nil {
 				return err
 			}
+			if *lockWait < 0 || *lockTries < 1 {
+				return usagef("migrate", "-lock-wait must be 0 or more and -lock-tries 1 or more")
+			}
+			opts := store.MigrateOptions{LockWait: *lockWait, Tries: *lockTries}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
-				applied, err := store.Migrate(ctx, conn)
+				applied, err := store.MigrateWith(ctx, conn, store.Latest(), opts)
 				if err != nil {
 					return err
 				}
