@@ -52,6 +52,33 @@ func SessionParams() map[string]string {
 	}
 }
 
+// boundLockWaitsSQL sets the session's lock_timeout to $1 unless the role,
+// the database or the connection string already set a shorter one.
+const boundLockWaitsSQL = `SELECT set_config('lock_timeout', $1, false)
+WHERE current_setting('lock_timeout')::interval = interval '0'
+   OR current_setting('lock_timeout')::interval > $1::interval`
+
+// BoundLockWaits returns a connect step for the sessions Queue's
+// transactions run on: their statements wait at most wait for a lock
+// (lock_timeout), which the dispatcher sets a little under its transaction
+// timeout. A step whose statement waits for a row another session holds
+// (an operator's open transaction, a tool's SELECT ... FOR UPDATE) then
+// ends with the server's ERROR (55P03) before its COMMIT: it certainly did
+// not commit, and the core sends its work again as it was. Ended by the
+// transaction timeout instead, its reply is lost with no answer, and the
+// transaction is in doubt: the core resets rows and a stage may run a
+// message again (docs/durability.md). A shorter lock_timeout of the role's
+// is kept.
+func BoundLockWaits(wait time.Duration) func(context.Context, *pgx.Conn) error {
+	ms := fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, boundLockWaitsSQL, ms); err != nil {
+			return fmt.Errorf("bound the session's lock waits: %w", err)
+		}
+		return nil
+	}
+}
+
 // Queue executes the dispatcher's queue commands against PostgreSQL. It
 // implements Executor. Exec may run beside itself, each call a transaction on
 // a session of its own from the pool, as many as the core has outstanding

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -135,4 +136,46 @@ func TestAQueueTransactionStuckPastItsTimeoutFailsAndIsRetried(t *testing.T) {
 	}
 	e.waitCounts(60*time.Second, map[string]int{"done": n})
 	d.stopClean()
+}
+
+// TestAQueueTransactionWaitingForALockEndsWithAnErrorNotADoubt: a step
+// whose statement waits for a lock another session holds past the
+// transaction's timeout is ended by the server's lock_timeout, set a little
+// under it (store.BoundLockWaits): an ERROR before the COMMIT, so the core
+// knows nothing committed and sends its work again as it was. Ended by the
+// transaction's timeout instead, its reply was lost without an answer: a
+// transaction in doubt, whose price is rows reset and passes run again.
+func TestAQueueTransactionWaitingForALockEndsWithAnErrorNotADoubt(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	e := newEnv(t, stagesOf("libstage", 1, 16, "a", "b"))
+	e.txnTimeout = 2 * time.Second
+	e.insertN("a", "a=advance:b;b=done", n)
+	ctx := context.Background()
+	locker, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locker.Exec(ctx, "LOCK TABLE pepsi.queue IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start()
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	waitFor(t, 20*time.Second, "a queue transaction to fail", func() (bool, string) {
+		return len(d.logs.lines("queue write failed")) > 0, "no \"queue write failed\" line in the log"
+	})
+	time.Sleep(3 * time.Second) // past the transaction's timeout: more tries fail
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCounts(60*time.Second, map[string]int{"done": n})
+	d.stopClean()
+	for _, line := range d.logs.lines("queue write failed") {
+		if msg := line.msg(); !strings.Contains(msg, "55P03") || strings.Contains(msg, "deadline exceeded") {
+			t.Errorf("a failed write: %s; want the server's lock timeout (SQLSTATE 55P03), not the transaction's own timeout", msg)
+		}
+	}
+	if lines := d.logs.lines("in doubt"); len(lines) > 0 {
+		t.Errorf("a transaction was left in doubt: %v", lines)
+	}
 }

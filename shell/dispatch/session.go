@@ -191,8 +191,16 @@ func (s *session) openPool() error {
 	// writer's, the inspections' and the vacuums' beside them.
 	poolCfg.MaxConns = int32(max(1, s.o.Config.Dispatch.Sessions) + 3)
 	// A session whose transaction is left in doubt is ended by its process
-	// id and its start (docs/durability.md).
-	poolCfg.AfterConnect = store.NoteBackendStart
+	// id and its start (docs/durability.md); a lock wait ends before the
+	// transaction's timeout, so that it is an error, not a doubt
+	// (store.BoundLockWaits).
+	bound := store.BoundLockWaits(lockWaitFor(s.txnTimeout()))
+	poolCfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if err := store.NoteBackendStart(ctx, conn); err != nil {
+			return err
+		}
+		return bound(ctx, conn)
+	}
 	s.pool, err = pgxpool.NewWithConfig(s.ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
@@ -546,10 +554,7 @@ func (s *session) quiet() bool {
 // result comes back on s.results. A transaction past the timeout fails, and the
 // core re-sends what it owed once a probe reaches the database.
 func (s *session) runTxn(cmds []core.Command) {
-	timeout := s.o.TxnTimeout
-	if timeout <= 0 {
-		timeout = txnTimeoutDefault
-	}
+	timeout := s.txnTimeout()
 	for _, cmd := range cmds {
 		if r, ok := cmd.(core.Resolve); ok {
 			s.txns.items += len(r.Items)
@@ -631,4 +636,20 @@ func workerEnv(base []string, database string) []string {
 		}
 	}
 	return append(env, "PEPSI_DATABASE="+database)
+}
+
+// txnTimeout is how long one queue transaction may take (Options.TxnTimeout).
+func (s *session) txnTimeout() time.Duration {
+	if s.o.TxnTimeout > 0 {
+		return s.o.TxnTimeout
+	}
+	return txnTimeoutDefault
+}
+
+// lockWaitFor is how long a queue statement may wait for a lock in a
+// transaction that may take timeout: five sixths of it (50 s of the default
+// 60 s), so that the server ends the wait with an error while the
+// transaction still has time to read it.
+func lockWaitFor(timeout time.Duration) time.Duration {
+	return timeout * 5 / 6
 }
