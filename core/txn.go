@@ -38,7 +38,7 @@ func (c *Core) result(op int64, err string) (Command, *txnOut) {
 			}
 			if err != "" && !c.dbDown {
 				c.dbDown = true
-				c.logf(LevelWarn, "queue write failed, holding results until the database is back: %s", err)
+				c.logf(LevelWarn, "queue write failed, holding results and trying again: %s", err)
 			}
 			return cmd, t
 		}

@@ -19,7 +19,7 @@ import (
 // application_name), and the step then commits once the lock is let go.
 // Found from outside: a psql session holding queue rows FOR UPDATE stalled
 // the whole pipeline for a minute with nothing in the log, and then only
-// "queue write failed, holding results until the database is back: queue
+// "queue write failed, holding results and trying again: queue
 // transaction: begin: timeout", as if the database had gone.
 func TestAStepWaitingForAnotherSessionsLockNamesIt(t *testing.T) {
 	t.Parallel()
