@@ -302,11 +302,8 @@ func retry(ctx context.Context, conn *pgx.Conn, f RetryFilter, dryRun bool) (sto
 	}
 	// Outside a transaction: the change commits, with its notification,
 	// before its keys are released (store.PG.Retry says why).
-	r, err := store.On(conn).RetryBlocked(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
-	if err != nil {
-		return r, fmt.Errorf("retry: %w", err)
-	}
-	return r, nil
+	// RetryBlocked's errors say "retry: " already.
+	return store.On(conn).RetryBlocked(ctx, store.RetryParams{ID: f.ID, Stage: f.Stage, Statuses: statuses, To: f.To, Reason: f.Reason})
 }
 
 // Finished lists the statuses a message leaves the pipeline with

@@ -251,6 +251,19 @@ func TestRetryOfNothingDoesNotNotify(t *testing.T) {
 	}
 }
 
+// A retry that fails says "retry: " once, not once for each layer it
+// passed through.
+func TestARetrysErrorSaysRetryOnce(t *testing.T) {
+	t.Parallel()
+	_, conn := pgtest.NewMigratedConn(t)
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := queueadmin.Retry(stopped, conn, queueadmin.RetryFilter{ID: 1})
+	if err == nil || !strings.HasPrefix(err.Error(), "retry: ") || strings.Contains(err.Error(), "retry: retry") {
+		t.Errorf("Retry with its context cancelled: %v; want one error that begins \"retry: \" once", err)
+	}
+}
+
 func TestPurgeDeletesOldFinishedRowsInBatches(t *testing.T) {
 	t.Parallel()
 	conn := pgtest.Connect(t, pgtest.NewMigrated(t))
