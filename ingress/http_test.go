@@ -190,6 +190,24 @@ func TestAnUnknownStageParameterIsRefusedBeforeTheBody(t *testing.T) {
 	}
 }
 
+// A ?stage= given twice is refused: the first was taken and the others
+// never checked, so ?stage=a&stage=nope went to a.
+func TestAStageParameterGivenTwiceIsRefused(t *testing.T) {
+	t.Parallel()
+	f := start(t, "", nil)
+	for _, q := range []string{"?stage=a&stage=nope", "?stage=a&stage=a"} {
+		if a := f.post("application/json", q, `{"payload": "x"}`); a.code != 400 || !strings.Contains(a.err, "given 2 times") {
+			t.Errorf("%s: %d %q; want 400 saying ?stage= was given twice", q, a.code, a.err)
+		}
+	}
+	if a := f.post("application/json", "?stage=a", `{"payload": "x"}`); a.code != 202 {
+		t.Errorf("?stage=a: %+v; want 202", a)
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d rows; want 1", n)
+	}
+}
+
 // unreadable is a body that fails its test when read.
 type unreadable struct{ t *testing.T }
 

@@ -351,6 +351,11 @@ func (s *Server) take(ctx *fasthttp.RequestCtx, body *[]byte, span *tracing.Requ
 	// exist can never succeed, so it is told so at once rather than about
 	// its body, or to retry (503) what will fail again.
 	known := func(st string) bool { return s.known[st] }
+	if n := len(ctx.QueryArgs().PeekMulti("stage")); n > 1 {
+		// The first would be taken and the others never checked: a URL
+		// built by appending a stage to one that had one goes elsewhere.
+		return nil, statusf(http.StatusBadRequest, "?stage= given %d times: give it once", n)
+	}
 	stage := string(ctx.QueryArgs().Peek("stage"))
 	if st := stageParamStatus(stage, known); st != nil {
 		return nil, st
