@@ -307,7 +307,10 @@ func CheckOrderKey(k string) error {
 // rounded up to a whole microsecond.
 // Its errors name the field and say what is wanted.
 func CheckNotBefore(text string) (time.Time, error) {
-	t, err := time.Parse(time.RFC3339Nano, text)
+	// RFC 3339 (5.6) lets "T" and "Z" be lower case; Go's parser does not.
+	// Nothing else in such a time has a letter, so upper-casing it changes
+	// nothing else.
+	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(text))
 	if err != nil {
 		return time.Time{}, fmt.Errorf("not_before %s is not an RFC 3339 time: want e.g. 2026-12-24T18:00:00Z", quoteClip(text))
 	}

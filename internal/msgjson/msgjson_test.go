@@ -124,6 +124,7 @@ func TestNotBeforeIsReadWithItsOffsetAndRoundedUpToAMicrosecond(t *testing.T) {
 		{"2026-12-24T19:00:00.5+01:00", "2026-12-24T18:00:00.5Z"},
 		{"2026-12-24T18:00:00.0000001Z", "2026-12-24T18:00:00.000001Z"},
 		{"2026-12-24T18:00:00.000001999Z", "2026-12-24T18:00:00.000002Z"},
+		{"2026-12-24t18:00:00z", "2026-12-24T18:00:00Z"}, // RFC 3339 5.6: "t" and "z" may be lower case
 	} {
 		got, err := msgjson.CheckNotBefore(tc.text)
 		if err != nil || got.UTC().Format(time.RFC3339Nano) != tc.want {
