@@ -1,8 +1,12 @@
 package store_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
@@ -94,5 +98,40 @@ func TestARetryThatCannotBePreparedIsNotBlamedOnTheHistoryPartition(t *testing.T
 	_, err := store.On(conn).Retry(t.Context(), store.RetryParams{ID: 1, Statuses: []core.RowStatus{core.StatusFailed}})
 	if err == nil || strings.Contains(err.Error(), "history partition") || !strings.Contains(err.Error(), "ready_at") {
 		t.Errorf("retry against a queue without ready_at: %v; want its own statement's error, naming ready_at, not the partition", err)
+	}
+}
+
+// pepsi.history_keep, asked to make today's partition while another
+// session holds pepsi.history past the caller's lock_timeout, fails with
+// the lock timeout (55P03), not success with the day missing: the
+// dispatcher's queue sessions have a lock_timeout, and a day read as made
+// made every history row of it refused, naming neither the lock nor its
+// holder (schema 35).
+func TestHistoryKeepThatCannotMakeTodayInTimeSaysSo(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	conn := pgtest.Connect(t, url)
+	ctx := t.Context()
+	if _, err := conn.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('DROP TABLE pepsi.%I', 'history_' || to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD'));
+	END $$`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pgtest.Connect(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // the test's end
+	if _, err := holder.Exec(ctx, `LOCK TABLE pepsi.history IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '200ms'`); err != nil {
+		t.Fatal(err)
+	}
+	var covered time.Time
+	err = conn.QueryRow(ctx, `SELECT pepsi.history_keep(now(), now(), now() + interval '2 days', now() - interval '30 days')`).Scan(&covered)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Errorf("history_keep with today's partition locked out: covered %v, err %v; want the lock timeout (55P03)", covered, err)
 	}
 }
