@@ -584,7 +584,9 @@ func Refused(err error) bool {
 // reached, the connection broke, a deadline passed), or the server's own
 // SQLSTATE saying so (class 08, connection exception; 53, insufficient
 // resources such as too many connections; 57P01 to 57P03, shutting down,
-// crashed, or starting). The same request may succeed once it answers again.
+// crashed, or starting; 57P05, the session ended idle; 25006, read-only:
+// a standby, or a failover under way). The same request may succeed once it
+// answers again.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
@@ -600,7 +602,10 @@ func Unavailable(err error) bool {
 	switch {
 	case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "53"):
 		return true
-	case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+	case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", pgErr.Code == "57P05":
+		return true
+	case pgErr.Code == "25006":
+		// read_only_sql_transaction: a standby, or a failover under way.
 		return true
 	}
 	return false
