@@ -36,9 +36,10 @@ type blocker struct {
 // transaction after q.lockWaitAfter and waits for a lock another session
 // holds (a row an operator's or a tool's open transaction locked). The
 // dispatcher's transactions are serial, so the whole pipeline waits with
-// it, and nothing else says why: the transaction only fails when its
-// timeout ends it, a minute later, as if the database had gone. The
-// returned stop ends the watch.
+// it, and nothing else says why: the wait only ends when the session's
+// lock_timeout does (BoundLockWaits: 50 s of the default transaction
+// timeout), with an error that names no one. The returned stop ends the
+// watch.
 func (q *Queue) watchLockWait(sess Backend) (stop func()) {
 	if sess.PID == 0 {
 		return func() {}
@@ -61,7 +62,7 @@ func (q *Queue) warnBlocked(sess Backend, waited time.Duration) {
 		return
 	}
 	b := bs[0]
-	q.log.Warn("queue transaction waits for a lock another session holds; the pipeline waits until that session ends its transaction (or until pepsi-dispatch's transaction timeout ends its own and tries again)",
+	q.log.Warn("queue transaction waits for a lock another session holds; the pipeline waits until that session ends its transaction (or until its lock wait runs out, 50 s by default, and pepsi-dispatch tries again)",
 		"waited", waited, "pid", sess.PID, "holders", len(bs), "holder_pid", b.pid,
 		"holder_application_name", b.app, "holder_client", b.client, "holder_user", b.user,
 		"holder_state", b.st, "holder_xact_age", b.xactAge,
