@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,5 +134,62 @@ func TestMigrateByARoleThatMayNotCreateNamesWhatItLacks(t *testing.T) {
 	}
 	if applied, err := store.Migrate(ctx, role); err != nil || len(applied) != 0 {
 		t.Fatalf("migrate of a current database by a role that owns nothing = %v, %v; want nothing to do", applied, err)
+	}
+}
+
+// Passes that overlap (each holds a row 400 ms, a new one every 200 ms)
+// leave pepsi.queue no free moment: a migration whose every try waited the
+// same 50 ms would never get its lock. Each try waits twice as long as the
+// one before, and the try whose wait outlasts the passes open when it began
+// gets it (those begun after queue behind it), so the migration lands.
+func TestMigrateGetsItsLockBetweenOverlappingPasses(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	conn := pgtest.Connect(t, url)
+	ctx := context.Background()
+	if _, err := store.MigrateTo(ctx, conn, 26); err != nil {
+		t.Fatalf("migrate to 26: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 100)"); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var passes sync.WaitGroup
+	for i := range 2 {
+		pass := pgtest.Connect(t, url)
+		passes.Go(func() {
+			time.Sleep(time.Duration(i) * 200 * time.Millisecond)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Errors end the loop: the test fails by the migration's
+				// answer, and the pass's session is the test's.
+				tx, err := pass.Begin(ctx)
+				if err != nil {
+					return
+				}
+				if _, err := tx.Exec(ctx, "SELECT ingress_id FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE", i+1); err != nil {
+					tx.Rollback(ctx) //nolint:errcheck // the session is the test's
+					return
+				}
+				time.Sleep(400 * time.Millisecond)
+				if err := tx.Commit(ctx); err != nil {
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond) // both passes are running
+	_, err := store.MigrateWith(ctx, conn, store.Latest(), store.MigrateOptions{LockWait: 50 * time.Millisecond, Tries: 8})
+	close(stop)
+	passes.Wait()
+	if err != nil {
+		t.Fatalf("migrate between overlapping passes: %v", err)
+	}
+	if v, err := store.Version(ctx, conn); err != nil || v != store.Latest() {
+		t.Fatalf("Version = %d, %v; want %d", v, err, store.Latest())
 	}
 }

@@ -79,9 +79,18 @@ type MigrateOptions struct {
 	LockWait time.Duration
 	// Tries is how many times a migration whose wait ran out is started
 	// again, after a pause as long as LockWait in which the others' queued
-	// statements run (at least 1).
+	// statements run (at least 1). Each try waits twice as long as the one
+	// before, up to lockWaitGrowth times LockWait: transactions that overlap
+	// (the passes of several workers) may leave the table no free moment,
+	// and a wait that outlasts the ones open when it began gets the lock,
+	// those begun after it queuing behind it.
 	Tries int
 }
+
+// lockWaitGrowth bounds how far a migration's lock wait grows over its tries
+// (MigrateOptions.Tries): 32 s from the default 1 s, about the stall a
+// migration may then cause.
+const lockWaitGrowth = 32
 
 // DefaultMigrateOptions: producers and the dispatcher are held off at most
 // about a second at a time, and a migration keeps trying for about a minute.
@@ -145,13 +154,14 @@ func MigrateWith(ctx context.Context, conn *pgx.Conn, version int, opts MigrateO
 // version before m until one commits.
 func applyMigration(ctx context.Context, conn *pgx.Conn, m Migration, opts MigrateOptions) error {
 	tries := max(opts.Tries, 1)
-	for try := 1; ; try++ {
+	wait := opts.LockWait
+	for try := 1; ; try, wait = try+1, min(wait*2, opts.LockWait*lockWaitGrowth) {
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if opts.LockWait > 0 {
 				// Local to the transaction: the session's own setting is
 				// back once it ends, and a function a migration calls that
 				// reads lock_timeout (pepsi.history_day) sees this one.
-				ms := strconv.FormatInt(max(opts.LockWait.Milliseconds(), 1), 10)
+				ms := strconv.FormatInt(max(wait.Milliseconds(), 1), 10)
 				if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", ms); err != nil {
 					return fmt.Errorf("bound its lock waits: %w", err)
 				}
@@ -170,10 +180,10 @@ func applyMigration(ctx context.Context, conn *pgx.Conn, m Migration, opts Migra
 			return nil
 		}
 		if try >= tries {
-			return fmt.Errorf("migrate: apply %s: a lock it needs was held by another transaction longer than %s, %d times: "+
+			return fmt.Errorf("migrate: apply %s: a lock it needs was held by another transaction through %d tries, the last waiting %s: "+
 				"find it in pg_locks and pg_stat_activity (a long transaction on pepsi.queue or pepsi.history), "+
 				"or run migrate again with a longer -lock-wait (0 waits as long as it takes, holding off every writer meanwhile): %w",
-				m.Name, opts.LockWait, tries, err)
+				m.Name, tries, wait, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -39,7 +39,7 @@ func noArgs(cmd string, args []string) error {
 func migrateCmd(a *app) *ffcli.Command {
 	fs := newFlags("migrate")
 	lockWait := fs.Duration("lock-wait", store.DefaultMigrateOptions.LockWait,
-		"give up a migration's try when a lock it needs is held longer than this (0: wait as long as it takes)")
+		"give up a migration's first try when a lock it needs is held longer than this, each later try waiting twice as long, up to 32 times it (0: wait as long as it takes)")
 	lockTries := fs.Int("lock-tries", store.DefaultMigrateOptions.Tries,
 		"tries of a migration whose lock wait ran out, each after a pause of -lock-wait")
 	return &ffcli.Command{
@@ -52,10 +52,11 @@ applied. Running it again changes nothing. pepsi-dispatch never applies the
 schema itself: run this once per database, and after each upgrade.
 
 A migration that needs a lock on pepsi.queue waits for the transactions using
-the table, and every insert and claim queues behind it. So each try waits at
-most -lock-wait for a lock, then rolls back, pauses as long, and starts again,
-up to -lock-tries times; then migrate fails, at the version before, naming the
-migration.
+the table, and every insert and claim queues behind it. So its first try waits
+at most -lock-wait for a lock, then rolls back, pauses as long, and starts
+again, each try waiting twice as long as the one before (up to 32 times
+-lock-wait), up to -lock-tries times; then migrate fails, at the version
+before, naming the migration.
 
 EXAMPLE
   pepsi-queue -database postgres://pepsi@db/pepsi migrate`,
