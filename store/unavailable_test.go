@@ -33,8 +33,8 @@ func TestUnavailableTellsADatabaseThatDoesNotAnswerFromARefusal(t *testing.T) {
 		{&pgconn.PgError{Code: "53300"}, true},
 		{&pgconn.PgError{Code: "57P01"}, true},
 		{&pgconn.PgError{Code: "57P03"}, true},
-		{&pgconn.PgError{Code: "57P05"}, true}, // idle_session_timeout
-		{&pgconn.PgError{Code: "25006"}, true}, // read-only: a standby
+		{&pgconn.PgError{Code: "57P05"}, true},  // idle_session_timeout
+		{&pgconn.PgError{Code: "25006"}, true},  // read-only: a standby
 		{&pgconn.PgError{Code: "57014"}, false}, // a statement cancelled: it answered
 		{fmt.Errorf("retry: %w", &pgconn.PgError{Code: "42P01"}), false},
 		{&pgconn.PgError{Code: "23505"}, false},
