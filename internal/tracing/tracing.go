@@ -52,6 +52,19 @@ func queueSize(getenv func(string) string) int {
 	return 2048
 }
 
+// batchSize is the most spans the batcher sends in one export:
+// OTEL_BSP_MAX_EXPORT_BATCH_SIZE when it is a whole number from 1 to size
+// (the queue's), else 512 or size if smaller, as the SDK reads it. The
+// batcher is given it, and size, explicitly: the SDK reads these variables
+// again itself, and a negative one makes it panic (a slice of negative
+// capacity) instead of falling back as queueSize does.
+func batchSize(getenv func(string) string, size int) int {
+	if n, err := strconv.Atoi(getenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")); err == nil && n > 0 && n <= size {
+		return n
+	}
+	return min(512, size)
+}
+
 // Enabled reports whether getenv's OpenTelemetry environment asks for traces:
 // OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set,
 // OTEL_SDK_DISABLED is not "true" and OTEL_TRACES_EXPORTER is not "none".
@@ -106,7 +119,9 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 	e := &Exporter{passes: make(chan core.Pass, size), log: log, done: make(chan struct{}), names: map[string]string{}}
 	// The batcher may wait for the exporter (WithBlocking): only its feeder
 	// does, never a caller, which the queue in front of it keeps from it.
-	e.spans = newQueueing(sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithBlocking()), size, &e.dropped)
+	bsp := sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithBlocking(),
+		sdktrace.WithMaxQueueSize(size), sdktrace.WithMaxExportBatchSize(batchSize(os.Getenv, size)))
+	e.spans = newQueueing(bsp, size, &e.dropped)
 	e.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(e.spans), sdktrace.WithIDGenerator(ids{}))
 	e.tracer = e.tp.Tracer("github.com/pepsi-pipeline/pepsi")
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(e.exportFailed))

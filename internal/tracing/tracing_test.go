@@ -147,3 +147,40 @@ func TestAnEndpointIsCheckedAsTheExporterWouldTakeIt(t *testing.T) {
 		}
 	}
 }
+
+// Proves: a batcher size that is not a positive whole number falls back to
+// the default, as the queue's does, rather than making the SDK panic at
+// start (it read OTEL_BSP_MAX_QUEUE_SIZE=-5 itself and made a slice of
+// negative capacity).
+func TestBadBatcherSizesFallBackInsteadOfPanicking(t *testing.T) {
+	for _, kv := range [][2]string{
+		{"OTEL_BSP_MAX_QUEUE_SIZE", "-5"},
+		{"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "-1"},
+		{"OTEL_BSP_MAX_QUEUE_SIZE", "0"},
+	} {
+		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+			t.Setenv(kv[0], kv[1])
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("New panicked: %v", r)
+				}
+			}()
+			e, err := New(context.Background(), "test", slog.New(slog.DiscardHandler))
+			if err != nil || e == nil {
+				t.Fatalf("New = %v, %v; want an exporter", e, err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = e.Shutdown(ctx)
+		})
+	}
+	for _, tc := range []struct {
+		env        string
+		size, want int
+	}{{"", 2048, 512}, {"-1", 2048, 512}, {"0", 2048, 512}, {"100", 2048, 100}, {"4096", 2048, 512}, {"", 16, 16}, {"32", 16, 16}} {
+		if got := batchSize(func(string) string { return tc.env }, tc.size); got != tc.want {
+			t.Errorf("batchSize(%q, %d) = %d, want %d", tc.env, tc.size, got, tc.want)
+		}
+	}
+}
