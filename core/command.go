@@ -525,6 +525,9 @@ const (
 	PassTimeout PassOutcome = "timeout"
 	// PassCrash: the worker died or broke the protocol holding it at the head.
 	PassCrash PassOutcome = "crash"
+	// PassRequeue: handed to a worker that ended (a crash, a timeout, a
+	// shutdown) before it answered it: the message was requeued.
+	PassRequeue PassOutcome = "requeue"
 )
 
 // Stop closes a worker's standard input: it finishes what it was handed, answers,

@@ -72,3 +72,25 @@ func TestATimedOutPassReportsItsReason(t *testing.T) {
 		t.Errorf("pass %+v; want a timeout with its reason", p)
 	}
 }
+
+// Proves: the messages a crashed worker had been handed behind its head,
+// requeued, each report their pass (outcome requeue, the worker's pid,
+// their handing), so the first pass of a trace the claim began, the root
+// every later pass names as parent, is exported even when it was requeued.
+func TestARequeuedPassIsReported(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.c.TracePasses()
+	w.start("a", 2)
+	w.at(core.StartWindow) // a crash, not a program that cannot start
+	ps := of[core.Pass](w.exit(1, 0, "SIGSEGV"))
+	if len(ps) != 2 {
+		t.Fatalf("passes %+v; want the crashed head's and the requeued one's", ps)
+	}
+	p := ps[1]
+	if p.ID != 2 || p.Outcome != core.PassRequeue || p.PID != 1001 || p.Handed.IsZero() || p.Trace.Pass == "" {
+		t.Errorf("requeued pass %+v; want message 2, requeue, pid 1001, its handing and trace", p)
+	}
+	if ps[0].ID != 1 || ps[0].Outcome != core.PassCrash {
+		t.Errorf("head pass %+v; want message 1's crash", ps[0])
+	}
+}

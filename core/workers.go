@@ -210,8 +210,26 @@ func (c *Core) protocolError(w *worker, line, why string) {
 
 func (c *Core) requeue(st *stage, ms []msg) {
 	for _, m := range ms {
+		c.requeuedPass(st, m)
 		c.owe(Item{ID: m.id, Stage: st.cfg.Name, Verdict: Requeue})
 	}
+}
+
+// requeuedPass reports the pass of m, requeued at stage st, when its line
+// had been handed to a worker: that worker ended without answering it (it
+// waited behind a crash, a timeout or a shutdown). The line carried the
+// pass's traceparent, and the first pass of a trace the claim began is the
+// trace's root, every later pass's parent: without its span the trace would
+// name a parent no one exported. A message requeued before it was handed
+// had no pass. Not counted among the passes (c.passes): no answer ended it.
+// Read before its item is owed, which ends what history knows of it.
+func (c *Core) requeuedPass(st *stage, m msg) {
+	h, ok := c.hist.passes[m.id]
+	if !c.tracePasses || !ok || h.handedAt.IsZero() {
+		return
+	}
+	c.emit(Pass{ID: m.id, Stage: st.cfg.Name, PID: h.pid, Attempts: m.attempts, Outcome: PassRequeue,
+		Reason: "requeued: its worker ended without answering it", Claimed: m.claimed, Handed: h.handedAt, Ended: c.now, Trace: m.trace})
 }
 
 // crashed counts a worker crash in the stage's run of them (health.go).
