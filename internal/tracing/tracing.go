@@ -88,7 +88,7 @@ type Exporter struct {
 	attrs []attribute.KeyValue
 	names map[string]string
 
-	dropped atomic.Uint64
+	dropped drops
 	failed  atomic.Uint64
 	done    chan struct{}
 	once    sync.Once
@@ -117,6 +117,7 @@ func New(ctx context.Context, service string, log *slog.Logger) (*Exporter, erro
 	}
 	size := queueSize(os.Getenv)
 	e := &Exporter{passes: make(chan core.Pass, size), log: log, done: make(chan struct{}), names: map[string]string{}}
+	e.dropped.log = log
 	// The batcher may wait for the exporter (WithBlocking): only its feeder
 	// does, never a caller, which the queue in front of it keeps from it.
 	bsp := sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithBlocking(),
@@ -205,6 +206,24 @@ func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.Span
 // namesMax bounds the span names an exporter keeps, one per stage.
 const namesMax = 1024
 
+// drops counts the spans dropped because a queue was full, and logs the
+// first: a collector that accepts connections and never answers, or asks
+// to be retried later (429 with a long Retry-After), fails no export for
+// half a minute or more, so without it the log would say nothing while
+// every span is lost. One line, not one per span: the count is the metric.
+type drops struct {
+	n      atomic.Uint64
+	logged atomic.Bool
+	log    *slog.Logger // nil: nothing logged
+}
+
+func (d *drops) add() {
+	d.n.Add(1)
+	if d.log != nil && !d.logged.Load() && d.logged.CompareAndSwap(false, true) {
+		d.log.Warn("traces: spans are being dropped: the exporter's queues are full, the collector is slow or not answering (logged once; the count is in the spans_dropped_total metric and the exit's log line)")
+	}
+}
+
 // lastFailLog rate-limits the log of failed exports.
 var lastFailLog atomic.Int64
 
@@ -223,7 +242,7 @@ func (e *Exporter) Dropped() uint64 {
 	if e == nil {
 		return 0
 	}
-	return e.dropped.Load()
+	return e.dropped.n.Load()
 }
 
 // Failed counts the errors the SDK reported: failed exports. Zero for nil.
@@ -273,14 +292,14 @@ func (e *Exporter) Pass(p core.Pass) {
 		return
 	}
 	defer func() {
-		if recover() != nil { // sent after Shutdown: dropped
-			e.dropped.Add(1)
+		if recover() != nil { // sent after Shutdown: dropped, not for the collector's sake
+			e.dropped.n.Add(1)
 		}
 	}()
 	select {
 	case e.passes <- p:
 	default:
-		e.dropped.Add(1)
+		e.dropped.add()
 	}
 }
 
@@ -292,7 +311,7 @@ func (e *Exporter) makePasses() {
 	defer close(e.done)
 	for p := range e.passes {
 		if e.spans.full() {
-			e.dropped.Add(1)
+			e.dropped.add()
 			continue
 		}
 		e.passSpan(p)
@@ -442,12 +461,12 @@ func (ids) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
 type queueing struct {
 	next    sdktrace.SpanProcessor
 	ch      chan sdktrace.ReadOnlySpan
-	dropped *atomic.Uint64
+	dropped *drops
 	done    chan struct{}
 	once    sync.Once
 }
 
-func newQueueing(next sdktrace.SpanProcessor, size int, dropped *atomic.Uint64) *queueing {
+func newQueueing(next sdktrace.SpanProcessor, size int, dropped *drops) *queueing {
 	q := &queueing{next: next, ch: make(chan sdktrace.ReadOnlySpan, size), dropped: dropped, done: make(chan struct{})}
 	go func() {
 		defer close(q.done)
@@ -465,14 +484,14 @@ func (q *queueing) full() bool { return len(q.ch) == cap(q.ch) }
 
 func (q *queueing) OnEnd(s sdktrace.ReadOnlySpan) {
 	defer func() {
-		if recover() != nil { // ended after Shutdown: dropped
-			q.dropped.Add(1)
+		if recover() != nil { // ended after Shutdown: dropped, not for the collector's sake
+			q.dropped.n.Add(1)
 		}
 	}()
 	select {
 	case q.ch <- s:
 	default:
-		q.dropped.Add(1)
+		q.dropped.add()
 	}
 }
 

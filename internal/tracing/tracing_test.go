@@ -2,8 +2,10 @@ package tracing
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -183,4 +185,43 @@ func TestBadBatcherSizesFallBackInsteadOfPanicking(t *testing.T) {
 			t.Errorf("batchSize(%q, %d) = %d, want %d", tc.env, tc.size, got, tc.want)
 		}
 	}
+}
+
+// Proves: the first span dropped for a full queue is logged, once however
+// many follow: a collector that never answers fails no export for half a
+// minute or more, and the log must not stay silent while spans are lost.
+func TestTheFirstDroppedSpanIsLoggedOnce(t *testing.T) {
+	const passes, queue = 100, 4
+	blocked := stuck{release: make(chan struct{})}
+	defer close(blocked.release)
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil))
+	e := &Exporter{passes: make(chan core.Pass, queue), names: map[string]string{}, done: make(chan struct{}), log: log}
+	e.dropped.log = log
+	e.spans = newQueueing(blocked, queue, &e.dropped)
+	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(e.spans), sdktrace.WithIDGenerator(ids{}))
+	e.tracer = e.tp.Tracer("test")
+	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	for i := range passes {
+		e.Pass(core.Pass{ID: int64(i + 1), Stage: "a", Outcome: core.PassDone, Handed: t0, Ended: t0.Add(time.Millisecond),
+			Trace: core.Trace{Pass: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}})
+	}
+	if e.Dropped() == 0 {
+		t.Fatalf("no pass dropped with %d passes into a queue of %d", passes, queue)
+	}
+	if n := strings.Count(buf.String(), "spans are being dropped"); n != 1 {
+		t.Errorf("%d lines about dropped spans for %d drops; want 1:\n%s", n, e.Dropped(), buf.String())
+	}
+}
+
+// syncWriter serializes writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
