@@ -15,6 +15,19 @@ import (
 	"github.com/pepsi-pipeline/pepsi/store"
 )
 
+// atSchema26 makes a database of its own at schema 26, the one before the
+// first migration since that locks pepsi.queue exclusively (27), and
+// returns its URL and a session on it.
+func atSchema26(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	url := pgtest.NewDatabase(t)
+	conn := pgtest.Connect(t, url)
+	if _, err := store.MigrateTo(context.Background(), conn, 26); err != nil {
+		t.Fatalf("migrate to 26: %v", err)
+	}
+	return url, conn
+}
+
 // holdARow begins a transaction on a session of url that locks one queue
 // row, as a stage's pass does for its whole run, and returns the session:
 // schema 27 needs an exclusive lock on pepsi.queue, which waits for it.
@@ -43,12 +56,8 @@ func holdARow(t *testing.T, url string) pgx.Tx {
 // the pass ends.
 func TestMigrateGivesWayToALongTransaction(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := atSchema26(t)
 	ctx := context.Background()
-	if _, err := store.MigrateTo(ctx, conn, 26); err != nil {
-		t.Fatalf("migrate to 26: %v", err)
-	}
 	pass := holdARow(t, url)
 	done := make(chan error, 1)
 	go func() {
@@ -84,12 +93,8 @@ func TestMigrateGivesWayToALongTransaction(t *testing.T) {
 // and leaves the database at the version before it.
 func TestMigrateThatNeverGetsItsLockLeavesTheVersionBefore(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := atSchema26(t)
 	ctx := context.Background()
-	if _, err := store.MigrateTo(ctx, conn, 26); err != nil {
-		t.Fatalf("migrate to 26: %v", err)
-	}
 	holdARow(t, url)
 	applied, err := store.MigrateWith(ctx, conn, store.Latest(), store.MigrateOptions{LockWait: 100 * time.Millisecond, Tries: 2})
 	var pgErr *pgconn.PgError
@@ -116,12 +121,8 @@ func TestMigrateThatNeverGetsItsLockLeavesTheVersionBefore(t *testing.T) {
 // ... IF NOT EXISTS checks the right to create before it looks.
 func TestMigrateByARoleThatMayNotCreateNamesWhatItLacks(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := atSchema26(t)
 	ctx := context.Background()
-	if _, err := store.MigrateTo(ctx, conn, 26); err != nil {
-		t.Fatalf("migrate to 26: %v", err)
-	}
 	_, roleURL := pgtest.LoginRole(t, conn, url, "migrator", `GRANT USAGE ON SCHEMA pepsi TO ROLE;
 		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pepsi TO ROLE`)
 	role := pgtest.Connect(t, roleURL)
@@ -144,12 +145,8 @@ func TestMigrateByARoleThatMayNotCreateNamesWhatItLacks(t *testing.T) {
 // gets it (those begun after queue behind it), so the migration lands.
 func TestMigrateGetsItsLockBetweenOverlappingPasses(t *testing.T) {
 	t.Parallel()
-	url := pgtest.NewDatabase(t)
-	conn := pgtest.Connect(t, url)
+	url, conn := atSchema26(t)
 	ctx := context.Background()
-	if _, err := store.MigrateTo(ctx, conn, 26); err != nil {
-		t.Fatalf("migrate to 26: %v", err)
-	}
 	if _, err := conn.Exec(ctx, "INSERT INTO pepsi.queue (stage) SELECT 'a' FROM generate_series(1, 100)"); err != nil {
 		t.Fatal(err)
 	}
