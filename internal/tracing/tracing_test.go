@@ -2,10 +2,8 @@ package tracing
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/pepsi-pipeline/pepsi/core"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 )
 
 // Proves: traces are on only when an OTLP endpoint is named, and not when
@@ -194,8 +193,8 @@ func TestTheFirstDroppedSpanIsLoggedOnce(t *testing.T) {
 	const passes, queue = 100, 4
 	blocked := stuck{release: make(chan struct{})}
 	defer close(blocked.release)
-	var buf strings.Builder
-	log := slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil))
+	var buf lockedbuf.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
 	e := &Exporter{passes: make(chan core.Pass, queue), names: map[string]string{}, done: make(chan struct{}), log: log}
 	e.dropped.log = log
 	e.spans = newQueueing(blocked, queue, &e.dropped)
@@ -212,16 +211,4 @@ func TestTheFirstDroppedSpanIsLoggedOnce(t *testing.T) {
 	if n := strings.Count(buf.String(), "spans are being dropped"); n != 1 {
 		t.Errorf("%d lines about dropped spans for %d drops; want 1:\n%s", n, e.Dropped(), buf.String())
 	}
-}
-
-// syncWriter serializes writes to w.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -116,6 +116,15 @@ func TestAQueueTransactionStuckPastItsTimeoutFailsAndIsRetried(t *testing.T) {
 	e.insertN("a", threeHops, n)
 	// Someone holds the queue for 4 s: the dispatcher's first transaction waits
 	// behind the lock. It must give up after its timeout, not wait it out.
+	behindALockedQueue(t, e, n)
+}
+
+// behindALockedQueue runs e's dispatcher while another session holds
+// pepsi.queue exclusively: from before it starts until 3 s after its first
+// queue write failed (more tries fail meanwhile), then until its n messages
+// are done, and returns it stopped.
+func behindALockedQueue(t *testing.T, e *env, n int) *daemon {
+	t.Helper()
 	ctx := context.Background()
 	locker, err := e.db.Begin(ctx)
 	if err != nil {
@@ -127,7 +136,7 @@ func TestAQueueTransactionStuckPastItsTimeoutFailsAndIsRetried(t *testing.T) {
 	d := e.start()
 	// Runs before the daemon's own cleanup, which could not stop it otherwise.
 	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
-	waitFor(t, 20*time.Second, "a queue transaction to time out", func() (bool, string) {
+	waitFor(t, 20*time.Second, "a queue write to fail", func() (bool, string) {
 		return len(d.logs.lines("queue write failed")) > 0, "no \"queue write failed\" line in the log"
 	})
 	time.Sleep(3 * time.Second)
@@ -136,6 +145,7 @@ func TestAQueueTransactionStuckPastItsTimeoutFailsAndIsRetried(t *testing.T) {
 	}
 	e.waitCounts(60*time.Second, map[string]int{"done": n})
 	d.stopClean()
+	return d
 }
 
 // TestAQueueTransactionWaitingForALockEndsWithAnErrorNotADoubt: a step
@@ -151,25 +161,7 @@ func TestAQueueTransactionWaitingForALockEndsWithAnErrorNotADoubt(t *testing.T) 
 	e := newEnv(t, stagesOf("libstage", 1, 16, "a", "b"))
 	e.txnTimeout = 2 * time.Second
 	e.insertN("a", "a=advance:b;b=done", n)
-	ctx := context.Background()
-	locker, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := locker.Exec(ctx, "LOCK TABLE pepsi.queue IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
-	d := e.start()
-	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
-	waitFor(t, 20*time.Second, "a queue transaction to fail", func() (bool, string) {
-		return len(d.logs.lines("queue write failed")) > 0, "no \"queue write failed\" line in the log"
-	})
-	time.Sleep(3 * time.Second) // past the transaction's timeout: more tries fail
-	if err := locker.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e.waitCounts(60*time.Second, map[string]int{"done": n})
-	d.stopClean()
+	d := behindALockedQueue(t, e, n) // held past the transaction's timeout
 	for _, line := range d.logs.lines("queue write failed") {
 		if msg := line.msg(); !strings.Contains(msg, "55P03") || strings.Contains(msg, "deadline exceeded") {
 			t.Errorf("a failed write: %s; want the server's lock timeout (SQLSTATE 55P03), not the transaction's own timeout", msg)
