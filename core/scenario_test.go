@@ -391,7 +391,7 @@ func TestPoolGrowsToParallelismAndNoFurther(t *testing.T) {
 	}
 	w.wantRow(4, "c", core.StatusPending) // 3 × 1 in flight: the rest waits
 	// Answers free slots but never create a fourth worker.
-	cmds = w.finish(1)
+	cmds = w.answer(1, "", "", "0 >done")
 	none[core.Spawn](t, cmds, "no fourth worker")
 	if wr := one[core.Write](t, cmds); wr.Worker != 1 || !slices.Equal(wr.IDs, []int64{4}) {
 		t.Errorf("%s, want message 4 written to w1, whose slot the answer freed", wr)
@@ -438,7 +438,7 @@ MAX_MESSAGES = 3
 		t.Fatalf("w1 holds %v, want 1 (handed 3 = MAX_MESSAGES)", w.held[1])
 	}
 	none[core.Stop](t, cmds, "recycled before its pipeline drained")
-	cmds = w.finish(1)
+	cmds = w.answer(1, "", "", "0 >done")
 	if s := one[core.Stop](t, cmds); s.Worker != 1 {
 		t.Errorf("stopped %s, want w1 (drained after MAX_MESSAGES)", s.Worker)
 	}
@@ -1040,7 +1040,7 @@ func TestWritesOwedDuringAnOutageAreSentWhenTheDatabaseIsBack(t *testing.T) {
 	w.failQueue = "connection refused"
 	cmds := w.advance(1, "b")
 	one[core.Resolve](t, cmds)
-	cmds = w.finish(1)
+	cmds = w.answer(1, "", "", "0 >done")
 	none[core.Resolve](t, cmds, "wrote while the database is down")
 	w.failQueue = ""
 	cmds = w.step(core.DatabaseUp{})
@@ -1793,5 +1793,70 @@ func TestTheWatchdogRunsThroughAShutdownsGrace(t *testing.T) {
 	}
 	if it := itemFor(t, w.exit(wid, -1, "killed"), 1); it.Verdict != core.TimeOut {
 		t.Errorf("the head of a stopping worker past MAX_RUNTIME: %v, want timed out", it)
+	}
+}
+
+// probeBeside: stage p's second worker may be a probe while its first holds
+// a message; workers idle 4 s are reaped, before a probe has lived
+// StartWindow (5 s).
+const probeBeside = `
+[pepsi-dispatch]
+MAX_RUNTIME = 3600
+WORKER_IDLE_TIMEOUT = 4
+POLL_INTERVAL = 30
+STATS_INTERVAL = 60
+[stage-p]
+PROGRAM = p
+PARALLELISM = 2
+QUEUE_LIMIT = 1
+`
+
+// Proves: a probe idle past WORKER_IDLE_TIMEOUT beside its stage's backlog
+// (handed nothing until it has lived StartWindow) is reaped in the step in
+// which another worker's answer takes that backlog: the step's timers look
+// before its hand-out, when the backlog still kept the probe, so it is
+// reaped after the hand-out too (reapAfterAssign), not a step late (found
+// by make sim-long, rule reap-due; this scenario keeps it proven when the
+// simulator's seed no longer reaches it).
+func TestAProbeLeftIdleByAHandOutIsReapedInThatStep(t *testing.T) {
+	w := newWorld(t, probeBeside)
+	w.start("p", 1) // w1 holds 1
+	// Message 2 comes after w1 started: its workers' failed starts are all
+	// younger than w1, whose answer then proves nothing of them.
+	w.at(50 * time.Millisecond)
+	w.q.Insert("p", 1)
+	sp := one[core.Spawn](t, w.step(core.Ingress{}))
+	if w.head(1) != 1 || w.head(sp.Worker) != 2 {
+		t.Fatalf("w1 holds %v, %s %v; want 1 and 2", w.held[1], sp.Worker, w.held[sp.Worker])
+	}
+	w.at(100 * time.Millisecond)
+	cmds := w.exit(sp.Worker, 1, "") // a failed start, with 2 at its head
+	for i := 2; i <= core.StartFailLimit; i++ {
+		cmds = w.tick(time.Duration(i) * time.Minute)
+		sp := one[core.Spawn](t, cmds)
+		if w.head(sp.Worker) != 2 {
+			t.Fatalf("message 2 is not the head of the new worker %s", sp.Worker)
+		}
+		w.at(time.Duration(i)*time.Minute + time.Second)
+		cmds = w.exit(sp.Worker, 1, "")
+	}
+	if !slices.ContainsFunc(of[core.Log](cmds), func(l core.Log) bool { return strings.Contains(l.Msg, "handed nothing until it has lived") }) {
+		t.Fatalf("no probe announced after %d failed starts:\n%s", core.StartFailLimit, list(cmds))
+	}
+	probeAt := time.Duration(core.StartFailLimit+1) * time.Minute
+	probe := one[core.Spawn](t, w.tick(probeAt)).Worker
+	// Idle 4.5 s beside message 2, pending at p: kept. Then w1 answers, and
+	// message 2 goes to w1 in the same step: nothing waits at p any more.
+	w.at(probeAt + 4500*time.Millisecond)
+	cmds = w.answer(1, "", "", "0 >done")
+	if wr := one[core.Write](t, cmds); wr.Worker != 1 || len(wr.IDs) != 1 || wr.IDs[0] != 2 {
+		t.Fatalf("after w1's answer: %v; want message 2 handed to w1", wr)
+	}
+	// In that step: before the resolve it sends, not once the resolve's
+	// result comes back (the harness runs both at this instant).
+	stop := slices.IndexFunc(cmds, func(c core.Command) bool { s, ok := c.(core.Stop); return ok && s.Worker == probe })
+	resolve := slices.IndexFunc(cmds, func(c core.Command) bool { _, ok := c.(core.Resolve); return ok })
+	if stop < 0 || resolve < 0 || stop > resolve {
+		t.Errorf("the probe %s, idle 4.5 s with nothing left at its stage, was not reaped in the step that took its backlog:\n%s", probe, list(cmds))
 	}
 }

@@ -96,7 +96,7 @@ var mutants = []mutant{
 		"if c.dbDown || c.shutdown == 2 || len(c.txns) >= c.sessions() {",
 		"if c.dbDown || c.shutdown == 2 {"),
 	{name: "reap-not-after-hand-out", rule: "reap-due", bug: "a worker idle past WORKER_IDLE_TIMEOUT beside its stage's backlog is not reaped in the step that hands that backlog to another worker",
-		old: "\t\tc.assign()\n\t\tc.reapAfterAssign()\n", new: "\t\tc.assign()\n", regress: []uint64{268989871698441}},
+		old: "\t\tc.assign()\n\t\tc.reapAfterAssign()\n", new: "\t\tc.assign()\n", test: "TestAProbeLeftIdleByAHandOutIsReapedInThatStep"},
 	mut("reset-without-keep", "reset-keeps-held", "the reset after a lost claim resets rows this core holds",
 		"\t\tif !c.resetDone {\n\t\t\tkeep = nil\n\t\t}",
 		"\t\tkeep = nil"),

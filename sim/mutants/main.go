@@ -66,6 +66,10 @@ type mutant struct {
 	new     string
 	more    []patch
 	regress []uint64
+	// test names a test of ./core that fails with the mutant: a
+	// deterministic proof of the bug for when no campaign seed reaches it
+	// any more (the simulator's choices moved on), run like regress.
+	test string
 }
 
 type patch struct{ old, new string }
@@ -206,7 +210,7 @@ func run(o options) error {
 			broken = append(broken, m.name)
 			continue
 		}
-		killed, ok := judge(m, bin, o)
+		killed, ok := judge(m, root, bin, o)
 		if !killed {
 			survived = append(survived, m.name)
 		}
@@ -309,13 +313,15 @@ func buildMutant(root, dir string, changed map[string][]byte) (string, []byte, e
 // reports whether the simulator caught it, ok whether it was caught as it
 // must be (by its own rule, without error) and its regression seeds still
 // find it.
-func judge(m mutant, bin string, o options) (killed, ok bool) {
+func judge(m mutant, root, bin string, o options) (killed, ok bool) {
 	h := hunt(m.rule, bin, o)
 	r := h.last
 	killed, ok = true, true
 	var byRegress *outcome
+	byTest := false
 	if r.err == nil && !(r.failed && r.rule == m.rule) {
 		byRegress = regressKill(m, bin)
+		byTest = byRegress == nil && m.test != "" && coreTestFails(root, bin, m.test)
 	}
 	switch {
 	case r.err != nil:
@@ -329,6 +335,9 @@ func judge(m mutant, bin string, o options) (killed, ok bool) {
 		// budget, from seed 1, no longer reaches its situation.
 		fmt.Printf("KILLED    %-30s by regression seed %d (go test ./sim runs it; the campaign's %d scenarios in %.1fs did not reach it)%s: %s\n",
 			m.name, byRegress.seed, h.scenarios, h.wall.Seconds(), h.first(), byRegress.why)
+	case byTest:
+		fmt.Printf("KILLED    %-30s by core test %s (go test ./core runs it; the campaign's %d scenarios in %.1fs did not reach it)%s\n",
+			m.name, m.test, h.scenarios, h.wall.Seconds(), h.first())
 	case len(h.others) > 0:
 		fmt.Printf("WRONGRULE %-30s never by rule %s in %d scenarios, %.1fs; fired: %s\n", m.name, m.rule, h.scenarios, h.wall.Seconds(), h.fired())
 		ok = false
@@ -343,6 +352,15 @@ func judge(m mutant, bin string, o options) (killed, ok bool) {
 		}
 	}
 	return killed, ok
+}
+
+// coreTestFails runs test of ./core with the mutated files of bin's build
+// (its overlay, beside it) and reports whether it fails, as it must.
+func coreTestFails(root, bin, test string) bool {
+	overlay := filepath.Join(filepath.Dir(bin), "overlay.json")
+	cmd := exec.Command("go", "test", "-count=1", "-overlay", overlay, "-run", "^"+test+"$", "./core")
+	cmd.Dir = root
+	return cmd.Run() != nil
 }
 
 // regressKill is the first of m's regression seeds that breaks m's own rule
