@@ -391,7 +391,7 @@ func TestPoolGrowsToParallelismAndNoFurther(t *testing.T) {
 	}
 	w.wantRow(4, "c", core.StatusPending) // 3 × 1 in flight: the rest waits
 	// Answers free slots but never create a fourth worker.
-	cmds = w.answer(1, "", "", "0 >done")
+	cmds = w.finish(1)
 	none[core.Spawn](t, cmds, "no fourth worker")
 	if wr := one[core.Write](t, cmds); wr.Worker != 1 || !slices.Equal(wr.IDs, []int64{4}) {
 		t.Errorf("%s, want message 4 written to w1, whose slot the answer freed", wr)
@@ -438,7 +438,7 @@ MAX_MESSAGES = 3
 		t.Fatalf("w1 holds %v, want 1 (handed 3 = MAX_MESSAGES)", w.held[1])
 	}
 	none[core.Stop](t, cmds, "recycled before its pipeline drained")
-	cmds = w.answer(1, "", "", "0 >done")
+	cmds = w.finish(1)
 	if s := one[core.Stop](t, cmds); s.Worker != 1 {
 		t.Errorf("stopped %s, want w1 (drained after MAX_MESSAGES)", s.Worker)
 	}
@@ -1040,7 +1040,7 @@ func TestWritesOwedDuringAnOutageAreSentWhenTheDatabaseIsBack(t *testing.T) {
 	w.failQueue = "connection refused"
 	cmds := w.advance(1, "b")
 	one[core.Resolve](t, cmds)
-	cmds = w.answer(1, "", "", "0 >done")
+	cmds = w.finish(1)
 	none[core.Resolve](t, cmds, "wrote while the database is down")
 	w.failQueue = ""
 	cmds = w.step(core.DatabaseUp{})
