@@ -150,11 +150,9 @@ const historyTodaySQL = `SELECT pepsi.history_day((now() AT TIME ZONE 'UTC')::da
 // (TestAnInterruptedRetryChangesNothing failed so, under load). Here
 // nothing commits until the client says COMMIT.
 func (s *PG) withToday(ctx context.Context, sql string, args []any, dest ...any) error {
-	db, ok := s.db.(interface {
-		Begin(context.Context) (pgx.Tx, error)
-	})
-	if !ok {
-		return errors.New("history: the store's connection cannot begin a transaction")
+	db, err := s.beginner()
+	if err != nil {
+		return fmt.Errorf("history: %w", err)
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, historyTodaySQL); err != nil {
@@ -162,6 +160,21 @@ func (s *PG) withToday(ctx context.Context, sql string, args []any, dest ...any)
 		}
 		return tx.QueryRow(ctx, sql, args...).Scan(dest...)
 	})
+}
+
+// beginner is s's connection as one that begins transactions (a pool, a
+// connection, or a transaction, whose Begin is a savepoint), for the
+// statements that need one of their own.
+func (s *PG) beginner() (interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, error) {
+	db, ok := s.db.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return nil, errors.New("the store's connection cannot begin a transaction")
+	}
+	return db, nil
 }
 
 // notifySQL wakes the dispatcher, at commit, for rows made pending.

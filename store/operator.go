@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -153,11 +152,9 @@ func (s *PG) List(ctx context.Context, p ListParams) ([]Listed, error) {
 	if p.After == 0 {
 		return collect(ctx, s.db, "list", scanListed, listSQL, args...)
 	}
-	db, ok := s.db.(interface {
-		Begin(context.Context) (pgx.Tx, error)
-	})
-	if !ok {
-		return nil, errors.New("list: the store's connection cannot begin a transaction")
+	db, err := s.beginner()
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
