@@ -250,6 +250,10 @@ type Core struct {
 	// such rows are made pending, so nothing stays running for long.
 	sweep  bool
 	dbDown bool
+	// downSince: when the first queue transaction of an outage failed, zero
+	// once one succeeds again; the operator who saw the failure's warning
+	// then reads that writes go through again, and after how long.
+	downSince time.Time
 	// txns: the queue transactions awaiting results, oldest first; at most
 	// cfg.Sessions of them (see queueWork).
 	txns []*txnOut

@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,4 +141,37 @@ func TestTheDatabaseBackBringsTheHistoryUpkeep(t *testing.T) {
 	if n := len(of[core.KeepHistory](cmds)); n != 1 {
 		t.Errorf("%d upkeeps once the database is back, want one: %v", n, cmds)
 	}
+}
+
+// Proves: the operator who read that a queue write failed reads, once one
+// succeeds again, that writes go through, and after how long; once, and not
+// while they fail.
+func TestWritesThatSucceedAgainAreSaid(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.start("a", 1)
+	w.at(time.Minute)
+	w.failQueue, w.abortQueue = "resolve: ERROR: canceling statement due to user request (SQLSTATE 57014)", true
+	if got := logsWith(w.answer(1, "", "", "0 >b"), "succeed again"); len(got) != 0 {
+		t.Errorf("said while writes fail: %q", got)
+	}
+	w.failQueue, w.abortQueue = "", false
+	w.at(time.Minute + 3*time.Second)
+	got := logsWith(w.step(core.DatabaseUp{}), "succeed again")
+	if len(got) != 1 || got[0].Level != core.LevelInfo || !strings.Contains(got[0].Msg, "3s after") {
+		t.Fatalf("once a write succeeds again: %+v; want one info line saying 3s after the first that failed", got)
+	}
+	if got := logsWith(w.answer(2, "", "", "0 >b"), "succeed again"); len(got) != 0 {
+		t.Errorf("said again without a new failure: %q", got)
+	}
+}
+
+// logsWith is the Log commands among cmds whose text holds sub.
+func logsWith(cmds []core.Command, sub string) []core.Log {
+	var out []core.Log
+	for _, l := range of[core.Log](cmds) {
+		if strings.Contains(l.Msg, sub) {
+			out = append(out, l)
+		}
+	}
+	return out
 }

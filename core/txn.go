@@ -38,7 +38,14 @@ func (c *Core) result(op int64, err string) (Command, *txnOut) {
 			}
 			if err != "" && !c.dbDown {
 				c.dbDown = true
+				if c.downSince.IsZero() {
+					c.downSince = c.now
+				}
 				c.logf(LevelWarn, "queue write failed, holding results and trying again: %s", err)
+			}
+			if err == "" && !c.dbDown && !c.downSince.IsZero() {
+				c.logf(LevelInfo, "queue writes succeed again, %s after the first that failed", c.now.Sub(c.downSince).Round(time.Millisecond))
+				c.downSince = time.Time{}
 			}
 			return cmd, t
 		}
