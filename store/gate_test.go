@@ -231,3 +231,42 @@ func TestAResolveNotifiesOnlyIfItEmits(t *testing.T) {
 		t.Errorf("a resolve whose move emits a child did not notify ingress while the dispatcher held the gate")
 	}
 }
+
+// Proves: a role's or database's idle_session_timeout does not end the gate's
+// session, which idles while the dispatcher rests: the server ending it every
+// few seconds would make the dispatcher lose the gate (RestLost), look for
+// work everywhere and ask for the gate again, over and over, each producer
+// meanwhile not notifying. Here the setting comes with the connection.
+func TestAnIdleSessionTimeoutDoesNotEndTheGatesSession(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	cfg := connConfig(t, url)
+	cfg.RuntimeParams["idle_session_timeout"] = "300"
+	gate := store.NewGate()
+	events := make(chan core.Event, 4)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); gate.Run(ctx, cfg, nil, func(ev core.Event) { events <- ev }) }()
+	defer func() { cancel(); <-done }()
+	gate.Do(core.Rest{})
+	select {
+	case ev := <-events:
+		if ev != (core.Resting{}) {
+			t.Fatalf("gate answered %v, want resting", ev)
+		}
+	case <-time.After(waitFor):
+		t.Fatalf("the gate did not answer within %v", waitFor)
+	}
+	select {
+	case ev := <-events:
+		t.Fatalf("the gate's session, idle for a while, reported %v; want the gate kept", ev)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	var free bool
+	if err := pgtest.Connect(t, url).QueryRow(t.Context(), "SELECT pg_try_advisory_lock_shared($1)", store.GateKey).Scan(&free); err != nil {
+		t.Fatal(err)
+	}
+	if free {
+		t.Errorf("the gate is free after its session idled; want it held")
+	}
+}
