@@ -22,7 +22,7 @@ var (
 		"Messages in pepsi.queue now, per stage and status (pending, running, paused, blocked, failed, timeout; done is not counted; blocked: waiting behind an older message of its order key). failed counts every failed message, whether the stage or the dispatcher failed it.",
 		[]string{"stage", "status"}, nil)
 	descOldest = prometheus.NewDesc("pepsi_queue_oldest_pending_age_seconds",
-		"How long the message at the head of the stage's pending queue (the next one claimed) has been pending; 0 with none pending.",
+		"How long the stage's longest-waiting pending message has been ready (since it was made, moved to the stage, woken or retried); 0 with none pending.",
 		[]string{"stage"}, nil)
 	descPausedDue = prometheus.NewDesc("pepsi_queue_paused_due_messages",
 		"Paused messages whose retry time has passed and that the dispatcher has not made pending yet.",

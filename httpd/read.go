@@ -73,8 +73,8 @@ type StageLive struct {
 	Stage string `json:"stage"`
 	// Messages counts the stage's rows per status in Statuses.
 	Messages map[core.RowStatus]int64 `json:"messages"`
-	// OldestPendingSeconds is how long the message at the head of the stage's
-	// pending queue (the next one it claims) has been pending; 0 with none.
+	// OldestPendingSeconds is how long the stage's longest-waiting pending
+	// message has been ready (pepsi-queue stats' oldest pending); 0 with none.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	// PausedDue counts paused rows whose timeout has passed (the dispatcher has
 	// not woken them yet; many for long means it is not running).

@@ -23,14 +23,14 @@ const FailuresMax = 20
 // pepsi.queue or by a small table (the EXPLAIN test checks that none of
 // them scans the queue sequentially, through MonitorQueries).
 const (
-	// The pending index (stage, ingress_id) answers the count; the head of
-	// each stage's queue is one more index probe. Its age is since it was
-	// last ready (ready_at, schema version 13; updated_at for older rows): a
-	// claim given back does not make it young again.
-	monitorPendingSQL = `SELECT p.stage, p.n, coalesce(extract(epoch FROM now() - coalesce(h.ready_at, h.updated_at)), 0)::float8
-FROM (SELECT stage, count(*) AS n FROM pepsi.queue WHERE status = 'pending' GROUP BY stage) p
-CROSS JOIN LATERAL (SELECT q.ready_at, q.updated_at FROM pepsi.queue q
-	WHERE q.status = 'pending' AND q.stage = p.stage ORDER BY q.ingress_id LIMIT 1) h`
+	// The pending index (stage, ingress_id) finds the rows; their age is the
+	// longest wait among them since each was last ready (ready_at, schema
+	// version 13; updated_at for older rows), as pepsi-queue stats counts it:
+	// a claim given back does not make a row young again, and a row made
+	// pending with a lower id than older ones (a retry, a reset, a message
+	// handed its order key) does not hide how long the others have waited.
+	monitorPendingSQL = `SELECT stage, count(*), coalesce(extract(epoch FROM now() - min(coalesce(ready_at, updated_at))), 0)::float8
+FROM pepsi.queue WHERE status = 'pending' GROUP BY stage`
 	// Running rows are at most the stages' capacity (PARALLELISM × QUEUE_LIMIT).
 	monitorRunningSQL = `SELECT stage, count(*) FROM pepsi.queue WHERE status = 'running' GROUP BY stage`
 	// Paused rows are few (the queue_paused index holds only them); attempts
@@ -87,9 +87,9 @@ type StageDepth struct {
 	Stage  string
 	Status core.RowStatus
 	Count  int64
-	// OldestWait, for pending rows only, is how long the head of the stage's
-	// pending queue (the next row it claims) has waited since it was last
-	// ready (a claim given back does not count).
+	// OldestWait, for pending rows only, is how long the stage's
+	// longest-waiting pending row has waited since it was last ready (a
+	// claim given back does not count), as CountRows reads it.
 	OldestWait time.Duration
 	// Due and RetryWaiting, for paused rows only, count those whose timeout
 	// has passed and those waiting out a retry (attempts > 0).
