@@ -227,7 +227,7 @@ func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 		ids = ids[len(batch):]
 		var n int64
 		var k []string
-		if err = s.withToday(ctx, discardSQL, append(args, p.DispatchError, batch), &n, &k); err == nil {
+		if n, k, err = s.discardOne(ctx, append(args, p.DispatchError), batch); err == nil {
 			total += n
 			keys = append(keys, k...)
 		}
@@ -251,4 +251,28 @@ func (s *PG) Discard(ctx context.Context, p DiscardParams) (int64, error) {
 		return total, fmt.Errorf("discard: %d messages discarded, but handing their order keys on failed (the dispatcher's next start-up hands them on): %w", total, relErr)
 	}
 	return total, nil
+}
+
+// discardTries bounds the tries of one discard batch that PostgreSQL rolled
+// back as a deadlock's victim (or for a serialization failure).
+const discardTries = 5
+
+// discardOne ends one batch of Discard's ids in a transaction of its own
+// (discardSQL, args being $1 to $7), and runs it again when PostgreSQL rolled
+// it back as a deadlock's victim (Retryable): a running dispatcher's
+// transaction locks queue rows in an order of its own (the rows it resolves
+// and the keys it releases, then those its claim takes), so a batch that has
+// locked one of them and waits for another of them can deadlock with it.
+// Rolled back whole, the batch wrote nothing, and runs again as it was, each
+// row checked again. Before, the discard stopped there with "deadlock
+// detected", having discarded none of the batch.
+func (s *PG) discardOne(ctx context.Context, args []any, batch []int64) (int64, []string, error) {
+	for try := 1; ; try++ {
+		var n int64
+		var keys []string
+		err := s.withToday(ctx, discardSQL, append(args[:len(args):len(args)], batch), &n, &keys)
+		if err == nil || !Retryable(err) || try == discardTries || ctx.Err() != nil {
+			return n, keys, err
+		}
+	}
 }
