@@ -55,7 +55,7 @@ var (
 		"1 if the last claim that checked the stage's MAX_PENDING found more messages pending, else 0; exported only for a stage with a MAX_PENDING.",
 		[]string{"stage"}, nil)
 	descDBDown = prometheus.NewDesc("pepsi_dispatcher_database_down",
-		"1 while the dispatcher waits for the database to come back, else 0.",
+		"1 while queue writes fail and the dispatcher holds their results to try again (the database refuses or times out a queue transaction, or a queue session is lost while the lock's session lives), else 0. A database gone entirely ends the lock's session too: the dispatcher starts over, and pepsi_dispatcher_active reads 0 instead.",
 		nil, nil)
 	descShuttingDown = prometheus.NewDesc("pepsi_dispatcher_shutting_down",
 		"1 once a shutdown has begun, else 0.",
