@@ -728,8 +728,13 @@ func parseKeep(s string) (time.Duration, error) {
 	return parseDurationMax(s, historyKeepMax, "3650 days")
 }
 
+// parsePositive reads a count (PARALLELISM, QUEUE_LIMIT, MAX_MESSAGES): a
+// whole number from 1 to 1,000,000.
 func parsePositive(s string) (int, error) {
 	n, err := strconv.Atoi(s)
+	if tooLarge(s, err) {
+		return 0, fmt.Errorf("%s is larger than 1000000", Quote(s))
+	}
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("%s is not a positive whole number", Quote(s))
 	}
@@ -773,6 +778,13 @@ func parseProgram(s string) (string, error) {
 	return s, nil
 }
 
+// tooLarge says whether err, strconv's answer for s, is a whole number
+// too large for an int64: a positive one, which is then larger than any
+// bound of this file, not something other than a whole number.
+func tooLarge(s string, err error) bool {
+	return errors.Is(err, strconv.ErrRange) && s[0] != '-'
+}
+
 func nonEmpty(s string) (string, error) {
 	if s == "" {
 		return "", errors.New("must not be empty")
@@ -780,8 +792,12 @@ func nonEmpty(s string) (string, error) {
 	return s, nil
 }
 
+// parseBounded reads a whole number from 1 to max.
 func parseBounded(s string, max int64) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
+	if tooLarge(s, err) {
+		return 0, fmt.Errorf("%s is larger than %d", Quote(s), max)
+	}
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("%s is not a positive whole number", Quote(s))
 	}
