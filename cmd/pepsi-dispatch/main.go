@@ -190,6 +190,10 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 		log.Error("bad configuration", "err", err)
 		return nil, false
 	}
+	if why := unshared(file); why != "" && !cfg.Dispatch.ConfigFileSet {
+		log.Error("the configuration cannot be handed on to the workers as -c "+file+": "+why+"; set [pepsi-dispatch] CONFIG_FILE to a file they can read", "file", file)
+		return nil, false
+	}
 	if !cfg.Dispatch.ConfigFileSet && !filepath.IsAbs(file) {
 		// Workers are handed the file as the dispatcher found it, from
 		// wherever they run: a relative path would tie them to its working
@@ -226,6 +230,37 @@ func configure(log *slog.Logger, file string, ov overrides, name func(flag strin
 		return nil, false
 	}
 	return cfg, true
+}
+
+// unshared says why file, which the dispatcher has just read, is no file its
+// workers can read as "-c FILE" (the default CONFIG_FILE), or "" when it is
+// one: a descriptor of the dispatcher's own (/dev/stdin, /dev/fd/N,
+// /proc/self/fd/N) names the worker's own descriptor in the worker, and its
+// standard input is its messages, which a stage reading its configuration
+// from there would take for it and never answer; and a named pipe or a
+// device gives each reader something else, or nothing.
+func unshared(file string) string {
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return ""
+	}
+	switch {
+	case abs == "/dev/stdin" || abs == "/dev/stdout" || abs == "/dev/stderr",
+		strings.HasPrefix(abs, "/dev/fd/"), strings.HasPrefix(abs, "/proc/self/fd/"),
+		strings.HasPrefix(abs, "/proc/thread-self/fd/"):
+		return "it names a file descriptor of pepsi-dispatch, and a worker would open its own (its standard input is its messages)"
+	}
+	if fi, err := os.Stat(file); err == nil && !fi.Mode().IsRegular() {
+		what := "a device"
+		switch {
+		case fi.Mode()&os.ModeNamedPipe != 0:
+			what = "a named pipe"
+		case fi.Mode()&os.ModeSocket != 0:
+			what = "a socket"
+		}
+		return "it is " + what + ", not a regular file, and each worker would read it anew"
+	}
+	return ""
 }
 
 // serveMetrics serves the dispatcher's live state as Prometheus metrics on

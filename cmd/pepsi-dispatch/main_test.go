@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pepsi-pipeline/pepsi/shell/dispatch"
@@ -141,5 +143,52 @@ func TestWorkersAreHandedTheConfigurationByAnAbsolutePath(t *testing.T) {
 	}
 	if cfg, ok := configure(log, "self.conf", overrides{}, func(f string) string { return f }); !ok || cfg.Dispatch.ConfigFile != "self.conf" {
 		t.Errorf("a CONFIG_FILE the file sets to its own name: %v, %q; want it as written", ok, cfg.Dispatch.ConfigFile)
+	}
+}
+
+// Proves: a -c the workers cannot read as the dispatcher read it is a usage
+// error unless the file sets CONFIG_FILE. A descriptor of the dispatcher's
+// own (-c /dev/stdin, /dev/fd/N) names the worker's own descriptor in the
+// worker, whose standard input is its messages: a stage of the Go library
+// read them as its configuration, answered nothing, and every message
+// timed out at MAX_RUNTIME. A named pipe gives each reader what one writer
+// wrote, or waits for a writer.
+func TestAConfigurationTheWorkersCannotReadIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	text := "[stage-a]\nPROGRAM = /bin/cat\n"
+	file := filepath.Join(dir, "pepsi.conf")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	same := func(f string) string { return f }
+	fd := fmt.Sprintf("/dev/fd/%d", f.Fd())
+	if _, ok := configure(log, fd, overrides{}, same); ok || !strings.Contains(logs.String(), "names a file descriptor of pepsi-dispatch") {
+		t.Errorf("-c %s: configure = %v, log %q; want it refused, saying why", fd, ok, logs.String())
+	}
+	fifo := filepath.Join(dir, "fifo.conf")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = os.WriteFile(fifo, []byte(text), 0o600) }()
+	logs.Reset()
+	if _, ok := configure(log, fifo, overrides{}, same); ok || !strings.Contains(logs.String(), "it is a named pipe, not a regular file") {
+		t.Errorf("-c on a named pipe: configure = %v, log %q; want it refused, saying why", ok, logs.String())
+	}
+	// A CONFIG_FILE the file sets is what the workers read: allowed.
+	if err := os.WriteFile(file, []byte("[pepsi-dispatch]\nCONFIG_FILE = "+file+"\n"+text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, ok := configure(log, fd, overrides{}, same); !ok || cfg.Dispatch.ConfigFile != file {
+		t.Errorf("-c %s with CONFIG_FILE set: configure = %v, log %q; want it accepted", fd, ok, logs.String())
 	}
 }
