@@ -213,3 +213,22 @@ func TestAnEarlierDispatchersSessionIsEndedBeforeTheStartUpReset(t *testing.T) {
 		t.Errorf("%d log lines about ending an earlier dispatcher's sessions; want 1", n)
 	}
 }
+
+// Proves: a dispatcher whose connection sets an application_name of its own
+// warns at start that it cannot end an earlier dispatcher's sessions, which
+// then bear the same name as its own and as any other client of that
+// connection string (TestAnEarlierDispatchersSessionIsEndedBeforeTheStartUpReset
+// finds them by "pepsi-dispatch HOST PID"); it runs as usual.
+func TestAnApplicationNameOfItsOwnIsWarnedAbout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stages(1, 4, "a"))
+	e.url = rewriteURL(t, e.url, "", "application_name", "pepsi-of-our-own")
+	e.insert("a", "a=answer:0 >done")
+	d := e.start()
+	e.waitCounts(20*time.Second, map[string]int{"done": 1})
+	d.stopClean()
+	warned := d.logs.lines("sets its own application_name")
+	if len(warned) != 1 || warned[0]["application_name"] != "pepsi-of-our-own" {
+		t.Errorf("warnings about the connection's own application_name: %v; want one, naming it", warned)
+	}
+}

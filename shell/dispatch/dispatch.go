@@ -91,11 +91,15 @@ func Run(ctx context.Context, o Options) (int, error) {
 	if err != nil {
 		return ExitUsage, fmt.Errorf("database connection string: %w", err)
 	}
-	if pgcfg.RuntimeParams["application_name"] == "" {
+	named := pgcfg.RuntimeParams["application_name"] != ""
+	if !named {
 		pgcfg.RuntimeParams["application_name"] = store.AppName()
 	}
 	if err := store.CheckAppName(pgcfg.RuntimeParams["application_name"]); err != nil {
 		return ExitUsage, fmt.Errorf("database connection string: %w", err)
+	}
+	if named {
+		warnOwnAppName(log, pgcfg.RuntimeParams["application_name"])
 	}
 	// Every connection (the lock's, the listener's, the pool's) gives up on a
 	// silent network in bounded time, and the server keeps a silent session
@@ -144,6 +148,18 @@ func Run(ctx context.Context, o Options) (int, error) {
 		carry = r.carry
 		restarted = true
 	}
+}
+
+// warnOwnAppName says what an application_name of the operator's own (the
+// connection string's, or PGAPPNAME's) costs: the start-up ends an earlier
+// dispatcher's sessions, whose last transaction may still wait for a lock,
+// by their name "pepsi-dispatch HOST PID" (store.EndEarlierDispatchers);
+// under a name of its own it cannot tell them from anyone else's, a
+// pepsi-queue's or its own, and ends none.
+func warnOwnAppName(log *slog.Logger, name string) {
+	log.Warn("the database connection sets its own application_name: an earlier dispatcher's sessions, named so too, "+
+		"are not told apart from others and are not ended before the start-up reset (docs/durability.md); leave application_name out",
+		"application_name", name)
 }
 
 // lockReleaseWait bounds how long giving the lock up may take: over a
