@@ -312,9 +312,22 @@ func (e *Error) Error() string {
 		place = fmt.Sprintf("%s:%d", e.File, e.Line)
 	}
 	if e.Key != "" {
-		return fmt.Sprintf("%s: %s: %s", place, e.Key, e.Msg)
+		return fmt.Sprintf("%s: %s: %s", place, keyText(e.Key), e.Msg)
 	}
 	return fmt.Sprintf("%s: %s", place, e.Msg)
+}
+
+// keyText writes a key for an error: as it is when it is printable ASCII
+// without blanks (as every known key is), else quoted (Quote), so that a
+// key holding what cannot be seen (a zero-width space, a control
+// character) does not read as the known key it resembles.
+func keyText(key string) string {
+	for _, r := range key {
+		if r <= ' ' || r > '~' {
+			return Quote(key)
+		}
+	}
+	return key
 }
 
 // Parse parses the text of a pepsi.conf called file. A UTF-8 byte order

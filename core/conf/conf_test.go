@@ -112,6 +112,8 @@ func TestParseErrorsNameFileLineAndKey(t *testing.T) {
 	}{
 		{"unknown section", "[stage-a]\nPROGRAM = a\n[bogus]\n", "f.conf:3: unknown section [bogus]"},
 		{"unknown key", "[pepsi-dispatch]\nMAX_RUNTIME = 5\nMAX_RUNTME = 5\n", "f.conf:3: MAX_RUNTME: unknown key"},
+		{"unknown key that looks known", "[pepsi-dispatch]\nMAX_RUNTIME\u200b = 5\n", "f.conf:2: 'MAX_RUNTIME\\u200b': unknown key in [pepsi-dispatch]"},
+		{"unknown key with a control character", "[stage-a]\nPROGRAM = a\nQUEUE\x1b[2K_LIMIT = 5\n", "f.conf:3: 'QUEUE\\x1b[2K_LIMIT': unknown key"},
 		{"bad duration", "[pepsi-dispatch]\nPOLL_INTERVAL = soon\n", "f.conf:2: POLL_INTERVAL: 'soon' is not whole seconds"},
 		{"zero duration", "[pepsi-dispatch]\nPOLL_INTERVAL = 0\n", "f.conf:2: POLL_INTERVAL: '0' must be positive"},
 		{"poll interval too short", "[pepsi-dispatch]\nPOLL_INTERVAL = 9ms\n", "f.conf:2: POLL_INTERVAL: '9ms' is too short (at least 10ms"},
