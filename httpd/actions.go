@@ -66,6 +66,10 @@ type Actions struct {
 type session struct {
 	csrf    string
 	expires time.Time
+	// token is the one the operator signed in with: a session lasts only
+	// while TOKENS_FILE still holds it (re-read on SIGHUP), so that
+	// taking a token out of the file signs its browsers out.
+	token string
 }
 
 // NewActions returns the actions of a page whose operators sign in with
@@ -125,7 +129,7 @@ func (a *Actions) signIn(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, r, http.StatusUnauthorized, "sign-in", "a token not in TOKENS_FILE")
 		return
 	}
-	id, s := a.newSession()
+	id, s := a.newSession(body.Token)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", MaxAge: int(sessionTTL.Seconds()),
 		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	a.log.Info("page: an operator signed in", "remote", r.RemoteAddr)
@@ -304,8 +308,8 @@ func decode(r *http.Request, v any) error {
 
 // newSession starts a session, forgetting the expired ones and, past
 // sessionsMax, the one that expires first.
-func (a *Actions) newSession() (string, session) {
-	id, s := randomToken(), session{csrf: randomToken(), expires: time.Now().Add(sessionTTL)}
+func (a *Actions) newSession(token string) (string, session) {
+	id, s := randomToken(), session{csrf: randomToken(), expires: time.Now().Add(sessionTTL), token: token}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
@@ -330,7 +334,9 @@ func (a *Actions) session(r *http.Request) (session, bool) {
 	return s, ok
 }
 
-// lookup finds r's session by its cookie.
+// lookup finds r's session by its cookie: one that has not expired and
+// whose token TOKENS_FILE still holds (a session of a token taken out of it
+// is ended).
 func (a *Actions) lookup(r *http.Request) (string, session, bool) {
 	c, err := r.Cookie(sessionCookie)
 	if err != nil {
@@ -339,10 +345,21 @@ func (a *Actions) lookup(r *http.Request) (string, session, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s, ok := a.sessions[c.Value]
+	if ok && !a.tokens.Valid(s.token) {
+		delete(a.sessions, c.Value)
+		ok = false
+	}
 	if !ok || time.Now().After(s.expires) {
 		return "", session{}, false
 	}
 	return c.Value, s, true
+}
+
+// Reload re-reads TOKENS_FILE (on SIGHUP) and returns how many tokens it
+// holds; a file that fails to load leaves the tokens in use as they were.
+// Sessions of a token no longer in the file end at their next request.
+func (a *Actions) Reload() (int, error) {
+	return a.tokens.Reload()
 }
 
 // randomToken is 32 random bytes, URL-safe.

@@ -347,3 +347,59 @@ func TestAnActionTheDatabaseDoesNotAnswerIs503(t *testing.T) {
 		srv.Close()
 	}
 }
+
+// Proves: a session lasts only while TOKENS_FILE holds the token it signed in
+// with: once the file, re-read (SIGHUP), no longer has it, the session's next
+// action is refused and the session is gone, as a bearer token of it is.
+// Before, a revoked token's browsers kept acting until their session expired.
+func TestASessionEndsWhenItsTokenLeavesTheFile(t *testing.T) {
+	t.Parallel()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	file := filepath.Join(t.TempDir(), "operators")
+	if err := os.WriteFile(file, []byte(operatorToken+"\nanother-operator-token-0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := bearer.LoadTokens(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acts := httpd.NewActions(tokens, &fakeActor{}, nil)
+	srv := httptest.NewServer(httpd.Handler(src, acts))
+	defer srv.Close()
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	json := map[string]string{"Content-Type": "application/json", "Origin": srv.URL}
+	code, body := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, json})
+	var st struct {
+		CSRF string `json:"csrf"`
+	}
+	if err := jsonUnmarshal(body, &st); code != http.StatusOK || err != nil || st.CSRF == "" {
+		t.Fatalf("sign-in: %d %s (%v)", code, body, err)
+	}
+	h := map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "X-CSRF-Token": st.CSRF}
+	retry := func() int {
+		code, _ := do(t, browser, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h})
+		return code
+	}
+	if code := retry(); code != http.StatusOK {
+		t.Fatalf("the signed-in session: %d, want 200", code)
+	}
+	if err := os.WriteFile(file, []byte("another-operator-token-0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := acts.Reload(); err != nil || n != 1 {
+		t.Fatalf("reload: %d tokens, %v; want 1", n, err)
+	}
+	if code := retry(); code != http.StatusUnauthorized {
+		t.Errorf("the session of a token taken out of the file: %d, want 401", code)
+	}
+	if err := os.WriteFile(file, []byte(operatorToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acts.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if code := retry(); code != http.StatusUnauthorized {
+		t.Errorf("the ended session once its token is back: %d, want 401 (it must sign in again)", code)
+	}
+}

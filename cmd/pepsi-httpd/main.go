@@ -16,7 +16,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,15 +67,20 @@ const (
 const shutdownGrace = 5 * time.Second
 
 func main() {
+	// SIGHUP re-reads TOKENS_FILE, as pepsi-ingress re-reads its tokens;
+	// without a handler it ended the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	cliflags.Main(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-		return run(ctx, args, stdout, stderr, nil)
+		return run(ctx, args, stdout, stderr, hup, nil)
 	})
 }
 
 // run is the whole program; it returns the exit code. The help and the
-// version, asked for, go to stdout; everything else to stderr. ready, if not nil, is
-// called with the address once the server listens.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) int {
+// version, asked for, go to stdout; everything else to stderr. hup delivers
+// SIGHUP; ready, if not nil, is called with the address once the server
+// listens.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-chan os.Signal, ready func(addr string)) int {
 	fs := cliflags.NewFlagSet("pepsi-httpd", usage, stdout)
 	var (
 		configFile  = fs.String("c", "", "pepsi.conf `FILE` (for [pepsi] DATABASE and the stage names)")
@@ -141,7 +148,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	return serve(ctx, httpd.Options{
 		Database: db, Stages: stages, StatementTimeout: *stmtTimeout, CacheMaxAge: *cacheAge,
 		SampleInterval: *sample, HistoryMax: *history, Log: log,
-	}, acts, *listen, dbFrom, stderr, ready)
+	}, acts, *listen, dbFrom, stderr, hup, ready)
 }
 
 // readConfig reads the configuration file.
@@ -157,7 +164,7 @@ func readConfig(file string) (*conf.Config, error) {
 // in flight finish for shutdownGrace), and returns the exit code. ready, if not
 // nil, is called with the address once the server listens.
 // dbFrom says where o.Database came from, for the start-up line.
-func serve(ctx context.Context, o httpd.Options, acts *httpd.Actions, listen, dbFrom string, stderr io.Writer, ready func(addr string)) int {
+func serve(ctx context.Context, o httpd.Options, acts *httpd.Actions, listen, dbFrom string, stderr io.Writer, hup <-chan os.Signal, ready func(addr string)) int {
 	log := o.Log
 	src, err := httpd.Open(ctx, o)
 	if err != nil {
@@ -183,11 +190,9 @@ func serve(ctx context.Context, o httpd.Options, acts *httpd.Actions, listen, db
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	select {
-	case err := <-served:
+	if err := waitServing(ctx, log, served, hup, acts); err != nil {
 		log.Error("pepsi-httpd stopped", "err", err)
 		return exitFailure
-	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
@@ -202,4 +207,28 @@ func serve(ctx context.Context, o httpd.Options, acts *httpd.Actions, listen, db
 // its own.
 func oneLine(err error) string {
 	return strings.NewReplacer(":\n\t", ": ", "\n\t", "; ", "\n", " ").Replace(err.Error())
+}
+
+// waitServing waits until ctx ends (nil) or the server fails (its error),
+// re-reading TOKENS_FILE on each SIGHUP: a file that fails to load leaves
+// the tokens in use as they were.
+func waitServing(ctx context.Context, log *slog.Logger, served <-chan error, hup <-chan os.Signal, acts *httpd.Actions) error {
+	for {
+		select {
+		case err := <-served:
+			return err
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+			if acts == nil {
+				log.Info("SIGHUP: nothing to reload (ACTIONS is off)")
+				continue
+			}
+			if n, err := acts.Reload(); err != nil {
+				log.Error("SIGHUP: tokens not reloaded; the old ones stay in use", "err", err)
+			} else {
+				log.Info("SIGHUP: tokens reloaded", "tokens", n)
+			}
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func runFor(t *testing.T, args ...string) (int, string) {
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	code := run(ctx, args, io.Discard, &stderr, func(string) { t.Errorf("pepsi-httpd %q started serving; want it to refuse", args) })
+	code := run(ctx, args, io.Discard, &stderr, nil, func(string) { t.Errorf("pepsi-httpd %q started serving; want it to refuse", args) })
 	return code, stderr.String()
 }
 
@@ -113,7 +114,7 @@ func TestADatabaseDownAtStartIsServedAsDownUntilItComes(t *testing.T) {
 	done := make(chan int, 1)
 	var stderr lockedbuf.Buffer
 	go func() {
-		done <- run(ctx, []string{"-database", u.String(), "-listen", "127.0.0.1:0", "-cache", "10ms"}, io.Discard, &stderr, func(a string) { addr <- a })
+		done <- run(ctx, []string{"-database", u.String(), "-listen", "127.0.0.1:0", "-cache", "10ms"}, io.Discard, &stderr, nil, func(a string) { addr <- a })
 	}()
 	var base string
 	select {
@@ -178,7 +179,7 @@ func TestServesFromTheEnvironmentAndStopsCleanlyOnSignal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, nil, io.Discard, io.Discard, func(a string) { addr <- a }) }()
+	go func() { done <- run(ctx, nil, io.Discard, io.Discard, nil, func(a string) { addr <- a }) }()
 	var base string
 	select {
 	case a := <-addr:
@@ -236,7 +237,7 @@ func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
 	t.Parallel()
 	for args, want := range map[string]string{"-h": "-statement-timeout", "-version": "pepsi-httpd "} {
 		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), []string{args}, &stdout, &stderr, func(string) { t.Errorf("%s started serving", args) })
+		code := run(context.Background(), []string{args}, &stdout, &stderr, nil, func(string) { t.Errorf("%s started serving", args) })
 		if code != exitOK || !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
 			t.Errorf("pepsi-httpd %s: exit %d, stdout %q, stderr %q; want 0 and %q on stdout only", args, code, stdout.String(), stderr.String(), want)
 		}
@@ -268,7 +269,7 @@ func TestActionsAreOnlyWhatTheConfigurationTurnsOn(t *testing.T) {
 		addr, done := make(chan string, 1), make(chan int, 1)
 		var stderr lockedbuf.Buffer
 		go func() {
-			done <- run(ctx, []string{"-c", file, "-listen", "127.0.0.1:0"}, io.Discard, &stderr, func(a string) { addr <- a })
+			done <- run(ctx, []string{"-c", file, "-listen", "127.0.0.1:0"}, io.Discard, &stderr, nil, func(a string) { addr <- a })
 		}()
 		select {
 		case a := <-addr:
@@ -283,5 +284,81 @@ func TestActionsAreOnlyWhatTheConfigurationTurnsOn(t *testing.T) {
 		if on := strings.Contains(tc.want, `"actions":true`); strings.Contains(stderr.String(), "actions=true") != on {
 			t.Errorf("%q: the start-up line %q does not say actions=%v", tc.section, stderr.String(), on)
 		}
+	}
+}
+
+// Proves: SIGHUP re-reads TOKENS_FILE, as pepsi-ingress re-reads its tokens:
+// a token added works and one taken out is refused, a file that fails to
+// load leaves the tokens in use as they were, and the server serves on
+// (without a handler SIGHUP ended pepsi-httpd, found from outside).
+func TestSIGHUPReloadsTheTokensFile(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "operators")
+	const first, second = "operator-token-0123456789", "operator-token-9876543210"
+	if err := os.WriteFile(tokens, []byte(first+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "pepsi.conf")
+	if err := os.WriteFile(file, []byte("[pepsi]\nDATABASE = "+url+"\n[pepsi-httpd]\nACTIONS = on\nTOKENS_FILE = "+tokens+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	hup := make(chan os.Signal, 1)
+	addr, done := make(chan string, 1), make(chan int, 1)
+	var stderr lockedbuf.Buffer
+	go func() {
+		done <- run(ctx, []string{"-c", file, "-listen", "127.0.0.1:0"}, io.Discard, &stderr, hup, func(a string) { addr <- a })
+	}()
+	defer func() { cancel(); <-done }()
+	var base string
+	select {
+	case base = <-addr:
+	case code := <-done:
+		t.Fatalf("pepsi-httpd exited %d before serving: %s", code, stderr.String())
+	}
+	refused := func(token string) bool {
+		req, err := http.NewRequest("POST", "http://"+base+"/api/messages/1/retry", strings.NewReader(`{"dry_run": true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusUnauthorized
+	}
+	// hangUp sends SIGHUP and waits for the n-th line that says what it did.
+	hangUp := func(says string, n int) {
+		hup <- syscall.SIGHUP
+		for deadline := time.Now().Add(10 * time.Second); strings.Count(stderr.String(), says) < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q after SIGHUP: %s", says, stderr.String())
+			}
+		}
+	}
+	if refused(first) || !refused(second) {
+		t.Fatalf("at start: the first token refused %v, the second %v; want the first only taken", refused(first), refused(second))
+	}
+	if err := os.WriteFile(tokens, []byte(second+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hangUp("SIGHUP: tokens reloaded", 1)
+	if !refused(first) || refused(second) {
+		t.Errorf("after SIGHUP: the first token refused %v, the second %v; want the second only taken", refused(first), refused(second))
+	}
+	if err := os.WriteFile(tokens, []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hangUp("SIGHUP: tokens not reloaded", 1)
+	if refused(second) {
+		t.Errorf("after a SIGHUP whose file failed to load: the second token refused; want the tokens in use kept")
+	}
+	if code, _ := httpGet(t, "http://"+base+"/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz after the SIGHUPs: %d, want 200", code)
 	}
 }
