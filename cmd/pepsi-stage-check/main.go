@@ -350,10 +350,6 @@ func start(o options, stderr io.Writer) (*program, error) {
 		return nil, err
 	}
 	cmd.Stdout = w
-	// A process the stage leaves behind may hold its standard error open
-	// after it exits; pepsi-dispatch waits for the worker's exit, not for
-	// that, and so does the check (see finish).
-	cmd.WaitDelay = outputLinger
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
@@ -468,14 +464,8 @@ func (f *feeder) answered(l output, late bool) {
 	x.wait = l.at.Sub(x.sent)
 }
 
-// outputLinger is how long the check reads a program's output after it
-// exited: a process it left behind (a daemon, a "sleep &") may hold its
-// standard output and error open for as long as it runs.
-const outputLinger = 200 * time.Millisecond
-
 // finish closes the program's input and takes what it writes until it exits
-// (or exitWait passes), and for outputLinger after: answers that come now are
-// late, the rest stray.
+// (or exitWait passes): answers that come now are late, the rest stray.
 func (f *feeder) finish() {
 	_ = f.stdin.Close()
 	end := time.Now()
@@ -494,10 +484,6 @@ collect:
 			f.take(l, true)
 		case exitErr = <-exited:
 			exitedOK, exited = true, nil
-			if errors.Is(exitErr, exec.ErrWaitDelay) {
-				exitErr = nil // exited 0; a process it left holds its stderr
-			}
-			deadline = time.After(outputLinger)
 		case <-deadline:
 			break collect
 		}
