@@ -187,6 +187,8 @@ func TestParseEmit(t *testing.T) {
 		`+{"stage":"b","payload":"x","key":""}`:                           "key is empty",
 		`+{"stage":"b","payload":"x","order_key":"a\u0000"}`:              `order_key holds \u0000`,
 		`+{"stage":"b","payload":"x"} {}`:                                 "more than one JSON value",
+		`+{"stage":"b","payload":"x"}}`:                                   "'}' after the JSON object",
+		`+{"stage":"b","payload":"x"} ]`:                                  "']' after the JSON object",
 		`+[1]`:                                                            "not a JSON object",
 		`+ {"stage":"b","payload":"x"}`:                                   "white space after '+'",
 		`+{"stage":[1},"foo":1}`:                                          "not a JSON object", // a syntax error, not an unknown field
