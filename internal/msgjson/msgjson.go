@@ -262,8 +262,13 @@ func decodeJSON(text []byte, v any, f Fields, strict bool) error {
 		}
 		return fmt.Errorf("not a JSON object: %w", err)
 	}
-	if d.More() {
-		return errors.New("more than one JSON value on the line")
+	// More alone lets a stray '}' or ']' after the object through: it
+	// reports only whether another value follows. Nothing may follow.
+	if rest := bytes.TrimLeft(text[d.InputOffset():], " \t\r\n"); len(rest) > 0 {
+		if d.More() {
+			return errors.New("more than one JSON value on the line")
+		}
+		return fmt.Errorf("%q after the JSON object", rest[:min(len(rest), 20)])
 	}
 	return nil
 }

@@ -103,6 +103,8 @@ func TestLineReadsTheDispatchersInputLine(t *testing.T) {
 		`{"id":1,"payload":"x","p":1}`:    `unknown field "p"`,
 		`{"id":1,"state":[1]}`:            "is not a JSON object",
 		`{"id":1,"payload":"x"} {"id":2}`: "more than one JSON value",
+		`{"id":1,"payload":"x"}}`:         `"}" after the JSON object`,
+		`{"id":1,"payload":"x"} ]`:        `"]" after the JSON object`,
 	} {
 		if _, err := msgjson.Parse([]byte(text), line); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want an error saying %q", text, err, want)
