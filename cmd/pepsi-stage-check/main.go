@@ -328,7 +328,7 @@ func check(ctx context.Context, o options, inputs []input, stderr io.Writer) (*r
 // its standard output, and its exit.
 type program struct {
 	cmd    *exec.Cmd
-	stdin  io.WriteCloser
+	stdin  *os.File
 	lines  chan output
 	exited chan error
 }
@@ -338,22 +338,26 @@ func start(o options, stderr io.Writer) (*program, error) {
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)
 	cmd.Env = environment(o)
 	cmd.Stderr = prefixed{w: stderr, prefix: "stage stderr: "}
-	stdin, err := cmd.StdinPipe()
+	// A pipe of our own, not StdinPipe: its writes take a deadline (see
+	// feeder.write), so a program that never reads cannot block the check.
+	in, stdin, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
+	cmd.Stdin = in
 	// A pipe of our own, not StdoutPipe: Wait, which runs beside the reads,
 	// must not close the read end before every line is read (readLines
 	// closes it at its end).
 	out, w, err := os.Pipe()
 	if err != nil {
+		closeFiles(in, stdin)
 		return nil, err
 	}
 	cmd.Stdout = w
 	err = cmd.Start()
-	w.Close()
+	closeFiles(in, w) // the program's ends: it has its own copies
 	if err != nil {
-		out.Close()
+		closeFiles(stdin, out)
 		return nil, fmt.Errorf("start %s: %w", o.argv[0], err)
 	}
 	p := &program{cmd: cmd, stdin: stdin, lines: make(chan output, 1024), exited: make(chan error, 1)}
@@ -412,10 +416,20 @@ func (f *feeder) feed(ctx context.Context, inputs []input) error {
 	return nil
 }
 
-// write writes input i; false if it could not (then it and the rest are not read).
+// write writes input i; false if it could not (then it and the rest are not
+// read). A write the program does not take within -answer-wait (it does not
+// read its input, and the pipe is full) is given up: pepsi-dispatch's
+// writes never wait on a worker, but this one would wait for ever.
 func (f *feeder) write(inputs []input, i int) bool {
 	f.rep.results = append(f.rep.results, result{in: inputs[i], sent: time.Now()})
-	if _, err := io.WriteString(f.stdin, inputs[i].line+"\n"); err != nil {
+	_ = f.stdin.SetWriteDeadline(time.Now().Add(f.o.answerWait)) // a pipe: it takes deadlines
+	_, err := io.WriteString(f.stdin, inputs[i].line+"\n")
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		f.rep.results[i].verdict = fmt.Sprintf("NOT READ: the program did not read it within %s (its standard input stayed full): a stage must read each message as it comes", f.o.answerWait)
+		f.notRead(inputs[i+1:], "NOT READ: the program had stopped reading its input")
+		return false
+	case err != nil:
 		f.rep.results[i].verdict = fmt.Sprintf("NOT READ: could not be written (%v): the program stopped reading its input", err)
 		f.notRead(inputs[i+1:], "NOT READ: the program had stopped reading its input")
 		return false
@@ -742,6 +756,14 @@ func readLines(r io.Reader, lines chan<- output) {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// closeFiles closes pipe ends: the program's after it started, or all of
+// them when it could not.
+func closeFiles(files ...*os.File) {
+	for _, f := range files {
+		_ = f.Close()
 	}
 }
 

@@ -191,6 +191,24 @@ func TestAStageThatExitsMidInputIsReported(t *testing.T) {
 	}
 }
 
+// Proves: a program that never reads its input, handed a message larger
+// than a pipe holds, costs the check its answer wait, not the program's
+// whole life: the message is NOT READ, and the report says why.
+func TestAProgramThatNeverReadsItsInputDoesNotBlockTheCheck(t *testing.T) {
+	p := script(t, "deaf.sh", "#!/bin/sh\nexec sleep 30\n")
+	file := filepath.Join(t.TempDir(), "big.ndjson")
+	big := `{"id":1,"payload":"` + strings.Repeat("x", 256<<10) + `"}` + "\n"
+	if err := os.WriteFile(file, []byte(big+strings.Replace(big, `"id":1`, `"id":2`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, report := runCheck(t, "-messages", file, p)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	wantReport(t, report, "message 1 (id 1): NOT READ: the program did not read it within 500ms",
+		"message 2 (id 2): NOT READ", "did not exit within 2s", "FAILED")
+}
+
 // Proves: a last line without a newline is judged as pepsi-dispatch judges
 // it (docs/protocol.md): taken as the answer when the program exited by
 // itself with status 0, dropped when it exited with another status or was
