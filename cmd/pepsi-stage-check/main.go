@@ -22,6 +22,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
@@ -306,9 +308,7 @@ func check(ctx context.Context, o options, inputs []input, stderr io.Writer) (*r
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		_ = p.cmd.Process.Kill() // a no-op once it exited
-	}()
+	defer p.kill()
 	rep := &report{o: o}
 	// A program that writes before it has read anything (a banner, a log line
 	// on stdout, an answer for nothing) shows here.
@@ -331,41 +331,77 @@ type program struct {
 	stdin  *os.File
 	lines  chan output
 	exited chan error
+	// errDone is closed once the program's standard error is copied out.
+	errDone chan struct{}
+	// reaped is set, under mu, just before the program is reaped: from then
+	// on its pid may name another process, and it is never signalled.
+	mu     sync.Mutex
+	reaped bool
 }
 
-// start starts the program as pepsi-dispatch would.
+// kill kills the program and its process group, unless it has exited.
+func (p *program) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.reaped {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// wait reports the program's exit once it has exited, as pepsi-dispatch
+// sees it: what the program left in its process group (a helper in the
+// background, holding its output open) is killed when it exits, before it
+// is reaped, so its output ends with it.
+func (p *program) wait() {
+	err := worker.WaitExited(p.cmd.Process.Pid)
+	p.mu.Lock()
+	if err == nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // exited, not reaped: its pid still names its group
+	}
+	p.reaped = true
+	p.mu.Unlock()
+	p.exited <- p.cmd.Wait()
+}
+
+// start starts the program as pepsi-dispatch would, in a process group of
+// its own.
 func start(o options, stderr io.Writer) (*program, error) {
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)
 	cmd.Env = environment(o)
-	cmd.Stderr = prefixed{w: stderr, prefix: "stage stderr: "}
-	// A pipe of our own, not StdinPipe: its writes take a deadline (see
-	// feeder.write), so a program that never reads cannot block the check.
-	in, stdin, err := os.Pipe()
-	if err != nil {
-		return nil, err
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pipes of our own, not StdinPipe and the like: writes to standard
+	// input take a deadline (see feeder.write), so a program that never
+	// reads cannot block the check; Wait, which runs beside the reads,
+	// must not close a read end before all of it is read (readLines closes
+	// it at its end), nor wait for a copy of standard error that a process
+	// the program left behind holds open.
+	var ends [6]*os.File // stdin's read and write ends, then stdout's, then stderr's
+	for i := 0; i < len(ends); i += 2 {
+		var err error
+		if ends[i], ends[i+1], err = os.Pipe(); err != nil {
+			closeFiles(ends[:i]...)
+			return nil, err
+		}
 	}
-	cmd.Stdin = in
-	// A pipe of our own, not StdoutPipe: Wait, which runs beside the reads,
-	// must not close the read end before every line is read (readLines
-	// closes it at its end).
-	out, w, err := os.Pipe()
+	in, stdin, out, outW, errR, errW := ends[0], ends[1], ends[2], ends[3], ends[4], ends[5]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, outW, errW
+	err := cmd.Start()
+	closeFiles(in, outW, errW) // the program's ends: it has its own copies
 	if err != nil {
-		closeFiles(in, stdin)
-		return nil, err
-	}
-	cmd.Stdout = w
-	err = cmd.Start()
-	closeFiles(in, w) // the program's ends: it has its own copies
-	if err != nil {
-		closeFiles(stdin, out)
+		closeFiles(stdin, out, errR)
 		return nil, fmt.Errorf("start %s: %w", o.argv[0], err)
 	}
-	p := &program{cmd: cmd, stdin: stdin, lines: make(chan output, 1024), exited: make(chan error, 1)}
+	p := &program{cmd: cmd, stdin: stdin, lines: make(chan output, 1024), exited: make(chan error, 1), errDone: make(chan struct{})}
 	go func() {
 		defer out.Close()
 		readLines(out, p.lines)
 	}()
-	go func() { p.exited <- cmd.Wait() }()
+	go func() {
+		defer close(p.errDone)
+		defer errR.Close()
+		_, _ = io.Copy(prefixed{w: stderr, prefix: "stage stderr: "}, errR)
+	}()
+	go p.wait()
 	return p, nil
 }
 
@@ -486,10 +522,12 @@ func (f *feeder) finish() {
 	deadline := time.After(f.o.exitWait)
 	var exitErr error
 	exitedOK := false
-	lines, exited := f.lines, f.exited
+	lines, exited, errDone := f.lines, f.exited, f.errDone
 collect:
-	for lines != nil || exited != nil {
+	for lines != nil || exited != nil || errDone != nil {
 		select {
+		case <-errDone:
+			errDone = nil
 		case l, ok := <-lines:
 			if !ok {
 				lines = nil

@@ -209,6 +209,19 @@ func TestAProgramThatNeverReadsItsInputDoesNotBlockTheCheck(t *testing.T) {
 		"message 2 (id 2): NOT READ", "did not exit within 2s", "FAILED")
 }
 
+// Proves: a program that leaves a process in the background, holding its
+// standard output and error open, is judged by its own exit, as
+// pepsi-dispatch judges it (which kills what a worker left in its process
+// group when it exits): it exited 0, and the check passes.
+func TestAProcessLeftBehindHoldingTheOutputDoesNotHideTheExit(t *testing.T) {
+	p := script(t, "helper.sh", "#!/bin/sh\nsleep 30 &\nwhile read -r l; do echo '0 >done'; done\n")
+	code, report := runCheck(t, p)
+	if code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	wantReport(t, report, "end of input: exit status 0", "OK: every answer is valid")
+}
+
 // Proves: a last line without a newline is judged as pepsi-dispatch judges
 // it (docs/protocol.md): taken as the answer when the program exited by
 // itself with status 0, dropped when it exited with another status or was

@@ -587,7 +587,7 @@ func (p *Pool) readStderr(w *proc, done chan<- struct{}) {
 // reap waits for w to exit, cleans up after it, and reports its exit after its
 // last Answer, once w's other goroutines have ended.
 func (p *Pool) reap(w *proc, stdinDone, stdoutDone, stderrDone <-chan struct{}) {
-	if err := waitExited(w.pid); err != nil {
+	if err := WaitExited(w.pid); err != nil {
 		w.log.Error("worker: waiting for exit", "err", err)
 	}
 	p.mu.Lock()
@@ -646,9 +646,12 @@ func (p *Pool) reap(w *proc, stdinDone, stdoutDone, stderrDone <-chan struct{}) 
 // pPID is waitid(2)'s idtype for "the process whose pid is id".
 const pPID = 1
 
-// waitExited blocks until process pid has exited, and leaves it unreaped
-// (WNOWAIT), so its pid cannot be reused while the caller still signals it.
-func waitExited(pid int) error {
+// WaitExited blocks until process pid, a child of the caller, has exited,
+// and leaves it unreaped (WNOWAIT), so its pid cannot be reused while the
+// caller still signals it and its process group: the pool kills what a
+// worker left in its group this way, and pepsi-stage-check what the program
+// it checks left in its own.
+func WaitExited(pid int) error {
 	var info [128]byte // siginfo_t; the result is not needed, only the wait
 	for {
 		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
