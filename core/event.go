@@ -124,6 +124,11 @@ type WorkerExited struct {
 	Worker WorkerID
 	Code   int
 	Signal string
+	// Killed, when not empty, says why the shell killed the worker without
+	// the core asking ("it closed its standard output and did not exit"):
+	// the reasons and log lines of its exit name it, where "signal killed"
+	// alone would read as a crash of the stage's own.
+	Killed string
 }
 
 // Row is one claimed queue row: its id, the stage it was claimed for, its
@@ -371,10 +376,14 @@ func (e Answer) String() string {
 	return fmt.Sprintf("answer %s %q", e.Worker, e.Line)
 }
 func (e WorkerExited) String() string {
-	if e.Signal != "" {
-		return fmt.Sprintf("exited %s signal=%s", e.Worker, e.Signal)
+	killed := ""
+	if e.Killed != "" {
+		killed = fmt.Sprintf(" killed=%q", e.Killed)
 	}
-	return fmt.Sprintf("exited %s code=%d", e.Worker, e.Code)
+	if e.Signal != "" {
+		return fmt.Sprintf("exited %s signal=%s%s", e.Worker, e.Signal, killed)
+	}
+	return fmt.Sprintf("exited %s code=%d%s", e.Worker, e.Code, killed)
 }
 func (e Claimed) String() string {
 	if e.Err != "" {

@@ -81,6 +81,26 @@ func TestACrashRecordsCrashedAndRequeued(t *testing.T) {
 	}
 }
 
+// Proves: the head of a worker the shell killed without the core asking (it
+// closed its standard output and lived on) fails with a reason that says
+// so, not as a crash of the stage's own by "signal killed"; the messages
+// behind it are requeued.
+func TestAWorkerTheShellKilledFailsItsHeadWithTheShellsReason(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.start("a", 2)
+	w.at(core.StartWindow) // a crash, not a program that cannot start
+	w.held[1], w.alive[1] = nil, false
+	cmds := w.step(core.WorkerExited{Worker: 1, Code: -1, Signal: "killed", Killed: "it closed its standard output and did not exit"})
+	head, rest := itemFor(t, cmds, 1), itemFor(t, cmds, 2)
+	const want = "crashed (killed by the dispatcher: it closed its standard output and did not exit)"
+	if head.Verdict != core.Fail || !strings.Contains(head.Reason, want) {
+		t.Errorf("head %v: want it failed with a reason saying %q", head, want)
+	}
+	if rest.Verdict != core.Requeue {
+		t.Errorf("message behind the head %v: want it requeued", rest)
+	}
+}
+
 // Proves: the history's upkeep comes first in the first transaction, covering
 // now to HistoryAhead and dropping what HISTORY_KEEP no longer keeps; it
 // comes again every HistoryUpkeepEvery, and at once when now nears the end of

@@ -298,6 +298,8 @@ func exitHow(w *worker, e WorkerExited) string {
 		return "killed at STOP_GRACE"
 	case w.cause != killNone:
 		return "killed by the dispatcher"
+	case e.Killed != "":
+		return "killed by the dispatcher: " + e.Killed
 	case e.Signal != "":
 		return "signal " + e.Signal
 	}
@@ -335,10 +337,7 @@ func (c *Core) exitedWorker(e WorkerExited) {
 	c.removeWorker(w)
 	st := w.stage
 	name := st.cfg.Name
-	how := fmt.Sprintf("exit status %d", e.Code)
-	if e.Signal != "" {
-		how = "signal " + e.Signal
-	}
+	how := exitHow(w, e) // w.cause is killNone where how is used
 	q := w.queue
 	switch w.cause {
 	case killTimeout:

@@ -73,7 +73,8 @@ func TestAnAnswerForAnIDNeverSentIsAProtocolError(t *testing.T) {
 }
 
 // A worker that closes its standard output can answer nothing more: it is
-// stopped like a crashed one, not waited for until MAX_RUNTIME.
+// stopped like a crashed one, not waited for until MAX_RUNTIME, and its head's
+// reason says why it was killed.
 func TestAWorkerThatClosesItsStandardOutputIsStoppedNotWaitedFor(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 600\n"+stages(1, 4, "a"))
@@ -83,7 +84,7 @@ func TestAWorkerThatClosesItsStandardOutputIsStoppedNotWaitedFor(t *testing.T) {
 	d := e.start()
 	e.waitCounts(30*time.Second, map[string]int{"done": 2, "failed": 1})
 	d.stopClean()
-	e.expectRow(ids[1], "failed", "a", "crashed")
+	e.expectRow(ids[1], "failed", "a", "crashed (killed by the dispatcher: it closed its standard output and did not exit)")
 	e.expectRow(ids[2], "done", "a", "")
 	if !strings.Contains(d.logs.String(), "closed its standard output") {
 		t.Errorf("the log does not say the worker closed its standard output")
@@ -92,8 +93,8 @@ func TestAWorkerThatClosesItsStandardOutputIsStoppedNotWaitedFor(t *testing.T) {
 
 // A worker that closes its standard input can be handed nothing more: the
 // write of its next id fails, and it is stopped like one that closed its
-// standard output, not waited for until MAX_RUNTIME; the stage goes on with
-// a new worker.
+// standard output, not waited for until MAX_RUNTIME (its head's reason says
+// why it was killed); the stage goes on with a new worker.
 func TestAWorkerThatClosesItsStandardInputIsStoppedNotWaitedFor(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "[pepsi-dispatch]\nMAX_RUNTIME = 600\nSTOP_GRACE = 1\n"+
@@ -108,7 +109,7 @@ func TestAWorkerThatClosesItsStandardInputIsStoppedNotWaitedFor(t *testing.T) {
 	e.waitCounts(30*time.Second, map[string]int{"done": 2, "failed": 1})
 	d.stopClean()
 	e.expectRow(ids[0], "done", "a", "")
-	e.expectRow(ids[1], "failed", "a", "crashed")
+	e.expectRow(ids[1], "failed", "a", "crashed (killed by the dispatcher: it closed its standard input and did not exit)")
 	e.expectRow(ids[2], "done", "a", "")
 	if !strings.Contains(d.logs.String(), "closed its standard input") {
 		t.Errorf("the log does not say the worker closed its standard input")

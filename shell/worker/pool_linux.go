@@ -115,6 +115,9 @@ type proc struct {
 	// lingering is set (under Pool.mu) once killLingering has armed its
 	// kill: a worker that closed both pipes is killed, and logged, once.
 	lingering bool
+	// killedFor says (under Pool.mu) why the pool killed the worker on its
+	// own, for its exit (core.WorkerExited.Killed); "" when it did not.
+	killedFor string
 }
 
 type spawnRequest struct {
@@ -396,7 +399,12 @@ func (p *Pool) enqueued(id core.WorkerID, w *proc, err error, n int) {
 	case err == nil:
 	case errors.Is(err, errOverflow):
 		w.log.Error("worker: write queue overflow, killing the worker", "queued_max", w.in.max, "lines", n)
-		p.Kill(id)
+		p.mu.Lock()
+		if !w.exited {
+			w.killedFor = "its standard input's queue overflowed"
+			p.killLocked(w)
+		}
+		p.mu.Unlock()
 	case errors.Is(err, errStopped):
 		// The core never writes after Stop; if it did, the ids would never be
 		// answered, so say so loudly.
@@ -516,7 +524,7 @@ func (p *Pool) writeStdin(w *proc, done chan<- struct{}) {
 		// ids of this write, and of every later one, are dropped and would
 		// wait for MAX_RUNTIME. It is killed as one that closed its standard
 		// output is, and its exit reports it like any crash.
-		p.killLingering(w, "worker closed its standard input but did not exit; killing it")
+		p.killLingering(w, "worker closed its standard input but did not exit; killing it", "it closed its standard input and did not exit")
 	}
 }
 
@@ -532,15 +540,16 @@ func (p *Pool) readStdout(w *proc, done chan<- struct{}) {
 	_ = w.stdout.Close() // a read end: nothing to flush; a second close is harmless
 	// A worker that closed its standard output can never answer again, but may
 	// live on and hold its messages until MAX_RUNTIME.
-	p.killLingering(w, "worker closed its standard output but did not exit; killing it")
+	p.killLingering(w, "worker closed its standard output but did not exit; killing it", "it closed its standard output and did not exit")
 }
 
-// killLingering kills w, which closed one of its pipes (msg says which), if it
-// still lives stdoutClosedGrace later: one that is exiting closes its pipes
-// too, so it gets that long to exit; then it is killed, and its exit reports
-// it like any crash. A worker that was asked to stop is left to the core's
-// stop grace.
-func (p *Pool) killLingering(w *proc, msg string) {
+// killLingering kills w, which closed one of its pipes (msg says which, why
+// for its exit's core.WorkerExited.Killed), if it still lives
+// stdoutClosedGrace later: one that is exiting closes its pipes too, so it
+// gets that long to exit; then it is killed, and its exit reports it like
+// any crash, saying why. A worker that was asked to stop is left to the
+// core's stop grace.
+func (p *Pool) killLingering(w *proc, msg, why string) {
 	p.mu.Lock()
 	armed := w.lingering
 	w.lingering = true
@@ -553,6 +562,7 @@ func (p *Pool) killLingering(w *proc, msg string) {
 		defer p.mu.Unlock()
 		if !w.exited && !w.in.stopRequested() {
 			w.log.Error(msg, "waited", stdoutClosedGrace)
+			w.killedFor = why
 			p.killLocked(w)
 		}
 	})
@@ -617,7 +627,9 @@ func (p *Pool) reap(w *proc, stdinDone, stdoutDone, stderrDone <-chan struct{}) 
 		}
 	}
 
-	ev := core.WorkerExited{Worker: w.id, Code: -1}
+	p.mu.Lock()
+	ev := core.WorkerExited{Worker: w.id, Code: -1, Killed: w.killedFor}
+	p.mu.Unlock()
 	state, err := w.process.Wait()
 	switch {
 	case err != nil:

@@ -440,8 +440,8 @@ func TestWriteQueueOverflowKillsTheWorker(t *testing.T) {
 		ids[i] = int64(1_000_000 + i)
 	}
 	h.pool.Write(1, ids)
-	if x := h.rec.exit(t, 1); x.Signal != "killed" {
-		t.Fatalf("expected the overflowing worker killed, got %v", x)
+	if x := h.rec.exit(t, 1); x.Signal != "killed" || !strings.Contains(x.Killed, "overflowed") {
+		t.Fatalf("expected the overflowing worker killed, its exit saying why, got %v", x)
 	}
 	found := false
 	for _, rec := range h.logs.records(t) {
@@ -451,6 +451,18 @@ func TestWriteQueueOverflowKillsTheWorker(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("expected an error record about the overflow, got %v", h.logs.records(t))
+	}
+}
+
+// A worker that closes its standard output and lives on is killed, and its
+// exit says why (core.WorkerExited.Killed): the core's reasons name it
+// rather than a "signal killed" that reads as the stage's own crash.
+func TestAWorkerThatClosesItsStandardOutputIsKilledAndItsExitSaysWhy(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "zero")
+	h.spawn(t, 1, "s", script(t, "exec >&-\nexec sleep 60\n"))
+	if x := h.rec.exit(t, 1); x.Signal != "killed" || x.Killed != "it closed its standard output and did not exit" {
+		t.Fatalf("expected the worker killed, its exit saying it closed its standard output, got %v", x)
 	}
 }
 
