@@ -224,9 +224,12 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 // authorize lets through a request with a valid bearer token, or one of a
 // signed-in session from the page's own origin that carries the session's
 // CSRF token, and says who asked ("token" or "session") and the session's
-// id; otherwise it answers the refusal and returns false.
+// id; otherwise it answers the refusal and returns false. An Authorization
+// header of another scheme is not pepsi-httpd's: a reverse proxy's Basic
+// authentication, which the browser sends with every request of the page,
+// the session's own among them.
 func (a *Actions) authorize(w http.ResponseWriter, r *http.Request, what string) (who, id string, ok bool) {
-	if h := r.Header.Get("Authorization"); h != "" {
+	if h := r.Header.Get("Authorization"); bearerScheme(h) {
 		if !a.tokens.Allow(h) {
 			a.refuse(w, r, http.StatusUnauthorized, what, "an Authorization header without a token of TOKENS_FILE")
 			return "", "", false
@@ -247,6 +250,13 @@ func (a *Actions) authorize(w http.ResponseWriter, r *http.Request, what string)
 		return "", "", false
 	}
 	return "session", id, true
+}
+
+// bearerScheme says whether h, an Authorization header's value, claims a
+// bearer token ("Bearer …", in any case).
+func bearerScheme(h string) bool {
+	scheme, _, _ := strings.Cut(strings.TrimSpace(h), " ")
+	return strings.EqualFold(scheme, "Bearer")
 }
 
 // foreign says why r may come from another site's page, or "" when it comes

@@ -403,3 +403,40 @@ func TestASessionEndsWhenItsTokenLeavesTheFile(t *testing.T) {
 		t.Errorf("the ended session once its token is back: %d, want 401 (it must sign in again)", code)
 	}
 }
+
+// TestASessionBehindAProxysBasicAuthenticationActs: behind a reverse proxy
+// that asks for Basic authentication (as -listen advises: "a reverse proxy
+// with authentication"), the browser sends the proxy's Authorization: Basic
+// header with every request of the page, and nginx passes it on. A signed-in
+// session with its CSRF token then acts and signs out as without the proxy;
+// the header alone, without a session, is still refused.
+func TestASessionBehindAProxysBasicAuthenticationActs(t *testing.T) {
+	t.Parallel()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	actor := &fakeActor{}
+	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), actor, nil)))
+	defer srv.Close()
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	h := map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "Authorization": "Basic b3BzOnB3"}
+	if code, _ := do(t, &http.Client{}, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h}); code != http.StatusUnauthorized {
+		t.Errorf("the proxy's Basic header without a session: %d, want 401", code)
+	}
+	code, body := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, h})
+	var st struct {
+		CSRF string `json:"csrf"`
+	}
+	if err := jsonUnmarshal(body, &st); code != http.StatusOK || err != nil || st.CSRF == "" {
+		t.Fatalf("sign-in through the proxy: %d %s (%v), want signed in with a CSRF token", code, body, err)
+	}
+	h["X-CSRF-Token"] = st.CSRF
+	if code, body := do(t, browser, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h}); code != http.StatusOK {
+		t.Errorf("the session's retry through the proxy: %d %s, want 200", code, body)
+	}
+	if code, body := do(t, browser, srv.URL, request{"DELETE", "/api/session", "", h}); code != http.StatusOK {
+		t.Errorf("the session's sign-out through the proxy: %d %s, want 200", code, body)
+	}
+	if want := []string{"retry 7 dry=true"}; strings.Join(actor.taken(), ",") != strings.Join(want, ",") {
+		t.Errorf("acted %v, want %v", actor.taken(), want)
+	}
+}
