@@ -403,6 +403,48 @@ func TestAReadOnlyRoleWithoutThePayloadColumnIsEnough(t *testing.T) {
 	}
 }
 
+// TestAMessagePageTheRoleMayNotReadIsNot503: a role without SELECT on a
+// column the message page reads (parent_id, schema version 19's, missing
+// from a role of another name) is refused every message; that is a 500
+// saying so, not a 503, which tells a client the database did not answer
+// and the same request may do later. A database that does not answer, or
+// not within the statement timeout, is still a 503.
+func TestAMessagePageTheRoleMayNotReadIsNot503(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	owner := pgtest.Connect(t, url)
+	_, roleURL := pgtest.LoginRole(t, owner, url, "pepsi_old_monitor", strings.ReplaceAll(store.MonitorGrantsSQL, "pepsi_monitor", "ROLE")+
+		"; REVOKE SELECT (parent_id) ON pepsi.queue FROM ROLE")
+	src := open(t, httpd.Options{Database: roleURL})
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	failed := idOf(t, url, "deliver", "failed")
+	if code, body := get(t, fmt.Sprintf("%s/api/messages/%d", srv.URL, failed)); code != http.StatusInternalServerError || !strings.Contains(body, "permission denied") {
+		t.Errorf("GET /api/messages/%d as a role without parent_id: %d %s; want 500 saying permission denied", failed, code, body)
+	}
+	// A lock held on the queue: no answer within the statement timeout.
+	slow := open(t, httpd.Options{Database: url, StatementTimeout: 200 * time.Millisecond})
+	srvSlow := httptest.NewServer(httpd.Handler(slow, nil))
+	defer srvSlow.Close()
+	tx, err := owner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // ends the lock; nothing to tell
+	if _, err := tx.Exec(ctx, "LOCK TABLE pepsi.queue IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, fmt.Sprintf("%s/api/messages/%d", srvSlow.URL, failed)); code != http.StatusServiceUnavailable || !strings.Contains(body, "statement timeout") {
+		t.Errorf("GET /api/messages/%d while a lock holds the queue: %d %s; want 503 saying statement timeout", failed, code, body)
+	}
+	down := open(t, httpd.Options{Database: "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5"})
+	srvDown := httptest.NewServer(httpd.Handler(down, nil))
+	defer srvDown.Close()
+	if code, body := get(t, srvDown.URL+"/api/messages/1"); code != http.StatusServiceUnavailable {
+		t.Errorf("GET /api/messages/1 of a database nothing listens for: %d %s; want 503", code, body)
+	}
+}
+
 // A fresh pipeline's /api/status: no failures is an empty list, not null, and
 // a vacuum that never happened is left out, not dated year 1.
 func TestStatusJSONOfAFreshPipelineHasAnEmptyListAndNoVacuum(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -186,7 +187,16 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 		writeJSONCode(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no message %d", id)})
 		return
 	case err != nil:
-		writeJSONCode(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		// 503 when the database did not answer (the same request may do
+		// once it does), as an action's answer says it, or not within
+		// -statement-timeout (a lock held on the queue); a read it refused
+		// (a role without SELECT on a column the page reads) stays refused.
+		code := http.StatusInternalServerError
+		var pgErr *pgconn.PgError
+		if store.Unavailable(err) || errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: statement_timeout
+			code = http.StatusServiceUnavailable
+		}
+		writeJSONCode(w, code, map[string]string{"error": err.Error()})
 		return
 	}
 	out := Message{ID: m.ID, Stage: m.Stage, Status: m.Status, Timeout: m.Timeout, Attempts: m.Attempts,
