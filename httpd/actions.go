@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/store"
 )
@@ -25,12 +26,14 @@ import (
 // Actor carries out an operator's action on one message for the page
 // (ACTIONS = on). pepsi-httpd gives it queueadmin's guarded writes, the ones
 // pepsi-queue retry and discard make, so this package never writes to the
-// database itself. With dryRun it counts what it would change and changes
+// database itself. A stage or a status not empty is what the operator saw
+// and confirmed: the message is changed only if it is still at that stage,
+// in that status. With dryRun it counts what it would change and changes
 // nothing. Each returns how many messages it changed (0 or 1), or an error
 // wrapping store.ErrNotFound when no message has the id.
 type Actor interface {
-	Retry(ctx context.Context, id int64, dryRun bool) (int64, error)
-	Discard(ctx context.Context, id int64, dryRun bool) (int64, error)
+	Retry(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error)
+	Discard(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error)
 }
 
 // Sessions of the page's actions.
@@ -162,7 +165,9 @@ type actionResult struct {
 
 // act carries out POST /api/messages/{id}/retry or /discard, with
 // {"dry_run": true} to count only (the page's confirmation step asks that
-// first and says what the action would do).
+// first and says what the action would do), and with the "stage" and
+// "status" the page showed, so that a message that changed since (moved on
+// to another stage, claimed, finished) is left alone: a count of 0.
 func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
 	if action != "retry" && action != "discard" {
@@ -175,7 +180,9 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	var body struct {
-		DryRun bool `json:"dry_run"`
+		DryRun bool           `json:"dry_run"`
+		Stage  string         `json:"stage"`
+		Status core.RowStatus `json:"status"`
 	}
 	if err == nil && id <= 0 {
 		err = errors.New("a message id is a positive whole number")
@@ -193,7 +200,7 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 	if action == "discard" {
 		do = a.actor.Discard
 	}
-	n, err := do(ctx, id, body.DryRun)
+	n, err := do(ctx, id, body.Stage, body.Status, body.DryRun)
 	if errors.Is(err, store.ErrNotFound) {
 		// As GET /api/messages/{id} answers it: a count of 0 would read as
 		// a message that is no longer in a state for the action.

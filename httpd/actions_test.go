@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
@@ -45,11 +46,11 @@ type fakeActor struct {
 	calls []string
 }
 
-func (f *fakeActor) Retry(_ context.Context, id int64, dryRun bool) (int64, error) {
+func (f *fakeActor) Retry(_ context.Context, id int64, _ string, _ core.RowStatus, dryRun bool) (int64, error) {
 	return f.record("retry", id, dryRun), nil
 }
 
-func (f *fakeActor) Discard(_ context.Context, id int64, dryRun bool) (int64, error) {
+func (f *fakeActor) Discard(_ context.Context, id int64, _ string, _ core.RowStatus, dryRun bool) (int64, error) {
 	return f.record("discard", id, dryRun), nil
 }
 
@@ -313,8 +314,13 @@ func TestBehindAProxyTheOriginCheckAndTheCookieFollowWhatItForwards(t *testing.T
 // failingActor fails every action with err.
 type failingActor struct{ err error }
 
-func (f failingActor) Retry(context.Context, int64, bool) (int64, error)   { return 0, f.err }
-func (f failingActor) Discard(context.Context, int64, bool) (int64, error) { return 0, f.err }
+func (f failingActor) Retry(context.Context, int64, string, core.RowStatus, bool) (int64, error) {
+	return 0, f.err
+}
+
+func (f failingActor) Discard(context.Context, int64, string, core.RowStatus, bool) (int64, error) {
+	return 0, f.err
+}
 
 // TestAnActionTheDatabaseDoesNotAnswerIs503: an action whose database
 // cannot be reached is answered 503, as GET /api/messages/ID answers it,

@@ -367,3 +367,59 @@ func TestTheMessagePageShowsItsHistory(t *testing.T) {
 		t.Errorf("screenshot of the parent's page: %v", err)
 	}
 }
+
+// A message that changed after its page was drawn is not acted on: the
+// page's pending message at parse moves on to deliver while the discard's
+// confirmation, which names parse, is open; the confirmed discard leaves it
+// pending at deliver and says so. Through the API, a retry or a discard
+// that names a stage or a status the message is no longer at or in counts 0
+// and changes nothing; naming what it is, it acts.
+func TestAnActionLeavesAMessageThatChangedSinceThePageShowedIt(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	src := open(t, httpd.Options{Database: url, CacheMaxAge: 50 * time.Millisecond})
+	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), queueadmin.PageActions{Database: url}, nil)))
+	defer srv.Close()
+	pending := idOf(t, url, "parse", "pending")
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(fmt.Sprintf("%s/message.html?id=%d", srv.URL, pending)),
+		chromedp.SetValue(chromedp.CSS("#token"), operatorToken), chromedp.Click(chromedp.CSS("#signin-form button"))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the discard button", `!!document.querySelector('#actions button[data-action="discard"]')`)
+	if err := chromedp.Do(b, chromedp.Click(chromedp.CSS(`#actions button[data-action="discard"]`))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the discard's confirmation", fmt.Sprintf(`document.getElementById("confirm").open && document.getElementById("confirm-text").textContent.startsWith("Discard message %d (pending at parse)?")`, pending))
+	if _, err := pgtest.Connect(t, url).Exec(ctx, `UPDATE pepsi.queue SET stage = 'deliver' WHERE ingress_id = $1`, pending); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(b, chromedp.Click(chromedp.CSS("#confirm-yes"))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the discard refused", fmt.Sprintf(`document.getElementById("notice").textContent === "message %d: nothing to discard: it is no longer pending at parse"`, pending))
+	if status, _ := statusOf(t, url, pending); status != "pending" {
+		t.Errorf("message %d, confirmed pending at parse and moved on to deliver, is %s after the discard; want still pending", pending, status)
+	}
+
+	h := map[string]string{"Authorization": "Bearer " + operatorToken, "Content-Type": "application/json"}
+	failed := idOf(t, url, "deliver", "failed")
+	for _, c := range []struct {
+		id           int64
+		action, body string
+		count        int
+	}{
+		{pending, "discard", `{"stage": "parse", "status": "pending"}`, 0},
+		{pending, "discard", `{"stage": "deliver", "status": "paused"}`, 0},
+		{pending, "retry", `{"stage": "deliver", "status": "pending"}`, 0},
+		{failed, "retry", `{"stage": "parse", "status": "failed"}`, 0},
+		{failed, "retry", `{"stage": "deliver", "status": "failed"}`, 1},
+		{pending, "discard", `{"stage": "deliver", "status": "pending"}`, 1},
+	} {
+		code, body := do(t, &http.Client{}, srv.URL, request{"POST", fmt.Sprintf("/api/messages/%d/%s", c.id, c.action), c.body, h})
+		want := fmt.Sprintf(`{"action":%q,"id":%d,"dry_run":false,"count":%d}`, c.action, c.id, c.count)
+		if code != http.StatusOK || strings.TrimSpace(body) != want {
+			t.Errorf("%s of message %d with %s: %d %s; want 200 %s", c.action, c.id, c.body, code, body, want)
+		}
+	}
+}

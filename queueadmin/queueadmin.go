@@ -486,22 +486,42 @@ type PageActions struct {
 const PageDiscardedError = "discarded by an operator (on pepsi-httpd's page)"
 
 // Retry retries message id if it failed or timed out (with dryRun, counts
-// whether it would); an error wrapping ErrNotFound when there is no message
-// id.
-func (p PageActions) Retry(ctx context.Context, id int64, dryRun bool) (int64, error) {
+// whether it would), and, when stage or status is not empty, only if it is
+// still at that stage, in that status (what the page showed); an error
+// wrapping ErrNotFound when there is no message id.
+func (p PageActions) Retry(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error) {
 	return p.with(ctx, id, func(conn *pgx.Conn) (int64, error) {
-		r, err := retry(ctx, conn, RetryFilter{ID: id}, dryRun)
+		statuses, ok := seen(status, core.StatusFailed, core.StatusTimeout)
+		if !ok {
+			return 0, nil // a status no retry applies to: nothing to retry
+		}
+		r, err := retry(ctx, conn, RetryFilter{ID: id, Stage: stage, Statuses: statuses}, dryRun)
 		return r.Retried, err
 	})
 }
 
 // Discard ends message id failed if it waits (pending, paused or blocked),
-// its reason naming the page (with dryRun, counts whether it would); an
-// error wrapping ErrNotFound when there is no message id.
-func (p PageActions) Discard(ctx context.Context, id int64, dryRun bool) (int64, error) {
+// its reason naming the page (with dryRun, counts whether it would), and,
+// when stage or status is not empty, only if it is still at that stage, in
+// that status; an error wrapping ErrNotFound when there is no message id.
+func (p PageActions) Discard(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error) {
 	return p.with(ctx, id, func(conn *pgx.Conn) (int64, error) {
-		return discard(ctx, conn, Selection{ID: id}, PageDiscardedError, dryRun)
+		statuses, ok := seen(status, Discardable()...)
+		if !ok {
+			return 0, nil // a status no discard applies to: nothing to discard
+		}
+		return discard(ctx, conn, Selection{ID: id, Stage: stage, Statuses: statuses}, PageDiscardedError, dryRun)
 	})
+}
+
+// seen is the statuses an action selects when the page saw status (none:
+// the action's own), and false when status is one the action does not
+// apply to (of those in applies).
+func seen(status core.RowStatus, applies ...core.RowStatus) ([]core.RowStatus, bool) {
+	if status == "" {
+		return nil, true
+	}
+	return []core.RowStatus{status}, slices.Contains(applies, status)
 }
 
 // with runs f, an action on message id, on a new connection to p.Database.

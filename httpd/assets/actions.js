@@ -101,33 +101,36 @@ const verbs = {
 };
 
 // actionButton returns the button of action (retry or discard) for message
-// id; what describes the message in the confirmation.
-function actionButton(action, id, what) {
+// m (its id, and the stage and status the page shows of it).
+function actionButton(action, m) {
   const b = el("button", verbs[action].button, "action");
   b.type = "button";
   b.dataset.action = action;
-  b.dataset.id = String(id);
-  b.addEventListener("click", () => act(action, id, what));
+  b.dataset.id = String(m.id);
+  b.addEventListener("click", () => act(action, m));
   return b;
 }
 
-// act asks the server what action would do to message id (a dry run), asks
-// the operator to confirm, and then does it.
-async function act(action, id, what) {
+// act asks the server what action would do to message m (a dry run), asks
+// the operator to confirm, and then does it. Both requests carry the stage
+// and status the confirmation names: a message that changed since the page
+// showed it (moved on, claimed, finished) is left alone.
+async function act(action, m) {
+  const id = m.id, seen = { stage: m.stage, status: m.status };
   const path = `api/messages/${id}/${action}`;
   try {
-    const dry = await post(path, { dry_run: true });
+    const dry = await post(path, { dry_run: true, ...seen });
     if (dry.count === 0) {
-      notice(`nothing to ${action}: message ${id} is no longer ${action === "retry" ? "failed or timed out" : "waiting"}`, true);
+      notice(`nothing to ${action}: message ${id} is no longer ${m.status} at ${m.stage}`, true);
       refresh();
       return;
     }
-    if (!await confirmed(`${verbs[action].ask} message ${id} (${what})? It will be ${verbs[action].done}.`)) {
+    if (!await confirmed(`${verbs[action].ask} message ${id} (${m.status} at ${m.stage})? It will be ${verbs[action].done}.`)) {
       notice(`${action} of message ${id} cancelled`);
       return;
     }
-    const done = await post(path, { dry_run: false });
-    notice(done.count === 1 ? `message ${id}: ${action} done` : `message ${id}: nothing to ${action} any more`, done.count !== 1);
+    const done = await post(path, { dry_run: false, ...seen });
+    notice(done.count === 1 ? `message ${id}: ${action} done` : `message ${id}: nothing to ${action}: it is no longer ${m.status} at ${m.stage}`, done.count !== 1);
   } catch (e) {
     notice(`${action} of message ${id} failed: ${e.message}`, true);
   }

@@ -148,7 +148,7 @@ function renderFailures(snap) {
       el("td", new Date(f.updated_at).toLocaleString()), el("td", f.by || "-"), el("td", f.reason, "reason"));
     if (acting) {
       const td = el("td");
-      td.append(actionButton("retry", f.id, `${f.status} at ${f.stage}`));
+      td.append(actionButton("retry", f));
       tr.append(td);
     }
     body.append(tr);

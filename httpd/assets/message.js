@@ -42,7 +42,7 @@ function render(m) {
   const actions = document.getElementById("actions");
   actions.replaceChildren();
   if (!session.signedIn) return;
-  for (const a of m.actions || []) actions.append(actionButton(a, m.id, `${m.status} at ${m.stage}`));
+  for (const a of m.actions || []) actions.append(actionButton(a, m));
 }
 
 // renderHistory fills the history table: each event with the wait before a
