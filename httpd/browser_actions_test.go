@@ -423,3 +423,36 @@ func TestAnActionLeavesAMessageThatChangedSinceThePageShowedIt(t *testing.T) {
 		}
 	}
 }
+
+// An answer that is not pepsi-httpd's JSON (a reverse proxy's error page
+// while pepsi-httpd is down) is told by its status, on the message page and
+// at sign-in, not as a JSON syntax error or, at sign-in, not at all; and a
+// message page without an id says so.
+func TestThePageSaysAnAnswerThatIsNotJSONByItsStatus(t *testing.T) {
+	t.Parallel()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	h := httpd.Handler(src, httpd.NewActions(tokensFile(t), &fakeActor{}, nil))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" || strings.HasPrefix(r.URL.Path, "/api/messages/") {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprint(w, "<html><body>502 Bad Gateway</body></html>") // as nginx answers for an upstream that is down
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/message.html")); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "a page without an id", `document.getElementById("error").textContent === "no message id in the page's address (message.html?id=ID)"`)
+	if err := chromedp.Do(b, chromedp.Navigate(srv.URL+"/message.html?id=1")); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the proxy's error page", `document.getElementById("error").textContent === "pepsi-httpd answered 502"`)
+	if err := chromedp.Do(b, chromedp.SetValue(chromedp.CSS("#token"), operatorToken), chromedp.Click(chromedp.CSS("#signin-form button"))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the sign-in's answer", `document.getElementById("notice").textContent === "sign-in refused: pepsi-httpd answered 502"`)
+}

@@ -60,12 +60,18 @@ function renderSignIn() {
 }
 
 async function signIn(token) {
-  const r = await fetch("api/session", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }),
-  });
-  const j = await r.json();
+  let r, j;
+  try {
+    r = await fetch("api/session", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }),
+    });
+    j = await answer(r);
+  } catch (e) {
+    notice("sign-in failed: " + (e.message || e), true);
+    return;
+  }
   if (!r.ok) {
-    notice("sign-in refused: " + (j.error || r.status), true);
+    notice("sign-in refused: " + (j.error || "pepsi-httpd answered " + r.status), true);
     return;
   }
   Object.assign(session, toSession(j));
@@ -82,6 +88,18 @@ async function signOut() {
   refresh();
 }
 
+// answer is r's JSON body; {} for an error answer that is not JSON (a
+// reverse proxy's page when pepsi-httpd is down, a 404 of no route), so
+// that the caller says its status rather than a JSON syntax error.
+async function answer(r) {
+  try {
+    return await r.json();
+  } catch (e) {
+    if (r.ok) throw e;
+    return {};
+  }
+}
+
 // post sends body as JSON with the session's CSRF token.
 async function post(path, body, method) {
   const r = await fetch(path, {
@@ -89,8 +107,7 @@ async function post(path, body, method) {
     headers: { "Content-Type": "application/json", "X-CSRF-Token": session.csrf },
     body: body === null ? undefined : JSON.stringify(body),
   });
-  let j = {};
-  try { j = await r.json(); } catch (e) { /* no JSON body */ }
+  const j = await answer(r);
   if (!r.ok) throw new Error(j.error || "pepsi-httpd answered " + r.status);
   return j;
 }

@@ -8,8 +8,9 @@ async function refresh() {
   const error = document.getElementById("error");
   document.getElementById("title").textContent = "Message " + messageID;
   try {
+    if (!/^[0-9]+$/.test(messageID)) throw new Error("no message id in the page's address (message.html?id=ID)");
     const r = await fetch("api/messages/" + encodeURIComponent(messageID), { cache: "no-store" });
-    const m = await r.json();
+    const m = await answer(r);
     if (!r.ok) throw new Error(m.error || "pepsi-httpd answered " + r.status);
     error.hidden = true;
     render(m);
