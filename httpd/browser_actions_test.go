@@ -456,3 +456,50 @@ func TestThePageSaysAnAnswerThatIsNotJSONByItsStatus(t *testing.T) {
 	}
 	poll(t, b, "the sign-in's answer", `document.getElementById("notice").textContent === "sign-in refused: pepsi-httpd answered 502"`)
 }
+
+// A message's page shows its latest store.HistoryLatestMax events, and says
+// that older ones exist, rather than reading every event a message that
+// went round its stages for days has (one page of 300,000 events was 32 MB
+// and 190 MB of pepsi-httpd's memory, each at once). A message with fewer
+// events shows them all, without that line.
+func TestTheMessagePageShowsTheLatestEventsOfALongHistory(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	long, short := idOf(t, url, "deliver", "failed"), idOf(t, url, "parse", "failed")
+	if _, err := pgtest.Connect(t, url).Exec(ctx, `INSERT INTO pepsi.history (ingress_id, stage, event, detail, at, attempts)
+		SELECT $1::bigint, 'deliver', 'retry', 'event ' || g, (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '12 hours') AT TIME ZONE 'UTC' + g * interval '1 ms', 0 FROM generate_series(1, $2::int) g
+		UNION ALL SELECT $3::bigint, 'parse', 'failed', '', now(), 0`, long, store.HistoryLatestMax+5, short); err != nil {
+		t.Fatal(err)
+	}
+	src := open(t, httpd.Options{Database: url})
+	srv := httptest.NewServer(httpd.Handler(src, nil))
+	defer srv.Close()
+	for _, c := range []struct {
+		id          int64
+		events      int
+		first, last string
+		older       bool
+	}{
+		{long, store.HistoryLatestMax, "event 6", fmt.Sprintf("event %d", store.HistoryLatestMax+5), true},
+		{short, 1, "", "", false},
+	} {
+		code, body := get(t, fmt.Sprintf("%s/api/messages/%d", srv.URL, c.id))
+		var m httpd.Message
+		if err := json.Unmarshal([]byte(body), &m); err != nil || code != http.StatusOK {
+			t.Fatalf("GET /api/messages/%d: %d %v", c.id, code, err)
+		}
+		if len(m.History) != c.events || m.HistoryOlder != c.older || m.History[0].Detail != c.first || m.History[len(m.History)-1].Detail != c.last {
+			t.Errorf("message %d: %d events, older %v, from %q to %q; want %d, %v, from %q to %q", c.id, len(m.History), m.HistoryOlder,
+				m.History[0].Detail, m.History[len(m.History)-1].Detail, c.events, c.older, c.first, c.last)
+		}
+	}
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(fmt.Sprintf("%s/message.html?id=%d", srv.URL, long))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "the latest events and the line that says there are older ones", fmt.Sprintf(`document.querySelectorAll("#history tbody tr").length === %d && !document.getElementById("history-older").hidden`, store.HistoryLatestMax))
+	if err := chromedp.Do(b, chromedp.Navigate(fmt.Sprintf("%s/message.html?id=%d", srv.URL, short))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, b, "a short history, whole", `document.querySelectorAll("#history tbody tr").length === 1 && document.getElementById("history-older").hidden`)
+}

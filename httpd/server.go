@@ -144,10 +144,13 @@ type Message struct {
 	// retry a failed or timed-out one, discard one that waits (pending,
 	// paused, blocked behind its key). Empty on a read-only page.
 	Actions []string `json:"actions"`
-	// History is what happened to it (pepsi.history), oldest first; empty
-	// when nothing is kept. HistoryError says why it could not be read (a
+	// History is what happened to it (pepsi.history), oldest first: its
+	// latest store.HistoryLatestMax events; empty when nothing is kept.
+	// HistoryOlder says it has older events than those (pepsi-queue history
+	// lists them all). HistoryError says why it could not be read (a
 	// monitoring role without SELECT on pepsi.history), the rest still shown.
 	History      []store.HistoryRow `json:"history"`
+	HistoryOlder bool               `json:"history_older,omitempty"`
 	HistoryError string             `json:"history_error,omitempty"`
 	// PayloadSize is its payload's size in bytes, null for a message without
 	// a payload (the bytes are never read: pepsi.payload_size).
@@ -211,7 +214,7 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 			out.WaitsBehind.Timeout = nil // a value left from its last pause: no due time
 		}
 	}
-	out.History, err = src.MessageHistory(r.Context(), id)
+	out.History, out.HistoryOlder, err = src.MessageHistory(r.Context(), id)
 	if err != nil {
 		out.HistoryError = err.Error()
 	}

@@ -199,9 +199,16 @@ func (s *Source) PayloadSize(ctx context.Context, id int64) (*int64, error) {
 	return onPage(ctx, s, func(pg *store.PG) (*int64, error) { return pg.PayloadSize(ctx, id) })
 }
 
-// MessageHistory reads message id's history (pepsi.history), oldest first.
-func (s *Source) MessageHistory(ctx context.Context, id int64) ([]store.HistoryRow, error) {
-	return onPage(ctx, s, func(pg *store.PG) ([]store.HistoryRow, error) { return pg.History(ctx, id) })
+// MessageHistory reads message id's latest store.HistoryLatestMax events
+// (pepsi.history), oldest first, and says whether it has older ones.
+func (s *Source) MessageHistory(ctx context.Context, id int64) ([]store.HistoryRow, bool, error) {
+	var older bool
+	rows, err := onPage(ctx, s, func(pg *store.PG) ([]store.HistoryRow, error) {
+		rows, o, err := pg.HistoryLatest(ctx, id, store.HistoryLatestMax)
+		older = o
+		return rows, err
+	})
+	return rows, older, err
 }
 
 // Close closes the database connections.

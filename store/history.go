@@ -44,6 +44,32 @@ func (s *PG) History(ctx context.Context, id int64) ([]HistoryRow, error) {
 	}, historySQL, id)
 }
 
+// HistoryLatestMax is how many of a message's latest events pepsi-httpd's
+// message page reads (HistoryLatest): a message that went round its stages
+// for days may have millions, and one page read them all into memory.
+const HistoryLatestMax = 1000
+
+// historyLatestSQL reads message id's latest $2 events, in the order they
+// happened: each day's partition probed backwards through its (ingress_id,
+// at) index, so its cost is the events read, not the events kept.
+const historyLatestSQL = `SELECT * FROM (SELECT ingress_id, stage, event, detail, handed_at, at, coalesce(worker_pid, 0), attempts, seq
+	FROM pepsi.history WHERE ingress_id = $1 ORDER BY at DESC, seq DESC LIMIT $2) h ORDER BY at, seq`
+
+// HistoryLatest reads message id's latest max events, oldest first, and
+// says whether it has older ones than those (which History reads).
+func (s *PG) HistoryLatest(ctx context.Context, id int64, max int) (rows []HistoryRow, older bool, err error) {
+	rows, err = collect(ctx, s.db, "read history", func(r pgx.CollectableRow) (HistoryRow, error) {
+		var h HistoryRow
+		var seq int64
+		err := r.Scan(&h.ID, &h.Stage, &h.Event, &h.Detail, &h.HandedAt, &h.At, &h.WorkerPID, &h.Attempts, &seq)
+		return h, err
+	}, historyLatestSQL, id, max+1)
+	if len(rows) > max {
+		return rows[1:], true, err
+	}
+	return rows, false, err
+}
+
 // HistoryPartitions lists pepsi.history's daily partitions, the first day of
 // each (UTC), oldest first: what the dispatcher's upkeep has made and not yet
 // dropped.

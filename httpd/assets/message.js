@@ -48,7 +48,9 @@ function render(m) {
 
 // renderHistory fills the history table: each event with the wait before a
 // pass (since the event before it, or since the message was made) and how
-// long the pass took (handed out to answered).
+// long the pass took (handed out to answered). The server sends the latest
+// events only, and says when there are older ones (the first shown then
+// has no event before it to wait from).
 function renderHistory(m) {
   const body = document.querySelector("#history tbody");
   body.replaceChildren();
@@ -58,7 +60,8 @@ function renderHistory(m) {
     none.hidden = false;
     none.textContent = "History unreadable: " + m.history_error;
   }
-  let prev = new Date(m.created_at);
+  document.getElementById("history-older").hidden = !m.history_older;
+  let prev = m.history_older ? null : new Date(m.created_at);
   for (const h of m.history) {
     const at = new Date(h.at);
     let waited = "-", took = "-";
@@ -66,7 +69,7 @@ function renderHistory(m) {
       const handed = new Date(h.handed_at);
       // (A wait below zero is two clocks apart: the dispatcher's stamps a
       // pass, the database's the message's creation.)
-      if (handed >= prev) waited = seconds(handed - prev);
+      if (prev && handed >= prev) waited = seconds(handed - prev);
       took = seconds(at - handed);
     }
     const tr = el("tr");
