@@ -2,7 +2,9 @@ package httpd
 
 import (
 	"context"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -122,10 +124,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, validLabels(labels)...)
 	}
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, validLabels(labels)...)
 	}
 	gauge(descUp, 1)
 	gauge(descReadSeconds, s.ReadSeconds)
@@ -185,6 +187,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // healthStates are the states pepsi_stage_health has a series for, each
 // stage every one of them, so that an alert sees a series from the start.
 var healthStates = []core.HealthState{core.HealthOK, core.HealthCannotStart, core.HealthCrashing, core.HealthPressureHeld, core.HealthRateHeld}
+
+// validLabels returns labels with each byte sequence that is not UTF-8
+// replaced by U+FFFD, as /api/status's JSON shows it. A database of encoding
+// SQL_ASCII (what initdb makes under LANG=C) stores any bytes as a stage
+// name, and a label value that is not UTF-8 made MustNewConstMetric panic in
+// the registry's goroutine: every scrape ended pepsi-httpd.
+func validLabels(labels []string) []string {
+	for i, l := range labels {
+		if !utf8.ValidString(l) {
+			labels[i] = strings.ToValidUTF8(l, "\uFFFD")
+		}
+	}
+	return labels
+}
 
 func b2f(b bool) float64 {
 	if b {
