@@ -67,6 +67,17 @@ func (f *fakeActor) taken() []string {
 	return append([]string(nil), f.calls...)
 }
 
+// actionServer serves a known run's page with acts until the test ends, and
+// returns it with a browser that keeps its cookies.
+func actionServer(t *testing.T, acts *httpd.Actions) (*httptest.Server, *http.Client) {
+	t.Helper()
+	src := open(t, httpd.Options{Database: newKnownRun(t)})
+	srv := httptest.NewServer(httpd.Handler(src, acts))
+	t.Cleanup(srv.Close)
+	jar, _ := cookiejar.New(nil)
+	return srv, &http.Client{Jar: jar}
+}
+
 // request is one request of a test client; jar, when not nil, keeps its
 // cookies.
 type request struct {
@@ -102,12 +113,8 @@ func do(t *testing.T, client *http.Client, base string, req request) (int, strin
 // the session is gone.
 func TestForgedActionsAreRefused(t *testing.T) {
 	t.Parallel()
-	src := open(t, httpd.Options{Database: newKnownRun(t)})
 	actor := &fakeActor{}
-	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), actor, nil)))
-	defer srv.Close()
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar}
+	srv, browser := actionServer(t, httpd.NewActions(tokensFile(t), actor, nil))
 	plain := &http.Client{}
 	json := map[string]string{"Content-Type": "application/json", "Origin": srv.URL}
 	with := func(extra map[string]string) map[string]string {
@@ -145,7 +152,7 @@ func TestForgedActionsAreRefused(t *testing.T) {
 		with(map[string]string{"Origin": "http://evil.example"})}); code != http.StatusForbidden {
 		t.Errorf("sign-in from another origin: %d, want 403", code)
 	}
-	if len(actor.taken()) != 0 || len(jar.Cookies(must(url.Parse(srv.URL)))) != 0 {
+	if len(actor.taken()) != 0 || len(browser.Jar.Cookies(must(url.Parse(srv.URL)))) != 0 {
 		t.Fatalf("refused requests acted (%v) or signed in", actor.taken())
 	}
 
@@ -360,7 +367,6 @@ func TestAnActionTheDatabaseDoesNotAnswerIs503(t *testing.T) {
 // Before, a revoked token's browsers kept acting until their session expired.
 func TestASessionEndsWhenItsTokenLeavesTheFile(t *testing.T) {
 	t.Parallel()
-	src := open(t, httpd.Options{Database: newKnownRun(t)})
 	file := filepath.Join(t.TempDir(), "operators")
 	if err := os.WriteFile(file, []byte(operatorToken+"\nanother-operator-token-0123\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -370,10 +376,7 @@ func TestASessionEndsWhenItsTokenLeavesTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	acts := httpd.NewActions(tokens, &fakeActor{}, nil)
-	srv := httptest.NewServer(httpd.Handler(src, acts))
-	defer srv.Close()
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar}
+	srv, browser := actionServer(t, acts)
 	json := map[string]string{"Content-Type": "application/json", "Origin": srv.URL}
 	code, body := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, json})
 	var st struct {
@@ -418,12 +421,8 @@ func TestASessionEndsWhenItsTokenLeavesTheFile(t *testing.T) {
 // the header alone, without a session, is still refused.
 func TestASessionBehindAProxysBasicAuthenticationActs(t *testing.T) {
 	t.Parallel()
-	src := open(t, httpd.Options{Database: newKnownRun(t)})
 	actor := &fakeActor{}
-	srv := httptest.NewServer(httpd.Handler(src, httpd.NewActions(tokensFile(t), actor, nil)))
-	defer srv.Close()
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar}
+	srv, browser := actionServer(t, httpd.NewActions(tokensFile(t), actor, nil))
 	h := map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "Authorization": "Basic b3BzOnB3"}
 	if code, _ := do(t, &http.Client{}, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h}); code != http.StatusUnauthorized {
 		t.Errorf("the proxy's Basic header without a session: %d, want 401", code)

@@ -22,6 +22,19 @@ func holdGate(t *testing.T, url string) {
 	}
 }
 
+// runGate runs a gate on cfg until the test ends, and returns it with the
+// events it reports.
+func runGate(t *testing.T, cfg *pgx.ConnConfig) (*store.Gate, <-chan core.Event) {
+	t.Helper()
+	gate := store.NewGate()
+	events := make(chan core.Event, 4)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); gate.Run(ctx, cfg, nil, func(ev core.Event) { events <- ev }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return gate, events
+}
+
 // notified reports whether conn (LISTENing on ingress) gets a notification
 // within wait.
 func notified(t *testing.T, conn *pgx.Conn, wait time.Duration) bool {
@@ -114,12 +127,7 @@ func TestRestWaitsForProducersThatDidNotNotifyAndLaterOnesNotify(t *testing.T) {
 	if _, err := slow.Exec(t.Context(), "BEGIN; INSERT INTO pepsi.queue (stage) VALUES ('a')"); err != nil {
 		t.Fatal(err)
 	}
-	gate := store.NewGate()
-	events := make(chan core.Event, 4)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); gate.Run(ctx, cfg, nil, func(ev core.Event) { events <- ev }) }()
-	defer func() { cancel(); <-done }()
+	gate, events := runGate(t, cfg)
 	gate.Do(core.Rest{})
 	select {
 	case ev := <-events:
@@ -242,12 +250,7 @@ func TestAnIdleSessionTimeoutDoesNotEndTheGatesSession(t *testing.T) {
 	url := pgtest.NewMigrated(t)
 	cfg := connConfig(t, url)
 	cfg.RuntimeParams["idle_session_timeout"] = "300"
-	gate := store.NewGate()
-	events := make(chan core.Event, 4)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); gate.Run(ctx, cfg, nil, func(ev core.Event) { events <- ev }) }()
-	defer func() { cancel(); <-done }()
+	gate, events := runGate(t, cfg)
 	gate.Do(core.Rest{})
 	select {
 	case ev := <-events:
