@@ -44,6 +44,10 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "pepsi-queue"
 	}
+	// enqueue decides a keyed message's status, and retry and discard
+	// release keys, at READ COMMITTED, whatever the database's or the
+	// role's default (schema 36).
+	cfg.RuntimeParams["default_transaction_isolation"] = store.ProducerIsolation
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
 	}

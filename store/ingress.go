@@ -97,6 +97,14 @@ const orderKeysLocked = `(SELECT count(pg_advisory_xact_lock(1885696107, b))
 	FROM (SELECT DISTINCT pepsi.order_bucket(order_key) AS b FROM input
 	      WHERE order_key <> '' ORDER BY b) s) >= 0`
 
+// ProducerIsolation is the default_transaction_isolation a producer's
+// connection must have, whatever the database's or the role's default: the
+// order-key trigger decides whether a keyed message waits behind its key
+// from what its queries see, which at REPEATABLE READ or SERIALIZABLE is
+// the transaction's snapshot, taken before the key's lock (a head finished
+// since still looks unfinished), and so refuses such an insert (schema 36).
+const ProducerIsolation = "read committed"
+
 // keyLocksMax bounds the key locks of one transaction; a batch with more
 // keys takes the gate alone, exclusively.
 const keyLocksMax = 256

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
@@ -822,5 +824,58 @@ func TestAReleaseNeedsNoPrivilegeOnTheHistory(t *testing.T) {
 	}
 	if events != "k2:woken" {
 		t.Errorf("history %q; want k2's woken alone (the tool may not write it)", events)
+	}
+}
+
+// A producer at REPEATABLE READ took its snapshot before the key's head
+// finished and was released: its insert's probes see the head unfinished.
+// Before schema 36 the message was inserted blocked behind a message that
+// had left, and no release came for it (the key stuck for good); now the
+// insert is refused with 0A000, naming the isolation level, and inserts
+// nothing. At READ COMMITTED the same insert is the key's head, pending,
+// and a finished row with a key is inserted at any level, as before.
+func TestAKeyedInsertOutsideReadCommittedIsRefused(t *testing.T) {
+	t.Parallel()
+	url, owner := pgtest.NewMigratedConn(t)
+	ctx := t.Context()
+	var head int64
+	if err := owner.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, status, order_key) VALUES ('a', 'running', 'k') RETURNING ingress_id`).Scan(&head); err != nil {
+		t.Fatal(err)
+	}
+	producer := pgtest.Connect(t, url)
+	for _, level := range []string{"REPEATABLE READ", "SERIALIZABLE"} {
+		tx, err := producer.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(strings.ToLower(level))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT count(*) FROM pepsi.queue`); err != nil {
+			t.Fatal(err)
+		}
+		// The head finishes and its key is released, after the snapshot.
+		if _, err := owner.Exec(ctx, `UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = $1`, head); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := owner.Exec(ctx, `SELECT * FROM pepsi.order_release(ARRAY['k'], true)`); err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', 'k')`)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "0A000" || !strings.Contains(pgErr.Message, "not at "+level) {
+			t.Errorf("%s: keyed insert after the head finished: %v; want 0A000 naming %s", level, err, level)
+		}
+		tx.Rollback(ctx) //nolint:errcheck // the insert's error ended it
+		if _, err := producer.Exec(ctx, `BEGIN ISOLATION LEVEL `+level+`; INSERT INTO pepsi.queue (stage, status, order_key) VALUES ('a', 'done', 'k'); COMMIT`); err != nil {
+			t.Errorf("%s: a finished keyed row: %v", level, err)
+		}
+		if _, err := owner.Exec(ctx, `UPDATE pepsi.queue SET status = 'running' WHERE ingress_id = $1`, head); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := owner.Exec(ctx, `UPDATE pepsi.queue SET status = 'done' WHERE ingress_id = $1`, head); err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	if err := producer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, order_key) VALUES ('a', 'k') RETURNING status`).Scan(&status); err != nil || status != "pending" {
+		t.Errorf("keyed insert at READ COMMITTED: %q, %v; want pending", status, err)
 	}
 }

@@ -311,6 +311,9 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pepsi-ingress"
 	}
+	// Its inserts decide a keyed message's status at READ COMMITTED,
+	// whatever the database's or the role's default (schema 36).
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = store.ProducerIsolation
 	where := pgaddr.Where(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -355,3 +355,33 @@ func TestHelpAndVersionGoToStandardOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyedMessagesAreTakenOnARepeatableReadDefault: on a database whose
+// sessions start at REPEATABLE READ, pepsi-ingress inserts keyed messages
+// (with an idempotency key, in its own transaction, and without, in one
+// statement) at READ COMMITTED all the same, which the order-key trigger
+// needs (schema 36, which refuses such inserts at REPEATABLE READ: there a
+// head finished since could look unfinished, and leave its key stuck).
+func TestKeyedMessagesAreTakenOnARepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	if _, err := pgtest.Connect(t, db).Exec(context.Background(), `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	p := launch(t, "-c", writeConf(t, db, "LISTEN = 127.0.0.1:0"))
+	for _, body := range []string{
+		`{"payload": "a", "order_key": "acct-9"}` + "\n" + `{"payload": "b", "order_key": "acct-9", "key": "b"}`,
+		`{"payload": "c", "order_key": "acct-9"}`,
+	} {
+		code, answer, err := post(http.DefaultClient, "http://"+p.addr, "", body)
+		if err != nil || code != 202 {
+			t.Fatalf("keyed request: %d %s %v; want 202\n%s", code, answer, err, p.log)
+		}
+	}
+	var got string
+	if err := pgtest.Connect(t, db).QueryRow(context.Background(),
+		`SELECT string_agg(status, ' ' ORDER BY ingress_id) FROM pepsi.queue`).Scan(&got); err != nil || got != "pending blocked blocked" {
+		t.Errorf("statuses %q, %v; want pending blocked blocked", got, err)
+	}
+}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // TestEnqueueGivesOrderKeys: -order-key gives every message a key, an NDJSON
@@ -93,5 +96,33 @@ func TestRetryOfAKeysOldestSaysWhatItWaitsBehind(t *testing.T) {
 	}
 	if st := scalar(t, url, `SELECT status FROM pepsi.queue WHERE ingress_id = `+ids[0]); st != "blocked" {
 		t.Errorf("the retried message is %s; want blocked behind the running one", st)
+	}
+}
+
+// defaultRepeatableRead makes url's database start every session at
+// REPEATABLE READ, as a DBA's ALTER DATABASE would.
+func defaultRepeatableRead(t *testing.T, url string) {
+	t.Helper()
+	if _, err := pgtest.Connect(t, url).Exec(context.Background(), `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEnqueueOfKeyedMessagesIgnoresARepeatableReadDefault: on a database
+// whose sessions start at REPEATABLE READ, enqueue inserts keyed messages
+// at READ COMMITTED all the same, which the order-key trigger needs
+// (schema 36): at REPEATABLE READ its snapshot could show a head finished
+// since as unfinished, and leave the key stuck behind it, so the trigger
+// refuses such an insert; enqueue must not be refused.
+func TestEnqueueOfKeyedMessagesIgnoresARepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	url, env := migratedEnv(t)
+	defaultRepeatableRead(t, url)
+	pq(t, "a\nb\n", env, "enqueue", "-stage", "parse", "-order-key", "acct-9").
+		expect(t, "keyed enqueue", 0, "enqueued 2 messages at stage parse", "")
+	got := scalar(t, url, `SELECT string_agg(status, ' ' ORDER BY ingress_id) FROM pepsi.queue`)
+	if got != "pending blocked" {
+		t.Errorf("statuses %q; want pending blocked", got)
 	}
 }
