@@ -10,6 +10,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pepsi-pipeline/pepsi/core/conf"
@@ -298,6 +300,19 @@ func reload(log *slog.Logger, tokens *bearer.Tokens, cert *certificate) {
 	}
 }
 
+// schemaHint is what to do about err, the failure to read the schema
+// version: run pepsi-queue migrate when the database has no PEPSI schema
+// (PostgreSQL's bare "relation does not exist"), nothing else when it could
+// not be read for another reason (a database that does not answer has
+// nothing to migrate).
+func schemaHint(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "3F000") { // undefined_table, invalid_schema_name
+		return " (the database has no PEPSI schema: run pepsi-queue migrate)"
+	}
+	return ""
+}
+
 // connect opens a pool of size connections and checks the schema.
 func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
@@ -322,7 +337,7 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	v, err := store.On(pool).SchemaVersion(ctx)
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("%s: %w (run pepsi-queue migrate)", where, err)
+		return nil, fmt.Errorf("%s: %w%s", where, err, schemaHint(err))
 	}
 	if v < schemaNeeded {
 		pool.Close()

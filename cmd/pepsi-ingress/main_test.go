@@ -385,3 +385,28 @@ func TestKeyedMessagesAreTakenOnARepeatableReadDefault(t *testing.T) {
 		t.Errorf("statuses %q, %v; want pending blocked blocked", got, err)
 	}
 }
+
+// TestOnlyAMissingSchemaIsSentToMigrate: a database that does not answer at
+// start is said to be unreachable, and nothing more; before, every failure
+// to read the schema version ended "(run pepsi-queue migrate)", which sent an
+// operator whose database was down to migrate it. A database without the
+// PEPSI schema is still sent there.
+func TestOnlyAMissingSchemaIsSentToMigrate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, db, want, not string
+	}{
+		{"unreachable", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2", "connect: connection refused", "migrate"},
+		{"no schema", pgtest.NewDatabase(t), "the database has no PEPSI schema: run pepsi-queue migrate", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			code := run(ctx, []string{"-c", writeConf(t, tc.db, "LISTEN = 127.0.0.1:0")}, io.Discard, &stderr, nil, func(string) { t.Errorf("it started serving") })
+			if code != exitFailure || !strings.Contains(stderr.String(), tc.want) || tc.not != "" && strings.Contains(stderr.String(), tc.not) {
+				t.Errorf("exit %d, stderr %q; want %d with %q and without %q", code, stderr.String(), exitFailure, tc.want, tc.not)
+			}
+		})
+	}
+}
