@@ -43,6 +43,15 @@ const (
 	attemptsMax = 3
 	// commitTimeout bounds one try of a batch.
 	commitTimeout = 30 * time.Second
+	// LockWait bounds a statement's wait for a lock another session holds
+	// (an open transaction of a producer that inserted a message of the same
+	// order key's bucket, or the same key): the lock_timeout the pool's
+	// sessions get (store.BoundLockWaits), under commitTimeout, so that the
+	// wait ends with the server's error (55P03), before any COMMIT, and the
+	// request is answered that nothing of it was committed, not with the
+	// try's timeout, whose outcome is unknown and which counts the database
+	// as unreachable.
+	LockWait = commitTimeout * 5 / 6
 	// downFor is how long requests are refused at once (503) after the database
 	// could not be reached, rather than each waiting for a connection to fail.
 	downFor = time.Second
@@ -313,6 +322,12 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 		case isPg && (len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23" || pgErr.Code[:2] == "54")):
 			c.log.Warn("the database refused a batch", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusBadRequest, Msg: "the database refused a message: " + pgErr.Message}, true
+		case isPg && pgErr.Code == "55P03":
+			// lock_not_available: a lock wait ran out (LockWait). The
+			// database answers; the requests may pass once the holder ends.
+			c.log.Warn("a lock another session holds was not granted in time; answering 503", "rows", len(rows), "err", err)
+			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
+				Msg: "waited too long for a lock another session holds (an open transaction that inserted a message of the same order key or key); nothing of this request was committed"}, false
 		case isPg && pgErr.Code == "25006":
 			// read_only_sql_transaction: the server takes no writes, a standby
 			// (a failover under way, the address not yet moved to the new

@@ -367,3 +367,47 @@ func TestAReadOnlyDatabaseGets503AndRetryAfter(t *testing.T) {
 		t.Errorf("/healthz with the database read-only: %v %v; want 503", res.StatusCode, err)
 	}
 }
+
+// TestALockWaitThatRunsOutIsA503ThatCommittedNothing: a keyed request waits
+// for the lock of its order key's bucket, which another producer's open
+// transaction holds, until its session's lock_timeout (LockWait; here the
+// database's shorter one, which store.BoundLockWaits keeps) ends the wait.
+// The answer is a 503 with Retry-After that says nothing was committed and
+// why; the database is not counted unreachable, so the next request is
+// taken at once. Before, the error fell to "commit failed" (500, each
+// request tried alone), and without a lock_timeout the try's timeout
+// answered "the database is unreachable; the request may or may not be
+// committed" and refused every request for a second.
+func TestALockWaitThatRunsOutIsA503ThatCommittedNothing(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	ctx := context.Background()
+	other := pgtest.Connect(t, db)
+	if _, err := other.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''300ms''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, db, nil)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+	if _, err := tx.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('a', 'import', 'acct-9')`); err != nil {
+		t.Fatal(err)
+	}
+	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "x", "order_key": "acct-9"}`)
+	if a.code != http.StatusServiceUnavailable || a.retry != "1" || !strings.Contains(a.err, "lock another session holds") ||
+		!strings.Contains(a.err, "nothing of this request was committed") {
+		t.Errorf("keyed request behind an open transaction: %+v; want 503, Retry-After 1, the lock, nothing committed", a)
+	}
+	if a := f.post("application/x-ndjson", "?stage=a", `{"payload": "y"}`); a.code != http.StatusAccepted {
+		t.Errorf("the next request: %+v; want 202 (the database answers)", a)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d rows; want 1 (the request after)", n)
+	}
+}

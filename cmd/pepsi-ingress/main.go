@@ -329,6 +329,9 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	// Its inserts decide a keyed message's status at READ COMMITTED,
 	// whatever the database's or the role's default (schema 36).
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = store.ProducerIsolation
+	// A wait for a lock another session holds ends before the commit's
+	// timeout, with an error known to have committed nothing.
+	cfg.AfterConnect = store.BoundLockWaits(ingress.LockWait)
 	where := pgaddr.Where(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/ingress"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
@@ -408,5 +409,26 @@ func TestOnlyAMissingSchemaIsSentToMigrate(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d with %q and without %q", code, stderr.String(), exitFailure, tc.want, tc.not)
 			}
 		})
+	}
+}
+
+// TestItsSessionsWaitForALockAtMostLockWait: the pool's sessions wait for a
+// lock at most ingress.LockWait (lock_timeout), under the commit's timeout,
+// so that a request behind another producer's open transaction is told that
+// nothing of it was committed (ingress, TestALockWaitThatRunsOutIsA503ThatCommittedNothing).
+func TestItsSessionsWaitForALockAtMostLockWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := connect(ctx, pgtest.NewMigrated(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var got string
+	if err := pool.QueryRow(ctx, "SHOW lock_timeout").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := time.ParseDuration(got); err != nil || d != ingress.LockWait {
+		t.Errorf("lock_timeout %q; want %v", got, ingress.LockWait)
 	}
 }
