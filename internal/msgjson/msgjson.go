@@ -253,7 +253,10 @@ func decodeJSON(text []byte, v any, f Fields, strict bool) error {
 		}
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) && ute.Field != "" {
-			return fmt.Errorf("%s: want a %s, got a JSON %s", ute.Field, ute.Type, ute.Value)
+			// Field is the member's Go path, through the structs embedded
+			// in v ("lineFields.order_key"): its name is the last part.
+			name := ute.Field[strings.LastIndex(ute.Field, ".")+1:]
+			return fmt.Errorf("%s: want a %s, got a JSON %s", name, ute.Type, ute.Value)
 		}
 		if errors.As(err, &ute) {
 			// The whole value is not an object: say what it is, never the Go

@@ -201,3 +201,22 @@ func TestNamesAreExactAndOnceAndAStringPayloadIsUTF8(t *testing.T) {
 		t.Errorf("a surrogate pair under an escaped name = %q, %v; want the emoji and é", m.Payload, err)
 	}
 }
+
+// Proves: a member of the wrong type is named as the producer wrote it,
+// whichever Go struct reads it. Go names it by its path through the
+// structs embedded in the one decoded, and the members a line shares with
+// a producer's message live in one of those: an order_key that was a
+// number was answered "lineFields.order_key: want a string".
+func TestAMemberOfTheWrongTypeIsNamedAsWritten(t *testing.T) {
+	producer := msgjson.Fields{Stage: true, Key: true, OrderKey: true, TraceParent: true, NotBefore: true}
+	for text, want := range map[string]string{
+		`{"payload":"x","order_key":7}`:    "order_key: want a string, got a JSON number",
+		`{"payload_base64":7}`:             "payload_base64: want a string, got a JSON number",
+		`{"payload":"x","traceparent":[]}`: "traceparent: want a string, got a JSON array",
+		`{"payload":"x","key":7}`:          "key: want a string, got a JSON number",
+	} {
+		if _, err := msgjson.Parse([]byte(text), producer); err == nil || err.Error() != want {
+			t.Errorf("%s: %v; want %q", text, err, want)
+		}
+	}
+}
