@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -45,9 +46,9 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 		cfg.RuntimeParams["application_name"] = "pepsi-queue"
 	}
 	// enqueue decides a keyed message's status, and retry and discard
-	// release keys, at READ COMMITTED, whatever the database's or the
-	// role's default (schema 36).
-	cfg.RuntimeParams["default_transaction_isolation"] = store.ProducerIsolation
+	// release keys, at READ COMMITTED (schema 36), and what it reports
+	// committed is durable, whatever the database's or the role's defaults.
+	maps.Copy(cfg.RuntimeParams, store.ProducerParams())
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
 	}

@@ -603,3 +603,28 @@ func holdRow(t *testing.T, url string, id int64) pgx.Tx {
 	}
 	return tx
 }
+
+// TestConnectCommitsDurablyAtReadCommittedWhateverTheDefaults: on a
+// database whose sessions start at REPEATABLE READ with synchronous_commit
+// off, pepsi-queue's session runs at READ COMMITTED (the order-key trigger
+// refuses a keyed insert at another level, schema 36) and commits durably
+// (what enqueue prints as committed survives a crash of the server).
+func TestConnectCommitsDurablyAtReadCommittedWhateverTheDefaults(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	if _, err := pgtest.Connect(t, url).Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database());
+		EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := queueadmin.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var commit, isolation string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('synchronous_commit'), current_setting('transaction_isolation')").Scan(&commit, &isolation); err != nil ||
+		commit != "on" || isolation != "read committed" {
+		t.Errorf("synchronous_commit %q, isolation %q, %v; want on, read committed", commit, isolation, err)
+	}
+}

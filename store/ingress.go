@@ -105,6 +105,20 @@ const orderKeysLocked = `(SELECT count(pg_advisory_xact_lock(1885696107, b))
 // since still looks unfinished), and so refuses such an insert (schema 36).
 const ProducerIsolation = "read committed"
 
+// ProducerParams are the run-time parameters of a producer's sessions
+// (pepsi-ingress, pepsi-queue), set at connect whatever the server's or the
+// role's defaults: default_transaction_isolation ProducerIsolation, and
+// synchronous_commit on, since a producer answers its ids (pepsi-ingress's
+// 202, which is never lost) or prints them as committed once its COMMIT
+// returns: with a default of off, the commit returns before its WAL is
+// flushed, and a crash of the server loses the rows it answered.
+func ProducerParams() map[string]string {
+	return map[string]string{
+		"default_transaction_isolation": ProducerIsolation,
+		"synchronous_commit":            "on",
+	}
+}
+
 // keyLocksMax bounds the key locks of one transaction; a batch with more
 // keys takes the gate alone, exclusively.
 const keyLocksMax = 256

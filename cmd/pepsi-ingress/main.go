@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -326,9 +327,10 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pepsi-ingress"
 	}
-	// Its inserts decide a keyed message's status at READ COMMITTED,
-	// whatever the database's or the role's default (schema 36).
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = store.ProducerIsolation
+	// Its inserts decide a keyed message's status at READ COMMITTED (schema
+	// 36), and a 202 answers a durable commit, whatever the database's or
+	// the role's defaults.
+	maps.Copy(cfg.ConnConfig.RuntimeParams, store.ProducerParams())
 	// A wait for a lock another session holds ends before the commit's
 	// timeout, with an error known to have committed nothing.
 	cfg.AfterConnect = store.BoundLockWaits(ingress.LockWait)

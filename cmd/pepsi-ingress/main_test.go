@@ -432,3 +432,27 @@ func TestItsSessionsWaitForALockAtMostLockWait(t *testing.T) {
 		t.Errorf("lock_timeout %q; want %v", got, ingress.LockWait)
 	}
 }
+
+// TestA202AnswersADurableCommitWhateverTheDatabasesDefault: on a database
+// whose sessions commit with synchronous_commit off, pepsi-ingress's sessions
+// commit with it on, so that a 202 is never lost: with it off, a COMMIT
+// returns before its WAL is flushed, and a crash of the server (pg_ctl stop
+// -m immediate) lost two of three messages just answered 202.
+func TestA202AnswersADurableCommitWhateverTheDatabasesDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewMigrated(t)
+	if _, err := pgtest.Connect(t, db).Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := connect(ctx, db, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var got string
+	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&got); err != nil || got != "on" {
+		t.Errorf("synchronous_commit %q, %v; want on", got, err)
+	}
+}
