@@ -328,6 +328,13 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 			c.log.Warn("a lock another session holds was not granted in time; answering 503", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
 				Msg: "waited too long for a lock another session holds (an open transaction that inserted a message of the same order key or key); nothing of this request was committed"}, false
+		case isPg && pgErr.Code == "57014":
+			// query_canceled: a statement_timeout of the role or the database
+			// (or our own cancel) ended a statement before the COMMIT. The
+			// database answers; a request of the batch may pass alone.
+			c.log.Warn("the database canceled the insert; answering 503", "rows", len(rows), "err", err)
+			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
+				Msg: "the database canceled the insert (a statement_timeout?); nothing of this request was committed"}, true
 		case isPg && pgErr.Code == "25006":
 			// read_only_sql_transaction: the server takes no writes, a standby
 			// (a failover under way, the address not yet moved to the new

@@ -411,3 +411,44 @@ func TestALockWaitThatRunsOutIsA503ThatCommittedNothing(t *testing.T) {
 		t.Errorf("%d rows; want 1 (the request after)", n)
 	}
 }
+
+// TestAnInsertTheDatabaseCancelsIsA503ThatCommittedNothing: a statement
+// the database cancels (57014: here its statement_timeout, while the insert
+// waits for an order key's lock another transaction holds) committed
+// nothing, and the database answers: the request is told so (503, Retry-After),
+// and the next request is taken at once. Before, class 57 was taken for an
+// outage: "the database is unreachable; the request may or may not be
+// committed", and every request was refused for a second.
+func TestAnInsertTheDatabaseCancelsIsA503ThatCommittedNothing(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	ctx := context.Background()
+	other := pgtest.Connect(t, db)
+	if _, err := other.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET statement_timeout = ''300ms''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, db, nil)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+	if _, err := tx.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('a', 'import', 'acct-9')`); err != nil {
+		t.Fatal(err)
+	}
+	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "x", "order_key": "acct-9"}`)
+	if a.code != http.StatusServiceUnavailable || a.retry != "1" || !strings.Contains(a.err, "canceled") ||
+		!strings.Contains(a.err, "nothing of this request was committed") {
+		t.Errorf("an insert the database canceled: %+v; want 503, Retry-After 1, canceled, nothing committed", a)
+	}
+	if a := f.post("application/x-ndjson", "?stage=a", `{"payload": "y"}`); a.code != http.StatusAccepted {
+		t.Errorf("the next request: %+v; want 202 (the database answers)", a)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d rows; want 1 (the request after)", n)
+	}
+}
