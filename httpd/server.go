@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -88,7 +90,55 @@ func Handler(src *Source, acts *Actions) http.Handler {
 		mux.HandleFunc("GET /api/session", readOnlySession)
 	}
 	mux.Handle("GET /", http.FileServerFS(static))
-	return secure(mux)
+	return secure(hostGuard(src.opts.Hosts, mux))
+}
+
+// hostGuard answers 421 to a request for the page or its API whose Host is
+// a name pepsi-httpd was not told it is reached by: a website's script can
+// make a browser send requests to pepsi-httpd under the site's own name, by
+// pointing that name at pepsi-httpd's address once the page is loaded (DNS
+// rebinding), and then read the answers, the failures' reasons and the
+// messages' histories, as the same origin. An IP address, localhost and
+// names under .localhost are never such a name, nor hosts; "*" among hosts
+// lets any through. /metrics and /healthz answer whatever the Host: a
+// Prometheus scrapes by the name in its configuration.
+func hostGuard(hosts []string, h http.Handler) http.Handler {
+	allowed := map[string]bool{}
+	for _, n := range hosts {
+		allowed[canonicalHost(n)] = true
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" || r.URL.Path == "/healthz" || allowed["*"] {
+			h.ServeHTTP(w, r)
+			return
+		}
+		host := canonicalHost(r.Host)
+		if name, _, err := net.SplitHostPort(r.Host); err == nil {
+			host = canonicalHost(name)
+		}
+		if host == "localhost" || strings.HasSuffix(host, ".localhost") || allowed[host] || net.ParseIP(strings.Trim(host, "[]")) != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusMisdirectedRequest)
+		fmt.Fprintf(w, "pepsi-httpd does not answer to the host %q: reach it by its IP address, localhost, or a name given to -hosts (pepsi-httpd(8))\n", clipHost(r.Host))
+	})
+}
+
+// canonicalHost is a host name as hostGuard compares it: lower case,
+// without a trailing dot.
+func canonicalHost(h string) string {
+	return strings.TrimSuffix(strings.ToLower(h), ".")
+}
+
+// clipHost bounds a Host quoted back (headers may hold 16 KiB).
+func clipHost(h string) string {
+	if len(h) > 200 {
+		return h[:200] + "…"
+	}
+	return h
 }
 
 // Status is the answer of /api/status, which feeds the page.

@@ -37,6 +37,10 @@ type Options struct {
 	HistoryMax     int
 	// Log receives read failures and recoveries.
 	Log *slog.Logger
+	// Hosts are the host names, besides IP addresses, localhost and names
+	// under .localhost, that the page and its API answer to (the Host a
+	// browser sends); "*" answers to any. See hostGuard.
+	Hosts []string
 }
 
 // Defaults for Options' zero fields.

@@ -90,6 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 		cacheAge    = fs.Duration("cache", httpd.CacheMaxAgeDefault, "scrapes and page polls within this `DURATION` share one database read")
 		sample      = fs.Duration("sample-interval", httpd.SampleIntervalDefault, "how often the page's charts take a sample")
 		history     = fs.Int("history", httpd.HistoryMaxDefault, "how many samples the charts keep")
+		hosts       = fs.String("hosts", "", "comma-separated host `NAMES` the page answers to besides IP addresses, localhost and this machine's name (* for any)")
 		logFormat   = fs.String("log-format", "text", "log format: text or json")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	)
@@ -147,8 +148,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-cha
 	}
 	return serve(ctx, httpd.Options{
 		Database: db, Stages: stages, StatementTimeout: *stmtTimeout, CacheMaxAge: *cacheAge,
-		SampleInterval: *sample, HistoryMax: *history, Log: log,
+		SampleInterval: *sample, HistoryMax: *history, Log: log, Hosts: hostNames(*hosts),
 	}, acts, *listen, dbFrom, stderr, hup, ready)
+}
+
+// hostNames are the names the page answers to (httpd.Options.Hosts): those
+// of -hosts, and this machine's own name, by which a browser on the machine
+// or a proxy in front that passes its Host on may reach it.
+func hostNames(flag string) []string {
+	var names []string
+	if h, err := os.Hostname(); err == nil && h != "" {
+		names = append(names, h)
+	}
+	for _, n := range strings.Split(flag, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // readConfig reads the configuration file.

@@ -362,3 +362,43 @@ func TestSIGHUPReloadsTheTokensFile(t *testing.T) {
 		t.Errorf("GET /healthz after the SIGHUPs: %d, want 200", code)
 	}
 }
+
+// Proves: -hosts names the hosts the page answers to, beside this machine's
+// own name: a request for one of them is served, one for another name is
+// answered 421 (httpd's TestThePageAnswersOnlyToItsOwnHosts has the rule).
+func TestHostsNamesThePagesHosts(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, done := make(chan string, 1), make(chan int, 1)
+	var stderr lockedbuf.Buffer
+	go func() {
+		done <- run(ctx, []string{"-database", url, "-listen", "127.0.0.1:0", "-hosts", "pepsi.example.org, ops.example.org"}, io.Discard, &stderr, nil, func(a string) { addr <- a })
+	}()
+	defer func() { cancel(); <-done }()
+	var base string
+	select {
+	case base = <-addr:
+	case code := <-done:
+		t.Fatalf("pepsi-httpd exited %d before serving: %s", code, stderr.String())
+	}
+	self, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]int{"pepsi.example.org": 200, "ops.example.org:9650": 200, self: 200, "attacker.example": 421} {
+		req, err := http.NewRequest("GET", "http://"+base+"/api/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+}
