@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -45,15 +44,18 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "pepsi-queue"
 	}
-	// enqueue decides a keyed message's status, and retry and discard
-	// release keys, at READ COMMITTED (schema 36), and what it reports
-	// committed is durable, whatever the database's or the role's defaults.
-	maps.Copy(cfg.RuntimeParams, store.ProducerParams())
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", pgaddr.Where(&cfg.Config), err)
+	}
+	// enqueue decides a keyed message's status, and retry and discard
+	// release keys, at READ COMMITTED (schema 36), and what it reports
+	// committed is durable, whatever the database's or the role's defaults.
+	if err := store.ProducerSession(ctx, conn); err != nil {
+		conn.Close(context.Background())
 		return nil, fmt.Errorf("connect to %s: %w", pgaddr.Where(&cfg.Config), err)
 	}
 	return conn, nil

@@ -628,3 +628,31 @@ func TestConnectCommitsDurablyAtReadCommittedWhateverTheDefaults(t *testing.T) {
 		t.Errorf("synchronous_commit %q, isolation %q, %v; want on, read committed", commit, isolation, err)
 	}
 }
+
+// Proves: pepsi-queue's session keeps a synchronous_commit stronger than on
+// (remote_apply: a commit waits for a standby to apply it), and sends no
+// startup parameter of its own but its application_name (a pooler such as
+// PgBouncer refuses a connection that sends others): it sets its session up
+// once connected.
+func TestConnectKeepsAStrongerCommitAndSendsNoStartupParameters(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	if _, err := pgtest.Connect(t, url).Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET synchronous_commit = remote_apply', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := queueadmin.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var commit string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&commit); err != nil || commit != "remote_apply" {
+		t.Errorf("synchronous_commit %q, %v; want remote_apply kept", commit, err)
+	}
+	for name := range conn.Config().RuntimeParams {
+		if name != "application_name" {
+			t.Errorf("startup parameter %s sent; want application_name only", name)
+		}
+	}
+}

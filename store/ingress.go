@@ -97,26 +97,31 @@ const orderKeysLocked = `(SELECT count(pg_advisory_xact_lock(1885696107, b))
 	FROM (SELECT DISTINCT pepsi.order_bucket(order_key) AS b FROM input
 	      WHERE order_key <> '' ORDER BY b) s) >= 0`
 
-// ProducerIsolation is the default_transaction_isolation a producer's
-// connection must have, whatever the database's or the role's default: the
-// order-key trigger decides whether a keyed message waits behind its key
-// from what its queries see, which at REPEATABLE READ or SERIALIZABLE is
-// the transaction's snapshot, taken before the key's lock (a head finished
-// since still looks unfinished), and so refuses such an insert (schema 36).
-const ProducerIsolation = "read committed"
+// producerSessionSQL sets what a producer's session (pepsi-ingress,
+// pepsi-queue) needs whatever the server's or the role's defaults:
+// default_transaction_isolation read committed, since the order-key trigger
+// decides whether a keyed message waits behind its key from what its
+// queries see, which at REPEATABLE READ or SERIALIZABLE is the
+// transaction's snapshot, taken before the key's lock (a head finished
+// since still looks unfinished), and so refuses such an insert (schema 36);
+// and synchronous_commit at least on, since a producer answers its ids
+// (pepsi-ingress's 202, which is never lost) or prints them as committed
+// once its COMMIT returns: with off (or local) the commit returns before
+// its WAL is flushed (here), and a crash of the server loses the rows it
+// answered. A stronger setting (remote_write, remote_apply) is kept. Set
+// after connecting, not as startup parameters, which a connection pooler
+// such as PgBouncer refuses unless told to ignore them.
+const producerSessionSQL = `SELECT set_config('default_transaction_isolation', 'read committed', false),
+       CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
+            THEN set_config('synchronous_commit', 'on', false) END`
 
-// ProducerParams are the run-time parameters of a producer's sessions
-// (pepsi-ingress, pepsi-queue), set at connect whatever the server's or the
-// role's defaults: default_transaction_isolation ProducerIsolation, and
-// synchronous_commit on, since a producer answers its ids (pepsi-ingress's
-// 202, which is never lost) or prints them as committed once its COMMIT
-// returns: with a default of off, the commit returns before its WAL is
-// flushed, and a crash of the server loses the rows it answered.
-func ProducerParams() map[string]string {
-	return map[string]string{
-		"default_transaction_isolation": ProducerIsolation,
-		"synchronous_commit":            "on",
+// ProducerSession sets a producer's session up (see producerSessionSQL):
+// call it once conn is connected (pgx's AfterConnect).
+func ProducerSession(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, producerSessionSQL); err != nil {
+		return fmt.Errorf("set the session up: %w", err)
 	}
+	return nil
 }
 
 // keyLocksMax bounds the key locks of one transaction; a batch with more

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -23,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -329,11 +329,16 @@ func connect(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	}
 	// Its inserts decide a keyed message's status at READ COMMITTED (schema
 	// 36), and a 202 answers a durable commit, whatever the database's or
-	// the role's defaults.
-	maps.Copy(cfg.ConnConfig.RuntimeParams, store.ProducerParams())
-	// A wait for a lock another session holds ends before the commit's
-	// timeout, with an error known to have committed nothing.
-	cfg.AfterConnect = store.BoundLockWaits(ingress.LockWait)
+	// the role's defaults; a wait for a lock another session holds ends
+	// before the commit's timeout, with an error known to have committed
+	// nothing.
+	bound := store.BoundLockWaits(ingress.LockWait)
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if err := store.ProducerSession(ctx, conn); err != nil {
+			return err
+		}
+		return bound(ctx, conn)
+	}
 	where := pgaddr.Where(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
