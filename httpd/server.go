@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -90,7 +92,7 @@ func Handler(src *Source, acts *Actions) http.Handler {
 		mux.HandleFunc("GET /api/session", readOnlySession)
 	}
 	mux.Handle("GET /", http.FileServerFS(static))
-	return secure(hostGuard(src.opts.Hosts, mux))
+	return secure(hostGuard(src.opts.Hosts, src.log, mux))
 }
 
 // hostGuard answers 421 to a request for the page or its API whose Host is
@@ -102,11 +104,14 @@ func Handler(src *Source, acts *Actions) http.Handler {
 // names under .localhost are never such a name, nor hosts; "*" among hosts
 // lets any through. /metrics and /healthz answer whatever the Host: a
 // Prometheus scrapes by the name in its configuration.
-func hostGuard(hosts []string, h http.Handler) http.Handler {
+// The first refusal is logged: an operator whose page went blank after an
+// upgrade learns the name to give -hosts.
+func hostGuard(hosts []string, log *slog.Logger, h http.Handler) http.Handler {
 	allowed := map[string]bool{}
 	for _, n := range hosts {
 		allowed[canonicalHost(n)] = true
 	}
+	var logged atomic.Bool
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" || r.URL.Path == "/healthz" || allowed["*"] {
 			h.ServeHTTP(w, r)
@@ -119,6 +124,10 @@ func hostGuard(hosts []string, h http.Handler) http.Handler {
 		if host == "localhost" || strings.HasSuffix(host, ".localhost") || allowed[host] || net.ParseIP(strings.Trim(host, "[]")) != nil {
 			h.ServeHTTP(w, r)
 			return
+		}
+		if !logged.Swap(true) {
+			log.Warn("page: a request for a host pepsi-httpd does not answer to refused (421); if operators reach it by this name, give it to -hosts (further ones are not logged)",
+				"host", clipHost(r.Host), "remote", r.RemoteAddr)
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")

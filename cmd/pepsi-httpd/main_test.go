@@ -365,7 +365,8 @@ func TestSIGHUPReloadsTheTokensFile(t *testing.T) {
 
 // Proves: -hosts names the hosts the page answers to, beside this machine's
 // own name: a request for one of them is served, one for another name is
-// answered 421 (httpd's TestThePageAnswersOnlyToItsOwnHosts has the rule).
+// answered 421 (httpd's TestThePageAnswersOnlyToItsOwnHosts has the rule),
+// and the first refusal is logged with its host.
 func TestHostsNamesThePagesHosts(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
@@ -386,7 +387,7 @@ func TestHostsNamesThePagesHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for host, want := range map[string]int{"pepsi.example.org": 200, "ops.example.org:9650": 200, self: 200, "attacker.example": 421} {
+	for host, want := range map[string]int{"pepsi.example.org": 200, "ops.example.org:9650": 200, self: 200, "attacker.example": 421, "other.example": 421} {
 		req, err := http.NewRequest("GET", "http://"+base+"/api/status", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -400,5 +401,8 @@ func TestHostsNamesThePagesHosts(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
 		}
+	}
+	if n := strings.Count(stderr.String(), "refused (421)"); n != 1 {
+		t.Errorf("%d log lines of a refused host, want the first one only: %s", n, stderr.String())
 	}
 }
