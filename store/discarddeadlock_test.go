@@ -41,6 +41,14 @@ func TestADiscardBatchThatADeadlockRolledBackRunsAgain(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), `UPDATE pepsi.queue SET updated_at = now() WHERE ingress_id = $1`, second); err != nil {
 		t.Fatal(err)
 	}
+	// PostgreSQL looks for a deadlock once, deadlock_timeout after a wait
+	// began: the discard's look must come after the other transaction began
+	// to wait too, which on a loaded machine may take more than the default
+	// second (and less than the other's 30 s, so the discard is the victim).
+	if _, err := conn.Exec(t.Context(), `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = ''5s''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
 	operator := store.On(pgtest.Connect(t, url))
 	discarded := make(chan error, 1)
 	var n int64
