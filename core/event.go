@@ -127,7 +127,9 @@ type WorkerExited struct {
 	// Killed, when not empty, says why the shell killed the worker without
 	// the core asking ("it closed its standard output and did not exit"):
 	// the reasons and log lines of its exit name it, where "signal killed"
-	// alone would read as a crash of the stage's own.
+	// alone would read as a crash of the stage's own. It counts only with
+	// Signal "killed": a worker that exited by itself as the shell decided
+	// to kill it reports its own status.
 	Killed string
 }
 

@@ -195,3 +195,19 @@ func logsWith(cmds []core.Command, sub string) []core.Log {
 	}
 	return out
 }
+
+// Proves: a worker that exited by itself just as the shell decided to kill
+// it (Killed set, but no SIGKILL in its status) fails its head with its own
+// exit status, not as killed by the dispatcher: the kill did not happen.
+func TestAWorkerThatExitedBeforeTheShellsKillReportsItsOwnStatus(t *testing.T) {
+	w := newWorld(t, historyStages)
+	w.start("a", 1)
+	w.answer(1, "", "", "0 >b")
+	cmds := w.step(core.WorkerExited{Worker: 2, Code: 3, Killed: "it closed its standard output and did not exit"})
+	if got := logsWith(cmds, "killed by the dispatcher"); len(got) != 0 {
+		t.Errorf("a worker that exited 3 by itself is said killed by the dispatcher: %q", got)
+	}
+	if got := logsWith(cmds, "exit status 3"); len(got) == 0 {
+		t.Errorf("the worker's own exit status 3 is not said: %v", cmds)
+	}
+}

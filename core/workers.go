@@ -298,7 +298,9 @@ func exitHow(w *worker, e WorkerExited) string {
 		return "killed at STOP_GRACE"
 	case w.cause != killNone:
 		return "killed by the dispatcher"
-	case e.Killed != "":
+	case e.Killed != "" && e.Signal == "killed":
+		// (A worker that exited by itself just before the shell's kill
+		// reports its own status: the kill did not happen.)
 		return "killed by the dispatcher: " + e.Killed
 	case e.Signal != "":
 		return "signal " + e.Signal
