@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/store"
@@ -35,6 +37,10 @@ type Actor interface {
 	Retry(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error)
 	Discard(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error)
 }
+
+// readOnlyTransaction is PostgreSQL's SQLSTATE for a write refused by a
+// read-only server (read_only_sql_transaction).
+const readOnlyTransaction = "25006"
 
 // Sessions of the page's actions.
 const (
@@ -211,7 +217,13 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.log.Error("page: action failed", "action", action, "id", id, "dry_run", body.DryRun, "err", err)
 		code, msg := http.StatusInternalServerError, err.Error()
-		if store.Unavailable(err) {
+		var pe *pgconn.PgError
+		switch {
+		case errors.As(err, &pe) && pe.Code == readOnlyTransaction:
+			// A standby, or a primary after a failover: the server refused
+			// the write before doing it.
+			code, msg = http.StatusServiceUnavailable, fmt.Sprintf("the database is read-only (a standby, or a failover under way: %v): the %s was not done", err, action)
+		case store.Unavailable(err):
 			// As GET /api/messages/{id} answers it: the database, not the
 			// request, is at fault, and the same request may do once it
 			// answers. What a connection that broke mid-way left is unknown.

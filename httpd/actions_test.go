@@ -445,3 +445,28 @@ func TestASessionBehindAProxysBasicAuthenticationActs(t *testing.T) {
 		t.Errorf("acted %v, want %v", actor.taken(), want)
 	}
 }
+
+// readOnlyActor is an Actor whose database refuses every write as a
+// read-only server does (a standby, a failover under way).
+type readOnlyActor struct{}
+
+func (readOnlyActor) Retry(context.Context, int64, string, core.RowStatus, bool) (int64, error) {
+	return 0, &pgconn.PgError{Severity: "ERROR", Code: "25006", Message: "cannot execute UPDATE in a read-only transaction"}
+}
+
+func (a readOnlyActor) Discard(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error) {
+	return a.Retry(ctx, id, stage, status, dryRun)
+}
+
+// Proves: an action a read-only database refused (25006: pepsi-httpd
+// pointed at a standby, or a failover under way) is a 503 that says nothing
+// was done, not that it may or may not have been.
+func TestAnActionAReadOnlyDatabaseRefusedSaysNothingWasDone(t *testing.T) {
+	t.Parallel()
+	srv, _ := actionServer(t, httpd.NewActions(tokensFile(t), readOnlyActor{}, nil))
+	code, body := do(t, &http.Client{}, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": false}`,
+		map[string]string{"Authorization": "Bearer " + operatorToken, "Content-Type": "application/json"}})
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "read-only") || !strings.Contains(body, "was not done") || strings.Contains(body, "may or may not") {
+		t.Errorf("a retry the read-only database refused: %d %s; want 503 saying it was not done", code, body)
+	}
+}
