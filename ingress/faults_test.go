@@ -380,36 +380,7 @@ func TestAReadOnlyDatabaseGets503AndRetryAfter(t *testing.T) {
 // committed" and refused every request for a second.
 func TestALockWaitThatRunsOutIsA503ThatCommittedNothing(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewMigrated(t)
-	ctx := context.Background()
-	other := pgtest.Connect(t, db)
-	if _, err := other.Exec(ctx, `DO $$ BEGIN
-		EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''300ms''', current_database()); END $$`); err != nil {
-		t.Fatal(err)
-	}
-	f := start(t, db, nil)
-	tx, err := other.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-	if _, err := tx.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('a', 'import', 'acct-9')`); err != nil {
-		t.Fatal(err)
-	}
-	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "x", "order_key": "acct-9"}`)
-	if a.code != http.StatusServiceUnavailable || a.retry != "1" || !strings.Contains(a.err, "lock another session holds") ||
-		!strings.Contains(a.err, "nothing of this request was committed") {
-		t.Errorf("keyed request behind an open transaction: %+v; want 503, Retry-After 1, the lock, nothing committed", a)
-	}
-	if a := f.post("application/x-ndjson", "?stage=a", `{"payload": "y"}`); a.code != http.StatusAccepted {
-		t.Errorf("the next request: %+v; want 202 (the database answers)", a)
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := f.count(); n != 1 {
-		t.Errorf("%d rows; want 1 (the request after)", n)
-	}
+	heldUpKeyedRequest(t, "lock_timeout", "lock another session holds")
 }
 
 // TestAnInsertTheDatabaseCancelsIsA503ThatCommittedNothing: a statement
@@ -421,11 +392,21 @@ func TestALockWaitThatRunsOutIsA503ThatCommittedNothing(t *testing.T) {
 // committed", and every request was refused for a second.
 func TestAnInsertTheDatabaseCancelsIsA503ThatCommittedNothing(t *testing.T) {
 	t.Parallel()
+	heldUpKeyedRequest(t, "statement_timeout", "canceled")
+}
+
+// heldUpKeyedRequest posts a keyed request behind another transaction's
+// insert of its order key, on a database whose setting (lock_timeout or
+// statement_timeout) is 300 ms, and wants a 503 with Retry-After whose error
+// holds says and that nothing was committed; then a request after it is
+// taken, and only that one is in the queue.
+func heldUpKeyedRequest(t *testing.T, setting, says string) {
+	t.Helper()
 	db := pgtest.NewMigrated(t)
 	ctx := context.Background()
 	other := pgtest.Connect(t, db)
-	if _, err := other.Exec(ctx, `DO $$ BEGIN
-		EXECUTE format('ALTER DATABASE %I SET statement_timeout = ''300ms''', current_database()); END $$`); err != nil {
+	if _, err := other.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %%I SET %s = ''300ms''', current_database()); END $$`, setting)); err != nil {
 		t.Fatal(err)
 	}
 	f := start(t, db, nil)
@@ -438,9 +419,9 @@ func TestAnInsertTheDatabaseCancelsIsA503ThatCommittedNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := f.post("application/x-ndjson", "?stage=a", `{"payload": "x", "order_key": "acct-9"}`)
-	if a.code != http.StatusServiceUnavailable || a.retry != "1" || !strings.Contains(a.err, "canceled") ||
+	if a.code != http.StatusServiceUnavailable || a.retry != "1" || !strings.Contains(a.err, says) ||
 		!strings.Contains(a.err, "nothing of this request was committed") {
-		t.Errorf("an insert the database canceled: %+v; want 503, Retry-After 1, canceled, nothing committed", a)
+		t.Errorf("keyed request held up (%s): %+v; want 503, Retry-After 1, %q, nothing committed", setting, a, says)
 	}
 	if a := f.post("application/x-ndjson", "?stage=a", `{"payload": "y"}`); a.code != http.StatusAccepted {
 		t.Errorf("the next request: %+v; want 202 (the database answers)", a)
