@@ -19,6 +19,25 @@ import (
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
+// serveFor runs pepsi-httpd with args (hup delivering its SIGHUPs) until the
+// test ends, and returns the address it serves on and its standard error.
+func serveFor(t *testing.T, hup <-chan os.Signal, args ...string) (string, *lockedbuf.Buffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, done := make(chan string, 1), make(chan int, 1)
+	stderr := &lockedbuf.Buffer{}
+	go func() { done <- run(ctx, args, io.Discard, stderr, hup, func(a string) { addr <- a }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case a := <-addr:
+		return a, stderr
+	case code := <-done:
+		done <- code // for the cleanup, which waits for it
+		t.Fatalf("pepsi-httpd exited %d before serving: %s", code, stderr.String())
+		return "", nil
+	}
+}
+
 // runFor runs pepsi-httpd with args and returns its exit code and stderr.
 func runFor(t *testing.T, args ...string) (int, string) {
 	t.Helper()
@@ -304,20 +323,8 @@ func TestSIGHUPReloadsTheTokensFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("[pepsi]\nDATABASE = "+url+"\n[pepsi-httpd]\nACTIONS = on\nTOKENS_FILE = "+tokens+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	hup := make(chan os.Signal, 1)
-	addr, done := make(chan string, 1), make(chan int, 1)
-	var stderr lockedbuf.Buffer
-	go func() {
-		done <- run(ctx, []string{"-c", file, "-listen", "127.0.0.1:0"}, io.Discard, &stderr, hup, func(a string) { addr <- a })
-	}()
-	defer func() { cancel(); <-done }()
-	var base string
-	select {
-	case base = <-addr:
-	case code := <-done:
-		t.Fatalf("pepsi-httpd exited %d before serving: %s", code, stderr.String())
-	}
+	base, stderr := serveFor(t, hup, "-c", file, "-listen", "127.0.0.1:0")
 	refused := func(token string) bool {
 		req, err := http.NewRequest("POST", "http://"+base+"/api/messages/1/retry", strings.NewReader(`{"dry_run": true}`))
 		if err != nil {
@@ -370,19 +377,7 @@ func TestSIGHUPReloadsTheTokensFile(t *testing.T) {
 func TestHostsNamesThePagesHosts(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	addr, done := make(chan string, 1), make(chan int, 1)
-	var stderr lockedbuf.Buffer
-	go func() {
-		done <- run(ctx, []string{"-database", url, "-listen", "127.0.0.1:0", "-hosts", "pepsi.example.org, ops.example.org"}, io.Discard, &stderr, nil, func(a string) { addr <- a })
-	}()
-	defer func() { cancel(); <-done }()
-	var base string
-	select {
-	case base = <-addr:
-	case code := <-done:
-		t.Fatalf("pepsi-httpd exited %d before serving: %s", code, stderr.String())
-	}
+	base, stderr := serveFor(t, nil, "-database", url, "-listen", "127.0.0.1:0", "-hosts", "pepsi.example.org, ops.example.org")
 	self, err := os.Hostname()
 	if err != nil {
 		t.Fatal(err)
