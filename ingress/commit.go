@@ -325,13 +325,18 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 		case isPg && pgErr.Code == "55P03":
 			// lock_not_available: a lock wait ran out (LockWait). The
 			// database answers; the requests may pass once the holder ends.
+			// Not tried alone: each request waiting behind the holder would
+			// wait LockWait again, the committer with it. The requests of a
+			// batch commit together, so the message names the batch's keys,
+			// not necessarily this request's.
 			c.log.Warn("a lock another session holds was not granted in time; answering 503", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
-				Msg: "waited too long for a lock another session holds (an open transaction that inserted a message of the same order key or key); nothing of this request was committed"}, false
+				Msg: "waited too long for a lock another session holds (an open transaction that inserted a message of the same order key's bucket or the same key as a message of this request, or of another request committed together with it); nothing of this request was committed"}, false
 		case isPg && pgErr.Code == "57014":
-			// query_canceled: a statement_timeout of the role or the database
-			// (or our own cancel) ended a statement before the COMMIT. The
-			// database answers; a request of the batch may pass alone.
+			// query_canceled: a statement_timeout of the role or the
+			// database ended a statement before the COMMIT (our own cancel
+			// surfaces as a context error, not as this). The database
+			// answers; a request of the batch may pass alone.
 			c.log.Warn("the database canceled the insert; answering 503", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
 				Msg: "the database canceled the insert (a statement_timeout?); nothing of this request was committed"}, true
