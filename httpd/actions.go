@@ -138,6 +138,13 @@ func (a *Actions) signIn(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, r, http.StatusUnauthorized, "sign-in", "a token not in TOKENS_FILE")
 		return
 	}
+	if old, err := r.Cookie(sessionCookie); err == nil {
+		// The browser's session before this sign-in ends: its cookie is
+		// replaced, and a copy of it must not act for another 8 hours.
+		a.mu.Lock()
+		delete(a.sessions, old.Value)
+		a.mu.Unlock()
+	}
 	id, s := a.newSession(body.Token)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", MaxAge: int(sessionTTL.Seconds()),
 		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})

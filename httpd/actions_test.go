@@ -470,3 +470,31 @@ func TestAnActionAReadOnlyDatabaseRefusedSaysNothingWasDone(t *testing.T) {
 		t.Errorf("a retry the read-only database refused: %d %s; want 503 saying it was not done", code, body)
 	}
 }
+
+// Proves: signing in again ends the browser's session before: a copy of its
+// old cookie no longer acts (it lived on for its 8 hours).
+func TestSigningInAgainEndsTheSessionBefore(t *testing.T) {
+	t.Parallel()
+	srv, browser := actionServer(t, httpd.NewActions(tokensFile(t), &fakeActor{}, nil))
+	json := map[string]string{"Content-Type": "application/json", "Origin": srv.URL}
+	signIn := func() (cookie, csrf string) {
+		code, body := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, json})
+		var st struct {
+			CSRF string `json:"csrf"`
+		}
+		if err := jsonUnmarshal(body, &st); code != http.StatusOK || err != nil {
+			t.Fatalf("sign-in: %d %s (%v)", code, body, err)
+		}
+		for _, c := range browser.Jar.Cookies(must(url.Parse(srv.URL))) {
+			cookie = c.Name + "=" + c.Value
+		}
+		return cookie, st.CSRF
+	}
+	oldCookie, oldCSRF := signIn()
+	signIn()
+	code, _ := do(t, &http.Client{}, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`,
+		map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "Cookie": oldCookie, "X-CSRF-Token": oldCSRF}})
+	if code != http.StatusUnauthorized {
+		t.Errorf("the session before the second sign-in: %d, want 401", code)
+	}
+}
