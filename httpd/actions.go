@@ -18,8 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
 	"github.com/pepsi-pipeline/pepsi/store"
@@ -37,10 +35,6 @@ type Actor interface {
 	Retry(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error)
 	Discard(ctx context.Context, id int64, stage string, status core.RowStatus, dryRun bool) (int64, error)
 }
-
-// readOnlyTransaction is PostgreSQL's SQLSTATE for a write refused by a
-// read-only server (read_only_sql_transaction).
-const readOnlyTransaction = "25006"
 
 // Sessions of the page's actions.
 const (
@@ -141,9 +135,7 @@ func (a *Actions) signIn(w http.ResponseWriter, r *http.Request) {
 	if old, err := r.Cookie(sessionCookie); err == nil {
 		// The browser's session before this sign-in ends: its cookie is
 		// replaced, and a copy of it must not act for another 8 hours.
-		a.mu.Lock()
-		delete(a.sessions, old.Value)
-		a.mu.Unlock()
+		a.endSession(old.Value)
 	}
 	id, s := a.newSession(body.Token)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", MaxAge: int(sessionTTL.Seconds()),
@@ -159,9 +151,7 @@ func (a *Actions) signOut(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	a.mu.Lock()
-	delete(a.sessions, id)
-	a.mu.Unlock()
+	a.endSession(id)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1,
 		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	writeJSON(w, sessionState{Actions: true})
@@ -224,9 +214,8 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.log.Error("page: action failed", "action", action, "id", id, "dry_run", body.DryRun, "err", err)
 		code, msg := http.StatusInternalServerError, err.Error()
-		var pe *pgconn.PgError
 		switch {
-		case errors.As(err, &pe) && pe.Code == readOnlyTransaction:
+		case store.ReadOnly(err):
 			// A standby, or a primary after a failover: the server refused
 			// the write before doing it.
 			code, msg = http.StatusServiceUnavailable, fmt.Sprintf("the database is read-only (a standby, or a failover under way: %v): the %s was not done", err, action)
@@ -389,6 +378,13 @@ func (a *Actions) lookup(r *http.Request) (string, session, bool) {
 		return "", session{}, false
 	}
 	return c.Value, s, true
+}
+
+// endSession ends session id (nothing if there is none).
+func (a *Actions) endSession(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.sessions, id)
 }
 
 // Reload re-reads TOKENS_FILE (on SIGHUP) and returns how many tokens it

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -254,8 +253,7 @@ func message(w http.ResponseWriter, r *http.Request, src *Source, actions bool) 
 		// -statement-timeout (a lock held on the queue); a read it refused
 		// (a role without SELECT on a column the page reads) stays refused.
 		code := http.StatusInternalServerError
-		var pgErr *pgconn.PgError
-		if store.Unavailable(err) || errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: statement_timeout
+		if store.Unavailable(err) || store.Canceled(err) {
 			code = http.StatusServiceUnavailable
 		}
 		writeJSONCode(w, code, map[string]string{"error": err.Error()})

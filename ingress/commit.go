@@ -332,7 +332,7 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 			c.log.Warn("a lock another session holds was not granted in time; answering 503", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
 				Msg: "waited too long for a lock another session holds (an open transaction that inserted a message of the same order key's bucket or the same key as a message of this request, or of another request committed together with it); nothing of this request was committed"}, false
-		case isPg && pgErr.Code == "57014":
+		case store.Canceled(err):
 			// query_canceled: a statement_timeout of the role or the
 			// database ended a statement before the COMMIT (our own cancel
 			// surfaces as a context error, not as this). The database
@@ -340,7 +340,7 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 			c.log.Warn("the database canceled the insert; answering 503", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
 				Msg: "the database canceled the insert (a statement_timeout?); nothing of this request was committed"}, true
-		case isPg && pgErr.Code == "25006":
+		case store.ReadOnly(err):
 			// read_only_sql_transaction: the server takes no writes, a standby
 			// (a failover under way, the address not yet moved to the new
 			// primary) or default_transaction_read_only. It answered an ERROR

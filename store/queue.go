@@ -604,11 +604,27 @@ func Unavailable(err error) bool {
 		return true
 	case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", pgErr.Code == "57P05":
 		return true
-	case pgErr.Code == "25006":
-		// read_only_sql_transaction: a standby, or a failover under way.
+	case ReadOnly(err):
 		return true
 	}
 	return false
+}
+
+// ReadOnly says whether err is the server refusing a write because it takes
+// none (25006, read_only_sql_transaction: a standby, a failover under way,
+// default_transaction_read_only): refused before it was done, so nothing of
+// it was written.
+func ReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
+}
+
+// Canceled says whether err is the server cancelling a statement (57014,
+// query_canceled: a statement_timeout, or a cancel request): the
+// transaction did not commit.
+func Canceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
 // sleep waits d or until ctx is done, whichever is first.

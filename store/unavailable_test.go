@@ -46,3 +46,25 @@ func TestUnavailableTellsADatabaseThatDoesNotAnswerFromARefusal(t *testing.T) {
 		}
 	}
 }
+
+// Proves: ReadOnly and Canceled name their SQLSTATEs (25006, 57014), through
+// wrapping, and nothing else.
+func TestReadOnlyAndCanceledNameTheirStates(t *testing.T) {
+	for _, c := range []struct {
+		err                error
+		readOnly, canceled bool
+	}{
+		{fmt.Errorf("resolve: %w", &pgconn.PgError{Code: "25006"}), true, false},
+		{fmt.Errorf("insert: %w", &pgconn.PgError{Code: "57014"}), false, true},
+		{&pgconn.PgError{Code: "57P01"}, false, false},
+		{errors.New("25006"), false, false},
+		{nil, false, false},
+	} {
+		if got := store.ReadOnly(c.err); got != c.readOnly {
+			t.Errorf("ReadOnly(%v) = %v, want %v", c.err, got, c.readOnly)
+		}
+		if got := store.Canceled(c.err); got != c.canceled {
+			t.Errorf("Canceled(%v) = %v, want %v", c.err, got, c.canceled)
+		}
+	}
+}
