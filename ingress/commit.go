@@ -334,12 +334,17 @@ func (c *committer) insert(rows []store.IngressRow) (ids []int64, st *Status, pe
 				Msg: "waited too long for a lock another session holds (an open transaction that inserted a message of the same order key's bucket or the same key as a message of this request, or of another request committed together with it); nothing of this request was committed"}, false
 		case store.Canceled(err):
 			// query_canceled: a statement_timeout of the role or the
-			// database ended a statement before the COMMIT (our own cancel
-			// surfaces as a context error, not as this). The database
-			// answers; a request of the batch may pass alone.
+			// database, or a cancel request, ended a statement before the
+			// COMMIT (our own cancel surfaces as a context error, not as
+			// this). The database answers. Not tried alone, as for 55P03:
+			// the statement most often waited for a lock another session
+			// holds, and each request waiting behind the holder would wait
+			// its whole timeout again, the committer with it. The requests
+			// of a batch commit together, so the cancel was the batch's,
+			// not necessarily this request's.
 			c.log.Warn("the database canceled the insert; answering 503", "rows", len(rows), "err", err)
 			return nil, &Status{Code: http.StatusServiceUnavailable, RetryAfter: 1,
-				Msg: "the database canceled the insert (a statement_timeout?); nothing of this request was committed"}, true
+				Msg: "the database canceled the insert of this request, or of another request committed together with it (a statement_timeout, or a lock wait ended by a cancel); nothing of this request was committed"}, false
 		case store.ReadOnly(err):
 			// read_only_sql_transaction: the server takes no writes, a standby
 			// (a failover under way, the address not yet moved to the new

@@ -395,6 +395,63 @@ func TestAnInsertTheDatabaseCancelsIsA503ThatCommittedNothing(t *testing.T) {
 	heldUpKeyedRequest(t, "statement_timeout", "canceled")
 }
 
+// TestABatchTheDatabaseCancelsIsNotTriedRequestByRequest: a batch of two
+// requests held up behind another transaction's order key until the
+// database cancels it (57014, its statement_timeout) is answered 503 as a
+// whole, as a lock wait that ran out (55P03) is, in one try. Before, its
+// requests were then tried one at a time, and each waited behind the same
+// holder for the whole statement_timeout again, the committer with it.
+// One committer, busy with a first held-up request while the two arrive,
+// makes them share the next batch.
+func TestABatchTheDatabaseCancelsIsNotTriedRequestByRequest(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewMigrated(t)
+	ctx := context.Background()
+	other := pgtest.Connect(t, db)
+	if _, err := other.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET statement_timeout = ''1s''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, db, func(o *ingress.Options) { o.Committers = 1 })
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+	if _, err := tx.Exec(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('a', 'import', 'acct-9')`); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan answer, 3)
+	post := func(p string) {
+		answers <- f.post("application/x-ndjson", "?stage=a", fmt.Sprintf(`{"payload": %q, "order_key": "acct-9"}`, p))
+	}
+	go post("first")
+	waitFor(t, "the first request's batch to wait for acct-9", func() bool {
+		var n int
+		if err := f.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	go post("second")
+	go post("third")
+	for range 3 {
+		if a := <-answers; a.code != http.StatusServiceUnavailable || a.retry != "1" || !strings.Contains(a.err, "canceled") ||
+			!strings.Contains(a.err, "nothing of this request was committed") {
+			t.Errorf("request held up until canceled: %+v; want 503, Retry-After 1, canceled, nothing committed", a)
+		}
+	}
+	if tries := f.metric("pepsi_ingress_commit_seconds_count"); tries != 2 {
+		t.Errorf("%v tries of a transaction; want 2 (the first request's batch, then the other two's; more: they were tried alone)", tries)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(); n != 0 {
+		t.Errorf("%d rows; want none", n)
+	}
+}
+
 // heldUpKeyedRequest posts a keyed request behind another transaction's
 // insert of its order key, on a database whose setting (lock_timeout or
 // statement_timeout) is 300 ms, and wants a 503 with Retry-After whose error
