@@ -48,7 +48,7 @@ const (
 	// sessionsMax bounds the sessions kept: signing in again and again only
 	// pushes out the oldest.
 	sessionsMax = 1000
-	// actionTimeout bounds one action's database work.
+	// actionTimeout bounds one action's database work (Actions.timeout).
 	actionTimeout = 15 * time.Second
 	// actionBodyMax bounds a request body of the actions' endpoints.
 	actionBodyMax = 4 << 10
@@ -60,6 +60,9 @@ type Actions struct {
 	tokens *bearer.Tokens
 	actor  Actor
 	log    *slog.Logger
+	// timeout bounds one action's database work: actionTimeout, shorter in
+	// tests.
+	timeout time.Duration
 
 	mu       sync.Mutex
 	sessions map[string]session // by session id
@@ -81,7 +84,7 @@ func NewActions(tokens *bearer.Tokens, actor Actor, log *slog.Logger) *Actions {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Actions{tokens: tokens, actor: actor, log: log, sessions: map[string]session{}}
+	return &Actions{tokens: tokens, actor: actor, log: log, timeout: actionTimeout, sessions: map[string]session{}}
 }
 
 // sessionState is the answer of /api/session: whether the page offers
@@ -197,7 +200,7 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, r, http.StatusBadRequest, action, err.Error())
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
 	defer cancel()
 	do := a.actor.Retry
 	if action == "discard" {
@@ -212,19 +215,30 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		a.log.Error("page: action failed", "action", action, "id", id, "dry_run", body.DryRun, "err", err)
-		code, msg := http.StatusInternalServerError, err.Error()
+		code, msg, what := http.StatusInternalServerError, err.Error(), "page: action failed"
 		switch {
 		case store.ReadOnly(err):
 			// A standby, or a primary after a failover: the server refused
 			// the write before doing it.
 			code, msg = http.StatusServiceUnavailable, fmt.Sprintf("the database is read-only (a standby, or a failover under way: %v): the %s was not done", err, action)
+		case store.Canceled(err) && errors.Is(ctx.Err(), context.DeadlineExceeded):
+			// The action's own timeout ran out while a statement ran, and
+			// the server cancelled it (queueadmin asks it to: 57014). An
+			// action may be several statements, each committing on its own
+			// (a retry, then the release of its key), so what was done
+			// before the cancel stays done: the outcome is unknown, as for
+			// a connection that broke. Neither the request nor pepsi-httpd
+			// is at fault, and the same request may do once the lock it
+			// waited for is free or the database less busy: 503, not 500.
+			code, msg = http.StatusServiceUnavailable, fmt.Sprintf("the %s took longer than %s and was cancelled while its statement ran (%v): it may or may not have been applied; look at the message again", action, a.timeout, err)
+			what = "page: action cancelled at its timeout; it may or may not have been applied"
 		case store.Unavailable(err):
 			// As GET /api/messages/{id} answers it: the database, not the
 			// request, is at fault, and the same request may do once it
 			// answers. What a connection that broke mid-way left is unknown.
 			code, msg = http.StatusServiceUnavailable, fmt.Sprintf("the database did not answer (%v): the %s may or may not have been done; look at the message again", err, action)
 		}
+		a.log.Error(what, "action", action, "id", id, "dry_run", body.DryRun, "status", code, "err", err)
 		writeJSONCode(w, code, map[string]string{"error": msg})
 		return
 	}

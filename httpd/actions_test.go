@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -14,12 +15,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/httpd"
 	"github.com/pepsi-pipeline/pepsi/internal/bearer"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/lockedbuf"
+	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 	"github.com/pepsi-pipeline/pepsi/queueadmin"
 )
 
@@ -496,5 +500,38 @@ func TestSigningInAgainEndsTheSessionBefore(t *testing.T) {
 		map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "Cookie": oldCookie, "X-CSRF-Token": oldCSRF}})
 	if code != http.StatusUnauthorized {
 		t.Errorf("the session before the second sign-in: %d, want 401", code)
+	}
+}
+
+// Proves: an action whose database work runs past its timeout (15 s in
+// pepsi-httpd, 300 ms here: the retry's UPDATE waits for the row's lock,
+// which another transaction holds) is cancelled in the server (57014) and
+// answered 503, saying it may or may not have been applied and to look at
+// the message again, and logged so. Before, it was a 500 with the server's
+// "canceling statement due to user request": a failure of pepsi-httpd's, no
+// word of what became of the action.
+func TestAnActionCancelledAtItsTimeoutIs503ThatMayOrMayNotHaveBeenApplied(t *testing.T) {
+	t.Parallel()
+	url := newKnownRun(t)
+	var logs lockedbuf.Buffer
+	acts := httpd.NewActions(tokensFile(t), queueadmin.PageActions{Database: url}, slog.New(slog.NewTextHandler(&logs, nil)))
+	acts.SetTimeout(300 * time.Millisecond)
+	srv, _ := actionServer(t, acts)
+	id := idOf(t, url, "deliver", "failed")
+	tx, err := pgtest.Connect(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // only holds the lock
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM pepsi.queue WHERE ingress_id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	code, body := do(t, &http.Client{}, srv.URL, request{"POST", fmt.Sprintf("/api/messages/%d/retry", id), `{"dry_run": false}`,
+		map[string]string{"Authorization": "Bearer " + operatorToken, "Content-Type": "application/json"}})
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "may or may not have been applied; look at the message again") {
+		t.Errorf("a retry cancelled at its timeout: %d %s; want 503 saying it may or may not have been applied", code, body)
+	}
+	if !strings.Contains(logs.String(), "cancelled at its timeout") || !strings.Contains(logs.String(), "status=503") {
+		t.Errorf("log:\n%s\nwant the action cancelled at its timeout, answered 503", logs.String())
 	}
 }
