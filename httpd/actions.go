@@ -254,20 +254,23 @@ func (a *Actions) act(w http.ResponseWriter, r *http.Request) {
 // signed-in session from the page's own origin that carries the session's
 // CSRF token, and says who asked ("token" or "session") and the session's
 // id; otherwise it answers the refusal and returns false. An Authorization
-// header of another scheme is not pepsi-httpd's: a reverse proxy's Basic
-// authentication, which the browser sends with every request of the page,
-// the session's own among them.
+// header that holds no token of TOKENS_FILE is not pepsi-httpd's: a reverse
+// proxy's Basic authentication, which the browser sends with every request
+// of the page, or a Bearer token of its own that a proxy forwards (an
+// OAuth proxy's, say); the session, its CSRF token and its origin decide
+// then as without it, and without a session it is refused.
 func (a *Actions) authorize(w http.ResponseWriter, r *http.Request, what string) (who, id string, ok bool) {
-	if h := r.Header.Get("Authorization"); bearerScheme(h) {
-		if !a.tokens.Allow(h) {
-			a.refuse(w, r, http.StatusUnauthorized, what, "an Authorization header without a token of TOKENS_FILE")
-			return "", "", false
-		}
+	h := r.Header.Get("Authorization")
+	if a.tokens.Allow(h) {
 		return "token", "", true // no cookie: nothing another site could make a browser send
 	}
 	id, s, ok := a.lookup(r)
 	if !ok {
-		a.refuse(w, r, http.StatusUnauthorized, what, "no signed-in session and no bearer token")
+		why := "no signed-in session and no bearer token"
+		if bearerScheme(h) {
+			why = "an Authorization header without a token of TOKENS_FILE, and no signed-in session"
+		}
+		a.refuse(w, r, http.StatusUnauthorized, what, why)
 		return "", "", false
 	}
 	if why := foreign(r); why != "" {

@@ -425,11 +425,32 @@ func TestASessionEndsWhenItsTokenLeavesTheFile(t *testing.T) {
 // the header alone, without a session, is still refused.
 func TestASessionBehindAProxysBasicAuthenticationActs(t *testing.T) {
 	t.Parallel()
+	sessionBehindAProxyActs(t, "Basic b3BzOnB3")
+}
+
+// TestASessionBehindAProxysOwnBearerTokenActs: a reverse proxy that signs
+// operators in itself (an OAuth proxy) may forward a Bearer token of its own
+// with every request of the page, none of TOKENS_FILE. A signed-in session
+// with its CSRF token then acts and signs out as without the proxy, and
+// still not without its CSRF token; the header alone, without a session, is
+// still refused. Before, the header was taken for a wrong token of ours,
+// and every action of the session was refused 401.
+func TestASessionBehindAProxysOwnBearerTokenActs(t *testing.T) {
+	t.Parallel()
+	sessionBehindAProxyActs(t, "Bearer eyJhbGciOiJSUzI1NiJ9.the-proxys-own.token")
+}
+
+// sessionBehindAProxyActs signs a browser in through a proxy that adds
+// authorization, the proxy's Authorization header, to every request: the
+// header alone is refused 401, the session without its CSRF token 403, and
+// the session with it retries and signs out.
+func sessionBehindAProxyActs(t *testing.T, authorization string) {
+	t.Helper()
 	actor := &fakeActor{}
 	srv, browser := actionServer(t, httpd.NewActions(tokensFile(t), actor, nil))
-	h := map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "Authorization": "Basic b3BzOnB3"}
+	h := map[string]string{"Content-Type": "application/json", "Origin": srv.URL, "Authorization": authorization}
 	if code, _ := do(t, &http.Client{}, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h}); code != http.StatusUnauthorized {
-		t.Errorf("the proxy's Basic header without a session: %d, want 401", code)
+		t.Errorf("the proxy's %q without a session: %d, want 401", authorization, code)
 	}
 	code, body := do(t, browser, srv.URL, request{"POST", "/api/session", `{"token": "` + operatorToken + `"}`, h})
 	var st struct {
@@ -437,6 +458,9 @@ func TestASessionBehindAProxysBasicAuthenticationActs(t *testing.T) {
 	}
 	if err := jsonUnmarshal(body, &st); code != http.StatusOK || err != nil || st.CSRF == "" {
 		t.Fatalf("sign-in through the proxy: %d %s (%v), want signed in with a CSRF token", code, body, err)
+	}
+	if code, body := do(t, browser, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h}); code != http.StatusForbidden {
+		t.Errorf("the session's retry through the proxy without its CSRF token: %d %s, want 403", code, body)
 	}
 	h["X-CSRF-Token"] = st.CSRF
 	if code, body := do(t, browser, srv.URL, request{"POST", "/api/messages/7/retry", `{"dry_run": true}`, h}); code != http.StatusOK {

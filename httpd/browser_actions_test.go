@@ -138,19 +138,21 @@ func TestThePageRetriesAndDiscardsAfterAConfirmationAndRefusesForgeries(t *testi
 	shot(t, b, "status-page-actions.png")
 
 	// Forged by a script of the page itself, with the session's cookie: no
-	// CSRF token, a wrong one, a wrong bearer token.
+	// CSRF token, a wrong one, a bearer token not of TOKENS_FILE (which
+	// does not stand in for the CSRF token: it is taken for a proxy's).
 	for name, want := range map[string]struct {
 		headers string
 		code    int
 	}{
-		"no CSRF token":        {`{"Content-Type": "application/json"}`, http.StatusForbidden},
-		"a wrong CSRF token":   {`{"Content-Type": "application/json", "X-CSRF-Token": "forged"}`, http.StatusForbidden},
-		"a wrong bearer token": {`{"Content-Type": "application/json", "X-CSRF-Token": session.csrf, "Authorization": "Bearer not-the-operator-token"}`, http.StatusUnauthorized},
-		"its CSRF token, dry":  {`{"Content-Type": "application/json", "X-CSRF-Token": session.csrf}`, http.StatusOK},
+		"no CSRF token":      {`{"Content-Type": "application/json"}`, http.StatusForbidden},
+		"a wrong CSRF token": {`{"Content-Type": "application/json", "X-CSRF-Token": "forged"}`, http.StatusForbidden},
+		"a bearer token not of the file, no CSRF token":       {`{"Content-Type": "application/json", "Authorization": "Bearer not-the-operator-token"}`, http.StatusForbidden},
+		"its CSRF token, dry":                                 {`{"Content-Type": "application/json", "X-CSRF-Token": session.csrf}`, http.StatusOK},
+		"a bearer token not of the file, its CSRF token, dry": {`{"Content-Type": "application/json", "X-CSRF-Token": session.csrf, "Authorization": "Bearer not-the-operator-token"}`, http.StatusOK},
 	} {
 		body := `{"dry_run": false}`
 		if want.code == http.StatusOK {
-			body = `{"dry_run": true}` // the control: the same fetch with the token gets through
+			body = `{"dry_run": true}` // the controls: the same fetch with the token gets through
 		}
 		code, err := chromedp.Run(b, chromedp.Evaluate[int](fmt.Sprintf(`fetch("api/messages/%d/retry", {method: "POST", headers: %s, body: '%s'}).then(r => r.status)`, forged, want.headers, body),
 			chromedp.EvalAwaitPromise))
