@@ -272,6 +272,9 @@ type Core struct {
 	// races: rows still running after their resolve (a commit raced it), by
 	// how many resolves in a row found them so (see raced).
 	races map[int64]int
+	// keyWaits: owed items whose emits wait for a producer's order-key
+	// lock (keywait.go).
+	keyWaits keyWaits
 	// keys: ordering per key (orderkey.go).
 	keys orderKeys
 	// checkDue: the heartbeat asks for a check of the MAX_PENDING limits even
@@ -363,6 +366,7 @@ func New(cfg *conf.Config) *Core {
 		startFails: map[int64]startFail{},
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
+		keyWaits:   keyWaits{after: map[int64]time.Time{}, since: map[int64]time.Time{}},
 		tainted:    map[string]bool{},
 		keys:       orderKeys{keyOf: map[int64]string{}, holder: map[string]int64{}, owed: map[string]bool{}},
 		hist:       history{passes: map[int64]pass{}},
@@ -598,6 +602,9 @@ func (c *Core) setTimer() {
 	}
 	if len(c.keys.owed) > 0 && !queueBlocked {
 		at(c.keys.owedAt)
+	}
+	if !queueBlocked {
+		at(c.keyWaitNext())
 	}
 	if c.hasDeltas() && !queueBlocked {
 		at(c.lastFlush.Add(c.cfg.StatsInterval))

@@ -3,6 +3,7 @@ package core_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pepsi-pipeline/pepsi/core"
 )
@@ -203,5 +204,62 @@ func TestParseEmit(t *testing.T) {
 		if _, err := core.ParseEmit(line); err == nil || !strings.Contains(err.Error(), why) {
 			t.Errorf("ParseEmit(%s) = %v, want an error saying %q", line, err, why)
 		}
+	}
+}
+
+// Proves: a pass whose emit carries an order key whose lock a producer's
+// open transaction holds does not hold the pipeline: its resolve writes
+// nothing of it (Outcome.KeyBusy; its row stays running, no child, no
+// history), the worker's next pass is written meanwhile, the item is sent
+// again no sooner than LookEvery later, and once the producer committed it
+// is written with its child, which waits blocked behind the producer's
+// message of its key. The wait is logged once, its end too when it lasted
+// a second or more.
+func TestAPassWhoseChildsOrderKeyAProducerHoldsWaitsAloneForThatProducer(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 2)
+	late, ok := w.q.ReserveKeyed("k") // a producer of key k, in flight
+	if !ok {
+		t.Fatal("key k is locked")
+	}
+	w.emit(1, `+{"stage":"b","payload":"child","order_key":"k"}`)
+	cmds := answerMove(w, 1, "0 >done")
+	if it := itemFor(t, cmds, 1); len(it.Emits) != 1 || it.Emits[0].OrderKey != "k" {
+		t.Fatalf("item %v, want the emit of order key k", it)
+	}
+	w.wantRow(1, "a", core.StatusRunning)
+	if got := w.childrenOf(1); len(got) != 0 {
+		t.Fatalf("children of 1 = %v while k's lock is held, want none", got)
+	}
+	if l := logsWith(cmds, "whose lock a producer's open transaction holds"); len(l) != 1 || !strings.Contains(l[0].Msg, "message 1: stage a emitted a child with order key 'k'") {
+		t.Errorf("logs %v, want one line that says message 1's child waits for a producer of key 'k'", l)
+	}
+	// The worker's next message is written at once; message 1 waits.
+	cmds = answerMove(w, 1, "0 >done")
+	if r := one[core.Resolve](t, cmds); len(r.Items) != 1 || r.Items[0].ID != 2 {
+		t.Fatalf("resolve %v, want message 2's item alone", r)
+	}
+	w.wantRow(2, "a", core.StatusDone)
+	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery/2)
+	none[core.Resolve](t, cmds, "sent message 1 again before LookEvery")
+	// Still held after LookEvery: sent again, written nothing, not logged again.
+	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
+	if it := itemFor(t, cmds, 1); len(it.Emits) != 1 {
+		t.Fatalf("item %v, want message 1 sent again with its emit", it)
+	}
+	w.wantRow(1, "a", core.StatusRunning)
+	none[core.Log](t, cmds, "logged the wait again")
+	// The producer commits; its message is k's head, the child waits behind it.
+	w.q.Commit(late, "b")
+	w.at(w.now.Sub(epoch) + time.Second)
+	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
+	itemFor(t, cmds, 1)
+	w.wantRow(1, "a", core.StatusDone)
+	got := w.childrenOf(1)
+	if len(got) != 1 || got[0] != "b:blocked:child" {
+		t.Errorf("children of 1 = %v, want the child blocked at b behind the producer's message of k", got)
+	}
+	if l := logsWith(cmds, "its pass is written after waiting"); len(l) != 1 {
+		t.Errorf("logs %v, want one line that says message 1's pass is written after its wait", of[core.Log](cmds))
 	}
 }

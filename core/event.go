@@ -234,6 +234,13 @@ type Outcome struct {
 	// RefusedFallback(item, Refused) instead, and the rest of the Outcome is
 	// that write's.
 	Refused string
+	// KeyBusy: the item is a move whose emits carry an order key whose lock
+	// a producer's open transaction holds, so nothing of it was written (its
+	// row is still running at its stage, the core's; no child inserted, no
+	// history). Inserting the child would have waited for that producer, and
+	// with it every stage behind the dispatcher's one transaction. The core
+	// sends the item again after LookEvery.
+	KeyBusy bool
 }
 
 // Child is a message a resolve inserted running at Stage for an emit that
@@ -461,6 +468,9 @@ func (o Outcome) String() string {
 	}
 	if o.Refused != "" {
 		s += " refused"
+	}
+	if o.KeyBusy {
+		s += " key-busy"
 	}
 	return s
 }

@@ -421,6 +421,11 @@ func (c *Core) resolved(e Resolved) {
 				c.byName[e.Stage].reserved--
 			}
 		}
+		if o.KeyBusy {
+			c.keyBusy(it, unsure)
+			continue
+		}
+		c.keyWaitEnded(it.ID)
 		// What the step decided (its release: keyOutcome), and what is owed
 		// again if a commit raced the write (raced): the message's own
 		// outcome, which the row as it is now may take.
@@ -718,17 +723,18 @@ func (c *Core) fullWork(beside bool) bool {
 	resolving := false
 	waking := c.shutdown == 0 && (c.wakeDue || (!c.nextPaused.IsZero() && !c.now.Before(c.nextPaused)))
 	var yielded map[string]int
-	if len(c.owed) > 0 {
+	items, waiting := c.owedNow()
+	if len(items) > 0 {
 		// A reset or a wake in the same transaction may make rows pending
 		// anywhere, which the moves would overtake: then no move claims.
-		yielded = c.claimMoves(c.owed, len(txn) > upkeep || waking, false)
-		txn = append(txn, Resolve{Op: c.nextOpID(), Items: c.owed, Traces: c.tracePasses})
+		yielded = c.claimMoves(items, len(txn) > upkeep || waking, false)
+		txn = append(txn, Resolve{Op: c.nextOpID(), Items: items, Traces: c.tracePasses})
 		resolving = true
 	}
-	if rel, ok := c.releaseFor(c.owed, len(txn) > upkeep); ok {
+	if rel, ok := c.releaseFor(items, len(txn) > upkeep); ok {
 		txn = append(txn, rel)
 	}
-	c.owed = nil
+	c.owed = waiting
 	if waking {
 		txn = append(txn, Wake{Op: c.nextOpID(), Now: c.now, Keep: c.wakeKeep(txn)})
 		c.wakeDue = false
@@ -760,8 +766,9 @@ func (c *Core) fullWork(beside bool) bool {
 // claimMoves' terms, decided here). The others stay owed for the next full
 // transaction.
 func (c *Core) resolveBeside() {
-	var cand, rest []Item
-	for _, it := range c.owed {
+	owed, rest := c.owedNow()
+	var cand []Item
+	for _, it := range owed {
 		if c.firstKeyless(it) {
 			cand = append(cand, it)
 		} else {

@@ -694,6 +694,14 @@ func (w *world) itemForHeld(r *rule, x crossing) {
 	}
 }
 
+func (w *world) keyWaitPaced(r *rule, x crossing) {
+	w.expected(x.cmd, func(it core.Item, ex *expect) {
+		if !ex.keyBusyAt.IsZero() && w.now.Before(ex.keyBusyAt.Add(core.LookEvery)) {
+			w.broke(r, "resolve item %s sent again %s after its last send found a child's order key locked, sooner than %s", it, w.now.Sub(ex.keyBusyAt), core.LookEvery)
+		}
+	})
+}
+
 func (w *world) itemStage(r *rule, x crossing) {
 	w.expected(x.cmd, func(it core.Item, ex *expect) {
 		if it.Stage != ex.stage {

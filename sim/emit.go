@@ -67,7 +67,7 @@ func (w *world) emitLines(p *proc, id int64, a answerInfo) {
 		}
 	}
 	for k := range n {
-		line := core.Emit{Stage: to, Payload: []byte(fmt.Sprintf("child %d of %s", k, key))}.Line()
+		line := core.Emit{Stage: to, Payload: []byte(fmt.Sprintf("child %d of %s", k, key)), OrderKey: v.emitKey}.Line()
 		info := answerInfo{line: line, emit: true, pass: key}
 		if bad != "" {
 			info.line, info.emitBad = bad, true

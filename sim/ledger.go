@@ -71,6 +71,9 @@ type expect struct {
 	sentStatus         core.RowStatus // the status its item writes, if it fails or times out the row
 	raced              bool           // a resolve of it found the row still running (a commit landed meanwhile)
 	crash              bool           // failed as the head of a worker that crashed, broke the protocol or could not start (history: crashed)
+	// keyBusyAt: when a resolve of its item last came back KeyBusy (a
+	// child's order key locked by a producer); zero once sent again.
+	keyBusyAt time.Time
 }
 
 // truth is what one core life did, counted from the world.
@@ -674,6 +677,12 @@ func (w *world) modelResolved(e core.Resolved) {
 			return
 		}
 		ex := w.expects[o.ID]
+		if o.KeyBusy {
+			// Nothing written: a child's order key is locked by a producer
+			// in flight, and the core owes the same item again.
+			ex.sentOp, ex.claim, ex.keyBusyAt = 0, false, w.now
+			continue
+		}
 		if s, ok := w.stageOf(ex.stage); ok && ex.verdict != core.Requeue && o.Status == core.StatusPending && o.Stage != ex.stage {
 			w.learnFeed(s, o.Stage) // the pass sent its message on
 		}
@@ -1224,7 +1233,7 @@ func (w *world) recordCommand(cmd core.Command) {
 				delete(w.backlog, it.ID)
 			}
 			if ex := w.expects[it.ID]; ex != nil {
-				ex.sentOp, ex.claim, ex.sentReason = x.Op, it.Claim, it.Reason
+				ex.sentOp, ex.claim, ex.sentReason, ex.keyBusyAt = x.Op, it.Claim, it.Reason, time.Time{}
 				ex.sentStatus = ""
 				switch it.Verdict {
 				case core.Fail, core.Answered:

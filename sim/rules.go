@@ -136,7 +136,7 @@ var rules = []*rule{
 	ruleHandToReady, ruleKeyOnePerPipeline, ruleWorkPacked, ruleMessageLines, ruleHandClaimed, ruleQueueLimit,
 	ruleCooldown, ruleSpawnNeeded, ruleParallelism, ruleReapIdle, ruleKillLive, ruleStopGrace,
 	ruleWatchdog, ruleChildrenOnce, ruleItemForHeld, ruleItemStage, ruleItemVerdict, ruleItemTransition, rulePauseDueExact,
-	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleHistoryItem, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleMovesLeaveALookSlot, ruleResetKeepsHeld, ruleWakeNotEarly,
+	ruleRetryBackoff, ruleItemEpoch, ruleItemReason, ruleHistoryItem, ruleKeyWaitPaced, ruleMoveClaims, ruleMovesClaimOldestFirst, ruleMovesLeaveALookSlot, ruleResetKeepsHeld, ruleWakeNotEarly,
 	rulePressureHolds,
 	ruleFlushNotEmpty, ruleFlushSequenced, ruleFlushNotEarly, ruleInspect, ruleVacuumCalledFor,
 	ruleExit,
@@ -226,6 +226,10 @@ var ruleWatchdog = &rule{name: "watchdog", when: atCommand, check: (*world).watc
 var ruleItemForHeld = &rule{name: "item-for-held", when: atCommand, check: (*world).itemForHeld,
 	doc: "A resolve item names a message the core stopped holding (its worker answered or died) or a claimed row no worker has seen, given back: " +
 		"never one a worker still has unanswered."}
+
+var ruleKeyWaitPaced = &rule{name: "key-wait-paced", when: atCommand, check: (*world).keyWaitPaced,
+	doc: "A resolve item whose last send wrote nothing because a child's order key was locked by a producer in flight (core.Outcome.KeyBusy) is sent again " +
+		"no sooner than LookEvery after that result: the dispatcher does not spin on a producer's lock."}
 
 var ruleMoveClaims = &rule{name: "move-claims", when: atCommand, check: (*world).moveClaims,
 	doc: "A resolve item claims its row at its target (a move that claims, core.Item.Claim) only for a transition a stage answered to a stage this dispatcher runs, " +

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -122,6 +123,9 @@ type visit struct {
 	// emits: every try of the visit writes this many emit lines to stage
 	// emitTo before its status line (chooseEmits).
 	emits, emitTo int
+	// emitKey: the order key its emits carry, one of the producers' keys,
+	// "" for none (chooseEmitKeys).
+	emitKey string
 	// lag: a stage that writes its transition itself answers this long after
 	// its commit (a worker descheduled between COMMIT and its write), so the
 	// row may be moved by others meanwhile (an operator's retry of a failed one).
@@ -372,7 +376,37 @@ func choose(c chooser) *Scenario {
 	chooseIDBase(c, sc)
 	chooseRefusals(c, sc)
 	chooseCutOffs(c, sc)
+	chooseEmitKeys(c, sc)
 	return sc
+}
+
+// chooseEmitKeys gives, in one scenario in two that has both emits and
+// order keys, some visits' emits an order key of the producers': the
+// children join their key's order, blocked behind its unfinished messages
+// (their parent's own key among them), and a producer holding the key's
+// lock (keyHold) makes their parent's resolve wait for it without holding
+// the others (core.Outcome.KeyBusy). Drawn last: the other choices stay as
+// they were.
+func chooseEmitKeys(c chooser, sc *Scenario) {
+	var keys []string
+	for _, m := range sc.messages[:sc.produced] {
+		if m.key != "" && !slices.Contains(keys, m.key) {
+			keys = append(keys, m.key)
+		}
+	}
+	if sc.emitMax == 0 || len(keys) == 0 || c.intn("emit_keys", 0, 1) < 1 {
+		return
+	}
+	slices.Sort(keys)
+	for i := range sc.messages[:sc.produced] {
+		for j := range sc.messages[i].visits {
+			if v := &sc.messages[i].visits[j]; v.emits > 0 {
+				if k := c.intn("visit.emit_key", 0, len(keys)); k < len(keys) {
+					v.emitKey = keys[k]
+				}
+			}
+		}
+	}
 }
 
 // chooseOwner chooses, one scenario in ten, a dispatcher whose role may not
@@ -1163,6 +1197,9 @@ func (sc *Scenario) writeMessage(b *strings.Builder, i int, m message) {
 		}
 		if v.emits > 0 {
 			fmt.Fprintf(b, "each try emits %d to %s, ", v.emits, sc.stages[v.emitTo].name)
+			if v.emitKey != "" {
+				fmt.Fprintf(b, "order key %q, ", v.emitKey)
+			}
 		}
 		fmt.Fprintf(b, "good %s", v.latency)
 		if v.fuse {

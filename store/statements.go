@@ -745,10 +745,10 @@ func traceSeed() int64 {
 // schema 17), and reported after the items (resolveReportChildrenSQL): the
 // core holds it as a claimed row. A child whose key is in the queue already
 // inserts nothing (ON CONFLICT DO NOTHING); a keyed child goes through the
-// order-key trigger as any producer's row (it waits for its key's lock, taken
-// here bucket by bucket in sorted order as pepsi-ingress takes them, so the
-// two cannot deadlock over buckets), and the release that follows the resolve
-// sorts its key out. Children are inserted in the order the stage emitted
+// order-key trigger as any producer's row, its key's lock taken first by
+// the statement, which never waits for it (resolveKeyedHeadSQL: a move
+// whose children's keys a producer holds is written later), and the release
+// that follows the resolve sorts its key out. Children are inserted in the order the stage emitted
 // them, so their ingress_ids follow that order. A child's traceparent is the
 // emitting pass's, so it is a child of that pass's span: computed from the
 // parent row as the statement's snapshot saw it ("decided"'s seen_*), since
@@ -773,7 +773,7 @@ func traceSeed() int64 {
 // A stage owns state; if it stored something other than a JSON object there, the
 // reason or patch cannot be set inside it, and failing the whole step over it
 // would stop the dispatcher, so such a state is wrapped as {"state": <old>, …}.
-const resolveHeadSQL = `
+const resolveHeadStartSQL = `
 WITH item AS (
 	SELECT t.id, t.stage, t.verdict, t.reason, t.target, t.until, t.patch, t.claim, t.line_max, t.ord,
 	       t.epoch = '' OR EXISTS (SELECT 1 FROM pepsi.dispatch_epoch e WHERE e.token = t.epoch) AS epoch_ok,
@@ -801,7 +801,12 @@ WITH item AS (
 	           WHEN item.verdict = 'requeue' THEN 'pending'
 	           WHEN item.verdict = 'retry' THEN 'paused'
 	           ELSE item.verdict -- no such verdict: the status CHECK fails the step
-	       END AS to_status
+	       END AS to_status,
+	       `
+
+// resolveHeadEndSQL is resolveHeadSQL after the expression of decided's
+// key_busy.
+const resolveHeadEndSQL = ` AS key_busy
 	FROM item JOIN pepsi.queue o ON o.ingress_id = item.id AND (o.status = 'running') IS TRUE
 ), updated AS (
 	UPDATE pepsi.queue q SET
@@ -830,7 +835,7 @@ WITH item AS (
 			THEN now() ELSE q.ready_at END,
 		updated_at = now()
 	FROM decided d
-	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage
+	WHERE q.ingress_id = d.id AND (q.status = 'running') IS TRUE AND q.stage = d.seen_stage AND NOT d.key_busy
 	RETURNING q.ingress_id, q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error, d.matched,
 		d.matched AND d.to_status = 'running' AS claimed, q.attempts, d.ord, d.matched AND d.verdict = 'move' AS moved,
 		CASE WHEN d.matched AND d.to_status = 'running' AND d.line_max > 0 THEN q.state::text END AS msg_state,
@@ -843,13 +848,35 @@ WITH item AS (
 		d.seen_stage, d.seen_trace, d.seen_at
 )`
 
+// resolveHeadSQL is the head of a resolve whose children carry neither a
+// key nor an order key: no item waits for a producer's lock (key_busy).
+const resolveHeadSQL = resolveHeadStartSQL + `false` + resolveHeadEndSQL
+
+// resolveKeyedHeadSQL is the head of a resolve some of whose children carry
+// a key or an order key. A move whose children's order keys fall in a
+// bucket whose lock another session holds (a producer's transaction that
+// inserted a row of that bucket and has not ended) is key_busy: nothing of
+// it is written, and it is reported running at its stage
+// (core.Outcome.KeyBusy). The insert of such a child would wait for that
+// producer, and the dispatcher's transactions, which are serial, with it:
+// every stage and every key behind one producer's transaction. Each
+// bucket's lock is tried (pg_try_advisory_xact_lock, which never waits) in
+// "decided", before the UPDATE and the children's INSERT, and kept to the
+// transaction's end where it was free, as the children's insert trigger
+// would take it (holding it already, the trigger does not wait). Only for
+// a move whose guard holds: the others write no child. (A child's dedup key
+// still waits for a producer's uncommitted row of the same key, which is
+// not known before the INSERT.)
+const resolveKeyedHeadSQL = resolveHeadStartSQL + `item.verdict = 'move' AND o.stage = item.stage AND NOT coalesce((
+	           SELECT bool_and(pg_try_advisory_xact_lock(1885696107, l.b))
+	           FROM (SELECT DISTINCT pepsi.order_bucket(e.k) AS b FROM unnest($20::bigint[], $25::text[]) AS e(ord, k)
+	                 WHERE e.ord = item.ord AND e.k <> '' ORDER BY b) l), true)` + resolveHeadEndSQL
+
 // resolveChildrenSQL is resolveSQL's part that inserts a move's emits:
 // resolveChildrenInsertSQL, then, as some child carries a key or an order
-// key, the order-key buckets' locks and the dedup key's ON CONFLICT.
+// key, the dedup key's ON CONFLICT. (The order-key buckets' locks of the
+// moves whose children are inserted were taken by resolveKeyedHeadSQL.)
 const resolveChildrenSQL = resolveChildrenInsertSQL + `
-	WHERE (SELECT count(pg_advisory_xact_lock(1885696107, b))
-	       FROM (SELECT DISTINCT pepsi.order_bucket(k.order_key) AS b FROM child k
-	             WHERE k.order_key <> '' ORDER BY b) s) >= 0
 	ORDER BY c.n
 	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 	RETURNING ingress_id, parent_id, stage, status, traceparent, updated_at
@@ -904,11 +931,13 @@ const resolveResultSQL = `, result AS (
 	       coalesce(u.matched, false) AS now_matched,
 	       u.ingress_id IS NOT NULL AS wrote,
 	       CASE WHEN u.claimed THEN u.attempts ELSE 0 END AS now_attempts,
-	       u.msg_state, u.payload_size, u.payload, u.msg_parent, u.trace, u.pass_of, u.claimed_at
+	       u.msg_state, u.payload_size, u.payload, u.msg_parent, u.trace, u.pass_of, u.claimed_at,
+	       coalesce(q.key_busy, false) AS key_busy
 	FROM item
 	LEFT JOIN updated u ON u.ingress_id = item.id
 	LEFT JOIN LATERAL (
-		SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error
+		SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error,
+		       (SELECT d.key_busy FROM decided d WHERE d.id = q.ingress_id) AS key_busy
 		FROM pepsi.queue q WHERE q.ingress_id = item.id AND u.ingress_id IS NULL
 		OFFSET 0
 	) q ON true`
@@ -950,7 +979,7 @@ const resolveRecordedSQL = `
 
 // resolveReportColumns are what resolveSQL reports of an item (resolvedRow
 // reads them, then child_of).
-const resolveReportColumns = `id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at`
+const resolveReportColumns = `id, now_stage, now_status, now_timeout, now_error, now_matched, now_attempts, msg_state, payload_size, payload, msg_parent, trace, pass_of, claimed_at, key_busy`
 
 // resolveReportSQL ends a resolve whose items emit nothing: an outcome per
 // item, in item order (child_of is NULL: a row of an item).
@@ -971,7 +1000,7 @@ FROM (
 	FROM result
 	UNION ALL
 	SELECT c.ingress_id, c.stage, c.status, NULL::timestamptz, '', true, 0, NULL::text, NULL::int, NULL::bytea, NULL::bigint,
-		CASE WHEN $18::bool THEN c.traceparent END, CASE WHEN $18::bool THEN c.traceparent END, c.updated_at,
+		CASE WHEN $18::bool THEN c.traceparent END, CASE WHEN $18::bool THEN c.traceparent END, c.updated_at, false,
 		c.parent_id, c.ingress_id
 	FROM children c WHERE c.status = 'running'
 ) s
@@ -993,11 +1022,11 @@ ORDER BY child_of IS NOT NULL, sort`
 // Each has its twin for a resolve that sends some item again
 // (resolveTailAgainSQL).
 const (
-	resolveSQL             = resolveHeadSQL + resolveChildrenSQL + resolveTailSQL + resolveReportChildrenSQL
+	resolveSQL             = resolveKeyedHeadSQL + resolveChildrenSQL + resolveTailSQL + resolveReportChildrenSQL
 	resolveKeylessEmitsSQL = resolveHeadSQL + resolveChildrenKeylessSQL + resolveTailSQL + resolveReportChildrenSQL
 	resolveNoEmitsSQL      = resolveHeadSQL + resolveTailSQL + resolveReportSQL
 
-	resolveAgainSQL             = resolveHeadSQL + resolveChildrenSQL + resolveTailAgainSQL + resolveReportChildrenSQL
+	resolveAgainSQL             = resolveKeyedHeadSQL + resolveChildrenSQL + resolveTailAgainSQL + resolveReportChildrenSQL
 	resolveKeylessEmitsAgainSQL = resolveHeadSQL + resolveChildrenKeylessSQL + resolveTailAgainSQL + resolveReportChildrenSQL
 	resolveNoEmitsAgainSQL      = resolveHeadSQL + resolveTailAgainSQL + resolveReportSQL
 )
@@ -1134,7 +1163,7 @@ func resolvedRow(r pgx.CollectableRow) (resolved, error) {
 	var payload []byte
 	var parent, childOf *int64
 	var claimedAt *time.Time
-	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passOf, &claimedAt, &childOf); err != nil {
+	if err := r.Scan(&o.ID, &o.Stage, &o.Status, &timeout, &o.Error, &o.Matched, &o.Attempts, &state, &size, &payload, &parent, &trace, &passOf, &claimedAt, &o.KeyBusy, &childOf); err != nil {
 		return resolved{}, err
 	}
 	o.Trace = readTrace(o.ID, trace, passOf, claimedAt)

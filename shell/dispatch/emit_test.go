@@ -149,3 +149,54 @@ INPUT = message
 		t.Errorf("stage_stats: emitted %d, emits_dropped %d; want %d and 0 (a failed handler's emits are never written)", emitted, dropped, 2*n*each)
 	}
 }
+
+// TestAProducersOpenKeyedTransactionHoldsOnlyThePassThatEmitsIntoItsKey: a
+// producer's transaction has inserted a message of order key k and stays
+// open; a message at split emits a child of key k. Its pass waits for that
+// producer, alone: 100 keyless messages pass split and collect meanwhile
+// (before, the dispatcher's transaction that inserts the child waited for
+// the producer's lock, and every stage with it, up to its lock wait). Once
+// the producer commits, the pass is written: the parent done, its child
+// done after the producer's message of k, which was k's oldest.
+func TestAProducersOpenKeyedTransactionHoldsOnlyThePassThatEmitsIntoItsKey(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	e := newEnv(t, emitConf)
+	ctx := context.Background()
+	producer, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Rollback(ctx) //nolint:errcheck // committed below
+	var first int64
+	if err := producer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('collect', 'first of k', 'k') RETURNING ingress_id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	parent := e.insert("split", "split=emit:collect:1:k+answer:0 >done")[0]
+	e.insertN("split", "split=answer:0 >collect", n)
+	d := e.start()
+	waitFor(t, 30*time.Second, "the keyless messages done while the producer of k holds its transaction", func() (bool, string) {
+		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE stage = 'collect' AND status = 'done' AND order_key IS NULL`)
+		return k == n, fmt.Sprintf("%d done", k)
+	})
+	e.expectRow(parent, "running", "split", "")
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = $1`, parent); k != 0 {
+		t.Fatalf("%d children inserted while their key's producer is in flight", k)
+	}
+	if l := d.logs.lines("whose lock a producer's open transaction holds"); len(l) != 1 {
+		t.Errorf("%d log lines of the pass that waits for the producer; want 1", len(l))
+	}
+	if err := producer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the parent, its child and the producer's message done", func() (bool, string) {
+		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE status = 'done' AND (ingress_id IN ($1, $2) OR parent_id = $2)`, first, parent)
+		return k == 3, fmt.Sprintf("%d done", k)
+	})
+	if k := e.scalar(`SELECT count(*) FROM pepsi.history c, pepsi.history f
+		WHERE c.ingress_id = (SELECT ingress_id FROM pepsi.queue WHERE parent_id = $1) AND c.event = 'done'
+		  AND f.ingress_id = $2 AND f.event = 'done' AND c.at >= f.at`, parent, first); k != 1 {
+		t.Errorf("the child of key k was not done after the producer's message of k, k's oldest")
+	}
+	d.stopClean()
+}

@@ -485,12 +485,6 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 			commit()
 		}
 	}
-	if err := q.orderKeysFree(emittedKeys(cmds)); err != nil {
-		// PostgreSQL's insert of the child would wait for that producer;
-		// the single-threaded fake cannot, so the transaction fails before
-		// it changes anything, as a lock timeout would end it.
-		return Aborted(cmds, fmt.Sprintf("resolve: a child's %v", err))
-	}
 	if id, ok := q.refusedWhole(cmds); ok {
 		// Even the failure of message id would be refused: PostgreSQL
 		// refuses the transaction, and the store finds nothing to narrow.
@@ -510,17 +504,11 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 	return out
 }
 
-// emittedKeys lists the order keys of the children cmds' resolves emit.
-func emittedKeys(cmds []core.Command) []string {
+// emitKeys lists the order keys of the emits of item it.
+func emitKeys(it core.Item) []string {
 	var keys []string
-	for _, cmd := range cmds {
-		if r, ok := cmd.(core.Resolve); ok {
-			for _, it := range r.Items {
-				for _, e := range it.Emits {
-					keys = append(keys, e.OrderKey)
-				}
-			}
-		}
+	for _, e := range it.Emits {
+		keys = append(keys, e.OrderKey)
 	}
 	return keys
 }
@@ -797,6 +785,13 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 		r := q.row(it.ID)
 		if r == nil {
 			out = append(out, core.Outcome{ID: it.ID})
+			continue
+		}
+		if it.Verdict == core.Move && r.Status == core.StatusRunning && r.Stage == it.Stage && q.orderKeysFree(emitKeys(it)) != nil {
+			// Its children's insert would wait for a producer: the
+			// statement writes nothing of the item, before it would wait
+			// on the row for a racing commit (core.Outcome.KeyBusy).
+			out = append(out, core.Outcome{ID: r.ID, Stage: r.Stage, Status: r.Status, Error: r.DispatchError, KeyBusy: true})
 			continue
 		}
 		wrote := false

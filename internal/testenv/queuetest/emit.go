@@ -336,3 +336,42 @@ func testEmitClaimed(t *testing.T, h Harness) {
 		t.Errorf("child %d after a reset that keeps only %d: %s at %s, want pending at b", kids[2].ID, kids[1].ID, m.Status, m.Stage)
 	}
 }
+
+// testKeyEmittedBusy: a move whose child's order key a producer in flight
+// holds the lock of writes nothing of itself (core.Outcome.KeyBusy: its row
+// running at its stage, no child, no history), where waiting for that
+// producer would hold the dispatcher's transaction; the resolve's other
+// items are written, a keyed child of a free key among them. Sent again
+// once the producer committed, the move is written with its child, blocked
+// behind the producer's message of its key.
+func testKeyEmittedBusy(t *testing.T, h KeyedHarness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	late, commit := h.BeginInsertKeyed(t, "b", "k")
+	at := base.Add(time.Second)
+	busy := pass(moveEmitting(ids[0], "a", core.TargetDone,
+		core.Emit{Stage: "b", Payload: []byte("free")},
+		core.Emit{Stage: "b", Payload: []byte("held"), OrderKey: "k"}), core.HistoryDone, 101, base, at, 0)
+	free := pass(moveEmitting(ids[1], "a", "b", core.Emit{Stage: "c", Payload: []byte("other"), OrderKey: "other"}), core.HistoryMoved, 101, base, at, 0)
+	wantOutcomes(t, resolve(t, h, busy, free), []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: core.StatusRunning, KeyBusy: true},
+		{ID: ids[1], Stage: "b", Status: core.StatusPending, Matched: true},
+	})
+	if kids := childrenAfter(t, h, ids[0], ids[1], 8); len(kids) != 0 {
+		t.Errorf("children of the move whose child's key is held: %d, want none", len(kids))
+	}
+	if kids := childrenAfter(t, h, ids[1], ids[1], 8); len(kids) != 1 || kids[0].OrderKey != "other" || core.RowStatus(kids[0].Status) != core.StatusPending {
+		t.Errorf("children of the other move: %v, want its child of key other, pending", kids)
+	}
+	wantHistory(t, h, ids[0], "")
+	commit()
+	wantOutcomes(t, resolve(t, h, busy), []core.Outcome{{ID: ids[0], Stage: "a", Status: core.StatusDone, Matched: true}})
+	kids := childrenAfter(t, h, ids[0], ids[1], 8)
+	if len(kids) != 2 || string(kids[0].Payload) != "free" || string(kids[1].Payload) != "held" {
+		t.Fatalf("children after the producer committed: %d, want free and held, in order", len(kids))
+	}
+	if core.RowStatus(kids[1].Status) != core.StatusBlocked || kids[1].Head == nil || kids[1].Head.ID != late {
+		t.Errorf("child of key k = %s head %+v; want blocked behind the producer's %d", childText(kids[1]), kids[1].Head, late)
+	}
+	wantHistory(t, h, ids[0], "done@a")
+}

@@ -54,6 +54,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"CountKeysWaitingSortsTheKeysByWhatTheirHeadDoes", testKeyCountWaiting},
 		{"MonitorBlockedCountsEachStagesBlockedRows", testKeyMonitorBlocked},
 		{"AnEmittedOrderKeyWaitsBehindItsKeysUnfinishedMessage", testKeyEmitted},
+		{"AMoveWhoseChildsOrderKeyAProducerHoldsWritesNothingOfIt", testKeyEmittedBusy},
 		{"AScheduledKeyedMessageWaitsBlockedBehindItsKeyThenPausedUntilItsTime", testKeyScheduled},
 	}
 	runAll(t, tests, open)

@@ -1175,7 +1175,7 @@ func wantOutcomes(t *testing.T, got, want []core.Outcome) {
 	for i := 0; same && i < len(got); i++ {
 		g, w := got[i], want[i]
 		same = g.ID == w.ID && g.Stage == w.Stage && g.Status == w.Status && g.Timeout.Equal(w.Timeout) && g.Error == w.Error &&
-			g.Matched == w.Matched && g.Attempts == w.Attempts && (g.Message == nil) == (w.Message == nil) &&
+			g.Matched == w.Matched && g.Attempts == w.Attempts && (g.Message == nil) == (w.Message == nil) && g.KeyBusy == w.KeyBusy &&
 			slices.EqualFunc(g.Children, w.Children, func(g, w core.Child) bool { return g.ID == w.ID && g.Stage == w.Stage })
 	}
 	if !same {

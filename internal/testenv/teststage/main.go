@@ -51,7 +51,8 @@
 //	exit:N        exit with status N at once (before or after a commit above)
 //	segv          die by SIGSEGV at once
 //	emit:S:N      write N emit lines before the answer, each a message at stage
-//	              S with payload "ID/I" (docs/protocol.md, "Emitting messages")
+//	              S with payload "ID/I" (docs/protocol.md, "Emitting messages");
+//	emit:S:N:K    the same, each with order key K
 //	noop          do nothing (with no transition: answer 0, leave the row running)
 //	flood:BYTES   write BYTES bytes of "x" to standard output, no newline
 //	closeout      close standard output (the process lives on)
@@ -458,12 +459,14 @@ func act(id int64, op, answer string) (string, error) {
 	case "segv":
 		segv()
 	case "emit":
-		// emit:STAGE:N writes N emit lines before the answer, each a message
-		// at STAGE whose payload names its parent and its place.
-		to, count, _ := strings.Cut(arg, ":")
+		// emit:STAGE:N[:KEY] writes N emit lines before the answer, each a
+		// message at STAGE whose payload names its parent and its place,
+		// with order key KEY if given.
+		to, rest, _ := strings.Cut(arg, ":")
+		count, key, _ := strings.Cut(rest, ":")
 		n, _ := strconv.Atoi(count)
 		for i := range n {
-			e := core.Emit{Stage: to, Payload: []byte(fmt.Sprintf("%d/%d", id, i))}
+			e := core.Emit{Stage: to, Payload: []byte(fmt.Sprintf("%d/%d", id, i)), OrderKey: key}
 			if _, err := os.Stdout.WriteString(e.Line() + "\n"); err != nil {
 				return "", err
 			}
