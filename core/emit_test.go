@@ -263,3 +263,33 @@ func TestAPassWhoseChildsOrderKeyAProducerHoldsWaitsAloneForThatProducer(t *test
 		t.Errorf("logs %v, want one line that says message 1's pass is written after its wait", of[core.Log](cmds))
 	}
 }
+
+// Proves: a shutdown waits for a pass whose child's order key a producer
+// holds, says so once, and exits 0 once the producer committed and the pass
+// is written.
+func TestAShutdownWaitsForAPassWhoseChildsOrderKeyAProducerHoldsAndSaysSo(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 1)
+	late, ok := w.q.ReserveKeyed("k") // a producer of key k, in flight
+	if !ok {
+		t.Fatal("key k is locked")
+	}
+	w.emit(1, `+{"stage":"b","payload":"child","order_key":"k"}`)
+	answerMove(w, 1, "0 >done")
+	w.wantRow(1, "a", core.StatusRunning)
+	w.step(core.Shutdown{})
+	cmds := w.exit(1, 0, "")
+	none[core.Exit](t, cmds, "exited while a pass waits to be written")
+	cmds = append(cmds, w.tick(w.now.Sub(epoch)+core.LookEvery)...)
+	cmds = append(cmds, w.tick(w.now.Sub(epoch)+core.LookEvery)...)
+	none[core.Exit](t, cmds, "exited while a pass waits to be written")
+	if l := logsWith(cmds, "shutting down: waiting for 1 passes whose emitted children wait for a producer"); len(l) != 1 {
+		t.Errorf("logs %v, want one line that says the shutdown waits for the producer", of[core.Log](cmds))
+	}
+	w.q.Commit(late, "b")
+	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
+	w.wantRow(1, "a", core.StatusDone)
+	if e := one[core.Exit](t, cmds); e.Code != 0 {
+		t.Errorf("exit code %d, want 0 (the pass was written)", e.Code)
+	}
+}

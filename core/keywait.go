@@ -25,6 +25,8 @@ type keyWaits struct {
 	// since: when each item's emits first found their key locked, for the
 	// log line said once per wait.
 	since map[int64]time.Time
+	// shutdownSaid: a shutdown's wait for them was logged.
+	shutdownSaid bool
 }
 
 // keyBusy owes item it again, LookEvery from now, its first send's
@@ -90,4 +92,16 @@ func emitKeys(it Item) string {
 	}
 	slices.Sort(keys)
 	return strings.Join(slices.Compact(keys), " or ")
+}
+
+// sayShutdownWaitsForKeys logs, once, that a shutdown waits for passes
+// whose children wait for producers' order-key locks: it lasts as long as
+// those producers' transactions, which the dispatcher cannot end.
+func (c *Core) sayShutdownWaitsForKeys() {
+	if len(c.keyWaits.since) == 0 || c.keyWaits.shutdownSaid {
+		return
+	}
+	c.keyWaits.shutdownSaid = true
+	c.logf(LevelWarn, "shutting down: waiting for %d passes whose emitted children wait for a producer's open transaction (their order keys' locks); signal again to exit now (the next start-up runs those messages again)",
+		len(c.keyWaits.since))
 }
