@@ -86,7 +86,8 @@ type Fused struct {
 
 // ParseStatus parses one status line of the worker protocol: "0",
 // "0 STAGE:MICROS…", "0 >TARGET[ STAGE:MICROS…][ {JSON}]" or "N REASON…" with N
-// a non-zero integer. Anything else is an error quoting the line; the dispatcher
+// a non-zero integer; the 0 is that one digit ("00" and "-0" are not it).
+// Anything else is an error quoting the line; the dispatcher
 // treats it as a protocol error. An answered transition whose target or patch is
 // malformed is not a protocol error: it parses, with Transition.Invalid saying
 // why, and fails only its message.
@@ -100,6 +101,11 @@ func ParseStatus(line string) (Status, error) {
 	code, err := strconv.Atoi(head)
 	if err != nil || head == "" || head[0] == '+' {
 		return Status{}, fmt.Errorf("status line %s does not start with an integer code", conf.Quote(clip(line, 200)))
+	}
+	if code == 0 && head != "0" {
+		// Success is the line "0" (docs/protocol.md): a "-0" or "00" is a
+		// stage that printed a number it did not mean, not an answer.
+		return Status{}, fmt.Errorf("status line %s: success is written 0, not %s", conf.Quote(clip(line, 200)), conf.Quote(clip(head, 20)))
 	}
 	if code != 0 {
 		return Status{Code: code, Reason: clip(StorableText(strings.TrimSpace(rest)), reasonMax)}, nil

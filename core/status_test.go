@@ -30,7 +30,9 @@ func TestParseStatusAcceptsTheProtocol(t *testing.T) {
 }
 
 func TestParseStatusRejectsAnythingElseQuotingTheLine(t *testing.T) {
-	for _, line := range []string{"", "OK", "ok 0", " 0", "+0", "0 tag", "0 tag:x", "0 tag:-1", "0 :5", "0 t@g:5", "0.5", "0x1 bad"} {
+	for _, line := range []string{"", "OK", "ok 0", " 0", "+0", "0 tag", "0 tag:x", "0 tag:-1", "0 :5", "0 t@g:5", "0.5", "0x1 bad",
+		// Success is "0" alone: a zero written otherwise is no answer.
+		"-0", "00", "+00", "-00", "000 >done", "-0 >done", "00 tag:1"} {
 		_, err := core.ParseStatus(line)
 		if err == nil {
 			t.Errorf("ParseStatus(%q) accepted a malformed line", line)
