@@ -43,19 +43,20 @@ const (
 	attemptsMax = 3
 	// commitTimeout bounds one try of a batch.
 	commitTimeout = 30 * time.Second
-	// LockWait bounds a statement's wait for a lock another session holds
-	// (an open transaction of a producer that inserted a message of the same
-	// order key's bucket, or the same key): the lock_timeout the pool's
-	// sessions get (store.BoundLockWaits), under commitTimeout, so that the
-	// wait ends with the server's error (55P03), before any COMMIT, and the
-	// request is answered that nothing of it was committed, not with the
-	// try's timeout, whose outcome is unknown and which counts the database
-	// as unreachable.
-	LockWait = commitTimeout * 5 / 6
 	// downFor is how long requests are refused at once (503) after the database
 	// could not be reached, rather than each waiting for a connection to fail.
 	downFor = time.Second
 )
+
+// LockWait bounds a statement's wait for a lock another session holds (an
+// open transaction of a producer that inserted a message of the same order
+// key's bucket, or the same key): the lock_timeout the pool's sessions get
+// (store.BoundLockWaits), under commitTimeout by the dispatcher's rule
+// (store.LockWaitUnder), so that the wait ends with the server's error
+// (55P03), before any COMMIT, and the request is answered that nothing of
+// it was committed, not with the try's timeout, whose outcome is unknown
+// and which counts the database as unreachable.
+var LockWait = store.LockWaitUnder(commitTimeout)
 
 // request is one HTTP request's messages, waiting for their commit.
 type request struct {

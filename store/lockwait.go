@@ -6,6 +6,16 @@ import (
 	"time"
 )
 
+// LockWaitUnder is the lock wait (BoundLockWaits) of the sessions whose
+// transactions may take timeout: five sixths of it (50 s of the
+// dispatcher's default 60 s), so that the server ends a wait with its error
+// (55P03) while the transaction still has time to read it, rather than the
+// timeout ending the transaction in doubt. pepsi-dispatch and pepsi-ingress
+// both bound their sessions so.
+func LockWaitUnder(timeout time.Duration) time.Duration {
+	return timeout * 5 / 6
+}
+
 // lockWaitWarnAfter is how long a queue transaction runs before the queue
 // looks whether its session waits for a lock another session holds.
 const lockWaitWarnAfter = 5 * time.Second

@@ -194,7 +194,7 @@ func (s *session) openPool() error {
 	// id and its start (docs/durability.md); a lock wait ends before the
 	// transaction's timeout, so that it is an error, not a doubt
 	// (store.BoundLockWaits).
-	bound := store.BoundLockWaits(lockWaitFor(s.txnTimeout()))
+	bound := store.BoundLockWaits(store.LockWaitUnder(s.txnTimeout()))
 	poolCfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		if err := store.NoteBackendStart(ctx, conn); err != nil {
 			return err
@@ -644,12 +644,4 @@ func (s *session) txnTimeout() time.Duration {
 		return s.o.TxnTimeout
 	}
 	return txnTimeoutDefault
-}
-
-// lockWaitFor is how long a queue statement may wait for a lock in a
-// transaction that may take timeout: five sixths of it (50 s of the default
-// 60 s), so that the server ends the wait with an error while the
-// transaction still has time to read it.
-func lockWaitFor(timeout time.Duration) time.Duration {
-	return timeout * 5 / 6
 }
