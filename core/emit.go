@@ -165,13 +165,8 @@ func ParseEmit(line string) (Emit, error) {
 		}
 		return Emit{}, fmt.Errorf("not a JSON object: %s", msg)
 	}
-	// More alone lets a stray '}' or ']' after the object through: it
-	// reports only whether another value follows. Nothing may follow.
-	if rest := strings.TrimLeft(text[d.InputOffset():], " \t\r\n"); rest != "" {
-		if d.More() {
-			return Emit{}, errors.New("more than one JSON value on the line")
-		}
-		return Emit{}, fmt.Errorf("%s after the JSON object", conf.Quote(clip(rest, 20)))
+	if err := TrailerError(d, text, func(rest string) string { return conf.Quote(clip(rest, 20)) }); err != nil {
+		return Emit{}, err
 	}
 	return emitOf(obj.Stage, obj.Key, obj.OrderKey, obj.Payload, obj.PayloadBase64, obj.State)
 }

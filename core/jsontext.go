@@ -6,6 +6,7 @@ package core
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -112,6 +113,22 @@ func valueEnd[T ~string | ~[]byte](text T, i int) int {
 		}
 	}
 	return len(text)
+}
+
+// TrailerError refuses what follows the JSON object d has just decoded
+// from text, if anything but white space does: nothing may. d.More alone
+// would let a stray '}' or ']' through: it reports only whether another
+// value follows. quote shows the rest in the error, as the caller's other
+// errors quote.
+func TrailerError[T ~string | ~[]byte](d *json.Decoder, text T, quote func(rest T) string) error {
+	i := skipWS(text, int(d.InputOffset()))
+	if i == len(text) {
+		return nil
+	}
+	if d.More() {
+		return errors.New("more than one JSON value on the line")
+	}
+	return fmt.Errorf("%s after the JSON object", quote(text[i:]))
 }
 
 // MembersError is MemberProblem's finding as the error that refuses text:

@@ -265,15 +265,7 @@ func decodeJSON(text []byte, v any, f Fields, strict bool) error {
 		}
 		return fmt.Errorf("not a JSON object: %w", err)
 	}
-	// More alone lets a stray '}' or ']' after the object through: it
-	// reports only whether another value follows. Nothing may follow.
-	if rest := bytes.TrimLeft(text[d.InputOffset():], " \t\r\n"); len(rest) > 0 {
-		if d.More() {
-			return errors.New("more than one JSON value on the line")
-		}
-		return fmt.Errorf("%q after the JSON object", rest[:min(len(rest), 20)])
-	}
-	return nil
+	return core.TrailerError(d, text, func(rest []byte) string { return fmt.Sprintf("%q", rest[:min(len(rest), 20)]) })
 }
 
 // keys checks and sets the key, order key and traceparent fields (nil for
