@@ -9,14 +9,17 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/pepsi-pipeline/pepsi/cmd/pepsi-dispatch/internal/hangup"
 	"github.com/pepsi-pipeline/pepsi/core"
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 	"github.com/pepsi-pipeline/pepsi/internal/cliflags"
@@ -46,6 +49,13 @@ Flags:
 `
 
 func main() {
+	// Caught here, not by dispatch.Run, and never let go: a signal during
+	// the last export of traces, after Run, is the operator's second and
+	// ends that wait (closeTraces), where Go's default would kill the
+	// process and lose its exit status. (SIGHUP is caught earlier still:
+	// package hangup.)
+	stop := make(chan os.Signal, 2)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
 	// The dispatcher is one serial loop fed by pipe and socket reads. On one
 	// processor the Go scheduler hands a ready goroutine over on the same thread
 	// instead of waking another, which cuts its CPU per message by a sixth
@@ -53,7 +63,13 @@ func main() {
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
 		runtime.GOMAXPROCS(1)
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, signals{stop: stop, hup: hangup.C}))
+}
+
+// signals are the ones pepsi-dispatch acts on, caught until it exits.
+type signals struct {
+	stop <-chan os.Signal // SIGINT and SIGTERM; nil: dispatch.Run catches its own
+	hup  <-chan os.Signal // SIGHUP, logged and ignored; nil when it stays ignored (nohup)
 }
 
 // tracesGCPercent is the garbage collector's GOGC while traces are
@@ -83,7 +99,7 @@ func tuneForTraces() (procs int, gogc string) {
 
 // run is the whole program; it returns the exit code. The help and the
 // version, asked for, go to stdout; everything else to stderr.
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer, sig signals) int {
 	fs := cliflags.NewFlagSet("pepsi-dispatch", usage, stdout)
 	var (
 		configFile = fs.String("c", "/etc/pepsi/pepsi.conf", "configuration `file` (pepsi.conf(5))")
@@ -107,6 +123,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cliflags.Fail(stderr, "pepsi-dispatch", err)
 	}
+	if sig.hup != nil {
+		defer dispatch.WarnHangups(log, sig.hup)()
+	}
 	cfg, ok := configure(log, *configFile, ov, parsed.Name)
 	if !ok {
 		return dispatch.ExitUsage
@@ -124,7 +143,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stop(log)
 	}
-	opts := dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log}
+	opts := dispatch.Options{Config: cfg, Database: db, Standby: *standby, Log: log, Signals: sig.stop}
 	traces, err := tracing.New(context.Background(), "pepsi-dispatch", log)
 	if err != nil {
 		log.Error("cannot export traces", "err", err)
@@ -132,7 +151,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if traces != nil {
 		opts.Traces = traces
-		defer traces.Close()
+		defer closeTraces(traces, sig.stop, log)
 		procs, gc := tuneForTraces()
 		log.Info("exporting traces (OpenTelemetry environment)", "service", "pepsi-dispatch", "gomaxprocs", procs, "gogc", gc)
 	}
@@ -157,6 +176,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Info("pepsi-dispatch stopped", "exit", code)
 	}
 	return code
+}
+
+// closeTraces waits for the last export of traces (Exporter.Close: 5 s at
+// most) unless a signal comes meanwhile: the operator's second, asking to
+// exit now, which it does with the status the dispatcher decided.
+func closeTraces(traces *tracing.Exporter, stop <-chan os.Signal, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case s := <-stop:
+			log.Warn("signal received while exporting the last traces: exiting without waiting for them", "signal", s.String())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	traces.Close(ctx)
+	cancel()
+	<-watched
 }
 
 // overrides are the flags that override keys of the configuration's

@@ -28,7 +28,7 @@ func writeConf(t *testing.T) string {
 
 func TestAMistypedFlagIsOneLineAndAPointerToTheHelp(t *testing.T) {
 	var stderr bytes.Buffer
-	if code := run([]string{"-max-runtme", "5s"}, io.Discard, &stderr); code != dispatch.ExitUsage {
+	if code := run([]string{"-max-runtme", "5s"}, io.Discard, &stderr, signals{}); code != dispatch.ExitUsage {
 		t.Errorf("exit %d, want %d", code, dispatch.ExitUsage)
 	}
 	want := "pepsi-dispatch: flag provided but not defined: -max-runtme\nRun 'pepsi-dispatch -h' for help.\n"
@@ -37,12 +37,12 @@ func TestAMistypedFlagIsOneLineAndAPointerToTheHelp(t *testing.T) {
 	}
 	stderr.Reset()
 	var stdout bytes.Buffer
-	if code := run([]string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "Usage: pepsi-dispatch [flags]") ||
+	if code := run([]string{"-h"}, &stdout, &stderr, signals{}); code != 0 || !strings.Contains(stdout.String(), "Usage: pepsi-dispatch [flags]") ||
 		!strings.Contains(stdout.String(), "-worker-idle-timeout") || stderr.Len() != 0 {
 		t.Errorf("-h: exit %d, stdout %q, stderr %q; want 0 and the whole help on stdout", code, stdout.String(), stderr.String())
 	}
 	stdout.Reset()
-	if code := run([]string{"-version"}, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "pepsi-dispatch ") || stderr.Len() != 0 {
+	if code := run([]string{"-version"}, &stdout, &stderr, signals{}); code != 0 || !strings.HasPrefix(stdout.String(), "pepsi-dispatch ") || stderr.Len() != 0 {
 		t.Errorf("-version: exit %d, stdout %q, stderr %q; want 0 and the version on stdout", code, stdout.String(), stderr.String())
 	}
 }
@@ -51,24 +51,24 @@ func TestABadValueIsBlamedOnWhereItWasSet(t *testing.T) {
 	file := writeConf(t)
 	t.Setenv("PEPSI_MAX_RUNTIME", "-5s")
 	var stderr bytes.Buffer
-	if code := run([]string{"-c", file}, io.Discard, &stderr); code != dispatch.ExitUsage ||
+	if code := run([]string{"-c", file}, io.Discard, &stderr, signals{}); code != dispatch.ExitUsage ||
 		!strings.Contains(stderr.String(), `msg="bad value" setting=PEPSI_MAX_RUNTIME err="'-5s' must be positive"`) {
 		t.Errorf("PEPSI_MAX_RUNTIME=-5s: exit %d, stderr %q; want %d and the variable named", code, stderr.String(), dispatch.ExitUsage)
 	}
 	stderr.Reset()
-	if code := run([]string{"-c", file, "-max-runtime", "-7s"}, io.Discard, &stderr); code != dispatch.ExitUsage ||
+	if code := run([]string{"-c", file, "-max-runtime", "-7s"}, io.Discard, &stderr, signals{}); code != dispatch.ExitUsage ||
 		!strings.Contains(stderr.String(), `msg="bad value" setting=-max-runtime err="'-7s' must be positive"`) {
 		t.Errorf("-max-runtime -7s over the environment: exit %d, stderr %q; want %d and the flag named", code, stderr.String(), dispatch.ExitUsage)
 	}
 	stderr.Reset()
-	if code := run([]string{"-c", file, "-max-runtime", "7s", "-poll-interval", "1ns"}, io.Discard, &stderr); code != dispatch.ExitUsage ||
+	if code := run([]string{"-c", file, "-max-runtime", "7s", "-poll-interval", "1ns"}, io.Discard, &stderr, signals{}); code != dispatch.ExitUsage ||
 		!strings.Contains(stderr.String(), `msg="bad value" setting=-poll-interval err="'1ns' is too short (at least 10ms`) {
 		t.Errorf("-poll-interval 1ns: exit %d, stderr %q; want %d and the floor named", code, stderr.String(), dispatch.ExitUsage)
 	}
 	t.Setenv("PEPSI_LOG_LEVEL", "loud")
 	stderr.Reset()
 	want := "pepsi-dispatch: PEPSI_LOG_LEVEL \"loud\": want debug, info, warn or error\nRun 'pepsi-dispatch -h' for help.\n"
-	if code := run([]string{"-c", file}, io.Discard, &stderr); code != dispatch.ExitUsage || stderr.String() != want {
+	if code := run([]string{"-c", file}, io.Discard, &stderr, signals{}); code != dispatch.ExitUsage || stderr.String() != want {
 		t.Errorf("PEPSI_LOG_LEVEL=loud: exit %d, stderr %q; want %d and %q", code, stderr.String(), dispatch.ExitUsage, want)
 	}
 }
@@ -85,7 +85,7 @@ func TestAnApplicationNamePostgreSQLWouldCutIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stderr bytes.Buffer
-	if code := run([]string{"-c", file}, io.Discard, &stderr); code != dispatch.ExitUsage ||
+	if code := run([]string{"-c", file}, io.Discard, &stderr, signals{}); code != dispatch.ExitUsage ||
 		!strings.Contains(stderr.String(), "is 64 bytes; PostgreSQL keeps at most 63") {
 		t.Errorf("a 64-byte application_name: exit %d, stderr %q; want %d and the reason", code, stderr.String(), dispatch.ExitUsage)
 	}

@@ -233,7 +233,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, stderr io.Writer, hu
 		return exitUsage
 	}
 	if traces != nil {
-		defer traces.Close()
+		defer traces.Close(context.Background())
 		c.o.Traces = traces
 	}
 	srv := ingress.New(c.o.WithPool(pool))

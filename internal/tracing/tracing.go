@@ -269,13 +269,14 @@ func (e *Exporter) Shutdown(ctx context.Context) error {
 }
 
 // Close exports what the exporter still holds, for at most 5 seconds (a
-// collector that is gone does not hold up a program's exit), and logs what
-// it could not export. Nothing for nil.
-func (e *Exporter) Close() {
+// collector that is gone does not hold up a program's exit) or until ctx
+// ends (pepsi-dispatch's second signal), and logs what it could not
+// export. Nothing for nil.
+func (e *Exporter) Close(ctx context.Context) {
 	if e == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := e.Shutdown(ctx); err != nil {
 		e.log.Warn("traces: not all exported at exit", "err", err)

@@ -50,7 +50,7 @@ func TestANilExporterIsOff(t *testing.T) {
 		t.Errorf("nil exporter: request %v, dropped %d, failed %d", r, e.Dropped(), e.Failed())
 	}
 	r.End(202, 1)
-	e.Close()
+	e.Close(context.Background())
 }
 
 // stuck is a span processor whose OnEnd never returns until release is

@@ -56,7 +56,10 @@ type Options struct {
 	Standby bool
 	// Log receives every operator-facing line.
 	Log *slog.Logger
-	// Signals delivers SIGINT/SIGTERM (default: os/signal). Tests inject their own.
+	// Signals delivers SIGINT/SIGTERM. Nil: Run catches them itself, and
+	// SIGHUP, which it logs and ignores (WarnHangups), while it runs.
+	// pepsi-dispatch gives its own, caught from its start to its exit;
+	// tests inject theirs.
 	Signals <-chan os.Signal
 	// TxnTimeout is how long one queue transaction may take before it counts as
 	// failed (default 60 s), so a connection that died silently, or a lock someone
@@ -113,7 +116,10 @@ func Run(ctx context.Context, o Options) (int, error) {
 		signals = ch
 		if !signal.Ignored(syscall.SIGHUP) {
 			// (Started under nohup, it and its workers keep ignoring it.)
-			defer ignoreHangups(log)()
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			defer WarnHangups(log, hup)()
 		}
 	}
 	// carry: statistics a session that lost the lock counted but could not be sure
@@ -401,16 +407,17 @@ func level(l core.Level) slog.Level {
 	return slog.LevelInfo
 }
 
-// ignoreHangups keeps pepsi-dispatch running on SIGHUP, with a warning for
-// each: by default the signal would kill it at once, with no shutdown, no
-// requeue and no statistics flushed, as a closed terminal or a service
-// manager's habitual reload (kill -HUP) sends it. It has nothing to reload:
-// its configuration is read at start. It returns the function that stops
-// it. (Workers get the default disposition back at exec.)
-func ignoreHangups(log *slog.Logger) (stop func()) {
-	hup := make(chan os.Signal, 1)
+// WarnHangups logs a warning for each SIGHUP that hup delivers, until the
+// returned stop is called: the process that catches SIGHUP into hup keeps
+// running on it. By default the signal would kill it at once, with no
+// shutdown, no requeue and no statistics flushed, as a closed terminal or a
+// service manager's habitual reload (kill -HUP) sends it. It has nothing to
+// reload: its configuration is read at start. (Workers get the default
+// disposition back at exec.) Run, catching its own signals, calls it;
+// pepsi-dispatch catches SIGHUP from its start to its exit and calls it
+// itself.
+func WarnHangups(log *slog.Logger, hup <-chan os.Signal) (stop func()) {
 	done := make(chan struct{})
-	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for {
 			select {
@@ -421,8 +428,5 @@ func ignoreHangups(log *slog.Logger) (stop func()) {
 			}
 		}
 	}()
-	return func() {
-		signal.Stop(hup)
-		close(done)
-	}
+	return func() { close(done) }
 }
