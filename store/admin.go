@@ -124,10 +124,23 @@ const retrySQL = `WITH moved AS (
 	RETURNING ingress_id, stage, order_key, state->'dispatch_error_history'->-1 AS was),
 recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, detail, at)
-	SELECT ingress_id, stage, 'retried', concat_ws(': ', (was->>'status') || ' at ' || (was->>'stage'), was->>'error'), now()
+	SELECT ingress_id, stage, 'retried', concat_ws(': ', (was->>'status') || ' at ' || (was->>'stage'), was->>'error'), ` + operatorEventAt + `
 	FROM moved)
 SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}'),
 	coalesce(array_agg(ingress_id) FILTER (WHERE order_key IS NOT NULL), '{}') FROM moved`
+
+// operatorEventAt is the time of the history event an operator's retry or
+// discard writes for a row: when the statement changed it (clock_timestamp(),
+// read once the rows are changed), not when its transaction began (now()).
+// The statement may have waited for the row, held by a dispatcher's pass or
+// wake or by another operator's discard, and changes it as that one left it:
+// stamped at its transaction's start, its event went before the event of the
+// writer it waited for (history printed "retried: failed at s1: discarded" above
+// the discard it retried, and a retried message's timeline ended in failed).
+// Kept within now()'s day (UTC), whose partition withToday made: a statement
+// that waited past midnight would find no partition for the next day when no
+// dispatcher made it.
+const operatorEventAt = `least(clock_timestamp(), date_trunc('day', now(), 'UTC') + interval '1 day' - interval '1 microsecond')`
 
 // blockedOfSQL counts the rows of $1 that wait blocked behind their key.
 const blockedOfSQL = `SELECT count(*) FROM pepsi.queue WHERE ingress_id = ANY($1::bigint[]) AND status = 'blocked'`

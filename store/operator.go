@@ -67,8 +67,8 @@ const discardIDsSQL = `SELECT ingress_id FROM pepsi.queue WHERE ` + selectWhere 
 // COMMITTED), so a row the dispatcher claimed meanwhile (running, held by a
 // worker) is left alone. Each discarded row's history gets a failed event
 // in the same statement, a transition without a pass (no handed_at, no
-// worker), whose detail is the dispatch_error it was given: the history
-// never says less than the queue.
+// worker), whose detail is the dispatch_error it was given, at the time of
+// the change (operatorEventAt): the history never says less than the queue.
 const discardSQL = `WITH gone AS (
 	UPDATE pepsi.queue SET status = 'failed', timeout = NULL, updated_at = now(),
 		state = CASE WHEN jsonb_typeof(state) = 'object' THEN jsonb_set(state, '{dispatch_error}', to_jsonb($7::text))
@@ -77,7 +77,7 @@ const discardSQL = `WITH gone AS (
 	RETURNING ingress_id, stage, order_key, attempts),
 recorded AS (
 	INSERT INTO pepsi.history (ingress_id, stage, event, detail, at, attempts)
-	SELECT ingress_id, stage, 'failed', $7::text, now(), attempts FROM gone)
+	SELECT ingress_id, stage, 'failed', $7::text, ` + operatorEventAt + `, attempts FROM gone)
 SELECT count(*), coalesce(array_agg(DISTINCT order_key) FILTER (WHERE order_key IS NOT NULL), '{}') FROM gone`
 
 // discardBatch is how many rows one transaction of a discard changes. A
