@@ -515,6 +515,7 @@ func printHealth(w io.Writer, h queueadmin.Health) {
 		if reason == "" {
 			reason = "-"
 		}
+		reason = printable(reason)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", st.Stage, st.State, ago(st.Since, h.Now), reason)
 	}
 	tw.Flush()
@@ -585,7 +586,7 @@ EXAMPLES
 func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "message\t%d\n", m.ID)
-	fmt.Fprintf(tw, "stage\t%s\n", m.Stage)
+	fmt.Fprintf(tw, "stage\t%s\n", printable(m.Stage))
 	fmt.Fprintf(tw, "status\t%s\n", m.Status)
 	// A timeout means something only while the row is paused: a row that ran
 	// since keeps the one of its last pause, which is no due time any more.
@@ -601,13 +602,13 @@ func printMessage(w io.Writer, m *queueadmin.Message, now time.Time) {
 	}
 	fmt.Fprintf(tw, "attempts\t%d\n", m.Attempts)
 	if m.DedupKey != "" {
-		fmt.Fprintf(tw, "key\t%s\n", m.DedupKey)
+		fmt.Fprintf(tw, "key\t%s\n", printableKey(m.DedupKey))
 	}
 	if m.TraceParent != "" {
 		fmt.Fprintf(tw, "traceparent\t%s\n", m.TraceParent)
 	}
 	if m.OrderKey != "" {
-		fmt.Fprintf(tw, "order key\t%s\n", m.OrderKey)
+		fmt.Fprintf(tw, "order key\t%s\n", printableKey(m.OrderKey))
 	}
 	printLineage(tw, m)
 	if core.RowStatus(m.Status) == core.StatusBlocked {
@@ -645,10 +646,10 @@ func waitsBehind(h *store.KeyHead, now time.Time) string {
 	if h == nil {
 		return "behind no unfinished message of its order key: pepsi-dispatch hands it the key next"
 	}
-	doing := fmt.Sprintf("%s at %s", h.Status, h.Stage)
+	doing := fmt.Sprintf("%s at %s", h.Status, printable(h.Stage))
 	if h.Status == core.StatusPaused {
 		if h.Attempts > 0 {
-			doing = fmt.Sprintf("paused at %s for retry %d", h.Stage, h.Attempts)
+			doing = fmt.Sprintf("paused at %s for retry %d", printable(h.Stage), h.Attempts)
 		}
 		if h.Timeout != nil {
 			doing += fmt.Sprintf(" until %s, %s", h.Timeout.Format(time.RFC3339), dueIn(*h.Timeout, now, time.Second))
@@ -956,9 +957,9 @@ func printHistory(w io.Writer, hist []queueadmin.HistoryRow, created time.Time) 
 		}
 		event := h.Event
 		if h.Detail != "" {
-			event += ": " + h.Detail
+			event += ": " + printable(h.Detail)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.At.Format(time.RFC3339Nano), h.Stage, waited, took, worker, h.Attempts, event)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.At.Format(time.RFC3339Nano), printable(h.Stage), waited, took, worker, h.Attempts, event)
 		prev = h.At
 	}
 	tw.Flush()

@@ -221,7 +221,7 @@ func printList(ctx context.Context, conn *pgx.Conn, w io.Writer, sel queueadmin.
 	n := 0
 	err := queueadmin.List(ctx, conn, sel, limit, func(m queueadmin.Listed) error {
 		n++
-		return tw.row(strconv.FormatInt(m.ID, 10), m.Stage, string(m.Status), strconv.Itoa(m.Attempts),
+		return tw.row(strconv.FormatInt(m.ID, 10), printable(m.Stage), string(m.Status), strconv.Itoa(m.Attempts),
 			now.Sub(m.UpdatedAt).Round(time.Second).String(), oneLine(m.DispatchError))
 	})
 	if err != nil {
@@ -288,10 +288,10 @@ func (t *table) flush() error {
 	return nil
 }
 
-// oneLine keeps a reason on its table row: line breaks become spaces and a
-// long reason is cut.
+// oneLine keeps a reason on its table row: line breaks become spaces, other
+// control characters are escaped (printable) and a long reason is cut.
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if r := []rune(s); len(r) > 120 {
 		s = string(r[:119]) + "…"
 	}
