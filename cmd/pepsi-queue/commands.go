@@ -549,12 +549,9 @@ EXAMPLES
   pepsi-queue show -payload 42 | hexdump -C`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
-			if len(args) != 1 {
-				return usagef("show", "want exactly one message id, got %d arguments", len(args))
-			}
-			id, err := strconv.ParseInt(args[0], 10, 64)
-			if err != nil || id <= 0 {
-				return usagef("show", "%q is not a message id (a positive whole number)", args[0])
+			id, err := messageID("show", fs, args)
+			if err != nil {
+				return err
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
 				m, err := queueadmin.Show(ctx, conn, id)
@@ -875,12 +872,9 @@ EXAMPLES
   pepsi-queue history -json 42 | jq -r 'select(.event == "failed") | .detail'`,
 		FlagSet: fs,
 		Exec: func(ctx context.Context, args []string) error {
-			if len(args) != 1 {
-				return usagef("history", "want exactly one message id, got %d arguments", len(args))
-			}
-			id, err := strconv.ParseInt(args[0], 10, 64)
-			if err != nil || id <= 0 {
-				return usagef("history", "%q is not a message id (a positive whole number)", args[0])
+			id, err := messageID("history", fs, args)
+			if err != nil {
+				return err
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
 				hist, err := queueadmin.History(ctx, conn, id)
@@ -921,6 +915,29 @@ EXAMPLES
 			})
 		},
 	}
+}
+
+// messageID reads the one message id of show or history (cmd, whose flags
+// are fs) from args. A flag of cmd given after the id is not parsed (the
+// flag package stops at the first argument that is not a flag): that is
+// said, with where it goes, rather than that two arguments were given.
+func messageID(cmd string, fs *flag.FlagSet, args []string) (int64, error) {
+	if len(args) > 1 {
+		for _, arg := range args[1:] {
+			name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+			if strings.HasPrefix(arg, "-") && fs.Lookup(name) != nil {
+				return 0, usagef(cmd, "%s is given after the message id: put it before (pepsi-queue %s %s %s)", arg, cmd, arg, args[0])
+			}
+		}
+	}
+	if len(args) != 1 {
+		return 0, usagef(cmd, "want exactly one message id, got %d arguments", len(args))
+	}
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id <= 0 {
+		return 0, usagef(cmd, "%q is not a message id (a positive whole number)", args[0])
+	}
+	return id, nil
 }
 
 // printLineage names the message whose pass emitted m (docs/protocol.md,
