@@ -167,6 +167,7 @@ func enqueueCmd(a *app) *ffcli.Command {
 			if err != nil {
 				return err
 			}
+			_, fromStdin := src.(*lines) // before givenToAll wraps it
 			var at time.Time
 			if *notBefore != "" {
 				if at, err = notBeforeOf(*notBefore, time.Now()); err != nil {
@@ -182,10 +183,13 @@ func enqueueCmd(a *app) *ffcli.Command {
 			if err := a.checkStage("enqueue", "-stage", *stage); err != nil {
 				return err
 			}
-			if _, fromStdin := src.(*lines); fromStdin && isTerminal(a.stdin) {
+			if fromStdin && isTerminal(a.stdin) {
 				fmt.Fprintln(a.stderr, "pepsi-queue: reading messages from the terminal, one per line; end with Ctrl-D")
 			}
 			return a.withConn(ctx, func(conn *pgx.Conn) error {
+				if fromStdin {
+					src = newInterruptible(ctx, src)
+				}
 				total, err := enqueueAll(ctx, conn, *stage, src, *batch)
 				if total.Count == 0 && err == nil {
 					fmt.Fprintf(a.stdout, "read no messages from standard input (it was empty or blank): 0 enqueued\n")

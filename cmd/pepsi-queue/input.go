@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -103,6 +104,53 @@ func (l *lines) next() (queueadmin.NewMessage, error) {
 		return queueadmin.NewMessage{}, fmt.Errorf("read input: %w", err)
 	}
 	return queueadmin.NewMessage{}, io.EOF
+}
+
+// interruptible yields the messages of a source that reads standard input,
+// read in a goroutine of its own, until ctx ends (Ctrl-C, SIGTERM): a read
+// blocks until the producer writes a line or closes its end, and the
+// interrupt waited for it. A producer that had stalled (a pipe from a
+// remote export, a fifo) kept enqueue running after SIGTERM for as long,
+// and then it said "timeout: context already done" of the batch it had
+// read meanwhile.
+type interruptible struct {
+	ctx  context.Context
+	read chan sourced
+}
+
+// sourced is one result of a source's next.
+type sourced struct {
+	m   queueadmin.NewMessage
+	err error
+}
+
+// newInterruptible starts reading src; the reader stops at src's end or
+// error, or, when ctx ends, once its read returns.
+func newInterruptible(ctx context.Context, src source) *interruptible {
+	s := &interruptible{ctx: ctx, read: make(chan sourced)}
+	go func() {
+		for {
+			m, err := src.next()
+			select {
+			case s.read <- sourced{m, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *interruptible) next() (queueadmin.NewMessage, error) {
+	select {
+	case r := <-s.read:
+		return r.m, r.err
+	case <-s.ctx.Done():
+		return queueadmin.NewMessage{}, errors.New("interrupted while it waited for input (the messages read since the last batch are not enqueued)")
+	}
 }
 
 // ndjsonMessage reads one NDJSON object (internal/msgjson, with order_key,
