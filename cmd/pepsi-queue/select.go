@@ -218,8 +218,18 @@ func printList(ctx context.Context, conn *pgx.Conn, w io.Writer, sel queueadmin.
 		})
 	}
 	tw := &table{w: w, rows: [][]string{{"id", "stage", "status", "attempts", "unchanged for", "dispatch_error"}}}
-	n := 0
-	err := queueadmin.List(ctx, conn, sel, limit, func(m queueadmin.Listed) error {
+	// One message past the limit is read, not listed: whether there is one
+	// is whether the listing was cut, which a selection of exactly -limit
+	// messages is not.
+	n, read, more := 0, limit, false
+	if limit > 0 {
+		read = limit + 1
+	}
+	err := queueadmin.List(ctx, conn, sel, read, func(m queueadmin.Listed) error {
+		if limit > 0 && n == limit {
+			more = true
+			return nil
+		}
 		n++
 		return tw.row(strconv.FormatInt(m.ID, 10), printable(m.Stage), string(m.Status), strconv.Itoa(m.Attempts),
 			now.Sub(m.UpdatedAt).Round(time.Second).String(), oneLine(m.DispatchError))
@@ -230,7 +240,7 @@ func printList(ctx context.Context, conn *pgx.Conn, w io.Writer, sel queueadmin.
 	if err := tw.flush(); err != nil {
 		return err
 	}
-	if n == limit && limit > 0 {
+	if more {
 		fmt.Fprintf(w, "(the first %d; -limit 0 lists them all, -count counts them)\n", limit)
 	}
 	return nil
