@@ -343,7 +343,11 @@ func Purge(ctx context.Context, conn *pgx.Conn, olderThan time.Duration, batch i
 	for {
 		r, err := q.PurgeBatch(ctx, store.PurgeParams{After: after, Statuses: statuses, Before: cutoff, Limit: batch})
 		if err != nil {
-			return total, fmt.Errorf("purge: after %d rows: %w", total, err)
+			if total == 0 {
+				return 0, err // store's "purge: " already
+			}
+			// The batches before have committed: say they stay deleted.
+			return total, fmt.Errorf("purge stopped after %d messages deleted (they stay deleted): %w", total, err)
 		}
 		total += r.Deleted
 		if r.Found > 0 && progress != nil {
