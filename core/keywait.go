@@ -31,10 +31,25 @@ type keyWaits struct {
 
 // keyBusy owes item it again, LookEvery from now, its first send's
 // uncertainty kept (unsure: the item was sent again after a lost reply,
-// and this send wrote nothing either).
+// and this send wrote nothing either). During a shutdown it is not owed
+// again: the producer may hold its transaction open for as long as it
+// likes, and the shutdown would wait for it (finish waits for every owed
+// item). Its pass is given up instead, as a pass whose worker was stopped
+// unanswered is: the item is owed as a Requeue, which makes its row pending
+// at its stage (nothing of the pass was written, no child), and the next
+// start-up runs the pass again, emits and all.
 func (c *Core) keyBusy(it Item, unsure bool) {
 	if unsure {
 		c.unsure[it.ID] = true
+	}
+	if c.shutdown > 0 {
+		delete(c.keyWaits.since, it.ID)
+		delete(c.keyWaits.after, it.ID)
+		c.logf(LevelWarn, "message %d: stage %s emitted a child with order key %s, whose lock a producer's open transaction holds; shutting down, its pass is requeued (run again at the next start)",
+			it.ID, it.Stage, emitKeys(it))
+		c.owe(Item{ID: it.ID, Stage: it.Stage, Verdict: Requeue, Key: it.Key,
+			History: it.History, HandedAt: it.HandedAt, At: it.At, PID: it.PID, Attempts: it.Attempts, Event: HistoryRequeued})
+		return
 	}
 	if _, waiting := c.keyWaits.since[it.ID]; !waiting {
 		c.keyWaits.since[it.ID] = c.now

@@ -200,3 +200,61 @@ func TestAProducersOpenKeyedTransactionHoldsOnlyThePassThatEmitsIntoItsKey(t *te
 	}
 	d.stopClean()
 }
+
+// TestAShutdownDoesNotWaitForAProducerThatHoldsAPassesChildsOrderKey: a
+// pass whose child's order key a producer's open transaction holds waits
+// for that producer (above); a SIGTERM meanwhile must not wait with it, the
+// producer may hold its transaction for as long as it likes: the
+// dispatcher exits 0 within a second, its pass given up like a pass whose
+// worker was stopped unanswered (the parent pending at its stage, no
+// child, its history "requeued"). Once the producer committed, the next
+// dispatcher runs the pass again: one child, after the producer's message
+// of its key. Before, the shutdown waited for the producer's commit.
+func TestAShutdownDoesNotWaitForAProducerThatHoldsAPassesChildsOrderKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, emitConf)
+	ctx := context.Background()
+	producer, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Rollback(ctx) //nolint:errcheck // committed below
+	var first int64
+	if err := producer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('collect', 'first of k', 'k') RETURNING ingress_id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	parent := e.insert("split", "split=emit:collect:1:k+answer:0 >done")[0]
+	d := e.start()
+	waitFor(t, 30*time.Second, "the pass that waits for the producer of k", func() (bool, string) {
+		l := d.logs.lines("whose lock a producer's open transaction holds")
+		return len(l) == 1, fmt.Sprintf("%d log lines", len(l))
+	})
+	d.signals <- syscall.SIGTERM
+	if code, err := d.wait(5 * time.Second); code != 0 || err != nil {
+		t.Errorf("after SIGTERM: exit %d, err %v; want exit 0, no error", code, err)
+	}
+	e.expectRow(parent, "pending", "split", "")
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = $1`, parent); k != 0 {
+		t.Fatalf("%d children inserted while their key's producer is in flight", k)
+	}
+	if k := e.scalar(`SELECT count(*) FROM pepsi.history WHERE ingress_id = $1 AND event = 'requeued'`, parent); k != 1 {
+		t.Errorf("%d history rows 'requeued' of the parent; want 1", k)
+	}
+	if err := producer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d = e.start()
+	waitFor(t, 30*time.Second, "the parent, its child and the producer's message done", func() (bool, string) {
+		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE status = 'done' AND (ingress_id IN ($1, $2) OR parent_id = $2)`, first, parent)
+		return k == 3, fmt.Sprintf("%d done", k)
+	})
+	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = $1`, parent); k != 1 {
+		t.Errorf("%d children of the parent; want 1", k)
+	}
+	if k := e.scalar(`SELECT count(*) FROM pepsi.history c, pepsi.history f
+		WHERE c.ingress_id = (SELECT ingress_id FROM pepsi.queue WHERE parent_id = $1) AND c.event = 'done'
+		  AND f.ingress_id = $2 AND f.event = 'done' AND c.at >= f.at`, parent, first); k != 1 {
+		t.Errorf("the child of key k was not done after the producer's message of k, k's oldest")
+	}
+	d.stopClean()
+}
