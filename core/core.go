@@ -366,7 +366,7 @@ func New(cfg *conf.Config) *Core {
 		startFails: map[int64]startFail{},
 		unsure:     map[int64]bool{},
 		races:      map[int64]int{},
-		keyWaits:   keyWaits{after: map[int64]time.Time{}, since: map[int64]time.Time{}},
+		keyWaits:   newKeyWaits(),
 		tainted:    map[string]bool{},
 		keys:       orderKeys{keyOf: map[int64]string{}, holder: map[string]int64{}, owed: map[string]bool{}},
 		hist:       history{passes: map[int64]pass{}},
@@ -600,11 +600,8 @@ func (c *Core) setTimer() {
 	if !c.lookAt.IsZero() && !queueBlocked {
 		at(c.lookAt)
 	}
-	if len(c.keys.owed) > 0 && !queueBlocked {
-		at(c.keys.owedAt)
-	}
 	if !queueBlocked {
-		at(c.keyWaitNext())
+		at(c.keysDueAt())
 	}
 	if c.hasDeltas() && !queueBlocked {
 		at(c.lastFlush.Add(c.cfg.StatsInterval))

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -210,11 +211,11 @@ func TestParseEmit(t *testing.T) {
 // Proves: a pass whose emit carries an order key whose lock a producer's
 // open transaction holds does not hold the pipeline: its resolve writes
 // nothing of it (Outcome.KeyBusy; its row stays running, no child, no
-// history), the worker's next pass is written meanwhile, the item is sent
-// again no sooner than LookEvery later, and once the producer committed it
-// is written with its child, which waits blocked behind the producer's
-// message of its key. The wait is logged once, its end too when it lasted
-// a second or more.
+// history), the worker's next pass is written meanwhile, and the item is
+// sent again LookEvery after the first refusal, then after twice the last
+// pause each time (up to KeyWaitMax); once the producer committed it is
+// written with its child, which waits blocked behind the producer's
+// message of its key. The wait is logged once a minute per stage.
 func TestAPassWhoseChildsOrderKeyAProducerHoldsWaitsAloneForThatProducer(t *testing.T) {
 	w := newWorld(t, emitStages)
 	w.start("a", 2)
@@ -231,7 +232,8 @@ func TestAPassWhoseChildsOrderKeyAProducerHoldsWaitsAloneForThatProducer(t *test
 	if got := w.childrenOf(1); len(got) != 0 {
 		t.Fatalf("children of 1 = %v while k's lock is held, want none", got)
 	}
-	if l := logsWith(cmds, "whose lock a producer's open transaction holds"); len(l) != 1 || !strings.Contains(l[0].Msg, "message 1: stage a emitted a child with order key 'k'") {
+	if l := logsWith(cmds, "whose lock a producer's open transaction holds"); len(l) != 1 || !strings.Contains(l[0].Msg, "stage a: message 1 emitted a child with order key 'k'") ||
+		!strings.Contains(l[0].Msg, "1 passes of the stage wait so") {
 		t.Errorf("logs %v, want one line that says message 1's child waits for a producer of key 'k'", l)
 	}
 	// The worker's next message is written at once; message 1 waits.
@@ -240,38 +242,70 @@ func TestAPassWhoseChildsOrderKeyAProducerHoldsWaitsAloneForThatProducer(t *test
 		t.Fatalf("resolve %v, want message 2's item alone", r)
 	}
 	w.wantRow(2, "a", core.StatusDone)
-	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery/2)
-	none[core.Resolve](t, cmds, "sent message 1 again before LookEvery")
-	// Still held after LookEvery: sent again, written nothing, not logged again.
-	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
-	if it := itemFor(t, cmds, 1); len(it.Emits) != 1 {
-		t.Fatalf("item %v, want message 1 sent again with its emit", it)
+	// Its tries: LookEvery after the refusal, then twice the pause each time.
+	busyAt := w.now
+	for _, pause := range []time.Duration{core.LookEvery, 2 * core.LookEvery, 4 * core.LookEvery, 8 * core.LookEvery} {
+		cmds = w.tick(busyAt.Add(pause - time.Millisecond).Sub(epoch))
+		none[core.Resolve](t, cmds, fmt.Sprintf("sent message 1 again sooner than %s after it was refused", pause))
+		cmds = w.tick(busyAt.Add(pause).Sub(epoch))
+		if it := itemFor(t, cmds, 1); len(it.Emits) != 1 {
+			t.Fatalf("item %v, want message 1 sent again with its emit %s after it was refused", it, pause)
+		}
+		w.wantRow(1, "a", core.StatusRunning)
+		none[core.Log](t, cmds, "logged the wait again within a minute")
+		busyAt = w.now
 	}
-	w.wantRow(1, "a", core.StatusRunning)
-	none[core.Log](t, cmds, "logged the wait again")
 	// The producer commits; its message is k's head, the child waits behind it.
 	w.q.Commit(late, "b")
-	w.at(w.now.Sub(epoch) + time.Second)
-	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
+	cmds = w.tick(busyAt.Add(16 * core.LookEvery).Sub(epoch))
 	itemFor(t, cmds, 1)
 	w.wantRow(1, "a", core.StatusDone)
 	got := w.childrenOf(1)
 	if len(got) != 1 || got[0] != "b:blocked:child" {
 		t.Errorf("children of 1 = %v, want the child blocked at b behind the producer's message of k", got)
 	}
-	if l := logsWith(cmds, "its pass is written after waiting"); len(l) != 1 {
-		t.Errorf("logs %v, want one line that says message 1's pass is written after its wait", of[core.Log](cmds))
-	}
 }
 
-// Proves: a shutdown waits for a pass whose child's order key a producer
-// holds, says so once, and exits 0 once the producer committed and the pass
-// is written.
-func TestAShutdownWaitsForAPassWhoseChildsOrderKeyAProducerHoldsAndSaysSo(t *testing.T) {
+// Proves: a pass whose children wait for a producer's order-key lock waits
+// no longer than LookEvery after another such pass is written (a lock it
+// waited for was let go, and its producer's may have been too), whatever
+// its own pause had grown to.
+func TestAPassThatWaitsForAKeyIsTriedAgainWhenAnotherIsWritten(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 2)
+	lateK, _ := w.q.ReserveKeyed("k")
+	lateJ, _ := w.q.ReserveKeyed("j")
+	w.emit(1, `+{"stage":"b","payload":"child of 1","order_key":"k"}`)
+	answerMove(w, 1, "0 >done")
+	for _, d := range []time.Duration{10, 30, 70, 150, 310} { // its pause grows to 160 ms
+		w.tick(d * time.Millisecond)
+	}
+	w.emit(1, `+{"stage":"b","payload":"child of 2","order_key":"j"}`)
+	answerMove(w, 1, "0 >done")
+	w.wantRow(1, "a", core.StatusRunning)
+	w.wantRow(2, "a", core.StatusRunning)
+	w.q.Commit(lateJ, "c")
+	w.q.Commit(lateK, "c")
+	// Message 2's first try again, LookEvery after its refusal, is written;
+	// message 1, refused as long before, is tried at once, 310 ms before
+	// its own pause would have ended.
+	cmds := w.tick(w.now.Sub(epoch) + core.LookEvery)
+	if it := itemFor(t, cmds, 2); len(it.Emits) != 1 {
+		t.Fatalf("item %v, want message 2 sent again", it)
+	}
+	itemFor(t, cmds, 1)
+	w.wantRow(2, "a", core.StatusDone)
+	w.wantRow(1, "a", core.StatusDone)
+}
+
+// Proves: a shutdown does not wait for a producer that holds the order key
+// of a pass's child: the pass waiting when the signal comes is tried once
+// more, and when its key is still locked it is requeued (its row pending at
+// its stage, no child, its history "requeued"), and the core exits 0.
+func TestAShutdownRequeuesAPassWhoseChildsOrderKeyAProducerHolds(t *testing.T) {
 	w := newWorld(t, emitStages)
 	w.start("a", 1)
-	late, ok := w.q.ReserveKeyed("k") // a producer of key k, in flight
-	if !ok {
+	if _, ok := w.q.ReserveKeyed("k"); !ok { // a producer of key k, in flight, for good
 		t.Fatal("key k is locked")
 	}
 	w.emit(1, `+{"stage":"b","payload":"child","order_key":"k"}`)
@@ -279,17 +313,18 @@ func TestAShutdownWaitsForAPassWhoseChildsOrderKeyAProducerHoldsAndSaysSo(t *tes
 	w.wantRow(1, "a", core.StatusRunning)
 	w.step(core.Shutdown{})
 	cmds := w.exit(1, 0, "")
-	none[core.Exit](t, cmds, "exited while a pass waits to be written")
 	cmds = append(cmds, w.tick(w.now.Sub(epoch)+core.LookEvery)...)
-	cmds = append(cmds, w.tick(w.now.Sub(epoch)+core.LookEvery)...)
-	none[core.Exit](t, cmds, "exited while a pass waits to be written")
-	if l := logsWith(cmds, "shutting down: waiting for 1 passes whose emitted children wait for a producer"); len(l) != 1 {
-		t.Errorf("logs %v, want one line that says the shutdown waits for the producer", of[core.Log](cmds))
+	if its := items(cmds); len(its) != 2 || its[0].Verdict != core.Move || its[1].Verdict != core.Requeue {
+		t.Errorf("items %v, want the move tried once more, then, k still locked, a requeue", its)
 	}
-	w.q.Commit(late, "b")
-	cmds = w.tick(w.now.Sub(epoch) + core.LookEvery)
-	w.wantRow(1, "a", core.StatusDone)
-	if e := one[core.Exit](t, cmds); e.Code != 0 {
-		t.Errorf("exit code %d, want 0 (the pass was written)", e.Code)
+	if l := logsWith(cmds, "shutting down, its pass is requeued"); len(l) != 1 {
+		t.Errorf("logs %v, want one line that says the pass is requeued", of[core.Log](cmds))
+	}
+	w.wantRow(1, "a", core.StatusPending)
+	if got := w.childrenOf(1); len(got) != 0 {
+		t.Errorf("children of 1 = %v, want none", got)
+	}
+	if e := one[core.Exit](t, w.all); e.Code != 0 {
+		t.Errorf("exit code %d, want 0 (every row was resolved or requeued)", e.Code)
 	}
 }

@@ -11,62 +11,99 @@ import (
 	"github.com/pepsi-pipeline/pepsi/core/conf"
 )
 
+// KeyWaitMax bounds the pause between two tries of a pass whose emits wait
+// for a producer's order-key lock: the first try again comes LookEvery
+// after the first refusal, each later one twice as long after the last,
+// up to KeyWaitMax. Each try sends the pass again with its emits, in the
+// dispatcher's one serial transaction: retried every LookEvery, a thousand
+// such passes behind one producer made every transaction carry hundreds of
+// them and the pipeline ten to twenty-five times slower.
+const KeyWaitMax = time.Second
+
 // keyWaits are the owed items whose last resolve found an order key of
 // their emits locked by a producer's open transaction (Outcome.KeyBusy).
 // Inserting such a child waits for that producer's commit; the dispatcher's
 // transactions are serial, so waiting in the statement would hold every
 // stage and every key behind one producer. So the store writes nothing of
-// such an item, and the core sends it again LookEvery later, in the next
-// transaction from then, until the lock is free. Its row stays running,
-// the core's, meanwhile; its worker went on to its next messages.
+// such an item, and the core sends it again later (KeyWaitMax), until the
+// lock is free. Its row stays running, the core's, meanwhile; its worker
+// went on to its next messages.
 type keyWaits struct {
 	// after: owed items not to be sent before this instant.
 	after map[int64]time.Time
-	// since: when each item's emits first found their key locked, for the
-	// log line said once per wait.
-	since map[int64]time.Time
-	// shutdownSaid: a shutdown's wait for them was logged.
-	shutdownSaid bool
+	// busyAt and tries: when each waiting item's last resolve found its keys
+	// locked, and how many resolves in a row did.
+	busyAt map[int64]time.Time
+	tries  map[int64]int
+	// saidAt: when each stage's waits were last logged (once a minute).
+	saidAt map[string]time.Time
 }
 
-// keyBusy owes item it again, LookEvery from now, its first send's
-// uncertainty kept (unsure: the item was sent again after a lost reply,
-// and this send wrote nothing either). During a shutdown it is not owed
-// again: the producer may hold its transaction open for as long as it
-// likes, and the shutdown would wait for it (finish waits for every owed
-// item). Its pass is given up instead, as a pass whose worker was stopped
-// unanswered is: the item is owed as a Requeue, which makes its row pending
-// at its stage (nothing of the pass was written, no child), and the next
-// start-up runs the pass again, emits and all.
+func newKeyWaits() keyWaits {
+	return keyWaits{after: map[int64]time.Time{}, busyAt: map[int64]time.Time{}, tries: map[int64]int{}, saidAt: map[string]time.Time{}}
+}
+
+// keyBusy owes item it again, its first send's uncertainty kept (unsure:
+// the item was sent again after a lost reply, and this send wrote nothing
+// either), LookEvery after this refusal, or twice the last pause, up to
+// KeyWaitMax. During a shutdown it is not owed again: the producer may
+// hold its transaction open for as long as it likes, and the shutdown
+// would wait for it (finish waits for every owed item). Its pass is given
+// up instead, as a pass whose worker was stopped unanswered is: the item is
+// owed as a Requeue, which makes its row pending at its stage (nothing of
+// the pass was written, no child), and the next start-up runs the pass
+// again, emits and all.
 func (c *Core) keyBusy(it Item, unsure bool) {
 	if unsure {
 		c.unsure[it.ID] = true
 	}
 	if c.shutdown > 0 {
-		delete(c.keyWaits.since, it.ID)
-		delete(c.keyWaits.after, it.ID)
+		c.keyWaitEnded(it.ID)
 		c.logf(LevelWarn, "message %d: stage %s emitted a child with order key %s, whose lock a producer's open transaction holds; shutting down, its pass is requeued (run again at the next start)",
 			it.ID, it.Stage, emitKeys(it))
 		c.owe(Item{ID: it.ID, Stage: it.Stage, Verdict: Requeue, Key: it.Key,
 			History: it.History, HandedAt: it.HandedAt, At: it.At, PID: it.PID, Attempts: it.Attempts, Event: HistoryRequeued})
 		return
 	}
-	if _, waiting := c.keyWaits.since[it.ID]; !waiting {
-		c.keyWaits.since[it.ID] = c.now
-		c.logf(LevelWarn, "message %d: stage %s emitted a child with order key %s, whose lock a producer's open transaction holds; its pass is written once that transaction ends (other messages go on)",
-			it.ID, it.Stage, emitKeys(it))
-	}
-	c.keyWaits.after[it.ID] = c.now.Add(LookEvery)
+	w := &c.keyWaits
+	n := w.tries[it.ID] + 1
+	w.tries[it.ID], w.busyAt[it.ID] = n, c.now
+	w.after[it.ID] = c.now.Add(min(LookEvery<<min(n-1, 16), KeyWaitMax))
 	c.owe(it)
+	if said, ok := w.saidAt[it.Stage]; !ok || c.now.Sub(said) >= time.Minute {
+		w.saidAt[it.Stage] = c.now
+		c.logf(LevelWarn, "stage %s: message %d emitted a child with order key %s, whose lock a producer's open transaction holds; its pass is written once that transaction ends, tried again at least once every %s (other messages go on); %d passes of the stage wait so (said once a minute)",
+			it.Stage, it.ID, emitKeys(it), KeyWaitMax, c.keyWaitsAt(it.Stage))
+	}
+}
+
+// keyWaitsAt counts the owed items of stage that wait for a producer's
+// order-key lock.
+func (c *Core) keyWaitsAt(stage string) int {
+	n := 0
+	for _, it := range c.owed {
+		if _, ok := c.keyWaits.tries[it.ID]; ok && it.Stage == stage {
+			n++
+		}
+	}
+	return n
 }
 
 // keyWaitEnded forgets a wait of item id once a resolve wrote or settled it.
+// A lock it waited for may be free now (that producer's transaction ended),
+// and so may those the other waiting items wait for, often the same: each
+// is sent again once LookEvery has passed since its last refusal, not after
+// its whole pause.
 func (c *Core) keyWaitEnded(id int64) {
-	if since, ok := c.keyWaits.since[id]; ok {
-		delete(c.keyWaits.since, id)
-		if d := c.now.Sub(since); d >= time.Second {
-			c.logf(LevelInfo, "message %d: its pass is written after waiting %s for a producer's order-key lock", id, d.Round(time.Millisecond))
-		}
+	w := &c.keyWaits
+	if _, ok := w.tries[id]; !ok {
+		return
+	}
+	delete(w.tries, id)
+	delete(w.busyAt, id)
+	delete(w.after, id)
+	for other, at := range w.busyAt {
+		w.after[other] = at.Add(LookEvery)
 	}
 }
 
@@ -81,18 +118,23 @@ func (c *Core) owedNow() (now, waiting []Item) {
 			waiting = append(waiting, it)
 			continue
 		}
-		delete(c.keyWaits.after, it.ID)
 		now = append(now, it)
 	}
 	return now, waiting
 }
 
-// keyWaitNext is when the first waiting item may be sent again (zero for
-// none).
-func (c *Core) keyWaitNext() time.Time {
+// keysDueAt is when the core next owes the queue something for ordering per
+// key: a release of keys a producer held, or a try of a pass that waits for
+// a producer's order-key lock (zero for none).
+func (c *Core) keysDueAt() time.Time {
 	var next time.Time
-	for _, after := range c.keyWaits.after {
-		next = earliest(next, after)
+	if len(c.keys.owed) > 0 {
+		next = c.keys.owedAt
+	}
+	for _, it := range c.owed {
+		if after, ok := c.keyWaits.after[it.ID]; ok {
+			next = earliest(next, after)
+		}
 	}
 	return next
 }
@@ -107,16 +149,4 @@ func emitKeys(it Item) string {
 	}
 	slices.Sort(keys)
 	return strings.Join(slices.Compact(keys), " or ")
-}
-
-// sayShutdownWaitsForKeys logs, once, that a shutdown waits for passes
-// whose children wait for producers' order-key locks: it lasts as long as
-// those producers' transactions, which the dispatcher cannot end.
-func (c *Core) sayShutdownWaitsForKeys() {
-	if len(c.keyWaits.since) == 0 || c.keyWaits.shutdownSaid {
-		return
-	}
-	c.keyWaits.shutdownSaid = true
-	c.logf(LevelWarn, "shutting down: waiting for %d passes whose emitted children wait for a producer's open transaction (their order keys' locks); signal again to exit now (the next start-up runs those messages again)",
-		len(c.keyWaits.since))
 }

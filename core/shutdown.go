@@ -46,7 +46,6 @@ func (c *Core) finish() {
 			c.waitLogged = true
 			c.logf(LevelWarn, "waiting for the database to write %d results; signal again to exit now (the next start-up resets what is left)", len(c.owed))
 		}
-		c.sayShutdownWaitsForKeys()
 		return
 	}
 	code := 0

@@ -413,14 +413,7 @@ func (c *Core) resolved(e Resolved) {
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)
 		unsure := c.unsure[o.ID]
 		delete(c.unsure, o.ID)
-		if it.Claim {
-			c.byName[it.To].reserved--
-		}
-		for _, e := range it.Emits {
-			if e.Claim {
-				c.byName[e.Stage].reserved--
-			}
-		}
+		c.unreserve(it)
 		if o.KeyBusy {
 			c.keyBusy(it, unsure)
 			continue
@@ -472,6 +465,19 @@ func (c *Core) resolved(e Resolved) {
 			c.guardMissed(sentAs, o)
 		}
 		c.outcome(it, o, unsure)
+	}
+}
+
+// unreserve gives back the room a resolved item's move and emits that
+// claim had reserved at their stages (stage.reserved).
+func (c *Core) unreserve(it Item) {
+	if it.Claim {
+		c.byName[it.To].reserved--
+	}
+	for _, e := range it.Emits {
+		if e.Claim {
+			c.byName[e.Stage].reserved--
+		}
 	}
 }
 
