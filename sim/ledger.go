@@ -679,8 +679,14 @@ func (w *world) modelResolved(e core.Resolved) {
 		ex := w.expects[o.ID]
 		if o.KeyBusy {
 			// Nothing written: a child's order key is locked by a producer
-			// in flight, and the core owes the same item again.
+			// in flight, and the core owes the same item again; during a
+			// shutdown, which does not wait for that producer, it owes a
+			// requeue of the row instead (the pass runs again at the next
+			// start, emits and all).
 			ex.sentOp, ex.claim, ex.keyBusyAt = 0, false, w.now
+			if w.shut > 0 {
+				w.expects[o.ID] = &expect{verdict: core.Requeue, why: "its child's order key locked by a producer during a shutdown", stage: ex.stage, unsure: ex.unsure}
+			}
 			continue
 		}
 		if s, ok := w.stageOf(ex.stage); ok && ex.verdict != core.Requeue && o.Status == core.StatusPending && o.Stage != ex.stage {
