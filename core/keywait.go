@@ -37,6 +37,9 @@ type keyWaits struct {
 	tries  map[int64]int
 	// saidAt: when each stage's waits were last logged (once a minute).
 	saidAt map[string]time.Time
+	// first: the items of the resolve being taken in that are owed again
+	// ahead of the others (oweFirst).
+	first []Item
 }
 
 func newKeyWaits() keyWaits {
@@ -69,7 +72,7 @@ func (c *Core) keyBusy(it Item, unsure bool) {
 	n := w.tries[it.ID] + 1
 	w.tries[it.ID], w.busyAt[it.ID] = n, c.now
 	w.after[it.ID] = c.now.Add(min(LookEvery<<min(n-1, 16), KeyWaitMax))
-	c.owe(it)
+	c.oweFirst(it)
 	if said, ok := w.saidAt[it.Stage]; !ok || c.now.Sub(said) >= time.Minute {
 		w.saidAt[it.Stage] = c.now
 		c.logf(LevelWarn, "stage %s: message %d emitted a child with order key %s, whose lock a producer's open transaction holds; its pass is written once that transaction ends, tried again at least once every %s (other messages go on); %d passes of the stage wait so (said once a minute)",
@@ -77,11 +80,32 @@ func (c *Core) keyBusy(it Item, unsure bool) {
 	}
 }
 
+// oweFirst owes item it again ahead of the items owed before this
+// resolve's result (resolved moves them behind, keyWaits.first, in item
+// order): a pass answered while the resolve was out, with a child of the
+// same order key, is a later pass and must not go first (owedNow holds it
+// behind it).
+func (c *Core) oweFirst(it Item) {
+	c.recordPass(&it)
+	if it.Key == "" {
+		it.Key = c.keys.keyOf[it.ID]
+	}
+	c.keyWaits.first = append(c.keyWaits.first, it)
+}
+
+// owedFirst puts the items oweFirst owed ahead of the other owed items.
+func (c *Core) owedFirst() {
+	if len(c.keyWaits.first) > 0 {
+		c.owed = append(c.keyWaits.first, c.owed...)
+		c.keyWaits.first = nil
+	}
+}
+
 // keyWaitsAt counts the owed items of stage that wait for a producer's
 // order-key lock.
 func (c *Core) keyWaitsAt(stage string) int {
 	n := 0
-	for _, it := range c.owed {
+	for _, it := range slices.Concat(c.keyWaits.first, c.owed) {
 		if _, ok := c.keyWaits.tries[it.ID]; ok && it.Stage == stage {
 			n++
 		}
@@ -109,18 +133,38 @@ func (c *Core) keyWaitEnded(id int64) {
 
 // owedNow splits the owed items into those that may be sent now and those
 // that wait for a producer's order-key lock (keyWaits), each in owed order.
+// An item whose emits carry an order key of an earlier item that waits so
+// waits with it, and goes after it: its children would otherwise be
+// inserted before the earlier pass's, and go first in their key.
 func (c *Core) owedNow() (now, waiting []Item) {
 	if len(c.keyWaits.after) == 0 {
 		return c.owed, nil
 	}
+	held := map[string]bool{}
 	for _, it := range c.owed {
-		if after, ok := c.keyWaits.after[it.ID]; ok && c.now.Before(after) {
+		after, ok := c.keyWaits.after[it.ID]
+		if ok && c.now.Before(after) || emitsInto(it, held) {
 			waiting = append(waiting, it)
+			for _, e := range it.Emits {
+				if e.OrderKey != "" {
+					held[e.OrderKey] = true
+				}
+			}
 			continue
 		}
 		now = append(now, it)
 	}
 	return now, waiting
+}
+
+// emitsInto reports whether an emit of it carries an order key in keys.
+func emitsInto(it Item, keys map[string]bool) bool {
+	for _, e := range it.Emits {
+		if keys[e.OrderKey] {
+			return true
+		}
+	}
+	return false
 }
 
 // keysDueAt is when the core next owes the queue something for ordering per

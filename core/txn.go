@@ -408,6 +408,7 @@ func (c *Core) resolved(e Resolved) {
 	}
 	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
 	defer c.forgetKeys(cmd.Items)
+	defer c.owedFirst()
 	for i, o := range e.Outcomes {
 		it := cmd.Items[i]
 		assert(o.ID == it.ID, "outcome %d is for row %d, want %d", i, o.ID, it.ID)

@@ -29,7 +29,7 @@ var mutants = []mutant{
 		"\tc.oweRelease([]string{it.Key}, c.now)\n}",
 		"}"),
 	mut("key-busy-dropped", "reset-keeps-held", "a pass whose child's order key a producer held (Outcome.KeyBusy) is never resolved again: the core forgets its row, which stays running, and a reset makes it pending though its pass was answered",
-		"\tw.after[it.ID] = c.now.Add(min(LookEvery<<min(n-1, 16), KeyWaitMax))\n\tc.owe(it)\n",
+		"\tw.after[it.ID] = c.now.Add(min(LookEvery<<min(n-1, 16), KeyWaitMax))\n\tc.oweFirst(it)\n",
 		"\tw.after[it.ID] = c.now.Add(min(LookEvery<<min(n-1, 16), KeyWaitMax))\n"),
 	mut("key-busy-spins", "key-wait-paced", "a pass whose child's order key a producer held is sent again in the very next transaction, a transaction a round trip while the producer holds its lock",
 		"\tw.after[it.ID] = c.now.Add(min(LookEvery<<min(n-1, 16), KeyWaitMax))\n",
