@@ -871,18 +871,25 @@ const resolveHeadSQL = resolveItemSQL + resolveDecidedStartSQL + `false` + resol
 // already, the trigger does not wait). (Tried in a subquery of each item's
 // decision, the locks would read every child of the resolve for each item:
 // a model of the two spellings in psql, 64 items of 1,000 children each,
-// took 0.56 s and 0.06 s.) Only a move
+// took 0.56 s and 0.06 s.) key_locks is one row, the array of the items
+// (ords) some of whose buckets were busy, which "decided" reads as an
+// InitPlan, once, and "result" likewise the ids of the items decided
+// key_busy: looked up in a correlated subquery per item, each read every
+// item's row, n² rows a resolve (2,000 items: 0.15-0.4 s where 0.07-0.1
+// is the statement's own; TestAKeyedResolveReadsItsDecisionsOncePerItemNotOncePerPair).
+// Only a move
 // whose guard holds is held back: the others write no child, and the locks
 // tried for them are only held to the end of a short transaction. (A
 // child's dedup key still waits for a producer's uncommitted row of the
 // same key, which is not known before the INSERT.)
 const resolveKeyedHeadSQL = resolveItemSQL + `), key_locks AS MATERIALIZED (
-	SELECT l.ord, bool_and(pg_try_advisory_xact_lock(1885696107, l.b)) AS free
-	FROM (SELECT DISTINCT e.ord, pepsi.order_bucket(e.k) AS b FROM unnest($20::bigint[], $25::text[]) AS e(ord, k)
-	      WHERE e.k <> '' ORDER BY 1, 2) l
-	GROUP BY l.ord
+	SELECT array_agg(k.ord) FILTER (WHERE NOT k.free) AS busy
+	FROM (SELECT l.ord, bool_and(pg_try_advisory_xact_lock(1885696107, l.b)) AS free
+	      FROM (SELECT DISTINCT e.ord, pepsi.order_bucket(e.k) AS b FROM unnest($20::bigint[], $25::text[]) AS e(ord, k)
+	            WHERE e.k <> '' ORDER BY 1, 2) l
+	      GROUP BY l.ord) k
 ` + resolveDecidedStartSQL + `item.verdict = 'move' AND o.stage = item.stage
-	           AND NOT coalesce((SELECT l.free FROM key_locks l WHERE l.ord = item.ord), true)` + resolveHeadEndSQL
+	           AND coalesce(item.ord = ANY((SELECT l.busy FROM key_locks l)::bigint[]), false)` + resolveHeadEndSQL
 
 // resolveChildrenSQL is resolveSQL's part that inserts a move's emits:
 // resolveChildrenInsertSQL, then, as some child carries a key or an order
@@ -949,7 +956,7 @@ const resolveResultSQL = `, result AS (
 	LEFT JOIN updated u ON u.ingress_id = item.id
 	LEFT JOIN LATERAL (
 		SELECT q.stage, q.status, q.timeout, q.state ->> 'dispatch_error' AS error,
-		       (SELECT d.key_busy FROM decided d WHERE d.id = q.ingress_id) AS key_busy
+		       q.ingress_id = ANY((SELECT array_agg(d.id) FROM decided d WHERE d.key_busy)::bigint[]) AS key_busy
 		FROM pepsi.queue q WHERE q.ingress_id = item.id AND u.ingress_id IS NULL
 		OFFSET 0
 	) q ON true`
