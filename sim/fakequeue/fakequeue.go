@@ -504,6 +504,13 @@ func (q *Queue) Exec(_ context.Context, cmds []core.Command) []core.Event {
 	return out
 }
 
+// keyBusy reports whether item it, of row r, is a move whose guard holds
+// and some of whose children's order keys a producer in flight holds:
+// PostgreSQL's resolve writes nothing of it (core.Outcome.KeyBusy).
+func (q *Queue) keyBusy(it core.Item, r *Row) bool {
+	return it.Verdict == core.Move && r.Status == core.StatusRunning && r.Stage == it.Stage && q.orderKeysFree(emitKeys(it)) != nil
+}
+
 // emitKeys lists the order keys of the emits of item it.
 func emitKeys(it core.Item) []string {
 	var keys []string
@@ -787,7 +794,7 @@ func (q *Queue) resolve(c core.Resolve) core.Event {
 			out = append(out, core.Outcome{ID: it.ID})
 			continue
 		}
-		if it.Verdict == core.Move && r.Status == core.StatusRunning && r.Stage == it.Stage && q.orderKeysFree(emitKeys(it)) != nil {
+		if q.keyBusy(it, r) {
 			// Its children's insert would wait for a producer: the
 			// statement writes nothing of the item, before it would wait
 			// on the row for a racing commit (core.Outcome.KeyBusy).

@@ -36,7 +36,9 @@ func (q *Queue) refusal() string {
 
 // refusedWhole reports a message of cmds' resolves whose write PostgreSQL
 // would refuse whatever the item (its state has the refused key already):
-// the row is running, so the item writes it, and its failure is refused too.
+// the row is running, so the item writes it, and its failure is refused too;
+// unless the item is a move whose children's order keys a producer holds,
+// of which PostgreSQL writes nothing (keyBusy).
 func (q *Queue) refusedWhole(cmds []core.Command) (int64, bool) {
 	for _, cmd := range cmds {
 		r, ok := cmd.(core.Resolve)
@@ -44,7 +46,7 @@ func (q *Queue) refusedWhole(cmds []core.Command) (int64, bool) {
 			continue
 		}
 		for _, it := range r.Items {
-			if row := q.row(it.ID); row != nil && row.Status == core.StatusRunning && q.refuses(row.State) {
+			if row := q.row(it.ID); row != nil && row.Status == core.StatusRunning && q.refuses(row.State) && !q.keyBusy(it, row) {
 				return it.ID, true
 			}
 		}

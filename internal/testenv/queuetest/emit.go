@@ -375,3 +375,23 @@ func testKeyEmittedBusy(t *testing.T, h KeyedHarness) {
 	}
 	wantHistory(t, h, ids[0], "done@a")
 }
+
+// testKeyEmittedBusyRefusedState: a move whose child's order key a
+// producer in flight holds writes nothing of its row (KeyBusy), so a row
+// whose state the queue would refuse to write again is not written either:
+// the transaction is not refused, the move comes back KeyBusy and the
+// resolve's other item is written.
+func testKeyEmittedBusyRefusedState(t *testing.T, h KeyedHarness) {
+	held := h.InsertMessage(t, "a", `{"forbidden":1}`, nil)
+	other := h.Insert(t, "a", 1)[0]
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	h.RefuseStateKey(t, "forbidden")
+	_, commit := h.BeginInsertKeyed(t, "b", "k")
+	defer commit()
+	wantOutcomes(t, resolve(t, h,
+		moveEmitting(held, "a", core.TargetDone, core.Emit{Stage: "b", Payload: []byte("held"), OrderKey: "k"}),
+		move(other, "a", core.TargetDone)), []core.Outcome{
+		{ID: held, Stage: "a", Status: core.StatusRunning, KeyBusy: true},
+		{ID: other, Stage: "a", Status: core.StatusDone, Matched: true},
+	})
+}

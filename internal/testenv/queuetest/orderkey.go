@@ -55,6 +55,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"MonitorBlockedCountsEachStagesBlockedRows", testKeyMonitorBlocked},
 		{"AnEmittedOrderKeyWaitsBehindItsKeysUnfinishedMessage", testKeyEmitted},
 		{"AMoveWhoseChildsOrderKeyAProducerHoldsWritesNothingOfIt", testKeyEmittedBusy},
+		{"AMoveWhoseChildsOrderKeyAProducerHoldsIsNotRefusedForItsState", testKeyEmittedBusyRefusedState},
 		{"AScheduledKeyedMessageWaitsBlockedBehindItsKeyThenPausedUntilItsTime", testKeyScheduled},
 	}
 	runAll(t, tests, open)
