@@ -204,10 +204,19 @@ type ResetOrphans struct {
 //
 // Traces asks, as Claim.Traces does, for the trace context of every row its
 // items claim (Outcome.Trace).
+//
+// QueueKeys: the transaction is this Resolve alone, of passes that waited
+// long for a producer's order-key lock (keywait.go), and it queues for its
+// children's locks, as a producer does, for a short while (the store's
+// lock wait), where any other resolve only tries them (Outcome.KeyBusy): a
+// try never queues, so producers that hold a bucket's lock one after
+// another without a gap would hold such a pass for good. A wait that runs
+// out writes nothing and answers every item KeyBusy.
 type Resolve struct {
-	Op     int64
-	Items  []Item
-	Traces bool
+	Op        int64
+	Items     []Item
+	Traces    bool
+	QueueKeys bool
 }
 
 // Wake makes paused rows whose timeout is at or before Now pending, except the
@@ -643,6 +652,9 @@ func (c ResetOrphans) String() string {
 func (c Resolve) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "resolve op=%d", c.Op)
+	if c.QueueKeys {
+		b.WriteString(" queue-keys")
+	}
 	for _, it := range c.Items {
 		b.WriteByte(' ')
 		b.WriteString(it.String())

@@ -328,3 +328,44 @@ func TestAShutdownRequeuesAPassWhoseChildsOrderKeyAProducerHolds(t *testing.T) {
 		t.Errorf("exit code %d, want 0 (every row was resolved or requeued)", e.Code)
 	}
 }
+
+// Proves: a pass refused keyQueueAfter times in a row for its child's
+// order key (its pause grown to about KeyWaitMax) is next sent in a
+// transaction of its own that queues for the key's lock (Resolve.QueueKeys),
+// since a try never queues and producers that hold the lock one after
+// another would hold it for good; at most one such transaction a
+// KeyWaitMax; written once the lock is had.
+func TestAPassThatWaitedLongForAKeyQueuesForItsLockAlone(t *testing.T) {
+	w := newWorld(t, emitStages)
+	w.start("a", 1)
+	late, ok := w.q.ReserveKeyed("k")
+	if !ok {
+		t.Fatal("key k is locked")
+	}
+	w.emit(1, `+{"stage":"b","payload":"child","order_key":"k"}`)
+	answerMove(w, 1, "0 >done")
+	for _, at := range []time.Duration{10, 30, 70, 150, 310, 630} { // refusals 2 to 7
+		if r := one[core.Resolve](t, w.tick(at*time.Millisecond)); r.QueueKeys {
+			t.Fatalf("try at %dms queues for its keys, before its pauses grew: %v", at, r)
+		}
+	}
+	queued := func(at time.Duration) []core.Command {
+		t.Helper()
+		cmds := w.tick(at)
+		r := one[core.Resolve](t, cmds)
+		if !r.QueueKeys || len(r.Items) != 1 || r.Items[0].ID != 1 || r.Items[0].Claim {
+			t.Fatalf("try at %s: %v, want message 1 alone, queueing for its keys, claiming nothing", at, r)
+		}
+		return cmds
+	}
+	for _, cmd := range queued(1270 * time.Millisecond) { // refused: nothing follows it
+		if _, isResolve := cmd.(core.Resolve); core.IsQueue(cmd) && !isResolve {
+			t.Fatalf("%v sent with the try that queues; it goes alone", cmd)
+		}
+	}
+	w.wantRow(1, "a", core.StatusRunning)
+	none[core.Resolve](t, w.tick(2269*time.Millisecond), "sent a second try that queues within KeyWaitMax")
+	w.q.Commit(late, "c")
+	queued(2270 * time.Millisecond)
+	w.wantRow(1, "a", core.StatusDone)
+}

@@ -20,6 +20,11 @@ import (
 // them and the pipeline ten to twenty-five times slower.
 const KeyWaitMax = time.Second
 
+// keyQueueAfter is how many refusals in a row make a waiting pass one whose
+// next try queues for its locks (Resolve.QueueKeys): its pauses have grown
+// to KeyWaitMax by then (10 ms, doubled, past 640 ms).
+const keyQueueAfter = 7
+
 // keyWaits are the owed items whose last resolve found an order key of
 // their emits locked by a producer's open transaction (Outcome.KeyBusy).
 // Inserting such a child waits for that producer's commit; the dispatcher's
@@ -40,6 +45,10 @@ type keyWaits struct {
 	// first: the items of the resolve being taken in that are owed again
 	// ahead of the others (oweFirst).
 	first []Item
+	// queuedAt: when the last try that queues for its locks was sent
+	// (queuedTry): one a KeyWaitMax at most, as each may hold the pipeline
+	// for the store's short lock wait.
+	queuedAt time.Time
 }
 
 func newKeyWaits() keyWaits {
@@ -175,8 +184,12 @@ func (c *Core) keysDueAt() time.Time {
 	if len(c.keys.owed) > 0 {
 		next = c.keys.owedAt
 	}
+	// Only the pauses still to run: an item whose pause is over is sent in
+	// this step, or waits behind an earlier item of its keys (owedNow) whose
+	// pause is still to run; a time already past would set the timer to
+	// now for good, and nothing would wake the core again (seed 1507117).
 	for _, it := range c.owed {
-		if after, ok := c.keyWaits.after[it.ID]; ok {
+		if after, ok := c.keyWaits.after[it.ID]; ok && after.After(c.now) {
 			next = earliest(next, after)
 		}
 	}
@@ -193,4 +206,71 @@ func emitKeys(it Item) string {
 	}
 	slices.Sort(keys)
 	return strings.Join(slices.Compact(keys), " or ")
+}
+
+// queuedTry takes out of the owed items, when one is due that waited
+// keyQueueAfter refusals and no try that queues was sent within
+// KeyWaitMax, that item and every owed item whose emits carry one of its
+// order keys (in owed order: a key's children keep the order of the
+// passes), for a Resolve of their own that queues for their locks
+// (Resolve.QueueKeys). None of them claims.
+func (c *Core) queuedTry() (Resolve, bool) {
+	w := &c.keyWaits
+	if !w.queuedAt.IsZero() && c.now.Before(w.queuedAt.Add(KeyWaitMax)) {
+		return Resolve{}, false
+	}
+	keys := map[string]bool{}
+	for _, it := range c.owed {
+		if after, ok := w.after[it.ID]; ok && !c.now.Before(after) && w.tries[it.ID] >= keyQueueAfter {
+			for _, e := range it.Emits {
+				if e.OrderKey != "" {
+					keys[e.OrderKey] = true
+				}
+			}
+			break
+		}
+	}
+	if len(keys) == 0 {
+		return Resolve{}, false
+	}
+	var items, rest []Item
+	for _, it := range c.owed {
+		if emitsInto(it, keys) {
+			items = append(items, it)
+		} else {
+			rest = append(rest, it)
+		}
+	}
+	c.owed, w.queuedAt = rest, c.now
+	c.claimMoves(items, true, true)
+	return Resolve{Op: c.nextOpID(), Items: items, Traces: c.tracePasses, QueueKeys: true}, true
+}
+
+// sendQueuedTry sends queuedTry's Resolve, if one is due, as a transaction
+// of its own, and reports whether it did.
+func (c *Core) sendQueuedTry() bool {
+	r, ok := c.queuedTry()
+	if ok {
+		c.emit(r)
+		c.txns = append(c.txns, &txnOut{cmds: []Command{r}})
+	}
+	return ok
+}
+
+// releaseAfterQueuedTry owes, after a Resolve with QueueKeys (which goes
+// alone, without the Release its moves would have had in their
+// transaction: releaseFor), a release of the key of each keyed message it
+// wrote, at once. A message whose move left it its key's head only finds
+// it so; one whose pass ended its turn hands its key on.
+func (c *Core) releaseAfterQueuedTry(cmd Resolve, outcomes []Outcome) {
+	if !cmd.QueueKeys {
+		return
+	}
+	var keys []string
+	for i, it := range cmd.Items {
+		if it.Key != "" && !outcomes[i].KeyBusy {
+			keys = append(keys, it.Key)
+		}
+	}
+	c.oweRelease(keys, c.now)
 }

@@ -407,6 +407,7 @@ func (c *Core) resolved(e Resolved) {
 		defer func() { c.taintOn = false }()
 	}
 	assert(len(e.Outcomes) == len(cmd.Items), "resolve of %d items returned %d outcomes", len(cmd.Items), len(e.Outcomes))
+	c.releaseAfterQueuedTry(cmd, e.Outcomes)
 	defer c.forgetKeys(cmd.Items)
 	defer c.owedFirst()
 	for i, o := range e.Outcomes {
@@ -696,7 +697,9 @@ func (c *Core) queueWork() {
 		return
 	}
 	if len(c.txns) == 0 {
-		c.fullWork(false)
+		if c.shutdown > 0 || c.needReset || c.historyDue(c.owed) || !c.sendQueuedTry() {
+			c.fullWork(false)
+		}
 		return
 	}
 	if c.shutdown > 0 || c.needReset || c.sweep || c.aloneOut() || c.historyDue(c.owed) {

@@ -184,6 +184,11 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 	}
 	var rb *rolledBack
 	aborted := errors.As(err, &rb)
+	if r, ok := queuedAlone(cmds); ok && aborted && lockNotAvailable(err) {
+		// Its short lock wait ran out (queuedLockWaitSQL): nothing of it
+		// was written, and every item waits for its keys again.
+		return []core.Event{keyBusyAll(r)}
+	}
 	if aborted && Refused(err) && slices.ContainsFunc(cmds, isResolve) {
 		// Perhaps one message's outcome: the same commands again, narrowed
 		// down to it (runNarrowed), the rest written.
@@ -208,6 +213,33 @@ func (q *Queue) Exec(ctx context.Context, cmds []core.Command) []core.Event {
 		events[i] = markAborted(s.failed(err.Error()), aborted)
 	}
 	return events
+}
+
+// queuedAlone returns the transaction's Resolve when it is one with
+// QueueKeys, which goes alone (core.Resolve).
+func queuedAlone(cmds []core.Command) (core.Resolve, bool) {
+	if len(cmds) != 1 {
+		return core.Resolve{}, false
+	}
+	r, ok := cmds[0].(core.Resolve)
+	return r, ok && r.QueueKeys
+}
+
+// keyBusyAll answers every item of r KeyBusy: its row still running at its
+// stage, nothing of it written.
+func keyBusyAll(r core.Resolve) core.Resolved {
+	out := make([]core.Outcome, len(r.Items))
+	for i, it := range r.Items {
+		out[i] = core.Outcome{ID: it.ID, Stage: it.Stage, Status: core.StatusRunning, KeyBusy: true}
+	}
+	return core.Resolved{Op: r.Op, Outcomes: out}
+}
+
+// lockNotAvailable says whether err is a lock wait that ran out
+// (lock_not_available, 55P03).
+func lockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // isResolve reports whether c is a Resolve.

@@ -901,6 +901,35 @@ const resolveChildrenSQL = resolveChildrenInsertSQL + `
 	RETURNING ingress_id, parent_id, stage, status, traceparent, updated_at
 )`
 
+// resolveChildrenQueuedSQL is resolveChildrenSQL for a Resolve with
+// QueueKeys (core.Resolve): the children's order-key buckets' locks are
+// queued for, in sorted order as pepsi-ingress takes them (so the two
+// cannot deadlock over buckets), under the transaction's short lock wait
+// (queuedLockWaitSQL), not tried: PostgreSQL hands a released lock to its
+// next waiter, so a try could never get one that producers hold one after
+// another without a gap.
+const resolveChildrenQueuedSQL = resolveChildrenInsertSQL + `
+	WHERE (SELECT count(pg_advisory_xact_lock(1885696107, b))
+	       FROM (SELECT DISTINCT pepsi.order_bucket(k.order_key) AS b FROM child k
+	             WHERE k.order_key <> '' ORDER BY b) s) >= 0
+	ORDER BY c.n
+	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+	RETURNING ingress_id, parent_id, stage, status, traceparent, updated_at
+)`
+
+// queuedLockWaitSQL bounds the lock waits of a Resolve with QueueKeys: it
+// is its transaction's only command, and the pipeline waits with it, so a
+// producer that holds a lock longer costs one such wait and the items'
+// KeyBusy (Queue.Exec), not the dispatcher's whole lock wait.
+const queuedLockWaitSQL = `SET LOCAL lock_timeout = '100ms'`
+
+// resolveQueuedSQL and resolveQueuedAgainSQL are the resolves of a Resolve
+// with QueueKeys, the second for one that sends an item again.
+const (
+	resolveQueuedSQL      = resolveHeadSQL + resolveChildrenQueuedSQL + resolveTailSQL + resolveReportChildrenSQL
+	resolveQueuedAgainSQL = resolveHeadSQL + resolveChildrenQueuedSQL + resolveTailAgainSQL + resolveReportChildrenSQL
+)
+
 // resolveChildrenKeylessSQL is resolveChildrenSQL for children of which none
 // carries a key or an order key (a split's rows, nearly always): no bucket
 // to lock and no conflict to arbitrate. ON CONFLICT makes every row a
@@ -1067,6 +1096,25 @@ func emitArgs(items []core.Item) (ords []int64, stages []string, payloads [][]by
 	return ords, stages, payloads, states, keys, orderKeys, claims
 }
 
+// resolveEmitsSQL is the resolve statement of items of which some emit:
+// queueing for their children's order-key locks (core.Resolve.QueueKeys),
+// some child carrying a key or an order key, an item sent again.
+func resolveEmitsSQL(queueKeys, keyed, again bool) string {
+	switch {
+	case queueKeys && again:
+		return resolveQueuedAgainSQL
+	case queueKeys:
+		return resolveQueuedSQL
+	case keyed && again:
+		return resolveAgainSQL
+	case keyed:
+		return resolveSQL
+	case again:
+		return resolveKeylessEmitsAgainSQL
+	}
+	return resolveKeylessEmitsSQL
+}
+
 func resolve(c core.Resolve) statement {
 	n := len(c.Items)
 	ids, stages, verdicts, reasons, epochs := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -1100,6 +1148,9 @@ func resolve(c core.Resolve) statement {
 	return statement{
 		name: "resolve",
 		queue: func(b *pgx.Batch) {
+			if c.QueueKeys {
+				b.Queue(queuedLockWaitSQL)
+			}
 			again := slices.Contains(agains, true)
 			if len(cOrd) == 0 {
 				sql := resolveNoEmitsSQL
@@ -1110,19 +1161,16 @@ func resolve(c core.Resolve) statement {
 					hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed())
 				return
 			}
-			sql := resolveKeylessEmitsSQL
-			switch keyed := slices.ContainsFunc(cKey, nonEmpty) || slices.ContainsFunc(cOrderKey, nonEmpty); {
-			case keyed && again:
-				sql = resolveAgainSQL
-			case keyed:
-				sql = resolveSQL
-			case again:
-				sql = resolveKeylessEmitsAgainSQL
-			}
+			sql := resolveEmitsSQL(c.QueueKeys, slices.ContainsFunc(cKey, nonEmpty) || slices.ContainsFunc(cOrderKey, nonEmpty), again)
 			b.Queue(sql, ids, stages, verdicts, reasons, epochs, targets, untils, patches, claims, lineMaxes,
 				hists, events, handed, ats, pids, attempts, agains, c.Traces, traceSeed(), cOrd, cStage, cPayload, cState, cKey, cOrderKey, cClaim)
 		},
 		read: func(br pgx.BatchResults) (core.Event, error) {
+			if c.QueueKeys {
+				if _, err := br.Exec(); err != nil {
+					return nil, fmt.Errorf("set the lock wait: %w", err)
+				}
+			}
 			rows, err := br.Query()
 			if err != nil {
 				return nil, err

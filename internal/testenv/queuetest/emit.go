@@ -395,3 +395,38 @@ func testKeyEmittedBusyRefusedState(t *testing.T, h KeyedHarness) {
 		{ID: other, Stage: "a", Status: core.StatusDone, Matched: true},
 	})
 }
+
+// testKeyEmittedQueued: a Resolve with QueueKeys (a try that queues for its
+// children's order-key locks, sent alone) whose key a producer in flight
+// holds writes nothing and answers every item KeyBusy (on PostgreSQL once
+// its short lock wait ran out); once the producer committed it writes the
+// moves and their children in order.
+func testKeyEmittedQueued(t *testing.T, h KeyedHarness) {
+	ids := h.Insert(t, "a", 2)
+	claimRows(t, h, core.Cap{Stage: "a", N: 2})
+	late, commit := h.BeginInsertKeyed(t, "b", "k")
+	r := core.Resolve{Op: 42, QueueKeys: true, Items: []core.Item{
+		moveEmitting(ids[0], "a", core.TargetDone, core.Emit{Stage: "b", Payload: []byte("first"), OrderKey: "k"}),
+		moveEmitting(ids[1], "a", core.TargetDone, core.Emit{Stage: "b", Payload: []byte("second"), OrderKey: "k"}),
+	}}
+	done := func(e core.Resolved) (int64, string) { return e.Op, e.Err }
+	wantOutcomes(t, exec(t, h, r, done).Outcomes, []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: core.StatusRunning, KeyBusy: true},
+		{ID: ids[1], Stage: "a", Status: core.StatusRunning, KeyBusy: true},
+	})
+	if kids := childrenAfter(t, h, ids[0], ids[1], 8); len(kids) != 0 {
+		t.Errorf("children while k's producer is in flight: %d, want none", len(kids))
+	}
+	commit()
+	wantOutcomes(t, exec(t, h, r, done).Outcomes, []core.Outcome{
+		{ID: ids[0], Stage: "a", Status: core.StatusDone, Matched: true},
+		{ID: ids[1], Stage: "a", Status: core.StatusDone, Matched: true},
+	})
+	first, second := childrenAfter(t, h, ids[0], ids[1], 8), childrenAfter(t, h, ids[1], ids[1], 8)
+	if len(first) != 1 || len(second) != 1 || first[0].ID > second[0].ID {
+		t.Fatalf("children %v and %v, want one each, the first pass's first", first, second)
+	}
+	if core.RowStatus(first[0].Status) != core.StatusBlocked || first[0].Head == nil || first[0].Head.ID != late {
+		t.Errorf("first child = %s head %+v; want blocked behind the producer's %d", childText(first[0]), first[0].Head, late)
+	}
+}

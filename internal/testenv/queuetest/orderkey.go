@@ -55,6 +55,7 @@ func RunOrderKeys(t *testing.T, open func(t *testing.T) KeyedHarness) {
 		{"MonitorBlockedCountsEachStagesBlockedRows", testKeyMonitorBlocked},
 		{"AnEmittedOrderKeyWaitsBehindItsKeysUnfinishedMessage", testKeyEmitted},
 		{"AMoveWhoseChildsOrderKeyAProducerHoldsWritesNothingOfIt", testKeyEmittedBusy},
+		{"AResolveThatQueuesForAKeyAProducerHoldsAnswersKeyBusyAndWritesNothing", testKeyEmittedQueued},
 		{"AMoveWhoseChildsOrderKeyAProducerHoldsIsNotRefusedForItsState", testKeyEmittedBusyRefusedState},
 		{"AScheduledKeyedMessageWaitsBlockedBehindItsKeyThenPausedUntilItsTime", testKeyScheduled},
 	}
