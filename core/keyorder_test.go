@@ -29,18 +29,7 @@ func TestAWaitingPassIsNotOvertakenByALaterPassOfItsChildsOrderKey(t *testing.T)
 	}
 	w.wantRow(1, "a", core.StatusDone)
 	w.wantRow(2, "a", core.StatusDone)
-	var of1, of2 int64
-	for _, r := range w.q.Rows() {
-		switch r.ParentID {
-		case 1:
-			of1 = r.ID
-		case 2:
-			of2 = r.ID
-		}
-	}
-	if of1 == 0 || of2 == 0 || of1 > of2 {
-		t.Errorf("child of message 1 is row %d, child of message 2 row %d: the key's later pass's child was inserted first", of1, of2)
-	}
+	w.wantChildrenInPassOrder()
 }
 
 // Proves: the same when the later pass is answered while the earlier one's
@@ -65,6 +54,13 @@ func TestAWaitingPassIsNotOvertakenByAPassAnsweredWhileItsResolveWasOut(t *testi
 	}
 	w.wantRow(1, "a", core.StatusDone)
 	w.wantRow(2, "a", core.StatusDone)
+	w.wantChildrenInPassOrder()
+}
+
+// wantChildrenInPassOrder fails the test unless message 1's child was
+// inserted, and so comes in its key, before message 2's.
+func (w *world) wantChildrenInPassOrder() {
+	w.t.Helper()
 	var of1, of2 int64
 	for _, r := range w.q.Rows() {
 		switch r.ParentID {
@@ -75,6 +71,6 @@ func TestAWaitingPassIsNotOvertakenByAPassAnsweredWhileItsResolveWasOut(t *testi
 		}
 	}
 	if of1 == 0 || of2 == 0 || of1 > of2 {
-		t.Errorf("child of message 1 is row %d, child of message 2 row %d: the key's later pass's child was inserted first", of1, of2)
+		w.t.Errorf("child of message 1 is row %d, child of message 2 row %d: the key's later pass's child was inserted first", of1, of2)
 	}
 }

@@ -162,16 +162,7 @@ func TestAProducersOpenKeyedTransactionHoldsOnlyThePassThatEmitsIntoItsKey(t *te
 	t.Parallel()
 	const n = 100
 	e := newEnv(t, emitConf)
-	ctx := context.Background()
-	producer, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer producer.Rollback(ctx) //nolint:errcheck // committed below
-	var first int64
-	if err := producer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('collect', 'first of k', 'k') RETURNING ingress_id`).Scan(&first); err != nil {
-		t.Fatal(err)
-	}
+	first, commit := e.producerOfK()
 	parent := e.insert("split", "split=emit:collect:1:k+answer:0 >done")[0]
 	e.insertN("split", "split=answer:0 >collect", n)
 	d := e.start()
@@ -186,18 +177,12 @@ func TestAProducersOpenKeyedTransactionHoldsOnlyThePassThatEmitsIntoItsKey(t *te
 	if l := d.logs.lines("whose lock a producer's open transaction holds"); len(l) != 1 {
 		t.Errorf("%d log lines of the pass that waits for the producer; want 1", len(l))
 	}
-	if err := producer.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	commit()
 	waitFor(t, 30*time.Second, "the parent, its child and the producer's message done", func() (bool, string) {
 		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE status = 'done' AND (ingress_id IN ($1, $2) OR parent_id = $2)`, first, parent)
 		return k == 3, fmt.Sprintf("%d done", k)
 	})
-	if k := e.scalar(`SELECT count(*) FROM pepsi.history c, pepsi.history f
-		WHERE c.ingress_id = (SELECT ingress_id FROM pepsi.queue WHERE parent_id = $1) AND c.event = 'done'
-		  AND f.ingress_id = $2 AND f.event = 'done' AND c.at >= f.at`, parent, first); k != 1 {
-		t.Errorf("the child of key k was not done after the producer's message of k, k's oldest")
-	}
+	e.wantChildDoneAfter(parent, first)
 	d.stopClean()
 }
 
@@ -213,16 +198,7 @@ func TestAProducersOpenKeyedTransactionHoldsOnlyThePassThatEmitsIntoItsKey(t *te
 func TestAShutdownDoesNotWaitForAProducerThatHoldsAPassesChildsOrderKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, emitConf)
-	ctx := context.Background()
-	producer, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer producer.Rollback(ctx) //nolint:errcheck // committed below
-	var first int64
-	if err := producer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('collect', 'first of k', 'k') RETURNING ingress_id`).Scan(&first); err != nil {
-		t.Fatal(err)
-	}
+	first, commit := e.producerOfK()
 	parent := e.insert("split", "split=emit:collect:1:k+answer:0 >done")[0]
 	d := e.start()
 	waitFor(t, 30*time.Second, "the pass that waits for the producer of k", func() (bool, string) {
@@ -240,9 +216,7 @@ func TestAShutdownDoesNotWaitForAProducerThatHoldsAPassesChildsOrderKey(t *testi
 	if k := e.scalar(`SELECT count(*) FROM pepsi.history WHERE ingress_id = $1 AND event = 'requeued'`, parent); k != 1 {
 		t.Errorf("%d history rows 'requeued' of the parent; want 1", k)
 	}
-	if err := producer.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	commit()
 	d = e.start()
 	waitFor(t, 30*time.Second, "the parent, its child and the producer's message done", func() (bool, string) {
 		k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE status = 'done' AND (ingress_id IN ($1, $2) OR parent_id = $2)`, first, parent)
@@ -251,10 +225,39 @@ func TestAShutdownDoesNotWaitForAProducerThatHoldsAPassesChildsOrderKey(t *testi
 	if k := e.scalar(`SELECT count(*) FROM pepsi.queue WHERE parent_id = $1`, parent); k != 1 {
 		t.Errorf("%d children of the parent; want 1", k)
 	}
+	e.wantChildDoneAfter(parent, first)
+	d.stopClean()
+}
+
+// producerOfK opens a producer's transaction that inserts a message of
+// order key k at collect and holds it (and k's lock) until commit is
+// called; the test's end rolls back one never committed. It returns the
+// message's id.
+func (e *env) producerOfK() (first int64, commit func()) {
+	e.t.Helper()
+	ctx := context.Background()
+	producer, err := e.db.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { producer.Rollback(ctx) }) //nolint:errcheck // a no-op once committed
+	if err := producer.QueryRow(ctx, `INSERT INTO pepsi.queue (stage, payload, order_key) VALUES ('collect', 'first of k', 'k') RETURNING ingress_id`).Scan(&first); err != nil {
+		e.t.Fatal(err)
+	}
+	return first, func() {
+		if err := producer.Commit(ctx); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// wantChildDoneAfter fails the test unless parent's child was done after
+// message first, its key's oldest.
+func (e *env) wantChildDoneAfter(parent, first int64) {
+	e.t.Helper()
 	if k := e.scalar(`SELECT count(*) FROM pepsi.history c, pepsi.history f
 		WHERE c.ingress_id = (SELECT ingress_id FROM pepsi.queue WHERE parent_id = $1) AND c.event = 'done'
 		  AND f.ingress_id = $2 AND f.event = 'done' AND c.at >= f.at`, parent, first); k != 1 {
-		t.Errorf("the child of key k was not done after the producer's message of k, k's oldest")
+		e.t.Errorf("the child of key k was not done after the producer's message of k, k's oldest")
 	}
-	d.stopClean()
 }
