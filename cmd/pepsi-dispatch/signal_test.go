@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/pepsi-pipeline/pepsi/internal/testenv/gobuild"
-	"github.com/pepsi-pipeline/pepsi/internal/testenv/otlpreceiver"
-	"github.com/pepsi-pipeline/pepsi/internal/testenv/pgtest"
 )
 
 // signaled is the signal that ended cmd, which has exited, or 0 when it
@@ -132,19 +130,7 @@ func TestSIGHUPIsCaughtBeforeTheImportedPackagesInitialize(t *testing.T) {
 // it (129, 143): the signals were let go when dispatch.Run returned.
 func TestSignalsDuringTheLastExportOfTracesKeepTheExitStatus(t *testing.T) {
 	t.Parallel()
-	bin := gobuild.Programs(t, "cmd/pepsi-dispatch")
-	url := pgtest.NewMigrated(t)
-	dir := t.TempDir()
-	conf := pipeline(t, dir, url)
-	dead, stop, err := otlpreceiver.Silent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	conn := pgtest.Connect(t, url)
-	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) VALUES ('a', 'x')"); err != nil {
-		t.Fatal(err)
-	}
+	bin, url, conf, dead := deadCollectorPipeline(t, 1)
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + dead, "OTEL_EXPORTER_OTLP_TIMEOUT=3600000"}
 	d, _ := run(t, filepath.Join(bin, "pepsi-dispatch"), otel, "exporting traces", "-c", conf)
 	waitDone(t, url, 1)

@@ -282,20 +282,8 @@ func TestPassesAreSpansOfTheMessagesTraceAtACollector(t *testing.T) {
 // fail on its 120 s bound, not on a measure of time.
 func TestADeadCollectorSlowsNothingAndItsSpansAreCounted(t *testing.T) {
 	t.Parallel()
-	bin := gobuild.Programs(t, "cmd/pepsi-dispatch")
-	url := pgtest.NewMigrated(t)
-	dir := t.TempDir()
-	conf := pipeline(t, dir, url)
-	dead, stop, err := otlpreceiver.Silent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
 	const n = 3000
-	conn := pgtest.Connect(t, url)
-	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) SELECT 'a', 'x' FROM generate_series(1, $1)", n); err != nil {
-		t.Fatal(err)
-	}
+	bin, url, conf, dead := deadCollectorPipeline(t, n)
 	metrics := freeAddr(t)
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + dead, "OTEL_EXPORTER_OTLP_TIMEOUT=3600000",
 		"OTEL_BSP_MAX_QUEUE_SIZE=16", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=16"}
@@ -467,4 +455,25 @@ func TestSpansGoOverGRPCWhenTheProtocolSaysSo(t *testing.T) {
 	if code := garbage.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "OTEL_EXPORTER_OTLP_ENDPOINT=::bad: not an endpoint URL") {
 		t.Errorf("pepsi-dispatch with OTEL_EXPORTER_OTLP_ENDPOINT=::bad: exit %d, %v, %s; want exit status 2 naming it", code, err, out)
 	}
+}
+
+// deadCollectorPipeline builds pepsi-dispatch, makes a migrated database
+// with n messages pending at the pipeline's first stage and its
+// configuration, and starts a collector that takes connections and never
+// answers, stopped at the test's end.
+func deadCollectorPipeline(t *testing.T, n int) (bin, url, conf, dead string) {
+	t.Helper()
+	bin = gobuild.Programs(t, "cmd/pepsi-dispatch")
+	url = pgtest.NewMigrated(t)
+	conf = pipeline(t, t.TempDir(), url)
+	dead, stop, err := otlpreceiver.Silent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	conn := pgtest.Connect(t, url)
+	if _, err := conn.Exec(context.Background(), "INSERT INTO pepsi.queue (stage, payload) SELECT 'a', 'x' FROM generate_series(1, $1)", n); err != nil {
+		t.Fatal(err)
+	}
+	return bin, url, conf, dead
 }
